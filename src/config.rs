@@ -1,0 +1,355 @@
+//! `rules.toml`: parsed with unknown keys rejected, then validated and compiled
+//! once into [`Config`]. The hot path never re-validates anything.
+//!
+//! Every error names the file and, where the TOML parser or a span knows it,
+//! the line, then the rule and the field: `rules.toml:14: rule "menu": limits[0]: ...`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::calendar::Period;
+use crate::clock::Micros;
+use crate::limit::{Limit, Rule, WindowLimit};
+use crate::penalty::{PenaltyLength, PenaltyPolicy};
+use crate::routes::{Pattern, Routes};
+
+/// A config that failed to load, with a message fit to show a user as is.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The validated, compiled configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub source: PathBuf,
+    pub server: Server,
+    pub store: StoreConfig,
+    pub penalties: Vec<PenaltyPolicy>,
+    pub rules: Vec<Arc<Rule>>,
+    pub routes: Routes,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: SocketAddr,
+    /// Base URL of WeChat (or a test mock); every forwarded call goes here and nowhere else.
+    pub upstream: http::Uri,
+    pub upstream_timeout: Duration,
+    /// Extra PEM roots trusted for the upstream, on top of the public web roots.
+    pub upstream_ca: Option<PathBuf>,
+    /// Offset of `quota_timezone` from UTC.
+    pub quota_offset_us: Micros,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    Memory,
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    store: RawStore,
+    penalty: Option<Vec<Spanned<RawPenalty>>>,
+    #[serde(default)]
+    rule: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    upstream: Option<String>,
+    upstream_timeout: Option<String>,
+    upstream_ca: Option<PathBuf>,
+    quota_timezone: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPenalty {
+    errcode: i64,
+    seconds: Option<u64>,
+    until: Option<String>,
+    max_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(rename = "match", default)]
+    patterns: Vec<String>,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    count: u64,
+    per: String,
+    burst: Option<u64>,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates config text; `path` only labels the messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, path };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ctx.toml_error(&e))?;
+        compile(raw, &ctx)
+    }
+}
+
+struct Ctx<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Ctx<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())].matches('\n').count() + 1
+    }
+    fn at(&self, span: std::ops::Range<usize>, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}:{}: {msg}", self.path.display(), self.line_of(span.start)))
+    }
+    fn plain(&self, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}: {msg}", self.path.display()))
+    }
+    fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
+        let msg = e.message().trim_end();
+        match e.span() {
+            Some(span) => self.at(span, msg),
+            None => self.plain(msg),
+        }
+    }
+}
+
+fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
+    let server = compile_server(raw.server, ctx)?;
+    let store = match raw.store.kind.as_deref() {
+        None | Some("memory") => StoreConfig::Memory,
+        Some(other) => return Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\")"))),
+    };
+    let penalties = match raw.penalty {
+        None => PenaltyPolicy::defaults(),
+        Some(list) => {
+            let mut seen = HashSet::new();
+            let mut out = Vec::with_capacity(list.len());
+            for p in list {
+                let span = p.span();
+                let p = p.into_inner();
+                if !seen.insert(p.errcode) {
+                    return Err(ctx.at(span, format!("[[penalty]] errcode {} is listed twice", p.errcode)));
+                }
+                out.push(compile_penalty(p).map_err(|m| ctx.at(span, m))?);
+            }
+            out
+        }
+    };
+    let mut rules = Vec::with_capacity(raw.rule.len());
+    let mut names = HashSet::new();
+    let mut patterns: Vec<(Pattern, usize)> = Vec::new();
+    for (index, r) in raw.rule.into_iter().enumerate() {
+        let span = r.span();
+        let r = r.into_inner();
+        let err = |m: String| ctx.at(span.clone(), format!("rule \"{}\": {m}", r.name));
+        if !valid_name(&r.name) {
+            return Err(ctx.at(span.clone(), format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name)));
+        }
+        if !names.insert(r.name.clone()) {
+            return Err(err("another rule has the same name".into()));
+        }
+        if r.patterns.is_empty() && r.name != "default" {
+            return Err(err("match: needs at least one path pattern".into()));
+        }
+        for p in &r.patterns {
+            let pattern = Pattern::parse(p).map_err(|m| err(format!("match \"{p}\": {m}")))?;
+            patterns.push((pattern, index));
+        }
+        let mut limits = Vec::with_capacity(r.limits.len());
+        let mut windows = HashSet::new();
+        for (i, l) in r.limits.iter().enumerate() {
+            let limit = compile_limit(l).map_err(|m| err(format!("limits[{i}]: {m}")))?;
+            if !windows.insert(limit.window_key()) {
+                return Err(err(format!("limits[{i}]: another limit of this rule has per = \"{}\"", l.per)));
+            }
+            limits.push(limit);
+        }
+        rules.push(Arc::new(Rule { name: r.name.into(), patterns: r.patterns, limits }));
+    }
+    let default = rules.iter().position(|r| &*r.name == "default");
+    let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
+        ctx.plain(format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name))
+    })?;
+    Ok(Config { source: ctx.path.to_path_buf(), server, store, penalties, rules, routes })
+}
+
+fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> {
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_text.parse().map_err(|_| {
+        ctx.plain(format!("[server] listen: \"{listen_text}\" is not an address:port such as 127.0.0.1:8080"))
+    })?;
+    let upstream_text = raw.upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM);
+    let upstream =
+        parse_upstream(upstream_text).map_err(|m| ctx.plain(format!("[server] upstream: \"{upstream_text}\": {m}")))?;
+    let upstream_timeout = match raw.upstream_timeout.as_deref() {
+        None => DEFAULT_UPSTREAM_TIMEOUT,
+        Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[server] upstream_timeout: {m}")))?,
+    };
+    let quota_offset_us = match raw.quota_timezone.as_deref() {
+        None => 8 * 3_600_000_000,
+        Some(tz) => parse_offset(tz).map_err(|m| ctx.plain(format!("[server] quota_timezone: \"{tz}\": {m}")))?,
+    };
+    if let Some(ca) = &raw.upstream_ca {
+        if !ca.is_file() {
+            return Err(ctx.plain(format!("[server] upstream_ca: {} is not a readable file", ca.display())));
+        }
+    }
+    Ok(Server { listen, upstream, upstream_timeout, upstream_ca: raw.upstream_ca, quota_offset_us })
+}
+
+fn parse_upstream(text: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err("must start with http:// or https://".into()),
+    }
+    if uri.authority().is_none() {
+        return Err("has no host".into());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query string".into());
+    }
+    Ok(uri)
+}
+
+fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
+    let length = match (p.seconds, p.until.as_deref()) {
+        (Some(0), None) => return Err(format!("[[penalty]] errcode {}: seconds must be at least 1", p.errcode)),
+        (Some(s), None) => PenaltyLength::Escalating { base_us: secs_us(s) },
+        (None, Some("next_minute")) => PenaltyLength::NextMinute,
+        (None, Some(other)) => {
+            return Err(format!(
+                "[[penalty]] errcode {}: until = \"{other}\" is unknown (expected \"next_minute\")",
+                p.errcode
+            ))
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!("[[penalty]] errcode {}: give seconds or until, not both", p.errcode))
+        }
+        (None, None) => return Err(format!("[[penalty]] errcode {}: needs seconds or until", p.errcode)),
+    };
+    let max_us = match p.max_seconds {
+        Some(0) => return Err(format!("[[penalty]] errcode {}: max_seconds must be at least 1", p.errcode)),
+        Some(s) => Some(secs_us(s)),
+        None => None,
+    };
+    Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
+}
+
+fn secs_us(s: u64) -> Micros {
+    i64::try_from(s).unwrap_or(i64::MAX / 1_000_000).saturating_mul(1_000_000)
+}
+
+fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
+    if l.count == 0 {
+        return Err("count must be at least 1".into());
+    }
+    if l.count > 1_000_000_000 {
+        return Err(format!("count {} is too large (at most 1000000000)", l.count));
+    }
+    match l.per.as_str() {
+        "day" | "month" => {
+            if l.burst.is_some() {
+                return Err(format!("burst does not apply to per = \"{}\" (a calendar quota)", l.per));
+            }
+            let period = if l.per == "day" { Period::Day } else { Period::Month };
+            Ok(Limit::Calendar { count: l.count, period })
+        }
+        per => {
+            let window = parse_duration(per).map_err(|m| format!("per: {m}"))?;
+            let per_us = i64::try_from(window.as_micros()).map_err(|_| "per: too long".to_string())?;
+            if per_us < 1_000_000 {
+                return Err(format!("per = \"{per}\" is shorter than 1s"));
+            }
+            if per_us > 31 * crate::calendar::DAY_US {
+                return Err(format!("per = \"{per}\" is longer than 31 days; use per = \"month\""));
+            }
+            let burst = l.burst.unwrap_or_else(|| WindowLimit::default_burst(l.count));
+            if burst == 0 {
+                return Err("burst must be at least 1".into());
+            }
+            if burst > l.count {
+                return Err(format!("burst {burst} exceeds count {}", l.count));
+            }
+            Ok(Limit::Window(WindowLimit::new(l.count, per_us, burst)))
+        }
+    }
+}
+
+/// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1h"` (humantime syntax).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("\"{text}\" is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" ({e})"))
+}
+
+/// Parses a fixed UTC offset: `+08:00`, `-05:30`, `Z`, `UTC`, `Asia/Shanghai`.
+fn parse_offset(text: &str) -> Result<Micros, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("z") || t.eq_ignore_ascii_case("utc") {
+        return Ok(0);
+    }
+    // WeChat's own zone, named the way people will write it. It has no DST.
+    if t == "Asia/Shanghai" || t == "Asia/Chongqing" || t == "PRC" {
+        return Ok(8 * 3_600_000_000);
+    }
+    let bad = || "expected a fixed offset such as \"+08:00\" or \"UTC\"".to_string();
+    let (sign, rest) = match t.as_bytes().first() {
+        Some(b'+') => (1, &t[1..]),
+        Some(b'-') => (-1, &t[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    let h: i64 = h.parse().map_err(|_| bad())?;
+    let m: i64 = m.parse().map_err(|_| bad())?;
+    if h > 14 || m > 59 || h < 0 || m < 0 {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3600 + m * 60) * 1_000_000)
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Valid account names: 1–64 of `[A-Za-z0-9_-]` (the same alphabet as rule names).
+pub fn valid_account(s: &str) -> bool {
+    valid_name(s)
+}

@@ -1,0 +1,81 @@
+//! Every answer wxgate writes itself, in one place, WeChat-shaped:
+//! `{"errcode":N,"errmsg":"wxgate: ..."}` so SDKs that only read `errcode`
+//! still behave.
+
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::body::RelayBody;
+use crate::clock::Micros;
+use crate::limit::Reason;
+use crate::upstream::UpstreamError;
+
+/// WeChat's "api freq out of limit"; what a throttled call reports.
+pub const ERRCODE_THROTTLED: i64 = 45009;
+/// WeChat's "invalid args"; what a malformed request reports.
+pub const ERRCODE_BAD_REQUEST: i64 = 40097;
+/// WeChat's "system error, retry later"; upstream unreachable or too slow.
+pub const ERRCODE_SYSTEM: i64 = -1;
+
+pub const REASON_HEADER: &str = "x-wxgate-reason";
+pub const RULE_HEADER: &str = "x-wxgate-rule";
+
+/// A call wxgate answers itself.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("rule \"{rule}\" throttled this call ({reason}); retry after {secs}s", reason = .reason.as_str(), secs = retry_after_secs(*.wait_us))]
+    Throttled { rule: String, reason: Reason, wait_us: Micros },
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(wait_us: Micros) -> i64 {
+    ((wait_us + 999_999) / 1_000_000).max(1)
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Upstream(UpstreamError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn errcode(&self) -> i64 {
+        match self {
+            ProxyError::BadRequest(_) => ERRCODE_BAD_REQUEST,
+            ProxyError::Throttled { .. } => ERRCODE_THROTTLED,
+            ProxyError::Upstream(_) | ProxyError::Unavailable(_) => ERRCODE_SYSTEM,
+        }
+    }
+
+    /// The one mapping from an error to what the client sees.
+    pub fn into_response(self) -> Response<RelayBody> {
+        let body = serde_json::json!({ "errcode": self.errcode(), "errmsg": format!("wxgate: {self}") });
+        let mut resp = Response::new(RelayBody::full(body.to_string()));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let ProxyError::Throttled { rule, reason, wait_us } = &self {
+            mark_throttled(h, rule, *reason, *wait_us);
+        }
+        resp
+    }
+}
+
+/// Adds `Retry-After`, `X-Wxgate-Reason` and `X-Wxgate-Rule` to a refusal.
+pub fn mark_throttled(headers: &mut HeaderMap, rule: &str, reason: Reason, wait_us: Micros) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait_us)));
+    headers.insert(REASON_HEADER, HeaderValue::from_static(reason.as_str()));
+    if let Ok(v) = HeaderValue::from_str(rule) {
+        headers.insert(RULE_HEADER, v);
+    }
+}

@@ -1,0 +1,50 @@
+//! wxgate: an outbound proxy for the WeChat server API that keeps every
+//! service and replica of an account inside WeChat's quotas.
+//!
+//! A call goes through the phases in [`proxy`]: accept → route → decide →
+//! forward → inspect. The decision ([`limit`]) is pure maths over state held
+//! by a [`store`]; transport lives in [`server`], [`proxy`] and [`upstream`].
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod calendar;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod inspect;
+pub mod limit;
+pub mod penalty;
+pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod store;
+pub mod upstream;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::clock::Clock;
+use crate::config::{Config, StoreConfig};
+use crate::proxy::App;
+use crate::server::Running;
+use crate::store::{MemoryStore, Store};
+use crate::upstream::Upstream;
+
+/// Builds the shared state a listener serves from.
+pub fn build_app(config: Config, clock: Arc<dyn Clock>) -> Result<Arc<App>, String> {
+    let upstream = Upstream::new(&config.server)?;
+    let store = match config.store {
+        StoreConfig::Memory => Store::Memory(MemoryStore::new(clock)),
+    };
+    Ok(Arc::new(App { config: ArcSwap::from_pointee(config), store, upstream }))
+}
+
+/// Binds `[server] listen` and serves. Must run inside a Tokio runtime.
+pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
+    let listen = config.server.listen;
+    let app = build_app(config, clock)?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    server::serve(listener, app).map_err(|e| e.to_string())
+}

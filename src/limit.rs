@@ -1,0 +1,218 @@
+//! The decision: rules + state + now → admit or reject-for-d. Pure maths, no I/O.
+//!
+//! Guarantees (for one (account, rule); the stores keep one state per pair):
+//!
+//! - **Window-exact.** A limit `{count N, per W, burst B}` never admits more
+//!   than N calls in any half-open interval `[t, t + W)`. It is a GCRA (the
+//!   token-bucket equivalent) with emission interval `T = ⌈W / (N − B + 1)⌉`
+//!   and tolerance `τ = (B − 1)·T`: admitted calls `a₁ ≤ … ≤ aₖ` satisfy
+//!   `aₖ − a₁ ≥ (k − 1)·T − τ`, so k calls inside `[t, t + W)` need
+//!   `(k − 1 − (B − 1))·T < W`, i.e. `k ≤ N`. Up to B calls go at once after
+//!   idle, and the sustained rate is `(N − B + 1) / W`. (A bucket of capacity N
+//!   refilled at N/W would admit 2N in one window after idle: the bug this
+//!   product exists to avoid.)
+//! - **Calendar quotas** (`per = "day"` / `"month"`) count admitted calls in
+//!   the current period of `quota_timezone` and start again at its midnight.
+//! - **All-or-nothing.** Every limit of the rule is checked first; a call that
+//!   any limit (or a penalty) refuses consumes nothing from any limit.
+//! - **Lowered limits bite at once.** State holds a theoretical arrival time,
+//!   not a token count, so a smaller burst or count applies to existing state
+//!   without a conversion (spare tokens above the new capacity are gone).
+//! - A rejection's wait is the earliest moment at which every limit admits the
+//!   call, given no other traffic.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::calendar::Period;
+use crate::clock::Micros;
+use crate::penalty::PenaltyState;
+
+/// A named rule: the limits shared by every path it matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub name: Arc<str>,
+    /// The `match` patterns as written (for `wxgate check` and the admin API).
+    pub patterns: Vec<String>,
+    pub limits: Vec<Limit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Limit {
+    Window(WindowLimit),
+    Calendar { count: u64, period: Period },
+}
+
+/// Identifies a limit's state within its rule, so that changing a count keeps
+/// the state and changing a window starts afresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WindowKey {
+    Window(Micros),
+    Calendar(Period),
+}
+
+impl Limit {
+    pub fn window_key(&self) -> WindowKey {
+        match self {
+            Limit::Window(w) => WindowKey::Window(w.per_us),
+            Limit::Calendar { period, .. } => WindowKey::Calendar(*period),
+        }
+    }
+}
+
+impl WindowKey {
+    /// Short stable text used in store keys: `w60000` (ms) or `day` / `month`.
+    pub fn label(&self) -> String {
+        match self {
+            WindowKey::Window(us) => format!("w{}", us / 1000),
+            WindowKey::Calendar(p) => p.as_str().to_owned(),
+        }
+    }
+}
+
+/// `{count N, per W, burst B}` compiled to GCRA parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WindowLimit {
+    pub count: u64,
+    pub per_us: Micros,
+    pub burst: u64,
+    /// Emission interval `T = ⌈W / (N − B + 1)⌉` (rounded up: never faster).
+    pub interval_us: Micros,
+    /// Tolerance `τ = (B − 1)·T`.
+    pub tolerance_us: Micros,
+}
+
+impl WindowLimit {
+    /// Callers validate `1 ≤ burst ≤ count` and `per_us > 0` first.
+    pub fn new(count: u64, per_us: Micros, burst: u64) -> Self {
+        let slots = i64::try_from(count - burst + 1).unwrap_or(i64::MAX);
+        let interval_us = (per_us + slots - 1) / slots;
+        let tolerance_us = i64::try_from(burst - 1).unwrap_or(0).saturating_mul(interval_us);
+        WindowLimit { count, per_us, burst, interval_us, tolerance_us }
+    }
+
+    /// Burst when the config gives none: 5 % of the count, at least 1. Small,
+    /// so the sustained rate stays at ≥ 95 % of the quota.
+    pub fn default_burst(count: u64) -> u64 {
+        count.div_ceil(20).max(1)
+    }
+
+    /// Capacity and refill in token-bucket terms, for `wxgate check`.
+    pub fn refill_per_second(&self) -> f64 {
+        1_000_000.0 / self.interval_us as f64
+    }
+}
+
+/// Why a call was refused; shown to clients in `X-Wxgate-Reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reason {
+    /// A minute/second/hour window is full.
+    Rate,
+    /// A calendar quota (day, month) is used up.
+    Quota,
+    /// WeChat itself said 45009/45011/45033 recently.
+    Penalty,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Rate => "rate",
+            Reason::Quota => "quota",
+            Reason::Penalty => "penalty",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Forward now. `at` is the store's clock at the decision (used to tell
+    /// answers to calls sent before a penalty from those sent after it);
+    /// `escalated` says whether a successful answer should be reported to end
+    /// a penalty escalation.
+    Admit { at: Micros, escalated: bool },
+    /// Refuse; every limit admits after `wait_us` at the earliest.
+    Reject { wait_us: Micros, reason: Reason },
+}
+
+/// State of one limit: GCRA theoretical arrival time, or a calendar count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitState {
+    Tat(Micros),
+    Count { period_id: i64, used: u64 },
+}
+
+/// Everything a store keeps for one (account, rule).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleState {
+    pub limits: Vec<(WindowKey, LimitState)>,
+    pub penalty: PenaltyState,
+}
+
+impl RuleState {
+    fn get(&self, key: WindowKey) -> Option<LimitState> {
+        self.limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+    }
+
+    fn set(&mut self, key: WindowKey, state: LimitState) {
+        match self.limits.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = state,
+            None => self.limits.push((key, state)),
+        }
+    }
+
+    /// True when forgetting this state changes no future decision.
+    pub fn is_idle(&self, now: Micros, offset_us: Micros) -> bool {
+        let limits_idle = self.limits.iter().all(|(key, s)| match (key, s) {
+            (_, LimitState::Tat(tat)) => *tat <= now,
+            (WindowKey::Calendar(p), LimitState::Count { period_id, .. }) => *period_id < p.id(now, offset_us),
+            (WindowKey::Window(_), LimitState::Count { .. }) => true,
+        });
+        limits_idle && self.penalty.until <= now && !self.penalty.is_recent(now)
+    }
+}
+
+/// Decides one call of `rule` at `now` and, if admitted, debits `state`.
+pub fn decide(rule: &Rule, state: &mut RuleState, now: Micros, offset_us: Micros) -> Decision {
+    if let Some(wait_us) = state.penalty.remaining(now) {
+        return Decision::Reject { wait_us, reason: Reason::Penalty };
+    }
+    let mut worst: Option<(Micros, Reason)> = None;
+    let mut next: Vec<(WindowKey, LimitState)> = Vec::with_capacity(rule.limits.len());
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        let (wait, reason, after) = match *limit {
+            Limit::Window(w) => {
+                let tat = match state.get(key) {
+                    Some(LimitState::Tat(t)) => t.max(now),
+                    _ => now,
+                };
+                let allow_at = tat - w.tolerance_us;
+                (allow_at - now, Reason::Rate, LimitState::Tat(tat + w.interval_us))
+            }
+            Limit::Calendar { count, period } => {
+                let period_id = period.id(now, offset_us);
+                let used = match state.get(key) {
+                    Some(LimitState::Count { period_id: p, used }) if p == period_id => used,
+                    _ => 0,
+                };
+                let wait = if used >= count { period.next_start(now, offset_us) - now } else { 0 };
+                (wait, Reason::Quota, LimitState::Count { period_id, used: used + 1 })
+            }
+        };
+        if wait > 0 && worst.is_none_or(|(w, _)| wait > w) {
+            worst = Some((wait, reason));
+        }
+        next.push((key, after));
+    }
+    if let Some((wait_us, reason)) = worst {
+        return Decision::Reject { wait_us, reason };
+    }
+    for (key, s) in next {
+        state.set(key, s);
+    }
+    Decision::Admit { at: now, escalated: state.penalty.is_recent(now) }
+}

@@ -1,0 +1,138 @@
+//! `wxgate [--config rules.toml]` serves; `wxgate check --config rules.toml`
+//! validates and prints the compiled rules.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use wxgate::clock::SystemClock;
+use wxgate::config::Config;
+use wxgate::limit::Limit;
+
+#[derive(Parser)]
+#[command(version, about = "Outbound proxy for the WeChat server API: shared quotas, no 45009")]
+struct Cli {
+    /// Config file.
+    #[arg(long, short, global = true, env = "WXGATE_CONFIG", default_value = "rules.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the config, print each compiled rule, exit non-zero on any error.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("wxgate: invalid config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Some(Command::Check) => {
+            print_rules(&config);
+            ExitCode::SUCCESS
+        }
+        None => run(config),
+    }
+}
+
+fn run(config: Config) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wxgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let upstream = config.server.upstream.clone();
+        let rules = config.rules.len();
+        let running = match wxgate::start(config, Arc::new(SystemClock)).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("wxgate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(listen = %running.addr, %upstream, rules, "wxgate serving");
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing calls in flight");
+        running.shutdown(Duration::from_secs(30)).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn print_rules(config: &Config) {
+    let s = &config.server;
+    let tz = s.quota_offset_us / 60_000_000;
+    let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
+    println!("{}: ok", config.source.display());
+    println!("listen {}  upstream {}  quota_timezone {tz}", s.listen, s.upstream);
+    for p in &config.penalties {
+        println!("penalty errcode {}: {:?}, cap {:?}", p.errcode, p.length, p.max_us.map(|m| m / 1_000_000));
+    }
+    for rule in &config.rules {
+        println!("rule {} [{}]", rule.name, rule.patterns.join(", "));
+        if rule.limits.is_empty() {
+            println!("  no limits (penalties only)");
+        }
+        for limit in &rule.limits {
+            match limit {
+                Limit::Window(w) => println!(
+                    "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}",
+                    w.count,
+                    humantime::format_duration(Duration::from_micros(w.per_us as u64)),
+                    w.burst,
+                    w.refill_per_second(),
+                    w.interval_us,
+                    humantime::format_duration(Duration::from_micros(w.per_us as u64)),
+                    w.count
+                ),
+                Limit::Calendar { count, period } => {
+                    println!("  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())
+                }
+            }
+        }
+    }
+    if config.routes.has_default() {
+        println!("unmatched paths: rule default");
+    } else {
+        println!("unmatched paths: forwarded unthrottled");
+    }
+}

@@ -1,0 +1,159 @@
+//! The phases of one call, in order:
+//!
+//! 1. **accept**: origin-form targets only (`CONNECT` and absolute-form get
+//!    400: wxgate is never an open proxy), `X-Wx-Account` validated.
+//! 2. **route**: path → rule ([`crate::routes`]).
+//! 3. **decide**: one store call ([`crate::store`]); a refusal is answered 429
+//!    here and never reaches WeChat.
+//! 4. **forward**: method, path, query, headers and body unchanged but for
+//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once.
+//! 5. **inspect**: a small JSON answer is read for its errcode
+//!    ([`crate::inspect`]); a penalised one starts a penalty and reaches the
+//!    client as 429 + `Retry-After` with WeChat's body unchanged.
+//!
+//! Every accepted request gets exactly one response: each phase either hands
+//! on or returns a [`ProxyError`], which [`handle`] turns into the answer.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::header::HOST;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+
+use crate::body::RelayBody;
+use crate::config::{valid_account, Config};
+use crate::error::{mark_throttled, retry_after_secs, ProxyError};
+use crate::inspect::{sniff, Verdict};
+use crate::limit::{Decision, Reason};
+use crate::store::Store;
+use crate::upstream::{strip_hop_by_hop, Upstream, UpstreamError};
+
+/// Header naming the WeChat account (appid / corpid alias) a call is for.
+pub const ACCOUNT_HEADER: &str = "x-wx-account";
+/// Account used when a call names none.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// Everything a call needs; shared by every connection.
+pub struct App {
+    pub config: ArcSwap<Config>,
+    pub store: Store,
+    pub upstream: Upstream,
+}
+
+/// Answers one request. Never fails: errors become WeChat-shaped answers.
+pub async fn handle(app: &App, req: Request<Incoming>) -> Response<RelayBody> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    match proxy(app, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            match &e {
+                ProxyError::Upstream(_) | ProxyError::Unavailable(_) => {
+                    tracing::warn!(%method, %path, error = %e, "call failed");
+                }
+                _ => tracing::debug!(%method, %path, error = %e, "call refused"),
+            }
+            e.into_response()
+        }
+    }
+}
+
+async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>, ProxyError> {
+    let config = app.config.load_full();
+    // 1. accept
+    if req.method() == Method::CONNECT {
+        return Err(ProxyError::BadRequest(
+            "CONNECT is not served: wxgate only forwards to its configured upstream".into(),
+        ));
+    }
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        return Err(ProxyError::BadRequest(
+            "absolute-form request targets are not served: send origin-form (/cgi-bin/...) to wxgate".into(),
+        ));
+    }
+    let path_and_query = match req.uri().path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.as_str().to_owned(),
+        _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
+    };
+    let account = account_of(req.headers())?;
+
+    // 2. route
+    let rule = config.routes.lookup(req.uri().path()).and_then(|i| config.rules.get(i)).cloned();
+    let offset = config.server.quota_offset_us;
+
+    // 3. decide
+    let admitted = match &rule {
+        None => None,
+        Some(rule) => match app.store.acquire(&account, rule, offset).await {
+            Ok(Decision::Admit { at, escalated }) => Some((at, escalated)),
+            Ok(Decision::Reject { wait_us, reason }) => {
+                return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us })
+            }
+            Err(e) => return Err(ProxyError::Unavailable(e.to_string())),
+        },
+    };
+
+    // 4. forward
+    let (mut parts, body) = req.into_parts();
+    parts.uri = app
+        .upstream
+        .target(&path_and_query)
+        .map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(HOST);
+    parts.headers.remove(ACCOUNT_HEADER);
+    let resp = app.upstream.send(Request::from_parts(parts, body)).await?;
+
+    // 5. inspect
+    let (Some(rule), Some((sent_at, escalated))) = (rule, admitted) else {
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        return Ok(Response::from_parts(parts, RelayBody::stream(Default::default(), body)));
+    };
+    let (mut parts, body, verdict) =
+        sniff(resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    match verdict {
+        Verdict::Errcode(code) => {
+            if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
+                let wait_us = match app.store.penalise(&account, &rule, policy, sent_at, offset).await {
+                    Ok((until, now)) => until - now,
+                    Err(e) => {
+                        tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
+                        policy.until(0, sent_at, offset) - sent_at
+                    }
+                };
+                tracing::info!(rule = %rule.name, %account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
+                parts.status = StatusCode::TOO_MANY_REQUESTS;
+                mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
+            }
+        }
+        Verdict::Success if escalated => {
+            if let Err(e) = app.store.succeeded(&account, &rule, sent_at, offset).await {
+                tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
+            }
+        }
+        _ => {}
+    }
+    Ok(Response::from_parts(parts, body))
+}
+
+/// The account a call is for: `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`) or `default`.
+fn account_of(headers: &HeaderMap) -> Result<String, ProxyError> {
+    let mut values = headers.get_all(ACCOUNT_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(DEFAULT_ACCOUNT.to_owned());
+    };
+    if values.next().is_some() {
+        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()));
+    }
+    match value.to_str() {
+        Ok(v) if valid_account(v) => Ok(v.to_owned()),
+        _ => Err(ProxyError::BadRequest("X-Wx-Account must be 1-64 characters of A-Z a-z 0-9 _ -".into())),
+    }
+}
+
+/// Shared handle used by the server.
+pub type SharedApp = Arc<App>;

@@ -1,0 +1,213 @@
+//! Request path → rule.
+//!
+//! Patterns are exact (`/cgi-bin/token`) or segment prefixes
+//! (`/cgi-bin/message/*`, which matches every path *below* `/cgi-bin/message/`,
+//! never `/cgi-bin/messages`). An exact pattern beats every prefix; among
+//! prefixes the longest wins. A path no pattern claims goes to the rule named
+//! `default` when there is one, otherwise it is forwarded unthrottled.
+//!
+//! Matching uses a normalised copy of the path (the bytes forwarded upstream
+//! are never changed): the query is dropped, `%XX` escapes are decoded once
+//! (so `%2F` is a slash), empty and `.` segments are dropped and `..` removes
+//! the segment before it. A call therefore cannot escape its rule with
+//! `/cgi-bin/message/custom/send/../../token`, `//`, or encoded slashes: it
+//! is matched as the path a decoding server would see.
+
+use std::collections::HashMap;
+
+/// One `match` entry of a rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Pattern {
+    Exact(String),
+    /// Normalised prefix without the trailing `/*`; `""` for `/*`.
+    Prefix(String),
+}
+
+impl Pattern {
+    pub fn parse(text: &str) -> Result<Pattern, String> {
+        if !text.starts_with('/') {
+            return Err("must start with /".into());
+        }
+        let (body, prefix) = match text.strip_suffix("/*") {
+            Some(body) => (body, true),
+            None => (text, false),
+        };
+        if body.contains('*') {
+            return Err("* is only allowed as a final /* segment".into());
+        }
+        if body.contains('?') || body.contains('%') {
+            return Err("give the plain path, without ? or % escapes".into());
+        }
+        let norm = normalise(body);
+        if norm != body || (body.is_empty() && !prefix) {
+            return Err(format!("is not a normalised path (did you mean \"{norm}\"?)"));
+        }
+        Ok(if prefix { Pattern::Prefix(norm) } else { Pattern::Exact(norm) })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Pattern::Exact(p) => p.clone(),
+            Pattern::Prefix(p) => format!("{p}/*"),
+        }
+    }
+}
+
+/// Compiled path table. Lookup costs one hash probe per path segment.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    exact: HashMap<String, usize>,
+    prefix: HashMap<String, usize>,
+    default: Option<usize>,
+}
+
+impl Routes {
+    /// Builds the table from `(pattern, rule index)` pairs. Fails with the
+    /// pattern and the two rule indices when two rules claim one pattern.
+    pub fn new(patterns: Vec<(Pattern, usize)>, default: Option<usize>) -> Result<Routes, (String, usize, usize)> {
+        let mut routes = Routes { default, ..Routes::default() };
+        for (pattern, rule) in patterns {
+            let described = pattern.describe();
+            let (map, key) = match pattern {
+                Pattern::Exact(p) => (&mut routes.exact, p),
+                Pattern::Prefix(p) => (&mut routes.prefix, p),
+            };
+            if let Some(&other) = map.get(&key) {
+                if other != rule {
+                    return Err((described, other, rule));
+                }
+            }
+            map.insert(key, rule);
+        }
+        Ok(routes)
+    }
+
+    pub fn has_default(&self) -> bool {
+        self.default.is_some()
+    }
+
+    /// The rule index for a request path (a query string, if any, is ignored).
+    pub fn lookup(&self, path: &str) -> Option<usize> {
+        let norm = normalise(path);
+        if let Some(&rule) = self.exact.get(&norm) {
+            return Some(rule);
+        }
+        let mut end = norm.len();
+        while let Some(cut) = norm[..end].rfind('/') {
+            if let Some(&rule) = self.prefix.get(&norm[..cut]) {
+                return Some(rule);
+            }
+            end = cut;
+        }
+        self.default
+    }
+}
+
+/// The path used for matching: see the module docs. Always starts with `/`
+/// unless it is the root, which normalises to `""`.
+pub fn normalise(path: &str) -> String {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let decoded = percent_decode(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for s in segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_owned();
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Routes {
+        let p = |s: &str| Pattern::parse(s).expect("pattern");
+        Routes::new(
+            vec![
+                (p("/cgi-bin/token"), 0),
+                (p("/cgi-bin/message/*"), 1),
+                (p("/cgi-bin/message/custom/send"), 2),
+                (p("/cgi-bin/message/mass/*"), 3),
+            ],
+            Some(9),
+        )
+        .expect("routes")
+    }
+
+    #[test]
+    fn most_specific_pattern_wins() {
+        let r = table();
+        assert_eq!(r.lookup("/cgi-bin/token?grant_type=client_credential"), Some(0));
+        assert_eq!(r.lookup("/cgi-bin/message/custom/send"), Some(2));
+        assert_eq!(r.lookup("/cgi-bin/message/custom/typing"), Some(1));
+        assert_eq!(r.lookup("/cgi-bin/message/mass/sendall"), Some(3));
+        assert_eq!(r.lookup("/cgi-bin/messages"), Some(9));
+        assert_eq!(r.lookup("/cgi-bin/message"), Some(9));
+    }
+
+    #[test]
+    fn tricks_do_not_escape_the_rule() {
+        let r = table();
+        assert_eq!(r.lookup("/cgi-bin/message/custom/send/../../../token"), Some(0));
+        assert_eq!(r.lookup("//cgi-bin//message/custom/./send"), Some(2));
+        assert_eq!(r.lookup("/cgi-bin/message%2Fcustom%2fsend"), Some(2));
+        assert_eq!(r.lookup("/cgi-bin/%74oken"), Some(0));
+        assert_eq!(r.lookup("/../../cgi-bin/token"), Some(0));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        assert!(Pattern::parse("cgi-bin/token").is_err());
+        assert!(Pattern::parse("/cgi-bin/*/send").is_err());
+        assert!(Pattern::parse("/cgi-bin//token").is_err());
+        assert!(Pattern::parse("/cgi-bin/token/").is_err());
+        assert_eq!(Pattern::parse("/*"), Ok(Pattern::Prefix(String::new())));
+    }
+
+    #[test]
+    fn two_rules_on_one_pattern_conflict() {
+        let p = |s: &str| Pattern::parse(s).expect("pattern");
+        let err = Routes::new(vec![(p("/a/*"), 0), (p("/a/*"), 1)], None).expect_err("conflict");
+        assert_eq!(err, ("/a/*".to_string(), 0, 1));
+    }
+}

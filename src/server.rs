@@ -1,0 +1,86 @@
+//! Accepting connections: HTTP/1.1 on a plain TCP listener, one task per
+//! connection, graceful shutdown on request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::proxy::{handle, App};
+
+/// How long a client may take to send its request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running listener. Dropping it does not stop it; call [`Running::shutdown`].
+pub struct Running {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting, lets calls in flight finish (up to `deadline`), returns.
+    pub async fn shutdown(self, deadline: Duration) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(deadline, self.task).await.is_err() {
+            tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
+        }
+    }
+
+    /// Waits until the listener stops (after a shutdown request).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.stop.clone()
+    }
+}
+
+/// Serves `app` on `listener` until shutdown is requested.
+pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
+    let addr = listener.local_addr()?;
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let graceful = GracefulShutdown::new();
+        loop {
+            let (stream, _peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stopped.changed() => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let app = app.clone();
+            let service = service_fn(move |req| {
+                let app = app.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&app, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+    });
+    Ok(Running { addr, stop, task })
+}
