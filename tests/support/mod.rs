@@ -1,0 +1,308 @@
+//! Test harness: a mock WeChat over real sockets, wxgate started in-process
+//! on a free loopback port with a [`ManualClock`], and a small HTTP client.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+use wxgate::clock::ManualClock;
+use wxgate::config::Config;
+use wxgate::server::Running;
+
+/// 2026-11-29 10:00:00 Beijing (02:00 UTC), in microseconds.
+pub const T0: i64 = (20_786 * 86_400 + 2 * 3600) * 1_000_000;
+pub const SEC: i64 = 1_000_000;
+
+/// One call as the mock saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub arrived: Instant,
+}
+
+/// What the mock answers.
+#[derive(Clone)]
+pub enum Reply {
+    /// Status 200, this JSON text, `Content-Type` as given.
+    Json { body: String, content_type: &'static str },
+    /// Status 200, `image/jpeg`, `len` bytes in 64 KiB chunks. When `gate`
+    /// is set, the first chunk goes out, then the rest only after it is notified.
+    Binary { len: usize, gate: Option<Arc<Notify>> },
+    /// Never answer (until the connection is dropped).
+    Hang,
+    /// Send headers and part of a body, then drop the connection.
+    DropMidBody,
+    /// Echo the request back: status 200, body = request body, headers
+    /// `x-echo-*` describing the request.
+    Echo,
+}
+
+pub fn errcode_reply(code: i64) -> Reply {
+    Reply::Json {
+        body: format!(
+            r#"{{"errcode":{code},"errmsg":"reach max api daily quota limit rid: 6740e5a1-0b3c7d2e-1f2a3b4c"}}"#
+        ),
+        content_type: "text/plain",
+    }
+}
+
+pub fn ok_reply() -> Reply {
+    Reply::Json { body: r#"{"errcode":0,"errmsg":"ok"}"#.into(), content_type: "application/json; encoding=utf-8" }
+}
+
+type Responder = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
+
+/// A mock WeChat server that records every call.
+#[derive(Clone)]
+pub struct MockWeChat {
+    pub addr: SocketAddr,
+    calls: Arc<Mutex<Vec<Recorded>>>,
+    responder: Arc<Mutex<Responder>>,
+}
+
+impl MockWeChat {
+    pub async fn start() -> MockWeChat {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+        let mock = MockWeChat {
+            addr: listener.local_addr().expect("mock addr"),
+            calls: Arc::default(),
+            responder: Arc::new(Mutex::new(Arc::new(|_: &Recorded| ok_reply()))),
+        };
+        let m = mock.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                m.serve_conn(TokioIo::new(stream));
+            }
+        });
+        mock
+    }
+
+    pub fn serve_conn<I>(&self, io: I)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let m = self.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let m = m.clone();
+                async move { Ok::<_, Infallible>(m.answer(req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        });
+    }
+
+    /// Sets how the mock answers from now on.
+    pub fn respond(&self, f: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
+        *self.responder.lock().expect("responder") = Arc::new(f);
+    }
+
+    pub fn calls(&self) -> Vec<Recorded> {
+        self.calls.lock().expect("calls").clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.calls.lock().expect("calls").len()
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<MockBody> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let rec = Recorded {
+            method: parts.method.to_string(),
+            path_and_query: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+            arrived: Instant::now(),
+        };
+        self.calls.lock().expect("calls").push(rec.clone());
+        let responder = self.responder.lock().expect("responder").clone();
+        match responder(&rec) {
+            Reply::Json { body, content_type } => {
+                Response::builder().header("content-type", content_type).body(full(body)).expect("response")
+            }
+            Reply::Echo => {
+                let mut b = Response::builder()
+                    .header("content-type", "application/octet-stream")
+                    .header("x-echo-method", rec.method.clone())
+                    .header("x-echo-path", rec.path_and_query.clone());
+                for (k, v) in &rec.headers {
+                    b = b.header(format!("x-echo-h-{k}"), v);
+                }
+                b.body(full(rec.body.clone())).expect("response")
+            }
+            Reply::Binary { len, gate } => {
+                let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+                tokio::spawn(async move {
+                    let mut sent = 0;
+                    let mut first = true;
+                    while sent < len {
+                        let n = (len - sent).min(64 * 1024);
+                        let chunk: Vec<u8> = (sent..sent + n).map(|i| (i % 251) as u8).collect();
+                        if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+                            return;
+                        }
+                        sent += n;
+                        if first {
+                            first = false;
+                            if let Some(g) = &gate {
+                                g.notified().await;
+                            }
+                        }
+                    }
+                });
+                Response::builder()
+                    .header("content-type", "image/jpeg")
+                    .header("content-length", len.to_string())
+                    .body(StreamBody::new(tokio_stream_from(rx)).boxed_unsync())
+                    .expect("response")
+            }
+            Reply::Hang => {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            Reply::DropMidBody => {
+                let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+                tokio::spawn(async move {
+                    let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"{\"errcode\":0,")))).await;
+                    // dropping tx with the declared length unmet aborts the connection
+                });
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .header("content-length", "1000")
+                    .body(StreamBody::new(tokio_stream_from(rx)).boxed_unsync())
+                    .expect("response")
+            }
+        }
+    }
+}
+
+type MockBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> MockBody {
+    Full::new(b.into()).boxed_unsync()
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A wxgate listening on a free loopback port, with a manual clock.
+pub struct Gate {
+    pub addr: SocketAddr,
+    pub clock: ManualClock,
+    pub running: Option<Running>,
+}
+
+/// Config text for a gate in front of `upstream` (an `http://host:port` base).
+pub fn config_text(upstream: &str, rules: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\nupstream_timeout = \"2s\"\n\n{rules}\n")
+}
+
+impl Gate {
+    pub async fn start(mock: &MockWeChat, rules: &str) -> Gate {
+        Gate::start_text(&config_text(&format!("http://{}", mock.addr), rules)).await
+    }
+
+    pub async fn start_text(text: &str) -> Gate {
+        let config = Config::parse(text, Path::new("test.toml")).expect("test config");
+        let clock = ManualClock::new(T0);
+        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
+        Gate { addr: running.addr, clock, running: Some(running) }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        send(Request::get(self.url(path)).body(Full::new(Bytes::new())).expect("request")).await
+    }
+
+    pub async fn get_as(&self, account: &str, path: &str) -> Answer {
+        send(
+            Request::get(self.url(path))
+                .header("x-wx-account", account)
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+    }
+
+    pub async fn post(&self, path: &str, body: &str) -> Answer {
+        send(Request::post(self.url(path)).body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+}
+
+/// A complete answer as a client sees it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn retry_after(&self) -> i64 {
+        self.header("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After")
+    }
+}
+
+pub async fn send(req: Request<Full<Bytes>>) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let resp = client.request(req).await.expect("wxgate answered");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("whole body").to_bytes();
+    Answer { status: parts.status, headers: parts.headers, body }
+}
+
+/// Sends raw bytes on a fresh connection and returns everything read until
+/// the server closes it or `limit` passes.
+pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Counts answers by status.
+pub fn tally(statuses: &[StatusCode]) -> HashMap<u16, usize> {
+    let mut m = HashMap::new();
+    for s in statuses {
+        *m.entry(s.as_u16()).or_default() += 1;
+    }
+    m
+}
