@@ -49,6 +49,8 @@ pub enum Reply {
     Hang,
     /// Send headers and part of a body, then drop the connection.
     DropMidBody,
+    /// Wait for a permit from `gate` (the test adds them), then answer `then`.
+    Gated { gate: Arc<tokio::sync::Semaphore>, then: Box<Reply> },
     /// Echo the request back: status 200, body = request body, headers
     /// `x-echo-*` describing the request.
     Echo,
@@ -134,7 +136,15 @@ impl MockWeChat {
         };
         self.calls.lock().expect("calls").push(rec.clone());
         let responder = self.responder.lock().expect("responder").clone();
-        match responder(&rec) {
+        let mut reply = responder(&rec);
+        while let Reply::Gated { gate, then } = reply {
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget();
+            }
+            reply = *then;
+        }
+        match reply {
+            Reply::Gated { .. } => unreachable!("unwrapped above"),
             Reply::Json { body, content_type } => {
                 Response::builder().header("content-type", content_type).body(full(body)).expect("response")
             }

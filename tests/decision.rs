@@ -1,0 +1,133 @@
+//! The pure decision, checked against its stated guarantees on random input.
+
+use proptest::prelude::*;
+use wxgate::calendar::Period;
+use wxgate::limit::{decide, Decision, Limit, Reason, Rule, RuleState, WindowLimit};
+
+const SEC: i64 = 1_000_000;
+const BEIJING: i64 = 8 * 3600 * SEC;
+
+fn rule(limits: Vec<Limit>) -> Rule {
+    Rule { name: "r".into(), patterns: vec![], limits }
+}
+
+fn window(count: u64, per_s: i64, burst: u64) -> Limit {
+    Limit::Window(WindowLimit::new(count, per_s * SEC, burst))
+}
+
+/// Largest number of `times` (sorted) inside any half-open window `[t, t + w)`.
+fn max_in_window(times: &[i64], w: i64) -> usize {
+    let mut best = 0;
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] >= w {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// No window of length `per` admits more than `count`, whatever the arrivals.
+    #[test]
+    fn window_exact(count in 1u64..40, burst_frac in 0u64..=100, per_s in 1i64..120,
+                    gaps in prop::collection::vec(0i64..4_000_000, 1..400)) {
+        let burst = (count * burst_frac / 100).max(1);
+        let r = rule(vec![window(count, per_s, burst)]);
+        let mut st = RuleState::default();
+        let mut now = 1_700_000_000 * SEC;
+        let mut admitted = Vec::new();
+        for g in gaps {
+            now += g;
+            if let Decision::Admit { .. } = decide(&r, &mut st, now, BEIJING) {
+                admitted.push(now);
+            }
+        }
+        prop_assert!(max_in_window(&admitted, per_s * SEC) as u64 <= count);
+    }
+
+    /// A rejection's wait is honest: retrying exactly then is admitted, a
+    /// microsecond earlier is not, and a rejection consumes nothing.
+    #[test]
+    fn wait_is_the_earliest_admission(count in 2u64..20, per_s in 1i64..60, day_quota in 1u64..50,
+                                      gaps in prop::collection::vec(0i64..2_000_000, 1..100)) {
+        let r = rule(vec![window(count, per_s, 1), Limit::Calendar { count: day_quota, period: Period::Day }]);
+        let mut st = RuleState::default();
+        let mut now = 1_700_000_000 * SEC;
+        for g in gaps {
+            now += g;
+            let before = st.clone();
+            if let Decision::Reject { wait_us, .. } = decide(&r, &mut st, now, BEIJING) {
+                prop_assert_eq!(&st, &before, "a rejection changed state");
+                let mut early = st.clone();
+                let early_decision = decide(&r, &mut early, now + wait_us - 1, BEIJING);
+                let early_rejected = matches!(early_decision, Decision::Reject { .. });
+                prop_assert!(early_rejected);
+                let mut on_time = st.clone();
+                let on_time_decision = decide(&r, &mut on_time, now + wait_us, BEIJING);
+                let on_time_admitted = matches!(on_time_decision, Decision::Admit { .. });
+                prop_assert!(on_time_admitted);
+            }
+        }
+    }
+}
+
+#[test]
+fn burst_after_idle_then_sustained_rate() {
+    // 300/min, burst 30: 30 at once, then one every ⌈60 s / 271⌉.
+    let r = rule(vec![window(300, 60, 30)]);
+    let mut st = RuleState::default();
+    let t = 1_700_000_000 * SEC;
+    let admitted = (0..40).filter(|_| matches!(decide(&r, &mut st, t, BEIJING), Decision::Admit { .. })).count();
+    assert_eq!(admitted, 30);
+    let Decision::Reject { wait_us, reason } = decide(&r, &mut st, t, BEIJING) else { panic!("admitted a 31st") };
+    assert_eq!(reason, Reason::Rate);
+    assert_eq!(wait_us, (60 * SEC + 270) / 271);
+}
+
+#[test]
+fn all_or_nothing_across_limits() {
+    // The day quota is spent; the minute window must not be debited by refusals.
+    let r = rule(vec![window(5, 60, 5), Limit::Calendar { count: 2, period: Period::Day }]);
+    let mut st = RuleState::default();
+    let t = 1_700_000_000 * SEC;
+    for _ in 0..2 {
+        assert!(matches!(decide(&r, &mut st, t, BEIJING), Decision::Admit { .. }));
+    }
+    for _ in 0..10 {
+        let d = decide(&r, &mut st, t, BEIJING);
+        assert!(matches!(d, Decision::Reject { reason: Reason::Quota, .. }), "{d:?}");
+    }
+    // Same state under a rule with a larger day quota: the window still has 3 of 5.
+    let bigger = rule(vec![window(5, 60, 5), Limit::Calendar { count: 100, period: Period::Day }]);
+    let admitted = (0..10).filter(|_| matches!(decide(&bigger, &mut st, t, BEIJING), Decision::Admit { .. })).count();
+    assert_eq!(admitted, 3);
+}
+
+#[test]
+fn lowering_a_limit_clamps_existing_state() {
+    let t = 1_700_000_000 * SEC;
+    let mut st = RuleState::default();
+    let generous = rule(vec![window(100, 60, 50)]);
+    // Long idle: full bucket of 50 under the old rule. Use 5 of them.
+    for _ in 0..5 {
+        assert!(matches!(decide(&generous, &mut st, t, BEIJING), Decision::Admit { .. }));
+    }
+    // New config: burst 3. Only 3 go at once, not the 45 left under the old one.
+    let strict = rule(vec![window(100, 60, 3)]);
+    let later = t + 3600 * SEC;
+    let admitted =
+        (0..20).filter(|_| matches!(decide(&strict, &mut st, later, BEIJING), Decision::Admit { .. })).count();
+    assert_eq!(admitted, 3);
+    // And a lowered day quota below what was used refuses at once.
+    let mut st = RuleState::default();
+    let day10 = rule(vec![Limit::Calendar { count: 10, period: Period::Day }]);
+    for _ in 0..8 {
+        decide(&day10, &mut st, t, BEIJING);
+    }
+    let day5 = rule(vec![Limit::Calendar { count: 5, period: Period::Day }]);
+    assert!(matches!(decide(&day5, &mut st, t, BEIJING), Decision::Reject { reason: Reason::Quota, .. }));
+}

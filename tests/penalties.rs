@@ -1,0 +1,134 @@
+//! WeChat's own 45009/45011/45033 answers put (account, rule) into penalties.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::sync::Semaphore;
+
+const RULE: &str = r#"
+[[rule]]
+name = "tpl"
+match = ["/cgi-bin/message/template/send"]
+limits = [{ count = 5, per = "day" }]
+"#;
+const PATH: &str = "/cgi-bin/message/template/send?access_token=SECRET";
+
+#[tokio::test]
+async fn a_45009_pauses_the_rule_without_spending_quota() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| errcode_reply(45009));
+    let gate = Gate::start(&mock, RULE).await;
+    let a = gate.get(PATH).await;
+    assert_eq!(a.status, 429);
+    assert_eq!(a.retry_after(), 60);
+    assert_eq!(a.header("x-wxgate-reason"), Some("penalty"));
+    assert_eq!(a.header("content-type"), Some("text/plain"), "WeChat's headers unchanged");
+    assert!(
+        a.text().starts_with(r#"{"errcode":45009,"errmsg":"reach max api daily quota limit rid:"#),
+        "WeChat's body unchanged"
+    );
+
+    mock.respond(|_| ok_reply());
+    for _ in 0..10 {
+        let a = gate.get(PATH).await;
+        assert_eq!(a.status, 429);
+        assert_eq!(a.header("x-wxgate-reason"), Some("penalty"));
+        assert_eq!(a.json()["errcode"], 45009);
+    }
+    assert_eq!(mock.count(), 1, "nothing reached the punished account");
+    gate.advance(Duration::from_secs(30));
+    assert_eq!(gate.get(PATH).await.retry_after(), 30);
+    gate.advance(Duration::from_secs(30));
+    // 1 of 5 was used by the penalised call; refusals took none.
+    for _ in 0..4 {
+        assert_eq!(gate.get(PATH).await.status, 200);
+    }
+    assert_eq!(gate.get(PATH).await.header("x-wxgate-reason"), Some("quota"));
+}
+
+#[tokio::test]
+async fn repeated_penalties_double_up_to_midnight_and_a_success_resets() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| errcode_reply(45009));
+    let rules = format!("[[penalty]]\nerrcode = 45009\nseconds = 3600\n{RULE}");
+    let gate = Gate::start(&mock, &rules.replace("count = 5", "count = 1000")).await;
+    // T0 is 10:00 Beijing: 1 h, 2 h, 4 h, then 8 h would cross midnight.
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let a = gate.get(PATH).await;
+        assert_eq!(a.status, 429);
+        waits.push(a.retry_after());
+        gate.advance(Duration::from_secs(a.retry_after() as u64));
+    }
+    assert_eq!(waits[..3], [3600, 7200, 14400]);
+    // Started at 17:00:00 Beijing, capped at midnight.
+    assert_eq!(waits[3], 7 * 3600);
+    assert_eq!(mock.count(), 4);
+
+    // After midnight a success ends the escalation: the next 45009 is 1 h again.
+    mock.respond(|_| ok_reply());
+    assert_eq!(gate.get(PATH).await.status, 200);
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(gate.get(PATH).await.retry_after(), 3600);
+}
+
+#[tokio::test]
+async fn answers_to_calls_already_in_flight_do_not_escalate() {
+    let mock = MockWeChat::start().await;
+    let gate_permits = Arc::new(Semaphore::new(0));
+    let g = gate_permits.clone();
+    mock.respond(move |_| Reply::Gated { gate: g.clone(), then: Box::new(errcode_reply(45009)) });
+    let gate = Arc::new(Gate::start(&mock, RULE).await);
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let gate = gate.clone();
+        calls.push(tokio::spawn(async move { gate.get(PATH).await }));
+    }
+    while mock.count() < 3 {
+        tokio::task::yield_now().await;
+    }
+    // All three were admitted at T0. The answers come back a second later.
+    gate.advance(Duration::from_secs(1));
+    gate_permits.add_permits(3);
+    let mut waits = Vec::new();
+    for c in calls {
+        let a = c.await.expect("call");
+        assert_eq!(a.status, 429);
+        waits.push(a.retry_after());
+    }
+    // One penalty of the base 60 s, not 60, 120, 240.
+    waits.sort();
+    assert!(waits.iter().all(|&w| w == 60), "{waits:?}");
+}
+
+#[tokio::test]
+async fn a_45011_waits_for_the_next_minute() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| errcode_reply(45011));
+    let gate = Gate::start(&mock, RULE).await;
+    gate.advance(Duration::from_secs(42)); // 10:00:42
+    let a = gate.get(PATH).await;
+    assert_eq!((a.status.as_u16(), a.retry_after()), (429, 18));
+    gate.advance(Duration::from_secs(18));
+    mock.respond(|_| ok_reply());
+    assert_eq!(gate.get(PATH).await.status, 200);
+}
+
+#[tokio::test]
+async fn other_errcodes_pass_through_and_penalties_stay_per_account_and_rule() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|r| if r.path_and_query.contains("menu") { errcode_reply(40001) } else { errcode_reply(45009) });
+    let rules = format!("{RULE}\n[[rule]]\nname = \"menu\"\nmatch = [\"/cgi-bin/menu/get\"]\nlimits = []\n");
+    let gate = Gate::start(&mock, &rules).await;
+    let a = gate.get("/cgi-bin/menu/get").await;
+    assert_eq!(a.status, 200, "40001 is not a penalty: the client sees WeChat's answer");
+    assert_eq!(a.json()["errcode"], 40001);
+    assert_eq!(gate.get_as("appA", PATH).await.status, 429);
+    mock.respond(|_| ok_reply());
+    assert_eq!(gate.get_as("appA", PATH).await.header("x-wxgate-reason"), Some("penalty"));
+    assert_eq!(gate.get_as("appB", PATH).await.status, 200, "another account is not punished");
+    assert_eq!(gate.get_as("appA", "/cgi-bin/menu/get").await.status, 200, "another rule is not punished");
+}
