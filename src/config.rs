@@ -100,7 +100,7 @@ struct RawRule {
     #[serde(rename = "match", default)]
     patterns: Vec<String>,
     #[serde(default)]
-    limits: Vec<RawLimit>,
+    limits: Vec<Spanned<RawLimit>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,9 +175,11 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     };
     let mut rules = Vec::with_capacity(raw.rule.len());
     let mut names = HashSet::new();
+    let mut spans = Vec::with_capacity(raw.rule.len());
     let mut patterns: Vec<(Pattern, usize)> = Vec::new();
     for (index, r) in raw.rule.into_iter().enumerate() {
         let span = r.span();
+        spans.push(span.clone());
         let r = r.into_inner();
         let err = |m: String| ctx.at(span.clone(), format!("rule \"{}\": {m}", r.name));
         if !valid_name(&r.name) {
@@ -196,9 +198,10 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         let mut limits = Vec::with_capacity(r.limits.len());
         let mut windows = HashSet::new();
         for (i, l) in r.limits.iter().enumerate() {
-            let limit = compile_limit(l).map_err(|m| err(format!("limits[{i}]: {m}")))?;
+            let at = |m: String| ctx.at(l.span(), format!("rule \"{}\": limits[{i}]: {m}", r.name));
+            let limit = compile_limit(l.get_ref()).map_err(at)?;
             if !windows.insert(limit.window_key()) {
-                return Err(err(format!("limits[{i}]: another limit of this rule has per = \"{}\"", l.per)));
+                return Err(at(format!("another limit of this rule has per = \"{}\"", l.get_ref().per)));
             }
             limits.push(limit);
         }
@@ -206,7 +209,10 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     }
     let default = rules.iter().position(|r| &*r.name == "default");
     let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
-        ctx.plain(format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name))
+        ctx.at(
+            spans[b].clone(),
+            format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name),
+        )
     })?;
     Ok(Config { source: ctx.path.to_path_buf(), server, store, penalties, rules, routes })
 }

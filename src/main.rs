@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 use wxgate::clock::SystemClock;
 use wxgate::config::Config;
 use wxgate::limit::Limit;
+use wxgate::penalty::PenaltyLength;
 
 #[derive(Parser)]
 #[command(version, about = "Outbound proxy for the WeChat server API: shared quotas, no 45009")]
@@ -105,7 +106,12 @@ fn print_rules(config: &Config) {
     println!("{}: ok", config.source.display());
     println!("listen {}  upstream {}  quota_timezone {tz}", s.listen, s.upstream);
     for p in &config.penalties {
-        println!("penalty errcode {}: {:?}, cap {:?}", p.errcode, p.length, p.max_us.map(|m| m / 1_000_000));
+        let length = match p.length {
+            PenaltyLength::Escalating { base_us } => format!("{}s, doubling while it recurs", base_us / 1_000_000),
+            PenaltyLength::NextMinute => "until the next minute".to_owned(),
+        };
+        let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
+        println!("penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
     for rule in &config.rules {
         println!("rule {} [{}]", rule.name, rule.patterns.join(", "));

@@ -1,0 +1,74 @@
+//! `wxgate check` and start-up refuse bad configs with a precise message.
+
+use std::process::Command;
+
+fn wxgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wxgate"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("WXGATE_CONFIG")
+        .output()
+        .expect("run wxgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configs_are_refused_with_file_line_rule_and_field() {
+    let cases = [
+        ("burst_exceeds_count", "burst_exceeds_count.toml:4: rule \"send\": limits[0]: burst 40 exceeds count 30"),
+        ("misspelled_key", "misspelled_key.toml:4: unknown field `limit`, expected one of `name`, `match`, `limits`"),
+        (
+            "duplicate_pattern",
+            "duplicate_pattern.toml:5: rules \"a\" and \"b\" both claim the path pattern \"/cgi-bin/message/*\"",
+        ),
+        ("bad_duration", "bad_duration.toml:4: rule \"send\": limits[0]: per: \"1 fortnight\" is not a duration"),
+        ("bad_upstream", "bad_upstream.toml: [server] upstream: \"ftp://api.weixin.qq.com\": must start with http:// or https://"),
+        ("syntax_error", "syntax_error.toml:3: unclosed array, expected `]`"),
+        ("bad_pattern", "bad_pattern.toml:1: rule \"send\": match \"/cgi-bin/*/send\": * is only allowed as a final /* segment"),
+        ("bad_timezone", "bad_timezone.toml: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
+        ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
+    ];
+    for (name, expected) in cases {
+        let path = format!("tests/fixtures/{name}.toml");
+        let (code, _, stderr) = wxgate(&["check", "--config", &path]);
+        assert_eq!(code, 2, "{name}: exit code");
+        let want = format!("wxgate: invalid config: tests/fixtures/{expected}");
+        assert!(stderr.starts_with(&want), "{name}:\n got: {stderr}\nwant: {want}");
+        // Serving refuses to start on the same file, with the same message.
+        let (code, _, serve_err) = wxgate(&["--config", &path]);
+        assert_eq!((code, serve_err), (2, stderr), "{name}: start-up");
+    }
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let (code, _, stderr) = wxgate(&["check", "--config", "tests/fixtures/nope.toml"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("tests/fixtures/nope.toml: cannot read"), "{stderr}");
+}
+
+#[test]
+fn shipped_rules_compile_and_print_each_rule() {
+    let (code, stdout, stderr) = wxgate(&["check", "--config", "rules.toml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("rule template_send [/cgi-bin/message/template/send]"), "{stdout}");
+    assert!(stdout.contains("100000 per calendar day (resets at 00:00 +08:00)"), "{stdout}");
+    // 5000/min with the default burst of 5 % = 250: refill (5000-250+1)/60 s.
+    assert!(stdout.contains("5000 per 1m: capacity 250 + refill 79.1828/s"), "{stdout}");
+    assert!(stdout.contains("unmatched paths: rule default"), "{stdout}");
+}
+
+#[test]
+fn config_from_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wxgate"))
+        .args(["check"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("WXGATE_CONFIG", "tests/fixtures/burst_on_day.toml")
+        .output()
+        .expect("run wxgate");
+    assert_eq!(out.status.code(), Some(2));
+}
