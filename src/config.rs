@@ -18,6 +18,7 @@ use crate::clock::Micros;
 use crate::limit::{Limit, Rule, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::routes::{Pattern, Routes};
+use crate::store::RedisConfig;
 
 /// A config that failed to load, with a message fit to show a user as is.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +51,10 @@ pub struct Server {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     Memory,
+    Redis(RedisConfig),
 }
+
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
@@ -82,6 +86,9 @@ struct RawServer {
 #[serde(deny_unknown_fields)]
 struct RawStore {
     kind: Option<String>,
+    url: Option<String>,
+    key_prefix: Option<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -153,10 +160,7 @@ impl Ctx<'_> {
 
 fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let server = compile_server(raw.server, ctx)?;
-    let store = match raw.store.kind.as_deref() {
-        None | Some("memory") => StoreConfig::Memory,
-        Some(other) => return Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\")"))),
-    };
+    let store = compile_store(raw.store, ctx)?;
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => {
@@ -239,6 +243,41 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
         }
     }
     Ok(Server { listen, upstream, upstream_timeout, upstream_ca: raw.upstream_ca, quota_offset_us })
+}
+
+fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigError> {
+    match raw.kind.as_deref() {
+        None | Some("memory") => {
+            for (key, given) in [("url", raw.url.is_some()), ("key_prefix", raw.key_prefix.is_some())] {
+                if given {
+                    return Err(ctx.plain(format!("[store] {key}: only used with kind = \"redis\"")));
+                }
+            }
+            Ok(StoreConfig::Memory)
+        }
+        Some("redis") => {
+            let url = raw.url.unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
+            if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("redis+unix://")) {
+                return Err(ctx.plain("[store] url: must start with redis:// or rediss://"));
+            }
+            let key_prefix = raw.key_prefix.unwrap_or_else(|| "wxgate".to_owned());
+            if key_prefix.is_empty() || key_prefix.contains(['{', '}', ' ']) {
+                return Err(ctx.plain("[store] key_prefix: must be non-empty, without braces or spaces"));
+            }
+            let timeout = match raw.timeout.as_deref() {
+                None => DEFAULT_STORE_TIMEOUT,
+                Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[store] timeout: {m}")))?,
+            };
+            if timeout.is_zero() {
+                return Err(ctx.plain("[store] timeout: must be more than 0"));
+            }
+            let password = std::env::var("WXGATE_REDIS_PASSWORD").ok().filter(|p| !p.is_empty());
+            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout }))
+        }
+        Some(other) => {
+            Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")))
+        }
+    }
 }
 
 fn parse_upstream(text: &str) -> Result<http::Uri, String> {

@@ -28,22 +28,35 @@ use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::proxy::App;
 use crate::server::Running;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, RedisStore, Store};
 use crate::upstream::Upstream;
 
-/// Builds the shared state a listener serves from.
-pub fn build_app(config: Config, clock: Arc<dyn Clock>) -> Result<Arc<App>, String> {
-    let upstream = Upstream::new(&config.server)?;
-    let store = match config.store {
+/// Builds the store `config` asks for. `clock` drives the memory store; the
+/// Redis store uses Redis `TIME`.
+pub async fn build_store(config: &Config, clock: Arc<dyn Clock>) -> Result<Store, String> {
+    Ok(match &config.store {
         StoreConfig::Memory => Store::Memory(MemoryStore::new(clock)),
-    };
+        StoreConfig::Redis(r) => Store::Redis(RedisStore::connect(r).await.map_err(|e| e.to_string())?),
+    })
+}
+
+/// Builds the shared state a listener serves from.
+pub fn build_app(config: Config, store: Store) -> Result<Arc<App>, String> {
+    let upstream = Upstream::new(&config.server)?;
     Ok(Arc::new(App { config: ArcSwap::from_pointee(config), store, upstream }))
 }
 
 /// Binds `[server] listen` and serves. Must run inside a Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
+    let store = build_store(&config, clock).await?;
+    start_with_store(config, store).await
+}
+
+/// Like [`start`], with a store built by the caller (tests pass a Redis store
+/// driven by a manual clock).
+pub async fn start_with_store(config: Config, store: Store) -> Result<Running, String> {
     let listen = config.server.listen;
-    let app = build_app(config, clock)?;
+    let app = build_app(config, store)?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     server::serve(listener, app).map_err(|e| e.to_string())

@@ -4,11 +4,13 @@
 //! decision ([`crate::limit::decide`]) with the same semantics.
 
 pub mod memory;
+pub mod redis;
 
 use crate::clock::Micros;
 use crate::limit::{Decision, Rule};
 use crate::penalty::PenaltyPolicy;
 
+pub use self::redis::{RedisConfig, RedisStore};
 pub use memory::MemoryStore;
 
 /// A store could not decide (e.g. Redis unreachable or too slow).
@@ -21,6 +23,7 @@ pub enum StoreError {
 /// The configured store.
 pub enum Store {
     Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
 impl Store {
@@ -28,6 +31,7 @@ impl Store {
     pub async fn acquire(&self, account: &str, rule: &Rule, offset_us: Micros) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(m) => Ok(m.acquire(account, rule, offset_us)),
+            Store::Redis(r) => r.acquire(account, rule, offset_us).await,
         }
     }
 
@@ -43,6 +47,7 @@ impl Store {
     ) -> Result<(Micros, Micros), StoreError> {
         match self {
             Store::Memory(m) => Ok(m.penalise(account, rule, policy, sent_at, offset_us)),
+            Store::Redis(r) => r.penalise(account, rule, policy, sent_at, offset_us).await,
         }
     }
 
@@ -59,6 +64,7 @@ impl Store {
                 m.succeeded(account, rule, sent_at, offset_us);
                 Ok(())
             }
+            Store::Redis(r) => r.succeeded(account, rule, sent_at).await,
         }
     }
 }

@@ -2,6 +2,8 @@
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;

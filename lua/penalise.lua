@@ -1,0 +1,62 @@
+-- penalise.lua: WeChat answered a penalised errcode; start or escalate the
+-- (account, rule)'s penalty. The same logic as src/penalty.rs (penalise).
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  quota_timezone offset from UTC, microseconds
+-- ARGV[3]  "e" (escalating: base doubles while recent) or "m" (until next minute)
+-- ARGV[4]  base length, microseconds (kind "e")
+-- ARGV[5]  cap on one penalty, microseconds; 0 = until the next local midnight
+-- ARGV[6]  when the answered call was admitted (store time, from acquire.lua)
+--
+-- Returns {until, now}. An answer to a call admitted before the current
+-- penalty began changes nothing.
+
+local DAY = 86400000000
+local MINUTE = 60000000
+
+local key = KEYS[1]
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local off = tonumber(ARGV[2])
+local kind, base, max, sent_at = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+
+local vals = redis.call('HMGET', key, 'pu', 'ps', 'pl', 'pn')
+local pu, ps, pl, pn = tonumber(vals[1] or '0') or 0, tonumber(vals[2] or '0') or 0,
+  tonumber(vals[3] or '0') or 0, tonumber(vals[4] or '0') or 0
+if sent_at < ps then
+  return {pu, now}
+end
+
+local level = 0
+if kind == 'e' and pn > 0 and now < pu + pn then level = pl + 1 end
+local cap
+if max > 0 then
+  cap = now + max
+else
+  cap = (math.floor((now + off) / DAY) + 1) * DAY - off
+end
+local untl
+if kind == 'm' then
+  untl = (math.floor((now + off) / MINUTE) + 1) * MINUTE - off
+else
+  local lvl = level
+  if lvl > 40 then lvl = 40 end
+  untl = now + base * (2 ^ lvl)
+end
+if untl > cap then untl = cap end
+if untl < pu then untl = pu end
+
+local f = function(x) return string.format('%.0f', x) end
+redis.call('HSET', key, 'pu', f(untl), 'ps', f(now), 'pl', f(level), 'pn', f(untl - now))
+-- Keep the state while the penalty can still escalate: until + its length.
+local ms = math.floor((2 * (untl - now)) / 1000) + 1000
+if redis.call('PTTL', key) < ms then
+  redis.call('PEXPIRE', key, ms)
+end
+return {untl, now}

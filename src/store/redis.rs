@@ -1,0 +1,165 @@
+//! The shared store: decision state in Redis, every decision one atomic Lua
+//! script (`lua/acquire.lua`) run by SHA, so two instances can never both take
+//! the last token. The clock is Redis `TIME`, never an instance's clock.
+//!
+//! Keys are `<prefix>:{<account>}:<rule>`: one hash per (account, rule), with
+//! the account as hash tag so every key a call touches sits in one Redis
+//! Cluster slot. Each key carries a TTL covering the longest time any of its
+//! state matters, so idle accounts and retired rules vanish by themselves.
+//! One multiplexed connection per instance, reconnected automatically; one
+//! round trip per decision, admitted or refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+use super::StoreError;
+use crate::clock::{Clock, Micros};
+use crate::limit::{Decision, Limit, Reason, Rule};
+use crate::penalty::{PenaltyLength, PenaltyPolicy};
+
+pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
+pub const PENALISE_LUA: &str = include_str!("../../lua/penalise.lua");
+pub const SUCCEEDED_LUA: &str = include_str!("../../lua/succeeded.lua");
+
+/// `[store] kind = "redis"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` (TLS with rustls) URL, password possibly inside.
+    pub url: String,
+    /// Used when the URL has no password.
+    pub password: Option<String>,
+    pub key_prefix: String,
+    /// Budget for one decision, round trip included.
+    pub timeout: Duration,
+}
+
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    timeout: Duration,
+    /// Tests only: pass this clock's time to the scripts instead of `TIME`.
+    fixed_clock: Option<Arc<dyn Clock>>,
+    acquire: Script,
+    penalise: Script,
+    succeeded: Script,
+}
+
+impl RedisStore {
+    /// Connects and loads the scripts (SCRIPT LOAD); fails if Redis does not answer.
+    pub async fn connect(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let mut info: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(cfg.url.as_str())
+            .map_err(|e| StoreError::Unavailable(format!("[store] url: {e}")))?;
+        if let Some(pw) = &cfg.password {
+            if info.redis_settings().password().is_none() {
+                let settings = info.redis_settings().clone().set_password(pw.clone());
+                info = info.set_redis_settings(settings);
+            }
+        }
+        let client = redis::Client::open(info).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(Some(cfg.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_with_config(client, manager_config)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot connect to Redis: {e}")))?;
+        let store = RedisStore {
+            conn,
+            prefix: cfg.key_prefix.clone(),
+            timeout: cfg.timeout,
+            fixed_clock: None,
+            acquire: Script::new(ACQUIRE_LUA),
+            penalise: Script::new(PENALISE_LUA),
+            succeeded: Script::new(SUCCEEDED_LUA),
+        };
+        let mut conn = store.conn.clone();
+        for script in [&store.acquire, &store.penalise, &store.succeeded] {
+            script.prepare_invoke().load_async(&mut conn).await.map_err(unavailable)?;
+        }
+        Ok(store)
+    }
+
+    /// Tests only: decide on `clock`'s time instead of Redis `TIME`.
+    pub fn with_fixed_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.fixed_clock = Some(clock);
+        self
+    }
+
+    /// `<prefix>:{<account>}:<rule>`.
+    pub fn key(&self, account: &str, rule: &Rule) -> String {
+        format!("{}:{{{}}}:{}", self.prefix, account, rule.name)
+    }
+
+    fn now_arg(&self) -> String {
+        self.fixed_clock.as_ref().map(|c| c.now_us().to_string()).unwrap_or_default()
+    }
+
+    async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
+        }
+    }
+
+    pub async fn acquire(&self, account: &str, rule: &Rule, offset_us: Micros) -> Result<Decision, StoreError> {
+        let mut inv = self.acquire.key(self.key(account, rule));
+        inv.arg(self.now_arg()).arg(offset_us);
+        for limit in &rule.limits {
+            let label = limit.window_key().label();
+            match limit {
+                Limit::Window(w) => inv.arg("w").arg(label).arg(w.interval_us).arg(w.tolerance_us),
+                Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(label).arg(*count).arg(0),
+            };
+        }
+        let reply: Vec<i64> = self.run(inv).await?;
+        match reply.as_slice() {
+            [1, at, escalated] => Ok(Decision::Admit { at: *at, escalated: *escalated == 1 }),
+            [0, wait_us, reason] => {
+                let reason = match reason {
+                    1 => Reason::Rate,
+                    2 => Reason::Quota,
+                    _ => Reason::Penalty,
+                };
+                Ok(Decision::Reject { wait_us: *wait_us, reason })
+            }
+            other => Err(StoreError::Unavailable(format!("acquire.lua answered {other:?}"))),
+        }
+    }
+
+    pub async fn penalise(
+        &self,
+        account: &str,
+        rule: &Rule,
+        policy: &PenaltyPolicy,
+        sent_at: Micros,
+        offset_us: Micros,
+    ) -> Result<(Micros, Micros), StoreError> {
+        let (kind, base) = match policy.length {
+            PenaltyLength::Escalating { base_us } => ("e", base_us),
+            PenaltyLength::NextMinute => ("m", 0),
+        };
+        let mut inv = self.penalise.key(self.key(account, rule));
+        inv.arg(self.now_arg()).arg(offset_us).arg(kind).arg(base).arg(policy.max_us.unwrap_or(0)).arg(sent_at);
+        let reply: Vec<i64> = self.run(inv).await?;
+        match reply.as_slice() {
+            [until, now] => Ok((*until, *now)),
+            other => Err(StoreError::Unavailable(format!("penalise.lua answered {other:?}"))),
+        }
+    }
+
+    pub async fn succeeded(&self, account: &str, rule: &Rule, sent_at: Micros) -> Result<(), StoreError> {
+        let mut inv = self.succeeded.key(self.key(account, rule));
+        inv.arg(sent_at);
+        let _: i64 = self.run(inv).await?;
+        Ok(())
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(format!("Redis: {e}"))
+}

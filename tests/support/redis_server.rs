@@ -1,0 +1,97 @@
+//! A real `redis-server` process on a free loopback port, for one test binary.
+//! Never the shared server on 6379. Stopped and cleaned up on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl RedisServer {
+    /// Starts `redis-server` (or `$WXGATE_TEST_REDIS_SERVER`, e.g. a Valkey or
+    /// Redis 6.2 binary) and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let bin = std::env::var("WXGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        for _attempt in 0..5 {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("wxgate-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("redis dir");
+            let child = Command::new(&bin)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {bin} (install redis-server): {e}"));
+            let mut server = RedisServer { port, child, dir };
+            if server.wait_ready(Duration::from_secs(10)) {
+                return server;
+            }
+            // Port taken between our probe and the server's bind: try another.
+            let _ = server.child.kill();
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if self.ping() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 7];
+        s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs one command with redis-cli semantics over a raw socket (RESP inline).
+    pub fn command(&self, line: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect redis");
+        let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
+        s.write_all(format!("{line}\r\n").as_bytes()).expect("write redis");
+        let mut buf = vec![0u8; 65536];
+        let n = s.read(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
