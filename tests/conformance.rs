@@ -61,127 +61,131 @@ fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
 }
 
 fn scenarios() -> Vec<Scenario> {
-    let mut s = Vec::new();
-    s.push(Scenario {
-        name: "burst_then_spacing",
-        start: T0,
-        limits: r#"[{ count = 10, per = "10s", burst = 3 }]"#,
-        steps: [
-            call(3, Ok),
-            vec![(Call("a"), No(1250 * MS, Reason::Rate)), (Wait(1249 * MS), Any), (Call("a"), No(MS, Reason::Rate))],
-            vec![(Wait(MS), Any), (Call("a"), Ok), (Call("a"), No(1250 * MS, Reason::Rate))],
-        ]
-        .concat(),
-    });
-    s.push(Scenario {
-        name: "day_quota_at_beijing_midnight",
-        start: BEFORE_MIDNIGHT,
-        limits: r#"[{ count = 2, per = "day" }]"#,
-        steps: [
-            call(2, Ok),
-            vec![(Call("a"), No(SEC, Reason::Quota)), (Wait(SEC - 1), Any), (Call("a"), No(1, Reason::Quota))],
-            vec![(Wait(1), Any)],
-            call(2, Ok),
-            vec![(Call("a"), No(86_400 * SEC, Reason::Quota))],
-        ]
-        .concat(),
-    });
-    s.push(Scenario {
-        name: "month_quota_rolls_on_the_1st",
-        // 2026-11-30 23:59:59 Beijing.
-        start: BEFORE_MIDNIGHT + 86_400 * SEC,
-        limits: r#"[{ count = 1, per = "month" }]"#,
-        steps: vec![(Call("a"), Ok), (Call("a"), No(SEC, Reason::Quota)), (Wait(SEC), Any), (Call("a"), Ok)],
-    });
-    s.push(Scenario {
-        name: "all_or_nothing",
-        start: BEFORE_MIDNIGHT,
-        limits: r#"[{ count = 3, per = "1m", burst = 3 }, { count = 2, per = "day" }]"#,
-        steps: [
-            call(2, Ok),
-            call(5, No(SEC, Reason::Quota)),
-            vec![(Wait(SEC), Any), (Call("a"), Ok), (Call("a"), No(59 * SEC, Reason::Rate))],
-        ]
-        .concat(),
-    });
-    s.push(Scenario {
-        name: "lowered_limit_clamps",
-        start: T0,
-        limits: r#"[{ count = 100, per = "1m", burst = 50 }, { count = 10, per = "day" }]"#,
-        steps: [
-            call(5, Ok),
-            vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }, { count = 6, per = "day" }]"#), Any)],
-            vec![(Wait(3600 * SEC), Any)],
-            call(1, Ok),
-            vec![(Call("a"), No(13 * 3600 * SEC, Reason::Quota))],
-        ]
-        .concat(),
-    });
-    s.push(Scenario {
-        name: "lowered_burst_clamps",
-        start: T0,
-        limits: r#"[{ count = 100, per = "1m", burst = 50 }]"#,
-        steps: [
-            call(5, Ok),
-            vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }]"#), Any), (Wait(3600 * SEC), Any)],
-            call(3, Ok),
-            vec![(Call("a"), No(612_245, Reason::Rate))],
-        ]
-        .concat(),
-    });
-    s.push(Scenario {
-        name: "penalty_escalates_and_resets",
-        start: T0,
-        limits: r#"[{ count = 1000, per = "day" }]"#,
-        steps: vec![
-            (Call("a"), Ok),
-            (Penalise(45009, 0), Until(60 * SEC)),
-            (Call("a"), No(60 * SEC, Reason::Penalty)),
-            (Call("b"), Ok),
-            (Wait(60 * SEC), Any),
-            (Call("a"), Ok),
-            (Penalise(45009, 2), Until(120 * SEC)),
-            // A stale success (call 0 was sent before this penalty) ends nothing.
-            (Success(0), Any),
-            (Wait(120 * SEC), Any),
-            (Call("a"), Ok),
-            (Success(3), Any),
-            (Call("a"), Ok),
-            (Penalise(45009, 4), Until(60 * SEC)),
-        ],
-    });
-    s.push(Scenario {
-        name: "in_flight_answers_do_not_escalate",
-        start: T0,
-        limits: "[]",
-        steps: vec![
-            (Call("a"), Ok),
-            (Call("a"), Ok),
-            (Call("a"), Ok),
-            (Wait(SEC), Any),
-            (Penalise(45009, 0), Until(60 * SEC)),
-            (Wait(SEC), Any),
-            (Penalise(45009, 1), Until(59 * SEC)),
-            (Penalise(45033, 2), Until(59 * SEC)),
-        ],
-    });
-    s.push(Scenario {
-        name: "penalty_cap_is_midnight_and_45011_is_next_minute",
-        start: BEFORE_MIDNIGHT - 100 * SEC,
-        limits: "[]",
-        steps: vec![
-            (Call("a"), Ok),
-            (Penalise(45009, 0), Until(60 * SEC)),
-            (Wait(60 * SEC), Any),
-            (Call("a"), Ok),
-            // 23:59:19: doubling to 120 s would cross midnight.
-            (Penalise(45009, 1), Until(41 * SEC)),
-            (Wait(41 * SEC + 30 * SEC), Any),
-            (Call("a"), Ok),
-            (Penalise(45011, 2), Until(30 * SEC)),
-        ],
-    });
-    s
+    vec![
+        Scenario {
+            name: "burst_then_spacing",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 3 }]"#,
+            steps: [
+                call(3, Ok),
+                vec![
+                    (Call("a"), No(1250 * MS, Reason::Rate)),
+                    (Wait(1249 * MS), Any),
+                    (Call("a"), No(MS, Reason::Rate)),
+                ],
+                vec![(Wait(MS), Any), (Call("a"), Ok), (Call("a"), No(1250 * MS, Reason::Rate))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "day_quota_at_beijing_midnight",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 2, per = "day" }]"#,
+            steps: [
+                call(2, Ok),
+                vec![(Call("a"), No(SEC, Reason::Quota)), (Wait(SEC - 1), Any), (Call("a"), No(1, Reason::Quota))],
+                vec![(Wait(1), Any)],
+                call(2, Ok),
+                vec![(Call("a"), No(86_400 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "month_quota_rolls_on_the_1st",
+            // 2026-11-30 23:59:59 Beijing.
+            start: BEFORE_MIDNIGHT + 86_400 * SEC,
+            limits: r#"[{ count = 1, per = "month" }]"#,
+            steps: vec![(Call("a"), Ok), (Call("a"), No(SEC, Reason::Quota)), (Wait(SEC), Any), (Call("a"), Ok)],
+        },
+        Scenario {
+            name: "all_or_nothing",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 3, per = "1m", burst = 3 }, { count = 2, per = "day" }]"#,
+            steps: [
+                call(2, Ok),
+                call(5, No(SEC, Reason::Quota)),
+                vec![(Wait(SEC), Any), (Call("a"), Ok), (Call("a"), No(59 * SEC, Reason::Rate))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "lowered_limit_clamps",
+            start: T0,
+            limits: r#"[{ count = 100, per = "1m", burst = 50 }, { count = 10, per = "day" }]"#,
+            steps: [
+                call(5, Ok),
+                vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }, { count = 6, per = "day" }]"#), Any)],
+                vec![(Wait(3600 * SEC), Any)],
+                call(1, Ok),
+                vec![(Call("a"), No(13 * 3600 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "lowered_burst_clamps",
+            start: T0,
+            limits: r#"[{ count = 100, per = "1m", burst = 50 }]"#,
+            steps: [
+                call(5, Ok),
+                vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }]"#), Any), (Wait(3600 * SEC), Any)],
+                call(3, Ok),
+                vec![(Call("a"), No(612_245, Reason::Rate))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "penalty_escalates_and_resets",
+            start: T0,
+            limits: r#"[{ count = 1000, per = "day" }]"#,
+            steps: vec![
+                (Call("a"), Ok),
+                (Penalise(45009, 0), Until(60 * SEC)),
+                (Call("a"), No(60 * SEC, Reason::Penalty)),
+                (Call("b"), Ok),
+                (Wait(60 * SEC), Any),
+                (Call("a"), Ok),
+                (Penalise(45009, 2), Until(120 * SEC)),
+                // A stale success (call 0 was sent before this penalty) ends nothing.
+                (Success(0), Any),
+                (Wait(120 * SEC), Any),
+                (Call("a"), Ok),
+                (Success(3), Any),
+                (Call("a"), Ok),
+                (Penalise(45009, 4), Until(60 * SEC)),
+            ],
+        },
+        Scenario {
+            name: "in_flight_answers_do_not_escalate",
+            start: T0,
+            limits: "[]",
+            steps: vec![
+                (Call("a"), Ok),
+                (Call("a"), Ok),
+                (Call("a"), Ok),
+                (Wait(SEC), Any),
+                (Penalise(45009, 0), Until(60 * SEC)),
+                (Wait(SEC), Any),
+                (Penalise(45009, 1), Until(59 * SEC)),
+                (Penalise(45033, 2), Until(59 * SEC)),
+            ],
+        },
+        Scenario {
+            name: "penalty_cap_is_midnight_and_45011_is_next_minute",
+            start: BEFORE_MIDNIGHT - 100 * SEC,
+            limits: "[]",
+            steps: vec![
+                (Call("a"), Ok),
+                (Penalise(45009, 0), Until(60 * SEC)),
+                (Wait(60 * SEC), Any),
+                (Call("a"), Ok),
+                // 23:59:19: doubling to 120 s would cross midnight.
+                (Penalise(45009, 1), Until(41 * SEC)),
+                (Wait(41 * SEC + 30 * SEC), Any),
+                (Call("a"), Ok),
+                (Penalise(45011, 2), Until(30 * SEC)),
+            ],
+        },
+    ]
 }
 
 /// Pseudo-random arrivals for a window-exactness run on both stores.

@@ -1,0 +1,171 @@
+//! The upstream over TLS: a mock WeChat behind a certificate from a private
+//! CA, trusted through `upstream_ca` and refused without it.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::ServerConfig;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use support::*;
+
+/// Guards against hangs: a test that needs longer than this has failed.
+const GUARD: Duration = Duration::from_secs(20);
+
+/// A private CA and a server certificate it signed.
+struct Pki {
+    ca_pem: String,
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+/// A CA, and a server certificate from it for `names` (DNS names or IPs).
+fn pki(names: &[&str]) -> Pki {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "wxgate test CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, ca_key);
+
+    let mut server =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("server params");
+    server.distinguished_name.push(DnType::CommonName, names[0]);
+    server.use_authority_key_identifier_extension = true;
+    let server_key = KeyPair::generate().expect("server key");
+    let server_cert = server.signed_by(&server_key, &issuer).expect("server certificate");
+    Pki {
+        ca_pem: ca_cert.pem(),
+        cert: server_cert.der().clone(),
+        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
+    }
+}
+
+/// A [`MockWeChat`] that speaks TLS with `pki`'s server certificate on its own
+/// loopback port. (The clone shares the recorded calls and the responder; the
+/// plain listener `start` opened stays unused.)
+async fn start_tls_mock(pki: &Pki) -> MockWeChat {
+    let tls = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
+        .expect("server TLS config");
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind TLS mock");
+    let mut mock = MockWeChat::start().await;
+    mock.addr = listener.local_addr().expect("TLS mock addr");
+    let m = mock.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let acceptor = acceptor.clone();
+            let m = m.clone();
+            // Handshake in its own task: a failed or slow one never blocks the accept loop.
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    m.serve_conn(TokioIo::new(tls));
+                }
+            });
+        }
+    });
+    mock
+}
+
+/// A file under the temp dir, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &str) -> TempFile {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        let path = std::env::temp_dir().join(format!(
+            "wxgate-test-{}-{nanos}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Config text for a gate in front of `https://localhost:{port}`, trusting `ca` if given.
+fn tls_config(port: u16, ca: Option<&TempFile>) -> String {
+    let ca_line = ca.map(|f| format!("upstream_ca = '{}'\n", f.0.display())).unwrap_or_default();
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"https://localhost:{port}\"\nupstream_timeout = \"10s\"\n{ca_line}"
+    )
+}
+
+#[tokio::test]
+async fn upstream_with_a_certificate_from_upstream_ca_is_trusted() {
+    let pki = pki(&["localhost", "127.0.0.1"]);
+    let mock = start_tls_mock(&pki).await;
+    let ca = TempFile::new("ca.pem", &pki.ca_pem);
+    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+
+    let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential&appid=A"))
+        .await
+        .expect("answer in time");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["errcode"], 0, "WeChat's answer comes back: {}", a.text());
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 1, "the call reached the TLS upstream once");
+    assert_eq!(calls[0].path_and_query, "/cgi-bin/token?grant_type=client_credential&appid=A");
+    assert_eq!(
+        calls[0].headers.get("host").and_then(|v| v.to_str().ok()),
+        Some(format!("localhost:{}", mock.addr.port()).as_str()),
+        "Host names the upstream as configured"
+    );
+}
+
+#[tokio::test]
+async fn upstream_with_an_untrusted_certificate_is_502_and_never_called() {
+    let pki = pki(&["localhost", "127.0.0.1"]);
+    let mock = start_tls_mock(&pki).await;
+    let gate = Gate::start_text(&tls_config(mock.addr.port(), None)).await;
+
+    let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
+        .await
+        .expect("answer in time");
+    assert_eq!(a.status, 502, "{}", a.text());
+    let json = a.json();
+    assert_eq!(json["errcode"], -1, "{json}");
+    assert!(
+        json["errmsg"].as_str().is_some_and(|m| m.contains("certificate")),
+        "the message says the certificate is the problem: {json}"
+    );
+    assert_eq!(mock.count(), 0, "no call completed at the upstream");
+}
+
+#[tokio::test]
+async fn trusted_ca_does_not_excuse_a_certificate_for_another_name() {
+    let pki = pki(&["wechat.invalid"]);
+    let mock = start_tls_mock(&pki).await;
+    let ca = TempFile::new("ca.pem", &pki.ca_pem);
+    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+
+    let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
+        .await
+        .expect("answer in time");
+    assert_eq!(a.status, 502, "{}", a.text());
+    let json = a.json();
+    assert_eq!(json["errcode"], -1, "{json}");
+    assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("certificate")), "{json}");
+    assert_eq!(mock.count(), 0, "no call completed at the upstream");
+}
