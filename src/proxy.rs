@@ -107,14 +107,12 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     let resp = app.upstream.send(Request::from_parts(parts, body)).await?;
 
     // 5. inspect
-    let (Some(rule), Some((sent_at, escalated))) = (rule, admitted) else {
-        let (mut parts, body) = resp.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        return Ok(Response::from_parts(parts, RelayBody::stream(Default::default(), body)));
-    };
     let (mut parts, body, verdict) =
         sniff(resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
+    let (Some(rule), Some((sent_at, escalated))) = (rule, admitted) else {
+        return Ok(Response::from_parts(parts, body));
+    };
     match verdict {
         Verdict::Errcode(code) => {
             if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
