@@ -58,15 +58,16 @@ impl RedisStore {
                 info = info.set_redis_settings(settings);
             }
         }
-        let client = redis::Client::open(info).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        // The address only: the URL may carry the password.
+        let at = info.addr().to_string();
+        let cannot = |e: redis::RedisError| StoreError::Unavailable(format!("cannot use Redis at {at}: {e}"));
+        let client = redis::Client::open(info).map_err(cannot)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
             .set_response_timeout(Some(cfg.timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client, manager_config)
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("cannot connect to Redis: {e}")))?;
+        let conn = ConnectionManager::new_with_config(client, manager_config).await.map_err(cannot)?;
         let store = RedisStore {
             conn,
             prefix: cfg.key_prefix.clone(),
@@ -78,7 +79,7 @@ impl RedisStore {
         };
         let mut conn = store.conn.clone();
         for script in [&store.acquire, &store.penalise, &store.succeeded] {
-            script.prepare_invoke().load_async(&mut conn).await.map_err(unavailable)?;
+            script.prepare_invoke().load_async(&mut conn).await.map_err(cannot)?;
         }
         Ok(store)
     }

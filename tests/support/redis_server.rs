@@ -69,8 +69,9 @@ impl RedisServer {
         if s.write_all(b"PING\r\n").is_err() {
             return false;
         }
+        // A server with requirepass answers -NOAUTH: up all the same.
         let mut buf = [0u8; 7];
-        s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
     }
 
     pub fn url(&self) -> String {
