@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use wxgate::clock::SystemClock;
 use wxgate::config::Config;
 use wxgate::limit::{Decision, Rule};
-use wxgate::store::{MemoryStore, RedisConfig, RedisStore, Store};
+use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Store};
 
 const BEIJING: i64 = 8 * 3_600_000_000;
 
@@ -46,7 +46,8 @@ async fn measure(store: Arc<Store>, rule: Arc<Rule>, callers: usize, total: usiz
             let mut admitted = 0;
             for _ in 0..per_caller {
                 let t = Instant::now();
-                let d = store.acquire(&account, &rule, BEIJING).await.expect("decision");
+                let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "", lease_us: 30_000_000 };
+                let d = store.acquire(&account, &rule, &asking).await.expect("decision");
                 lat.push(t.elapsed());
                 admitted += usize::from(matches!(d, Decision::Admit { .. }));
             }

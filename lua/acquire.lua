@@ -1,23 +1,32 @@
 -- acquire.lua: decide one call of an (account, rule), atomically.
--- The same decision as src/limit.rs (decide), line for line; the conformance
--- tests run one scenario table against both.
+-- A line-for-line port of src/limit/decide.rs (decide); the conformance tests
+-- run one scenario table against both. Change them together.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  state hash:         <prefix>:{<account>}:<rule>
+-- KEYS[2]  account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
+-- KEYS[3]  concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (production always
 --          passes ""; only tests pass a time, for determinism)
--- ARGV[2]  quota_timezone offset from UTC, microseconds
--- ARGV[3..] the rule's limits, four values each: kind, field, a, b
+-- ARGV[2]  quota_timezone offset from UTC, µs
+-- ARGV[3]  max wait: hold the call up to this long for its slot (0 = refuse instead)
+-- ARGV[4]  warm-up period, µs (0 = none)
+-- ARGV[5]  concurrency cap (0 = none)
+-- ARGV[6]  holder id of this call (unique across instances)
+-- ARGV[7]  lease of a concurrency slot, µs
+-- ARGV[8..] the rule's limits, four values each: kind, field, a, b
 --          kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
 --          kind "day" | "month"  calendar quota: a = count, b = 0
 --
--- Returns {1, now, escalated}   admitted (escalated: 1 when a penalty is recent)
---         {0, wait_us, reason}  refused; reason 1 rate, 2 quota, 3 penalty
+-- Returns {1, at, escalated, hold_us}  admitted: forward at `at` (now + hold_us)
+--         {0, wait_us, reason}         refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
--- <field>.p / <field>.n = period id / calls counted (calendar quotas);
+-- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
+-- the period after it (calendar quotas); ws / lc = warm-up start / last call;
 -- pu, ps, pl, pn = penalty until, started, level, last length.
--- A refusal writes nothing. An admission writes every limit and sets the
--- key's TTL to the longest time any of its state still matters.
+-- A refusal writes nothing (but expired concurrency leases are purged). An
+-- admission writes every limit and sets the key's TTL to the longest time
+-- any of its state still matters.
 
 local DAY = 86400000000
 
@@ -65,7 +74,23 @@ local function period(kind, now, off)
   return y * 12 + (m - 1), days_from_civil(ny, nm, 1) * DAY - off
 end
 
-local key = KEYS[1]
+local function counts(p, n, q, current)
+  if p == current then return n, q end
+  if p == current - 1 then return q, 0 end
+  return 0, 0
+end
+
+-- Earliest time >= t at which a calendar quota has room.
+local function calendar_free_at(kind, p, n, q, count, t, off)
+  local id, nxt = period(kind, t, off)
+  local used, next = counts(p, n, q, id)
+  if used < count then return t end
+  if next < count then return nxt end
+  local _, after = period(kind, nxt, off)
+  return after
+end
+
+local key, warm_key, conc_key = KEYS[1], KEYS[2], KEYS[3]
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -74,68 +99,144 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local off = tonumber(ARGV[2])
+local max_wait = tonumber(ARGV[3])
+local warmup = tonumber(ARGV[4])
+local conc = tonumber(ARGV[5])
+local holder = ARGV[6]
+local lease = tonumber(ARGV[7])
 
-local fields = {'pu', 'pn'}
-for i = 3, #ARGV, 4 do
-  local f = ARGV[i + 1]
-  if ARGV[i] == 'w' then
-    fields[#fields + 1] = f
+-- Read everything in one HMGET: pu, pn, ws, lc, then each limit's fields.
+local fields = {'pu', 'pn', 'ws', 'lc'}
+local limits = {}
+for i = 8, #ARGV, 4 do
+  local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3])}
+  limits[#limits + 1] = l
+  if l.kind == 'w' then
+    fields[#fields + 1] = l.f
   else
-    fields[#fields + 1] = f .. '.p'
-    fields[#fields + 1] = f .. '.n'
+    fields[#fields + 1] = l.f .. '.p'
+    fields[#fields + 1] = l.f .. '.n'
+    fields[#fields + 1] = l.f .. '.q'
   end
 end
 local vals = redis.call('HMGET', key, unpack(fields))
+local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
+local v = 5
+for _, l in ipairs(limits) do
+  if l.kind == 'w' then
+    l.tat = vals[v] and num(vals[v], nil) or nil
+    v = v + 1
+  else
+    l.p, l.n, l.q = num(vals[v], nil), num(vals[v + 1], 0), num(vals[v + 2], 0)
+    if l.p == nil then l.p = -1e18 end
+    v = v + 3
+  end
+end
 
-local pu, pn = num(vals[1], 0), num(vals[2], 0)
+-- 1. A penalty refuses at once and consumes nothing.
 if pu > now then
   return {0, pu - now, 3}
 end
-
-local worst, reason = 0, 0
-local writes = {}
-local ttl = 0
-local v = 3
-for i = 3, #ARGV, 4 do
-  local kind, f, a, b = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  if kind == 'w' then
-    local tat = num(vals[v], 0)
-    v = v + 1
-    if tat < now then tat = now end
-    local wait = tat - b - now
-    if wait > worst then worst, reason = wait, 1 end
-    writes[#writes + 1] = f
-    writes[#writes + 1] = fmt(tat + a)
-    if tat + a - now > ttl then ttl = tat + a - now end
-  else
-    local id, nxt = period(kind, now, off)
-    local used = 0
-    if num(vals[v], -1) == id then used = num(vals[v + 1], 0) end
-    v = v + 2
-    if used >= a then
-      local wait = nxt - now
-      if wait > worst then worst, reason = wait, 2 end
-    end
-    writes[#writes + 1] = f .. '.p'
-    writes[#writes + 1] = fmt(id)
-    writes[#writes + 1] = f .. '.n'
-    writes[#writes + 1] = fmt(used + 1)
-    if nxt - now > ttl then ttl = nxt - now end
+-- 2. Concurrency: expired leases (a crashed instance's) free their slots.
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', conc_key, '-inf', fmt(now))
+  if redis.call('ZCARD', conc_key) >= conc then
+    local first = redis.call('ZRANGE', conc_key, 0, 0, 'WITHSCORES')
+    return {0, tonumber(first[2]) - now, 4}
   end
 end
-if worst > 0 then
-  return {0, worst, reason}
+-- 3. Warm-up restarts when the pair was idle for a whole warm-up period.
+local cold = (lc == 0) or (now - lc >= warmup)
+local warm_start = ws
+if cold then warm_start = now end
+local aw = num(redis.call('GET', warm_key), 0)
+if aw > warm_start then warm_start = aw end
+
+-- 4. Each limit's own wait from now; the largest decides (first on ties).
+local worst, reason = 0, 1
+for _, l in ipairs(limits) do
+  local wait
+  if l.kind == 'w' then
+    local tat = l.tat or now
+    if tat < now then tat = now end
+    wait = tat - l.b - now
+  else
+    wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, now, off) - now
+  end
+  if wait > worst then
+    worst = wait
+    if l.kind == 'w' then reason = 1 else reason = 2 end
+  end
+end
+local at = now + worst
+for _, l in ipairs(limits) do
+  if l.kind ~= 'w' then
+    local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, at, off)
+    if free > at then
+      at = free
+      reason = 2
+    end
+  end
+end
+local wait = at - now
+if wait > max_wait then
+  return {0, wait, reason}
+end
+
+-- 5. Admit at `at`: debit everything.
+local writes = {}
+local ttl = 0
+local function put(f, x)
+  writes[#writes + 1] = f
+  writes[#writes + 1] = fmt(x)
+end
+for _, l in ipairs(limits) do
+  if l.kind == 'w' then
+    local tat = l.tat or at
+    if tat < at then tat = at end
+    local t = l.a
+    if warmup > 0 then
+      local elapsed = now - warm_start
+      if elapsed < 0 then elapsed = 0 end
+      if elapsed > warmup then elapsed = warmup end
+      t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
+    end
+    put(l.f, tat + t)
+    if tat + t - now > ttl then ttl = tat + t - now end
+  else
+    local current, nxt = period(l.kind, now, off)
+    local used, next = counts(l.p, l.n, l.q, current)
+    local at_id = period(l.kind, at, off)
+    if at_id == current then used = used + 1 else next = next + 1 end
+    put(l.f .. '.p', current)
+    put(l.f .. '.n', used)
+    put(l.f .. '.q', next)
+    local keep = nxt
+    if next > 0 then
+      local _, after = period(l.kind, nxt, off)
+      keep = after
+    end
+    if keep - now > ttl then ttl = keep - now end
+  end
+end
+if cold then put('ws', now) end
+put('lc', now)
+redis.call('HSET', key, unpack(writes))
+if pu + pn - now > ttl then ttl = pu + pn - now end
+if warmup > ttl then ttl = warmup end
+-- Never shorten a TTL another rule version or a penalty set.
+local ms = math.floor(ttl / 1000) + 1000
+if redis.call('PTTL', key) < ms then
+  redis.call('PEXPIRE', key, ms)
+end
+if conc > 0 then
+  redis.call('ZADD', conc_key, fmt(at + lease), holder)
+  local cms = math.floor((at + lease - now) / 1000) + 1000
+  if redis.call('PTTL', conc_key) < cms then
+    redis.call('PEXPIRE', conc_key, cms)
+  end
 end
 
 local escalated = 0
 if pn > 0 and now < pu + pn then escalated = 1 end
-if #writes > 0 then
-  redis.call('HSET', key, unpack(writes))
-  if pu + pn - now > ttl then ttl = pu + pn - now end
-  -- Never shorten a TTL another rule version or a penalty set.
-  local ms = math.floor(ttl / 1000) + 1000
-  if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, ms)
-  end
-end
-return {1, now, escalated}
+return {1, at, escalated, wait}

@@ -9,7 +9,16 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-pub enum RelayBody {
+use crate::slots::SlotGuard;
+
+/// A relayed body. It may carry a concurrency slot, freed when the body is
+/// dropped: fully sent, failed, or abandoned by the client.
+pub struct RelayBody {
+    inner: Inner,
+    _slot: Option<SlotGuard>,
+}
+
+enum Inner {
     Full(Option<Bytes>),
     Stream { prefix: Option<Bytes>, rest: Incoming },
 }
@@ -17,11 +26,17 @@ pub enum RelayBody {
 impl RelayBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b: Bytes = bytes.into();
-        RelayBody::Full((!b.is_empty()).then_some(b))
+        RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _slot: None }
     }
 
     pub fn stream(prefix: Bytes, rest: Incoming) -> Self {
-        RelayBody::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }
+        RelayBody { inner: Inner::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }, _slot: None }
+    }
+
+    /// Keeps `slot` taken until this body is dropped.
+    pub fn holding(mut self, slot: Option<SlotGuard>) -> Self {
+        self._slot = slot;
+        self
     }
 }
 
@@ -30,9 +45,9 @@ impl Body for RelayBody {
     type Error = hyper::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            RelayBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            RelayBody::Stream { prefix, rest } => match prefix.take() {
+        match &mut self.get_mut().inner {
+            Inner::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Stream { prefix, rest } => match prefix.take() {
                 Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
                 None => Pin::new(rest).poll_frame(cx),
             },
@@ -40,16 +55,16 @@ impl Body for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            RelayBody::Full(b) => b.is_none(),
-            RelayBody::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+        match &self.inner {
+            Inner::Full(b) => b.is_none(),
+            Inner::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            RelayBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            RelayBody::Stream { prefix, rest } => {
+        match &self.inner {
+            Inner::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Inner::Stream { prefix, rest } => {
                 let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
                 let inner = rest.size_hint();
                 let mut hint = SizeHint::new();

@@ -34,6 +34,10 @@ pub struct Config {
     pub penalties: Vec<PenaltyPolicy>,
     pub rules: Vec<Arc<Rule>>,
     pub routes: Routes,
+    /// Lease of a concurrency slot (`[store] lease`), renewed while the call lives.
+    pub lease_us: Micros,
+    /// Longest warm-up of any rule (0: no rule warms up).
+    pub max_warmup_us: Micros,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +50,9 @@ pub struct Server {
     pub upstream_ca: Option<PathBuf>,
     /// Offset of `quota_timezone` from UTC.
     pub quota_offset_us: Micros,
+    /// Most calls this instance holds at once for shaping; past it, calls
+    /// that would be held are refused instead.
+    pub max_held: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +62,10 @@ pub enum StoreConfig {
 }
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+const DEFAULT_MAX_HELD: usize = 10_000;
+/// Longest `max_wait`: a held call keeps its client's connection open.
+const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
@@ -80,12 +91,14 @@ struct RawServer {
     upstream_timeout: Option<String>,
     upstream_ca: Option<PathBuf>,
     quota_timezone: Option<String>,
+    max_held: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawStore {
     kind: Option<String>,
+    lease: Option<String>,
     url: Option<String>,
     key_prefix: Option<String>,
     timeout: Option<String>,
@@ -108,6 +121,9 @@ struct RawRule {
     patterns: Vec<String>,
     #[serde(default)]
     limits: Vec<Spanned<RawLimit>>,
+    max_wait: Option<String>,
+    warmup: Option<String>,
+    concurrency: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,6 +176,13 @@ impl Ctx<'_> {
 
 fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let server = compile_server(raw.server, ctx)?;
+    let lease = match raw.store.lease.as_deref() {
+        None => DEFAULT_LEASE,
+        Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[store] lease: {m}")))?,
+    };
+    if lease < Duration::from_secs(1) {
+        return Err(ctx.plain("[store] lease: must be at least 1s"));
+    }
     let store = compile_store(raw.store, ctx)?;
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
@@ -209,7 +232,36 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             }
             limits.push(limit);
         }
-        rules.push(Arc::new(Rule { name: r.name.into(), patterns: r.patterns, limits }));
+        let max_wait_us = match r.max_wait.as_deref() {
+            None => 0,
+            Some(t) => {
+                let d = parse_duration(t).map_err(|m| err(format!("max_wait: {m}")))?;
+                if d > MAX_MAX_WAIT {
+                    return Err(err(format!("max_wait: \"{t}\" is longer than 5m")));
+                }
+                micros(d)
+            }
+        };
+        let warmup_us = match r.warmup.as_deref() {
+            None => 0,
+            Some(t) => micros(parse_duration(t).map_err(|m| err(format!("warmup: {m}")))?),
+        };
+        if warmup_us > 31 * crate::calendar::DAY_US {
+            return Err(err("warmup: longer than 31 days".into()));
+        }
+        let concurrency = match r.concurrency {
+            Some(0) => return Err(err("concurrency: must be at least 1 (leave it out for no cap)".into())),
+            Some(c) => c,
+            None => 0,
+        };
+        rules.push(Arc::new(Rule {
+            name: r.name.into(),
+            patterns: r.patterns,
+            limits,
+            max_wait_us,
+            warmup_us,
+            concurrency,
+        }));
     }
     let default = rules.iter().position(|r| &*r.name == "default");
     let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
@@ -218,7 +270,17 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name),
         )
     })?;
-    Ok(Config { source: ctx.path.to_path_buf(), server, store, penalties, rules, routes })
+    let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
+    Ok(Config {
+        source: ctx.path.to_path_buf(),
+        server,
+        store,
+        penalties,
+        rules,
+        routes,
+        lease_us: micros(lease),
+        max_warmup_us,
+    })
 }
 
 fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> {
@@ -242,7 +304,8 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
             return Err(ctx.plain(format!("[server] upstream_ca: {} is not a readable file", ca.display())));
         }
     }
-    Ok(Server { listen, upstream, upstream_timeout, upstream_ca: raw.upstream_ca, quota_offset_us })
+    let max_held = raw.max_held.unwrap_or(DEFAULT_MAX_HELD);
+    Ok(Server { listen, upstream, upstream_timeout, upstream_ca: raw.upstream_ca, quota_offset_us, max_held })
 }
 
 fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigError> {
@@ -317,6 +380,10 @@ fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
         None => None,
     };
     Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
+}
+
+fn micros(d: Duration) -> Micros {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 fn secs_us(s: u64) -> Micros {

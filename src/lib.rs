@@ -6,6 +6,7 @@
 //! by a [`store`]; transport lives in [`server`], [`proxy`] and [`upstream`].
 #![forbid(unsafe_code)]
 
+pub mod admit;
 pub mod body;
 pub mod calendar;
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod penalty;
 pub mod proxy;
 pub mod routes;
 pub mod server;
+pub mod slots;
 pub mod store;
 pub mod upstream;
 
@@ -24,10 +26,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admit::Held;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::proxy::App;
 use crate::server::Running;
+use crate::slots::Slots;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::upstream::Upstream;
 
@@ -40,23 +44,34 @@ pub async fn build_store(config: &Config, clock: Arc<dyn Clock>) -> Result<Store
     })
 }
 
-/// Builds the shared state a listener serves from.
-pub fn build_app(config: Config, store: Store) -> Result<Arc<App>, String> {
+/// Builds the shared state a listener serves from, and starts the renewal
+/// of concurrency leases (it stops when the app is dropped).
+pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Arc<App>, String> {
     let upstream = Upstream::new(&config.server)?;
-    Ok(Arc::new(App { config: ArcSwap::from_pointee(config), store, upstream }))
+    let lease_us = config.lease_us;
+    let app = Arc::new(App {
+        config: ArcSwap::from_pointee(config),
+        store: Arc::new(store),
+        upstream,
+        clock,
+        slots: Arc::new(Slots::new()),
+        held: Held::default(),
+    });
+    Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
+    Ok(app)
 }
 
 /// Binds `[server] listen` and serves. Must run inside a Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
-    let store = build_store(&config, clock).await?;
-    start_with_store(config, store).await
+    let store = build_store(&config, clock.clone()).await?;
+    start_with_store(config, store, clock).await
 }
 
 /// Like [`start`], with a store built by the caller (tests pass a Redis store
 /// driven by a manual clock).
-pub async fn start_with_store(config: Config, store: Store) -> Result<Running, String> {
+pub async fn start_with_store(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Running, String> {
     let listen = config.server.listen;
-    let app = build_app(config, store)?;
+    let app = build_app(config, store, clock)?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     server::serve(listener, app).map_err(|e| e.to_string())

@@ -29,6 +29,8 @@ use crate::calendar::Period;
 use crate::clock::Micros;
 use crate::penalty::PenaltyState;
 
+mod decide;
+
 /// A named rule: the limits shared by every path it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -36,6 +38,13 @@ pub struct Rule {
     /// The `match` patterns as written (for `wxgate check` and the admin API).
     pub patterns: Vec<String>,
     pub limits: Vec<Limit>,
+    /// Shaping: hold a call up to this long for its slot instead of refusing (0 = police only).
+    pub max_wait_us: Micros,
+    /// Warm-up: after a cold start or a token refresh the refill rate starts
+    /// at half and rises linearly to full over this period (0 = none).
+    pub warmup_us: Micros,
+    /// At most this many calls in flight at WeChat (0 = no cap).
+    pub concurrency: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -115,6 +124,8 @@ pub enum Reason {
     Quota,
     /// WeChat itself said 45009/45011/45033 recently.
     Penalty,
+    /// `concurrency` calls of this rule are already in flight.
+    Concurrency,
 }
 
 impl Reason {
@@ -123,17 +134,18 @@ impl Reason {
             Reason::Rate => "rate",
             Reason::Quota => "quota",
             Reason::Penalty => "penalty",
+            Reason::Concurrency => "concurrency",
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Forward now. `at` is the store's clock at the decision (used to tell
-    /// answers to calls sent before a penalty from those sent after it);
-    /// `escalated` says whether a successful answer should be reported to end
-    /// a penalty escalation.
-    Admit { at: Micros, escalated: bool },
+    /// Forward at `at` (store time), i.e. after holding the call `hold_us`
+    /// (0: at once). `at` tells answers to calls sent before a penalty from
+    /// those sent after it; `escalated` says whether a successful answer
+    /// should be reported to end a penalty escalation.
+    Admit { at: Micros, hold_us: Micros, escalated: bool },
     /// Refuse; every limit admits after `wait_us` at the earliest.
     Reject { wait_us: Micros, reason: Reason },
 }
@@ -142,7 +154,13 @@ pub enum Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitState {
     Tat(Micros),
-    Count { period_id: i64, used: u64 },
+    /// Calls counted in period `period_id`, and calls already reserved (held)
+    /// for the period after it.
+    Count {
+        period_id: i64,
+        used: u64,
+        next: u64,
+    },
 }
 
 /// Everything a store keeps for one (account, rule).
@@ -150,69 +168,43 @@ pub enum LimitState {
 pub struct RuleState {
     pub limits: Vec<(WindowKey, LimitState)>,
     pub penalty: PenaltyState,
+    /// When the current warm-up began (0: never).
+    pub warm_start: Micros,
+    /// When the last call was admitted (0: never).
+    pub last_call: Micros,
+    /// Concurrency slots taken: holder id and lease expiry.
+    pub holders: Vec<(String, Micros)>,
 }
 
 impl RuleState {
-    fn get(&self, key: WindowKey) -> Option<LimitState> {
+    pub(crate) fn get(&self, key: WindowKey) -> Option<LimitState> {
         self.limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
     }
 
-    fn set(&mut self, key: WindowKey, state: LimitState) {
+    pub(crate) fn set(&mut self, key: WindowKey, state: LimitState) {
         match self.limits.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = state,
             None => self.limits.push((key, state)),
         }
     }
 
-    /// True when forgetting this state changes no future decision.
-    pub fn is_idle(&self, now: Micros, offset_us: Micros) -> bool {
+    /// True when forgetting this state changes no future decision of a rule
+    /// whose warm-up is at most `warmup_us`.
+    pub fn is_idle(&self, now: Micros, offset_us: Micros, warmup_us: Micros) -> bool {
         let limits_idle = self.limits.iter().all(|(key, s)| match (key, s) {
             (_, LimitState::Tat(tat)) => *tat <= now,
-            (WindowKey::Calendar(p), LimitState::Count { period_id, .. }) => *period_id < p.id(now, offset_us),
+            (WindowKey::Calendar(p), LimitState::Count { period_id, next, .. }) => {
+                let current = p.id(now, offset_us);
+                *period_id < current - 1 || (*period_id == current - 1 && *next == 0)
+            }
             (WindowKey::Window(_), LimitState::Count { .. }) => true,
         });
-        limits_idle && self.penalty.until <= now && !self.penalty.is_recent(now)
+        limits_idle
+            && self.penalty.until <= now
+            && !self.penalty.is_recent(now)
+            && self.holders.iter().all(|(_, exp)| *exp <= now)
+            && (self.last_call == 0 || self.last_call + warmup_us <= now)
     }
 }
 
-/// Decides one call of `rule` at `now` and, if admitted, debits `state`.
-pub fn decide(rule: &Rule, state: &mut RuleState, now: Micros, offset_us: Micros) -> Decision {
-    if let Some(wait_us) = state.penalty.remaining(now) {
-        return Decision::Reject { wait_us, reason: Reason::Penalty };
-    }
-    let mut worst: Option<(Micros, Reason)> = None;
-    let mut next: Vec<(WindowKey, LimitState)> = Vec::with_capacity(rule.limits.len());
-    for limit in &rule.limits {
-        let key = limit.window_key();
-        let (wait, reason, after) = match *limit {
-            Limit::Window(w) => {
-                let tat = match state.get(key) {
-                    Some(LimitState::Tat(t)) => t.max(now),
-                    _ => now,
-                };
-                let allow_at = tat - w.tolerance_us;
-                (allow_at - now, Reason::Rate, LimitState::Tat(tat + w.interval_us))
-            }
-            Limit::Calendar { count, period } => {
-                let period_id = period.id(now, offset_us);
-                let used = match state.get(key) {
-                    Some(LimitState::Count { period_id: p, used }) if p == period_id => used,
-                    _ => 0,
-                };
-                let wait = if used >= count { period.next_start(now, offset_us) - now } else { 0 };
-                (wait, Reason::Quota, LimitState::Count { period_id, used: used + 1 })
-            }
-        };
-        if wait > 0 && worst.is_none_or(|(w, _)| wait > w) {
-            worst = Some((wait, reason));
-        }
-        next.push((key, after));
-    }
-    if let Some((wait_us, reason)) = worst {
-        return Decision::Reject { wait_us, reason };
-    }
-    for (key, s) in next {
-        state.set(key, s);
-    }
-    Decision::Admit { at: now, escalated: state.penalty.is_recent(now) }
-}
+pub use decide::{decide, Ask};

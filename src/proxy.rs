@@ -21,11 +21,15 @@ use http::header::HOST;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
+use crate::admit::{admit, Held};
 use crate::body::RelayBody;
+use crate::clock::Clock;
 use crate::config::{valid_account, Config};
 use crate::error::{mark_throttled, retry_after_secs, ProxyError};
 use crate::inspect::{sniff, Verdict};
-use crate::limit::{Decision, Reason};
+use crate::limit::Reason;
+use crate::routes::normalise;
+use crate::slots::Slots;
 use crate::store::Store;
 use crate::upstream::{strip_hop_by_hop, Upstream, UpstreamError};
 
@@ -34,11 +38,19 @@ pub const ACCOUNT_HEADER: &str = "x-wx-account";
 /// Account used when a call names none.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
+/// Paths whose successful answer is a fresh access token (OA/MP, stable, WeCom).
+const TOKEN_PATHS: [&str; 3] = ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"];
+
 /// Everything a call needs; shared by every connection.
 pub struct App {
     pub config: ArcSwap<Config>,
-    pub store: Store,
+    pub store: Arc<Store>,
     pub upstream: Upstream,
+    pub clock: Arc<dyn Clock>,
+    /// Concurrency slots held by this instance's calls.
+    pub slots: Arc<Slots>,
+    /// Calls held for shaping right now.
+    pub held: Held,
 }
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
@@ -79,19 +91,14 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     let account = account_of(req.headers())?;
 
     // 2. route
-    let rule = config.routes.lookup(req.uri().path()).and_then(|i| config.rules.get(i)).cloned();
+    let path = req.uri().path().to_owned();
+    let rule = config.routes.lookup(&path).and_then(|i| config.rules.get(i)).cloned();
     let offset = config.server.quota_offset_us;
 
-    // 3. decide
+    // 3. decide (and hold, or wait for a concurrency slot)
     let admitted = match &rule {
         None => None,
-        Some(rule) => match app.store.acquire(&account, rule, offset).await {
-            Ok(Decision::Admit { at, escalated }) => Some((at, escalated)),
-            Ok(Decision::Reject { wait_us, reason }) => {
-                return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us })
-            }
-            Err(e) => return Err(ProxyError::Unavailable(e.to_string())),
-        },
+        Some(rule) => Some(admit(app, &account, rule, offset).await?),
     };
 
     // 4. forward
@@ -110,9 +117,15 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     let (mut parts, body, verdict) =
         sniff(resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
-    let (Some(rule), Some((sent_at, escalated))) = (rule, admitted) else {
+    if verdict == Verdict::Success && config.max_warmup_us > 0 && TOKEN_PATHS.contains(&normalise(&path).as_str()) {
+        if let Err(e) = app.store.token_refreshed(&account, config.max_warmup_us).await {
+            tracing::warn!(error = %e, "could not restart warm-up after a token refresh");
+        }
+    }
+    let (Some(rule), Some(admitted)) = (rule, admitted) else {
         return Ok(Response::from_parts(parts, body));
     };
+    let sent_at = admitted.at;
     match verdict {
         Verdict::Errcode(code) => {
             if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
@@ -128,14 +141,14 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
                 mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
             }
         }
-        Verdict::Success if escalated => {
+        Verdict::Success if admitted.escalated => {
             if let Err(e) = app.store.succeeded(&account, &rule, sent_at, offset).await {
                 tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
             }
         }
         _ => {}
     }
-    Ok(Response::from_parts(parts, body))
+    Ok(Response::from_parts(parts, body.holding(admitted.slot)))
 }
 
 /// The account a call is for: `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`) or `default`.

@@ -1,7 +1,7 @@
-//! Where decision state lives. One seam, several stores: the in-process
-//! [`MemoryStore`] (the embedded default, for a single instance) and, from the
-//! Redis issue on, a store shared by every instance. All of them run the same
-//! decision ([`crate::limit::decide`]) with the same semantics.
+//! Where decision state lives. One seam, two stores: the in-process
+//! [`MemoryStore`] (the embedded default, for a single instance) and the
+//! [`RedisStore`] shared by every instance. Both run the same decision
+//! ([`crate::limit::decide`]; in Redis its Lua port) with the same semantics.
 
 pub mod memory;
 pub mod redis;
@@ -20,6 +20,18 @@ pub enum StoreError {
     Unavailable(String),
 }
 
+/// What one call asks of the store besides its account and rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Asking<'a> {
+    pub offset_us: Micros,
+    /// Longest this call may be held for its slot (0: admit now or refuse).
+    pub max_wait_us: Micros,
+    /// Concurrency slot holder id, unique per call across all instances.
+    pub holder: &'a str,
+    /// Lease of a concurrency slot; renewed while the call lives.
+    pub lease_us: Micros,
+}
+
 /// The configured store.
 pub enum Store {
     Memory(MemoryStore),
@@ -28,10 +40,10 @@ pub enum Store {
 
 impl Store {
     /// Decides one call of `rule` for `account`; debits every limit or none.
-    pub async fn acquire(&self, account: &str, rule: &Rule, offset_us: Micros) -> Result<Decision, StoreError> {
+    pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.acquire(account, rule, offset_us)),
-            Store::Redis(r) => r.acquire(account, rule, offset_us).await,
+            Store::Memory(m) => Ok(m.acquire(account, rule, asking)),
+            Store::Redis(r) => r.acquire(account, rule, asking).await,
         }
     }
 
@@ -65,6 +77,47 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.succeeded(account, rule, sent_at).await,
+        }
+    }
+
+    /// Frees the concurrency slot of `holder`.
+    pub async fn release(&self, account: &str, rule: &Rule, holder: &str, offset_us: Micros) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.release(account, rule, holder, offset_us);
+                Ok(())
+            }
+            Store::Redis(r) => r.release(account, rule, holder).await,
+        }
+    }
+
+    /// Extends the leases of slots held by calls still alive.
+    pub async fn renew(
+        &self,
+        account: &str,
+        rule: &Rule,
+        holders: &[&str],
+        lease_us: Micros,
+        offset_us: Micros,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.renew(account, rule, holders, lease_us, offset_us);
+                Ok(())
+            }
+            Store::Redis(r) => r.renew(account, rule, holders, lease_us).await,
+        }
+    }
+
+    /// An access-token refresh for `account` passed through: warm-up starts
+    /// again for its rules. `keep_us` is the longest warm-up of any rule.
+    pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.token_refreshed(account);
+                Ok(())
+            }
+            Store::Redis(r) => r.token_refreshed(account, keep_us).await,
         }
     }
 }

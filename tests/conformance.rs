@@ -13,7 +13,7 @@ use wxgate::clock::{Clock, ManualClock};
 use wxgate::config::Config;
 use wxgate::limit::{Decision, Reason, Rule};
 use wxgate::penalty::PenaltyPolicy;
-use wxgate::store::{MemoryStore, RedisConfig, RedisStore, Store};
+use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Store};
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;
@@ -26,6 +26,8 @@ const BEFORE_MIDNIGHT: i64 = (20_786 * 86_400 + 15 * 3600 + 59 * 60 + 59) * SEC;
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Expect {
     Ok,
+    /// Admitted, held this long for its reserved slot.
+    Hold(i64),
     No(i64, Reason),
     /// Penalty ends this long after now.
     Until(i64),
@@ -44,12 +46,18 @@ enum Op {
     Success(usize),
     /// Switch to the rule in this TOML `limits = [...]` value.
     Limits(&'static str),
+    /// The n-th call ended: its concurrency slot is freed.
+    Release(usize),
+    /// An access token was refreshed for account "a".
+    Token,
 }
 
 struct Scenario {
     name: &'static str,
     start: i64,
     limits: &'static str,
+    /// More TOML keys of the rule (max_wait, warmup, concurrency).
+    extra: &'static str,
     steps: Vec<(Op, Expect)>,
 }
 
@@ -66,6 +74,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "burst_then_spacing",
             start: T0,
             limits: r#"[{ count = 10, per = "10s", burst = 3 }]"#,
+            extra: "",
             steps: [
                 call(3, Ok),
                 vec![
@@ -81,6 +90,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "day_quota_at_beijing_midnight",
             start: BEFORE_MIDNIGHT,
             limits: r#"[{ count = 2, per = "day" }]"#,
+            extra: "",
             steps: [
                 call(2, Ok),
                 vec![(Call("a"), No(SEC, Reason::Quota)), (Wait(SEC - 1), Any), (Call("a"), No(1, Reason::Quota))],
@@ -95,12 +105,14 @@ fn scenarios() -> Vec<Scenario> {
             // 2026-11-30 23:59:59 Beijing.
             start: BEFORE_MIDNIGHT + 86_400 * SEC,
             limits: r#"[{ count = 1, per = "month" }]"#,
+            extra: "",
             steps: vec![(Call("a"), Ok), (Call("a"), No(SEC, Reason::Quota)), (Wait(SEC), Any), (Call("a"), Ok)],
         },
         Scenario {
             name: "all_or_nothing",
             start: BEFORE_MIDNIGHT,
             limits: r#"[{ count = 3, per = "1m", burst = 3 }, { count = 2, per = "day" }]"#,
+            extra: "",
             steps: [
                 call(2, Ok),
                 call(5, No(SEC, Reason::Quota)),
@@ -112,6 +124,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "lowered_limit_clamps",
             start: T0,
             limits: r#"[{ count = 100, per = "1m", burst = 50 }, { count = 10, per = "day" }]"#,
+            extra: "",
             steps: [
                 call(5, Ok),
                 vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }, { count = 6, per = "day" }]"#), Any)],
@@ -125,6 +138,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "lowered_burst_clamps",
             start: T0,
             limits: r#"[{ count = 100, per = "1m", burst = 50 }]"#,
+            extra: "",
             steps: [
                 call(5, Ok),
                 vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }]"#), Any), (Wait(3600 * SEC), Any)],
@@ -137,6 +151,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "penalty_escalates_and_resets",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
+            extra: "",
             steps: vec![
                 (Call("a"), Ok),
                 (Penalise(45009, 0), Until(60 * SEC)),
@@ -158,6 +173,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "in_flight_answers_do_not_escalate",
             start: T0,
             limits: "[]",
+            extra: "",
             steps: vec![
                 (Call("a"), Ok),
                 (Call("a"), Ok),
@@ -173,6 +189,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "penalty_cap_is_midnight_and_45011_is_next_minute",
             start: BEFORE_MIDNIGHT - 100 * SEC,
             limits: "[]",
+            extra: "",
             steps: vec![
                 (Call("a"), Ok),
                 (Penalise(45009, 0), Until(60 * SEC)),
@@ -183,6 +200,82 @@ fn scenarios() -> Vec<Scenario> {
                 (Wait(41 * SEC + 30 * SEC), Any),
                 (Call("a"), Ok),
                 (Penalise(45011, 2), Until(30 * SEC)),
+            ],
+        },
+        Scenario {
+            name: "shaping_holds_within_max_wait",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 3 }]"#,
+            extra: r#"max_wait = "3s""#,
+            steps: [
+                call(3, Ok),
+                vec![(Call("a"), Hold(1250 * MS)), (Call("a"), Hold(2500 * MS))],
+                // Beyond max_wait: refused, and nothing reserved...
+                vec![(Call("a"), No(3750 * MS, Reason::Rate)), (Call("a"), No(3750 * MS, Reason::Rate))],
+                // ...so a second later the next slot is where it was.
+                vec![(Wait(SEC), Any), (Call("a"), Hold(2750 * MS))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "holding_across_midnight_counts_in_the_new_day",
+            start: BEFORE_MIDNIGHT - SEC,
+            limits: r#"[{ count = 2, per = "day" }]"#,
+            extra: r#"max_wait = "5s""#,
+            steps: [
+                call(2, Ok),
+                vec![(Call("a"), Hold(2 * SEC)), (Call("a"), Hold(2 * SEC))],
+                vec![(Call("a"), No(2 * SEC + 86_400 * SEC, Reason::Quota))],
+                vec![(Wait(2 * SEC), Any), (Call("a"), No(86_400 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "warm_up_starts_at_half_rate_and_again_after_a_token_refresh",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 1 }]"#,
+            extra: r#"warmup = "10s""#,
+            steps: vec![
+                (Call("a"), Ok),
+                // Cold: one every 2 s instead of 1 s.
+                (Call("a"), No(2 * SEC, Reason::Rate)),
+                (Wait(2 * SEC), Any),
+                (Call("a"), Ok),
+                // 2 s into the warm-up: T / (0.5 + 0.5 · 0.2) = 1.666667 s.
+                (Call("a"), No(1_666_667, Reason::Rate)),
+                // 11 s after the start the warm-up is over: one per second.
+                (Wait(9 * SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(SEC, Reason::Rate)),
+                // A token refresh starts it again: 1 s in, T / 0.55.
+                (Token, Any),
+                (Wait(SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(1_818_182, Reason::Rate)),
+                // Idle for a whole warm-up period: cold again.
+                (Wait(30 * SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(2 * SEC, Reason::Rate)),
+            ],
+        },
+        Scenario {
+            name: "concurrency_slots_and_leases",
+            start: T0,
+            limits: "[]",
+            extra: "concurrency = 2",
+            steps: vec![
+                (Call("a"), Ok),
+                (Call("a"), Ok),
+                (Call("a"), No(30 * SEC, Reason::Concurrency)),
+                (Release(0), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(30 * SEC, Reason::Concurrency)),
+                // Holder 1 (say, a crashed instance) never releases: its lease runs out.
+                (Release(3), Any),
+                (Wait(30 * SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), Ok),
+                (Call("a"), No(30 * SEC, Reason::Concurrency)),
             ],
         },
     ]
@@ -202,19 +295,20 @@ fn random_scenario() -> Scenario {
         steps.push((Wait(gap), Any));
         steps.push((Call("a"), Any));
     }
-    Scenario { name: "random_window", start: T0, limits: r#"[{ count = 7, per = "5s", burst = 2 }]"#, steps }
+    Scenario { name: "random_window", start: T0, limits: r#"[{ count = 7, per = "5s", burst = 2 }]"#, extra: "", steps }
 }
 
-fn compile(limits: &str) -> (Arc<Rule>, Vec<PenaltyPolicy>) {
-    let text = format!("[[rule]]\nname = \"r\"\nmatch = [\"/x\"]\nlimits = {limits}\n");
+fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Vec<PenaltyPolicy>, i64) {
+    let text = format!("[[rule]]\nname = \"r\"\nmatch = [\"/x\"]\nlimits = {limits}\n{extra}\n");
     let config = Config::parse(&text, Path::new("scenario.toml")).expect("scenario config");
-    (config.rules[0].clone(), config.penalties)
+    (config.rules[0].clone(), config.penalties, config.lease_us)
 }
 
 /// Runs a scenario on one store; returns every decision, as (time, outcome).
 async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expect)> {
     clock.set_us(s.start);
-    let (mut rule, penalties) = compile(s.limits);
+    let (mut rule, penalties, lease_us) = compile(s.limits, s.extra);
+    let mut calls = 0;
     let mut admitted = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
@@ -224,17 +318,34 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
                 Any
             }
             Limits(l) => {
-                rule = compile(l).0;
+                rule = compile(l, s.extra).0;
                 Any
             }
-            Call(account) => match store.acquire(account, &rule, BEIJING).await.expect("store answered") {
-                Decision::Admit { at, .. } => {
-                    assert_eq!(at, clock.now_us(), "{}: admitted at the store's now", s.name);
-                    admitted.push(at);
-                    Ok
+            Call(account) => {
+                let holder = format!("h{calls}");
+                calls += 1;
+                let asking = Asking { offset_us: BEIJING, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
+                match store.acquire(account, &rule, &asking).await.expect("store answered") {
+                    Decision::Admit { at, hold_us, .. } => {
+                        assert_eq!(at, clock.now_us() + hold_us, "{}: admitted for now + hold", s.name);
+                        admitted.push(at);
+                        if hold_us == 0 {
+                            Ok
+                        } else {
+                            Hold(hold_us)
+                        }
+                    }
+                    Decision::Reject { wait_us, reason } => No(wait_us, reason),
                 }
-                Decision::Reject { wait_us, reason } => No(wait_us, reason),
-            },
+            }
+            Release(n) => {
+                store.release("a", &rule, &format!("h{n}"), BEIJING).await.expect("store answered");
+                Any
+            }
+            Token => {
+                store.token_refreshed("a", rule.warmup_us).await.expect("store answered");
+                Any
+            }
             Penalise(code, n) => {
                 let policy = penalties.iter().find(|p| p.errcode == *code).expect("default policy");
                 let (until, now) =
@@ -298,8 +409,9 @@ async fn redis_keys_are_hash_tagged_and_expire() {
         RedisConfig { url: redis.url(), password: None, key_prefix: "wxgate".into(), timeout: Duration::from_secs(5) };
     // Real Redis TIME this time: production mode.
     let store = Store::Redis(RedisStore::connect(&config).await.expect("connect"));
-    let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#);
-    assert!(matches!(store.acquire("wxAPPID", &rule, BEIJING).await, std::result::Result::Ok(Decision::Admit { .. })));
+    let (rule, _, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
+    let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
+    assert!(matches!(store.acquire("wxAPPID", &rule, &asking).await, std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
     let ttl: i64 = redis.command("PTTL wxgate:{wxAPPID}:r").trim_start_matches(':').trim().parse().expect("PTTL");

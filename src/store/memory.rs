@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::Asking;
 use crate::clock::{Clock, Micros};
-use crate::limit::{decide, Decision, Rule, RuleState};
+use crate::limit::{decide, Ask, Decision, Rule, RuleState};
 use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
@@ -21,12 +22,20 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     hasher: RandomState,
     shards: Vec<Mutex<Shard>>,
+    /// Last access-token refresh per account.
+    warm: Mutex<HashMap<String, Micros>>,
 }
 
 #[derive(Default)]
 struct Shard {
-    states: HashMap<(String, Arc<str>), RuleState>,
+    states: HashMap<(String, Arc<str>), (RuleState, Micros)>,
     ops: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update below is written only after its checks, so a panic while
+    // holding a lock cannot leave state half-written: a poisoned lock is safe.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MemoryStore {
@@ -35,18 +44,12 @@ impl MemoryStore {
             clock,
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            warm: Mutex::default(),
         }
     }
 
     pub fn now(&self) -> Micros {
         self.clock.now_us()
-    }
-
-    fn shard(&self, account: &str, rule: &Rule) -> MutexGuard<'_, Shard> {
-        let i = (self.hasher.hash_one((account, &*rule.name)) as usize) % SHARDS;
-        // A panic while holding the lock cannot leave a RuleState half-written
-        // (decide() writes only after every check), so a poisoned lock is safe.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn with_state<T>(
@@ -57,17 +60,30 @@ impl MemoryStore {
         f: impl FnOnce(&mut RuleState, Micros) -> T,
     ) -> T {
         let now = self.now();
-        let mut shard = self.shard(account, rule);
+        let i = (self.hasher.hash_one((account, &*rule.name)) as usize) % SHARDS;
+        let mut shard = lock(&self.shards[i]);
         shard.ops = shard.ops.wrapping_add(1);
         if shard.ops % SWEEP_EVERY == 0 {
-            shard.states.retain(|_, s| !s.is_idle(now, offset_us));
+            shard.states.retain(|_, (s, warmup)| !s.is_idle(now, offset_us, *warmup));
         }
-        let key = (account.to_owned(), rule.name.clone());
-        f(shard.states.entry(key).or_default(), now)
+        let entry = shard.states.entry((account.to_owned(), rule.name.clone())).or_default();
+        entry.1 = entry.1.max(rule.warmup_us);
+        f(&mut entry.0, now)
     }
 
-    pub fn acquire(&self, account: &str, rule: &Rule, offset_us: Micros) -> Decision {
-        self.with_state(account, rule, offset_us, |state, now| decide(rule, state, now, offset_us))
+    pub fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Decision {
+        let account_warm = lock(&self.warm).get(account).copied().unwrap_or(0);
+        self.with_state(account, rule, asking.offset_us, |state, now| {
+            let ask = Ask {
+                now,
+                offset_us: asking.offset_us,
+                max_wait_us: asking.max_wait_us,
+                account_warm,
+                holder: asking.holder,
+                lease_us: asking.lease_us,
+            };
+            decide(rule, state, ask)
+        })
     }
 
     pub fn penalise(
@@ -87,9 +103,32 @@ impl MemoryStore {
         self.with_state(account, rule, offset_us, |state, _| state.penalty.succeeded(sent_at));
     }
 
+    /// Frees a concurrency slot.
+    pub fn release(&self, account: &str, rule: &Rule, holder: &str, offset_us: Micros) {
+        self.with_state(account, rule, offset_us, |state, _| state.holders.retain(|(h, _)| h != holder));
+    }
+
+    /// Extends the leases of slots still held (by live calls of this instance).
+    pub fn renew(&self, account: &str, rule: &Rule, holders: &[&str], lease_us: Micros, offset_us: Micros) {
+        self.with_state(account, rule, offset_us, |state, now| {
+            for (h, exp) in state.holders.iter_mut() {
+                if holders.contains(&h.as_str()) {
+                    *exp = now + lease_us;
+                }
+            }
+        });
+    }
+
+    /// An access token was refreshed for `account`: warm-up starts again.
+    pub fn token_refreshed(&self, account: &str) -> Micros {
+        let now = self.now();
+        lock(&self.warm).insert(account.to_owned(), now);
+        now
+    }
+
     /// Number of (account, rule) states held; for tests and metrics.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).states.len()).sum()
+        self.shards.iter().map(|s| lock(s).states.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
-use super::StoreError;
+use super::{Asking, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::limit::{Decision, Limit, Reason, Rule};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
@@ -23,6 +23,7 @@ use crate::penalty::{PenaltyLength, PenaltyPolicy};
 pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
 pub const PENALISE_LUA: &str = include_str!("../../lua/penalise.lua");
 pub const SUCCEEDED_LUA: &str = include_str!("../../lua/succeeded.lua");
+pub const WARM_LUA: &str = include_str!("../../lua/warm.lua");
 
 /// `[store] kind = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,7 @@ pub struct RedisStore {
     acquire: Script,
     penalise: Script,
     succeeded: Script,
+    warm: Script,
 }
 
 impl RedisStore {
@@ -76,9 +78,10 @@ impl RedisStore {
             acquire: Script::new(ACQUIRE_LUA),
             penalise: Script::new(PENALISE_LUA),
             succeeded: Script::new(SUCCEEDED_LUA),
+            warm: Script::new(WARM_LUA),
         };
         let mut conn = store.conn.clone();
-        for script in [&store.acquire, &store.penalise, &store.succeeded] {
+        for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm] {
             script.prepare_invoke().load_async(&mut conn).await.map_err(cannot)?;
         }
         Ok(store)
@@ -90,9 +93,19 @@ impl RedisStore {
         self
     }
 
-    /// `<prefix>:{<account>}:<rule>`.
+    /// `<prefix>:{<account>}:<rule>`: the state hash.
     pub fn key(&self, account: &str, rule: &Rule) -> String {
         format!("{}:{{{}}}:{}", self.prefix, account, rule.name)
+    }
+
+    /// `<prefix>:{<account>}:<rule>:c`: concurrency slots (holder → lease expiry).
+    fn slots_key(&self, account: &str, rule: &Rule) -> String {
+        format!("{}:{{{}}}:{}:c", self.prefix, account, rule.name)
+    }
+
+    /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
+    fn warm_key(&self, account: &str) -> String {
+        format!("{}:{{{}}}:#warm", self.prefix, account)
     }
 
     fn now_arg(&self) -> String {
@@ -107,9 +120,16 @@ impl RedisStore {
         }
     }
 
-    pub async fn acquire(&self, account: &str, rule: &Rule, offset_us: Micros) -> Result<Decision, StoreError> {
+    pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
         let mut inv = self.acquire.key(self.key(account, rule));
-        inv.arg(self.now_arg()).arg(offset_us);
+        inv.key(self.warm_key(account)).key(self.slots_key(account, rule));
+        inv.arg(self.now_arg())
+            .arg(asking.offset_us)
+            .arg(asking.max_wait_us)
+            .arg(rule.warmup_us)
+            .arg(rule.concurrency)
+            .arg(asking.holder)
+            .arg(asking.lease_us);
         for limit in &rule.limits {
             let label = limit.window_key().label();
             match limit {
@@ -119,11 +139,14 @@ impl RedisStore {
         }
         let reply: Vec<i64> = self.run(inv).await?;
         match reply.as_slice() {
-            [1, at, escalated] => Ok(Decision::Admit { at: *at, escalated: *escalated == 1 }),
+            [1, at, escalated, hold_us] => {
+                Ok(Decision::Admit { at: *at, hold_us: *hold_us, escalated: *escalated == 1 })
+            }
             [0, wait_us, reason] => {
                 let reason = match reason {
                     1 => Reason::Rate,
                     2 => Reason::Quota,
+                    4 => Reason::Concurrency,
                     _ => Reason::Penalty,
                 };
                 Ok(Decision::Reject { wait_us: *wait_us, reason })
@@ -158,6 +181,58 @@ impl RedisStore {
         inv.arg(sent_at);
         let _: i64 = self.run(inv).await?;
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Frees a concurrency slot.
+    pub async fn release(&self, account: &str, rule: &Rule, holder: &str) -> Result<(), StoreError> {
+        let cmd = redis::cmd("ZREM").arg(self.slots_key(account, rule)).arg(holder).clone();
+        self.query::<i64>(cmd).await.map(|_| ())
+    }
+
+    /// Extends live slots' leases (`ZADD XX`: a slot already freed stays free).
+    pub async fn renew(
+        &self,
+        account: &str,
+        rule: &Rule,
+        holders: &[&str],
+        lease_us: Micros,
+    ) -> Result<(), StoreError> {
+        let now = match &self.fixed_clock {
+            Some(c) => c.now_us(),
+            None => self.time().await?,
+        };
+        let key = self.slots_key(account, rule);
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(&key).arg("XX");
+        for h in holders {
+            cmd.arg(now + lease_us).arg(*h);
+        }
+        self.query::<i64>(cmd).await?;
+        let mut expire = redis::cmd("PEXPIRE");
+        expire.arg(&key).arg(lease_us / 1000 + 1000);
+        self.query::<i64>(expire).await.map(|_| ())
+    }
+
+    /// Warm-up starts again for `account` (an access token was refreshed).
+    pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
+        let mut inv = self.warm.key(self.warm_key(account));
+        inv.arg(self.now_arg()).arg((keep_us / 1000).max(1000));
+        self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    async fn time(&self) -> Result<Micros, StoreError> {
+        let (secs, micros): (i64, i64) = self.query(redis::cmd("TIME")).await?;
+        Ok(secs * 1_000_000 + micros)
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
+        }
     }
 }
 

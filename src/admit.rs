@@ -1,0 +1,98 @@
+//! The decide phase of a call: ask the store, then hold the call for its
+//! reserved slot, wait for a concurrency slot, or refuse.
+//!
+//! - A call whose slot is at most the rule's `max_wait` away is *held*: the
+//!   store has already reserved the slot (later calls see it taken, on every
+//!   instance), and the call is forwarded when it comes. At most
+//!   `[server] max_held` calls are held per instance; past that, calls that
+//!   would be held are refused at once and reserve nothing.
+//! - A call refused only because `concurrency` calls are in flight waits
+//!   (within `max_wait`) for one to end: woken at once when one of this
+//!   instance's calls frees a slot, and polling for the others' every 10 ms.
+//! - A client that disconnects while held is dropped with its future: its
+//!   reserved slot stays used (never given to a later call, so limits are
+//!   never exceeded), and its concurrency slot is freed at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::clock::Micros;
+use crate::error::ProxyError;
+use crate::limit::{Decision, Reason, Rule};
+use crate::proxy::App;
+use crate::slots::SlotGuard;
+use crate::store::Asking;
+
+/// How often a call waiting for a concurrency slot asks the store again.
+const CONCURRENCY_POLL_US: Micros = 10_000;
+
+/// A call cleared to go now.
+pub struct Admitted {
+    /// Store time the call was admitted for (its forward time).
+    pub at: Micros,
+    pub escalated: bool,
+    pub slot: Option<SlotGuard>,
+}
+
+/// Counts calls held by this instance.
+#[derive(Default)]
+pub struct Held(AtomicUsize);
+
+impl Held {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+struct HeldPermit<'a>(&'a Held);
+
+impl Drop for HeldPermit<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn take_permit(held: &Held, max: usize) -> Option<HeldPermit<'_>> {
+    held.0
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+        .ok()
+        .map(|_| HeldPermit(held))
+}
+
+/// Decides, holds or waits as the rule says; `Err` is the refusal to send.
+pub async fn admit(app: &App, account: &str, rule: &Arc<Rule>, offset_us: Micros) -> Result<Admitted, ProxyError> {
+    let config = app.config.load();
+    let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
+    // Shaping needs a place among this instance's held calls.
+    let permit = if rule.max_wait_us > 0 { take_permit(&app.held, config.server.max_held) } else { None };
+    let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
+    let started = app.clock.now_us();
+    loop {
+        let remaining = (max_wait_us - (app.clock.now_us() - started)).max(0);
+        let asking = Asking { offset_us, max_wait_us: remaining, holder: &holder, lease_us: config.lease_us };
+        let decision =
+            app.store.acquire(account, rule, &asking).await.map_err(|e| ProxyError::Unavailable(e.to_string()))?;
+        match decision {
+            Decision::Admit { at, hold_us, escalated } => {
+                let slot = (rule.concurrency > 0)
+                    .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
+                if hold_us > 0 {
+                    app.clock.sleep(hold_us).await;
+                }
+                drop(permit);
+                return Ok(Admitted { at, escalated, slot });
+            }
+            Decision::Reject { reason: Reason::Concurrency, wait_us } if remaining > 0 => {
+                let step = remaining.min(CONCURRENCY_POLL_US).min(wait_us.max(1));
+                let freed = app.slots.freed.notified();
+                tokio::select! {
+                    _ = freed => {}
+                    _ = app.clock.sleep(step) => {}
+                }
+            }
+            Decision::Reject { wait_us, reason } => {
+                return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us })
+            }
+        }
+    }
+}

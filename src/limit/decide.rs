@@ -1,0 +1,144 @@
+//! The decision itself. `lua/acquire.lua` is a line-for-line port: change
+//! both together (the conformance tests hold them to one table).
+
+use super::{Decision, Limit, LimitState, Reason, Rule, RuleState, WindowLimit};
+use crate::calendar::Period;
+use crate::clock::Micros;
+
+/// One call's question to the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub now: Micros,
+    pub offset_us: Micros,
+    /// Longest the caller will hold this call for its slot (≤ the rule's `max_wait`).
+    pub max_wait_us: Micros,
+    /// Last access-token refresh seen for the account (0: none).
+    pub account_warm: Micros,
+    /// Concurrency slot holder id (unique per call) and lease length.
+    pub holder: &'a str,
+    pub lease_us: Micros,
+}
+
+/// Decides one call of `rule` and, if admitted, debits `state`: every limit
+/// or none. See the module docs of [`crate::limit`] for the guarantees.
+pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
+    let now = ask.now;
+    // 1. A penalty refuses at once and consumes nothing.
+    if let Some(wait_us) = state.penalty.remaining(now) {
+        return Decision::Reject { wait_us, reason: Reason::Penalty };
+    }
+    // 2. Concurrency: expired leases (a crashed instance's) free their slots.
+    if rule.concurrency > 0 {
+        state.holders.retain(|(_, exp)| *exp > now);
+        if state.holders.len() >= rule.concurrency as usize {
+            let free_at = state.holders.iter().map(|(_, exp)| *exp).min().unwrap_or(now);
+            return Decision::Reject { wait_us: free_at - now, reason: Reason::Concurrency };
+        }
+    }
+    // 3. Warm-up restarts when the pair was idle for a whole warm-up period.
+    let cold = state.last_call == 0 || now - state.last_call >= rule.warmup_us;
+    let warm_start = if cold { now } else { state.warm_start }.max(ask.account_warm);
+
+    // 4. Each limit's own wait from now; the largest decides (first on ties).
+    let mut worst = 0;
+    let mut reason = Reason::Rate;
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        let wait = match *limit {
+            Limit::Window(w) => tat_of(state.get(key), now) - w.tolerance_us - now,
+            Limit::Calendar { count, period } => {
+                calendar_free_at(state.get(key), count, period, now, ask.offset_us) - now
+            }
+        };
+        if wait > worst {
+            worst = wait;
+            reason = if matches!(limit, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
+        }
+    }
+    // A hold can cross midnight: the call then counts in the next period,
+    // which must have room too. (max_wait is far shorter than a day, so one
+    // pass over the calendars settles it.)
+    let mut at = now + worst;
+    for limit in &rule.limits {
+        if let Limit::Calendar { count, period } = *limit {
+            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, ask.offset_us);
+            if free > at {
+                at = free;
+                reason = Reason::Quota;
+            }
+        }
+    }
+    let wait = at - now;
+    if wait > ask.max_wait_us {
+        return Decision::Reject { wait_us: wait, reason };
+    }
+
+    // 5. Admit at `at`: debit everything.
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        let after = match *limit {
+            Limit::Window(w) => LimitState::Tat(tat_of(state.get(key), at) + interval(&w, rule, warm_start, now)),
+            Limit::Calendar { period, .. } => {
+                let current = period.id(now, ask.offset_us);
+                let (used, next) = counts(state.get(key), current);
+                if period.id(at, ask.offset_us) == current {
+                    LimitState::Count { period_id: current, used: used + 1, next }
+                } else {
+                    LimitState::Count { period_id: current, used, next: next + 1 }
+                }
+            }
+        };
+        state.set(key, after);
+    }
+    if cold {
+        state.warm_start = now;
+    }
+    state.last_call = now;
+    if rule.concurrency > 0 {
+        state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
+    }
+    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now) }
+}
+
+/// The stored theoretical arrival time, or `floor` if it is earlier.
+fn tat_of(stored: Option<LimitState>, floor: Micros) -> Micros {
+    match stored {
+        Some(LimitState::Tat(t)) => t.max(floor),
+        _ => floor,
+    }
+}
+
+/// Emission interval under warm-up: `T / f` with f rising linearly from ½ to
+/// 1 over the warm-up period, computed in f64 exactly as the Lua script does.
+/// Never shorter than `T`, so the window guarantee holds throughout.
+fn interval(w: &WindowLimit, rule: &Rule, warm_start: Micros, now: Micros) -> Micros {
+    if rule.warmup_us <= 0 {
+        return w.interval_us;
+    }
+    let elapsed = (now - warm_start).clamp(0, rule.warmup_us);
+    let up = rule.warmup_us as f64;
+    (w.interval_us as f64 * (2.0 * up) / (up + elapsed as f64)).ceil() as Micros
+}
+
+/// Calls counted in period `current` and reserved for `current + 1`.
+fn counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
+    match stored {
+        Some(LimitState::Count { period_id, used, next }) if period_id == current => (used, next),
+        Some(LimitState::Count { period_id, next, .. }) if period_id == current - 1 => (next, 0),
+        _ => (0, 0),
+    }
+}
+
+/// Earliest time ≥ `t` at which a calendar quota has room.
+fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: Micros, offset_us: Micros) -> Micros {
+    // State is written relative to the period of its last write, which is never
+    // after `t`; look at the period containing `t` and the one after it.
+    let (used, next) = counts(stored, period.id(t, offset_us));
+    if used < count {
+        t
+    } else if next < count {
+        period.next_start(t, offset_us)
+    } else {
+        period.next_start(period.next_start(t, offset_us), offset_us)
+    }
+}
