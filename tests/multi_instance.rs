@@ -5,14 +5,12 @@
 //! With `kind = "redis"`: no window of the rule's length, less a scheduling
 //! jitter tolerance of 10 % (400 ms), saw more than `count` arrivals at the
 //! mock, and the mock saw at least 95 % of what the limit allows over the run.
+//! The same with `max_wait` set (held calls released on three instances).
 //! With `kind = "memory"` on the same three processes: the overrun that the
 //! shared store prevents.
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use support::process::{self, Instance};
 use support::redis_server::RedisServer;
 use support::MockWeChat;
 
@@ -31,44 +30,8 @@ const JITTER: Duration = Duration::from_millis(400);
 const RUN: Duration = Duration::from_secs(8);
 const CLIENTS: usize = 24;
 
-struct Instance {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_instance(config: &str, tag: &str) -> Instance {
-    let path = std::env::temp_dir().join(format!("wxgate-multi-{}-{tag}.toml", std::process::id()));
-    std::fs::write(&path, config).expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wxgate"))
-        .args(["--config", path.to_str().expect("utf-8 path")])
-        .env("WXGATE_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn wxgate");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines.next().expect("wxgate exited before serving").expect("read stderr");
-        if let Some(rest) = line.split("listen=").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address");
-            break addr.parse().expect("socket address");
-        }
-    };
-    // Keep draining stderr so the process never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Instance { child, addr }
-}
-
 /// Runs the load; returns the mock's arrival times relative to the first.
-async fn run(store: &str, redis: Option<&RedisServer>) -> Vec<Duration> {
+async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duration> {
     let mock = MockWeChat::start().await;
     let store_cfg = match redis {
         Some(r) => format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\n", r.url()),
@@ -77,11 +40,12 @@ async fn run(store: &str, redis: Option<&RedisServer>) -> Vec<Duration> {
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store_cfg}\n\
          [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n\
-         limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n",
+         limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n{extra}\n",
         mock.addr,
         WINDOW.as_secs()
     );
-    let instances: Vec<Instance> = (0..3).map(|i| spawn_instance(&config, &format!("{store}-{i}"))).collect();
+    let instances: Vec<Instance> =
+        (0..3).map(|i| process::spawn(&config, &format!("{tag}-{i}"), &[]).expect("wxgate serving")).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
@@ -135,25 +99,39 @@ fn max_in_window(times: &[Duration], w: Duration) -> usize {
     best
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_on_one_redis_stay_window_exact_and_use_the_quota() {
-    let redis = RedisServer::start();
-    let times = run("redis", Some(&redis)).await;
-    let worst = max_in_window(&times, WINDOW - JITTER);
-    assert!(worst <= COUNT, "{worst} arrivals in one {:?} window (limit {COUNT})", WINDOW - JITTER);
-    // What the limit allows over the span the calls covered: the burst, then
-    // one every T = ⌈W / (N − B + 1)⌉.
+/// No window (less the jitter tolerance) over `count`, and ≥ 95 % of what the
+/// limit allows over the span the calls covered: the burst, then one every
+/// T = ⌈W / (N − B + 1)⌉.
+fn assert_exact_and_full(times: &[Duration], label: &str) {
+    let worst = max_in_window(times, WINDOW - JITTER);
+    assert!(worst <= COUNT, "{label}: {worst} arrivals in one {:?} window (limit {COUNT})", WINDOW - JITTER);
     let span = *times.last().expect("calls");
     let interval = WINDOW.as_secs_f64() / (COUNT - BURST + 1) as f64;
     let allowed = BURST as f64 + (span.as_secs_f64() / interval).floor();
     let used = times.len() as f64;
-    eprintln!("redis: {used} calls over {span:?}; limit allows {allowed}; worst window {worst}");
-    assert!(used >= 0.95 * allowed, "used {used} of {allowed} allowed");
+    eprintln!("{label}: {used} calls over {span:?}; limit allows {allowed}; worst window {worst}");
+    assert!(used >= 0.95 * allowed, "{label}: used {used} of {allowed} allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_stay_window_exact_and_use_the_quota() {
+    let redis = RedisServer::start();
+    let times = run("redis", Some(&redis), "").await;
+    assert_exact_and_full(&times, "redis");
+}
+
+/// The same with shaping: calls are held for reserved slots and released on
+/// three instances; still no overrun.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_with_max_wait_stay_window_exact() {
+    let redis = RedisServer::start();
+    let times = run("redis-held", Some(&redis), "max_wait = \"500ms\"").await;
+    assert_exact_and_full(&times, "redis, max_wait 500ms");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_with_memory_stores_overrun_the_limit() {
-    let times = run("memory", None).await;
+    let times = run("memory", None, "").await;
     let worst = max_in_window(&times, WINDOW - JITTER);
     eprintln!("memory: {} calls; worst window {worst}", times.len());
     assert!(worst > COUNT * 2, "expected the 3x overrun the shared store prevents, saw {worst}");

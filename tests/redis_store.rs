@@ -3,11 +3,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use support::process;
 use support::redis_server::RedisServer;
 use support::*;
 use wxgate::clock::SystemClock;
@@ -86,32 +86,13 @@ async fn a_redis_that_is_down_gives_503_not_a_hang() {
     assert_eq!(mock.count(), 0, "no decision, no call");
 }
 
-/// Starts the wxgate binary and returns the first line that says it serves
-/// or why it could not.
+/// Whether the wxgate binary starts serving on `config`, and what it logged.
 fn serve_binary(config: &str, password_env: Option<&str>) -> (bool, String) {
-    let path = std::env::temp_dir().join(format!("wxgate-auth-{}-{}.toml", std::process::id(), password_env.is_some()));
-    std::fs::write(&path, config).expect("write config");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wxgate"));
-    cmd.args(["--config", path.to_str().expect("utf-8")]).stdout(Stdio::null()).stderr(Stdio::piped());
-    cmd.env_remove("WXGATE_REDIS_PASSWORD");
-    if let Some(pw) = password_env {
-        cmd.env("WXGATE_REDIS_PASSWORD", pw);
+    let env: Vec<(&str, &str)> = password_env.map(|p| ("WXGATE_REDIS_PASSWORD", p)).into_iter().collect();
+    match process::spawn(config, &format!("auth-{}", password_env.is_some()), &env) {
+        Ok(_) => (true, String::new()),
+        Err(log) => (false, log),
     }
-    let mut child = cmd.spawn().expect("spawn wxgate");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut seen = String::new();
-    let mut serving = false;
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        seen.push_str(&line);
-        seen.push('\n');
-        if line.contains("wxgate serving") {
-            serving = true;
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    (serving, seen)
 }
 
 #[tokio::test]
@@ -128,5 +109,52 @@ async fn password_from_the_url_or_the_environment() {
     let in_url = redis_config(&mock, &format!("redis://:s3cret@127.0.0.1:{}", redis.port));
     let (ok, log) = serve_binary(&in_url, None);
     assert!(ok, "password in the URL\n{log}");
-    assert!(!log.contains("s3cret"), "the password never reaches the log\n{log}");
+    let wrong = redis_config(&mock, &format!("redis://:nope@127.0.0.1:{}", redis.port));
+    let (ok, log) = serve_binary(&wrong, None);
+    assert!(!ok);
+    assert!(!log.contains("nope"), "the password never reaches the log\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::Hang);
+    let rules =
+        "[[rule]]\nname = \"remark\"\nmatch = [\"/cgi-bin/externalcontact/remark\"]\nlimits = []\nconcurrency = 1\n";
+    let config = config_text(
+        &format!("http://{}", mock.addr),
+        &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nlease = \"1s\"\n{rules}", redis.url()),
+    )
+    .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"60s\"");
+    let mut doomed = process::spawn(&config, "lease-a", &[]).expect("first instance");
+    let survivor = process::spawn(&config, "lease-b", &[]).expect("second instance");
+    // The first instance's call hangs at WeChat, holding the only slot.
+    let addr = doomed.addr;
+    let _hanging = tokio::spawn(async move { get(addr, "/cgi-bin/externalcontact/remark").await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mock.count() < 1 {
+        assert!(Instant::now() < deadline, "the first call never reached the mock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Alive, it renews the lease (every lease / 3): the slot stays taken.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
+    assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"), "a live instance keeps its slot past one lease");
+    doomed.kill();
+    let killed = Instant::now();
+    // Dead, its lease runs out within 1 s and the slot comes back.
+    mock.respond(|_| ok_reply());
+    loop {
+        let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
+        assert!(killed.elapsed() < Duration::from_secs(5), "the dead instance's slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Within the 1 s lease, plus polling and scheduling slack on a loaded machine.
+    assert!(killed.elapsed() <= Duration::from_secs(3), "took {:?}", killed.elapsed());
+    assert_eq!(mock.count(), 2);
 }

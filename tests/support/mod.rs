@@ -2,12 +2,14 @@
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod process;
 pub mod redis_server;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +53,8 @@ pub enum Reply {
     Hang,
     /// Send headers and part of a body, then drop the connection.
     DropMidBody,
+    /// Wait this long (real time), then answer `then`.
+    Delayed { ms: u64, then: Box<Reply> },
     /// Wait for a permit from `gate` (the test adds them), then answer `then`.
     Gated { gate: Arc<tokio::sync::Semaphore>, then: Box<Reply> },
     /// Echo the request back: status 200, body = request body, headers
@@ -79,6 +83,25 @@ pub struct MockWeChat {
     pub addr: SocketAddr,
     calls: Arc<Mutex<Vec<Recorded>>>,
     responder: Arc<Mutex<Responder>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a call as in flight at the mock until its answer is decided.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn enter(now: &Arc<AtomicUsize>, max: &Arc<AtomicUsize>) -> InFlight {
+        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+        max.fetch_max(n, Ordering::SeqCst);
+        InFlight(now.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl MockWeChat {
@@ -88,6 +111,8 @@ impl MockWeChat {
             addr: listener.local_addr().expect("mock addr"),
             calls: Arc::default(),
             responder: Arc::new(Mutex::new(Arc::new(|_: &Recorded| ok_reply()))),
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
         };
         let m = mock.clone();
         tokio::spawn(async move {
@@ -126,6 +151,11 @@ impl MockWeChat {
         self.calls.lock().expect("calls").len()
     }
 
+    /// Calls being answered right now, and the most there ever were at once.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.in_flight.load(Ordering::SeqCst), self.max_in_flight.load(Ordering::SeqCst))
+    }
+
     async fn answer(&self, req: Request<Incoming>) -> Response<MockBody> {
         let (parts, body) = req.into_parts();
         let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -139,14 +169,25 @@ impl MockWeChat {
         self.calls.lock().expect("calls").push(rec.clone());
         let responder = self.responder.lock().expect("responder").clone();
         let mut reply = responder(&rec);
-        while let Reply::Gated { gate, then } = reply {
-            if let Ok(permit) = gate.acquire().await {
-                permit.forget();
+        let in_flight = InFlight::enter(&self.in_flight, &self.max_in_flight);
+        let reply = loop {
+            match reply {
+                Reply::Gated { gate, then } => {
+                    if let Ok(permit) = gate.acquire().await {
+                        permit.forget();
+                    }
+                    reply = *then;
+                }
+                Reply::Delayed { ms, then } => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    reply = *then;
+                }
+                other => break other,
             }
-            reply = *then;
-        }
+        };
+        drop(in_flight);
         match reply {
-            Reply::Gated { .. } => unreachable!("unwrapped above"),
+            Reply::Gated { .. } | Reply::Delayed { .. } => unreachable!("unwrapped above"),
             Reply::Json { body, content_type } => {
                 Response::builder().header("content-type", content_type).body(full(body)).expect("response")
             }
@@ -240,6 +281,15 @@ impl Gate {
         let clock = ManualClock::new(T0);
         let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
         Gate { addr: running.addr, clock, running: Some(running) }
+    }
+
+    /// A gate on the system clock, for tests of real concurrency (its
+    /// `clock` field is unused).
+    pub async fn start_real(mock: &MockWeChat, rules: &str) -> Gate {
+        let text = config_text(&format!("http://{}", mock.addr), rules);
+        let config = Config::parse(&text, Path::new("test.toml")).expect("test config");
+        let running = wxgate::start(config, Arc::new(wxgate::clock::SystemClock)).await.expect("start wxgate");
+        Gate { addr: running.addr, clock: ManualClock::new(T0), running: Some(running) }
     }
 
     pub fn url(&self, path: &str) -> String {

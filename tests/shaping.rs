@@ -1,0 +1,155 @@
+//! Holding calls for their reserved slot (max_wait), the per-instance bound
+//! on held calls, clients that leave while held, and concurrency caps, all
+//! through a real listener.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+const SHAPED: &str = r#"
+[[rule]]
+name = "tpl"
+match = ["/cgi-bin/message/template/send"]
+limits = [{ count = 10, per = "10s", burst = 1 }]
+max_wait = "3s"
+"#;
+const PATH: &str = "/cgi-bin/message/template/send?access_token=T";
+
+/// Lets the other tasks run for a moment: long enough for a call that should
+/// NOT have been forwarded to have shown up at the mock if it wrongly was.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
+    let mock = MockWeChat::start().await;
+    let gate = Arc::new(Gate::start(&mock, SHAPED).await);
+    assert_eq!(gate.get(PATH).await.status, 200);
+    // 10 per 10 s, burst 1: the next slot is 1 s away, within max_wait.
+    let g = gate.clone();
+    let held = tokio::spawn(async move { g.get(PATH).await });
+    let g = gate.clone();
+    let held_later = tokio::spawn(async move { g.get(PATH).await });
+    settle().await;
+    assert_eq!(mock.count(), 1, "held, not forwarded yet");
+    gate.advance(Duration::from_millis(999));
+    settle().await;
+    assert_eq!(mock.count(), 1, "a millisecond early is still early");
+    gate.advance(Duration::from_millis(1));
+    let a = held.await.expect("held call");
+    assert_eq!(a.status, 200);
+    assert_eq!(mock.count(), 2);
+    // The other one reserved the slot after it: 2 s after the first call.
+    gate.advance(Duration::from_millis(1000));
+    assert_eq!(held_later.await.expect("second held call").status, 200);
+    assert_eq!(mock.count(), 3);
+}
+
+#[tokio::test]
+async fn a_slot_beyond_max_wait_is_refused_at_once() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, &SHAPED.replace("max_wait = \"3s\"", "max_wait = \"500ms\"")).await;
+    assert_eq!(gate.get(PATH).await.status, 200);
+    let a = gate.get(PATH).await;
+    assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("rate")));
+    assert_eq!(a.retry_after(), 1);
+    // Nothing was reserved: after 600 ms the next call waits only 400 ms.
+    gate.advance(Duration::from_millis(600));
+    let g = Arc::new(gate);
+    let g2 = g.clone();
+    let held = tokio::spawn(async move { g2.get(PATH).await });
+    settle().await;
+    g.advance(Duration::from_millis(400));
+    assert_eq!(held.await.expect("held").status, 200);
+}
+
+#[tokio::test]
+async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_place() {
+    let mock = MockWeChat::start().await;
+    let text = config_text(&format!("http://{}", mock.addr), SHAPED).replace("[server]\n", "[server]\nmax_held = 1\n");
+    let gate = Arc::new(Gate::start_text(&text).await);
+    assert_eq!(gate.get(PATH).await.status, 200);
+    // A raw client whose call gets held, then goes away.
+    let mut leaver = TcpStream::connect(gate.addr).await.expect("connect");
+    leaver.write_all(format!("GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
+    settle().await;
+    // The one place for a held call is taken: a call that would wait is refused.
+    let a = gate.get(PATH).await;
+    assert_eq!(a.status, 429, "max_held = 1 is in use by the held call");
+    drop(leaver);
+    settle().await;
+    // Its place is free again: this call is held (for the slot after the
+    // abandoned one, which stays used) and goes when its time comes.
+    let g = gate.clone();
+    let held = tokio::spawn(async move { g.get(PATH).await });
+    settle().await;
+    gate.advance(Duration::from_millis(1000));
+    settle().await;
+    assert_eq!(mock.count(), 1, "the abandoned call was never sent, and its slot was not reused");
+    gate.advance(Duration::from_millis(1000));
+    assert_eq!(held.await.expect("held").status, 200);
+    assert_eq!(mock.count(), 2);
+}
+
+const CAPPED: &str = r#"
+[[rule]]
+name = "remark"
+match = ["/cgi-bin/externalcontact/remark"]
+limits = []
+concurrency = 3
+"#;
+
+#[tokio::test]
+async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
+    let mock = MockWeChat::start().await;
+    let permits = Arc::new(Semaphore::new(0));
+    let p = permits.clone();
+    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
+    let gate = Arc::new(Gate::start_real(&mock, CAPPED).await);
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let g = gate.clone();
+        calls.push(tokio::spawn(async move { g.get("/cgi-bin/externalcontact/remark").await }));
+    }
+    while mock.in_flight().0 < 3 {
+        tokio::task::yield_now().await;
+    }
+    let a = gate.get("/cgi-bin/externalcontact/remark").await;
+    assert_eq!(a.status, 429);
+    assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
+    assert_eq!(a.json()["errcode"], 45009);
+    permits.add_permits(3);
+    for c in calls {
+        assert_eq!(c.await.expect("call").status, 200);
+    }
+    assert_eq!(mock.in_flight().1, 3);
+    // The slots came back when the answers were relayed.
+    permits.add_permits(1);
+    assert_eq!(gate.get("/cgi-bin/externalcontact/remark").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_load_never_exceeds_the_concurrency_cap_and_waits_for_slots() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::Delayed { ms: 30, then: Box::new(ok_reply()) });
+    let gate = Arc::new(Gate::start_real(&mock, &format!("{CAPPED}max_wait = \"10s\"\n")).await);
+    let mut calls = Vec::new();
+    for _ in 0..24 {
+        let g = gate.clone();
+        calls.push(tokio::spawn(async move { g.get("/cgi-bin/externalcontact/remark").await }));
+    }
+    for c in calls {
+        assert_eq!(c.await.expect("call").status, 200, "every call waited for a slot");
+    }
+    assert_eq!(mock.count(), 24);
+    let (_, max) = mock.in_flight();
+    assert!(max <= 3, "the mock saw {max} calls in flight at once");
+    assert_eq!(max, 3, "the cap was used");
+}
