@@ -20,6 +20,14 @@
 //!   without a conversion (spare tokens above the new capacity are gone).
 //! - A rejection's wait is the earliest moment at which every limit admits the
 //!   call, given no other traffic.
+//! - **Shaping.** When that moment is at most the rule's `max_wait` away the
+//!   call is admitted *for* that moment (its slot reserved, debited as if it
+//!   arrived then), and the guarantees hold for forward times.
+//! - **Warm-up.** For `warmup` after a cold start (no call for a whole warm-up
+//!   period) or a token refresh, the emission interval is `T / f`, f rising
+//!   linearly from ½ to 1: never faster than `T`, so still window-exact.
+//! - **Concurrency.** At most `concurrency` slots are held at once; a slot
+//!   whose lease ran out is free again.
 
 use std::sync::Arc;
 
