@@ -153,3 +153,40 @@ async fn parallel_load_never_exceeds_the_concurrency_cap_and_waits_for_slots() {
     assert!(max <= 3, "the mock saw {max} calls in flight at once");
     assert_eq!(max, 3, "the cap was used");
 }
+
+#[tokio::test]
+async fn a_token_refresh_through_wxgate_restarts_the_warm_up() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|r| {
+        if r.path_and_query.starts_with("/cgi-bin/token") {
+            Reply::Json { body: r#"{"access_token":"ACCESS","expires_in":7200}"#.into(), content_type: "text/plain" }
+        } else {
+            ok_reply()
+        }
+    });
+    let rules = r#"
+[[rule]]
+name = "tpl"
+match = ["/cgi-bin/message/template/send"]
+limits = [{ count = 10, per = "10s", burst = 1 }]
+warmup = "10s"
+"#;
+    let gate = Gate::start(&mock, rules).await;
+    // Cold start, then calls through the 10 s warm-up: afterwards, one per second.
+    assert_eq!(gate.get_as("appA", PATH).await.status, 200);
+    gate.advance(Duration::from_secs(5));
+    assert_eq!(gate.get_as("appA", PATH).await.status, 200);
+    gate.advance(Duration::from_secs(5));
+    assert_eq!(gate.get_as("appA", PATH).await.status, 200);
+    assert_eq!(gate.get_as("appA", PATH).await.retry_after(), 1);
+    gate.advance(Duration::from_secs(1));
+    // The account's token is refreshed through wxgate...
+    let t = gate.get_as("appA", "/cgi-bin/token?grant_type=client_credential&appid=A&secret=S").await;
+    assert_eq!(t.status, 200);
+    // ...so its rules ramp up again: one every 2 s right after it.
+    assert_eq!(gate.get_as("appA", PATH).await.status, 200);
+    let a = gate.get_as("appA", PATH).await;
+    assert_eq!((a.status.as_u16(), a.retry_after()), (429, 2));
+    // Another account's warm-up is untouched.
+    assert_eq!(gate.get_as("appB", PATH).await.status, 200);
+}
