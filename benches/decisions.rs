@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use wxgate::clock::SystemClock;
 use wxgate::config::Config;
 use wxgate::limit::{Decision, Rule};
-use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Store};
+use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Resilience, SharedStore, Store};
 
 const BEIJING: i64 = 8 * 3_600_000_000;
 
@@ -77,12 +77,16 @@ async fn main() {
         password: None,
         key_prefix: "bench".into(),
         timeout: Duration::from_secs(2),
+        resilience: Resilience::strict(),
     })
     .await
     .expect("connect to redis");
     let stores = [
         ("memory", Arc::new(Store::Memory(MemoryStore::new(Arc::new(SystemClock))))),
-        ("redis", Arc::new(Store::Redis(redis_store))),
+        (
+            "redis",
+            Arc::new(Store::Redis(SharedStore::new(redis_store, Arc::new(SystemClock), Resilience::strict(), true))),
+        ),
     ];
     let open = rule(r#"[{ count = 1000000000, per = "1h" }, { count = 1000000000, per = "day" }]"#);
     let shut = rule(r#"[{ count = 1, per = "1h" }, { count = 1000000000, per = "day" }]"#);

@@ -18,7 +18,7 @@ use crate::clock::Micros;
 use crate::limit::{Limit, Rule, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::routes::{Pattern, Routes};
-use crate::store::RedisConfig;
+use crate::store::{Fallback, RedisConfig, Resilience};
 
 /// A config that failed to load, with a message fit to show a user as is.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,10 @@ struct RawServer {
 struct RawStore {
     kind: Option<String>,
     lease: Option<String>,
+    fallback: Option<String>,
+    instances: Option<u32>,
+    breaker_failures: Option<u32>,
+    breaker_open: Option<String>,
     url: Option<String>,
     key_prefix: Option<String>,
     timeout: Option<String>,
@@ -311,7 +315,15 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
 fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigError> {
     match raw.kind.as_deref() {
         None | Some("memory") => {
-            for (key, given) in [("url", raw.url.is_some()), ("key_prefix", raw.key_prefix.is_some())] {
+            for (key, given) in [
+                ("url", raw.url.is_some()),
+                ("key_prefix", raw.key_prefix.is_some()),
+                ("timeout", raw.timeout.is_some()),
+                ("fallback", raw.fallback.is_some()),
+                ("instances", raw.instances.is_some()),
+                ("breaker_failures", raw.breaker_failures.is_some()),
+                ("breaker_open", raw.breaker_open.is_some()),
+            ] {
                 if given {
                     return Err(ctx.plain(format!("[store] {key}: only used with kind = \"redis\"")));
                 }
@@ -335,7 +347,33 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
                 return Err(ctx.plain("[store] timeout: must be more than 0"));
             }
             let password = std::env::var("WXGATE_REDIS_PASSWORD").ok().filter(|p| !p.is_empty());
-            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout }))
+            let fallback = match raw.fallback.as_deref() {
+                None | Some("local") => Fallback::Local,
+                Some("allow") => Fallback::Allow,
+                Some("deny") => Fallback::Deny,
+                Some(other) => {
+                    return Err(ctx.plain(format!(
+                        "[store] fallback: \"{other}\" is unknown (expected \"local\", \"allow\" or \"deny\")"
+                    )))
+                }
+            };
+            let instances = raw.instances.unwrap_or(1);
+            if instances == 0 {
+                return Err(ctx.plain("[store] instances: must be at least 1"));
+            }
+            let breaker_failures = raw.breaker_failures.unwrap_or(3);
+            if breaker_failures == 0 {
+                return Err(ctx.plain("[store] breaker_failures: must be at least 1"));
+            }
+            let breaker_open = match raw.breaker_open.as_deref() {
+                None => Duration::from_secs(1),
+                Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[store] breaker_open: {m}")))?,
+            };
+            if breaker_open < Duration::from_millis(10) {
+                return Err(ctx.plain("[store] breaker_open: must be at least 10ms"));
+            }
+            let resilience = Resilience { fallback, instances, breaker_failures, breaker_open };
+            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, resilience }))
         }
         Some(other) => {
             Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")))

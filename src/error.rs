@@ -64,8 +64,13 @@ impl ProxyError {
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let ProxyError::Throttled { rule, reason, wait_us } = &self {
-            mark_throttled(h, rule, *reason, *wait_us);
+        match &self {
+            ProxyError::Throttled { rule, reason, wait_us } => mark_throttled(h, rule, *reason, *wait_us),
+            ProxyError::Unavailable(_) => {
+                h.insert(RETRY_AFTER, HeaderValue::from(1));
+                h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));
+            }
+            _ => {}
         }
         resp
     }

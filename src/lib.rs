@@ -32,7 +32,7 @@ use crate::config::{Config, StoreConfig};
 use crate::proxy::App;
 use crate::server::Running;
 use crate::slots::Slots;
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{MemoryStore, RedisStore, SharedStore, Store, StoreError};
 use crate::upstream::Upstream;
 
 /// Builds the store `config` asks for. `clock` drives the memory store; the
@@ -40,7 +40,20 @@ use crate::upstream::Upstream;
 pub async fn build_store(config: &Config, clock: Arc<dyn Clock>) -> Result<Store, String> {
     Ok(match &config.store {
         StoreConfig::Memory => Store::Memory(MemoryStore::new(clock)),
-        StoreConfig::Redis(r) => Store::Redis(RedisStore::connect(r).await.map_err(|e| e.to_string())?),
+        StoreConfig::Redis(r) => {
+            let (redis, healthy) = match RedisStore::connect(r).await {
+                Ok(redis) => (redis, true),
+                // Unreachable now: start anyway, deciding by the fallback until
+                // the breaker's probe finds Redis. Any other error (a wrong
+                // password, a bad URL) is a configuration error.
+                Err(StoreError::Unreachable(e)) => {
+                    tracing::warn!(error = %e, fallback = ?r.resilience.fallback, "starting without Redis");
+                    (RedisStore::connect_later(r).await.map_err(|e| e.to_string())?, false)
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            Store::Redis(SharedStore::new(redis, clock, r.resilience.clone(), healthy))
+        }
     })
 }
 

@@ -5,6 +5,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod shared;
 
 use crate::clock::Micros;
 use crate::limit::{Decision, Rule};
@@ -12,12 +13,18 @@ use crate::penalty::PenaltyPolicy;
 
 pub use self::redis::{RedisConfig, RedisStore};
 pub use memory::MemoryStore;
+pub use shared::{Fallback, Resilience, SharedStore};
+
+use std::sync::Arc;
 
 /// A store could not decide (e.g. Redis unreachable or too slow).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Redis could not be reached at all (refused, timed out, dropped).
+    #[error("store unreachable: {0}")]
+    Unreachable(String),
 }
 
 /// What one call asks of the store besides its account and rule.
@@ -35,7 +42,7 @@ pub struct Asking<'a> {
 /// The configured store.
 pub enum Store {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    Redis(Arc<SharedStore>),
 }
 
 impl Store {
@@ -76,7 +83,7 @@ impl Store {
                 m.succeeded(account, rule, sent_at, offset_us);
                 Ok(())
             }
-            Store::Redis(r) => r.succeeded(account, rule, sent_at).await,
+            Store::Redis(r) => r.succeeded(account, rule, sent_at, offset_us).await,
         }
     }
 
@@ -87,7 +94,7 @@ impl Store {
                 m.release(account, rule, holder, offset_us);
                 Ok(())
             }
-            Store::Redis(r) => r.release(account, rule, holder).await,
+            Store::Redis(r) => r.release(account, rule, holder, offset_us).await,
         }
     }
 
@@ -105,7 +112,7 @@ impl Store {
                 m.renew(account, rule, holders, lease_us, offset_us);
                 Ok(())
             }
-            Store::Redis(r) => r.renew(account, rule, holders, lease_us).await,
+            Store::Redis(r) => r.renew(account, rule, holders, lease_us, offset_us).await,
         }
     }
 

@@ -13,7 +13,7 @@ use wxgate::clock::{Clock, ManualClock};
 use wxgate::config::Config;
 use wxgate::limit::{Decision, Reason, Rule};
 use wxgate::penalty::PenaltyPolicy;
-use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Store};
+use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Resilience, SharedStore, Store};
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;
@@ -378,13 +378,13 @@ async fn memory_and_redis_stores_decide_identically() {
             password: None,
             key_prefix: format!("conf-{}", s.name),
             timeout: Duration::from_secs(5),
+            resilience: Resilience::strict(),
         };
-        let shared = Store::Redis(
-            RedisStore::connect(&config)
-                .await
-                .expect("connect to test redis")
-                .with_fixed_clock(Arc::new(clock.clone())),
-        );
+        let redis_store = RedisStore::connect(&config)
+            .await
+            .expect("connect to test redis")
+            .with_fixed_clock(Arc::new(clock.clone()));
+        let shared = Store::Redis(SharedStore::new(redis_store, Arc::new(clock.clone()), Resilience::strict(), true));
         let from_memory = run(s, &memory, &clock).await;
         let from_redis = run(s, &shared, &clock).await;
         assert_eq!(from_memory, from_redis, "scenario {}: the stores disagree", s.name);
@@ -405,10 +405,20 @@ async fn memory_and_redis_stores_decide_identically() {
 #[tokio::test]
 async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();
-    let config =
-        RedisConfig { url: redis.url(), password: None, key_prefix: "wxgate".into(), timeout: Duration::from_secs(5) };
+    let config = RedisConfig {
+        url: redis.url(),
+        password: None,
+        key_prefix: "wxgate".into(),
+        timeout: Duration::from_secs(5),
+        resilience: Resilience::strict(),
+    };
     // Real Redis TIME this time: production mode.
-    let store = Store::Redis(RedisStore::connect(&config).await.expect("connect"));
+    let store = Store::Redis(SharedStore::new(
+        RedisStore::connect(&config).await.expect("connect"),
+        Arc::new(wxgate::clock::SystemClock),
+        Resilience::strict(),
+        true,
+    ));
     let (rule, _, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
     assert!(matches!(store.acquire("wxAPPID", &rule, &asking).await, std::result::Result::Ok(Decision::Admit { .. })));

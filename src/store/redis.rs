@@ -15,6 +15,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
+use super::shared::Resilience;
 use super::{Asking, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::limit::{Decision, Limit, Reason, Rule};
@@ -23,6 +24,9 @@ use crate::penalty::{PenaltyLength, PenaltyPolicy};
 pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
 pub const PENALISE_LUA: &str = include_str!("../../lua/penalise.lua");
 pub const SUCCEEDED_LUA: &str = include_str!("../../lua/succeeded.lua");
+/// How long start-up waits for Redis before starting degraded.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 pub const WARM_LUA: &str = include_str!("../../lua/warm.lua");
 
 /// `[store] kind = "redis"`.
@@ -35,6 +39,8 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Budget for one decision, round trip included.
     pub timeout: Duration,
+    /// What to do while Redis cannot answer.
+    pub resilience: Resilience,
 }
 
 pub struct RedisStore {
@@ -50,8 +56,7 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects and loads the scripts (SCRIPT LOAD); fails if Redis does not answer.
-    pub async fn connect(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
+    async fn open(cfg: &RedisConfig, lazy: bool) -> Result<RedisStore, StoreError> {
         let mut info: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(cfg.url.as_str())
             .map_err(|e| StoreError::Unavailable(format!("[store] url: {e}")))?;
         if let Some(pw) = &cfg.password {
@@ -62,14 +67,34 @@ impl RedisStore {
         }
         // The address only: the URL may carry the password.
         let at = info.addr().to_string();
-        let cannot = |e: redis::RedisError| StoreError::Unavailable(format!("cannot use Redis at {at}: {e}"));
+        let cannot = |e: redis::RedisError| {
+            let msg = format!("cannot use Redis at {at}: {e}");
+            if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
+                StoreError::Unreachable(msg)
+            } else {
+                StoreError::Unavailable(msg)
+            }
+        };
         let client = redis::Client::open(info).map_err(cannot)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
             .set_response_timeout(Some(cfg.timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client, manager_config).await.map_err(cannot)?;
+        let conn = if lazy {
+            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(cannot)?
+        } else {
+            match tokio::time::timeout(CONNECT_TIMEOUT, ConnectionManager::new_with_config(client, manager_config))
+                .await
+            {
+                Ok(conn) => conn.map_err(cannot)?,
+                Err(_) => {
+                    return Err(StoreError::Unreachable(format!(
+                        "cannot use Redis at {at}: no answer within {CONNECT_TIMEOUT:?}"
+                    )))
+                }
+            }
+        };
         let store = RedisStore {
             conn,
             prefix: cfg.key_prefix.clone(),
@@ -80,11 +105,34 @@ impl RedisStore {
             succeeded: Script::new(SUCCEEDED_LUA),
             warm: Script::new(WARM_LUA),
         };
-        let mut conn = store.conn.clone();
-        for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm] {
-            script.prepare_invoke().load_async(&mut conn).await.map_err(cannot)?;
+        if !lazy {
+            let mut conn = store.conn.clone();
+            for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm] {
+                match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
+                    Ok(loaded) => loaded.map_err(cannot)?,
+                    Err(_) => {
+                        return Err(StoreError::Unreachable(format!("cannot use Redis at {at}: SCRIPT LOAD timed out")))
+                    }
+                };
+            }
         }
         Ok(store)
+    }
+
+    /// Connects and loads the scripts; fails on any error (tests, strict start).
+    pub async fn connect(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
+        Self::open(cfg, false).await
+    }
+
+    /// A store whose connection is made on first use, for starting while
+    /// Redis is unreachable (scripts load on the first NOSCRIPT).
+    pub async fn connect_later(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
+        Self::open(cfg, true).await
+    }
+
+    /// Whether Redis answers a PING within the decision timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.query::<String>(redis::cmd("PING")).await.map(|_| ())
     }
 
     /// Tests only: decide on `clock`'s time instead of Redis `TIME`.

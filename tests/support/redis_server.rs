@@ -11,6 +11,7 @@ pub struct RedisServer {
     pub port: u16,
     child: Child,
     dir: PathBuf,
+    args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -26,20 +27,13 @@ impl RedisServer {
     }
 
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let bin = std::env::var("WXGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _attempt in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("wxgate-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("redis dir");
-            let child = Command::new(&bin)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot run {bin} (install redis-server): {e}"));
-            let mut server = RedisServer { port, child, dir };
+            let child = spawn(port, &dir, &args);
+            let mut server = RedisServer { port, child, dir, args: args.clone() };
             if server.wait_ready(Duration::from_secs(10)) {
                 return server;
             }
@@ -47,6 +41,28 @@ impl RedisServer {
             let _ = server.child.kill();
         }
         panic!("redis-server did not start");
+    }
+
+    /// Kills the server (like a crash); [`RedisServer::restart`] brings it back on the same port.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a fresh, empty server on the same port.
+    pub fn restart(&mut self) {
+        self.child = spawn(self.port, &self.dir, &self.args);
+        assert!(self.wait_ready(Duration::from_secs(10)), "redis-server did not come back");
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        signal(self.child.id(), "-STOP");
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        signal(self.child.id(), "-CONT");
     }
 
     fn wait_ready(&mut self, limit: Duration) -> bool {
@@ -74,6 +90,10 @@ impl RedisServer {
         s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
     }
 
+    fn resume_quietly(&self) {
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -89,8 +109,26 @@ impl RedisServer {
     }
 }
 
+fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    let bin = std::env::var("WXGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    Command::new(&bin)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {bin} (install redis-server): {e}"))
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        self.resume_quietly();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);

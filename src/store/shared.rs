@@ -1,0 +1,271 @@
+//! The Redis store with its safety net: a per-decision timeout, a circuit
+//! breaker, and a fallback for when Redis cannot answer.
+//!
+//! - Every Redis call has `[store] timeout`. A call that fails or times out
+//!   is decided by `[store] fallback`: `local` (in-process, each limit divided
+//!   by `[store] instances`), `allow` (forward unthrottled) or `deny` (503).
+//! - After `breaker_failures` failures in a row the breaker opens: calls stop
+//!   waiting on Redis and go straight to the fallback, while a background
+//!   probe PINGs Redis every `breaker_open`. The first answer closes it and
+//!   shared decisions resume by themselves.
+//! - Degraded decisions are counted and logged at most once per 10 s.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Asking, MemoryStore, RedisStore, StoreError};
+use crate::clock::{Clock, Micros};
+use crate::limit::{Decision, Limit, Rule, WindowLimit};
+use crate::penalty::PenaltyPolicy;
+
+/// What to do when Redis cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Decide in-process, each limit divided by the expected instance count.
+    Local,
+    /// Forward unthrottled.
+    Allow,
+    /// Refuse with 503.
+    Deny,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resilience {
+    pub fallback: Fallback,
+    /// Expected number of wxgate instances sharing the limits.
+    pub instances: u32,
+    pub breaker_failures: u32,
+    pub breaker_open: Duration,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience {
+            fallback: Fallback::Local,
+            instances: 1,
+            breaker_failures: 3,
+            breaker_open: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Resilience {
+    /// No fallback at all: every Redis failure is an error (tests, benchmarks).
+    pub fn strict() -> Self {
+        Resilience { fallback: Fallback::Deny, ..Resilience::default() }
+    }
+}
+
+/// Circuit-breaker state, readable by metrics and health checks.
+#[derive(Default)]
+pub struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
+    /// Decisions made without Redis since start.
+    pub degraded: AtomicU64,
+    log: Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl Breaker {
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    fn succeeded(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+
+    /// Returns true when this failure opened the breaker.
+    fn failed(&self, threshold: u32) -> bool {
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        n >= threshold && !self.open.swap(true, Ordering::AcqRel)
+    }
+
+    fn close(&self) {
+        self.failures.store(0, Ordering::Release);
+        self.open.store(false, Ordering::Release);
+    }
+
+    /// Counts one degraded decision; logs the first of a run at once and then
+    /// at most one summary line per [`LOG_EVERY`].
+    fn degraded(&self, why: &StoreError, fallback: Fallback) {
+        self.degraded.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.unlogged += 1;
+        let due = log.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
+        if due {
+            tracing::warn!(error = %why, ?fallback, decisions = log.unlogged, "Redis unavailable: deciding without it");
+            log.last = Some(Instant::now());
+            log.unlogged = 0;
+        }
+    }
+}
+
+pub struct SharedStore {
+    redis: RedisStore,
+    local: MemoryStore,
+    pub resilience: Resilience,
+    pub breaker: Arc<Breaker>,
+}
+
+impl SharedStore {
+    /// Wraps `redis`; `clock` drives the local fallback store. `healthy`
+    /// false starts with the breaker open (Redis was down at start-up).
+    pub fn new(redis: RedisStore, clock: Arc<dyn Clock>, resilience: Resilience, healthy: bool) -> Arc<SharedStore> {
+        let store = Arc::new(SharedStore {
+            redis,
+            local: MemoryStore::new(clock),
+            resilience,
+            breaker: Arc::new(Breaker::default()),
+        });
+        if !healthy {
+            store.breaker.open.store(true, Ordering::Release);
+        }
+        Self::spawn_probe(Arc::downgrade(&store));
+        store
+    }
+
+    /// While the breaker is open, PINGs Redis every `breaker_open`; closes it
+    /// at the first answer. Ends when the store is dropped.
+    fn spawn_probe(store: Weak<SharedStore>) {
+        tokio::spawn(async move {
+            loop {
+                let every = match store.upgrade() {
+                    Some(s) => s.resilience.breaker_open,
+                    None => return,
+                };
+                tokio::time::sleep(every).await;
+                let Some(s) = store.upgrade() else { return };
+                if s.breaker.is_open() && s.redis.ping().await.is_ok() {
+                    s.breaker.close();
+                    let degraded = s.breaker.degraded.load(Ordering::Relaxed);
+                    tracing::warn!(degraded_so_far = degraded, "Redis answers again: shared decisions resumed");
+                }
+            }
+        });
+    }
+
+    fn failed(&self, e: &StoreError) {
+        if self.breaker.failed(self.resilience.breaker_failures) {
+            tracing::warn!(error = %e, "Redis circuit breaker open: not waiting on Redis until it answers a probe");
+        }
+    }
+
+    /// Runs `op` on Redis unless the breaker is open; `Err` means "use the fallback".
+    async fn try_redis<T, F: std::future::Future<Output = Result<T, StoreError>>>(
+        &self,
+        op: impl FnOnce() -> F,
+    ) -> Result<T, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::Unavailable("circuit breaker open".into()));
+        }
+        match op().await {
+            Ok(v) => {
+                self.breaker.succeeded();
+                Ok(v)
+            }
+            Err(e) => {
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
+        let e = match self.try_redis(|| self.redis.acquire(account, rule, asking)).await {
+            Ok(d) => return Ok(d),
+            Err(e) => e,
+        };
+        self.breaker.degraded(&e, self.resilience.fallback);
+        match self.resilience.fallback {
+            Fallback::Local => {
+                let scaled = scale(rule, self.resilience.instances);
+                Ok(self.local.acquire(account, &scaled, asking))
+            }
+            Fallback::Allow => Ok(Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false }),
+            Fallback::Deny => Err(e),
+        }
+    }
+
+    pub async fn penalise(
+        &self,
+        account: &str,
+        rule: &Rule,
+        policy: &PenaltyPolicy,
+        sent_at: Micros,
+        offset_us: Micros,
+    ) -> Result<(Micros, Micros), StoreError> {
+        match self.try_redis(|| self.redis.penalise(account, rule, policy, sent_at, offset_us)).await {
+            Ok(v) => Ok(v),
+            // At least this instance honours it.
+            Err(_) => Ok(self.local.penalise(account, rule, policy, sent_at, offset_us)),
+        }
+    }
+
+    pub async fn succeeded(
+        &self,
+        account: &str,
+        rule: &Rule,
+        sent_at: Micros,
+        offset_us: Micros,
+    ) -> Result<(), StoreError> {
+        self.local.succeeded(account, rule, sent_at, offset_us);
+        self.try_redis(|| self.redis.succeeded(account, rule, sent_at)).await
+    }
+
+    pub async fn release(&self, account: &str, rule: &Rule, holder: &str, offset_us: Micros) -> Result<(), StoreError> {
+        // The slot may have come from either store; freeing an absent holder is a no-op.
+        self.local.release(account, rule, holder, offset_us);
+        self.try_redis(|| self.redis.release(account, rule, holder)).await
+    }
+
+    pub async fn renew(
+        &self,
+        account: &str,
+        rule: &Rule,
+        holders: &[&str],
+        lease_us: Micros,
+        offset_us: Micros,
+    ) -> Result<(), StoreError> {
+        self.local.renew(account, rule, holders, lease_us, offset_us);
+        self.try_redis(|| self.redis.renew(account, rule, holders, lease_us)).await
+    }
+
+    pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
+        self.local.token_refreshed(account);
+        self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await
+    }
+}
+
+/// `rule` with every count, burst and concurrency cap divided by `instances`
+/// (rounded down, at least 1): what one of that many instances may use alone.
+pub fn scale(rule: &Rule, instances: u32) -> Rule {
+    let n = u64::from(instances.max(1));
+    let mut scaled = rule.clone();
+    scaled.limits = rule
+        .limits
+        .iter()
+        .map(|l| match *l {
+            Limit::Window(w) => {
+                let count = (w.count / n).max(1);
+                Limit::Window(WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count)))
+            }
+            Limit::Calendar { count, period } => Limit::Calendar { count: (count / n).max(1), period },
+        })
+        .collect();
+    if rule.concurrency > 0 {
+        scaled.concurrency = (rule.concurrency / instances.max(1)).max(1);
+    }
+    scaled
+}

@@ -1,0 +1,211 @@
+//! Redis outages with a real redis-server process: killed under load and
+//! restarted, frozen with SIGSTOP (accepts connections, answers nothing),
+//! down at start-up; and each fallback mode. Every call must get exactly one
+//! answer, none may wait much longer than `[store] timeout`, and shared
+//! decisions must resume by themselves.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use support::redis_server::RedisServer;
+use support::*;
+
+const TIMEOUT_MS: u64 = 100;
+/// Scheduling slack allowed on top of the timeout on a loaded 2-core machine.
+const MARGIN_MS: u64 = 400;
+
+fn rules(redis: &RedisServer, fallback: &str, limits: &str) -> String {
+    format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"{TIMEOUT_MS}ms\"\nfallback = \"{fallback}\"\n\
+         instances = 2\nbreaker_failures = 3\nbreaker_open = \"200ms\"\n\n\
+         [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = {limits}\n",
+        redis.url()
+    )
+}
+
+const OPEN: &str = r#"[{ count = 100000, per = "1s" }, { count = 10000000, per = "day" }]"#;
+
+/// Outcome of every call made while the load ran.
+#[derive(Default)]
+struct Tally {
+    statuses: Vec<u16>,
+    worst: Duration,
+    errors: usize,
+}
+
+/// 8 clients calling in a loop until `stop`.
+fn load(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            let tally = tally.clone();
+            tokio::spawn(async move {
+                let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+                let uri: http::Uri =
+                    format!("http://{addr}/cgi-bin/message/custom/send?access_token=T").parse().expect("uri");
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let req = http::Request::post(uri.clone()).body(Full::new(Bytes::from_static(b"{}"))).expect("req");
+                    let result = match client.request(req).await {
+                        Ok(resp) => {
+                            let status = resp.status().as_u16();
+                            resp.into_body().collect().await.map(|_| status).map_err(|_| ())
+                        }
+                        Err(_) => Err(()),
+                    };
+                    let took = started.elapsed();
+                    let mut t = tally.lock().expect("tally");
+                    match result {
+                        Ok(status) => t.statuses.push(status),
+                        Err(()) => t.errors += 1,
+                    }
+                    t.worst = t.worst.max(took);
+                }
+            })
+        })
+        .collect()
+}
+
+/// Count of decisions Redis has recorded for the rule today.
+fn redis_count(redis: &RedisServer) -> i64 {
+    let reply = redis.command("HGET wxgate:{default}:send day.n");
+    reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn run_phase(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_then_restarted() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let clients = load(gate.addr, stop.clone(), tally.clone());
+    run_phase(Duration::from_millis(300)).await;
+    assert!(redis_count(&redis) > 0, "shared decisions before the outage");
+    redis.stop();
+    run_phase(Duration::from_millis(1000)).await;
+    redis.restart();
+    // A fresh, empty Redis (no scripts, no state): shared decisions resume by themselves.
+    until("shared decisions after the restart", Duration::from_secs(10), || redis_count(&redis) > 0).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let t = tally.lock().expect("tally");
+    let sent = t.statuses.len() + t.errors;
+    eprintln!(
+        "redis killed: {sent} calls sent, {} answered 200, {} errors, slowest {:?}, mock saw {}",
+        t.statuses.iter().filter(|&&s| s == 200).count(),
+        t.errors,
+        t.worst,
+        mock.count()
+    );
+    assert_eq!(t.errors, 0, "every call got an answer");
+    assert!(t.statuses.iter().all(|&s| s == 200), "local fallback admits within the (halved) limits");
+    assert_eq!(mock.count(), sent, "each call reached WeChat exactly once");
+    assert!(t.worst <= Duration::from_millis(TIMEOUT_MS + MARGIN_MS), "a call waited {:?}", t.worst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_with_sigstop_costs_at_most_the_timeout() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let clients = load(gate.addr, stop.clone(), tally.clone());
+    run_phase(Duration::from_millis(300)).await;
+    redis.pause();
+    run_phase(Duration::from_millis(1000)).await;
+    let during = tally.lock().expect("tally").statuses.len();
+    redis.resume();
+    let before = redis_count(&redis);
+    until("shared decisions after SIGCONT", Duration::from_secs(10), || redis_count(&redis) > before).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let t = tally.lock().expect("tally");
+    eprintln!(
+        "redis frozen: {} calls ({during} by the end of the freeze), {} errors, slowest {:?}",
+        t.statuses.len() + t.errors,
+        t.errors,
+        t.worst
+    );
+    assert_eq!(t.errors, 0);
+    assert!(t.statuses.iter().all(|&s| s == 200));
+    assert!(t.worst <= Duration::from_millis(TIMEOUT_MS + MARGIN_MS), "a call waited {:?}", t.worst);
+}
+
+#[tokio::test]
+async fn local_fallback_divides_each_limit_by_the_instance_count() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_real(&mock, &rules(&redis, "local", r#"[{ count = 10, per = "day" }]"#)).await;
+    redis.stop();
+    // instances = 2: this instance alone may use 5 of the 10.
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(gate.get("/cgi-bin/message/custom/send").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+}
+
+#[tokio::test]
+async fn deny_and_allow_fallbacks() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let limits = r#"[{ count = 1, per = "day" }]"#;
+    let deny = Gate::start_real(&mock, &rules(&redis, "deny", limits)).await;
+    let allow = Gate::start_real(&mock, &rules(&redis, "allow", limits)).await;
+    redis.stop();
+    let a = deny.get("/cgi-bin/message/custom/send").await;
+    assert_eq!(a.status, 503);
+    assert_eq!(a.header("retry-after"), Some("1"));
+    assert_eq!(a.header("x-wxgate-reason"), Some("unavailable"));
+    assert_eq!(a.json()["errcode"], -1);
+    assert_eq!(mock.count(), 0);
+    for _ in 0..3 {
+        assert_eq!(allow.get("/cgi-bin/message/custom/send").await.status, 200, "unthrottled while Redis is down");
+    }
+    assert_eq!(mock.count(), 3);
+}
+
+#[tokio::test]
+async fn starts_while_redis_is_down_and_joins_it_when_it_comes() {
+    let mut redis = RedisServer::start();
+    redis.stop();
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200, "serving in fallback");
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_count(&redis) == 0 {
+        assert!(Instant::now() < deadline, "never joined Redis");
+        assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
