@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::clock::Micros;
+use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::{Decision, Reason, Rule};
 use crate::proxy::App;
@@ -60,8 +61,8 @@ fn take_permit(held: &Held, max: usize) -> Option<HeldPermit<'_>> {
 }
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
-pub async fn admit(app: &App, account: &str, rule: &Arc<Rule>, offset_us: Micros) -> Result<Admitted, ProxyError> {
-    let config = app.config.load();
+pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) -> Result<Admitted, ProxyError> {
+    let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
     let permit = if rule.max_wait_us > 0 { take_permit(&app.held, config.server.max_held) } else { None };

@@ -53,6 +53,12 @@ pub struct Server {
     /// Most calls this instance holds at once for shaping; past it, calls
     /// that would be held are refused instead.
     pub max_held: usize,
+    /// On SIGTERM/SIGINT, how long calls in flight may take to finish.
+    pub shutdown_timeout: Duration,
+    /// How long a client may take to send a request head.
+    pub header_timeout: Duration,
+    /// Largest request body forwarded; larger ones get 413.
+    pub max_body: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +70,9 @@ pub enum StoreConfig {
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_HELD: usize = 10_000;
+/// WeChat media uploads go up to tens of MB (WeCom files 20 MB, OA videos
+/// 10–20 MB): 64 MiB leaves room and still stops a runaway body.
+const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
 /// Longest `max_wait`: a held call keeps its client's connection open.
 const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
 
@@ -92,6 +101,9 @@ struct RawServer {
     upstream_ca: Option<PathBuf>,
     quota_timezone: Option<String>,
     max_held: Option<usize>,
+    shutdown_timeout: Option<String>,
+    header_timeout: Option<String>,
+    max_body: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -309,7 +321,30 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
         }
     }
     let max_held = raw.max_held.unwrap_or(DEFAULT_MAX_HELD);
-    Ok(Server { listen, upstream, upstream_timeout, upstream_ca: raw.upstream_ca, quota_offset_us, max_held })
+    let duration = |key: &str, given: &Option<String>, default: Duration| match given.as_deref() {
+        None => Ok(default),
+        Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[server] {key}: {m}"))),
+    };
+    let shutdown_timeout = duration("shutdown_timeout", &raw.shutdown_timeout, Duration::from_secs(30))?;
+    let header_timeout = duration("header_timeout", &raw.header_timeout, Duration::from_secs(10))?;
+    if header_timeout.is_zero() {
+        return Err(ctx.plain("[server] header_timeout: must be more than 0"));
+    }
+    let max_body = match raw.max_body.as_deref() {
+        None => DEFAULT_MAX_BODY,
+        Some(t) => parse_size(t).map_err(|m| ctx.plain(format!("[server] max_body: \"{t}\": {m}")))?,
+    };
+    Ok(Server {
+        listen,
+        upstream,
+        upstream_timeout,
+        upstream_ca: raw.upstream_ca,
+        quota_offset_us,
+        max_held,
+        shutdown_timeout,
+        header_timeout,
+        max_body,
+    })
 }
 
 fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigError> {
@@ -462,6 +497,25 @@ fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
             Ok(Limit::Window(WindowLimit::new(l.count, per_us, burst)))
         }
     }
+}
+
+/// Parses a size: `"64MiB"`, `"10MB"`, `"512KiB"`, `"1048576"` (bytes).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| "expected a size such as \"64MiB\"".to_string())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit \"{other}\" (use B, KB, KiB, MB, MiB, GB, GiB)")),
+    };
+    n.checked_mul(mult).filter(|&b| b > 0).ok_or_else(|| "must be more than 0 and fit in 64 bits".to_string())
 }
 
 /// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1h"` (humantime syntax).

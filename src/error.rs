@@ -31,6 +31,8 @@ pub enum ProxyError {
     Upstream(#[from] UpstreamError),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
@@ -44,6 +46,9 @@ impl ProxyError {
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Upstream(UpstreamError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream(UpstreamError::BodyTooLarge) | ProxyError::TooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -51,7 +56,8 @@ impl ProxyError {
 
     fn errcode(&self) -> i64 {
         match self {
-            ProxyError::BadRequest(_) => ERRCODE_BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => ERRCODE_BAD_REQUEST,
+            ProxyError::Upstream(UpstreamError::BodyTooLarge) => ERRCODE_BAD_REQUEST,
             ProxyError::Throttled { .. } => ERRCODE_THROTTLED,
             ProxyError::Upstream(_) | ProxyError::Unavailable(_) => ERRCODE_SYSTEM,
         }

@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod limit;
 pub mod penalty;
 pub mod proxy;
+pub mod reload;
 pub mod routes;
 pub mod server;
 pub mod slots;
@@ -30,6 +31,7 @@ use crate::admit::Held;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::proxy::App;
+use crate::reload::Reloads;
 use crate::server::Running;
 use crate::slots::Slots;
 use crate::store::{MemoryStore, RedisStore, SharedStore, Store, StoreError};
@@ -65,10 +67,11 @@ pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<
     let app = Arc::new(App {
         config: ArcSwap::from_pointee(config),
         store: Arc::new(store),
-        upstream,
+        upstream: ArcSwap::from_pointee(upstream),
         clock,
         slots: Arc::new(Slots::new()),
         held: Held::default(),
+        reloads: Reloads::default(),
     });
     Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
     Ok(app)
@@ -84,7 +87,11 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Str
 /// driven by a manual clock).
 pub async fn start_with_store(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Running, String> {
     let listen = config.server.listen;
+    let source = config.source.clone();
     let app = build_app(config, store, clock)?;
+    if source.is_file() {
+        reload::spawn(Arc::downgrade(&app), source);
+    }
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     server::serve(listener, app).map_err(|e| e.to_string())

@@ -62,6 +62,7 @@ fn run(config: Config) -> ExitCode {
     };
     runtime.block_on(async move {
         let upstream = config.server.upstream.clone();
+        let shutdown_timeout = config.server.shutdown_timeout;
         let rules = config.rules.len();
         let running = match wxgate::start(config, Arc::new(SystemClock)).await {
             Ok(r) => r,
@@ -72,8 +73,10 @@ fn run(config: Config) -> ExitCode {
         };
         tracing::info!(listen = %running.addr, %upstream, rules, "wxgate serving");
         shutdown_signal().await;
-        tracing::info!("shutting down: finishing calls in flight");
-        running.shutdown(Duration::from_secs(30)).await;
+        tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections; finishing calls in flight");
+        if running.shutdown(shutdown_timeout).await {
+            tracing::info!("all calls finished; bye");
+        }
         ExitCode::SUCCESS
     })
 }

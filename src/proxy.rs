@@ -19,6 +19,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HOST;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body_util::Limited;
 use hyper::body::Incoming;
 
 use crate::admit::{admit, Held};
@@ -28,6 +29,7 @@ use crate::config::{valid_account, Config};
 use crate::error::{mark_throttled, retry_after_secs, ProxyError};
 use crate::inspect::{sniff, Verdict};
 use crate::limit::Reason;
+use crate::reload::Reloads;
 use crate::routes::normalise;
 use crate::slots::Slots;
 use crate::store::Store;
@@ -45,12 +47,14 @@ const TOKEN_PATHS: [&str; 3] = ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi
 pub struct App {
     pub config: ArcSwap<Config>,
     pub store: Arc<Store>,
-    pub upstream: Upstream,
+    /// Swapped by a reload that changes the upstream settings.
+    pub upstream: ArcSwap<Upstream>,
     pub clock: Arc<dyn Clock>,
     /// Concurrency slots held by this instance's calls.
     pub slots: Arc<Slots>,
     /// Calls held for shaping right now.
     pub held: Held,
+    pub reloads: Reloads,
 }
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
@@ -89,6 +93,19 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
     };
     let account = account_of(req.headers())?;
+    // Counted before anything is decided or forwarded; a streamed body that
+    // grows past the cap is cut off on the way (413 as well).
+    let max_body = config.server.max_body;
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body) {
+        return Err(ProxyError::TooLarge(format!(
+            "the request body is larger than {max_body} bytes ([server] max_body)"
+        )));
+    }
 
     // 2. route
     let path = req.uri().path().to_owned();
@@ -98,20 +115,20 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     // 3. decide (and hold, or wait for a concurrency slot)
     let admitted = match &rule {
         None => None,
-        Some(rule) => Some(admit(app, &account, rule, offset).await?),
+        Some(rule) => Some(admit(app, &config, &account, rule).await?),
     };
 
     // 4. forward
+    let upstream = app.upstream.load_full();
     let (mut parts, body) = req.into_parts();
-    parts.uri = app
-        .upstream
+    parts.uri = upstream
         .target(&path_and_query)
         .map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(HOST);
     parts.headers.remove(ACCOUNT_HEADER);
-    let resp = app.upstream.send(Request::from_parts(parts, body)).await?;
+    let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body as usize))).await?;
 
     // 5. inspect
     let (mut parts, body, verdict) =

@@ -14,23 +14,34 @@ use tokio::task::JoinHandle;
 
 use crate::proxy::{handle, App};
 
-/// How long a client may take to send its request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head (request line + headers); larger gets 431.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields in one request; more gets 431.
+const MAX_HEADERS: usize = 100;
 
 /// A running listener. Dropping it does not stop it; call [`Running::shutdown`].
 pub struct Running {
     pub addr: SocketAddr,
+    pub app: Arc<App>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl Running {
-    /// Stops accepting, lets calls in flight finish (up to `deadline`), returns.
-    pub async fn shutdown(self, deadline: Duration) {
+    /// Stops accepting, lets calls in flight and held calls finish (up to
+    /// `deadline`), then waits briefly for their concurrency slots to be
+    /// released in the store. Returns false if calls were still in flight at
+    /// the deadline (they are cut off; their leases run out by themselves).
+    pub async fn shutdown(self, deadline: Duration) -> bool {
         let _ = self.stop.send(true);
-        if tokio::time::timeout(deadline, self.task).await.is_err() {
+        let finished = tokio::time::timeout(deadline, self.task).await.is_ok();
+        if !finished {
             tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
         }
+        if !self.app.slots.wait_released(Duration::from_secs(2)).await {
+            tracing::warn!("some concurrency slots were not released; their leases will run out");
+        }
+        finished
     }
 
     /// Waits until the listener stops (after a shutdown request).
@@ -47,6 +58,7 @@ impl Running {
 pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
+    let running_app = app.clone();
     let task = tokio::spawn(async move {
         let graceful = GracefulShutdown::new();
         loop {
@@ -63,6 +75,7 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
                 _ = stopped.changed() => break,
             };
             let _ = stream.set_nodelay(true);
+            let header_timeout = app.config.load().server.header_timeout;
             let app = app.clone();
             let service = service_fn(move |req| {
                 let app = app.clone();
@@ -70,7 +83,9 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(header_timeout)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .max_headers(MAX_HEADERS)
                 .serve_connection(TokioIo::new(stream), service);
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
@@ -82,5 +97,5 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
         drop(listener);
         graceful.shutdown().await;
     });
-    Ok(Running { addr, stop, task })
+    Ok(Running { addr, app: running_app, stop, task })
 }

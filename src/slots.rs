@@ -31,6 +31,8 @@ pub struct Slots {
     instance: String,
     counter: AtomicU64,
     live: Mutex<HashMap<String, Live>>,
+    /// Releases sent to the store and not yet answered.
+    releasing: AtomicU64,
     /// Woken each time one of this instance's slots has been freed.
     pub freed: Notify,
 }
@@ -39,7 +41,13 @@ impl Slots {
     pub fn new() -> Slots {
         let instance =
             format!("{:016x}", std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id()));
-        Slots { instance, counter: AtomicU64::new(0), live: Mutex::default(), freed: Notify::new() }
+        Slots {
+            instance,
+            counter: AtomicU64::new(0),
+            live: Mutex::default(),
+            releasing: AtomicU64::new(0),
+            freed: Notify::new(),
+        }
     }
 
     /// A fresh holder id: `<instance>:<n>`.
@@ -58,6 +66,23 @@ impl Slots {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Waits until every slot of this instance is freed in the store, or
+    /// `limit` passes; true if all were.
+    pub async fn wait_released(&self, limit: Duration) -> bool {
+        let settled = async {
+            loop {
+                let freed = self.freed.notified();
+                tokio::pin!(freed);
+                freed.as_mut().enable();
+                if self.is_empty() && self.releasing.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                freed.await;
+            }
+        };
+        tokio::time::timeout(limit, settled).await.is_ok()
     }
 
     /// Records a slot the store granted; it is freed when the guard drops.
@@ -124,6 +149,7 @@ impl Drop for SlotGuard {
     fn drop(&mut self) {
         self.slots.live().remove(&self.holder);
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        self.slots.releasing.fetch_add(1, Ordering::AcqRel);
         let slots = self.slots.clone();
         let store = self.store.clone();
         let account = std::mem::take(&mut self.account);
@@ -135,6 +161,7 @@ impl Drop for SlotGuard {
                 // The lease runs out by itself; until then the slot stays taken.
                 tracing::warn!(rule = %rule.name, error = %e, "could not free a concurrency slot");
             }
+            slots.releasing.fetch_sub(1, Ordering::AcqRel);
             slots.freed.notify_waiters();
         });
     }

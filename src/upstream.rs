@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, Uri};
+use http_body_util::{LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -28,11 +29,14 @@ pub enum UpstreamError {
     Failed(String),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// The client's streamed body went over `[server] max_body`.
+    #[error("the request body is larger than [server] max_body")]
+    BodyTooLarge,
 }
 
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Limited<Incoming>>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     base_path: String,
@@ -86,11 +90,12 @@ impl Upstream {
     }
 
     /// Sends one request, once. `Host` is set from the target URI.
-    pub async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, req: Request<Limited<Incoming>>) -> Result<Response<Incoming>, UpstreamError> {
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
+            Ok(Err(e)) if body_too_large(&e) => Err(UpstreamError::BodyTooLarge),
             Ok(Err(e)) => Err(UpstreamError::Failed(error_chain(&e))),
         }
     }
@@ -108,6 +113,17 @@ fn add_pem_roots(roots: &mut RootCertStore, path: &Path) -> Result<(), String> {
         roots.add(c).map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+fn body_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut src = Some(e);
+    while let Some(err) = src {
+        if err.is::<LengthLimitError>() {
+            return true;
+        }
+        src = err.source();
+    }
+    false
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -1,0 +1,130 @@
+//! Hot reload: the config file is watched (inotify, through `notify`) and
+//! SIGHUP also triggers a reload.
+//!
+//! A new config is fully loaded and validated before anything changes; it is
+//! then swapped in atomically, so each call runs under exactly one config:
+//! the one it started with. An invalid file is refused with its error logged,
+//! and the old rules stay. `listen` and `[store]` need a restart: a reload
+//! that changes them keeps the running ones and says so.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::proxy::App;
+use crate::upstream::Upstream;
+
+/// Events closer together than this are one edit (editors write in steps).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Reload outcomes since start.
+#[derive(Default)]
+pub struct Reloads {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Loads `path` and swaps it in, or keeps the running config.
+pub fn reload(app: &App, path: &Path) -> Result<(), String> {
+    let result = load(app, path);
+    match &result {
+        Ok(()) => {
+            app.reloads.ok.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(config = %path.display(), "config reloaded");
+        }
+        Err(e) => {
+            app.reloads.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(config = %path.display(), error = %e, "config reload refused; keeping the running rules");
+        }
+    }
+    result
+}
+
+fn load(app: &App, path: &Path) -> Result<(), String> {
+    let mut next = Config::load(path).map_err(|e| e.to_string())?;
+    let running = app.config.load_full();
+    if next.server.listen != running.server.listen {
+        tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
+        next.server.listen = running.server.listen;
+    }
+    if next.store != running.store {
+        tracing::warn!("[store] changes need a restart; keeping the running store");
+        next.store = running.store.clone();
+    }
+    let s = (&next.server, &running.server);
+    if s.0.upstream != s.1.upstream
+        || s.0.upstream_ca != s.1.upstream_ca
+        || s.0.upstream_timeout != s.1.upstream_timeout
+    {
+        app.upstream.store(Arc::new(Upstream::new(&next.server)?));
+    }
+    app.config.store(Arc::new(next));
+    Ok(())
+}
+
+/// Watches `path` and listens for SIGHUP, reloading on either, until the app
+/// is dropped. Failing to watch is logged; SIGHUP still works.
+pub fn spawn(app: Weak<App>, path: PathBuf) {
+    let (tx, mut rx) = mpsc::channel::<()>(16);
+    let watcher = watch(&path, tx.clone());
+    if let Err(e) = &watcher {
+        tracing::warn!(config = %path.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
+    }
+    spawn_sighup(tx);
+    tokio::spawn(async move {
+        // Keeping the watcher alive keeps the events coming.
+        let _watcher = watcher;
+        while rx.recv().await.is_some() {
+            tokio::time::sleep(SETTLE).await;
+            while rx.try_recv().is_ok() {}
+            let Some(app) = app.upgrade() else { return };
+            let _ = reload(&app, &path);
+        }
+    });
+}
+
+/// Watches the file's directory (editors and config-map updates replace the
+/// file rather than write into it) and signals on events naming the file.
+fn watch(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().map(|n| n.to_os_string());
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        if event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+#[cfg(unix)]
+fn spawn_sighup(tx: mpsc::Sender<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP"),
+    }
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_tx: mpsc::Sender<()>) {}
