@@ -409,3 +409,49 @@ async fn fixed_upstream(status: u16, content_type: &'static str, body: &'static 
     });
     addr
 }
+
+/// An upstream that reads one request and closes the connection without a
+/// word, counting the requests it received.
+async fn silent_closer() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // Dropping the connection: the request arrived, no answer.
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn upstream_closing_without_an_answer_is_one_502_and_one_call() {
+    let (addr, seen) = silent_closer().await;
+    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
+    let gate = Gate::start_text(&config_text(&format!("http://{addr}"), rules)).await;
+    // Warm the pool first, so the second call rides a kept-alive connection
+    // that the upstream then drops: the case where a retrying client would resend.
+    for _ in 0..2 {
+        let a =
+            tokio::time::timeout(GUARD, gate.post("/cgi-bin/message/custom/send?access_token=T", "{\"touser\":\"x\"}"))
+                .await
+                .expect("answer in time");
+        assert_eq!(a.status, 502);
+        assert_eq!(a.json()["errcode"], -1);
+    }
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2, "each call reached WeChat exactly once");
+}

@@ -283,6 +283,19 @@ impl Gate {
         Gate { addr: running.addr, clock, running: Some(running) }
     }
 
+    /// A gate loaded from a config file, which it watches for changes.
+    pub async fn start_file(path: &Path) -> Gate {
+        let config = Config::load(path).expect("test config file");
+        let clock = ManualClock::new(T0);
+        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
+        Gate { addr: running.addr, clock, running: Some(running) }
+    }
+
+    /// The running app (config, store, counters).
+    pub fn app(&self) -> &wxgate::proxy::App {
+        &self.running.as_ref().expect("running").app
+    }
+
     /// A gate on the system clock, for tests of real concurrency (its
     /// `clock` field is unused).
     pub async fn start_real(mock: &MockWeChat, rules: &str) -> Gate {

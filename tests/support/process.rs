@@ -31,6 +31,11 @@ impl Instance {
 pub fn spawn(config: &str, tag: &str, env: &[(&str, &str)]) -> Result<Instance, String> {
     let path = std::env::temp_dir().join(format!("wxgate-{}-{tag}.toml", std::process::id()));
     std::fs::write(&path, config).expect("write config");
+    spawn_path(&path, env)
+}
+
+/// Like [`spawn`], with an existing config file.
+pub fn spawn_path(path: &std::path::Path, env: &[(&str, &str)]) -> Result<Instance, String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wxgate"));
     cmd.args(["--config", path.to_str().expect("utf-8 path")])
         .env("WXGATE_LOG", "info")
