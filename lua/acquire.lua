@@ -17,8 +17,10 @@
 --          kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
 --          kind "day" | "month"  calendar quota: a = count, b = 0
 --
--- Returns {1, at, escalated, hold_us}  admitted: forward at `at` (now + hold_us)
---         {0, wait_us, reason}         refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
+-- Returns {1, at, escalated, hold_us, qi, qr, qt}  admitted: forward at `at`
+--             (now + hold_us); limit qi (1-based; 0 = none) has least room
+--             left: qr calls, whole again / reset in qt µs
+--         {0, wait_us, reason}  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -37,6 +39,18 @@ end
 
 local function fmt(x)
   return string.format('%.0f', x)
+end
+
+-- Exact floor(x / y) for integers below 2^53 (a double division alone can
+-- round up across an integer boundary).
+local function idiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then
+    q = q - 1
+  elseif (q + 1) * y <= x then
+    q = q + 1
+  end
+  return q
 end
 
 local function civil_from_days(z)
@@ -64,7 +78,7 @@ end
 
 -- Period id and the start of the next period, for "day" or "month".
 local function period(kind, now, off)
-  local day = math.floor((now + off) / DAY)
+  local day = idiv(now + off, DAY)
   if kind == 'day' then
     return day, (day + 1) * DAY - off
   end
@@ -186,11 +200,17 @@ end
 -- 5. Admit at `at`: debit everything.
 local writes = {}
 local ttl = 0
+local qi, qr, qt = 0, 0, 0
+local function note(i, room, reset)
+  if qi == 0 or room < qr then
+    qi, qr, qt = i, room, reset
+  end
+end
 local function put(f, x)
   writes[#writes + 1] = f
   writes[#writes + 1] = fmt(x)
 end
-for _, l in ipairs(limits) do
+for i, l in ipairs(limits) do
   if l.kind == 'w' then
     local tat = l.tat or at
     if tat < at then tat = at end
@@ -203,11 +223,17 @@ for _, l in ipairs(limits) do
     end
     put(l.f, tat + t)
     if tat + t - now > ttl then ttl = tat + t - now end
+    local room = idiv(now + l.b + l.a - (tat + t), l.a)
+    if room < 0 then room = 0 end
+    note(i, room, tat + t - now)
   else
     local current, nxt = period(l.kind, now, off)
     local used, next = counts(l.p, l.n, l.q, current)
     local at_id = period(l.kind, at, off)
     if at_id == current then used = used + 1 else next = next + 1 end
+    local room = l.a - used
+    if room < 0 then room = 0 end
+    note(i, room, nxt - now)
     put(l.f .. '.p', current)
     put(l.f .. '.n', used)
     put(l.f .. '.q', next)
@@ -239,4 +265,4 @@ end
 
 local escalated = 0
 if pn > 0 and now < pu + pn then escalated = 1 end
-return {1, at, escalated, wait}
+return {1, at, escalated, wait, qi, qr, qt}

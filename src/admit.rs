@@ -74,7 +74,7 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
         let decision =
             app.store.acquire(account, rule, &asking).await.map_err(|e| ProxyError::Unavailable(e.to_string()))?;
         match decision {
-            Decision::Admit { at, hold_us, escalated } => {
+            Decision::Admit { at, hold_us, escalated, .. } => {
                 let slot = (rule.concurrency > 0)
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
                 if hold_us > 0 {

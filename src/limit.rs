@@ -153,9 +153,22 @@ pub enum Decision {
     /// (0: at once). `at` tells answers to calls sent before a penalty from
     /// those sent after it; `escalated` says whether a successful answer
     /// should be reported to end a penalty escalation.
-    Admit { at: Micros, hold_us: Micros, escalated: bool },
+    /// `quota` describes the limit with the least room left after this call
+    /// (for the `RateLimit` header); `None` for a rule without limits.
+    Admit { at: Micros, hold_us: Micros, escalated: bool, quota: Option<Quota> },
     /// Refuse; every limit admits after `wait_us` at the earliest.
     Reject { wait_us: Micros, reason: Reason },
+}
+
+/// Room left in one limit of a rule after an admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Index of the limit in the rule.
+    pub limit: usize,
+    /// Calls that could still go at once.
+    pub remaining: u64,
+    /// Until the limit is whole again (window) or its period starts afresh (calendar).
+    pub reset_us: Micros,
 }
 
 /// State of one limit: GCRA theoretical arrival time, or a calendar count.

@@ -31,6 +31,8 @@ enum Expect {
     No(i64, Reason),
     /// Penalty ends this long after now.
     Until(i64),
+    /// Room left reported by an admission.
+    Quota(Option<wxgate::limit::Quota>),
     Any,
 }
 
@@ -309,6 +311,7 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
     clock.set_us(s.start);
     let (mut rule, penalties, lease_us) = compile(s.limits, s.extra);
     let mut calls = 0;
+    let mut quotas = Vec::new();
     let mut admitted = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
@@ -326,9 +329,10 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
                 calls += 1;
                 let asking = Asking { offset_us: BEIJING, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
                 match store.acquire(account, &rule, &asking).await.expect("store answered") {
-                    Decision::Admit { at, hold_us, .. } => {
+                    Decision::Admit { at, hold_us, quota, .. } => {
                         assert_eq!(at, clock.now_us() + hold_us, "{}: admitted for now + hold", s.name);
                         admitted.push(at);
+                        quotas.push(quota);
                         if hold_us == 0 {
                             Ok
                         } else {
@@ -361,6 +365,10 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
             assert_eq!(got, *expect, "scenario {} step {i} ({:?})", s.name, expect);
         }
         trace.push((clock.now_us(), got));
+    }
+    // The room-left figures (RateLimit headers) must agree too.
+    for (i, q) in quotas.iter().enumerate() {
+        trace.push((i as i64, Quota(*q)));
     }
     trace
 }

@@ -163,3 +163,17 @@ fn lowering_a_limit_clamps_existing_state() {
     let day5 = rule(vec![Limit::Calendar { count: 5, period: Period::Day }]);
     assert!(matches!(dec(&day5, &mut st, t), Decision::Reject { reason: Reason::Quota, .. }));
 }
+
+#[test]
+fn admissions_report_the_limit_with_least_room() {
+    let r = rule(vec![window(300, 60, 30), Limit::Calendar { count: 10, period: Period::Day }]);
+    let mut st = RuleState::default();
+    let t = 1_700_000_000 * SEC;
+    let Decision::Admit { quota: Some(q), .. } = dec(&r, &mut st, t) else { panic!("admitted") };
+    // The day quota (9 left) has less room than the window (29 left).
+    assert_eq!((q.limit, q.remaining), (1, 9));
+    let r = rule(vec![window(300, 60, 30)]);
+    let mut st = RuleState::default();
+    let Decision::Admit { quota: Some(q), .. } = dec(&r, &mut st, t) else { panic!("admitted") };
+    assert_eq!((q.limit, q.remaining, q.reset_us), (0, 29, (60 * SEC + 270) / 271));
+}

@@ -1,7 +1,7 @@
 //! The decision itself. `lua/acquire.lua` is a line-for-line port: change
 //! both together (the conformance tests hold them to one table).
 
-use super::{Decision, Limit, LimitState, Reason, Rule, RuleState, WindowLimit};
+use super::{Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowLimit};
 use crate::calendar::Period;
 use crate::clock::Micros;
 
@@ -73,21 +73,34 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
         return Decision::Reject { wait_us: wait, reason };
     }
 
-    // 5. Admit at `at`: debit everything.
-    for limit in &rule.limits {
+    // 5. Admit at `at`: debit everything, noting the limit with least room.
+    let mut quota: Option<Quota> = None;
+    for (i, limit) in rule.limits.iter().enumerate() {
         let key = limit.window_key();
-        let after = match *limit {
-            Limit::Window(w) => LimitState::Tat(tat_of(state.get(key), at) + interval(&w, rule, warm_start, now)),
-            Limit::Calendar { period, .. } => {
+        let (after, remaining, reset_us) = match *limit {
+            Limit::Window(w) => {
+                let tat = tat_of(state.get(key), at) + interval(&w, rule, warm_start, now);
+                let room = (now + w.tolerance_us + w.interval_us - tat).div_euclid(w.interval_us).max(0);
+                (LimitState::Tat(tat), room as u64, tat - now)
+            }
+            Limit::Calendar { count, period } => {
                 let current = period.id(now, ask.offset_us);
                 let (used, next) = counts(state.get(key), current);
-                if period.id(at, ask.offset_us) == current {
+                let after = if period.id(at, ask.offset_us) == current {
                     LimitState::Count { period_id: current, used: used + 1, next }
                 } else {
                     LimitState::Count { period_id: current, used, next: next + 1 }
-                }
+                };
+                let used_now = match after {
+                    LimitState::Count { used, .. } => used,
+                    LimitState::Tat(_) => 0,
+                };
+                (after, count.saturating_sub(used_now), period.next_start(now, ask.offset_us) - now)
             }
         };
+        if quota.is_none_or(|q| remaining < q.remaining) {
+            quota = Some(Quota { limit: i, remaining, reset_us });
+        }
         state.set(key, after);
     }
     if cold {
@@ -97,7 +110,7 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
     if rule.concurrency > 0 {
         state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
     }
-    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now) }
+    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota }
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.

@@ -18,7 +18,7 @@ use redis::Script;
 use super::shared::Resilience;
 use super::{Asking, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::{Decision, Limit, Reason, Rule};
+use crate::limit::{Decision, Limit, Quota, Reason, Rule};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 
 pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
@@ -187,9 +187,12 @@ impl RedisStore {
         }
         let reply: Vec<i64> = self.run(inv).await?;
         match reply.as_slice() {
-            [1, at, escalated, hold_us] => {
-                Ok(Decision::Admit { at: *at, hold_us: *hold_us, escalated: *escalated == 1 })
-            }
+            [1, at, escalated, hold_us, qi, qr, qt] => Ok(Decision::Admit {
+                at: *at,
+                hold_us: *hold_us,
+                escalated: *escalated == 1,
+                quota: (*qi > 0).then(|| Quota { limit: (*qi - 1) as usize, remaining: (*qr).max(0) as u64, reset_us: *qt }),
+            }),
             [0, wait_us, reason] => {
                 let reason = match reason {
                     1 => Reason::Rate,

@@ -193,7 +193,7 @@ impl SharedStore {
                 let scaled = scale(rule, self.resilience.instances);
                 Ok(self.local.acquire(account, &scaled, asking))
             }
-            Fallback::Allow => Ok(Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false }),
+            Fallback::Allow => Ok(Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false, quota: None }),
             Fallback::Deny => Err(e),
         }
     }
