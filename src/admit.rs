@@ -16,10 +16,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::activity::Kind;
 use crate::clock::Micros;
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::limit::{Decision, Reason, Rule};
+use crate::limit::{Decision, Quota, Reason, Rule};
 use crate::proxy::App;
 use crate::slots::SlotGuard;
 use crate::store::Asking;
@@ -33,6 +34,16 @@ pub struct Admitted {
     pub at: Micros,
     pub escalated: bool,
     pub slot: Option<SlotGuard>,
+    /// How long the call was held (0: not held).
+    pub held_us: Micros,
+    /// The decision was made without the shared store.
+    pub degraded: bool,
+    /// Time spent deciding (store round trips), without the hold.
+    pub decision_us: Micros,
+    /// The limit with least room left, for the `RateLimit` header.
+    pub quota: Option<Quota>,
+    /// Shadow mode: the refusal that enforcing would have answered.
+    pub shadow_refusal: Option<(Reason, Micros)>,
 }
 
 /// Counts calls held by this instance.
@@ -68,20 +79,49 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
     let permit = if rule.max_wait_us > 0 { take_permit(&app.held, config.server.max_held) } else { None };
     let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
     let started = app.clock.now_us();
+    let mut decision_us = 0;
     loop {
         let remaining = (max_wait_us - (app.clock.now_us() - started)).max(0);
         let asking = Asking { offset_us, max_wait_us: remaining, holder: &holder, lease_us: config.lease_us };
-        let decision =
-            app.store.acquire(account, rule, &asking).await.map_err(|e| ProxyError::Unavailable(e.to_string()))?;
+        let asked = std::time::Instant::now();
+        let decided = app.store.decide(account, rule, &asking).await;
+        decision_us += asked.elapsed().as_micros() as Micros;
+        let (decision, degraded) = decided.map_err(|e| ProxyError::Unavailable(e.to_string()))?;
         match decision {
-            Decision::Admit { at, hold_us, escalated, .. } => {
+            Decision::Admit { at, hold_us, escalated, quota } => {
                 let slot = (rule.concurrency > 0)
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
-                if hold_us > 0 {
+                // Shadow mode debits as if enforcing but never delays a call.
+                if hold_us > 0 && !rule.shadow {
+                    let _held = app.activity.enter(account, &rule.name, Kind::Held);
+                    app.metrics.held_now.inc();
                     app.clock.sleep(hold_us).await;
+                    app.metrics.held_now.dec();
                 }
                 drop(permit);
-                return Ok(Admitted { at, escalated, slot });
+                let held_us = if rule.shadow { 0 } else { hold_us };
+                return Ok(Admitted {
+                    at,
+                    escalated,
+                    slot,
+                    held_us,
+                    degraded,
+                    decision_us,
+                    quota,
+                    shadow_refusal: None,
+                });
+            }
+            Decision::Reject { reason, wait_us } if rule.shadow => {
+                return Ok(Admitted {
+                    at: app.clock.now_us(),
+                    escalated: false,
+                    slot: None,
+                    held_us: 0,
+                    degraded,
+                    decision_us,
+                    quota: None,
+                    shadow_refusal: Some((reason, wait_us)),
+                });
             }
             Decision::Reject { reason: Reason::Concurrency, wait_us } if remaining > 0 => {
                 let step = remaining.min(CONCURRENCY_POLL_US).min(wait_us.max(1));

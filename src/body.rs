@@ -9,13 +9,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::slots::SlotGuard;
-
-/// A relayed body. It may carry a concurrency slot, freed when the body is
-/// dropped: fully sent, failed, or abandoned by the client.
+/// A relayed body. It may carry guards (a concurrency slot, in-flight
+/// counts), released when the body is dropped: fully sent, failed, or
+/// abandoned by the client.
 pub struct RelayBody {
     inner: Inner,
-    _slot: Option<SlotGuard>,
+    _guards: Vec<Box<dyn Send + Sync>>,
 }
 
 enum Inner {
@@ -26,16 +25,16 @@ enum Inner {
 impl RelayBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b: Bytes = bytes.into();
-        RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _slot: None }
+        RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _guards: Vec::new() }
     }
 
     pub fn stream(prefix: Bytes, rest: Incoming) -> Self {
-        RelayBody { inner: Inner::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }, _slot: None }
+        RelayBody { inner: Inner::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }, _guards: Vec::new() }
     }
 
-    /// Keeps `slot` taken until this body is dropped.
-    pub fn holding(mut self, slot: Option<SlotGuard>) -> Self {
-        self._slot = slot;
+    /// Keeps `guard` alive until this body is dropped.
+    pub fn holding(mut self, guard: impl Send + Sync + 'static) -> Self {
+        self._guards.push(Box::new(guard));
         self
     }
 }

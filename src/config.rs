@@ -38,6 +38,16 @@ pub struct Config {
     pub lease_us: Micros,
     /// Longest warm-up of any rule (0: no rule warms up).
     pub max_warmup_us: Micros,
+    pub log: LogConfig,
+}
+
+/// `[log]`: read at start-up (the format cannot change on reload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// One JSON object per line instead of text.
+    pub json: bool,
+    /// One access-log line per call.
+    pub access: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +69,12 @@ pub struct Server {
     pub header_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_body: u64,
+    /// The admin listener (metrics, health, buckets, penalties); `None` = off.
+    pub admin_listen: Option<SocketAddr>,
+    /// Bearer token required by the admin API (`/v1/...`), if set.
+    pub admin_token: Option<String>,
+    /// Add `RateLimit-Policy` / `RateLimit` headers to answers.
+    pub ratelimit_headers: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +93,7 @@ const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
 const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -90,6 +107,15 @@ struct RawConfig {
     penalty: Option<Vec<Spanned<RawPenalty>>>,
     #[serde(default)]
     rule: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    log: RawLog,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    format: Option<String>,
+    access: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -104,6 +130,10 @@ struct RawServer {
     shutdown_timeout: Option<String>,
     header_timeout: Option<String>,
     max_body: Option<String>,
+    admin_listen: Option<String>,
+    admin_token: Option<String>,
+    ratelimit_headers: Option<bool>,
+    mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -140,6 +170,7 @@ struct RawRule {
     max_wait: Option<String>,
     warmup: Option<String>,
     concurrency: Option<u32>,
+    mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -191,6 +222,23 @@ impl Ctx<'_> {
 }
 
 fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
+    let all_shadow = match raw.server.mode.as_deref() {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(other) => {
+            return Err(ctx.plain(format!("[server] mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")")))
+        }
+    };
+    let log = LogConfig {
+        json: match raw.log.format.as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => {
+                return Err(ctx.plain(format!("[log] format: \"{other}\" is unknown (expected \"text\" or \"json\")")))
+            }
+        },
+        access: raw.log.access.unwrap_or(true),
+    };
     let server = compile_server(raw.server, ctx)?;
     let lease = match raw.store.lease.as_deref() {
         None => DEFAULT_LEASE,
@@ -265,6 +313,13 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         if warmup_us > 31 * crate::calendar::DAY_US {
             return Err(err("warmup: longer than 31 days".into()));
         }
+        let shadow = match r.mode.as_deref() {
+            None | Some("enforce") => all_shadow,
+            Some("shadow") => true,
+            Some(other) => {
+                return Err(err(format!("mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")")))
+            }
+        };
         let concurrency = match r.concurrency {
             Some(0) => return Err(err("concurrency: must be at least 1 (leave it out for no cap)".into())),
             Some(c) => c,
@@ -277,6 +332,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             max_wait_us,
             warmup_us,
             concurrency,
+            shadow,
         }));
     }
     let default = rules.iter().position(|r| &*r.name == "default");
@@ -296,6 +352,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         routes,
         lease_us: micros(lease),
         max_warmup_us,
+        log,
     })
 }
 
@@ -334,6 +391,16 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
         None => DEFAULT_MAX_BODY,
         Some(t) => parse_size(t).map_err(|m| ctx.plain(format!("[server] max_body: \"{t}\": {m}")))?,
     };
+    let admin_listen = match raw.admin_listen.as_deref() {
+        Some("off") => None,
+        other => {
+            let text = other.unwrap_or(DEFAULT_ADMIN_LISTEN);
+            Some(text.parse().map_err(|_| {
+                ctx.plain(format!("[server] admin_listen: \"{text}\" is not an address:port (or \"off\")"))
+            })?)
+        }
+    };
+    let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     Ok(Server {
         listen,
         upstream,
@@ -344,6 +411,9 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
         shutdown_timeout,
         header_timeout,
         max_body,
+        admin_listen,
+        admin_token,
+        ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
     })
 }
 

@@ -6,16 +6,21 @@
 //! by a [`store`]; transport lives in [`server`], [`proxy`] and [`upstream`].
 #![forbid(unsafe_code)]
 
+pub mod activity;
+pub mod admin;
 pub mod admit;
 pub mod body;
+pub mod bucket;
 pub mod calendar;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod inspect;
 pub mod limit;
+pub mod metrics;
 pub mod penalty;
 pub mod proxy;
+pub mod ratelimit;
 pub mod reload;
 pub mod routes;
 pub mod server;
@@ -30,16 +35,17 @@ use arc_swap::ArcSwap;
 use crate::admit::Held;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
+use crate::metrics::Metrics;
 use crate::proxy::App;
 use crate::reload::Reloads;
 use crate::server::Running;
 use crate::slots::Slots;
-use crate::store::{MemoryStore, RedisStore, SharedStore, Store, StoreError};
+use crate::store::{MemoryStore, RedisStore, SharedStore, Store, StoreCounters, StoreError};
 use crate::upstream::Upstream;
 
 /// Builds the store `config` asks for. `clock` drives the memory store; the
 /// Redis store uses Redis `TIME`.
-pub async fn build_store(config: &Config, clock: Arc<dyn Clock>) -> Result<Store, String> {
+pub async fn build_store(config: &Config, clock: Arc<dyn Clock>, counters: StoreCounters) -> Result<Store, String> {
     Ok(match &config.store {
         StoreConfig::Memory => Store::Memory(MemoryStore::new(clock)),
         StoreConfig::Redis(r) => {
@@ -54,14 +60,14 @@ pub async fn build_store(config: &Config, clock: Arc<dyn Clock>) -> Result<Store
                 }
                 Err(e) => return Err(e.to_string()),
             };
-            Store::Redis(SharedStore::new(redis, clock, r.resilience.clone(), healthy))
+            Store::Redis(SharedStore::with_counters(redis, clock, r.resilience.clone(), healthy, counters))
         }
     })
 }
 
 /// Builds the shared state a listener serves from, and starts the renewal
 /// of concurrency leases (it stops when the app is dropped).
-pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Arc<App>, String> {
+pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>, metrics: Metrics) -> Result<Arc<App>, String> {
     let upstream = Upstream::new(&config.server)?;
     let lease_us = config.lease_us;
     let app = Arc::new(App {
@@ -72,6 +78,8 @@ pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<
         slots: Arc::new(Slots::new()),
         held: Held::default(),
         reloads: Reloads::default(),
+        metrics,
+        activity: Arc::default(),
     });
     Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
     Ok(app)
@@ -79,20 +87,27 @@ pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<
 
 /// Binds `[server] listen` and serves. Must run inside a Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
-    let store = build_store(&config, clock.clone()).await?;
-    start_with_store(config, store, clock).await
+    let metrics = Metrics::new();
+    let counters = StoreCounters { errors: metrics.store_errors.clone(), degraded: metrics.degraded_decisions.clone() };
+    let store = build_store(&config, clock.clone(), counters).await?;
+    start_parts(config, store, clock, metrics).await
 }
 
 /// Like [`start`], with a store built by the caller (tests pass a Redis store
 /// driven by a manual clock).
 pub async fn start_with_store(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Running, String> {
+    start_parts(config, store, clock, Metrics::new()).await
+}
+
+async fn start_parts(config: Config, store: Store, clock: Arc<dyn Clock>, metrics: Metrics) -> Result<Running, String> {
     let listen = config.server.listen;
     let source = config.source.clone();
-    let app = build_app(config, store, clock)?;
+    let app = build_app(config, store, clock, metrics)?;
     if source.is_file() {
         reload::spawn(Arc::downgrade(&app), source);
     }
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    server::serve(listener, app).map_err(|e| e.to_string())
+    let admin = admin::bind(app.config.load().server.admin_listen).await?;
+    server::serve(listener, admin, app).map_err(|e| e.to_string())
 }

@@ -53,6 +53,8 @@ pub struct Rule {
     pub warmup_us: Micros,
     /// At most this many calls in flight at WeChat (0 = no cap).
     pub concurrency: u32,
+    /// Shadow mode: decide and keep state as if enforcing, but forward every call.
+    pub shadow: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,6 +73,19 @@ pub enum WindowKey {
 }
 
 impl Limit {
+    /// Name of this limit in `RateLimit-Policy` (`"60s"`, `"day"`), and its
+    /// quota and window in seconds.
+    pub fn policy(&self) -> (String, u64, u64) {
+        match self {
+            Limit::Window(w) if w.per_us % 1_000_000 == 0 => {
+                (format!("{}s", w.per_us / 1_000_000), w.count, (w.per_us / 1_000_000) as u64)
+            }
+            Limit::Window(w) => (format!("{}ms", w.per_us / 1000), w.count, (w.per_us as u64).div_ceil(1_000_000)),
+            Limit::Calendar { count, period: Period::Day } => ("day".into(), *count, 86_400),
+            Limit::Calendar { count, period: Period::Month } => ("month".into(), *count, 31 * 86_400),
+        }
+    }
+
     pub fn window_key(&self) -> WindowKey {
         match self {
             Limit::Window(w) => WindowKey::Window(w.per_us),

@@ -48,11 +48,13 @@ fn main() -> ExitCode {
 }
 
 fn run(config: Config) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if config.log.json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -71,7 +73,8 @@ fn run(config: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(listen = %running.addr, %upstream, rules, "wxgate serving");
+        let admin = running.admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+        tracing::info!(listen = %running.addr, %admin, %upstream, rules, "wxgate serving");
         shutdown_signal().await;
         tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections; finishing calls in flight");
         if running.shutdown(shutdown_timeout).await {

@@ -105,6 +105,14 @@ impl PenaltyState {
         until
     }
 
+    /// An operator imposed a penalty of `len_us` (or lifted it with 0) at
+    /// `now`. Either way the escalation starts over, and answers to calls
+    /// sent before now cannot change it.
+    pub fn set_by_hand(&mut self, len_us: Micros, now: Micros) {
+        let until = if len_us > 0 { now + len_us } else { 0 };
+        *self = PenaltyState { until, started: now, level: 0, last_len: len_us };
+    }
+
     /// WeChat answered a call forwarded at `sent_at` without a penalised errcode.
     pub fn succeeded(&mut self, sent_at: Micros) {
         if sent_at >= self.started {

@@ -22,13 +22,17 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::Limited;
 use hyper::body::Incoming;
 
+use crate::activity::{Activity, Kind};
 use crate::admit::{admit, Held};
 use crate::body::RelayBody;
 use crate::clock::Clock;
+use crate::clock::Micros;
 use crate::config::{valid_account, Config};
 use crate::error::{mark_throttled, retry_after_secs, ProxyError};
 use crate::inspect::{sniff, Verdict};
-use crate::limit::Reason;
+use crate::limit::{Reason, Rule};
+use crate::metrics::{InFlightGuard, Metrics, Outcome, RuleLabel, NO_RULE};
+use crate::ratelimit;
 use crate::reload::Reloads;
 use crate::routes::normalise;
 use crate::slots::Slots;
@@ -55,27 +59,86 @@ pub struct App {
     /// Calls held for shaping right now.
     pub held: Held,
     pub reloads: Reloads,
+    pub metrics: Metrics,
+    /// Held and in-flight calls per (account, rule), on this instance.
+    pub activity: Arc<Activity>,
+}
+
+/// What one call did, for the access log and the metrics.
+struct CallLog {
+    rule: Option<Arc<Rule>>,
+    account: String,
+    outcome: Outcome,
+    status: u16,
+    errcode: Option<i64>,
+    decision_us: Micros,
+    upstream_us: Micros,
+    held_us: Micros,
 }
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>) -> Response<RelayBody> {
     let method = req.method().clone();
+    // The path only: the query carries access_token and other secrets.
     let path = req.uri().path().to_owned();
-    match proxy(app, req).await {
+    let mut log = CallLog {
+        rule: None,
+        account: String::new(),
+        outcome: Outcome::forwarded,
+        status: 0,
+        errcode: None,
+        decision_us: 0,
+        upstream_us: 0,
+        held_us: 0,
+    };
+    let resp = match proxy(app, req, &mut log).await {
         Ok(resp) => resp,
         Err(e) => {
-            match &e {
-                ProxyError::Upstream(_) | ProxyError::Unavailable(_) => {
-                    tracing::warn!(%method, %path, error = %e, "call failed");
-                }
-                _ => tracing::debug!(%method, %path, error = %e, "call refused"),
+            log.outcome = match &e {
+                ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => Outcome::rejected_bad_request,
+                ProxyError::Upstream(UpstreamError::BodyTooLarge) => Outcome::rejected_bad_request,
+                ProxyError::Throttled { reason: Reason::Penalty, .. } => Outcome::penalised,
+                ProxyError::Throttled { .. } => Outcome::throttled,
+                ProxyError::Unavailable(_) => Outcome::unavailable,
+                ProxyError::Upstream(_) => Outcome::upstream_error,
+            };
+            if matches!(log.outcome, Outcome::upstream_error | Outcome::unavailable) {
+                tracing::warn!(%method, %path, error = %e, "call failed");
             }
-            e.into_response()
+            let refused = match &e {
+                ProxyError::Throttled { reason, wait_us, .. } => Some((*reason, *wait_us)),
+                _ => None,
+            };
+            let mut resp = e.into_response();
+            if let (Some((reason, wait_us)), Some(rule)) = (refused, log.rule.as_ref()) {
+                if app.config.load().server.ratelimit_headers {
+                    ratelimit::refused(resp.headers_mut(), rule, reason, wait_us);
+                }
+            }
+            resp
         }
+    };
+    log.status = resp.status().as_u16();
+    let rule = log.rule.as_ref().map_or(NO_RULE, |r| &*r.name);
+    app.metrics.call(rule, log.outcome);
+    if app.config.load().log.access {
+        tracing::info!(
+            target: "wxgate::access",
+            %method,
+            %path,
+            rule,
+            account = %log.account,
+            outcome = log.outcome.as_str(),
+            status = log.status,
+            errcode = log.errcode,
+            decision_ms = log.decision_us as f64 / 1000.0,
+            upstream_ms = log.upstream_us as f64 / 1000.0,
+            held_ms = log.held_us as f64 / 1000.0,
+        );
     }
+    resp
 }
-
-async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>, ProxyError> {
+async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<Response<RelayBody>, ProxyError> {
     let config = app.config.load_full();
     // 1. accept
     if req.method() == Method::CONNECT {
@@ -93,6 +156,7 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
     };
     let account = account_of(req.headers())?;
+    log.account.clone_from(&account);
     // Counted before anything is decided or forwarded; a streamed body that
     // grows past the cap is cut off on the way (413 as well).
     let max_body = config.server.max_body;
@@ -110,12 +174,36 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     // 2. route
     let path = req.uri().path().to_owned();
     let rule = config.routes.lookup(&path).and_then(|i| config.rules.get(i)).cloned();
-    let offset = config.server.quota_offset_us;
+    log.rule.clone_from(&rule);
+    let rule_name = rule.as_ref().map_or(NO_RULE, |r| &*r.name);
 
     // 3. decide (and hold, or wait for a concurrency slot)
     let admitted = match &rule {
         None => None,
-        Some(rule) => Some(admit(app, &config, &account, rule).await?),
+        Some(rule) => {
+            let started = std::time::Instant::now();
+            let admitted = admit(app, &config, &account, rule).await;
+            let decision_us = match &admitted {
+                Ok(a) => a.decision_us,
+                Err(_) => started.elapsed().as_micros() as Micros,
+            };
+            log.decision_us = decision_us;
+            app.metrics.decision_seconds.get_or_create(&rule_label(rule_name)).observe(decision_us as f64 / 1e6);
+            let admitted = admitted?;
+            log.held_us = admitted.held_us;
+            if admitted.held_us > 0 {
+                log.outcome = Outcome::held;
+                app.metrics.hold_seconds.get_or_create(&rule_label(rule_name)).observe(admitted.held_us as f64 / 1e6);
+            }
+            if admitted.degraded {
+                log.outcome = Outcome::degraded;
+            }
+            if let Some((reason, wait_us)) = admitted.shadow_refusal {
+                log.outcome = Outcome::shadow_throttled;
+                tracing::info!(rule = rule_name, %account, reason = reason.as_str(), wait_s = retry_after_secs(wait_us), "shadow mode: would have refused this call");
+            }
+            Some(admitted)
+        }
     };
 
     // 4. forward
@@ -128,12 +216,27 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(HOST);
     parts.headers.remove(ACCOUNT_HEADER);
-    let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body as usize))).await?;
+    let in_flight = InFlightGuard::new(app.metrics.in_flight.get_or_create(&rule_label(rule_name)).clone());
+    let activity = rule.as_ref().map(|r| app.activity.enter(&account, &r.name, Kind::InFlight));
+    let sent = std::time::Instant::now();
+    let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body as usize))).await;
+    log.upstream_us = sent.elapsed().as_micros() as Micros;
+    app.metrics.upstream_seconds.get_or_create(&rule_label(rule_name)).observe(log.upstream_us as f64 / 1e6);
+    let resp = resp?;
 
     // 5. inspect
     let (mut parts, body, verdict) =
         sniff(resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
+    let body = body.holding((in_flight, activity));
+    match verdict {
+        Verdict::Errcode(code) => {
+            log.errcode = Some(code);
+            app.metrics.errcode(rule_name, code);
+        }
+        Verdict::Success => app.metrics.errcode(rule_name, 0),
+        Verdict::Unknown => {}
+    }
     if verdict == Verdict::Success && config.max_warmup_us > 0 && TOKEN_PATHS.contains(&normalise(&path).as_str()) {
         if let Err(e) = app.store.token_refreshed(&account, config.max_warmup_us).await {
             tracing::warn!(error = %e, "could not restart warm-up after a token refresh");
@@ -142,6 +245,7 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
     let (Some(rule), Some(admitted)) = (rule, admitted) else {
         return Ok(Response::from_parts(parts, body));
     };
+    let offset = config.server.quota_offset_us;
     let sent_at = admitted.at;
     match verdict {
         Verdict::Errcode(code) => {
@@ -154,8 +258,12 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
                     }
                 };
                 tracing::info!(rule = %rule.name, %account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
-                parts.status = StatusCode::TOO_MANY_REQUESTS;
-                mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
+                // Shadow mode records the penalty but passes WeChat's answer on as it is.
+                if !rule.shadow {
+                    log.outcome = Outcome::penalised;
+                    parts.status = StatusCode::TOO_MANY_REQUESTS;
+                    mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
+                }
             }
         }
         Verdict::Success if admitted.escalated => {
@@ -165,7 +273,14 @@ async fn proxy(app: &App, req: Request<Incoming>) -> Result<Response<RelayBody>,
         }
         _ => {}
     }
+    if config.server.ratelimit_headers {
+        ratelimit::admitted(&mut parts.headers, &rule, admitted.quota);
+    }
     Ok(Response::from_parts(parts, body.holding(admitted.slot)))
+}
+
+fn rule_label(rule: &str) -> RuleLabel {
+    RuleLabel { rule: rule.to_owned() }
 }
 
 /// The account a call is for: `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`) or `default`.

@@ -35,10 +35,12 @@ pub fn reload(app: &App, path: &Path) -> Result<(), String> {
     match &result {
         Ok(()) => {
             app.reloads.ok.fetch_add(1, Ordering::Relaxed);
+            app.metrics.reload(true);
             tracing::info!(config = %path.display(), "config reloaded");
         }
         Err(e) => {
             app.reloads.failed.fetch_add(1, Ordering::Relaxed);
+            app.metrics.reload(false);
             tracing::error!(config = %path.display(), error = %e, "config reload refused; keeping the running rules");
         }
     }

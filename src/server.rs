@@ -22,6 +22,8 @@ const MAX_HEADERS: usize = 100;
 /// A running listener. Dropping it does not stop it; call [`Running::shutdown`].
 pub struct Running {
     pub addr: SocketAddr,
+    /// The admin listener's address, when it runs.
+    pub admin_addr: Option<SocketAddr>,
     pub app: Arc<App>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -54,10 +56,19 @@ impl Running {
     }
 }
 
-/// Serves `app` on `listener` until shutdown is requested.
-pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
+/// Serves `app` on `listener` (and the admin API on `admin`) until shutdown
+/// is requested.
+pub fn serve(listener: TcpListener, admin: Option<TcpListener>, app: Arc<App>) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
+    let admin_addr = match admin {
+        Some(l) => {
+            let a = l.local_addr()?;
+            crate::admin::serve(l, app.clone(), stop.subscribe());
+            Some(a)
+        }
+        None => None,
+    };
     let running_app = app.clone();
     let task = tokio::spawn(async move {
         let graceful = GracefulShutdown::new();
@@ -97,5 +108,5 @@ pub fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<Running> {
         drop(listener);
         graceful.shutdown().await;
     });
-    Ok(Running { addr, app: running_app, stop, task })
+    Ok(Running { addr, admin_addr, app: running_app, stop, task })
 }

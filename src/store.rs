@@ -8,12 +8,12 @@ pub mod redis;
 pub mod shared;
 
 use crate::clock::Micros;
-use crate::limit::{Decision, Rule};
+use crate::limit::{Decision, Rule, RuleState};
 use crate::penalty::PenaltyPolicy;
 
 pub use self::redis::{RedisConfig, RedisStore};
 pub use memory::MemoryStore;
-pub use shared::{Fallback, Resilience, SharedStore};
+pub use shared::{Fallback, Resilience, SharedStore, StoreCounters};
 
 use std::sync::Arc;
 
@@ -48,8 +48,19 @@ pub enum Store {
 impl Store {
     /// Decides one call of `rule` for `account`; debits every limit or none.
     pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
+        self.decide(account, rule, asking).await.map(|(d, _)| d)
+    }
+
+    /// Like [`Store::acquire`], also saying whether the decision was made
+    /// without the shared store (a fallback decision).
+    pub async fn decide(
+        &self,
+        account: &str,
+        rule: &Rule,
+        asking: &Asking<'_>,
+    ) -> Result<(Decision, bool), StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.acquire(account, rule, asking)),
+            Store::Memory(m) => Ok((m.acquire(account, rule, asking), false)),
             Store::Redis(r) => r.acquire(account, rule, asking).await,
         }
     }
@@ -113,6 +124,33 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.renew(account, rule, holders, lease_us, offset_us).await,
+        }
+    }
+
+    /// The state of one (account, rule) now, and the store's now.
+    pub async fn inspect(
+        &self,
+        account: &str,
+        rule: &Rule,
+        offset_us: Micros,
+    ) -> Result<(RuleState, Micros), StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.inspect(account, rule, offset_us)),
+            Store::Redis(r) => r.inspect(account, rule, offset_us).await,
+        }
+    }
+
+    /// Imposes a penalty of `len_us`, or lifts it (0); returns (until, now).
+    pub async fn set_penalty(
+        &self,
+        account: &str,
+        rule: &Rule,
+        len_us: Micros,
+        offset_us: Micros,
+    ) -> Result<(Micros, Micros), StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.set_penalty(account, rule, len_us, offset_us)),
+            Store::Redis(r) => r.set_penalty(account, rule, len_us, offset_us).await,
         }
     }
 

@@ -316,7 +316,7 @@ async fn silent_upstream_is_504_after_upstream_timeout() {
     mock.respond(|_| Reply::Hang);
     for (label, rules) in CONFIGS {
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\nupstream_timeout = \"300ms\"\n\n{rules}\n",
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\nupstream_timeout = \"300ms\"\n\n{rules}\n",
             mock.addr
         );
         let gate = Gate::start_text(&text).await;

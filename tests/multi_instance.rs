@@ -38,7 +38,7 @@ async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duratio
         None => "[store]\nkind = \"memory\"\n".to_owned(),
     };
     let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store_cfg}\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store_cfg}\n\
          [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n\
          limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n{extra}\n",
         mock.addr,

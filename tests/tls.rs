@@ -108,7 +108,7 @@ impl Drop for TempFile {
 fn tls_config(port: u16, ca: Option<&TempFile>) -> String {
     let ca_line = ca.map(|f| format!("upstream_ca = '{}'\n", f.0.display())).unwrap_or_default();
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"https://localhost:{port}\"\nupstream_timeout = \"10s\"\n{ca_line}"
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"https://localhost:{port}\"\nupstream_timeout = \"10s\"\n{ca_line}"
     )
 }
 

@@ -119,6 +119,19 @@ impl MemoryStore {
         });
     }
 
+    /// The state of one (account, rule) now, for inspection.
+    pub fn inspect(&self, account: &str, rule: &Rule, offset_us: Micros) -> (RuleState, Micros) {
+        self.with_state(account, rule, offset_us, |state, now| (state.clone(), now))
+    }
+
+    /// Imposes a penalty of `len_us` (0 lifts it); returns (until, now).
+    pub fn set_penalty(&self, account: &str, rule: &Rule, len_us: Micros, offset_us: Micros) -> (Micros, Micros) {
+        self.with_state(account, rule, offset_us, |state, now| {
+            state.penalty.set_by_hand(len_us, now);
+            (state.penalty.until, now)
+        })
+    }
+
     /// An access token was refreshed for `account`: warm-up starts again.
     pub fn token_refreshed(&self, account: &str) -> Micros {
         let now = self.now();

@@ -18,7 +18,10 @@ use redis::Script;
 use super::shared::Resilience;
 use super::{Asking, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::{Decision, Limit, Quota, Reason, Rule};
+use std::collections::HashMap;
+
+use crate::limit::{Decision, Limit, LimitState, Quota, Reason, Rule, RuleState};
+use crate::penalty::PenaltyState;
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 
 pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
@@ -28,6 +31,7 @@ pub const SUCCEEDED_LUA: &str = include_str!("../../lua/succeeded.lua");
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const WARM_LUA: &str = include_str!("../../lua/warm.lua");
+pub const SET_PENALTY_LUA: &str = include_str!("../../lua/set_penalty.lua");
 
 /// `[store] kind = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +57,7 @@ pub struct RedisStore {
     penalise: Script,
     succeeded: Script,
     warm: Script,
+    set_penalty: Script,
 }
 
 impl RedisStore {
@@ -104,10 +109,11 @@ impl RedisStore {
             penalise: Script::new(PENALISE_LUA),
             succeeded: Script::new(SUCCEEDED_LUA),
             warm: Script::new(WARM_LUA),
+            set_penalty: Script::new(SET_PENALTY_LUA),
         };
         if !lazy {
             let mut conn = store.conn.clone();
-            for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm] {
+            for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm, &store.set_penalty] {
                 match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
                     Ok(loaded) => loaded.map_err(cannot)?,
                     Err(_) => {
@@ -191,7 +197,11 @@ impl RedisStore {
                 at: *at,
                 hold_us: *hold_us,
                 escalated: *escalated == 1,
-                quota: (*qi > 0).then(|| Quota { limit: (*qi - 1) as usize, remaining: (*qr).max(0) as u64, reset_us: *qt }),
+                quota: (*qi > 0).then(|| Quota {
+                    limit: (*qi - 1) as usize,
+                    remaining: (*qr).max(0) as u64,
+                    reset_us: *qt,
+                }),
             }),
             [0, wait_us, reason] => {
                 let reason = match reason {
@@ -271,6 +281,78 @@ impl RedisStore {
         let mut inv = self.warm.key(self.warm_key(account));
         inv.arg(self.now_arg()).arg((keep_us / 1000).max(1000));
         self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    /// Imposes a penalty of `len_us` (0 lifts it); returns (until, now).
+    pub async fn set_penalty(
+        &self,
+        account: &str,
+        rule: &Rule,
+        len_us: Micros,
+    ) -> Result<(Micros, Micros), StoreError> {
+        let mut inv = self.set_penalty.key(self.key(account, rule));
+        inv.arg(self.now_arg()).arg(len_us);
+        let reply: Vec<i64> = self.run(inv).await?;
+        match reply.as_slice() {
+            [until, now] => Ok((*until, *now)),
+            other => Err(StoreError::Unavailable(format!("set_penalty.lua answered {other:?}"))),
+        }
+    }
+
+    /// The state of one (account, rule) now, read in one pipeline.
+    pub async fn inspect(&self, account: &str, rule: &Rule) -> Result<(RuleState, Micros), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME")
+            .cmd("HGETALL")
+            .arg(self.key(account, rule))
+            .cmd("ZRANGE")
+            .arg(self.slots_key(account, rule))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
+        let mut conn = self.conn.clone();
+        type Reply = ((i64, i64), HashMap<String, i64>, Vec<(String, i64)>);
+        let ((secs, micros), fields, slots): Reply =
+            match tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await {
+                Ok(r) => r.map_err(unavailable)?,
+                Err(_) => {
+                    return Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout)))
+                }
+            };
+        let now = match &self.fixed_clock {
+            Some(c) => c.now_us(),
+            None => secs * 1_000_000 + micros,
+        };
+        let get = |f: &str| fields.get(f).copied();
+        let mut state = RuleState::default();
+        for limit in &rule.limits {
+            let key = limit.window_key();
+            let label = key.label();
+            match limit {
+                Limit::Window(_) => {
+                    if let Some(tat) = get(&label) {
+                        state.limits.push((key, LimitState::Tat(tat)));
+                    }
+                }
+                Limit::Calendar { .. } => {
+                    if let Some(p) = get(&format!("{label}.p")) {
+                        let used = get(&format!("{label}.n")).unwrap_or(0).max(0) as u64;
+                        let next = get(&format!("{label}.q")).unwrap_or(0).max(0) as u64;
+                        state.limits.push((key, LimitState::Count { period_id: p, used, next }));
+                    }
+                }
+            }
+        }
+        state.penalty = PenaltyState {
+            until: get("pu").unwrap_or(0),
+            started: get("ps").unwrap_or(0),
+            level: get("pl").unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+            last_len: get("pn").unwrap_or(0),
+        };
+        state.warm_start = get("ws").unwrap_or(0);
+        state.last_call = get("lc").unwrap_or(0);
+        state.holders = slots;
+        Ok((state, now))
     }
 
     async fn time(&self) -> Result<Micros, StoreError> {

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{Asking, MemoryStore, RedisStore, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::{Decision, Limit, Rule, WindowLimit};
+use crate::limit::{Decision, Limit, Rule, RuleState, WindowLimit};
 use crate::penalty::PenaltyPolicy;
 
 /// What to do when Redis cannot decide.
@@ -117,17 +118,36 @@ pub struct SharedStore {
     local: MemoryStore,
     pub resilience: Resilience,
     pub breaker: Arc<Breaker>,
+    counters: StoreCounters,
+}
+
+/// Counters the shared store feeds (clones of the app's metrics).
+#[derive(Clone, Default)]
+pub struct StoreCounters {
+    pub errors: Counter,
+    pub degraded: Counter,
 }
 
 impl SharedStore {
     /// Wraps `redis`; `clock` drives the local fallback store. `healthy`
     /// false starts with the breaker open (Redis was down at start-up).
     pub fn new(redis: RedisStore, clock: Arc<dyn Clock>, resilience: Resilience, healthy: bool) -> Arc<SharedStore> {
+        Self::with_counters(redis, clock, resilience, healthy, StoreCounters::default())
+    }
+
+    pub fn with_counters(
+        redis: RedisStore,
+        clock: Arc<dyn Clock>,
+        resilience: Resilience,
+        healthy: bool,
+        counters: StoreCounters,
+    ) -> Arc<SharedStore> {
         let store = Arc::new(SharedStore {
             redis,
             local: MemoryStore::new(clock),
             resilience,
             breaker: Arc::new(Breaker::default()),
+            counters,
         });
         if !healthy {
             store.breaker.open.store(true, Ordering::Release);
@@ -157,6 +177,7 @@ impl SharedStore {
     }
 
     fn failed(&self, e: &StoreError) {
+        self.counters.errors.inc();
         if self.breaker.failed(self.resilience.breaker_failures) {
             tracing::warn!(error = %e, "Redis circuit breaker open: not waiting on Redis until it answers a probe");
         }
@@ -182,18 +203,27 @@ impl SharedStore {
         }
     }
 
-    pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
+    /// Decides on Redis, or by the fallback; the flag says which (true = degraded).
+    pub async fn acquire(
+        &self,
+        account: &str,
+        rule: &Rule,
+        asking: &Asking<'_>,
+    ) -> Result<(Decision, bool), StoreError> {
         let e = match self.try_redis(|| self.redis.acquire(account, rule, asking)).await {
-            Ok(d) => return Ok(d),
+            Ok(d) => return Ok((d, false)),
             Err(e) => e,
         };
         self.breaker.degraded(&e, self.resilience.fallback);
+        self.counters.degraded.inc();
         match self.resilience.fallback {
             Fallback::Local => {
                 let scaled = scale(rule, self.resilience.instances);
-                Ok(self.local.acquire(account, &scaled, asking))
+                Ok((self.local.acquire(account, &scaled, asking), true))
             }
-            Fallback::Allow => Ok(Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false, quota: None }),
+            Fallback::Allow => {
+                Ok((Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false, quota: None }, true))
+            }
             Fallback::Deny => Err(e),
         }
     }
@@ -240,6 +270,39 @@ impl SharedStore {
     ) -> Result<(), StoreError> {
         self.local.renew(account, rule, holders, lease_us, offset_us);
         self.try_redis(|| self.redis.renew(account, rule, holders, lease_us)).await
+    }
+
+    pub async fn inspect(
+        &self,
+        account: &str,
+        rule: &Rule,
+        offset_us: Micros,
+    ) -> Result<(RuleState, Micros), StoreError> {
+        match self.try_redis(|| self.redis.inspect(account, rule)).await {
+            Ok(v) => Ok(v),
+            // Say what this instance decides by while Redis is away.
+            Err(_) if self.resilience.fallback == Fallback::Local => Ok(self.local.inspect(account, rule, offset_us)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Imposed or lifted in Redis, and locally too so that this instance
+    /// honours it while Redis is away.
+    pub async fn set_penalty(
+        &self,
+        account: &str,
+        rule: &Rule,
+        len_us: Micros,
+        offset_us: Micros,
+    ) -> Result<(Micros, Micros), StoreError> {
+        let local = self.local.set_penalty(account, rule, len_us, offset_us);
+        match self.try_redis(|| self.redis.set_penalty(account, rule, len_us)).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "penalty changed on this instance only: Redis is unavailable");
+                Ok(local)
+            }
+        }
     }
 
     pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {

@@ -268,7 +268,7 @@ pub struct Gate {
 
 /// Config text for a gate in front of `upstream` (an `http://host:port` base).
 pub fn config_text(upstream: &str, rules: &str) -> String {
-    format!("[server]\nlisten = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\nupstream_timeout = \"2s\"\n\n{rules}\n")
+    format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\nupstream_timeout = \"2s\"\n\n{rules}\n")
 }
 
 impl Gate {

@@ -1,0 +1,27 @@
+-- set_penalty.lua: impose or lift a penalty by hand (admin API), e.g. after
+-- WeChat's clear_quota. Lifting also ends the escalation, and answers to
+-- calls sent before the lift cannot re-impose it. Mirrors MemoryStore::set_penalty.
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  penalty length in microseconds; 0 lifts the penalty
+--
+-- Returns {until, now}.
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local len = tonumber(ARGV[2])
+local f = function(x) return string.format('%.0f', x) end
+local untl = 0
+if len > 0 then untl = now + len end
+redis.call('HSET', KEYS[1], 'pu', f(untl), 'ps', f(now), 'pl', '0', 'pn', f(len))
+local ms = math.floor((2 * len) / 1000) + 1000
+if redis.call('PTTL', KEYS[1]) < ms then
+  redis.call('PEXPIRE', KEYS[1], ms)
+end
+return {untl, now}

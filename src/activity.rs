@@ -1,0 +1,55 @@
+//! What this instance is doing right now per (account, rule): calls held for
+//! shaping and calls in flight at WeChat. For `/v1/buckets` and metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Held = 0,
+    InFlight = 1,
+}
+
+type Key = (String, Arc<str>);
+
+#[derive(Default)]
+pub struct Activity {
+    counts: Mutex<HashMap<Key, [u32; 2]>>,
+}
+
+impl Activity {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<Key, [u32; 2]>> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one call of `kind` until the guard drops.
+    pub fn enter(self: &Arc<Self>, account: &str, rule: &Arc<str>, kind: Kind) -> ActivityGuard {
+        let key = (account.to_owned(), rule.clone());
+        self.counts().entry(key.clone()).or_default()[kind as usize] += 1;
+        ActivityGuard { activity: self.clone(), key, kind }
+    }
+
+    /// (held, in flight) for one (account, rule).
+    pub fn get(&self, account: &str, rule: &Arc<str>) -> (u32, u32) {
+        let c = self.counts().get(&(account.to_owned(), rule.clone())).copied().unwrap_or_default();
+        (c[0], c[1])
+    }
+}
+
+pub struct ActivityGuard {
+    activity: Arc<Activity>,
+    key: Key,
+    kind: Kind,
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        let mut counts = self.activity.counts();
+        if let Some(c) = counts.get_mut(&self.key) {
+            c[self.kind as usize] = c[self.kind as usize].saturating_sub(1);
+            if *c == [0, 0] {
+                counts.remove(&self.key);
+            }
+        }
+    }
+}

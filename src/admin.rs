@@ -1,0 +1,257 @@
+//! The admin listener (`[server] admin_listen`, loopback by default; never
+//! the proxy's listener):
+//!
+//! | endpoint | |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text (OpenMetrics) |
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active |
+//! | `GET /v1/rules` | the compiled rules |
+//! | `GET /v1/buckets/{account}/{rule}` | one pair's state |
+//! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`) |
+//! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
+//!
+//! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
+//! needs `Authorization: Bearer <token>`; `/metrics` and the probes stay open.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::bucket::{describe, Here};
+use crate::config::valid_account;
+use crate::limit::{Limit, Rule};
+use crate::proxy::App;
+use crate::store::{Fallback, Store};
+
+type Answer = Response<Full<Bytes>>;
+
+/// Serves the admin API until `stop` turns true.
+pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                },
+                _ = stop.changed() => return,
+            };
+            let app = app.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, Infallible>(route(&app, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(std::time::Duration::from_secs(10))
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
+/// Binds the admin address, if one is configured.
+pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, String> {
+    match addr {
+        None => Ok(None),
+        Some(a) => TcpListener::bind(a).await.map(Some).map_err(|e| format!("cannot listen on {a} (admin): {e}")),
+    }
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn json_answer(status: StatusCode, value: Value) -> Answer {
+    answer(status, "application/json", value.to_string())
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
+    json_answer(status, json!({ "error": message.to_string() }))
+}
+
+async fn route(app: &App, req: Request<Incoming>) -> Answer {
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => metrics(app),
+        (&Method::GET, ["healthz"]) => answer(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, ["readyz"]) => ready(app),
+        (_, ["v1", ..]) => {
+            if let Some(denied) = check_token(app, &req) {
+                return denied;
+            }
+            match (req.method(), &segments[1..]) {
+                (&Method::GET, ["rules"]) => rules(app),
+                (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule).await,
+                (&Method::DELETE, ["penalties", account, rule]) => penalty(app, account, rule, Some(0)).await,
+                (&Method::POST, ["penalties", account, rule]) => {
+                    let seconds = req
+                        .uri()
+                        .query()
+                        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("seconds=")))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .filter(|&s| s > 0 && s <= 31 * 86_400);
+                    match seconds {
+                        Some(s) => penalty(app, account, rule, Some(s as i64 * 1_000_000)).await,
+                        None => error(StatusCode::BAD_REQUEST, "give ?seconds=N (1 to 2678400)"),
+                    }
+                }
+                _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+    }
+}
+
+fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
+    let config = app.config.load();
+    let expected = config.server.admin_token.as_deref()?;
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+        return None;
+    }
+    let mut resp = error(StatusCode::UNAUTHORIZED, "the admin API needs Authorization: Bearer <admin_token>");
+    resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(resp)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn metrics(app: &App) -> Answer {
+    if let Store::Redis(shared) = &*app.store {
+        app.metrics.breaker_open.set(i64::from(shared.breaker.is_open()));
+    }
+    answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.metrics.encode())
+}
+
+fn ready(app: &App) -> Answer {
+    let config = app.config.load();
+    let (ready, store, decisions) = match &*app.store {
+        Store::Memory(_) => (true, "memory", "in-process".to_owned()),
+        Store::Redis(shared) if !shared.breaker.is_open() => (true, "redis", "shared (Redis reachable)".to_owned()),
+        Store::Redis(shared) => {
+            let fallback = shared.resilience.fallback;
+            let ready = fallback != Fallback::Deny;
+            (ready, "redis", format!("fallback {fallback:?} (Redis unreachable)").to_lowercase())
+        }
+    };
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json_answer(
+        status,
+        json!({
+            "ready": ready,
+            "config": config.source.display().to_string(),
+            "rules": config.rules.len(),
+            "store": store,
+            "decisions": decisions,
+            "config_reloads": {
+                "ok": app.reloads.ok.load(Ordering::Relaxed),
+                "failed": app.reloads.failed.load(Ordering::Relaxed),
+            },
+        }),
+    )
+}
+
+fn rule_json(rule: &Rule) -> Value {
+    let limits: Vec<Value> = rule
+        .limits
+        .iter()
+        .map(|l| match l {
+            Limit::Window(w) => json!({
+                "kind": "window",
+                "count": w.count,
+                "per_seconds": w.per_us as f64 / 1e6,
+                "burst": w.burst,
+                "refill_per_second": w.refill_per_second(),
+            }),
+            Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
+        })
+        .collect();
+    json!({
+        "name": &*rule.name,
+        "match": rule.patterns,
+        "limits": limits,
+        "max_wait_ms": rule.max_wait_us as f64 / 1e3,
+        "warmup_seconds": rule.warmup_us as f64 / 1e6,
+        "concurrency": (rule.concurrency > 0).then_some(rule.concurrency),
+        "mode": if rule.shadow { "shadow" } else { "enforce" },
+    })
+}
+
+fn rules(app: &App) -> Answer {
+    let config = app.config.load();
+    json_answer(StatusCode::OK, Value::Array(config.rules.iter().map(|r| rule_json(r)).collect()))
+}
+
+fn find_rule(app: &App, account: &str, rule: &str) -> Result<Arc<Rule>, Box<Answer>> {
+    if !valid_account(account) {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -")));
+    }
+    let config = app.config.load();
+    config
+        .rules
+        .iter()
+        .find(|r| &*r.name == rule)
+        .cloned()
+        .ok_or_else(|| Box::new(error(StatusCode::NOT_FOUND, format!("no rule named \"{rule}\""))))
+}
+
+async fn bucket(app: &App, account: &str, rule: &str) -> Answer {
+    let rule = match find_rule(app, account, rule) {
+        Ok(r) => r,
+        Err(resp) => return *resp,
+    };
+    let offset = app.config.load().server.quota_offset_us;
+    match app.store.inspect(account, &rule, offset).await {
+        Ok((state, now)) => {
+            let (held, in_flight) = app.activity.get(account, &rule.name);
+            json_answer(StatusCode::OK, describe(account, &rule, &state, now, offset, Here { held, in_flight }))
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+async fn penalty(app: &App, account: &str, rule: &str, len_us: Option<i64>) -> Answer {
+    let rule = match find_rule(app, account, rule) {
+        Ok(r) => r,
+        Err(resp) => return *resp,
+    };
+    let offset = app.config.load().server.quota_offset_us;
+    let len = len_us.unwrap_or(0);
+    match app.store.set_penalty(account, &rule, len, offset).await {
+        Ok((until, now)) => {
+            tracing::info!(%account, rule = %rule.name, seconds = len / 1_000_000, "penalty set by hand (0 = lifted)");
+            json_answer(
+                StatusCode::OK,
+                json!({
+                    "account": account,
+                    "rule": &*rule.name,
+                    "penalty_seconds": ((until - now).max(0) as f64 / 1e6),
+                    "lifted": len == 0,
+                }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}

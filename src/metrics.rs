@@ -1,0 +1,207 @@
+//! Prometheus metrics (via `prometheus-client`), labelled by rule only: never
+//! by account or token, so cardinality is bounded by the config.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+/// What became of one call. Every call counts exactly once.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    /// Sent to WeChat at once.
+    forwarded,
+    /// Sent to WeChat after being held for its reserved slot.
+    held,
+    /// Sent to WeChat on a decision made without Redis (fallback).
+    degraded,
+    /// Refused by a limit or the concurrency cap (429).
+    throttled,
+    /// Refused by a penalty, or WeChat answered a penalised errcode (429).
+    penalised,
+    /// Shadow mode: would have been refused, was forwarded.
+    shadow_throttled,
+    /// Malformed or refused request (400, 413).
+    rejected_bad_request,
+    /// No decision could be made (503, `fallback = "deny"`).
+    unavailable,
+    /// WeChat unreachable, failed or too slow (502, 504).
+    upstream_error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::forwarded => "forwarded",
+            Outcome::held => "held",
+            Outcome::degraded => "degraded",
+            Outcome::throttled => "throttled",
+            Outcome::penalised => "penalised",
+            Outcome::shadow_throttled => "shadow_throttled",
+            Outcome::rejected_bad_request => "rejected_bad_request",
+            Outcome::unavailable => "unavailable",
+            Outcome::upstream_error => "upstream_error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    pub rule: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub rule: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrcodeLabels {
+    pub rule: String,
+    pub errcode: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+/// Errcodes that get their own series; all others are `other`.
+const KNOWN_ERRCODES: [i64; 12] = [-1, 0, 40001, 40014, 42001, 45009, 45011, 45015, 45033, 45047, 48001, 48006];
+
+/// Label for a call no rule matched.
+pub const NO_RULE: &str = "_none";
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub calls: Family<OutcomeLabels, Counter>,
+    pub upstream_errcodes: Family<ErrcodeLabels, Counter>,
+    pub upstream_seconds: Histograms,
+    pub decision_seconds: Histograms,
+    pub hold_seconds: Histograms,
+    pub in_flight: Family<RuleLabel, Gauge>,
+    pub held_now: Gauge,
+    pub store_errors: Counter,
+    pub degraded_decisions: Counter,
+    pub breaker_open: Gauge,
+    pub reloads: Family<ResultLabel, Counter>,
+}
+
+type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
+
+/// 5 ms to ~10 s.
+fn upstream_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 12))
+}
+
+/// 50 µs to ~0.4 s.
+fn decision_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 14))
+}
+
+/// 10 ms to ~20 s.
+fn hold_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 12))
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let calls = Family::<OutcomeLabels, Counter>::default();
+        let upstream_errcodes = Family::<ErrcodeLabels, Counter>::default();
+        let upstream_seconds: Histograms = Family::new_with_constructor(upstream_buckets);
+        let decision_seconds: Histograms = Family::new_with_constructor(decision_buckets);
+        let hold_seconds: Histograms = Family::new_with_constructor(hold_buckets);
+        let in_flight = Family::<RuleLabel, Gauge>::default();
+        let held_now = Gauge::default();
+        let store_errors = Counter::default();
+        let degraded_decisions = Counter::default();
+        let breaker_open = Gauge::default();
+        let reloads = Family::<ResultLabel, Counter>::default();
+
+        let mut registry = Registry::with_prefix("wxgate");
+        registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());
+        registry.register(
+            "upstream_errcodes",
+            "WeChat answers by rule and errcode (0 = success; 45009 and 45033 are the ones to alert on)",
+            upstream_errcodes.clone(),
+        );
+        registry.register("upstream_seconds", "Time to WeChat's response head", upstream_seconds.clone());
+        registry.register("decision_seconds", "Time to decide (store round trip included)", decision_seconds.clone());
+        registry.register("hold_seconds", "Time calls were held for their reserved slot", hold_seconds.clone());
+        registry.register("in_flight", "Calls at WeChat now, from this instance", in_flight.clone());
+        registry.register("held", "Calls held for shaping now, on this instance", held_now.clone());
+        registry.register("store_errors", "Redis calls that failed or timed out", store_errors.clone());
+        registry.register(
+            "degraded_decisions",
+            "Decisions made without Redis (by [store] fallback)",
+            degraded_decisions.clone(),
+        );
+        registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
+        registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
+        let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+        registry.register("build", "wxgate build", info);
+        Metrics {
+            registry,
+            calls,
+            upstream_errcodes,
+            upstream_seconds,
+            decision_seconds,
+            hold_seconds,
+            in_flight,
+            held_now,
+            store_errors,
+            degraded_decisions,
+            breaker_open,
+            reloads,
+        }
+    }
+
+    pub fn call(&self, rule: &str, outcome: Outcome) {
+        self.calls.get_or_create(&OutcomeLabels { rule: rule.to_owned(), outcome }).inc();
+    }
+
+    pub fn errcode(&self, rule: &str, code: i64) {
+        let errcode = if KNOWN_ERRCODES.contains(&code) { code.to_string() } else { "other".to_owned() };
+        self.upstream_errcodes.get_or_create(&ErrcodeLabels { rule: rule.to_owned(), errcode }).inc();
+    }
+
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" }.to_owned();
+        self.reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Keeps an in-flight gauge raised while alive.
+pub struct InFlightGuard(Gauge);
+
+impl InFlightGuard {
+    pub fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        InFlightGuard(gauge)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
