@@ -234,7 +234,10 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
             log.errcode = Some(code);
             app.metrics.errcode(rule_name, code);
         }
-        Verdict::Success => app.metrics.errcode(rule_name, 0),
+        Verdict::Success => {
+            log.errcode = Some(0);
+            app.metrics.errcode(rule_name, 0);
+        }
         Verdict::Unknown => {}
     }
     if verdict == Verdict::Success && config.max_warmup_us > 0 && TOKEN_PATHS.contains(&normalise(&path).as_str()) {

@@ -95,7 +95,8 @@ pub fn serve(listener: TcpListener, admin: Option<TcpListener>, app: Arc<App>) -
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .max_buf_size(MAX_HEAD_BYTES)
+                .max_buf_size(2 * MAX_HEAD_BYTES)
+                .max_header_size(MAX_HEAD_BYTES)
                 .max_headers(MAX_HEADERS)
                 .serve_connection(TokioIo::new(stream), service);
             let conn = graceful.watch(conn);

@@ -3,11 +3,16 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// A running wxgate process; killed on drop.
 pub struct Instance {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The admin listener's address, if it runs.
+    pub admin: Option<SocketAddr>,
+    /// Everything the process has logged so far (stderr).
+    pub log: Arc<Mutex<String>>,
 }
 
 impl Drop for Instance {
@@ -18,6 +23,11 @@ impl Drop for Instance {
 }
 
 impl Instance {
+    /// What the process has logged so far.
+    pub fn logged(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
     /// Kills the process at once (SIGKILL): no graceful shutdown, no releases.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -56,11 +66,28 @@ pub fn spawn_path(path: &std::path::Path, env: &[(&str, &str)]) -> Result<Instan
         };
         seen.push_str(&line);
         seen.push('\n');
-        if let Some(rest) = line.split("listen=").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address").parse().expect("socket address");
-            // Keep draining stderr so the process never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            return Ok(Instance { child, addr });
+        if let Some(addr) = field(&line, "listen").and_then(|a| a.parse().ok()) {
+            let admin = field(&line, "admin").and_then(|a| a.parse().ok());
+            // Keep reading stderr (so the process never blocks on a full pipe), and keep it.
+            let log = Arc::new(Mutex::new(seen));
+            let keep = log.clone();
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    let mut l = keep.lock().expect("log");
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+            return Ok(Instance { child, addr, admin, log });
         }
     }
+}
+
+/// The value of `name` in a text (`name=value`) or JSON (`"name":"value"`) log line.
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    if let Some(rest) = line.split(&format!(" {name}=")).nth(1) {
+        return rest.split_whitespace().next();
+    }
+    let rest = line.split(&format!("\"{name}\":\"")).nth(1)?;
+    rest.split('"').next()
 }

@@ -1,0 +1,234 @@
+//! The admin listener: metrics after a scenario, bucket inspection, lifting
+//! and imposing penalties (both stores), the bearer token, shadow mode, the
+//! RateLimit headers and the access log.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use support::redis_server::RedisServer;
+use support::*;
+
+const RULES: &str = r#"
+[[rule]]
+name = "send"
+match = ["/cgi-bin/message/custom/send"]
+limits = [{ count = 3, per = "1m", burst = 3 }, { count = 100, per = "day" }]
+"#;
+
+async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Answer {
+    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    send(req.body(Full::new(Bytes::new())).expect("request")).await
+}
+
+fn admin_addr(gate: &Gate) -> SocketAddr {
+    gate.running.as_ref().expect("running").admin_addr.expect("admin listener")
+}
+
+/// The value of one sample line of the exposition, if present.
+fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_what_a_scenario_did() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, RULES).await;
+    for _ in 0..3 {
+        assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
+    }
+    assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 429);
+    assert_eq!(gate.get_as("bad account!", "/cgi-bin/message/custom/send").await.status, 400);
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(gate.get_as("other", "/cgi-bin/message/custom/send").await.status, 429);
+    assert_eq!(gate.get("/cgi-bin/unmatched").await.status, 200);
+
+    let m = admin(admin_addr(&gate), "GET", "/metrics", None).await;
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").is_some_and(|c| c.starts_with("application/openmetrics-text")));
+    let text = m.text();
+    let calls = |rule: &str, outcome: &str| {
+        sample(&text, &format!("wxgate_calls_total{{rule=\"{rule}\",outcome=\"{outcome}\"}}")).unwrap_or(0.0)
+    };
+    assert_eq!(calls("send", "forwarded"), 3.0, "{text}");
+    assert_eq!(calls("send", "throttled"), 1.0);
+    assert_eq!(calls("send", "penalised"), 1.0);
+    assert_eq!(calls("_none", "rejected_bad_request"), 1.0);
+    assert_eq!(calls("_none", "forwarded"), 1.0);
+    assert_eq!(sample(&text, "wxgate_upstream_errcodes_total{rule=\"send\",errcode=\"45009\"}"), Some(1.0));
+    assert_eq!(sample(&text, "wxgate_upstream_errcodes_total{rule=\"send\",errcode=\"0\"}"), Some(3.0));
+    assert_eq!(sample(&text, "wxgate_upstream_seconds_count{rule=\"send\"}"), Some(4.0));
+    assert_eq!(sample(&text, "wxgate_decision_seconds_count{rule=\"send\"}"), Some(5.0));
+    assert_eq!(sample(&text, "wxgate_in_flight{rule=\"send\"}"), Some(0.0));
+    assert!(text.contains("wxgate_build_info{version=\""), "{text}");
+    assert!(!text.contains("other") || !text.contains("account"), "no account label: {text}");
+}
+
+#[tokio::test]
+async fn buckets_show_tokens_quota_and_penalty() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, RULES).await;
+    assert_eq!(gate.get_as("wxA", "/cgi-bin/message/custom/send").await.status, 200);
+    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/send", None).await;
+    assert_eq!(b.status, 200, "{}", b.text());
+    let v = b.json();
+    assert_eq!(v["limits"][0]["tokens"], 2, "{v}");
+    assert_eq!(v["limits"][1]["used"], 1);
+    assert_eq!(v["limits"][1]["remaining"], 99);
+    assert_eq!(v["limits"][1]["resets_at"], "2026-11-30T00:00:00.000+08:00");
+    assert_eq!(v["penalty"]["active"], false);
+    assert_eq!(v["this_instance"]["in_flight"], 0);
+    assert_eq!(admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/nope", None).await.status, 404);
+    assert_eq!(admin(admin_addr(&gate), "GET", "/v1/buckets/bad!/send", None).await.status, 400);
+    let rules = admin(admin_addr(&gate), "GET", "/v1/rules", None).await.json();
+    assert_eq!(rules[0]["name"], "send");
+    assert_eq!(rules[0]["limits"][0]["burst"], 3);
+}
+
+async fn lift_and_impose(gate: &Gate, mock: &MockWeChat) {
+    let addr = admin_addr(gate);
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(gate.get_as("wxA", "/cgi-bin/message/custom/send").await.status, 429);
+    mock.respond(|_| ok_reply());
+    let a = gate.get_as("wxA", "/cgi-bin/message/custom/send").await;
+    assert_eq!(a.header("x-wxgate-reason"), Some("penalty"), "penalised");
+    let b = admin(addr, "GET", "/v1/buckets/wxA/send", None).await.json();
+    assert_eq!(b["penalty"]["active"], true, "{b}");
+    // After WeChat's clear_quota, an operator lifts it: calls flow again.
+    let lifted = admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await;
+    assert_eq!(lifted.status, 200, "{}", lifted.text());
+    assert_eq!(lifted.json()["lifted"], true);
+    assert_eq!(gate.get_as("wxA", "/cgi-bin/message/custom/send").await.status, 200);
+    // And one can be imposed by hand.
+    let imposed = admin(addr, "POST", "/v1/penalties/wxA/send?seconds=120", None).await;
+    assert_eq!(imposed.status, 200);
+    let a = gate.get_as("wxA", "/cgi-bin/message/custom/send").await;
+    assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("penalty")));
+    assert!((119..=120).contains(&a.retry_after()));
+    assert_eq!(admin(addr, "POST", "/v1/penalties/wxA/send", None).await.status, 400, "seconds is required");
+}
+
+#[tokio::test]
+async fn penalties_lifted_and_imposed_through_the_api_memory_store() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, RULES).await;
+    lift_and_impose(&gate, &mock).await;
+}
+
+#[tokio::test]
+async fn penalties_lifted_and_imposed_through_the_api_redis_store() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let rules = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n{RULES}", redis.url());
+    let gate = Gate::start_real(&mock, &rules).await;
+    lift_and_impose(&gate, &mock).await;
+    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/send", None).await.json();
+    assert_eq!(b["limits"][1]["used"], 2, "read from Redis: {b}");
+    let ready = admin(admin_addr(&gate), "GET", "/readyz", None).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["store"], "redis");
+}
+
+#[tokio::test]
+async fn the_admin_api_needs_the_token_when_one_is_set() {
+    let mock = MockWeChat::start().await;
+    let text = config_text(&format!("http://{}", mock.addr), RULES)
+        .replace("[server]\n", "[server]\nadmin_token = \"s3cret-token\"\n");
+    let gate = Gate::start_text(&text).await;
+    let addr = admin_addr(&gate);
+    let denied = admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await;
+    assert_eq!(denied.status, 401);
+    assert_eq!(denied.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(admin(addr, "GET", "/v1/rules", Some("wrong")).await.status, 401);
+    assert_eq!(admin(addr, "GET", "/v1/rules", Some("s3cret-token")).await.status, 200);
+    // Probes and metrics stay open for Prometheus and orchestrators.
+    assert_eq!(admin(addr, "GET", "/healthz", None).await.status, 200);
+    assert_eq!(admin(addr, "GET", "/metrics", None).await.status, 200);
+    // The admin API is not on the proxy listener.
+    let via_proxy = gate.get("/v1/rules").await;
+    assert_ne!(via_proxy.header("content-type"), Some("application/json; admin"));
+    assert_eq!(
+        mock.calls().last().map(|c| c.path_and_query.clone()),
+        Some("/v1/rules".into()),
+        "forwarded, not served"
+    );
+}
+
+#[tokio::test]
+async fn shadow_mode_forwards_everything_and_counts_what_it_would_refuse() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, &RULES.replace("name = \"send\"", "name = \"send\"\nmode = \"shadow\"")).await;
+    for _ in 0..5 {
+        assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200, "every call forwarded");
+    }
+    assert_eq!(mock.count(), 5);
+    let text = admin(admin_addr(&gate), "GET", "/metrics", None).await.text();
+    assert_eq!(sample(&text, "wxgate_calls_total{rule=\"send\",outcome=\"forwarded\"}"), Some(3.0));
+    assert_eq!(sample(&text, "wxgate_calls_total{rule=\"send\",outcome=\"shadow_throttled\"}"), Some(2.0));
+    // State as if enforcing: 3 debited, the 2 it would refuse were not.
+    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/default/send", None).await.json();
+    assert_eq!(b["limits"][1]["used"], 3, "{b}");
+    // A WeChat penalty is recorded but WeChat's answer passes unchanged.
+    mock.respond(|_| errcode_reply(45009));
+    gate.advance(std::time::Duration::from_secs(60));
+    let a = gate.get("/cgi-bin/message/custom/send").await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["errcode"], 45009);
+    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/default/send", None).await.json();
+    assert_eq!(b["penalty"]["active"], true);
+}
+
+#[tokio::test]
+async fn ratelimit_headers_describe_the_policy_and_can_be_turned_off() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, RULES).await;
+    let a = gate.get("/cgi-bin/message/custom/send").await;
+    assert_eq!(a.header("ratelimit-policy"), Some("\"send.60s\";q=3;w=60, \"send.day\";q=100;w=86400"));
+    // Burst = count: two left in the minute window, whole again 60 s after the call.
+    assert_eq!(a.header("ratelimit"), Some("\"send.60s\";r=2;t=60"));
+    gate.get("/cgi-bin/message/custom/send").await;
+    gate.get("/cgi-bin/message/custom/send").await;
+    let refused = gate.get("/cgi-bin/message/custom/send").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("ratelimit"), Some("\"send.60s\";r=0;t=60"));
+
+    let off = config_text(&format!("http://{}", mock.addr), RULES)
+        .replace("[server]\n", "[server]\nratelimit_headers = false\n");
+    let gate = Gate::start_text(&off).await;
+    let a = gate.get("/cgi-bin/message/custom/send").await;
+    assert_eq!((a.header("ratelimit"), a.header("ratelimit-policy")), (None, None));
+}
+
+#[tokio::test]
+async fn one_json_access_log_line_per_call() {
+    let mock = MockWeChat::start().await;
+    let text = config_text(&format!("http://{}", mock.addr), &format!("[log]\nformat = \"json\"\n{RULES}"));
+    let gate = support::process::spawn(&text, "access-json", &[]).expect("serving");
+    let url = |p: &str| format!("http://{}{p}", gate.addr);
+    let req =
+        |p: &str| http::Request::get(url(p)).header("x-wx-account", "wxA").body(Full::new(Bytes::new())).expect("req");
+    assert_eq!(send(req("/cgi-bin/message/custom/send?access_token=SECRET")).await.status, 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let line = loop {
+        if let Some(l) = gate.logged().lines().find(|l| l.contains("wxgate::access")).map(str::to_owned) {
+            break l;
+        }
+        assert!(std::time::Instant::now() < deadline, "no access log line:\n{}", gate.logged());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object per line");
+    assert_eq!(v["method"], "GET");
+    assert_eq!(v["path"], "/cgi-bin/message/custom/send");
+    assert_eq!(v["rule"], "send");
+    assert_eq!(v["account"], "wxA");
+    assert_eq!(v["outcome"], "forwarded");
+    assert_eq!(v["status"], 200);
+    assert_eq!(v["errcode"], 0);
+    assert!(v["decision_ms"].is_number() && v["upstream_ms"].is_number() && v["held_ms"].is_number(), "{v}");
+    assert!(!line.contains("SECRET"), "{line}");
+}

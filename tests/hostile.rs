@@ -1,0 +1,632 @@
+//! Hostile and malformed clients over real sockets: oversized heads, too many
+//! or invalid headers, oversized bodies, slow clients, HTTP/1.0, pipelining,
+//! request smuggling and path tricks. What matters is what a client gets back
+//! and that nothing unintended reaches WeChat.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use support::*;
+
+/// Guards against hangs: an exchange that needs longer than this has failed.
+const GUARD: Duration = Duration::from_secs(20);
+
+const SEND: &str = "/cgi-bin/message/custom/send";
+
+/// Config text for a gate in front of `mock` with extra `[server]` lines.
+fn config_with(mock: SocketAddr, server: &str, rules: &str) -> String {
+    config_text(&format!("http://{mock}"), rules).replacen("[server]\n", &format!("[server]\n{server}\n"), 1)
+}
+
+/// What one connection produced: every byte the server sent, and whether it
+/// closed the connection (EOF or reset) before the guard ran out.
+struct Exchange {
+    bytes: Vec<u8>,
+    closed: bool,
+}
+
+impl Exchange {
+    fn responses(&self) -> Vec<RawResponse> {
+        parse_responses(&self.bytes)
+    }
+
+    /// The one response of this exchange; the server must have closed the connection.
+    fn only(&self) -> RawResponse {
+        assert!(self.closed, "the server closes the connection: {}", self.text());
+        let mut all = self.responses();
+        assert_eq!(all.len(), 1, "exactly one response: {}", self.text());
+        all.remove(0)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// Writes `bytes` on a fresh connection (write errors ignored: the server may
+/// close early) while reading everything the server sends until it closes.
+async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Exchange {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    let payload = bytes.to_vec();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&payload).await;
+        // Keep the write half open: a half-close would let the server treat
+        // an EOF as the end of the request.
+        wr
+    });
+    let ex = read_until_closed(&mut rd).await;
+    drop(writer.await);
+    ex
+}
+
+async fn read_until_closed<R: AsyncReadExt + Unpin>(rd: &mut R) -> Exchange {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let closed = tokio::time::timeout(GUARD, async {
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    Exchange { bytes: out, closed }
+}
+
+/// One HTTP/1.x response as read off the wire.
+#[derive(Debug)]
+struct RawResponse {
+    version: String,
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("JSON body ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Splits a byte stream into responses (Content-Length, chunked or
+/// close-delimited bodies). Panics on anything that is not HTTP/1.x.
+fn parse_responses(mut rest: &[u8]) -> Vec<RawResponse> {
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let end = find(rest, b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("incomplete response head: {:?}", String::from_utf8_lossy(rest)));
+        let head = std::str::from_utf8(&rest[..end]).expect("ASCII head");
+        rest = &rest[end + 4..];
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().expect("status line");
+        let mut parts = status_line.splitn(3, ' ');
+        let version = parts.next().unwrap_or_default().to_owned();
+        assert!(version.starts_with("HTTP/1."), "not an HTTP/1.x response: {status_line:?}");
+        let status: u16 =
+            parts.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status: {status_line:?}"));
+        let headers: Vec<(String, String)> = lines
+            .map(|l| {
+                let (k, v) = l.split_once(':').unwrap_or_else(|| panic!("header line: {l:?}"));
+                (k.trim().to_ascii_lowercase(), v.trim().to_owned())
+            })
+            .collect();
+        let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        let body = if get("transfer-encoding").is_some_and(|te| te.eq_ignore_ascii_case("chunked")) {
+            let mut body = Vec::new();
+            loop {
+                let eol = find(rest, b"\r\n").expect("chunk size line");
+                let size_text = std::str::from_utf8(&rest[..eol]).expect("chunk size");
+                let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                    .unwrap_or_else(|_| panic!("chunk size {size_text:?}"));
+                rest = &rest[eol + 2..];
+                if size == 0 {
+                    let trailer_end = find(rest, b"\r\n").expect("end of chunked body");
+                    rest = &rest[trailer_end + 2..];
+                    break;
+                }
+                body.extend_from_slice(&rest[..size]);
+                rest = &rest[size + 2..];
+            }
+            body
+        } else if let Some(len) = get("content-length") {
+            let len: usize = len.parse().expect("content-length");
+            let body = rest[..len].to_vec();
+            rest = &rest[len..];
+            body
+        } else if status == 204 || status == 304 || status < 200 {
+            Vec::new()
+        } else {
+            let body = rest.to_vec();
+            rest = &[];
+            body
+        };
+        out.push(RawResponse { version, status, headers, body });
+    }
+    out
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// An upstream that records only calls whose request body arrived complete,
+/// and counts connections that ended. (`MockWeChat` records a call even when
+/// its body broke off midway.)
+#[derive(Clone, Default)]
+struct StrictUpstream {
+    complete: Arc<Mutex<Vec<(String, Bytes)>>>,
+    broken: Arc<AtomicUsize>,
+}
+
+impl StrictUpstream {
+    async fn start() -> (SocketAddr, StrictUpstream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let up = StrictUpstream::default();
+        let u = up.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let u = u.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let u = u.clone();
+                        async move {
+                            let path = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+                            match req.into_body().collect().await {
+                                Ok(b) => u.complete.lock().expect("complete").push((path, b.to_bytes())),
+                                Err(_) => {
+                                    u.broken.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{\"errcode\":0}"))))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (addr, up)
+    }
+
+    fn complete(&self) -> Vec<(String, Bytes)> {
+        self.complete.lock().expect("complete").clone()
+    }
+}
+
+// --- request heads ------------------------------------------------------------
+
+#[tokio::test]
+async fn request_head_under_64_kib_is_served() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    let headers: String = (0..60).map(|i| format!("X-Pad-{i}: {}\r\n", "a".repeat(1000))).collect();
+    let req = format!("GET /cgi-bin/token HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n");
+    let ex = exchange(gate.addr, req.as_bytes()).await;
+    assert_eq!(ex.only().status, 200, "{}", ex.text());
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].headers.get("x-pad-59").map(|v| v.len()), Some(1000));
+}
+
+#[tokio::test]
+async fn request_head_over_64_kib_is_431_and_never_forwarded() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    let many_headers: String = (0..70).map(|i| format!("X-Pad-{i}: {}\r\n", "a".repeat(1000))).collect();
+    let one_huge_header = format!("X-Huge: {}\r\n", "b".repeat(70 * 1024));
+    for (label, headers) in [("70 headers of 1 KB", many_headers), ("one 70 KiB header", one_huge_header)] {
+        let req = format!(
+            "GET /cgi-bin/token?grant_type=client_credential HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n"
+        );
+        let ex = exchange(gate.addr, req.as_bytes()).await;
+        let resp = ex.only();
+        assert_eq!(resp.status, 431, "{label}: {}", ex.text());
+    }
+    assert_eq!(mock.count(), 0, "an oversized request never reaches WeChat");
+}
+
+#[tokio::test]
+async fn more_than_100_header_fields_is_431_and_100_are_served() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    // Host, Connection and 98 others: exactly the limit.
+    let at_limit: String = (0..98).map(|i| format!("X-H-{i}: v\r\n")).collect();
+    let req = format!("GET /cgi-bin/token HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{at_limit}\r\n");
+    let ex = exchange(gate.addr, req.as_bytes()).await;
+    assert_eq!(ex.only().status, 200, "100 header fields are served: {}", ex.text());
+    assert_eq!(mock.count(), 1);
+    assert!(mock.calls()[0].headers.contains_key("x-h-97"));
+
+    let over: String = (0..100).map(|i| format!("X-H-{i}: v\r\n")).collect();
+    let req = format!("GET /cgi-bin/token HTTP/1.1\r\nHost: x\r\n{over}\r\n");
+    let ex = exchange(gate.addr, req.as_bytes()).await;
+    assert_eq!(ex.only().status, 431, "101 header fields: {}", ex.text());
+    assert_eq!(mock.count(), 1, "the request with 101 header fields never reaches WeChat");
+}
+
+#[tokio::test]
+async fn invalid_header_bytes_are_400_and_never_forwarded() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    let cases: [(&str, &[u8]); 8] = [
+        ("space in a header name", b"Bad Name: x\r\n"),
+        ("space before the colon", b"X-A : x\r\n"),
+        ("NUL in a value", b"X-Nul: a\0b\r\n"),
+        ("control character in a value", b"X-Ctl: a\x01b\r\n"),
+        ("DEL in a value", b"X-Del: a\x7fb\r\n"),
+        ("header line without a colon", b"NoColonHere\r\n"),
+        ("obsolete line folding", b"X-Fold: a\r\n folded\r\n"),
+        ("non-token byte in a name", b"X-\xffName: x\r\n"),
+    ];
+    for (label, header) in cases {
+        let mut req = b"GET /cgi-bin/token HTTP/1.1\r\nHost: x\r\n".to_vec();
+        req.extend_from_slice(header);
+        req.extend_from_slice(b"\r\n");
+        let ex = exchange(gate.addr, &req).await;
+        assert_eq!(ex.only().status, 400, "{label}: {}", ex.text());
+    }
+    assert_eq!(mock.count(), 0, "malformed requests never reach WeChat");
+}
+
+// --- request bodies -----------------------------------------------------------
+
+const SMALL_BODY: &str = "max_body = \"1KiB\"";
+
+#[tokio::test]
+async fn body_over_max_body_with_content_length_is_413_and_never_forwarded() {
+    let mock = MockWeChat::start().await;
+    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
+    let gate = Gate::start_text(&config_with(mock.addr, SMALL_BODY, rules)).await;
+
+    // Exactly at the cap: forwarded whole.
+    let body = "x".repeat(1024);
+    let req = format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1024\r\n\r\n{body}");
+    let ex = exchange(gate.addr, req.as_bytes()).await;
+    assert_eq!(ex.only().status, 200, "{}", ex.text());
+    assert_eq!(mock.calls()[0].body.len(), 1024);
+
+    // One byte over: refused before anything is decided or forwarded.
+    for (label, path) in [("ruled path", SEND), ("unruled path", "/cgi-bin/other")] {
+        let body = "y".repeat(1025);
+        // Connection: close, or hyper keeps the connection for the next request.
+        let req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1025\r\n\r\n{body}");
+        let ex = exchange(gate.addr, req.as_bytes()).await;
+        let resp = ex.only();
+        assert_eq!(resp.status, 413, "{label}: {}", ex.text());
+        assert_eq!(resp.header("content-type"), Some("application/json"), "{label}");
+        let json = resp.json();
+        assert_eq!(json["errcode"], 40097, "{label}: {json}");
+        assert!(json["errmsg"].as_str().is_some_and(|m| m.starts_with("wxgate: ")), "{label}: {json}");
+    }
+    // A huge declared length is refused at once, without waiting for the body,
+    // and the connection is closed (the body cannot be drained).
+    let ex = exchange(
+        gate.addr,
+        b"POST /cgi-bin/message/custom/send HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\nabc",
+    )
+    .await;
+    assert_eq!(ex.only().status, 413, "{}", ex.text());
+    assert_eq!(mock.count(), 1, "only the call within the cap reached WeChat");
+}
+
+fn chunked(chunks: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        out.extend_from_slice(c);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+#[tokio::test]
+async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwarded() {
+    let (addr, upstream) = StrictUpstream::start().await;
+    for (label, rules) in [
+        ("ruled path", "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n"),
+        ("unruled path", ""),
+    ] {
+        let gate = Gate::start_text(&config_with(addr, SMALL_BODY, rules)).await;
+        let before = upstream.complete().len();
+
+        // Under the cap in three chunks: forwarded whole.
+        let chunk = [b'a'; 300];
+        let mut req =
+            format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .into_bytes();
+        req.extend_from_slice(&chunked(&[&chunk, &chunk, &chunk]));
+        let ex = exchange(gate.addr, &req).await;
+        assert_eq!(ex.only().status, 200, "{label}: {}", ex.text());
+        let complete = upstream.complete();
+        assert_eq!(complete.len(), before + 1, "{label}");
+        assert_eq!(complete[before].1.len(), 900, "{label}: the whole body arrived");
+
+        // Over the cap: 4 × 512 bytes, no Content-Length.
+        let chunk = [b'z'; 512];
+        let mut req = format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
+        req.extend_from_slice(&chunked(&[&chunk, &chunk, &chunk, &chunk]));
+        let ex = exchange(gate.addr, &req).await;
+        let resp = ex.only();
+        assert_eq!(resp.status, 413, "{label}: {}", ex.text());
+        let json = resp.json();
+        assert_eq!(json["errcode"], 40097, "{label}: {json}");
+        // The upstream may have seen the start of the call, but never a
+        // complete one: the body was cut off, so WeChat cannot act on it.
+        assert_eq!(upstream.complete().len(), before + 1, "{label}: no complete call beyond the first");
+    }
+}
+
+// --- slow clients ---------------------------------------------------------------
+
+const SLOW: &str = "header_timeout = \"200ms\"";
+
+#[tokio::test]
+async fn client_stalling_mid_request_line_is_disconnected_without_an_answer() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    for (label, partial) in [("half a request line", &b"GET /cgi-bin/tok"[..]), ("nothing at all", &b""[..])] {
+        let started = Instant::now();
+        let mut s = TcpStream::connect(gate.addr).await.expect("connect");
+        s.write_all(partial).await.expect("write");
+        let ex = read_until_closed(&mut s).await;
+        let waited = started.elapsed();
+        assert!(ex.closed, "{label}: the server closes a stalled connection (waited {waited:?})");
+        // hyper closes on a header timeout without sending anything (no 408).
+        assert_eq!(ex.text(), "", "{label}: no answer is written");
+        assert!(waited >= Duration::from_millis(150), "{label}: not before header_timeout: {waited:?}");
+    }
+    assert_eq!(mock.count(), 0);
+}
+
+#[tokio::test]
+async fn client_dribbling_a_request_head_is_cut_off_at_header_timeout() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    let started = Instant::now();
+    let s = TcpStream::connect(gate.addr).await.expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    // One byte every 20 ms forever: each read makes progress, but the head
+    // never completes. The timeout covers the whole head, not each read.
+    let head = b"GET /cgi-bin/token HTTP/1.1\r\nX-Slow: ".iter().copied().chain(std::iter::repeat(b'a'));
+    let dribbler = tokio::spawn(async move {
+        for b in head {
+            if wr.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let ex = read_until_closed(&mut rd).await;
+    dribbler.abort();
+    assert!(ex.closed, "the server cuts off a dribbling client (after {:?})", started.elapsed());
+    assert_eq!(ex.text(), "", "no answer is written");
+    assert_eq!(mock.count(), 0);
+}
+
+// --- protocol versions and pipelining ----------------------------------------
+
+#[tokio::test]
+async fn http_1_0_request_is_served() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    let ex = exchange(gate.addr, b"GET /cgi-bin/token?grant_type=client_credential HTTP/1.0\r\n\r\n").await;
+    let resp = ex.only();
+    assert_eq!(resp.status, 200, "{}", ex.text());
+    assert!(resp.version.starts_with("HTTP/1."), "{}", ex.text());
+    assert_eq!(resp.json()["errcode"], 0);
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].path_and_query, "/cgi-bin/token?grant_type=client_credential");
+}
+
+#[tokio::test]
+async fn pipelined_requests_get_answers_in_order() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|rec| Reply::Json {
+        body: format!("{{\"errcode\":0,\"path\":{}}}", serde_json::json!(rec.path_and_query)),
+        content_type: "application/json",
+    });
+    let gate = Gate::start(&mock, "").await;
+    let ex = exchange(
+        gate.addr,
+        b"GET /cgi-bin/first?n=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /cgi-bin/second?n=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(ex.closed, "{}", ex.text());
+    let responses = ex.responses();
+    assert_eq!(responses.len(), 2, "{}", ex.text());
+    assert_eq!(responses[0].status, 200);
+    assert_eq!(responses[0].json()["path"], "/cgi-bin/first?n=1");
+    assert_eq!(responses[1].status, 200);
+    assert_eq!(responses[1].json()["path"], "/cgi-bin/second?n=2");
+    let paths: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
+    assert_eq!(paths, ["/cgi-bin/first?n=1", "/cgi-bin/second?n=2"]);
+}
+
+// --- request smuggling --------------------------------------------------------
+
+#[tokio::test]
+async fn transfer_encoding_with_content_length_cannot_smuggle_a_request() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::Echo);
+    let gate = Gate::start(&mock, "").await;
+    let smuggled = "GET /cgi-bin/smuggled?access_token=X HTTP/1.1\r\nHost: x\r\n\r\n";
+    let cases = [
+        // CL.TE: Content-Length covers the smuggled request, chunked ends before it.
+        (
+            "chunked ends first",
+            format!(
+                "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}",
+                5 + smuggled.len()
+            ),
+            "",
+        ),
+        // TE.CL: Content-Length ends early, the smuggled request sits in a chunk.
+        (
+            "content-length ends first",
+            format!(
+                "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n",
+                smuggled.len()
+            ),
+            smuggled,
+        ),
+        // Content-Length after Transfer-Encoding: still TE.
+        (
+            "content-length second",
+            format!(
+                "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n",
+                smuggled.len()
+            ),
+            smuggled,
+        ),
+    ];
+    for (label, req, forwarded_body) in cases {
+        let before = mock.count();
+        let ex = exchange(gate.addr, req.as_bytes()).await;
+        // One answer, then hyper closes the connection (keep-alive is off
+        // when both headers were sent), so nothing after the body is parsed.
+        let resp = ex.only();
+        assert_eq!(resp.status, 200, "{label}: {}", ex.text());
+        assert_eq!(resp.header("x-echo-path"), Some("/cgi-bin/token"), "{label}");
+        assert_eq!(resp.header("connection"), Some("close"), "{label}: the client is told the connection ends");
+        let calls = mock.calls();
+        assert_eq!(calls.len(), before + 1, "{label}: WeChat saw exactly the one call");
+        let call = &calls[before];
+        assert_eq!(call.path_and_query, "/cgi-bin/token", "{label}");
+        assert_eq!(call.body, forwarded_body.as_bytes(), "{label}: the chunked body, and only it");
+        assert!(!call.headers.contains_key("content-length"), "{label}: the dropped Content-Length is not forwarded");
+        assert!(calls.iter().all(|c| !c.path_and_query.contains("smuggled")), "{label}: {calls:?}");
+    }
+}
+
+#[tokio::test]
+async fn ambiguous_body_framing_is_400_and_never_forwarded() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, "").await;
+    let cases: [(&str, &str); 7] = [
+        ("Transfer-Encoding gzip", "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc"),
+        (
+            "chunked not last",
+            "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+        ),
+        (
+            "two different Content-Lengths",
+            "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde",
+        ),
+        (
+            "Content-Length list that disagrees",
+            "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: 3, 5\r\n\r\nabcde",
+        ),
+        ("negative Content-Length", "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\nabc"),
+        ("non-numeric Content-Length", "POST /cgi-bin/token HTTP/1.1\r\nHost: x\r\nContent-Length: 3x\r\n\r\nabc"),
+        (
+            "Transfer-Encoding on HTTP/1.0",
+            "POST /cgi-bin/token HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        ),
+    ];
+    for (label, req) in cases {
+        let ex = exchange(gate.addr, req.as_bytes()).await;
+        assert_eq!(ex.only().status, 400, "{label}: {}", ex.text());
+    }
+    assert_eq!(mock.count(), 0, "no ambiguous request reaches WeChat");
+}
+
+// --- path tricks --------------------------------------------------------------
+
+#[tokio::test]
+async fn path_tricks_cannot_escape_their_rule_and_are_forwarded_unchanged() {
+    let mock = MockWeChat::start().await;
+    let rules = r#"
+[[rule]]
+name = "send"
+match = ["/cgi-bin/message/custom/send"]
+limits = [{ count = 1, per = "day" }]
+
+[[rule]]
+name = "token"
+match = ["/cgi-bin/token"]
+limits = []
+"#;
+    let gate = Gate::start(&mock, rules).await;
+    let get = |path: String| {
+        let addr = gate.addr;
+        async move {
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            exchange(addr, req.as_bytes()).await.only()
+        }
+    };
+
+    let first = get(format!("{SEND}?access_token=T")).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+
+    let tricks = [
+        "/cgi-bin//message/custom/send",
+        "/cgi-bin/message/custom/./send",
+        "/cgi-bin/message%2Fcustom%2Fsend",
+        "/cgi-bin/message%2fcustom%2fsend",
+        "/x/../cgi-bin/message/custom/send",
+        "//cgi-bin/message/custom/send/",
+        "/cgi-bin/message/custom/%73end",
+        "/cgi-bin/message/custom/%2e/send",
+        "/cgi-bin/message/custom/x/%2e%2e/send",
+        "/../../cgi-bin/message/custom/send",
+    ];
+    for path in tricks {
+        let a = get(format!("{path}?access_token=T")).await;
+        assert_eq!(a.status, 429, "{path} is throttled by rule send: {}", a.text());
+        assert_eq!(a.header("x-wxgate-rule"), Some("send"), "{path}");
+        assert_eq!(a.json()["errcode"], 45009, "{path}");
+    }
+    assert_eq!(mock.count(), 1, "no trick reached WeChat past the day quota");
+
+    let detour = "/cgi-bin/message/custom/send/../../../token?grant_type=client_credential";
+    let a = get(detour.to_owned()).await;
+    assert_eq!(a.status, 200, "a detour to /cgi-bin/token is matched by rule token: {}", a.text());
+    assert_eq!(a.header("x-wxgate-rule"), None);
+
+    // Tricks on a rule without limits are forwarded as written.
+    let token_tricks = [
+        "/cgi-bin//token?grant_type=client_credential",
+        "/cgi-bin/./token",
+        "/cgi-bin/%74oken?x=%2F..%2F",
+        "/x/y/../../cgi-bin/token",
+        "/cgi-bin%2Ftoken",
+    ];
+    for path in token_tricks {
+        let a = get(path.to_owned()).await;
+        assert_eq!(a.status, 200, "{path}: {}", a.text());
+    }
+
+    // WeChat receives the bytes the client sent: wxgate never rewrites the path.
+    let paths: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
+    let mut want = vec![format!("{SEND}?access_token=T"), detour.to_owned()];
+    want.extend(token_tricks.iter().map(|p| p.to_string()));
+    assert_eq!(paths, want);
+}

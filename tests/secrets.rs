@@ -1,0 +1,363 @@
+//! Secrets never leak: the wxgate binary, logging at trace or debug level,
+//! serves calls that carry WeChat secrets in the query, the JSON body and the
+//! headers, through every kind of answer wxgate writes itself (429 from a
+//! limit or a penalty, 400, 413, 502, 504). Neither its logs nor any answer
+//! it wrote (nor its admin endpoints) may contain a secret. WeChat's own
+//! answers are relayed unchanged and are not checked.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use support::*;
+
+const SECRETS: [&str; 6] = ["SEKRIT_AT_1", "SEKRIT_S_2", "SEKRIT_CS_3", "SEKRIT_C_4", "SEKRIT_JS_5", "SEKRIT_RT_6"];
+
+const QUERY: &str = "access_token=SEKRIT_AT_1&secret=SEKRIT_S_2&corpsecret=SEKRIT_CS_3&code=SEKRIT_C_4&js_code=SEKRIT_JS_5&refresh_token=SEKRIT_RT_6";
+
+const BODY: &str = r#"{"access_token":"SEKRIT_AT_1","secret":"SEKRIT_S_2","corpsecret":"SEKRIT_CS_3","code":"SEKRIT_C_4","js_code":"SEKRIT_JS_5","refresh_token":"SEKRIT_RT_6"}"#;
+
+/// The same names as headers, plus the usual carriers of credentials.
+const HEADERS: &str =
+    "Access-Token: SEKRIT_AT_1\r\nSecret: SEKRIT_S_2\r\nCorpsecret: SEKRIT_CS_3\r\nCode: SEKRIT_C_4\r\n\
+Js-Code: SEKRIT_JS_5\r\nRefresh-Token: SEKRIT_RT_6\r\nAuthorization: Bearer SEKRIT_AT_1\r\n\
+Cookie: access_token=SEKRIT_AT_1; secret=SEKRIT_S_2\r\nX-Wx-Account: wx1234567890abcdef\r\n";
+
+/// Guards against hangs: nothing here should take this long.
+const GUARD: Duration = Duration::from_secs(20);
+
+const RULES: &str = r#"
+[[rule]]
+name = "send"
+match = ["/cgi-bin/message/custom/send"]
+limits = [{ count = 1, per = "day" }]
+
+[[rule]]
+name = "punished"
+match = ["/cgi-bin/punished"]
+limits = []
+
+[[rule]]
+name = "default"
+limits = []
+"#;
+
+/// A wxgate process whose stderr (and stdout) is collected until it exits.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    log: Arc<Mutex<String>>,
+    readers: Vec<JoinHandle<()>>,
+    config: std::path::PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+impl Proc {
+    fn start(config: &str, tag: &str, filter: &str) -> Proc {
+        let path = std::env::temp_dir().join(format!("wxgate-secrets-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&path, config).expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wxgate"))
+            .args(["--config", path.to_str().expect("utf-8 path")])
+            .env("WXGATE_LOG", filter)
+            .env_remove("WXGATE_CONFIG")
+            .env_remove("WXGATE_REDIS_PASSWORD")
+            .env_remove("WXGATE_ADMIN_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn wxgate");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = mpsc::channel::<String>();
+        let mut readers = Vec::new();
+        let stderr = child.stderr.take().expect("stderr");
+        let keep = log.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = Vec::new();
+            // Bytes, not lines of UTF-8: a log line must not be lost to a decoding error.
+            while reader.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
+                let text = String::from_utf8_lossy(&line).into_owned();
+                keep.lock().expect("log").push_str(&text);
+                if text.contains(" listen=") || text.contains("\"listen\":") {
+                    let _ = ready_tx.send(text);
+                }
+                line.clear();
+            }
+        }));
+        let stdout = child.stdout.take().expect("stdout");
+        let keep = log.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = BufReader::new(stdout).read_to_end(&mut out);
+            keep.lock().expect("log").push_str(&String::from_utf8_lossy(&out));
+        }));
+        let line = match ready_rx.recv_timeout(GUARD) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("wxgate did not start:\n{}", log.lock().expect("log"));
+            }
+        };
+        let field = |name: &str| -> Option<SocketAddr> {
+            let text =
+                line.split(&format!(" {name}=")).nth(1).or_else(|| line.split(&format!("\"{name}\":\"")).nth(1))?;
+            text.split(|c: char| c.is_whitespace() || c == '"').next()?.parse().ok()
+        };
+        let addr = field("listen").unwrap_or_else(|| panic!("no listen address in {line:?}"));
+        let admin = field("admin");
+        Proc { child, addr, admin, log, readers, config: path }
+    }
+
+    /// Stops the process (SIGTERM, so it logs its shutdown; SIGKILL if it
+    /// lingers) and returns everything it wrote.
+    fn stop(mut self) -> String {
+        let pid = self.child.id().to_string();
+        let termed = Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success());
+        let deadline = Instant::now() + GUARD;
+        while termed && Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        let log = self.log.lock().expect("log");
+        log.clone()
+    }
+}
+
+/// Sends `bytes` on a fresh connection and reads until the server closes it.
+async fn exchange(addr: SocketAddr, bytes: Vec<u8>) -> String {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&bytes).await;
+        wr
+    });
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(GUARD, async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    drop(writer.await);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    assert!(read.is_ok(), "the server closes the connection in time: {text:?}");
+    text
+}
+
+fn status_of(response: &str) -> u16 {
+    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {response:?}"))
+}
+
+/// One call: what to send, what status to expect, and whether wxgate wrote
+/// the answer itself (then the whole answer is checked) or relayed WeChat's.
+struct Call {
+    label: &'static str,
+    request: Vec<u8>,
+    status: u16,
+    generated: bool,
+}
+
+fn get(label: &'static str, path: &str, status: u16, generated: bool) -> Call {
+    let request = format!("GET {path}?{QUERY} HTTP/1.1\r\nHost: wxgate\r\n{HEADERS}Connection: close\r\n\r\n");
+    Call { label, request: request.into_bytes(), status, generated }
+}
+
+fn post(label: &'static str, path: &str, body: &str, status: u16, generated: bool) -> Call {
+    let request = format!(
+        "POST {path}?{QUERY} HTTP/1.1\r\nHost: wxgate\r\n{HEADERS}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    Call { label, request: request.into_bytes(), status, generated }
+}
+
+fn raw_call(label: &'static str, request: String, status: u16) -> Call {
+    Call { label, request: request.into_bytes(), status, generated: true }
+}
+
+/// A body over 1 KiB that is all secrets.
+fn big_body() -> String {
+    let mut b = String::from("{\"items\":[");
+    while b.len() < 2048 {
+        b.push_str(BODY);
+        b.push(',');
+    }
+    b.push_str(BODY);
+    b.push_str("]}");
+    b
+}
+
+fn chunked_big_body() -> String {
+    let piece = BODY;
+    let mut out = format!(
+        "POST /cgi-bin/other?{QUERY} HTTP/1.1\r\nHost: wxgate\r\n{HEADERS}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    for _ in 0..16 {
+        out.push_str(&format!("{:x}\r\n{piece}\r\n", piece.len()));
+    }
+    out.push_str("0\r\n\r\n");
+    out
+}
+
+fn leaks(text: &str) -> Vec<&'static str> {
+    SECRETS.iter().copied().filter(|s| text.contains(s)).collect()
+}
+
+fn config(upstream: &str, log_format: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\n\
+         upstream_timeout = \"1s\"\nmax_body = \"1KiB\"\n\n[log]\nformat = \"{log_format}\"\n{RULES}"
+    )
+}
+
+async fn no_secrets_anywhere(filter: &str, log_format: &str) {
+    let mock = MockWeChat::start().await;
+    mock.respond(|rec| {
+        if rec.path_and_query.starts_with("/cgi-bin/punished") {
+            errcode_reply(45009)
+        } else if rec.path_and_query.starts_with("/cgi-bin/hang") {
+            Reply::Hang
+        } else {
+            ok_reply()
+        }
+    });
+    // Bound but not listening: connections are refused, and nobody else can take the port.
+    let closed = TcpSocket::new_v4().expect("socket");
+    closed.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let closed_port = closed.local_addr().expect("addr").port();
+
+    let tag = format!("{}-{log_format}", filter.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let gate = Proc::start(&config(&format!("http://{}", mock.addr), log_format), &format!("{tag}-main"), filter);
+    let dead =
+        Proc::start(&config(&format!("http://127.0.0.1:{closed_port}"), log_format), &format!("{tag}-dead"), filter);
+
+    let send = "/cgi-bin/message/custom/send";
+    let punished = "/cgi-bin/punished";
+    let on_gate = vec![
+        get("first send, forwarded", send, 200, false),
+        post("second send, over the day quota", send, BODY, 429, true),
+        get("WeChat answers 45009", punished, 429, false),
+        post("paused by the penalty", punished, BODY, 429, true),
+        post("WeChat hangs past upstream_timeout", "/cgi-bin/hang", BODY, 504, true),
+        post("body over max_body", send, &big_body(), 413, true),
+        raw_call("chunked body growing past max_body", chunked_big_body(), 413),
+        raw_call(
+            "invalid X-Wx-Account",
+            format!("GET /cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nX-Wx-Account: SEKRIT_AT_1/SEKRIT_S_2\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        raw_call(
+            "absolute-form target",
+            format!("GET http://api.weixin.qq.com/cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: api.weixin.qq.com\r\n{HEADERS}Connection: close\r\n\r\n"),
+            400,
+        ),
+        raw_call(
+            "CONNECT",
+            "CONNECT SEKRIT_AT_1.example:443 HTTP/1.1\r\nHost: SEKRIT_AT_1.example:443\r\nConnection: close\r\n\r\n".to_owned(),
+            400,
+        ),
+        raw_call(
+            "invalid header bytes",
+            format!("GET /cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nBad Header: SEKRIT_S_2\r\n{HEADERS}\r\n"),
+            400,
+        ),
+        raw_call(
+            "conflicting Content-Lengths",
+            format!("POST /cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n{BODY}"),
+            400,
+        ),
+    ];
+    let on_dead = vec![
+        get("upstream refuses connections", "/cgi-bin/token", 502, true),
+        post("upstream refuses connections, with a body", send, BODY, 502, true),
+    ];
+
+    let mut checked = 0;
+    for (proc, calls) in [(&gate, on_gate), (&dead, on_dead)] {
+        for call in calls {
+            let answer = exchange(proc.addr, call.request).await;
+            assert_eq!(status_of(&answer), call.status, "{}: {answer}", call.label);
+            if call.generated {
+                checked += 1;
+                let leaked = leaks(&answer);
+                assert!(leaked.is_empty(), "{}: wxgate's answer contains {leaked:?}:\n{answer}", call.label);
+            }
+        }
+    }
+    assert_eq!(checked, 12);
+    // The calls did carry the secrets: WeChat got them (so a clean log means something).
+    let first = &mock.calls()[0];
+    assert!(first.path_and_query.contains("SEKRIT_AT_1"), "{first:?}");
+    assert_eq!(first.headers.get("secret").map(|v| v.as_bytes()), Some(&b"SEKRIT_S_2"[..]));
+
+    // The admin endpoints describe rules, buckets and counts, never calls.
+    for proc in [&gate, &dead] {
+        let Some(admin) = proc.admin else { continue };
+        for path in
+            ["/metrics", "/v1/rules", "/v1/buckets/wx1234567890abcdef/send", "/v1/buckets/wx1234567890abcdef/punished"]
+        {
+            let answer = exchange(
+                admin,
+                format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").into_bytes(),
+            )
+            .await;
+            let leaked = leaks(&answer);
+            assert!(leaked.is_empty(), "admin {path} contains {leaked:?}:\n{answer}");
+        }
+    }
+
+    let gate_log = gate.stop();
+    let dead_log = dead.stop();
+    drop(closed);
+    // The logs did record these calls (so an empty capture cannot pass) ...
+    assert!(gate_log.contains("penalised"), "the penalty is logged:\n{gate_log}");
+    assert!(gate_log.contains("/cgi-bin/hang"), "the 504 is logged:\n{gate_log}");
+    assert!(dead_log.contains("/cgi-bin/token"), "the 502 is logged:\n{dead_log}");
+    // ... and never a secret.
+    for (name, log) in [("main", &gate_log), ("dead upstream", &dead_log)] {
+        let leaked = leaks(log);
+        let lines: Vec<&str> = log.lines().filter(|l| !leaks(l).is_empty()).take(10).collect();
+        assert!(
+            leaked.is_empty(),
+            "{name} log (WXGATE_LOG={filter}, {log_format}) contains {leaked:?}:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_in_trace_logs_or_in_answers_wxgate_writes() {
+    no_secrets_anywhere("trace", "text").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_in_debug_json_logs_or_in_answers_wxgate_writes() {
+    no_secrets_anywhere("debug", "json").await;
+}
