@@ -140,6 +140,7 @@ struct RawServer {
 #[serde(deny_unknown_fields)]
 struct RawStore {
     kind: Option<String>,
+    nodes: Option<Vec<String>>,
     lease: Option<String>,
     fallback: Option<String>,
     instances: Option<u32>,
@@ -422,6 +423,7 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
         None | Some("memory") => {
             for (key, given) in [
                 ("url", raw.url.is_some()),
+                ("nodes", raw.nodes.is_some()),
                 ("key_prefix", raw.key_prefix.is_some()),
                 ("timeout", raw.timeout.is_some()),
                 ("fallback", raw.fallback.is_some()),
@@ -435,9 +437,32 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
             }
             Ok(StoreConfig::Memory)
         }
-        Some("redis") => {
-            let url = raw.url.unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-            if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("redis+unix://")) {
+        Some(kind @ ("redis" | "redis-cluster")) => {
+            let redis_url = |u: &str| u.starts_with("redis://") || u.starts_with("rediss://");
+            let nodes = if kind == "redis-cluster" {
+                if raw.url.is_some() {
+                    return Err(ctx.plain("[store] url: use nodes = [...] with kind = \"redis-cluster\""));
+                }
+                let nodes = raw.nodes.unwrap_or_default();
+                if nodes.is_empty() {
+                    return Err(ctx.plain(
+                        "[store] nodes: kind = \"redis-cluster\" needs seed nodes such as [\"redis://10.0.0.1:6379\"]",
+                    ));
+                }
+                if let Some(bad) = nodes.iter().find(|n| !redis_url(n)) {
+                    return Err(ctx.plain(format!("[store] nodes: \"{bad}\" must start with redis:// or rediss://")));
+                }
+                nodes
+            } else {
+                if raw.nodes.is_some() {
+                    return Err(ctx.plain("[store] nodes: only used with kind = \"redis-cluster\""));
+                }
+                Vec::new()
+            };
+            let url = raw
+                .url
+                .unwrap_or_else(|| nodes.first().cloned().unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned()));
+            if !(redis_url(&url) || url.starts_with("redis+unix://")) {
                 return Err(ctx.plain("[store] url: must start with redis:// or rediss://"));
             }
             let key_prefix = raw.key_prefix.unwrap_or_else(|| "wxgate".to_owned());
@@ -478,7 +503,7 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
                 return Err(ctx.plain("[store] breaker_open: must be at least 10ms"));
             }
             let resilience = Resilience { fallback, instances, breaker_failures, breaker_open };
-            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, resilience }))
+            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience }))
         }
         Some(other) => {
             Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")))

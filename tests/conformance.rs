@@ -308,6 +308,13 @@ fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Vec<PenaltyPolicy>, i64) {
 
 /// Runs a scenario on one store; returns every decision, as (time, outcome).
 async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expect)> {
+    run_as(s, store, clock, "").await
+}
+
+/// Runs a scenario on one store; accounts are `prefix` + the scenario's names
+/// (so runs on a cluster spread over slots).
+async fn run_as(s: &Scenario, store: &Store, clock: &ManualClock, prefix: &str) -> Vec<(i64, Expect)> {
+    let acct = |a: &str| format!("{prefix}{a}");
     clock.set_us(s.start);
     let (mut rule, penalties, lease_us) = compile(s.limits, s.extra);
     let mut calls = 0;
@@ -328,7 +335,7 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
                 let holder = format!("h{calls}");
                 calls += 1;
                 let asking = Asking { offset_us: BEIJING, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
-                match store.acquire(account, &rule, &asking).await.expect("store answered") {
+                match store.acquire(&acct(account), &rule, &asking).await.expect("store answered") {
                     Decision::Admit { at, hold_us, quota, .. } => {
                         assert_eq!(at, clock.now_us() + hold_us, "{}: admitted for now + hold", s.name);
                         admitted.push(at);
@@ -343,21 +350,21 @@ async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expe
                 }
             }
             Release(n) => {
-                store.release("a", &rule, &format!("h{n}"), BEIJING).await.expect("store answered");
+                store.release(&acct("a"), &rule, &format!("h{n}"), BEIJING).await.expect("store answered");
                 Any
             }
             Token => {
-                store.token_refreshed("a", rule.warmup_us).await.expect("store answered");
+                store.token_refreshed(&acct("a"), rule.warmup_us).await.expect("store answered");
                 Any
             }
             Penalise(code, n) => {
                 let policy = penalties.iter().find(|p| p.errcode == *code).expect("default policy");
                 let (until, now) =
-                    store.penalise("a", &rule, policy, admitted[*n], BEIJING).await.expect("store answered");
+                    store.penalise(&acct("a"), &rule, policy, admitted[*n], BEIJING).await.expect("store answered");
                 Until(until - now)
             }
             Success(n) => {
-                store.succeeded("a", &rule, admitted[*n], BEIJING).await.expect("store answered");
+                store.succeeded(&acct("a"), &rule, admitted[*n], BEIJING).await.expect("store answered");
                 Any
             }
         };
@@ -386,6 +393,7 @@ async fn memory_and_redis_stores_decide_identically() {
             password: None,
             key_prefix: format!("conf-{}", s.name),
             timeout: Duration::from_secs(5),
+            nodes: Vec::new(),
             resilience: Resilience::strict(),
         };
         let redis_store = RedisStore::connect(&config)
@@ -418,6 +426,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
         password: None,
         key_prefix: "wxgate".into(),
         timeout: Duration::from_secs(5),
+        nodes: Vec::new(),
         resilience: Resilience::strict(),
     };
     // Real Redis TIME this time: production mode.
@@ -442,4 +451,37 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     for pair in lines.chunks(2) {
         assert!(pair[1].parse::<i64>().is_ok(), "numeric state only: {fields}");
     }
+}
+
+/// The same table on a 3-master Redis Cluster, each scenario's accounts on
+/// their own hash slots (spread over the masters).
+#[tokio::test]
+async fn memory_and_redis_cluster_decide_identically() {
+    let cluster = support::redis_server::RedisCluster::start(3);
+    let clock = ManualClock::new(T0);
+    let mut all = scenarios();
+    all.push(random_scenario());
+    let mut masters = std::collections::HashSet::new();
+    for s in &all {
+        let prefix = format!("{}-", s.name);
+        masters.insert(cluster.node_of(&format!("{prefix}a")));
+        let memory = Store::Memory(MemoryStore::new(Arc::new(clock.clone())));
+        let config = RedisConfig {
+            url: cluster.urls()[0].clone(),
+            password: None,
+            key_prefix: "conf".into(),
+            timeout: Duration::from_secs(5),
+            nodes: cluster.urls(),
+            resilience: Resilience::strict(),
+        };
+        let redis_store = RedisStore::connect(&config)
+            .await
+            .expect("connect to test cluster")
+            .with_fixed_clock(Arc::new(clock.clone()));
+        let shared = Store::Redis(SharedStore::new(redis_store, Arc::new(clock.clone()), Resilience::strict(), true));
+        let from_memory = run_as(s, &memory, &clock, &prefix).await;
+        let from_cluster = run_as(s, &shared, &clock, &prefix).await;
+        assert_eq!(from_memory, from_cluster, "scenario {}: memory and cluster disagree", s.name);
+    }
+    assert_eq!(masters.len(), 3, "the scenarios' accounts landed on every master");
 }

@@ -11,6 +11,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,14 +32,26 @@ const RUN: Duration = Duration::from_secs(8);
 const CLIENTS: usize = 24;
 
 /// Runs the load; returns the mock's arrival times relative to the first.
-async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duration> {
-    let mock = MockWeChat::start().await;
-    let store_cfg = match redis {
+/// `[store]` TOML for a single Redis server, or the memory store.
+fn store_toml(redis: Option<&RedisServer>) -> String {
+    match redis {
         Some(r) => format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\n", r.url()),
         None => "[store]\nkind = \"memory\"\n".to_owned(),
-    };
+    }
+}
+
+/// Runs the load for the default account; the mock's arrival times relative to the first.
+async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duration> {
+    run_accounts(tag, &store_toml(redis), extra, &["default"]).await.remove("default").expect("calls")
+}
+
+/// Runs the load with clients spread over `accounts` (each client sends as
+/// one of them, tagging the query so the mock can tell them apart); arrival
+/// times per account, relative to the account's first.
+async fn run_accounts(tag: &str, store: &str, extra: &str, accounts: &[&str]) -> HashMap<String, Vec<Duration>> {
+    let mock = MockWeChat::start().await;
     let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store_cfg}\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store}\n\
          [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n\
          limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n{extra}\n",
         mock.addr,
@@ -50,14 +63,20 @@ async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duratio
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         let addr = instances[c % 3].addr;
+        let account = accounts[(c / 3) % accounts.len()].to_owned();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
             let mut answered = 0usize;
-            let uri: http::Uri =
-                format!("http://{addr}/cgi-bin/message/custom/send?access_token=T").parse().expect("uri");
+            let uri: http::Uri = format!("http://{addr}/cgi-bin/message/custom/send?access_token=T&acct={account}")
+                .parse()
+                .expect("uri");
             while !stop.load(Ordering::Relaxed) {
-                let req = http::Request::post(uri.clone()).body(Full::new(Bytes::from_static(b"{}"))).expect("req");
+                let mut req = http::Request::post(uri.clone());
+                if account != "default" {
+                    req = req.header("x-wx-account", &account);
+                }
+                let req = req.body(Full::new(Bytes::from_static(b"{}"))).expect("req");
                 let resp = client.request(req).await.expect("wxgate answered");
                 let status = resp.status();
                 let _ = resp.into_body().collect().await;
@@ -80,11 +99,20 @@ async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duratio
         assert!(t.await.expect("client task") > 0);
     }
     drop(instances);
-    let calls = mock.calls();
-    let first = calls.iter().map(|c| c.arrived).min().expect("some calls");
-    let mut times: Vec<Duration> = calls.iter().map(|c| c.arrived - first).collect();
-    times.sort();
-    times
+    let mut by_account: HashMap<String, Vec<std::time::Instant>> = HashMap::new();
+    for c in mock.calls() {
+        let account = c.path_and_query.split("acct=").nth(1).unwrap_or("default").to_owned();
+        by_account.entry(account).or_default().push(c.arrived);
+    }
+    by_account
+        .into_iter()
+        .map(|(a, arrivals)| {
+            let first = *arrivals.iter().min().expect("some calls");
+            let mut times: Vec<Duration> = arrivals.iter().map(|t| *t - first).collect();
+            times.sort();
+            (a, times)
+        })
+        .collect()
 }
 
 fn max_in_window(times: &[Duration], w: Duration) -> usize {
@@ -135,4 +163,31 @@ async fn three_instances_with_memory_stores_overrun_the_limit() {
     let worst = max_in_window(&times, WINDOW - JITTER);
     eprintln!("memory: {} calls; worst window {worst}", times.len());
     assert!(worst > COUNT * 2, "expected the 3x overrun the shared store prevents, saw {worst}");
+}
+
+/// The same on a 3-master Redis Cluster, with three accounts whose keys live
+/// on three different masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_redis_cluster_stay_window_exact_per_account() {
+    let cluster = support::redis_server::RedisCluster::start(3);
+    // Pick accounts until each master holds one.
+    let mut accounts: Vec<String> = Vec::new();
+    let mut masters = Vec::new();
+    for i in 0.. {
+        let account = format!("wx{i}");
+        let master = cluster.node_of(&format!("{{{account}}}"));
+        if !masters.contains(&master) {
+            masters.push(master);
+            accounts.push(account);
+        }
+        if accounts.len() == 3 {
+            break;
+        }
+    }
+    let names: Vec<&str> = accounts.iter().map(String::as_str).collect();
+    let by_account = run_accounts("cluster", &cluster.store_toml(), "", &names).await;
+    assert_eq!(by_account.len(), 3, "every account got calls through");
+    for (account, times) in &by_account {
+        assert_exact_and_full(times, &format!("cluster, account {account}"));
+    }
 }

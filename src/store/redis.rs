@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::Script;
 
 use super::shared::Resilience;
@@ -32,6 +34,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const WARM_LUA: &str = include_str!("../../lua/warm.lua");
 pub const SET_PENALTY_LUA: &str = include_str!("../../lua/set_penalty.lua");
+pub const INSPECT_LUA: &str = include_str!("../../lua/inspect.lua");
 
 /// `[store] kind = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,12 +46,50 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Budget for one decision, round trip included.
     pub timeout: Duration,
+    /// Redis Cluster seed nodes (`kind = "redis-cluster"`); empty for one server.
+    pub nodes: Vec<String>,
     /// What to do while Redis cannot answer.
     pub resilience: Resilience,
 }
 
+/// One multiplexed connection (auto-reconnecting), or a cluster connection
+/// (MOVED/ASK handled by the client, topology refreshed on its own).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     timeout: Duration,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
@@ -58,6 +99,7 @@ pub struct RedisStore {
     succeeded: Script,
     warm: Script,
     set_penalty: Script,
+    inspect: Script,
 }
 
 impl RedisStore {
@@ -80,6 +122,67 @@ impl RedisStore {
                 StoreError::Unavailable(msg)
             }
         };
+        let conn = if cfg.nodes.is_empty() {
+            Conn::Single(Self::single(info, cfg, lazy, &at, &cannot).await?)
+        } else {
+            Conn::Cluster(Self::cluster(cfg, &at, &cannot).await?)
+        };
+        let store = RedisStore {
+            conn,
+            prefix: cfg.key_prefix.clone(),
+            timeout: cfg.timeout,
+            fixed_clock: None,
+            acquire: Script::new(ACQUIRE_LUA),
+            penalise: Script::new(PENALISE_LUA),
+            succeeded: Script::new(SUCCEEDED_LUA),
+            warm: Script::new(WARM_LUA),
+            set_penalty: Script::new(SET_PENALTY_LUA),
+            inspect: Script::new(INSPECT_LUA),
+        };
+        if !lazy {
+            let mut conn = store.conn.clone();
+            for script in
+                [&store.acquire, &store.penalise, &store.succeeded, &store.warm, &store.set_penalty, &store.inspect]
+            {
+                match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
+                    Ok(loaded) => loaded.map_err(cannot)?,
+                    Err(_) => {
+                        return Err(StoreError::Unreachable(format!("cannot use Redis at {at}: SCRIPT LOAD timed out")))
+                    }
+                };
+            }
+        }
+        Ok(store)
+    }
+
+    async fn cluster(
+        cfg: &RedisConfig,
+        at: &str,
+        cannot: &impl Fn(redis::RedisError) -> StoreError,
+    ) -> Result<ClusterConnection, StoreError> {
+        let mut builder = ClusterClientBuilder::new(cfg.nodes.clone())
+            .connection_timeout(cfg.timeout.max(Duration::from_millis(500)))
+            .response_timeout(cfg.timeout)
+            .retries(1);
+        if let Some(pw) = &cfg.password {
+            builder = builder.password(pw.clone());
+        }
+        let client = builder.build().map_err(cannot)?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await {
+            Ok(conn) => conn.map_err(cannot),
+            Err(_) => Err(StoreError::Unreachable(format!(
+                "cannot use Redis Cluster at {at}: no answer within {CONNECT_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    async fn single(
+        info: redis::ConnectionInfo,
+        cfg: &RedisConfig,
+        lazy: bool,
+        at: &str,
+        cannot: &impl Fn(redis::RedisError) -> StoreError,
+    ) -> Result<ConnectionManager, StoreError> {
         let client = redis::Client::open(info).map_err(cannot)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
@@ -100,29 +203,7 @@ impl RedisStore {
                 }
             }
         };
-        let store = RedisStore {
-            conn,
-            prefix: cfg.key_prefix.clone(),
-            timeout: cfg.timeout,
-            fixed_clock: None,
-            acquire: Script::new(ACQUIRE_LUA),
-            penalise: Script::new(PENALISE_LUA),
-            succeeded: Script::new(SUCCEEDED_LUA),
-            warm: Script::new(WARM_LUA),
-            set_penalty: Script::new(SET_PENALTY_LUA),
-        };
-        if !lazy {
-            let mut conn = store.conn.clone();
-            for script in [&store.acquire, &store.penalise, &store.succeeded, &store.warm, &store.set_penalty] {
-                match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
-                    Ok(loaded) => loaded.map_err(cannot)?,
-                    Err(_) => {
-                        return Err(StoreError::Unreachable(format!("cannot use Redis at {at}: SCRIPT LOAD timed out")))
-                    }
-                };
-            }
-        }
-        Ok(store)
+        Ok(conn)
     }
 
     /// Connects and loads the scripts; fails on any error (tests, strict start).
@@ -299,30 +380,12 @@ impl RedisStore {
         }
     }
 
-    /// The state of one (account, rule) now, read in one pipeline.
+    /// The state of one (account, rule) now, read atomically (`inspect.lua`).
     pub async fn inspect(&self, account: &str, rule: &Rule) -> Result<(RuleState, Micros), StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME")
-            .cmd("HGETALL")
-            .arg(self.key(account, rule))
-            .cmd("ZRANGE")
-            .arg(self.slots_key(account, rule))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES");
-        let mut conn = self.conn.clone();
-        type Reply = ((i64, i64), HashMap<String, i64>, Vec<(String, i64)>);
-        let ((secs, micros), fields, slots): Reply =
-            match tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await {
-                Ok(r) => r.map_err(unavailable)?,
-                Err(_) => {
-                    return Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout)))
-                }
-            };
-        let now = match &self.fixed_clock {
-            Some(c) => c.now_us(),
-            None => secs * 1_000_000 + micros,
-        };
+        let mut inv = self.inspect.key(self.key(account, rule));
+        inv.key(self.slots_key(account, rule)).arg(self.now_arg());
+        type Reply = (i64, HashMap<String, i64>, Vec<(String, i64)>);
+        let (now, fields, slots): Reply = self.run(inv).await?;
         let get = |f: &str| fields.get(f).copied();
         let mut state = RuleState::default();
         for limit in &rule.limits {

@@ -134,3 +134,92 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A Redis Cluster of `n` masters (no replicas) on loopback, built with
+/// `redis-cli --cluster create`. Stopped on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> RedisCluster {
+        let mut nodes = Vec::new();
+        while nodes.len() < n {
+            // The cluster bus listens on port + 10000: that one must be free too.
+            let port = free_port();
+            if port > 55_000 || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
+                continue;
+            }
+            let dir = std::env::temp_dir().join(format!("wxgate-cluster-{}-{port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("cluster dir");
+            let args: Vec<String> =
+                ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"].iter().map(|s| s.to_string()).collect();
+            let child = spawn(port, &dir, &args);
+            let mut server = RedisServer { port, child, dir, args };
+            if server.wait_ready(Duration::from_secs(10)) {
+                nodes.push(server);
+            } else {
+                let _ = server.child.kill();
+            }
+        }
+        let addrs: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        let cli = std::env::var("WXGATE_TEST_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
+        let out = Command::new(&cli)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cli}: {e}"));
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let cluster = RedisCluster { nodes };
+        let start = Instant::now();
+        while !cluster.nodes.iter().all(|n| n.command("CLUSTER INFO").contains("cluster_state:ok")) {
+            assert!(start.elapsed() < Duration::from_secs(20), "cluster never became ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Seed node URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// `[store]` TOML for wxgate on this cluster.
+    pub fn store_toml(&self) -> String {
+        let nodes: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        format!("[store]\nkind = \"redis-cluster\"\nnodes = [{}]\ntimeout = \"1s\"\n", nodes.join(", "))
+    }
+
+    /// The port of the master that holds `key`.
+    pub fn node_of(&self, key: &str) -> u16 {
+        let slot: u16 = self.nodes[0]
+            .command(&format!("CLUSTER KEYSLOT {key}"))
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .expect("slot");
+        let table = self.nodes[0].command("CLUSTER NODES");
+        for line in table.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 9 {
+                continue;
+            }
+            let port: u16 = match f[1].split('@').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok())
+            {
+                Some(p) => p,
+                None => continue,
+            };
+            for range in &f[8..] {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(a), Ok(b)) = (a.parse::<u16>(), b.parse::<u16>()) {
+                    if (a..=b).contains(&slot) {
+                        return port;
+                    }
+                }
+            }
+        }
+        panic!("no node owns slot {slot}");
+    }
+}

@@ -1,0 +1,17 @@
+-- inspect.lua: read one (account, rule)'s whole state at once, for the admin
+-- API (GET /v1/buckets). Read-only.
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[2]  concurrency slots: <prefix>:{<account>}:<rule>:c
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+--
+-- Returns {now, {field, value, ...}, {holder, expiry, ...}}.
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+return {now, redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
