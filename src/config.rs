@@ -146,6 +146,7 @@ struct RawStore {
     instances: Option<u32>,
     breaker_failures: Option<u32>,
     breaker_open: Option<String>,
+    refusal_cache: Option<bool>,
     url: Option<String>,
     key_prefix: Option<String>,
     timeout: Option<String>,
@@ -430,6 +431,7 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
                 ("instances", raw.instances.is_some()),
                 ("breaker_failures", raw.breaker_failures.is_some()),
                 ("breaker_open", raw.breaker_open.is_some()),
+                ("refusal_cache", raw.refusal_cache.is_some()),
             ] {
                 if given {
                     return Err(ctx.plain(format!("[store] {key}: only used with kind = \"redis\"")));
@@ -502,7 +504,13 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
             if breaker_open < Duration::from_millis(10) {
                 return Err(ctx.plain("[store] breaker_open: must be at least 10ms"));
             }
-            let resilience = Resilience { fallback, instances, breaker_failures, breaker_open };
+            let resilience = Resilience {
+                fallback,
+                instances,
+                breaker_failures,
+                breaker_open,
+                refusal_cache: raw.refusal_cache.unwrap_or(true),
+            };
             Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience }))
         }
         Some(other) => {

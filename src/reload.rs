@@ -66,6 +66,9 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         app.upstream.store(Arc::new(Upstream::new(&next.server)?));
     }
     app.config.store(Arc::new(next));
+    if let crate::store::Store::Redis(shared) = &*app.store {
+        shared.forget_refusals();
+    }
     Ok(())
 }
 

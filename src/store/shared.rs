@@ -19,7 +19,9 @@ use tokio::time::Instant;
 
 use super::{Asking, MemoryStore, RedisStore, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::{Decision, Limit, Rule, RuleState, WindowLimit};
+use std::collections::HashMap;
+
+use crate::limit::{Decision, Limit, Reason, Rule, RuleState, WindowLimit};
 use crate::penalty::PenaltyPolicy;
 
 /// What to do when Redis cannot decide.
@@ -40,6 +42,8 @@ pub struct Resilience {
     pub instances: u32,
     pub breaker_failures: u32,
     pub breaker_open: Duration,
+    /// Answer known refusals locally (see [`SharedStore`]'s refusal cache).
+    pub refusal_cache: bool,
 }
 
 impl Default for Resilience {
@@ -49,6 +53,7 @@ impl Default for Resilience {
             instances: 1,
             breaker_failures: 3,
             breaker_open: Duration::from_secs(1),
+            refusal_cache: true,
         }
     }
 }
@@ -119,6 +124,61 @@ pub struct SharedStore {
     pub resilience: Resilience,
     pub breaker: Arc<Breaker>,
     counters: StoreCounters,
+    refusals: RefusalCache,
+}
+
+/// Local knowledge: once Redis has said an (account, rule) cannot admit
+/// before some moment, this instance answers further calls of it itself until
+/// then, without a round trip. Sound, because admissions only ever push the
+/// earliest admissible moment later. Entries are kept at most
+/// [`REFUSAL_CACHE_MAX`] (so a penalty lifted on another instance is seen
+/// soon), only for rate, quota and penalty refusals (a concurrency slot can
+/// free at any moment), and end `max_wait` early (from then on a call could
+/// be held). A reload or a penalty change through this instance's admin API
+/// drops them.
+#[derive(Default)]
+struct RefusalCache {
+    /// (account, rule) → (refused until, on this instance's clock; why).
+    entries: Mutex<Refusals>,
+}
+
+type Refusals = HashMap<(String, Arc<str>), (Micros, Reason)>;
+
+/// Longest a refusal is answered locally.
+pub const REFUSAL_CACHE_MAX_US: Micros = 1_000_000;
+
+impl RefusalCache {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Refusals> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The refusal still standing at `now`: time left and why.
+    fn get(&self, account: &str, rule: &Rule, now: Micros) -> Option<(Micros, Reason)> {
+        let entries = self.entries();
+        let (until, reason) = entries.get(&(account.to_owned(), rule.name.clone()))?;
+        (*until > now).then(|| (*until - now, *reason))
+    }
+
+    fn put(&self, account: &str, rule: &Rule, wait_us: Micros, reason: Reason, now: Micros) {
+        let keep = wait_us - rule.max_wait_us;
+        if keep <= 0 || matches!(reason, Reason::Concurrency) {
+            return;
+        }
+        let keep = keep.min(REFUSAL_CACHE_MAX_US);
+        let mut entries = self.entries();
+        if entries.len() >= 10_000 {
+            entries.retain(|_, (until, _)| *until > now);
+        }
+        entries.insert((account.to_owned(), rule.name.clone()), (now + keep, reason));
+    }
+
+    fn forget(&self, account: &str, rule: &Rule) {
+        self.entries().remove(&(account.to_owned(), rule.name.clone()));
+    }
+
+    fn clear(&self) {
+        self.entries().clear();
+    }
 }
 
 /// Counters the shared store feeds (clones of the app's metrics).
@@ -148,6 +208,7 @@ impl SharedStore {
             resilience,
             breaker: Arc::new(Breaker::default()),
             counters,
+            refusals: RefusalCache::default(),
         });
         if !healthy {
             store.breaker.open.store(true, Ordering::Release);
@@ -210,8 +271,18 @@ impl SharedStore {
         rule: &Rule,
         asking: &Asking<'_>,
     ) -> Result<(Decision, bool), StoreError> {
+        let now = self.local.now();
+        let cached = if self.resilience.refusal_cache { self.refusals.get(account, rule, now) } else { None };
+        if let Some((wait_us, reason)) = cached {
+            return Ok((Decision::Reject { wait_us: wait_us + rule.max_wait_us, reason }, false));
+        }
         let e = match self.try_redis(|| self.redis.acquire(account, rule, asking)).await {
-            Ok(d) => return Ok((d, false)),
+            Ok(d) => {
+                if let (Decision::Reject { wait_us, reason }, true) = (d, self.resilience.refusal_cache) {
+                    self.refusals.put(account, rule, wait_us, reason, now);
+                }
+                return Ok((d, false));
+            }
             Err(e) => e,
         };
         self.breaker.degraded(&e, self.resilience.fallback);
@@ -236,6 +307,7 @@ impl SharedStore {
         sent_at: Micros,
         offset_us: Micros,
     ) -> Result<(Micros, Micros), StoreError> {
+        self.refusals.forget(account, rule);
         match self.try_redis(|| self.redis.penalise(account, rule, policy, sent_at, offset_us)).await {
             Ok(v) => Ok(v),
             // At least this instance honours it.
@@ -295,6 +367,7 @@ impl SharedStore {
         len_us: Micros,
         offset_us: Micros,
     ) -> Result<(Micros, Micros), StoreError> {
+        self.refusals.forget(account, rule);
         let local = self.local.set_penalty(account, rule, len_us, offset_us);
         match self.try_redis(|| self.redis.set_penalty(account, rule, len_us)).await {
             Ok(v) => Ok(v),
@@ -303,6 +376,11 @@ impl SharedStore {
                 Ok(local)
             }
         }
+    }
+
+    /// Drops every locally known refusal (the rules changed).
+    pub fn forget_refusals(&self) {
+        self.refusals.clear();
     }
 
     pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
