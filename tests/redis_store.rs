@@ -146,3 +146,39 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     assert!(killed.elapsed() <= Duration::from_secs(3), "took {:?}", killed.elapsed());
     assert_eq!(mock.count(), 2);
 }
+
+/// Calls to EVALSHA Redis has answered so far.
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.command("INFO commandstats");
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn known_refusals_are_answered_without_asking_redis() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let one_a_day = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\nlimits = [{ count = 1, per = \"day\" }]\n";
+    for (cache, max_asks) in [("true", 5), ("false", 51)] {
+        let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nrefusal_cache = {cache}\nkey_prefix = \"c{cache}\"\n", redis.url());
+        let gate = gate_on(&config_text(&format!("http://{}", mock.addr), &format!("{store}{one_a_day}"))).await;
+        assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+        let before = evalsha_calls(&redis);
+        for _ in 0..50 {
+            let a = get(gate.addr, "/cgi-bin/message/template/send").await;
+            assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
+        }
+        let asked = evalsha_calls(&redis) - before;
+        eprintln!("refusal_cache = {cache}: 50 refusals asked Redis {asked} times");
+        if cache == "true" {
+            assert!(asked <= max_asks, "asked Redis {asked} times for 50 known refusals");
+        } else {
+            assert_eq!(asked, max_asks - 1, "without the cache every refusal is a round trip");
+        }
+    }
+}
