@@ -77,8 +77,48 @@ const KNOWN_ERRCODES: [i64; 12] = [-1, 0, 40001, 40014, 42001, 45009, 45011, 450
 /// Label for a call no rule matched.
 pub const NO_RULE: &str = "_none";
 
+/// One rule's series, fetched once and kept: the hot path then touches no
+/// label sets and allocates nothing for metrics.
+pub struct RuleMetrics {
+    calls: Vec<Counter>,
+    errcodes: Vec<Counter>,
+    other_errcode: Counter,
+    pub decision: Histogram,
+    pub upstream: Histogram,
+    pub hold: Histogram,
+    pub in_flight: Gauge,
+}
+
+const OUTCOMES: [Outcome; 9] = [
+    Outcome::forwarded,
+    Outcome::held,
+    Outcome::degraded,
+    Outcome::throttled,
+    Outcome::penalised,
+    Outcome::shadow_throttled,
+    Outcome::rejected_bad_request,
+    Outcome::unavailable,
+    Outcome::upstream_error,
+];
+
+impl RuleMetrics {
+    pub fn call(&self, outcome: Outcome) {
+        if let Some(c) = OUTCOMES.iter().position(|o| *o == outcome).and_then(|i| self.calls.get(i)) {
+            c.inc();
+        }
+    }
+
+    pub fn errcode(&self, code: i64) {
+        match KNOWN_ERRCODES.iter().position(|c| *c == code).and_then(|i| self.errcodes.get(i)) {
+            Some(c) => c.inc(),
+            None => self.other_errcode.inc(),
+        };
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
+    rules: std::sync::RwLock<std::collections::HashMap<std::sync::Arc<str>, std::sync::Arc<RuleMetrics>>>,
     pub calls: Family<OutcomeLabels, Counter>,
     pub upstream_errcodes: Family<ErrcodeLabels, Counter>,
     pub upstream_seconds: Histograms,
@@ -147,6 +187,7 @@ impl Metrics {
         registry.register("build", "wxgate build", info);
         Metrics {
             registry,
+            rules: Default::default(),
             calls,
             upstream_errcodes,
             upstream_seconds,
@@ -161,13 +202,34 @@ impl Metrics {
         }
     }
 
-    pub fn call(&self, rule: &str, outcome: Outcome) {
-        self.calls.get_or_create(&OutcomeLabels { rule: rule.to_owned(), outcome }).inc();
-    }
-
-    pub fn errcode(&self, rule: &str, code: i64) {
-        let errcode = if KNOWN_ERRCODES.contains(&code) { code.to_string() } else { "other".to_owned() };
-        self.upstream_errcodes.get_or_create(&ErrcodeLabels { rule: rule.to_owned(), errcode }).inc();
+    /// The series of one rule (created on first use, then shared).
+    pub fn rule(&self, name: &str) -> std::sync::Arc<RuleMetrics> {
+        if let Some(m) = self.rules.read().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return m.clone();
+        }
+        let rule = || RuleLabel { rule: name.to_owned() };
+        let m = std::sync::Arc::new(RuleMetrics {
+            calls: OUTCOMES
+                .iter()
+                .map(|&outcome| self.calls.get_or_create(&OutcomeLabels { rule: name.to_owned(), outcome }).clone())
+                .collect(),
+            errcodes: KNOWN_ERRCODES
+                .iter()
+                .map(|c| {
+                    let labels = ErrcodeLabels { rule: name.to_owned(), errcode: c.to_string() };
+                    self.upstream_errcodes.get_or_create(&labels).clone()
+                })
+                .collect(),
+            other_errcode: self
+                .upstream_errcodes
+                .get_or_create(&ErrcodeLabels { rule: name.to_owned(), errcode: "other".into() })
+                .clone(),
+            decision: self.decision_seconds.get_or_create(&rule()).clone(),
+            upstream: self.upstream_seconds.get_or_create(&rule()).clone(),
+            hold: self.hold_seconds.get_or_create(&rule()).clone(),
+            in_flight: self.in_flight.get_or_create(&rule()).clone(),
+        });
+        self.rules.write().unwrap_or_else(|e| e.into_inner()).entry(name.into()).or_insert(m).clone()
     }
 
     pub fn reload(&self, ok: bool) {

@@ -31,7 +31,7 @@ use crate::config::{valid_account, Config};
 use crate::error::{mark_throttled, retry_after_secs, ProxyError};
 use crate::inspect::{sniff, Verdict};
 use crate::limit::{Reason, Rule};
-use crate::metrics::{InFlightGuard, Metrics, Outcome, RuleLabel, NO_RULE};
+use crate::metrics::{InFlightGuard, Metrics, Outcome, NO_RULE};
 use crate::ratelimit;
 use crate::reload::Reloads;
 use crate::routes::normalise;
@@ -120,7 +120,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<RelayBody> {
     };
     log.status = resp.status().as_u16();
     let rule = log.rule.as_ref().map_or(NO_RULE, |r| &*r.name);
-    app.metrics.call(rule, log.outcome);
+    app.metrics.rule(rule).call(log.outcome);
     if app.config.load().log.access {
         tracing::info!(
             target: "wxgate::access",
@@ -176,6 +176,7 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
     let rule = config.routes.lookup(&path).and_then(|i| config.rules.get(i)).cloned();
     log.rule.clone_from(&rule);
     let rule_name = rule.as_ref().map_or(NO_RULE, |r| &*r.name);
+    let metrics = app.metrics.rule(rule_name);
 
     // 3. decide (and hold, or wait for a concurrency slot)
     let admitted = match &rule {
@@ -188,12 +189,12 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
                 Err(_) => started.elapsed().as_micros() as Micros,
             };
             log.decision_us = decision_us;
-            app.metrics.decision_seconds.get_or_create(&rule_label(rule_name)).observe(decision_us as f64 / 1e6);
+            metrics.decision.observe(decision_us as f64 / 1e6);
             let admitted = admitted?;
             log.held_us = admitted.held_us;
             if admitted.held_us > 0 {
                 log.outcome = Outcome::held;
-                app.metrics.hold_seconds.get_or_create(&rule_label(rule_name)).observe(admitted.held_us as f64 / 1e6);
+                metrics.hold.observe(admitted.held_us as f64 / 1e6);
             }
             if admitted.degraded {
                 log.outcome = Outcome::degraded;
@@ -216,12 +217,12 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(HOST);
     parts.headers.remove(ACCOUNT_HEADER);
-    let in_flight = InFlightGuard::new(app.metrics.in_flight.get_or_create(&rule_label(rule_name)).clone());
+    let in_flight = InFlightGuard::new(metrics.in_flight.clone());
     let activity = rule.as_ref().map(|r| app.activity.enter(&account, &r.name, Kind::InFlight));
     let sent = std::time::Instant::now();
     let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body as usize))).await;
     log.upstream_us = sent.elapsed().as_micros() as Micros;
-    app.metrics.upstream_seconds.get_or_create(&rule_label(rule_name)).observe(log.upstream_us as f64 / 1e6);
+    metrics.upstream.observe(log.upstream_us as f64 / 1e6);
     let resp = resp?;
 
     // 5. inspect
@@ -232,11 +233,11 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
     match verdict {
         Verdict::Errcode(code) => {
             log.errcode = Some(code);
-            app.metrics.errcode(rule_name, code);
+            metrics.errcode(code);
         }
         Verdict::Success => {
             log.errcode = Some(0);
-            app.metrics.errcode(rule_name, 0);
+            metrics.errcode(0);
         }
         Verdict::Unknown => {}
     }
@@ -280,10 +281,6 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
         ratelimit::admitted(&mut parts.headers, &rule, admitted.quota);
     }
     Ok(Response::from_parts(parts, body.holding(admitted.slot)))
-}
-
-fn rule_label(rule: &str) -> RuleLabel {
-    RuleLabel { rule: rule.to_owned() }
 }
 
 /// The account a call is for: `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`) or `default`.

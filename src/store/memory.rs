@@ -72,7 +72,7 @@ impl MemoryStore {
     }
 
     pub fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Decision {
-        let account_warm = lock(&self.warm).get(account).copied().unwrap_or(0);
+        let account_warm = if rule.warmup_us > 0 { lock(&self.warm).get(account).copied().unwrap_or(0) } else { 0 };
         self.with_state(account, rule, asking.offset_us, |state, now| {
             let ask = Ask {
                 now,
