@@ -77,6 +77,7 @@ async fn main() {
         password: None,
         key_prefix: "bench".into(),
         timeout: Duration::from_secs(2),
+        nodes: Vec::new(),
         resilience: Resilience::strict(),
     })
     .await
