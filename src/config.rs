@@ -327,7 +327,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             Some(c) => c,
             None => 0,
         };
-        rules.push(Arc::new(Rule {
+        let mut rule = Rule {
             name: r.name.into(),
             patterns: r.patterns,
             limits,
@@ -335,7 +335,10 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             warmup_us,
             concurrency,
             shadow,
-        }));
+            policy_header: None,
+        };
+        rule.policy_header = crate::ratelimit::policy_header(&rule);
+        rules.push(Arc::new(rule));
     }
     let default = rules.iter().position(|r| &*r.name == "default");
     let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {

@@ -55,6 +55,8 @@ pub struct Rule {
     pub concurrency: u32,
     /// Shadow mode: decide and keep state as if enforcing, but forward every call.
     pub shadow: bool,
+    /// `RateLimit-Policy` for this rule, built once (see [`crate::ratelimit`]).
+    pub policy_header: Option<http::HeaderValue>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -21,7 +21,12 @@ fn policy_name(rule: &Rule, limit: &Limit) -> String {
     format!("{}.{}", rule.name, limit.policy().0)
 }
 
-fn policies(headers: &mut HeaderMap, rule: &Rule) {
+/// The `RateLimit-Policy` value of a rule: the same for every call, so
+/// compiled once with the rule (`Rule::policy_header`).
+pub fn policy_header(rule: &Rule) -> Option<HeaderValue> {
+    if rule.limits.is_empty() {
+        return None;
+    }
     let list: Vec<String> = rule
         .limits
         .iter()
@@ -30,8 +35,12 @@ fn policies(headers: &mut HeaderMap, rule: &Rule) {
             format!("\"{}\";q={q};w={w}", policy_name(rule, l))
         })
         .collect();
-    if let Ok(v) = HeaderValue::from_str(&list.join(", ")) {
-        headers.insert(POLICY, v);
+    HeaderValue::from_str(&list.join(", ")).ok()
+}
+
+fn policies(headers: &mut HeaderMap, rule: &Rule) {
+    if let Some(v) = &rule.policy_header {
+        headers.insert(POLICY, v.clone());
     }
 }
 

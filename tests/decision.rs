@@ -8,7 +8,16 @@ const SEC: i64 = 1_000_000;
 const BEIJING: i64 = 8 * 3600 * SEC;
 
 fn rule(limits: Vec<Limit>) -> Rule {
-    Rule { name: "r".into(), patterns: vec![], limits, max_wait_us: 0, warmup_us: 0, concurrency: 0, shadow: false }
+    Rule {
+        name: "r".into(),
+        patterns: vec![],
+        limits,
+        max_wait_us: 0,
+        warmup_us: 0,
+        concurrency: 0,
+        shadow: false,
+        policy_header: None,
+    }
 }
 
 /// Police-only decision at `now`.
