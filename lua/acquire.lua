@@ -37,9 +37,6 @@ local function num(s, default)
   return tonumber(s) or default
 end
 
-local function fmt(x)
-  return string.format('%.0f', x)
-end
 
 -- Exact floor(x / y) for integers below 2^53 (a double division alone can
 -- round up across an integer boundary).
@@ -105,13 +102,7 @@ local function calendar_free_at(kind, p, n, q, count, t, off)
 end
 
 local key, warm_key, conc_key = KEYS[1], KEYS[2], KEYS[3]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local warmup = tonumber(ARGV[4])

@@ -16,13 +16,7 @@ local DAY = 86400000000
 local MINUTE = 60000000
 
 local key = KEYS[1]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local kind, base, max, sent_at = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
@@ -52,8 +46,7 @@ end
 if untl > cap then untl = cap end
 if untl < pu then untl = pu end
 
-local f = function(x) return string.format('%.0f', x) end
-redis.call('HSET', key, 'pu', f(untl), 'ps', f(now), 'pl', f(level), 'pn', f(untl - now))
+redis.call('HSET', key, 'pu', fmt(untl), 'ps', fmt(now), 'pl', fmt(level), 'pn', fmt(untl - now))
 -- Keep the state while the penalty can still escalate: until + its length.
 local ms = math.floor((2 * (untl - now)) / 1000) + 1000
 if redis.call('PTTL', key) < ms then

@@ -8,18 +8,11 @@
 --
 -- Returns {until, now}.
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = store_now(ARGV[1])
 local len = tonumber(ARGV[2])
-local f = function(x) return string.format('%.0f', x) end
 local untl = 0
 if len > 0 then untl = now + len end
-redis.call('HSET', KEYS[1], 'pu', f(untl), 'ps', f(now), 'pl', '0', 'pn', f(len))
+redis.call('HSET', KEYS[1], 'pu', fmt(untl), 'ps', fmt(now), 'pl', '0', 'pn', fmt(len))
 local ms = math.floor((2 * len) / 1000) + 1000
 if redis.call('PTTL', KEYS[1]) < ms then
   redis.call('PEXPIRE', KEYS[1], ms)

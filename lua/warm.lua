@@ -7,12 +7,6 @@
 --
 -- Returns the time written.
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-redis.call('SET', KEYS[1], string.format('%.0f', now), 'PX', ARGV[2])
+local now = store_now(ARGV[1])
+redis.call('SET', KEYS[1], fmt(now), 'PX', ARGV[2])
 return now

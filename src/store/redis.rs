@@ -26,15 +26,16 @@ use crate::limit::{Decision, Limit, LimitState, Quota, Reason, Rule, RuleState};
 use crate::penalty::PenaltyState;
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 
-pub const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
-pub const PENALISE_LUA: &str = include_str!("../../lua/penalise.lua");
-pub const SUCCEEDED_LUA: &str = include_str!("../../lua/succeeded.lua");
+pub const ACQUIRE_LUA: &str = concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/acquire.lua"));
+pub const PENALISE_LUA: &str = concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/penalise.lua"));
+pub const SUCCEEDED_LUA: &str = concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/succeeded.lua"));
 /// How long start-up waits for Redis before starting degraded.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub const WARM_LUA: &str = include_str!("../../lua/warm.lua");
-pub const SET_PENALTY_LUA: &str = include_str!("../../lua/set_penalty.lua");
-pub const INSPECT_LUA: &str = include_str!("../../lua/inspect.lua");
+pub const WARM_LUA: &str = concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/warm.lua"));
+pub const SET_PENALTY_LUA: &str =
+    concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/set_penalty.lua"));
+pub const INSPECT_LUA: &str = concat!(include_str!("../../lua/prelude.lua"), include_str!("../../lua/inspect.lua"));
 
 /// `[store] kind = "redis"`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,17 @@
+-- prelude.lua: helpers shared by every script. wxgate prepends this file to
+-- each script before loading it (Redis scripts cannot include one another).
+
+-- The store's clock: Redis TIME in microseconds, unless a test passed one.
+local function store_now(given)
+  if given ~= '' then
+    return tonumber(given)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- An integer as a string without exponent (exact below 2^53).
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
