@@ -25,6 +25,7 @@ pub mod reload;
 pub mod routes;
 pub mod server;
 pub mod slots;
+pub mod smuggling;
 pub mod store;
 pub mod upstream;
 

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::proxy::{handle, App};
+use crate::smuggling::SmuggleGuard;
 
 /// Largest request head (request line + headers); larger gets 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -98,7 +99,7 @@ pub fn serve(listener: TcpListener, admin: Option<TcpListener>, app: Arc<App>) -
                 .max_buf_size(2 * MAX_HEAD_BYTES)
                 .max_header_size(MAX_HEAD_BYTES)
                 .max_headers(MAX_HEADERS)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(SmuggleGuard::new(stream)), service);
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
                 if let Err(e) = conn.await {
