@@ -65,11 +65,13 @@ pub struct SmuggleGuard<T> {
     head: Vec<u8>,
     out: Vec<u8>,
     out_pos: usize,
+    /// Read buffer, allocated once per connection.
+    scratch: Vec<u8>,
 }
 
 impl<T> SmuggleGuard<T> {
     pub fn new(inner: T) -> Self {
-        SmuggleGuard { inner, state: State::Head, head: Vec::new(), out: Vec::new(), out_pos: 0 }
+        SmuggleGuard { inner, state: State::Head, head: Vec::new(), out: Vec::new(), out_pos: 0, scratch: Vec::new() }
     }
 
     /// Follows `data`, appending what hyper may see now to `out`.
@@ -248,12 +250,24 @@ impl<T: AsyncRead + Unpin> AsyncRead for SmuggleGuard<T> {
             if this.state == State::Off && this.head.is_empty() {
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let mut rb = ReadBuf::new(&mut chunk);
-            match Pin::new(&mut this.inner).poll_read(cx, &mut rb) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+            let mut scratch = std::mem::take(&mut this.scratch);
+            if scratch.is_empty() {
+                scratch.resize(16 * 1024, 0);
+            }
+            let mut rb = ReadBuf::new(&mut scratch);
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut rb);
+            let n = rb.filled().len();
+            match polled {
+                Poll::Pending => {
+                    this.scratch = scratch;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => {
+                    this.scratch = scratch;
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(())) if n == 0 => {
+                    this.scratch = scratch;
                     // EOF: hand over a partial head for hyper to judge.
                     if this.head.is_empty() {
                         return Poll::Ready(Ok(()));
@@ -262,8 +276,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for SmuggleGuard<T> {
                     this.state = State::Off;
                 }
                 Poll::Ready(Ok(())) => {
-                    let filled = rb.filled().to_vec();
-                    this.feed(&filled);
+                    this.feed(&scratch[..n]);
+                    this.scratch = scratch;
                 }
             }
         }
