@@ -298,5 +298,3 @@ fn account_of(headers: &HeaderMap) -> Result<String, ProxyError> {
     }
 }
 
-/// Shared handle used by the server.
-pub type SharedApp = Arc<App>;
