@@ -297,4 +297,3 @@ fn account_of(headers: &HeaderMap) -> Result<String, ProxyError> {
         _ => Err(ProxyError::BadRequest("X-Wx-Account must be 1-64 characters of A-Z a-z 0-9 _ -".into())),
     }
 }
-
