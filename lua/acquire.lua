@@ -25,7 +25,8 @@
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
 -- the period after it (calendar quotas); ws / lc = warm-up start / last call;
--- pu, ps, pl, pn = penalty until, started, level, last length.
+-- pu, ps, pl, pn = penalty until, started, level, last length; ex = when the
+-- key expires (µs, as last set by a script; saves a PTTL per call).
 -- A refusal writes nothing (but expired concurrency leases are purged). An
 -- admission writes every limit and sets the key's TTL to the longest time
 -- any of its state still matters.
@@ -110,8 +111,8 @@ local conc = tonumber(ARGV[5])
 local holder = ARGV[6]
 local lease = tonumber(ARGV[7])
 
--- Read everything in one HMGET: pu, pn, ws, lc, then each limit's fields.
-local fields = {'pu', 'pn', 'ws', 'lc'}
+-- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
+local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
 local limits = {}
 for i = 8, #ARGV, 4 do
   local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3])}
@@ -126,7 +127,8 @@ for i = 8, #ARGV, 4 do
 end
 local vals = redis.call('HMGET', key, unpack(fields))
 local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
-local v = 5
+local ex = num(vals[5], nil)
+local v = 6
 for _, l in ipairs(limits) do
   if l.kind == 'w' then
     l.tat = vals[v] and num(vals[v], nil) or nil
@@ -154,8 +156,10 @@ end
 local cold = (lc == 0) or (now - lc >= warmup)
 local warm_start = ws
 if cold then warm_start = now end
-local aw = num(redis.call('GET', warm_key), 0)
-if aw > warm_start then warm_start = aw end
+if warmup > 0 then
+  local aw = num(redis.call('GET', warm_key), 0)
+  if aw > warm_start then warm_start = aw end
+end
 
 -- 4. Each limit's own wait from now; the largest decides (first on ties).
 local worst, reason = 0, 1
@@ -238,14 +242,26 @@ for i, l in ipairs(limits) do
 end
 if cold then put('ws', now) end
 put('lc', now)
-redis.call('HSET', key, unpack(writes))
 if pu + pn - now > ttl then ttl = pu + pn - now end
 if warmup > ttl then ttl = warmup end
--- Never shorten a TTL another rule version or a penalty set.
+-- Never shorten a TTL another rule version or a penalty set. `ex` says how
+-- long the key lives already; only a key without it (written by an older
+-- wxgate) needs a PTTL. Extending adds slack so that a busy key is extended
+-- about once per 10 s, not on every call.
 local ms = math.floor(ttl / 1000) + 1000
-if redis.call('PTTL', key) < ms then
-  redis.call('PEXPIRE', key, ms)
+local lives = -1
+if ex then
+  lives = ex - now
+elseif lc ~= 0 or pu ~= 0 then
+  lives = redis.call('PTTL', key) * 1000
 end
+local extend = nil
+if lives < ms * 1000 then
+  extend = ms + 10000
+  put('ex', now + extend * 1000)
+end
+redis.call('HSET', key, unpack(writes))
+if extend then redis.call('PEXPIRE', key, extend) end
 if conc > 0 then
   redis.call('ZADD', conc_key, fmt(at + lease), holder)
   local cms = math.floor((at + lease - now) / 1000) + 1000

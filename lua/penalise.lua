@@ -51,5 +51,7 @@ redis.call('HSET', key, 'pu', fmt(untl), 'ps', fmt(now), 'pl', fmt(level), 'pn',
 local ms = math.floor((2 * (untl - now)) / 1000) + 1000
 if redis.call('PTTL', key) < ms then
   redis.call('PEXPIRE', key, ms)
+  -- acquire.lua trusts `ex` instead of asking PTTL: keep it true.
+  redis.call('HSET', key, 'ex', fmt(now + ms * 1000))
 end
 return {untl, now}

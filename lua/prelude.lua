@@ -10,8 +10,10 @@ local function store_now(given)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- An integer as a string without exponent (exact below 2^53).
+-- An integer as a string without exponent (exact below 2^53). '%d' (a C
+-- long in Redis's Lua 5.1) is several times cheaper than '%.0f', which goes
+-- through glibc's multi-precision float printing; callers pass integers.
 local function fmt(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 

@@ -16,5 +16,7 @@ redis.call('HSET', KEYS[1], 'pu', fmt(untl), 'ps', fmt(now), 'pl', '0', 'pn', fm
 local ms = math.floor((2 * len) / 1000) + 1000
 if redis.call('PTTL', KEYS[1]) < ms then
   redis.call('PEXPIRE', KEYS[1], ms)
+  -- acquire.lua trusts `ex` instead of asking PTTL: keep it true.
+  redis.call('HSET', KEYS[1], 'ex', fmt(now + ms * 1000))
 end
 return {untl, now}

@@ -75,6 +75,9 @@ pub struct Server {
     pub admin_token: Option<String>,
     /// Add `RateLimit-Policy` / `RateLimit` headers to answers.
     pub ratelimit_headers: bool,
+    /// Serving threads, each with its own event loop, upstream connections
+    /// and Redis connection (default: one per CPU). Read at start only.
+    pub workers: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +89,8 @@ pub enum StoreConfig {
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_HELD: usize = 10_000;
+/// Most serving threads (`[server] workers`).
+const MAX_WORKERS: usize = 256;
 /// WeChat media uploads go up to tens of MB (WeCom files 20 MB, OA videos
 /// 10–20 MB): 64 MiB leaves room and still stops a runaway body.
 const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
@@ -133,6 +138,7 @@ struct RawServer {
     admin_listen: Option<String>,
     admin_token: Option<String>,
     ratelimit_headers: Option<bool>,
+    workers: Option<usize>,
     mode: Option<String>,
 }
 
@@ -336,8 +342,10 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             concurrency,
             shadow,
             policy_header: None,
+            policy_prefixes: Vec::new(),
         };
         rule.policy_header = crate::ratelimit::policy_header(&rule);
+        rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
         rules.push(Arc::new(rule));
     }
     let default = rules.iter().position(|r| &*r.name == "default");
@@ -405,6 +413,11 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
             })?)
         }
     };
+    let workers = match raw.workers {
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS),
+        Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
+        Some(n) => return Err(ctx.plain(format!("[server] workers: {n}: must be 1 to {MAX_WORKERS}"))),
+    };
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     Ok(Server {
         listen,
@@ -419,6 +432,7 @@ fn compile_server(raw: RawServer, ctx: &Ctx<'_>) -> Result<Server, ConfigError> 
         admin_listen,
         admin_token,
         ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
+        workers,
     })
 }
 

@@ -28,6 +28,7 @@ pub mod slots;
 pub mod smuggling;
 pub mod store;
 pub mod upstream;
+pub mod worker;
 
 use std::sync::Arc;
 
@@ -39,7 +40,7 @@ use crate::config::{Config, StoreConfig};
 use crate::metrics::Metrics;
 use crate::proxy::App;
 use crate::reload::Reloads;
-use crate::server::Running;
+use crate::server::{Running, Threads};
 use crate::slots::Slots;
 use crate::store::{MemoryStore, RedisStore, SharedStore, Store, StoreCounters, StoreError};
 use crate::upstream::Upstream;
@@ -61,6 +62,7 @@ pub async fn build_store(config: &Config, clock: Arc<dyn Clock>, counters: Store
                 }
                 Err(e) => return Err(e.to_string()),
             };
+            let redis = redis.with_workers(config.server.workers);
             Store::Redis(SharedStore::with_counters(redis, clock, r.resilience.clone(), healthy, counters))
         }
     })
@@ -86,21 +88,33 @@ pub fn build_app(config: Config, store: Store, clock: Arc<dyn Clock>, metrics: M
     Ok(app)
 }
 
-/// Binds `[server] listen` and serves. Must run inside a Tokio runtime.
+/// Binds `[server] listen` and serves on the calling Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
+    start_on(config, clock, Threads::Caller).await
+}
+
+/// Binds `[server] listen` and serves on `threads`. Must run inside a Tokio
+/// runtime, which also runs the admin API and background tasks.
+pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, String> {
     let metrics = Metrics::new();
     let counters = StoreCounters { errors: metrics.store_errors.clone(), degraded: metrics.degraded_decisions.clone() };
     let store = build_store(&config, clock.clone(), counters).await?;
-    start_parts(config, store, clock, metrics).await
+    start_parts(config, store, clock, metrics, threads).await
 }
 
 /// Like [`start`], with a store built by the caller (tests pass a Redis store
 /// driven by a manual clock).
 pub async fn start_with_store(config: Config, store: Store, clock: Arc<dyn Clock>) -> Result<Running, String> {
-    start_parts(config, store, clock, Metrics::new()).await
+    start_parts(config, store, clock, Metrics::new(), Threads::Caller).await
 }
 
-async fn start_parts(config: Config, store: Store, clock: Arc<dyn Clock>, metrics: Metrics) -> Result<Running, String> {
+async fn start_parts(
+    config: Config,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    threads: Threads,
+) -> Result<Running, String> {
     let listen = config.server.listen;
     let source = config.source.clone();
     let app = build_app(config, store, clock, metrics)?;
@@ -110,5 +124,5 @@ async fn start_parts(config: Config, store: Store, clock: Arc<dyn Clock>, metric
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let admin = admin::bind(app.config.load().server.admin_listen).await?;
-    server::serve(listener, admin, app).map_err(|e| e.to_string())
+    server::serve(listener, admin, app, threads).map_err(|e| e.to_string())
 }

@@ -57,6 +57,8 @@ pub struct Rule {
     pub shadow: bool,
     /// `RateLimit-Policy` for this rule, built once (see [`crate::ratelimit`]).
     pub policy_header: Option<http::HeaderValue>,
+    /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.
+    pub policy_prefixes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -12,6 +12,13 @@ use wxgate::clock::SystemClock;
 use wxgate::config::Config;
 use wxgate::limit::Limit;
 use wxgate::penalty::PenaltyLength;
+use wxgate::server::Threads;
+
+/// mimalloc instead of glibc malloc: a proxy allocates and frees small
+/// buffers on one thread and drops them on another all the time, which glibc
+/// handles with locks and consolidation passes (~10 % of CPU in `perf`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(version, about = "Outbound proxy for the WeChat server API: shared quotas, no 45009")]
@@ -55,7 +62,9 @@ fn run(config: Config) -> ExitCode {
     } else {
         builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Calls are served on `[server] workers` threads of their own; this
+    // runtime runs start-up, the admin API, reloads and background tasks.
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("wxgate: cannot start the runtime: {e}");
@@ -66,7 +75,8 @@ fn run(config: Config) -> ExitCode {
         let upstream = config.server.upstream.clone();
         let shutdown_timeout = config.server.shutdown_timeout;
         let rules = config.rules.len();
-        let running = match wxgate::start(config, Arc::new(SystemClock)).await {
+        let workers = config.server.workers;
+        let running = match wxgate::start_on(config, Arc::new(SystemClock), Threads::Workers(workers)).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("wxgate: {e}");
@@ -74,7 +84,7 @@ fn run(config: Config) -> ExitCode {
             }
         };
         let admin = running.admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
-        tracing::info!(listen = %running.addr, %admin, %upstream, rules, "wxgate serving");
+        tracing::info!(listen = %running.addr, %admin, %upstream, rules, workers, "wxgate serving");
         shutdown_signal().await;
         tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections; finishing calls in flight");
         if running.shutdown(shutdown_timeout).await {

@@ -41,6 +41,7 @@ use crate::upstream::{strip_hop_by_hop, Upstream, UpstreamError};
 
 /// Header naming the WeChat account (appid / corpid alias) a call is for.
 pub const ACCOUNT_HEADER: &str = "x-wx-account";
+const ACCOUNT: http::HeaderName = http::HeaderName::from_static(ACCOUNT_HEADER);
 /// Account used when a call names none.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
@@ -152,7 +153,7 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
         ));
     }
     let path_and_query = match req.uri().path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') => pq.as_str().to_owned(),
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
     };
     let account = account_of(req.headers())?;
@@ -215,8 +216,8 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
         .map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(HOST);
-    parts.headers.remove(ACCOUNT_HEADER);
+    parts.headers.insert(HOST, upstream.host().clone());
+    parts.headers.remove(ACCOUNT);
     let in_flight = InFlightGuard::new(metrics.in_flight.clone());
     let activity = rule.as_ref().map(|r| app.activity.enter(&account, &r.name, Kind::InFlight));
     let sent = std::time::Instant::now();
@@ -285,7 +286,7 @@ async fn proxy(app: &App, req: Request<Incoming>, log: &mut CallLog) -> Result<R
 
 /// The account a call is for: `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`) or `default`.
 fn account_of(headers: &HeaderMap) -> Result<String, ProxyError> {
-    let mut values = headers.get_all(ACCOUNT_HEADER).iter();
+    let mut values = headers.get_all(ACCOUNT).iter();
     let Some(value) = values.next() else {
         return Ok(DEFAULT_ACCOUNT.to_owned());
     };

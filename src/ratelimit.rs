@@ -5,13 +5,13 @@
 //! A policy is one limit of the rule, named `<rule>.<window>` (`send.60s`,
 //! `send.day`). Turned off with `[server] ratelimit_headers = false`.
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::clock::Micros;
 use crate::limit::{Limit, Quota, Reason, Rule};
 
-pub const POLICY: &str = "ratelimit-policy";
-pub const RATELIMIT: &str = "ratelimit";
+pub const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 fn secs_up(us: Micros) -> i64 {
     (us.max(0) + 999_999) / 1_000_000
@@ -38,6 +38,12 @@ pub fn policy_header(rule: &Rule) -> Option<HeaderValue> {
     HeaderValue::from_str(&list.join(", ")).ok()
 }
 
+/// Each limit's `"<policy>";r=` prefix of `RateLimit`, compiled once with
+/// the rule (`Rule::policy_prefixes`) so a call only appends two numbers.
+pub fn policy_prefixes(rule: &Rule) -> Vec<String> {
+    rule.limits.iter().map(|l| format!("\"{}\";r=", policy_name(rule, l))).collect()
+}
+
 fn policies(headers: &mut HeaderMap, rule: &Rule) {
     if let Some(v) = &rule.policy_header {
         headers.insert(POLICY, v.clone());
@@ -45,9 +51,13 @@ fn policies(headers: &mut HeaderMap, rule: &Rule) {
 }
 
 fn current(headers: &mut HeaderMap, rule: &Rule, limit: usize, remaining: u64, reset_us: Micros) {
-    let Some(l) = rule.limits.get(limit) else { return };
-    let value = format!("\"{}\";r={remaining};t={}", policy_name(rule, l), secs_up(reset_us));
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    let Some(prefix) = rule.policy_prefixes.get(limit) else { return };
+    let mut value = Vec::with_capacity(prefix.len() + 28);
+    value.extend_from_slice(prefix.as_bytes());
+    value.extend_from_slice(itoa::Buffer::new().format(remaining).as_bytes());
+    value.extend_from_slice(b";t=");
+    value.extend_from_slice(itoa::Buffer::new().format(secs_up(reset_us)).as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(RATELIMIT, v);
     }
 }

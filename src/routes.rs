@@ -13,7 +13,10 @@
 //! `/cgi-bin/message/custom/send/../../token`, `//`, or encoded slashes: it
 //! is matched as the path a decoding server would see.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+
+// Keys are the config's patterns, never a client's, so a fast unkeyed hash is safe.
+use rustc_hash::FxHashMap as HashMap;
 
 /// One `match` entry of a rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -88,8 +91,8 @@ impl Routes {
 
     /// The rule index for a request path (a query string, if any, is ignored).
     pub fn lookup(&self, path: &str) -> Option<usize> {
-        let norm = normalise(path);
-        if let Some(&rule) = self.exact.get(&norm) {
+        let norm = normalised(path);
+        if let Some(&rule) = self.exact.get(norm.as_ref()) {
             return Some(rule);
         }
         let mut end = norm.len();
@@ -100,6 +103,21 @@ impl Routes {
             end = cut;
         }
         self.default
+    }
+}
+
+/// Like [`normalise`], without a copy when the path is normal already
+/// (the common case: no query, escape, empty, `.` or `..` segment).
+pub fn normalised(path: &str) -> Cow<'_, str> {
+    let normal = path.len() > 1
+        && path.starts_with('/')
+        && !path.ends_with('/')
+        && !path.bytes().any(|b| b == b'%' || b == b'?')
+        && path[1..].split('/').all(|seg| !matches!(seg, "" | "." | ".."));
+    if normal {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(normalise(path))
     }
 }
 
@@ -209,5 +227,14 @@ mod tests {
         let p = |s: &str| Pattern::parse(s).expect("pattern");
         let err = Routes::new(vec![(p("/a/*"), 0), (p("/a/*"), 1)], None).expect_err("conflict");
         assert_eq!(err, ("/a/*".to_string(), 0, 1));
+    }
+
+    proptest::proptest! {
+        /// The no-copy fast path never changes which path is matched.
+        #[test]
+        fn normalised_is_normalise(path in "[/a.%?2Fb]{0,12}") {
+            let (fast, slow) = (normalised(&path).into_owned(), normalise(&path));
+            proptest::prop_assert_eq!(fast, slow);
+        }
     }
 }

@@ -17,8 +17,9 @@ use crate::smuggling::SmuggleGuard;
 
 /// Largest request head (request line + headers); larger gets 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Most header fields in one request; more gets 431.
-const MAX_HEADERS: usize = 100;
+// Most header fields in one request: hyper's default of 100 (more gets
+// 431). Left unset on purpose: setting it, even to 100, makes hyper zero a
+// 100-slot array for every request head it parses.
 
 /// A running listener. Dropping it does not stop it; call [`Running::shutdown`].
 pub struct Running {
@@ -57,11 +58,26 @@ impl Running {
     }
 }
 
-/// Serves `app` on `listener` (and the admin API on `admin`) until shutdown
-/// is requested.
-pub fn serve(listener: TcpListener, admin: Option<TcpListener>, app: Arc<App>) -> std::io::Result<Running> {
+/// Where connections are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// On the runtime that calls [`serve`] (in-process tests, embedding).
+    Caller,
+    /// On this many threads of their own, each with a single-threaded
+    /// runtime, all accepting from the one listening socket ([`crate::worker`]).
+    Workers(usize),
+}
+
+/// Serves `app` on `listener` (and the admin API on `admin`, on the calling
+/// runtime) until shutdown is requested.
+pub fn serve(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    app: Arc<App>,
+    threads: Threads,
+) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
-    let (stop, mut stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(false);
     let admin_addr = match admin {
         Some(l) => {
             let a = l.local_addr()?;
@@ -70,45 +86,91 @@ pub fn serve(listener: TcpListener, admin: Option<TcpListener>, app: Arc<App>) -
         }
         None => None,
     };
-    let running_app = app.clone();
-    let task = tokio::spawn(async move {
-        let graceful = GracefulShutdown::new();
-        loop {
-            let (stream, _peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
+    let task = match threads {
+        Threads::Caller => tokio::spawn(accept_loop(listener, app.clone(), stopped)),
+        Threads::Workers(n) => spawn_workers(listener, &app, n.max(1), &stop)?,
+    };
+    Ok(Running { addr, admin_addr, app, stop, task })
+}
+
+/// Starts `n` serving threads; the returned task ends when all have stopped
+/// (each after its calls in flight and its slot releases are done).
+fn spawn_workers(
+    listener: TcpListener,
+    app: &Arc<App>,
+    n: usize,
+    stop: &watch::Sender<bool>,
+) -> std::io::Result<JoinHandle<()>> {
+    let listener = listener.into_std()?;
+    let mut ended = Vec::with_capacity(n);
+    for index in 0..n {
+        let listener = listener.try_clone()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let app = app.clone();
+        let stopped = stop.subscribe();
+        let (done, end) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new().name(format!("wxgate-worker-{index}")).spawn(move || {
+            crate::worker::enter(index);
+            runtime.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
                     Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
+                        tracing::error!(error = %e, worker = index, "a serving thread cannot listen");
+                        return;
                     }
-                },
-                _ = stopped.changed() => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let header_timeout = app.config.load().server.header_timeout;
-            let app = app.clone();
-            let service = service_fn(move |req| {
-                let app = app.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&app, req).await) }
+                };
+                app.store.attach_worker().await;
+                accept_loop(listener, app.clone(), stopped).await;
+                // Slot releases run as tasks on this runtime: let them finish.
+                app.slots.wait_released(Duration::from_secs(2)).await;
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .max_buf_size(2 * MAX_HEAD_BYTES)
-                .max_header_size(MAX_HEAD_BYTES)
-                .max_headers(MAX_HEADERS)
-                .serve_connection(TokioIo::new(SmuggleGuard::new(stream)), service);
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
+            drop(done);
+        })?;
+        ended.push(end);
+    }
+    Ok(tokio::spawn(async move {
+        for end in ended {
+            let _ = end.await;
         }
-        drop(listener);
-        graceful.shutdown().await;
-    });
-    Ok(Running { addr, admin_addr, app: running_app, stop, task })
+    }))
+}
+
+/// Accepts connections until `stopped` changes, then lets the open ones finish.
+async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::Receiver<bool>) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let header_timeout = app.config.load().server.header_timeout;
+        let app = app.clone();
+        let service = service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(&app, req).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .max_buf_size(2 * MAX_HEAD_BYTES)
+            .max_header_size(MAX_HEAD_BYTES)
+            .serve_connection(TokioIo::new(SmuggleGuard::new(stream)), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }

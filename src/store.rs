@@ -46,6 +46,14 @@ pub enum Store {
 }
 
 impl Store {
+    /// Opens the calling serving thread's own connection, if the store has
+    /// any ([`RedisStore::attach_worker`]). Call it on that thread's runtime.
+    pub async fn attach_worker(&self) {
+        if let Store::Redis(r) = self {
+            r.attach_worker().await;
+        }
+    }
+
     /// Decides one call of `rule` for `account`; debits every limit or none.
     pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
         self.decide(account, rule, asking).await.map(|(d, _)| d)

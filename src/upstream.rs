@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::{LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -34,12 +35,21 @@ pub enum UpstreamError {
     BodyTooLarge,
 }
 
+type PooledClient = Client<HttpsConnector<HttpConnector>, Limited<Incoming>>;
+
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Limited<Incoming>>,
+    /// Used off the serving threads.
+    client: PooledClient,
+    /// One pool per serving thread ([`crate::worker`]): a pooled connection's
+    /// task runs on the thread that opened it, so sharing pools across
+    /// threads would make every call wake another thread.
+    per_worker: Vec<PooledClient>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     base_path: String,
+    /// `Host` of every forwarded call, as hyper would build it per call.
+    host: http::HeaderValue,
     timeout: Duration,
 }
 
@@ -66,13 +76,24 @@ impl Upstream {
             .wrap_connector(http);
         // hyper retries a request only when the pooled connection closed before
         // the request was written (it was provably never sent): no duplicates.
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+        let client = || {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(256)
+                .build(connector.clone())
+        };
         let up = &server.upstream;
+        let hostname = up.host().ok_or("upstream has no host")?;
+        let default_port = if up.scheme_str() == Some("https") { 443 } else { 80 };
+        let host = match up.port_u16() {
+            Some(p) if p != default_port => format!("{hostname}:{p}"),
+            _ => hostname.to_owned(),
+        };
+        let host = http::HeaderValue::from_str(&host).map_err(|e| format!("upstream host: {e}"))?;
         Ok(Upstream {
-            client,
+            host,
+            client: client(),
+            per_worker: (0..server.workers).map(|_| client()).collect(),
             scheme: up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS),
             authority: up.authority().cloned().ok_or("upstream has no host")?,
             base_path: up.path().trim_end_matches('/').to_owned(),
@@ -81,17 +102,24 @@ impl Upstream {
     }
 
     /// The upstream URI for a client's origin-form path and query, bytes unchanged.
-    pub fn target(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
+    pub fn target(&self, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
+        let builder = Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone());
+        if self.base_path.is_empty() {
+            builder.path_and_query(path_and_query.clone()).build()
+        } else {
+            builder.path_and_query(format!("{}{}", self.base_path, path_and_query)).build()
+        }
+    }
+
+    /// The `Host` header forwarded calls carry (the upstream's, never the client's).
+    pub fn host(&self) -> &http::HeaderValue {
+        &self.host
     }
 
     /// Sends one request, once. `Host` is set from the target URI.
     pub async fn send(&self, req: Request<Limited<Incoming>>) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let client = crate::worker::pick(&self.per_worker, &self.client);
+        match tokio::time::timeout(self.timeout, client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
@@ -137,29 +165,36 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// The hop-by-hop headers every message loses, besides those `Connection` names.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::TRAILER
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::PROXY_AUTHENTICATE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named by `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+    // Most messages have none: one pass over the names instead of a lookup
+    // per hop-by-hop header.
+    let mut gone: Vec<HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    if gone.is_empty() {
+        return;
+    }
+    gone.extend(
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+    );
+    for n in gone {
         headers.remove(n);
     }
-    for n in [
-        header::CONNECTION,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(n);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
 }

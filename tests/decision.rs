@@ -17,6 +17,7 @@ fn rule(limits: Vec<Limit>) -> Rule {
         concurrency: 0,
         shadow: false,
         policy_header: None,
+        policy_prefixes: Vec::new(),
     }
 }
 

@@ -9,7 +9,7 @@
 //! One multiplexed connection per instance, reconnected automatically; one
 //! round trip per decision, admitted or refused.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -89,8 +89,20 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// What a serving thread needs to open its own connection.
+enum Opener {
+    Single(redis::Client, ConnectionManagerConfig),
+    Cluster(redis::cluster::ClusterClient),
+}
+
 pub struct RedisStore {
+    /// Used off the serving threads (probes, admin API, lease renewal).
     conn: Conn,
+    /// Each serving thread's own connection ([`crate::worker`]), opened on
+    /// that thread's runtime by [`RedisStore::attach_worker`] so that a
+    /// round trip never crosses threads. Empty slots use `conn`.
+    per_worker: Box<[OnceLock<Conn>]>,
+    opener: Opener,
     prefix: String,
     timeout: Duration,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
@@ -123,13 +135,19 @@ impl RedisStore {
                 StoreError::Unavailable(msg)
             }
         };
-        let conn = if cfg.nodes.is_empty() {
-            Conn::Single(Self::single(info, cfg, lazy, &at, &cannot).await?)
+        let (conn, opener) = if cfg.nodes.is_empty() {
+            let client = redis::Client::open(info).map_err(cannot)?;
+            let manager_config = Self::manager_config(cfg);
+            let conn = Self::single(client.clone(), manager_config.clone(), lazy, &at, &cannot).await?;
+            (Conn::Single(conn), Opener::Single(client, manager_config))
         } else {
-            Conn::Cluster(Self::cluster(cfg, &at, &cannot).await?)
+            let client = Self::cluster_client(cfg).map_err(cannot)?;
+            (Conn::Cluster(Self::cluster(&client, &at, &cannot).await?), Opener::Cluster(client))
         };
         let store = RedisStore {
             conn,
+            per_worker: Box::new([]),
+            opener,
             prefix: cfg.key_prefix.clone(),
             timeout: cfg.timeout,
             fixed_clock: None,
@@ -156,11 +174,7 @@ impl RedisStore {
         Ok(store)
     }
 
-    async fn cluster(
-        cfg: &RedisConfig,
-        at: &str,
-        cannot: &impl Fn(redis::RedisError) -> StoreError,
-    ) -> Result<ClusterConnection, StoreError> {
+    fn cluster_client(cfg: &RedisConfig) -> redis::RedisResult<redis::cluster::ClusterClient> {
         let mut builder = ClusterClientBuilder::new(cfg.nodes.clone())
             .connection_timeout(cfg.timeout.max(Duration::from_millis(500)))
             .response_timeout(cfg.timeout)
@@ -168,7 +182,14 @@ impl RedisStore {
         if let Some(pw) = &cfg.password {
             builder = builder.password(pw.clone());
         }
-        let client = builder.build().map_err(cannot)?;
+        builder.build()
+    }
+
+    async fn cluster(
+        client: &redis::cluster::ClusterClient,
+        at: &str,
+        cannot: &impl Fn(redis::RedisError) -> StoreError,
+    ) -> Result<ClusterConnection, StoreError> {
         match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await {
             Ok(conn) => conn.map_err(cannot),
             Err(_) => Err(StoreError::Unreachable(format!(
@@ -177,19 +198,21 @@ impl RedisStore {
         }
     }
 
+    fn manager_config(cfg: &RedisConfig) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(Some(cfg.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1))
+    }
+
     async fn single(
-        info: redis::ConnectionInfo,
-        cfg: &RedisConfig,
+        client: redis::Client,
+        manager_config: ConnectionManagerConfig,
         lazy: bool,
         at: &str,
         cannot: &impl Fn(redis::RedisError) -> StoreError,
     ) -> Result<ConnectionManager, StoreError> {
-        let client = redis::Client::open(info).map_err(cannot)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(Some(cfg.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
         let conn = if lazy {
             ConnectionManager::new_lazy_with_config(client, manager_config).map_err(cannot)?
         } else {
@@ -216,6 +239,53 @@ impl RedisStore {
     /// Redis is unreachable (scripts load on the first NOSCRIPT).
     pub async fn connect_later(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
         Self::open(cfg, true).await
+    }
+
+    /// Makes room for `workers` serving threads' own connections.
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.per_worker = (0..workers).map(|_| OnceLock::new()).collect();
+        self
+    }
+
+    /// Opens this serving thread's own connection, on its runtime. A single
+    /// server's connection is made on first use (no I/O here); a cluster's
+    /// is made now, and if that fails the thread uses the shared one.
+    pub async fn attach_worker(&self) {
+        let Some(slot) = crate::worker::current().and_then(|i| self.per_worker.get(i)) else { return };
+        let conn = match &self.opener {
+            Opener::Single(client, config) => {
+                match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                    Ok(c) => Conn::Single(c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a serving thread uses the shared Redis connection");
+                        return;
+                    }
+                }
+            }
+            Opener::Cluster(client) => {
+                match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await {
+                    Ok(Ok(c)) => Conn::Cluster(c),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "a serving thread uses the shared Redis Cluster connection");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!("a serving thread uses the shared Redis Cluster connection (connect timed out)");
+                        return;
+                    }
+                }
+            }
+        };
+        let _ = slot.set(conn);
+    }
+
+    /// This thread's connection.
+    fn conn(&self) -> Conn {
+        crate::worker::current()
+            .and_then(|i| self.per_worker.get(i))
+            .and_then(OnceLock::get)
+            .unwrap_or(&self.conn)
+            .clone()
     }
 
     /// Whether Redis answers a PING within the decision timeout.
@@ -249,7 +319,7 @@ impl RedisStore {
     }
 
     async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
             Ok(result) => result.map_err(unavailable),
             Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
@@ -425,7 +495,7 @@ impl RedisStore {
     }
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
             Ok(result) => result.map_err(unavailable),
             Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),

@@ -217,6 +217,11 @@ impl SharedStore {
         store
     }
 
+    /// See [`RedisStore::attach_worker`].
+    pub async fn attach_worker(&self) {
+        self.redis.attach_worker().await;
+    }
+
     /// While the breaker is open, PINGs Redis every `breaker_open`; closes it
     /// at the first answer. Ends when the store is dropped.
     fn spawn_probe(store: Weak<SharedStore>) {
