@@ -122,7 +122,7 @@ fn print_rules(config: &Config) {
     let tz = s.quota_offset_us / 60_000_000;
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
     println!("{}: ok", config.source.display());
-    println!("listen {}  upstream {}  quota_timezone {tz}", s.listen, s.upstream);
+    println!("listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
     for p in &config.penalties {
         let length = match p.length {
             PenaltyLength::Escalating { base_us } => format!("{}s, doubling while it recurs", base_us / 1_000_000),

@@ -30,6 +30,7 @@ fn bad_configs_are_refused_with_file_line_rule_and_field() {
         ("syntax_error", "syntax_error.toml:3: unclosed array, expected `]`"),
         ("bad_pattern", "bad_pattern.toml:1: rule \"send\": match \"/cgi-bin/*/send\": * is only allowed as a final /* segment"),
         ("bad_timezone", "bad_timezone.toml: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
+        ("bad_workers", "bad_workers.toml: [server] workers: 0: must be 1 to 256"),
         ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
     ];
     for (name, expected) in cases {

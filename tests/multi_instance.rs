@@ -7,7 +7,10 @@
 //! mock, and the mock saw at least 95 % of what the limit allows over the run.
 //! The same with `max_wait` set (held calls released on three instances).
 //! With `kind = "memory"` on the same three processes: the overrun that the
-//! shared store prevents.
+//! shared store prevents. Every process serves on `[server] workers = 2`
+//! threads, each with its own Redis connection, so the decisions race over
+//! six connections; one process on four threads shares its memory store
+//! exactly.
 
 mod support;
 
@@ -45,25 +48,42 @@ async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duratio
     run_accounts(tag, &store_toml(redis), extra, &["default"]).await.remove("default").expect("calls")
 }
 
+/// Like [`run`] with `processes` instances of `workers` serving threads each.
+async fn run_on(tag: &str, store: &str, processes: usize, workers: usize) -> Vec<Duration> {
+    run_processes(tag, store, "", &["default"], processes, workers).await.remove("default").expect("calls")
+}
+
 /// Runs the load with clients spread over `accounts` (each client sends as
 /// one of them, tagging the query so the mock can tell them apart); arrival
 /// times per account, relative to the account's first.
 async fn run_accounts(tag: &str, store: &str, extra: &str, accounts: &[&str]) -> HashMap<String, Vec<Duration>> {
+    run_processes(tag, store, extra, accounts, 3, 2).await
+}
+
+async fn run_processes(
+    tag: &str,
+    store: &str,
+    extra: &str,
+    accounts: &[&str],
+    processes: usize,
+    workers: usize,
+) -> HashMap<String, Vec<Duration>> {
     let mock = MockWeChat::start().await;
     let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\n{store}\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\
+         workers = {workers}\n\n{store}\n\
          [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n\
          limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n{extra}\n",
         mock.addr,
         WINDOW.as_secs()
     );
     let instances: Vec<Instance> =
-        (0..3).map(|i| process::spawn(&config, &format!("{tag}-{i}"), &[]).expect("wxgate serving")).collect();
+        (0..processes).map(|i| process::spawn(&config, &format!("{tag}-{i}"), &[]).expect("wxgate serving")).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let addr = instances[c % 3].addr;
-        let account = accounts[(c / 3) % accounts.len()].to_owned();
+        let addr = instances[c % processes].addr;
+        let account = accounts[(c / processes) % accounts.len()].to_owned();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -155,6 +175,14 @@ async fn three_instances_on_one_redis_with_max_wait_stay_window_exact() {
     let redis = RedisServer::start();
     let times = run("redis-held", Some(&redis), "max_wait = \"500ms\"").await;
     assert_exact_and_full(&times, "redis, max_wait 500ms");
+}
+
+/// One process, four serving threads, the embedded store: the threads share
+/// it, so the limit holds exactly as with one thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_on_four_serving_threads_stays_window_exact() {
+    let times = run_on("memory-4", &store_toml(None), 1, 4).await;
+    assert_exact_and_full(&times, "memory, 4 serving threads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
