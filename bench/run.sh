@@ -4,11 +4,14 @@
 #   1. direct           wrk -> mock WeChat (nginx `return 200`): the floor
 #   2. nginx proxy_pass wrk -> nginx -> mock      (upstream keep-alive, no limiting)
 #   3. wxgate memory    wrk -> wxgate -> mock     (embedded store, rule never throttles)
-#   4. wxgate redis     wrk -> wxgate -> mock     (Redis store: one EVALSHA per call)
-#   5. wxgate redis 90% wrk -> wxgate -> mock     (limit at ~10 % of target 4's rate)
+#   4. wxgate redis     wrk -> wxgate -> mock     (Redis store; concurrent calls of an
+#                                                  account decided together, [store] batch)
+#   5. wxgate redis 1:1 wrk -> wxgate -> mock     (Redis store, batch = false: one EVALSHA per call)
+#   6. wxgate redis 90% wrk -> wxgate -> mock     (limit at ~10 % of target 4's rate)
+#   7. the same, refusal_cache = false            (every refusal asks Redis)
 #
 # Pass 1 drives each target as hard as wrk can (same threads, connections,
-# duration); pass 2 drives targets 1-4 at about half of the slowest of them,
+# duration); pass 2 drives targets 1-5 at about half of the slowest of 1-4,
 # to compare latency at equal, moderate load.
 #
 # Everything listens on 127.0.0.1 only, in a temp directory, and is stopped
@@ -257,8 +260,8 @@ start_wxgate() { # start_wxgate NAME PORT: start, wait until it answers; pid in 
 
 # --- wrk runs and their parsing -----------------------------------------------------
 
-# Warm-up script: counts answers by status (checks that 1-4 answer 200 and
-# that target 5's refusals are 429s). Not used for measured runs: a Lua
+# Warm-up script: counts answers by status (checks that 1-5 answer 200 and
+# that targets 6-7's refusals are 429s). Not used for measured runs: a Lua
 # response() callback costs wrk time.
 cat >"$TMP/status.lua" <<'EOF'
 local threads = {}
@@ -353,16 +356,25 @@ fmt_add() { awk -v u="$1" 'BEGIN { exit !(u >= 0) }' && echo "+$(fmt_us "$1")" |
 
 alloc_port WX_MEM_PORT
 alloc_port WX_REDIS_PORT
+alloc_port WX_REDIS1_PORT
 alloc_port WX_REJECT_PORT
+alloc_port WX_REJECTNC_PORT
 wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "$NEVER"
 wxgate_config redis "$WX_REDIS_PORT" \
   "kind = \"redis\"
 url = \"redis://127.0.0.1:$REDIS_PORT\"
 timeout = \"1s\"
 key_prefix = \"bench4\"" "$NEVER"
+wxgate_config redis1 "$WX_REDIS1_PORT" \
+  "kind = \"redis\"
+url = \"redis://127.0.0.1:$REDIS_PORT\"
+timeout = \"1s\"
+batch = false
+key_prefix = \"bench4b\"" "$NEVER"
 
 NAMES=([1]="direct (mock upstream)" [2]="nginx proxy_pass" [3]="wxgate, memory store"
-       [4]="wxgate, Redis store" [5]="wxgate, Redis, rejects ~90 %")
+       [4]="wxgate, Redis store" [5]="wxgate, Redis, batch = false (1 EVALSHA per call)"
+       [6]="wxgate, Redis, rejects ~90 %" [7]="wxgate, Redis, rejects ~90 %, refusal_cache = false")
 UPW="upstream=$(echo $UP_WORKERS | tr ' ' ,)"
 NGXW="nginx-proxy=$(echo $NGX_WORKERS | tr ' ' ,)"
 REDISW="redis=$REDIS_PID"
@@ -380,7 +392,9 @@ target() {
     2) url="http://127.0.0.1:$NGX_PORT$REQ_PATH"; watch="$NGXW $UPW" ;;
     3) url="http://127.0.0.1:$WX_MEM_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW" ;;
     4) url="http://127.0.0.1:$WX_REDIS_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
-    5) url="http://127.0.0.1:$WX_REJECT_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
+    5) url="http://127.0.0.1:$WX_REDIS1_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
+    6) url="http://127.0.0.1:$WX_REJECT_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
+    7) url="http://127.0.0.1:$WX_REJECTNC_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
   esac
   log "$key: ${NAMES[$n]} (-c$c${RATE:+ -R$RATE}${PACE:+, pace ${PACE} ms})"
   redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
@@ -403,8 +417,9 @@ if [ "$PERF" = 1 ]; then
 fi
 stop_pid "$WX_PID"
 start_wxgate redis "$WX_REDIS_PORT"; target p1_redis 4 "$CONNS"; stop_pid "$WX_PID"
+start_wxgate redis1 "$WX_REDIS1_PORT"; target p1_redis1 5 "$CONNS"; stop_pid "$WX_PID"
 
-# Target 5: a limit at ~10 % of what target 4 achieved, burst 1.
+# Targets 6 and 7: a limit at ~10 % of what target 4 achieved, burst 1.
 read -r RATE4 _ <<<"$(res p1_redis)"
 LIMIT5=$(awk -v r="$RATE4" 'BEGIN { x = r * 0.1; c = int(x); if (c < x) c++; if (c < 1) c = 1; print c }')
 wxgate_config reject "$WX_REJECT_PORT" \
@@ -412,9 +427,16 @@ wxgate_config reject "$WX_REJECT_PORT" \
 url = \"redis://127.0.0.1:$REDIS_PORT\"
 timeout = \"1s\"
 key_prefix = \"bench5\"" "[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
-start_wxgate reject "$WX_REJECT_PORT"; target p1_reject 5 "$CONNS"; stop_pid "$WX_PID"
+wxgate_config rejectnc "$WX_REJECTNC_PORT" \
+  "kind = \"redis\"
+url = \"redis://127.0.0.1:$REDIS_PORT\"
+timeout = \"1s\"
+refusal_cache = false
+key_prefix = \"bench5b\"" "[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
+start_wxgate reject "$WX_REJECT_PORT"; target p1_reject 6 "$CONNS"; stop_pid "$WX_PID"
+start_wxgate rejectnc "$WX_REJECTNC_PORT"; target p1_rejectnc 7 "$CONNS"; stop_pid "$WX_PID"
 
-# Pass 2: targets 1-4 at ~half the slowest full-load rate of 1-4.
+# Pass 2: targets 1-5 at ~half the slowest full-load rate of 1-4.
 MINRATE=$(for k in direct nginx memory redis; do res "p1_$k"; done | awk '{ print $1 }' | sort -g | head -1)
 HALF=$(awk -v r="$MINRATE" 'BEGIN { printf "%d", r / 2 }')
 ((HALF >= 1)) || die "measured rates are too low for pass 2"
@@ -433,6 +455,7 @@ target p2_direct 1 "$C2" "${EXTRA[@]}"
 target p2_nginx 2 "$C2" "${EXTRA[@]}"
 start_wxgate memory "$WX_MEM_PORT"; target p2_memory 3 "$C2" "${EXTRA[@]}"; stop_pid "$WX_PID"
 start_wxgate redis "$WX_REDIS_PORT"; target p2_redis 4 "$C2" "${EXTRA[@]}"; stop_pid "$WX_PID"
+start_wxgate redis1 "$WX_REDIS1_PORT"; target p2_redis1 5 "$C2" "${EXTRA[@]}"; stop_pid "$WX_PID"
 unset RATE PACE
 
 if [ "$PERF" = 1 ] && [ -f "$TMP/perf.data" ]; then
@@ -454,7 +477,7 @@ report() {
   echo "| # | target | requests/s | vs nginx proxy_pass | p50 | p99 | p50 added over direct | p99 added over direct | non-2xx | proxy CPU per call | CPU (% of one core) |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
   n=0
-  for k in direct nginx memory redis reject; do
+  for k in direct nginx memory redis redis1 reject rejectnc; do
     n=$((n + 1))
     read -r rps p50 p99 req non serr <<<"$(res p1_$k)"
     printf '| %d | %s | %.0f | %.2f× | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$rps" \
@@ -464,19 +487,27 @@ report() {
   done
   echo
   read -r rps _ _ req non _ <<<"$(res p1_reject)"
-  echo "Target 5: limit \`{ count = $LIMIT5, per = \"1s\", burst = 1 }\` (ceil of 10 % of target 4's $(printf %.0f "$RATE4") requests/s)."
-  echo "**Refused (non-2xx, 429 fraction): $non of $req = $(awk -v a="$non" -v b="$req" 'BEGIN { printf "%.1f", 100 * a / b }') %**;" \
+  echo "Targets 6 and 7: limit \`{ count = $LIMIT5, per = \"1s\", burst = 1 }\` (ceil of 10 % of target 4's $(printf %.0f "$RATE4") requests/s)."
+  echo "**Target 6 refused (non-2xx, 429 fraction): $non of $req = $(awk -v a="$non" -v b="$req" 'BEGIN { printf "%.1f", 100 * a / b }') %**;" \
     "admitted $(awk -v a="$req" -v b="$non" -v d="$DURATION" -v l="$LIMIT5" \
       'BEGIN { printf "%.0f/s = %.0f %% of the limit", (a - b) / d, 100 * (a - b) / d / l }')" \
     "(burst = 1 gives the GCRA no tolerance: an admission that comes a little late loses the rest of its slot)."
-  echo "Warm-up answers by status (wrk Lua counter): target 5 $(grep -h '^status:' "$TMP/p1_reject.warm" | sed 's/status: //');" \
-    "targets 1-4 $(cat "$TMP"/p1_{direct,nginx,memory,redis}.warm | awk '/^status:/ { split($2, a, "="); split($3, b, "="); split($4, c, "=");
+  echo "Warm-up answers by status (wrk Lua counter): target 6 $(grep -h '^status:' "$TMP/p1_reject.warm" | sed 's/status: //');" \
+    "target 7 $(grep -h '^status:' "$TMP/p1_rejectnc.warm" | sed 's/status: //');" \
+    "targets 1-5 $(cat "$TMP"/p1_{direct,nginx,memory,redis,redis1}.warm | awk '/^status:/ { split($2, a, "="); split($3, b, "="); split($4, c, "=");
       ok += a[2]; r += b[2]; o += c[2] } END { printf "200=%d 429=%d other=%d", ok, r, o }')."
-  for k in redis reject; do
-    read -r _ _ _ req _ <<<"$(res p1_$k)"
+  echo
+  echo "Redis per target (warm-up + measured run):"
+  echo
+  echo "| # | target | EVALSHA calls | requests | Redis CPU per call |"
+  echo "|---|---|---:|---:|---:|"
+  local i=3
+  for k in redis redis1 reject rejectnc; do
+    i=$((i + 1))
+    read -r rps _ _ req _ <<<"$(res p1_$k)"
     local wreq; wreq=$(awk '/ requests in / { print $1 }' "$TMP/p1_$k.warm")
-    echo "Redis EVALSHA calls, target $([ $k = redis ] && echo 4 || echo 5) (warm-up + run): ${EVALSHA[p1_$k]}" \
-      "for $((req + wreq)) requests$([ $k = reject ] && echo " (wxgate answers known refusals locally: [store] refusal_cache)")."
+    printf '| %d | %s | %s | %s | %s |\n' "$i" "${NAMES[$i]}" "${EVALSHA[p1_$k]}" "$((req + wreq))" \
+      "$(awk -v r="$rps" '$1 == "redis" { printf "%.1f µs", $2 / 100 * 1e6 / r }' "$TMP/p1_$k.cpuv")"
   done
   echo
   echo "### Pass 2: moderate load (≈ half of the slowest full-load rate of targets 1-4, $HALF requests/s)"
@@ -487,7 +518,7 @@ report() {
   echo "|---|---|---:|---:|---:|---:|---:|---|"
   read -r _ D50 D99 _ <<<"$(res p2_direct)"
   n=0
-  for k in direct nginx memory redis; do
+  for k in direct nginx memory redis redis1; do
     n=$((n + 1))
     read -r rps p50 p99 req non serr <<<"$(res p2_$k)"
     printf '| %d | %s | %.0f | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$rps" "$(fmt_us "$p50")" \
@@ -506,7 +537,7 @@ report() {
   echo "- At full load the machine is saturated and wrk queues too: target 1's tail includes wrk's own"
   echo "  queueing at ~1.5x the rate, so an \"added\" p99 can come out negative in pass 1. Pass 2 is the"
   echo "  fairer latency comparison."
-  local w; w=$(cat "$TMP"/{memory,redis,reject}.log 2>/dev/null | grep -c . || true)
+  local w; w=$(cat "$TMP"/{memory,redis,redis1,reject,rejectnc}.log 2>/dev/null | grep -c . || true)
   echo "- wxgate wrote $w log lines at level warn during the runs."
 }
 

@@ -79,6 +79,7 @@ async fn main() {
         timeout: Duration::from_secs(2),
         nodes: Vec::new(),
         resilience: Resilience::strict(),
+        batch: true,
     })
     .await
     .expect("connect to redis");

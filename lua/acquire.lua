@@ -1,26 +1,38 @@
--- acquire.lua: decide one call of an (account, rule), atomically.
+-- acquire.lua: decide calls of one account, atomically and in order.
 -- A line-for-line port of src/limit/decide.rs (decide); the conformance tests
 -- run one scenario table against both. Change them together.
 --
--- KEYS[1]  state hash:         <prefix>:{<account>}:<rule>
--- KEYS[2]  account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
--- KEYS[3]  concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
+-- One run decides a batch of calls (1 to 64, all of one account: its keys
+-- share a Redis Cluster slot), each exactly as if it had run alone, one after
+-- the other, at the same store time: wxgate sends the calls that arrive
+-- while a batch is in flight as the next batch, so a busy instance runs one
+-- script per round trip instead of one per call.
+--
+-- KEYS     three per call, in call order:
+--            state hash:         <prefix>:{<account>}:<rule>
+--            account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
+--            concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (production always
 --          passes ""; only tests pass a time, for determinism)
 -- ARGV[2]  quota_timezone offset from UTC, µs
--- ARGV[3]  max wait: hold the call up to this long for its slot (0 = refuse instead)
--- ARGV[4]  warm-up period, µs (0 = none)
--- ARGV[5]  concurrency cap (0 = none)
--- ARGV[6]  holder id of this call (unique across instances)
--- ARGV[7]  lease of a concurrency slot, µs
--- ARGV[8..] the rule's limits, four values each: kind, field, a, b
---          kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
---          kind "day" | "month"  calendar quota: a = count, b = 0
+-- then, per call:
+--          max wait: hold the call up to this long for its slot (0 = refuse instead)
+--          warm-up period, µs (0 = none)
+--          concurrency cap (0 = none)
+--          holder id of this call (unique across instances)
+--          lease of a concurrency slot, µs
+--          number of limits L, then the rule's limits, four values each:
+--            kind, field, a, b
+--            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
+--            kind "day" | "month"  calendar quota: a = count, b = 0
 --
--- Returns {1, at, escalated, hold_us, qi, qr, qt}  admitted: forward at `at`
+-- Returns one string: per call, in order, separated by ",", integers
+-- separated by spaces (one bulk reply parses far cheaper in the client than
+-- nested arrays of integers):
+--         "1 at escalated hold_us qi qr qt"  admitted: forward at `at`
 --             (now + hold_us); limit qi (1-based; 0 = none) has least room
 --             left: qr calls, whole again / reset in qt µs
---         {0, wait_us, reason}  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
+--         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -102,174 +114,190 @@ local function calendar_free_at(kind, p, n, q, count, t, off)
   return after
 end
 
-local key, warm_key, conc_key = KEYS[1], KEYS[2], KEYS[3]
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
-local max_wait = tonumber(ARGV[3])
-local warmup = tonumber(ARGV[4])
-local conc = tonumber(ARGV[5])
-local holder = ARGV[6]
-local lease = tonumber(ARGV[7])
 
--- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
-local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
-local limits = {}
-for i = 8, #ARGV, 4 do
-  local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3])}
-  limits[#limits + 1] = l
-  if l.kind == 'w' then
-    fields[#fields + 1] = l.f
-  else
-    fields[#fields + 1] = l.f .. '.p'
-    fields[#fields + 1] = l.f .. '.n'
-    fields[#fields + 1] = l.f .. '.q'
-  end
-end
-local vals = redis.call('HMGET', key, unpack(fields))
-local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
-local ex = num(vals[5], nil)
-local v = 6
-for _, l in ipairs(limits) do
-  if l.kind == 'w' then
-    l.tat = vals[v] and num(vals[v], nil) or nil
-    v = v + 1
-  else
-    l.p, l.n, l.q = num(vals[v], nil), num(vals[v + 1], 0), num(vals[v + 2], 0)
-    if l.p == nil then l.p = -1e18 end
-    v = v + 3
-  end
-end
+-- Decides the call whose keys start at KEYS[k] and whose values start at
+-- ARGV[a]. Returns its answer and where the next call's values start.
+local function acquire(k, a)
+  local key, warm_key, conc_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  local max_wait = tonumber(ARGV[a])
+  local warmup = tonumber(ARGV[a + 1])
+  local conc = tonumber(ARGV[a + 2])
+  local holder = ARGV[a + 3]
+  local lease = tonumber(ARGV[a + 4])
+  local last = a + 5 + 4 * tonumber(ARGV[a + 5])
+  local next_a = last + 1
 
--- 1. A penalty refuses at once and consumes nothing.
-if pu > now then
-  return {0, pu - now, 3}
-end
--- 2. Concurrency: expired leases (a crashed instance's) free their slots.
-if conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', conc_key, '-inf', fmt(now))
-  if redis.call('ZCARD', conc_key) >= conc then
-    local first = redis.call('ZRANGE', conc_key, 0, 0, 'WITHSCORES')
-    return {0, tonumber(first[2]) - now, 4}
-  end
-end
--- 3. Warm-up restarts when the pair was idle for a whole warm-up period.
-local cold = (lc == 0) or (now - lc >= warmup)
-local warm_start = ws
-if cold then warm_start = now end
-if warmup > 0 then
-  local aw = num(redis.call('GET', warm_key), 0)
-  if aw > warm_start then warm_start = aw end
-end
-
--- 4. Each limit's own wait from now; the largest decides (first on ties).
-local worst, reason = 0, 1
-for _, l in ipairs(limits) do
-  local wait
-  if l.kind == 'w' then
-    local tat = l.tat or now
-    if tat < now then tat = now end
-    wait = tat - l.b - now
-  else
-    wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, now, off) - now
-  end
-  if wait > worst then
-    worst = wait
-    if l.kind == 'w' then reason = 1 else reason = 2 end
-  end
-end
-local at = now + worst
-for _, l in ipairs(limits) do
-  if l.kind ~= 'w' then
-    local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, at, off)
-    if free > at then
-      at = free
-      reason = 2
+  -- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
+  local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
+  local limits = {}
+  for i = a + 6, last, 4 do
+    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3])}
+    limits[#limits + 1] = l
+    if l.kind == 'w' then
+      fields[#fields + 1] = l.f
+    else
+      fields[#fields + 1] = l.f .. '.p'
+      fields[#fields + 1] = l.f .. '.n'
+      fields[#fields + 1] = l.f .. '.q'
     end
   end
-end
-local wait = at - now
-if wait > max_wait then
-  return {0, wait, reason}
+  local vals = redis.call('HMGET', key, unpack(fields))
+  local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
+  local ex = num(vals[5], nil)
+  local v = 6
+  for _, l in ipairs(limits) do
+    if l.kind == 'w' then
+      l.tat = vals[v] and num(vals[v], nil) or nil
+      v = v + 1
+    else
+      l.p, l.n, l.q = num(vals[v], nil), num(vals[v + 1], 0), num(vals[v + 2], 0)
+      if l.p == nil then l.p = -1e18 end
+      v = v + 3
+    end
+  end
+
+  -- 1. A penalty refuses at once and consumes nothing.
+  if pu > now then
+    return string.format('0 %d 3', pu - now), next_a
+  end
+  -- 2. Concurrency: expired leases (a crashed instance's) free their slots.
+  if conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', conc_key, '-inf', fmt(now))
+    if redis.call('ZCARD', conc_key) >= conc then
+      local first = redis.call('ZRANGE', conc_key, 0, 0, 'WITHSCORES')
+      return string.format('0 %d 4', tonumber(first[2]) - now), next_a
+    end
+  end
+  -- 3. Warm-up restarts when the pair was idle for a whole warm-up period.
+  local cold = (lc == 0) or (now - lc >= warmup)
+  local warm_start = ws
+  if cold then warm_start = now end
+  if warmup > 0 then
+    local aw = num(redis.call('GET', warm_key), 0)
+    if aw > warm_start then warm_start = aw end
+  end
+
+  -- 4. Each limit's own wait from now; the largest decides (first on ties).
+  local worst, reason = 0, 1
+  for _, l in ipairs(limits) do
+    local wait
+    if l.kind == 'w' then
+      local tat = l.tat or now
+      if tat < now then tat = now end
+      wait = tat - l.b - now
+    else
+      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, now, off) - now
+    end
+    if wait > worst then
+      worst = wait
+      if l.kind == 'w' then reason = 1 else reason = 2 end
+    end
+  end
+  local at = now + worst
+  for _, l in ipairs(limits) do
+    if l.kind ~= 'w' then
+      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, at, off)
+      if free > at then
+        at = free
+        reason = 2
+      end
+    end
+  end
+  local wait = at - now
+  if wait > max_wait then
+    return string.format('0 %d %d', wait, reason), next_a
+  end
+
+  -- 5. Admit at `at`: debit everything.
+  local writes = {}
+  local ttl = 0
+  local qi, qr, qt = 0, 0, 0
+  local function note(i, room, reset)
+    if qi == 0 or room < qr then
+      qi, qr, qt = i, room, reset
+    end
+  end
+  local function put(f, x)
+    writes[#writes + 1] = f
+    writes[#writes + 1] = fmt(x)
+  end
+  for i, l in ipairs(limits) do
+    if l.kind == 'w' then
+      local tat = l.tat or at
+      if tat < at then tat = at end
+      local t = l.a
+      if warmup > 0 then
+        local elapsed = now - warm_start
+        if elapsed < 0 then elapsed = 0 end
+        if elapsed > warmup then elapsed = warmup end
+        t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
+      end
+      put(l.f, tat + t)
+      if tat + t - now > ttl then ttl = tat + t - now end
+      local room = idiv(now + l.b + l.a - (tat + t), l.a)
+      if room < 0 then room = 0 end
+      note(i, room, tat + t - now)
+    else
+      local current, nxt = period(l.kind, now, off)
+      local used, next = counts(l.p, l.n, l.q, current)
+      local at_id = period(l.kind, at, off)
+      if at_id == current then used = used + 1 else next = next + 1 end
+      local room = l.a - used
+      if room < 0 then room = 0 end
+      note(i, room, nxt - now)
+      put(l.f .. '.p', current)
+      put(l.f .. '.n', used)
+      put(l.f .. '.q', next)
+      local keep = nxt
+      if next > 0 then
+        local _, after = period(l.kind, nxt, off)
+        keep = after
+      end
+      if keep - now > ttl then ttl = keep - now end
+    end
+  end
+  if cold then put('ws', now) end
+  put('lc', now)
+  if pu + pn - now > ttl then ttl = pu + pn - now end
+  if warmup > ttl then ttl = warmup end
+  -- Never shorten a TTL another rule version or a penalty set. `ex` says how
+  -- long the key lives already; only a key without it (written by an older
+  -- wxgate) needs a PTTL. Extending adds slack so that a busy key is extended
+  -- about once per 10 s, not on every call.
+  local ms = math.floor(ttl / 1000) + 1000
+  local lives = -1
+  if ex then
+    lives = ex - now
+  elseif lc ~= 0 or pu ~= 0 then
+    lives = redis.call('PTTL', key) * 1000
+  end
+  local extend = nil
+  if lives < ms * 1000 then
+    extend = ms + 10000
+    put('ex', now + extend * 1000)
+  end
+  redis.call('HSET', key, unpack(writes))
+  if extend then redis.call('PEXPIRE', key, extend) end
+  if conc > 0 then
+    redis.call('ZADD', conc_key, fmt(at + lease), holder)
+    local cms = math.floor((at + lease - now) / 1000) + 1000
+    if redis.call('PTTL', conc_key) < cms then
+      redis.call('PEXPIRE', conc_key, cms)
+    end
+  end
+
+  local escalated = 0
+  if pn > 0 and now < pu + pn then escalated = 1 end
+  return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a
 end
 
--- 5. Admit at `at`: debit everything.
-local writes = {}
-local ttl = 0
-local qi, qr, qt = 0, 0, 0
-local function note(i, room, reset)
-  if qi == 0 or room < qr then
-    qi, qr, qt = i, room, reset
-  end
+local answers = {}
+local a = 3
+for k = 1, #KEYS, 3 do
+  local answer
+  answer, a = acquire(k, a)
+  answers[#answers + 1] = answer
 end
-local function put(f, x)
-  writes[#writes + 1] = f
-  writes[#writes + 1] = fmt(x)
-end
-for i, l in ipairs(limits) do
-  if l.kind == 'w' then
-    local tat = l.tat or at
-    if tat < at then tat = at end
-    local t = l.a
-    if warmup > 0 then
-      local elapsed = now - warm_start
-      if elapsed < 0 then elapsed = 0 end
-      if elapsed > warmup then elapsed = warmup end
-      t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
-    end
-    put(l.f, tat + t)
-    if tat + t - now > ttl then ttl = tat + t - now end
-    local room = idiv(now + l.b + l.a - (tat + t), l.a)
-    if room < 0 then room = 0 end
-    note(i, room, tat + t - now)
-  else
-    local current, nxt = period(l.kind, now, off)
-    local used, next = counts(l.p, l.n, l.q, current)
-    local at_id = period(l.kind, at, off)
-    if at_id == current then used = used + 1 else next = next + 1 end
-    local room = l.a - used
-    if room < 0 then room = 0 end
-    note(i, room, nxt - now)
-    put(l.f .. '.p', current)
-    put(l.f .. '.n', used)
-    put(l.f .. '.q', next)
-    local keep = nxt
-    if next > 0 then
-      local _, after = period(l.kind, nxt, off)
-      keep = after
-    end
-    if keep - now > ttl then ttl = keep - now end
-  end
-end
-if cold then put('ws', now) end
-put('lc', now)
-if pu + pn - now > ttl then ttl = pu + pn - now end
-if warmup > ttl then ttl = warmup end
--- Never shorten a TTL another rule version or a penalty set. `ex` says how
--- long the key lives already; only a key without it (written by an older
--- wxgate) needs a PTTL. Extending adds slack so that a busy key is extended
--- about once per 10 s, not on every call.
-local ms = math.floor(ttl / 1000) + 1000
-local lives = -1
-if ex then
-  lives = ex - now
-elseif lc ~= 0 or pu ~= 0 then
-  lives = redis.call('PTTL', key) * 1000
-end
-local extend = nil
-if lives < ms * 1000 then
-  extend = ms + 10000
-  put('ex', now + extend * 1000)
-end
-redis.call('HSET', key, unpack(writes))
-if extend then redis.call('PEXPIRE', key, extend) end
-if conc > 0 then
-  redis.call('ZADD', conc_key, fmt(at + lease), holder)
-  local cms = math.floor((at + lease - now) / 1000) + 1000
-  if redis.call('PTTL', conc_key) < cms then
-    redis.call('PEXPIRE', conc_key, cms)
-  end
-end
-
-local escalated = 0
-if pn > 0 and now < pu + pn then escalated = 1 end
-return {1, at, escalated, wait, qi, qr, qt}
+return table.concat(answers, ',')

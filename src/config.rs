@@ -153,6 +153,7 @@ struct RawStore {
     breaker_failures: Option<u32>,
     breaker_open: Option<String>,
     refusal_cache: Option<bool>,
+    batch: Option<bool>,
     url: Option<String>,
     key_prefix: Option<String>,
     timeout: Option<String>,
@@ -449,6 +450,7 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
                 ("breaker_failures", raw.breaker_failures.is_some()),
                 ("breaker_open", raw.breaker_open.is_some()),
                 ("refusal_cache", raw.refusal_cache.is_some()),
+                ("batch", raw.batch.is_some()),
             ] {
                 if given {
                     return Err(ctx.plain(format!("[store] {key}: only used with kind = \"redis\"")));
@@ -528,7 +530,8 @@ fn compile_store(raw: RawStore, ctx: &Ctx<'_>) -> Result<StoreConfig, ConfigErro
                 breaker_open,
                 refusal_cache: raw.refusal_cache.unwrap_or(true),
             };
-            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience }))
+            let batch = raw.batch.unwrap_or(true);
+            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience, batch }))
         }
         Some(other) => {
             Err(ctx.plain(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")))

@@ -102,7 +102,13 @@ impl WindowKey {
     /// Short stable text used in store keys: `w60000` (ms) or `day` / `month`.
     pub fn label(&self) -> String {
         match self {
-            WindowKey::Window(us) => format!("w{}", us / 1000),
+            WindowKey::Window(us) => {
+                // Built by hand: this runs for every limit of every Redis decision.
+                let mut label = String::with_capacity(12);
+                label.push('w');
+                label.push_str(itoa::Buffer::new().format(us / 1000));
+                label
+            }
             WindowKey::Calendar(p) => p.as_str().to_owned(),
         }
     }

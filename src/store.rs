@@ -3,6 +3,7 @@
 //! [`RedisStore`] shared by every instance. Both run the same decision
 //! ([`crate::limit::decide`]; in Redis its Lua port) with the same semantics.
 
+pub mod batch;
 pub mod memory;
 pub mod redis;
 pub mod shared;

@@ -395,6 +395,7 @@ async fn memory_and_redis_stores_decide_identically() {
             timeout: Duration::from_secs(5),
             nodes: Vec::new(),
             resilience: Resilience::strict(),
+            batch: true,
         };
         let redis_store = RedisStore::connect(&config)
             .await
@@ -428,6 +429,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
         timeout: Duration::from_secs(5),
         nodes: Vec::new(),
         resilience: Resilience::strict(),
+        batch: true,
     };
     // Real Redis TIME this time: production mode.
     let store = Store::Redis(SharedStore::new(
@@ -473,6 +475,7 @@ async fn memory_and_redis_cluster_decide_identically() {
             timeout: Duration::from_secs(5),
             nodes: cluster.urls(),
             resilience: Resilience::strict(),
+            batch: true,
         };
         let redis_store = RedisStore::connect(&config)
             .await

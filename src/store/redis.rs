@@ -17,6 +17,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
 
+use super::batch::{Answer, Batcher, Joined};
 use super::shared::Resilience;
 use super::{Asking, StoreError};
 use crate::clock::{Clock, Micros};
@@ -51,6 +52,9 @@ pub struct RedisConfig {
     pub nodes: Vec<String>,
     /// What to do while Redis cannot answer.
     pub resilience: Resilience,
+    /// Decide an account's concurrent calls together, one script run per
+    /// round trip ([`super::batch`]); `false`: one run per call.
+    pub batch: bool,
 }
 
 /// One multiplexed connection (auto-reconnecting), or a cluster connection
@@ -95,14 +99,36 @@ enum Opener {
     Cluster(redis::cluster::ClusterClient),
 }
 
+/// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).
+const MAX_BATCH: usize = 64;
+
+/// A connection and the decisions queued for it.
+#[derive(Default)]
+struct Lane {
+    conn: OnceLock<Conn>,
+    batcher: Batcher<Call>,
+}
+
+/// One call's part of an acquire.lua run, encoded when the call arrives.
+struct Call {
+    keys: [String; 3],
+    offset_us: Micros,
+    args: Vec<String>,
+}
+
 pub struct RedisStore {
-    /// Used off the serving threads (probes, admin API, lease renewal).
+    /// Used off the serving threads (probes, admin API, lease renewal), and
+    /// by a serving thread whose own connection could not be made.
     conn: Conn,
+    /// Decisions queued for `conn`.
+    batcher: Batcher<Call>,
     /// Each serving thread's own connection ([`crate::worker`]), opened on
     /// that thread's runtime by [`RedisStore::attach_worker`] so that a
-    /// round trip never crosses threads. Empty slots use `conn`.
-    per_worker: Box<[OnceLock<Conn>]>,
+    /// round trip never crosses threads.
+    per_worker: Box<[Lane]>,
     opener: Opener,
+    /// Coalesce concurrent decisions of an account ([`super::batch`]).
+    batch: bool,
     prefix: String,
     timeout: Duration,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
@@ -146,8 +172,10 @@ impl RedisStore {
         };
         let store = RedisStore {
             conn,
+            batcher: Batcher::default(),
             per_worker: Box::new([]),
             opener,
+            batch: cfg.batch,
             prefix: cfg.key_prefix.clone(),
             timeout: cfg.timeout,
             fixed_clock: None,
@@ -159,7 +187,7 @@ impl RedisStore {
             inspect: Script::new(INSPECT_LUA),
         };
         if !lazy {
-            let mut conn = store.conn.clone();
+            let mut conn = store.conn();
             for script in
                 [&store.acquire, &store.penalise, &store.succeeded, &store.warm, &store.set_penalty, &store.inspect]
             {
@@ -243,7 +271,7 @@ impl RedisStore {
 
     /// Makes room for `workers` serving threads' own connections.
     pub fn with_workers(mut self, workers: usize) -> Self {
-        self.per_worker = (0..workers).map(|_| OnceLock::new()).collect();
+        self.per_worker = (0..workers).map(|_| Lane::default()).collect();
         self
     }
 
@@ -251,7 +279,7 @@ impl RedisStore {
     /// server's connection is made on first use (no I/O here); a cluster's
     /// is made now, and if that fails the thread uses the shared one.
     pub async fn attach_worker(&self) {
-        let Some(slot) = crate::worker::current().and_then(|i| self.per_worker.get(i)) else { return };
+        let Some(lane) = crate::worker::current().and_then(|i| self.per_worker.get(i)) else { return };
         let conn = match &self.opener {
             Opener::Single(client, config) => {
                 match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
@@ -276,16 +304,21 @@ impl RedisStore {
                 }
             }
         };
-        let _ = slot.set(conn);
+        let _ = lane.conn.set(conn);
+    }
+
+    /// This thread's connection and its queue: its own, or the shared ones.
+    fn lane(&self) -> (&Conn, &Batcher<Call>) {
+        let own = crate::worker::current().and_then(|i| self.per_worker.get(i));
+        match own.and_then(|lane| Some((lane.conn.get()?, &lane.batcher))) {
+            Some(lane) => lane,
+            None => (&self.conn, &self.batcher),
+        }
     }
 
     /// This thread's connection.
     fn conn(&self) -> Conn {
-        crate::worker::current()
-            .and_then(|i| self.per_worker.get(i))
-            .and_then(OnceLock::get)
-            .unwrap_or(&self.conn)
-            .clone()
+        self.lane().0.clone()
     }
 
     /// Whether Redis answers a PING within the decision timeout.
@@ -299,19 +332,34 @@ impl RedisStore {
         self
     }
 
+    /// `<prefix>:{<account>}:<tail>`, built without the formatting machinery
+    /// (three of these per decision).
+    fn account_key(&self, account: &str, tail: &[&str]) -> String {
+        let len = self.prefix.len() + account.len() + 4 + tail.iter().map(|t| t.len()).sum::<usize>();
+        let mut key = String::with_capacity(len);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(account);
+        key.push_str("}:");
+        for t in tail {
+            key.push_str(t);
+        }
+        key
+    }
+
     /// `<prefix>:{<account>}:<rule>`: the state hash.
     pub fn key(&self, account: &str, rule: &Rule) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, account, rule.name)
+        self.account_key(account, &[&rule.name])
     }
 
     /// `<prefix>:{<account>}:<rule>:c`: concurrency slots (holder → lease expiry).
     fn slots_key(&self, account: &str, rule: &Rule) -> String {
-        format!("{}:{{{}}}:{}:c", self.prefix, account, rule.name)
+        self.account_key(account, &[&rule.name, ":c"])
     }
 
     /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
     fn warm_key(&self, account: &str) -> String {
-        format!("{}:{{{}}}:#warm", self.prefix, account)
+        self.account_key(account, &["#warm"])
     }
 
     fn now_arg(&self) -> String {
@@ -319,53 +367,103 @@ impl RedisStore {
     }
 
     async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
+        self.run_until(inv, tokio::time::Instant::now() + self.timeout).await
+    }
+
+    async fn run_until<T: redis::FromRedisValue>(
+        &self,
+        inv: redis::ScriptInvocation<'_>,
+        deadline: tokio::time::Instant,
+    ) -> Result<T, StoreError> {
         let mut conn = self.conn();
-        match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
+        match tokio::time::timeout_at(deadline, inv.invoke_async(&mut conn)).await {
             Ok(result) => result.map_err(unavailable),
             Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
         }
     }
 
+    /// Decides one call. With `[store] batch` (the default), calls of an
+    /// account that arrive while a decision of it is in flight on this
+    /// thread's connection are decided together in the next run.
     pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
-        let mut inv = self.acquire.key(self.key(account, rule));
-        inv.key(self.warm_key(account)).key(self.slots_key(account, rule));
-        inv.arg(self.now_arg())
-            .arg(asking.offset_us)
-            .arg(asking.max_wait_us)
-            .arg(rule.warmup_us)
-            .arg(rule.concurrency)
-            .arg(asking.holder)
-            .arg(asking.lease_us);
+        let mut call = self.encode(account, rule, asking);
+        if !self.batch {
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let mut results = self.run_acquire(&[call], deadline).await?;
+            return results.pop().unwrap_or_else(|| Err("no answer".into())).map_err(StoreError::Unavailable);
+        }
+        let (_, batcher) = self.lane();
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            let mut leader = match batcher.join(account, call) {
+                Joined::Lead(leader) => leader,
+                Joined::Wait(answer) => match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(Answer::Decided(result))) => return result.map_err(StoreError::Unavailable),
+                    Ok(Ok(Answer::Lead(own))) => batcher.lead(account, own),
+                    // The run this call was taken into was abandoned (its
+                    // leader's client left): decide again.
+                    Ok(Err(_)) => {
+                        call = self.encode(account, rule, asking);
+                        continue;
+                    }
+                    Err(_) => {
+                        return Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout)))
+                    }
+                },
+            };
+            leader.take(MAX_BATCH, |first, next| first.offset_us == next.offset_us);
+            let results = self.run_acquire(&leader.calls, deadline).await.map_err(|e| e.to_string());
+            return leader.finish(results).map_err(StoreError::Unavailable);
+        }
+    }
+
+    /// A call's keys and values for acquire.lua.
+    fn encode(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Call {
+        let int = |x: i64| itoa::Buffer::new().format(x).to_owned();
+        let mut args = Vec::with_capacity(6 + 4 * rule.limits.len());
+        args.push(int(asking.max_wait_us));
+        args.push(int(rule.warmup_us));
+        args.push(int(i64::from(rule.concurrency)));
+        args.push(asking.holder.to_owned());
+        args.push(int(asking.lease_us));
+        args.push(int(rule.limits.len() as i64));
         for limit in &rule.limits {
             let label = limit.window_key().label();
             match limit {
-                Limit::Window(w) => inv.arg("w").arg(label).arg(w.interval_us).arg(w.tolerance_us),
-                Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(label).arg(*count).arg(0),
-            };
-        }
-        let reply: Vec<i64> = self.run(inv).await?;
-        match reply.as_slice() {
-            [1, at, escalated, hold_us, qi, qr, qt] => Ok(Decision::Admit {
-                at: *at,
-                hold_us: *hold_us,
-                escalated: *escalated == 1,
-                quota: (*qi > 0).then(|| Quota {
-                    limit: (*qi - 1) as usize,
-                    remaining: (*qr).max(0) as u64,
-                    reset_us: *qt,
-                }),
-            }),
-            [0, wait_us, reason] => {
-                let reason = match reason {
-                    1 => Reason::Rate,
-                    2 => Reason::Quota,
-                    4 => Reason::Concurrency,
-                    _ => Reason::Penalty,
-                };
-                Ok(Decision::Reject { wait_us: *wait_us, reason })
+                Limit::Window(w) => args.extend(["w".to_owned(), label, int(w.interval_us), int(w.tolerance_us)]),
+                Limit::Calendar { count, period } => {
+                    args.extend([period.as_str().to_owned(), label, int(*count as i64), "0".to_owned()])
+                }
             }
-            other => Err(StoreError::Unavailable(format!("acquire.lua answered {other:?}"))),
         }
+        Call {
+            keys: [self.key(account, rule), self.warm_key(account), self.slots_key(account, rule)],
+            offset_us: asking.offset_us,
+            args,
+        }
+    }
+
+    /// Runs acquire.lua once for `calls` (one account's, same offset),
+    /// giving up at `deadline` (the first call's decision budget).
+    async fn run_acquire(
+        &self,
+        calls: &[Call],
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Result<Decision, String>>, StoreError> {
+        let mut inv = self.acquire.prepare_invoke();
+        for call in calls {
+            for key in &call.keys {
+                inv.key(key);
+            }
+        }
+        inv.arg(self.now_arg()).arg(calls.first().map_or(0, |c| c.offset_us));
+        for call in calls {
+            for arg in &call.args {
+                inv.arg(arg);
+            }
+        }
+        let reply: String = self.run_until(inv, deadline).await?;
+        Ok(reply.split(',').map(parse_decision).collect())
     }
 
     pub async fn penalise(
@@ -505,4 +603,40 @@ impl RedisStore {
 
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("Redis: {e}"))
+}
+
+/// One decision of acquire.lua's answer: "1 at escalated hold qi qr qt" or
+/// "0 wait reason".
+fn parse_decision(answer: &str) -> Result<Decision, String> {
+    let mut numbers = [0i64; 7];
+    let mut n = 0;
+    for word in answer.split(' ') {
+        match word.parse::<i64>() {
+            Ok(x) if n < numbers.len() => numbers[n] = x,
+            _ => return Err(format!("acquire.lua answered {answer:?}")),
+        }
+        n += 1;
+    }
+    match &numbers[..n] {
+        [1, at, escalated, hold_us, qi, qr, qt] => Ok(Decision::Admit {
+            at: *at,
+            hold_us: *hold_us,
+            escalated: *escalated == 1,
+            quota: (*qi > 0).then(|| Quota {
+                limit: (*qi - 1) as usize,
+                remaining: (*qr).max(0) as u64,
+                reset_us: *qt,
+            }),
+        }),
+        [0, wait_us, reason] => {
+            let reason = match reason {
+                1 => Reason::Rate,
+                2 => Reason::Quota,
+                4 => Reason::Concurrency,
+                _ => Reason::Penalty,
+            };
+            Ok(Decision::Reject { wait_us: *wait_us, reason })
+        }
+        _ => Err(format!("acquire.lua answered {answer:?}")),
+    }
 }

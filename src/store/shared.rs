@@ -142,7 +142,8 @@ struct RefusalCache {
     entries: Mutex<Refusals>,
 }
 
-type Refusals = HashMap<(String, Arc<str>), (Micros, Reason)>;
+/// rule → account → (until, why): looked up by `&str`, without allocating.
+type Refusals = HashMap<Arc<str>, HashMap<String, (Micros, Reason)>>;
 
 /// Longest a refusal is answered locally.
 pub const REFUSAL_CACHE_MAX_US: Micros = 1_000_000;
@@ -155,7 +156,7 @@ impl RefusalCache {
     /// The refusal still standing at `now`: time left and why.
     fn get(&self, account: &str, rule: &Rule, now: Micros) -> Option<(Micros, Reason)> {
         let entries = self.entries();
-        let (until, reason) = entries.get(&(account.to_owned(), rule.name.clone()))?;
+        let (until, reason) = entries.get(&rule.name)?.get(account)?;
         (*until > now).then(|| (*until - now, *reason))
     }
 
@@ -166,14 +167,17 @@ impl RefusalCache {
         }
         let keep = keep.min(REFUSAL_CACHE_MAX_US);
         let mut entries = self.entries();
-        if entries.len() >= 10_000 {
-            entries.retain(|_, (until, _)| *until > now);
+        let accounts = entries.entry(rule.name.clone()).or_default();
+        if accounts.len() >= 10_000 {
+            accounts.retain(|_, (until, _)| *until > now);
         }
-        entries.insert((account.to_owned(), rule.name.clone()), (now + keep, reason));
+        accounts.insert(account.to_owned(), (now + keep, reason));
     }
 
     fn forget(&self, account: &str, rule: &Rule) {
-        self.entries().remove(&(account.to_owned(), rule.name.clone()));
+        if let Some(accounts) = self.entries().get_mut(&rule.name) {
+            accounts.remove(account);
+        }
     }
 
     fn clear(&self) {
