@@ -117,6 +117,48 @@ end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 
+-- State hashes read and written by this run: key -> {v = field -> value
+-- (a string as read, a number once written, false if absent), dirty =
+-- field -> true, extend = ms or nil}. Calls of one batch often share a key:
+-- it is read with one HMGET and written with one HSET for all of them.
+local states = {}
+
+-- The values of `fields` in `key`'s hash (nil where absent), from this run's
+-- cache, reading only what it lacks.
+local function load(key, fields)
+  local st = states[key]
+  if not st then
+    st = {v = {}, dirty = {}}
+    states[key] = st
+  end
+  local missing = {}
+  for _, f in ipairs(fields) do
+    if st.v[f] == nil then missing[#missing + 1] = f end
+  end
+  if #missing > 0 then
+    local got = redis.call('HMGET', key, unpack(missing))
+    for i, f in ipairs(missing) do st.v[f] = got[i] or false end
+  end
+  local out = {}
+  for i, f in ipairs(fields) do
+    local x = st.v[f]
+    if x == false then x = nil end
+    out[i] = x
+  end
+  return out, st
+end
+
+local function put(st, f, x)
+  st.v[f] = x
+  st.dirty[f] = true
+end
+
+-- The limit with least room left so far (i, room, reset), updated.
+local function tightest(qi, qr, qt, i, room, reset)
+  if qi == 0 or room < qr then return i, room, reset end
+  return qi, qr, qt
+end
+
 -- Decides the call whose keys start at KEYS[k] and whose values start at
 -- ARGV[a]. Returns its answer and where the next call's values start.
 local function acquire(k, a)
@@ -143,7 +185,7 @@ local function acquire(k, a)
       fields[#fields + 1] = l.f .. '.q'
     end
   end
-  local vals = redis.call('HMGET', key, unpack(fields))
+  local vals, st = load(key, fields)
   local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
   local ex = num(vals[5], nil)
   local v = 6
@@ -210,19 +252,9 @@ local function acquire(k, a)
     return string.format('0 %d %d', wait, reason), next_a
   end
 
-  -- 5. Admit at `at`: debit everything.
-  local writes = {}
+  -- 5. Admit at `at`: debit everything (written when the run ends).
   local ttl = 0
   local qi, qr, qt = 0, 0, 0
-  local function note(i, room, reset)
-    if qi == 0 or room < qr then
-      qi, qr, qt = i, room, reset
-    end
-  end
-  local function put(f, x)
-    writes[#writes + 1] = f
-    writes[#writes + 1] = fmt(x)
-  end
   for i, l in ipairs(limits) do
     if l.kind == 'w' then
       local tat = l.tat or at
@@ -234,11 +266,11 @@ local function acquire(k, a)
         if elapsed > warmup then elapsed = warmup end
         t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
       end
-      put(l.f, tat + t)
+      put(st, l.f, tat + t)
       if tat + t - now > ttl then ttl = tat + t - now end
       local room = idiv(now + l.b + l.a - (tat + t), l.a)
       if room < 0 then room = 0 end
-      note(i, room, tat + t - now)
+      qi, qr, qt = tightest(qi, qr, qt, i, room, tat + t - now)
     else
       local current, nxt = period(l.kind, now, off)
       local used, next = counts(l.p, l.n, l.q, current)
@@ -246,10 +278,10 @@ local function acquire(k, a)
       if at_id == current then used = used + 1 else next = next + 1 end
       local room = l.a - used
       if room < 0 then room = 0 end
-      note(i, room, nxt - now)
-      put(l.f .. '.p', current)
-      put(l.f .. '.n', used)
-      put(l.f .. '.q', next)
+      qi, qr, qt = tightest(qi, qr, qt, i, room, nxt - now)
+      put(st, l.f .. '.p', current)
+      put(st, l.f .. '.n', used)
+      put(st, l.f .. '.q', next)
       local keep = nxt
       if next > 0 then
         local _, after = period(l.kind, nxt, off)
@@ -258,8 +290,8 @@ local function acquire(k, a)
       if keep - now > ttl then ttl = keep - now end
     end
   end
-  if cold then put('ws', now) end
-  put('lc', now)
+  if cold then put(st, 'ws', now) end
+  put(st, 'lc', now)
   if pu + pn - now > ttl then ttl = pu + pn - now end
   if warmup > ttl then ttl = warmup end
   -- Never shorten a TTL another rule version or a penalty set. `ex` says how
@@ -273,13 +305,11 @@ local function acquire(k, a)
   elseif lc ~= 0 or pu ~= 0 then
     lives = redis.call('PTTL', key) * 1000
   end
-  local extend = nil
   if lives < ms * 1000 then
-    extend = ms + 10000
-    put('ex', now + extend * 1000)
+    local extend = ms + 10000
+    put(st, 'ex', now + extend * 1000)
+    if not st.extend or extend > st.extend then st.extend = extend end
   end
-  redis.call('HSET', key, unpack(writes))
-  if extend then redis.call('PEXPIRE', key, extend) end
   if conc > 0 then
     redis.call('ZADD', conc_key, fmt(at + lease), holder)
     local cms = math.floor((at + lease - now) / 1000) + 1000
@@ -299,5 +329,17 @@ for k = 1, #KEYS, 3 do
   local answer
   answer, a = acquire(k, a)
   answers[#answers + 1] = answer
+end
+-- Write what the admissions changed: one HSET per key, then its TTL.
+for key, st in pairs(states) do
+  local writes = {}
+  for f in pairs(st.dirty) do
+    writes[#writes + 1] = f
+    writes[#writes + 1] = fmt(st.v[f])
+  end
+  if #writes > 0 then
+    redis.call('HSET', key, unpack(writes))
+    if st.extend then redis.call('PEXPIRE', key, st.extend) end
+  end
 end
 return table.concat(answers, ',')

@@ -488,3 +488,51 @@ async fn memory_and_redis_cluster_decide_identically() {
     }
     assert_eq!(masters.len(), 3, "the scenarios' accounts landed on every master");
 }
+
+/// Calls that arrive while a decision of their account is in flight are
+/// decided together in the next script run (`[store] batch`): the answers
+/// are exactly those of deciding them one by one, in arrival order.
+#[tokio::test]
+async fn calls_decided_in_one_batch_match_one_by_one() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let (rule, _, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
+    let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
+    let memory = MemoryStore::new(Arc::new(clock.clone()));
+    let one_by_one: Vec<Decision> = (0..12).map(|_| memory.acquire("wxAPPID", &rule, &asking)).collect();
+
+    let config = RedisConfig {
+        url: redis.url(),
+        password: None,
+        key_prefix: "batch".into(),
+        timeout: Duration::from_secs(5),
+        nodes: Vec::new(),
+        resilience: Resilience::strict(),
+        batch: true,
+    };
+    let store = RedisStore::connect(&config).await.expect("connect").with_fixed_clock(Arc::new(clock.clone()));
+    let store = Arc::new(Store::Redis(SharedStore::new(store, Arc::new(clock.clone()), Resilience::strict(), true)));
+    assert!(redis.command("CONFIG RESETSTAT").starts_with("+OK"));
+    // On this single-threaded test runtime the tasks start in order: the
+    // first runs alone, the eleven others queue behind it and go in one run.
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let (store, rule) = (store.clone(), rule.clone());
+            tokio::spawn(async move {
+                let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
+                store.acquire("wxAPPID", &rule, &asking).await.expect("decided")
+            })
+        })
+        .collect();
+    let mut batched = Vec::new();
+    for t in tasks {
+        batched.push(t.await.expect("task"));
+    }
+    assert_eq!(batched, one_by_one);
+    let admitted = batched.iter().filter(|d| matches!(d, Decision::Admit { .. })).count();
+    assert_eq!(admitted, 3, "the burst, then the rate refuses: {batched:?}");
+    let stats = redis.command("INFO commandstats");
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 calls in 2 script runs: {stats}");
+    let count = redis.command("HGET batch:{wxAPPID}:r day.n");
+    assert!(count.contains("\r\n3\r\n"), "one write per run carries every admission: {count}");
+}
