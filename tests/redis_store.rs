@@ -182,3 +182,40 @@ async fn known_refusals_are_answered_without_asking_redis() {
         }
     }
 }
+
+/// Clients that hang up while their decisions are queued or in flight (here:
+/// Redis frozen, every client giving up) must not leave their account's
+/// queue waiting for a leader that never comes: once Redis answers again,
+/// every call is decided by it. With `fallback = "deny"` a stuck queue would
+/// show as 503s after the 2 s timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leaving_mid_decision_never_stall_the_account() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let text = config_text(
+        &format!("http://{}", mock.addr),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nfallback = \"deny\"\n\n\
+             [[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
+             limits = [{{ count = 100000, per = \"1s\" }}]\n",
+            redis.url()
+        ),
+    );
+    let gate = gate_on(&text).await;
+    let addr = gate.addr;
+    let path = "/cgi-bin/message/template/send?access_token=T";
+    for round in 0..3 {
+        redis.pause();
+        let leaving: Vec<_> =
+            (0..16).map(|_| tokio::spawn(tokio::time::timeout(Duration::from_millis(150), get(addr, path)))).collect();
+        for t in leaving {
+            assert!(t.await.expect("task").is_err(), "round {round}: no answer while Redis is frozen");
+        }
+        redis.resume();
+        let calls: Vec<_> = (0..16).map(|_| tokio::spawn(get(addr, path))).collect();
+        for t in calls {
+            let answer = t.await.expect("task");
+            assert_eq!(answer.status, 200, "round {round}: {}", answer.text());
+        }
+    }
+}

@@ -13,7 +13,10 @@
 //! - a leader that goes away (its client disconnected) still hands the
 //!   queue on (`Drop`); the calls of its abandoned run learn it by their
 //!   channel closing, and decide again (a run that reached Redis may have
-//!   debited them: never more than the limit, only less of it used).
+//!   debited them: never more than the limit, only less of it used);
+//! - a queued call told to lead that goes away before it runs passes the
+//!   lead on ([`Waiting`]'s `Drop`), so no queue waits for a leader that
+//!   will not come.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -48,7 +51,33 @@ impl<C> Default for Batcher<C> {
 /// Whether a call leads now or waits for its answer.
 pub enum Joined<'a, C> {
     Lead(Leader<'a, C>),
-    Wait(oneshot::Receiver<Answer<C>>),
+    Wait(Waiting<'a, C>),
+}
+
+/// A queued call's end of the line. If it goes away (its client left, or it
+/// timed out) just as it was told to lead, it passes the lead on when
+/// dropped, so a queue never waits for a leader that will not come.
+pub struct Waiting<'a, C> {
+    batcher: &'a Batcher<C>,
+    account: String,
+    rx: oneshot::Receiver<Answer<C>>,
+}
+
+impl<C> Waiting<'_, C> {
+    /// The answer, or an error if the run this call was in was abandoned.
+    pub async fn answer(&mut self) -> Result<Answer<C>, oneshot::error::RecvError> {
+        (&mut self.rx).await
+    }
+}
+
+impl<C> Drop for Waiting<'_, C> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(Answer::Lead(call)) = self.rx.try_recv() {
+            // Lead, take nothing, run nothing: the Leader's drop hands on.
+            drop(self.batcher.lead(&self.account, call));
+        }
+    }
 }
 
 impl<C> Batcher<C> {
@@ -62,7 +91,7 @@ impl<C> Batcher<C> {
         if let Some(q) = queues.get_mut(account) {
             let (tx, rx) = oneshot::channel();
             q.waiting.push_back((call, tx));
-            return Joined::Wait(rx);
+            return Joined::Wait(Waiting { batcher: self, account: account.to_owned(), rx });
         }
         queues.insert(account.to_owned(), Queue { waiting: VecDeque::new() });
         Joined::Lead(self.lead(account, call))
@@ -168,6 +197,7 @@ mod tests {
         let Joined::Lead(mut first) = b.join("a", 1) else { panic!("first call leads") };
         let Joined::Wait(mut rx2) = b.join("a", 2) else { panic!("second waits") };
         let Joined::Wait(mut rx3) = b.join("a", 3) else { panic!("third waits") };
+        let (rx2, rx3) = (&mut rx2.rx, &mut rx3.rx);
         // Another account is independent.
         assert!(matches!(b.join("b", 9), Joined::Lead(_)));
         first.take(64, |_, _| true);
@@ -186,7 +216,7 @@ mod tests {
         let Joined::Wait(mut rx3) = b.join("a", 3) else { panic!("waits") };
         drop(rx2); // the second caller left
         drop(first); // the leader's client disconnected mid-run
-        let Ok(Answer::Lead(call)) = rx3.try_recv() else { panic!("the oldest live call leads") };
+        let Ok(Answer::Lead(call)) = rx3.rx.try_recv() else { panic!("the oldest live call leads") };
         assert_eq!(call, 3);
         let next = b.lead("a", call);
         assert_eq!(next.finish(Err("Redis down".into())), Err("Redis down".into()));
@@ -206,9 +236,28 @@ mod tests {
         assert_eq!(first.calls, vec![10, 11, 12]);
         let _ = first.finish(Ok(vec![admit(0), admit(0), admit(0)]));
         // 20 does not fit with 10..: it leads the next run, which takes 13.
-        let Ok(Answer::Lead(call)) = rxs[2].try_recv() else { panic!("20 leads") };
+        let Ok(Answer::Lead(call)) = rxs[2].rx.try_recv() else { panic!("20 leads") };
         let mut next = b.lead("a", call);
         next.take(64, |a, b| a / 10 == b / 10);
         assert_eq!(next.calls, vec![20], "13 does not fit with 20");
+    }
+
+    /// The race a real load found: the leader hands over to the oldest
+    /// waiter just as that waiter's client leaves. The lead must not die
+    /// with it, or every later call of the account waits out its timeout.
+    #[test]
+    fn a_lead_handed_to_a_caller_that_leaves_passes_on() {
+        let b: Batcher<u32> = Batcher::default();
+        let Joined::Lead(first) = b.join("a", 1) else { panic!("leads") };
+        let Joined::Wait(second) = b.join("a", 2) else { panic!("waits") };
+        let Joined::Wait(mut third) = b.join("a", 3) else { panic!("waits") };
+        drop(first); // hands the lead to the second call...
+        drop(second); // ...whose client leaves before it runs
+        let Ok(Answer::Lead(call)) = third.rx.try_recv() else { panic!("the lead passed on to the third call") };
+        assert_eq!(call, 3);
+        drop(b.lead("a", call));
+        drop(third);
+        assert_eq!(b.in_flight(), 0, "nothing left waiting for a leader");
+        assert!(matches!(b.join("a", 4), Joined::Lead(_)), "a new call leads at once");
     }
 }

@@ -397,7 +397,7 @@ impl RedisStore {
         loop {
             let mut leader = match batcher.join(account, call) {
                 Joined::Lead(leader) => leader,
-                Joined::Wait(answer) => match tokio::time::timeout_at(deadline, answer).await {
+                Joined::Wait(mut waiting) => match tokio::time::timeout_at(deadline, waiting.answer()).await {
                     Ok(Ok(Answer::Decided(result))) => return result.map_err(StoreError::Unavailable),
                     Ok(Ok(Answer::Lead(own))) => batcher.lead(account, own),
                     // The run this call was taken into was abandoned (its
