@@ -190,7 +190,7 @@ async fn known_refusals_are_answered_without_asking_redis() {
 /// show as 503s after the 2 s timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_leaving_mid_decision_never_stall_the_account() {
-    let mut redis = RedisServer::start();
+    let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
     let text = config_text(
         &format!("http://{}", mock.addr),
