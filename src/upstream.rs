@@ -1,20 +1,26 @@
 //! The pooled client to the one configured upstream (WeChat, or a mock in
-//! tests). wxgate never connects anywhere else: the target URI is always the
-//! configured base plus the client's path and query.
+//! tests). wxgate never connects anywhere else: every connection goes to the
+//! configured base, and a request carries only the client's path and query
+//! (origin-form) and the upstream's `Host`.
+//!
+//! The pool is wxgate's own, one per serving thread: hyper's HTTP/1
+//! connections, a stack of senders (newest first, so few connections stay
+//! warm), no hashing, no task per call. A request goes out once; it is sent
+//! again only when hyper hands it back unsent (a pooled connection that had
+//! closed before the request was written), then on a new connection.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::{LengthLimitError, Limited};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
@@ -35,18 +41,63 @@ pub enum UpstreamError {
     BodyTooLarge,
 }
 
-type PooledClient = Client<HttpsConnector<HttpConnector>, Limited<Incoming>>;
+type Sender = SendRequest<Limited<Incoming>>;
+
+/// An idle connection is closed after this long unused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most idle connections kept per pool.
+const MAX_IDLE: usize = 256;
+
+/// Connections to the upstream: senders of hyper HTTP/1 connections, each
+/// driven by a task on the thread that opened it.
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Vec<(Sender, Instant)>>,
+}
+
+impl Pool {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Sender, Instant)>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest connection ready for a request; drops closed and expired ones.
+    fn take(&self) -> Option<Sender> {
+        let mut idle = self.idle();
+        let now = Instant::now();
+        let mut i = idle.len();
+        while i > 0 {
+            i -= 1;
+            let (sender, since) = &idle[i];
+            if sender.is_closed() || now.duration_since(*since) > IDLE_TIMEOUT {
+                idle.swap_remove(i);
+            } else if sender.is_ready() {
+                return Some(idle.swap_remove(i).0);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection for later calls. It may still be reading the answer
+    /// it was just used for; [`Pool::take`] only hands out ready ones.
+    fn put(&self, sender: Sender) {
+        let mut idle = self.idle();
+        if idle.len() < MAX_IDLE && !sender.is_closed() {
+            idle.push((sender, Instant::now()));
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Upstream {
+    connector: HttpsConnector<HttpConnector>,
+    /// scheme://authority of the upstream: where connections go.
+    base: Uri,
     /// Used off the serving threads.
-    client: PooledClient,
-    /// One pool per serving thread ([`crate::worker`]): a pooled connection's
-    /// task runs on the thread that opened it, so sharing pools across
-    /// threads would make every call wake another thread.
-    per_worker: Vec<PooledClient>,
-    scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
+    pool: Arc<Pool>,
+    /// One pool per serving thread ([`crate::worker`]): a connection's task
+    /// runs on the thread that opened it, so sharing pools across threads
+    /// would make every call wake another thread.
+    per_worker: Arc<[Pool]>,
     base_path: String,
     /// `Host` of every forwarded call, as hyper would build it per call.
     host: http::HeaderValue,
@@ -74,14 +125,6 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        // hyper retries a request only when the pooled connection closed before
-        // the request was written (it was provably never sent): no duplicates.
-        let client = || {
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_max_idle_per_host(256)
-                .build(connector.clone())
-        };
         let up = &server.upstream;
         let hostname = up.host().ok_or("upstream has no host")?;
         let default_port = if up.scheme_str() == Some("https") { 443 } else { 80 };
@@ -90,24 +133,30 @@ impl Upstream {
             _ => hostname.to_owned(),
         };
         let host = http::HeaderValue::from_str(&host).map_err(|e| format!("upstream host: {e}"))?;
+        let base = Uri::builder()
+            .scheme(up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS))
+            .authority(up.authority().cloned().ok_or("upstream has no host")?)
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("upstream: {e}"))?;
         Ok(Upstream {
+            connector,
+            base,
+            pool: Arc::default(),
+            per_worker: (0..server.workers).map(|_| Pool::default()).collect(),
             host,
-            client: client(),
-            per_worker: (0..server.workers).map(|_| client()).collect(),
-            scheme: up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS),
-            authority: up.authority().cloned().ok_or("upstream has no host")?,
             base_path: up.path().trim_end_matches('/').to_owned(),
             timeout: server.upstream_timeout,
         })
     }
 
-    /// The upstream URI for a client's origin-form path and query, bytes unchanged.
+    /// The request target sent upstream (origin-form): the base URL's path,
+    /// then the client's path and query, bytes unchanged.
     pub fn target(&self, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
-        let builder = Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone());
         if self.base_path.is_empty() {
-            builder.path_and_query(path_and_query.clone()).build()
+            Ok(Uri::from(path_and_query.clone()))
         } else {
-            builder.path_and_query(format!("{}{}", self.base_path, path_and_query)).build()
+            Uri::builder().path_and_query(format!("{}{}", self.base_path, path_and_query)).build()
         }
     }
 
@@ -116,16 +165,65 @@ impl Upstream {
         &self.host
     }
 
-    /// Sends one request, once. `Host` is set from the target URI.
+    /// Sends one request (origin-form target, `Host` set by the caller), once,
+    /// and returns the answer's head within `upstream_timeout`.
     pub async fn send(&self, req: Request<Limited<Incoming>>) -> Result<Response<Incoming>, UpstreamError> {
-        let client = crate::worker::pick(&self.per_worker, &self.client);
-        match tokio::time::timeout(self.timeout, client.request(req)).await {
+        let pool = crate::worker::pick(&self.per_worker, &self.pool);
+        match tokio::time::timeout(self.timeout, self.send_on(pool, req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
-            Ok(Err(e)) if body_too_large(&e) => Err(UpstreamError::BodyTooLarge),
-            Ok(Err(e)) => Err(UpstreamError::Failed(error_chain(&e))),
+            Ok(result) => result,
         }
+    }
+
+    async fn send_on(
+        &self,
+        pool: &Pool,
+        mut req: Request<Limited<Incoming>>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut pooled = pool.take();
+        loop {
+            let reused = pooled.is_some();
+            let mut sender = match pooled.take() {
+                Some(sender) => sender,
+                None => self.connect().await?,
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    pool.put(sender);
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    // Handed back unsent by a pooled connection that had
+                    // closed: never on the wire, so it goes on a new one.
+                    Some(unsent) if reused => req = unsent,
+                    _ => {
+                        let e = e.into_error();
+                        return Err(if body_too_large(&e) {
+                            UpstreamError::BodyTooLarge
+                        } else {
+                            UpstreamError::Failed(error_chain(&e))
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    /// Opens a connection (TCP, then TLS for https) and starts its task on
+    /// this thread's runtime.
+    async fn connect(&self) -> Result<Sender, UpstreamError> {
+        let mut connector = self.connector.clone();
+        let io = tower_service::Service::call(&mut connector, self.base.clone())
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(e.as_ref())))?;
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(io).await.map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
     }
 }
 
