@@ -9,6 +9,9 @@
 #   5. wxgate redis 1:1 wrk -> wxgate -> mock     (Redis store, batch = false: one EVALSHA per call)
 #   6. wxgate redis 90% wrk -> wxgate -> mock     (limit at ~10 % of target 4's rate)
 #   7. the same, refusal_cache = false            (every refusal asks Redis)
+#   8. wxgate redis, quota spent                  (day quota of 1, used up: every call refused
+#                                                  for hours; answered locally, [store] refusal_cache)
+#   9. the same, refusal_cache = false            (every refusal asks Redis)
 #
 # Pass 1 drives each target as hard as wrk can (same threads, connections,
 # duration); pass 2 drives targets 1-5 at about half of the slowest of 1-4,
@@ -359,6 +362,8 @@ alloc_port WX_REDIS_PORT
 alloc_port WX_REDIS1_PORT
 alloc_port WX_REJECT_PORT
 alloc_port WX_REJECTNC_PORT
+alloc_port WX_SPENT_PORT
+alloc_port WX_SPENTNC_PORT
 wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "$NEVER"
 wxgate_config redis "$WX_REDIS_PORT" \
   "kind = \"redis\"
@@ -374,7 +379,8 @@ key_prefix = \"bench4b\"" "$NEVER"
 
 NAMES=([1]="direct (mock upstream)" [2]="nginx proxy_pass" [3]="wxgate, memory store"
        [4]="wxgate, Redis store" [5]="wxgate, Redis, batch = false (1 EVALSHA per call)"
-       [6]="wxgate, Redis, rejects ~90 %" [7]="wxgate, Redis, rejects ~90 %, refusal_cache = false")
+       [6]="wxgate, Redis, rejects ~90 %" [7]="wxgate, Redis, rejects ~90 %, refusal_cache = false"
+       [8]="wxgate, Redis, day quota spent" [9]="wxgate, Redis, day quota spent, refusal_cache = false")
 UPW="upstream=$(echo $UP_WORKERS | tr ' ' ,)"
 NGXW="nginx-proxy=$(echo $NGX_WORKERS | tr ' ' ,)"
 REDISW="redis=$REDIS_PID"
@@ -395,6 +401,8 @@ target() {
     5) url="http://127.0.0.1:$WX_REDIS1_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
     6) url="http://127.0.0.1:$WX_REJECT_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
     7) url="http://127.0.0.1:$WX_REJECTNC_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
+    8) url="http://127.0.0.1:$WX_SPENT_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
+    9) url="http://127.0.0.1:$WX_SPENTNC_PORT$REQ_PATH"; watch="wxgate=$WX_PID $UPW $REDISW" ;;
   esac
   log "$key: ${NAMES[$n]} (-c$c${RATE:+ -R$RATE}${PACE:+, pace ${PACE} ms})"
   redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
@@ -435,6 +443,20 @@ refusal_cache = false
 key_prefix = \"bench5b\"" "[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
 start_wxgate reject "$WX_REJECT_PORT"; target p1_reject 6 "$CONNS"; stop_pid "$WX_PID"
 start_wxgate rejectnc "$WX_REJECTNC_PORT"; target p1_rejectnc 7 "$CONNS"; stop_pid "$WX_PID"
+
+# Targets 8 and 9: a day quota of 1, spent by the first call of the warm-up.
+for t in spent:8:bench8 spentnc:9:bench9; do
+  IFS=: read -r name _ prefix <<<"$t"
+  port_var=WX_$(echo "$name" | tr a-z A-Z)_PORT
+  wxgate_config "$name" "${!port_var}" \
+    "kind = \"redis\"
+url = \"redis://127.0.0.1:$REDIS_PORT\"
+timeout = \"1s\"
+$([ "$name" = spentnc ] && echo 'refusal_cache = false')
+key_prefix = \"$prefix\"" '[{ count = 1, per = "day" }]'
+done
+start_wxgate spent "$WX_SPENT_PORT"; target p1_spent 8 "$CONNS"; stop_pid "$WX_PID"
+start_wxgate spentnc "$WX_SPENTNC_PORT"; target p1_spentnc 9 "$CONNS"; stop_pid "$WX_PID"
 
 # Pass 2: targets 1-5 at ~half the slowest full-load rate of 1-4.
 MINRATE=$(for k in direct nginx memory redis; do res "p1_$k"; done | awk '{ print $1 }' | sort -g | head -1)
@@ -477,7 +499,7 @@ report() {
   echo "| # | target | requests/s | vs nginx proxy_pass | p50 | p99 | p50 added over direct | p99 added over direct | non-2xx | proxy CPU per call | CPU (% of one core) |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
   n=0
-  for k in direct nginx memory redis redis1 reject rejectnc; do
+  for k in direct nginx memory redis redis1 reject rejectnc spent spentnc; do
     n=$((n + 1))
     read -r rps p50 p99 req non serr <<<"$(res p1_$k)"
     printf '| %d | %s | %.0f | %.2f× | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$rps" \
@@ -494,6 +516,7 @@ report() {
     "(burst = 1 gives the GCRA no tolerance: an admission that comes a little late loses the rest of its slot)."
   echo "Warm-up answers by status (wrk Lua counter): target 6 $(grep -h '^status:' "$TMP/p1_reject.warm" | sed 's/status: //');" \
     "target 7 $(grep -h '^status:' "$TMP/p1_rejectnc.warm" | sed 's/status: //');" \
+    "targets 8, 9 $(grep -h '^status:' "$TMP/p1_spent.warm" | sed 's/status: //'), $(grep -h '^status:' "$TMP/p1_spentnc.warm" | sed 's/status: //');" \
     "targets 1-5 $(cat "$TMP"/p1_{direct,nginx,memory,redis,redis1}.warm | awk '/^status:/ { split($2, a, "="); split($3, b, "="); split($4, c, "=");
       ok += a[2]; r += b[2]; o += c[2] } END { printf "200=%d 429=%d other=%d", ok, r, o }')."
   echo
@@ -502,7 +525,7 @@ report() {
   echo "| # | target | EVALSHA calls | requests | Redis CPU per call |"
   echo "|---|---|---:|---:|---:|"
   local i=3
-  for k in redis redis1 reject rejectnc; do
+  for k in redis redis1 reject rejectnc spent spentnc; do
     i=$((i + 1))
     read -r rps _ _ req _ <<<"$(res p1_$k)"
     local wreq; wreq=$(awk '/ requests in / { print $1 }' "$TMP/p1_$k.warm")
@@ -537,7 +560,7 @@ report() {
   echo "- At full load the machine is saturated and wrk queues too: target 1's tail includes wrk's own"
   echo "  queueing at ~1.5x the rate, so an \"added\" p99 can come out negative in pass 1. Pass 2 is the"
   echo "  fairer latency comparison."
-  local w; w=$(cat "$TMP"/{memory,redis,redis1,reject,rejectnc}.log 2>/dev/null | grep -c . || true)
+  local w; w=$(cat "$TMP"/{memory,redis,redis1,reject,rejectnc,spent,spentnc}.log 2>/dev/null | grep -c . || true)
   echo "- wxgate wrote $w log lines at level warn during the runs."
 }
 

@@ -72,23 +72,28 @@ async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let total = if full { 200_000 } else { 640 };
     let redis = redis_server::RedisServer::start();
-    let redis_store = RedisStore::connect(&RedisConfig {
-        url: redis.url(),
-        password: None,
-        key_prefix: "bench".into(),
-        timeout: Duration::from_secs(2),
-        nodes: Vec::new(),
-        resilience: Resilience::strict(),
-        batch: true,
-    })
-    .await
-    .expect("connect to redis");
+    // Redis three ways: the default (batched decisions, known refusals
+    // answered locally), without the refusal cache, and one EVALSHA per call.
+    let redis_store = |prefix: &str, batch: bool, refusal_cache: bool| {
+        let config = RedisConfig {
+            url: redis.url(),
+            password: None,
+            key_prefix: prefix.into(),
+            timeout: Duration::from_secs(2),
+            nodes: Vec::new(),
+            resilience: Resilience { refusal_cache, ..Resilience::strict() },
+            batch,
+        };
+        async move {
+            let store = RedisStore::connect(&config).await.expect("connect to redis");
+            Arc::new(Store::Redis(SharedStore::new(store, Arc::new(SystemClock), config.resilience.clone(), true)))
+        }
+    };
     let stores = [
         ("memory", Arc::new(Store::Memory(MemoryStore::new(Arc::new(SystemClock))))),
-        (
-            "redis",
-            Arc::new(Store::Redis(SharedStore::new(redis_store, Arc::new(SystemClock), Resilience::strict(), true))),
-        ),
+        ("redis", redis_store("bench", true, true).await),
+        ("redis, refusal_cache = false", redis_store("bench-nc", true, false).await),
+        ("redis, batch = false, refusal_cache = false", redis_store("bench-1", false, false).await),
     ];
     let open = rule(r#"[{ count = 1000000000, per = "1h" }, { count = 1000000000, per = "day" }]"#);
     let shut = rule(r#"[{ count = 1, per = "1h" }, { count = 1000000000, per = "day" }]"#);
