@@ -364,18 +364,14 @@ alloc_port WX_REJECT_PORT
 alloc_port WX_REJECTNC_PORT
 alloc_port WX_SPENT_PORT
 alloc_port WX_SPENTNC_PORT
+# redis_store PREFIX [EXTRA_TOML]: the [store] body of a Redis target
+redis_store() {
+  printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "1s"\nkey_prefix = "%s"\n%s' \
+    "$REDIS_PORT" "$1" "${2:-}"
+}
 wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "$NEVER"
-wxgate_config redis "$WX_REDIS_PORT" \
-  "kind = \"redis\"
-url = \"redis://127.0.0.1:$REDIS_PORT\"
-timeout = \"1s\"
-key_prefix = \"bench4\"" "$NEVER"
-wxgate_config redis1 "$WX_REDIS1_PORT" \
-  "kind = \"redis\"
-url = \"redis://127.0.0.1:$REDIS_PORT\"
-timeout = \"1s\"
-batch = false
-key_prefix = \"bench4b\"" "$NEVER"
+wxgate_config redis "$WX_REDIS_PORT" "$(redis_store bench4)" "$NEVER"
+wxgate_config redis1 "$WX_REDIS1_PORT" "$(redis_store bench4b 'batch = false')" "$NEVER"
 
 NAMES=([1]="direct (mock upstream)" [2]="nginx proxy_pass" [3]="wxgate, memory store"
        [4]="wxgate, Redis store" [5]="wxgate, Redis, batch = false (1 EVALSHA per call)"
@@ -430,31 +426,16 @@ start_wxgate redis1 "$WX_REDIS1_PORT"; target p1_redis1 5 "$CONNS"; stop_pid "$W
 # Targets 6 and 7: a limit at ~10 % of what target 4 achieved, burst 1.
 read -r RATE4 _ <<<"$(res p1_redis)"
 LIMIT5=$(awk -v r="$RATE4" 'BEGIN { x = r * 0.1; c = int(x); if (c < x) c++; if (c < 1) c = 1; print c }')
-wxgate_config reject "$WX_REJECT_PORT" \
-  "kind = \"redis\"
-url = \"redis://127.0.0.1:$REDIS_PORT\"
-timeout = \"1s\"
-key_prefix = \"bench5\"" "[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
-wxgate_config rejectnc "$WX_REJECTNC_PORT" \
-  "kind = \"redis\"
-url = \"redis://127.0.0.1:$REDIS_PORT\"
-timeout = \"1s\"
-refusal_cache = false
-key_prefix = \"bench5b\"" "[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
+RATE5="[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
+wxgate_config reject "$WX_REJECT_PORT" "$(redis_store bench5)" "$RATE5"
+wxgate_config rejectnc "$WX_REJECTNC_PORT" "$(redis_store bench5b 'refusal_cache = false')" "$RATE5"
 start_wxgate reject "$WX_REJECT_PORT"; target p1_reject 6 "$CONNS"; stop_pid "$WX_PID"
 start_wxgate rejectnc "$WX_REJECTNC_PORT"; target p1_rejectnc 7 "$CONNS"; stop_pid "$WX_PID"
 
 # Targets 8 and 9: a day quota of 1, spent by the first call of the warm-up.
-for t in spent:8:bench8 spentnc:9:bench9; do
-  IFS=: read -r name _ prefix <<<"$t"
-  port_var=WX_$(echo "$name" | tr a-z A-Z)_PORT
-  wxgate_config "$name" "${!port_var}" \
-    "kind = \"redis\"
-url = \"redis://127.0.0.1:$REDIS_PORT\"
-timeout = \"1s\"
-$([ "$name" = spentnc ] && echo 'refusal_cache = false')
-key_prefix = \"$prefix\"" '[{ count = 1, per = "day" }]'
-done
+SPENT='[{ count = 1, per = "day" }]'
+wxgate_config spent "$WX_SPENT_PORT" "$(redis_store bench8)" "$SPENT"
+wxgate_config spentnc "$WX_SPENTNC_PORT" "$(redis_store bench9 'refusal_cache = false')" "$SPENT"
 start_wxgate spent "$WX_SPENT_PORT"; target p1_spent 8 "$CONNS"; stop_pid "$WX_PID"
 start_wxgate spentnc "$WX_SPENTNC_PORT"; target p1_spentnc 9 "$CONNS"; stop_pid "$WX_PID"
 
