@@ -117,35 +117,34 @@ end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 
--- State hashes read and written by this run: key -> {v = field -> value
--- (a string as read, a number once written, false if absent), dirty =
--- field -> true, extend = ms or nil}. Calls of one batch often share a key:
--- it is read with one HMGET and written with one HSET for all of them.
+-- State hashes read and written by this run: key -> {v = field -> number
+-- (false if absent), dirty = field -> true, extend = ms or nil}. Calls of one
+-- batch often share a key: it is read with one HMGET (each value parsed
+-- once) and written with one HSET for all of them.
 local states = {}
 
--- The values of `fields` in `key`'s hash (nil where absent), from this run's
--- cache, reading only what it lacks.
+-- `key`'s cached state, with every field of `fields` present (read with one
+-- HMGET for those this run has not seen yet).
 local function load(key, fields)
   local st = states[key]
   if not st then
     st = {v = {}, dirty = {}}
     states[key] = st
   end
-  local missing = {}
-  for _, f in ipairs(fields) do
-    if st.v[f] == nil then missing[#missing + 1] = f end
+  local v = st.v
+  local missing
+  for i = 1, #fields do
+    local f = fields[i]
+    if v[f] == nil then
+      missing = missing or {}
+      missing[#missing + 1] = f
+    end
   end
-  if #missing > 0 then
+  if missing then
     local got = redis.call('HMGET', key, unpack(missing))
-    for i, f in ipairs(missing) do st.v[f] = got[i] or false end
+    for i = 1, #missing do v[missing[i]] = tonumber(got[i]) or false end
   end
-  local out = {}
-  for i, f in ipairs(fields) do
-    local x = st.v[f]
-    if x == false then x = nil end
-    out[i] = x
-  end
-  return out, st
+  return st
 end
 
 local function put(st, f, x)
@@ -185,18 +184,15 @@ local function acquire(k, a)
       fields[#fields + 1] = l.f .. '.q'
     end
   end
-  local vals, st = load(key, fields)
-  local pu, pn, ws, lc = num(vals[1], 0), num(vals[2], 0), num(vals[3], 0), num(vals[4], 0)
-  local ex = num(vals[5], nil)
-  local v = 6
+  local st = load(key, fields)
+  local sv = st.v
+  local pu, pn, ws, lc = sv.pu or 0, sv.pn or 0, sv.ws or 0, sv.lc or 0
+  local ex = sv.ex or nil
   for _, l in ipairs(limits) do
     if l.kind == 'w' then
-      l.tat = vals[v] and num(vals[v], nil) or nil
-      v = v + 1
+      l.tat = sv[l.f] or nil
     else
-      l.p, l.n, l.q = num(vals[v], nil), num(vals[v + 1], 0), num(vals[v + 2], 0)
-      if l.p == nil then l.p = -1e18 end
-      v = v + 3
+      l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
     end
   end
 
