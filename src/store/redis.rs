@@ -109,11 +109,27 @@ struct Lane {
     batcher: Batcher<Call>,
 }
 
-/// One call's part of an acquire.lua run, encoded when the call arrives.
+/// One call's part of an acquire.lua run, taken when the call arrives and
+/// written straight into the EVALSHA command (no intermediate strings).
 struct Call {
     keys: [String; 3],
     offset_us: Micros,
-    args: Vec<String>,
+    /// max wait, warm-up, concurrency cap, lease, number of limits.
+    numbers: [i64; 5],
+    holder: String,
+    /// kind, field, a, b per limit (see acquire.lua).
+    limits: Vec<(&'static str, String, i64, i64)>,
+}
+
+impl Call {
+    /// This call's values, in acquire.lua's order.
+    fn write_args(&self, cmd: &mut redis::Cmd) {
+        let [max_wait, warmup, conc, lease, n] = self.numbers;
+        cmd.arg(max_wait).arg(warmup).arg(conc).arg(self.holder.as_str()).arg(lease).arg(n);
+        for (kind, field, a, b) in &self.limits {
+            cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b);
+        }
+    }
 }
 
 pub struct RedisStore {
@@ -419,27 +435,29 @@ impl RedisStore {
 
     /// A call's keys and values for acquire.lua.
     fn encode(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Call {
-        let int = |x: i64| itoa::Buffer::new().format(x).to_owned();
-        let mut args = Vec::with_capacity(6 + 4 * rule.limits.len());
-        args.push(int(asking.max_wait_us));
-        args.push(int(rule.warmup_us));
-        args.push(int(i64::from(rule.concurrency)));
-        args.push(asking.holder.to_owned());
-        args.push(int(asking.lease_us));
-        args.push(int(rule.limits.len() as i64));
-        for limit in &rule.limits {
-            let label = limit.window_key().label();
-            match limit {
-                Limit::Window(w) => args.extend(["w".to_owned(), label, int(w.interval_us), int(w.tolerance_us)]),
-                Limit::Calendar { count, period } => {
-                    args.extend([period.as_str().to_owned(), label, int(*count as i64), "0".to_owned()])
+        let limits = rule
+            .limits
+            .iter()
+            .map(|limit| {
+                let label = limit.window_key().label();
+                match limit {
+                    Limit::Window(w) => ("w", label, w.interval_us, w.tolerance_us),
+                    Limit::Calendar { count, period } => (period.as_str(), label, *count as i64, 0),
                 }
-            }
-        }
+            })
+            .collect();
         Call {
             keys: [self.key(account, rule), self.warm_key(account), self.slots_key(account, rule)],
             offset_us: asking.offset_us,
-            args,
+            numbers: [
+                asking.max_wait_us,
+                rule.warmup_us,
+                i64::from(rule.concurrency),
+                asking.lease_us,
+                rule.limits.len() as i64,
+            ],
+            holder: asking.holder.to_owned(),
+            limits,
         }
     }
 
@@ -450,19 +468,34 @@ impl RedisStore {
         calls: &[Call],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Result<Decision, String>>, StoreError> {
-        let mut inv = self.acquire.prepare_invoke();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.acquire.get_hash()).arg(calls.len() * 3);
         for call in calls {
             for key in &call.keys {
-                inv.key(key);
+                cmd.arg(key.as_str());
             }
         }
-        inv.arg(self.now_arg()).arg(calls.first().map_or(0, |c| c.offset_us));
+        cmd.arg(self.now_arg()).arg(calls.first().map_or(0, |c| c.offset_us));
         for call in calls {
-            for arg in &call.args {
-                inv.arg(arg);
-            }
+            call.write_args(&mut cmd);
         }
-        let reply: String = self.run_until(inv, deadline).await?;
+        let mut conn = self.conn();
+        let reply = tokio::time::timeout_at(deadline, async {
+            match cmd.query_async::<String>(&mut conn).await {
+                // Redis lost its script cache (restart, failover, SCRIPT
+                // FLUSH): load the script and run the same command once more.
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    self.acquire.load_async(&mut conn).await?;
+                    cmd.query_async::<String>(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        let reply = match reply {
+            Ok(r) => r.map_err(unavailable)?,
+            Err(_) => return Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
+        };
         Ok(reply.split(',').map(parse_decision).collect())
     }
 
