@@ -212,10 +212,12 @@ impl Upstream {
     /// Opens a connection (TCP, then TLS for https) and starts its task on
     /// this thread's runtime.
     async fn connect(&self) -> Result<Sender, UpstreamError> {
+        use tower_service::Service;
         let mut connector = self.connector.clone();
-        let io = tower_service::Service::call(&mut connector, self.base.clone())
-            .await
-            .map_err(|e| UpstreamError::Connect(error_chain(e.as_ref())))?;
+        let connect_error =
+            |e: Box<dyn std::error::Error + Send + Sync>| UpstreamError::Connect(error_chain(e.as_ref()));
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(connect_error)?;
+        let io = connector.call(self.base.clone()).await.map_err(connect_error)?;
         let (sender, conn) =
             hyper::client::conn::http1::handshake(io).await.map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
         tokio::spawn(async move {

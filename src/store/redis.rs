@@ -291,6 +291,11 @@ impl RedisStore {
         self
     }
 
+    /// How many serving threads have a place here ([`RedisStore::with_workers`]).
+    pub fn workers(&self) -> usize {
+        self.per_worker.len()
+    }
+
     /// Opens this serving thread's own connection, on its runtime. A single
     /// server's connection is made on first use (no I/O here); a cluster's
     /// is made now, and if that fails the thread uses the shared one.

@@ -124,7 +124,11 @@ pub struct SharedStore {
     pub resilience: Resilience,
     pub breaker: Arc<Breaker>,
     counters: StoreCounters,
-    refusals: RefusalCache,
+    /// Known refusals, one cache per serving thread ([`crate::worker`]) plus
+    /// one for everything else: a lookup per call must not contend across
+    /// threads. Forgetting clears them all.
+    refusals: Box<[RefusalCache]>,
+    shared_refusals: RefusalCache,
 }
 
 /// Local knowledge: once Redis has said an (account, rule) cannot admit
@@ -206,19 +210,30 @@ impl SharedStore {
         healthy: bool,
         counters: StoreCounters,
     ) -> Arc<SharedStore> {
+        let refusals = (0..redis.workers()).map(|_| RefusalCache::default()).collect();
         let store = Arc::new(SharedStore {
             redis,
             local: MemoryStore::new(clock),
             resilience,
             breaker: Arc::new(Breaker::default()),
             counters,
-            refusals: RefusalCache::default(),
+            refusals,
+            shared_refusals: RefusalCache::default(),
         });
         if !healthy {
             store.breaker.open.store(true, Ordering::Release);
         }
         Self::spawn_probe(Arc::downgrade(&store));
         store
+    }
+
+    /// This thread's cache of known refusals.
+    fn refusals(&self) -> &RefusalCache {
+        crate::worker::pick(&self.refusals, &self.shared_refusals)
+    }
+
+    fn all_refusals(&self) -> impl Iterator<Item = &RefusalCache> {
+        self.refusals.iter().chain(std::iter::once(&self.shared_refusals))
     }
 
     /// See [`RedisStore::attach_worker`].
@@ -281,14 +296,14 @@ impl SharedStore {
         asking: &Asking<'_>,
     ) -> Result<(Decision, bool), StoreError> {
         let now = self.local.now();
-        let cached = if self.resilience.refusal_cache { self.refusals.get(account, rule, now) } else { None };
+        let cached = if self.resilience.refusal_cache { self.refusals().get(account, rule, now) } else { None };
         if let Some((wait_us, reason)) = cached {
             return Ok((Decision::Reject { wait_us: wait_us + rule.max_wait_us, reason }, false));
         }
         let e = match self.try_redis(|| self.redis.acquire(account, rule, asking)).await {
             Ok(d) => {
                 if let (Decision::Reject { wait_us, reason }, true) = (d, self.resilience.refusal_cache) {
-                    self.refusals.put(account, rule, wait_us, reason, now);
+                    self.refusals().put(account, rule, wait_us, reason, now);
                 }
                 return Ok((d, false));
             }
@@ -316,7 +331,7 @@ impl SharedStore {
         sent_at: Micros,
         offset_us: Micros,
     ) -> Result<(Micros, Micros), StoreError> {
-        self.refusals.forget(account, rule);
+        self.all_refusals().for_each(|c| c.forget(account, rule));
         match self.try_redis(|| self.redis.penalise(account, rule, policy, sent_at, offset_us)).await {
             Ok(v) => Ok(v),
             // At least this instance honours it.
@@ -376,7 +391,7 @@ impl SharedStore {
         len_us: Micros,
         offset_us: Micros,
     ) -> Result<(Micros, Micros), StoreError> {
-        self.refusals.forget(account, rule);
+        self.all_refusals().for_each(|c| c.forget(account, rule));
         let local = self.local.set_penalty(account, rule, len_us, offset_us);
         match self.try_redis(|| self.redis.set_penalty(account, rule, len_us)).await {
             Ok(v) => Ok(v),
@@ -389,7 +404,7 @@ impl SharedStore {
 
     /// Drops every locally known refusal (the rules changed).
     pub fn forget_refusals(&self) {
-        self.refusals.clear();
+        self.all_refusals().for_each(RefusalCache::clear);
     }
 
     pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
