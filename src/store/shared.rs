@@ -151,10 +151,9 @@ type Refusals = HashMap<Arc<str>, HashMap<String, (Micros, Reason)>>;
 
 /// Longest a refusal is answered locally.
 pub const REFUSAL_CACHE_MAX_US: Micros = 1_000_000;
-/// Shorter refusals are not kept: such an entry would expire before it saved
-/// more round trips than batching does, and answering some of an account's
-/// calls locally splits its batches (measured: with sub-millisecond rate
-/// refusals the cache cost more Redis runs than it saved).
+/// Shorter refusals are not kept: such an entry expires before it can save
+/// more than a few round trips, which batching already amortises, and
+/// answering some of an account's calls locally only splits its batches.
 pub const REFUSAL_CACHE_MIN_US: Micros = 1_000;
 
 impl RefusalCache {
