@@ -54,6 +54,13 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
         next.server.listen = running.server.listen;
     }
+    if next.server.workers != running.server.workers {
+        tracing::warn!(
+            running = running.server.workers,
+            "[server] workers changes need a restart; keeping the running threads"
+        );
+        next.server.workers = running.server.workers;
+    }
     if next.store != running.store {
         tracing::warn!("[store] changes need a restart; keeping the running store");
         next.store = running.store.clone();
