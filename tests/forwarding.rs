@@ -455,3 +455,70 @@ async fn upstream_closing_without_an_answer_is_one_502_and_one_call() {
     }
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2, "each call reached WeChat exactly once");
 }
+
+/// An upstream that answers every request in full, keep-alive and all, and
+/// then closes the connection anyway (as a server at its keep-alive limit
+/// may). Counts the requests it received and the connections it closed.
+async fn answer_then_close() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (s, c) = (seen.clone(), closed.clone());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let (s, c) = (s.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = br#"{"errcode":0,"errmsg":"ok"}"#;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body).await;
+                // Then the connection goes, although the answer promised keep-alive.
+                drop(conn);
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, seen, closed)
+}
+
+/// A pooled connection the upstream has closed is never used for a call:
+/// every call is answered, and each reaches the upstream exactly once.
+#[tokio::test]
+async fn pooled_connections_closed_by_the_upstream_are_not_reused() {
+    let (addr, seen, closed) = answer_then_close().await;
+    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
+    let gate = Gate::start_text(&config_text(&format!("http://{addr}"), rules)).await;
+    for i in 0..5 {
+        // The previous call's connection is closed before this call starts
+        // (a call racing the close could be written onto it: that one would
+        // get a 502, never a resend).
+        tokio::time::timeout(GUARD, async {
+            while closed.load(std::sync::atomic::Ordering::SeqCst) < i {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the upstream closed the previous connection");
+        let a =
+            tokio::time::timeout(GUARD, gate.post("/cgi-bin/message/custom/send?access_token=T", "{\"touser\":\"x\"}"))
+                .await
+                .expect("answer in time");
+        assert_eq!(a.status, 200, "call {i}: {}", a.text());
+        assert_eq!(a.json()["errcode"], 0);
+    }
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5, "each call reached the upstream exactly once");
+}
