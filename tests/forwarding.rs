@@ -410,10 +410,23 @@ async fn fixed_upstream(status: u16, content_type: &'static str, body: &'static 
     addr
 }
 
+/// Reads one request head; false if the connection ended first.
+async fn read_request_head(conn: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 65536];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
 /// An upstream that reads one request and closes the connection without a
 /// word, counting the requests it received.
 async fn silent_closer() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    use tokio::io::AsyncReadExt;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -422,13 +435,8 @@ async fn silent_closer() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
         while let Ok((mut conn, _)) = listener.accept().await {
             let s = s.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+                if !read_request_head(&mut conn).await {
+                    return;
                 }
                 s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 // Dropping the connection: the request arrived, no answer.
@@ -460,7 +468,7 @@ async fn upstream_closing_without_an_answer_is_one_502_and_one_call() {
 /// then closes the connection anyway (as a server at its keep-alive limit
 /// may). Counts the requests it received and the connections it closed.
 async fn answer_then_close() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::atomic::AtomicUsize>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -470,13 +478,8 @@ async fn answer_then_close() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>
         while let Ok((mut conn, _)) = listener.accept().await {
             let (s, c) = (s.clone(), c.clone());
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+                if !read_request_head(&mut conn).await {
+                    return;
                 }
                 s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let body = br#"{"errcode":0,"errmsg":"ok"}"#;

@@ -388,16 +388,8 @@ impl RedisStore {
     }
 
     async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        self.run_until(inv, tokio::time::Instant::now() + self.timeout).await
-    }
-
-    async fn run_until<T: redis::FromRedisValue>(
-        &self,
-        inv: redis::ScriptInvocation<'_>,
-        deadline: tokio::time::Instant,
-    ) -> Result<T, StoreError> {
         let mut conn = self.conn();
-        match tokio::time::timeout_at(deadline, inv.invoke_async(&mut conn)).await {
+        match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
             Ok(result) => result.map_err(unavailable),
             Err(_) => Err(StoreError::Unavailable(format!("Redis did not answer within {:?}", self.timeout))),
         }
