@@ -16,8 +16,12 @@ use std::time::{Duration, Instant};
 
 use wxgate::clock::SystemClock;
 use wxgate::config::Config;
-use wxgate::limit::{Decision, Rule};
-use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Resilience, SharedStore, Store};
+use wxgate::config::{RedisConfig, Resilience};
+use wxgate::limit::{Ask, Decision, Key, Rule};
+use wxgate::store::memory::MemoryStore;
+use wxgate::store::redis::RedisStore;
+use wxgate::store::resilient::{Resilient, StoreCounters};
+use wxgate::store::Store;
 
 const BEIJING: i64 = 8 * 3_600_000_000;
 
@@ -33,7 +37,7 @@ struct Figures {
     admitted: usize,
 }
 
-async fn measure(store: Arc<Store>, rule: Arc<Rule>, callers: usize, total: usize) -> Figures {
+async fn measure(store: Arc<dyn Store>, rule: Arc<Rule>, callers: usize, total: usize) -> Figures {
     let per_caller = total / callers;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -46,8 +50,9 @@ async fn measure(store: Arc<Store>, rule: Arc<Rule>, callers: usize, total: usiz
             let mut admitted = 0;
             for _ in 0..per_caller {
                 let t = Instant::now();
-                let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "", lease_us: 30_000_000 };
-                let d = store.acquire(&account, &rule, &asking).await.expect("decision");
+                let key = Key { account: &account, rule: &rule, offset_us: BEIJING };
+                let ask = Ask { key, max_wait_us: 0, holder: "", lease_us: 30_000_000 };
+                let d = store.acquire(&ask).await.expect("decision").decision;
                 lat.push(t.elapsed());
                 admitted += usize::from(matches!(d, Decision::Admit { .. }));
             }
@@ -86,11 +91,13 @@ async fn main() {
         };
         async move {
             let store = RedisStore::connect(&config).await.expect("connect to redis");
-            Arc::new(Store::Redis(SharedStore::new(store, Arc::new(SystemClock), config.resilience.clone(), true)))
+            let store: Arc<dyn Store> =
+                Resilient::new(store, Arc::new(SystemClock), config.resilience.clone(), true, StoreCounters::default());
+            store
         }
     };
     let stores = [
-        ("memory", Arc::new(Store::Memory(MemoryStore::new(Arc::new(SystemClock))))),
+        ("memory", Arc::new(MemoryStore::new(Arc::new(SystemClock))) as Arc<dyn Store>),
         ("redis", redis_store("bench", true, true).await),
         ("redis, refusal_cache = false", redis_store("bench-nc", true, false).await),
         ("redis, batch = false, refusal_cache = false", redis_store("bench-1", false, false).await),

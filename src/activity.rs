@@ -1,8 +1,39 @@
-//! What this instance is doing right now per (account, rule): calls held for
-//! shaping and calls in flight at WeChat. For `/v1/buckets` and metrics.
+//! What this instance is doing right now: calls held for shaping and calls
+//! in flight at WeChat, per (account, rule) ([`Activity`], for
+//! `/v1/buckets`), and the instance-wide count of held calls with its cap
+//! ([`Held`], `[server] max_held`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Counts calls held by this instance.
+#[derive(Default)]
+pub struct Held(AtomicUsize);
+
+impl Held {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A place among the held calls, if fewer than `max` are held; given
+    /// back when the permit drops.
+    pub fn permit(&self, max: usize) -> Option<HeldPermit<'_>> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| HeldPermit(self))
+    }
+}
+
+/// One place among the held calls ([`Held::permit`]).
+pub struct HeldPermit<'a>(&'a Held);
+
+impl Drop for HeldPermit<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

@@ -30,11 +30,11 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::app::App;
 use crate::bucket::{describe, Here};
-use crate::config::valid_account;
-use crate::limit::{Limit, Rule};
-use crate::proxy::App;
-use crate::store::{Fallback, Store};
+use crate::config::{valid_account, Fallback};
+use crate::limit::{Key, Limit, Rule};
+use crate::store::Status;
 
 type Answer = Response<Full<Bytes>>;
 
@@ -139,23 +139,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn metrics(app: &App) -> Answer {
-    if let Store::Redis(shared) = &*app.store {
-        app.metrics.breaker_open.set(i64::from(shared.breaker.is_open()));
+    let status = app.store.status();
+    if status != Status::InProcess {
+        app.metrics.breaker_open.set(i64::from(matches!(status, Status::Degraded(_))));
     }
     answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.metrics.encode())
 }
 
 fn ready(app: &App) -> Answer {
     let config = app.config.load();
-    let (ready, store, decisions) = match &*app.store {
-        Store::Memory(_) => (true, "memory", "in-process".to_owned()),
-        Store::Redis(shared) if !shared.breaker.is_open() => (true, "redis", "shared (Redis reachable)".to_owned()),
-        Store::Redis(shared) => {
-            let fallback = shared.resilience.fallback;
-            let ready = fallback != Fallback::Deny;
-            (ready, "redis", format!("fallback {fallback:?} (Redis unreachable)").to_lowercase())
+    let status = app.store.status();
+    let (ready, decisions) = match status {
+        Status::InProcess => (true, "in-process".to_owned()),
+        Status::Shared => (true, "shared (Redis reachable)".to_owned()),
+        Status::Degraded(fallback) => {
+            (fallback != Fallback::Deny, format!("fallback {fallback:?} (Redis unreachable)").to_lowercase())
         }
     };
+    let store = status.kind();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json_answer(
         status,
@@ -223,10 +224,11 @@ async fn bucket(app: &App, account: &str, rule: &str) -> Answer {
         Err(resp) => return *resp,
     };
     let offset = app.config.load().server.quota_offset_us;
-    match app.store.inspect(account, &rule, offset).await {
-        Ok((state, now)) => {
+    match app.store.inspect(Key { account, rule: &rule, offset_us: offset }).await {
+        Ok(snapshot) => {
             let (held, in_flight) = app.activity.get(account, &rule.name);
-            json_answer(StatusCode::OK, describe(account, &rule, &state, now, offset, Here { held, in_flight }))
+            let here = Here { held, in_flight };
+            json_answer(StatusCode::OK, describe(account, &rule, &snapshot.state, snapshot.now, offset, here))
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
@@ -239,15 +241,15 @@ async fn penalty(app: &App, account: &str, rule: &str, len_us: Option<i64>) -> A
     };
     let offset = app.config.load().server.quota_offset_us;
     let len = len_us.unwrap_or(0);
-    match app.store.set_penalty(account, &rule, len, offset).await {
-        Ok((until, now)) => {
+    match app.store.set_penalty(Key { account, rule: &rule, offset_us: offset }, len).await {
+        Ok(end) => {
             tracing::info!(%account, rule = %rule.name, seconds = len / 1_000_000, "penalty set by hand (0 = lifted)");
             json_answer(
                 StatusCode::OK,
                 json!({
                     "account": account,
                     "rule": &*rule.name,
-                    "penalty_seconds": ((until - now).max(0) as f64 / 1e6),
+                    "penalty_seconds": (end.remaining_us() as f64 / 1e6),
                     "lifted": len == 0,
                 }),
             )

@@ -13,17 +13,15 @@
 //!   reserved slot stays used (never given to a later call, so limits are
 //!   never exceeded), and its concurrency slot is freed at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::activity::Kind;
-use crate::clock::Micros;
+use crate::app::App;
+use crate::clock::{Micros, Stopwatch};
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::limit::{Decision, Quota, Reason, Rule};
-use crate::proxy::App;
+use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
 use crate::slots::SlotGuard;
-use crate::store::Asking;
 
 /// How often a call waiting for a concurrency slot asks the store again.
 const CONCURRENCY_POLL_US: Micros = 10_000;
@@ -46,48 +44,29 @@ pub struct Admitted {
     pub shadow_refusal: Option<(Reason, Micros)>,
 }
 
-/// Counts calls held by this instance.
-#[derive(Default)]
-pub struct Held(AtomicUsize);
-
-impl Held {
-    pub fn count(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-struct HeldPermit<'a>(&'a Held);
-
-impl Drop for HeldPermit<'_> {
-    fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn take_permit(held: &Held, max: usize) -> Option<HeldPermit<'_>> {
-    held.0
-        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
-        .ok()
-        .map(|_| HeldPermit(held))
-}
-
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
 pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
-    let permit = if rule.max_wait_us > 0 { take_permit(&app.held, config.server.max_held) } else { None };
+    let permit = if rule.max_wait_us > 0 { app.held.permit(config.server.max_held) } else { None };
     let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
     let started = app.clock.now_us();
     let mut decision_us = 0;
     loop {
         let remaining = (max_wait_us - (app.clock.now_us() - started)).max(0);
-        let asking = Asking { offset_us, max_wait_us: remaining, holder: &holder, lease_us: config.lease_us };
-        let asked = std::time::Instant::now();
-        let decided = app.store.decide(account, rule, &asking).await;
-        decision_us += asked.elapsed().as_micros() as Micros;
-        let (decision, degraded) = decided.map_err(|e| ProxyError::Unavailable(e.to_string()))?;
-        match decision {
+        let ask = Ask {
+            key: Key { account, rule, offset_us },
+            max_wait_us: remaining,
+            holder: &holder,
+            lease_us: config.lease_us,
+        };
+        let asked = Stopwatch::start();
+        let decided = app.store.acquire(&ask).await;
+        decision_us += asked.elapsed_us();
+        let decided = decided.map_err(ProxyError::Unavailable)?;
+        let degraded = decided.degraded;
+        match decided.decision {
             Decision::Admit { at, hold_us, escalated, quota } => {
                 let slot = (rule.concurrency > 0)
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));

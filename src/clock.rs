@@ -1,14 +1,19 @@
-//! The one place that reads the system clock.
+//! The one module that reads a clock (checked by `tests/architecture.rs`).
 //!
-//! Every decision takes `now` as an argument; the running proxy gets it from a
-//! [`Clock`], and holds calls with [`Clock::sleep`]. Tests hand wxgate a
-//! [`ManualClock`] and move time themselves, so no test waits on the wall clock.
+//! - **Decision time** is a [`Clock`]: every decision takes `now` as an
+//!   argument; the running proxy gets it from [`SystemClock`] (the memory
+//!   store) or Redis `TIME` (the Redis store), and holds calls with
+//!   [`Clock::sleep`]. Tests hand wxgate a [`ManualClock`] and move time
+//!   themselves, so no test waits on the wall clock for a decision.
+//! - **Elapsed time** for metrics, logs and idle connections is a
+//!   [`Stopwatch`] (monotonic); **deadlines** for I/O are Tokio instants from
+//!   [`deadline_after`]. Neither ever decides a call.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
@@ -89,4 +94,35 @@ impl Clock for ManualClock {
             }
         })
     }
+}
+
+/// Measures how long something took, on the monotonic clock: for metrics,
+/// logs and idle timeouts, never for a decision.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(Instant);
+
+impl Stopwatch {
+    pub fn start() -> Stopwatch {
+        Stopwatch(Instant::now())
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+
+    /// Time from this start to `later`'s (zero if `later` started first).
+    pub fn until(&self, later: Stopwatch) -> Duration {
+        later.0.saturating_duration_since(self.0)
+    }
+
+    /// Whole microseconds since the start.
+    pub fn elapsed_us(&self) -> Micros {
+        i64::try_from(self.0.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+}
+
+/// The Tokio instant `after` from now: a deadline for I/O
+/// (`tokio::time::timeout_at`), on Tokio's clock so tests can pause it.
+pub fn deadline_after(after: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::now() + after
 }

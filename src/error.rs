@@ -8,6 +8,7 @@ use http::{HeaderMap, Response, StatusCode};
 use crate::body::RelayBody;
 use crate::clock::Micros;
 use crate::limit::Reason;
+use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
 /// WeChat's "api freq out of limit"; what a throttled call reports.
@@ -29,8 +30,9 @@ pub enum ProxyError {
     Throttled { rule: String, reason: Reason, wait_us: Micros },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
-    #[error("{0}")]
-    Unavailable(String),
+    /// The store could not decide and `[store] fallback = "deny"`.
+    #[error("store unavailable: {0}")]
+    Unavailable(StoreError),
     #[error("{0}")]
     TooLarge(String),
 }

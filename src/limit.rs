@@ -37,7 +37,7 @@ use crate::calendar::Period;
 use crate::clock::Micros;
 use crate::penalty::PenaltyState;
 
-mod decide;
+pub mod decide;
 
 /// A named rule: the limits shared by every path it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,6 +234,16 @@ impl RuleState {
         }
     }
 
+    /// The part of this state `rule` reads, in a canonical order: its limits'
+    /// states in the rule's order, slots by lease expiry then holder id.
+    /// Two stores holding the same state give equal canonical forms.
+    pub fn canonical(&self, rule: &Rule) -> RuleState {
+        let limits = rule.limits.iter().filter_map(|l| Some((l.window_key(), self.get(l.window_key())?))).collect();
+        let mut holders = self.holders.clone();
+        holders.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        RuleState { limits, holders, ..self.clone() }
+    }
+
     /// True when forgetting this state changes no future decision of a rule
     /// whose warm-up is at most `warmup_us`.
     pub fn is_idle(&self, now: Micros, offset_us: Micros, warmup_us: Micros) -> bool {
@@ -253,4 +263,26 @@ impl RuleState {
     }
 }
 
-pub use decide::{decide, Ask};
+/// Whose state an operation reads or writes: one (account, rule) pair, and
+/// the offset from UTC (`quota_timezone`) its calendar quotas count in.
+#[derive(Debug, Clone, Copy)]
+pub struct Key<'a> {
+    pub account: &'a str,
+    pub rule: &'a Rule,
+    pub offset_us: Micros,
+}
+
+/// One call's question, to a store and through it to [`decide::decide`]:
+/// the one request type of the decision path.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub key: Key<'a>,
+    /// Longest the caller will hold this call for its slot (at most the
+    /// rule's `max_wait`; 0: admit now or refuse).
+    pub max_wait_us: Micros,
+    /// Concurrency slot holder id, unique per call across all instances
+    /// (empty when the rule has no concurrency cap).
+    pub holder: &'a str,
+    /// Lease of a concurrency slot; renewed while the call lives.
+    pub lease_us: Micros,
+}

@@ -8,26 +8,19 @@
 //! that changes them keeps the running ones and says so.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+use crate::app::App;
 use crate::config::Config;
-use crate::proxy::App;
 use crate::upstream::Upstream;
 
 /// Events closer together than this are one edit (editors write in steps).
 const SETTLE: Duration = Duration::from_millis(100);
-
-/// Reload outcomes since start.
-#[derive(Default)]
-pub struct Reloads {
-    pub ok: AtomicU64,
-    pub failed: AtomicU64,
-}
 
 /// Loads `path` and swaps it in, or keeps the running config.
 pub fn reload(app: &App, path: &Path) -> Result<(), String> {
@@ -73,9 +66,7 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         app.upstream.store(Arc::new(Upstream::new(&next.server)?));
     }
     app.config.store(Arc::new(next));
-    if let crate::store::Store::Redis(shared) = &*app.store {
-        shared.forget_refusals();
-    }
+    app.store.rules_changed();
     Ok(())
 }
 

@@ -12,7 +12,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::proxy::{handle, App};
+use crate::app::App;
+use crate::proxy::handle;
 use crate::smuggling::SmuggleGuard;
 
 /// Largest request head (request line + headers); larger gets 431.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::clock::Micros;
-use crate::limit::Rule;
+use crate::limit::{Key, Rule};
 use crate::store::Store;
 
 /// A live slot: its account, rule and quota offset.
@@ -88,7 +88,7 @@ impl Slots {
     /// Records a slot the store granted; it is freed when the guard drops.
     pub fn track(
         self: &Arc<Self>,
-        store: Arc<Store>,
+        store: Arc<dyn Store>,
         account: &str,
         rule: Arc<Rule>,
         holder: String,
@@ -100,7 +100,7 @@ impl Slots {
 
     /// Renews the leases of every live slot every `lease / 3`, until the
     /// owner (the app) is gone.
-    pub fn spawn_renewal(slots: Weak<Slots>, store: Weak<Store>, lease_us: Micros) {
+    pub fn spawn_renewal(slots: Weak<Slots>, store: Weak<dyn Store>, lease_us: Micros) {
         let every = Duration::from_micros((lease_us / 3).max(100_000) as u64);
         tokio::spawn(async move {
             loop {
@@ -118,10 +118,10 @@ impl Slots {
                     groups[i].1.push(holder);
                 }
                 for (l, holders) in groups {
-                    let (account, rule, offset) = (&l.account, &l.rule, l.offset_us);
+                    let key = Key { account: &l.account, rule: &l.rule, offset_us: l.offset_us };
                     let ids: Vec<&str> = holders.iter().map(String::as_str).collect();
-                    if let Err(e) = store.renew(account, rule, &ids, lease_us, offset).await {
-                        tracing::warn!(rule = %rule.name, error = %e, "could not renew concurrency leases");
+                    if let Err(e) = store.renew(key, &ids, lease_us).await {
+                        tracing::warn!(rule = %l.rule.name, error = %e, "could not renew concurrency leases");
                     }
                 }
             }
@@ -138,7 +138,7 @@ impl Default for Slots {
 /// Frees its slot when dropped.
 pub struct SlotGuard {
     slots: Arc<Slots>,
-    store: Arc<Store>,
+    store: Arc<dyn Store>,
     account: String,
     rule: Arc<Rule>,
     holder: String,
@@ -157,7 +157,8 @@ impl Drop for SlotGuard {
         let holder = std::mem::take(&mut self.holder);
         let offset = self.offset_us;
         rt.spawn(async move {
-            if let Err(e) = store.release(&account, &rule, &holder, offset).await {
+            let key = Key { account: &account, rule: &rule, offset_us: offset };
+            if let Err(e) = store.release(key, &holder).await {
                 // The lease runs out by itself; until then the slot stays taken.
                 tracing::warn!(rule = %rule.name, error = %e, "could not free a concurrency slot");
             }

@@ -1,177 +1,155 @@
-//! Where decision state lives. One seam, two stores: the in-process
-//! [`MemoryStore`] (the embedded default, for a single instance) and the
-//! [`RedisStore`] shared by every instance. Both run the same decision
-//! ([`crate::limit::decide`]; in Redis its Lua port) with the same semantics.
+//! Where decision state lives: one seam, [`Store`], and its implementations.
+//!
+//! - [`memory::MemoryStore`]: state in this process (the embedded default,
+//!   exact for one instance);
+//! - [`redis::RedisStore`]: state in Redis, shared by every instance; each
+//!   operation is one Lua script (`lua/*.lua`) run atomically by SHA, on
+//!   Redis `TIME`;
+//! - [`resilient::Resilient`]: the Redis store behind a timeout, a circuit
+//!   breaker, a fallback and a cache of known refusals — what a Redis
+//!   deployment runs.
+//!
+//! The memory and Redis stores decide identically (the memory store runs
+//! [`crate::limit::decide::decide`]; `lua/acquire.lua` computes the same);
+//! `tests/conformance.rs` runs every operation of one scenario table on each
+//! and compares the whole results.
+//!
+//! Adding a store operation touches this trait, each implementation and its
+//! script: nothing else dispatches on the kind of store.
 
 pub mod batch;
 pub mod memory;
 pub mod redis;
-pub mod shared;
+pub mod resilient;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
 
 use crate::clock::Micros;
-use crate::limit::{Decision, Rule, RuleState};
+use crate::config::Fallback;
+use crate::limit::{Ask, Decision, Key, RuleState};
 use crate::penalty::PenaltyPolicy;
 
-pub use self::redis::{RedisConfig, RedisStore};
-pub use memory::MemoryStore;
-pub use shared::{Fallback, Resilience, SharedStore, StoreCounters};
+/// The operations every store offers. Each is atomic for its (account,
+/// rule): no other operation on the same pair, from any instance, is seen
+/// half done.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Decides one call and, if it is admitted, debits every limit of its
+    /// rule (or none) and takes its concurrency slot.
+    async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError>;
 
-use std::sync::Arc;
+    /// WeChat answered a penalised errcode to a call admitted at `sent_at`:
+    /// starts or escalates the pair's penalty ([`crate::penalty`]).
+    async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError>;
 
-/// A store could not decide (e.g. Redis unreachable or too slow).
-#[derive(Debug, thiserror::Error)]
+    /// WeChat answered a call admitted at `sent_at` without a penalised
+    /// errcode: ends the penalty escalation (unless the call predates it).
+    async fn succeeded(&self, key: Key<'_>, sent_at: Micros) -> Result<(), StoreError>;
+
+    /// Frees the concurrency slot of `holder` (no-op if it is not held).
+    async fn release(&self, key: Key<'_>, holder: &str) -> Result<(), StoreError>;
+
+    /// Extends the leases of `holders`' slots to `lease_us` from now; a slot
+    /// already freed stays free.
+    async fn renew(&self, key: Key<'_>, holders: &[&str], lease_us: Micros) -> Result<(), StoreError>;
+
+    /// The pair's whole state now, read atomically, and the store's now.
+    /// Canonical, so that two stores holding the same state answer the same:
+    /// limits in the rule's order, slots by lease expiry then holder id.
+    async fn inspect(&self, key: Key<'_>) -> Result<Snapshot, StoreError>;
+
+    /// An operator imposes a penalty of `len_us`, or lifts it (0); the
+    /// escalation starts over either way.
+    async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError>;
+
+    /// An access token was refreshed for `account`: warm-up starts again for
+    /// its rules. `keep_us` is the longest warm-up of any rule.
+    async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError>;
+
+    /// How decisions are being made right now.
+    fn status(&self) -> Status;
+
+    /// Opens the calling serving thread's own resources (a Redis
+    /// connection), if the store has any. Call it on that thread's runtime.
+    async fn attach_worker(&self) {}
+
+    /// The rules were reloaded: drop anything derived from the old ones.
+    fn rules_changed(&self) {}
+}
+
+/// A decision, and how it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    pub decision: Decision,
+    /// Made without the shared store (by the fallback, Redis being away).
+    pub degraded: bool,
+}
+
+/// The end of a penalty, in store time, and the store's now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PenaltyEnd {
+    pub until: Micros,
+    pub now: Micros,
+}
+
+impl PenaltyEnd {
+    /// Time left (0 if none).
+    pub fn remaining_us(&self) -> Micros {
+        (self.until - self.now).max(0)
+    }
+}
+
+/// A pair's state and the store time it was read at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub state: RuleState,
+    pub now: Micros,
+}
+
+/// How a store is deciding right now (`/readyz`, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// In this process: the memory store.
+    InProcess,
+    /// In Redis, shared with every instance.
+    Shared,
+    /// Redis cannot be reached: decided by this fallback.
+    Degraded(Fallback),
+}
+
+impl Status {
+    /// `"memory"` or `"redis"`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Status::InProcess => "memory",
+            Status::Shared | Status::Degraded(_) => "redis",
+        }
+    }
+}
+
+/// Why a store could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// Redis could not be reached at all (refused, timed out, dropped).
-    #[error("store unreachable: {0}")]
+    /// Redis could not be reached at all (refused, reset, no answer while
+    /// connecting). wxgate starts anyway, deciding by the fallback.
+    #[error("{0}")]
     Unreachable(String),
-}
-
-/// What one call asks of the store besides its account and rule.
-#[derive(Debug, Clone, Copy)]
-pub struct Asking<'a> {
-    pub offset_us: Micros,
-    /// Longest this call may be held for its slot (0: admit now or refuse).
-    pub max_wait_us: Micros,
-    /// Concurrency slot holder id, unique per call across all instances.
-    pub holder: &'a str,
-    /// Lease of a concurrency slot; renewed while the call lives.
-    pub lease_us: Micros,
-}
-
-/// The configured store.
-pub enum Store {
-    Memory(MemoryStore),
-    Redis(Arc<SharedStore>),
-}
-
-impl Store {
-    /// Opens the calling serving thread's own connection, if the store has
-    /// any ([`RedisStore::attach_worker`]). Call it on that thread's runtime.
-    pub async fn attach_worker(&self) {
-        if let Store::Redis(r) = self {
-            r.attach_worker().await;
-        }
-    }
-
-    /// Decides one call of `rule` for `account`; debits every limit or none.
-    pub async fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Result<Decision, StoreError> {
-        self.decide(account, rule, asking).await.map(|(d, _)| d)
-    }
-
-    /// Like [`Store::acquire`], also saying whether the decision was made
-    /// without the shared store (a fallback decision).
-    pub async fn decide(
-        &self,
-        account: &str,
-        rule: &Rule,
-        asking: &Asking<'_>,
-    ) -> Result<(Decision, bool), StoreError> {
-        match self {
-            Store::Memory(m) => Ok((m.acquire(account, rule, asking), false)),
-            Store::Redis(r) => r.acquire(account, rule, asking).await,
-        }
-    }
-
-    /// Records a penalised answer to a call admitted at `sent_at`; returns the
-    /// penalty's end in store time and the store's `now`.
-    pub async fn penalise(
-        &self,
-        account: &str,
-        rule: &Rule,
-        policy: &PenaltyPolicy,
-        sent_at: Micros,
-        offset_us: Micros,
-    ) -> Result<(Micros, Micros), StoreError> {
-        match self {
-            Store::Memory(m) => Ok(m.penalise(account, rule, policy, sent_at, offset_us)),
-            Store::Redis(r) => r.penalise(account, rule, policy, sent_at, offset_us).await,
-        }
-    }
-
-    /// Records a successful answer to a call admitted at `sent_at`.
-    pub async fn succeeded(
-        &self,
-        account: &str,
-        rule: &Rule,
-        sent_at: Micros,
-        offset_us: Micros,
-    ) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(m) => {
-                m.succeeded(account, rule, sent_at, offset_us);
-                Ok(())
-            }
-            Store::Redis(r) => r.succeeded(account, rule, sent_at, offset_us).await,
-        }
-    }
-
-    /// Frees the concurrency slot of `holder`.
-    pub async fn release(&self, account: &str, rule: &Rule, holder: &str, offset_us: Micros) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(m) => {
-                m.release(account, rule, holder, offset_us);
-                Ok(())
-            }
-            Store::Redis(r) => r.release(account, rule, holder, offset_us).await,
-        }
-    }
-
-    /// Extends the leases of slots held by calls still alive.
-    pub async fn renew(
-        &self,
-        account: &str,
-        rule: &Rule,
-        holders: &[&str],
-        lease_us: Micros,
-        offset_us: Micros,
-    ) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(m) => {
-                m.renew(account, rule, holders, lease_us, offset_us);
-                Ok(())
-            }
-            Store::Redis(r) => r.renew(account, rule, holders, lease_us, offset_us).await,
-        }
-    }
-
-    /// The state of one (account, rule) now, and the store's now.
-    pub async fn inspect(
-        &self,
-        account: &str,
-        rule: &Rule,
-        offset_us: Micros,
-    ) -> Result<(RuleState, Micros), StoreError> {
-        match self {
-            Store::Memory(m) => Ok(m.inspect(account, rule, offset_us)),
-            Store::Redis(r) => r.inspect(account, rule, offset_us).await,
-        }
-    }
-
-    /// Imposes a penalty of `len_us`, or lifts it (0); returns (until, now).
-    pub async fn set_penalty(
-        &self,
-        account: &str,
-        rule: &Rule,
-        len_us: Micros,
-        offset_us: Micros,
-    ) -> Result<(Micros, Micros), StoreError> {
-        match self {
-            Store::Memory(m) => Ok(m.set_penalty(account, rule, len_us, offset_us)),
-            Store::Redis(r) => r.set_penalty(account, rule, len_us, offset_us).await,
-        }
-    }
-
-    /// An access-token refresh for `account` passed through: warm-up starts
-    /// again for its rules. `keep_us` is the longest warm-up of any rule.
-    pub async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(m) => {
-                m.token_refreshed(account);
-                Ok(())
-            }
-            Store::Redis(r) => r.token_refreshed(account, keep_us).await,
-        }
-    }
+    /// Redis refused wxgate for a reason a retry will not fix (a wrong
+    /// password, a bad URL): wxgate refuses to start.
+    #[error("{0}")]
+    Refused(String),
+    /// No answer within `[store] timeout`.
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The circuit breaker is open: Redis is not asked until a probe answers.
+    #[error("circuit breaker open")]
+    BreakerOpen,
+    /// Redis answered with an error (a full memory, a read-only replica, ...).
+    #[error("Redis: {0}")]
+    Redis(String),
+    /// A script answered something this wxgate cannot read.
+    #[error("{script} answered {reply}")]
+    BadReply { script: &'static str, reply: String },
 }

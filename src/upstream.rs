@@ -11,7 +11,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
@@ -25,6 +25,7 @@ use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use crate::clock::Stopwatch;
 use crate::config::Server;
 
 /// Why a call could not be relayed; mapped to 502 or 504 by [`crate::error`].
@@ -52,23 +53,24 @@ const MAX_IDLE: usize = 256;
 /// driven by a task on the thread that opened it.
 #[derive(Default)]
 struct Pool {
-    idle: Mutex<Vec<(Sender, Instant)>>,
+    /// Idle senders, each with how long it has been idle.
+    idle: Mutex<Vec<(Sender, Stopwatch)>>,
 }
 
 impl Pool {
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Sender, Instant)>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Sender, Stopwatch)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The newest connection ready for a request; drops closed and expired ones.
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle();
-        let now = Instant::now();
+        let now = Stopwatch::start();
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
             let (sender, since) = &idle[i];
-            if sender.is_closed() || now.duration_since(*since) > IDLE_TIMEOUT {
+            if sender.is_closed() || since.until(now) > IDLE_TIMEOUT {
                 idle.swap_remove(i);
             } else if sender.is_ready() {
                 return Some(idle.swap_remove(i).0);
@@ -82,7 +84,7 @@ impl Pool {
     fn put(&self, sender: Sender) {
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE && !sender.is_closed() {
-            idle.push((sender, Instant::now()));
+            idle.push((sender, Stopwatch::start()));
         }
     }
 }

@@ -1,6 +1,11 @@
-//! One decision semantics, two stores: every scenario runs against the memory
-//! store and against the Redis store (lua/*.lua on a real redis-server, time
-//! passed explicitly), and both must give exactly the expected results.
+//! One decision semantics, every store: each scenario runs every store
+//! operation against the memory store, the Redis store (lua/*.lua on a real
+//! redis-server, time passed explicitly), the Redis store behind its safety
+//! net (breaker, fallback, refusal cache: what production runs), and a
+//! 3-master Redis Cluster. Every result of every operation is compared
+//! whole (decisions with their hold, escalation and room left; penalty
+//! ends; inspected state), and each must also meet the expectations
+//! written in the table.
 
 mod support;
 
@@ -10,10 +15,13 @@ use std::time::Duration;
 
 use support::redis_server::RedisServer;
 use wxgate::clock::{Clock, ManualClock};
-use wxgate::config::Config;
-use wxgate::limit::{Decision, Reason, Rule};
+use wxgate::config::{Config, RedisConfig, Resilience};
+use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::penalty::PenaltyPolicy;
-use wxgate::store::{Asking, MemoryStore, RedisConfig, RedisStore, Resilience, SharedStore, Store};
+use wxgate::store::memory::MemoryStore;
+use wxgate::store::redis::RedisStore;
+use wxgate::store::resilient::{Resilient, StoreCounters};
+use wxgate::store::{Snapshot, Store};
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;
@@ -23,17 +31,30 @@ const T0: i64 = (20_786 * 86_400 + 2 * 3600) * SEC;
 /// 2026-11-29 23:59:59 Beijing.
 const BEFORE_MIDNIGHT: i64 = (20_786 * 86_400 + 15 * 3600 + 59 * 60 + 59) * SEC;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What a step must give (checked on every store).
+#[derive(Clone, Copy)]
 enum Expect {
+    /// Admitted at once.
     Ok,
+    /// Admitted at once, and a success would end a penalty escalation.
+    OkEscalated,
     /// Admitted, held this long for its reserved slot.
     Hold(i64),
     No(i64, Reason),
-    /// Penalty ends this long after now.
+    /// The penalty now ends this long after now (0: none).
     Until(i64),
-    /// Room left reported by an admission.
-    Quota(Option<wxgate::limit::Quota>),
+    /// The inspected state satisfies this (named) check.
+    State(&'static str, fn(&Snapshot) -> bool),
     Any,
+}
+
+/// What a step gave: compared whole between stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Got {
+    Decided(Decision),
+    Penalty { until: i64, now: i64 },
+    State(Snapshot),
+    Done,
 }
 
 #[derive(Clone)]
@@ -50,8 +71,14 @@ enum Op {
     Limits(&'static str),
     /// The n-th call ended: its concurrency slot is freed.
     Release(usize),
+    /// The slots of these calls are renewed for the rule's lease.
+    Renew(&'static [usize]),
     /// An access token was refreshed for account "a".
     Token,
+    /// An operator imposes a penalty of this length on "a" (0 lifts it).
+    SetPenalty(i64),
+    /// Read "a"'s whole state.
+    Inspect,
 }
 
 struct Scenario {
@@ -70,6 +97,18 @@ fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
 }
 
+/// The count of a calendar quota in the inspected state (0 if none).
+fn day_used(s: &Snapshot) -> u64 {
+    s.state
+        .limits
+        .iter()
+        .find_map(|(_, l)| match l {
+            LimitState::Count { used, .. } => Some(*used),
+            LimitState::Tat(_) => None,
+        })
+        .unwrap_or(0)
+}
+
 fn scenarios() -> Vec<Scenario> {
     vec![
         Scenario {
@@ -85,6 +124,7 @@ fn scenarios() -> Vec<Scenario> {
                     (Call("a"), No(MS, Reason::Rate)),
                 ],
                 vec![(Wait(MS), Any), (Call("a"), Ok), (Call("a"), No(1250 * MS, Reason::Rate))],
+                vec![(Inspect, State("the last admission is now", |s| s.state.last_call == s.now))],
             ]
             .concat(),
         },
@@ -98,6 +138,7 @@ fn scenarios() -> Vec<Scenario> {
                 vec![(Call("a"), No(SEC, Reason::Quota)), (Wait(SEC - 1), Any), (Call("a"), No(1, Reason::Quota))],
                 vec![(Wait(1), Any)],
                 call(2, Ok),
+                vec![(Inspect, State("2 used in the new day", |s| day_used(s) == 2))],
                 vec![(Call("a"), No(86_400 * SEC, Reason::Quota))],
             ]
             .concat(),
@@ -109,6 +150,20 @@ fn scenarios() -> Vec<Scenario> {
             limits: r#"[{ count = 1, per = "month" }]"#,
             extra: "",
             steps: vec![(Call("a"), Ok), (Call("a"), No(SEC, Reason::Quota)), (Wait(SEC), Any), (Call("a"), Ok)],
+        },
+        Scenario {
+            name: "month_quota_rolls_into_the_new_year",
+            // 2026-12-31 23:59:59 Beijing.
+            start: BEFORE_MIDNIGHT + 32 * 86_400 * SEC,
+            limits: r#"[{ count = 1, per = "month" }]"#,
+            extra: "",
+            steps: vec![
+                (Call("a"), Ok),
+                (Call("a"), No(SEC, Reason::Quota)),
+                (Wait(SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(31 * 86_400 * SEC, Reason::Quota)),
+            ],
         },
         Scenario {
             name: "all_or_nothing",
@@ -130,6 +185,7 @@ fn scenarios() -> Vec<Scenario> {
             steps: [
                 call(5, Ok),
                 vec![(Limits(r#"[{ count = 100, per = "1m", burst = 3 }, { count = 6, per = "day" }]"#), Any)],
+                vec![(Inspect, State("the day count survives the change", |s| day_used(s) == 5))],
                 vec![(Wait(3600 * SEC), Any)],
                 call(1, Ok),
                 vec![(Call("a"), No(13 * 3600 * SEC, Reason::Quota))],
@@ -160,15 +216,26 @@ fn scenarios() -> Vec<Scenario> {
                 (Call("a"), No(60 * SEC, Reason::Penalty)),
                 (Call("b"), Ok),
                 (Wait(60 * SEC), Any),
-                (Call("a"), Ok),
+                // The penalty is over but recent: a success now would end its escalation.
+                (Call("a"), OkEscalated),
                 (Penalise(45009, 2), Until(120 * SEC)),
                 // A stale success (call 0 was sent before this penalty) ends nothing.
                 (Success(0), Any),
+                (Inspect, State("escalated once", |s| s.state.penalty.level == 1)),
                 (Wait(120 * SEC), Any),
-                (Call("a"), Ok),
+                (Call("a"), OkEscalated),
                 (Success(3), Any),
+                (
+                    Inspect,
+                    State("the escalation ended", |s| s.state.penalty.level == 0 && s.state.penalty.last_len == 0),
+                ),
                 (Call("a"), Ok),
                 (Penalise(45009, 4), Until(60 * SEC)),
+                // Recent until as long again as it lasted, and not a microsecond more.
+                (Wait(120 * SEC - 1), Any),
+                (Call("a"), OkEscalated),
+                (Wait(1), Any),
+                (Call("a"), Ok),
             ],
         },
         Scenario {
@@ -196,11 +263,11 @@ fn scenarios() -> Vec<Scenario> {
                 (Call("a"), Ok),
                 (Penalise(45009, 0), Until(60 * SEC)),
                 (Wait(60 * SEC), Any),
-                (Call("a"), Ok),
+                (Call("a"), OkEscalated),
                 // 23:59:19: doubling to 120 s would cross midnight.
                 (Penalise(45009, 1), Until(41 * SEC)),
                 (Wait(41 * SEC + 30 * SEC), Any),
-                (Call("a"), Ok),
+                (Call("a"), OkEscalated),
                 (Penalise(45011, 2), Until(30 * SEC)),
             ],
         },
@@ -227,6 +294,12 @@ fn scenarios() -> Vec<Scenario> {
             steps: [
                 call(2, Ok),
                 vec![(Call("a"), Hold(2 * SEC)), (Call("a"), Hold(2 * SEC))],
+                vec![(
+                    Inspect,
+                    State("2 reserved for the next day", |s| {
+                        s.state.limits.iter().any(|(_, l)| matches!(l, LimitState::Count { next: 2, .. }))
+                    }),
+                )],
                 vec![(Call("a"), No(2 * SEC + 86_400 * SEC, Reason::Quota))],
                 vec![(Wait(2 * SEC), Any), (Call("a"), No(86_400 * SEC, Reason::Quota))],
             ]
@@ -254,6 +327,7 @@ fn scenarios() -> Vec<Scenario> {
                 (Wait(SEC), Any),
                 (Call("a"), Ok),
                 (Call("a"), No(1_818_182, Reason::Rate)),
+                (Inspect, Any),
                 // Idle for a whole warm-up period: cold again.
                 (Wait(30 * SEC), Any),
                 (Call("a"), Ok),
@@ -274,10 +348,61 @@ fn scenarios() -> Vec<Scenario> {
                 (Call("a"), No(30 * SEC, Reason::Concurrency)),
                 // Holder 1 (say, a crashed instance) never releases: its lease runs out.
                 (Release(3), Any),
+                (Inspect, State("one slot still taken", |s| s.state.holders.len() == 1)),
                 (Wait(30 * SEC), Any),
                 (Call("a"), Ok),
                 (Call("a"), Ok),
                 (Call("a"), No(30 * SEC, Reason::Concurrency)),
+                (Inspect, State("two live slots", |s| s.state.holders.iter().all(|(_, exp)| *exp > s.now))),
+            ],
+        },
+        Scenario {
+            name: "leases_renewed_while_calls_live",
+            start: T0,
+            limits: "[]",
+            extra: "concurrency = 1",
+            steps: vec![
+                (Call("a"), Ok),
+                (Wait(20 * SEC), Any),
+                // Renewed 20 s in: the slot is held until 50 s, not 30 s.
+                (Renew(&[0]), Any),
+                (Wait(20 * SEC), Any),
+                (Call("a"), No(10 * SEC, Reason::Concurrency)),
+                (Inspect, State("one slot, renewed", |s| s.state.holders.len() == 1)),
+                (Wait(10 * SEC), Any),
+                (Call("a"), Ok),
+                // A slot freed stays free when a late renewal names it.
+                (Release(2), Any),
+                (Renew(&[2]), Any),
+                (Inspect, State("no slot", |s| s.state.holders.is_empty())),
+                (Call("a"), Ok),
+            ],
+        },
+        Scenario {
+            name: "penalties_set_by_hand",
+            start: T0,
+            limits: r#"[{ count = 1000, per = "day" }]"#,
+            extra: "",
+            steps: vec![
+                (Call("a"), Ok),
+                (SetPenalty(30 * SEC), Until(30 * SEC)),
+                (Call("a"), No(30 * SEC, Reason::Penalty)),
+                (Inspect, State("30 s, level 0", |s| s.state.penalty.until == s.now + 30 * SEC)),
+                (Wait(10 * SEC), Any),
+                // Lifted: calls go again, and the escalation starts over.
+                (SetPenalty(0), Until(0)),
+                (Call("a"), Ok),
+                // An answer to a call sent before the lift cannot re-impose it...
+                (Penalise(45009, 0), Until(0)),
+                (Call("a"), Ok),
+                // ...one sent after it can, at the base length.
+                (Penalise(45009, 2), Until(60 * SEC)),
+                // Imposed by hand over it: 5 s, escalation from level 0.
+                (SetPenalty(5 * SEC), Until(5 * SEC)),
+                (Wait(5 * SEC), Any),
+                (Call("a"), OkEscalated),
+                (Penalise(45009, 3), Until(120 * SEC)),
+                (Inspect, State("escalated once", |s| s.state.penalty.level == 1)),
             ],
         },
     ]
@@ -296,6 +421,9 @@ fn random_scenario() -> Scenario {
         };
         steps.push((Wait(gap), Any));
         steps.push((Call("a"), Any));
+        if steps.len() % 100 == 0 {
+            steps.push((Inspect, Any));
+        }
     }
     Scenario { name: "random_window", start: T0, limits: r#"[{ count = 7, per = "5s", burst = 2 }]"#, extra: "", steps }
 }
@@ -306,109 +434,151 @@ fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Vec<PenaltyPolicy>, i64) {
     (config.rules[0].clone(), config.penalties, config.lease_us)
 }
 
-/// Runs a scenario on one store; returns every decision, as (time, outcome).
-async fn run(s: &Scenario, store: &Store, clock: &ManualClock) -> Vec<(i64, Expect)> {
-    run_as(s, store, clock, "").await
+/// Whether `got` meets `expect`.
+fn meets(expect: Expect, got: &Got, now: i64) -> bool {
+    match (expect, got) {
+        (Any, _) => true,
+        (Ok, Got::Decided(Decision::Admit { hold_us: 0, escalated: false, at, .. })) => *at == now,
+        (OkEscalated, Got::Decided(Decision::Admit { hold_us: 0, escalated: true, at, .. })) => *at == now,
+        (Hold(h), Got::Decided(Decision::Admit { hold_us, at, .. })) => *hold_us == h && *at == now + h,
+        (No(w, r), Got::Decided(Decision::Reject { wait_us, reason })) => *wait_us == w && *reason == r,
+        (Until(left), Got::Penalty { until, now }) => (until - now).max(0) == left,
+        (State(_, check), Got::State(snapshot)) => snapshot.now == now && check(snapshot),
+        _ => false,
+    }
 }
 
-/// Runs a scenario on one store; accounts are `prefix` + the scenario's names
-/// (so runs on a cluster spread over slots).
-async fn run_as(s: &Scenario, store: &Store, clock: &ManualClock, prefix: &str) -> Vec<(i64, Expect)> {
-    let acct = |a: &str| format!("{prefix}{a}");
+fn describe(expect: Expect) -> String {
+    match expect {
+        Ok => "admitted now".into(),
+        OkEscalated => "admitted now, escalated".into(),
+        Hold(h) => format!("held {h} us"),
+        No(w, r) => format!("refused for {w} us ({})", r.as_str()),
+        Until(left) => format!("penalty of {left} us"),
+        State(what, _) => format!("state: {what}"),
+        Any => "anything".into(),
+    }
+}
+
+/// Runs a scenario on one store; returns every step's result and the time
+/// it was taken at. Accounts are `prefix` + the scenario's names (so runs on
+/// a cluster spread over slots).
+async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str) -> Vec<(i64, Got)> {
+    let a = format!("{prefix}a");
     clock.set_us(s.start);
     let (mut rule, penalties, lease_us) = compile(s.limits, s.extra);
     let mut calls = 0;
-    let mut quotas = Vec::new();
     let mut admitted = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
+        let key = Key { account: &a, rule: &rule, offset_us: BEIJING };
         let got = match op {
             Wait(d) => {
                 clock.advance_us(*d);
-                Any
+                Got::Done
             }
             Limits(l) => {
                 rule = compile(l, s.extra).0;
-                Any
+                Got::Done
             }
             Call(account) => {
                 let holder = format!("h{calls}");
                 calls += 1;
-                let asking = Asking { offset_us: BEIJING, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
-                match store.acquire(&acct(account), &rule, &asking).await.expect("store answered") {
-                    Decision::Admit { at, hold_us, quota, .. } => {
-                        assert_eq!(at, clock.now_us() + hold_us, "{}: admitted for now + hold", s.name);
-                        admitted.push(at);
-                        quotas.push(quota);
-                        if hold_us == 0 {
-                            Ok
-                        } else {
-                            Hold(hold_us)
-                        }
-                    }
-                    Decision::Reject { wait_us, reason } => No(wait_us, reason),
+                let account = format!("{prefix}{account}");
+                let key = Key { account: &account, ..key };
+                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
+                let decided = store.acquire(&ask).await.expect("store answered");
+                assert!(!decided.degraded, "{}: decided without Redis", s.name);
+                if let Decision::Admit { at, .. } = decided.decision {
+                    admitted.push(at);
                 }
+                Got::Decided(decided.decision)
             }
             Release(n) => {
-                store.release(&acct("a"), &rule, &format!("h{n}"), BEIJING).await.expect("store answered");
-                Any
+                store.release(key, &format!("h{n}")).await.expect("store answered");
+                Got::Done
+            }
+            Renew(ns) => {
+                let holders: Vec<String> = ns.iter().map(|n| format!("h{n}")).collect();
+                let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
+                store.renew(key, &holders, lease_us).await.expect("store answered");
+                Got::Done
             }
             Token => {
-                store.token_refreshed(&acct("a"), rule.warmup_us).await.expect("store answered");
-                Any
+                store.token_refreshed(&a, rule.warmup_us).await.expect("store answered");
+                Got::Done
             }
             Penalise(code, n) => {
                 let policy = penalties.iter().find(|p| p.errcode == *code).expect("default policy");
-                let (until, now) =
-                    store.penalise(&acct("a"), &rule, policy, admitted[*n], BEIJING).await.expect("store answered");
-                Until(until - now)
+                let end = store.penalise(key, policy, admitted[*n]).await.expect("store answered");
+                Got::Penalty { until: end.until, now: end.now }
             }
             Success(n) => {
-                store.succeeded(&acct("a"), &rule, admitted[*n], BEIJING).await.expect("store answered");
-                Any
+                store.succeeded(key, admitted[*n]).await.expect("store answered");
+                Got::Done
             }
+            SetPenalty(len) => {
+                let end = store.set_penalty(key, *len).await.expect("store answered");
+                Got::Penalty { until: end.until, now: end.now }
+            }
+            Inspect => Got::State(store.inspect(key).await.expect("store answered")),
         };
-        if *expect != Any {
-            assert_eq!(got, *expect, "scenario {} step {i} ({:?})", s.name, expect);
-        }
-        trace.push((clock.now_us(), got));
-    }
-    // The room-left figures (RateLimit headers) must agree too.
-    for (i, q) in quotas.iter().enumerate() {
-        trace.push((i as i64, Quota(*q)));
+        let now = clock.now_us();
+        assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));
+        trace.push((now, got));
     }
     trace
 }
 
-#[tokio::test]
-async fn memory_and_redis_stores_decide_identically() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::new(T0);
+/// The Redis store on `config`, deciding on `clock`.
+async fn redis_store(config: &RedisConfig, clock: &ManualClock) -> RedisStore {
+    RedisStore::connect(config).await.expect("connect to test redis").with_fixed_clock(Arc::new(clock.clone()))
+}
+
+/// The Redis store behind its safety net, as production runs it.
+fn resilient(redis: RedisStore, clock: &ManualClock) -> Arc<Resilient> {
+    Resilient::new(redis, Arc::new(clock.clone()), Resilience::strict(), true, StoreCounters::default())
+}
+
+fn redis_config(url: String, nodes: Vec<String>, prefix: String) -> RedisConfig {
+    RedisConfig {
+        url,
+        password: None,
+        key_prefix: prefix,
+        timeout: Duration::from_secs(5),
+        nodes,
+        resilience: Resilience::strict(),
+        batch: true,
+    }
+}
+
+fn all_scenarios() -> Vec<Scenario> {
     let mut all = scenarios();
     all.push(random_scenario());
-    for s in &all {
-        let memory = Store::Memory(MemoryStore::new(Arc::new(clock.clone())));
-        let config = RedisConfig {
-            url: redis.url(),
-            password: None,
-            key_prefix: format!("conf-{}", s.name),
-            timeout: Duration::from_secs(5),
-            nodes: Vec::new(),
-            resilience: Resilience::strict(),
-            batch: true,
-        };
-        let redis_store = RedisStore::connect(&config)
-            .await
-            .expect("connect to test redis")
-            .with_fixed_clock(Arc::new(clock.clone()));
-        let shared = Store::Redis(SharedStore::new(redis_store, Arc::new(clock.clone()), Resilience::strict(), true));
-        let from_memory = run(s, &memory, &clock).await;
-        let from_redis = run(s, &shared, &clock).await;
-        assert_eq!(from_memory, from_redis, "scenario {}: the stores disagree", s.name);
+    all
+}
+
+#[tokio::test]
+async fn every_store_gives_the_same_whole_results() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    for s in &all_scenarios() {
+        let memory = MemoryStore::new(Arc::new(clock.clone()));
+        let raw = redis_store(&redis_config(redis.url(), Vec::new(), format!("raw-{}", s.name)), &clock).await;
+        let net = resilient(
+            redis_store(&redis_config(redis.url(), Vec::new(), format!("net-{}", s.name)), &clock).await,
+            &clock,
+        );
+        let from_memory = run(s, &memory, &clock, "").await;
+        let from_redis = run(s, &raw, &clock, "").await;
+        let from_resilient = run(s, &*net, &clock, "").await;
+        assert_eq!(from_memory, from_redis, "scenario {}: memory and Redis disagree", s.name);
+        assert_eq!(from_memory, from_resilient, "scenario {}: memory and Redis behind its safety net disagree", s.name);
     }
-    // The random run is window-exact on both (same trace): at most 7 in any 5 s.
-    let trace = run(&random_scenario(), &Store::Memory(MemoryStore::new(Arc::new(clock.clone()))), &clock).await;
-    let admitted: Vec<i64> = trace.iter().filter(|(_, e)| *e == Ok).map(|(t, _)| *t).collect();
+    // The random run is window-exact (the same trace on every store): at most 7 in any 5 s.
+    let trace = run(&random_scenario(), &MemoryStore::new(Arc::new(clock.clone())), &clock, "").await;
+    let admitted: Vec<i64> =
+        trace.iter().filter(|(_, g)| matches!(g, Got::Decided(Decision::Admit { .. }))).map(|(t, _)| *t).collect();
     let mut lo = 0;
     for hi in 0..admitted.len() {
         while admitted[hi] - admitted[lo] >= 5 * SEC {
@@ -422,25 +592,12 @@ async fn memory_and_redis_stores_decide_identically() {
 #[tokio::test]
 async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();
-    let config = RedisConfig {
-        url: redis.url(),
-        password: None,
-        key_prefix: "wxgate".into(),
-        timeout: Duration::from_secs(5),
-        nodes: Vec::new(),
-        resilience: Resilience::strict(),
-        batch: true,
-    };
     // Real Redis TIME this time: production mode.
-    let store = Store::Redis(SharedStore::new(
-        RedisStore::connect(&config).await.expect("connect"),
-        Arc::new(wxgate::clock::SystemClock),
-        Resilience::strict(),
-        true,
-    ));
+    let store = RedisStore::connect(&redis_config(redis.url(), Vec::new(), "wxgate".into())).await.expect("connect");
     let (rule, _, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
-    let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
-    assert!(matches!(store.acquire("wxAPPID", &rule, &asking).await, std::result::Result::Ok(Decision::Admit { .. })));
+    let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
+    assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
     let ttl: i64 = redis.command("PTTL wxgate:{wxAPPID}:r").trim_start_matches(':').trim().parse().expect("PTTL");
@@ -458,32 +615,18 @@ async fn redis_keys_are_hash_tagged_and_expire() {
 /// The same table on a 3-master Redis Cluster, each scenario's accounts on
 /// their own hash slots (spread over the masters).
 #[tokio::test]
-async fn memory_and_redis_cluster_decide_identically() {
+async fn memory_and_redis_cluster_give_the_same_whole_results() {
     let cluster = support::redis_server::RedisCluster::start(3);
     let clock = ManualClock::new(T0);
-    let mut all = scenarios();
-    all.push(random_scenario());
     let mut masters = std::collections::HashSet::new();
-    for s in &all {
+    for s in &all_scenarios() {
         let prefix = format!("{}-", s.name);
         masters.insert(cluster.node_of(&format!("{prefix}a")));
-        let memory = Store::Memory(MemoryStore::new(Arc::new(clock.clone())));
-        let config = RedisConfig {
-            url: cluster.urls()[0].clone(),
-            password: None,
-            key_prefix: "conf".into(),
-            timeout: Duration::from_secs(5),
-            nodes: cluster.urls(),
-            resilience: Resilience::strict(),
-            batch: true,
-        };
-        let redis_store = RedisStore::connect(&config)
-            .await
-            .expect("connect to test cluster")
-            .with_fixed_clock(Arc::new(clock.clone()));
-        let shared = Store::Redis(SharedStore::new(redis_store, Arc::new(clock.clone()), Resilience::strict(), true));
-        let from_memory = run_as(s, &memory, &clock, &prefix).await;
-        let from_cluster = run_as(s, &shared, &clock, &prefix).await;
+        let memory = MemoryStore::new(Arc::new(clock.clone()));
+        let config = redis_config(cluster.urls()[0].clone(), cluster.urls(), "conf".into());
+        let net = resilient(redis_store(&config, &clock).await, &clock);
+        let from_memory = run(s, &memory, &clock, &prefix).await;
+        let from_cluster = run(s, &*net, &clock, &prefix).await;
         assert_eq!(from_memory, from_cluster, "scenario {}: memory and cluster disagree", s.name);
     }
     assert_eq!(masters.len(), 3, "the scenarios' accounts landed on every master");
@@ -497,21 +640,16 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
     let (rule, _, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
-    let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
+    let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
-    let one_by_one: Vec<Decision> = (0..12).map(|_| memory.acquire("wxAPPID", &rule, &asking)).collect();
+    let mut one_by_one = Vec::new();
+    for _ in 0..12 {
+        one_by_one.push(memory.acquire(&ask).await.expect("decided").decision);
+    }
 
-    let config = RedisConfig {
-        url: redis.url(),
-        password: None,
-        key_prefix: "batch".into(),
-        timeout: Duration::from_secs(5),
-        nodes: Vec::new(),
-        resilience: Resilience::strict(),
-        batch: true,
-    };
-    let store = RedisStore::connect(&config).await.expect("connect").with_fixed_clock(Arc::new(clock.clone()));
-    let store = Arc::new(Store::Redis(SharedStore::new(store, Arc::new(clock.clone()), Resilience::strict(), true)));
+    let store = redis_store(&redis_config(redis.url(), Vec::new(), "batch".into()), &clock).await;
+    let store: Arc<dyn Store> = resilient(store, &clock);
     assert!(redis.command("CONFIG RESETSTAT").starts_with("+OK"));
     // On this single-threaded test runtime the tasks start in order: the
     // first runs alone, the eleven others queue behind it and go in one run.
@@ -519,8 +657,9 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
         .map(|_| {
             let (store, rule) = (store.clone(), rule.clone());
             tokio::spawn(async move {
-                let asking = Asking { offset_us: BEIJING, max_wait_us: 0, holder: "h", lease_us: SEC };
-                store.acquire("wxAPPID", &rule, &asking).await.expect("decided")
+                let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
+                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
+                store.acquire(&ask).await.expect("decided").decision
             })
         })
         .collect();

@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 use wxgate::calendar::Period;
-use wxgate::limit::{decide, Ask, Decision, Limit, Reason, Rule, RuleState, WindowLimit};
+use wxgate::limit::decide::decide;
+use wxgate::limit::{Ask, Decision, Key, Limit, Reason, Rule, RuleState, WindowLimit};
 
 const SEC: i64 = 1_000_000;
 const BEIJING: i64 = 8 * 3600 * SEC;
@@ -23,8 +24,8 @@ fn rule(limits: Vec<Limit>) -> Rule {
 
 /// Police-only decision at `now`.
 fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
-    let ask = Ask { now, offset_us: BEIJING, max_wait_us: 0, account_warm: 0, holder: "", lease_us: 0 };
-    decide(rule, state, ask)
+    let ask = Ask { key: Key { account: "a", rule, offset_us: BEIJING }, max_wait_us: 0, holder: "", lease_us: 0 };
+    decide(state, &ask, now, 0)
 }
 
 fn window(count: u64, per_s: i64, burst: u64) -> Limit {
@@ -82,8 +83,9 @@ proptest! {
             now += g;
             // Every 50th call, a token refresh restarts the warm-up.
             let account_warm = if i % 50 == 49 { now } else { 0 };
-            let ask = Ask { now, offset_us: BEIJING, max_wait_us: r.max_wait_us, account_warm, holder: "", lease_us: 0 };
-            if let Decision::Admit { at, hold_us, .. } = decide(&r, &mut st, ask) {
+            let key = Key { account: "a", rule: &r, offset_us: BEIJING };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0 };
+            if let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, now, account_warm) {
                 prop_assert!(hold_us <= r.max_wait_us);
                 sent.push(at);
             }

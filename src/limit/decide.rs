@@ -1,28 +1,19 @@
-//! The decision itself. `lua/acquire.lua` is a line-for-line port: change
-//! both together (the conformance tests hold them to one table).
+//! The decision itself. `lua/acquire.lua` computes the same thing, step by
+//! numbered step, in the same order and with the same integer arithmetic;
+//! it differs in shape only (it decides a batch of calls per run and reads
+//! and writes each state hash once). Change both together: the conformance
+//! table (`tests/conformance.rs`) holds them to identical results.
 
-use super::{Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowLimit};
+use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowLimit};
 use crate::calendar::Period;
 use crate::clock::Micros;
 
-/// One call's question to the store.
-#[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
-    pub now: Micros,
-    pub offset_us: Micros,
-    /// Longest the caller will hold this call for its slot (≤ the rule's `max_wait`).
-    pub max_wait_us: Micros,
-    /// Last access-token refresh seen for the account (0: none).
-    pub account_warm: Micros,
-    /// Concurrency slot holder id (unique per call) and lease length.
-    pub holder: &'a str,
-    pub lease_us: Micros,
-}
-
-/// Decides one call of `rule` and, if admitted, debits `state`: every limit
-/// or none. See the module docs of [`crate::limit`] for the guarantees.
-pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
-    let now = ask.now;
+/// Decides `ask` at store time `now` and, if it is admitted, debits `state`:
+/// every limit of the rule or none. `account_warm` is the account's last
+/// access-token refresh (0: none). See [`crate::limit`] for the guarantees.
+pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: Micros) -> Decision {
+    let rule = ask.key.rule;
+    let offset_us = ask.key.offset_us;
     // 1. A penalty refuses at once and consumes nothing.
     if let Some(wait_us) = state.penalty.remaining(now) {
         return Decision::Reject { wait_us, reason: Reason::Penalty };
@@ -37,7 +28,7 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
     }
     // 3. Warm-up restarts when the pair was idle for a whole warm-up period.
     let cold = state.last_call == 0 || now - state.last_call >= rule.warmup_us;
-    let warm_start = if cold { now } else { state.warm_start }.max(ask.account_warm);
+    let warm_start = if cold { now } else { state.warm_start }.max(account_warm);
 
     // 4. Each limit's own wait from now; the largest decides (first on ties).
     let mut worst = 0;
@@ -46,9 +37,7 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
         let key = limit.window_key();
         let wait = match *limit {
             Limit::Window(w) => tat_of(state.get(key), now) - w.tolerance_us - now,
-            Limit::Calendar { count, period } => {
-                calendar_free_at(state.get(key), count, period, now, ask.offset_us) - now
-            }
+            Limit::Calendar { count, period } => calendar_free_at(state.get(key), count, period, now, offset_us) - now,
         };
         if wait > worst {
             worst = wait;
@@ -61,7 +50,7 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
     let mut at = now + worst;
     for limit in &rule.limits {
         if let Limit::Calendar { count, period } = *limit {
-            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, ask.offset_us);
+            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, offset_us);
             if free > at {
                 at = free;
                 reason = Reason::Quota;
@@ -84,9 +73,9 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
             Limit::Calendar { count, period } => {
-                let current = period.id(now, ask.offset_us);
+                let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
-                let after = if period.id(at, ask.offset_us) == current {
+                let after = if period.id(at, offset_us) == current {
                     LimitState::Count { period_id: current, used: used + 1, next }
                 } else {
                     LimitState::Count { period_id: current, used, next: next + 1 }
@@ -95,7 +84,7 @@ pub fn decide(rule: &Rule, state: &mut RuleState, ask: Ask<'_>) -> Decision {
                     LimitState::Count { used, .. } => used,
                     LimitState::Tat(_) => 0,
                 };
-                (after, count.saturating_sub(used_now), period.next_start(now, ask.offset_us) - now)
+                (after, count.saturating_sub(used_now), period.next_start(now, offset_us) - now)
             }
         };
         if quota.is_none_or(|q| remaining < q.remaining) {

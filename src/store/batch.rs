@@ -23,12 +23,13 @@ use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
+use super::StoreError;
 use crate::limit::Decision;
 
 /// What a queued call hears back.
 pub enum Answer<C> {
     /// Its decision (or why there is none).
-    Decided(Result<Decision, String>),
+    Decided(Result<Decision, StoreError>),
     /// It leads the next run; here is its call back.
     Lead(C),
 }
@@ -141,19 +142,22 @@ impl<C> Leader<'_, C> {
     }
 
     /// Hands each taken call its answer; returns the leader's own.
-    pub fn finish(mut self, results: Result<Vec<Result<Decision, String>>, String>) -> Result<Decision, String> {
+    pub fn finish(
+        mut self,
+        results: Result<Vec<Result<Decision, StoreError>>, StoreError>,
+    ) -> Result<Decision, StoreError> {
         let answers = std::mem::take(&mut self.answers);
         match results {
             Ok(results) if results.len() == answers.len() + 1 => {
                 let mut results = results.into_iter();
-                let own = results.next().unwrap_or_else(|| Err("no answer".to_owned()));
+                let own = results.next().unwrap_or_else(|| Err(miscounted(0, 1)));
                 for (tx, result) in answers.into_iter().zip(results) {
                     let _ = tx.send(Answer::Decided(result));
                 }
                 own
             }
             Ok(results) => {
-                let e = format!("the script answered {} decisions for {} calls", results.len(), answers.len() + 1);
+                let e = miscounted(results.len(), answers.len() + 1);
                 for tx in answers {
                     let _ = tx.send(Answer::Decided(Err(e.clone())));
                 }
@@ -167,6 +171,11 @@ impl<C> Leader<'_, C> {
             }
         }
     }
+}
+
+/// A run answered `got` decisions for `calls` calls.
+fn miscounted(got: usize, calls: usize) -> StoreError {
+    StoreError::BadReply { script: "acquire.lua", reply: format!("{got} decisions for {calls} calls") }
 }
 
 impl<C> Drop for Leader<'_, C> {
@@ -187,7 +196,7 @@ impl<C> Drop for Leader<'_, C> {
 mod tests {
     use super::*;
 
-    fn admit(at: i64) -> Result<Decision, String> {
+    fn admit(at: i64) -> Result<Decision, StoreError> {
         Ok(Decision::Admit { at, hold_us: 0, escalated: false, quota: None })
     }
 
@@ -219,7 +228,8 @@ mod tests {
         let Ok(Answer::Lead(call)) = rx3.rx.try_recv() else { panic!("the oldest live call leads") };
         assert_eq!(call, 3);
         let next = b.lead("a", call);
-        assert_eq!(next.finish(Err("Redis down".into())), Err("Redis down".into()));
+        let down = StoreError::Redis("down".into());
+        assert_eq!(next.finish(Err(down.clone())), Err(down));
         assert_eq!(b.in_flight(), 0);
     }
 

@@ -9,9 +9,12 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::Asking;
+use async_trait::async_trait;
+
+use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::{decide, Ask, Decision, Rule, RuleState};
+use crate::limit::decide::decide;
+use crate::limit::{Ask, Key, RuleState};
 use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
@@ -28,6 +31,8 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct Shard {
+    /// (account, rule) → state, and the longest warm-up of the rule versions
+    /// that used it (how long it matters after its last call).
     states: HashMap<(String, Arc<str>), (RuleState, Micros)>,
     ops: u32,
 }
@@ -48,95 +53,25 @@ impl MemoryStore {
         }
     }
 
+    /// This store's clock.
     pub fn now(&self) -> Micros {
         self.clock.now_us()
     }
 
-    fn with_state<T>(
-        &self,
-        account: &str,
-        rule: &Rule,
-        offset_us: Micros,
-        f: impl FnOnce(&mut RuleState, Micros) -> T,
-    ) -> T {
+    /// Runs `f` on the pair's state (created empty if absent) at this
+    /// store's now, under its shard's lock.
+    fn with_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> T {
         let now = self.now();
-        let i = (self.hasher.hash_one((account, &*rule.name)) as usize) % SHARDS;
+        let rule = key.rule;
+        let i = (self.hasher.hash_one((key.account, &*rule.name)) as usize) % SHARDS;
         let mut shard = lock(&self.shards[i]);
         shard.ops = shard.ops.wrapping_add(1);
         if shard.ops % SWEEP_EVERY == 0 {
-            shard.states.retain(|_, (s, warmup)| !s.is_idle(now, offset_us, *warmup));
+            shard.states.retain(|_, (s, warmup)| !s.is_idle(now, key.offset_us, *warmup));
         }
-        let entry = shard.states.entry((account.to_owned(), rule.name.clone())).or_default();
+        let entry = shard.states.entry((key.account.to_owned(), rule.name.clone())).or_default();
         entry.1 = entry.1.max(rule.warmup_us);
         f(&mut entry.0, now)
-    }
-
-    pub fn acquire(&self, account: &str, rule: &Rule, asking: &Asking<'_>) -> Decision {
-        let account_warm = if rule.warmup_us > 0 { lock(&self.warm).get(account).copied().unwrap_or(0) } else { 0 };
-        self.with_state(account, rule, asking.offset_us, |state, now| {
-            let ask = Ask {
-                now,
-                offset_us: asking.offset_us,
-                max_wait_us: asking.max_wait_us,
-                account_warm,
-                holder: asking.holder,
-                lease_us: asking.lease_us,
-            };
-            decide(rule, state, ask)
-        })
-    }
-
-    pub fn penalise(
-        &self,
-        account: &str,
-        rule: &Rule,
-        policy: &PenaltyPolicy,
-        sent_at: Micros,
-        offset_us: Micros,
-    ) -> (Micros, Micros) {
-        self.with_state(account, rule, offset_us, |state, now| {
-            (state.penalty.penalise(policy, sent_at, now, offset_us), now)
-        })
-    }
-
-    pub fn succeeded(&self, account: &str, rule: &Rule, sent_at: Micros, offset_us: Micros) {
-        self.with_state(account, rule, offset_us, |state, _| state.penalty.succeeded(sent_at));
-    }
-
-    /// Frees a concurrency slot.
-    pub fn release(&self, account: &str, rule: &Rule, holder: &str, offset_us: Micros) {
-        self.with_state(account, rule, offset_us, |state, _| state.holders.retain(|(h, _)| h != holder));
-    }
-
-    /// Extends the leases of slots still held (by live calls of this instance).
-    pub fn renew(&self, account: &str, rule: &Rule, holders: &[&str], lease_us: Micros, offset_us: Micros) {
-        self.with_state(account, rule, offset_us, |state, now| {
-            for (h, exp) in state.holders.iter_mut() {
-                if holders.contains(&h.as_str()) {
-                    *exp = now + lease_us;
-                }
-            }
-        });
-    }
-
-    /// The state of one (account, rule) now, for inspection.
-    pub fn inspect(&self, account: &str, rule: &Rule, offset_us: Micros) -> (RuleState, Micros) {
-        self.with_state(account, rule, offset_us, |state, now| (state.clone(), now))
-    }
-
-    /// Imposes a penalty of `len_us` (0 lifts it); returns (until, now).
-    pub fn set_penalty(&self, account: &str, rule: &Rule, len_us: Micros, offset_us: Micros) -> (Micros, Micros) {
-        self.with_state(account, rule, offset_us, |state, now| {
-            state.penalty.set_by_hand(len_us, now);
-            (state.penalty.until, now)
-        })
-    }
-
-    /// An access token was refreshed for `account`: warm-up starts again.
-    pub fn token_refreshed(&self, account: &str) -> Micros {
-        let now = self.now();
-        lock(&self.warm).insert(account.to_owned(), now);
-        now
     }
 
     /// Number of (account, rule) states held; for tests and metrics.
@@ -146,5 +81,65 @@ impl MemoryStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
+        let key = ask.key;
+        let account_warm =
+            if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
+        let decision = self.with_state(key, |state, now| decide(state, ask, now, account_warm));
+        Ok(Decided { decision, degraded: false })
+    }
+
+    async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
+        Ok(self.with_state(key, |state, now| {
+            let until = state.penalty.penalise(policy, sent_at, now, key.offset_us);
+            PenaltyEnd { until, now }
+        }))
+    }
+
+    async fn succeeded(&self, key: Key<'_>, sent_at: Micros) -> Result<(), StoreError> {
+        self.with_state(key, |state, _| state.penalty.succeeded(sent_at));
+        Ok(())
+    }
+
+    async fn release(&self, key: Key<'_>, holder: &str) -> Result<(), StoreError> {
+        self.with_state(key, |state, _| state.holders.retain(|(h, _)| h != holder));
+        Ok(())
+    }
+
+    async fn renew(&self, key: Key<'_>, holders: &[&str], lease_us: Micros) -> Result<(), StoreError> {
+        self.with_state(key, |state, now| {
+            for (h, exp) in state.holders.iter_mut() {
+                if holders.contains(&h.as_str()) {
+                    *exp = now + lease_us;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn inspect(&self, key: Key<'_>) -> Result<Snapshot, StoreError> {
+        Ok(self.with_state(key, |state, now| Snapshot { state: state.canonical(key.rule), now }))
+    }
+
+    async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError> {
+        Ok(self.with_state(key, |state, now| {
+            state.penalty.set_by_hand(len_us, now);
+            PenaltyEnd { until: state.penalty.until, now }
+        }))
+    }
+
+    async fn token_refreshed(&self, account: &str, _keep_us: Micros) -> Result<(), StoreError> {
+        let now = self.now();
+        lock(&self.warm).insert(account.to_owned(), now);
+        Ok(())
+    }
+
+    fn status(&self) -> Status {
+        Status::InProcess
     }
 }

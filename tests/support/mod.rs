@@ -292,7 +292,7 @@ impl Gate {
     }
 
     /// The running app (config, store, counters).
-    pub fn app(&self) -> &wxgate::proxy::App {
+    pub fn app(&self) -> &wxgate::app::App {
         &self.running.as_ref().expect("running").app
     }
 

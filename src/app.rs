@@ -1,0 +1,98 @@
+//! The state every call and every listener shares, and how it is built.
+//! No other module defines shared state: the phases ([`crate::proxy`]), the
+//! admin API and reloads all read and swap what is here.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::activity::{Activity, Held};
+use crate::clock::Clock;
+use crate::config::{Config, StoreConfig};
+use crate::metrics::Metrics;
+use crate::slots::Slots;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::RedisStore;
+use crate::store::resilient::{Resilient, StoreCounters};
+use crate::store::{Store, StoreError};
+use crate::upstream::Upstream;
+
+/// Everything a call needs; shared by every connection.
+pub struct App {
+    /// The running config; a call keeps the one it started with.
+    pub config: ArcSwap<Config>,
+    pub store: Arc<dyn Store>,
+    /// Swapped by a reload that changes the upstream settings.
+    pub upstream: ArcSwap<Upstream>,
+    pub clock: Arc<dyn Clock>,
+    /// Concurrency slots held by this instance's calls.
+    pub slots: Arc<Slots>,
+    /// Calls held for shaping right now, against `[server] max_held`.
+    pub held: Held,
+    /// Held and in-flight calls per (account, rule), on this instance.
+    pub activity: Arc<Activity>,
+    pub reloads: Reloads,
+    pub metrics: Metrics,
+}
+
+/// Reload outcomes since start (`/readyz`).
+#[derive(Default)]
+pub struct Reloads {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+impl App {
+    /// The shared state a listener serves from. Starts the renewal of
+    /// concurrency leases, which stops when the app is dropped.
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+    ) -> Result<Arc<App>, String> {
+        let upstream = Upstream::new(&config.server)?;
+        let lease_us = config.lease_us;
+        let app = Arc::new(App {
+            config: ArcSwap::from_pointee(config),
+            store,
+            upstream: ArcSwap::from_pointee(upstream),
+            clock,
+            slots: Arc::new(Slots::new()),
+            held: Held::default(),
+            activity: Arc::default(),
+            reloads: Reloads::default(),
+            metrics,
+        });
+        Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
+        Ok(app)
+    }
+}
+
+/// Builds the store `config` asks for. `clock` drives the memory store (and
+/// the Redis store's local fallback); the Redis store decides on Redis `TIME`.
+pub async fn open_store(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    counters: StoreCounters,
+) -> Result<Arc<dyn Store>, String> {
+    Ok(match &config.store {
+        StoreConfig::Memory => Arc::new(MemoryStore::new(clock)),
+        StoreConfig::Redis(r) => {
+            let (redis, healthy) = match RedisStore::connect(r).await {
+                Ok(redis) => (redis, true),
+                // Unreachable now: start anyway, deciding by the fallback until
+                // the breaker's probe finds Redis. Any other error (a wrong
+                // password, a bad URL) is a configuration error.
+                Err(StoreError::Unreachable(e)) => {
+                    tracing::warn!(error = %e, fallback = ?r.resilience.fallback, "starting without Redis");
+                    (RedisStore::connect_later(r).await.map_err(|e| e.to_string())?, false)
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let redis = redis.with_workers(config.server.workers);
+            Resilient::new(redis, clock, r.resilience.clone(), healthy, counters)
+        }
+    })
+}

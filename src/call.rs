@@ -1,0 +1,92 @@
+//! One call's context: what the phases of [`crate::proxy`] learn about a call
+//! and hand on, from its request line to its access-log line.
+
+use std::sync::Arc;
+
+use http::{Method, Response};
+
+use crate::admit::Admitted;
+use crate::body::RelayBody;
+use crate::clock::Micros;
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::limit::{Key, Rule};
+use crate::metrics::{Outcome, RuleMetrics};
+use crate::upstream::UpstreamError;
+
+/// Account used when a call names none.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// What the phases know of one call. Filled in phase order: a field is set
+/// by the phase named on it and read by later ones.
+pub struct Call {
+    pub method: Method,
+    /// The path only: the query carries `access_token` and other secrets.
+    pub path: String,
+    /// The config this call runs under from start to end: a reload never
+    /// changes it midway.
+    pub config: Arc<Config>,
+    /// identify: the WeChat account (appid / corpid alias) the call is for.
+    pub account: String,
+    /// route: the rule the path maps to (`None`: forwarded unthrottled).
+    pub rule: Option<Arc<Rule>>,
+    /// route: the rule's metrics (the `_none` series without a rule).
+    pub metrics: Option<Arc<RuleMetrics>>,
+    /// decide: the admission (`None` without a rule).
+    pub admitted: Option<Admitted>,
+    /// What became of the call, for metrics and the access log.
+    pub outcome: Outcome,
+    /// WeChat's errcode, when its answer had one (0: success).
+    pub errcode: Option<i64>,
+    pub decision_us: Micros,
+    pub upstream_us: Micros,
+    pub held_us: Micros,
+}
+
+impl Call {
+    pub fn new(method: Method, path: &str, config: Arc<Config>) -> Call {
+        Call {
+            method,
+            path: path.to_owned(),
+            config,
+            account: String::new(),
+            rule: None,
+            metrics: None,
+            admitted: None,
+            outcome: Outcome::forwarded,
+            errcode: None,
+            decision_us: 0,
+            upstream_us: 0,
+            held_us: 0,
+        }
+    }
+
+    /// The (account, rule) whose state this call uses, once routed to a rule.
+    pub fn key(&self) -> Option<Key<'_>> {
+        let rule = self.rule.as_deref()?;
+        Some(Key { account: &self.account, rule, offset_us: self.config.server.quota_offset_us })
+    }
+}
+
+/// A call that ends before its last phase. Each phase either hands on to
+/// the next or stops the call with one of these; [`crate::proxy::handle`]
+/// turns it into the one answer the client gets.
+pub enum Early {
+    /// wxgate refuses or fails the call: a WeChat-shaped answer, made in one
+    /// place ([`ProxyError::into_response`]).
+    Refused(ProxyError),
+    /// A phase answered the call itself (e.g. from a cache): sent as it is.
+    Answered(Box<Response<RelayBody>>),
+}
+
+impl From<ProxyError> for Early {
+    fn from(e: ProxyError) -> Early {
+        Early::Refused(e)
+    }
+}
+
+impl From<UpstreamError> for Early {
+    fn from(e: UpstreamError) -> Early {
+        Early::Refused(ProxyError::Upstream(e))
+    }
+}

@@ -1,0 +1,275 @@
+//! Raw config → [`Config`]: every check, every message. A message names the
+//! file and, where the TOML parser or a span knows it, the line, then the
+//! rule and the field: `rules.toml:14: rule "menu": limits[0]: ...`.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule};
+use super::units::{micros, parse_duration, secs_us, valid_name};
+use super::{settings, Config, ConfigError, LogConfig};
+use crate::calendar::{Period, DAY_US};
+use crate::limit::{Limit, Rule, WindowLimit};
+use crate::penalty::{PenaltyLength, PenaltyPolicy};
+use crate::routes::{Pattern, Routes};
+
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Longest `max_wait`: a held call keeps its client's connection open.
+const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates config text; `path` only labels the messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, path };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ctx.toml_error(&e))?;
+        compile(raw, &ctx)
+    }
+}
+
+/// The text being compiled, to point messages at its lines.
+struct Ctx<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Ctx<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())].matches('\n').count() + 1
+    }
+    fn at(&self, span: std::ops::Range<usize>, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}:{}: {msg}", self.path.display(), self.line_of(span.start)))
+    }
+    fn plain(&self, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}: {msg}", self.path.display()))
+    }
+    fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
+        let msg = e.message().trim_end();
+        match e.span() {
+            Some(span) => self.at(span, msg),
+            None => self.plain(msg),
+        }
+    }
+}
+
+fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
+    let all_shadow = match raw.server.mode.as_deref() {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(other) => {
+            return Err(ctx.plain(format!("[server] mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")")))
+        }
+    };
+    let log = compile_log(&raw.log).map_err(|m| ctx.plain(m))?;
+    let server = settings::server(raw.server).map_err(|m| ctx.plain(m))?;
+    let lease = match raw.store.lease.as_deref() {
+        None => DEFAULT_LEASE,
+        Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[store] lease: {m}")))?,
+    };
+    if lease < Duration::from_secs(1) {
+        return Err(ctx.plain("[store] lease: must be at least 1s"));
+    }
+    let store = settings::store(raw.store).map_err(|m| ctx.plain(m))?;
+    let penalties = match raw.penalty {
+        None => PenaltyPolicy::defaults(),
+        Some(list) => compile_penalties(list, ctx)?,
+    };
+    let mut rules = Vec::with_capacity(raw.rule.len());
+    let mut names = HashSet::new();
+    let mut spans = Vec::with_capacity(raw.rule.len());
+    let mut patterns: Vec<(Pattern, usize)> = Vec::new();
+    for (index, r) in raw.rule.into_iter().enumerate() {
+        let span = r.span();
+        spans.push(span.clone());
+        let r = r.into_inner();
+        if !valid_name(&r.name) {
+            return Err(ctx.at(span, format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name)));
+        }
+        if !names.insert(r.name.clone()) {
+            return Err(ctx.at(span, format!("rule \"{}\": another rule has the same name", r.name)));
+        }
+        let (rule, own) = compile_rule(r, span, all_shadow, ctx)?;
+        patterns.extend(own.into_iter().map(|p| (p, index)));
+        rules.push(Arc::new(rule));
+    }
+    let default = rules.iter().position(|r| &*r.name == "default");
+    let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
+        ctx.at(
+            spans[b].clone(),
+            format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name),
+        )
+    })?;
+    let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
+    Ok(Config {
+        source: ctx.path.to_path_buf(),
+        server,
+        store,
+        penalties,
+        rules,
+        routes,
+        lease_us: micros(lease),
+        max_warmup_us,
+        log,
+    })
+}
+
+fn compile_log(raw: &RawLog) -> Result<LogConfig, String> {
+    let json = match raw.format.as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => return Err(format!("[log] format: \"{other}\" is unknown (expected \"text\" or \"json\")")),
+    };
+    Ok(LogConfig { json, access: raw.access.unwrap_or(true) })
+}
+
+fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Vec<PenaltyPolicy>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for p in list {
+        let span = p.span();
+        let p = p.into_inner();
+        if !seen.insert(p.errcode) {
+            return Err(ctx.at(span, format!("[[penalty]] errcode {} is listed twice", p.errcode)));
+        }
+        out.push(compile_penalty(p).map_err(|m| ctx.at(span, m))?);
+    }
+    Ok(out)
+}
+
+/// One `[[rule]]` (its name already checked), and its parsed `match` patterns.
+fn compile_rule(
+    r: RawRule,
+    span: std::ops::Range<usize>,
+    all_shadow: bool,
+    ctx: &Ctx<'_>,
+) -> Result<(Rule, Vec<Pattern>), ConfigError> {
+    let err = |m: String| ctx.at(span.clone(), format!("rule \"{}\": {m}", r.name));
+    if r.patterns.is_empty() && r.name != "default" {
+        return Err(err("match: needs at least one path pattern".into()));
+    }
+    let mut patterns = Vec::with_capacity(r.patterns.len());
+    for p in &r.patterns {
+        patterns.push(Pattern::parse(p).map_err(|m| err(format!("match \"{p}\": {m}")))?);
+    }
+    let mut limits = Vec::with_capacity(r.limits.len());
+    let mut windows = HashSet::new();
+    for (i, l) in r.limits.iter().enumerate() {
+        let at = |m: String| ctx.at(l.span(), format!("rule \"{}\": limits[{i}]: {m}", r.name));
+        let limit = compile_limit(l.get_ref()).map_err(at)?;
+        if !windows.insert(limit.window_key()) {
+            return Err(at(format!("another limit of this rule has per = \"{}\"", l.get_ref().per)));
+        }
+        limits.push(limit);
+    }
+    let max_wait_us = match r.max_wait.as_deref() {
+        None => 0,
+        Some(t) => {
+            let d = parse_duration(t).map_err(|m| err(format!("max_wait: {m}")))?;
+            if d > MAX_MAX_WAIT {
+                return Err(err(format!("max_wait: \"{t}\" is longer than 5m")));
+            }
+            micros(d)
+        }
+    };
+    let warmup_us = match r.warmup.as_deref() {
+        None => 0,
+        Some(t) => micros(parse_duration(t).map_err(|m| err(format!("warmup: {m}")))?),
+    };
+    if warmup_us > 31 * DAY_US {
+        return Err(err("warmup: longer than 31 days".into()));
+    }
+    let shadow = match r.mode.as_deref() {
+        None | Some("enforce") => all_shadow,
+        Some("shadow") => true,
+        Some(other) => return Err(err(format!("mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")"))),
+    };
+    let concurrency = match r.concurrency {
+        Some(0) => return Err(err("concurrency: must be at least 1 (leave it out for no cap)".into())),
+        Some(c) => c,
+        None => 0,
+    };
+    let mut rule = Rule {
+        name: r.name.into(),
+        patterns: r.patterns,
+        limits,
+        max_wait_us,
+        warmup_us,
+        concurrency,
+        shadow,
+        policy_header: None,
+        policy_prefixes: Vec::new(),
+    };
+    rule.policy_header = crate::ratelimit::policy_header(&rule);
+    rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
+    Ok((rule, patterns))
+}
+
+fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
+    let length = match (p.seconds, p.until.as_deref()) {
+        (Some(0), None) => return Err(format!("[[penalty]] errcode {}: seconds must be at least 1", p.errcode)),
+        (Some(s), None) => PenaltyLength::Escalating { base_us: secs_us(s) },
+        (None, Some("next_minute")) => PenaltyLength::NextMinute,
+        (None, Some(other)) => {
+            return Err(format!(
+                "[[penalty]] errcode {}: until = \"{other}\" is unknown (expected \"next_minute\")",
+                p.errcode
+            ))
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!("[[penalty]] errcode {}: give seconds or until, not both", p.errcode))
+        }
+        (None, None) => return Err(format!("[[penalty]] errcode {}: needs seconds or until", p.errcode)),
+    };
+    let max_us = match p.max_seconds {
+        Some(0) => return Err(format!("[[penalty]] errcode {}: max_seconds must be at least 1", p.errcode)),
+        Some(s) => Some(secs_us(s)),
+        None => None,
+    };
+    Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
+}
+
+fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
+    if l.count == 0 {
+        return Err("count must be at least 1".into());
+    }
+    if l.count > 1_000_000_000 {
+        return Err(format!("count {} is too large (at most 1000000000)", l.count));
+    }
+    match l.per.as_str() {
+        "day" | "month" => {
+            if l.burst.is_some() {
+                return Err(format!("burst does not apply to per = \"{}\" (a calendar quota)", l.per));
+            }
+            let period = if l.per == "day" { Period::Day } else { Period::Month };
+            Ok(Limit::Calendar { count: l.count, period })
+        }
+        per => {
+            let window = parse_duration(per).map_err(|m| format!("per: {m}"))?;
+            let per_us = i64::try_from(window.as_micros()).map_err(|_| "per: too long".to_string())?;
+            if per_us < 1_000_000 {
+                return Err(format!("per = \"{per}\" is shorter than 1s"));
+            }
+            if per_us > 31 * DAY_US {
+                return Err(format!("per = \"{per}\" is longer than 31 days; use per = \"month\""));
+            }
+            let burst = l.burst.unwrap_or_else(|| WindowLimit::default_burst(l.count));
+            if burst == 0 {
+                return Err("burst must be at least 1".into());
+            }
+            if burst > l.count {
+                return Err(format!("burst {burst} exceeds count {}", l.count));
+            }
+            Ok(Limit::Window(WindowLimit::new(l.count, per_us, burst)))
+        }
+    }
+}

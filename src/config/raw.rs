@@ -1,0 +1,95 @@
+//! The file's shape, as serde reads it: every table rejects unknown keys, so
+//! a misspelled setting is an error rather than silently ignored.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    pub penalty: Option<Vec<Spanned<RawPenalty>>>,
+    #[serde(default)]
+    pub rule: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLog {
+    pub format: Option<String>,
+    pub access: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+    pub upstream_timeout: Option<String>,
+    pub upstream_ca: Option<PathBuf>,
+    pub quota_timezone: Option<String>,
+    pub max_held: Option<usize>,
+    pub shutdown_timeout: Option<String>,
+    pub header_timeout: Option<String>,
+    pub max_body: Option<String>,
+    pub admin_listen: Option<String>,
+    pub admin_token: Option<String>,
+    pub ratelimit_headers: Option<bool>,
+    pub workers: Option<usize>,
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    pub kind: Option<String>,
+    pub nodes: Option<Vec<String>>,
+    pub lease: Option<String>,
+    pub fallback: Option<String>,
+    pub instances: Option<u32>,
+    pub breaker_failures: Option<u32>,
+    pub breaker_open: Option<String>,
+    pub refusal_cache: Option<bool>,
+    pub batch: Option<bool>,
+    pub url: Option<String>,
+    pub key_prefix: Option<String>,
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPenalty {
+    pub errcode: i64,
+    pub seconds: Option<u64>,
+    pub until: Option<String>,
+    pub max_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRule {
+    pub name: String,
+    #[serde(rename = "match", default)]
+    pub patterns: Vec<String>,
+    #[serde(default)]
+    pub limits: Vec<Spanned<RawLimit>>,
+    pub max_wait: Option<String>,
+    pub warmup: Option<String>,
+    pub concurrency: Option<u32>,
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub count: u64,
+    pub per: String,
+    pub burst: Option<u64>,
+}

@@ -1,0 +1,207 @@
+//! `[server]` and `[store]`: compiled into [`Server`] and [`StoreConfig`].
+//! Errors are messages naming the table and key; [`super::compile`] adds
+//! the file.
+
+use std::time::Duration;
+
+use super::raw::{RawServer, RawStore};
+use super::units::{parse_duration, parse_offset, parse_size};
+use super::{Fallback, RedisConfig, Resilience, Server, StoreConfig};
+
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_MAX_HELD: usize = 10_000;
+/// Most serving threads (`[server] workers`).
+const MAX_WORKERS: usize = 256;
+/// WeChat media uploads go up to tens of MB (WeCom files 20 MB, OA videos
+/// 10–20 MB): 64 MiB leaves room and still stops a runaway body.
+const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `[server]`.
+pub(super) fn server(raw: RawServer) -> Result<Server, String> {
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_text
+        .parse()
+        .map_err(|_| format!("[server] listen: \"{listen_text}\" is not an address:port such as 127.0.0.1:8080"))?;
+    let upstream_text = raw.upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM);
+    let upstream = parse_upstream(upstream_text).map_err(|m| format!("[server] upstream: \"{upstream_text}\": {m}"))?;
+    let upstream_timeout = match raw.upstream_timeout.as_deref() {
+        None => DEFAULT_UPSTREAM_TIMEOUT,
+        Some(t) => parse_duration(t).map_err(|m| format!("[server] upstream_timeout: {m}"))?,
+    };
+    let quota_offset_us = match raw.quota_timezone.as_deref() {
+        None => 8 * 3_600_000_000,
+        Some(tz) => parse_offset(tz).map_err(|m| format!("[server] quota_timezone: \"{tz}\": {m}"))?,
+    };
+    if let Some(ca) = &raw.upstream_ca {
+        if !ca.is_file() {
+            return Err(format!("[server] upstream_ca: {} is not a readable file", ca.display()));
+        }
+    }
+    let max_held = raw.max_held.unwrap_or(DEFAULT_MAX_HELD);
+    let duration = |key: &str, given: &Option<String>, default: Duration| match given.as_deref() {
+        None => Ok(default),
+        Some(t) => parse_duration(t).map_err(|m| format!("[server] {key}: {m}")),
+    };
+    let shutdown_timeout = duration("shutdown_timeout", &raw.shutdown_timeout, Duration::from_secs(30))?;
+    let header_timeout = duration("header_timeout", &raw.header_timeout, Duration::from_secs(10))?;
+    if header_timeout.is_zero() {
+        return Err("[server] header_timeout: must be more than 0".into());
+    }
+    let max_body = match raw.max_body.as_deref() {
+        None => DEFAULT_MAX_BODY,
+        Some(t) => parse_size(t).map_err(|m| format!("[server] max_body: \"{t}\": {m}"))?,
+    };
+    let admin_listen = match raw.admin_listen.as_deref() {
+        Some("off") => None,
+        other => {
+            let text = other.unwrap_or(DEFAULT_ADMIN_LISTEN);
+            Some(
+                text.parse()
+                    .map_err(|_| format!("[server] admin_listen: \"{text}\" is not an address:port (or \"off\")"))?,
+            )
+        }
+    };
+    let workers = match raw.workers {
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS),
+        Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
+        Some(n) => return Err(format!("[server] workers: {n}: must be 1 to {MAX_WORKERS}")),
+    };
+    let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
+    Ok(Server {
+        listen,
+        upstream,
+        upstream_timeout,
+        upstream_ca: raw.upstream_ca,
+        quota_offset_us,
+        max_held,
+        shutdown_timeout,
+        header_timeout,
+        max_body,
+        admin_listen,
+        admin_token,
+        ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
+        workers,
+    })
+}
+
+/// `[store]`.
+pub(super) fn store(raw: RawStore) -> Result<StoreConfig, String> {
+    match raw.kind.as_deref() {
+        None | Some("memory") => {
+            for (key, given) in [
+                ("url", raw.url.is_some()),
+                ("nodes", raw.nodes.is_some()),
+                ("key_prefix", raw.key_prefix.is_some()),
+                ("timeout", raw.timeout.is_some()),
+                ("fallback", raw.fallback.is_some()),
+                ("instances", raw.instances.is_some()),
+                ("breaker_failures", raw.breaker_failures.is_some()),
+                ("breaker_open", raw.breaker_open.is_some()),
+                ("refusal_cache", raw.refusal_cache.is_some()),
+                ("batch", raw.batch.is_some()),
+            ] {
+                if given {
+                    return Err(format!("[store] {key}: only used with kind = \"redis\""));
+                }
+            }
+            Ok(StoreConfig::Memory)
+        }
+        Some(kind @ ("redis" | "redis-cluster")) => {
+            let redis_url = |u: &str| u.starts_with("redis://") || u.starts_with("rediss://");
+            let nodes = if kind == "redis-cluster" {
+                if raw.url.is_some() {
+                    return Err("[store] url: use nodes = [...] with kind = \"redis-cluster\"".into());
+                }
+                let nodes = raw.nodes.unwrap_or_default();
+                if nodes.is_empty() {
+                    return Err(
+                        "[store] nodes: kind = \"redis-cluster\" needs seed nodes such as [\"redis://10.0.0.1:6379\"]"
+                            .into(),
+                    );
+                }
+                if let Some(bad) = nodes.iter().find(|n| !redis_url(n)) {
+                    return Err(format!("[store] nodes: \"{bad}\" must start with redis:// or rediss://"));
+                }
+                nodes
+            } else {
+                if raw.nodes.is_some() {
+                    return Err("[store] nodes: only used with kind = \"redis-cluster\"".into());
+                }
+                Vec::new()
+            };
+            let url = raw
+                .url
+                .unwrap_or_else(|| nodes.first().cloned().unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned()));
+            if !(redis_url(&url) || url.starts_with("redis+unix://")) {
+                return Err("[store] url: must start with redis:// or rediss://".into());
+            }
+            let key_prefix = raw.key_prefix.unwrap_or_else(|| "wxgate".to_owned());
+            if key_prefix.is_empty() || key_prefix.contains(['{', '}', ' ']) {
+                return Err("[store] key_prefix: must be non-empty, without braces or spaces".into());
+            }
+            let timeout = match raw.timeout.as_deref() {
+                None => DEFAULT_STORE_TIMEOUT,
+                Some(t) => parse_duration(t).map_err(|m| format!("[store] timeout: {m}"))?,
+            };
+            if timeout.is_zero() {
+                return Err("[store] timeout: must be more than 0".into());
+            }
+            let password = std::env::var("WXGATE_REDIS_PASSWORD").ok().filter(|p| !p.is_empty());
+            let fallback = match raw.fallback.as_deref() {
+                None | Some("local") => Fallback::Local,
+                Some("allow") => Fallback::Allow,
+                Some("deny") => Fallback::Deny,
+                Some(other) => {
+                    return Err(format!(
+                        "[store] fallback: \"{other}\" is unknown (expected \"local\", \"allow\" or \"deny\")"
+                    ))
+                }
+            };
+            let instances = raw.instances.unwrap_or(1);
+            if instances == 0 {
+                return Err("[store] instances: must be at least 1".into());
+            }
+            let breaker_failures = raw.breaker_failures.unwrap_or(3);
+            if breaker_failures == 0 {
+                return Err("[store] breaker_failures: must be at least 1".into());
+            }
+            let breaker_open = match raw.breaker_open.as_deref() {
+                None => Duration::from_secs(1),
+                Some(t) => parse_duration(t).map_err(|m| format!("[store] breaker_open: {m}"))?,
+            };
+            if breaker_open < Duration::from_millis(10) {
+                return Err("[store] breaker_open: must be at least 10ms".into());
+            }
+            let resilience = Resilience {
+                fallback,
+                instances,
+                breaker_failures,
+                breaker_open,
+                refusal_cache: raw.refusal_cache.unwrap_or(true),
+            };
+            let batch = raw.batch.unwrap_or(true);
+            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience, batch }))
+        }
+        Some(other) => Err(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")),
+    }
+}
+
+fn parse_upstream(text: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err("must start with http:// or https://".into()),
+    }
+    if uri.authority().is_none() {
+        return Err("has no host".into());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query string".into());
+    }
+    Ok(uri)
+}

@@ -1,0 +1,72 @@
+//! Units as users write them: durations (`"500ms"`, `"1m"`), sizes
+//! (`"64MiB"`), fixed UTC offsets (`"+08:00"`, `"Asia/Shanghai"`), and the
+//! name alphabet shared by rules and accounts.
+
+use std::time::Duration;
+
+use crate::clock::Micros;
+
+/// A duration in whole microseconds, saturating.
+pub fn micros(d: Duration) -> Micros {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Seconds in microseconds, saturating.
+pub fn secs_us(s: u64) -> Micros {
+    i64::try_from(s).unwrap_or(i64::MAX / 1_000_000).saturating_mul(1_000_000)
+}
+
+/// Parses a size: `"64MiB"`, `"10MB"`, `"512KiB"`, `"1048576"` (bytes).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| "expected a size such as \"64MiB\"".to_string())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit \"{other}\" (use B, KB, KiB, MB, MiB, GB, GiB)")),
+    };
+    n.checked_mul(mult).filter(|&b| b > 0).ok_or_else(|| "must be more than 0 and fit in 64 bits".to_string())
+}
+
+/// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1h"` (humantime syntax).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("\"{text}\" is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" ({e})"))
+}
+
+/// Parses a fixed UTC offset: `+08:00`, `-05:30`, `Z`, `UTC`, `Asia/Shanghai`.
+pub fn parse_offset(text: &str) -> Result<Micros, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("z") || t.eq_ignore_ascii_case("utc") {
+        return Ok(0);
+    }
+    // WeChat's own zone, named the way people will write it. It has no DST.
+    if t == "Asia/Shanghai" || t == "Asia/Chongqing" || t == "PRC" {
+        return Ok(8 * 3_600_000_000);
+    }
+    let bad = || "expected a fixed offset such as \"+08:00\" or \"UTC\"".to_string();
+    let (sign, rest) = match t.as_bytes().first() {
+        Some(b'+') => (1, &t[1..]),
+        Some(b'-') => (-1, &t[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    let h: i64 = h.parse().map_err(|_| bad())?;
+    let m: i64 = m.parse().map_err(|_| bad())?;
+    if h > 14 || m > 59 || h < 0 || m < 0 {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3600 + m * 60) * 1_000_000)
+}
+
+/// 1–64 of `[A-Za-z0-9_-]`: rule and account names.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}

@@ -1,0 +1,276 @@
+//! The script protocol: the Lua scripts, the keys they touch, and how each
+//! operation's arguments are written and its answer read. Each script's
+//! header (`lua/*.lua`) documents its KEYS, ARGV and reply; this module is
+//! their one Rust counterpart.
+//!
+//! Keys are `<prefix>:{<account>}:<rule>`: one hash per (account, rule), with
+//! the account as hash tag so every key a call touches sits in one Redis
+//! Cluster slot.
+
+use std::collections::HashMap;
+
+use redis::Script;
+
+use crate::clock::Micros;
+use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState};
+use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
+use crate::store::StoreError;
+
+/// Each script is loaded with the shared prelude (`lua/prelude.lua`: the
+/// store clock, integer printing, calendar arithmetic) in front of it:
+/// Redis scripts cannot include one another.
+macro_rules! script {
+    ($file:literal) => {
+        concat!(include_str!("../../../lua/prelude.lua"), include_str!(concat!("../../../lua/", $file)))
+    };
+}
+
+pub const ACQUIRE_LUA: &str = script!("acquire.lua");
+pub const PENALISE_LUA: &str = script!("penalise.lua");
+pub const SUCCEEDED_LUA: &str = script!("succeeded.lua");
+pub const WARM_LUA: &str = script!("warm.lua");
+pub const SET_PENALTY_LUA: &str = script!("set_penalty.lua");
+pub const INSPECT_LUA: &str = script!("inspect.lua");
+
+/// The scripts, by operation.
+pub struct Scripts {
+    pub acquire: Script,
+    pub penalise: Script,
+    pub succeeded: Script,
+    pub warm: Script,
+    pub set_penalty: Script,
+    pub inspect: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        Scripts {
+            acquire: Script::new(ACQUIRE_LUA),
+            penalise: Script::new(PENALISE_LUA),
+            succeeded: Script::new(SUCCEEDED_LUA),
+            warm: Script::new(WARM_LUA),
+            set_penalty: Script::new(SET_PENALTY_LUA),
+            inspect: Script::new(INSPECT_LUA),
+        }
+    }
+
+    pub fn all(&self) -> [&Script; 6] {
+        [&self.acquire, &self.penalise, &self.succeeded, &self.warm, &self.set_penalty, &self.inspect]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts::new()
+    }
+}
+
+/// Key names under one prefix.
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.to_owned() }
+    }
+
+    /// `<prefix>:{<account>}:<tail>`, built without the formatting machinery
+    /// (three of these per decision).
+    fn account_key(&self, account: &str, tail: &[&str]) -> String {
+        let len = self.prefix.len() + account.len() + 4 + tail.iter().map(|t| t.len()).sum::<usize>();
+        let mut key = String::with_capacity(len);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(account);
+        key.push_str("}:");
+        for t in tail {
+            key.push_str(t);
+        }
+        key
+    }
+
+    /// `<prefix>:{<account>}:<rule>`: the state hash.
+    pub fn state(&self, account: &str, rule: &Rule) -> String {
+        self.account_key(account, &[&rule.name])
+    }
+
+    /// `<prefix>:{<account>}:<rule>:c`: concurrency slots (holder → lease expiry).
+    pub fn slots(&self, account: &str, rule: &Rule) -> String {
+        self.account_key(account, &[&rule.name, ":c"])
+    }
+
+    /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
+    pub fn warm(&self, account: &str) -> String {
+        self.account_key(account, &["#warm"])
+    }
+}
+
+/// One call's part of an acquire.lua run, taken when the call arrives and
+/// written straight into the EVALSHA command (no intermediate strings).
+pub struct Call {
+    keys: [String; 3],
+    pub offset_us: Micros,
+    /// max wait, warm-up, concurrency cap, lease, number of limits.
+    numbers: [i64; 5],
+    holder: String,
+    /// kind, field, a, b per limit (see acquire.lua).
+    limits: Vec<(&'static str, String, i64, i64)>,
+}
+
+impl Call {
+    /// `ask`'s keys and values for acquire.lua.
+    pub fn new(keys: &Keys, ask: &Ask<'_>) -> Call {
+        let (account, rule) = (ask.key.account, ask.key.rule);
+        let limits = rule
+            .limits
+            .iter()
+            .map(|limit| {
+                let label = limit.window_key().label();
+                match limit {
+                    Limit::Window(w) => ("w", label, w.interval_us, w.tolerance_us),
+                    Limit::Calendar { count, period } => (period.as_str(), label, *count as i64, 0),
+                }
+            })
+            .collect();
+        Call {
+            keys: [keys.state(account, rule), keys.warm(account), keys.slots(account, rule)],
+            offset_us: ask.key.offset_us,
+            numbers: [
+                ask.max_wait_us,
+                rule.warmup_us,
+                i64::from(rule.concurrency),
+                ask.lease_us,
+                rule.limits.len() as i64,
+            ],
+            holder: ask.holder.to_owned(),
+            limits,
+        }
+    }
+
+    /// This call's values, in acquire.lua's order.
+    fn write_args(&self, cmd: &mut redis::Cmd) {
+        let [max_wait, warmup, conc, lease, n] = self.numbers;
+        cmd.arg(max_wait).arg(warmup).arg(conc).arg(self.holder.as_str()).arg(lease).arg(n);
+        for (kind, field, a, b) in &self.limits {
+            cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b);
+        }
+    }
+}
+
+/// The EVALSHA of one acquire.lua run deciding `calls` (one account's, same
+/// offset), at `now` ("" = Redis `TIME`).
+pub fn acquire_command(script: &Script, calls: &[Call], now: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(calls.len() * 3);
+    for call in calls {
+        for key in &call.keys {
+            cmd.arg(key.as_str());
+        }
+    }
+    cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us));
+    for call in calls {
+        call.write_args(&mut cmd);
+    }
+    cmd
+}
+
+/// acquire.lua's answer: one decision per call, separated by ",".
+pub fn parse_decisions(reply: &str) -> Vec<Result<Decision, StoreError>> {
+    reply.split(',').map(parse_decision).collect()
+}
+
+/// One decision: "1 at escalated hold qi qr qt" or "0 wait reason".
+fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
+    let bad = || StoreError::BadReply { script: "acquire.lua", reply: answer.to_owned() };
+    let mut numbers = [0i64; 7];
+    let mut n = 0;
+    for word in answer.split(' ') {
+        match word.parse::<i64>() {
+            Ok(x) if n < numbers.len() => numbers[n] = x,
+            _ => return Err(bad()),
+        }
+        n += 1;
+    }
+    match &numbers[..n] {
+        [1, at, escalated, hold_us, qi, qr, qt] => Ok(Decision::Admit {
+            at: *at,
+            hold_us: *hold_us,
+            escalated: *escalated == 1,
+            quota: (*qi > 0).then(|| Quota {
+                limit: (*qi - 1) as usize,
+                remaining: (*qr).max(0) as u64,
+                reset_us: *qt,
+            }),
+        }),
+        [0, wait_us, reason] => {
+            let reason = match reason {
+                1 => Reason::Rate,
+                2 => Reason::Quota,
+                4 => Reason::Concurrency,
+                _ => Reason::Penalty,
+            };
+            Ok(Decision::Reject { wait_us: *wait_us, reason })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// penalise.lua's values after `now`: offset, kind, base, cap, sent at.
+pub fn penalise_args(
+    policy: &PenaltyPolicy,
+    offset_us: Micros,
+    sent_at: Micros,
+) -> (Micros, &'static str, Micros, Micros, Micros) {
+    let (kind, base) = match policy.length {
+        PenaltyLength::Escalating { base_us } => ("e", base_us),
+        PenaltyLength::NextMinute => ("m", 0),
+    };
+    (offset_us, kind, base, policy.max_us.unwrap_or(0), sent_at)
+}
+
+/// `{until, now}`, the answer of penalise.lua and set_penalty.lua.
+pub fn parse_until(script: &'static str, reply: &[i64]) -> Result<(Micros, Micros), StoreError> {
+    match reply {
+        [until, now] => Ok((*until, *now)),
+        other => Err(StoreError::BadReply { script, reply: format!("{other:?}") }),
+    }
+}
+
+/// inspect.lua's answer: now, the state hash's fields, the slots.
+pub type InspectReply = (i64, HashMap<String, i64>, Vec<(String, i64)>);
+
+/// The state inspect.lua read, for `rule`, in canonical form
+/// ([`RuleState::canonical`]).
+pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(String, i64)>) -> RuleState {
+    let get = |f: &str| fields.get(f).copied();
+    let mut state = RuleState::default();
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        let label = key.label();
+        match limit {
+            Limit::Window(_) => {
+                if let Some(tat) = get(&label) {
+                    state.limits.push((key, LimitState::Tat(tat)));
+                }
+            }
+            Limit::Calendar { .. } => {
+                if let Some(p) = get(&format!("{label}.p")) {
+                    let used = get(&format!("{label}.n")).unwrap_or(0).max(0) as u64;
+                    let next = get(&format!("{label}.q")).unwrap_or(0).max(0) as u64;
+                    state.limits.push((key, LimitState::Count { period_id: p, used, next }));
+                }
+            }
+        }
+    }
+    state.penalty = PenaltyState {
+        until: get("pu").unwrap_or(0),
+        started: get("ps").unwrap_or(0),
+        level: get("pl").unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+        last_len: get("pn").unwrap_or(0),
+    };
+    state.warm_start = get("ws").unwrap_or(0);
+    state.last_call = get("lc").unwrap_or(0);
+    state.holders = slots;
+    state.canonical(rule)
+}

@@ -1,0 +1,72 @@
+//! Local knowledge of refusals: once Redis has said an (account, rule)
+//! cannot admit before some moment, this instance answers further calls of
+//! it itself until then, without a round trip.
+//!
+//! Sound, because admissions only ever push the earliest admissible moment
+//! later. Entries are kept at most [`REFUSAL_CACHE_MAX_US`] (so a penalty
+//! lifted on another instance is seen soon), only for rate, quota and
+//! penalty refusals (a concurrency slot can free at any moment), and end
+//! `max_wait` early (from then on a call could be held). A reload or a
+//! penalty change through this instance's admin API drops them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::clock::Micros;
+use crate::limit::{Reason, Rule};
+
+/// Longest a refusal is answered locally.
+pub const REFUSAL_CACHE_MAX_US: Micros = 1_000_000;
+/// Shorter refusals are not kept: such an entry expires before it can save
+/// more than a few round trips, which batching already amortises, and
+/// answering some of an account's calls locally only splits its batches.
+pub const REFUSAL_CACHE_MIN_US: Micros = 1_000;
+
+/// One cache of known refusals (there is one per serving thread: a lookup
+/// per call must not contend across threads).
+#[derive(Default)]
+pub struct RefusalCache {
+    entries: Mutex<Refusals>,
+}
+
+/// rule → account → (refused until, on this instance's clock; why): looked
+/// up by `&str`, without allocating.
+type Refusals = HashMap<Arc<str>, HashMap<String, (Micros, Reason)>>;
+
+impl RefusalCache {
+    fn entries(&self) -> MutexGuard<'_, Refusals> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The refusal still standing at `now`: time left and why.
+    pub fn get(&self, account: &str, rule: &Rule, now: Micros) -> Option<(Micros, Reason)> {
+        let entries = self.entries();
+        let (until, reason) = entries.get(&rule.name)?.get(account)?;
+        (*until > now).then(|| (*until - now, *reason))
+    }
+
+    /// Remembers a refusal Redis answered at `now`.
+    pub fn put(&self, account: &str, rule: &Rule, wait_us: Micros, reason: Reason, now: Micros) {
+        let keep = wait_us - rule.max_wait_us;
+        if keep < REFUSAL_CACHE_MIN_US || matches!(reason, Reason::Concurrency) {
+            return;
+        }
+        let keep = keep.min(REFUSAL_CACHE_MAX_US);
+        let mut entries = self.entries();
+        let accounts = entries.entry(rule.name.clone()).or_default();
+        if accounts.len() >= 10_000 {
+            accounts.retain(|_, (until, _)| *until > now);
+        }
+        accounts.insert(account.to_owned(), (now + keep, reason));
+    }
+
+    pub fn forget(&self, account: &str, rule: &Rule) {
+        if let Some(accounts) = self.entries().get_mut(&rule.name) {
+            accounts.remove(account);
+        }
+    }
+
+    pub fn clear(&self) {
+        self.entries().clear();
+    }
+}
