@@ -1,6 +1,9 @@
 -- acquire.lua: decide calls of one account, atomically and in order.
--- A line-for-line port of src/limit/decide.rs (decide); the conformance tests
--- run one scenario table against both. Change them together.
+-- Computes what src/limit/decide.rs (decide) computes, in the same numbered
+-- steps and with the same integer arithmetic; only its shape differs (a
+-- batch of calls per run, each state hash read and written once). The
+-- conformance tests run one scenario table against both and compare whole
+-- decisions. Change them together. Calendar helpers: lua/prelude.lua.
 --
 -- One run decides a batch of calls (1 to 64, all of one account: its keys
 -- share a Redis Cluster slot), each exactly as if it had run alone, one after
@@ -43,59 +46,9 @@
 -- admission writes every limit and sets the key's TTL to the longest time
 -- any of its state still matters.
 
-local DAY = 86400000000
-
 local function num(s, default)
   if s == nil or s == false then return default end
   return tonumber(s) or default
-end
-
-
--- Exact floor(x / y) for integers below 2^53 (a double division alone can
--- round up across an integer boundary).
-local function idiv(x, y)
-  local q = math.floor(x / y)
-  if q * y > x then
-    q = q - 1
-  elseif (q + 1) * y <= x then
-    q = q + 1
-  end
-  return q
-end
-
-local function civil_from_days(z)
-  z = z + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local m = mp < 10 and mp + 3 or mp - 9
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
-
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = math.floor(y / 400)
-  local yoe = y - era * 400
-  local mp = (m + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
-
--- Period id and the start of the next period, for "day" or "month".
-local function period(kind, now, off)
-  local day = idiv(now + off, DAY)
-  if kind == 'day' then
-    return day, (day + 1) * DAY - off
-  end
-  local y, m = civil_from_days(day)
-  local ny, nm = y, m + 1
-  if m == 12 then ny, nm = y + 1, 1 end
-  return y * 12 + (m - 1), days_from_civil(ny, nm, 1) * DAY - off
 end
 
 local function counts(p, n, q, current)

@@ -1,5 +1,6 @@
 -- penalise.lua: WeChat answered a penalised errcode; start or escalate the
--- (account, rule)'s penalty. The same logic as src/penalty.rs (penalise).
+-- (account, rule)'s penalty. The same logic as src/penalty.rs
+-- (PenaltyState::penalise, PenaltyPolicy::until), on the prelude's calendar.
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
@@ -11,9 +12,6 @@
 --
 -- Returns {until, now}. An answer to a call admitted before the current
 -- penalty began changes nothing.
-
-local DAY = 86400000000
-local MINUTE = 60000000
 
 local key = KEYS[1]
 local now = store_now(ARGV[1])
@@ -33,11 +31,11 @@ local cap
 if max > 0 then
   cap = now + max
 else
-  cap = (math.floor((now + off) / DAY) + 1) * DAY - off
+  cap = next_midnight(now, off)
 end
 local untl
 if kind == 'm' then
-  untl = (math.floor((now + off) / MINUTE) + 1) * MINUTE - off
+  untl = next_minute(now, off)
 else
   local lvl = level
   if lvl > 40 then lvl = 40 end
