@@ -124,7 +124,8 @@ async fn redis_killed_under_load_then_restarted() {
         mock.count()
     );
     assert_eq!(t.errors, 0, "every call got an answer");
-    assert!(t.statuses.iter().all(|&s| s == 200), "local fallback admits within the (halved) limits");
+    let not_ok: Vec<u16> = t.statuses.iter().copied().filter(|&s| s != 200).collect();
+    assert!(not_ok.is_empty(), "local fallback admits within the (halved) limits; other answers: {not_ok:?}");
     assert_eq!(mock.count(), sent, "each call reached WeChat exactly once");
     assert!(t.worst <= Duration::from_millis(TIMEOUT_MS + MARGIN_MS), "a call waited {:?}", t.worst);
 }
