@@ -1,10 +1,11 @@
 //! Calendar periods (day, month, minute) in a fixed UTC offset.
 //!
 //! WeChat resets its daily quotas at midnight Beijing time (`+08:00`, no DST), so
-//! a fixed offset is all that is needed. The same arithmetic is ported line for
-//! line into `lua/acquire.lua`; the conformance tests hold the two together.
-//! Hand-written rather than taken from `chrono`/`time` because the Lua script
-//! needs the identical algorithm (Howard Hinnant's `days_from_civil`) anyway.
+//! a fixed offset is all that is needed. `lua/prelude.lua` has the same
+//! functions, step for step, for every script; the conformance tests hold the
+//! two together. Hand-written rather than taken from `chrono`/`time` because
+//! the Lua side needs the identical algorithm (Howard Hinnant's
+//! `days_from_civil`) anyway.
 
 use crate::clock::Micros;
 

@@ -1,6 +1,9 @@
 //! Every answer wxgate writes itself, in one place, WeChat-shaped:
-//! `{"errcode":N,"errmsg":"wxgate: ..."}` so SDKs that only read `errcode`
-//! still behave.
+//! `{"errcode":N,"errmsg":"wxgate: ..."}` with an HTTP status that says
+//! what happened (400, 413, 429, 502, 503, 504). An SDK that reads the body
+//! of a non-2xx answer sees a WeChat errcode; one that turns every non-2xx
+//! status into a transport error (wechatpy, WxJava's Apache backend) does
+//! not.
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
