@@ -10,7 +10,7 @@ use crate::body::RelayBody;
 use crate::clock::Micros;
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::limit::{Key, Rule};
+use crate::limit::Rule;
 use crate::metrics::{Outcome, RuleMetrics};
 use crate::upstream::UpstreamError;
 
@@ -59,12 +59,6 @@ impl Call {
             upstream_us: 0,
             held_us: 0,
         }
-    }
-
-    /// The (account, rule) whose state this call uses, once routed to a rule.
-    pub fn key(&self) -> Option<Key<'_>> {
-        let rule = self.rule.as_deref()?;
-        Some(Key { account: &self.account, rule, offset_us: self.config.server.quota_offset_us })
     }
 }
 
