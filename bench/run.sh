@@ -137,10 +137,11 @@ wait_up() { # wait_up NAME PID URL: poll with curl (10 s at most) until it answe
   tail -20 "$TMP/$1.log" >&2
   die "$1 did not answer on $3 within 10 s"
 }
-workers() { pgrep -P "$1" | tr '\n' ' '; } # nginx master pid -> its worker pids
+workers() { pgrep -P "$1" | paste -sd, -; } # nginx master pid -> its worker pids, comma-separated
 
 # --- the mock WeChat upstream and the nginx proxy -------------------------------
 
+UP_PORT='' NGX_PORT=''   # set by alloc_port
 alloc_port UP_PORT
 alloc_port NGX_PORT
 WC=$((CONNS * 4 > 1024 ? CONNS * 4 : 1024))   # worker_connections
@@ -287,13 +288,13 @@ function delay() return pace end
 EOF
 
 CLK=$(getconf CLK_TCK)
-gticks() { local p=${1#*=}; ticks ${p//,/ }; } # gticks name=pid,pid...
+gticks() { local -a p; IFS=, read -ra p <<<"${1#*=}"; ticks "${p[@]}"; } # gticks name=pid,pid...
 ticks() { # ticks PID...: total user+system CPU ticks of these processes
-  local t=0 p s
+  local t=0 p s f
   for p in "$@"; do
     s=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null) || continue
-    set -- $s
-    t=$((t + ${12} + ${13}))
+    read -ra f <<<"$s"   # f[0] is field 3 (state): utime, stime are fields 14, 15
+    t=$((t + f[11] + f[12]))
   done
   echo "$t"
 }
@@ -320,7 +321,7 @@ run_wrk() {
   : >"$TMP/$key.cpuv"
   for i in "${!names[@]}"; do
     g=${names[$i]}
-    after[$i]=$(gticks "$g")
+    after[i]=$(gticks "$g")
     pct=$(awk -v a="${before[$i]}" -v b="${after[$i]}" -v t0="$t0" -v t1="$t1" -v hz="$CLK" \
       'BEGIN { printf "%.0f", (b - a) / hz / (t1 - t0) * 100 }')
     out+="${g%%=*} $pct%, "
@@ -353,7 +354,7 @@ parse() {
 }
 fmt_us() { awk -v u="$1" 'BEGIN { if (u < 0) { s = "-"; u = -u } else s = "";
   if (u >= 1000) printf "%s%.2f ms", s, u / 1000; else printf "%s%d µs", s, u }'; }
-fmt_add() { awk -v u="$1" 'BEGIN { exit !(u >= 0) }' && echo "+$(fmt_us "$1")" || fmt_us "$1"; }
+fmt_add() { if awk -v u="$1" 'BEGIN { exit !(u >= 0) }'; then echo "+$(fmt_us "$1")"; else fmt_us "$1"; fi; }
 
 # --- targets ------------------------------------------------------------------------
 
@@ -377,8 +378,8 @@ NAMES=([1]="direct (mock upstream)" [2]="nginx proxy_pass" [3]="wxgate, memory s
        [4]="wxgate, Redis store" [5]="wxgate, Redis, batch = false (1 EVALSHA per call)"
        [6]="wxgate, Redis, rejects ~90 %" [7]="wxgate, Redis, rejects ~90 %, refusal_cache = false"
        [8]="wxgate, Redis, day quota spent" [9]="wxgate, Redis, day quota spent, refusal_cache = false")
-UPW="upstream=$(echo $UP_WORKERS | tr ' ' ,)"
-NGXW="nginx-proxy=$(echo $NGX_WORKERS | tr ' ' ,)"
+UPW="upstream=$UP_WORKERS"
+NGXW="nginx-proxy=$NGX_WORKERS"
 REDISW="redis=$REDIS_PID"
 declare -A EVALSHA
 
