@@ -28,7 +28,39 @@
 #   BENCH_THREADS      wrk threads                          (default 2)
 #   BENCH_PORT_BASE    first loopback port tried            (default 18400)
 #   BENCH_PERF=1       also record `perf` of wxgate during target 3
+#
+# Before/after a change (baseline mode):
+#   BENCH_BASELINE     a git revision (main~3, a hash, a tag) to compare the working
+#                      tree against: its wxgate is built with `cargo build --release
+#                      --locked` in a temporary git worktree (removed on exit), into
+#                      CARGO_TARGET_DIR=target/bench-baseline/<short hash> (kept: a
+#                      rerun against the same commit reuses the binary)
+#   BENCH_BASELINE_BIN an already built baseline binary instead of a build
+#                      (BENCH_BASELINE, if set too, then only names it in the report)
+#   BENCH_ROUNDS       rounds of pass 1 (default 3 with a baseline, 1 without). Each
+#                      round runs targets 1-9; each compared target is run with the
+#                      baseline and at once after it with the current binary (same
+#                      config file, port and wrk settings; Redis flushed before each
+#                      wxgate start), so baseline and current interleave.
+#   BENCH_COMPARE      the targets run with the baseline too (default "3 4 5 6 7 8 9")
+# With a baseline (or BENCH_ROUNDS > 1) the report opens with the median and the
+# min-max of requests/s and of CPU per call (wxgate, Redis) of each binary over
+# the rounds, and the ratio current/baseline; the nine-target table then shows,
+# per target, the current binary's median round (by requests/s). Pass 2 runs
+# once, with the current binary. Example:
+#   BENCH_BASELINE=main bench/run.sh    # this working tree against main, 3 rounds
 set -euo pipefail
+
+# The exact command, for the report (before anything below sets a variable).
+CMD=""
+for v in $(compgen -e | grep '^BENCH_' || true); do CMD+="$v=$(printf '%q' "${!v}") "; done
+CMD+="bench/run.sh"
+BASELINE=${BENCH_BASELINE:-}
+BASE_BIN=""
+if [ -n "${BENCH_BASELINE_BIN:-}" ]; then   # resolved before the cd below
+  BASE_BIN=$(realpath -e -- "$BENCH_BASELINE_BIN" 2>/dev/null) ||
+    { echo "bench: BENCH_BASELINE_BIN: no such file: $BENCH_BASELINE_BIN" >&2; exit 2; }
+fi
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -40,12 +72,21 @@ CONNS=${BENCH_CONNECTIONS:-64}
 THREADS=${BENCH_THREADS:-2}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 PERF=${BENCH_PERF:-0}
+if [ -n "$BASELINE$BASE_BIN" ]; then ROUNDS=${BENCH_ROUNDS:-3}; else ROUNDS=${BENCH_ROUNDS:-1}; fi
+COMPARE=" ${BENCH_COMPARE:-3 4 5 6 7 8 9} "; COMPARE=${COMPARE//,/ }
 REQ_PATH='/cgi-bin/message/template/send?access_token=BENCH'
 BODY='{"errcode":0,"errmsg":"ok"}'
 
-for v in DURATION WARMUP CONNS THREADS PORT_BASE; do
+for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
+((ROUNDS >= 1)) || { echo "bench: BENCH_ROUNDS must be at least 1" >&2; exit 2; }
+[[ $COMPARE =~ ^(\ +[3-9])*\ +$ ]] ||
+  { echo "bench: BENCH_COMPARE must list wxgate targets (3-9), got '${BENCH_COMPARE:-}'" >&2; exit 2; }
+# MULTI: pass 1 in rounds (keys r<round>_cur_<target>, r<round>_base_<target>)
+# instead of the single run of each target (keys p1_<target>).
+MULTI=0
+if [ -n "$BASELINE$BASE_BIN" ] || ((ROUNDS > 1)); then MULTI=1; fi
 ((DURATION >= 3)) || { echo "bench: BENCH_DURATION must be at least 3 (seconds)" >&2; exit 2; }
 ((CONNS >= THREADS)) || { echo "bench: BENCH_CONNECTIONS must be >= BENCH_THREADS" >&2; exit 2; }
 
@@ -87,6 +128,50 @@ cargo build --release --locked
 WXGATE=$REPO/target/release/wxgate
 [ -x "$WXGATE" ] || die "$WXGATE was not built"
 
+# --- the baseline binary (BENCH_BASELINE / BENCH_BASELINE_BIN) ------------------
+
+BASE_WT=""      # the baseline's temporary git worktree while it builds
+remove_worktree() {
+  [ -n "$BASE_WT" ] || return 0
+  git -C "$REPO" worktree remove --force "$BASE_WT" 2>/dev/null ||
+    { rm -rf "$BASE_WT"; echo "bench: git worktree remove $BASE_WT failed; deleted it (git worktree prune drops its entry)" >&2; }
+  BASE_WT=""
+}
+trap remove_worktree EXIT   # until cleanup (below) takes over
+trap 'exit 130' INT TERM
+subject() { git -C "$REPO" log -1 --format='%<(64,trunc)%s' "$1" 2>/dev/null | sed 's/ *$//'; } # its subject, cut to 64
+BASE_LABEL=""
+if [ -n "$BASE_BIN" ]; then
+  [ -x "$BASE_BIN" ] || die "BENCH_BASELINE_BIN=$BASE_BIN is not executable"
+  BASE_LABEL="${BASELINE:+$BASELINE: }binary \`$BASE_BIN\` (sha256 $(sha256sum "$BASE_BIN" | cut -c1-12))"
+elif [ -n "$BASELINE" ]; then
+  BASE_REV=$(git -C "$REPO" rev-parse --verify --quiet "$BASELINE^{commit}") ||
+    die "BENCH_BASELINE=$BASELINE is not a commit of this repository"
+  BASE_SHORT=$(git -C "$REPO" rev-parse --short "$BASE_REV")
+  BASE_DIR=$REPO/target/bench-baseline/$BASE_SHORT
+  BASE_BIN=$BASE_DIR/release/wxgate
+  stamp="$BASE_REV $(rustc -V)"
+  if [ -x "$BASE_BIN" ] && [ "$(cat "$BASE_DIR/built-from" 2>/dev/null)" = "$stamp" ]; then
+    log "baseline $BASELINE = $BASE_SHORT: reusing $BASE_BIN (built from that commit by an earlier run)"
+  else
+    BASE_WT=$(mktemp -d /tmp/wxgate-baseline.XXXXXX)
+    log "baseline $BASELINE = $BASE_SHORT: building it in a git worktree at $BASE_WT (CARGO_TARGET_DIR=$BASE_DIR)"
+    git -C "$REPO" worktree add -q --detach "$BASE_WT" "$BASE_REV" || die "git worktree add $BASE_WT $BASE_SHORT failed"
+    rm -f "$BASE_DIR/built-from"
+    (cd "$BASE_WT" && CARGO_TARGET_DIR=$BASE_DIR cargo build --release --locked) ||
+      die "building the baseline $BASE_SHORT failed (build it yourself and pass BENCH_BASELINE_BIN=<its binary>)"
+    [ -x "$BASE_BIN" ] || die "$BASE_BIN was not built"
+    echo "$stamp" >"$BASE_DIR/built-from"
+    remove_worktree
+  fi
+  BASE_LABEL="$BASE_SHORT"
+  [ "$BASELINE" = "$BASE_SHORT" ] || [ "$BASELINE" = "$BASE_REV" ] || BASE_LABEL="\`$BASELINE\` = $BASE_SHORT"
+  BASE_LABEL+=" ($(subject "$BASE_REV"))"
+fi
+if [ -n "$BASE_BIN" ] && cmp -s "$BASE_BIN" "$WXGATE"; then
+  log "note: the baseline and the current binary are identical (an A/A run: their spread is the noise)"
+fi
+
 # --- processes: started in $TMP, all stopped on exit ---------------------------
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -104,6 +189,7 @@ stop_pid() { # stop_pid PID: SIGTERM, then SIGKILL after 5 s
 cleanup() {
   local rc=$? pid
   for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  remove_worktree
   if [ "$rc" = 0 ]; then rm -rf "$TMP"; else echo "bench: failed (exit $rc); logs kept in $TMP" >&2; fi
 }
 trap cleanup EXIT
@@ -254,12 +340,23 @@ limits = $4
 EOF
   "$WXGATE" check --config "$TMP/$1.toml" >"$TMP/$1.check" 2>&1 ||
     { cat "$TMP/$1.check" >&2; die "wxgate check refused $TMP/$1.toml"; }
+  # The baseline runs the same file: a target whose config it refuses (a key
+  # it does not know yet) is measured with the current binary only.
+  if [ -n "$BASE_BIN" ]; then
+    if "$BASE_BIN" check --config "$TMP/$1.toml" >"$TMP/$1.base-check" 2>&1; then BASE_OK[$1]=1; else
+      BASE_OK[$1]=0
+      log "the baseline refuses $1.toml ($(grep . "$TMP/$1.base-check" | tail -1)): not compared"
+    fi
+  fi
 }
-start_wxgate() { # start_wxgate NAME PORT: start, wait until it answers; pid in WX_PID
+declare -A BASE_OK
+start_wxgate() { # start_wxgate NAME PORT [BINARY]: start, wait until it answers; pid in WX_PID
+  local bin=${3:-$WXGATE} log=$1
+  [ "$bin" = "$WXGATE" ] || log=$1.base
   check_free "$2"
-  WXGATE_LOG=warn start "$1" "$WXGATE" --config "$TMP/$1.toml"
+  WXGATE_LOG=warn start "$log" "$bin" --config "$TMP/$1.toml"
   WX_PID=$LAST_PID
-  wait_up "$1" "$WX_PID" "http://127.0.0.1:$2$REQ_PATH"
+  wait_up "$log" "$WX_PID" "http://127.0.0.1:$2$REQ_PATH"
 }
 
 # --- wrk runs and their parsing -----------------------------------------------------
@@ -317,15 +414,15 @@ run_wrk() {
   t0=$(date +%s.%N)
   sleep $((DURATION - 1))
   t1=$(date +%s.%N)
-  local i pct out=""
+  local i pct pct0 out=""
   : >"$TMP/$key.cpuv"
   for i in "${!names[@]}"; do
     g=${names[$i]}
     after[i]=$(gticks "$g")
-    pct=$(awk -v a="${before[$i]}" -v b="${after[$i]}" -v t0="$t0" -v t1="$t1" -v hz="$CLK" \
-      'BEGIN { printf "%.0f", (b - a) / hz / (t1 - t0) * 100 }')
-    out+="${g%%=*} $pct%, "
-    echo "${g%%=*} $pct" >>"$TMP/$key.cpuv"
+    read -r pct pct0 < <(awk -v a="${before[$i]}" -v b="${after[$i]}" -v t0="$t0" -v t1="$t1" -v hz="$CLK" \
+      'BEGIN { p = (b - a) / hz / (t1 - t0) * 100; printf "%.2f %.0f\n", p, p }')
+    out+="${g%%=*} $pct0%, "
+    echo "${g%%=*} $pct" >>"$TMP/$key.cpuv"   # unrounded: CPU per call is computed from it
   done
   echo "${out%, }" >"$TMP/$key.cpu"
   wait "$wpid" || { cat "$TMP/$key.wrk" >&2; die "wrk run for $key failed"; }
@@ -407,38 +504,84 @@ target() {
   EVALSHA[$key]=$(evalsha_calls)   # warm-up + measured run
 }
 
-# Pass 1: each target at full load.
-target p1_direct 1 "$CONNS"
-target p1_nginx 2 "$CONNS"
-start_wxgate memory "$WX_MEM_PORT"; target p1_memory 3 "$CONNS"
-if [ "$PERF" = 1 ]; then
-  # An extra, unreported run of target 3 under `perf record` (perf slows it).
+# Pass 1: each target at full load; in rounds (MULTI), with the baseline too.
+CFG=([3]=memory [4]=redis [5]=redis1 [6]=reject [7]=rejectnc [8]=spent [9]=spentnc)  # config = key name
+declare -A PORT_OF=([memory]=$WX_MEM_PORT [redis]=$WX_REDIS_PORT [redis1]=$WX_REDIS1_PORT
+  [reject]=$WX_REJECT_PORT [rejectnc]=$WX_REJECTNC_PORT [spent]=$WX_SPENT_PORT [spentnc]=$WX_SPENTNC_PORT)
+KEYS=(direct nginx memory redis redis1 reject rejectnc spent spentnc)   # targets 1-9
+# p1key WHO NAME ROUND -> the key of a pass-1 run (WHO: cur or base)
+p1key() { if ((MULTI)); then echo "r$3_$1_$2"; else echo "p1_$2"; fi; }
+# compared N: is target N run with the baseline too?
+compared() { [ -n "$BASE_BIN" ] && [[ $COMPARE == *" $1 "* ]] && [ "${BASE_OK[${CFG[$1]}]:-0}" = 1 ]; }
+
+# Targets 8 and 9: a day quota of 1, spent by the first call of the warm-up.
+SPENT='[{ count = 1, per = "day" }]'
+wxgate_config spent "$WX_SPENT_PORT" "$(redis_store bench8)" "$SPENT"
+wxgate_config spentnc "$WX_SPENTNC_PORT" "$(redis_store bench9 'refusal_cache = false')" "$SPENT"
+if [ -n "$BASE_BIN" ] && ! compared 3 && ! compared 4; then
+  cat "$TMP/memory.base-check" "$TMP/redis.base-check" >&2
+  die "the baseline compares neither target 3 nor 4 (BENCH_COMPARE, or it refused both configs: above)"
+fi
+
+# Targets 6 and 7: a limit at ~10 % of what target 4 achieved (the current
+# binary, round 1), burst 1.
+reject_configs() {
+  read -r RATE4 _ <<<"$(res "$(p1key cur redis 1)")"
+  LIMIT5=$(awk -v r="$RATE4" 'BEGIN { x = r * 0.1; c = int(x); if (c < x) c++; if (c < 1) c = 1; print c }')
+  RATE5="[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
+  wxgate_config reject "$WX_REJECT_PORT" "$(redis_store bench5)" "$RATE5"
+  wxgate_config rejectnc "$WX_REJECTNC_PORT" "$(redis_store bench5b 'refusal_cache = false')" "$RATE5"
+}
+
+perf_memory() { # an extra, unreported run of target 3 under `perf record` (perf slows it)
   log "perf: profiling wxgate (memory store) under full load"
   wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$WX_MEM_PORT$REQ_PATH" >/dev/null 2>&1 &
   PIDS+=("$!")
   perf record -q -g -F 499 -o "$TMP/perf.data" -p "$WX_PID" -- sleep $((DURATION - 1)) >"$TMP/perf.log" 2>&1 ||
     log "perf record failed: $(tail -1 "$TMP/perf.log")"
   wait "$!" || true
+}
+
+# pass1_wx N KEY [BINARY]: target N's wxgate (default: the current build) at full load
+pass1_wx() {
+  local n=$1 key=$2 bin=${3:-$WXGATE} name=${CFG[$1]}
+  # In rounds, every run starts from an empty Redis: the two binaries' Lua
+  # scripts need not agree on the state they keep, and runs stay alike.
+  if ((MULTI)); then redis-cli -p "$REDIS_PORT" flushall >/dev/null; fi
+  start_wxgate "$name" "${PORT_OF[$name]}" "$bin"
+  target "$key" "$n" "$CONNS"
+  if ((n == 3 && ROUND == 1)) && [ "$bin" = "$WXGATE" ] && [ "$PERF" = 1 ]; then perf_memory; fi
+  stop_pid "$WX_PID"
+}
+
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+  if ((MULTI)); then log "pass 1, round $ROUND of $ROUNDS${BASE_BIN:+ (each compared target: baseline, then current)}"; fi
+  target "$(p1key cur direct "$ROUND")" 1 "$CONNS"
+  target "$(p1key cur nginx "$ROUND")" 2 "$CONNS"
+  for n in 3 4 5 6 7 8 9; do
+    if ((n == 6 && ROUND == 1)); then reject_configs; fi
+    if compared "$n"; then pass1_wx "$n" "r${ROUND}_base_${CFG[$n]}" "$BASE_BIN"; fi
+    pass1_wx "$n" "$(p1key cur "${CFG[$n]}" "$ROUND")"
+  done
+done
+
+# mid_round KEYS...: the round (1-based) of the median requests/s among these runs
+# (the lower middle one for an even count)
+mid_round() {
+  local k r=0
+  for k in "$@"; do r=$((r + 1)); echo "$(awk '{ print $1 }' "$TMP/$k.parsed") $r"; done |
+    sort -g | awk '{ a[NR] = $2 } END { print a[int((NR + 1) / 2)] }'
+}
+if ((MULTI)); then
+  # The nine-target tables below show, per target, the current binary's median round.
+  declare -A MID
+  for k in "${KEYS[@]}"; do
+    runs=(); for ((r = 1; r <= ROUNDS; r++)); do runs+=("r${r}_cur_$k"); done
+    MID[$k]=$(mid_round "${runs[@]}")
+    for ext in wrk warm cpu cpuv parsed; do cp "$TMP/r${MID[$k]}_cur_$k.$ext" "$TMP/p1_$k.$ext"; done
+    EVALSHA[p1_$k]=${EVALSHA[r${MID[$k]}_cur_$k]}
+  done
 fi
-stop_pid "$WX_PID"
-start_wxgate redis "$WX_REDIS_PORT"; target p1_redis 4 "$CONNS"; stop_pid "$WX_PID"
-start_wxgate redis1 "$WX_REDIS1_PORT"; target p1_redis1 5 "$CONNS"; stop_pid "$WX_PID"
-
-# Targets 6 and 7: a limit at ~10 % of what target 4 achieved, burst 1.
-read -r RATE4 _ <<<"$(res p1_redis)"
-LIMIT5=$(awk -v r="$RATE4" 'BEGIN { x = r * 0.1; c = int(x); if (c < x) c++; if (c < 1) c = 1; print c }')
-RATE5="[{ count = $LIMIT5, per = \"1s\", burst = 1 }]"
-wxgate_config reject "$WX_REJECT_PORT" "$(redis_store bench5)" "$RATE5"
-wxgate_config rejectnc "$WX_REJECTNC_PORT" "$(redis_store bench5b 'refusal_cache = false')" "$RATE5"
-start_wxgate reject "$WX_REJECT_PORT"; target p1_reject 6 "$CONNS"; stop_pid "$WX_PID"
-start_wxgate rejectnc "$WX_REJECTNC_PORT"; target p1_rejectnc 7 "$CONNS"; stop_pid "$WX_PID"
-
-# Targets 8 and 9: a day quota of 1, spent by the first call of the warm-up.
-SPENT='[{ count = 1, per = "day" }]'
-wxgate_config spent "$WX_SPENT_PORT" "$(redis_store bench8)" "$SPENT"
-wxgate_config spentnc "$WX_SPENTNC_PORT" "$(redis_store bench9 'refusal_cache = false')" "$SPENT"
-start_wxgate spent "$WX_SPENT_PORT"; target p1_spent 8 "$CONNS"; stop_pid "$WX_PID"
-start_wxgate spentnc "$WX_SPENTNC_PORT"; target p1_spentnc 9 "$CONNS"; stop_pid "$WX_PID"
 
 # Pass 2: targets 1-5 at ~half the slowest full-load rate of 1-4.
 MINRATE=$(for k in direct nginx memory redis; do res "p1_$k"; done | awk '{ print $1 }' | sort -g | head -1)
@@ -472,12 +615,121 @@ fi
 
 # --- report -------------------------------------------------------------------------
 
+# series WHO KEY WHAT: per round (WHO: cur or base), requests/s (WHAT = rps) or
+# the CPU µs per call of the process group WHAT (wxgate, redis, nginx-proxy)
+series() {
+  local r f
+  for ((r = 1; r <= ROUNDS; r++)); do
+    f=$TMP/r${r}_$1_$2
+    [ -f "$f.parsed" ] || continue
+    if [ "$3" = rps ]; then awk '{ print $1 }' "$f.parsed"; else
+      awk -v g="$3" -v r="$(awk '{ print $1 }' "$f.parsed")" '$1 == g { printf "%.3f\n", $2 / 100 * 1e6 / r }' "$f.cpuv"
+    fi
+  done
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+summ() { # summ FMT UNIT: "median UNIT (min–max)" of the numbers on stdin; "–" for none
+  sort -g | awk -v f="$1" -v u="$2" '{ v[NR] = $1 } END { if (!NR) { printf "–"; exit }
+    printf f u, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    if (NR > 1) printf " (" f "–" f ")", v[1], v[NR] }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) printf "–"; else printf "%.2f×", a / b }'; }
+# per_round KEY WHAT: each round's current/baseline of WHAT (as for series)
+per_round() {
+  paste -d' ' <(series base "$1" "$2") <(series cur "$1" "$2") |
+    awk '$1 > 0 && $2 != "" { printf "%s%.2f", n++ ? " " : "", $2 / $1 } END { if (!n) printf "–" }'
+}
+nonok() { # nonok WHO KEY: non-2xx answers in % of all over the rounds (+ socket errors)
+  local r f
+  for ((r = 1; r <= ROUNDS; r++)); do f=$TMP/r${r}_$1_$2.parsed; if [ -f "$f" ]; then cat "$f"; fi; done |
+    awk '{ req += $4; non += $5; serr += $6 } END { if (!NR) { printf "–"; exit }
+      printf "%.1f %%", req ? 100 * non / req : 0; if (serr) printf " (+%d socket errors)", serr }'
+}
+# why_not N: why target N has no baseline runs
+why_not() {
+  if [[ $COMPARE != *" $1 "* ]]; then echo "not in BENCH_COMPARE"; else
+    echo "the baseline refuses its config: $(grep . "$TMP/${CFG[$1]}.base-check" | tail -1 | tr '|' '/')"
+  fi
+}
+
+compare_report() {
+  local n k w b c
+  if [ -n "$BASE_BIN" ]; then echo "### Baseline comparison: pass 1 in $ROUNDS rounds, interleaved"
+  else echo "### Pass 1 in $ROUNDS rounds"; fi
+  echo
+  [ -z "$BASE_BIN" ] || echo "- baseline: $BASE_LABEL"
+  echo "- current: $CURRENT_LABEL"
+  echo "- command: \`$CMD\`"
+  echo "- each run: wrk -t$THREADS -c$CONNS -d${DURATION}s after a ${WARMUP} s warm-up. Each round runs targets 1-9 in order;${BASE_BIN:+ a compared target runs with the baseline, then at once with the current binary (same config file, port and wrk settings);} Redis is flushed before each wxgate start."
+  echo "- each cell: median (min–max) over the rounds. CPU per call = the process's CPU time over the measured run / calls answered.${BASE_BIN:+ current/baseline: of the medians; per round: current/baseline in each round, a pair measured back to back.}"
+  echo
+  if [ -z "$BASE_BIN" ]; then
+    echo "| # | target | requests/s | proxy CPU per call | Redis CPU per call | non-2xx |"
+    echo "|---|---|---:|---:|---:|---:|"
+    for n in 1 2 3 4 5 6 7 8 9; do
+      k=${KEYS[$((n - 1))]}; w=wxgate; ((n == 2)) && w=nginx-proxy
+      printf '| %d | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$(series cur "$k" rps | summ %.0f '')" \
+        "$(if ((n > 1)); then series cur "$k" "$w" | summ %.1f ' µs'; else echo –; fi)" \
+        "$(if ((n >= 4)); then series cur "$k" redis | summ %.1f ' µs'; else echo –; fi)" "$(nonok cur "$k")"
+    done
+    echo
+    return
+  fi
+  echo "Requests/s:"
+  echo
+  echo "| # | target | baseline | current | current/baseline | per round | non-2xx, baseline / current |"
+  echo "|---|---|---:|---:|---:|---:|---:|"
+  for n in 3 4 5 6 7 8 9; do
+    k=${CFG[$n]}
+    if ! compared "$n"; then
+      printf '| %d | %s | %s | %s | | | – / %s |\n' "$n" "${NAMES[$n]}" "$(why_not "$n")" \
+        "$(series cur "$k" rps | summ %.0f '')" "$(nonok cur "$k")"
+      continue
+    fi
+    b=$(series base "$k" rps | median); c=$(series cur "$k" rps | median)
+    printf '| %d | %s | %s | %s | **%s** | %s | %s / %s |\n' "$n" "${NAMES[$n]}" "$(series base "$k" rps | summ %.0f '')" \
+      "$(series cur "$k" rps | summ %.0f '')" "$(ratio "$c" "$b")" "$(per_round "$k" rps)" \
+      "$(nonok base "$k")" "$(nonok cur "$k")"
+  done
+  echo
+  echo "CPU per call (µs):"
+  echo
+  echo "| # | target | wxgate, baseline | wxgate, current | current/baseline | per round | Redis, baseline | Redis, current | current/baseline |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  for n in 3 4 5 6 7 8 9; do
+    k=${CFG[$n]}
+    if ! compared "$n"; then
+      printf '| %d | %s | %s | %s | | | | %s | |\n' "$n" "${NAMES[$n]}" "$(why_not "$n")" \
+        "$(series cur "$k" wxgate | summ %.1f '')" "$(if ((n >= 4)); then series cur "$k" redis | summ %.1f ''; else echo –; fi)"
+      continue
+    fi
+    b=$(series base "$k" wxgate | median); c=$(series cur "$k" wxgate | median)
+    printf '| %d | %s | %s | %s | **%s** | %s |' "$n" "${NAMES[$n]}" "$(series base "$k" wxgate | summ %.1f '')" \
+      "$(series cur "$k" wxgate | summ %.1f '')" "$(ratio "$c" "$b")" "$(per_round "$k" wxgate)"
+    if ((n >= 4)); then
+      b=$(series base "$k" redis | median); c=$(series cur "$k" redis | median)
+      printf ' %s | %s | %s |\n' "$(series base "$k" redis | summ %.1f '')" "$(series cur "$k" redis | summ %.1f '')" "$(ratio "$c" "$b")"
+    else
+      printf ' – | – | |\n'
+    fi
+  done
+  echo
+  echo "For scale, the same rounds without wxgate: direct $(series cur direct rps | summ %.0f '') requests/s;" \
+    "nginx proxy_pass $(series cur nginx rps | summ %.0f '') requests/s at $(series cur nginx nginx-proxy | summ %.1f ' µs') CPU per call."
+  echo "Targets 6 and 7 use the limit of round 1 (below) for both binaries. A ratio within the min–max spread of either binary is noise."
+  echo
+}
+
 report() {
   local k n rps p50 p99 req non serr
   read -r NGX_RPS _ <<<"$(res p1_nginx)"
   read -r _ D50 D99 _ <<<"$(res p1_direct)"
   echo "### Pass 1: full load (wrk -t$THREADS -c$CONNS -d${DURATION}s --latency, after a ${WARMUP} s warm-up)"
   echo
+  if ((MULTI)); then
+    echo "The current binary: per target, its median round of $ROUNDS by requests/s (for targets 1-9, rounds$(for k in "${KEYS[@]}"; do printf ' %s' "${MID[$k]}"; done))."
+    echo
+  fi
   echo "| # | target | requests/s | vs nginx proxy_pass | p50 | p99 | p50 added over direct | p99 added over direct | non-2xx | proxy CPU per call | CPU (% of one core) |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
   n=0
@@ -491,7 +743,7 @@ report() {
   done
   echo
   read -r rps _ _ req non _ <<<"$(res p1_reject)"
-  echo "Targets 6 and 7: limit \`{ count = $LIMIT5, per = \"1s\", burst = 1 }\` (ceil of 10 % of target 4's $(printf %.0f "$RATE4") requests/s)."
+  echo "Targets 6 and 7: limit \`{ count = $LIMIT5, per = \"1s\", burst = 1 }\` (ceil of 10 % of target 4's $(printf %.0f "$RATE4") requests/s$( ((MULTI == 0)) || echo " in round 1"))."
   echo "**Target 6 refused (non-2xx, 429 fraction): $non of $req = $(awk -v a="$non" -v b="$req" 'BEGIN { printf "%.1f", 100 * a / b }') %**;" \
     "admitted $(awk -v a="$req" -v b="$non" -v d="$DURATION" -v l="$LIMIT5" \
       'BEGIN { printf "%.0f/s = %.0f %% of the limit", (a - b) / d, 100 * (a - b) / d / l }')" \
@@ -546,7 +798,13 @@ report() {
   echo "- wxgate wrote $w log lines at level warn during the runs."
 }
 
-TABLE=$(report)
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -n "$(git -C "$REPO" status --porcelain -- src lua Cargo.toml Cargo.lock 2>/dev/null)" ] &&
+  COMMIT+=" (with uncommitted changes in src/, lua/ or Cargo.*)"
+CURRENT_LABEL="${COMMIT%% *}"
+[ "$COMMIT" = "$CURRENT_LABEL" ] || CURRENT_LABEL+=" + uncommitted changes (in src/, lua/ or Cargo.*)"
+CURRENT_LABEL+=" ($(subject HEAD))"
+if ((MULTI)); then TABLE="$(compare_report)"$'\n\n'"$(report)"; else TABLE=$(report); fi
 echo
 echo "$TABLE"
 
@@ -554,9 +812,6 @@ echo "$TABLE"
 
 mkdir -p "$REPO/bench/results"
 OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
-COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -n "$(git -C "$REPO" status --porcelain -- src lua Cargo.toml Cargo.lock 2>/dev/null)" ] &&
-  COMMIT+=" (with uncommitted changes in src/, lua/ or Cargo.*)"
 {
   echo "# wxgate benchmark, $(date -u)"
   echo
@@ -574,6 +829,8 @@ COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "| wrk | $(wrk -v 2>&1 | head -1 | awk '{ print $1, $2 }')${WRK2:+; wrk2 $WRK2} |"
   echo "| redis-server | $(redis-server --version | head -1) |"
   echo "| wxgate | $COMMIT |"
+  [ -z "$BASE_BIN" ] || echo "| baseline | $BASE_LABEL |"
+  ((MULTI == 0)) || echo "| command | \`$CMD\` |"
   echo
   echo "$TABLE"
   echo
@@ -587,7 +844,16 @@ COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
   fi
   echo "<details><summary>raw wrk output</summary>"
   echo
-  for f in "$TMP"/p[12]_*.wrk; do
+  if ((MULTI)); then # in the order they ran
+    raw=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+      for k in "${KEYS[@]}"; do for f in "$TMP/r${r}_base_$k.wrk" "$TMP/r${r}_cur_$k.wrk"; do
+        if [ -f "$f" ]; then raw+=("$f"); fi
+      done; done
+    done
+    raw+=("$TMP"/p2_*.wrk)
+  else raw=("$TMP"/p[12]_*.wrk); fi
+  for f in "${raw[@]}"; do
     echo "#### $(basename "$f" .wrk)"
     echo
     echo '```'
