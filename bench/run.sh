@@ -51,16 +51,20 @@
 #   BENCH_BASELINE=main bench/run.sh    # this working tree against main, 3 rounds
 set -euo pipefail
 
-# The exact command, for the report (before anything below sets a variable).
-CMD=""
-for v in $(compgen -e | grep '^BENCH_' || true); do CMD+="$v=$(printf '%q' "${!v}") "; done
-CMD+="bench/run.sh"
 BASELINE=${BENCH_BASELINE:-}
 BASE_BIN=""
 if [ -n "${BENCH_BASELINE_BIN:-}" ]; then   # resolved before the cd below
   BASE_BIN=$(realpath -e -- "$BENCH_BASELINE_BIN" 2>/dev/null) ||
     { echo "bench: BENCH_BASELINE_BIN: no such file: $BENCH_BASELINE_BIN" >&2; exit 2; }
 fi
+# The exact command, for the report: the BENCH_* variables of the environment
+# (BENCH_BASELINE_BIN as an absolute path), quoted only where the shell needs it.
+shq() { if [[ $1 =~ ^[A-Za-z0-9_./@:+,=-][A-Za-z0-9_./~^@:+,=-]*$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi; }
+CMD=""
+for v in $(compgen -e | grep '^BENCH_' || true); do
+  if [ "$v" = BENCH_BASELINE_BIN ]; then CMD+="$v=$(shq "$BASE_BIN") "; else CMD+="$v=$(shq "${!v}") "; fi
+done
+CMD+="bench/run.sh"
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -654,7 +658,7 @@ why_not() {
 
 compare_report() {
   local n k w b c
-  if [ -n "$BASE_BIN" ]; then echo "### Baseline comparison: pass 1 in $ROUNDS rounds, interleaved"
+  if [ -n "$BASE_BIN" ]; then echo "### Baseline comparison: pass 1 in $ROUNDS round$( ((ROUNDS == 1)) || echo s), interleaved"
   else echo "### Pass 1 in $ROUNDS rounds"; fi
   echo
   [ -z "$BASE_BIN" ] || echo "- baseline: $BASE_LABEL"
