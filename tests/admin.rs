@@ -213,14 +213,10 @@ async fn one_json_access_log_line_per_call() {
     let req =
         |p: &str| http::Request::get(url(p)).header("x-wx-account", "wxA").body(Full::new(Bytes::new())).expect("req");
     assert_eq!(send(req("/cgi-bin/message/custom/send?access_token=SECRET")).await.status, 200);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let line = loop {
-        if let Some(l) = gate.logged().lines().find(|l| l.contains("wxgate::access")).map(str::to_owned) {
-            break l;
-        }
-        assert!(std::time::Instant::now() < deadline, "no access log line:\n{}", gate.logged());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let line = eventually_some("an access log line", std::time::Duration::from_secs(5), || {
+        gate.logged().lines().find(|l| l.contains("wxgate::access")).map(str::to_owned)
+    })
+    .await;
     let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object per line");
     assert_eq!(v["method"], "GET");
     assert_eq!(v["path"], "/cgi-bin/message/custom/send");

@@ -509,13 +509,10 @@ async fn pooled_connections_closed_by_the_upstream_are_not_reused() {
         // The previous call's connection is closed before this call starts
         // (a call racing the close could be written onto it: that one would
         // get a 502, never a resend).
-        tokio::time::timeout(GUARD, async {
-            while closed.load(std::sync::atomic::Ordering::SeqCst) < i {
-                tokio::task::yield_now().await;
-            }
+        eventually("the upstream closing the previous connection", GUARD, || {
+            closed.load(std::sync::atomic::Ordering::SeqCst) >= i
         })
-        .await
-        .expect("the upstream closed the previous connection");
+        .await;
         let a =
             tokio::time::timeout(GUARD, gate.post("/cgi-bin/message/custom/send?access_token=T", "{\"touser\":\"x\"}"))
                 .await

@@ -83,14 +83,6 @@ fn redis_count(redis: &RedisServer) -> i64 {
     reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
 }
 
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn run_phase(d: Duration) {
     tokio::time::sleep(d).await;
 }
@@ -109,7 +101,7 @@ async fn redis_killed_under_load_then_restarted() {
     run_phase(Duration::from_millis(1000)).await;
     redis.restart();
     // A fresh, empty Redis (no scripts, no state): shared decisions resume by themselves.
-    until("shared decisions after the restart", Duration::from_secs(10), || redis_count(&redis) > 0).await;
+    eventually("shared decisions after the restart", PATIENCE, || redis_count(&redis) > 0).await;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("client");
@@ -143,7 +135,7 @@ async fn redis_frozen_with_sigstop_costs_at_most_the_timeout() {
     let during = tally.lock().expect("tally").statuses.len();
     redis.resume();
     let before = redis_count(&redis);
-    until("shared decisions after SIGCONT", Duration::from_secs(10), || redis_count(&redis) > before).await;
+    eventually("shared decisions after SIGCONT", PATIENCE, || redis_count(&redis) > before).await;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("client");
@@ -202,10 +194,9 @@ async fn starts_while_redis_is_down_and_joins_it_when_it_comes() {
     let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
     assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200, "serving in fallback");
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while redis_count(&redis) == 0 {
-        assert!(Instant::now() < deadline, "never joined Redis");
+    eventually_async("joining Redis", PATIENCE, async || {
         assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        redis_count(&redis) > 0
+    })
+    .await;
 }

@@ -87,9 +87,7 @@ async fn answers_to_calls_already_in_flight_do_not_escalate() {
         let gate = gate.clone();
         calls.push(tokio::spawn(async move { gate.get(PATH).await }));
     }
-    while mock.count() < 3 {
-        tokio::task::yield_now().await;
-    }
+    eventually("the three calls reaching WeChat", PATIENCE, || mock.count() >= 3).await;
     // All three were admitted at T0. The answers come back a second later.
     gate.advance(Duration::from_secs(1));
     gate_permits.add_permits(3);

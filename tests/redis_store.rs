@@ -120,11 +120,7 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     // The first instance's call hangs at WeChat, holding the only slot.
     let addr = doomed.addr;
     let _hanging = tokio::spawn(async move { get(addr, "/cgi-bin/externalcontact/remark").await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline, "the first call never reached the mock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the first call reaching the mock", PATIENCE, || mock.count() >= 1).await;
     // Alive, it renews the lease (every lease / 3): the slot stays taken.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
@@ -133,15 +129,14 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     let killed = Instant::now();
     // Dead, its lease runs out within 1 s and the slot comes back.
     mock.respond(|_| ok_reply());
-    loop {
+    eventually_async("the dead instance's slot coming back", Duration::from_secs(5), async || {
         let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
-        if a.status == 200 {
-            break;
+        if a.status != 200 {
+            assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
         }
-        assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
-        assert!(killed.elapsed() < Duration::from_secs(5), "the dead instance's slot never came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        a.status == 200
+    })
+    .await;
     // Within the 1 s lease, plus polling and scheduling slack on a loaded machine.
     assert!(killed.elapsed() <= Duration::from_secs(3), "took {:?}", killed.elapsed());
     assert_eq!(mock.count(), 2);

@@ -6,7 +6,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 use tokio::sync::Semaphore;
@@ -33,14 +33,6 @@ fn rules(mock: &MockWeChat, day: u32, extra: &str) -> String {
              [[rule]]\nname = \"info\"\nmatch = [\"/cgi-bin/user/info\"]\nlimits = []\n"
         ),
     )
-}
-
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what} did not happen within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +62,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, &rules(&mock, 5, ""));
-    until("the reload", || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the reload", PATIENCE, || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
     // The day's count (2) carries over; the new quota is 5.
     for _ in 0..3 {
         assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 200);
@@ -78,7 +70,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, "[[rule]]\nname = \"menu\"\nlimits = [{ count = 0, per = \"day\" }\n");
-    until("the refused reload", || gate.app().reloads.failed.load(Ordering::Relaxed) >= 1).await;
+    eventually("the refused reload", PATIENCE, || gate.app().reloads.failed.load(Ordering::Relaxed) >= 1).await;
     // Still the old rules: the quota of 5 is used up, "info" still forwards.
     let a = gate.get("/cgi-bin/menu/create").await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
@@ -103,9 +95,9 @@ async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     let gate = Arc::new(Gate::start_file(&path).await);
     let g = gate.clone();
     let call = tokio::spawn(async move { g.get("/cgi-bin/menu/create").await });
-    until("the call reaching WeChat", || mock.count() == 1).await;
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() == 1).await;
     replace(&path, &rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 600\n"));
-    until("the reload", || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the reload", PATIENCE, || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
     permits.add_permits(1);
     let a = call.await.expect("call");
     assert_eq!((a.status.as_u16(), a.retry_after()), (429, 60), "penalised under the rules it started with");
@@ -142,15 +134,7 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     let ok =
         std::process::Command::new("kill").args(["-HUP", &instance.child.id().to_string()]).status().expect("kill");
     assert!(ok.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let a = get("/cgi-bin/menu/create").await;
-        if a.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "SIGHUP did not reload");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("the reload on SIGHUP", PATIENCE, async || get("/cgi-bin/menu/create").await.status == 200).await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "quota 3 now, all used");
     drop(instance);

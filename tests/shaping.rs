@@ -118,9 +118,7 @@ async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
         let g = gate.clone();
         calls.push(tokio::spawn(async move { g.get("/cgi-bin/externalcontact/remark").await }));
     }
-    while mock.in_flight().0 < 3 {
-        tokio::task::yield_now().await;
-    }
+    eventually("three calls in flight at WeChat", PATIENCE, || mock.in_flight().0 >= 3).await;
     let a = gate.get("/cgi-bin/externalcontact/remark").await;
     assert_eq!(a.status, 429);
     assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));

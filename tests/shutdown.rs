@@ -28,14 +28,8 @@ async fn call(addr: std::net::SocketAddr, path: &'static str) -> Answer {
 
 /// Waits for the process to exit; its exit code.
 async fn exit_code(instance: &mut Instance, limit: Duration) -> i32 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = instance.child.try_wait().expect("try_wait") {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "wxgate did not exit within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let status = eventually_some("wxgate exiting", limit, || instance.child.try_wait().expect("try_wait")).await;
+    status.code().unwrap_or(-1)
 }
 
 /// Whether a new connection is refused (the listener is closed).
@@ -53,17 +47,9 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
     let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "term", &[]).expect("serving");
     let addr = gate.addr;
     let in_flight = tokio::spawn(async move { call(addr, "/cgi-bin/message/template/send").await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
     signal(&gate, "-TERM");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !refuses(addr).await {
-        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("the listener closing after SIGTERM", PATIENCE, async || refuses(addr).await).await;
     assert!(gate.child.try_wait().expect("try_wait").is_none(), "waits for the call in flight");
     permits.add_permits(1);
     assert_eq!(in_flight.await.expect("call").status, 200, "the call in flight got its answer");
@@ -105,11 +91,7 @@ async fn shutdown_releases_concurrency_slots_in_redis() {
     let addr = gate.addr;
     let calls: Vec<_> =
         (0..3).map(|_| tokio::spawn(async move { call(addr, "/cgi-bin/externalcontact/remark").await })).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 3 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the calls reaching WeChat", PATIENCE, || mock.count() >= 3).await;
     assert!(redis.command("ZCARD wxgate:{default}:remark:c").contains(":3"), "three slots taken");
     signal(&gate, "-TERM");
     permits.add_permits(3);
@@ -136,11 +118,7 @@ async fn calls_still_running_at_the_deadline_are_cut_off() {
         let req = http::Request::get(format!("http://{addr}/cgi-bin/anything")).body(Default::default()).expect("req");
         client.request(req).await.map(|r| r.status())
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
     let signalled = Instant::now();
     signal(&gate, "-TERM");
     assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);

@@ -2,8 +2,12 @@
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod poll;
 pub mod process;
 pub mod redis_server;
+
+#[allow(unused_imports)]
+pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
