@@ -25,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::process::{self, Instance};
 use support::redis_server::RedisServer;
-use support::MockWeChat;
+use support::{max_in_window, MockWeChat};
 
 const COUNT: usize = 100;
 const BURST: usize = 10;
@@ -133,18 +133,6 @@ async fn run_processes(
             (a, times)
         })
         .collect()
-}
-
-fn max_in_window(times: &[Duration], w: Duration) -> usize {
-    let mut best = 0;
-    let mut lo = 0;
-    for hi in 0..times.len() {
-        while times[hi] - times[lo] >= w {
-            lo += 1;
-        }
-        best = best.max(hi - lo + 1);
-    }
-    best
 }
 
 /// No window (less the jitter tolerance) over `count`, and ≥ 95 % of what the

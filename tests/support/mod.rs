@@ -5,9 +5,12 @@
 pub mod poll;
 pub mod process;
 pub mod redis_server;
+pub mod window;
 
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
+#[allow(unused_imports)]
+pub use window::{busiest_window, max_in_window};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
