@@ -30,11 +30,6 @@ fn admin_addr(gate: &Gate) -> SocketAddr {
     gate.running.as_ref().expect("running").admin_addr.expect("admin listener")
 }
 
-/// The value of one sample line of the exposition, if present.
-fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
-}
-
 #[tokio::test]
 async fn metrics_count_what_a_scenario_did() {
     let mock = MockWeChat::start().await;

@@ -32,15 +32,6 @@ async fn gate_on(text: &str) -> wxgate::server::Running {
     wxgate::start(config, Arc::new(SystemClock)).await.expect("start on redis")
 }
 
-async fn get(addr: std::net::SocketAddr, path: &str) -> Answer {
-    send(
-        http::Request::get(format!("http://{addr}{path}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("request"),
-    )
-    .await
-}
-
 #[tokio::test]
 async fn a_penalty_seen_by_one_instance_stops_every_instance() {
     let redis = RedisServer::start();
@@ -50,10 +41,10 @@ async fn a_penalty_seen_by_one_instance_stops_every_instance() {
     let a = gate_on(&text).await;
     let b = gate_on(&text).await;
     let path = "/cgi-bin/message/template/send?access_token=T";
-    let first = get(a.addr, path).await;
+    let first = get_at(a.addr, path).await;
     assert_eq!((first.status.as_u16(), first.retry_after()), (429, 60));
     mock.respond(|_| ok_reply());
-    let other = get(b.addr, path).await;
+    let other = get_at(b.addr, path).await;
     assert_eq!(other.status, 429);
     assert_eq!(other.header("x-wxgate-reason"), Some("penalty"));
     assert!((59..=60).contains(&other.retry_after()));
@@ -65,10 +56,10 @@ async fn scripts_come_back_after_script_flush() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
     let gate = gate_on(&redis_config(&mock, &redis.url())).await;
-    assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+    assert_eq!(get_at(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
     // A Redis restart or failover loses the script cache: EVALSHA answers NOSCRIPT.
     assert!(redis.command("SCRIPT FLUSH").starts_with("+OK"));
-    assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+    assert_eq!(get_at(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
     assert_eq!(mock.count(), 2);
     let count = redis.command("HGET wxgate:{default}:tpl day.n");
     assert!(count.contains("\r\n2\r\n"), "both calls counted in Redis: {count}");
@@ -119,18 +110,18 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     let survivor = process::spawn(&config, "lease-b", &[]).expect("second instance");
     // The first instance's call hangs at WeChat, holding the only slot.
     let addr = doomed.addr;
-    let _hanging = tokio::spawn(async move { get(addr, "/cgi-bin/externalcontact/remark").await });
+    let _hanging = tokio::spawn(async move { get_at(addr, "/cgi-bin/externalcontact/remark").await });
     eventually("the first call reaching the mock", PATIENCE, || mock.count() >= 1).await;
     // Alive, it renews the lease (every lease / 3): the slot stays taken.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
+    let a = get_at(survivor.addr, "/cgi-bin/externalcontact/remark").await;
     assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"), "a live instance keeps its slot past one lease");
     doomed.kill();
     let killed = Instant::now();
     // Dead, its lease runs out within 1 s and the slot comes back.
     mock.respond(|_| ok_reply());
     eventually_async("the dead instance's slot coming back", Duration::from_secs(5), async || {
-        let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
+        let a = get_at(survivor.addr, "/cgi-bin/externalcontact/remark").await;
         if a.status != 200 {
             assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
         }
@@ -162,10 +153,10 @@ async fn known_refusals_are_answered_without_asking_redis() {
     for (cache, max_asks) in [("true", 5), ("false", 51)] {
         let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nrefusal_cache = {cache}\nkey_prefix = \"c{cache}\"\n", redis.url());
         let gate = gate_on(&config_text(&format!("http://{}", mock.addr), &format!("{store}{one_a_day}"))).await;
-        assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+        assert_eq!(get_at(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
         let before = evalsha_calls(&redis);
         for _ in 0..50 {
-            let a = get(gate.addr, "/cgi-bin/message/template/send").await;
+            let a = get_at(gate.addr, "/cgi-bin/message/template/send").await;
             assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
         }
         let asked = evalsha_calls(&redis) - before;
@@ -201,13 +192,14 @@ async fn clients_leaving_mid_decision_never_stall_the_account() {
     let path = "/cgi-bin/message/template/send?access_token=T";
     for round in 0..3 {
         redis.pause();
-        let leaving: Vec<_> =
-            (0..16).map(|_| tokio::spawn(tokio::time::timeout(Duration::from_millis(150), get(addr, path)))).collect();
+        let leaving: Vec<_> = (0..16)
+            .map(|_| tokio::spawn(tokio::time::timeout(Duration::from_millis(150), get_at(addr, path))))
+            .collect();
         for t in leaving {
             assert!(t.await.expect("task").is_err(), "round {round}: no answer while Redis is frozen");
         }
         redis.resume();
-        let calls: Vec<_> = (0..16).map(|_| tokio::spawn(get(addr, path))).collect();
+        let calls: Vec<_> = (0..16).map(|_| tokio::spawn(get_at(addr, path))).collect();
         for t in calls {
             let answer = t.await.expect("task");
             assert_eq!(answer.status, 200, "round {round}: {}", answer.text());

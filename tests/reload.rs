@@ -3,20 +3,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
 use tokio::sync::Semaphore;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wxgate-reload-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 /// Replaces the file the way editors and config maps do: write aside, rename over.
 fn replace(path: &Path, text: &str) {
@@ -38,7 +31,7 @@ fn rules(mock: &MockWeChat, day: u32, extra: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     let mock = MockWeChat::start().await;
-    let dir = temp_dir("edit");
+    let dir = TempDir::new("reload-edit");
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules(&mock, 2, "")).expect("write");
     let gate = Arc::new(Gate::start_file(&path).await);
@@ -80,7 +73,6 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     for l in load {
         assert!(l.await.expect("load task") > 0);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -89,7 +81,7 @@ async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     let permits = Arc::new(Semaphore::new(0));
     let p = permits.clone();
     mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(errcode_reply(45009)) });
-    let dir = temp_dir("inflight");
+    let dir = TempDir::new("reload-inflight");
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 60\n")).expect("write");
     let gate = Arc::new(Gate::start_file(&path).await);
@@ -101,7 +93,6 @@ async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     permits.add_permits(1);
     let a = call.await.expect("call");
     assert_eq!((a.status.as_u16(), a.retry_after()), (429, 60), "penalised under the rules it started with");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -109,7 +100,7 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     let mock = MockWeChat::start().await;
     // The watched path is a symlink into another directory: editing the
     // target raises no event where wxgate watches, so only SIGHUP reloads.
-    let dir = temp_dir("hup");
+    let dir = TempDir::new("reload-hup");
     let real_dir = dir.join("real");
     std::fs::create_dir_all(&real_dir).expect("dir");
     let real = real_dir.join("rules.toml");
@@ -117,26 +108,14 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     let link = dir.join("rules.toml");
     std::os::unix::fs::symlink(&real, &link).expect("symlink");
     let instance = support::process::spawn_path(&link, &[]).expect("serving");
-    let addr = instance.addr;
-    let get = |p: &'static str| async move {
-        send(
-            http::Request::get(format!("http://{addr}{p}"))
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .expect("req"),
-        )
-        .await
-    };
+    let get = |p| instance.get(p);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429);
     std::fs::write(&real, rules(&mock, 3, "")).expect("write");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "no event, no reload");
-    let ok =
-        std::process::Command::new("kill").args(["-HUP", &instance.child.id().to_string()]).status().expect("kill");
-    assert!(ok.success());
+    instance.signal("-HUP");
     eventually_async("the reload on SIGHUP", PATIENCE, async || get("/cgi-bin/menu/create").await.status == 200).await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "quota 3 now, all used");
-    drop(instance);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,30 +7,10 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::process::{self, Instance};
+use support::process;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::sync::Semaphore;
-
-fn signal(instance: &Instance, sig: &str) {
-    let ok = std::process::Command::new("kill").args([sig, &instance.child.id().to_string()]).status().expect("kill");
-    assert!(ok.success());
-}
-
-async fn call(addr: std::net::SocketAddr, path: &'static str) -> Answer {
-    send(
-        http::Request::get(format!("http://{addr}{path}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("req"),
-    )
-    .await
-}
-
-/// Waits for the process to exit; its exit code.
-async fn exit_code(instance: &mut Instance, limit: Duration) -> i32 {
-    let status = eventually_some("wxgate exiting", limit, || instance.child.try_wait().expect("try_wait")).await;
-    status.code().unwrap_or(-1)
-}
 
 /// Whether a new connection is refused (the listener is closed).
 async fn refuses(addr: std::net::SocketAddr) -> bool {
@@ -46,14 +26,14 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
     let rules = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\nlimits = []\n";
     let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "term", &[]).expect("serving");
     let addr = gate.addr;
-    let in_flight = tokio::spawn(async move { call(addr, "/cgi-bin/message/template/send").await });
+    let in_flight = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
     eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
-    signal(&gate, "-TERM");
+    gate.signal("-TERM");
     eventually_async("the listener closing after SIGTERM", PATIENCE, async || refuses(addr).await).await;
-    assert!(gate.child.try_wait().expect("try_wait").is_none(), "waits for the call in flight");
+    assert!(gate.is_running(), "waits for the call in flight");
     permits.add_permits(1);
     assert_eq!(in_flight.await.expect("call").status, 200, "the call in flight got its answer");
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,14 +44,14 @@ async fn sigint_lets_a_held_call_go_out_before_exiting() {
                  limits = [{ count = 2, per = \"2s\", burst = 1 }]\nmax_wait = \"5s\"\n";
     let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "int", &[]).expect("serving");
     let addr = gate.addr;
-    assert_eq!(call(addr, "/cgi-bin/message/template/send").await.status, 200);
-    let held = tokio::spawn(async move { call(addr, "/cgi-bin/message/template/send").await });
+    assert_eq!(get_at(addr, "/cgi-bin/message/template/send").await.status, 200);
+    let held = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(mock.count(), 1, "the second call is being held");
-    signal(&gate, "-INT");
+    gate.signal("-INT");
     assert_eq!(held.await.expect("held call").status, 200, "the held call went out");
     assert_eq!(mock.count(), 2);
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,15 +70,15 @@ async fn shutdown_releases_concurrency_slots_in_redis() {
         process::spawn(&config_text(&format!("http://{}", mock.addr), &rules), "slots", &[]).expect("serving");
     let addr = gate.addr;
     let calls: Vec<_> =
-        (0..3).map(|_| tokio::spawn(async move { call(addr, "/cgi-bin/externalcontact/remark").await })).collect();
+        (0..3).map(|_| tokio::spawn(async move { get_at(addr, "/cgi-bin/externalcontact/remark").await })).collect();
     eventually("the calls reaching WeChat", PATIENCE, || mock.count() >= 3).await;
     assert!(redis.command("ZCARD wxgate:{default}:remark:c").contains(":3"), "three slots taken");
-    signal(&gate, "-TERM");
+    gate.signal("-TERM");
     permits.add_permits(3);
     for c in calls {
         assert_eq!(c.await.expect("call").status, 200);
     }
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
     let left = redis.command("ZCARD wxgate:{default}:remark:c");
     assert!(left.contains(":0"), "every slot released before exit, not left to its lease: {left}");
 }
@@ -120,8 +100,8 @@ async fn calls_still_running_at_the_deadline_are_cut_off() {
     });
     eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
     let signalled = Instant::now();
-    signal(&gate, "-TERM");
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    gate.signal("-TERM");
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
     assert!(signalled.elapsed() < Duration::from_secs(5), "exited at the deadline, not when the call ended");
     assert!(hanging.await.expect("task").is_err(), "the cut-off call sees its connection close");
 }

@@ -5,10 +5,13 @@
 pub mod poll;
 pub mod process;
 pub mod redis_server;
+pub mod temp;
 pub mod window;
 
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
+#[allow(unused_imports)]
+pub use temp::TempDir;
 #[allow(unused_imports)]
 pub use window::{busiest_window, max_in_window};
 
@@ -37,6 +40,10 @@ use wxgate::server::Running;
 /// 2026-11-29 10:00:00 Beijing (02:00 UTC), in microseconds.
 pub const T0: i64 = (20_786 * 86_400 + 2 * 3600) * 1_000_000;
 pub const SEC: i64 = 1_000_000;
+
+/// Guards against hangs: an exchange, a start or a stop that needs longer
+/// than this has failed.
+pub const GUARD: Duration = Duration::from_secs(20);
 
 /// One call as the mock saw it.
 #[derive(Debug, Clone)]
@@ -362,6 +369,12 @@ impl Answer {
     }
 }
 
+/// A GET of `path` on the listener at `addr` (for calls in spawned tasks,
+/// which cannot borrow a [`Gate`] or a process).
+pub async fn get_at(addr: SocketAddr, path: &str) -> Answer {
+    send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")).await
+}
+
 pub async fn send(req: Request<Full<Bytes>>) -> Answer {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let resp = client.request(req).await.expect("wxgate answered");
@@ -387,4 +400,10 @@ pub fn tally(statuses: &[StatusCode]) -> HashMap<u16, usize> {
         *m.entry(s.as_u16()).or_default() += 1;
     }
     m
+}
+
+/// The value of one sample line of an OpenMetrics exposition (`name{labels}`
+/// exactly as exposed), if present.
+pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
 }

@@ -54,15 +54,23 @@ pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> b
 }
 
 /// Waits until `probe` gives a value, and returns it; panics naming `what` after `limit`.
-pub async fn eventually_some<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+pub async fn eventually_some<T>(what: &str, limit: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    match within(limit, probe).await {
+        Some(v) => v,
+        None => give_up(what, limit),
+    }
+}
+
+/// Waits until `probe` gives a value, for at most `limit`; `None` if it never did.
+pub async fn within<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     let mut pause = Pause::default();
     loop {
         if let Some(v) = probe() {
-            return v;
+            return Some(v);
         }
         if start.elapsed() >= limit {
-            give_up(what, limit);
+            return None;
         }
         pause.next().await;
     }
