@@ -7,10 +7,7 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 
 use support::process::{self, Instance};
 use support::*;
@@ -47,35 +44,6 @@ limits = []
 fn start(config: &str, tag: &str, filter: &str) -> Instance {
     let tag = format!("secrets-{tag}");
     process::spawn(config, &tag, &[("WXGATE_LOG", filter)]).unwrap_or_else(|log| panic!("wxgate did not start:\n{log}"))
-}
-
-/// Sends `bytes` on a fresh connection and reads until the server closes it.
-async fn exchange(addr: SocketAddr, bytes: Vec<u8>) -> String {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut rd, mut wr) = stream.into_split();
-    let writer = tokio::spawn(async move {
-        let _ = wr.write_all(&bytes).await;
-        wr
-    });
-    let mut out = Vec::new();
-    let read = tokio::time::timeout(GUARD, async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
-    drop(writer.await);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    assert!(read.is_ok(), "the server closes the connection in time: {text:?}");
-    text
-}
-
-fn status_of(response: &str) -> u16 {
-    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {response:?}"))
 }
 
 /// One call: what to send, what status to expect, and whether wxgate wrote
@@ -203,8 +171,9 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     let mut checked = 0;
     for (proc, calls) in [(&gate, on_gate), (&dead, on_dead)] {
         for call in calls {
-            let answer = exchange(proc.addr, call.request).await;
-            assert_eq!(status_of(&answer), call.status, "{}: {answer}", call.label);
+            let ex = exchange(proc.addr, &call.request).await;
+            let answer = ex.closed_text();
+            assert_eq!(ex.only().status, call.status, "{}: {answer}", call.label);
             if call.generated {
                 checked += 1;
                 let leaked = leaks(&answer);
@@ -224,11 +193,10 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
         for path in
             ["/metrics", "/v1/rules", "/v1/buckets/wx1234567890abcdef/send", "/v1/buckets/wx1234567890abcdef/punished"]
         {
-            let answer = exchange(
-                admin,
-                format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").into_bytes(),
-            )
-            .await;
+            let answer =
+                exchange(admin, format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes())
+                    .await
+                    .closed_text();
             let leaked = leaks(&answer);
             assert!(leaked.is_empty(), "admin {path} contains {leaked:?}:\n{answer}");
         }

@@ -5,7 +5,6 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
@@ -15,9 +14,6 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use support::*;
-
-/// Guards against hangs: a test that needs longer than this has failed.
-const GUARD: Duration = Duration::from_secs(20);
 
 /// A private CA and a server certificate it signed.
 struct Pki {

@@ -7,6 +7,7 @@ pub mod process;
 pub mod redis_server;
 pub mod temp;
 pub mod window;
+pub mod wire;
 
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
@@ -14,6 +15,8 @@ pub use poll::{eventually, eventually_async, eventually_some, eventually_some_as
 pub use temp::TempDir;
 #[allow(unused_imports)]
 pub use window::{busiest_window, max_in_window};
+#[allow(unused_imports)]
+pub use wire::{exchange, read_until_closed, Exchange, RawResponse};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -30,8 +33,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use wxgate::clock::ManualClock;
 use wxgate::config::Config;
@@ -381,16 +383,6 @@ pub async fn send(req: Request<Full<Bytes>>) -> Answer {
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("whole body").to_bytes();
     Answer { status: parts.status, headers: parts.headers, body }
-}
-
-/// Sends raw bytes on a fresh connection and returns everything read until
-/// the server closes it or `limit` passes.
-pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(bytes).await.expect("write");
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Counts answers by status.
