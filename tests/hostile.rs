@@ -24,9 +24,9 @@ use support::*;
 
 const SEND: &str = "/cgi-bin/message/custom/send";
 
-/// Config text for a gate in front of `mock` with extra `[server]` lines.
-fn config_with(mock: SocketAddr, server: &str, rules: &str) -> String {
-    config_text(&format!("http://{mock}"), rules).replacen("[server]\n", &format!("[server]\n{server}\n"), 1)
+/// A rule without limits on [`SEND`].
+fn send_rule() -> RuleToml {
+    rule("send").matching(SEND)
 }
 
 /// An upstream that records only calls whose request body arrived complete,
@@ -152,13 +152,15 @@ async fn invalid_header_bytes_are_400_and_never_forwarded() {
 
 // --- request bodies -----------------------------------------------------------
 
-const SMALL_BODY: &str = "max_body = \"1KiB\"";
+/// A gate in front of `upstream` that takes request bodies up to 1 KiB.
+fn small_body(upstream: SocketAddr) -> ConfigToml {
+    ConfigToml::new(&format!("http://{upstream}")).server("max_body", "1KiB")
+}
 
 #[tokio::test]
 async fn body_over_max_body_with_content_length_is_413_and_never_forwarded() {
     let mock = MockWeChat::start().await;
-    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
-    let gate = Gate::start_text(&config_with(mock.addr, SMALL_BODY, rules)).await;
+    let gate = Gate::start_text(small_body(mock.addr).with(send_rule())).await;
 
     // Exactly at the cap: forwarded whole.
     let body = "x".repeat(1024);
@@ -205,11 +207,8 @@ fn chunked(chunks: &[&[u8]]) -> Vec<u8> {
 #[tokio::test]
 async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwarded() {
     let (addr, upstream) = StrictUpstream::start().await;
-    for (label, rules) in [
-        ("ruled path", "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n"),
-        ("unruled path", ""),
-    ] {
-        let gate = Gate::start_text(&config_with(addr, SMALL_BODY, rules)).await;
+    for (label, rules) in [("ruled path", send_rule().to_string()), ("unruled path", String::new())] {
+        let gate = Gate::start_text(small_body(addr).with(rules)).await;
         let before = upstream.complete().len();
 
         // Under the cap in three chunks: forwarded whole.
@@ -241,12 +240,15 @@ async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwa
 
 // --- slow clients ---------------------------------------------------------------
 
-const SLOW: &str = "header_timeout = \"200ms\"";
+/// A gate in front of `mock` that gives a client 200 ms to send a request head.
+fn slow(mock: &MockWeChat) -> ConfigToml {
+    ConfigToml::new(&mock.url()).server("header_timeout", "200ms")
+}
 
 #[tokio::test]
 async fn client_stalling_mid_request_line_is_disconnected_without_an_answer() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    let gate = Gate::start_text(slow(&mock)).await;
     for (label, partial) in [("half a request line", &b"GET /cgi-bin/tok"[..]), ("nothing at all", &b""[..])] {
         let started = Instant::now();
         let mut s = TcpStream::connect(gate.addr).await.expect("connect");
@@ -264,7 +266,7 @@ async fn client_stalling_mid_request_line_is_disconnected_without_an_answer() {
 #[tokio::test]
 async fn client_dribbling_a_request_head_is_cut_off_at_header_timeout() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    let gate = Gate::start_text(slow(&mock)).await;
     let started = Instant::now();
     let s = TcpStream::connect(gate.addr).await.expect("connect");
     let (mut rd, mut wr) = s.into_split();
@@ -417,17 +419,7 @@ async fn ambiguous_body_framing_is_400_and_never_forwarded() {
 #[tokio::test]
 async fn path_tricks_cannot_escape_their_rule_and_are_forwarded_unchanged() {
     let mock = MockWeChat::start().await;
-    let rules = r#"
-[[rule]]
-name = "send"
-match = ["/cgi-bin/message/custom/send"]
-limits = [{ count = 1, per = "day" }]
-
-[[rule]]
-name = "token"
-match = ["/cgi-bin/token"]
-limits = []
-"#;
+    let rules = format!("{}{}", send_rule().limit(1, "day"), rule("token").matching("/cgi-bin/token"));
     let gate = Gate::start(&mock, rules).await;
     let get = |path: String| {
         let addr = gate.addr;

@@ -18,14 +18,13 @@ fn replace(path: &Path, text: &str) {
     std::fs::rename(&aside, path).expect("rename");
 }
 
-fn rules(mock: &MockWeChat, day: u32, extra: &str) -> String {
-    config_text(
-        &format!("http://{}", mock.addr),
-        &format!(
-            "{extra}\n[[rule]]\nname = \"menu\"\nmatch = [\"/cgi-bin/menu/create\"]\nlimits = [{{ count = {day}, per = \"day\" }}]\n\n\
-             [[rule]]\nname = \"info\"\nmatch = [\"/cgi-bin/user/info\"]\nlimits = []\n"
-        ),
-    )
+/// "menu" with `day` calls a day, "info" without limits; and `extra` sections.
+fn rules(mock: &MockWeChat, day: u64, extra: &str) -> String {
+    ConfigToml::new(&mock.url())
+        .with(extra)
+        .with(rule("menu").matching("/cgi-bin/menu/create").limit(day, "day"))
+        .with(rule("info").matching("/cgi-bin/user/info"))
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,12 +82,12 @@ async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(errcode_reply(45009)) });
     let dir = TempDir::new("reload-inflight");
     let path = dir.join("rules.toml");
-    std::fs::write(&path, rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 60\n")).expect("write");
+    std::fs::write(&path, rules(&mock, 100, &penalty(45009, 60))).expect("write");
     let gate = Arc::new(Gate::start_file(&path).await);
     let g = gate.clone();
     let call = tokio::spawn(async move { g.get("/cgi-bin/menu/create").await });
     eventually("the call reaching WeChat", PATIENCE, || mock.count() == 1).await;
-    replace(&path, &rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 600\n"));
+    replace(&path, &rules(&mock, 100, &penalty(45009, 600)));
     eventually("the reload", PATIENCE, || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
     permits.add_permits(1);
     let a = call.await.expect("call");

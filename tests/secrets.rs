@@ -24,22 +24,6 @@ const HEADERS: &str =
 Js-Code: SEKRIT_JS_5\r\nRefresh-Token: SEKRIT_RT_6\r\nAuthorization: Bearer SEKRIT_AT_1\r\n\
 Cookie: access_token=SEKRIT_AT_1; secret=SEKRIT_S_2\r\nX-Wx-Account: wx1234567890abcdef\r\n";
 
-const RULES: &str = r#"
-[[rule]]
-name = "send"
-match = ["/cgi-bin/message/custom/send"]
-limits = [{ count = 1, per = "day" }]
-
-[[rule]]
-name = "punished"
-match = ["/cgi-bin/punished"]
-limits = []
-
-[[rule]]
-name = "default"
-limits = []
-"#;
-
 /// The wxgate binary on `config`, logging at `filter`.
 fn start(config: &str, tag: &str, filter: &str) -> Instance {
     let tag = format!("secrets-{tag}");
@@ -100,11 +84,16 @@ fn leaks(text: &str) -> Vec<&'static str> {
     SECRETS.iter().copied().filter(|s| text.contains(s)).collect()
 }
 
+/// One call a day on "send", no limits on "punished" and the default rule.
 fn config(upstream: &str, log_format: &str) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\n\
-         upstream_timeout = \"1s\"\nmax_body = \"1KiB\"\n\n[log]\nformat = \"{log_format}\"\n{RULES}"
-    )
+    ConfigToml::new(upstream)
+        .server("upstream_timeout", "1s")
+        .server("max_body", "1KiB")
+        .with(format!("[log]\nformat = \"{log_format}\"\n"))
+        .with(rule("send").matching("/cgi-bin/message/custom/send").limit(1, "day"))
+        .with(rule("punished").matching("/cgi-bin/punished"))
+        .with(rule("default"))
+        .to_string()
 }
 
 async fn no_secrets_anywhere(filter: &str, log_format: &str) {
@@ -124,7 +113,7 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     let closed_port = closed.local_addr().expect("addr").port();
 
     let tag = format!("{}-{log_format}", filter.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    let gate = start(&config(&format!("http://{}", mock.addr), log_format), &format!("{tag}-main"), filter);
+    let gate = start(&config(&mock.url(), log_format), &format!("{tag}-main"), filter);
     let dead = start(&config(&format!("http://127.0.0.1:{closed_port}"), log_format), &format!("{tag}-dead"), filter);
 
     let send = "/cgi-bin/message/custom/send";

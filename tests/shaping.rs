@@ -12,13 +12,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-const SHAPED: &str = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 10, per = "10s", burst = 1 }]
-max_wait = "3s"
-"#;
+/// 10 per 10 s, burst 1: one call a second, held up to 3 s for its slot.
+fn shaped() -> RuleToml {
+    rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(10, "10s", 1).max_wait("3s")
+}
 const PATH: &str = "/cgi-bin/message/template/send?access_token=T";
 
 /// Lets the other tasks run for a moment: long enough for a call that should
@@ -30,7 +27,7 @@ async fn settle() {
 #[tokio::test]
 async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
     let mock = MockWeChat::start().await;
-    let gate = Arc::new(Gate::start(&mock, SHAPED).await);
+    let gate = Arc::new(Gate::start(&mock, shaped()).await);
     assert_eq!(gate.get(PATH).await.status, 200);
     // 10 per 10 s, burst 1: the next slot is 1 s away, within max_wait.
     let g = gate.clone();
@@ -55,7 +52,7 @@ async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
 #[tokio::test]
 async fn a_slot_beyond_max_wait_is_refused_at_once() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, &SHAPED.replace("max_wait = \"3s\"", "max_wait = \"500ms\"")).await;
+    let gate = Gate::start(&mock, shaped().max_wait("500ms")).await;
     assert_eq!(gate.get(PATH).await.status, 200);
     let a = gate.get(PATH).await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("rate")));
@@ -73,8 +70,7 @@ async fn a_slot_beyond_max_wait_is_refused_at_once() {
 #[tokio::test]
 async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_place() {
     let mock = MockWeChat::start().await;
-    let text = config_text(&format!("http://{}", mock.addr), SHAPED).replace("[server]\n", "[server]\nmax_held = 1\n");
-    let gate = Arc::new(Gate::start_text(&text).await);
+    let gate = Arc::new(Gate::start_text(ConfigToml::new(&mock.url()).server("max_held", 1).with(shaped())).await);
     assert_eq!(gate.get(PATH).await.status, 200);
     // A raw client whose call gets held, then goes away.
     let mut leaver = TcpStream::connect(gate.addr).await.expect("connect");
@@ -98,13 +94,10 @@ async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_plac
     assert_eq!(mock.count(), 2);
 }
 
-const CAPPED: &str = r#"
-[[rule]]
-name = "remark"
-match = ["/cgi-bin/externalcontact/remark"]
-limits = []
-concurrency = 3
-"#;
+/// No limits, three calls at WeChat at once.
+fn capped() -> RuleToml {
+    rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(3)
+}
 
 #[tokio::test]
 async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
@@ -112,7 +105,7 @@ async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
     let permits = Arc::new(Semaphore::new(0));
     let p = permits.clone();
     mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let gate = Arc::new(Gate::start_real(&mock, CAPPED).await);
+    let gate = Arc::new(Gate::start_real(&mock, capped()).await);
     let mut calls = Vec::new();
     for _ in 0..3 {
         let g = gate.clone();
@@ -137,7 +130,7 @@ async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
 async fn parallel_load_never_exceeds_the_concurrency_cap_and_waits_for_slots() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Delayed { ms: 30, then: Box::new(ok_reply()) });
-    let gate = Arc::new(Gate::start_real(&mock, &format!("{CAPPED}max_wait = \"10s\"\n")).await);
+    let gate = Arc::new(Gate::start_real(&mock, capped().max_wait("10s")).await);
     let mut calls = Vec::new();
     for _ in 0..24 {
         let g = gate.clone();
@@ -162,13 +155,7 @@ async fn a_token_refresh_through_wxgate_restarts_the_warm_up() {
             ok_reply()
         }
     });
-    let rules = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 10, per = "10s", burst = 1 }]
-warmup = "10s"
-"#;
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(10, "10s", 1).warmup("10s");
     let gate = Gate::start(&mock, rules).await;
     // Cold start, then calls through the 10 s warm-up: afterwards, one per second.
     assert_eq!(gate.get_as("appA", PATH).await.status, 200);

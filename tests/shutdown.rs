@@ -23,8 +23,8 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
     let permits = Arc::new(Semaphore::new(0));
     let p = permits.clone();
     mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let rules = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\nlimits = []\n";
-    let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "term", &[]).expect("serving");
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send");
+    let mut gate = process::spawn(&config_text(&mock.url(), rules), "term", &[]).expect("serving");
     let addr = gate.addr;
     let in_flight = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
     eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
@@ -40,9 +40,8 @@ async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
 async fn sigint_lets_a_held_call_go_out_before_exiting() {
     let mock = MockWeChat::start().await;
     // 2 per 2 s, burst 1: the second call is held about a second.
-    let rules = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
-                 limits = [{ count = 2, per = \"2s\", burst = 1 }]\nmax_wait = \"5s\"\n";
-    let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "int", &[]).expect("serving");
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(2, "2s", 1).max_wait("5s");
+    let mut gate = process::spawn(&config_text(&mock.url(), rules), "int", &[]).expect("serving");
     let addr = gate.addr;
     assert_eq!(get_at(addr, "/cgi-bin/message/template/send").await.status, 200);
     let held = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
@@ -61,13 +60,10 @@ async fn shutdown_releases_concurrency_slots_in_redis() {
     let permits = Arc::new(Semaphore::new(0));
     let p = permits.clone();
     mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let rules = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\n[[rule]]\nname = \"remark\"\n\
-         match = [\"/cgi-bin/externalcontact/remark\"]\nlimits = []\nconcurrency = 5\n",
-        redis.url()
-    );
-    let mut gate =
-        process::spawn(&config_text(&format!("http://{}", mock.addr), &rules), "slots", &[]).expect("serving");
+    let store = StoreToml::redis(&redis.url());
+    let remark = rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(5);
+    let config = ConfigToml::new(&mock.url()).with(store).with(remark).to_string();
+    let mut gate = process::spawn(&config, "slots", &[]).expect("serving");
     let addr = gate.addr;
     let calls: Vec<_> =
         (0..3).map(|_| tokio::spawn(async move { get_at(addr, "/cgi-bin/externalcontact/remark").await })).collect();
@@ -87,9 +83,8 @@ async fn shutdown_releases_concurrency_slots_in_redis() {
 async fn calls_still_running_at_the_deadline_are_cut_off() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Hang);
-    let text = config_text(&format!("http://{}", mock.addr), "")
-        .replace("[server]\n", "[server]\nshutdown_timeout = \"300ms\"\n")
-        .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"60s\"");
+    let text =
+        ConfigToml::new(&mock.url()).server("shutdown_timeout", "300ms").server("upstream_timeout", "60s").to_string();
     let mut gate = process::spawn(&text, "deadline", &[]).expect("serving");
     let addr = gate.addr;
     let hanging = tokio::spawn(async move {

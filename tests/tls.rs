@@ -76,12 +76,13 @@ async fn start_tls_mock(pki: &Pki) -> MockWeChat {
     mock
 }
 
-/// Config text for a gate in front of `https://localhost:{port}`, trusting `ca` if given.
-fn tls_config(port: u16, ca: Option<&Path>) -> String {
-    let ca_line = ca.map(|f| format!("upstream_ca = '{}'\n", f.display())).unwrap_or_default();
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"https://localhost:{port}\"\nupstream_timeout = \"10s\"\n{ca_line}"
-    )
+/// Config for a gate in front of `https://localhost:{port}`, trusting `ca` if given.
+fn tls_config(port: u16, ca: Option<&Path>) -> ConfigToml {
+    let config = ConfigToml::new(&format!("https://localhost:{port}")).server("upstream_timeout", "10s");
+    match ca {
+        Some(ca) => config.server("upstream_ca", ca.to_str().expect("utf-8 path")),
+        None => config,
+    }
 }
 
 #[tokio::test]
@@ -90,7 +91,7 @@ async fn upstream_with_a_certificate_from_upstream_ca_is_trusted() {
     let mock = start_tls_mock(&pki).await;
     let dir = TempDir::new("tls");
     let ca = dir.write("ca.pem", &pki.ca_pem);
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+    let gate = Gate::start_text(tls_config(mock.addr.port(), Some(&ca))).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential&appid=A"))
         .await
@@ -111,7 +112,7 @@ async fn upstream_with_a_certificate_from_upstream_ca_is_trusted() {
 async fn upstream_with_an_untrusted_certificate_is_502_and_never_called() {
     let pki = pki(&["localhost", "127.0.0.1"]);
     let mock = start_tls_mock(&pki).await;
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), None)).await;
+    let gate = Gate::start_text(tls_config(mock.addr.port(), None)).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
         .await
@@ -132,7 +133,7 @@ async fn trusted_ca_does_not_excuse_a_certificate_for_another_name() {
     let mock = start_tls_mock(&pki).await;
     let dir = TempDir::new("tls");
     let ca = dir.write("ca.pem", &pki.ca_pem);
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+    let gate = Gate::start_text(tls_config(mock.addr.port(), Some(&ca))).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
         .await

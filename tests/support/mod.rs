@@ -2,6 +2,7 @@
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod config;
 pub mod poll;
 pub mod process;
 pub mod redis_server;
@@ -9,6 +10,8 @@ pub mod temp;
 pub mod window;
 pub mod wire;
 
+#[allow(unused_imports)]
+pub use config::{penalty, rule, ConfigToml, RuleToml, StoreToml};
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
 #[allow(unused_imports)]
@@ -20,6 +23,7 @@ pub use wire::{exchange, read_until_closed, Exchange, RawResponse};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -121,6 +125,11 @@ impl Drop for InFlight {
 }
 
 impl MockWeChat {
+    /// The mock as an upstream base URL, `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     pub async fn start() -> MockWeChat {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
         let mock = MockWeChat {
@@ -282,18 +291,21 @@ pub struct Gate {
     pub running: Option<Running>,
 }
 
-/// Config text for a gate in front of `upstream` (an `http://host:port` base).
-pub fn config_text(upstream: &str, rules: &str) -> String {
-    format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\nupstream_timeout = \"2s\"\n\n{rules}\n")
+/// Config text for a gate in front of `upstream` (an `http://host:port` base)
+/// with these sections (rules, a store, penalties): [`ConfigToml`]'s defaults.
+pub fn config_text(upstream: &str, sections: impl Display) -> String {
+    ConfigToml::new(upstream).with(sections).to_string()
 }
 
 impl Gate {
-    pub async fn start(mock: &MockWeChat, rules: &str) -> Gate {
-        Gate::start_text(&config_text(&format!("http://{}", mock.addr), rules)).await
+    /// A gate in front of `mock` with these sections (rules, a store, penalties).
+    pub async fn start(mock: &MockWeChat, sections: impl Display) -> Gate {
+        Gate::start_text(config_text(&mock.url(), sections)).await
     }
 
-    pub async fn start_text(text: &str) -> Gate {
-        let config = Config::parse(text, Path::new("test.toml")).expect("test config");
+    /// A gate on this whole config text (or [`ConfigToml`]).
+    pub async fn start_text(text: impl Display) -> Gate {
+        let config = Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config");
         let clock = ManualClock::new(T0);
         let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
         Gate { addr: running.addr, clock, running: Some(running) }
@@ -312,13 +324,22 @@ impl Gate {
         &self.running.as_ref().expect("running").app
     }
 
-    /// A gate on the system clock, for tests of real concurrency (its
-    /// `clock` field is unused).
-    pub async fn start_real(mock: &MockWeChat, rules: &str) -> Gate {
-        let text = config_text(&format!("http://{}", mock.addr), rules);
-        let config = Config::parse(&text, Path::new("test.toml")).expect("test config");
+    /// A gate on the system clock, for tests of real concurrency and of
+    /// Redis (its `clock` field is unused).
+    pub async fn start_real(mock: &MockWeChat, sections: impl Display) -> Gate {
+        Gate::start_real_text(config_text(&mock.url(), sections)).await
+    }
+
+    /// Like [`Gate::start_real`], on a whole config text (or [`ConfigToml`]).
+    pub async fn start_real_text(text: impl Display) -> Gate {
+        let config = Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config");
         let running = wxgate::start(config, Arc::new(wxgate::clock::SystemClock)).await.expect("start wxgate");
         Gate { addr: running.addr, clock: ManualClock::new(T0), running: Some(running) }
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.running.as_ref().expect("running").admin_addr.expect("admin listener")
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -98,6 +98,19 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// How many times Redis has run command `name` (lower case, e.g.
+    /// "evalsha"), from `INFO commandstats`.
+    pub fn command_calls(&self, name: &str) -> u64 {
+        let stats = self.command("INFO commandstats");
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Runs one command with redis-cli semantics over a raw socket (RESP inline).
     pub fn command(&self, line: &str) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect redis");
@@ -184,12 +197,6 @@ impl RedisCluster {
     /// Seed node URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
-    }
-
-    /// `[store]` TOML for wxgate on this cluster.
-    pub fn store_toml(&self) -> String {
-        let nodes: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
-        format!("[store]\nkind = \"redis-cluster\"\nnodes = [{}]\ntimeout = \"1s\"\n", nodes.join(", "))
     }
 
     /// The port of the master that holds `key`.
