@@ -93,9 +93,10 @@ fn redis_count(redis: &RedisServer) -> i64 {
     reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
 }
 
-async fn run_phase(d: Duration) {
-    tokio::time::sleep(d).await;
-}
+/// How long Redis stays down (killed or frozen) while the load runs: the
+/// outage is the scenario (five times the breaker's 200 ms open period), not
+/// a wait for something to happen.
+const OUTAGE: Duration = Duration::from_millis(1000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_then_restarted() {
@@ -105,10 +106,9 @@ async fn redis_killed_under_load_then_restarted() {
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let clients = load(gate.addr, stop.clone(), tally.clone());
-    run_phase(Duration::from_millis(300)).await;
-    assert!(redis_count(&redis) > 0, "shared decisions before the outage");
+    eventually("shared decisions before the outage", PATIENCE, || redis_count(&redis) > 0).await;
     redis.stop();
-    run_phase(Duration::from_millis(1000)).await;
+    tokio::time::sleep(OUTAGE).await;
     redis.restart();
     // A fresh, empty Redis (no scripts, no state): shared decisions resume by themselves.
     eventually("shared decisions after the restart", PATIENCE, || redis_count(&redis) > 0).await;
@@ -139,9 +139,9 @@ async fn redis_frozen_with_sigstop_costs_at_most_the_timeout() {
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let clients = load(gate.addr, stop.clone(), tally.clone());
-    run_phase(Duration::from_millis(300)).await;
+    eventually("shared decisions before the freeze", PATIENCE, || redis_count(&redis) > 0).await;
     redis.pause();
-    run_phase(Duration::from_millis(1000)).await;
+    tokio::time::sleep(OUTAGE).await;
     let during = tally.lock().expect("tally").statuses.len();
     redis.resume();
     let before = redis_count(&redis);

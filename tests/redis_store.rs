@@ -94,10 +94,14 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     let survivor = process::spawn(&config, "lease-b", &[]).expect("second instance");
     // The first instance's call hangs at WeChat, holding the only slot.
     let addr = doomed.addr;
-    let _hanging = tokio::spawn(async move { get_at(addr, "/cgi-bin/externalcontact/remark").await });
+    // (Over a raw socket: its connection breaks when the instance is killed.)
+    let _hanging = tokio::spawn(exchange(addr, b"GET /cgi-bin/externalcontact/remark HTTP/1.1\r\nHost: x\r\n\r\n"));
     eventually("the first call reaching the mock", PATIENCE, || mock.count() >= 1).await;
-    // Alive, it renews the lease (every lease / 3): the slot stays taken.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Alive, it renews the lease (every lease / 3): the slot stays taken
+    // after the lease it was first given has run out.
+    let first = slot_expiry(&redis);
+    eventually("the first lease running out, renewed", PATIENCE, || unix_us() > first && slot_expiry(&redis) > first)
+        .await;
     let a = survivor.get("/cgi-bin/externalcontact/remark").await;
     assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"), "a live instance keeps its slot past one lease");
     doomed.kill();
@@ -115,6 +119,21 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     // Within the 1 s lease, plus polling and scheduling slack on a loaded machine.
     assert!(killed.elapsed() <= Duration::from_secs(3), "took {:?}", killed.elapsed());
     assert_eq!(mock.count(), 2);
+}
+
+/// When the one concurrency slot of rule "remark" expires unless renewed
+/// (µs since the Unix epoch, from Redis).
+fn slot_expiry(redis: &RedisServer) -> f64 {
+    let reply = redis.command("ZRANGE wxgate:{default}:remark:c 0 -1 WITHSCORES");
+    // *2, $len, holder, $len, score
+    let lines: Vec<&str> = reply.lines().collect();
+    assert_eq!((lines.len(), lines.first().copied()), (5, Some("*2")), "one slot: {reply:?}");
+    lines[4].parse().unwrap_or_else(|_| panic!("a score: {reply:?}"))
+}
+
+/// Now, in µs since the Unix epoch (the clock Redis and wxgate read too).
+fn unix_us() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_micros() as f64
 }
 
 /// Calls to EVALSHA Redis has answered so far.

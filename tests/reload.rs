@@ -6,7 +6,6 @@ mod support;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use support::*;
 use tokio::sync::Semaphore;
@@ -111,7 +110,7 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429);
     std::fs::write(&real, rules(&mock, 3, "")).expect("write");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::poll::unseen_edit_grace().await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "no event, no reload");
     instance.signal("-HUP");
     eventually_async("the reload on SIGHUP", PATIENCE, async || get("/cgi-bin/menu/create").await.status == 200).await;

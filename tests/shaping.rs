@@ -18,10 +18,9 @@ fn shaped() -> RuleToml {
 }
 const PATH: &str = "/cgi-bin/message/template/send?access_token=T";
 
-/// Lets the other tasks run for a moment: long enough for a call that should
-/// NOT have been forwarded to have shown up at the mock if it wrongly was.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(100)).await;
+/// Calls held for their slot on rule "tpl" (account "default").
+fn held_now(gate: &Gate) -> u32 {
+    gate.held("default", "tpl")
 }
 
 #[tokio::test]
@@ -34,10 +33,11 @@ async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
     let held = tokio::spawn(async move { g.get(PATH).await });
     let g = gate.clone();
     let held_later = tokio::spawn(async move { g.get(PATH).await });
-    settle().await;
+    eventually("both calls held", PATIENCE, || held_now(&gate) == 2).await;
     assert_eq!(mock.count(), 1, "held, not forwarded yet");
     gate.advance(Duration::from_millis(999));
-    settle().await;
+    gate.settle().await;
+    assert_eq!(held_now(&gate), 2, "a millisecond early: both still held");
     assert_eq!(mock.count(), 1, "a millisecond early is still early");
     gate.advance(Duration::from_millis(1));
     let a = held.await.expect("held call");
@@ -61,10 +61,10 @@ async fn a_slot_beyond_max_wait_is_refused_at_once() {
     gate.advance(Duration::from_millis(600));
     let g = Arc::new(gate);
     let g2 = g.clone();
-    let held = tokio::spawn(async move { g2.get(PATH).await });
-    settle().await;
+    let held_call = tokio::spawn(async move { g2.get(PATH).await });
+    eventually("the call held", PATIENCE, || held_now(&g) == 1).await;
     g.advance(Duration::from_millis(400));
-    assert_eq!(held.await.expect("held").status, 200);
+    assert_eq!(held_call.await.expect("held").status, 200);
 }
 
 #[tokio::test]
@@ -75,22 +75,25 @@ async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_plac
     // A raw client whose call gets held, then goes away.
     let mut leaver = TcpStream::connect(gate.addr).await.expect("connect");
     leaver.write_all(format!("GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
-    settle().await;
+    eventually("the leaver's call held", PATIENCE, || held_now(&gate) == 1).await;
+    assert_eq!(gate.held_places(), 1);
     // The one place for a held call is taken: a call that would wait is refused.
     let a = gate.get(PATH).await;
     assert_eq!(a.status, 429, "max_held = 1 is in use by the held call");
     drop(leaver);
-    settle().await;
+    eventually("the leaver's place freed", PATIENCE, || gate.held_places() == 0).await;
+    assert_eq!(held_now(&gate), 0);
     // Its place is free again: this call is held (for the slot after the
     // abandoned one, which stays used) and goes when its time comes.
     let g = gate.clone();
-    let held = tokio::spawn(async move { g.get(PATH).await });
-    settle().await;
+    let held_call = tokio::spawn(async move { g.get(PATH).await });
+    eventually("the next call held", PATIENCE, || held_now(&gate) == 1).await;
     gate.advance(Duration::from_millis(1000));
-    settle().await;
+    gate.settle().await;
+    assert_eq!(held_now(&gate), 1, "still held: its slot is the one after the abandoned call's");
     assert_eq!(mock.count(), 1, "the abandoned call was never sent, and its slot was not reused");
     gate.advance(Duration::from_millis(1000));
-    assert_eq!(held.await.expect("held").status, 200);
+    assert_eq!(held_call.await.expect("held").status, 200);
     assert_eq!(mock.count(), 2);
 }
 

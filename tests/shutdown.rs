@@ -45,7 +45,7 @@ async fn sigint_lets_a_held_call_go_out_before_exiting() {
     let addr = gate.addr;
     assert_eq!(get_at(addr, "/cgi-bin/message/template/send").await.status, 200);
     let held = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually_async("the second call held", PATIENCE, async || gate.metric("wxgate_held").await == Some(1.0)).await;
     assert_eq!(mock.count(), 1, "the second call is being held");
     gate.signal("-INT");
     assert_eq!(held.await.expect("held call").status, 200, "the held call went out");

@@ -342,6 +342,38 @@ impl Gate {
         self.running.as_ref().expect("running").admin_addr.expect("admin listener")
     }
 
+    /// Calls of `account` on `rule` being held for their reserved slot right
+    /// now (wxgate's own count: `App::activity`).
+    pub fn held(&self, account: &str, rule: &str) -> u32 {
+        self.app().activity.get(account, &Arc::from(rule)).0
+    }
+
+    /// Places taken among this instance's held calls, `[server] max_held`
+    /// (`App::held`): a call on a rule with `max_wait` takes one while it is
+    /// decided and held, and gives it back when it goes or its client leaves.
+    pub fn held_places(&self) -> usize {
+        self.app().held.count()
+    }
+
+    /// Reloads applied and refused so far (`App::reloads`).
+    pub fn reloads(&self) -> (u64, u64) {
+        let r = &self.app().reloads;
+        (r.ok.load(Ordering::Relaxed), r.failed.load(Ordering::Relaxed))
+    }
+
+    /// Returns once wxgate has acted on what was already ready to run when it
+    /// was called: held calls that a clock step woke (each looks at the clock
+    /// again and either goes or keeps waiting), a connection a client closed.
+    /// It is a round trip to the admin listener's `/healthz`: a `Gate` serves
+    /// on the test's runtime, and on the current-thread runtime of
+    /// `#[tokio::test]` every task already queued runs before that request
+    /// even connects. So "X did not happen" is checked after wxgate had its
+    /// turn to do X, not after a guessed sleep.
+    pub async fn settle(&self) {
+        let a = get_at(self.admin_addr(), "/healthz").await;
+        assert_eq!(a.status, 200, "admin /healthz: {}", a.text());
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

@@ -90,8 +90,13 @@ impl RedisServer {
         s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
     }
 
-    fn resume_quietly(&self) {
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+    /// SIGCONT in case the server was paused; nothing if it has exited and
+    /// been reaped already (its pid may belong to another process by now).
+    fn resume_quietly(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).stderr(Stdio::null()).status();
     }
 
     pub fn url(&self) -> String {
