@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
-use tokio::sync::Semaphore;
 
 /// Five calls a day.
 fn tpl() -> RuleToml {
@@ -76,9 +75,7 @@ async fn repeated_penalties_double_up_to_midnight_and_a_success_resets() {
 #[tokio::test]
 async fn answers_to_calls_already_in_flight_do_not_escalate() {
     let mock = MockWeChat::start().await;
-    let gate_permits = Arc::new(Semaphore::new(0));
-    let g = gate_permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: g.clone(), then: Box::new(errcode_reply(45009)) });
+    let gate_permits = mock.hold_replies(errcode_reply(45009));
     let gate = Arc::new(Gate::start(&mock, tpl()).await);
     let mut calls = Vec::new();
     for _ in 0..3 {

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use support::*;
-use tokio::sync::Semaphore;
 
 /// Replaces the file the way editors and config maps do: write aside, rename over.
 fn replace(path: &Path, text: &str) {
@@ -53,7 +52,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, &rules(&mock, 5, ""));
-    eventually("the reload", PATIENCE, || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
     // The day's count (2) carries over; the new quota is 5.
     for _ in 0..3 {
         assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 200);
@@ -61,7 +60,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, "[[rule]]\nname = \"menu\"\nlimits = [{ count = 0, per = \"day\" }\n");
-    eventually("the refused reload", PATIENCE, || gate.app().reloads.failed.load(Ordering::Relaxed) >= 1).await;
+    eventually("the refused reload", PATIENCE, || gate.reloads().1 >= 1).await;
     // Still the old rules: the quota of 5 is used up, "info" still forwards.
     let a = gate.get("/cgi-bin/menu/create").await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
@@ -76,9 +75,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
 #[tokio::test]
 async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(errcode_reply(45009)) });
+    let permits = mock.hold_replies(errcode_reply(45009));
     let dir = TempDir::new("reload-inflight");
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules(&mock, 100, &penalty(45009, 60))).expect("write");
@@ -87,7 +84,7 @@ async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     let call = tokio::spawn(async move { g.get("/cgi-bin/menu/create").await });
     eventually("the call reaching WeChat", PATIENCE, || mock.count() == 1).await;
     replace(&path, &rules(&mock, 100, &penalty(45009, 600)));
-    eventually("the reload", PATIENCE, || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
     permits.add_permits(1);
     let a = call.await.expect("call");
     assert_eq!((a.status.as_u16(), a.retry_after()), (429, 60), "penalised under the rules it started with");

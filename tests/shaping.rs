@@ -10,7 +10,6 @@ use std::time::Duration;
 use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 
 /// 10 per 10 s, burst 1: one call a second, held up to 3 s for its slot.
 fn shaped() -> RuleToml {
@@ -105,9 +104,7 @@ fn capped() -> RuleToml {
 #[tokio::test]
 async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
+    let permits = mock.hold_replies(ok_reply());
     let gate = Arc::new(Gate::start_real(&mock, capped()).await);
     let mut calls = Vec::new();
     for _ in 0..3 {

@@ -4,13 +4,11 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::process;
 use support::redis_server::RedisServer;
 use support::*;
-use tokio::sync::Semaphore;
 
 /// Whether a new connection is refused (the listener is closed).
 async fn refuses(addr: std::net::SocketAddr) -> bool {
@@ -20,9 +18,7 @@ async fn refuses(addr: std::net::SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
+    let permits = mock.hold_replies(ok_reply());
     let rules = rule("tpl").matching("/cgi-bin/message/template/send");
     let mut gate = process::spawn(&config_text(&mock.url(), rules), "term", &[]).expect("serving");
     let addr = gate.addr;
@@ -57,9 +53,7 @@ async fn sigint_lets_a_held_call_go_out_before_exiting() {
 async fn shutdown_releases_concurrency_slots_in_redis() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
+    let permits = mock.hold_replies(ok_reply());
     let store = StoreToml::redis(&redis.url());
     let remark = rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(5);
     let config = ConfigToml::new(&mock.url()).with(store).with(remark).to_string();

@@ -168,6 +168,15 @@ impl MockWeChat {
         *self.responder.lock().expect("responder") = Arc::new(f);
     }
 
+    /// From now on every call waits at the mock until the test adds a permit
+    /// to the returned semaphore (one per call), then gets `then`.
+    pub fn hold_replies(&self, then: Reply) -> Arc<tokio::sync::Semaphore> {
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        let p = permits.clone();
+        self.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(then.clone()) });
+        permits
+    }
+
     pub fn calls(&self) -> Vec<Recorded> {
         self.calls.lock().expect("calls").clone()
     }
@@ -297,6 +306,10 @@ pub fn config_text(upstream: &str, sections: impl Display) -> String {
     ConfigToml::new(upstream).with(sections).to_string()
 }
 
+fn parse(text: impl Display) -> Config {
+    Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config")
+}
+
 impl Gate {
     /// A gate in front of `mock` with these sections (rules, a store, penalties).
     pub async fn start(mock: &MockWeChat, sections: impl Display) -> Gate {
@@ -305,23 +318,12 @@ impl Gate {
 
     /// A gate on this whole config text (or [`ConfigToml`]).
     pub async fn start_text(text: impl Display) -> Gate {
-        let config = Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config");
-        let clock = ManualClock::new(T0);
-        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
-        Gate { addr: running.addr, clock, running: Some(running) }
+        Gate::serve(parse(text), None).await
     }
 
     /// A gate loaded from a config file, which it watches for changes.
     pub async fn start_file(path: &Path) -> Gate {
-        let config = Config::load(path).expect("test config file");
-        let clock = ManualClock::new(T0);
-        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
-        Gate { addr: running.addr, clock, running: Some(running) }
-    }
-
-    /// The running app (config, store, counters).
-    pub fn app(&self) -> &wxgate::proxy::App {
-        &self.running.as_ref().expect("running").app
+        Gate::serve(Config::load(path).expect("test config file"), None).await
     }
 
     /// A gate on the system clock, for tests of real concurrency and of
@@ -332,9 +334,20 @@ impl Gate {
 
     /// Like [`Gate::start_real`], on a whole config text (or [`ConfigToml`]).
     pub async fn start_real_text(text: impl Display) -> Gate {
-        let config = Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config");
-        let running = wxgate::start(config, Arc::new(wxgate::clock::SystemClock)).await.expect("start wxgate");
-        Gate { addr: running.addr, clock: ManualClock::new(T0), running: Some(running) }
+        Gate::serve(parse(text), Some(Arc::new(wxgate::clock::SystemClock))).await
+    }
+
+    /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
+    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::clock::Clock>>) -> Gate {
+        let manual = ManualClock::new(T0);
+        let clock = clock.unwrap_or_else(|| Arc::new(manual.clone()));
+        let running = wxgate::start(config, clock).await.expect("start wxgate");
+        Gate { addr: running.addr, clock: manual, running: Some(running) }
+    }
+
+    /// The running app (config, store, counters).
+    pub fn app(&self) -> &wxgate::proxy::App {
+        &self.running.as_ref().expect("running").app
     }
 
     /// The admin listener's address.
