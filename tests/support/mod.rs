@@ -1,5 +1,10 @@
 //! Test harness: a mock WeChat over real sockets, wxgate started in-process
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
+//! Beside it: the wxgate binary as a process ([`process`]), `redis-server`
+//! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
+//! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
+//! ([`wire`]) and scratch directories ([`temp`]). Every test binary does
+//! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
 pub mod config;
@@ -375,13 +380,14 @@ impl Gate {
     }
 
     /// Returns once wxgate has acted on what was already ready to run when it
-    /// was called: held calls that a clock step woke (each looks at the clock
-    /// again and either goes or keeps waiting), a connection a client closed.
-    /// It is a round trip to the admin listener's `/healthz`: a `Gate` serves
-    /// on the test's runtime, and on the current-thread runtime of
-    /// `#[tokio::test]` every task already queued runs before that request
+    /// was called, such as held calls that a clock step woke (each looks at
+    /// the clock again, and either goes, leaving [`Gate::held`], or keeps
+    /// waiting). It is a round trip to the admin listener's `/healthz`: a
+    /// `Gate` serves on the test's runtime, and on the current-thread runtime
+    /// of `#[tokio::test]` every task already queued runs before that request
     /// even connects. So "X did not happen" is checked after wxgate had its
-    /// turn to do X, not after a guessed sleep.
+    /// turn to do X, not after a guessed sleep. (On a multi-thread runtime the
+    /// round trip makes that very likely, not certain.)
     pub async fn settle(&self) {
         let a = get_at(self.admin_addr(), "/healthz").await;
         assert_eq!(a.status, 200, "admin /healthz: {}", a.text());

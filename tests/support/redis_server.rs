@@ -1,5 +1,8 @@
 //! A real `redis-server` process on a free loopback port, for one test binary.
 //! Never the shared server on 6379. Stopped and cleaned up on drop.
+//!
+//! Self-contained: `benches/decisions.rs` includes this file by path, so it
+//! uses nothing else from `support` (its waits are its own deadline loops).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
