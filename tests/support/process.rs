@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::poll::{eventually_some, within};
 use super::temp::TempDir;
@@ -65,8 +65,9 @@ pub fn spawn_path(path: &Path, env: &[(&str, &str)]) -> Result<Instance, String>
         collect(child.stdout.take().expect("stdout"), log.clone(), None),
     ];
     let mut instance = Instance { child, addr: ([0, 0, 0, 0], 0).into(), admin: None, log, readers, _dir: None };
+    let deadline = Instant::now() + GUARD;
     loop {
-        match ready.recv_timeout(GUARD) {
+        match ready.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(line) => {
                 if let Some(addr) = field(&line, "listen").and_then(|a| a.parse().ok()) {
                     instance.addr = addr;

@@ -165,7 +165,10 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
         let mut nodes = Vec::new();
-        while nodes.len() < n {
+        for _attempt in 0..100 + n {
+            if nodes.len() == n {
+                break;
+            }
             // The cluster bus listens on port + 10000: that one must be free too.
             let port = free_port();
             if port > 55_000 || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
@@ -184,6 +187,7 @@ impl RedisCluster {
                 let _ = server.child.kill();
             }
         }
+        assert_eq!(nodes.len(), n, "redis-server cluster nodes did not start");
         let addrs: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
         let cli = std::env::var("WXGATE_TEST_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
         let out = Command::new(&cli)
