@@ -62,7 +62,10 @@ async fn a_slot_beyond_max_wait_is_refused_at_once() {
     let g2 = g.clone();
     let held_call = tokio::spawn(async move { g2.get(PATH).await });
     eventually("the call held", PATIENCE, || held_now(&g) == 1).await;
-    g.advance(Duration::from_millis(400));
+    g.advance(Duration::from_millis(399));
+    g.settle().await;
+    assert_eq!((held_now(&g), mock.count()), (1, 1), "held for 400 ms, not less");
+    g.advance(Duration::from_millis(1));
     assert_eq!(held_call.await.expect("held").status, 200);
 }
 
