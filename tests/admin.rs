@@ -11,12 +11,10 @@ use http_body_util::Full;
 use support::redis_server::RedisServer;
 use support::*;
 
-const RULES: &str = r#"
-[[rule]]
-name = "send"
-match = ["/cgi-bin/message/custom/send"]
-limits = [{ count = 3, per = "1m", burst = 3 }, { count = 100, per = "day" }]
-"#;
+/// 3 a minute (burst 3) and 100 a day.
+fn send_rule() -> RuleToml {
+    rule("send").matching("/cgi-bin/message/custom/send").limit_burst(3, "1m", 3).limit(100, "day")
+}
 
 async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Answer {
     let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
@@ -26,19 +24,10 @@ async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) 
     send(req.body(Full::new(Bytes::new())).expect("request")).await
 }
 
-fn admin_addr(gate: &Gate) -> SocketAddr {
-    gate.running.as_ref().expect("running").admin_addr.expect("admin listener")
-}
-
-/// The value of one sample line of the exposition, if present.
-fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
-}
-
 #[tokio::test]
 async fn metrics_count_what_a_scenario_did() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, RULES).await;
+    let gate = Gate::start(&mock, send_rule()).await;
     for _ in 0..3 {
         assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
     }
@@ -48,7 +37,7 @@ async fn metrics_count_what_a_scenario_did() {
     assert_eq!(gate.get_as("other", "/cgi-bin/message/custom/send").await.status, 429);
     assert_eq!(gate.get("/cgi-bin/unmatched").await.status, 200);
 
-    let m = admin(admin_addr(&gate), "GET", "/metrics", None).await;
+    let m = admin(gate.admin_addr(), "GET", "/metrics", None).await;
     assert_eq!(m.status, 200);
     assert!(m.header("content-type").is_some_and(|c| c.starts_with("application/openmetrics-text")));
     let text = m.text();
@@ -72,9 +61,9 @@ async fn metrics_count_what_a_scenario_did() {
 #[tokio::test]
 async fn buckets_show_tokens_quota_and_penalty() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, RULES).await;
+    let gate = Gate::start(&mock, send_rule()).await;
     assert_eq!(gate.get_as("wxA", "/cgi-bin/message/custom/send").await.status, 200);
-    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/send", None).await;
+    let b = admin(gate.admin_addr(), "GET", "/v1/buckets/wxA/send", None).await;
     assert_eq!(b.status, 200, "{}", b.text());
     let v = b.json();
     assert_eq!(v["limits"][0]["tokens"], 2, "{v}");
@@ -83,15 +72,15 @@ async fn buckets_show_tokens_quota_and_penalty() {
     assert_eq!(v["limits"][1]["resets_at"], "2026-11-30T00:00:00.000+08:00");
     assert_eq!(v["penalty"]["active"], false);
     assert_eq!(v["this_instance"]["in_flight"], 0);
-    assert_eq!(admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/nope", None).await.status, 404);
-    assert_eq!(admin(admin_addr(&gate), "GET", "/v1/buckets/bad!/send", None).await.status, 400);
-    let rules = admin(admin_addr(&gate), "GET", "/v1/rules", None).await.json();
+    assert_eq!(admin(gate.admin_addr(), "GET", "/v1/buckets/wxA/nope", None).await.status, 404);
+    assert_eq!(admin(gate.admin_addr(), "GET", "/v1/buckets/bad!/send", None).await.status, 400);
+    let rules = admin(gate.admin_addr(), "GET", "/v1/rules", None).await.json();
     assert_eq!(rules[0]["name"], "send");
     assert_eq!(rules[0]["limits"][0]["burst"], 3);
 }
 
 async fn lift_and_impose(gate: &Gate, mock: &MockWeChat) {
-    let addr = admin_addr(gate);
+    let addr = gate.admin_addr();
     mock.respond(|_| errcode_reply(45009));
     assert_eq!(gate.get_as("wxA", "/cgi-bin/message/custom/send").await.status, 429);
     mock.respond(|_| ok_reply());
@@ -116,7 +105,7 @@ async fn lift_and_impose(gate: &Gate, mock: &MockWeChat) {
 #[tokio::test]
 async fn penalties_lifted_and_imposed_through_the_api_memory_store() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, RULES).await;
+    let gate = Gate::start(&mock, send_rule()).await;
     lift_and_impose(&gate, &mock).await;
 }
 
@@ -124,12 +113,12 @@ async fn penalties_lifted_and_imposed_through_the_api_memory_store() {
 async fn penalties_lifted_and_imposed_through_the_api_redis_store() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let rules = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n{RULES}", redis.url());
-    let gate = Gate::start_real(&mock, &rules).await;
+    let rules = format!("{}\n{}", StoreToml::redis(&redis.url()), send_rule());
+    let gate = Gate::start_real(&mock, rules).await;
     lift_and_impose(&gate, &mock).await;
-    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/wxA/send", None).await.json();
+    let b = admin(gate.admin_addr(), "GET", "/v1/buckets/wxA/send", None).await.json();
     assert_eq!(b["limits"][1]["used"], 2, "read from Redis: {b}");
-    let ready = admin(admin_addr(&gate), "GET", "/readyz", None).await;
+    let ready = admin(gate.admin_addr(), "GET", "/readyz", None).await;
     assert_eq!(ready.status, 200);
     assert_eq!(ready.json()["store"], "redis");
 }
@@ -137,10 +126,9 @@ async fn penalties_lifted_and_imposed_through_the_api_redis_store() {
 #[tokio::test]
 async fn the_admin_api_needs_the_token_when_one_is_set() {
     let mock = MockWeChat::start().await;
-    let text = config_text(&format!("http://{}", mock.addr), RULES)
-        .replace("[server]\n", "[server]\nadmin_token = \"s3cret-token\"\n");
-    let gate = Gate::start_text(&text).await;
-    let addr = admin_addr(&gate);
+    let gate =
+        Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", "s3cret-token").with(send_rule())).await;
+    let addr = gate.admin_addr();
     let denied = admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await;
     assert_eq!(denied.status, 401);
     assert_eq!(denied.header("www-authenticate"), Some("Bearer"));
@@ -162,16 +150,16 @@ async fn the_admin_api_needs_the_token_when_one_is_set() {
 #[tokio::test]
 async fn shadow_mode_forwards_everything_and_counts_what_it_would_refuse() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, &RULES.replace("name = \"send\"", "name = \"send\"\nmode = \"shadow\"")).await;
+    let gate = Gate::start(&mock, send_rule().shadow()).await;
     for _ in 0..5 {
         assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200, "every call forwarded");
     }
     assert_eq!(mock.count(), 5);
-    let text = admin(admin_addr(&gate), "GET", "/metrics", None).await.text();
+    let text = admin(gate.admin_addr(), "GET", "/metrics", None).await.text();
     assert_eq!(sample(&text, "wxgate_calls_total{rule=\"send\",outcome=\"forwarded\"}"), Some(3.0));
     assert_eq!(sample(&text, "wxgate_calls_total{rule=\"send\",outcome=\"shadow_throttled\"}"), Some(2.0));
     // State as if enforcing: 3 debited, the 2 it would refuse were not.
-    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/default/send", None).await.json();
+    let b = admin(gate.admin_addr(), "GET", "/v1/buckets/default/send", None).await.json();
     assert_eq!(b["limits"][1]["used"], 3, "{b}");
     // A WeChat penalty is recorded but WeChat's answer passes unchanged.
     mock.respond(|_| errcode_reply(45009));
@@ -179,14 +167,14 @@ async fn shadow_mode_forwards_everything_and_counts_what_it_would_refuse() {
     let a = gate.get("/cgi-bin/message/custom/send").await;
     assert_eq!(a.status, 200);
     assert_eq!(a.json()["errcode"], 45009);
-    let b = admin(admin_addr(&gate), "GET", "/v1/buckets/default/send", None).await.json();
+    let b = admin(gate.admin_addr(), "GET", "/v1/buckets/default/send", None).await.json();
     assert_eq!(b["penalty"]["active"], true);
 }
 
 #[tokio::test]
 async fn ratelimit_headers_describe_the_policy_and_can_be_turned_off() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, RULES).await;
+    let gate = Gate::start(&mock, send_rule()).await;
     let a = gate.get("/cgi-bin/message/custom/send").await;
     assert_eq!(a.header("ratelimit-policy"), Some("\"send.60s\";q=3;w=60, \"send.day\";q=100;w=86400"));
     // Burst = count: two left in the minute window, whole again 60 s after the call.
@@ -197,9 +185,8 @@ async fn ratelimit_headers_describe_the_policy_and_can_be_turned_off() {
     assert_eq!(refused.status, 429);
     assert_eq!(refused.header("ratelimit"), Some("\"send.60s\";r=0;t=60"));
 
-    let off = config_text(&format!("http://{}", mock.addr), RULES)
-        .replace("[server]\n", "[server]\nratelimit_headers = false\n");
-    let gate = Gate::start_text(&off).await;
+    let gate =
+        Gate::start_text(ConfigToml::new(&mock.url()).server("ratelimit_headers", false).with(send_rule())).await;
     let a = gate.get("/cgi-bin/message/custom/send").await;
     assert_eq!((a.header("ratelimit"), a.header("ratelimit-policy")), (None, None));
 }
@@ -207,20 +194,16 @@ async fn ratelimit_headers_describe_the_policy_and_can_be_turned_off() {
 #[tokio::test]
 async fn one_json_access_log_line_per_call() {
     let mock = MockWeChat::start().await;
-    let text = config_text(&format!("http://{}", mock.addr), &format!("[log]\nformat = \"json\"\n{RULES}"));
+    let text = ConfigToml::new(&mock.url()).with("[log]\nformat = \"json\"\n").with(send_rule()).to_string();
     let gate = support::process::spawn(&text, "access-json", &[]).expect("serving");
     let url = |p: &str| format!("http://{}{p}", gate.addr);
     let req =
         |p: &str| http::Request::get(url(p)).header("x-wx-account", "wxA").body(Full::new(Bytes::new())).expect("req");
     assert_eq!(send(req("/cgi-bin/message/custom/send?access_token=SECRET")).await.status, 200);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let line = loop {
-        if let Some(l) = gate.logged().lines().find(|l| l.contains("wxgate::access")).map(str::to_owned) {
-            break l;
-        }
-        assert!(std::time::Instant::now() < deadline, "no access log line:\n{}", gate.logged());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let line = eventually_some("an access log line", std::time::Duration::from_secs(5), || {
+        gate.logged().lines().find(|l| l.contains("wxgate::access")).map(str::to_owned)
+    })
+    .await;
     let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object per line");
     assert_eq!(v["method"], "GET");
     assert_eq!(v["path"], "/cgi-bin/message/custom/send");

@@ -1,19 +1,11 @@
 //! `wxgate check` and start-up refuse bad configs with a precise message.
 
-use std::process::Command;
+mod support;
+
+use support::process;
 
 fn wxgate(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wxgate"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("WXGATE_CONFIG")
-        .output()
-        .expect("run wxgate");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    process::run(args, &[])
 }
 
 #[test]
@@ -65,11 +57,6 @@ fn shipped_rules_compile_and_print_each_rule() {
 
 #[test]
 fn config_from_the_environment() {
-    let out = Command::new(env!("CARGO_BIN_EXE_wxgate"))
-        .args(["check"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("WXGATE_CONFIG", "tests/fixtures/burst_on_day.toml")
-        .output()
-        .expect("run wxgate");
-    assert_eq!(out.status.code(), Some(2));
+    let (code, _, _) = process::run(&["check"], &[("WXGATE_CONFIG", "tests/fixtures/burst_on_day.toml")]);
+    assert_eq!(code, 2);
 }

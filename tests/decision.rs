@@ -1,6 +1,9 @@
 //! The pure decision, checked against its stated guarantees on random input.
 
+mod support;
+
 use proptest::prelude::*;
+use support::max_in_window;
 use wxgate::calendar::Period;
 use wxgate::limit::decide::decide;
 use wxgate::limit::{Ask, Decision, Key, Limit, Reason, Rule, RuleState, WindowLimit};
@@ -30,19 +33,6 @@ fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
 
 fn window(count: u64, per_s: i64, burst: u64) -> Limit {
     Limit::Window(WindowLimit::new(count, per_s * SEC, burst))
-}
-
-/// Largest number of `times` (sorted) inside any half-open window `[t, t + w)`.
-fn max_in_window(times: &[i64], w: i64) -> usize {
-    let mut best = 0;
-    let mut lo = 0;
-    for hi in 0..times.len() {
-        while times[hi] - times[lo] >= w {
-            lo += 1;
-        }
-        best = best.max(hi - lo + 1);
-    }
-    best
 }
 
 proptest! {

@@ -22,13 +22,19 @@ use support::*;
 
 /// A rule that admits everything, so the answer goes through the sniffer
 /// (`src/inspect.rs`) instead of the plain no-rule stream.
-const DEFAULT_RULE: &str = "[[rule]]\nname = \"default\"\nlimits = [{ count = 1000000, per = \"day\" }]\n";
+fn default_rule() -> RuleToml {
+    rule("default").limit(1_000_000, "day")
+}
 
 /// Both answer paths: no rule matches (streamed as is) and a rule matches (sniffed).
-const CONFIGS: [(&str, &str); 2] = [("no rule", ""), ("default rule", DEFAULT_RULE)];
+fn configs() -> [(&'static str, String); 2] {
+    [("no rule", String::new()), ("default rule", default_rule().to_string())]
+}
 
-/// Guards against hangs: a test that needs longer than this has failed.
-const GUARD: Duration = Duration::from_secs(20);
+/// A rule without limits on /cgi-bin/message/custom/send.
+fn send_rule() -> RuleToml {
+    rule("send").matching("/cgi-bin/message/custom/send")
+}
 
 const PATH_Q: &str = "/cgi-bin/message/custom/send?access_token=SECRET&x=%2F1&plus=a+b&zh=%E4%B8%AD&empty=";
 
@@ -43,7 +49,7 @@ async fn unmatched_path_is_forwarded_when_no_default_rule() {
 
 #[tokio::test]
 async fn request_reaches_upstream_unchanged_but_for_hop_by_hop_host_and_account() {
-    for (label, rules) in CONFIGS {
+    for (label, rules) in configs() {
         let mock = MockWeChat::start().await;
         let gate = Gate::start(&mock, rules).await;
         let body = Bytes::from_static(b"{\"touser\":\"OPENID\",\"msgtype\":\"text\"}\r\n\0\x01\xfe\xff tail");
@@ -111,8 +117,8 @@ async fn upstream_status_headers_and_body_come_back_unchanged() {
     ];
     for (status, content_type, body) in answers {
         let upstream = fixed_upstream(status, content_type, body).await;
-        for (label, rules) in CONFIGS {
-            let gate = Gate::start_text(&config_text(&format!("http://{upstream}"), rules)).await;
+        for (label, rules) in configs() {
+            let gate = Gate::start_text(config_text(&format!("http://{upstream}"), rules)).await;
             let a = gate.get("/cgi-bin/media/get?access_token=T").await;
             assert_eq!(a.status, status, "{label}: status");
             assert_eq!(a.text(), body, "{label}: body");
@@ -141,7 +147,7 @@ async fn upstream_status_headers_and_body_come_back_unchanged() {
 async fn large_binary_answer_is_streamed_not_buffered() {
     const LEN: usize = 5 * 1024 * 1024;
     const FIRST_CHUNK: usize = 64 * 1024;
-    for (label, rules) in CONFIGS {
+    for (label, rules) in configs() {
         let mock = MockWeChat::start().await;
         let gate = Gate::start(&mock, rules).await;
         let release = Arc::new(Notify::new());
@@ -198,7 +204,7 @@ async fn large_binary_answer_is_streamed_not_buffered() {
 #[tokio::test]
 async fn large_request_body_reaches_upstream_intact() {
     const LEN: usize = 3 * 1024 * 1024;
-    for (label, rules) in CONFIGS {
+    for (label, rules) in configs() {
         let mock = MockWeChat::start().await;
         mock.respond(|_| Reply::Echo);
         let gate = Gate::start(&mock, rules).await;
@@ -220,15 +226,15 @@ async fn large_request_body_reaches_upstream_intact() {
 #[tokio::test]
 async fn absolute_form_target_is_refused_and_never_forwarded() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, DEFAULT_RULE).await;
-    let text = raw(
+    let gate = Gate::start(&mock, default_rule()).await;
+    let ex = exchange(
         gate.addr,
         b"GET http://example.com/cgi-bin/token?grant_type=client_credential HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n",
     )
     .await;
-    let (status, body) = parse_raw(&text);
-    assert_eq!(status, 400, "{text}");
-    let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+    let answer = ex.only();
+    assert_eq!(answer.status, 400, "{}", ex.text());
+    let json = answer.json();
     assert_eq!(json["errcode"], 40097, "{json}");
     assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("absolute-form")), "{json}");
     assert_eq!(mock.count(), 0, "nothing reaches the upstream");
@@ -237,12 +243,13 @@ async fn absolute_form_target_is_refused_and_never_forwarded() {
 #[tokio::test]
 async fn connect_is_refused_and_never_forwarded() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, DEFAULT_RULE).await;
-    let text =
-        raw(gate.addr, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n").await;
-    let (status, body) = parse_raw(&text);
-    assert_eq!(status, 400, "{text}");
-    let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+    let gate = Gate::start(&mock, default_rule()).await;
+    let ex =
+        exchange(gate.addr, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n")
+            .await;
+    let answer = ex.only();
+    assert_eq!(answer.status, 400, "{}", ex.text());
+    let json = answer.json();
     assert_eq!(json["errcode"], 40097, "{json}");
     assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("CONNECT")), "{json}");
     assert_eq!(mock.count(), 0, "nothing reaches the upstream");
@@ -251,7 +258,7 @@ async fn connect_is_refused_and_never_forwarded() {
 #[tokio::test]
 async fn invalid_account_header_is_refused_with_a_clear_message() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, DEFAULT_RULE).await;
+    let gate = Gate::start(&mock, default_rule()).await;
     let too_long = "a".repeat(65);
     for bad in ["", too_long.as_str(), "app/1", "app 1", "app.1"] {
         let a = gate.get_as(bad, "/cgi-bin/token?grant_type=client_credential").await;
@@ -296,8 +303,8 @@ async fn unreachable_upstream_is_502_with_wechat_system_error() {
     let holder = TcpSocket::new_v4().expect("socket");
     holder.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
     let port = holder.local_addr().expect("local addr").port();
-    for (label, rules) in CONFIGS {
-        let gate = Gate::start_text(&config_text(&format!("http://127.0.0.1:{port}"), rules)).await;
+    for (label, rules) in configs() {
+        let gate = Gate::start_text(config_text(&format!("http://127.0.0.1:{port}"), rules)).await;
         let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
             .await
             .expect("answer in time");
@@ -314,12 +321,8 @@ async fn unreachable_upstream_is_502_with_wechat_system_error() {
 async fn silent_upstream_is_504_after_upstream_timeout() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Hang);
-    for (label, rules) in CONFIGS {
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\nupstream_timeout = \"300ms\"\n\n{rules}\n",
-            mock.addr
-        );
-        let gate = Gate::start_text(&text).await;
+    for (label, rules) in configs() {
+        let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("upstream_timeout", "300ms").with(rules)).await;
         let before = mock.count();
         let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
             .await
@@ -337,7 +340,7 @@ async fn silent_upstream_is_504_after_upstream_timeout() {
 async fn upstream_dropping_a_sniffed_answer_midway_is_one_502_and_no_retry() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::DropMidBody);
-    let gate = Gate::start(&mock, DEFAULT_RULE).await;
+    let gate = Gate::start(&mock, default_rule()).await;
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/message/custom/send?access_token=T"))
         .await
         .expect("answer in time");
@@ -367,14 +370,6 @@ async fn upstream_dropping_an_unruled_answer_midway_is_one_502_too() {
 /// Every value of `name`, in order, as bytes.
 fn header_values(headers: &HeaderMap, name: &str) -> Vec<Vec<u8>> {
     headers.get_all(name).iter().map(|v| v.as_bytes().to_vec()).collect()
-}
-
-/// Status code and body of a raw HTTP/1.1 answer.
-fn parse_raw(text: &str) -> (u16, &str) {
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status: {text:?}"));
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_else(|| panic!("no body: {text:?}"));
-    assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "exactly one answer: {text:?}");
-    (status, body)
 }
 
 /// An upstream that answers every call with `status`, this body, and a fixed
@@ -449,8 +444,7 @@ async fn silent_closer() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
 #[tokio::test]
 async fn upstream_closing_without_an_answer_is_one_502_and_one_call() {
     let (addr, seen) = silent_closer().await;
-    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
-    let gate = Gate::start_text(&config_text(&format!("http://{addr}"), rules)).await;
+    let gate = Gate::start_text(config_text(&format!("http://{addr}"), send_rule())).await;
     // Warm the pool first, so the second call rides a kept-alive connection
     // that the upstream then drops: the case where a retrying client would resend.
     for _ in 0..2 {
@@ -503,19 +497,15 @@ async fn answer_then_close() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>
 #[tokio::test]
 async fn pooled_connections_closed_by_the_upstream_are_not_reused() {
     let (addr, seen, closed) = answer_then_close().await;
-    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
-    let gate = Gate::start_text(&config_text(&format!("http://{addr}"), rules)).await;
+    let gate = Gate::start_text(config_text(&format!("http://{addr}"), send_rule())).await;
     for i in 0..5 {
         // The previous call's connection is closed before this call starts
         // (a call racing the close could be written onto it: that one would
         // get a 502, never a resend).
-        tokio::time::timeout(GUARD, async {
-            while closed.load(std::sync::atomic::Ordering::SeqCst) < i {
-                tokio::task::yield_now().await;
-            }
+        eventually("the upstream closing the previous connection", GUARD, || {
+            closed.load(std::sync::atomic::Ordering::SeqCst) >= i
         })
-        .await
-        .expect("the upstream closed the previous connection");
+        .await;
         let a =
             tokio::time::timeout(GUARD, gate.post("/cgi-bin/message/custom/send?access_token=T", "{\"touser\":\"x\"}"))
                 .await

@@ -17,160 +17,16 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use support::*;
 
-/// Guards against hangs: an exchange that needs longer than this has failed.
-const GUARD: Duration = Duration::from_secs(20);
-
 const SEND: &str = "/cgi-bin/message/custom/send";
 
-/// Config text for a gate in front of `mock` with extra `[server]` lines.
-fn config_with(mock: SocketAddr, server: &str, rules: &str) -> String {
-    config_text(&format!("http://{mock}"), rules).replacen("[server]\n", &format!("[server]\n{server}\n"), 1)
-}
-
-/// What one connection produced: every byte the server sent, and whether it
-/// closed the connection (EOF or reset) before the guard ran out.
-struct Exchange {
-    bytes: Vec<u8>,
-    closed: bool,
-}
-
-impl Exchange {
-    fn responses(&self) -> Vec<RawResponse> {
-        parse_responses(&self.bytes)
-    }
-
-    /// The one response of this exchange; the server must have closed the connection.
-    fn only(&self) -> RawResponse {
-        assert!(self.closed, "the server closes the connection: {}", self.text());
-        let mut all = self.responses();
-        assert_eq!(all.len(), 1, "exactly one response: {}", self.text());
-        all.remove(0)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
-    }
-}
-
-/// Writes `bytes` on a fresh connection (write errors ignored: the server may
-/// close early) while reading everything the server sends until it closes.
-async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Exchange {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut rd, mut wr) = stream.into_split();
-    let payload = bytes.to_vec();
-    let writer = tokio::spawn(async move {
-        let _ = wr.write_all(&payload).await;
-        // Keep the write half open: a half-close would let the server treat
-        // an EOF as the end of the request.
-        wr
-    });
-    let ex = read_until_closed(&mut rd).await;
-    drop(writer.await);
-    ex
-}
-
-async fn read_until_closed<R: AsyncReadExt + Unpin>(rd: &mut R) -> Exchange {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let closed = tokio::time::timeout(GUARD, async {
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .is_ok();
-    Exchange { bytes: out, closed }
-}
-
-/// One HTTP/1.x response as read off the wire.
-#[derive(Debug)]
-struct RawResponse {
-    version: String,
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl RawResponse {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("JSON body ({e}): {:?}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// Splits a byte stream into responses (Content-Length, chunked or
-/// close-delimited bodies). Panics on anything that is not HTTP/1.x.
-fn parse_responses(mut rest: &[u8]) -> Vec<RawResponse> {
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        let end = find(rest, b"\r\n\r\n")
-            .unwrap_or_else(|| panic!("incomplete response head: {:?}", String::from_utf8_lossy(rest)));
-        let head = std::str::from_utf8(&rest[..end]).expect("ASCII head");
-        rest = &rest[end + 4..];
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().expect("status line");
-        let mut parts = status_line.splitn(3, ' ');
-        let version = parts.next().unwrap_or_default().to_owned();
-        assert!(version.starts_with("HTTP/1."), "not an HTTP/1.x response: {status_line:?}");
-        let status: u16 =
-            parts.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status: {status_line:?}"));
-        let headers: Vec<(String, String)> = lines
-            .map(|l| {
-                let (k, v) = l.split_once(':').unwrap_or_else(|| panic!("header line: {l:?}"));
-                (k.trim().to_ascii_lowercase(), v.trim().to_owned())
-            })
-            .collect();
-        let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-        let body = if get("transfer-encoding").is_some_and(|te| te.eq_ignore_ascii_case("chunked")) {
-            let mut body = Vec::new();
-            loop {
-                let eol = find(rest, b"\r\n").expect("chunk size line");
-                let size_text = std::str::from_utf8(&rest[..eol]).expect("chunk size");
-                let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-                    .unwrap_or_else(|_| panic!("chunk size {size_text:?}"));
-                rest = &rest[eol + 2..];
-                if size == 0 {
-                    let trailer_end = find(rest, b"\r\n").expect("end of chunked body");
-                    rest = &rest[trailer_end + 2..];
-                    break;
-                }
-                body.extend_from_slice(&rest[..size]);
-                rest = &rest[size + 2..];
-            }
-            body
-        } else if let Some(len) = get("content-length") {
-            let len: usize = len.parse().expect("content-length");
-            let body = rest[..len].to_vec();
-            rest = &rest[len..];
-            body
-        } else if status == 204 || status == 304 || status < 200 {
-            Vec::new()
-        } else {
-            let body = rest.to_vec();
-            rest = &[];
-            body
-        };
-        out.push(RawResponse { version, status, headers, body });
-    }
-    out
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// A rule without limits on [`SEND`].
+fn send_rule() -> RuleToml {
+    rule("send").matching(SEND)
 }
 
 /// An upstream that records only calls whose request body arrived complete,
@@ -296,13 +152,15 @@ async fn invalid_header_bytes_are_400_and_never_forwarded() {
 
 // --- request bodies -----------------------------------------------------------
 
-const SMALL_BODY: &str = "max_body = \"1KiB\"";
+/// A gate in front of `upstream` that takes request bodies up to 1 KiB.
+fn small_body(upstream: SocketAddr) -> ConfigToml {
+    ConfigToml::new(&format!("http://{upstream}")).server("max_body", "1KiB")
+}
 
 #[tokio::test]
 async fn body_over_max_body_with_content_length_is_413_and_never_forwarded() {
     let mock = MockWeChat::start().await;
-    let rules = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n";
-    let gate = Gate::start_text(&config_with(mock.addr, SMALL_BODY, rules)).await;
+    let gate = Gate::start_text(small_body(mock.addr).with(send_rule())).await;
 
     // Exactly at the cap: forwarded whole.
     let body = "x".repeat(1024);
@@ -349,11 +207,8 @@ fn chunked(chunks: &[&[u8]]) -> Vec<u8> {
 #[tokio::test]
 async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwarded() {
     let (addr, upstream) = StrictUpstream::start().await;
-    for (label, rules) in [
-        ("ruled path", "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = []\n"),
-        ("unruled path", ""),
-    ] {
-        let gate = Gate::start_text(&config_with(addr, SMALL_BODY, rules)).await;
+    for (label, rules) in [("ruled path", send_rule().to_string()), ("unruled path", String::new())] {
+        let gate = Gate::start_text(small_body(addr).with(rules)).await;
         let before = upstream.complete().len();
 
         // Under the cap in three chunks: forwarded whole.
@@ -385,12 +240,15 @@ async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwa
 
 // --- slow clients ---------------------------------------------------------------
 
-const SLOW: &str = "header_timeout = \"200ms\"";
+/// A gate in front of `mock` that gives a client 200 ms to send a request head.
+fn slow(mock: &MockWeChat) -> ConfigToml {
+    ConfigToml::new(&mock.url()).server("header_timeout", "200ms")
+}
 
 #[tokio::test]
 async fn client_stalling_mid_request_line_is_disconnected_without_an_answer() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    let gate = Gate::start_text(slow(&mock)).await;
     for (label, partial) in [("half a request line", &b"GET /cgi-bin/tok"[..]), ("nothing at all", &b""[..])] {
         let started = Instant::now();
         let mut s = TcpStream::connect(gate.addr).await.expect("connect");
@@ -408,7 +266,7 @@ async fn client_stalling_mid_request_line_is_disconnected_without_an_answer() {
 #[tokio::test]
 async fn client_dribbling_a_request_head_is_cut_off_at_header_timeout() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_text(&config_with(mock.addr, SLOW, "")).await;
+    let gate = Gate::start_text(slow(&mock)).await;
     let started = Instant::now();
     let s = TcpStream::connect(gate.addr).await.expect("connect");
     let (mut rd, mut wr) = s.into_split();
@@ -561,17 +419,7 @@ async fn ambiguous_body_framing_is_400_and_never_forwarded() {
 #[tokio::test]
 async fn path_tricks_cannot_escape_their_rule_and_are_forwarded_unchanged() {
     let mock = MockWeChat::start().await;
-    let rules = r#"
-[[rule]]
-name = "send"
-match = ["/cgi-bin/message/custom/send"]
-limits = [{ count = 1, per = "day" }]
-
-[[rule]]
-name = "token"
-match = ["/cgi-bin/token"]
-limits = []
-"#;
+    let rules = format!("{}{}", send_rule().limit(1, "day"), rule("token").matching("/cgi-bin/token"));
     let gate = Gate::start(&mock, rules).await;
     let get = |path: String| {
         let addr = gate.addr;

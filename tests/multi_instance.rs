@@ -17,7 +17,7 @@ mod support;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -25,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::process::{self, Instance};
 use support::redis_server::RedisServer;
-use support::MockWeChat;
+use support::{max_in_window, rule, ConfigToml, MockWeChat, RuleToml, StoreToml};
 
 const COUNT: usize = 100;
 const BURST: usize = 10;
@@ -34,49 +34,60 @@ const JITTER: Duration = Duration::from_millis(400);
 const RUN: Duration = Duration::from_secs(8);
 const CLIENTS: usize = 24;
 
-/// Runs the load; returns the mock's arrival times relative to the first.
-/// `[store]` TOML for a single Redis server, or the memory store.
-fn store_toml(redis: Option<&RedisServer>) -> String {
+/// The store: a single Redis server, or the memory store.
+fn store(redis: Option<&RedisServer>) -> StoreToml {
     match redis {
-        Some(r) => format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\n", r.url()),
-        None => "[store]\nkind = \"memory\"\n".to_owned(),
+        Some(r) => StoreToml::redis(&r.url()).set("timeout", "1s"),
+        None => StoreToml::memory(),
     }
 }
 
+/// The rule under load: `COUNT` per `WINDOW`, burst `BURST`.
+fn send_rule() -> RuleToml {
+    rule("send").matching("/cgi-bin/message/custom/send").limit_burst(
+        COUNT as u64,
+        &format!("{}s", WINDOW.as_secs()),
+        BURST as u64,
+    )
+}
+
 /// Runs the load for the default account; the mock's arrival times relative to the first.
-async fn run(tag: &str, redis: Option<&RedisServer>, extra: &str) -> Vec<Duration> {
-    run_accounts(tag, &store_toml(redis), extra, &["default"]).await.remove("default").expect("calls")
+async fn run(tag: &str, redis: Option<&RedisServer>, rule: RuleToml) -> Vec<Duration> {
+    run_accounts(tag, &store(redis), rule, &["default"]).await.remove("default").expect("calls")
 }
 
 /// Like [`run`] with `processes` instances of `workers` serving threads each.
-async fn run_on(tag: &str, store: &str, processes: usize, workers: usize) -> Vec<Duration> {
-    run_processes(tag, store, "", &["default"], processes, workers).await.remove("default").expect("calls")
+async fn run_on(tag: &str, store: &StoreToml, processes: usize, workers: usize) -> Vec<Duration> {
+    run_processes(tag, store, send_rule(), &["default"], processes, workers).await.remove("default").expect("calls")
 }
 
 /// Runs the load with clients spread over `accounts` (each client sends as
 /// one of them, tagging the query so the mock can tell them apart); arrival
 /// times per account, relative to the account's first.
-async fn run_accounts(tag: &str, store: &str, extra: &str, accounts: &[&str]) -> HashMap<String, Vec<Duration>> {
-    run_processes(tag, store, extra, accounts, 3, 2).await
+async fn run_accounts(
+    tag: &str,
+    store: &StoreToml,
+    rule: RuleToml,
+    accounts: &[&str],
+) -> HashMap<String, Vec<Duration>> {
+    run_processes(tag, store, rule, accounts, 3, 2).await
 }
 
 async fn run_processes(
     tag: &str,
-    store: &str,
-    extra: &str,
+    store: &StoreToml,
+    rule: RuleToml,
     accounts: &[&str],
     processes: usize,
     workers: usize,
 ) -> HashMap<String, Vec<Duration>> {
     let mock = MockWeChat::start().await;
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\
-         workers = {workers}\n\n{store}\n\
-         [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n\
-         limits = [{{ count = {COUNT}, per = \"{}s\", burst = {BURST} }}]\n{extra}\n",
-        mock.addr,
-        WINDOW.as_secs()
-    );
+    let config = ConfigToml::new(&mock.url())
+        .without_server("upstream_timeout")
+        .server("workers", workers as i64)
+        .with(store)
+        .with(rule)
+        .to_string();
     let instances: Vec<Instance> =
         (0..processes).map(|i| process::spawn(&config, &format!("{tag}-{i}"), &[]).expect("wxgate serving")).collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -110,10 +121,8 @@ async fn run_processes(
             answered
         }));
     }
-    let started = Instant::now();
-    while started.elapsed() < RUN {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The load runs this long: real processes racing in real time is the test.
+    tokio::time::sleep(RUN).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         assert!(t.await.expect("client task") > 0);
@@ -135,18 +144,6 @@ async fn run_processes(
         .collect()
 }
 
-fn max_in_window(times: &[Duration], w: Duration) -> usize {
-    let mut best = 0;
-    let mut lo = 0;
-    for hi in 0..times.len() {
-        while times[hi] - times[lo] >= w {
-            lo += 1;
-        }
-        best = best.max(hi - lo + 1);
-    }
-    best
-}
-
 /// No window (less the jitter tolerance) over `count`, and ≥ 95 % of what the
 /// limit allows over the span the calls covered: the burst, then one every
 /// T = ⌈W / (N − B + 1)⌉.
@@ -164,7 +161,7 @@ fn assert_exact_and_full(times: &[Duration], label: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_redis_stay_window_exact_and_use_the_quota() {
     let redis = RedisServer::start();
-    let times = run("redis", Some(&redis), "").await;
+    let times = run("redis", Some(&redis), send_rule()).await;
     assert_exact_and_full(&times, "redis");
 }
 
@@ -173,7 +170,7 @@ async fn three_instances_on_one_redis_stay_window_exact_and_use_the_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_redis_with_max_wait_stay_window_exact() {
     let redis = RedisServer::start();
-    let times = run("redis-held", Some(&redis), "max_wait = \"500ms\"").await;
+    let times = run("redis-held", Some(&redis), send_rule().max_wait("500ms")).await;
     assert_exact_and_full(&times, "redis, max_wait 500ms");
 }
 
@@ -181,13 +178,13 @@ async fn three_instances_on_one_redis_with_max_wait_stay_window_exact() {
 /// it, so the limit holds exactly as with one thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_instance_on_four_serving_threads_stays_window_exact() {
-    let times = run_on("memory-4", &store_toml(None), 1, 4).await;
+    let times = run_on("memory-4", &store(None), 1, 4).await;
     assert_exact_and_full(&times, "memory, 4 serving threads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_with_memory_stores_overrun_the_limit() {
-    let times = run("memory", None, "").await;
+    let times = run("memory", None, send_rule()).await;
     let worst = max_in_window(&times, WINDOW - JITTER);
     eprintln!("memory: {} calls; worst window {worst}", times.len());
     assert!(worst > COUNT * 2, "expected the 3x overrun the shared store prevents, saw {worst}");
@@ -213,7 +210,7 @@ async fn three_instances_on_a_redis_cluster_stay_window_exact_per_account() {
         }
     }
     let names: Vec<&str> = accounts.iter().map(String::as_str).collect();
-    let by_account = run_accounts("cluster", &cluster.store_toml(), "", &names).await;
+    let by_account = run_accounts("cluster", &StoreToml::redis_cluster(cluster.urls()), send_rule(), &names).await;
     assert_eq!(by_account.len(), 3, "every account got calls through");
     for (account, times) in &by_account {
         assert_exact_and_full(times, &format!("cluster, account {account}"));

@@ -21,16 +21,26 @@ const TIMEOUT_MS: u64 = 100;
 /// Scheduling slack allowed on top of the timeout on a loaded 2-core machine.
 const MARGIN_MS: u64 = 400;
 
-fn rules(redis: &RedisServer, fallback: &str, limits: &str) -> String {
-    format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"{TIMEOUT_MS}ms\"\nfallback = \"{fallback}\"\n\
-         instances = 2\nbreaker_failures = 3\nbreaker_open = \"200ms\"\n\n\
-         [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = {limits}\n",
-        redis.url()
-    )
+/// Redis with a short timeout, `fallback`, two instances sharing the limits
+/// when it is down, and a quick circuit breaker; and the rule `send`.
+fn rules(redis: &RedisServer, fallback: &str, send: RuleToml) -> String {
+    let store = StoreToml::redis(&redis.url())
+        .set("timeout", format!("{TIMEOUT_MS}ms"))
+        .set("fallback", fallback)
+        .set("instances", 2)
+        .set("breaker_failures", 3)
+        .set("breaker_open", "200ms");
+    format!("{store}\n{send}")
 }
 
-const OPEN: &str = r#"[{ count = 100000, per = "1s" }, { count = 10000000, per = "day" }]"#;
+fn send() -> RuleToml {
+    rule("send").matching("/cgi-bin/message/custom/send")
+}
+
+/// Limits no test reaches.
+fn open() -> RuleToml {
+    send().limit(100_000, "1s").limit(10_000_000, "day")
+}
 
 /// Outcome of every call made while the load ran.
 #[derive(Default)]
@@ -83,33 +93,25 @@ fn redis_count(redis: &RedisServer) -> i64 {
     reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
 }
 
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what} did not happen within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn run_phase(d: Duration) {
-    tokio::time::sleep(d).await;
-}
+/// How long Redis stays down (killed or frozen) while the load runs: the
+/// outage is the scenario (five times the breaker's 200 ms open period), not
+/// a wait for something to happen.
+const OUTAGE: Duration = Duration::from_millis(1000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_then_restarted() {
     let mut redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    let gate = Gate::start_real(&mock, rules(&redis, "local", open())).await;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let clients = load(gate.addr, stop.clone(), tally.clone());
-    run_phase(Duration::from_millis(300)).await;
-    assert!(redis_count(&redis) > 0, "shared decisions before the outage");
+    eventually("shared decisions before the outage", PATIENCE, || redis_count(&redis) > 0).await;
     redis.stop();
-    run_phase(Duration::from_millis(1000)).await;
+    tokio::time::sleep(OUTAGE).await;
     redis.restart();
     // A fresh, empty Redis (no scripts, no state): shared decisions resume by themselves.
-    until("shared decisions after the restart", Duration::from_secs(10), || redis_count(&redis) > 0).await;
+    eventually("shared decisions after the restart", PATIENCE, || redis_count(&redis) > 0).await;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("client");
@@ -134,17 +136,17 @@ async fn redis_killed_under_load_then_restarted() {
 async fn redis_frozen_with_sigstop_costs_at_most_the_timeout() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    let gate = Gate::start_real(&mock, rules(&redis, "local", open())).await;
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let clients = load(gate.addr, stop.clone(), tally.clone());
-    run_phase(Duration::from_millis(300)).await;
+    eventually("shared decisions before the freeze", PATIENCE, || redis_count(&redis) > 0).await;
     redis.pause();
-    run_phase(Duration::from_millis(1000)).await;
+    tokio::time::sleep(OUTAGE).await;
     let during = tally.lock().expect("tally").statuses.len();
     redis.resume();
     let before = redis_count(&redis);
-    until("shared decisions after SIGCONT", Duration::from_secs(10), || redis_count(&redis) > before).await;
+    eventually("shared decisions after SIGCONT", PATIENCE, || redis_count(&redis) > before).await;
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("client");
@@ -165,7 +167,7 @@ async fn redis_frozen_with_sigstop_costs_at_most_the_timeout() {
 async fn local_fallback_divides_each_limit_by_the_instance_count() {
     let mut redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_real(&mock, &rules(&redis, "local", r#"[{ count = 10, per = "day" }]"#)).await;
+    let gate = Gate::start_real(&mock, rules(&redis, "local", send().limit(10, "day"))).await;
     redis.stop();
     // instances = 2: this instance alone may use 5 of the 10.
     let mut statuses = Vec::new();
@@ -179,9 +181,8 @@ async fn local_fallback_divides_each_limit_by_the_instance_count() {
 async fn deny_and_allow_fallbacks() {
     let mut redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let limits = r#"[{ count = 1, per = "day" }]"#;
-    let deny = Gate::start_real(&mock, &rules(&redis, "deny", limits)).await;
-    let allow = Gate::start_real(&mock, &rules(&redis, "allow", limits)).await;
+    let deny = Gate::start_real(&mock, rules(&redis, "deny", send().limit(1, "day"))).await;
+    let allow = Gate::start_real(&mock, rules(&redis, "allow", send().limit(1, "day"))).await;
     redis.stop();
     let a = deny.get("/cgi-bin/message/custom/send").await;
     assert_eq!(a.status, 503);
@@ -200,13 +201,12 @@ async fn starts_while_redis_is_down_and_joins_it_when_it_comes() {
     let mut redis = RedisServer::start();
     redis.stop();
     let mock = MockWeChat::start().await;
-    let gate = Gate::start_real(&mock, &rules(&redis, "local", OPEN)).await;
+    let gate = Gate::start_real(&mock, rules(&redis, "local", open())).await;
     assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200, "serving in fallback");
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while redis_count(&redis) == 0 {
-        assert!(Instant::now() < deadline, "never joined Redis");
+    eventually_async("joining Redis", PATIENCE, async || {
         assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        redis_count(&redis) > 0
+    })
+    .await;
 }

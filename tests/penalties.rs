@@ -6,21 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
-use tokio::sync::Semaphore;
 
-const RULE: &str = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 5, per = "day" }]
-"#;
+/// Five calls a day.
+fn tpl() -> RuleToml {
+    rule("tpl").matching("/cgi-bin/message/template/send").limit(5, "day")
+}
 const PATH: &str = "/cgi-bin/message/template/send?access_token=SECRET";
 
 #[tokio::test]
 async fn a_45009_pauses_the_rule_without_spending_quota() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| errcode_reply(45009));
-    let gate = Gate::start(&mock, RULE).await;
+    let gate = Gate::start(&mock, tpl()).await;
     let a = gate.get(PATH).await;
     assert_eq!(a.status, 429);
     assert_eq!(a.retry_after(), 60);
@@ -53,8 +50,8 @@ async fn a_45009_pauses_the_rule_without_spending_quota() {
 async fn repeated_penalties_double_up_to_midnight_and_a_success_resets() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| errcode_reply(45009));
-    let rules = format!("[[penalty]]\nerrcode = 45009\nseconds = 3600\n{RULE}");
-    let gate = Gate::start(&mock, &rules.replace("count = 5", "count = 1000")).await;
+    let tpl = rule("tpl").matching("/cgi-bin/message/template/send").limit(1000, "day");
+    let gate = Gate::start(&mock, format!("{}{tpl}", penalty(45009, 3600))).await;
     // T0 is 10:00 Beijing: 1 h, 2 h, 4 h, then 8 h would cross midnight.
     let mut waits = Vec::new();
     for _ in 0..4 {
@@ -78,18 +75,14 @@ async fn repeated_penalties_double_up_to_midnight_and_a_success_resets() {
 #[tokio::test]
 async fn answers_to_calls_already_in_flight_do_not_escalate() {
     let mock = MockWeChat::start().await;
-    let gate_permits = Arc::new(Semaphore::new(0));
-    let g = gate_permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: g.clone(), then: Box::new(errcode_reply(45009)) });
-    let gate = Arc::new(Gate::start(&mock, RULE).await);
+    let gate_permits = mock.hold_replies(errcode_reply(45009));
+    let gate = Arc::new(Gate::start(&mock, tpl()).await);
     let mut calls = Vec::new();
     for _ in 0..3 {
         let gate = gate.clone();
         calls.push(tokio::spawn(async move { gate.get(PATH).await }));
     }
-    while mock.count() < 3 {
-        tokio::task::yield_now().await;
-    }
+    eventually("the three calls reaching WeChat", PATIENCE, || mock.count() >= 3).await;
     // All three were admitted at T0. The answers come back a second later.
     gate.advance(Duration::from_secs(1));
     gate_permits.add_permits(3);
@@ -108,7 +101,7 @@ async fn answers_to_calls_already_in_flight_do_not_escalate() {
 async fn a_45011_waits_for_the_next_minute() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| errcode_reply(45011));
-    let gate = Gate::start(&mock, RULE).await;
+    let gate = Gate::start(&mock, tpl()).await;
     gate.advance(Duration::from_secs(42)); // 10:00:42
     let a = gate.get(PATH).await;
     assert_eq!((a.status.as_u16(), a.retry_after()), (429, 18));
@@ -121,8 +114,7 @@ async fn a_45011_waits_for_the_next_minute() {
 async fn other_errcodes_pass_through_and_penalties_stay_per_account_and_rule() {
     let mock = MockWeChat::start().await;
     mock.respond(|r| if r.path_and_query.contains("menu") { errcode_reply(40001) } else { errcode_reply(45009) });
-    let rules = format!("{RULE}\n[[rule]]\nname = \"menu\"\nmatch = [\"/cgi-bin/menu/get\"]\nlimits = []\n");
-    let gate = Gate::start(&mock, &rules).await;
+    let gate = Gate::start(&mock, format!("{}{}", tpl(), rule("menu").matching("/cgi-bin/menu/get"))).await;
     let a = gate.get("/cgi-bin/menu/get").await;
     assert_eq!(a.status, 200, "40001 is not a penalty: the client sees WeChat's answer");
     assert_eq!(a.json()["errcode"], 40001);

@@ -3,42 +3,19 @@
 
 mod support;
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::process;
 use support::redis_server::RedisServer;
 use support::*;
-use wxgate::clock::SystemClock;
-use wxgate::config::Config;
 
-const RULE: &str = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 1000, per = "day" }]
-"#;
-
-fn redis_config(mock: &MockWeChat, url: &str) -> String {
-    config_text(
-        &format!("http://{}", mock.addr),
-        &format!("[store]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout = \"2s\"\n{RULE}"),
-    )
+fn tpl() -> RuleToml {
+    rule("tpl").matching("/cgi-bin/message/template/send")
 }
 
-async fn gate_on(text: &str) -> wxgate::server::Running {
-    let config = Config::parse(text, Path::new("test.toml")).expect("config");
-    wxgate::start(config, Arc::new(SystemClock)).await.expect("start on redis")
-}
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> Answer {
-    send(
-        http::Request::get(format!("http://{addr}{path}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("request"),
-    )
-    .await
+/// A gate on Redis at `url`, with 1000 calls a day on `tpl`.
+fn redis_config(mock: &MockWeChat, url: &str) -> ConfigToml {
+    ConfigToml::new(&mock.url()).with(StoreToml::redis(url)).with(tpl().limit(1000, "day"))
 }
 
 #[tokio::test]
@@ -46,14 +23,14 @@ async fn a_penalty_seen_by_one_instance_stops_every_instance() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
     mock.respond(|_| errcode_reply(45009));
-    let text = redis_config(&mock, &redis.url());
-    let a = gate_on(&text).await;
-    let b = gate_on(&text).await;
+    let config = redis_config(&mock, &redis.url());
+    let a = Gate::start_real_text(&config).await;
+    let b = Gate::start_real_text(&config).await;
     let path = "/cgi-bin/message/template/send?access_token=T";
-    let first = get(a.addr, path).await;
+    let first = a.get(path).await;
     assert_eq!((first.status.as_u16(), first.retry_after()), (429, 60));
     mock.respond(|_| ok_reply());
-    let other = get(b.addr, path).await;
+    let other = b.get(path).await;
     assert_eq!(other.status, 429);
     assert_eq!(other.header("x-wxgate-reason"), Some("penalty"));
     assert!((59..=60).contains(&other.retry_after()));
@@ -64,11 +41,11 @@ async fn a_penalty_seen_by_one_instance_stops_every_instance() {
 async fn scripts_come_back_after_script_flush() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let gate = gate_on(&redis_config(&mock, &redis.url())).await;
-    assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+    let gate = Gate::start_real_text(redis_config(&mock, &redis.url())).await;
+    assert_eq!(gate.get("/cgi-bin/message/template/send").await.status, 200);
     // A Redis restart or failover loses the script cache: EVALSHA answers NOSCRIPT.
     assert!(redis.command("SCRIPT FLUSH").starts_with("+OK"));
-    assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+    assert_eq!(gate.get("/cgi-bin/message/template/send").await.status, 200);
     assert_eq!(mock.count(), 2);
     let count = redis.command("HGET wxgate:{default}:tpl day.n");
     assert!(count.contains("\r\n2\r\n"), "both calls counted in Redis: {count}");
@@ -87,17 +64,17 @@ fn serve_binary(config: &str, password_env: Option<&str>) -> (bool, String) {
 async fn password_from_the_url_or_the_environment() {
     let redis = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let mock = MockWeChat::start().await;
-    let plain = redis_config(&mock, &redis.url());
+    let plain = redis_config(&mock, &redis.url()).to_string();
     let (ok, log) = serve_binary(&plain, None);
     assert!(!ok, "no password: must refuse to start\n{log}");
     assert!(log.contains(&format!("cannot use Redis at 127.0.0.1:{}", redis.port)) && log.contains("NOAUTH"), "{log}");
     assert!(!log.contains("s3cret"));
     let (ok, log) = serve_binary(&plain, Some("s3cret"));
     assert!(ok, "password from WXGATE_REDIS_PASSWORD\n{log}");
-    let in_url = redis_config(&mock, &format!("redis://:s3cret@127.0.0.1:{}", redis.port));
+    let in_url = redis_config(&mock, &format!("redis://:s3cret@127.0.0.1:{}", redis.port)).to_string();
     let (ok, log) = serve_binary(&in_url, None);
     assert!(ok, "password in the URL\n{log}");
-    let wrong = redis_config(&mock, &format!("redis://:nope@127.0.0.1:{}", redis.port));
+    let wrong = redis_config(&mock, &format!("redis://:nope@127.0.0.1:{}", redis.port)).to_string();
     let (ok, log) = serve_binary(&wrong, None);
     assert!(!ok);
     assert!(!log.contains("nope"), "the password never reaches the log\n{log}");
@@ -108,74 +85,78 @@ async fn a_killed_instances_concurrency_slots_come_back_after_the_lease() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Hang);
-    let rules =
-        "[[rule]]\nname = \"remark\"\nmatch = [\"/cgi-bin/externalcontact/remark\"]\nlimits = []\nconcurrency = 1\n";
-    let config = config_text(
-        &format!("http://{}", mock.addr),
-        &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nlease = \"1s\"\n{rules}", redis.url()),
-    )
-    .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"60s\"");
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "60s")
+        .with(StoreToml::redis(&redis.url()).set("lease", "1s"))
+        .with(rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(1))
+        .to_string();
     let mut doomed = process::spawn(&config, "lease-a", &[]).expect("first instance");
     let survivor = process::spawn(&config, "lease-b", &[]).expect("second instance");
     // The first instance's call hangs at WeChat, holding the only slot.
     let addr = doomed.addr;
-    let _hanging = tokio::spawn(async move { get(addr, "/cgi-bin/externalcontact/remark").await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline, "the first call never reached the mock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // Alive, it renews the lease (every lease / 3): the slot stays taken.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
+    // (Over a raw socket: its connection breaks when the instance is killed.)
+    let _hanging = tokio::spawn(exchange(addr, b"GET /cgi-bin/externalcontact/remark HTTP/1.1\r\nHost: x\r\n\r\n"));
+    eventually("the first call reaching the mock", PATIENCE, || mock.count() >= 1).await;
+    // Alive, it renews the lease (every lease / 3): the slot stays taken
+    // after the lease it was first given has run out.
+    let first = slot_expiry(&redis);
+    eventually("the first lease running out, renewed", PATIENCE, || unix_us() > first && slot_expiry(&redis) > first)
+        .await;
+    let a = survivor.get("/cgi-bin/externalcontact/remark").await;
     assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"), "a live instance keeps its slot past one lease");
     doomed.kill();
     let killed = Instant::now();
     // Dead, its lease runs out within 1 s and the slot comes back.
     mock.respond(|_| ok_reply());
-    loop {
-        let a = get(survivor.addr, "/cgi-bin/externalcontact/remark").await;
-        if a.status == 200 {
-            break;
+    eventually_async("the dead instance's slot coming back", Duration::from_secs(5), async || {
+        let a = survivor.get("/cgi-bin/externalcontact/remark").await;
+        if a.status != 200 {
+            assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
         }
-        assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
-        assert!(killed.elapsed() < Duration::from_secs(5), "the dead instance's slot never came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        a.status == 200
+    })
+    .await;
     // Within the 1 s lease, plus polling and scheduling slack on a loaded machine.
     assert!(killed.elapsed() <= Duration::from_secs(3), "took {:?}", killed.elapsed());
     assert_eq!(mock.count(), 2);
 }
 
+/// When the one concurrency slot of rule "remark" expires unless renewed
+/// (µs since the Unix epoch, from Redis).
+fn slot_expiry(redis: &RedisServer) -> f64 {
+    let reply = redis.command("ZRANGE wxgate:{default}:remark:c 0 -1 WITHSCORES");
+    // *2, $len, holder, $len, score
+    let lines: Vec<&str> = reply.lines().collect();
+    assert_eq!((lines.len(), lines.first().copied()), (5, Some("*2")), "one slot: {reply:?}");
+    lines[4].parse().unwrap_or_else(|_| panic!("a score: {reply:?}"))
+}
+
+/// Now, in µs since the Unix epoch (the clock Redis and wxgate read too).
+fn unix_us() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_micros() as f64
+}
+
 /// Calls to EVALSHA Redis has answered so far.
 fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.command("INFO commandstats");
-    stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    redis.command_calls("evalsha")
 }
 
 #[tokio::test]
 async fn known_refusals_are_answered_without_asking_redis() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let one_a_day = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\nlimits = [{ count = 1, per = \"day\" }]\n";
-    for (cache, max_asks) in [("true", 5), ("false", 51)] {
-        let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nrefusal_cache = {cache}\nkey_prefix = \"c{cache}\"\n", redis.url());
-        let gate = gate_on(&config_text(&format!("http://{}", mock.addr), &format!("{store}{one_a_day}"))).await;
-        assert_eq!(get(gate.addr, "/cgi-bin/message/template/send").await.status, 200);
+    for (cache, max_asks) in [(true, 5), (false, 51)] {
+        let store = StoreToml::redis(&redis.url()).set("refusal_cache", cache).set("key_prefix", format!("c{cache}"));
+        let gate = Gate::start_real(&mock, format!("{store}\n{}", tpl().limit(1, "day"))).await;
+        assert_eq!(gate.get("/cgi-bin/message/template/send").await.status, 200);
         let before = evalsha_calls(&redis);
         for _ in 0..50 {
-            let a = get(gate.addr, "/cgi-bin/message/template/send").await;
+            let a = gate.get("/cgi-bin/message/template/send").await;
             assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
         }
         let asked = evalsha_calls(&redis) - before;
         eprintln!("refusal_cache = {cache}: 50 refusals asked Redis {asked} times");
-        if cache == "true" {
+        if cache {
             assert!(asked <= max_asks, "asked Redis {asked} times for 50 known refusals");
         } else {
             assert_eq!(asked, max_asks - 1, "without the cache every refusal is a round trip");
@@ -192,27 +173,20 @@ async fn known_refusals_are_answered_without_asking_redis() {
 async fn clients_leaving_mid_decision_never_stall_the_account() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let text = config_text(
-        &format!("http://{}", mock.addr),
-        &format!(
-            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nfallback = \"deny\"\n\n\
-             [[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
-             limits = [{{ count = 100000, per = \"1s\" }}]\n",
-            redis.url()
-        ),
-    );
-    let gate = gate_on(&text).await;
+    let store = StoreToml::redis(&redis.url()).set("fallback", "deny");
+    let gate = Gate::start_real(&mock, format!("{store}\n{}", tpl().limit(100_000, "1s"))).await;
     let addr = gate.addr;
     let path = "/cgi-bin/message/template/send?access_token=T";
     for round in 0..3 {
         redis.pause();
-        let leaving: Vec<_> =
-            (0..16).map(|_| tokio::spawn(tokio::time::timeout(Duration::from_millis(150), get(addr, path)))).collect();
+        let leaving: Vec<_> = (0..16)
+            .map(|_| tokio::spawn(tokio::time::timeout(Duration::from_millis(150), get_at(addr, path))))
+            .collect();
         for t in leaving {
             assert!(t.await.expect("task").is_err(), "round {round}: no answer while Redis is frozen");
         }
         redis.resume();
-        let calls: Vec<_> = (0..16).map(|_| tokio::spawn(get(addr, path))).collect();
+        let calls: Vec<_> = (0..16).map(|_| tokio::spawn(get_at(addr, path))).collect();
         for t in calls {
             let answer = t.await.expect("task");
             assert_eq!(answer.status, 200, "round {round}: {}", answer.text());

@@ -3,20 +3,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use support::*;
-use tokio::sync::Semaphore;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wxgate-reload-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 /// Replaces the file the way editors and config maps do: write aside, rename over.
 fn replace(path: &Path, text: &str) {
@@ -25,28 +16,19 @@ fn replace(path: &Path, text: &str) {
     std::fs::rename(&aside, path).expect("rename");
 }
 
-fn rules(mock: &MockWeChat, day: u32, extra: &str) -> String {
-    config_text(
-        &format!("http://{}", mock.addr),
-        &format!(
-            "{extra}\n[[rule]]\nname = \"menu\"\nmatch = [\"/cgi-bin/menu/create\"]\nlimits = [{{ count = {day}, per = \"day\" }}]\n\n\
-             [[rule]]\nname = \"info\"\nmatch = [\"/cgi-bin/user/info\"]\nlimits = []\n"
-        ),
-    )
-}
-
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what} did not happen within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// "menu" with `day` calls a day, "info" without limits; and `extra` sections.
+fn rules(mock: &MockWeChat, day: u64, extra: &str) -> String {
+    ConfigToml::new(&mock.url())
+        .with(extra)
+        .with(rule("menu").matching("/cgi-bin/menu/create").limit(day, "day"))
+        .with(rule("info").matching("/cgi-bin/user/info"))
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     let mock = MockWeChat::start().await;
-    let dir = temp_dir("edit");
+    let dir = TempDir::new("reload-edit");
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules(&mock, 2, "")).expect("write");
     let gate = Arc::new(Gate::start_file(&path).await);
@@ -70,7 +52,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, &rules(&mock, 5, ""));
-    until("the reload", || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
     // The day's count (2) carries over; the new quota is 5.
     for _ in 0..3 {
         assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 200);
@@ -78,7 +60,7 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     assert_eq!(gate.get("/cgi-bin/menu/create").await.status, 429);
 
     replace(&path, "[[rule]]\nname = \"menu\"\nlimits = [{ count = 0, per = \"day\" }\n");
-    until("the refused reload", || gate.app().reloads.failed.load(Ordering::Relaxed) >= 1).await;
+    eventually("the refused reload", PATIENCE, || gate.reloads().1 >= 1).await;
     // Still the old rules: the quota of 5 is used up, "info" still forwards.
     let a = gate.get("/cgi-bin/menu/create").await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")));
@@ -88,28 +70,24 @@ async fn an_edited_file_applies_under_load_and_a_broken_one_is_refused() {
     for l in load {
         assert!(l.await.expect("load task") > 0);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
 async fn a_call_in_flight_finishes_under_the_rules_it_started_with() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(errcode_reply(45009)) });
-    let dir = temp_dir("inflight");
+    let permits = mock.hold_replies(errcode_reply(45009));
+    let dir = TempDir::new("reload-inflight");
     let path = dir.join("rules.toml");
-    std::fs::write(&path, rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 60\n")).expect("write");
+    std::fs::write(&path, rules(&mock, 100, &penalty(45009, 60))).expect("write");
     let gate = Arc::new(Gate::start_file(&path).await);
     let g = gate.clone();
     let call = tokio::spawn(async move { g.get("/cgi-bin/menu/create").await });
-    until("the call reaching WeChat", || mock.count() == 1).await;
-    replace(&path, &rules(&mock, 100, "[[penalty]]\nerrcode = 45009\nseconds = 600\n"));
-    until("the reload", || gate.app().reloads.ok.load(Ordering::Relaxed) >= 1).await;
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() == 1).await;
+    replace(&path, &rules(&mock, 100, &penalty(45009, 600)));
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
     permits.add_permits(1);
     let a = call.await.expect("call");
     assert_eq!((a.status.as_u16(), a.retry_after()), (429, 60), "penalised under the rules it started with");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -117,7 +95,7 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     let mock = MockWeChat::start().await;
     // The watched path is a symlink into another directory: editing the
     // target raises no event where wxgate watches, so only SIGHUP reloads.
-    let dir = temp_dir("hup");
+    let dir = TempDir::new("reload-hup");
     let real_dir = dir.join("real");
     std::fs::create_dir_all(&real_dir).expect("dir");
     let real = real_dir.join("rules.toml");
@@ -125,34 +103,14 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     let link = dir.join("rules.toml");
     std::os::unix::fs::symlink(&real, &link).expect("symlink");
     let instance = support::process::spawn_path(&link, &[]).expect("serving");
-    let addr = instance.addr;
-    let get = |p: &'static str| async move {
-        send(
-            http::Request::get(format!("http://{addr}{p}"))
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .expect("req"),
-        )
-        .await
-    };
+    let get = |p| instance.get(p);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429);
     std::fs::write(&real, rules(&mock, 3, "")).expect("write");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::poll::unseen_edit_grace().await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "no event, no reload");
-    let ok =
-        std::process::Command::new("kill").args(["-HUP", &instance.child.id().to_string()]).status().expect("kill");
-    assert!(ok.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let a = get("/cgi-bin/menu/create").await;
-        if a.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "SIGHUP did not reload");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    instance.signal("-HUP");
+    eventually_async("the reload on SIGHUP", PATIENCE, async || get("/cgi-bin/menu/create").await.status == 200).await;
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "quota 3 now, all used");
-    drop(instance);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,16 +7,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use tokio::net::TcpSocket;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
-
+use support::process::{self, Instance};
 use support::*;
 
 const SECRETS: [&str; 6] = ["SEKRIT_AT_1", "SEKRIT_S_2", "SEKRIT_CS_3", "SEKRIT_C_4", "SEKRIT_JS_5", "SEKRIT_RT_6"];
@@ -31,149 +24,10 @@ const HEADERS: &str =
 Js-Code: SEKRIT_JS_5\r\nRefresh-Token: SEKRIT_RT_6\r\nAuthorization: Bearer SEKRIT_AT_1\r\n\
 Cookie: access_token=SEKRIT_AT_1; secret=SEKRIT_S_2\r\nX-Wx-Account: wx1234567890abcdef\r\n";
 
-/// Guards against hangs: nothing here should take this long.
-const GUARD: Duration = Duration::from_secs(20);
-
-const RULES: &str = r#"
-[[rule]]
-name = "send"
-match = ["/cgi-bin/message/custom/send"]
-limits = [{ count = 1, per = "day" }]
-
-[[rule]]
-name = "punished"
-match = ["/cgi-bin/punished"]
-limits = []
-
-[[rule]]
-name = "default"
-limits = []
-"#;
-
-/// A wxgate process whose stderr (and stdout) is collected until it exits.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-    admin: Option<SocketAddr>,
-    log: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
-    config: std::path::PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.config);
-    }
-}
-
-impl Proc {
-    fn start(config: &str, tag: &str, filter: &str) -> Proc {
-        let path = std::env::temp_dir().join(format!("wxgate-secrets-{}-{tag}.toml", std::process::id()));
-        std::fs::write(&path, config).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wxgate"))
-            .args(["--config", path.to_str().expect("utf-8 path")])
-            .env("WXGATE_LOG", filter)
-            .env_remove("WXGATE_CONFIG")
-            .env_remove("WXGATE_REDIS_PASSWORD")
-            .env_remove("WXGATE_ADMIN_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn wxgate");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (ready_tx, ready_rx) = mpsc::channel::<String>();
-        let mut readers = Vec::new();
-        let stderr = child.stderr.take().expect("stderr");
-        let keep = log.clone();
-        readers.push(std::thread::spawn(move || {
-            let mut reader = BufReader::new(stderr);
-            let mut line = Vec::new();
-            // Bytes, not lines of UTF-8: a log line must not be lost to a decoding error.
-            while reader.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
-                let text = String::from_utf8_lossy(&line).into_owned();
-                keep.lock().expect("log").push_str(&text);
-                if text.contains(" listen=") || text.contains("\"listen\":") {
-                    let _ = ready_tx.send(text);
-                }
-                line.clear();
-            }
-        }));
-        let stdout = child.stdout.take().expect("stdout");
-        let keep = log.clone();
-        readers.push(std::thread::spawn(move || {
-            let mut out = Vec::new();
-            let _ = BufReader::new(stdout).read_to_end(&mut out);
-            keep.lock().expect("log").push_str(&String::from_utf8_lossy(&out));
-        }));
-        let line = match ready_rx.recv_timeout(GUARD) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("wxgate did not start:\n{}", log.lock().expect("log"));
-            }
-        };
-        let field = |name: &str| -> Option<SocketAddr> {
-            let text =
-                line.split(&format!(" {name}=")).nth(1).or_else(|| line.split(&format!("\"{name}\":\"")).nth(1))?;
-            text.split(|c: char| c.is_whitespace() || c == '"').next()?.parse().ok()
-        };
-        let addr = field("listen").unwrap_or_else(|| panic!("no listen address in {line:?}"));
-        let admin = field("admin");
-        Proc { child, addr, admin, log, readers, config: path }
-    }
-
-    /// Stops the process (SIGTERM, so it logs its shutdown; SIGKILL if it
-    /// lingers) and returns everything it wrote.
-    fn stop(mut self) -> String {
-        let pid = self.child.id().to_string();
-        let termed = Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success());
-        let deadline = Instant::now() + GUARD;
-        while termed && Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for r in self.readers.drain(..) {
-            let _ = r.join();
-        }
-        let log = self.log.lock().expect("log");
-        log.clone()
-    }
-}
-
-/// Sends `bytes` on a fresh connection and reads until the server closes it.
-async fn exchange(addr: SocketAddr, bytes: Vec<u8>) -> String {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut rd, mut wr) = stream.into_split();
-    let writer = tokio::spawn(async move {
-        let _ = wr.write_all(&bytes).await;
-        wr
-    });
-    let mut out = Vec::new();
-    let read = tokio::time::timeout(GUARD, async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
-    drop(writer.await);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    assert!(read.is_ok(), "the server closes the connection in time: {text:?}");
-    text
-}
-
-fn status_of(response: &str) -> u16 {
-    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {response:?}"))
+/// The wxgate binary on `config`, logging at `filter`.
+fn start(config: &str, tag: &str, filter: &str) -> Instance {
+    let tag = format!("secrets-{tag}");
+    process::spawn(config, &tag, &[("WXGATE_LOG", filter)]).unwrap_or_else(|log| panic!("wxgate did not start:\n{log}"))
 }
 
 /// One call: what to send, what status to expect, and whether wxgate wrote
@@ -230,11 +84,16 @@ fn leaks(text: &str) -> Vec<&'static str> {
     SECRETS.iter().copied().filter(|s| text.contains(s)).collect()
 }
 
+/// One call a day on "send", no limits on "punished" and the default rule.
 fn config(upstream: &str, log_format: &str) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\n\
-         upstream_timeout = \"1s\"\nmax_body = \"1KiB\"\n\n[log]\nformat = \"{log_format}\"\n{RULES}"
-    )
+    ConfigToml::new(upstream)
+        .server("upstream_timeout", "1s")
+        .server("max_body", "1KiB")
+        .with(format!("[log]\nformat = \"{log_format}\"\n"))
+        .with(rule("send").matching("/cgi-bin/message/custom/send").limit(1, "day"))
+        .with(rule("punished").matching("/cgi-bin/punished"))
+        .with(rule("default"))
+        .to_string()
 }
 
 async fn no_secrets_anywhere(filter: &str, log_format: &str) {
@@ -254,9 +113,8 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     let closed_port = closed.local_addr().expect("addr").port();
 
     let tag = format!("{}-{log_format}", filter.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    let gate = Proc::start(&config(&format!("http://{}", mock.addr), log_format), &format!("{tag}-main"), filter);
-    let dead =
-        Proc::start(&config(&format!("http://127.0.0.1:{closed_port}"), log_format), &format!("{tag}-dead"), filter);
+    let gate = start(&config(&mock.url(), log_format), &format!("{tag}-main"), filter);
+    let dead = start(&config(&format!("http://127.0.0.1:{closed_port}"), log_format), &format!("{tag}-dead"), filter);
 
     let send = "/cgi-bin/message/custom/send";
     let punished = "/cgi-bin/punished";
@@ -302,8 +160,9 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     let mut checked = 0;
     for (proc, calls) in [(&gate, on_gate), (&dead, on_dead)] {
         for call in calls {
-            let answer = exchange(proc.addr, call.request).await;
-            assert_eq!(status_of(&answer), call.status, "{}: {answer}", call.label);
+            let ex = exchange(proc.addr, &call.request).await;
+            let answer = ex.closed_text();
+            assert_eq!(ex.only().status, call.status, "{}: {answer}", call.label);
             if call.generated {
                 checked += 1;
                 let leaked = leaks(&answer);
@@ -323,18 +182,17 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
         for path in
             ["/metrics", "/v1/rules", "/v1/buckets/wx1234567890abcdef/send", "/v1/buckets/wx1234567890abcdef/punished"]
         {
-            let answer = exchange(
-                admin,
-                format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").into_bytes(),
-            )
-            .await;
+            let answer =
+                exchange(admin, format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes())
+                    .await
+                    .closed_text();
             let leaked = leaks(&answer);
             assert!(leaked.is_empty(), "admin {path} contains {leaked:?}:\n{answer}");
         }
     }
 
-    let gate_log = gate.stop();
-    let dead_log = dead.stop();
+    let gate_log = gate.stop().await;
+    let dead_log = dead.stop().await;
     drop(closed);
     // The logs did record these calls (so an empty capture cannot pass) ...
     assert!(gate_log.contains("penalised"), "the penalty is logged:\n{gate_log}");

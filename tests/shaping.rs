@@ -10,37 +10,33 @@ use std::time::Duration;
 use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 
-const SHAPED: &str = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 10, per = "10s", burst = 1 }]
-max_wait = "3s"
-"#;
+/// 10 per 10 s, burst 1: one call a second, held up to 3 s for its slot.
+fn shaped() -> RuleToml {
+    rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(10, "10s", 1).max_wait("3s")
+}
 const PATH: &str = "/cgi-bin/message/template/send?access_token=T";
 
-/// Lets the other tasks run for a moment: long enough for a call that should
-/// NOT have been forwarded to have shown up at the mock if it wrongly was.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(100)).await;
+/// Calls held for their slot on rule "tpl" (account "default").
+fn held_now(gate: &Gate) -> u32 {
+    gate.held("default", "tpl")
 }
 
 #[tokio::test]
 async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
     let mock = MockWeChat::start().await;
-    let gate = Arc::new(Gate::start(&mock, SHAPED).await);
+    let gate = Arc::new(Gate::start(&mock, shaped()).await);
     assert_eq!(gate.get(PATH).await.status, 200);
     // 10 per 10 s, burst 1: the next slot is 1 s away, within max_wait.
     let g = gate.clone();
     let held = tokio::spawn(async move { g.get(PATH).await });
     let g = gate.clone();
     let held_later = tokio::spawn(async move { g.get(PATH).await });
-    settle().await;
+    eventually("both calls held", PATIENCE, || held_now(&gate) == 2).await;
     assert_eq!(mock.count(), 1, "held, not forwarded yet");
     gate.advance(Duration::from_millis(999));
-    settle().await;
+    gate.settle().await;
+    assert_eq!(held_now(&gate), 2, "a millisecond early: both still held");
     assert_eq!(mock.count(), 1, "a millisecond early is still early");
     gate.advance(Duration::from_millis(1));
     let a = held.await.expect("held call");
@@ -55,7 +51,7 @@ async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
 #[tokio::test]
 async fn a_slot_beyond_max_wait_is_refused_at_once() {
     let mock = MockWeChat::start().await;
-    let gate = Gate::start(&mock, &SHAPED.replace("max_wait = \"3s\"", "max_wait = \"500ms\"")).await;
+    let gate = Gate::start(&mock, shaped().max_wait("500ms")).await;
     assert_eq!(gate.get(PATH).await.status, 200);
     let a = gate.get(PATH).await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("rate")));
@@ -64,63 +60,61 @@ async fn a_slot_beyond_max_wait_is_refused_at_once() {
     gate.advance(Duration::from_millis(600));
     let g = Arc::new(gate);
     let g2 = g.clone();
-    let held = tokio::spawn(async move { g2.get(PATH).await });
-    settle().await;
-    g.advance(Duration::from_millis(400));
-    assert_eq!(held.await.expect("held").status, 200);
+    let held_call = tokio::spawn(async move { g2.get(PATH).await });
+    eventually("the call held", PATIENCE, || held_now(&g) == 1).await;
+    g.advance(Duration::from_millis(399));
+    g.settle().await;
+    assert_eq!((held_now(&g), mock.count()), (1, 1), "held for 400 ms, not less");
+    g.advance(Duration::from_millis(1));
+    assert_eq!(held_call.await.expect("held").status, 200);
 }
 
 #[tokio::test]
 async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_place() {
     let mock = MockWeChat::start().await;
-    let text = config_text(&format!("http://{}", mock.addr), SHAPED).replace("[server]\n", "[server]\nmax_held = 1\n");
-    let gate = Arc::new(Gate::start_text(&text).await);
+    let gate = Arc::new(Gate::start_text(ConfigToml::new(&mock.url()).server("max_held", 1).with(shaped())).await);
     assert_eq!(gate.get(PATH).await.status, 200);
     // A raw client whose call gets held, then goes away.
     let mut leaver = TcpStream::connect(gate.addr).await.expect("connect");
     leaver.write_all(format!("GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
-    settle().await;
+    eventually("the leaver's call held", PATIENCE, || held_now(&gate) == 1).await;
+    assert_eq!(gate.held_places(), 1);
     // The one place for a held call is taken: a call that would wait is refused.
     let a = gate.get(PATH).await;
     assert_eq!(a.status, 429, "max_held = 1 is in use by the held call");
     drop(leaver);
-    settle().await;
+    eventually("the leaver's place freed", PATIENCE, || gate.held_places() == 0).await;
+    assert_eq!(held_now(&gate), 0);
     // Its place is free again: this call is held (for the slot after the
     // abandoned one, which stays used) and goes when its time comes.
     let g = gate.clone();
-    let held = tokio::spawn(async move { g.get(PATH).await });
-    settle().await;
+    let held_call = tokio::spawn(async move { g.get(PATH).await });
+    eventually("the next call held", PATIENCE, || held_now(&gate) == 1).await;
     gate.advance(Duration::from_millis(1000));
-    settle().await;
+    gate.settle().await;
+    assert_eq!(held_now(&gate), 1, "still held: its slot is the one after the abandoned call's");
     assert_eq!(mock.count(), 1, "the abandoned call was never sent, and its slot was not reused");
     gate.advance(Duration::from_millis(1000));
-    assert_eq!(held.await.expect("held").status, 200);
+    assert_eq!(held_call.await.expect("held").status, 200);
     assert_eq!(mock.count(), 2);
 }
 
-const CAPPED: &str = r#"
-[[rule]]
-name = "remark"
-match = ["/cgi-bin/externalcontact/remark"]
-limits = []
-concurrency = 3
-"#;
+/// No limits, three calls at WeChat at once.
+fn capped() -> RuleToml {
+    rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(3)
+}
 
 #[tokio::test]
 async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let gate = Arc::new(Gate::start_real(&mock, CAPPED).await);
+    let permits = mock.hold_replies(ok_reply());
+    let gate = Arc::new(Gate::start_real(&mock, capped()).await);
     let mut calls = Vec::new();
     for _ in 0..3 {
         let g = gate.clone();
         calls.push(tokio::spawn(async move { g.get("/cgi-bin/externalcontact/remark").await }));
     }
-    while mock.in_flight().0 < 3 {
-        tokio::task::yield_now().await;
-    }
+    eventually("three calls in flight at WeChat", PATIENCE, || mock.in_flight().0 >= 3).await;
     let a = gate.get("/cgi-bin/externalcontact/remark").await;
     assert_eq!(a.status, 429);
     assert_eq!(a.header("x-wxgate-reason"), Some("concurrency"));
@@ -139,7 +133,7 @@ async fn over_the_concurrency_cap_calls_are_refused_without_max_wait() {
 async fn parallel_load_never_exceeds_the_concurrency_cap_and_waits_for_slots() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Delayed { ms: 30, then: Box::new(ok_reply()) });
-    let gate = Arc::new(Gate::start_real(&mock, &format!("{CAPPED}max_wait = \"10s\"\n")).await);
+    let gate = Arc::new(Gate::start_real(&mock, capped().max_wait("10s")).await);
     let mut calls = Vec::new();
     for _ in 0..24 {
         let g = gate.clone();
@@ -164,13 +158,7 @@ async fn a_token_refresh_through_wxgate_restarts_the_warm_up() {
             ok_reply()
         }
     });
-    let rules = r#"
-[[rule]]
-name = "tpl"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 10, per = "10s", burst = 1 }]
-warmup = "10s"
-"#;
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(10, "10s", 1).warmup("10s");
     let gate = Gate::start(&mock, rules).await;
     // Cold start, then calls through the 10 s warm-up: afterwards, one per second.
     assert_eq!(gate.get_as("appA", PATH).await.status, 200);

@@ -4,39 +4,11 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::process::{self, Instance};
+use support::process;
 use support::redis_server::RedisServer;
 use support::*;
-use tokio::sync::Semaphore;
-
-fn signal(instance: &Instance, sig: &str) {
-    let ok = std::process::Command::new("kill").args([sig, &instance.child.id().to_string()]).status().expect("kill");
-    assert!(ok.success());
-}
-
-async fn call(addr: std::net::SocketAddr, path: &'static str) -> Answer {
-    send(
-        http::Request::get(format!("http://{addr}{path}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("req"),
-    )
-    .await
-}
-
-/// Waits for the process to exit; its exit code.
-async fn exit_code(instance: &mut Instance, limit: Duration) -> i32 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = instance.child.try_wait().expect("try_wait") {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "wxgate did not exit within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Whether a new connection is refused (the listener is closed).
 async fn refuses(addr: std::net::SocketAddr) -> bool {
@@ -46,77 +18,57 @@ async fn refuses(addr: std::net::SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_calls_in_flight_finish_then_exits_zero() {
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let rules = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\nlimits = []\n";
-    let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "term", &[]).expect("serving");
+    let permits = mock.hold_replies(ok_reply());
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send");
+    let mut gate = process::spawn(&config_text(&mock.url(), rules), "term", &[]).expect("serving");
     let addr = gate.addr;
-    let in_flight = tokio::spawn(async move { call(addr, "/cgi-bin/message/template/send").await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    signal(&gate, "-TERM");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !refuses(addr).await {
-        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(gate.child.try_wait().expect("try_wait").is_none(), "waits for the call in flight");
+    let in_flight = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
+    gate.signal("-TERM");
+    eventually_async("the listener closing after SIGTERM", PATIENCE, async || refuses(addr).await).await;
+    assert!(gate.is_running(), "waits for the call in flight");
     permits.add_permits(1);
     assert_eq!(in_flight.await.expect("call").status, 200, "the call in flight got its answer");
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_lets_a_held_call_go_out_before_exiting() {
     let mock = MockWeChat::start().await;
     // 2 per 2 s, burst 1: the second call is held about a second.
-    let rules = "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
-                 limits = [{ count = 2, per = \"2s\", burst = 1 }]\nmax_wait = \"5s\"\n";
-    let mut gate = process::spawn(&config_text(&format!("http://{}", mock.addr), rules), "int", &[]).expect("serving");
+    let rules = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(2, "2s", 1).max_wait("5s");
+    let mut gate = process::spawn(&config_text(&mock.url(), rules), "int", &[]).expect("serving");
     let addr = gate.addr;
-    assert_eq!(call(addr, "/cgi-bin/message/template/send").await.status, 200);
-    let held = tokio::spawn(async move { call(addr, "/cgi-bin/message/template/send").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(get_at(addr, "/cgi-bin/message/template/send").await.status, 200);
+    let held = tokio::spawn(async move { get_at(addr, "/cgi-bin/message/template/send").await });
+    eventually_async("the second call held", PATIENCE, async || gate.metric("wxgate_held").await == Some(1.0)).await;
     assert_eq!(mock.count(), 1, "the second call is being held");
-    signal(&gate, "-INT");
+    gate.signal("-INT");
     assert_eq!(held.await.expect("held call").status, 200, "the held call went out");
     assert_eq!(mock.count(), 2);
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_concurrency_slots_in_redis() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let permits = Arc::new(Semaphore::new(0));
-    let p = permits.clone();
-    mock.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(ok_reply()) });
-    let rules = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\n[[rule]]\nname = \"remark\"\n\
-         match = [\"/cgi-bin/externalcontact/remark\"]\nlimits = []\nconcurrency = 5\n",
-        redis.url()
-    );
-    let mut gate =
-        process::spawn(&config_text(&format!("http://{}", mock.addr), &rules), "slots", &[]).expect("serving");
+    let permits = mock.hold_replies(ok_reply());
+    let store = StoreToml::redis(&redis.url());
+    let remark = rule("remark").matching("/cgi-bin/externalcontact/remark").concurrency(5);
+    let config = ConfigToml::new(&mock.url()).with(store).with(remark).to_string();
+    let mut gate = process::spawn(&config, "slots", &[]).expect("serving");
     let addr = gate.addr;
     let calls: Vec<_> =
-        (0..3).map(|_| tokio::spawn(async move { call(addr, "/cgi-bin/externalcontact/remark").await })).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 3 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        (0..3).map(|_| tokio::spawn(async move { get_at(addr, "/cgi-bin/externalcontact/remark").await })).collect();
+    eventually("the calls reaching WeChat", PATIENCE, || mock.count() >= 3).await;
     assert!(redis.command("ZCARD wxgate:{default}:remark:c").contains(":3"), "three slots taken");
-    signal(&gate, "-TERM");
+    gate.signal("-TERM");
     permits.add_permits(3);
     for c in calls {
         assert_eq!(c.await.expect("call").status, 200);
     }
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
     let left = redis.command("ZCARD wxgate:{default}:remark:c");
     assert!(left.contains(":0"), "every slot released before exit, not left to its lease: {left}");
 }
@@ -125,9 +77,8 @@ async fn shutdown_releases_concurrency_slots_in_redis() {
 async fn calls_still_running_at_the_deadline_are_cut_off() {
     let mock = MockWeChat::start().await;
     mock.respond(|_| Reply::Hang);
-    let text = config_text(&format!("http://{}", mock.addr), "")
-        .replace("[server]\n", "[server]\nshutdown_timeout = \"300ms\"\n")
-        .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"60s\"");
+    let text =
+        ConfigToml::new(&mock.url()).server("shutdown_timeout", "300ms").server("upstream_timeout", "60s").to_string();
     let mut gate = process::spawn(&text, "deadline", &[]).expect("serving");
     let addr = gate.addr;
     let hanging = tokio::spawn(async move {
@@ -136,14 +87,10 @@ async fn calls_still_running_at_the_deadline_are_cut_off() {
         let req = http::Request::get(format!("http://{addr}/cgi-bin/anything")).body(Default::default()).expect("req");
         client.request(req).await.map(|r| r.status())
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mock.count() < 1 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
     let signalled = Instant::now();
-    signal(&gate, "-TERM");
-    assert_eq!(exit_code(&mut gate, Duration::from_secs(10)).await, 0);
+    gate.signal("-TERM");
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
     assert!(signalled.elapsed() < Duration::from_secs(5), "exited at the deadline, not when the call ended");
     assert!(hanging.await.expect("task").is_err(), "the cut-off call sees its connection close");
 }

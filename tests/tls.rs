@@ -3,10 +3,8 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
@@ -16,9 +14,6 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use support::*;
-
-/// Guards against hangs: a test that needs longer than this has failed.
-const GUARD: Duration = Duration::from_secs(20);
 
 /// A private CA and a server certificate it signed.
 struct Pki {
@@ -81,43 +76,22 @@ async fn start_tls_mock(pki: &Pki) -> MockWeChat {
     mock
 }
 
-/// A file under the temp dir, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, contents: &str) -> TempFile {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
-        let path = std::env::temp_dir().join(format!(
-            "wxgate-test-{}-{nanos}-{}-{name}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, contents).expect("write temp file");
-        TempFile(path)
+/// Config for a gate in front of `https://localhost:{port}`, trusting `ca` if given.
+fn tls_config(port: u16, ca: Option<&Path>) -> ConfigToml {
+    let config = ConfigToml::new(&format!("https://localhost:{port}")).server("upstream_timeout", "10s");
+    match ca {
+        Some(ca) => config.server("upstream_ca", ca.to_str().expect("utf-8 path")),
+        None => config,
     }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Config text for a gate in front of `https://localhost:{port}`, trusting `ca` if given.
-fn tls_config(port: u16, ca: Option<&TempFile>) -> String {
-    let ca_line = ca.map(|f| format!("upstream_ca = '{}'\n", f.0.display())).unwrap_or_default();
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"https://localhost:{port}\"\nupstream_timeout = \"10s\"\n{ca_line}"
-    )
 }
 
 #[tokio::test]
 async fn upstream_with_a_certificate_from_upstream_ca_is_trusted() {
     let pki = pki(&["localhost", "127.0.0.1"]);
     let mock = start_tls_mock(&pki).await;
-    let ca = TempFile::new("ca.pem", &pki.ca_pem);
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+    let dir = TempDir::new("tls");
+    let ca = dir.write("ca.pem", &pki.ca_pem);
+    let gate = Gate::start_text(tls_config(mock.addr.port(), Some(&ca))).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential&appid=A"))
         .await
@@ -138,7 +112,7 @@ async fn upstream_with_a_certificate_from_upstream_ca_is_trusted() {
 async fn upstream_with_an_untrusted_certificate_is_502_and_never_called() {
     let pki = pki(&["localhost", "127.0.0.1"]);
     let mock = start_tls_mock(&pki).await;
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), None)).await;
+    let gate = Gate::start_text(tls_config(mock.addr.port(), None)).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
         .await
@@ -157,8 +131,9 @@ async fn upstream_with_an_untrusted_certificate_is_502_and_never_called() {
 async fn trusted_ca_does_not_excuse_a_certificate_for_another_name() {
     let pki = pki(&["wechat.invalid"]);
     let mock = start_tls_mock(&pki).await;
-    let ca = TempFile::new("ca.pem", &pki.ca_pem);
-    let gate = Gate::start_text(&tls_config(mock.addr.port(), Some(&ca))).await;
+    let dir = TempDir::new("tls");
+    let ca = dir.write("ca.pem", &pki.ca_pem);
+    let gate = Gate::start_text(tls_config(mock.addr.port(), Some(&ca))).await;
 
     let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/token?grant_type=client_credential"))
         .await

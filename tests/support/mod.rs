@@ -1,12 +1,34 @@
 //! Test harness: a mock WeChat over real sockets, wxgate started in-process
 //! on a free loopback port with a [`ManualClock`], and a small HTTP client.
+//! Beside it: the wxgate binary as a process ([`process`]), `redis-server`
+//! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
+//! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
+//! ([`wire`]) and scratch directories ([`temp`]). Every test binary does
+//! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
+pub mod config;
+pub mod poll;
 pub mod process;
 pub mod redis_server;
+pub mod temp;
+pub mod window;
+pub mod wire;
+
+#[allow(unused_imports)]
+pub use config::{penalty, rule, ConfigToml, RuleToml, StoreToml};
+#[allow(unused_imports)]
+pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
+#[allow(unused_imports)]
+pub use temp::TempDir;
+#[allow(unused_imports)]
+pub use window::{busiest_window, max_in_window};
+#[allow(unused_imports)]
+pub use wire::{exchange, read_until_closed, Exchange, RawResponse};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +42,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use wxgate::clock::ManualClock;
 use wxgate::config::Config;
@@ -30,6 +51,10 @@ use wxgate::server::Running;
 /// 2026-11-29 10:00:00 Beijing (02:00 UTC), in microseconds.
 pub const T0: i64 = (20_786 * 86_400 + 2 * 3600) * 1_000_000;
 pub const SEC: i64 = 1_000_000;
+
+/// Guards against hangs: an exchange, a start or a stop that needs longer
+/// than this has failed.
+pub const GUARD: Duration = Duration::from_secs(20);
 
 /// One call as the mock saw it.
 #[derive(Debug, Clone)]
@@ -105,6 +130,11 @@ impl Drop for InFlight {
 }
 
 impl MockWeChat {
+    /// The mock as an upstream base URL, `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     pub async fn start() -> MockWeChat {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
         let mock = MockWeChat {
@@ -141,6 +171,15 @@ impl MockWeChat {
     /// Sets how the mock answers from now on.
     pub fn respond(&self, f: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
         *self.responder.lock().expect("responder") = Arc::new(f);
+    }
+
+    /// From now on every call waits at the mock until the test adds a permit
+    /// to the returned semaphore (one per call), then gets `then`.
+    pub fn hold_replies(&self, then: Reply) -> Arc<tokio::sync::Semaphore> {
+        let permits = Arc::new(tokio::sync::Semaphore::new(0));
+        let p = permits.clone();
+        self.respond(move |_| Reply::Gated { gate: p.clone(), then: Box::new(then.clone()) });
+        permits
     }
 
     pub fn calls(&self) -> Vec<Recorded> {
@@ -266,29 +305,49 @@ pub struct Gate {
     pub running: Option<Running>,
 }
 
-/// Config text for a gate in front of `upstream` (an `http://host:port` base).
-pub fn config_text(upstream: &str, rules: &str) -> String {
-    format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\"\nupstream_timeout = \"2s\"\n\n{rules}\n")
+/// Config text for a gate in front of `upstream` (an `http://host:port` base)
+/// with these sections (rules, a store, penalties): [`ConfigToml`]'s defaults.
+pub fn config_text(upstream: &str, sections: impl Display) -> String {
+    ConfigToml::new(upstream).with(sections).to_string()
+}
+
+fn parse(text: impl Display) -> Config {
+    Config::parse(&text.to_string(), Path::new("test.toml")).expect("test config")
 }
 
 impl Gate {
-    pub async fn start(mock: &MockWeChat, rules: &str) -> Gate {
-        Gate::start_text(&config_text(&format!("http://{}", mock.addr), rules)).await
+    /// A gate in front of `mock` with these sections (rules, a store, penalties).
+    pub async fn start(mock: &MockWeChat, sections: impl Display) -> Gate {
+        Gate::start_text(config_text(&mock.url(), sections)).await
     }
 
-    pub async fn start_text(text: &str) -> Gate {
-        let config = Config::parse(text, Path::new("test.toml")).expect("test config");
-        let clock = ManualClock::new(T0);
-        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
-        Gate { addr: running.addr, clock, running: Some(running) }
+    /// A gate on this whole config text (or [`ConfigToml`]).
+    pub async fn start_text(text: impl Display) -> Gate {
+        Gate::serve(parse(text), None).await
     }
 
     /// A gate loaded from a config file, which it watches for changes.
     pub async fn start_file(path: &Path) -> Gate {
-        let config = Config::load(path).expect("test config file");
-        let clock = ManualClock::new(T0);
-        let running = wxgate::start(config, Arc::new(clock.clone())).await.expect("start wxgate");
-        Gate { addr: running.addr, clock, running: Some(running) }
+        Gate::serve(Config::load(path).expect("test config file"), None).await
+    }
+
+    /// A gate on the system clock, for tests of real concurrency and of
+    /// Redis (its `clock` field is unused).
+    pub async fn start_real(mock: &MockWeChat, sections: impl Display) -> Gate {
+        Gate::start_real_text(config_text(&mock.url(), sections)).await
+    }
+
+    /// Like [`Gate::start_real`], on a whole config text (or [`ConfigToml`]).
+    pub async fn start_real_text(text: impl Display) -> Gate {
+        Gate::serve(parse(text), Some(Arc::new(wxgate::clock::SystemClock))).await
+    }
+
+    /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
+    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::clock::Clock>>) -> Gate {
+        let manual = ManualClock::new(T0);
+        let clock = clock.unwrap_or_else(|| Arc::new(manual.clone()));
+        let running = wxgate::start(config, clock).await.expect("start wxgate");
+        Gate { addr: running.addr, clock: manual, running: Some(running) }
     }
 
     /// The running app (config, store, counters).
@@ -296,13 +355,42 @@ impl Gate {
         &self.running.as_ref().expect("running").app
     }
 
-    /// A gate on the system clock, for tests of real concurrency (its
-    /// `clock` field is unused).
-    pub async fn start_real(mock: &MockWeChat, rules: &str) -> Gate {
-        let text = config_text(&format!("http://{}", mock.addr), rules);
-        let config = Config::parse(&text, Path::new("test.toml")).expect("test config");
-        let running = wxgate::start(config, Arc::new(wxgate::clock::SystemClock)).await.expect("start wxgate");
-        Gate { addr: running.addr, clock: ManualClock::new(T0), running: Some(running) }
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.running.as_ref().expect("running").admin_addr.expect("admin listener")
+    }
+
+    /// Calls of `account` on `rule` being held for their reserved slot right
+    /// now (wxgate's own count: `App::activity`).
+    pub fn held(&self, account: &str, rule: &str) -> u32 {
+        self.app().activity.get(account, &Arc::from(rule)).0
+    }
+
+    /// Places taken among this instance's held calls, `[server] max_held`
+    /// (`App::held`): a call on a rule with `max_wait` takes one while it is
+    /// decided and held, and gives it back when it goes or its client leaves.
+    pub fn held_places(&self) -> usize {
+        self.app().held.count()
+    }
+
+    /// Reloads applied and refused so far (`App::reloads`).
+    pub fn reloads(&self) -> (u64, u64) {
+        let r = &self.app().reloads;
+        (r.ok.load(Ordering::Relaxed), r.failed.load(Ordering::Relaxed))
+    }
+
+    /// Returns once wxgate has acted on what was already ready to run when it
+    /// was called, such as held calls that a clock step woke (each looks at
+    /// the clock again, and either goes, leaving [`Gate::held`], or keeps
+    /// waiting). It is a round trip to the admin listener's `/healthz`: a
+    /// `Gate` serves on the test's runtime, and on the current-thread runtime
+    /// of `#[tokio::test]` every task already queued runs before that request
+    /// even connects. So "X did not happen" is checked after wxgate had its
+    /// turn to do X, not after a guessed sleep. (On a multi-thread runtime the
+    /// round trip makes that very likely, not certain.)
+    pub async fn settle(&self) {
+        let a = get_at(self.admin_addr(), "/healthz").await;
+        assert_eq!(a.status, 200, "admin /healthz: {}", a.text());
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -355,22 +443,18 @@ impl Answer {
     }
 }
 
+/// A GET of `path` on the listener at `addr` (for calls in spawned tasks,
+/// which cannot borrow a [`Gate`] or a process).
+pub async fn get_at(addr: SocketAddr, path: &str) -> Answer {
+    send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")).await
+}
+
 pub async fn send(req: Request<Full<Bytes>>) -> Answer {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let resp = client.request(req).await.expect("wxgate answered");
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("whole body").to_bytes();
     Answer { status: parts.status, headers: parts.headers, body }
-}
-
-/// Sends raw bytes on a fresh connection and returns everything read until
-/// the server closes it or `limit` passes.
-pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(bytes).await.expect("write");
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Counts answers by status.
@@ -380,4 +464,10 @@ pub fn tally(statuses: &[StatusCode]) -> HashMap<u16, usize> {
         *m.entry(s.as_u16()).or_default() += 1;
     }
     m
+}
+
+/// The value of one sample line of an OpenMetrics exposition (`name{labels}`
+/// exactly as exposed), if present.
+pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
 }

@@ -1,5 +1,8 @@
 //! A real `redis-server` process on a free loopback port, for one test binary.
 //! Never the shared server on 6379. Stopped and cleaned up on drop.
+//!
+//! Self-contained: `benches/decisions.rs` includes this file by path, so it
+//! uses nothing else from `support` (its waits are its own deadline loops).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -90,12 +93,30 @@ impl RedisServer {
         s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
     }
 
-    fn resume_quietly(&self) {
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+    /// SIGCONT in case the server was paused; nothing if it has exited and
+    /// been reaped already (its pid may belong to another process by now).
+    fn resume_quietly(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).stderr(Stdio::null()).status();
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// How many times Redis has run command `name` (lower case, e.g.
+    /// "evalsha"), from `INFO commandstats`.
+    pub fn command_calls(&self, name: &str) -> u64 {
+        let stats = self.command("INFO commandstats");
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Runs one command with redis-cli semantics over a raw socket (RESP inline).
@@ -144,7 +165,10 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
         let mut nodes = Vec::new();
-        while nodes.len() < n {
+        for _attempt in 0..100 + n {
+            if nodes.len() == n {
+                break;
+            }
             // The cluster bus listens on port + 10000: that one must be free too.
             let port = free_port();
             if port > 55_000 || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
@@ -163,6 +187,7 @@ impl RedisCluster {
                 let _ = server.child.kill();
             }
         }
+        assert_eq!(nodes.len(), n, "redis-server cluster nodes did not start");
         let addrs: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
         let cli = std::env::var("WXGATE_TEST_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
         let out = Command::new(&cli)
@@ -184,12 +209,6 @@ impl RedisCluster {
     /// Seed node URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
-    }
-
-    /// `[store]` TOML for wxgate on this cluster.
-    pub fn store_toml(&self) -> String {
-        let nodes: Vec<String> = self.urls().iter().map(|u| format!("\"{u}\"")).collect();
-        format!("[store]\nkind = \"redis-cluster\"\nnodes = [{}]\ntimeout = \"1s\"\n", nodes.join(", "))
     }
 
     /// The port of the master that holds `key`.

@@ -1,0 +1,207 @@
+//! wxgate config TOML, built field by field: the `[server]` table, a
+//! `[store]` and `[[rule]]` blocks. Each builder displays as its TOML text.
+//! Tests *about* the TOML text (parse errors, fixtures) write it by hand.
+
+use std::fmt;
+
+/// One TOML value as written in a config (`"3s"`, `5`, `true`, `["/a"]`).
+fn value(v: impl Into<toml::Value>) -> String {
+    v.into().to_string()
+}
+
+/// `key = value` lines in order; setting a key again replaces its value.
+#[derive(Clone, Default)]
+struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    fn set(&mut self, key: &str, v: String) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, old)) => *old = v,
+            None => self.0.push((key.to_owned(), v)),
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.0.retain(|(k, _)| k != key);
+    }
+}
+
+impl fmt::Display for Fields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, v) in &self.0 {
+            writeln!(f, "{k} = {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A `[[rule]]` block. Starts with `limits = []` and no `match` (a rule
+/// named "default" catches unmatched paths).
+#[derive(Clone)]
+pub struct RuleToml {
+    name: String,
+    patterns: Vec<String>,
+    limits: Vec<String>,
+    more: Fields,
+}
+
+/// A `[[rule]]` named `name`.
+pub fn rule(name: &str) -> RuleToml {
+    RuleToml { name: name.to_owned(), patterns: Vec::new(), limits: Vec::new(), more: Fields::default() }
+}
+
+impl RuleToml {
+    /// Adds a path pattern to `match`.
+    pub fn matching(mut self, pattern: &str) -> Self {
+        self.patterns.push(pattern.to_owned());
+        self
+    }
+
+    /// Adds `{ count, per }` to `limits` (`per` a duration such as "10s", or "day").
+    pub fn limit(mut self, count: u64, per: &str) -> Self {
+        self.limits.push(format!("{{ count = {count}, per = {} }}", value(per)));
+        self
+    }
+
+    /// Adds `{ count, per, burst }` to `limits`.
+    pub fn limit_burst(mut self, count: u64, per: &str, burst: u64) -> Self {
+        self.limits.push(format!("{{ count = {count}, per = {}, burst = {burst} }}", value(per)));
+        self
+    }
+
+    pub fn max_wait(self, d: &str) -> Self {
+        self.set("max_wait", d)
+    }
+
+    pub fn warmup(self, d: &str) -> Self {
+        self.set("warmup", d)
+    }
+
+    pub fn concurrency(self, n: u32) -> Self {
+        self.set("concurrency", n)
+    }
+
+    /// `mode = "shadow"`: count what would be refused, forward everything.
+    pub fn shadow(self) -> Self {
+        self.set("mode", "shadow")
+    }
+
+    /// Any other key of the rule; setting a key again replaces it.
+    pub fn set(mut self, key: &str, v: impl Into<toml::Value>) -> Self {
+        self.more.set(key, value(v));
+        self
+    }
+}
+
+impl fmt::Display for RuleToml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "[[rule]]\nname = {}", value(self.name.as_str()))?;
+        if !self.patterns.is_empty() {
+            writeln!(f, "match = {}", value(self.patterns.clone()))?;
+        }
+        writeln!(f, "limits = [{}]", self.limits.join(", "))?;
+        write!(f, "{}", self.more)
+    }
+}
+
+/// A `[[penalty]]` block: WeChat's `errcode` pauses the (account, rule) for `seconds`.
+pub fn penalty(errcode: i64, seconds: u64) -> String {
+    format!("[[penalty]]\nerrcode = {errcode}\nseconds = {seconds}\n")
+}
+
+/// A `[store]` table.
+#[derive(Clone)]
+pub struct StoreToml(Fields);
+
+impl StoreToml {
+    /// `kind = "memory"`.
+    pub fn memory() -> StoreToml {
+        let mut f = Fields::default();
+        f.set("kind", value("memory"));
+        StoreToml(f)
+    }
+
+    /// `kind = "redis"` at `url`, with `timeout = "2s"`.
+    pub fn redis(url: &str) -> StoreToml {
+        let mut f = Fields::default();
+        f.set("kind", value("redis"));
+        f.set("url", value(url));
+        f.set("timeout", value("2s"));
+        StoreToml(f)
+    }
+
+    /// `kind = "redis-cluster"` on these seed `nodes`, with `timeout = "1s"`.
+    pub fn redis_cluster(nodes: Vec<String>) -> StoreToml {
+        let mut f = Fields::default();
+        f.set("kind", value("redis-cluster"));
+        f.set("nodes", value(nodes));
+        f.set("timeout", value("1s"));
+        StoreToml(f)
+    }
+
+    /// Any other key (`timeout`, `fallback`, `lease`, `refusal_cache`, ...);
+    /// setting a key again replaces it.
+    pub fn set(mut self, key: &str, v: impl Into<toml::Value>) -> Self {
+        self.0.set(key, value(v));
+        self
+    }
+}
+
+impl fmt::Display for StoreToml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[store]\n{}", self.0)
+    }
+}
+
+/// A whole config: `[server]` in front of an upstream, listening on free
+/// loopback ports (proxy and admin), with `upstream_timeout = "2s"`; then
+/// whatever sections are added, in order.
+#[derive(Clone)]
+pub struct ConfigToml {
+    server: Fields,
+    sections: Vec<String>,
+}
+
+impl ConfigToml {
+    /// In front of `upstream`, an `http://host:port` (or `https://`) base.
+    pub fn new(upstream: &str) -> ConfigToml {
+        let mut server = Fields::default();
+        server.set("listen", value("127.0.0.1:0"));
+        server.set("admin_listen", value("127.0.0.1:0"));
+        server.set("upstream", value(upstream));
+        server.set("upstream_timeout", value("2s"));
+        ConfigToml { server, sections: Vec::new() }
+    }
+
+    /// A `[server]` key; setting a key again replaces it.
+    pub fn server(mut self, key: &str, v: impl Into<toml::Value>) -> Self {
+        self.server.set(key, value(v));
+        self
+    }
+
+    /// Leaves a default `[server]` key out.
+    pub fn without_server(mut self, key: &str) -> Self {
+        self.server.remove(key);
+        self
+    }
+
+    /// Adds a section: a [`RuleToml`], a [`StoreToml`], or TOML text
+    /// (`[[penalty]]`, `[log]`, several rules).
+    pub fn with(mut self, section: impl fmt::Display) -> Self {
+        self.sections.push(section.to_string());
+        self
+    }
+}
+
+impl fmt::Display for ConfigToml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[server]\n{}", self.server)?;
+        for s in self.sections.iter().filter(|s| !s.is_empty()) {
+            write!(f, "\n{s}")?;
+            if !s.ends_with('\n') {
+                writeln!(f)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,131 @@
+//! Polling with a deadline: check a condition, pause briefly, and fail with a
+//! clear message when the deadline passes. The one way tests wait for
+//! something to happen; never a fixed sleep followed by a check.
+
+use std::time::{Duration, Instant};
+
+/// How long a test waits for something that normally takes milliseconds,
+/// on a loaded 2-core machine.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Pauses between checks: a few bare yields first (on the current-thread
+/// runtime of `#[tokio::test]` each lets every ready task run, so conditions
+/// that only need the runtime to turn are seen at once), then short sleeps
+/// growing to 20 ms, so a slow condition does not spin a core.
+#[derive(Default)]
+struct Pause {
+    round: u32,
+}
+
+impl Pause {
+    const YIELDS: u32 = 3;
+
+    fn sleep_for(&self) -> Duration {
+        let n = self.round - Self::YIELDS;
+        Duration::from_millis((1u64 << n.min(5)).min(20))
+    }
+
+    async fn next(&mut self) {
+        if self.round < Self::YIELDS {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(self.sleep_for()).await;
+        }
+        self.round = self.round.saturating_add(1);
+    }
+
+    fn next_blocking(&mut self) {
+        if self.round >= Self::YIELDS {
+            std::thread::sleep(self.sleep_for());
+        } else {
+            std::thread::yield_now();
+        }
+        self.round = self.round.saturating_add(1);
+    }
+}
+
+fn give_up(what: &str, limit: Duration) -> ! {
+    panic!("{what} did not happen within {limit:?}")
+}
+
+/// Waits until `cond` holds; panics naming `what` after `limit`.
+pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    eventually_some(what, limit, || cond().then_some(())).await
+}
+
+/// Waits until `probe` gives a value, and returns it; panics naming `what` after `limit`.
+pub async fn eventually_some<T>(what: &str, limit: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    match within(limit, probe).await {
+        Some(v) => v,
+        None => give_up(what, limit),
+    }
+}
+
+/// Waits until `probe` gives a value, for at most `limit`; `None` if it never did.
+pub async fn within<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    let mut pause = Pause::default();
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        pause.next().await;
+    }
+}
+
+/// Like [`eventually`], for a condition that has to await (a request, a connect).
+pub async fn eventually_async(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    eventually_some_async(what, limit, async || cond().await.then_some(())).await
+}
+
+/// Like [`eventually_some`], for a probe that has to await.
+pub async fn eventually_some_async<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    let mut pause = Pause::default();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if start.elapsed() >= limit {
+            give_up(what, limit);
+        }
+        pause.next().await;
+    }
+}
+
+/// Blocks the thread until `cond` holds or `limit` passes; whether it held.
+/// For code outside a runtime (starting servers, reading pipes).
+pub fn wait_blocking(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    let mut pause = Pause::default();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        pause.next_blocking();
+    }
+}
+
+/// Like [`eventually`], blocking the thread.
+pub fn eventually_blocking(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
+    if !wait_blocking(limit, cond) {
+        give_up(what, limit);
+    }
+}
+
+/// The one fixed wait in the suite that stands for "nothing happened": how
+/// long wxgate's config watcher is given to react to an edit it must *not*
+/// see (a file behind a symlink into another directory). Nothing observable
+/// marks that the watcher looked and ignored it: wxgate counts reloads, not
+/// watcher events, and it reloads 100 ms (its settle time) after an event,
+/// so this allows that plus 200 ms of scheduling. A count of watcher events
+/// (e.g. beside `App::reloads`) would replace this wait with a signal.
+pub async fn unseen_edit_grace() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}

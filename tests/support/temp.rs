@@ -1,0 +1,41 @@
+//! Scratch directories under the system temp dir, removed on drop.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A fresh, empty directory of this test binary; removed with its contents on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// `wxgate-test-<pid>-<n>-<tag>`: unique within the process, and across
+    /// test binaries running at the same time.
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("wxgate-test-{}-{n}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Writes `contents` to `name` in this directory; its path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.join(name);
+        std::fs::write(&path, contents).expect("write temp file");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
