@@ -81,13 +81,10 @@ async fn main() {
     // answered locally), without the refusal cache, and one EVALSHA per call.
     let redis_store = |prefix: &str, batch: bool, refusal_cache: bool| {
         let config = RedisConfig {
-            url: redis.url(),
-            password: None,
-            key_prefix: prefix.into(),
             timeout: Duration::from_secs(2),
-            nodes: Vec::new(),
             resilience: Resilience { refusal_cache, ..Resilience::strict() },
             batch,
+            ..redis.store_config(prefix)
         };
         async move {
             let store = RedisStore::connect(&config).await.expect("connect to redis");

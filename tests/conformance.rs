@@ -11,7 +11,6 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use support::redis_server::RedisServer;
 use wxgate::clock::{Clock, ManualClock};
@@ -540,18 +539,6 @@ fn resilient(redis: RedisStore, clock: &ManualClock) -> Arc<Resilient> {
     Resilient::new(redis, Arc::new(clock.clone()), Resilience::strict(), true, StoreCounters::default())
 }
 
-fn redis_config(url: String, nodes: Vec<String>, prefix: String) -> RedisConfig {
-    RedisConfig {
-        url,
-        password: None,
-        key_prefix: prefix,
-        timeout: Duration::from_secs(5),
-        nodes,
-        resilience: Resilience::strict(),
-        batch: true,
-    }
-}
-
 fn all_scenarios() -> Vec<Scenario> {
     let mut all = scenarios();
     all.push(random_scenario());
@@ -564,11 +551,8 @@ async fn every_store_gives_the_same_whole_results() {
     let clock = ManualClock::new(T0);
     for s in &all_scenarios() {
         let memory = MemoryStore::new(Arc::new(clock.clone()));
-        let raw = redis_store(&redis_config(redis.url(), Vec::new(), format!("raw-{}", s.name)), &clock).await;
-        let net = resilient(
-            redis_store(&redis_config(redis.url(), Vec::new(), format!("net-{}", s.name)), &clock).await,
-            &clock,
-        );
+        let raw = redis_store(&redis.store_config(&format!("raw-{}", s.name)), &clock).await;
+        let net = resilient(redis_store(&redis.store_config(&format!("net-{}", s.name)), &clock).await, &clock);
         let from_memory = run(s, &memory, &clock, "").await;
         let from_redis = run(s, &raw, &clock, "").await;
         let from_resilient = run(s, &*net, &clock, "").await;
@@ -579,13 +563,7 @@ async fn every_store_gives_the_same_whole_results() {
     let trace = run(&random_scenario(), &MemoryStore::new(Arc::new(clock.clone())), &clock, "").await;
     let admitted: Vec<i64> =
         trace.iter().filter(|(_, g)| matches!(g, Got::Decided(Decision::Admit { .. }))).map(|(t, _)| *t).collect();
-    let mut lo = 0;
-    for hi in 0..admitted.len() {
-        while admitted[hi] - admitted[lo] >= 5 * SEC {
-            lo += 1;
-        }
-        assert!(hi - lo < 7);
-    }
+    assert!(support::max_in_window(&admitted, 5 * SEC) <= 7);
     assert!(admitted.len() > 50, "{}", admitted.len());
 }
 
@@ -593,7 +571,7 @@ async fn every_store_gives_the_same_whole_results() {
 async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();
     // Real Redis TIME this time: production mode.
-    let store = RedisStore::connect(&redis_config(redis.url(), Vec::new(), "wxgate".into())).await.expect("connect");
+    let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
     let (rule, _, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
     let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
@@ -623,7 +601,7 @@ async fn memory_and_redis_cluster_give_the_same_whole_results() {
         let prefix = format!("{}-", s.name);
         masters.insert(cluster.node_of(&format!("{prefix}a")));
         let memory = MemoryStore::new(Arc::new(clock.clone()));
-        let config = redis_config(cluster.urls()[0].clone(), cluster.urls(), "conf".into());
+        let config = cluster.store_config("conf");
         let net = resilient(redis_store(&config, &clock).await, &clock);
         let from_memory = run(s, &memory, &clock, &prefix).await;
         let from_cluster = run(s, &*net, &clock, &prefix).await;
@@ -648,7 +626,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
         one_by_one.push(memory.acquire(&ask).await.expect("decided").decision);
     }
 
-    let store = redis_store(&redis_config(redis.url(), Vec::new(), "batch".into()), &clock).await;
+    let store = redis_store(&redis.store_config("batch"), &clock).await;
     let store: Arc<dyn Store> = resilient(store, &clock);
     assert!(redis.command("CONFIG RESETSTAT").starts_with("+OK"));
     // On this single-threaded test runtime the tasks start in order: the

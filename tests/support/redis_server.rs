@@ -17,6 +17,18 @@ pub struct RedisServer {
     args: Vec<String>,
 }
 
+fn store_config(url: String, nodes: Vec<String>, prefix: &str) -> wxgate::config::RedisConfig {
+    wxgate::config::RedisConfig {
+        url,
+        password: None,
+        key_prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(5),
+        nodes,
+        resilience: wxgate::config::Resilience::strict(),
+        batch: true,
+    }
+}
+
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("local addr").port()
@@ -104,6 +116,12 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A Redis store's settings for this server, keys under `prefix`: a
+    /// generous timeout, and no fallback (every Redis failure is an error).
+    pub fn store_config(&self, prefix: &str) -> wxgate::config::RedisConfig {
+        store_config(self.url(), Vec::new(), prefix)
     }
 
     /// How many times Redis has run command `name` (lower case, e.g.
@@ -209,6 +227,13 @@ impl RedisCluster {
     /// Seed node URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// A Redis Cluster store's settings for this cluster (see
+    /// [`RedisServer::store_config`]).
+    pub fn store_config(&self, prefix: &str) -> wxgate::config::RedisConfig {
+        let urls = self.urls();
+        store_config(urls[0].clone(), urls, prefix)
     }
 
     /// The port of the master that holds `key`.
