@@ -170,6 +170,11 @@ fn ready(app: &App) -> Answer {
                 "ok": app.reloads.ok.load(Ordering::Relaxed),
                 "failed": app.reloads.failed.load(Ordering::Relaxed),
             },
+            // Read in this order (see reload::watch).
+            "config_watch": {
+                "events": app.reloads.watched.events.load(Ordering::Acquire),
+                "of_config_file": app.reloads.watched.of_config.load(Ordering::Acquire),
+            },
         }),
     )
 }

@@ -36,11 +36,21 @@ pub struct App {
     pub metrics: Metrics,
 }
 
-/// Reload outcomes since start (`/readyz`).
+/// Reload outcomes since start, and what the config watcher saw (`/readyz`).
 #[derive(Default)]
 pub struct Reloads {
     pub ok: AtomicU64,
     pub failed: AtomicU64,
+    pub watched: Arc<Watched>,
+}
+
+/// File events the config watcher received from the config file's
+/// directory since start: all of them, and those naming the config file
+/// (each starts a reload). Shows whether an edit was seen at all.
+#[derive(Default)]
+pub struct Watched {
+    pub events: AtomicU64,
+    pub of_config: AtomicU64,
 }
 
 impl App {

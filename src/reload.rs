@@ -15,7 +15,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::app::App;
+use crate::app::{App, Watched};
 use crate::config::Config;
 use crate::upstream::Upstream;
 
@@ -74,7 +74,8 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
 /// is dropped. Failing to watch is logged; SIGHUP still works.
 pub fn spawn(app: Weak<App>, path: PathBuf) {
     let (tx, mut rx) = mpsc::channel::<()>(16);
-    let watcher = watch(&path, tx.clone());
+    let Some(watched) = app.upgrade().map(|a| a.reloads.watched.clone()) else { return };
+    let watcher = watch(&path, tx.clone(), watched);
     if let Err(e) = &watcher {
         tracing::warn!(config = %path.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
     }
@@ -93,7 +94,7 @@ pub fn spawn(app: Weak<App>, path: PathBuf) {
 
 /// Watches the file's directory (editors and config-map updates replace the
 /// file rather than write into it) and signals on events naming the file.
-fn watch(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Result<notify::RecommendedWatcher> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -104,7 +105,14 @@ fn watch(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recommende
         if event.kind.is_access() {
             return;
         }
-        if event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+        // Counted before `events` (Release): whoever sees an event counted
+        // also sees whether it, or any before it, named the config file.
+        let names_config = event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+        if names_config {
+            watched.of_config.fetch_add(1, Ordering::Release);
+        }
+        watched.events.fetch_add(1, Ordering::Release);
+        if names_config {
             let _ = tx.try_send(());
         }
     })?;

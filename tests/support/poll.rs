@@ -118,14 +118,3 @@ pub fn eventually_blocking(what: &str, limit: Duration, cond: impl FnMut() -> bo
         give_up(what, limit);
     }
 }
-
-/// The one fixed wait in the suite that stands for "nothing happened": how
-/// long wxgate's config watcher is given to react to an edit it must *not*
-/// see (a file behind a symlink into another directory). Nothing observable
-/// marks that the watcher looked and ignored it: wxgate counts reloads, not
-/// watcher events, and it reloads 100 ms (its settle time) after an event,
-/// so this allows that plus 200 ms of scheduling. A count of watcher events
-/// (e.g. beside `App::reloads`) would replace this wait with a signal.
-pub async fn unseen_edit_grace() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
