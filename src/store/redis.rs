@@ -165,9 +165,10 @@ impl RedisStore {
         Ok(secs * 1_000_000 + micros)
     }
 
-    /// Decides `call` alone, or with the calls of its account queued on the
-    /// same lane (`[store] batch`).
-    async fn decide(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
+    /// Decides `ask` alone, or with the calls of its account queued on the
+    /// same lane (`[store] batch`): [`Store::acquire`], without boxing its
+    /// future (the wrapper calls it on every decision).
+    pub(super) async fn decide(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         let lane = self.conns.lane();
         let deadline = deadline_after(self.timeout);
         let mut call = Call::new(&self.keys, ask);

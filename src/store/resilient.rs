@@ -148,12 +148,12 @@ impl Store for Resilient {
             let decision = Decision::Reject { wait_us: wait_us + rule.max_wait_us, reason };
             return Ok(Decided { decision, degraded: false });
         }
-        let e = match self.try_redis(|| self.redis.acquire(ask)).await {
-            Ok(decided) => {
-                if let (Decision::Reject { wait_us, reason }, true) = (decided.decision, cache) {
+        let e = match self.try_redis(|| self.redis.decide(ask)).await {
+            Ok(decision) => {
+                if let (Decision::Reject { wait_us, reason }, true) = (decision, cache) {
                     self.refusals().put(account, rule, wait_us, reason, now);
                 }
-                return Ok(decided);
+                return Ok(Decided { decision, degraded: false });
             }
             Err(e) => e,
         };

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Instructions per call of one or more wxgate binaries, counted by callgrind:
+# a figure that does not move with the machine's load, for before/after
+# comparisons of a change on the per-call path (bench/run.sh measures time,
+# which moves 10-20 % between runs on a shared machine).
+#
+#   bench/instructions.sh                                  # target/release/wxgate
+#   bench/instructions.sh old/wxgate target/release/wxgate # side by side
+#
+# For each binary and store (memory, Redis), wxgate runs under
+# `valgrind --tool=callgrind` with `workers = 1`, in front of an nginx mock
+# upstream (`return 200`) and its own redis-server, all on 127.0.0.1. curl
+# sends BENCH_CALLS sequential calls on one keep-alive connection after a
+# warm-up; callgrind's counters are zeroed before them and dumped after, so
+# the figure is wxgate's user-space instructions for those calls only,
+# divided by their number. Sequential calls are never batched: this is the
+# cost of one decision and one forward. (Redis' own cost is not counted: for
+# a change to a script, compare the scripts with redis-benchmark.)
+#
+# Needs valgrind, nginx, redis-server, redis-cli, curl (installed with
+# apt-get when missing and we are root). BENCH_CALLS defaults to 2000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/sbin:/sbin"
+
+CALLS=${BENCH_CALLS:-2000}
+if ! [[ $CALLS =~ ^[0-9]+$ ]] || ((CALLS == 0)); then
+  echo "bench: BENCH_CALLS must be a positive number" >&2
+  exit 2
+fi
+BINS=("$@")
+((${#BINS[@]})) || BINS=(target/release/wxgate)
+for b in "${BINS[@]}"; do
+  [ -x "$b" ] || { echo "bench: $b is not an executable (build it: cargo build --release)" >&2; exit 2; }
+done
+
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || missing+=(nginx)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "bench: missing tools: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+TMP=$(mktemp -d /tmp/wxgate-instructions.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+UP=$(free_port); RP=$(free_port); WP=$(free_port)
+
+cat >"$TMP/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_timeout 75s;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$UP;
+    location / { types { } default_type application/json; return 200 '{"errcode":0,"errmsg":"ok"}'; }
+  }
+}
+EOF
+nginx -c "$TMP/nginx.conf" -p "$TMP" & PIDS+=($!)
+redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" >/dev/null & PIDS+=($!)
+for _ in $(seq 100); do
+  redis-cli -p "$RP" ping >/dev/null 2>&1 && curl -s -o /dev/null "http://127.0.0.1:$UP/" && break
+  sleep 0.1
+done
+redis-cli -p "$RP" ping >/dev/null || { echo "bench: redis-server did not start" >&2; exit 1; }
+
+URL="http://127.0.0.1:$WP/cgi-bin/message/template/send?access_token=BENCH"
+calls() { # calls N: N sequential calls on one connection
+  local urls=()
+  for ((i = 0; i < $1; i++)); do urls+=("$URL"); done
+  curl -s "${urls[@]}" >/dev/null
+}
+
+printf '| binary | store | instructions per call |\n|---|---|---:|\n'
+for bin in "${BINS[@]}"; do
+  for store in memory redis; do
+    if [ "$store" = memory ]; then
+      store_toml='kind = "memory"'
+    else
+      store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
+    fi
+    cat >"$TMP/wxgate.toml" <<EOF
+[server]
+listen = "127.0.0.1:$WP"
+admin_listen = "off"
+upstream = "http://127.0.0.1:$UP"
+workers = 1
+
+[store]
+$store_toml
+
+[log]
+access = false
+
+[[rule]]
+name = "bench"
+match = ["/cgi-bin/message/template/send"]
+limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
+EOF
+    redis-cli -p "$RP" flushall >/dev/null
+    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$bin" --config "$TMP/wxgate.toml" \
+      2>"$TMP/valgrind.log" &
+    vg=$!
+    ok=0
+    for _ in $(seq 150); do
+      if curl -s -o /dev/null "$URL"; then ok=1; break; fi
+      sleep 0.2
+    done
+    ((ok)) || { cat "$TMP/valgrind.log" >&2; echo "bench: $bin did not start" >&2; exit 1; }
+    calls 200
+    callgrind_control -z "$vg" >/dev/null 2>&1
+    calls "$CALLS"
+    callgrind_control -d "$vg" >/dev/null 2>&1
+    kill -INT "$vg"
+    wait "$vg" 2>/dev/null || true
+    dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+    total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
+    rm -f "$TMP"/cg.*
+    printf '| %s | %s | %d |\n' "$bin" "$store" $((total / CALLS))
+  done
+done
+echo
+echo "($CALLS sequential calls per row, after 200 warm-up calls; callgrind counts wxgate's user-space instructions only)"
