@@ -73,7 +73,7 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
         Verdict::Errcode(code) => {
             if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
                 let wait_us = match app.store.penalise(key, policy, sent_at).await {
-                    Ok(end) => end.until - end.now,
+                    Ok(end) => end.remaining_us(),
                     Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
                         policy.until(0, sent_at, key.offset_us) - sent_at

@@ -238,9 +238,9 @@ impl Store for RedisStore {
     }
 
     async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
-        let (offset, kind, base, cap, sent_at) = protocol::penalise_args(policy, key.offset_us, sent_at);
+        let (kind, base, cap) = protocol::penalty_args(policy);
         let mut inv = self.scripts.penalise.key(self.state_key(key));
-        inv.arg(self.now_arg()).arg(offset).arg(kind).arg(base).arg(cap).arg(sent_at);
+        inv.arg(self.now_arg()).arg(key.offset_us).arg(kind).arg(base).arg(cap).arg(sent_at);
         let reply: Vec<i64> = self.run(inv).await?;
         let (until, now) = protocol::parse_until("penalise.lua", &reply)?;
         Ok(PenaltyEnd { until, now })

@@ -86,11 +86,13 @@ impl Resilient {
         crate::worker::pick(&self.refusals, &self.shared_refusals)
     }
 
+    /// Every cache of known refusals, this thread's and the others'.
+    fn all_refusals(&self) -> impl Iterator<Item = &RefusalCache> {
+        self.refusals.iter().chain(std::iter::once(&self.shared_refusals))
+    }
+
     fn forget(&self, key: Key<'_>) {
-        self.refusals
-            .iter()
-            .chain(std::iter::once(&self.shared_refusals))
-            .for_each(|c| c.forget(key.account, key.rule));
+        self.all_refusals().for_each(|c| c.forget(key.account, key.rule));
     }
 
     /// While the breaker is open, PINGs Redis every `breaker_open`; closes it
@@ -242,7 +244,7 @@ impl Store for Resilient {
 
     /// Known refusals were computed under the old rules.
     fn rules_changed(&self) {
-        self.refusals.iter().chain(std::iter::once(&self.shared_refusals)).for_each(RefusalCache::clear);
+        self.all_refusals().for_each(RefusalCache::clear);
     }
 }
 

@@ -33,15 +33,6 @@ impl Pause {
         }
         self.round = self.round.saturating_add(1);
     }
-
-    fn next_blocking(&mut self) {
-        if self.round >= Self::YIELDS {
-            std::thread::sleep(self.sleep_for());
-        } else {
-            std::thread::yield_now();
-        }
-        self.round = self.round.saturating_add(1);
-    }
 }
 
 fn give_up(what: &str, limit: Duration) -> ! {
@@ -93,28 +84,5 @@ pub async fn eventually_some_async<T>(what: &str, limit: Duration, mut probe: im
             give_up(what, limit);
         }
         pause.next().await;
-    }
-}
-
-/// Blocks the thread until `cond` holds or `limit` passes; whether it held.
-/// For code outside a runtime (starting servers, reading pipes).
-pub fn wait_blocking(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    let mut pause = Pause::default();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() >= limit {
-            return false;
-        }
-        pause.next_blocking();
-    }
-}
-
-/// Like [`eventually`], blocking the thread.
-pub fn eventually_blocking(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
-    if !wait_blocking(limit, cond) {
-        give_up(what, limit);
     }
 }

@@ -216,17 +216,14 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
     }
 }
 
-/// penalise.lua's values after `now`: offset, kind, base, cap, sent at.
-pub fn penalise_args(
-    policy: &PenaltyPolicy,
-    offset_us: Micros,
-    sent_at: Micros,
-) -> (Micros, &'static str, Micros, Micros, Micros) {
+/// How `policy` is written to penalise.lua: kind ("e" escalating, "m" next
+/// minute), base length, cap (0: the next midnight).
+pub fn penalty_args(policy: &PenaltyPolicy) -> (&'static str, Micros, Micros) {
     let (kind, base) = match policy.length {
         PenaltyLength::Escalating { base_us } => ("e", base_us),
         PenaltyLength::NextMinute => ("m", 0),
     };
-    (offset_us, kind, base, policy.max_us.unwrap_or(0), sent_at)
+    (kind, base, policy.max_us.unwrap_or(0))
 }
 
 /// `{until, now}`, the answer of penalise.lua and set_penalty.lua.
