@@ -112,7 +112,7 @@ impl RedisStore {
     }
 
     /// `<prefix>:{<account>}:<rule>`: the state hash of a pair.
-    pub fn state_key(&self, key: Key<'_>) -> String {
+    fn state_key(&self, key: Key<'_>) -> String {
         self.keys.state(key.account, key.rule)
     }
 

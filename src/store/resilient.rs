@@ -44,8 +44,8 @@ pub struct Resilient {
     /// Decides while Redis cannot, and keeps what this instance must honour
     /// meanwhile (penalties, its own slots).
     local: MemoryStore,
-    pub resilience: Resilience,
-    pub breaker: Arc<Breaker>,
+    resilience: Resilience,
+    breaker: Breaker,
     counters: StoreCounters,
     /// Known refusals, one cache per serving thread ([`crate::worker`]) plus
     /// one for everything else. Forgetting clears them all.
@@ -69,7 +69,7 @@ impl Resilient {
             redis,
             local: MemoryStore::new(clock),
             resilience,
-            breaker: Arc::new(Breaker::default()),
+            breaker: Breaker::default(),
             counters,
             refusals,
             shared_refusals: RefusalCache::default(),
