@@ -18,6 +18,12 @@
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (production always
 --          passes ""; only tests pass a time, for determinism)
 -- ARGV[2]  quota_timezone offset from UTC, µs
+-- ARGV[3]  the deployment's epoch as this instance knows it, or "" (no
+--          check). When given, the last KEY is <prefix>:#epoch, and a run
+--          that finds another value there (Redis lost its data: restart
+--          without persistence, an empty replica, FLUSHALL) decides nothing
+--          and answers "E": the instance re-seeds what it knows first
+--          (src/store/ledger.rs).
 -- then, per call:
 --          max wait: hold the call up to this long for its slot (0 = refuse instead)
 --          warm-up period, µs (0 = none)
@@ -32,9 +38,10 @@
 -- Returns one string: per call, in order, separated by ",", integers
 -- separated by spaces (one bulk reply parses far cheaper in the client than
 -- nested arrays of integers):
---         "1 at escalated hold_us qi qr qt"  admitted: forward at `at`
---             (now + hold_us); limit qi (1-based; 0 = none) has least room
---             left: qr calls, whole again / reset in qt µs
+--         "1 at escalated hold_us qi qr qt ci cr ct"  admitted: forward at
+--             `at` (now + hold_us); limit qi (1-based; 0 = none) has least
+--             room left: qr calls, whole again / reset in qt µs; ci, cr, ct
+--             the same among the calendar quotas only
 --         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
@@ -51,12 +58,6 @@ local function num(s, default)
   return tonumber(s) or default
 end
 
-local function counts(p, n, q, current)
-  if p == current then return n, q end
-  if p == current - 1 then return q, 0 end
-  return 0, 0
-end
-
 -- Earliest time >= t at which a calendar quota has room.
 local function calendar_free_at(kind, p, n, q, count, t, off)
   local id, nxt = period(kind, t, off)
@@ -69,6 +70,13 @@ end
 
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
+local nkeys = #KEYS
+if ARGV[3] ~= '' then
+  nkeys = nkeys - 1
+  if redis.call('GET', KEYS[#KEYS]) ~= ARGV[3] then
+    return 'E'
+  end
+end
 
 -- State hashes read and written by this run: key -> {v = field -> number
 -- (false if absent), dirty = field -> true, extend = ms or nil}. Calls of one
@@ -204,6 +212,7 @@ local function acquire(k, a)
   -- 5. Admit at `at`: debit everything (written when the run ends).
   local ttl = 0
   local qi, qr, qt = 0, 0, 0
+  local ci, cr, ct = 0, 0, 0
   for i, l in ipairs(limits) do
     if l.kind == 'w' then
       local tat = l.tat or at
@@ -228,6 +237,7 @@ local function acquire(k, a)
       local room = l.a - used
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, nxt - now)
+      ci, cr, ct = tightest(ci, cr, ct, i, room, nxt - now)
       put(st, l.f .. '.p', current)
       put(st, l.f .. '.n', used)
       put(st, l.f .. '.q', next)
@@ -269,12 +279,12 @@ local function acquire(k, a)
 
   local escalated = 0
   if pn > 0 and now < pu + pn then escalated = 1 end
-  return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a
+  return string.format('1 %d %d %d %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt, ci, cr, ct), next_a
 end
 
 local answers = {}
-local a = 3
-for k = 1, #KEYS, 3 do
+local a = 4
+for k = 1, nkeys, 3 do
   local answer
   answer, a = acquire(k, a)
   answers[#answers + 1] = answer

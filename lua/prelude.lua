@@ -85,3 +85,11 @@ local function next_minute(now, off)
   return (idiv(now + off, MINUTE) + 1) * MINUTE - off
 end
 
+
+-- Calls counted in period `current` and reserved for `current + 1`, from a
+-- calendar quota's stored period p, count n and reservations q (counts).
+local function counts(p, n, q, current)
+  if p == current then return n, q end
+  if p == current - 1 then return q, 0 end
+  return 0, 0
+end

@@ -67,7 +67,7 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
         let decided = decided.map_err(ProxyError::Unavailable)?;
         let degraded = decided.degraded;
         match decided.decision {
-            Decision::Admit { at, hold_us, escalated, quota } => {
+            Decision::Admit { at, hold_us, escalated, quota, .. } => {
                 let slot = (rule.concurrency > 0)
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
                 // Shadow mode debits as if enforcing but never delays a call.

@@ -102,7 +102,13 @@ pub async fn open_store(
                 Err(e) => return Err(e.to_string()),
             };
             let redis = redis.with_workers(config.server.workers);
-            Resilient::new(redis, clock, r.resilience.clone(), healthy, counters)
+            let store = Resilient::new(redis, clock, r.resilience.clone(), healthy, counters);
+            if healthy {
+                if let Err(e) = store.adopt_epoch().await {
+                    tracing::warn!(error = %e, "cannot read the deployment's epoch from Redis yet");
+                }
+            }
+            store
         }
     })
 }

@@ -180,7 +180,10 @@ pub enum Decision {
     /// should be reported to end a penalty escalation.
     /// `quota` describes the limit with the least room left after this call
     /// (for the `RateLimit` header); `None` for a rule without limits.
-    Admit { at: Micros, hold_us: Micros, escalated: bool, quota: Option<Quota> },
+    /// `calendar` is the same among the calendar quotas only (`None`: the
+    /// rule has none): what an instance last saw of the day's shared count,
+    /// which its fallback starts from while Redis is away.
+    Admit { at: Micros, hold_us: Micros, escalated: bool, quota: Option<Quota>, calendar: Option<Quota> },
     /// Refuse; every limit admits after `wait_us` at the earliest.
     Reject { wait_us: Micros, reason: Reason },
 }

@@ -128,6 +128,8 @@ pub struct Metrics {
     pub held_now: Gauge,
     pub store_errors: Counter,
     pub degraded_decisions: Counter,
+    pub store_lost: Counter,
+    pub store_reconciled: Counter,
     pub breaker_open: Gauge,
     pub reloads: Family<ResultLabel, Counter>,
 }
@@ -160,6 +162,8 @@ impl Metrics {
         let held_now = Gauge::default();
         let store_errors = Counter::default();
         let degraded_decisions = Counter::default();
+        let store_lost = Counter::default();
+        let store_reconciled = Counter::default();
         let breaker_open = Gauge::default();
         let reloads = Family::<ResultLabel, Counter>::default();
 
@@ -181,6 +185,16 @@ impl Metrics {
             "Decisions made without Redis (by [store] fallback)",
             degraded_decisions.clone(),
         );
+        registry.register(
+            "store_lost",
+            "Times Redis was found without wxgate's data (its epoch changed) and re-seeded by this instance",
+            store_lost.clone(),
+        );
+        registry.register(
+            "store_reconciled_calls",
+            "Calls added to Redis's counts after the fact: admitted by the fallback, or re-seeded after a loss",
+            store_reconciled.clone(),
+        );
         registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
         registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
@@ -197,6 +211,8 @@ impl Metrics {
             held_now,
             store_errors,
             degraded_decisions,
+            store_lost,
+            store_reconciled,
             breaker_open,
             reloads,
         }

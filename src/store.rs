@@ -18,6 +18,7 @@
 //! script: nothing else dispatches on the kind of store.
 
 pub mod batch;
+pub mod ledger;
 pub mod memory;
 pub mod redis;
 pub mod resilient;
@@ -149,6 +150,14 @@ pub enum StoreError {
     /// Redis answered with an error (a full memory, a read-only replica, ...).
     #[error("Redis: {0}")]
     Redis(String),
+    /// Redis lost wxgate's data (its epoch changed): nothing was decided;
+    /// what this instance knows is re-seeded first ([`ledger`]).
+    #[error("Redis lost its data (the epoch key changed)")]
+    Lost,
+    /// Redis answers again, but the other instances may not have added what
+    /// they admitted without it yet: decided by the fallback meanwhile.
+    #[error("Redis is back; other instances are still adding the calls they admitted without it")]
+    Settling,
     /// A script answered something this wxgate cannot read.
     #[error("{script} answered {reply}")]
     BadReply { script: &'static str, reply: String },

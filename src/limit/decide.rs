@@ -64,6 +64,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
 
     // 5. Admit at `at`: debit everything, noting the limit with least room.
     let mut quota: Option<Quota> = None;
+    let mut calendar: Option<Quota> = None;
     for (i, limit) in rule.limits.iter().enumerate() {
         let key = limit.window_key();
         let (after, remaining, reset_us) = match *limit {
@@ -90,6 +91,9 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         if quota.is_none_or(|q| remaining < q.remaining) {
             quota = Some(Quota { limit: i, remaining, reset_us });
         }
+        if matches!(limit, Limit::Calendar { .. }) && calendar.is_none_or(|q| remaining < q.remaining) {
+            calendar = Some(Quota { limit: i, remaining, reset_us });
+        }
         state.set(key, after);
     }
     if cold {
@@ -99,7 +103,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     if rule.concurrency > 0 {
         state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
     }
-    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota }
+    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.

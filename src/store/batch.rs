@@ -197,7 +197,7 @@ mod tests {
     use super::*;
 
     fn admit(at: i64) -> Result<Decision, StoreError> {
-        Ok(Decision::Admit { at, hold_us: 0, escalated: false, quota: None })
+        Ok(Decision::Admit { at, hold_us: 0, escalated: false, quota: None, calendar: None })
     }
 
     #[test]

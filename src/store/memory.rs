@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::limit::decide::decide;
-use crate::limit::{Ask, Key, RuleState};
+use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
@@ -81,6 +81,25 @@ impl MemoryStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Raises the count of `key`'s calendar quota `window` in period
+    /// `period_id` to at least `used` (the Redis fallback starts from what
+    /// was already used). Never lowers a count.
+    pub fn raise_count(&self, key: Key<'_>, window: WindowKey, period_id: i64, used: u64) {
+        self.with_state(key, |state, _| {
+            let raised = match state.get(window) {
+                Some(LimitState::Count { period_id: p, used: u, next }) if p == period_id => {
+                    LimitState::Count { period_id, used: u.max(used), next }
+                }
+                Some(LimitState::Count { period_id: p, .. }) if p > period_id => return,
+                Some(LimitState::Count { period_id: p, next, .. }) if p == period_id - 1 => {
+                    LimitState::Count { period_id, used: next.max(used), next: 0 }
+                }
+                _ => LimitState::Count { period_id, used, next: 0 },
+            };
+            state.set(window, raised);
+        });
     }
 }
 

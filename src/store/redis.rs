@@ -22,12 +22,14 @@ pub mod protocol;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use redis::Script;
 
 use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
-use self::protocol::{Call, InspectReply, Keys, Scripts};
+use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts};
 use super::batch::{Answer, Batcher, Joined};
+use super::ledger::Pending;
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
@@ -48,6 +50,12 @@ pub struct RedisStore {
     keys: Keys,
     scripts: Scripts,
     timeout: Duration,
+    /// The deployment's epoch this instance decides under, checked by every
+    /// acquire.lua run (single server only: in a cluster the epoch key lives
+    /// in another slot than the account's keys). `None`: not checked.
+    epoch: ArcSwapOption<String>,
+    epoch_key: String,
+    cluster: bool,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
     fixed_clock: Option<Arc<dyn Clock>>,
 }
@@ -63,6 +71,9 @@ impl RedisStore {
             keys: Keys::new(&cfg.key_prefix),
             scripts: Scripts::new(),
             timeout: cfg.timeout,
+            epoch: ArcSwapOption::empty(),
+            epoch_key: Keys::new(&cfg.key_prefix).epoch(),
+            cluster: !cfg.nodes.is_empty(),
             fixed_clock: None,
         };
         if !lazy {
@@ -210,7 +221,9 @@ impl RedisStore {
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
         let script: &Script = &self.scripts.acquire;
-        let cmd = protocol::acquire_command(script, calls, &self.now_arg());
+        let epoch = self.epoch.load();
+        let check = epoch.as_deref().map(|e| (self.epoch_key.as_str(), e.as_str()));
+        let cmd = protocol::acquire_command(script, calls, &self.now_arg(), check);
         let mut conn = self.conns.conn(lane);
         let reply = tokio::time::timeout_at(deadline, async {
             match cmd.query_async::<String>(&mut conn).await {
@@ -225,9 +238,57 @@ impl RedisStore {
         })
         .await;
         match reply {
-            Ok(r) => Ok(protocol::parse_decisions(&r.map_err(redis_error)?)),
+            Ok(r) => protocol::parse_decisions(&r.map_err(redis_error)?),
             Err(_) => Err(self.timed_out()),
         }
+    }
+}
+
+/// The deployment's epoch ([`RedisStore::epoch_now`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Epoch {
+    pub value: String,
+    /// When it was written (store time).
+    pub created: Micros,
+    /// The store's now when it was read.
+    pub now: Micros,
+}
+
+impl RedisStore {
+    /// The deployment's epoch, written now with `candidate` in it if Redis
+    /// has none (an empty Redis).
+    pub async fn epoch_now(&self, candidate: &str) -> Result<Epoch, StoreError> {
+        let mut inv = self.scripts.epoch.key(&self.epoch_key);
+        inv.arg(self.now_arg()).arg(candidate);
+        let (value, created, now): EpochReply = self.run(inv).await?;
+        Ok(Epoch { value, created, now })
+    }
+
+    /// The epoch Redis holds now, if any (a plain GET).
+    pub async fn epoch_value(&self) -> Result<Option<String>, StoreError> {
+        self.query(redis::cmd("GET").arg(&self.epoch_key).clone()).await
+    }
+
+    /// Decide under `epoch` from now on: a decision that finds another one
+    /// in Redis fails with [`StoreError::Lost`]. Ignored in a cluster.
+    pub fn decide_under(&self, epoch: &str) {
+        if !self.cluster {
+            self.epoch.store(Some(Arc::new(epoch.to_owned())));
+        }
+    }
+
+    /// The epoch decisions are checked against, if any.
+    pub fn deciding_under(&self) -> Option<Arc<String>> {
+        self.epoch.load_full()
+    }
+
+    /// Adds `pending` (counts admitted elsewhere, a lost penalty) to Redis;
+    /// returns the store's now.
+    pub async fn reconcile(&self, pending: &Pending) -> Result<Micros, StoreError> {
+        let mut inv = self.scripts.reconcile.key(self.keys.state_named(&pending.account, &pending.rule));
+        inv.arg(self.now_arg());
+        protocol::reconcile_args(&mut inv, pending);
+        self.run(inv).await
     }
 }
 

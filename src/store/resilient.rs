@@ -12,31 +12,55 @@
 //! - Penalties and slot releases are also written locally, so this instance
 //!   honours them while Redis is away.
 //! - Degraded decisions are counted and logged at most once per 10 s.
+//! - No spent calendar quota is granted twice ([`super::ledger`]): calls the
+//!   fallback admitted are added to Redis's counts as soon as it answers
+//!   again, before this instance decides on Redis again; the local fallback
+//!   starts from the share of the quota that was left when Redis last
+//!   answered; and when Redis comes back empty (its epoch key changed) every
+//!   instance adds back what it admitted today and the penalties it knows.
+//! - With `fallback = "local"`, after Redis answers again (the breaker
+//!   closes, or Redis was found empty) this instance keeps deciding by the
+//!   fallback for a grace of `breaker_open` + 200 ms, while it adds what it
+//!   admitted meanwhile: by then every other instance has found Redis again
+//!   (each probes every `breaker_open`) and added its own, so no decision on
+//!   Redis misses another instance's calls.
 
 pub mod breaker;
 pub mod refusals;
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use prometheus_client::metrics::counter::Counter;
 
 use self::breaker::Breaker;
 use self::refusals::RefusalCache;
+use super::ledger::Ledger;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
-use crate::clock::{Clock, Micros};
+use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
-use crate::limit::{Ask, Decision, Key, Limit, Rule, WindowLimit};
-use crate::penalty::PenaltyPolicy;
+use crate::limit::{Ask, Decision, Key, Limit, Reason, Rule, WindowLimit};
+use crate::penalty::{PenaltyPolicy, PenaltyState};
+
+/// How often the background task writes what Redis is missing and checks
+/// that Redis still holds the deployment's epoch.
+const TICK: Duration = Duration::from_millis(100);
+/// How often the ledger drops what no longer matters.
+const PRUNE_EVERY: u32 = 100;
 
 /// Counters the wrapper feeds (clones of the app's metrics).
 #[derive(Clone, Default)]
 pub struct StoreCounters {
     pub errors: Counter,
     pub degraded: Counter,
+    /// Times this instance found Redis empty (its epoch changed) and re-seeded it.
+    pub lost: Counter,
+    /// Calls added to Redis's counts after the fact (fallback admissions, re-seeds).
+    pub reconciled: Counter,
 }
 
 pub struct Resilient {
@@ -51,6 +75,16 @@ pub struct Resilient {
     /// one for everything else. Forgetting clears them all.
     refusals: Box<[RefusalCache]>,
     shared_refusals: RefusalCache,
+    /// What this instance admitted and knows, for Redis to be given back.
+    ledger: Ledger,
+    /// The epoch this instance decides under (`None`: not read yet).
+    adopted: Mutex<Option<String>>,
+    /// One re-seed at a time.
+    reseeding: tokio::sync::Mutex<()>,
+    /// Deciding by the fallback since then, for this long, although Redis
+    /// answers: the other instances are adding what they admitted.
+    grace: Mutex<Option<(Stopwatch, Duration)>>,
+    in_grace: AtomicBool,
 }
 
 impl Resilient {
@@ -73,12 +107,180 @@ impl Resilient {
             counters,
             refusals,
             shared_refusals: RefusalCache::default(),
+            ledger: Ledger::default(),
+            adopted: Mutex::new(None),
+            reseeding: tokio::sync::Mutex::new(()),
+            grace: Mutex::new(None),
+            in_grace: AtomicBool::new(false),
         });
         if !healthy {
             store.breaker.open();
         }
         Self::spawn_probe(Arc::downgrade(&store));
+        Self::spawn_keeper(Arc::downgrade(&store));
         store
+    }
+
+    /// Reads the deployment's epoch and decides under it (writing one into
+    /// an empty Redis). Call once Redis answers, before serving.
+    pub async fn adopt_epoch(&self) -> Result<(), StoreError> {
+        self.check_epoch(None).await
+    }
+
+    /// The ledger, for tests and metrics.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Every [`TICK`] while Redis answers: writes what Redis is missing and
+    /// checks the epoch. Ends when the store is dropped.
+    fn spawn_keeper(store: Weak<Resilient>) {
+        tokio::spawn(async move {
+            let mut ticks = 0u32;
+            loop {
+                tokio::time::sleep(TICK).await;
+                let Some(s) = store.upgrade() else { return };
+                ticks = ticks.wrapping_add(1);
+                if ticks % PRUNE_EVERY == 0 {
+                    s.ledger.prune(s.local.now());
+                }
+                if s.breaker.is_open() {
+                    continue;
+                }
+                let adopted = lock(&s.adopted).clone();
+                if s.check_epoch(adopted.as_deref()).await.is_err() {
+                    continue;
+                }
+                if s.ledger.has_pending() {
+                    s.write_pending().await;
+                }
+            }
+        });
+    }
+
+    /// Reads the epoch; if it is not `known` (Redis lost its data since, or
+    /// this instance never read it), re-seeds what this instance knows and
+    /// decides under the new one. `known` None at start.
+    async fn check_epoch(&self, known: Option<&str>) -> Result<(), StoreError> {
+        if known.is_some() && self.try_redis(|| self.redis.epoch_value()).await?.as_deref() == known {
+            return Ok(());
+        }
+        let candidate = candidate_epoch();
+        let epoch = self.try_redis(|| self.redis.epoch_now(&candidate)).await?;
+        if known == Some(epoch.value.as_str()) {
+            return Ok(());
+        }
+        let _one = self.reseeding.lock().await;
+        let adopted = lock(&self.adopted).clone();
+        if adopted.as_deref() == Some(epoch.value.as_str()) {
+            return Ok(()); // another task re-seeded meanwhile
+        }
+        if adopted.is_some() {
+            let pairs = self.ledger.lost(epoch.now);
+            self.counters.lost.inc();
+            tracing::error!(
+                pairs,
+                "Redis lost wxgate's state (restart without persistence, failover to an empty replica, \
+                 FLUSHALL?): re-seeding this instance's counts and penalties"
+            );
+            // The other instances re-seed within the grace of the epoch's
+            // creation; decide by the fallback until then.
+            let grace = self.grace_length().as_micros() as Micros;
+            let left = epoch.created + grace - epoch.now;
+            if left > 0 {
+                self.start_grace(Duration::from_micros(left.min(grace) as u64));
+            }
+            self.write_pending().await;
+        }
+        self.redis.decide_under(&epoch.value);
+        *lock(&self.adopted) = Some(epoch.value);
+        Ok(())
+    }
+
+    /// How long the others may take to find Redis again: a probe period
+    /// and two keeper ticks.
+    fn grace_length(&self) -> Duration {
+        self.resilience.breaker_open + 2 * TICK
+    }
+
+    /// Decide by the local fallback for `len` from now (nothing to do with
+    /// another fallback: "allow" counts nothing and "deny" admits nothing).
+    fn start_grace(&self, len: Duration) {
+        if self.resilience.fallback == Fallback::Local {
+            *lock(&self.grace) = Some((Stopwatch::start(), len));
+            self.in_grace.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether decisions are still made by the fallback after Redis came back.
+    fn in_grace(&self) -> bool {
+        if !self.in_grace.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut grace = lock(&self.grace);
+        match *grace {
+            Some((since, len)) if since.elapsed() < len => true,
+            _ => {
+                *grace = None;
+                self.in_grace.store(false, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// Writes everything the ledger has pending; what fails stays pending.
+    async fn write_pending(&self) {
+        let mut all = self.ledger.take_all().into_iter();
+        while let Some(p) = all.next() {
+            match self.try_redis(|| self.redis.reconcile(&p)).await {
+                Ok(_) => {
+                    self.counters.reconciled.inc_by(p.calls());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not give Redis this instance's counts yet");
+                    self.ledger.put_back(p);
+                    all.for_each(|p| self.ledger.put_back(p));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Writes what `key` has pending, before deciding on Redis.
+    async fn write_pending_of(&self, key: Key<'_>) -> Result<(), StoreError> {
+        let Some(p) = self.ledger.take(key.account, &key.rule.name) else { return Ok(()) };
+        match self.try_redis(|| self.redis.reconcile(&p)).await {
+            Ok(_) => {
+                self.counters.reconciled.inc_by(p.calls());
+                Ok(())
+            }
+            Err(e) => {
+                self.ledger.put_back(p);
+                Err(e)
+            }
+        }
+    }
+
+    /// Notes what a Redis decision tells about the shared state.
+    fn learn(&self, key: Key<'_>, decision: &Decision) {
+        match *decision {
+            Decision::Admit { .. } => self.ledger.admitted(key, decision, false),
+            Decision::Reject { reason: Reason::Quota, .. } => self.ledger.quota_spent(key, self.local.now()),
+            Decision::Reject { reason: Reason::Penalty, wait_us } => {
+                let now = self.local.now();
+                let penalty = PenaltyState { until: now + wait_us, started: now, level: 0, last_len: wait_us };
+                self.ledger.penalised(key, penalty, false);
+            }
+            Decision::Reject { .. } => {}
+        }
+    }
+
+    /// Decides on Redis: what this instance owes it first, then the call.
+    async fn decide_shared(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
+        if self.ledger.has_pending() {
+            self.write_pending_of(ask.key).await?;
+        }
+        self.try_redis(|| self.redis.decide(ask)).await
     }
 
     /// This thread's cache of known refusals.
@@ -108,6 +310,7 @@ impl Resilient {
                 let Some(s) = store.upgrade() else { return };
                 if s.breaker.is_open() && s.redis.ping().await.is_ok() {
                     s.breaker.close();
+                    s.start_grace(s.grace_length());
                     let degraded = s.breaker.degraded.load(Ordering::Relaxed);
                     tracing::warn!(degraded_so_far = degraded, "Redis answers again: shared decisions resumed");
                 }
@@ -127,6 +330,11 @@ impl Resilient {
             Ok(v) => {
                 self.breaker.succeeded();
                 Ok(v)
+            }
+            // Redis answered: it lost its data, which is not a failure.
+            Err(StoreError::Lost) => {
+                self.breaker.succeeded();
+                Err(StoreError::Lost)
             }
             Err(e) => {
                 self.counters.errors.inc();
@@ -150,8 +358,18 @@ impl Store for Resilient {
             let decision = Decision::Reject { wait_us: wait_us + rule.max_wait_us, reason };
             return Ok(Decided { decision, degraded: false });
         }
-        let e = match self.try_redis(|| self.redis.decide(ask)).await {
+        let mut result = if self.in_grace() { Err(StoreError::Settling) } else { self.decide_shared(ask).await };
+        if let Err(StoreError::Lost) = result {
+            let adopted = lock(&self.adopted).clone();
+            result = match self.check_epoch(adopted.as_deref()).await {
+                Ok(()) if self.in_grace() => Err(StoreError::Settling),
+                Ok(()) => self.decide_shared(ask).await,
+                Err(e) => Err(e),
+            };
+        }
+        let e = match result {
             Ok(decision) => {
+                self.learn(ask.key, &decision);
                 if let (Decision::Reject { wait_us, reason }, true) = (decision, cache) {
                     self.refusals().put(account, rule, wait_us, reason, now);
                 }
@@ -161,27 +379,57 @@ impl Store for Resilient {
         };
         self.breaker.degraded(&e, self.resilience.fallback);
         self.counters.degraded.inc();
-        match self.resilience.fallback {
+        let decision = match self.resilience.fallback {
             Fallback::Local => {
-                let scaled = scale(rule, self.resilience.instances);
-                let local = Ask { key: Key { rule: &scaled, ..ask.key }, ..*ask };
-                let decision = self.local.acquire(&local).await?.decision;
-                Ok(Decided { decision, degraded: true })
+                let n = self.resilience.instances.max(1);
+                let scaled = scale(rule, n);
+                let local_key = Key { rule: &scaled, ..ask.key };
+                // Start from this instance's share of what was left when
+                // Redis last answered, not of the whole quota.
+                for limit in &rule.limits {
+                    if let Limit::Calendar { period, .. } = *limit {
+                        if let Some(seen) = self.ledger.seen(ask.key, limit.window_key(), now) {
+                            let id = period.id(now, ask.key.offset_us);
+                            self.local.raise_count(local_key, limit.window_key(), id, seen.div_ceil(u64::from(n)));
+                        }
+                    }
+                }
+                let local = Ask { key: local_key, ..*ask };
+                self.local.acquire(&local).await?.decision
             }
             Fallback::Allow => {
-                let decision = Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false, quota: None };
-                Ok(Decided { decision, degraded: true })
+                Decision::Admit { at: self.local.now(), hold_us: 0, escalated: false, quota: None, calendar: None }
             }
-            Fallback::Deny => Err(e),
-        }
+            Fallback::Deny => return Err(e),
+        };
+        self.ledger.admitted(ask.key, &decision, true);
+        Ok(Decided { decision, degraded: true })
     }
 
     /// In Redis, or at least on this instance.
+    /// The penalty is also noted in the ledger, to be restored if Redis
+    /// loses it (or given to Redis when it answers again).
     async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
         self.forget(key);
         match self.try_redis(|| self.redis.penalise(key, policy, sent_at)).await {
-            Ok(end) => Ok(end),
-            Err(_) => self.local.penalise(key, policy, sent_at).await,
+            Ok(end) => {
+                // Penalties are rare: one more round trip reads the level.
+                match self.try_redis(|| self.redis.inspect(key)).await {
+                    Ok(snapshot) => self.ledger.penalised(key, snapshot.state.penalty, false),
+                    Err(_) => {
+                        let p =
+                            PenaltyState { until: end.until, started: end.now, level: 0, last_len: end.remaining_us() };
+                        self.ledger.penalised(key, p, false);
+                    }
+                }
+                Ok(end)
+            }
+            Err(_) => {
+                let end = self.local.penalise(key, policy, sent_at).await?;
+                let state = self.local.inspect(key).await?.state.penalty;
+                self.ledger.penalised(key, state, true);
+                Ok(end)
+            }
         }
     }
 
@@ -246,6 +494,16 @@ impl Store for Resilient {
     fn rules_changed(&self) {
         self.all_refusals().for_each(RefusalCache::clear);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh random value for an epoch this instance may write.
+fn candidate_epoch() -> String {
+    use std::hash::BuildHasher;
+    format!("{:016x}", std::hash::RandomState::new().hash_one(std::process::id()))
 }
 
 /// `rule` with every count, burst and concurrency cap divided by `instances`

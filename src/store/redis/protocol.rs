@@ -31,6 +31,8 @@ pub const SUCCEEDED_LUA: &str = script!("succeeded.lua");
 pub const WARM_LUA: &str = script!("warm.lua");
 pub const SET_PENALTY_LUA: &str = script!("set_penalty.lua");
 pub const INSPECT_LUA: &str = script!("inspect.lua");
+pub const EPOCH_LUA: &str = script!("epoch.lua");
+pub const RECONCILE_LUA: &str = script!("reconcile.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -40,6 +42,8 @@ pub struct Scripts {
     pub warm: Script,
     pub set_penalty: Script,
     pub inspect: Script,
+    pub epoch: Script,
+    pub reconcile: Script,
 }
 
 impl Scripts {
@@ -51,11 +55,22 @@ impl Scripts {
             warm: Script::new(WARM_LUA),
             set_penalty: Script::new(SET_PENALTY_LUA),
             inspect: Script::new(INSPECT_LUA),
+            epoch: Script::new(EPOCH_LUA),
+            reconcile: Script::new(RECONCILE_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 6] {
-        [&self.acquire, &self.penalise, &self.succeeded, &self.warm, &self.set_penalty, &self.inspect]
+    pub fn all(&self) -> [&Script; 8] {
+        [
+            &self.acquire,
+            &self.penalise,
+            &self.succeeded,
+            &self.warm,
+            &self.set_penalty,
+            &self.inspect,
+            &self.epoch,
+            &self.reconcile,
+        ]
     }
 }
 
@@ -95,6 +110,11 @@ impl Keys {
         self.account_key(account, &[&rule.name])
     }
 
+    /// The state hash of the rule named `rule`.
+    pub fn state_named(&self, account: &str, rule: &str) -> String {
+        self.account_key(account, &[rule])
+    }
+
     /// `<prefix>:{<account>}:<rule>:c`: concurrency slots (holder → lease expiry).
     pub fn slots(&self, account: &str, rule: &Rule) -> String {
         self.account_key(account, &[&rule.name, ":c"])
@@ -103,6 +123,11 @@ impl Keys {
     /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
     pub fn warm(&self, account: &str) -> String {
         self.account_key(account, &["#warm"])
+    }
+
+    /// `<prefix>:#epoch`: the deployment's epoch (lua/epoch.lua).
+    pub fn epoch(&self) -> String {
+        format!("{}:#epoch", self.prefix)
     }
 }
 
@@ -159,31 +184,39 @@ impl Call {
 }
 
 /// The EVALSHA of one acquire.lua run deciding `calls` (one account's, same
-/// offset), at `now` ("" = Redis `TIME`).
-pub fn acquire_command(script: &Script, calls: &[Call], now: &str) -> redis::Cmd {
+/// offset), at `now` ("" = Redis `TIME`); checking first that the epoch
+/// key holds `epoch`, if given (key, value).
+pub fn acquire_command(script: &Script, calls: &[Call], now: &str, epoch: Option<(&str, &str)>) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(calls.len() * 3);
+    cmd.arg(script.get_hash()).arg(calls.len() * 3 + usize::from(epoch.is_some()));
     for call in calls {
         for key in &call.keys {
             cmd.arg(key.as_str());
         }
     }
-    cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us));
+    if let Some((key, _)) = epoch {
+        cmd.arg(key);
+    }
+    cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us)).arg(epoch.map_or("", |(_, value)| value));
     for call in calls {
         call.write_args(&mut cmd);
     }
     cmd
 }
 
-/// acquire.lua's answer: one decision per call, separated by ",".
-pub fn parse_decisions(reply: &str) -> Vec<Result<Decision, StoreError>> {
-    reply.split(',').map(parse_decision).collect()
+/// acquire.lua's answer: one decision per call, separated by ","; or "E",
+/// the epoch changed ([`StoreError::Lost`]).
+pub fn parse_decisions(reply: &str) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
+    if reply == "E" {
+        return Err(StoreError::Lost);
+    }
+    Ok(reply.split(',').map(parse_decision).collect())
 }
 
-/// One decision: "1 at escalated hold qi qr qt" or "0 wait reason".
+/// One decision: "1 at escalated hold qi qr qt ci cr ct" or "0 wait reason".
 fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
     let bad = || StoreError::BadReply { script: "acquire.lua", reply: answer.to_owned() };
-    let mut numbers = [0i64; 7];
+    let mut numbers = [0i64; 10];
     let mut n = 0;
     for word in answer.split(' ') {
         match word.parse::<i64>() {
@@ -193,15 +226,12 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
         n += 1;
     }
     match &numbers[..n] {
-        [1, at, escalated, hold_us, qi, qr, qt] => Ok(Decision::Admit {
+        [1, at, escalated, hold_us, qi, qr, qt, ci, cr, ct] => Ok(Decision::Admit {
             at: *at,
             hold_us: *hold_us,
             escalated: *escalated == 1,
-            quota: (*qi > 0).then(|| Quota {
-                limit: (*qi - 1) as usize,
-                remaining: (*qr).max(0) as u64,
-                reset_us: *qt,
-            }),
+            quota: quota(*qi, *qr, *qt),
+            calendar: quota(*ci, *cr, *ct),
         }),
         [0, wait_us, reason] => {
             let reason = match reason {
@@ -214,6 +244,11 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
         }
         _ => Err(bad()),
     }
+}
+
+/// A limit's room as acquire.lua writes it: 1-based index (0: none), room, reset.
+fn quota(i: i64, room: i64, reset_us: i64) -> Option<Quota> {
+    (i > 0).then(|| Quota { limit: (i - 1) as usize, remaining: room.max(0) as u64, reset_us })
 }
 
 /// How `policy` is written to penalise.lua: kind ("e" escalating, "m" next
@@ -231,6 +266,18 @@ pub fn parse_until(script: &'static str, reply: &[i64]) -> Result<(Micros, Micro
     match reply {
         [until, now] => Ok((*until, *now)),
         other => Err(StoreError::BadReply { script, reply: format!("{other:?}") }),
+    }
+}
+
+/// epoch.lua's answer: the epoch, when it was written, and now.
+pub type EpochReply = (String, i64, i64);
+
+/// The arguments of reconcile.lua after now: offset, penalty, counts.
+pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::store::ledger::Pending) {
+    let p = pending.penalty.unwrap_or_default();
+    inv.arg(pending.offset_us).arg(p.until).arg(p.started).arg(p.level).arg(p.last_len).arg(pending.adds.len());
+    for (period, id, n) in &pending.adds {
+        inv.arg(period.as_str()).arg(period.as_str()).arg(*id).arg(*n);
     }
 }
 

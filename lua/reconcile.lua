@@ -1,0 +1,62 @@
+-- reconcile.lua: add to an (account, rule)'s shared state what one instance
+-- knows and Redis does not: calls it admitted while Redis was away (the
+-- local fallback), or everything it admitted today when Redis lost its data;
+-- and a penalty it knows that Redis has lost. Each instance adds only its
+-- own calls, so instances re-seeding at once restore the sum without
+-- counting a call twice (src/store/ledger.rs).
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  quota_timezone offset from UTC, µs
+-- ARGV[3..6]  penalty: until, started, level, last length (until 0: none);
+--             written if it ends later than the stored one
+-- ARGV[7]  number of counts C, then per count four values:
+--            kind ("day" | "month"), field, period id, calls to add
+--          a count for the current period is added to its calls, one for
+--          the next period to its reservations; one for a period already
+--          over is dropped
+--
+-- Returns now. Hash fields as in acquire.lua.
+
+local key = KEYS[1]
+local now = store_now(ARGV[1])
+local off = tonumber(ARGV[2])
+local pu_new, ps_new, pl_new, pn_new = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local keep = now
+
+local a = 8
+for _ = 1, tonumber(ARGV[7]) do
+  local kind, f, id, add = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  a = a + 4
+  local current, nxt = period(kind, now, off)
+  if id == current or id == current + 1 then
+    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q')
+    local used, next = counts(tonumber(v[1]) or -1e18, tonumber(v[2]) or 0, tonumber(v[3]) or 0, current)
+    if id == current then used = used + add else next = next + add end
+    redis.call('HSET', key, f .. '.p', fmt(current), f .. '.n', fmt(used), f .. '.q', fmt(next))
+    local k = nxt
+    if next > 0 then
+      local _, after = period(kind, nxt, off)
+      k = after
+    end
+    if k > keep then keep = k end
+  end
+end
+
+if pu_new > now then
+  local pu = tonumber(redis.call('HGET', key, 'pu') or '0') or 0
+  if pu_new > pu then
+    redis.call('HSET', key, 'pu', fmt(pu_new), 'ps', fmt(ps_new), 'pl', fmt(pl_new), 'pn', fmt(pn_new))
+    if pu_new + pn_new > keep then keep = pu_new + pn_new end
+  end
+end
+
+-- Keep the key while what was written matters; never shorten its TTL.
+if keep > now then
+  local ms = math.floor((keep - now) / 1000) + 1000
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+    redis.call('HSET', key, 'ex', fmt(now + ms * 1000))
+  end
+end
+return now

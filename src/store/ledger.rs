@@ -1,0 +1,366 @@
+//! What this instance knows of the shared quota state, so that Redis losing
+//! it, or being away, never re-grants a spent calendar quota or forgets a
+//! penalty.
+//!
+//! Per (account, rule) with calendar quotas or a penalty, for the current
+//! calendar period of each quota:
+//!
+//! - `mine`: calls this instance admitted, through Redis or by the local
+//!   fallback. When Redis comes back empty (restart without persistence,
+//!   failover to an empty replica, `FLUSHALL`), every instance adds its own
+//!   `mine` back: each call is counted by exactly one instance, so the sum is
+//!   the day's total again, however many instances re-seed at once.
+//! - `unsynced`: calls admitted without Redis (the fallback) and not yet
+//!   added to Redis's count. They are added when Redis answers again, before
+//!   this instance decides on Redis again. A batch is *taken* before it is
+//!   sent and *put back* if sending fails, so a count is never sent twice by
+//!   this instance (an answer lost after Redis applied it may count twice:
+//!   the safe side).
+//! - `seen`: the shared count the last Redis decision reported, which the
+//!   local fallback starts from (its share of what is left, not of the whole
+//!   quota).
+//!
+//! And the last penalty this instance learned (from WeChat's answers it
+//! reported, or a refusal for a penalty), restored into an empty Redis.
+//!
+//! Window limits (per minute, per second) are not kept: they refill within
+//! their window, and an empty Redis restarts them.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::calendar::Period;
+use crate::clock::Micros;
+use crate::limit::{Decision, Key, Limit, Rule, WindowKey};
+use crate::penalty::PenaltyState;
+
+const SHARDS: usize = 16;
+
+/// One calendar quota's tally for one period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub period: Period,
+    pub period_id: i64,
+    pub mine: u64,
+    pub unsynced: u64,
+    /// The shared count after the last Redis decision in this period.
+    pub seen: Option<u64>,
+}
+
+/// What the ledger holds for one (account, rule).
+#[derive(Debug, Clone)]
+struct Entry {
+    rule_name: Arc<str>,
+    offset_us: Micros,
+    tallies: Vec<Tally>,
+    penalty: PenaltyState,
+    /// The penalty must be written to Redis (it came back empty).
+    penalty_unsynced: bool,
+}
+
+impl Entry {
+    fn tally(&mut self, period: Period, period_id: i64) -> Option<&mut Tally> {
+        let i = match self.tallies.iter().position(|t| t.period == period) {
+            Some(i) => i,
+            None => {
+                self.tallies.push(Tally { period, period_id, mine: 0, unsynced: 0, seen: None });
+                self.tallies.len() - 1
+            }
+        };
+        let t = &mut self.tallies[i];
+        if t.period_id < period_id {
+            *t = Tally { period, period_id, mine: 0, unsynced: 0, seen: None };
+        }
+        // A count for a period already over (a clock step back) is dropped.
+        (t.period_id == period_id).then_some(t)
+    }
+
+    fn pending(&self) -> bool {
+        self.penalty_unsynced || self.tallies.iter().any(|t| t.unsynced > 0)
+    }
+}
+
+/// What must be written to Redis for one (account, rule): counts to add per
+/// calendar quota and period, and a penalty to restore.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub account: String,
+    /// The rule's name (its state's key).
+    pub rule: Arc<str>,
+    pub offset_us: Micros,
+    pub adds: Vec<(Period, i64, u64)>,
+    pub penalty: Option<PenaltyState>,
+}
+
+impl Pending {
+    /// The number of calls this adds.
+    pub fn calls(&self) -> u64 {
+        self.adds.iter().map(|a| a.2).sum()
+    }
+}
+
+/// An account's entries, one per rule (few: a linear scan).
+type Shard = HashMap<String, Vec<Entry>>;
+
+/// The ledger: sharded by account; no lock is held across an await.
+pub struct Ledger {
+    hasher: RandomState,
+    shards: Vec<Mutex<Shard>>,
+    /// Entries with something to write to Redis (a quick check on the hot path).
+    pending: AtomicUsize,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            pending: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update is a few field writes with nothing that can panic between.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `rule` has anything the ledger keeps counts for.
+pub fn counts_calendar(rule: &Rule) -> bool {
+    rule.limits.iter().any(|l| matches!(l, Limit::Calendar { .. }))
+}
+
+impl Ledger {
+    fn shard(&self, account: &str) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[(self.hasher.hash_one(account) as usize) % SHARDS])
+    }
+
+    /// Runs `f` on the pair's entry, created if absent; keeps `pending` true.
+    fn with_entry<T>(&self, key: Key<'_>, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let mut shard = self.shard(key.account);
+        let entries = match shard.get_mut(key.account) {
+            Some(entries) => entries,
+            None => shard.entry(key.account.to_owned()).or_default(),
+        };
+        let i = match entries.iter().position(|e| *e.rule_name == *key.rule.name) {
+            Some(i) => i,
+            None => {
+                entries.push(Entry {
+                    rule_name: key.rule.name.clone(),
+                    offset_us: key.offset_us,
+                    tallies: Vec::new(),
+                    penalty: PenaltyState::default(),
+                    penalty_unsynced: false,
+                });
+                entries.len() - 1
+            }
+        };
+        let entry = &mut entries[i];
+        let was = entry.pending();
+        entry.offset_us = key.offset_us;
+        let out = f(entry);
+        match (was, entry.pending()) {
+            (false, true) => {
+                self.pending.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.pending.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// Whether anything waits to be written to Redis.
+    pub fn has_pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed) > 0
+    }
+
+    /// A call of `key` was admitted: by Redis (`local` false; its decision
+    /// reports the shared count) or by the fallback (`local`: to be added to
+    /// Redis's count later).
+    pub fn admitted(&self, key: Key<'_>, decision: &Decision, local: bool) {
+        let Decision::Admit { at, hold_us, calendar, .. } = *decision else { return };
+        let rule = key.rule;
+        if !counts_calendar(rule) {
+            return;
+        }
+        let now = at - hold_us;
+        self.with_entry(key, |e| {
+            for (i, limit) in rule.limits.iter().enumerate() {
+                let Limit::Calendar { count, period } = *limit else { continue };
+                let at_id = period.id(at, key.offset_us);
+                if let Some(t) = e.tally(period, at_id) {
+                    t.mine += 1;
+                    if local {
+                        t.unsynced += 1;
+                    }
+                }
+                if let (Some(q), false) = (calendar, local) {
+                    let now_id = period.id(now, key.offset_us);
+                    if q.limit == i && now_id == at_id {
+                        if let Some(t) = e.tally(period, now_id) {
+                            t.seen = Some(count.saturating_sub(q.remaining));
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Redis refused a call of `key` for its calendar quota at `now`: the
+    /// shared count of a rule with one calendar quota is the whole quota.
+    pub fn quota_spent(&self, key: Key<'_>, now: Micros) {
+        let mut calendars = key.rule.limits.iter().filter_map(|l| match *l {
+            Limit::Calendar { count, period } => Some((count, period)),
+            Limit::Window(_) => None,
+        });
+        let (Some((count, period)), None) = (calendars.next(), calendars.next()) else { return };
+        self.with_entry(key, |e| {
+            if let Some(t) = e.tally(period, period.id(now, key.offset_us)) {
+                t.seen = Some(count);
+            }
+        });
+    }
+
+    /// This instance learned `key`'s penalty (kept if it ends later than
+    /// the one known); `unsynced`: Redis does not have it (it was away).
+    pub fn penalised(&self, key: Key<'_>, penalty: PenaltyState, unsynced: bool) {
+        self.with_entry(key, |e| {
+            if penalty.until > e.penalty.until || penalty.started > e.penalty.started {
+                e.penalty = penalty;
+                e.penalty_unsynced |= unsynced;
+            }
+        });
+    }
+
+    /// The shared count of `key`'s calendar quota `window` in the period
+    /// containing `now`, as last seen, if any.
+    pub fn seen(&self, key: Key<'_>, window: WindowKey, now: Micros) -> Option<u64> {
+        let WindowKey::Calendar(period) = window else { return None };
+        let shard = self.shard(key.account);
+        let entry = shard.get(key.account)?.iter().find(|e| *e.rule_name == *key.rule.name)?;
+        let t = entry.tallies.iter().find(|t| t.period == period)?;
+        (t.period_id == period.id(now, key.offset_us)).then_some(t.seen).flatten()
+    }
+
+    /// Takes what `key` has to write to Redis (nothing if none); the caller
+    /// writes it and gives it [`Ledger::put_back`] if that failed.
+    pub fn take(&self, account: &str, rule: &str) -> Option<Pending> {
+        let mut shard = self.shard(account);
+        let entry = shard.get_mut(account)?.iter_mut().find(|e| &*e.rule_name == rule)?;
+        let taken = take_entry(account, entry);
+        if taken.is_some() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Takes everything pending, for the background writer.
+    pub fn take_all(&self) -> Vec<Pending> {
+        let mut all = Vec::new();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            for (account, entries) in shard.iter_mut() {
+                for entry in entries.iter_mut() {
+                    if let Some(p) = take_entry(account, entry) {
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                        all.push(p);
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Writing `pending` failed: it is pending again.
+    pub fn put_back(&self, pending: Pending) {
+        let mut shard = self.shard(&pending.account);
+        let Some(e) =
+            shard.get_mut(&pending.account).and_then(|es| es.iter_mut().find(|e| e.rule_name == pending.rule))
+        else {
+            return;
+        };
+        let was = e.pending();
+        {
+            for (period, id, n) in &pending.adds {
+                if let Some(t) = e.tally(*period, *id) {
+                    t.unsynced += n;
+                }
+            }
+            if pending.penalty.is_some() {
+                e.penalty_unsynced = true;
+            }
+        }
+        if !was && e.pending() {
+            self.pending.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Redis lost its data: everything this instance admitted in the current
+    /// periods, and every penalty it knows that still matters, is to be
+    /// written again. Returns how many (account, rule) pairs that is.
+    pub fn lost(&self, now: Micros) -> usize {
+        let mut n = 0;
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            for entry in shard.values_mut().flatten() {
+                let was = entry.pending();
+                for t in &mut entry.tallies {
+                    if t.period_id >= t.period.id(now, entry.offset_us) {
+                        t.unsynced = t.mine;
+                    }
+                }
+                entry.penalty_unsynced = entry.penalty.until > now || entry.penalty.is_recent(now);
+                if !was && entry.pending() {
+                    self.pending.fetch_add(1, Ordering::Relaxed);
+                }
+                n += usize::from(entry.pending());
+            }
+        }
+        n
+    }
+
+    /// Drops what no longer matters at `now`: periods that are over and
+    /// penalties no longer recent.
+    pub fn prune(&self, now: Micros) {
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            for entries in shard.values_mut() {
+                entries.retain(|e| {
+                    e.pending()
+                        || e.penalty.until > now
+                        || e.penalty.is_recent(now)
+                        || e.tallies.iter().any(|t| t.period_id >= t.period.id(now, e.offset_us))
+                });
+            }
+            shard.retain(|_, entries| !entries.is_empty());
+        }
+    }
+
+    /// Number of (account, rule) pairs held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).values().map(Vec::len).sum::<usize>()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn take_entry(account: &str, entry: &mut Entry) -> Option<Pending> {
+    if !entry.pending() {
+        return None;
+    }
+    let rule = entry.rule_name.clone();
+    let adds = entry
+        .tallies
+        .iter_mut()
+        .filter(|t| t.unsynced > 0)
+        .map(|t| (t.period, t.period_id, std::mem::take(&mut t.unsynced)))
+        .collect();
+    let penalty = std::mem::take(&mut entry.penalty_unsynced).then_some(entry.penalty);
+    Some(Pending { account: account.to_owned(), rule, offset_us: entry.offset_us, adds, penalty })
+}
