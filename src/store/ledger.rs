@@ -246,6 +246,21 @@ impl Ledger {
         (t.period_id == period.id(now, key.offset_us)).then_some(t.seen).flatten()
     }
 
+    /// An operator imposed or lifted `key`'s penalty: it replaces the known one.
+    pub fn penalty_set(&self, key: Key<'_>, penalty: PenaltyState, unsynced: bool) {
+        self.with_entry(key, |e| {
+            e.penalty = penalty;
+            e.penalty_unsynced = unsynced;
+        });
+    }
+
+    /// The latest penalty of `key` this instance knows, if it is still on at `now`.
+    pub fn penalty(&self, key: Key<'_>, now: Micros) -> Option<PenaltyState> {
+        let shard = self.shard(key.account);
+        let entry = shard.get(key.account)?.iter().find(|e| *e.rule_name == *key.rule.name)?;
+        (entry.penalty.until > now).then_some(entry.penalty)
+    }
+
     /// Takes what `key` has to write to Redis (nothing if none); the caller
     /// writes it and gives it [`Ledger::put_back`] if that failed.
     pub fn take(&self, account: &str, rule: &str) -> Option<Pending> {

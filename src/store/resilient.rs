@@ -379,6 +379,13 @@ impl Store for Resilient {
         };
         self.breaker.degraded(&e, self.resilience.fallback);
         self.counters.degraded.inc();
+        // A penalty this instance knows of (Redis has it, or had it) holds
+        // while Redis is away too.
+        let known = (self.resilience.fallback == Fallback::Local).then(|| self.ledger.penalty(ask.key, now)).flatten();
+        if let Some(p) = known {
+            let decision = Decision::Reject { wait_us: p.until - now, reason: Reason::Penalty };
+            return Ok(Decided { decision, degraded: true });
+        }
         let decision = match self.resilience.fallback {
             Fallback::Local => {
                 let n = self.resilience.instances.max(1);
@@ -464,13 +471,16 @@ impl Store for Resilient {
     async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError> {
         self.forget(key);
         let local = self.local.set_penalty(key, len_us).await?;
-        match self.try_redis(|| self.redis.set_penalty(key, len_us)).await {
-            Ok(end) => Ok(end),
+        let (end, unsynced) = match self.try_redis(|| self.redis.set_penalty(key, len_us)).await {
+            Ok(end) => (end, false),
             Err(e) => {
                 tracing::warn!(error = %e, "penalty changed on this instance only: Redis is unavailable");
-                Ok(local)
+                (local, true)
             }
-        }
+        };
+        let state = PenaltyState { until: end.until, started: end.now, level: 0, last_len: len_us };
+        self.ledger.penalty_set(key, state, unsynced && len_us > 0);
+        Ok(end)
     }
 
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
