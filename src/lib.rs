@@ -58,7 +58,11 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Str
 /// runtime, which also runs the admin API and background tasks.
 pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, String> {
     let metrics = Metrics::new();
-    let counters = StoreCounters { errors: metrics.store_errors.clone(), degraded: metrics.degraded_decisions.clone() };
+    let counters = StoreCounters {
+        errors: metrics.store_errors.clone(),
+        degraded: metrics.degraded_decisions.clone(),
+        breaker_opened: metrics.breaker_opened.clone(),
+    };
     let store = app::open_store(&config, clock.clone(), counters).await?;
     start_parts(config, store, clock, metrics, threads).await
 }

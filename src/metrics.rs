@@ -129,6 +129,7 @@ pub struct Metrics {
     pub store_errors: Counter,
     pub degraded_decisions: Counter,
     pub breaker_open: Gauge,
+    pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
 }
 
@@ -161,6 +162,7 @@ impl Metrics {
         let store_errors = Counter::default();
         let degraded_decisions = Counter::default();
         let breaker_open = Gauge::default();
+        let breaker_opened = Counter::default();
         let reloads = Family::<ResultLabel, Counter>::default();
 
         let mut registry = Registry::with_prefix("wxgate");
@@ -182,6 +184,11 @@ impl Metrics {
             degraded_decisions.clone(),
         );
         registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
+        registry.register(
+            "store_breaker_opened",
+            "Times the Redis circuit breaker opened (decisions went to the fallback until a probe write succeeded)",
+            breaker_opened.clone(),
+        );
         registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
@@ -198,6 +205,7 @@ impl Metrics {
             store_errors,
             degraded_decisions,
             breaker_open,
+            breaker_opened,
             reloads,
         }
     }
