@@ -63,6 +63,7 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
         degraded: metrics.degraded_decisions.clone(),
         lost: metrics.store_lost.clone(),
         reconciled: metrics.store_reconciled.clone(),
+        breaker_opened: metrics.breaker_opened.clone(),
     };
     let store = app::open_store(&config, clock.clone(), counters).await?;
     start_parts(config, store, clock, metrics, threads).await

@@ -131,6 +131,7 @@ pub struct Metrics {
     pub store_lost: Counter,
     pub store_reconciled: Counter,
     pub breaker_open: Gauge,
+    pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
 }
 
@@ -165,6 +166,7 @@ impl Metrics {
         let store_lost = Counter::default();
         let store_reconciled = Counter::default();
         let breaker_open = Gauge::default();
+        let breaker_opened = Counter::default();
         let reloads = Family::<ResultLabel, Counter>::default();
 
         let mut registry = Registry::with_prefix("wxgate");
@@ -196,6 +198,11 @@ impl Metrics {
             store_reconciled.clone(),
         );
         registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
+        registry.register(
+            "store_breaker_opened",
+            "Times the Redis circuit breaker opened (decisions went to the fallback until a probe write succeeded)",
+            breaker_opened.clone(),
+        );
         registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
@@ -214,6 +221,7 @@ impl Metrics {
             store_lost,
             store_reconciled,
             breaker_open,
+            breaker_opened,
             reloads,
         }
     }

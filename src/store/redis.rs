@@ -13,6 +13,8 @@
 //!   matters, so idle accounts and retired rules vanish by themselves.
 //! - A script Redis no longer knows (restart, failover, `SCRIPT FLUSH`) is
 //!   loaded again and the same command runs once more.
+//! - A connection that fails in a way it will not recover from by itself (a
+//!   refused password, a read-only replica) is replaced ([`conn`]).
 //!
 //! Failures are errors here; [`super::resilient`] decides what they mean.
 
@@ -49,6 +51,9 @@ pub struct RedisStore {
     batch: bool,
     keys: Keys,
     scripts: Scripts,
+    /// The breaker's probe ([`RedisStore::probe`]) and its key.
+    probe: Script,
+    probe_key: String,
     timeout: Duration,
     /// The deployment's epoch this instance decides under, checked by every
     /// acquire.lua run (single server only: in a cluster the epoch key lives
@@ -70,6 +75,8 @@ impl RedisStore {
             batch: cfg.batch,
             keys: Keys::new(&cfg.key_prefix),
             scripts: Scripts::new(),
+            probe: Script::new(include_str!("../../lua/probe.lua")),
+            probe_key: format!("{}:probe", cfg.key_prefix),
             timeout: cfg.timeout,
             epoch: ArcSwapOption::empty(),
             epoch_key: Keys::new(&cfg.key_prefix).epoch(),
@@ -127,9 +134,19 @@ impl RedisStore {
         self.keys.state(key.account, key.rule)
     }
 
-    /// Whether Redis answers a PING within the decision timeout.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.query::<String>(redis::cmd("PING")).await.map(|_| ())
+    /// Whether Redis takes a small write within the decision timeout: what
+    /// decisions need, where a PING would pass while Redis refuses every
+    /// write (`OOM`, `READONLY`). Runs on the caller's lane (the breaker's
+    /// probe: the shared one), whose connection is replaced when the failure
+    /// says so.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.run::<i64>(self.probe.key(&self.probe_key)).await.map(|_| ())
+    }
+
+    /// Gives every serving thread a fresh connection, for when Redis is
+    /// healthy again after an outage ([`conn::Connections::renew_own`]).
+    pub fn renew_connections(&self) {
+        self.conns.renew_own();
     }
 
     /// The queue of `lane`'s connection.
@@ -151,19 +168,37 @@ impl RedisStore {
 
     /// Runs a script on this thread's connection within the timeout.
     async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let mut conn = self.conns.conn(self.conns.lane());
-        match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
-            Ok(result) => result.map_err(redis_error),
-            Err(_) => Err(self.timed_out()),
-        }
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await;
+        self.outcome(lane, result)
     }
 
     /// Runs a plain command on this thread's connection within the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.conns.conn(self.conns.lane());
-        match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
-            Ok(result) => result.map_err(redis_error),
-            Err(_) => Err(self.timed_out()),
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
+        self.outcome(lane, result)
+    }
+
+    /// A round trip's result on `lane`; a failure is noted there first (it
+    /// may replace the lane's connection).
+    fn outcome<T>(
+        &self,
+        lane: Lane,
+        result: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.conns.failed(lane, Some(&e));
+                Err(redis_error(e))
+            }
+            Err(_) => {
+                self.conns.failed(lane, None);
+                Err(self.timed_out())
+            }
         }
     }
 
@@ -237,10 +272,7 @@ impl RedisStore {
             }
         })
         .await;
-        match reply {
-            Ok(r) => protocol::parse_decisions(&r.map_err(redis_error)?),
-            Err(_) => Err(self.timed_out()),
-        }
+        self.outcome(lane, reply).and_then(|r| protocol::parse_decisions(&r))
     }
 }
 

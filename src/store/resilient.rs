@@ -6,8 +6,11 @@
 //!   `deny` (503).
 //! - After `breaker_failures` failures in a row the breaker opens
 //!   ([`breaker`]): calls stop waiting on Redis and go straight to the
-//!   fallback, while a background probe PINGs Redis every `breaker_open`.
-//!   The first answer closes it and shared decisions resume by themselves.
+//!   fallback, while a background probe asks Redis every `breaker_open` for
+//!   what decisions need: a small write (PING would pass while Redis refuses
+//!   every write with `OOM` or `READONLY`, and the breaker would flap). The
+//!   first write that succeeds closes it, every serving thread gets a fresh
+//!   connection, and shared decisions resume by themselves.
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
 //!   honours them while Redis is away.
@@ -61,6 +64,8 @@ pub struct StoreCounters {
     pub lost: Counter,
     /// Calls added to Redis's counts after the fact (fallback admissions, re-seeds).
     pub reconciled: Counter,
+    /// Times the breaker opened (starting with Redis down counts once).
+    pub breaker_opened: Counter,
 }
 
 pub struct Resilient {
@@ -115,6 +120,7 @@ impl Resilient {
         });
         if !healthy {
             store.breaker.open();
+            store.counters.breaker_opened.inc();
         }
         Self::spawn_probe(Arc::downgrade(&store));
         Self::spawn_keeper(Arc::downgrade(&store));
@@ -297,8 +303,10 @@ impl Resilient {
         self.all_refusals().for_each(|c| c.forget(key.account, key.rule));
     }
 
-    /// While the breaker is open, PINGs Redis every `breaker_open`; closes it
-    /// at the first answer. Ends when the store is dropped.
+    /// While the breaker is open, probes Redis every `breaker_open` with a
+    /// small write ([`RedisStore::probe`]); at the first success renews the
+    /// serving threads' connections and closes it. Ends when the store is
+    /// dropped.
     fn spawn_probe(store: Weak<Resilient>) {
         tokio::spawn(async move {
             loop {
@@ -308,11 +316,21 @@ impl Resilient {
                 };
                 tokio::time::sleep(every).await;
                 let Some(s) = store.upgrade() else { return };
-                if s.breaker.is_open() && s.redis.ping().await.is_ok() {
-                    s.breaker.close();
-                    s.start_grace(s.grace_length());
-                    let degraded = s.breaker.degraded.load(Ordering::Relaxed);
-                    tracing::warn!(degraded_so_far = degraded, "Redis answers again: shared decisions resumed");
+                if !s.breaker.is_open() {
+                    continue;
+                }
+                match s.redis.probe().await {
+                    Ok(()) => {
+                        s.redis.renew_connections();
+                        s.breaker.close();
+                        s.start_grace(s.grace_length());
+                        let degraded = s.breaker.degraded.load(Ordering::Relaxed);
+                        tracing::warn!(
+                            degraded_so_far = degraded,
+                            "Redis takes writes again: shared decisions resumed"
+                        );
+                    }
+                    Err(e) => tracing::debug!(error = %e, "Redis probe failed; the breaker stays open"),
                 }
             }
         });
@@ -339,6 +357,7 @@ impl Resilient {
             Err(e) => {
                 self.counters.errors.inc();
                 if self.breaker.failed(self.resilience.breaker_failures) {
+                    self.counters.breaker_opened.inc();
                     tracing::warn!(error = %e, "Redis circuit breaker open: not waiting on Redis until it answers a probe");
                 }
                 Err(e)

@@ -137,6 +137,39 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Runs one command on a fresh connection that first authenticates with
+    /// `password` (`None`: no AUTH): Redis' reply, or its error.
+    pub fn query_as(&self, password: Option<&str>, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let url = match password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        };
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// Like [`RedisServer::query_as`], for a command that must succeed.
+    pub fn run_as(&self, password: Option<&str>, args: &[&str]) -> redis::Value {
+        self.query_as(password, args).unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
+    }
+
+    /// How many client connections last ran command `name` (lower case, e.g.
+    /// "evalsha"), from `CLIENT LIST`.
+    pub fn clients_last_running(&self, password: Option<&str>, name: &str) -> usize {
+        let list: String = match self.run_as(password, &["CLIENT", "LIST"]) {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => panic!("CLIENT LIST answered {other:?}"),
+        };
+        list.lines().filter(|l| l.contains(&format!(" cmd={name} "))).count()
+    }
+
     /// Runs one command with redis-cli semantics over a raw socket (RESP inline).
     pub fn command(&self, line: &str) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect redis");

@@ -4,21 +4,40 @@
 //! renewal, and a serving thread whose own connection could not be made).
 //!
 //! A single server's connections are multiplexed and reconnect by
-//! themselves (`ConnectionManager`); a cluster's follow MOVED/ASK and
-//! refresh the topology on their own.
+//! themselves after I/O errors (`ConnectionManager`); a cluster's follow
+//! MOVED/ASK and refresh the topology on their own.
+//!
+//! Neither recovers from everything: a `ConnectionManager` whose reconnect
+//! failed authentication (a password changed for a moment) keeps answering
+//! that error for good. So a lane whose call fails with an error the
+//! connection will not get over by itself ([`verdict`]), or that keeps
+//! failing, gets a new connection ([`Connections::failed`]): at most once per
+//! `[store] breaker_open` per lane, made lazily on that lane's own thread,
+//! and nothing is done on success.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, ServerErrorKind};
 
+use crate::clock::Stopwatch;
 use crate::config::RedisConfig;
 use crate::store::StoreError;
 
 /// How long start-up waits for Redis before starting degraded.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Failures of any kind after which a lane's connection is replaced even if
+/// no single one said it had to be (a connection that times out for ever,
+/// say). Counted since the last replacement; successes leave it alone.
+const REPEATED: u32 = 5;
+
+/// Replacements are logged at most once per this long.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// One connection to a single server or to a cluster.
 #[derive(Clone)]
@@ -68,12 +87,90 @@ pub enum Lane {
     Shared,
 }
 
+/// What an error says about the connection it came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It will not recover by itself: replace it.
+    Rebuild,
+    /// Redis answered (a full memory, still loading, a busy script), or the
+    /// connection's own reconnecting handles it, or a call timed out:
+    /// replaced only when failures repeat.
+    Transient,
+}
+
+/// Whether `e` means its connection must be replaced:
+/// - authentication refused (`AuthenticationFailed`, `NOAUTH`, `WRONGPASS`):
+///   a reconnect that failed authentication is never retried by the
+///   connection manager;
+/// - `READONLY` / `MASTERDOWN`: the connection reaches a replica, e.g. an
+///   old master after a failover; a new one may reach the new master;
+/// - a reply that could not be parsed, or a client-side error (a connection
+///   in an unknown state).
+///
+/// Everything else is transient: `OOM`, `LOADING` (heals by waiting),
+/// `BUSY`, script errors, cluster redirections, and I/O errors (the manager
+/// reconnects after those by itself).
+pub fn verdict(e: &redis::RedisError) -> Verdict {
+    let rebuild = match e.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::Parse | ErrorKind::Client => true,
+        ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown) => true,
+        ErrorKind::Extension => matches!(e.code(), Some("NOAUTH" | "WRONGPASS")),
+        _ => false,
+    };
+    if rebuild {
+        Verdict::Rebuild
+    } else {
+        Verdict::Transient
+    }
+}
+
+/// When replacements were last logged, and how many happened since.
+#[derive(Default)]
+struct ReplaceLog {
+    last: Option<Stopwatch>,
+    unlogged: u64,
+}
+
+/// When a lane's connection was last replaced, and its failures since.
+#[derive(Default)]
+struct Health {
+    rebuilt: Option<Stopwatch>,
+    failures: u32,
+}
+
+/// A serving thread's own connection (none until it is attached, or if a
+/// cluster connection could not be made) and its health.
+struct Own {
+    conn: Arc<ArcSwapOption<Conn>>,
+    health: Mutex<Health>,
+}
+
+/// Where a replacement goes.
+enum Place {
+    Shared(Arc<ArcSwap<Conn>>),
+    Own(Arc<ArcSwapOption<Conn>>),
+}
+
+impl Place {
+    fn put(&self, conn: Conn) {
+        match self {
+            Place::Shared(slot) => slot.store(Arc::new(conn)),
+            Place::Own(slot) => slot.store(Some(Arc::new(conn))),
+        }
+    }
+}
+
 pub struct Connections {
-    shared: Conn,
-    own: Box<[OnceLock<Conn>]>,
+    shared: Arc<ArcSwap<Conn>>,
+    shared_health: Mutex<Health>,
+    own: Box<[Own]>,
     opener: Opener,
     /// The server's address, for messages (never the URL: it may hold the password).
     at: String,
+    /// Least time between two replacements of one lane's connection.
+    rebuild_every: Duration,
+    log: Mutex<ReplaceLog>,
 }
 
 impl Connections {
@@ -106,12 +203,20 @@ impl Connections {
             };
             (Conn::Cluster(conn), Opener::Cluster(client))
         };
-        Ok(Connections { shared, own: Box::new([]), opener, at })
+        Ok(Connections {
+            shared: Arc::new(ArcSwap::from_pointee(shared)),
+            shared_health: Mutex::default(),
+            own: Box::new([]),
+            opener,
+            at,
+            rebuild_every: cfg.resilience.breaker_open,
+            log: Mutex::default(),
+        })
     }
 
     /// Makes room for `workers` serving threads' own connections.
     pub fn with_workers(mut self, workers: usize) -> Self {
-        self.own = (0..workers).map(|_| OnceLock::new()).collect();
+        self.own = (0..workers).map(|_| Own { conn: Arc::default(), health: Mutex::default() }).collect();
         self
     }
 
@@ -129,17 +234,15 @@ impl Connections {
     /// server's connection is made on first use (no I/O here); a cluster's
     /// is made now, and if that fails the thread uses the shared one.
     pub async fn attach_worker(&self) {
-        let Some(slot) = crate::worker::current().and_then(|i| self.own.get(i)) else { return };
+        let Some(own) = crate::worker::current().and_then(|i| self.own.get(i)) else { return };
         let conn = match &self.opener {
-            Opener::Single(client, config) => {
-                match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
-                    Ok(c) => Conn::Single(c),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a serving thread uses the shared Redis connection");
-                        return;
-                    }
+            Opener::Single(client, config) => match lazy(client, config) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a serving thread uses the shared Redis connection");
+                    return;
                 }
-            }
+            },
             Opener::Cluster(client) => match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await
             {
                 Ok(Ok(c)) => Conn::Cluster(c),
@@ -153,24 +256,116 @@ impl Connections {
                 }
             },
         };
-        let _ = slot.set(conn);
+        own.conn.store(Some(Arc::new(conn)));
     }
 
-    /// This thread's lane: its own connection if it has one, else the shared one.
+    /// This thread's lane: a serving thread's own, else the shared one.
     pub fn lane(&self) -> Lane {
         match crate::worker::current() {
-            Some(i) if self.own.get(i).is_some_and(|c| c.get().is_some()) => Lane::Own(i),
+            Some(i) if i < self.own.len() => Lane::Own(i),
             _ => Lane::Shared,
         }
     }
 
-    /// The connection of `lane`.
+    /// The connection of `lane` (the shared one for a serving thread
+    /// without its own). One atomic load and a reference count.
     pub fn conn(&self, lane: Lane) -> Conn {
-        match lane {
-            Lane::Own(i) => self.own.get(i).and_then(OnceLock::get).unwrap_or(&self.shared).clone(),
-            Lane::Shared => self.shared.clone(),
+        if let Lane::Own(i) = lane {
+            if let Some(conn) = self.own.get(i).and_then(|o| o.conn.load().as_deref().cloned()) {
+                return conn;
+            }
+        }
+        Conn::clone(&self.shared.load())
+    }
+
+    /// Notes that a call on `lane` failed with `e` (`None`: it timed out).
+    /// Replaces the connection the call used when `e` says it will not
+    /// recover by itself ([`verdict`]) or after [`REPEATED`] failures, at
+    /// most once per `breaker_open`. Calls already under way finish on the
+    /// old one.
+    pub fn failed(&self, lane: Lane, e: Option<&redis::RedisError>) {
+        let own = match lane {
+            Lane::Own(i) => self.own.get(i).filter(|o| o.conn.load().is_some()),
+            Lane::Shared => None,
+        };
+        let health = own.map_or(&self.shared_health, |o| &o.health);
+        {
+            let mut h = health.lock().unwrap_or_else(|p| p.into_inner());
+            h.failures = h.failures.saturating_add(1);
+            let due = e.map(verdict) == Some(Verdict::Rebuild) || h.failures >= REPEATED;
+            let allowed = h.rebuilt.is_none_or(|t| t.elapsed() >= self.rebuild_every);
+            if !(due && allowed) {
+                return;
+            }
+            *h = Health { rebuilt: Some(Stopwatch::start()), failures: 0 };
+        }
+        self.log_replacement(e);
+        let place = match own {
+            Some(o) => Place::Own(o.conn.clone()),
+            None => Place::Shared(self.shared.clone()),
+        };
+        self.replace(place);
+    }
+
+    /// Logs the first replacement at once, then at most one line per [`LOG_EVERY`].
+    fn log_replacement(&self, e: Option<&redis::RedisError>) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.unlogged += 1;
+        if log.last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            let why = e.map_or_else(|| "calls time out".to_owned(), ToString::to_string);
+            tracing::warn!(
+                at = %self.at,
+                error = %why,
+                replaced = log.unlogged,
+                "replacing Redis connections that do not recover by themselves"
+            );
+            *log = ReplaceLog { last: Some(Stopwatch::start()), unlogged: 0 };
         }
     }
+
+    /// Puts a new connection in `place`: a single server's at once (made on
+    /// first use, by whoever uses it first); a cluster's when connected, by a
+    /// task on this thread's runtime. Keeps the old one if that fails.
+    fn replace(&self, place: Place) {
+        match &self.opener {
+            Opener::Single(client, config) => match lazy(client, config) {
+                Ok(conn) => place.put(conn),
+                Err(e) => tracing::warn!(error = %e, "cannot replace a Redis connection"),
+            },
+            Opener::Cluster(client) => {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await {
+                        Ok(Ok(conn)) => place.put(Conn::Cluster(conn)),
+                        Ok(Err(e)) => tracing::warn!(error = %e, "cannot replace a Redis Cluster connection"),
+                        Err(_) => tracing::warn!("cannot replace a Redis Cluster connection: connect timed out"),
+                    }
+                });
+            }
+        }
+    }
+
+    /// Gives every serving thread a fresh single-server connection (made on
+    /// first use, on its own thread), for when Redis is healthy again after
+    /// the breaker was open: a thread's connection may still hold the error
+    /// that opened it. A cluster's are left alone (they are replaced on
+    /// their own thread when they fail: making one needs I/O).
+    pub fn renew_own(&self) {
+        let Opener::Single(client, config) = &self.opener else { return };
+        for own in self.own.iter().filter(|o| o.conn.load().is_some()) {
+            match lazy(client, config) {
+                Ok(conn) => own.conn.store(Some(Arc::new(conn))),
+                Err(e) => tracing::warn!(error = %e, "cannot replace a Redis connection"),
+            }
+            *own.health.lock().unwrap_or_else(|p| p.into_inner()) =
+                Health { rebuilt: Some(Stopwatch::start()), failures: 0 };
+        }
+    }
+}
+
+/// A single server's connection, made on first use (no I/O here).
+fn lazy(client: &redis::Client, config: &ConnectionManagerConfig) -> redis::RedisResult<Conn> {
+    ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map(Conn::Single)
 }
 
 /// A connection error as wxgate reports it: `Unreachable` (start degraded)
@@ -217,5 +412,47 @@ async fn single(
         Err(_) => {
             Err(StoreError::Unreachable(format!("cannot use Redis at {at}: no answer within {CONNECT_TIMEOUT:?}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{verdict, Verdict};
+
+    /// The error Redis answers with `line` (RESP, e.g. `-OOM ...`).
+    fn answered(line: &str) -> redis::RedisError {
+        match redis::parse_redis_value(format!("{line}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => e.into(),
+            other => panic!("{line} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn refused_passwords_and_replicas_replace_the_connection() {
+        for line in [
+            "-NOAUTH Authentication required.",
+            "-WRONGPASS invalid username-password pair or user is disabled.",
+            "-READONLY You can't write against a read only replica.",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        ] {
+            assert_eq!(verdict(&answered(line)), Verdict::Rebuild, "{line}");
+        }
+        let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "Password authentication failed"));
+        assert_eq!(verdict(&auth), Verdict::Rebuild);
+    }
+
+    #[test]
+    fn answers_of_a_working_connection_are_transient() {
+        for line in [
+            "-OOM command not allowed when used memory > 'maxmemory'.",
+            "-LOADING Redis is loading the dataset in memory",
+            "-BUSY Redis is busy running a script.",
+            "-ERR Error running script",
+            "-NOSCRIPT No matching script.",
+        ] {
+            assert_eq!(verdict(&answered(line)), Verdict::Transient, "{line}");
+        }
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(verdict(&io), Verdict::Transient, "the connection manager reconnects after I/O errors");
     }
 }

@@ -1,6 +1,6 @@
 //! The circuit breaker: after `breaker_failures` Redis failures in a row,
 //! calls stop waiting on Redis (they go straight to the fallback) until a
-//! probe gets an answer. Also the rate-limited log of degraded decisions.
+//! probe's write succeeds. Also the rate-limited log of degraded decisions.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
