@@ -246,6 +246,16 @@ impl Store for Resilient {
     fn rules_changed(&self) {
         self.all_refusals().for_each(RefusalCache::clear);
     }
+
+    /// In Redis only: refunds are for calls Redis admitted (the proxy gives
+    /// nothing back for a degraded admission), and the local store took
+    /// nothing for them. A refund lost while Redis is away only errs on the
+    /// safe side: the call stays counted, as if it had reached WeChat.
+    /// Known refusals of the pair are forgotten (one may now be admitted).
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        self.forget(key);
+        self.try_redis(|| self.redis.refund(key, at)).await
+    }
 }
 
 /// `rule` with every count, burst and concurrency cap divided by `instances`

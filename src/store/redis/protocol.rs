@@ -31,6 +31,7 @@ pub const SUCCEEDED_LUA: &str = script!("succeeded.lua");
 pub const WARM_LUA: &str = script!("warm.lua");
 pub const SET_PENALTY_LUA: &str = script!("set_penalty.lua");
 pub const INSPECT_LUA: &str = script!("inspect.lua");
+pub const REFUND_LUA: &str = script!("refund.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -40,6 +41,7 @@ pub struct Scripts {
     pub warm: Script,
     pub set_penalty: Script,
     pub inspect: Script,
+    pub refund: Script,
 }
 
 impl Scripts {
@@ -51,11 +53,12 @@ impl Scripts {
             warm: Script::new(WARM_LUA),
             set_penalty: Script::new(SET_PENALTY_LUA),
             inspect: Script::new(INSPECT_LUA),
+            refund: Script::new(REFUND_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 6] {
-        [&self.acquire, &self.penalise, &self.succeeded, &self.warm, &self.set_penalty, &self.inspect]
+    pub fn all(&self) -> [&Script; 7] {
+        [&self.acquire, &self.penalise, &self.succeeded, &self.warm, &self.set_penalty, &self.inspect, &self.refund]
     }
 }
 
@@ -270,4 +273,17 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.last_call = get("lc").unwrap_or(0);
     state.holders = slots;
     state.canonical(rule)
+}
+
+/// refund.lua's arguments after the clock: offset, the call's admission
+/// time, the rule's max wait, then its limits as acquire.lua takes them.
+pub fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Micros, at: Micros) {
+    inv.arg(offset_us).arg(at).arg(rule.max_wait_us).arg(rule.limits.len());
+    for limit in &rule.limits {
+        let field = limit.window_key().label();
+        match limit {
+            Limit::Window(w) => inv.arg("w").arg(field).arg(w.interval_us).arg(w.tolerance_us),
+            Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(*count as i64).arg(0),
+        };
+    }
 }
