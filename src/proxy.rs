@@ -9,7 +9,9 @@
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered 429 here and never reaches WeChat.
 //! 5. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once.
+//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once. A
+//!    call that provably never reached WeChat (no connection) gives back
+//!    what its admission took before its 502/504 is answered.
 //! 6. [`crate::inspect::inspect`]: WeChat's answer is read for its errcode;
 //!    a penalised one starts a penalty and reaches the client as 429 +
 //!    `Retry-After` with WeChat's body unchanged.

@@ -158,10 +158,12 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
 ///   call's slot that no other call can have taken since: `T − (p − at)`,
 ///   clamped to `[0, T]`, where `p = max(now, last_call + max_wait)` bounds
 ///   the forward time of every call admitted so far. (Moving the TAT back
-///   further would shift later calls' slots to before their own forward
-///   times: more than the limit in some window.) A call that fails at once
-///   gets its slot back; one whose slot has passed gets nothing; on a rule
-///   with `max_wait` ≥ T only a call held close to its `max_wait` does.
+///   further would let a new call into time a later call already holds:
+///   more than the limit in some window.) So a call that fails at once gets
+///   its slot back, one whose slot has passed gets nothing, and on a rule
+///   with `max_wait` a call sent at once gets back only `T − max_wait`
+///   (nothing once `max_wait ≥ T`). The bound assumes `max_wait` was not
+///   raised by a reload between the call's admission and its refund.
 /// - Penalties, warm-up and concurrency slots are untouched (a slot is
 ///   freed by [`crate::store::Store::release`]).
 ///

@@ -10,7 +10,7 @@
 //!   The first answer closes it and shared decisions resume by themselves.
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
-//!   honours them while Redis is away.
+//!   honours them while Redis is away. Refunds go to Redis only.
 //! - Degraded decisions are counted and logged at most once per 10 s.
 
 pub mod breaker;
