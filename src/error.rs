@@ -50,7 +50,9 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Upstream(UpstreamError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream(UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_)) => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             ProxyError::Upstream(UpstreamError::BodyTooLarge) | ProxyError::TooLarge(_) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }

@@ -28,6 +28,9 @@
 //!   linearly from ½ to 1: never faster than `T`, so still window-exact.
 //! - **Concurrency.** At most `concurrency` slots are held at once; a slot
 //!   whose lease ran out is free again.
+//! - **Refunds.** A call that never reached WeChat can give back what its
+//!   admission took ([`decide::refund`]): exactly for calendar quotas, and
+//!   for windows only as much as keeps every guarantee above.
 
 use std::sync::Arc;
 

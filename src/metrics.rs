@@ -87,6 +87,8 @@ pub struct RuleMetrics {
     pub upstream: Histogram,
     pub hold: Histogram,
     pub in_flight: Gauge,
+    /// Calls that never reached WeChat and gave back what they took.
+    pub refunds: Counter,
 }
 
 const OUTCOMES: [Outcome; 9] = [
@@ -133,6 +135,7 @@ pub struct Metrics {
     pub breaker_open: Gauge,
     pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
+    pub refunds: Family<RuleLabel, Counter>,
 }
 
 type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
@@ -168,6 +171,7 @@ impl Metrics {
         let breaker_open = Gauge::default();
         let breaker_opened = Counter::default();
         let reloads = Family::<ResultLabel, Counter>::default();
+        let refunds = Family::<RuleLabel, Counter>::default();
 
         let mut registry = Registry::with_prefix("wxgate");
         registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());
@@ -204,6 +208,11 @@ impl Metrics {
             breaker_opened.clone(),
         );
         registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
+        registry.register(
+            "refunds",
+            "Calls that provably never reached WeChat (no connection) and gave back what they took from their rule's limits",
+            refunds.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -223,6 +232,7 @@ impl Metrics {
             breaker_open,
             breaker_opened,
             reloads,
+            refunds,
         }
     }
 
@@ -252,6 +262,7 @@ impl Metrics {
             upstream: self.upstream_seconds.get_or_create(&rule()).clone(),
             hold: self.hold_seconds.get_or_create(&rule()).clone(),
             in_flight: self.in_flight.get_or_create(&rule()).clone(),
+            refunds: self.refunds.get_or_create(&rule()).clone(),
         });
         self.rules.write().unwrap_or_else(|e| e.into_inner()).entry(name.into()).or_insert(m).clone()
     }

@@ -9,7 +9,9 @@
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered 429 here and never reaches WeChat.
 //! 5. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once.
+//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once. A
+//!    call that provably never reached WeChat (no connection) gives back
+//!    what its admission took before its 502/504 is answered.
 //! 6. [`crate::inspect::inspect`]: WeChat's answer is read for its errcode;
 //!    a penalised one starts a penalty and reaches the client as 429 +
 //!    `Retry-After` with WeChat's body unchanged.
@@ -34,7 +36,7 @@ use crate::clock::Stopwatch;
 use crate::config::valid_account;
 use crate::error::{retry_after_secs, ProxyError};
 use crate::inspect::{inspect, Forwarded};
-use crate::limit::Reason;
+use crate::limit::{Key, Reason};
 use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
 use crate::ratelimit;
 use crate::upstream::{strip_hop_by_hop, UpstreamError};
@@ -184,7 +186,40 @@ pub async fn forward(
     if let Some(m) = &call.metrics {
         m.upstream.observe(call.upstream_us as f64 / 1e6);
     }
+    if let Err(e) = &resp {
+        if e.never_sent() {
+            give_back(app, call).await;
+        }
+    }
     Ok(Forwarded { resp: resp?, guards: (in_flight, activity) })
+}
+
+/// The call provably never reached WeChat ([`UpstreamError::never_sent`]):
+/// gives back what its admission took from the rule's limits, before the
+/// client hears of the failure. Only what the store debited: nothing for a
+/// shadow-mode call that would have been refused (it debited nothing) nor
+/// for a decision made by the fallback (`degraded`: Redis took nothing; a
+/// local fallback's count stays, on the safe side). Its concurrency slot is
+/// freed when the call ends, as for every call.
+async fn give_back(app: &App, call: &Call) {
+    let (Some(rule), Some(admitted)) = (&call.rule, &call.admitted) else { return };
+    if rule.limits.is_empty() || admitted.degraded || admitted.shadow_refusal.is_some() {
+        return;
+    }
+    let key = Key { account: &call.account, rule, offset_us: call.config.server.quota_offset_us };
+    match app.store.refund(key, admitted.at).await {
+        Ok(given) => {
+            if given {
+                if let Some(m) = &call.metrics {
+                    m.refunds.inc();
+                }
+            }
+            tracing::debug!(rule = %rule.name, account = %call.account, given, "the call never reached WeChat: its admission is given back");
+        }
+        Err(e) => {
+            tracing::warn!(rule = %rule.name, error = %e, "could not give back the admission of a call that never reached WeChat: it stays counted");
+        }
+    }
 }
 
 /// The answer to a call stopped by a refusal or a failure; sets its outcome.

@@ -78,6 +78,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// The rules were reloaded: drop anything derived from the old ones.
     fn rules_changed(&self) {}
+
+    /// The call of `key` this store admitted at `at` (`Decision::Admit`,
+    /// not `degraded`) provably never reached WeChat: gives back what its
+    /// admission took, never more ([`crate::limit::decide::refund`]).
+    /// `key.rule` is the rule it was admitted under. Returns whether
+    /// anything was given back. Its concurrency slot is freed by
+    /// [`Store::release`], as for any call.
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError>;
 }
 
 /// A decision, and how it was made.

@@ -8,8 +8,13 @@
 //! warm), no hashing, no task per call. A request goes out once; it is sent
 //! again only when hyper hands it back unsent (a pooled connection that had
 //! closed before the request was written), then on a new connection.
+//!
+//! A failure says whether the request provably never reached the upstream
+//! ([`UpstreamError::never_sent`]): only then does the call give back what
+//! its admission took from the rule's limits.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,8 +36,14 @@ use crate::config::Server;
 /// Why a call could not be relayed; mapped to 502 or 504 by [`crate::error`].
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
+    /// No connection (DNS, TCP connect, TLS handshake), or the request was
+    /// handed back unwritten: not a byte of it reached the upstream.
     #[error("upstream unreachable: {0}")]
     Connect(String),
+    /// `upstream_timeout` passed while still connecting: the request was
+    /// never handed to a connection.
+    #[error("upstream did not accept a connection within {0:?}")]
+    ConnectTimeout(Duration),
     #[error("upstream failed: {0}")]
     Failed(String),
     #[error("upstream did not answer within {0:?}")]
@@ -40,6 +51,16 @@ pub enum UpstreamError {
     /// The client's streamed body went over `[server] max_body`.
     #[error("the request body is larger than [server] max_body")]
     BodyTooLarge,
+}
+
+impl UpstreamError {
+    /// True when provably no byte of the request reached the upstream, so
+    /// WeChat cannot have counted the call. Everything else (a timeout
+    /// after the request was handed to a connection, a reset, a malformed
+    /// or truncated answer, a body cut at `max_body`) may have been counted.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_))
+    }
 }
 
 type Sender = SendRequest<Limited<Incoming>>;
@@ -171,16 +192,21 @@ impl Upstream {
     /// and returns the answer's head within `upstream_timeout`.
     pub async fn send(&self, req: Request<Limited<Incoming>>) -> Result<Response<Incoming>, UpstreamError> {
         let pool = crate::worker::pick(&self.per_worker, &self.pool);
-        match tokio::time::timeout(self.timeout, self.send_on(pool, req)).await {
+        let handed = AtomicBool::new(false);
+        match tokio::time::timeout(self.timeout, self.send_on(pool, req, &handed)).await {
+            Err(_) if !handed.load(Ordering::Acquire) => Err(UpstreamError::ConnectTimeout(self.timeout)),
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(result) => result,
         }
     }
 
+    /// Sends `req` on a pooled or new connection. `handed` is true while the
+    /// request is with a connection (it may be on the wire).
     async fn send_on(
         &self,
         pool: &Pool,
         mut req: Request<Limited<Incoming>>,
+        handed: &AtomicBool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut pooled = pool.take();
         loop {
@@ -189,6 +215,7 @@ impl Upstream {
                 Some(sender) => sender,
                 None => self.connect().await?,
             };
+            handed.store(true, Ordering::Release);
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     pool.put(sender);
@@ -197,8 +224,20 @@ impl Upstream {
                 Err(mut e) => match e.take_message() {
                     // Handed back unsent by a pooled connection that had
                     // closed: never on the wire, so it goes on a new one.
-                    Some(unsent) if reused => req = unsent,
-                    _ => {
+                    // (hyper hands a request back only if its connection
+                    // never started writing it.)
+                    Some(unsent) if reused => {
+                        handed.store(false, Ordering::Release);
+                        req = unsent;
+                    }
+                    // A new connection that closed before writing it.
+                    Some(_) => {
+                        return Err(UpstreamError::Connect(format!(
+                            "the connection closed before the request was written: {}",
+                            error_chain(&e.into_error())
+                        )))
+                    }
+                    None => {
                         let e = e.into_error();
                         return Err(if body_too_large(&e) {
                             UpstreamError::BodyTooLarge

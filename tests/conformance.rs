@@ -44,6 +44,8 @@ enum Expect {
     Until(i64),
     /// The inspected state satisfies this (named) check.
     State(&'static str, fn(&Snapshot) -> bool),
+    /// A refund gave something back (or nothing).
+    Gave(bool),
     Any,
 }
 
@@ -53,6 +55,7 @@ enum Got {
     Decided(Decision),
     Penalty { until: i64, now: i64 },
     State(Snapshot),
+    Refunded(bool),
     Done,
 }
 
@@ -78,6 +81,8 @@ enum Op {
     SetPenalty(i64),
     /// Read "a"'s whole state.
     Inspect,
+    /// The n-th admitted call never reached WeChat: give back what it took.
+    Refund(usize),
 }
 
 struct Scenario {
@@ -94,6 +99,18 @@ use Op::*;
 
 fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
+}
+
+/// Calls reserved for the next period by a calendar quota (0 if none).
+fn day_next(s: &Snapshot) -> u64 {
+    s.state
+        .limits
+        .iter()
+        .find_map(|(_, l)| match l {
+            LimitState::Count { next, .. } => Some(*next),
+            LimitState::Tat(_) => None,
+        })
+        .unwrap_or(0)
 }
 
 /// The count of a calendar quota in the inspected state (0 if none).
@@ -404,6 +421,104 @@ fn scenarios() -> Vec<Scenario> {
                 (Inspect, State("escalated once", |s| s.state.penalty.level == 1)),
             ],
         },
+        Scenario {
+            name: "refunds_give_back_the_day_and_the_slot",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 3 }, { count = 3, per = "day" }]"#,
+            extra: "",
+            steps: [
+                call(3, Ok),
+                vec![
+                    (Call("a"), No(14 * 3600 * SEC, Reason::Quota)),
+                    // Call 1 never reached WeChat: its day count and its slot
+                    // come back (without the slot, the next call would wait 1.25 s).
+                    (Refund(1), Gave(true)),
+                    (Inspect, State("2 used today", |s| day_used(s) == 2)),
+                    (Call("a"), Ok),
+                    (Call("a"), No(14 * 3600 * SEC, Reason::Quota)),
+                    // All of them given back: as if none had been admitted.
+                    (Refund(0), Gave(true)),
+                    (Refund(2), Gave(true)),
+                    (Refund(3), Gave(true)),
+                    (Inspect, State("nothing used today", |s| day_used(s) == 0)),
+                ],
+                call(3, Ok),
+                vec![(Call("a"), No(14 * 3600 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_late_refund_gives_back_only_what_is_left_of_the_slot",
+            start: T0,
+            limits: r#"[{ count = 1, per = "10s" }]"#,
+            extra: "",
+            steps: vec![
+                (Call("a"), Ok),
+                // 2 s later: 8 s of its 10 s slot are still to come, and come back.
+                (Wait(2 * SEC), Any),
+                (Refund(0), Gave(true)),
+                (Call("a"), Ok),
+                (Call("a"), No(10 * SEC, Reason::Rate)),
+                // Its slot is over: another call used the time; nothing comes back.
+                (Wait(10 * SEC), Any),
+                (Call("a"), Ok),
+                (Refund(1), Gave(false)),
+                (Call("a"), No(10 * SEC, Reason::Rate)),
+            ],
+        },
+        Scenario {
+            name: "a_refund_of_a_call_held_for_the_next_day",
+            start: BEFORE_MIDNIGHT - SEC,
+            limits: r#"[{ count = 2, per = "day" }]"#,
+            extra: r#"max_wait = "5s""#,
+            steps: [
+                call(2, Ok),
+                vec![(Call("a"), Hold(2 * SEC)), (Call("a"), Hold(2 * SEC))],
+                vec![
+                    // Call 3 was reserved for tomorrow: tomorrow gets it back.
+                    (Refund(3), Gave(true)),
+                    (
+                        Inspect,
+                        State("1 reserved for the next day, 2 used today", |s| day_next(s) == 1 && day_used(s) == 2),
+                    ),
+                    (Wait(2 * SEC), Any),
+                    (Call("a"), Ok),
+                    (Call("a"), No(86_400 * SEC, Reason::Quota)),
+                    // Call 0 counted in a day that is over: nothing comes back.
+                    (Refund(0), Gave(false)),
+                    (Inspect, State("2 used in the new day", |s| day_used(s) == 2)),
+                    // Call 2 (held into today) comes back to today.
+                    (Refund(2), Gave(true)),
+                    (Call("a"), Ok),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "refunds_leave_penalties_and_slots_alone",
+            start: T0,
+            limits: r#"[{ count = 5, per = "day" }]"#,
+            extra: "concurrency = 1",
+            steps: vec![
+                (Call("a"), Ok),
+                (Penalise(45009, 0), Until(60 * SEC)),
+                (Refund(0), Gave(true)),
+                (
+                    Inspect,
+                    State("penalised, slot held, nothing used", |s| {
+                        s.state.penalty.until > s.now && s.state.holders.len() == 1 && day_used(s) == 0
+                    }),
+                ),
+                (Call("a"), No(60 * SEC, Reason::Penalty)),
+                (SetPenalty(0), Until(0)),
+                (Release(0), Any),
+                (Call("a"), Ok),
+                // Never below 0.
+                (Refund(1), Gave(true)),
+                (Refund(1), Gave(false)),
+                (Inspect, State("nothing used", |s| day_used(s) == 0)),
+            ],
+        },
     ]
 }
 
@@ -443,6 +558,7 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         (No(w, r), Got::Decided(Decision::Reject { wait_us, reason })) => *wait_us == w && *reason == r,
         (Until(left), Got::Penalty { until, now }) => (until - now).max(0) == left,
         (State(_, check), Got::State(snapshot)) => snapshot.now == now && check(snapshot),
+        (Gave(want), Got::Refunded(given)) => *given == want,
         _ => false,
     }
 }
@@ -455,6 +571,8 @@ fn describe(expect: Expect) -> String {
         No(w, r) => format!("refused for {w} us ({})", r.as_str()),
         Until(left) => format!("penalty of {left} us"),
         State(what, _) => format!("state: {what}"),
+        Gave(true) => "something given back".into(),
+        Gave(false) => "nothing given back".into(),
         Any => "anything".into(),
     }
 }
@@ -521,6 +639,7 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Penalty { until: end.until, now: end.now }
             }
             Inspect => Got::State(store.inspect(key).await.expect("store answered")),
+            Refund(n) => Got::Refunded(store.refund(key, admitted[*n]).await.expect("store answered")),
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

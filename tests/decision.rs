@@ -5,7 +5,7 @@ mod support;
 use proptest::prelude::*;
 use support::max_in_window;
 use wxgate::calendar::Period;
-use wxgate::limit::decide::decide;
+use wxgate::limit::decide::{decide, refund};
 use wxgate::limit::{Ask, Decision, Key, Limit, Reason, Rule, RuleState, WindowLimit};
 
 const SEC: i64 = 1_000_000;
@@ -178,4 +178,128 @@ fn admissions_report_the_limit_with_least_room() {
     let mut st = RuleState::default();
     let Decision::Admit { quota: Some(q), .. } = dec(&r, &mut st, t) else { panic!("admitted") };
     assert_eq!((q.limit, q.remaining, q.reset_us), (0, 29, (60 * SEC + 270) / 271));
+}
+
+/// Beijing midnight starting 2026-11-30, in UTC microseconds.
+const MIDNIGHT: i64 = (20_786 * 86_400 + 16 * 3600) * SEC;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Calendar quotas: admitting k calls and then giving back j of them
+    /// (at once, hours later, or after midnight) leaves every later decision
+    /// exactly as if only the k − j had been admitted.
+    #[test]
+    fn refunded_calls_count_as_never_admitted(extra in 0u64..4,
+                                              calls in prop::collection::vec((0i64..900 * SEC, any::<bool>()), 1..12),
+                                              before_midnight in 0i64..4 * 3600 * SEC,
+                                              refund_after in 0i64..3 * 3600 * SEC,
+                                              later in prop::collection::vec(0i64..3 * 3600 * SEC, 1..30)) {
+        let k = calls.len() as u64;
+        let r = rule(vec![
+            Limit::Calendar { count: k + extra, period: Period::Day },
+            Limit::Calendar { count: 2 * k + extra, period: Period::Month },
+        ]);
+        let (mut real, mut twin) = (RuleState::default(), RuleState::default());
+        let mut now = MIDNIGHT - before_midnight;
+        let mut failed = Vec::new();
+        for (gap, fails) in &calls {
+            now += gap;
+            let Decision::Admit { at, .. } = dec(&r, &mut real, now) else {
+                return Err(TestCaseError::fail("within the quota"));
+            };
+            if *fails {
+                failed.push(at);
+            } else {
+                dec(&r, &mut twin, now);
+            }
+        }
+        now += refund_after;
+        for at in failed {
+            refund(&mut real, &r, at, now, BEIJING);
+        }
+        for gap in later {
+            now += gap;
+            prop_assert_eq!(dec(&r, &mut real, now), dec(&r, &mut twin, now));
+        }
+    }
+
+    /// Window limits: calls that never reached WeChat given back at any
+    /// moment (at once, or after other calls were admitted and held, under
+    /// warm-up) never let more than `count` calls reach WeChat in any window.
+    #[test]
+    fn refunds_keep_windows_exact(count in 1u64..20, burst_frac in 0u64..=100, per_s in 1i64..30,
+                                  max_wait_ms in prop::sample::select(vec![0i64, 0, 500, 3_000]), warmup_s in 0i64..20,
+                                  steps in prop::collection::vec((0i64..2_000_000, 0u8..3, 0i64..3_000_000), 1..300)) {
+        let burst = (count * burst_frac / 100).max(1);
+        let mut r = rule(vec![window(count, per_s, burst), Limit::Calendar { count: 10_000, period: Period::Day }]);
+        r.max_wait_us = max_wait_ms * 1000;
+        r.warmup_us = warmup_s * SEC;
+        let mut st = RuleState::default();
+        let mut now = 1_700_000_000 * SEC;
+        let mut sent = Vec::new();
+        // Refunds still to make: (when, the call's admission time).
+        let mut pending: Vec<(i64, i64)> = Vec::new();
+        for (gap, fate, delay) in steps {
+            now += gap;
+            pending.sort();
+            while let Some(&(due, at)) = pending.first().filter(|(due, _)| *due <= now) {
+                refund(&mut st, &r, at, due, BEIJING);
+                pending.remove(0);
+            }
+            let key = Key { account: "a", rule: &r, offset_us: BEIJING };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0 };
+            if let Decision::Admit { at, .. } = decide(&mut st, &ask, now, 0) {
+                match fate {
+                    // It never reached WeChat: given back right after its
+                    // forward time, or `delay` later.
+                    0 => pending.push((at, at)),
+                    1 => pending.push((at + delay, at)),
+                    _ => sent.push(at),
+                }
+            }
+        }
+        sent.sort();
+        prop_assert!(max_in_window(&sent, per_s * SEC) as u64 <= count);
+    }
+}
+
+#[test]
+fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
+    let mut r = rule(vec![Limit::Calendar { count: 1, period: Period::Day }]);
+    r.max_wait_us = 5 * SEC;
+    let mut st = RuleState::default();
+    let key = Key { account: "a", rule: &r, offset_us: BEIJING };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0 };
+    let before = MIDNIGHT - SEC;
+    assert!(matches!(decide(&mut st, &ask, before, 0), Decision::Admit { hold_us: 0, .. }));
+    let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, before, 0) else { panic!("held for tomorrow") };
+    assert_eq!((at, hold_us), (MIDNIGHT, SEC));
+    assert!(refund(&mut st, &r, at, before, BEIJING), "tomorrow's reservation given back");
+    // Tomorrow is whole again; today is still spent.
+    assert!(matches!(dec(&r, &mut st, before), Decision::Reject { reason: Reason::Quota, .. }));
+    assert!(matches!(dec(&r, &mut st, MIDNIGHT), Decision::Admit { .. }));
+    // Today's call, given back after midnight: that day is over, nothing comes back.
+    assert!(!refund(&mut st, &r, before, MIDNIGHT, BEIJING));
+    assert!(matches!(dec(&r, &mut st, MIDNIGHT), Decision::Reject { reason: Reason::Quota, .. }));
+}
+
+#[test]
+fn a_refund_never_frees_a_slot_a_held_call_already_took() {
+    // One call per 10 s, calls held up to 20 s for their slot.
+    let mut r = rule(vec![window(1, 10, 1)]);
+    r.max_wait_us = 20 * SEC;
+    let mut st = RuleState::default();
+    let key = Key { account: "a", rule: &r, offset_us: BEIJING };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0 };
+    let t = 1_700_000_000 * SEC;
+    let Decision::Admit { at: failed, .. } = decide(&mut st, &ask, t, 0) else { panic!("admitted") };
+    // A second call is held for the next slot, t + 10 s; then the first one
+    // fails to connect. Moving the TAT back would give a third call the
+    // held call's slot: two calls in [t + 10 s, t + 20 s).
+    let Decision::Admit { at: held, .. } = decide(&mut st, &ask, t, 0) else { panic!("held") };
+    assert_eq!(held, t + 10 * SEC);
+    refund(&mut st, &r, failed, t, BEIJING);
+    let Decision::Admit { at: third, .. } = decide(&mut st, &ask, t, 0) else { panic!("held") };
+    assert!(third >= held + 10 * SEC, "third call at {} s", (third - t) / SEC);
 }

@@ -148,3 +148,59 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
         period.next_start(period.next_start(t, offset_us), offset_us)
     }
 }
+
+/// A call admitted at `at` never reached WeChat: gives back what its
+/// admission took from `state`, never more, at store time `now`. Returns
+/// whether anything was given back. `lua/refund.lua` computes the same.
+///
+/// - A **calendar quota** gets the call back exactly: its count for the
+///   period of `at` goes down by one (`used` if that period is the current
+///   one, `next` if the call was reserved for the next), never below 0; a
+///   period already over gives nothing back.
+/// - A **window limit** gets back at most one emission interval `T` (the
+///   admission took ≥ T, more under warm-up), and only the part of the
+///   call's slot that no other call can have taken since: `T − (p − at)`,
+///   clamped to `[0, T]`, where `p = max(now, last_call + max_wait)` bounds
+///   the forward time of every call admitted so far. (Moving the TAT back
+///   further would let a new call into time a later call already holds:
+///   more than the limit in some window.) So a call that fails at once gets
+///   its slot back, one whose slot has passed gets nothing, and on a rule
+///   with `max_wait` a call sent at once gets back only `T − max_wait`
+///   (nothing once `max_wait ≥ T`). The bound assumes `max_wait` was not
+///   raised by a reload between the call's admission and its refund.
+/// - Penalties, warm-up and concurrency slots are untouched (a slot is
+///   freed by [`crate::store::Store::release`]).
+///
+/// `rule` is the rule the call was admitted under.
+pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offset_us: Micros) -> bool {
+    let pinned = now.max(state.last_call + rule.max_wait_us);
+    let mut given = false;
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        let after = match (*limit, state.get(key)) {
+            (Limit::Window(w), Some(LimitState::Tat(tat))) => {
+                let back = (at + w.interval_us - pinned).clamp(0, w.interval_us);
+                if back == 0 {
+                    continue;
+                }
+                LimitState::Tat(tat - back)
+            }
+            (Limit::Calendar { period, .. }, stored @ Some(LimitState::Count { .. })) => {
+                let current = period.id(now, offset_us);
+                let (used, next) = counts(stored, current);
+                let of_call = period.id(at, offset_us);
+                if of_call == current && used > 0 {
+                    LimitState::Count { period_id: current, used: used - 1, next }
+                } else if of_call == current + 1 && next > 0 {
+                    LimitState::Count { period_id: current, used, next: next - 1 }
+                } else {
+                    continue;
+                }
+            }
+            _ => continue,
+        };
+        state.set(key, after);
+        given = true;
+    }
+    given
+}

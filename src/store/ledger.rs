@@ -210,6 +210,23 @@ impl Ledger {
         });
     }
 
+    /// A call of `key` admitted (by Redis) at `at` was given back: it no
+    /// longer counts as this instance's.
+    pub fn refunded(&self, key: Key<'_>, at: Micros) {
+        if !counts_calendar(key.rule) {
+            return;
+        }
+        self.with_entry(key, |e| {
+            for limit in &key.rule.limits {
+                if let Limit::Calendar { period, .. } = *limit {
+                    if let Some(t) = e.tally(period, period.id(at, key.offset_us)) {
+                        t.mine = t.mine.saturating_sub(1);
+                    }
+                }
+            }
+        });
+    }
+
     /// Redis refused a call of `key` for its calendar quota at `now`: the
     /// shared count of a rule with one calendar quota is the whole quota.
     pub fn quota_spent(&self, key: Key<'_>, now: Micros) {

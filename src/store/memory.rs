@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::decide::decide;
+use crate::limit::decide::{decide, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::penalty::PenaltyPolicy;
 
@@ -160,5 +160,9 @@ impl Store for MemoryStore {
 
     fn status(&self) -> Status {
         Status::InProcess
+    }
+
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        Ok(self.with_state(key, |state, now| refund(state, key.rule, at, now, key.offset_us)))
     }
 }

@@ -393,6 +393,13 @@ impl Store for RedisStore {
     async fn attach_worker(&self) {
         self.conns.attach_worker().await;
     }
+
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.refund.key(self.state_key(key));
+        inv.arg(self.now_arg());
+        protocol::refund_args(&mut inv, key.rule, key.offset_us, at);
+        self.run::<i64>(inv).await.map(|given| given == 1)
+    }
 }
 
 fn redis_error(e: redis::RedisError) -> StoreError {

@@ -13,7 +13,7 @@
 //!   connection, and shared decisions resume by themselves.
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
-//!   honours them while Redis is away.
+//!   honours them while Redis is away. Refunds go to Redis only.
 //! - Degraded decisions are counted and logged at most once per 10 s.
 //! - No spent calendar quota is granted twice ([`super::ledger`]): calls the
 //!   fallback admitted are added to Redis's counts as soon as it answers
@@ -522,6 +522,20 @@ impl Store for Resilient {
     /// Known refusals were computed under the old rules.
     fn rules_changed(&self) {
         self.all_refusals().for_each(RefusalCache::clear);
+    }
+
+    /// In Redis only: refunds are for calls Redis admitted (the proxy gives
+    /// nothing back for a degraded admission), and the local store took
+    /// nothing for them. A refund lost while Redis is away only errs on the
+    /// safe side: the call stays counted, as if it had reached WeChat.
+    /// Known refusals of the pair are forgotten (one may now be admitted).
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        self.forget(key);
+        let given = self.try_redis(|| self.redis.refund(key, at)).await?;
+        if given {
+            self.ledger.refunded(key, at);
+        }
+        Ok(given)
     }
 }
 

@@ -3,12 +3,14 @@
 //! Beside it: the wxgate binary as a process ([`process`]), `redis-server`
 //! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
-//! ([`wire`]) and scratch directories ([`temp`]). Every test binary does
+//! ([`wire`]), scratch directories ([`temp`]) and upstream ports that refuse
+//! or stall connections ([`ports`]). Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
 pub mod config;
 pub mod poll;
+pub mod ports;
 pub mod process;
 pub mod redis_server;
 pub mod temp;
@@ -136,7 +138,11 @@ impl MockWeChat {
     }
 
     pub async fn start() -> MockWeChat {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+        MockWeChat::start_on(TcpListener::bind("127.0.0.1:0").await.expect("bind mock"))
+    }
+
+    /// A mock serving on `listener` (e.g. a [`ports::ClosedPort`] opened).
+    pub fn start_on(listener: TcpListener) -> MockWeChat {
         let mock = MockWeChat {
             addr: listener.local_addr().expect("mock addr"),
             calls: Arc::default(),

@@ -33,6 +33,7 @@ pub const SET_PENALTY_LUA: &str = script!("set_penalty.lua");
 pub const INSPECT_LUA: &str = script!("inspect.lua");
 pub const EPOCH_LUA: &str = script!("epoch.lua");
 pub const RECONCILE_LUA: &str = script!("reconcile.lua");
+pub const REFUND_LUA: &str = script!("refund.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -44,6 +45,7 @@ pub struct Scripts {
     pub inspect: Script,
     pub epoch: Script,
     pub reconcile: Script,
+    pub refund: Script,
 }
 
 impl Scripts {
@@ -57,10 +59,11 @@ impl Scripts {
             inspect: Script::new(INSPECT_LUA),
             epoch: Script::new(EPOCH_LUA),
             reconcile: Script::new(RECONCILE_LUA),
+            refund: Script::new(REFUND_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 8] {
+    pub fn all(&self) -> [&Script; 9] {
         [
             &self.acquire,
             &self.penalise,
@@ -70,6 +73,7 @@ impl Scripts {
             &self.inspect,
             &self.epoch,
             &self.reconcile,
+            &self.refund,
         ]
     }
 }
@@ -317,4 +321,17 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.last_call = get("lc").unwrap_or(0);
     state.holders = slots;
     state.canonical(rule)
+}
+
+/// refund.lua's arguments after the clock: offset, the call's admission
+/// time, the rule's max wait, then its limits as acquire.lua takes them.
+pub fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Micros, at: Micros) {
+    inv.arg(offset_us).arg(at).arg(rule.max_wait_us).arg(rule.limits.len());
+    for limit in &rule.limits {
+        let field = limit.window_key().label();
+        match limit {
+            Limit::Window(w) => inv.arg("w").arg(field).arg(w.interval_us).arg(w.tolerance_us),
+            Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(*count as i64).arg(0),
+        };
+    }
 }

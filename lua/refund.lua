@@ -1,0 +1,82 @@
+-- refund.lua: a call admitted at `at` never reached WeChat; give back what
+-- its admission took, never more. The same logic as src/limit/decide.rs
+-- (refund), step for step; the conformance tests hold the two together.
+-- Calendar helpers: lua/prelude.lua.
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  quota_timezone offset from UTC, µs
+-- ARGV[3]  when the call was admitted for (store time, from acquire.lua)
+-- ARGV[4]  the rule's max_wait, µs
+-- ARGV[5]  number of limits L, then the rule's limits, four values each, as
+--          acquire.lua takes them: kind, field, a, b
+--            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
+--            kind "day" | "month"  calendar quota: a = count, b = 0
+--
+-- Returns 1 if anything was given back, 0 if not.
+--
+-- A window limit's TAT moves back by T - (p - at), clamped to [0, T], where
+-- p = max(now, lc + max_wait) bounds the forward time of every call admitted
+-- so far. A calendar quota's count for the period of `at` goes down by one
+-- (.n if that period is the current one, .q if the call was reserved for the
+-- next), never below 0; a period already over gives nothing back. Nothing
+-- else changes (penalty, warm-up, slots), and a missing key stays missing:
+-- the key's TTL already covers the larger state it held.
+
+local key = KEYS[1]
+if redis.call('EXISTS', key) == 0 then return 0 end
+local now = store_now(ARGV[1])
+local off = tonumber(ARGV[2])
+local at = tonumber(ARGV[3])
+local max_wait = tonumber(ARGV[4])
+local last = 5 + 4 * tonumber(ARGV[5])
+
+-- Calls counted in period `current` and reserved for the one after it, from
+-- what was written in period p (as acquire.lua's counts).
+
+local lc = tonumber(redis.call('HGET', key, 'lc') or '0') or 0
+local pinned = now
+if lc + max_wait > pinned then pinned = lc + max_wait end
+
+local writes = {}
+for i = 6, last, 4 do
+  local kind, f, a = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  if kind == 'w' then
+    local back = at + a - pinned
+    if back > a then back = a end
+    if back > 0 then
+      local tat = tonumber(redis.call('HGET', key, f) or '')
+      if tat then
+        writes[#writes + 1] = f
+        writes[#writes + 1] = fmt(tat - back)
+      end
+    end
+  else
+    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q')
+    local p = tonumber(v[1] or '')
+    if p then
+      local current = period(kind, now, off)
+      local used, next = counts(p, tonumber(v[2] or '0') or 0, tonumber(v[3] or '0') or 0, current)
+      local of_call = period(kind, at, off)
+      local changed = false
+      if of_call == current and used > 0 then
+        used = used - 1
+        changed = true
+      elseif of_call == current + 1 and next > 0 then
+        next = next - 1
+        changed = true
+      end
+      if changed then
+        writes[#writes + 1] = f .. '.p'
+        writes[#writes + 1] = fmt(current)
+        writes[#writes + 1] = f .. '.n'
+        writes[#writes + 1] = fmt(used)
+        writes[#writes + 1] = f .. '.q'
+        writes[#writes + 1] = fmt(next)
+      end
+    end
+  end
+end
+if #writes == 0 then return 0 end
+redis.call('HSET', key, unpack(writes))
+return 1
