@@ -89,8 +89,31 @@ pub struct Server {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    Memory,
+    Memory(MemoryConfig),
     Redis(RedisConfig),
+}
+
+/// `[store] kind = "memory"` (the default): the embedded store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Where the store keeps its state across restarts (`state_file`;
+    /// default `wxgate-state.json` beside the config file); `None` = `"off"`.
+    pub state_file: Option<PathBuf>,
+    /// How often changed state is written to `state_file`: what a crash can lose.
+    pub flush_interval: Duration,
+    /// Most (account, rule) states held; a new pair past it is refused (503).
+    pub max_entries: usize,
+}
+
+impl MemoryConfig {
+    /// No state file; the default bounds (tests, embedding).
+    pub fn in_memory() -> MemoryConfig {
+        MemoryConfig {
+            state_file: None,
+            flush_interval: settings::DEFAULT_FLUSH_INTERVAL,
+            max_entries: settings::DEFAULT_MAX_ENTRIES,
+        }
+    }
 }
 
 /// `[store] kind = "redis"` / `"redis-cluster"`.

@@ -59,7 +59,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Str
 pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, String> {
     let metrics = Metrics::new();
     let counters = StoreCounters { errors: metrics.store_errors.clone(), degraded: metrics.degraded_decisions.clone() };
-    let store = app::open_store(&config, clock.clone(), counters).await?;
+    let store = app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
     start_parts(config, store, clock, metrics, threads).await
 }
 

@@ -21,6 +21,7 @@ pub mod batch;
 pub mod memory;
 pub mod redis;
 pub mod resilient;
+pub mod state_file;
 
 use std::time::Duration;
 
@@ -77,6 +78,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The rules were reloaded: drop anything derived from the old ones.
     fn rules_changed(&self) {}
+
+    /// Called once when wxgate stops, after calls in flight finished: write
+    /// what must outlive the process.
+    async fn close(&self) {}
 }
 
 /// A decision, and how it was made.
@@ -152,4 +157,9 @@ pub enum StoreError {
     /// A script answered something this wxgate cannot read.
     #[error("{script} answered {reply}")]
     BadReply { script: &'static str, reply: String },
+    /// The embedded store holds `[store] max_entries` states, none of which
+    /// may be dropped without granting a spent quota again: a new (account,
+    /// rule) pair is refused until some state goes idle.
+    #[error("the embedded store is full ([store] max_entries = {0}): new account/rule pairs are refused until state goes idle")]
+    Full(usize),
 }
