@@ -60,6 +60,8 @@ pub struct MemoryStore {
     offset_us: AtomicI64,
     /// When "store full" was last logged (store time).
     full_logged: AtomicI64,
+    /// When the store was last searched for room (store time).
+    pressed_at: AtomicI64,
     metrics: MemoryStoreMetrics,
     /// The state file, when the store persists ([`persist`]).
     file: Option<Durable>,
@@ -92,8 +94,6 @@ struct Shard {
     ops: u32,
     /// Changed since the state file was last written.
     dirty: bool,
-    /// When this shard was last searched for room (store time).
-    pressed_at: Micros,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,6 +127,7 @@ impl MemoryStore {
             max_entries,
             offset_us: AtomicI64::new(offset_us),
             full_logged: AtomicI64::new(Micros::MIN),
+            pressed_at: AtomicI64::new(Micros::MIN),
             metrics,
             file,
             me,
@@ -201,8 +202,9 @@ impl MemoryStore {
     }
 
     /// The store holds `max_entries` states and a new pair wants one: drops
-    /// what this shard may lose (at most once a second), and says whether
-    /// there is room now.
+    /// what may be lost (at most once a second: from this shard, and from
+    /// every other shard not locked at the moment; the 10 s sweep does the
+    /// same for all), and says whether there is room now.
     ///
     /// What may be dropped is what no future decision needs to be as strict
     /// as today: every window refilled, no calendar count of the current
@@ -212,9 +214,19 @@ impl MemoryStore {
     /// slower, never faster. So no spent quota is ever granted again: a
     /// pair that holds any is kept, and new pairs are refused instead.
     fn make_room(&self, shard: &mut Shard, now: Micros, offset_us: Micros) -> bool {
-        if now.saturating_sub(shard.pressed_at) >= PRESSURE_EVERY_US {
-            shard.pressed_at = now;
-            self.drop_from(shard, |s, _| s.is_idle(now, offset_us, 0));
+        let last = self.pressed_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= PRESSURE_EVERY_US
+            && self.pressed_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let droppable = |s: &RuleState, _| s.is_idle(now, offset_us, 0);
+            self.drop_from(shard, droppable);
+            // Only shards free right now: waiting for one while holding
+            // this one could deadlock with a caller doing the same.
+            for other in &self.shards {
+                if let Ok(mut other) = other.try_lock() {
+                    self.drop_from(&mut other, droppable);
+                }
+            }
         }
         self.entries.load(Ordering::Relaxed) < self.max_entries
     }

@@ -58,7 +58,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -262,7 +262,8 @@ pub struct StateFile {
     path: PathBuf,
     /// Why the lock could not be taken (and writes will likely fail), if so.
     unwritable: Option<String>,
-    _lock: Option<File>,
+    /// The locked `<path>.lock`, until [`StateFile::unlock`].
+    lock: Mutex<Option<File>>,
 }
 
 impl StateFile {
@@ -272,9 +273,8 @@ impl StateFile {
     /// reading, with [`StateFile::unwritable`] saying why writes will fail.
     pub fn open(path: PathBuf) -> Result<StateFile, Busy> {
         let lock_path = sibling(&path, ".lock");
-        let lock = std::fs::create_dir_all(dir_of(&path)).and_then(|_| {
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path)
-        });
+        let lock = std::fs::create_dir_all(dir_of(&path))
+            .and_then(|_| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path));
         let (lock, unwritable) = match lock {
             Err(e) => (None, Some(format!("cannot create {}: {e}", lock_path.display()))),
             Ok(file) => match fs4::FileExt::try_lock(&file) {
@@ -287,7 +287,12 @@ impl StateFile {
                 }
             },
         };
-        Ok(StateFile { path, unwritable, _lock: lock })
+        Ok(StateFile { path, unwritable, lock: Mutex::new(lock) })
+    }
+
+    /// Lets another process take the file (after the last write).
+    pub fn unlock(&self) {
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     pub fn path(&self) -> &Path {
@@ -375,7 +380,8 @@ mod tests {
         let today = Period::Day.id(NOW, BEIJING);
         let mut rich = counted(today, 12);
         rich.limits.push((WindowKey::Window(60 * S), LimitState::Tat(NOW + 3 * S)));
-        rich.limits.push((WindowKey::Calendar(Period::Month), LimitState::Count { period_id: 24_322, used: 7, next: 1 }));
+        rich.limits
+            .push((WindowKey::Calendar(Period::Month), LimitState::Count { period_id: 24_322, used: 7, next: 1 }));
         rich.penalty = PenaltyState { until: NOW + 300 * S, started: NOW, level: 2, last_len: 300 * S };
         rich.warm_start = NOW - 10 * S;
         let saved = Saved {
@@ -467,7 +473,7 @@ mod tests {
         assert_eq!(file.read().expect("read"), None);
         // A second holder is refused while the first lives, welcome after.
         assert!(StateFile::open(dir.join("state.json")).is_err());
-        drop(file);
+        file.unlock();
         assert!(StateFile::open(dir.join("state.json")).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -99,9 +99,19 @@ impl MemoryStore {
         }
         writer.closed = last;
         let now = self.now();
-        let Some(saved) = self.snapshot(now, last || writer.failed) else { return };
+        let saved = self.snapshot(now, last || writer.failed);
+        if let Some(saved) = saved {
+            self.write(durable, &mut writer, &saved, now, last);
+        }
+        if last {
+            // However the write went, the file is free for the next process.
+            durable.file.unlock();
+        }
+    }
+
+    fn write(&self, durable: &Durable, writer: &mut Writer, saved: &Saved, now: Micros, last: bool) {
         let pairs = saved.pairs.len();
-        match durable.file.write(&encode(&saved)) {
+        match durable.file.write(&encode(saved)) {
             Ok(()) => {
                 writer.failed = false;
                 self.metrics.saves.inc();
