@@ -106,12 +106,18 @@ pub struct MemoryConfig {
 }
 
 impl MemoryConfig {
+    /// The default state file's name, in the config file's directory.
+    pub const DEFAULT_STATE_FILE: &str = "wxgate-state.json";
+    pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+    /// About 0.5-0.65 GB of state at most (measured: 500-650 bytes per (account, rule) state).
+    pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
     /// No state file; the default bounds (tests, embedding).
     pub fn in_memory() -> MemoryConfig {
         MemoryConfig {
             state_file: None,
-            flush_interval: settings::DEFAULT_FLUSH_INTERVAL,
-            max_entries: settings::DEFAULT_MAX_ENTRIES,
+            flush_interval: Self::DEFAULT_FLUSH_INTERVAL,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
         }
     }
 }

@@ -9,11 +9,6 @@ use super::raw::{RawServer, RawStore};
 use super::units::{parse_duration, parse_offset, parse_size};
 use super::{Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig};
 
-/// The memory store's state file, in the config file's directory.
-pub(super) const DEFAULT_STATE_FILE: &str = "wxgate-state.json";
-pub(super) const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// About 0.5 GB of state at most (~500 bytes per (account, rule) state).
-pub(super) const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MAX_HELD: usize = 10_000;
 /// Most serving threads (`[server] workers`).
@@ -210,7 +205,7 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
 /// `[store] kind = "memory"`: the state file and the bounds.
 fn memory(raw: RawStore, config_dir: Option<&Path>) -> Result<MemoryConfig, String> {
     let state_file = match raw.state_file.as_deref() {
-        None => config_dir.map(|d| d.join(DEFAULT_STATE_FILE)),
+        None => config_dir.map(|d| d.join(MemoryConfig::DEFAULT_STATE_FILE)),
         Some("off") => None,
         Some("") => return Err("[store] state_file: give a file path, or \"off\"".into()),
         Some(path) => Some(PathBuf::from(path)),
@@ -221,13 +216,13 @@ fn memory(raw: RawStore, config_dir: Option<&Path>) -> Result<MemoryConfig, Stri
         }
     }
     let flush_interval = match raw.flush_interval.as_deref() {
-        None => DEFAULT_FLUSH_INTERVAL,
+        None => MemoryConfig::DEFAULT_FLUSH_INTERVAL,
         Some(t) => parse_duration(t).map_err(|m| format!("[store] flush_interval: {m}"))?,
     };
     if flush_interval < Duration::from_millis(10) || flush_interval > Duration::from_secs(3600) {
         return Err("[store] flush_interval: must be 10ms to 1h".into());
     }
-    let max_entries = raw.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES);
+    let max_entries = raw.max_entries.unwrap_or(MemoryConfig::DEFAULT_MAX_ENTRIES);
     if max_entries == 0 {
         return Err("[store] max_entries: must be at least 1".into());
     }

@@ -197,6 +197,10 @@ impl MemoryStore {
         if dropped > 0 {
             self.entries.fetch_sub(dropped, Ordering::Relaxed);
             shard.dirty = true;
+            // A table emptied by a wave of idle accounts gives its memory back.
+            if shard.states.capacity() > 4 * shard.states.len().max(256) {
+                shard.states.shrink_to_fit();
+            }
         }
         dropped
     }

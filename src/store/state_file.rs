@@ -56,11 +56,12 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::calendar::Period;
 use crate::clock::Micros;
@@ -112,10 +113,9 @@ struct Header<'a> {
     version: u32,
 }
 
-#[derive(Serialize, Deserialize)]
+/// The file as read, once [`Header`] was checked ([`FileOut`] writes the same shape).
+#[derive(Deserialize)]
 struct FileV1<'a> {
-    format: Cow<'a, str>,
-    version: u32,
     saved_at_us: Micros,
     #[serde(borrow)]
     pairs: Vec<FilePair<'a>>,
@@ -160,17 +160,50 @@ struct FilePenalty {
     last_len: Micros,
 }
 
+/// Writes `saved` in the file's format to `out`, pair by pair (no copy of
+/// the whole file in memory).
+pub fn encode_to(saved: &Saved, out: &mut dyn Write) -> io::Result<()> {
+    serde_json::to_writer(out, &FileOut(saved)).map_err(io::Error::from)
+}
+
 /// The file's bytes for `saved`.
 pub fn encode(saved: &Saved) -> Vec<u8> {
-    let file = FileV1 {
-        format: Cow::Borrowed(FORMAT),
-        version: VERSION,
-        saved_at_us: saved.saved_at_us,
-        pairs: saved.pairs.iter().map(file_pair).collect(),
-        token_refreshed: saved.token_refreshed.iter().map(|(a, t)| (Cow::Borrowed(a.as_str()), *t)).collect(),
-    };
-    // Plain structs of strings and integers: serialising cannot fail.
-    serde_json::to_vec(&file).unwrap_or_default()
+    let mut out = Vec::new();
+    // Writing plain strings and integers to a Vec cannot fail.
+    let _ = encode_to(saved, &mut out);
+    out
+}
+
+/// [`FileV1`] as written: from a [`Saved`], converting one pair at a time.
+struct FileOut<'a>(&'a Saved);
+
+impl Serialize for FileOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let saved = self.0;
+        let mut file = s.serialize_struct("FileV1", 5)?;
+        file.serialize_field("format", FORMAT)?;
+        file.serialize_field("version", &VERSION)?;
+        file.serialize_field("saved_at_us", &saved.saved_at_us)?;
+        file.serialize_field("pairs", &Pairs(&saved.pairs))?;
+        file.serialize_field("token_refreshed", &Tokens(&saved.token_refreshed))?;
+        file.end()
+    }
+}
+
+struct Pairs<'a>(&'a [Pair]);
+
+impl Serialize for Pairs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(file_pair))
+    }
+}
+
+struct Tokens<'a>(&'a [(String, Micros)]);
+
+impl Serialize for Tokens<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(account, at)| (account, at)))
+    }
 }
 
 fn file_pair(p: &Pair) -> FilePair<'_> {
@@ -313,12 +346,13 @@ impl StateFile {
         }
     }
 
-    /// Replaces the file with `bytes` atomically and durably: temporary
-    /// file, fsync, rename, fsync of the directory.
-    pub fn write(&self, bytes: &[u8]) -> io::Result<()> {
+    /// Replaces the file with what `fill` writes, atomically and durably:
+    /// temporary file, fsync, rename, fsync of the directory.
+    pub fn write(&self, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
         let tmp = sibling(&self.path, ".tmp");
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
+        let mut out = BufWriter::with_capacity(256 * 1024, File::create(&tmp)?);
+        fill(&mut out)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
         std::fs::rename(&tmp, &self.path)?;
@@ -460,8 +494,8 @@ mod tests {
         let file = StateFile::open(dir.join("state.json")).expect("lock");
         assert_eq!(file.unwritable(), None);
         assert_eq!(file.read().expect("read"), None);
-        file.write(b"one").expect("write");
-        file.write(b"two").expect("write");
+        file.write(|out| out.write_all(b"one")).expect("write");
+        file.write(|out| out.write_all(b"two")).expect("write");
         assert_eq!(file.read().expect("read"), Some(b"two".to_vec()));
         let names: Vec<String> = std::fs::read_dir(&dir)
             .expect("dir")

@@ -4,27 +4,32 @@
 //! [`Store::close`](crate::store::Store::close).
 //!
 //! **What a crash loses.** Writes start every `flush_interval` (on a fixed
-//! beat) and each one holds the state as it was when it started. A process
+//! beat), but never sooner than 10 times the last write's duration after
+//! it started (so that writing a large store takes at most about a tenth
+//! of a core); each holds the state as it was when it started. A process
 //! killed just before a write completes leaves the previous file, which
 //! holds everything up to the start of the previous write: at most the
-//! calls admitted during the last `flush_interval` plus the time one write
-//! takes are lost (their counts restart lower; they are never counted
+//! calls admitted during `max(flush_interval, 10 × write time)` plus one
+//! write time are lost (their counts restart lower; nothing is counted
 //! twice). A clean stop (SIGTERM, SIGINT) loses nothing.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::{lock, Durable, MemoryStore, Writer};
-use crate::clock::{Clock, Micros};
+use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::MemoryConfig;
 use crate::limit::RuleState;
 use crate::metrics::{FileOp, MemoryStoreMetrics};
-use crate::store::state_file::{decode, encode, Pair, Saved, StateFile};
+use crate::store::state_file::{decode, encode_to, Pair, Saved, StateFile};
 
 /// How often idle state is dropped without traffic.
 const SWEEP_PERIOD: Duration = Duration::from_secs(10);
 /// A failing save is logged at most this often (each one is counted).
 const SAVE_ERROR_LOG_EVERY_US: Micros = 10_000_000;
+/// A write starts no sooner than this many times the last one's duration
+/// after the last one started.
+const SAVE_SPACING: u32 = 10;
 
 impl MemoryStore {
     /// The store `[store] kind = "memory"` describes: its state loaded from
@@ -111,7 +116,7 @@ impl MemoryStore {
 
     fn write(&self, durable: &Durable, writer: &mut Writer, saved: &Saved, now: Micros, last: bool) {
         let pairs = saved.pairs.len();
-        match durable.file.write(&encode(saved)) {
+        match durable.file.write(|out| encode_to(saved, out)) {
             Ok(()) => {
                 writer.failed = false;
                 self.metrics.saves.inc();
@@ -215,8 +220,8 @@ fn load(
 }
 
 /// Sweeps the store every [`SWEEP_PERIOD`] and, when it `persists`, saves
-/// it every `flush_every`, on a fixed beat, off the async threads; ends
-/// when the store is dropped.
+/// it every `flush_every` (spaced by [`SAVE_SPACING`]), on a fixed beat,
+/// off the async threads; ends when the store is dropped.
 fn spawn_keeper(store: Weak<MemoryStore>, flush_every: Duration, persists: bool) {
     let beat = if persists { flush_every.min(SWEEP_PERIOD) } else { SWEEP_PERIOD };
     let every = |d: Duration| (d.as_micros() / beat.as_micros().max(1)).max(1) as u64;
@@ -225,23 +230,31 @@ fn spawn_keeper(store: Weak<MemoryStore>, flush_every: Duration, persists: bool)
         let mut ticks = tokio::time::interval(beat);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
+        // The last write's start and how long it took.
+        let mut last_save = (Stopwatch::start(), Duration::ZERO);
         for n in 1u64.. {
             ticks.tick().await;
             let Some(store) = store.upgrade() else { return };
             store.metrics.entries.set(store.entries.load(std::sync::atomic::Ordering::Relaxed) as i64);
-            let (sweep, save) = (n % sweep_every == 0, persists && n % save_every == 0);
+            let spaced = last_save.0.elapsed() >= last_save.1 * SAVE_SPACING;
+            let (sweep, save) = (n % sweep_every == 0, persists && n % save_every == 0 && spaced);
             if !(sweep || save) {
                 continue;
             }
-            let _ = tokio::task::spawn_blocking(move || {
+            let saved = tokio::task::spawn_blocking(move || {
                 if sweep {
                     store.sweep();
                 }
-                if save {
+                save.then(|| {
+                    let started = Stopwatch::start();
                     store.save(false);
-                }
+                    (started, started.elapsed())
+                })
             })
             .await;
+            if let Ok(Some(s)) = saved {
+                last_save = s;
+            }
         }
     });
 }
