@@ -228,10 +228,14 @@ impl Metrics {
         registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
         registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
         let m = &memory_store;
-        registry.register("store_entries", "(account, rule) states held by the embedded store", m.entries.clone());
+        registry.register(
+            "store_entries",
+            "States held by the embedded store, one per X-Wx-Account and rule",
+            m.entries.clone(),
+        );
         registry.register(
             "store_full",
-            "New (account, rule) pairs refused with 503: the embedded store held [store] max_entries",
+            "Calls of a new X-Wx-Account and rule pair refused with 503: the embedded store held [store] max_entries",
             m.full.clone(),
         );
         registry.register(
