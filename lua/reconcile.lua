@@ -6,6 +6,10 @@
 -- counting a call twice (src/store/ledger.rs).
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[2]  optional: <prefix>:#epoch; then the last ARGV is the epoch the
+--          instance knows, and nothing is written if Redis holds another
+--          (it lost its data since: the instance re-seeds everything
+--          instead, and a count added now would be added twice)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3..6]  penalty: until, started, level, last length (until 0: none);
@@ -16,9 +20,12 @@
 --          the next period to its reservations; one for a period already
 --          over is dropped
 --
--- Returns now. Hash fields as in acquire.lua.
+-- Returns now, or -1 if the epoch differs. Hash fields as in acquire.lua.
 
 local key = KEYS[1]
+if #KEYS == 2 and redis.call('GET', KEYS[2]) ~= ARGV[#ARGV] then
+  return -1
+end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local pu_new, ps_new, pl_new, pn_new = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])

@@ -32,8 +32,9 @@ use tokio::sync::watch;
 
 use crate::app::App;
 use crate::bucket::{describe, Here};
-use crate::config::{valid_account, Fallback};
+use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule};
+use crate::metrics::FileOp;
 use crate::store::Status;
 
 type Answer = Response<Full<Bytes>>;
@@ -158,9 +159,7 @@ fn ready(app: &App) -> Answer {
     };
     let store = status.kind();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json_answer(
-        status,
-        json!({
+    let mut answer = json!({
             "ready": ready,
             "config": config.source.display().to_string(),
             "rules": config.rules.len(),
@@ -175,8 +174,28 @@ fn ready(app: &App) -> Answer {
                 "events": app.reloads.watched.events.load(Ordering::Acquire),
                 "of_config_file": app.reloads.watched.of_config.load(Ordering::Acquire),
             },
-        }),
-    )
+    });
+    if let StoreConfig::Memory(memory) = &config.store {
+        answer["state_file"] = state_file(app, memory);
+    }
+    json_answer(status, answer)
+}
+
+/// The memory store's state file: where, and how its writes go (`null`
+/// when it keeps none). Failing writes do not make wxgate unready: it
+/// decides as well as ever, it would only forget more on a restart.
+fn state_file(app: &App, memory: &MemoryConfig) -> Value {
+    let Some(path) = &memory.state_file else { return Value::Null };
+    let m = &app.metrics.memory_store;
+    let last = m.last_save.get();
+    json!({
+        "path": path.display().to_string(),
+        "flush_interval_ms": memory.flush_interval.as_millis() as u64,
+        "saves": m.saves.get(),
+        "last_save_unix": (last > 0).then_some(last),
+        "save_errors": m.file_errors(FileOp::save),
+        "load_errors": m.file_errors(FileOp::load),
+    })
 }
 
 fn rule_json(rule: &Rule) -> Value {

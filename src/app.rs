@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use crate::activity::{Activity, Held};
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{MemoryStoreMetrics, Metrics};
 use crate::slots::Slots;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
@@ -82,13 +82,17 @@ impl App {
 
 /// Builds the store `config` asks for. `clock` drives the memory store (and
 /// the Redis store's local fallback); the Redis store decides on Redis `TIME`.
+/// `memory` are the memory store's metrics.
 pub async fn open_store(
     config: &Config,
     clock: Arc<dyn Clock>,
     counters: StoreCounters,
+    memory: MemoryStoreMetrics,
 ) -> Result<Arc<dyn Store>, String> {
     Ok(match &config.store {
-        StoreConfig::Memory => Arc::new(MemoryStore::new(clock)),
+        StoreConfig::Memory(m) => {
+            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)?
+        }
         StoreConfig::Redis(r) => {
             let (redis, healthy) = match RedisStore::connect(r).await {
                 Ok(redis) => (redis, true),

@@ -89,8 +89,37 @@ pub struct Server {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    Memory,
+    Memory(MemoryConfig),
     Redis(RedisConfig),
+}
+
+/// `[store] kind = "memory"` (the default): the embedded store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Where the store keeps its state across restarts (`state_file`;
+    /// default `wxgate-state.json` beside the config file); `None` = `"off"`.
+    pub state_file: Option<PathBuf>,
+    /// How often changed state is written to `state_file`: what a crash can lose.
+    pub flush_interval: Duration,
+    /// Most (account, rule) states held; a new pair past it is refused (503).
+    pub max_entries: usize,
+}
+
+impl MemoryConfig {
+    /// The default state file's name, in the config file's directory.
+    pub const DEFAULT_STATE_FILE: &str = "wxgate-state.json";
+    pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+    /// About 0.5-0.65 GB of state at most (measured: 500-650 bytes per (account, rule) state).
+    pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
+    /// No state file; the default bounds (tests, embedding).
+    pub fn in_memory() -> MemoryConfig {
+        MemoryConfig {
+            state_file: None,
+            flush_interval: Self::DEFAULT_FLUSH_INTERVAL,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+        }
+    }
 }
 
 /// `[store] kind = "redis"` / `"redis-cluster"`.

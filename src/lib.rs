@@ -65,7 +65,7 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
         reconciled: metrics.store_reconciled.clone(),
         breaker_opened: metrics.breaker_opened.clone(),
     };
-    let store = app::open_store(&config, clock.clone(), counters).await?;
+    let store = app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
     start_parts(config, store, clock, metrics, threads).await
 }
 

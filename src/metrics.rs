@@ -71,6 +71,45 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// What the state file was being used for.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum FileOp {
+    load,
+    save,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: FileOp,
+}
+
+/// The embedded store's series (`crate::store::memory`): clones of the
+/// app's metrics, fed by the store.
+#[derive(Clone, Default)]
+pub struct MemoryStoreMetrics {
+    /// (account, rule) states held.
+    pub entries: Gauge,
+    /// New (account, rule) pairs refused for want of room (`max_entries`).
+    pub full: Counter,
+    /// State file reads and writes that failed.
+    pub file_errors: Family<OpLabel, Counter>,
+    /// State file writes that succeeded.
+    pub saves: Counter,
+    /// When the state file was last written, in Unix seconds (0: never).
+    pub last_save: Gauge,
+}
+
+impl MemoryStoreMetrics {
+    pub fn file_error(&self, op: FileOp) {
+        self.file_errors.get_or_create(&OpLabel { op }).inc();
+    }
+
+    pub fn file_errors(&self, op: FileOp) -> u64 {
+        self.file_errors.get_or_create(&OpLabel { op }).get()
+    }
+}
+
 /// Errcodes that get their own series; all others are `other`.
 const KNOWN_ERRCODES: [i64; 12] = [-1, 0, 40001, 40014, 42001, 45009, 45011, 45015, 45033, 45047, 48001, 48006];
 
@@ -136,6 +175,7 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,
+    pub memory_store: MemoryStoreMetrics,
 }
 
 type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
@@ -172,6 +212,10 @@ impl Metrics {
         let breaker_opened = Counter::default();
         let reloads = Family::<ResultLabel, Counter>::default();
         let refunds = Family::<RuleLabel, Counter>::default();
+        let memory_store = MemoryStoreMetrics::default();
+        // Both series from the start, so that 0 is visible (and alertable).
+        let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
+        let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::save });
 
         let mut registry = Registry::with_prefix("wxgate");
         registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());
@@ -213,6 +257,28 @@ impl Metrics {
             "Calls that provably never reached WeChat (no connection) and gave back what they took from their rule's limits",
             refunds.clone(),
         );
+        let m = &memory_store;
+        registry.register(
+            "store_entries",
+            "States held by the embedded store, one per X-Wx-Account and rule",
+            m.entries.clone(),
+        );
+        registry.register(
+            "store_full",
+            "Calls of a new X-Wx-Account and rule pair refused with 503: the embedded store held [store] max_entries",
+            m.full.clone(),
+        );
+        registry.register(
+            "state_file_errors",
+            "State file loads and saves that failed (load: quotas restarted from zero)",
+            m.file_errors.clone(),
+        );
+        registry.register("state_file_saves", "State file writes that succeeded", m.saves.clone());
+        registry.register(
+            "state_file_last_save_seconds",
+            "Unix time of the last successful state file write (0: none yet)",
+            m.last_save.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -233,6 +299,7 @@ impl Metrics {
             breaker_opened,
             reloads,
             refunds,
+            memory_store,
         }
     }
 

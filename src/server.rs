@@ -35,7 +35,8 @@ pub struct Running {
 impl Running {
     /// Stops accepting, lets calls in flight and held calls finish (up to
     /// `deadline`), then waits briefly for their concurrency slots to be
-    /// released in the store. Returns false if calls were still in flight at
+    /// released in the store, and closes the store ([`crate::store::Store::close`]:
+    /// the memory store writes its state file). Returns false if calls were still in flight at
     /// the deadline (they are cut off; their leases run out by themselves).
     pub async fn shutdown(self, deadline: Duration) -> bool {
         let _ = self.stop.send(true);
@@ -46,6 +47,7 @@ impl Running {
         if !self.app.slots.wait_released(Duration::from_secs(2)).await {
             tracing::warn!("some concurrency slots were not released; their leases will run out");
         }
+        self.app.store.close().await;
         finished
     }
 

@@ -22,6 +22,7 @@ pub mod ledger;
 pub mod memory;
 pub mod redis;
 pub mod resilient;
+pub mod state_file;
 
 use std::time::Duration;
 
@@ -86,6 +87,10 @@ pub trait Store: Send + Sync + 'static {
     /// anything was given back. Its concurrency slot is freed by
     /// [`Store::release`], as for any call.
     async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError>;
+
+    /// Called once when wxgate stops, after calls in flight finished: write
+    /// what must outlive the process.
+    async fn close(&self) {}
 }
 
 /// A decision, and how it was made.
@@ -169,4 +174,9 @@ pub enum StoreError {
     /// A script answered something this wxgate cannot read.
     #[error("{script} answered {reply}")]
     BadReply { script: &'static str, reply: String },
+    /// The embedded store holds `[store] max_entries` states, none of which
+    /// may be dropped without granting a spent quota again: a new (account,
+    /// rule) pair is refused until some state goes idle.
+    #[error("the embedded store is full ([store] max_entries = {0}): new account/rule pairs are refused until state goes idle")]
+    Full(usize),
 }

@@ -60,3 +60,41 @@ fn config_from_the_environment() {
     let (code, _, _) = process::run(&["check"], &[("WXGATE_CONFIG", "tests/fixtures/burst_on_day.toml")]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn the_memory_store_keeps_its_state_beside_the_config_file_unless_told_otherwise() {
+    use std::path::Path;
+    use std::time::Duration;
+    use wxgate::config::{Config, MemoryConfig, StoreConfig};
+
+    let parse = |store: &str| {
+        Config::parse(&format!("[store]\n{store}\n"), Path::new("t.toml")).map(|c| c.store).map_err(|e| e.to_string())
+    };
+    // Text that is not read from a file has no directory: no state file.
+    assert_eq!(parse(r#"kind = "memory""#), Ok(StoreConfig::Memory(MemoryConfig::in_memory())));
+    let set = parse("state_file = \"/var/lib/wxgate/state.json\"\nflush_interval = \"250ms\"\nmax_entries = 5000");
+    let want = MemoryConfig {
+        state_file: Some("/var/lib/wxgate/state.json".into()),
+        flush_interval: Duration::from_millis(250),
+        max_entries: 5000,
+    };
+    assert_eq!(set, Ok(StoreConfig::Memory(want)));
+    for (store, error) in [
+        ("kind = \"redis\"\nstate_file = \"s.json\"", "[store] state_file: only used with kind = \"memory\""),
+        ("kind = \"redis-cluster\"\nmax_entries = 5", "[store] max_entries: only used with kind = \"memory\""),
+        ("kind = \"redis\"\nflush_interval = \"1s\"", "[store] flush_interval: only used with kind = \"memory\""),
+        ("state_file = \"\"", "[store] state_file: give a file path, or \"off\""),
+        ("flush_interval = \"5ms\"", "[store] flush_interval: must be 10ms to 1h"),
+        ("max_entries = 0", "[store] max_entries: must be at least 1"),
+    ] {
+        assert_eq!(parse(store), Err(format!("t.toml: {error}")), "{store}");
+    }
+
+    let dir = support::TempDir::new("state-file-default");
+    let file = dir.write("rules.toml", "[store]\nkind = \"memory\"\n");
+    let beside = Config::load(&file).expect("config").store;
+    let want = MemoryConfig { state_file: Some(dir.join("wxgate-state.json")), ..MemoryConfig::in_memory() };
+    assert_eq!(beside, StoreConfig::Memory(want));
+    dir.write("rules.toml", "[store]\nstate_file = \"off\"\n");
+    assert_eq!(Config::load(&file).expect("config").store, StoreConfig::Memory(MemoryConfig::in_memory()));
+}

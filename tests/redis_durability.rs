@@ -131,9 +131,9 @@ async fn a_penalty_survives_redis_restarted_empty() {
     assert_eq!(count(&after, 429), 10, "every call refused during the penalty: {after:?}");
     assert_eq!(mock.count(), 1, "no call reached WeChat during the penalty");
     // The penalty is back in Redis, for every instance (and new ones).
-    let until: i64 =
-        redis.command("HGET wxgate:{default}:send pu").lines().nth(1).and_then(|l| l.parse().ok()).unwrap_or(0);
-    assert!(until > 0, "penalty restored in Redis");
+    let restored = || redis.command("HGET wxgate:{default}:send pu").lines().nth(1).and_then(|l| l.parse::<i64>().ok());
+    support::eventually("the penalty is back in Redis", support::PATIENCE, || restored().is_some_and(|pu| pu > 0))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

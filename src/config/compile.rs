@@ -23,15 +23,23 @@ const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
 
 impl Config {
     /// Reads, parses and validates a config file.
+    /// The memory store's default `state_file` is in the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
-        Config::parse(&text, path)
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Config::compile_text(&text, path, Some(dir))
     }
 
     /// Parses and validates config text; `path` only labels the messages.
+    /// Text that is not read from a file has no directory, so the memory
+    /// store keeps no state file unless `state_file` names one.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let ctx = Ctx { text, path };
+        Config::compile_text(text, path, None)
+    }
+
+    fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, path, dir };
         let raw: RawConfig = toml::from_str(text).map_err(|e| ctx.toml_error(&e))?;
         compile(raw, &ctx)
     }
@@ -41,6 +49,8 @@ impl Config {
 struct Ctx<'a> {
     text: &'a str,
     path: &'a Path,
+    /// The config file's directory, when the text was read from a file.
+    dir: Option<&'a Path>,
 }
 
 impl Ctx<'_> {
@@ -79,7 +89,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     if lease < Duration::from_secs(1) {
         return Err(ctx.plain("[store] lease: must be at least 1s"));
     }
-    let store = settings::store(raw.store).map_err(|m| ctx.plain(m))?;
+    let store = settings::store(raw.store, ctx.dir).map_err(|m| ctx.plain(m))?;
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,

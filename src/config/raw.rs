@@ -61,6 +61,9 @@ pub(super) struct RawStore {
     pub url: Option<String>,
     pub key_prefix: Option<String>,
     pub timeout: Option<String>,
+    pub state_file: Option<String>,
+    pub flush_interval: Option<String>,
+    pub max_entries: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,11 +2,12 @@
 //! Errors are messages naming the table and key; [`super::compile`] adds
 //! the file.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{RawServer, RawStore};
 use super::units::{parse_duration, parse_offset, parse_size};
-use super::{Fallback, RedisConfig, Resilience, Server, StoreConfig};
+use super::{Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MAX_HELD: usize = 10_000;
@@ -89,8 +90,9 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
     })
 }
 
-/// `[store]`.
-pub(super) fn store(raw: RawStore) -> Result<StoreConfig, String> {
+/// `[store]`. `config_dir` is the config file's directory (where the
+/// memory store's state file goes by default), if it was read from a file.
+pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreConfig, String> {
     match raw.kind.as_deref() {
         None | Some("memory") => {
             for (key, given) in [
@@ -109,9 +111,18 @@ pub(super) fn store(raw: RawStore) -> Result<StoreConfig, String> {
                     return Err(format!("[store] {key}: only used with kind = \"redis\""));
                 }
             }
-            Ok(StoreConfig::Memory)
+            memory(raw, config_dir).map(StoreConfig::Memory)
         }
         Some(kind @ ("redis" | "redis-cluster")) => {
+            for (key, given) in [
+                ("state_file", raw.state_file.is_some()),
+                ("flush_interval", raw.flush_interval.is_some()),
+                ("max_entries", raw.max_entries.is_some()),
+            ] {
+                if given {
+                    return Err(format!("[store] {key}: only used with kind = \"memory\""));
+                }
+            }
             let redis_url = |u: &str| u.starts_with("redis://") || u.starts_with("rediss://");
             let nodes = if kind == "redis-cluster" {
                 if raw.url.is_some() {
@@ -189,6 +200,33 @@ pub(super) fn store(raw: RawStore) -> Result<StoreConfig, String> {
         }
         Some(other) => Err(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")),
     }
+}
+
+/// `[store] kind = "memory"`: the state file and the bounds.
+fn memory(raw: RawStore, config_dir: Option<&Path>) -> Result<MemoryConfig, String> {
+    let state_file = match raw.state_file.as_deref() {
+        None => config_dir.map(|d| d.join(MemoryConfig::DEFAULT_STATE_FILE)),
+        Some("off") => None,
+        Some("") => return Err("[store] state_file: give a file path, or \"off\"".into()),
+        Some(path) => Some(PathBuf::from(path)),
+    };
+    if let Some(path) = &state_file {
+        if path.file_name().is_none() || path.is_dir() {
+            return Err(format!("[store] state_file: {} is not a file name", path.display()));
+        }
+    }
+    let flush_interval = match raw.flush_interval.as_deref() {
+        None => MemoryConfig::DEFAULT_FLUSH_INTERVAL,
+        Some(t) => parse_duration(t).map_err(|m| format!("[store] flush_interval: {m}"))?,
+    };
+    if flush_interval < Duration::from_millis(10) || flush_interval > Duration::from_secs(3600) {
+        return Err("[store] flush_interval: must be 10ms to 1h".into());
+    }
+    let max_entries = raw.max_entries.unwrap_or(MemoryConfig::DEFAULT_MAX_ENTRIES);
+    if max_entries == 0 {
+        return Err("[store] max_entries: must be at least 1".into());
+    }
+    Ok(MemoryConfig { state_file, flush_interval, max_entries })
 }
 
 fn parse_upstream(text: &str) -> Result<http::Uri, String> {

@@ -2,24 +2,44 @@
 //!
 //! Exact for one instance. Several instances each with a memory store each
 //! admit the full limit: use the Redis store for more than one instance.
-//! State is sharded behind short mutexes (no lock is held across an await),
-//! and idle state is dropped as it is found, so memory follows live accounts.
+//! State is sharded behind short mutexes (no lock is held across an await).
+//!
+//! Opened from the config ([`MemoryStore::open`], in [`persist`]) it also:
+//!
+//! - **outlives the process**: the state is written to `[store] state_file`
+//!   every `flush_interval` when it changed, and once more by
+//!   [`Store::close`]; it is loaded at start-up ([`super::state_file`]);
+//! - **stays bounded**: idle state is dropped every 10 s without traffic
+//!   (and every 4096 operations on a shard), and at most `max_entries`
+//!   (account, rule) states are held (policy at [`MemoryStore::make_room`]).
+//!
+//! [`MemoryStore::new`] is the bare store (the Redis store's fallback, tests):
+//! no file, no cap, no background task.
+
+mod persist;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use async_trait::async_trait;
 
+use super::state_file::StateFile;
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::limit::decide::{decide, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
+use crate::metrics::MemoryStoreMetrics;
 use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, its idle entries are dropped.
 const SWEEP_EVERY: u32 = 4096;
+/// A full shard is searched for state to drop at most this often.
+const PRESSURE_EVERY_US: Micros = 1_000_000;
+/// "Store full" is logged at most this often.
+const FULL_LOG_EVERY_US: Micros = 10_000_000;
 
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
@@ -27,6 +47,43 @@ pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     /// Last access-token refresh per account.
     warm: Mutex<HashMap<String, Micros>>,
+    /// Longest warm-up a token refresh was reported for: how long `warm`
+    /// entries matter.
+    warm_keep_us: AtomicI64,
+    /// `warm` changed since the last write of the state file.
+    warm_dirty: AtomicBool,
+    /// States held (all shards); may pass `max_entries` by the few pairs
+    /// created at once, and by penalties, which always find room.
+    entries: AtomicUsize,
+    max_entries: usize,
+    /// The quota offset last seen by an operation, for sweeps without one.
+    offset_us: AtomicI64,
+    /// When "store full" was last logged (store time).
+    full_logged: AtomicI64,
+    /// When the store was last searched for room (store time).
+    pressed_at: AtomicI64,
+    metrics: MemoryStoreMetrics,
+    /// The state file, when the store persists ([`persist`]).
+    file: Option<Durable>,
+    /// This store, for [`Store::close`] to hand to a blocking thread.
+    me: Weak<MemoryStore>,
+}
+
+/// The state file and what its writer knows ([`persist`]).
+struct Durable {
+    file: StateFile,
+    /// Held while writing: one write at a time, none after the last.
+    writing: Mutex<Writer>,
+}
+
+#[derive(Default)]
+struct Writer {
+    /// The last write failed: write again even if nothing changed.
+    failed: bool,
+    /// [`Store::close`] wrote the final state: nothing more is written.
+    closed: bool,
+    /// When a save failure was last logged (store time).
+    logged_at: Micros,
 }
 
 #[derive(Default)]
@@ -35,6 +92,8 @@ struct Shard {
     /// that used it (how long it matters after its last call).
     states: HashMap<(String, Arc<str>), (RuleState, Micros)>,
     ops: u32,
+    /// Changed since the state file was last written.
+    dirty: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -44,12 +103,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryStore {
+    /// The bare store: no state file, no cap, no background sweep.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore::build(clock, usize::MAX, 0, MemoryStoreMetrics::default(), None, Weak::new())
+    }
+
+    fn build(
+        clock: Arc<dyn Clock>,
+        max_entries: usize,
+        offset_us: Micros,
+        metrics: MemoryStoreMetrics,
+        file: Option<Durable>,
+        me: Weak<MemoryStore>,
+    ) -> Self {
         MemoryStore {
             clock,
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             warm: Mutex::default(),
+            warm_keep_us: AtomicI64::new(0),
+            warm_dirty: AtomicBool::new(false),
+            entries: AtomicUsize::new(0),
+            max_entries,
+            offset_us: AtomicI64::new(offset_us),
+            full_logged: AtomicI64::new(Micros::MIN),
+            pressed_at: AtomicI64::new(Micros::MIN),
+            metrics,
+            file,
+            me,
         }
     }
 
@@ -58,20 +139,142 @@ impl MemoryStore {
         self.clock.now_us()
     }
 
-    /// Runs `f` on the pair's state (created empty if absent) at this
+    /// Runs `f` on the pair's state (created empty if absent, even past
+    /// `max_entries`: penalties and slot releases always find room) at this
     /// store's now, under its shard's lock.
     fn with_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> T {
-        let now = self.now();
+        let (mut shard, now) = self.shard(key);
         let rule = key.rule;
-        let i = (self.hasher.hash_one((key.account, &*rule.name)) as usize) % SHARDS;
-        let mut shard = lock(&self.shards[i]);
-        shard.ops = shard.ops.wrapping_add(1);
-        if shard.ops % SWEEP_EVERY == 0 {
-            shard.states.retain(|_, (s, warmup)| !s.is_idle(now, key.offset_us, *warmup));
-        }
-        let entry = shard.states.entry((key.account.to_owned(), rule.name.clone())).or_default();
+        let entry = shard.states.entry((key.account.to_owned(), rule.name.clone())).or_insert_with(|| {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+            Default::default()
+        });
         entry.1 = entry.1.max(rule.warmup_us);
         f(&mut entry.0, now)
+    }
+
+    /// Like [`MemoryStore::with_state`], for a call that may bring a new
+    /// pair: refused with [`StoreError::Full`] when the store holds
+    /// `max_entries` states and none may be dropped.
+    fn with_new_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> Result<T, StoreError> {
+        let (mut shard, now) = self.shard(key);
+        let rule = key.rule;
+        let pair = (key.account.to_owned(), rule.name.clone());
+        if self.entries.load(Ordering::Relaxed) >= self.max_entries
+            && !shard.states.contains_key(&pair)
+            && !self.make_room(&mut shard, now, key.offset_us)
+        {
+            return Err(self.refuse_new(now));
+        }
+        let entry = shard.states.entry(pair).or_insert_with(|| {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+            Default::default()
+        });
+        entry.1 = entry.1.max(rule.warmup_us);
+        Ok(f(&mut entry.0, now))
+    }
+
+    /// The pair's shard, locked and marked changed (sweeping it every
+    /// [`SWEEP_EVERY`] operations), and this store's now.
+    fn shard(&self, key: Key<'_>) -> (MutexGuard<'_, Shard>, Micros) {
+        let now = self.now();
+        let i = (self.hasher.hash_one((key.account, &*key.rule.name)) as usize) % SHARDS;
+        let mut shard = lock(&self.shards[i]);
+        shard.ops = shard.ops.wrapping_add(1);
+        shard.dirty = true;
+        if shard.ops % SWEEP_EVERY == 0 {
+            self.offset_us.store(key.offset_us, Ordering::Relaxed);
+            self.drop_from(&mut shard, |s, warmup| s.is_idle(now, key.offset_us, warmup));
+        }
+        (shard, now)
+    }
+
+    /// Drops the shard's states for which `idle(state, warm-up)` holds.
+    fn drop_from(&self, shard: &mut Shard, idle: impl Fn(&RuleState, Micros) -> bool) -> usize {
+        let before = shard.states.len();
+        shard.states.retain(|_, (s, warmup)| !idle(s, *warmup));
+        let dropped = before - shard.states.len();
+        if dropped > 0 {
+            self.entries.fetch_sub(dropped, Ordering::Relaxed);
+            shard.dirty = true;
+            // A table emptied by a wave of idle accounts gives its memory back.
+            if shard.states.capacity() > 4 * shard.states.len().max(256) {
+                shard.states.shrink_to_fit();
+            }
+        }
+        dropped
+    }
+
+    /// The store holds `max_entries` states and a new pair wants one: drops
+    /// what may be lost (at most once a second: from this shard, and from
+    /// every other shard not locked at the moment; the 10 s sweep does the
+    /// same for all), and says whether there is room now.
+    ///
+    /// What may be dropped is what no future decision needs to be as strict
+    /// as today: every window refilled, no calendar count of the current
+    /// period (nor calls reserved for the next), no penalty running or
+    /// recent, no slot held. That is [`RuleState::is_idle`] without the
+    /// warm-up: a pair dropped during its warm-up starts cold, which is
+    /// slower, never faster. So no spent quota is ever granted again: a
+    /// pair that holds any is kept, and new pairs are refused instead.
+    fn make_room(&self, shard: &mut Shard, now: Micros, offset_us: Micros) -> bool {
+        let last = self.pressed_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= PRESSURE_EVERY_US
+            && self.pressed_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let droppable = |s: &RuleState, _| s.is_idle(now, offset_us, 0);
+            self.drop_from(shard, droppable);
+            // Only shards free right now: waiting for one while holding
+            // this one could deadlock with a caller doing the same.
+            for other in &self.shards {
+                if let Ok(mut other) = other.try_lock() {
+                    self.drop_from(&mut other, droppable);
+                }
+            }
+        }
+        self.entries.load(Ordering::Relaxed) < self.max_entries
+    }
+
+    /// Counts (and logs, at most every 10 s) a new pair refused for room.
+    fn refuse_new(&self, now: Micros) -> StoreError {
+        self.metrics.full.inc();
+        let last = self.full_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= FULL_LOG_EVERY_US
+            && self.full_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            tracing::error!(
+                max_entries = self.max_entries,
+                refused_so_far = self.metrics.full.get(),
+                "the embedded store is full: calls of new (account, rule) pairs get 503 until state goes idle; \
+                 raise [store] max_entries"
+            );
+        }
+        StoreError::Full(self.max_entries)
+    }
+
+    /// Drops idle state from every shard, one at a time, each lock held
+    /// for one pass over its shard: what keeps memory following live
+    /// accounts without traffic. While the store is full, also drops what
+    /// [`MemoryStore::make_room`] may. Returns how many states were dropped.
+    pub fn sweep(&self) -> usize {
+        let now = self.now();
+        let offset = self.offset_us.load(Ordering::Relaxed);
+        let pressed = self.entries.load(Ordering::Relaxed) >= self.max_entries;
+        let dropped = self
+            .shards
+            .iter()
+            .map(|m| self.drop_from(&mut lock(m), |s, w| s.is_idle(now, offset, if pressed { 0 } else { w })))
+            .sum();
+        let keep = self.warm_keep_us.load(Ordering::Relaxed);
+        let mut warm = lock(&self.warm);
+        let before = warm.len();
+        warm.retain(|_, at| at.saturating_add(keep) > now);
+        if warm.len() != before {
+            self.warm_dirty.store(true, Ordering::Relaxed);
+        }
+        drop(warm);
+        self.metrics.entries.set(self.entries.load(Ordering::Relaxed) as i64);
+        dropped
     }
 
     /// Number of (account, rule) states held; for tests and metrics.
@@ -109,7 +312,7 @@ impl Store for MemoryStore {
         let key = ask.key;
         let account_warm =
             if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
-        let decision = self.with_state(key, |state, now| decide(state, ask, now, account_warm));
+        let decision = self.with_new_state(key, |state, now| decide(state, ask, now, account_warm))?;
         Ok(Decided { decision, degraded: false })
     }
 
@@ -152,9 +355,11 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn token_refreshed(&self, account: &str, _keep_us: Micros) -> Result<(), StoreError> {
+    async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
         let now = self.now();
         lock(&self.warm).insert(account.to_owned(), now);
+        self.warm_keep_us.fetch_max(keep_us, Ordering::Relaxed);
+        self.warm_dirty.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -164,5 +369,14 @@ impl Store for MemoryStore {
 
     async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
         Ok(self.with_state(key, |state, now| refund(state, key.rule, at, now, key.offset_us)))
+    }
+
+    /// Writes the final state to the state file (if any); nothing is
+    /// written after it.
+    async fn close(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        if me.file.is_some() {
+            let _ = tokio::task::spawn_blocking(move || me.save(true)).await;
+        }
     }
 }

@@ -320,7 +320,14 @@ impl RedisStore {
         let mut inv = self.scripts.reconcile.key(self.keys.state_named(&pending.account, &pending.rule));
         inv.arg(self.now_arg());
         protocol::reconcile_args(&mut inv, pending);
-        self.run(inv).await
+        let epoch = self.epoch.load();
+        if let Some(e) = epoch.as_deref() {
+            inv.key(&self.epoch_key).arg(e.as_str());
+        }
+        match self.run(inv).await? {
+            -1 => Err(StoreError::Lost),
+            now => Ok(now),
+        }
     }
 }
 

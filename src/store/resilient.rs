@@ -507,6 +507,17 @@ impl Store for Resilient {
         self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await
     }
 
+    /// Gives Redis what this instance admitted without it, if Redis
+    /// answers: those calls would otherwise never be counted.
+    async fn close(&self) {
+        if self.ledger.has_pending() && !self.breaker.is_open() {
+            self.write_pending().await;
+        }
+        if self.ledger.has_pending() {
+            tracing::warn!("stopping with calls admitted without Redis that Redis never counted");
+        }
+    }
+
     fn status(&self) -> Status {
         if self.breaker.is_open() {
             Status::Degraded(self.resilience.fallback)

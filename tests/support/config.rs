@@ -205,3 +205,12 @@ impl fmt::Display for ConfigToml {
         Ok(())
     }
 }
+
+/// A `quota_timezone` in which it is around noon now, so that a test's
+/// calendar day does not end while it runs.
+pub fn midday_timezone() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let utc_hour = ((secs / 3600) % 24) as i64;
+    let offset = 12 - utc_hour;
+    format!("{}{:02}:00", if offset < 0 { '-' } else { '+' }, offset.abs())
+}

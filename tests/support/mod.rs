@@ -3,8 +3,9 @@
 //! Beside it: the wxgate binary as a process ([`process`]), `redis-server`
 //! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
-//! ([`wire`]), scratch directories ([`temp`]) and upstream ports that refuse
-//! or stall connections ([`ports`]). Every test binary does
+//! ([`wire`]), scratch directories ([`temp`]), upstream ports that refuse
+//! or stall connections ([`ports`]) and the memory store's state file
+//! ([`state_file`]). Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
@@ -13,12 +14,13 @@ pub mod poll;
 pub mod ports;
 pub mod process;
 pub mod redis_server;
+pub mod state_file;
 pub mod temp;
 pub mod window;
 pub mod wire;
 
 #[allow(unused_imports)]
-pub use config::{penalty, rule, ConfigToml, RuleToml, StoreToml};
+pub use config::{midday_timezone, penalty, rule, ConfigToml, RuleToml, StoreToml};
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
 #[allow(unused_imports)]
@@ -356,6 +358,18 @@ impl Gate {
         Gate { addr: running.addr, clock: manual, running: Some(running) }
     }
 
+    /// Stops this gate as SIGTERM stops wxgate (calls finish, then the store
+    /// closes: the memory store writes its state file) and starts a new one
+    /// from the same config file, on the same manual clock.
+    pub async fn restart(mut self) -> Gate {
+        let running = self.running.take().expect("running");
+        let path = running.app.config.load().source.clone();
+        assert!(running.shutdown(GUARD).await, "calls in flight finished");
+        let config = Config::load(&path).expect("test config file");
+        let running = wxgate::start(config, Arc::new(self.clock.clone())).await.expect("restart wxgate");
+        Gate { addr: running.addr, clock: self.clock.clone(), running: Some(running) }
+    }
+
     /// The running app (config, store, counters).
     pub fn app(&self) -> &wxgate::app::App {
         &self.running.as_ref().expect("running").app
@@ -453,6 +467,12 @@ impl Answer {
 /// which cannot borrow a [`Gate`] or a process).
 pub async fn get_at(addr: SocketAddr, path: &str) -> Answer {
     send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")).await
+}
+
+/// A GET of `path` as `account` (`X-Wx-Account`) on the listener at `addr`.
+pub async fn get_as_at(addr: SocketAddr, account: &str, path: &str) -> Answer {
+    let req = Request::get(format!("http://{addr}{path}")).header("x-wx-account", account);
+    send(req.body(Full::new(Bytes::new())).expect("request")).await
 }
 
 pub async fn send(req: Request<Full<Bytes>>) -> Answer {

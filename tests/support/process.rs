@@ -168,6 +168,11 @@ impl Instance {
         get_at(self.addr, path).await
     }
 
+    /// A GET on the proxy listener as `account` (`X-Wx-Account`).
+    pub async fn get_as(&self, account: &str, path: &str) -> Answer {
+        super::get_as_at(self.addr, account, path).await
+    }
+
     /// A GET on the admin listener.
     pub async fn admin_get(&self, path: &str) -> Answer {
         get_at(self.admin.expect("admin listener"), path).await

@@ -1,0 +1,260 @@
+//! The memory store beyond one process: opened from the config (lock, load),
+//! kept by a background task (sweep every 10 s; write the state file every
+//! `flush_interval` when something changed), and written a last time by
+//! [`Store::close`](crate::store::Store::close).
+//!
+//! **What a crash loses.** Writes start every `flush_interval` (on a fixed
+//! beat), but never sooner than 10 times the last write's duration after
+//! it started (so that writing a large store takes at most about a tenth
+//! of a core); each holds the state as it was when it started. A process
+//! killed just before a write completes leaves the previous file, which
+//! holds everything up to the start of the previous write: at most the
+//! calls admitted during `max(flush_interval, 10 × write time)` plus one
+//! write time are lost (their counts restart lower; nothing is counted
+//! twice). A clean stop (SIGTERM, SIGINT) loses nothing.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::{lock, Durable, MemoryStore, Writer};
+use crate::clock::{Clock, Micros, Stopwatch};
+use crate::config::MemoryConfig;
+use crate::limit::RuleState;
+use crate::metrics::{FileOp, MemoryStoreMetrics};
+use crate::store::state_file::{decode, encode_to, Pair, Saved, StateFile};
+
+/// How often idle state is dropped without traffic.
+const SWEEP_PERIOD: Duration = Duration::from_secs(10);
+/// A failing save is logged at most this often (each one is counted).
+const SAVE_ERROR_LOG_EVERY_US: Micros = 10_000_000;
+/// A write starts no sooner than this many times the last one's duration
+/// after the last one started.
+const SAVE_SPACING: u32 = 10;
+
+impl MemoryStore {
+    /// The store `[store] kind = "memory"` describes: its state loaded from
+    /// `state_file` (an unreadable file is moved aside and the store starts
+    /// empty, saying so), kept by a background task that ends with the
+    /// store. `offset_us` is the quota timezone's offset and `keep_warm_us`
+    /// the longest warm-up of any rule (what is stale at load). `Err` only
+    /// when another process holds the state file. Call inside a Tokio runtime.
+    pub fn open(
+        clock: Arc<dyn Clock>,
+        config: &MemoryConfig,
+        offset_us: Micros,
+        keep_warm_us: Micros,
+        metrics: MemoryStoreMetrics,
+    ) -> Result<Arc<MemoryStore>, String> {
+        let file = match &config.state_file {
+            None => None,
+            Some(path) => Some(StateFile::open(path.clone()).map_err(|e| e.to_string())?),
+        };
+        if let Some(why) = file.as_ref().and_then(|f| f.unwritable()) {
+            tracing::error!(
+                error = why,
+                "the state file's directory is not writable: quotas and penalties will NOT survive a restart \
+                 (set [store] state_file to a writable path)"
+            );
+        }
+        let now = clock.now_us();
+        let saved = file.as_ref().and_then(|f| load(f, now, offset_us, keep_warm_us, &metrics));
+        let durable = file.map(|file| Durable { file, writing: Mutex::new(Writer::default()) });
+        let persists = durable.is_some();
+        let store = Arc::new_cyclic(|me| {
+            MemoryStore::build(clock, config.max_entries, offset_us, metrics, durable, me.clone())
+        });
+        if let Some(saved) = saved {
+            store.restore(saved, keep_warm_us);
+        }
+        store.metrics.entries.set(store.entries.load(std::sync::atomic::Ordering::Relaxed) as i64);
+        spawn_keeper(Arc::downgrade(&store), config.flush_interval, persists);
+        Ok(store)
+    }
+
+    /// Puts loaded state in place (before any call).
+    fn restore(&self, saved: Saved, keep_warm_us: Micros) {
+        use std::hash::BuildHasher;
+        use std::sync::atomic::Ordering;
+        let n = saved.pairs.len();
+        for p in saved.pairs {
+            let i = (self.hasher.hash_one((p.account.as_str(), &*p.rule)) as usize) % super::SHARDS;
+            if lock(&self.shards[i]).states.insert((p.account, p.rule), (p.state, p.warmup_us)).is_none() {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        lock(&self.warm).extend(saved.token_refreshed);
+        self.warm_keep_us.fetch_max(keep_warm_us, Ordering::Relaxed);
+        if n > self.max_entries {
+            tracing::warn!(
+                loaded = n,
+                max_entries = self.max_entries,
+                "more states loaded than [store] max_entries: new pairs are refused until some go idle"
+            );
+        }
+    }
+
+    /// Writes the state file if anything changed since the last write (or
+    /// the last one failed); `last`: the final write, whatever changed,
+    /// after which nothing is written. Blocks: run it off the serving threads.
+    pub(super) fn save(&self, last: bool) {
+        let Some(durable) = &self.file else { return };
+        let mut writer = lock(&durable.writing);
+        if writer.closed {
+            return;
+        }
+        writer.closed = last;
+        let now = self.now();
+        let saved = self.snapshot(now, last || writer.failed);
+        if let Some(saved) = saved {
+            self.write(durable, &mut writer, &saved, now, last);
+        }
+        if last {
+            // However the write went, the file is free for the next process.
+            durable.file.unlock();
+        }
+    }
+
+    fn write(&self, durable: &Durable, writer: &mut Writer, saved: &Saved, now: Micros, last: bool) {
+        let pairs = saved.pairs.len();
+        match durable.file.write(|out| encode_to(saved, out)) {
+            Ok(()) => {
+                writer.failed = false;
+                self.metrics.saves.inc();
+                self.metrics.last_save.set(now.div_euclid(1_000_000));
+                if last {
+                    tracing::info!(file = %durable.file.path().display(), pairs, "state saved for the next start");
+                }
+            }
+            Err(e) => {
+                writer.failed = true;
+                self.metrics.file_error(FileOp::save);
+                if last || now.saturating_sub(writer.logged_at) >= SAVE_ERROR_LOG_EVERY_US {
+                    writer.logged_at = now;
+                    tracing::error!(
+                        file = %durable.file.path().display(),
+                        error = %e,
+                        failures = self.metrics.file_errors(FileOp::save),
+                        "cannot write the state file: a restart now would forget quotas and penalties"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every state worth keeping (not idle at `now`), without concurrency
+    /// slots, if anything changed since the last snapshot or `always`. Each
+    /// shard is locked in turn for one pass, and marked unchanged.
+    fn snapshot(&self, now: Micros, always: bool) -> Option<Saved> {
+        use std::sync::atomic::Ordering;
+        let changed = always || self.warm_dirty.load(Ordering::Relaxed) || self.shards.iter().any(|s| lock(s).dirty);
+        if !changed {
+            return None;
+        }
+        let offset = self.offset_us.load(Ordering::Relaxed);
+        let mut pairs = Vec::with_capacity(self.entries.load(Ordering::Relaxed));
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            shard.dirty = false;
+            pairs.extend(shard.states.iter().filter(|(_, (s, warmup))| !s.is_idle(now, offset, *warmup)).map(
+                |((account, rule), (s, warmup))| Pair {
+                    account: account.clone(),
+                    rule: rule.clone(),
+                    state: RuleState {
+                        limits: s.limits.clone(),
+                        penalty: s.penalty,
+                        warm_start: s.warm_start,
+                        last_call: s.last_call,
+                        holders: Vec::new(),
+                    },
+                    warmup_us: *warmup,
+                },
+            ));
+        }
+        // Cleared before the read: a refresh meanwhile marks it again.
+        self.warm_dirty.store(false, Ordering::Relaxed);
+        let token_refreshed = lock(&self.warm).iter().map(|(a, t)| (a.clone(), *t)).collect();
+        Some(Saved { saved_at_us: now, pairs, token_refreshed })
+    }
+}
+
+/// The state in `file`, without what is stale at `now`; `None` if there is
+/// none, or it cannot be read (then reported, counted and moved aside).
+fn load(
+    file: &StateFile,
+    now: Micros,
+    offset_us: Micros,
+    keep_warm_us: Micros,
+    metrics: &MemoryStoreMetrics,
+) -> Option<Saved> {
+    let path = file.path().display();
+    let read = file.read().map_err(|e| format!("cannot read it: {e}")).and_then(|bytes| match bytes {
+        None => Ok(None),
+        Some(bytes) => decode(&bytes).map(Some),
+    });
+    match read {
+        Ok(None) => {
+            tracing::info!(file = %path, "no state file yet: starting with empty state");
+            None
+        }
+        Ok(Some(mut saved)) => {
+            let stale = saved.drop_stale(now, offset_us, keep_warm_us);
+            let age_s = now.saturating_sub(saved.saved_at_us) / 1_000_000;
+            tracing::info!(file = %path, pairs = saved.pairs.len(), stale, age_s, "state loaded");
+            Some(saved)
+        }
+        Err(why) => {
+            metrics.file_error(FileOp::load);
+            let moved = match file.move_aside(now.div_euclid(1_000_000)) {
+                Ok(to) => to.display().to_string(),
+                Err(e) => format!("(could not move it aside: {e})"),
+            };
+            tracing::error!(
+                file = %path,
+                error = %why,
+                moved_to = %moved,
+                "the state file is unreadable: QUOTAS RESTART FROM ZERO (day counts and penalties are forgotten)"
+            );
+            None
+        }
+    }
+}
+
+/// Sweeps the store every [`SWEEP_PERIOD`] and, when it `persists`, saves
+/// it every `flush_every` (spaced by [`SAVE_SPACING`]), on a fixed beat,
+/// off the async threads; ends when the store is dropped.
+fn spawn_keeper(store: Weak<MemoryStore>, flush_every: Duration, persists: bool) {
+    let beat = if persists { flush_every.min(SWEEP_PERIOD) } else { SWEEP_PERIOD };
+    let every = |d: Duration| (d.as_micros() / beat.as_micros().max(1)).max(1) as u64;
+    let (sweep_every, save_every) = (every(SWEEP_PERIOD), every(flush_every));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(beat);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        // The last write's start and how long it took.
+        let mut last_save = (Stopwatch::start(), Duration::ZERO);
+        for n in 1u64.. {
+            ticks.tick().await;
+            let Some(store) = store.upgrade() else { return };
+            store.metrics.entries.set(store.entries.load(std::sync::atomic::Ordering::Relaxed) as i64);
+            let spaced = last_save.0.elapsed() >= last_save.1 * SAVE_SPACING;
+            let (sweep, save) = (n % sweep_every == 0, persists && n % save_every == 0 && spaced);
+            if !(sweep || save) {
+                continue;
+            }
+            let saved = tokio::task::spawn_blocking(move || {
+                if sweep {
+                    store.sweep();
+                }
+                save.then(|| {
+                    let started = Stopwatch::start();
+                    store.save(false);
+                    (started, started.elapsed())
+                })
+            })
+            .await;
+            if let Ok(Some(s)) = saved {
+                last_save = s;
+            }
+        }
+    });
+}
