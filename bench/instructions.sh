@@ -19,6 +19,8 @@
 #
 # Needs valgrind, nginx, redis-server, redis-cli, curl (installed with
 # apt-get when missing and we are root). BENCH_CALLS defaults to 2000.
+# BENCH_PROFILES=dir keeps each run's callgrind profile there
+# (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -50,6 +52,7 @@ if ((${#missing[@]})); then
 fi
 
 TMP=$(mktemp -d /tmp/wxgate-instructions.XXXXXX)
+KEPT=0
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -136,6 +139,10 @@ EOF
     wait "$vg" 2>/dev/null || true
     dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
     total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
+    if [ -n "${BENCH_PROFILES:-}" ]; then   # keep the profile, for callgrind_annotate
+      mkdir -p "$BENCH_PROFILES"
+      cp "$dump" "$BENCH_PROFILES/$((++KEPT))-$store.callgrind.out"
+    fi
     rm -f "$TMP"/cg.*
     printf '| %s | %s | %d |\n' "$bin" "$store" $((total / CALLS))
   done

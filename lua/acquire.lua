@@ -41,7 +41,8 @@
 --         "1 at escalated hold_us qi qr qt ci cr ct"  admitted: forward at
 --             `at` (now + hold_us); limit qi (1-based; 0 = none) has least
 --             room left: qr calls, whole again / reset in qt µs; ci, cr, ct
---             the same among the calendar quotas only
+--             the same among the calendar quotas only (left out for a
+--             rule without calendar quotas)
 --         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
@@ -279,6 +280,9 @@ local function acquire(k, a)
 
   local escalated = 0
   if pn > 0 and now < pu + pn then escalated = 1 end
+  if ci == 0 then
+    return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a
+  end
   return string.format('1 %d %d %d %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt, ci, cr, ct), next_a
 end
 

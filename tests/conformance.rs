@@ -101,28 +101,25 @@ fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
 }
 
-/// Calls reserved for the next period by a calendar quota (0 if none).
-fn day_next(s: &Snapshot) -> u64 {
+/// A calendar quota's count in the inspected state and the calls reserved
+/// for the next period ((0, 0) if none).
+fn day_counts(s: &Snapshot) -> (u64, u64) {
     s.state
         .limits
         .iter()
         .find_map(|(_, l)| match l {
-            LimitState::Count { next, .. } => Some(*next),
+            LimitState::Count { used, next, .. } => Some((*used, *next)),
             LimitState::Tat(_) => None,
         })
-        .unwrap_or(0)
+        .unwrap_or((0, 0))
 }
 
-/// The count of a calendar quota in the inspected state (0 if none).
 fn day_used(s: &Snapshot) -> u64 {
-    s.state
-        .limits
-        .iter()
-        .find_map(|(_, l)| match l {
-            LimitState::Count { used, .. } => Some(*used),
-            LimitState::Tat(_) => None,
-        })
-        .unwrap_or(0)
+    day_counts(s).0
+}
+
+fn day_next(s: &Snapshot) -> u64 {
+    day_counts(s).1
 }
 
 fn scenarios() -> Vec<Scenario> {

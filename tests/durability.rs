@@ -72,19 +72,27 @@ async fn a_restart_never_grants_a_spent_day_quota_again() {
     assert_eq!(mock.count(), 20, "WeChat saw the day quota once, not 12 + 20");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_a_write_loses_nothing() {
+/// A wxgate writing its state every 50 ms that admitted 12 calls, once the
+/// state file holds them: the mock, the directory, the config file, the
+/// state file and the process.
+async fn twelve_calls_written(tag: &str) -> (MockWeChat, TempDir, PathBuf, PathBuf, Instance) {
     let mock = MockWeChat::start().await;
-    let dir = TempDir::new("crash");
+    let dir = TempDir::new(tag);
     let store = StoreToml::memory().set("flush_interval", "50ms");
     let path = config_in(&dir, &mock, &[store.to_string(), send().to_string()]);
     let state = dir.join("wxgate-state.json");
-    let mut gate = process::spawn_path(&path, &[]).expect("serving");
+    let gate = process::spawn_path(&path, &[]).expect("serving");
     assert_eq!(call(&gate, SEND, 12).await, only(200, 12));
     eventually("the state file holding the 12 calls", PATIENCE, || {
         support::state_file::used(&state, "default", "send") == Some(12)
     })
     .await;
+    (mock, dir, path, state, gate)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_write_loses_nothing() {
+    let (mock, _dir, path, _state, mut gate) = twelve_calls_written("crash").await;
     gate.kill();
 
     let gate = process::spawn_path(&path, &[]).expect("serving after the crash");
@@ -94,17 +102,7 @@ async fn a_crash_after_a_write_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_loses_at_most_the_calls_admitted_since_the_last_write() {
-    let mock = MockWeChat::start().await;
-    let dir = TempDir::new("crash-bound");
-    let store = StoreToml::memory().set("flush_interval", "50ms");
-    let path = config_in(&dir, &mock, &[store.to_string(), send().to_string()]);
-    let state = dir.join("wxgate-state.json");
-    let mut gate = process::spawn_path(&path, &[]).expect("serving");
-    assert_eq!(call(&gate, SEND, 12).await, only(200, 12));
-    eventually("a write holding the 12 calls", PATIENCE, || {
-        support::state_file::used(&state, "default", "send") == Some(12)
-    })
-    .await;
+    let (mock, _dir, path, state, mut gate) = twelve_calls_written("crash-bound").await;
     // Three more, then SIGKILL before (or while) they are written.
     assert_eq!(call(&gate, SEND, 3).await, only(200, 3));
     gate.kill();

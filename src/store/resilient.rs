@@ -557,7 +557,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A fresh random value for an epoch this instance may write.
 fn candidate_epoch() -> String {
     use std::hash::BuildHasher;
-    format!("{:016x}", std::hash::RandomState::new().hash_one(std::process::id()))
+    format!("{:08x}", std::hash::RandomState::new().hash_one(std::process::id()) as u32)
 }
 
 /// `rule` with every count, burst and concurrency cap divided by `instances`

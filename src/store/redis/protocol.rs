@@ -217,7 +217,7 @@ pub fn parse_decisions(reply: &str) -> Result<Vec<Result<Decision, StoreError>>,
     Ok(reply.split(',').map(parse_decision).collect())
 }
 
-/// One decision: "1 at escalated hold qi qr qt ci cr ct" or "0 wait reason".
+/// One decision: "1 at escalated hold qi qr qt [ci cr ct]" or "0 wait reason".
 fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
     let bad = || StoreError::BadReply { script: "acquire.lua", reply: answer.to_owned() };
     let mut numbers = [0i64; 10];
@@ -230,13 +230,18 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
         n += 1;
     }
     match &numbers[..n] {
-        [1, at, escalated, hold_us, qi, qr, qt, ci, cr, ct] => Ok(Decision::Admit {
-            at: *at,
-            hold_us: *hold_us,
-            escalated: *escalated == 1,
-            quota: quota(*qi, *qr, *qt),
-            calendar: quota(*ci, *cr, *ct),
-        }),
+        [1, at, escalated, hold_us, qi, qr, qt, calendar @ ..] if matches!(calendar.len(), 0 | 3) => {
+            Ok(Decision::Admit {
+                at: *at,
+                hold_us: *hold_us,
+                escalated: *escalated == 1,
+                quota: quota(*qi, *qr, *qt),
+                calendar: match calendar {
+                    [ci, cr, ct] => quota(*ci, *cr, *ct),
+                    _ => None,
+                },
+            })
+        }
         [0, wait_us, reason] => {
             let reason = match reason {
                 1 => Reason::Rate,
