@@ -153,9 +153,10 @@ fn ready(app: &App) -> Answer {
     let (ready, decisions) = match status {
         Status::InProcess => (true, "in-process".to_owned()),
         Status::Shared => (true, "shared (Redis reachable)".to_owned()),
-        Status::Degraded(fallback) => {
-            (fallback != Fallback::Deny, format!("fallback {fallback:?} (Redis unreachable)").to_lowercase())
-        }
+        Status::Degraded(fallback) => (
+            fallback != Fallback::Deny,
+            format!("fallback {fallback:?} (Redis unavailable: unreachable, or refusing writes)").to_lowercase(),
+        ),
     };
     let store = status.kind();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

@@ -284,7 +284,8 @@ impl Resilient {
     /// Decides on Redis: what this instance owes it first, then the call.
     async fn decide_shared(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         if self.ledger.has_pending() {
-            self.write_pending_of(ask.key).await?;
+            // Rare (after an outage): boxed, so every decision's future stays small.
+            Box::pin(self.write_pending_of(ask.key)).await?;
         }
         self.try_redis(|| self.redis.decide(ask)).await
     }
@@ -380,7 +381,7 @@ impl Store for Resilient {
         let mut result = if self.in_grace() { Err(StoreError::Settling) } else { self.decide_shared(ask).await };
         if let Err(StoreError::Lost) = result {
             let adopted = lock(&self.adopted).clone();
-            result = match self.check_epoch(adopted.as_deref()).await {
+            result = match Box::pin(self.check_epoch(adopted.as_deref())).await {
                 Ok(()) if self.in_grace() => Err(StoreError::Settling),
                 Ok(()) => self.decide_shared(ask).await,
                 Err(e) => Err(e),
