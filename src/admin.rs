@@ -13,6 +13,11 @@
 //!
 //! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
 //! needs `Authorization: Bearer <token>`; `/metrics` and the probes stay open.
+//! A non-loopback `admin_listen` without a token is a config error.
+//!
+//! Requests that change state (any method but GET/HEAD) are refused with 403
+//! when they could come from a browser page on another site, token or not
+//! (see [`cross_site`]); curl and scripts are unaffected.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -92,6 +97,11 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
 async fn route(app: &App, req: Request<Incoming>) -> Answer {
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        if let Some(why) = cross_site(req.headers()) {
+            return error(StatusCode::FORBIDDEN, format!("refused: {why}; send it from curl or a script"));
+        }
+    }
     match (req.method(), segments.as_slice()) {
         (&Method::GET, ["metrics"]) => metrics(app),
         (&Method::GET, ["healthz"]) => answer(StatusCode::OK, "text/plain", "ok\n"),
@@ -133,6 +143,46 @@ fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
     let mut resp = error(StatusCode::UNAUTHORIZED, "the admin API needs Authorization: Bearer <admin_token>");
     resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     Some(resp)
+}
+
+/// Why a state-changing request may have been sent by a browser page on
+/// another site, or `None`. A page can POST or DELETE to a loopback port
+/// without a preflight only as a "simple" request, which browsers always
+/// mark: `Origin` (a page's own origin, `null` for sandboxes), and in modern
+/// browsers `Sec-Fetch-Site`. A DNS-rebound page is same-origin by those
+/// marks but its `Host` is the attacker's name, so `Host` must be an IP
+/// literal or `localhost`. curl sends none of `Origin`/`Sec-Fetch-Site` and
+/// `Host` as typed (an address), so scripts pass.
+fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if !host_names_an_address(host) {
+        return Some("Host must be this listener's IP address or localhost (DNS rebinding)");
+    }
+    if let Some(origin) = headers.get(ORIGIN) {
+        let own =
+            origin.to_str().ok().and_then(|o| o.strip_prefix("http://")).is_some_and(|o| o.eq_ignore_ascii_case(host));
+        if !own {
+            return Some("Origin is not the admin listener (a cross-site request from a browser)");
+        }
+    }
+    match headers.get("sec-fetch-site").map(HeaderValue::as_bytes) {
+        None | Some(b"same-origin" | b"none") => None,
+        Some(_) => Some("Sec-Fetch-Site says a browser sent it from another site"),
+    }
+}
+
+/// `host[:port]` where host is `localhost`, an IPv4 address or a bracketed
+/// IPv6 address: names no DNS can rebind.
+fn host_names_an_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => {
+            return rest.split_once(']').is_some_and(|(ip, port)| {
+                ip.parse::<std::net::Ipv6Addr>().is_ok() && (port.is_empty() || port.starts_with(':'))
+            })
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

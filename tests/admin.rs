@@ -215,3 +215,93 @@ async fn one_json_access_log_line_per_call() {
     assert!(v["decision_ms"].is_number() && v["upstream_ms"].is_number() && v["held_ms"].is_number(), "{v}");
     assert!(!line.contains("SECRET"), "{line}");
 }
+
+/// `admin` with extra request headers (`host` replaces the address's).
+async fn admin_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send(req.body(Full::new(Bytes::new())).expect("request")).await
+}
+
+async fn penalty_active(addr: SocketAddr, token: Option<&str>) -> bool {
+    let b = admin(addr, "GET", "/v1/buckets/wxA/send", token).await;
+    assert_eq!(b.status, 200, "{}", b.text());
+    b.json()["penalty"]["active"] == true
+}
+
+#[tokio::test]
+async fn a_browser_page_on_another_site_cannot_change_penalties() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let addr = gate.admin_addr();
+    let impose = "/v1/penalties/wxA/send?seconds=600";
+    let cross_site: [&[(&str, &str)]; 4] = [
+        &[("origin", "https://evil.example")],
+        &[("origin", "null")],
+        &[("sec-fetch-site", "cross-site")],
+        // DNS rebinding: same-origin by the browser's marks, but not our Host.
+        &[("host", "evil.example:9090"), ("origin", "http://evil.example:9090"), ("sec-fetch-site", "same-origin")],
+    ];
+    for headers in cross_site {
+        let refused = admin_as(addr, "POST", impose, headers).await;
+        assert_eq!(refused.status, 403, "{headers:?}: {}", refused.text());
+        assert!(refused.text().contains("refused"), "{}", refused.text());
+        assert!(!penalty_active(addr, None).await, "{headers:?}: no penalty set");
+    }
+    assert_eq!(admin_as(addr, "POST", impose, &[("host", "evil.example")]).await.status, 403);
+    assert!(!penalty_active(addr, None).await);
+
+    // curl-like (no Origin, Host as typed) works on loopback without a token;
+    // so does the listener's own origin, and `localhost`.
+    assert_eq!(admin(addr, "POST", impose, None).await.status, 200);
+    assert!(penalty_active(addr, None).await);
+    let lift_cross = admin_as(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", "https://evil.example")]).await;
+    assert_eq!(lift_cross.status, 403);
+    assert!(penalty_active(addr, None).await, "not lifted");
+    let own = format!("http://{addr}");
+    let lift_own = admin_as(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", &own)]).await;
+    assert_eq!(lift_own.status, 200, "{}", lift_own.text());
+    let localhost = format!("localhost:{}", addr.port());
+    assert_eq!(admin_as(addr, "POST", impose, &[("host", &localhost)]).await.status, 200);
+    // Reading stays open to any Host (Prometheus may scrape by name).
+    assert_eq!(admin_as(addr, "GET", "/metrics", &[("host", "wxgate.monitoring.svc:9090")]).await.status, 200);
+}
+
+#[tokio::test]
+async fn the_bearer_token_does_not_let_a_cross_site_request_through() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", "tok").with(send_rule())).await;
+    let addr = gate.admin_addr();
+    let impose = "/v1/penalties/wxA/send?seconds=600";
+    assert_eq!(admin(addr, "POST", impose, None).await.status, 401, "no bearer");
+    let cross = admin_as(addr, "POST", impose, &[("authorization", "Bearer tok"), ("origin", "https://evil.example")]);
+    assert_eq!(cross.await.status, 403);
+    assert!(!penalty_active(addr, Some("tok")).await);
+    assert_eq!(admin(addr, "POST", impose, Some("tok")).await.status, 200);
+    assert!(penalty_active(addr, Some("tok")).await);
+}
+
+#[test]
+fn an_admin_listener_beyond_loopback_needs_a_token() {
+    let dir = support::temp::TempDir::new("admin-exposed");
+    let config = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:9090\"\n";
+    let path = dir.write("wxgate.toml", config);
+    let path = path.to_str().expect("utf-8 path");
+    let (code, _, stderr) = support::process::run(&["check", "--config", path], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    let want = "[server] admin_listen: 0.0.0.0:9090 is reachable beyond this machine but no admin_token (or \
+                WXGATE_ADMIN_TOKEN) is set";
+    assert!(stderr.contains(want), "{stderr}");
+    // Start-up refuses it the same way, before listening on anything.
+    let (code, _, serve_err) = support::process::run(&["--config", path], &[]);
+    assert_eq!((code, serve_err), (2, stderr));
+    // With a token (from the environment, as the Kubernetes manifest sets it) it is accepted.
+    let (code, _, stderr) = support::process::run(&["check", "--config", path], &[("WXGATE_ADMIN_TOKEN", "t")]);
+    assert_eq!(code, 0, "{stderr}");
+    // Loopback needs none.
+    let loopback = dir.write("loopback.toml", &config.replace("0.0.0.0", "127.0.0.1"));
+    let (code, _, stderr) = support::process::run(&["check", "--config", loopback.to_str().expect("utf-8")], &[]);
+    assert_eq!(code, 0, "{stderr}");
+}

@@ -2,6 +2,7 @@
 //! Errors are messages naming the table and key; [`super::compile`] adds
 //! the file.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -73,6 +74,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         Some(n) => return Err(format!("[server] workers: {n}: must be 1 to {MAX_WORKERS}")),
     };
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
+    check_admin_exposure(admin_listen, admin_token.is_some())?;
     Ok(Server {
         listen,
         upstream,
@@ -88,6 +90,24 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
         workers,
     })
+}
+
+/// An admin listener beyond loopback needs a token: the admin API lifts and
+/// imposes penalties, so an open one on a pod or office network lets anyone
+/// there switch off the protection wxgate exists for. This is an error, not
+/// a warning, and has no opt-out: a warning scrolls past in a log nobody reads,
+/// and a token costs one Secret (`/metrics` and the probes stay open without
+/// it, so Prometheus and orchestrators need nothing). Loopback is 127.0.0.0/8
+/// and `::1`.
+fn check_admin_exposure(admin_listen: Option<SocketAddr>, has_token: bool) -> Result<(), String> {
+    match admin_listen {
+        Some(addr) if !has_token && !addr.ip().is_loopback() => Err(format!(
+            "[server] admin_listen: {addr} is reachable beyond this machine but no admin_token (or \
+             WXGATE_ADMIN_TOKEN) is set, so anyone who can reach it could lift penalties; set admin_token, \
+             or listen on 127.0.0.1"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `[store]`. `config_dir` is the config file's directory (where the
