@@ -1,7 +1,8 @@
 //! A call's life, as named phases over one context ([`Call`]), in order:
 //!
 //! 1. [`accept`]: origin-form targets only (`CONNECT` and absolute-form get
-//!    400: wxgate is never an open proxy); a declared body over `max_body`
+//!    400: wxgate is never an open proxy); a path no WeChat API can have
+//!    gets 400 ([`crate::routes::refusal`]); a declared body over `max_body`
 //!    gets 413.
 //! 2. [`identify`]: the account the call is for (`X-Wx-Account`).
 //! 3. [`route`]: path → rule ([`crate::routes`]).
@@ -39,6 +40,7 @@ use crate::inspect::{inspect, Forwarded};
 use crate::limit::{Key, Reason};
 use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
 use crate::ratelimit;
+use crate::routes;
 use crate::upstream::{strip_hop_by_hop, UpstreamError};
 
 /// Header naming the WeChat account (appid / corpid alias) a call is for.
@@ -86,6 +88,11 @@ pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Earl
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into()).into()),
     };
+    // Before any rule is looked up: a path no WeChat API has never reaches
+    // the limits nor WeChat (see `crate::routes`).
+    if let Some(why) = routes::refusal(target.path()) {
+        return Err(ProxyError::BadRequest(why.into()).into());
+    }
     // Counted before anything is decided or forwarded; a streamed body that
     // grows past the cap is cut off on the way (413 as well).
     let max_body = call.config.server.max_body;

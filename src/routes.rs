@@ -6,12 +6,21 @@
 //! prefixes the longest wins. A path no pattern claims goes to the rule named
 //! `default` when there is one, otherwise it is forwarded unthrottled.
 //!
+//! Only paths a WeChat API can have are routed at all ([`refusal`]): every
+//! WeChat and WeCom server API path is lowercase ASCII letters, digits and
+//! `_ - . /`, so anything else (uppercase, `;params`, `%` escapes, `\`,
+//! spaces, control bytes) and any empty, `.` or `..` segment is refused with
+//! 400 before a rule is looked up, never forwarded. Whether WeChat would treat
+//! `/CGI-BIN/...` or `.../send%00` as a throttled API is unknown; refusing them
+//! means none of them can get around a limit either way. A trailing `/` is
+//! the same API (`.../send/` is matched as `.../send`); a suffix such as
+//! `.../send.json` is another path (the `default` rule, if any).
+//!
 //! Matching uses a normalised copy of the path (the bytes forwarded upstream
 //! are never changed): the query is dropped, `%XX` escapes are decoded once
 //! (so `%2F` is a slash), empty and `.` segments are dropped and `..` removes
-//! the segment before it. A call therefore cannot escape its rule with
-//! `/cgi-bin/message/custom/send/../../token`, `//`, or encoded slashes: it
-//! is matched as the path a decoding server would see.
+//! the segment before it. Requests never get here with such paths (see
+//! above); the normalisation stays for config patterns and as a second line.
 
 use std::borrow::Cow;
 
@@ -104,6 +113,25 @@ impl Routes {
         }
         self.default
     }
+}
+
+/// Why `path` (the request path, without its query) cannot be a WeChat API
+/// path, or `None` when it can: a byte scan for anything outside
+/// `a-z 0-9 _ - . /`, then a check for empty (`//`), `.` and `..` segments.
+/// A single trailing `/` is allowed. Costs one pass over the path's bytes.
+pub fn refusal(path: &str) -> Option<&'static str> {
+    let allowed = |b: &u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'/');
+    if !path.bytes().all(|b| allowed(&b)) {
+        return Some("this path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)");
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Some("this path is not a WeChat API path: it must start with /");
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if !rest.is_empty() && rest.split('/').any(|seg| matches!(seg, "" | "." | "..")) {
+        return Some("this path is not a WeChat API path: it has an empty, . or .. segment");
+    }
+    None
 }
 
 /// Like [`normalise`], without a copy when the path is normal already
@@ -211,6 +239,33 @@ mod tests {
         assert_eq!(r.lookup("/cgi-bin/message%2Fcustom%2fsend"), Some(2));
         assert_eq!(r.lookup("/cgi-bin/%74oken"), Some(0));
         assert_eq!(r.lookup("/../../cgi-bin/token"), Some(0));
+    }
+
+    #[test]
+    fn only_paths_a_wechat_api_can_have_pass() {
+        for ok in ["/cgi-bin/token", "/cgi-bin/message/custom/send/", "/wxa/send.json", "/", "/a-b_c/1.2"] {
+            assert_eq!(refusal(ok), None, "{ok}");
+        }
+        for bad in [
+            "/CGI-BIN/token",
+            "/cgi-bin/message/custom/Send",
+            "/cgi-bin/message/custom/send;x",
+            "/cgi-bin/message/custom/send%00",
+            "/cgi-bin/message/custom\\send",
+            "/cgi-bin/message/custom/send ",
+            "/cgi-bin/message/custom/send\u{7f}",
+            "/cgi-bin/message/custom/s\u{e9}nd",
+            "//cgi-bin/token",
+            "/cgi-bin//token",
+            "/cgi-bin/./token",
+            "/cgi-bin/x/../token",
+            "/cgi-bin/token/.",
+            "/cgi-bin/token//",
+            "cgi-bin/token",
+            "",
+        ] {
+            assert!(refusal(bad).is_some(), "{bad:?}");
+        }
     }
 
     #[test]
