@@ -115,23 +115,54 @@ impl Routes {
     }
 }
 
+const REFUSED: u8 = 0;
+const NAME: u8 = 1;
+const DOT: u8 = 2;
+const SLASH: u8 = 3;
+
+/// The class of every byte in a request path: `a-z 0-9 _ -`, `.`, `/`, or refused.
+static PATH_BYTES: [u8; 256] = {
+    let mut t = [REFUSED; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = match b as u8 {
+            b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => NAME,
+            b'.' => DOT,
+            b'/' => SLASH,
+            _ => REFUSED,
+        };
+        b += 1;
+    }
+    t
+};
+
 /// Why `path` (the request path, without its query) cannot be a WeChat API
 /// path, or `None` when it can: a byte scan for anything outside
-/// `a-z 0-9 _ - . /`, then a check for empty (`//`), `.` and `..` segments.
+/// `a-z 0-9 _ - . /`, and for empty (`//`), `.` and `..` segments.
 /// A single trailing `/` is allowed. Costs one pass over the path's bytes.
 pub fn refusal(path: &str) -> Option<&'static str> {
-    let allowed = |b: &u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'/');
-    if !path.bytes().all(|b| allowed(&b)) {
-        return Some("this path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)");
-    }
-    let Some(rest) = path.strip_prefix('/') else {
+    const ALPHABET: &str =
+        "this path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)";
+    const SEGMENT: &str = "this path is not a WeChat API path: it has an empty, . or .. segment";
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
         return Some("this path is not a WeChat API path: it must start with /");
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if !rest.is_empty() && rest.split('/').any(|seg| matches!(seg, "" | "." | "..")) {
-        return Some("this path is not a WeChat API path: it has an empty, . or .. segment");
     }
-    None
+    // One pass over a byte-class table (this runs for every call): the
+    // current segment's length and how many of its bytes are dots.
+    let (mut len, mut dots) = (0usize, 0usize);
+    let dot_segment = |len: usize, dots: usize| len > 0 && len <= 2 && dots == len;
+    for &c in &bytes[1..] {
+        match PATH_BYTES[c as usize] {
+            NAME => len += 1,
+            DOT => (len, dots) = (len + 1, dots + 1),
+            SLASH if len == 0 || dot_segment(len, dots) => return Some(SEGMENT),
+            SLASH => (len, dots) = (0, 0),
+            _ => return Some(ALPHABET),
+        }
+    }
+    // A trailing `/` (an empty last segment) is the same API.
+    dot_segment(len, dots).then_some(SEGMENT)
 }
 
 /// Like [`normalise`], without a copy when the path is normal already
