@@ -371,15 +371,6 @@ impl Ledger {
             shard.retain(|_, entries| !entries.is_empty());
         }
     }
-
-    /// Number of (account, rule) pairs held.
-    pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).values().map(Vec::len).sum::<usize>()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 fn take_entry(account: &str, entry: &mut Entry) -> Option<Pending> {

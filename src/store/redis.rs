@@ -309,11 +309,6 @@ impl RedisStore {
         }
     }
 
-    /// The epoch decisions are checked against, if any.
-    pub fn deciding_under(&self) -> Option<Arc<String>> {
-        self.epoch.load_full()
-    }
-
     /// Adds `pending` (counts admitted elsewhere, a lost penalty) to Redis;
     /// returns the store's now.
     pub async fn reconcile(&self, pending: &Pending) -> Result<Micros, StoreError> {

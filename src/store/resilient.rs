@@ -133,11 +133,6 @@ impl Resilient {
         self.check_epoch(None).await
     }
 
-    /// The ledger, for tests and metrics.
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
-    }
-
     /// Every [`TICK`] while Redis answers: writes what Redis is missing and
     /// checks the epoch. Ends when the store is dropped.
     fn spawn_keeper(store: Weak<Resilient>) {
