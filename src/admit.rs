@@ -9,18 +9,24 @@
 //! - A call refused only because `concurrency` calls are in flight waits
 //!   (within `max_wait`) for one to end: woken at once when one of this
 //!   instance's calls frees a slot, and polling for the others' every 10 ms.
-//! - A client that disconnects while held is dropped with its future: its
+//! - A call is held (or waits for a concurrency slot) only while its client
+//!   may still read the answer: once the client has closed its sending side
+//!   ([`Client::closed`]: a disconnect, or a half-close, which TCP cannot
+//!   tell apart), the call is refused at once with 429 and never sent. Its
 //!   reserved slot stays used (never given to a later call, so limits are
-//!   never exceeded), and its concurrency slot is freed at once.
+//!   never exceeded), and its concurrency slot is freed at once. A client
+//!   that half-closes is thus served as if `max_wait` were 0.
 
 use std::sync::Arc;
 
 use crate::activity::Kind;
 use crate::app::App;
+use crate::client::Client;
 use crate::clock::{Micros, Stopwatch};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
+use crate::metrics::InFlightGuard;
 use crate::slots::SlotGuard;
 
 /// How often a call waiting for a concurrency slot asks the store again.
@@ -45,7 +51,13 @@ pub struct Admitted {
 }
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
-pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) -> Result<Admitted, ProxyError> {
+pub async fn admit(
+    app: &App,
+    config: &Config,
+    account: &str,
+    rule: &Arc<Rule>,
+    client: &Client,
+) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
@@ -73,9 +85,15 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
                 // Shadow mode debits as if enforcing but never delays a call.
                 if hold_us > 0 && !rule.shadow {
                     let _held = app.activity.enter(account, &rule.name, Kind::Held);
-                    app.metrics.held_now.inc();
-                    app.clock.sleep(hold_us).await;
-                    app.metrics.held_now.dec();
+                    let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
+                    let until = app.clock.now_us() + hold_us;
+                    tokio::select! {
+                        _ = app.clock.sleep(hold_us) => {}
+                        _ = client.closed() => {
+                            let wait_us = (until - app.clock.now_us()).max(0);
+                            return Err(gone(rule, Reason::Rate, wait_us));
+                        }
+                    }
                 }
                 drop(permit);
                 let held_us = if rule.shadow { 0 } else { hold_us };
@@ -108,6 +126,7 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
                 tokio::select! {
                     _ = freed => {}
                     _ = app.clock.sleep(step) => {}
+                    _ = client.closed() => return Err(gone(rule, Reason::Concurrency, wait_us)),
                 }
             }
             Decision::Reject { wait_us, reason } => {
@@ -115,4 +134,11 @@ pub async fn admit(app: &App, config: &Config, account: &str, rule: &Arc<Rule>) 
             }
         }
     }
+}
+
+/// The refusal of a call whose client closed its sending side while the
+/// call waited: never sent.
+fn gone(rule: &Rule, reason: Reason, wait_us: Micros) -> ProxyError {
+    tracing::debug!(rule = %rule.name, "the client closed its sending side while its call waited: refused, never sent");
+    ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us }
 }

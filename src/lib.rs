@@ -21,6 +21,7 @@ pub mod body;
 pub mod bucket;
 pub mod calendar;
 pub mod call;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;

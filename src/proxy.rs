@@ -33,6 +33,7 @@ use crate::admit::admit;
 use crate::app::App;
 use crate::body::RelayBody;
 use crate::call::{Call, Early, DEFAULT_ACCOUNT};
+use crate::client::Client;
 use crate::clock::Stopwatch;
 use crate::config::valid_account;
 use crate::error::{retry_after_secs, ProxyError};
@@ -48,9 +49,9 @@ pub const ACCOUNT_HEADER: &str = "x-wx-account";
 const ACCOUNT: http::HeaderName = http::HeaderName::from_static(ACCOUNT_HEADER);
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
-pub async fn handle(app: &App, req: Request<Incoming>) -> Response<RelayBody> {
+pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full());
-    let resp = match phases(app, &mut call, req).await {
+    let resp = match phases(app, &mut call, req, client).await {
         Ok(resp) => resp,
         Err(Early::Answered(resp)) => *resp,
         Err(Early::Refused(e)) => refuse(&mut call, e),
@@ -60,11 +61,16 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<RelayBody> {
 }
 
 /// The phases, in order; the first that stops the call ends it.
-async fn phases(app: &App, call: &mut Call, req: Request<Incoming>) -> Result<Response<RelayBody>, Early> {
+async fn phases(
+    app: &App,
+    call: &mut Call,
+    req: Request<Incoming>,
+    client: &Client,
+) -> Result<Response<RelayBody>, Early> {
     let target = accept(call, &req)?;
     identify(call, req.headers())?;
     route(app, call);
-    decide(app, call).await?;
+    decide(app, call, client).await?;
     let answer = forward(app, call, req, target).await?;
     inspect(app, call, answer).await
 }
@@ -139,10 +145,10 @@ pub fn route(app: &App, call: &mut Call) {
 
 /// Phase 4: admit the call (holding it or waiting for a slot as its rule
 /// says) or refuse it. A call without a rule goes on undecided.
-pub async fn decide(app: &App, call: &mut Call) -> Result<(), Early> {
+pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), Early> {
     let Some(rule) = call.rule.clone() else { return Ok(()) };
     let started = Stopwatch::start();
-    let admitted = admit(app, &call.config, &call.account, &rule).await;
+    let admitted = admit(app, &call.config, &call.account, &rule, client).await;
     call.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::app::App;
+use crate::client::Client;
 use crate::proxy::handle;
 use crate::smuggling::SmuggleGuard;
 
@@ -157,16 +158,24 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
         let _ = stream.set_nodelay(true);
         let header_timeout = app.config.load().server.header_timeout;
         let app = app.clone();
-        let service = service_fn(move |req| {
-            let app = app.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(&app, req).await) }
-        });
+        let client = Client::new(stream);
+        let service = {
+            let client = client.clone();
+            service_fn(move |req| {
+                let app = app.clone();
+                let client = client.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&app, req, &client).await) }
+            })
+        };
+        // Half-close aware: a client that closes its sending side after a
+        // complete request still gets the answer (see `crate::client`).
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
+            .half_close(true)
             .max_buf_size(2 * MAX_HEAD_BYTES)
             .max_header_size(MAX_HEAD_BYTES)
-            .serve_connection(TokioIo::new(SmuggleGuard::new(stream)), service);
+            .serve_connection(TokioIo::new(SmuggleGuard::new(client)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -414,6 +414,109 @@ async fn ambiguous_body_framing_is_400_and_never_forwarded() {
     assert_eq!(mock.count(), 0, "no ambiguous request reaches WeChat");
 }
 
+/// A request with both framings, then a request hidden behind it.
+const BOTH_FRAMINGS: &str = "POST /cgi-bin/token?both=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /cgi-bin/smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+
+/// The paths WeChat saw since `before` calls.
+fn paths_since(mock: &MockWeChat, before: usize) -> Vec<String> {
+    mock.calls().into_iter().skip(before).map(|c| c.path_and_query).collect()
+}
+
+#[tokio::test]
+async fn both_framings_are_refused_wherever_they_appear_on_a_connection() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::Echo);
+    let gate = Gate::start(&mock, "").await;
+    let long_size = |digits: usize| {
+        format!(
+            "POST /cgi-bin/first HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:0>digits$}\r\nhello\r\n{:0>digits$}\r\n\r\n",
+            "5", "0"
+        )
+    };
+    let upgrade = "GET /cgi-bin/first HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let h2c = "GET /cgi-bin/first HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+    let connect = "CONNECT api.weixin.qq.com:443 HTTP/1.1\r\nHost: api.weixin.qq.com:443\r\n\r\n";
+    let cases: [(&str, String, &[u16], &[&str]); 6] = [
+        ("after a 16-hex-digit chunk size", long_size(16), &[200], &["/cgi-bin/first"]),
+        ("after a 40-hex-digit chunk size", long_size(40), &[200], &["/cgi-bin/first"]),
+        ("after a CONNECT", connect.into(), &[400], &[]),
+        ("after a websocket Upgrade request", upgrade.into(), &[200], &["/cgi-bin/first"]),
+        ("after an h2c Upgrade request", h2c.into(), &[200], &["/cgi-bin/first"]),
+        ("after CONNECT and Upgrade", format!("{connect}{upgrade}"), &[400, 200], &["/cgi-bin/first"]),
+    ];
+    for (label, prefix, statuses, forwarded) in cases {
+        let before = mock.count();
+        let ex = exchange(gate.addr, format!("{prefix}{BOTH_FRAMINGS}").as_bytes()).await;
+        assert!(ex.closed, "{label}: the connection closes after the refusal: {}", ex.text());
+        let got: Vec<u16> = ex.responses().iter().map(|r| r.status).collect();
+        let mut want = statuses.to_vec();
+        want.push(400);
+        assert_eq!(got, want, "{label}: {}", ex.text());
+        assert_eq!(
+            paths_since(&mock, before),
+            forwarded,
+            "{label}: only the requests before the refused one reach WeChat"
+        );
+    }
+    // What an Upgrade request forwards is a plain call: no upgrade asked of WeChat.
+    assert!(mock.calls().iter().all(|c| !c.headers.contains_key("upgrade")), "Upgrade is never forwarded");
+}
+
+#[tokio::test]
+async fn heads_with_bare_line_endings_and_http_0_9_are_answered_400_at_once() {
+    let mock = MockWeChat::start().await;
+    // A header timeout far beyond the exchange's guard: an answer within the
+    // guard is an answer at once, not one at the header timeout.
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("header_timeout", "120s")).await;
+    let cases: [(&str, &str); 7] = [
+        ("bare LF line endings", "GET /cgi-bin/token HTTP/1.1\nHost: x\n\n"),
+        (
+            "bare LF with both framings",
+            "POST /cgi-bin/token HTTP/1.1\nHost: x\nContent-Length: 5\nTransfer-Encoding: chunked\n\n0\n\nGET /cgi-bin/smuggled HTTP/1.1\nHost: x\n\n",
+        ),
+        ("one bare LF among CRLFs", "GET /cgi-bin/token HTTP/1.1\r\nHost: x\n\r\n"),
+        ("a bare CR", "GET /cgi-bin/token HTTP/1.1\r\nHost: x\r\n\r\r\n"),
+        ("HTTP/0.9", "GET /cgi-bin/token\r\n"),
+        ("HTTP/0.9, bare LF", "GET /cgi-bin/token\n"),
+        ("an unknown version", "GET /cgi-bin/token HTTP/1.2\r\n"),
+    ];
+    for (label, req) in cases {
+        let ex = exchange(gate.addr, req.as_bytes()).await;
+        assert!(ex.closed, "{label}: answered and closed at once, not at header_timeout: {:?}", ex.text());
+        assert_eq!(ex.only().status, 400, "{label}: {}", ex.text());
+    }
+    assert_eq!(mock.count(), 0, "none of them reaches WeChat");
+}
+
+#[tokio::test]
+async fn a_half_closed_connection_with_a_complete_request_is_served() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::Echo);
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("header_timeout", "120s")).await;
+    let get = "GET /cgi-bin/token?n=1 HTTP/1.1\r\nHost: x\r\n\r\n";
+    let sized = "POST /cgi-bin/message/custom/send HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n{\"a\":\"bcd\"}";
+    let chunked =
+        "POST /cgi-bin/media/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n";
+    let cases: [(&str, String, &[&str]); 4] = [
+        ("a GET", get.into(), &["/cgi-bin/token?n=1"]),
+        ("a body with Content-Length", sized.into(), &["/cgi-bin/message/custom/send"]),
+        ("a chunked body", chunked.into(), &["/cgi-bin/media/upload"]),
+        ("two pipelined requests", format!("{get}{sized}"), &["/cgi-bin/token?n=1", "/cgi-bin/message/custom/send"]),
+    ];
+    for (label, req, paths) in cases {
+        let before = mock.count();
+        let ex = exchange_half_closed(gate.addr, req.as_bytes()).await;
+        assert!(ex.closed, "{label}: answered, then closed: {:?}", ex.text());
+        let answers = ex.responses();
+        assert_eq!(answers.len(), paths.len(), "{label}: every request answered: {}", ex.text());
+        assert!(answers.iter().all(|a| a.status == 200), "{label}: {}", ex.text());
+        assert_eq!(paths_since(&mock, before), paths, "{label}: each forwarded once");
+    }
+    let bodies: Vec<Bytes> = mock.calls().into_iter().map(|c| c.body).collect();
+    assert_eq!(bodies[1], Bytes::from_static(b"{\"a\":\"bcd\"}"));
+    assert_eq!(bodies[2], Bytes::from_static(b"abcd"));
+}
+
 // --- path tricks --------------------------------------------------------------
 
 /// Paths no WeChat API has: the variants of issue 13 item 5 and the classic

@@ -85,6 +85,8 @@ async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_plac
     drop(leaver);
     eventually("the leaver's place freed", PATIENCE, || gate.held_places() == 0).await;
     assert_eq!(held_now(&gate), 0);
+    let metrics = get_at(gate.admin_addr(), "/metrics").await.text();
+    assert_eq!(sample(&metrics, "wxgate_held"), Some(0.0), "the held gauge counts the leaver out: {metrics}");
     // Its place is free again: this call is held (for the slot after the
     // abandoned one, which stays used) and goes when its time comes.
     let g = gate.clone();
@@ -97,6 +99,26 @@ async fn held_calls_per_instance_are_bounded_and_a_client_leaving_frees_its_plac
     gate.advance(Duration::from_millis(1000));
     assert_eq!(held_call.await.expect("held").status, 200);
     assert_eq!(mock.count(), 2);
+}
+
+#[tokio::test]
+async fn a_client_that_closes_its_sending_side_gets_429_at_once_instead_of_a_hold() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, shaped()).await;
+    assert_eq!(gate.get(PATH).await.status, 200);
+    // The next slot is 1 s away, so this call would be held; its client
+    // half-closes right after the request. (The clock never moves: only the
+    // close can end the wait.)
+    let ex = exchange_half_closed(gate.addr, format!("GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await;
+    let a = ex.only();
+    assert_eq!(a.status, 429, "{}", ex.text());
+    assert_eq!(a.header("x-wxgate-reason"), Some("rate"));
+    assert_eq!(a.header("retry-after"), Some("1"));
+    assert_eq!(a.json()["errcode"], 45009);
+    assert_eq!(mock.count(), 1, "the call that would have been held is never sent");
+    assert_eq!(held_now(&gate), 0);
+    let metrics = get_at(gate.admin_addr(), "/metrics").await.text();
+    assert_eq!(sample(&metrics, "wxgate_held"), Some(0.0), "the held gauge is back to 0: {metrics}");
 }
 
 /// No limits, three calls at WeChat at once.

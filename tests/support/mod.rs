@@ -28,7 +28,7 @@ pub use temp::TempDir;
 #[allow(unused_imports)]
 pub use window::{busiest_window, max_in_window};
 #[allow(unused_imports)]
-pub use wire::{exchange, read_until_closed, Exchange, RawResponse};
+pub use wire::{exchange, exchange_half_closed, read_until_closed, Exchange, RawResponse};
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -56,6 +56,18 @@ pub async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Exchange {
     ex
 }
 
+/// Writes `bytes`, then closes the sending side (`shutdown(SHUT_WR)`: a
+/// half-close), and reads everything the server sends until it closes.
+pub async fn exchange_half_closed(addr: SocketAddr, bytes: &[u8]) -> Exchange {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    wr.write_all(bytes).await.expect("write the request");
+    wr.shutdown().await.expect("half-close");
+    let ex = read_until_closed(&mut rd).await;
+    drop(wr);
+    ex
+}
+
 pub async fn read_until_closed<R: AsyncReadExt + Unpin>(rd: &mut R) -> Exchange {
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
