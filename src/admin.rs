@@ -272,6 +272,7 @@ fn rule_json(rule: &Rule) -> Value {
         "warmup_seconds": rule.warmup_us as f64 / 1e6,
         "concurrency": (rule.concurrency > 0).then_some(rule.concurrency),
         "mode": if rule.shadow { "shadow" } else { "enforce" },
+        "throttle_status": rule.throttle_status.as_u16(),
     })
 }
 

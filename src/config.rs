@@ -82,6 +82,9 @@ pub struct Server {
     pub admin_token: Option<String>,
     /// Add `RateLimit-Policy` / `RateLimit` headers to answers.
     pub ratelimit_headers: bool,
+    /// The HTTP status of wxgate's refusals (429, or 200 for SDKs that drop
+    /// the body of any non-2xx answer); a rule may set its own.
+    pub throttle_status: http::StatusCode,
     /// Serving threads, each with its own event loop, upstream connections
     /// and Redis connection (default: one per CPU). Read at start only.
     pub workers: usize,

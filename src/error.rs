@@ -3,7 +3,8 @@
 //! what happened (400, 413, 429, 502, 503, 504). An SDK that reads the body
 //! of a non-2xx answer sees a WeChat errcode; one that turns every non-2xx
 //! status into a transport error (wechatpy, WxJava's Apache backend) does
-//! not.
+//! not: for those, a rule's `throttle_status = 200` makes refusals HTTP 200
+//! with the same body and headers (set in [`crate::proxy`]).
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};

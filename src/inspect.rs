@@ -9,9 +9,10 @@
 //! Anything else streams through untouched behind the bytes already read.
 //!
 //! Reacting ([`inspect`]): a penalised errcode (`[[penalty]]`) starts or
-//! escalates the (account, rule)'s penalty and reaches the client as 429 +
-//! `Retry-After` with WeChat's body unchanged (shadow mode passes it on as
-//! it is); a success ends an escalation; a fresh access token restarts
+//! escalates the (account, rule)'s penalty and reaches the client with
+//! WeChat's body unchanged, `Retry-After` and the refusal headers, as 429
+//! (or with WeChat's own status when the rule's `throttle_status` is 200;
+//! shadow mode passes it on as it is); a success ends an escalation; a fresh access token restarts
 //! warm-up. A store that cannot record a penalty is logged, and this
 //! answer is still turned into a refusal.
 
@@ -83,7 +84,9 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
                 // Shadow mode records the penalty but passes WeChat's answer on as it is.
                 if !rule.shadow {
                     call.outcome = Outcome::penalised;
-                    parts.status = StatusCode::TOO_MANY_REQUESTS;
+                    if rule.throttle_status == StatusCode::TOO_MANY_REQUESTS {
+                        parts.status = StatusCode::TOO_MANY_REQUESTS;
+                    }
                     mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
                 }
             }

@@ -58,6 +58,10 @@ pub struct Rule {
     pub concurrency: u32,
     /// Shadow mode: decide and keep state as if enforcing, but forward every call.
     pub shadow: bool,
+    /// The HTTP status of this rule's refusals and of WeChat's penalised
+    /// answers (429; or 200: refusals keep their 45009 body and headers, and
+    /// WeChat's own answers pass with the status WeChat sent).
+    pub throttle_status: http::StatusCode,
     /// `RateLimit-Policy` for this rule, built once (see [`crate::ratelimit`]).
     pub policy_header: Option<http::HeaderValue>,
     /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.

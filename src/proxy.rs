@@ -254,6 +254,7 @@ fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     };
     let mut resp = e.into_response();
     if let (Some((reason, wait_us)), Some(rule)) = (refused, call.rule.as_ref()) {
+        *resp.status_mut() = rule.throttle_status;
         if call.config.server.ratelimit_headers {
             ratelimit::refused(resp.headers_mut(), rule, reason, wait_us);
         }

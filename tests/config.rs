@@ -24,6 +24,8 @@ fn bad_configs_are_refused_with_file_line_rule_and_field() {
         ("bad_timezone", "bad_timezone.toml: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
         ("bad_workers", "bad_workers.toml: [server] workers: 0: must be 1 to 256"),
         ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
+        ("bad_throttle_status", "bad_throttle_status.toml: [server] throttle_status: 503: must be 429 (HTTP's \"too many requests\") or 200"),
+        ("bad_rule_throttle_status", "bad_rule_throttle_status.toml:1: rule \"send\": throttle_status: 404: must be 429"),
     ];
     for (name, expected) in cases {
         let path = format!("tests/fixtures/{name}.toml");

@@ -20,6 +20,7 @@ fn rule(limits: Vec<Limit>) -> Rule {
         warmup_us: 0,
         concurrency: 0,
         shadow: false,
+        throttle_status: http::StatusCode::TOO_MANY_REQUESTS,
         policy_header: None,
         policy_prefixes: Vec::new(),
     }

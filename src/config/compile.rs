@@ -108,7 +108,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         if !names.insert(r.name.clone()) {
             return Err(ctx.at(span, format!("rule \"{}\": another rule has the same name", r.name)));
         }
-        let (rule, own) = compile_rule(r, span, all_shadow, ctx)?;
+        let (rule, own) = compile_rule(r, span, all_shadow, server.throttle_status, ctx)?;
         patterns.extend(own.into_iter().map(|p| (p, index)));
         rules.push(Arc::new(rule));
     }
@@ -161,6 +161,7 @@ fn compile_rule(
     r: RawRule,
     span: std::ops::Range<usize>,
     all_shadow: bool,
+    throttle_status: http::StatusCode,
     ctx: &Ctx<'_>,
 ) -> Result<(Rule, Vec<Pattern>), ConfigError> {
     let err = |m: String| ctx.at(span.clone(), format!("rule \"{}\": {m}", r.name));
@@ -208,6 +209,7 @@ fn compile_rule(
         Some(c) => c,
         None => 0,
     };
+    let throttle_status = settings::throttle_status(r.throttle_status).map_err(err)?.unwrap_or(throttle_status);
     let mut rule = Rule {
         name: r.name.into(),
         patterns: r.patterns,
@@ -216,6 +218,7 @@ fn compile_rule(
         warmup_us,
         concurrency,
         shadow,
+        throttle_status,
         policy_header: None,
         policy_prefixes: Vec::new(),
     };

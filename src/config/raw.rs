@@ -42,6 +42,7 @@ pub(super) struct RawServer {
     pub admin_listen: Option<String>,
     pub admin_token: Option<String>,
     pub ratelimit_headers: Option<bool>,
+    pub throttle_status: Option<u16>,
     pub workers: Option<usize>,
     pub mode: Option<String>,
 }
@@ -87,6 +88,7 @@ pub(super) struct RawRule {
     pub warmup: Option<String>,
     pub concurrency: Option<u32>,
     pub mode: Option<String>,
+    pub throttle_status: Option<u16>,
 }
 
 #[derive(Debug, Deserialize)]

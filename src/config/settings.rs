@@ -73,6 +73,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
         Some(n) => return Err(format!("[server] workers: {n}: must be 1 to {MAX_WORKERS}")),
     };
+    let throttle_status = throttle_status(raw.throttle_status).map_err(|m| format!("[server] {m}"))?;
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     check_admin_exposure(admin_listen, admin_token.is_some())?;
     Ok(Server {
@@ -88,8 +89,21 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         admin_listen,
         admin_token,
         ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
+        throttle_status: throttle_status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         workers,
     })
+}
+
+/// `throttle_status`: 429 or 200 (`None` when not given).
+pub(super) fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, String> {
+    match given {
+        None => Ok(None),
+        Some(429) => Ok(Some(http::StatusCode::TOO_MANY_REQUESTS)),
+        Some(200) => Ok(Some(http::StatusCode::OK)),
+        Some(n) => Err(format!(
+            "throttle_status: {n}: must be 429 (HTTP's \"too many requests\") or 200 (for SDKs that drop the body of a non-2xx answer, e.g. wechatpy)"
+        )),
+    }
 }
 
 /// An admin listener beyond loopback needs a token: the admin API lifts and
