@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, property and socket-level
-# tests. Tests start their own redis-server processes on free loopback ports,
-# so redis-server must be on PATH; it is installed here when missing and we
-# are root on a Debian/Ubuntu machine.
+# tests, and real WeChat SDKs against wxgate (tests/sdks.rs). Tests start
+# their own redis-server processes on free loopback ports, so redis-server
+# must be on PATH; it is installed here when missing and we are root on a
+# Debian/Ubuntu machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     exit 1
   fi
 fi
+
+# tests/sdks.rs drives wxgate with real WeChat SDKs, pinned, installed from
+# PyPI and npm into target/sdk-env/ (python3-venv, nodejs and npm with
+# apt-get when missing); a second run returns at once.
+echo "== SDK environment (scripts/sdk-env.sh)"
+scripts/sdk-env.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -5,7 +5,7 @@
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
 //! ([`wire`]), scratch directories ([`temp`]), upstream ports that refuse
 //! or stall connections ([`ports`]) and the memory store's state file
-//! ([`state_file`]). Every test binary does
+//! ([`state_file`]); real WeChat SDKs as subprocesses ([`sdk`]). Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
@@ -14,6 +14,7 @@ pub mod poll;
 pub mod ports;
 pub mod process;
 pub mod redis_server;
+pub mod sdk;
 pub mod state_file;
 pub mod temp;
 pub mod window;

@@ -1,0 +1,100 @@
+"""Drives wxgate with the real wechatpy SDK, for tests/sdks.rs.
+
+    python wechatpy_driver.py --base http://127.0.0.1:PORT[/@account] [options] CALL...
+
+Makes each CALL (a name from CALLS) in order on one WeChatClient and prints
+one JSON line per call with what the SDK's caller sees: the result, or the
+exception's class, its errcode and errmsg as wechatpy exposes them, and the
+HTTP status and Retry-After of the response the exception carries.
+
+--via api_base_url (default): the client's API_BASE_URL is <base>/cgi-bin/,
+as wechatpy's docs suggest; --via contrib: API_BASE_URL is left alone and
+contrib/wechatpy_wxgate.py routes every call (on PYTHONPATH). --token T gives
+the client a token (no token request); without it the client fetches its own
+with --appid/--secret. Nothing leaves loopback: any other URL is refused
+before a connection is made, and reported as the call's error.
+"""
+
+import argparse
+import json
+import sys
+
+import requests
+from wechatpy import WeChatClient
+from wechatpy.exceptions import WeChatClientException
+
+CALLS = {
+    "menu.get": lambda c: c.menu.get(),
+    "message.send_text": lambda c: c.message.send_text("oOPENID", "hello"),
+    "fetch_access_token": lambda c: c.fetch_access_token(),
+    "wxa.get_category": lambda c: c.wxa.get_category(),
+    "wxa.code_to_session": lambda c: c.wxa.code_to_session("JSCODE"),
+    "customservice.get_session_list": lambda c: c.customservice.get_session_list("kf1@test"),
+    "datacube.get_user_summary": lambda c: c.datacube.get_user_summary("2026-11-01", "2026-11-02"),
+}
+
+
+class Refuse(requests.adapters.BaseAdapter):
+    """The transport for every URL that is not on loopback."""
+
+    def send(self, request, **kwargs):
+        raise requests.ConnectionError("sdk driver: refusing to leave loopback: " + request.url)
+
+    def close(self):
+        pass
+
+
+def loopback_only(session):
+    session.mount("https://", Refuse())
+    session.mount("http://", Refuse())
+    session.mount("http://127.0.0.1:", requests.adapters.HTTPAdapter())
+
+
+def outcome(name, call):
+    try:
+        return {"call": name, "ok": True, "result": call()}
+    except WeChatClientException as e:
+        response = getattr(e, "response", None)
+        return {
+            "call": name,
+            "ok": False,
+            "error": type(e).__name__,
+            "wechat_client_exception": True,
+            "errcode": e.errcode,
+            "errmsg": e.errmsg,
+            "status": response.status_code if response is not None else None,
+            "retry_after": response.headers.get("Retry-After") if response is not None else None,
+        }
+    except Exception as e:  # what else reaches the caller: transport errors, the guard
+        return {"call": name, "ok": False, "error": type(e).__name__, "wechat_client_exception": False,
+                "errcode": None, "errmsg": str(e), "status": None, "retry_after": None}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--base", required=True)
+    p.add_argument("--via", choices=["api_base_url", "contrib"], default="api_base_url")
+    p.add_argument("--account", help="X-Wx-Account on every call (contrib only)")
+    p.add_argument("--appid", default="wxsdktest")
+    p.add_argument("--secret", default="SECRET")
+    p.add_argument("--token")
+    p.add_argument("calls", nargs="+", choices=sorted(CALLS))
+    a = p.parse_args()
+
+    client = WeChatClient(a.appid, a.secret, access_token=a.token, timeout=10)
+    base = a.base.rstrip("/")
+    if a.via == "contrib":
+        from wechatpy_wxgate import through_wxgate
+
+        through_wxgate(client, base, account=a.account)
+    else:
+        client.API_BASE_URL = base + "/cgi-bin/"
+    loopback_only(client._http)
+
+    for name in a.calls:
+        print(json.dumps(outcome(name, lambda: CALLS[name](client)), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
