@@ -4,11 +4,13 @@
 //! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
 //! ([`wire`]), scratch directories ([`temp`]), upstream ports that refuse
-//! or stall connections ([`ports`]) and the memory store's state file
-//! ([`state_file`]). Every test binary does
+//! or stall connections ([`ports`]), the memory store's state file
+//! ([`state_file`]) and request bodies with upstreams that record what
+//! became of them ([`bodies`]). Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
+pub mod bodies;
 pub mod config;
 pub mod poll;
 pub mod ports;
