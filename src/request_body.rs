@@ -11,18 +11,22 @@
 //! - A request that has a body shares its [`Progress`] with the sender
 //!   ([`crate::upstream`]), which guards the sending with `body_timeout`:
 //!   bytes passed so far, whether the body is waiting on the client, and
-//!   a signal once it has been handed over whole. A request without a body
-//!   (GET, `Content-Length: 0`) has no progress and costs nothing more.
+//!   when it was handed over whole. Nothing wakes the sender: it looks at
+//!   the progress when its own timer fires. A request without a body (GET,
+//!   `Content-Length: 0`) has no progress and costs nothing more.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::clock::deadline_after;
 
 /// Why a request body did not reach the upstream whole: the client's fault.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -43,8 +47,8 @@ pub struct Progress {
     moved: AtomicU64,
     /// The body's last poll found nothing from the client yet.
     waiting: AtomicBool,
-    /// Notified once, when the whole body has been handed over.
-    whole: Notify,
+    /// When the whole body had been handed over (Tokio's clock).
+    handed: OnceLock<Instant>,
 }
 
 impl Progress {
@@ -59,10 +63,10 @@ impl Progress {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Completes once the whole body has been handed to the upstream
-    /// connection (at once if it already was). For one waiter, once.
-    pub async fn handed(&self) {
-        self.whole.notified().await
+    /// When the whole body had been handed to the upstream connection, if
+    /// it has been.
+    pub fn handed_at(&self) -> Option<Instant> {
+        self.handed.get().copied()
     }
 }
 
@@ -90,7 +94,8 @@ impl RequestBody {
     fn handed_whole(&mut self) {
         if let Some(p) = self.progress.take() {
             p.waiting.store(false, Ordering::Relaxed);
-            p.whole.notify_one();
+            // Now, on Tokio's clock.
+            let _ = p.handed.set(deadline_after(Duration::ZERO));
         }
     }
 }

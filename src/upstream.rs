@@ -124,9 +124,9 @@ impl Drop for Abandon<'_> {
     }
 }
 
-/// Checks of the body's progress per `body_timeout`: a stall is seen
-/// between `body_timeout` and `body_timeout × (1 + 1/STALL_CHECKS)` after
-/// the last byte moved.
+/// Checks of the body's progress per `body_timeout` (at least one per
+/// `upstream_timeout`): a stall is seen between `body_timeout` and
+/// `body_timeout × (1 + 1/STALL_CHECKS)` after the last byte moved.
 const STALL_CHECKS: u32 = 4;
 
 /// An idle connection is closed after this long unused.
@@ -310,8 +310,14 @@ impl Upstream {
 
     /// Hands `req` to `conn` and waits for the answer's head, on `timer`:
     /// while the body is being sent, a stall of `body_timeout`; then
-    /// `upstream_timeout`. The outer error is a timeout; the inner one is
-    /// hyper's. Unless the answer came, the connection is closed on return.
+    /// `upstream_timeout` from the moment it was handed over whole. The
+    /// outer error is a timeout; the inner one is hyper's. Unless the answer
+    /// came, the connection is closed on return.
+    ///
+    /// The body's progress is looked at when the timer fires, every `check`
+    /// (at most `upstream_timeout`, so the hand-over is seen before its
+    /// deadline): nothing wakes this call while a body streams, and a small
+    /// body, handed over at once, costs no wake-up at all.
     async fn exchange(
         &self,
         conn: &mut Conn,
@@ -324,12 +330,13 @@ impl Upstream {
         let mut abandon = Abandon(Some(&conn.task));
         let answer = conn.sender.try_send_request(req);
         tokio::pin!(answer);
-        let check_every = self.body_timeout / STALL_CHECKS;
+        let check = (self.body_timeout / STALL_CHECKS).min(self.timeout).max(Duration::from_millis(1));
+        let stalled_after = self.body_timeout.as_nanos().div_ceil(check.as_nanos());
         // The body being sent: its progress, bytes seen at the last check,
         // checks since they last moved.
         let mut sending = progress.map(|p| (p, 0, 0));
         if sending.is_some() {
-            timer.as_mut().reset(deadline_after(check_every));
+            timer.as_mut().reset(deadline_after(check));
         } else if fresh {
             timer.as_mut().reset(deadline_after(self.timeout));
         }
@@ -345,20 +352,21 @@ impl Upstream {
                     }
                     return Ok(result);
                 }
-                () = handed(progress), if sending.is_some() => {
-                    sending = None;
-                    timer.as_mut().reset(deadline_after(self.timeout));
-                }
                 () = &mut timer => {
                     let Some((p, seen, quiet)) = &mut sending else {
                         return Err(UpstreamError::Timeout(self.timeout));
                     };
+                    if let Some(at) = p.handed_at() {
+                        sending = None;
+                        timer.as_mut().reset(at + self.timeout);
+                        continue;
+                    }
                     let moved = p.moved();
                     if moved != *seen {
                         (*seen, *quiet) = (moved, 0);
                     } else {
                         *quiet += 1;
-                        if *quiet >= STALL_CHECKS {
+                        if *quiet >= stalled_after {
                             return Err(if p.waiting_on_client() {
                                 UpstreamError::ClientStalled(self.body_timeout)
                             } else {
@@ -366,7 +374,7 @@ impl Upstream {
                             });
                         }
                     }
-                    timer.as_mut().reset(deadline_after(check_every));
+                    timer.as_mut().reset(deadline_after(check));
                 }
             }
         }
@@ -404,15 +412,6 @@ fn add_pem_roots(roots: &mut RootCertStore, path: &Path) -> Result<(), String> {
         roots.add(c).map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
     }
     Ok(())
-}
-
-/// Completes once the body of `progress` has been handed over whole; never
-/// without a body.
-async fn handed(progress: Option<&Progress>) {
-    match progress {
-        Some(p) => p.handed().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// An exchange's error: the client's when its body failed (found in the
