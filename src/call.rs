@@ -38,6 +38,10 @@ pub struct Call {
     pub outcome: Outcome,
     /// WeChat's errcode, when its answer had one (0: success).
     pub errcode: Option<i64>,
+    /// Why wxgate refused the client's request (400, 408, 413), for the
+    /// access log: the errmsg the client got, which never quotes the query
+    /// or the body.
+    pub refusal: Option<String>,
     pub decision_us: Micros,
     pub upstream_us: Micros,
     pub held_us: Micros,
@@ -55,6 +59,7 @@ impl Call {
             admitted: None,
             outcome: Outcome::forwarded,
             errcode: None,
+            refusal: None,
             decision_us: 0,
             upstream_us: 0,
             held_us: 0,

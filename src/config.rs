@@ -62,7 +62,13 @@ pub struct Server {
     pub listen: SocketAddr,
     /// Base URL of WeChat (or a test mock); every forwarded call goes here and nowhere else.
     pub upstream: http::Uri,
+    /// How long a connection to the upstream may take, and how long the
+    /// upstream may take to start its answer once the whole request (body
+    /// included) has been handed to the connection.
     pub upstream_timeout: Duration,
+    /// Longest time without progress while a request body is being sent:
+    /// the client sending nothing (408) or the upstream taking nothing (504).
+    pub body_timeout: Duration,
     /// Extra PEM roots trusted for the upstream, on top of the public web roots.
     pub upstream_ca: Option<PathBuf>,
     /// Offset of `quota_timezone` from UTC.

@@ -1,10 +1,10 @@
 //! Every answer wxgate writes itself, in one place, WeChat-shaped:
 //! `{"errcode":N,"errmsg":"wxgate: ..."}` with an HTTP status that says
-//! what happened (400, 413, 429, 502, 503, 504). An SDK that reads the body
-//! of a non-2xx answer sees a WeChat errcode; one that turns every non-2xx
-//! status into a transport error (wechatpy, WxJava's Apache backend) does
-//! not: for those, a rule's `throttle_status = 200` makes refusals HTTP 200
-//! with the same body and headers (set in [`crate::proxy`]).
+//! what happened (400, 408, 413, 429, 502, 503, 504). An SDK that reads
+//! the body of a non-2xx answer sees a WeChat errcode; one that turns every
+//! non-2xx status into a transport error (wechatpy, WxJava's Apache
+//! backend) does not: for those, a rule's `throttle_status = 200` makes
+//! refusals HTTP 200 with the same body and headers (set in [`crate::proxy`]).
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
@@ -51,12 +51,14 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Upstream(UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_)) => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            ProxyError::Upstream(
+                UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::BodyStalled(_),
+            ) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream(UpstreamError::BodyTooLarge) | ProxyError::TooLarge(_) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
+            ProxyError::Upstream(UpstreamError::BadBody(_)) => StatusCode::BAD_REQUEST,
+            ProxyError::Upstream(UpstreamError::ClientStalled(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -65,7 +67,7 @@ impl ProxyError {
     fn errcode(&self) -> i64 {
         match self {
             ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => ERRCODE_BAD_REQUEST,
-            ProxyError::Upstream(UpstreamError::BodyTooLarge) => ERRCODE_BAD_REQUEST,
+            ProxyError::Upstream(e) if e.client_fault() => ERRCODE_BAD_REQUEST,
             ProxyError::Throttled { .. } => ERRCODE_THROTTLED,
             ProxyError::Upstream(_) | ProxyError::Unavailable(_) => ERRCODE_SYSTEM,
         }

@@ -32,6 +32,7 @@ pub mod penalty;
 pub mod proxy;
 pub mod ratelimit;
 pub mod reload;
+pub mod request_body;
 pub mod routes;
 pub mod server;
 pub mod slots;

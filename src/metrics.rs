@@ -25,7 +25,8 @@ pub enum Outcome {
     penalised,
     /// Shadow mode: would have been refused, was forwarded.
     shadow_throttled,
-    /// Malformed or refused request (400, 413).
+    /// Malformed or refused request, or a request body the client
+    /// malformed, cut short or stopped sending (400, 408, 413).
     rejected_bad_request,
     /// No decision could be made (503, `fallback = "deny"`).
     unavailable,

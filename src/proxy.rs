@@ -10,9 +10,16 @@
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered 429 here and never reaches WeChat.
 //! 5. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once. A
-//!    call that provably never reached WeChat (no connection) gives back
-//!    what its admission took before its 502/504 is answered.
+//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once
+//!    ([`crate::upstream`]: connecting within `upstream_timeout`; the body
+//!    for as long as it keeps moving, `body_timeout` without progress ends
+//!    it; then the answer's head within `upstream_timeout`). A call that
+//!    provably never reached WeChat (no connection) gives back what its
+//!    admission took before its 502/504 is answered. A body the client
+//!    malformed, cut short or stopped sending is the client's fault (400,
+//!    408; 413 past `max_body`): counted as `rejected_bad_request`, never as
+//!    an upstream error, and its admission is kept (WeChat may have had the
+//!    head and part of the body).
 //! 6. [`crate::inspect::inspect`]: WeChat's answer is read for its errcode;
 //!    a penalised one starts a penalty and reaches the client as 429 +
 //!    `Retry-After` with WeChat's body unchanged.
@@ -25,7 +32,6 @@
 use http::header::HOST;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Version};
-use http_body_util::Limited;
 use hyper::body::Incoming;
 
 use crate::activity::Kind;
@@ -41,8 +47,9 @@ use crate::inspect::{inspect, Forwarded};
 use crate::limit::{Key, Reason};
 use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
 use crate::ratelimit;
+use crate::request_body::RequestBody;
 use crate::routes;
-use crate::upstream::{strip_hop_by_hop, UpstreamError};
+use crate::upstream::strip_hop_by_hop;
 
 /// Header naming the WeChat account (appid / corpid alias) a call is for.
 pub const ACCOUNT_HEADER: &str = "x-wx-account";
@@ -192,9 +199,9 @@ pub async fn forward(
     parts.headers.remove(ACCOUNT);
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.name, Kind::InFlight));
-    let max_body = call.config.server.max_body as usize;
+    let body = RequestBody::new(body, call.config.server.max_body);
     let sent = Stopwatch::start();
-    let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body))).await;
+    let resp = upstream.send(Request::from_parts(parts, body)).await;
     call.upstream_us = sent.elapsed_us();
     if let Some(m) = &call.metrics {
         m.upstream.observe(call.upstream_us as f64 / 1e6);
@@ -207,13 +214,14 @@ pub async fn forward(
     Ok(Forwarded { resp: resp?, guards: (in_flight, activity) })
 }
 
-/// The call provably never reached WeChat ([`UpstreamError::never_sent`]):
-/// gives back what its admission took from the rule's limits, before the
-/// client hears of the failure. Only what the store debited: nothing for a
-/// shadow-mode call that would have been refused (it debited nothing) nor
-/// for a decision made by the fallback (`degraded`: Redis took nothing; a
-/// local fallback's count stays, on the safe side). Its concurrency slot is
-/// freed when the call ends, as for every call.
+/// The call provably never reached WeChat
+/// ([`crate::upstream::UpstreamError::never_sent`]): gives back what its
+/// admission took from the rule's limits, before the client hears of the
+/// failure. Only what the store debited: nothing for a shadow-mode call
+/// that would have been refused (it debited nothing) nor for a decision
+/// made by the fallback (`degraded`: Redis took nothing; a local fallback's
+/// count stays, on the safe side). Its concurrency slot is freed when the
+/// call ends, as for every call.
 async fn give_back(app: &App, call: &Call) {
     let (Some(rule), Some(admitted)) = (&call.rule, &call.admitted) else { return };
     if rule.limits.is_empty() || admitted.degraded || admitted.shadow_refusal.is_some() {
@@ -239,7 +247,7 @@ async fn give_back(app: &App, call: &Call) {
 fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     call.outcome = match &e {
         ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => Outcome::rejected_bad_request,
-        ProxyError::Upstream(UpstreamError::BodyTooLarge) => Outcome::rejected_bad_request,
+        ProxyError::Upstream(e) if e.client_fault() => Outcome::rejected_bad_request,
         ProxyError::Throttled { reason: Reason::Penalty, .. } => Outcome::penalised,
         ProxyError::Throttled { .. } => Outcome::throttled,
         ProxyError::Unavailable(_) => Outcome::unavailable,
@@ -247,6 +255,9 @@ fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     };
     if matches!(call.outcome, Outcome::upstream_error | Outcome::unavailable) {
         tracing::warn!(method = %call.method, path = %call.path, error = %e, "call failed");
+    }
+    if call.outcome == Outcome::rejected_bad_request {
+        call.refusal = Some(e.to_string());
     }
     let refused = match &e {
         ProxyError::Throttled { reason, wait_us, .. } => Some((*reason, *wait_us)),
@@ -279,6 +290,7 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
             outcome = call.outcome.as_str(),
             status = resp.status().as_u16(),
             errcode = call.errcode,
+            error = call.refusal.as_deref(),
             decision_ms = call.decision_us as f64 / 1000.0,
             upstream_ms = call.upstream_us as f64 / 1000.0,
             held_ms = call.held_us as f64 / 1000.0,

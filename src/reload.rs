@@ -62,6 +62,7 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
     if s.0.upstream != s.1.upstream
         || s.0.upstream_ca != s.1.upstream_ca
         || s.0.upstream_timeout != s.1.upstream_timeout
+        || s.0.body_timeout != s.1.body_timeout
     {
         app.upstream.store(Arc::new(Upstream::new(&next.server)?));
     }

@@ -271,6 +271,7 @@ fn toml_soup() -> impl Strategy<Value = String> {
         "max_body = \"0\"\n",
         "max_body = \"99999999999GiB\"\n",
         "header_timeout = \"0s\"\n",
+        "body_timeout = \"0s\"\n",
         "upstream_timeout = \"1 fortnight\"\n",
         "= ",
         "\"",
@@ -413,6 +414,7 @@ fn check_invariants(c: &Config) -> Result<(), TestCaseError> {
     prop_assert_eq!(c.routes.has_default(), c.rules.iter().any(|r| &*r.name == "default"));
     prop_assert!(c.server.max_body > 0);
     prop_assert!(!c.server.header_timeout.is_zero());
+    prop_assert!(!c.server.body_timeout.is_zero());
     Ok(())
 }
 

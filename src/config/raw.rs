@@ -33,6 +33,7 @@ pub(super) struct RawServer {
     pub listen: Option<String>,
     pub upstream: Option<String>,
     pub upstream_timeout: Option<String>,
+    pub body_timeout: Option<String>,
     pub upstream_ca: Option<PathBuf>,
     pub quota_timezone: Option<String>,
     pub max_held: Option<usize>,

@@ -22,6 +22,9 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 const DEFAULT_UPSTREAM: &str = "https://api.weixin.qq.com";
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Without progress for this long, a request body being sent ends the call.
+/// Generous: an upload only has to keep moving, however long it takes.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `[server]`.
 pub(super) fn server(raw: RawServer) -> Result<Server, String> {
@@ -54,6 +57,10 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
     if header_timeout.is_zero() {
         return Err("[server] header_timeout: must be more than 0".into());
     }
+    let body_timeout = duration("body_timeout", &raw.body_timeout, DEFAULT_BODY_TIMEOUT)?;
+    if body_timeout.is_zero() {
+        return Err("[server] body_timeout: must be more than 0".into());
+    }
     let max_body = match raw.max_body.as_deref() {
         None => DEFAULT_MAX_BODY,
         Some(t) => parse_size(t).map_err(|m| format!("[server] max_body: \"{t}\": {m}"))?,
@@ -80,6 +87,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         listen,
         upstream,
         upstream_timeout,
+        body_timeout,
         upstream_ca: raw.upstream_ca,
         quota_offset_us,
         max_held,

@@ -4,11 +4,14 @@
 //! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
 //! ([`wire`]), scratch directories ([`temp`]), upstream ports that refuse
-//! or stall connections ([`ports`]) and the memory store's state file
-//! ([`state_file`]); real WeChat SDKs as subprocesses ([`sdk`]). Every test binary does
+//! or stall connections ([`ports`]), the memory store's state file
+//! ([`state_file`]), request bodies with upstreams that record what became
+//! of them ([`bodies`]) and real WeChat SDKs as subprocesses ([`sdk`]).
+//! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
+pub mod bodies;
 pub mod config;
 pub mod poll;
 pub mod ports;
