@@ -4,7 +4,11 @@
 //!    400: wxgate is never an open proxy); a path no WeChat API can have
 //!    gets 400 ([`crate::routes::refusal`]); a declared body over `max_body`
 //!    gets 413.
-//! 2. [`identify`]: the account the call is for (`X-Wx-Account`).
+//! 2. [`identify`]: the account the call is for: `X-Wx-Account` or an
+//!    `@account` first path segment (split off by [`accept`]), else the
+//!    account its access token was issued to, else `default`
+//!    ([`crate::accounts`]); a token request's answer teaches the account
+//!    of its token.
 //! 3. [`route`]: path → rule ([`crate::routes`]).
 //! 4. [`decide`]: one store decision ([`crate::admit`]), then the call is
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
@@ -24,18 +28,19 @@
 
 use http::header::HOST;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Method, Request, Response, Version};
-use http_body_util::Limited;
+use http::{Method, Request, Response, Version};
+use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 
+pub use crate::accounts::ACCOUNT_HEADER;
+use crate::accounts::{self, ACCOUNT};
 use crate::activity::Kind;
 use crate::admit::admit;
 use crate::app::App;
 use crate::body::RelayBody;
-use crate::call::{Call, Early, DEFAULT_ACCOUNT};
+use crate::call::{Call, Early};
 use crate::client::Client;
 use crate::clock::Stopwatch;
-use crate::config::valid_account;
 use crate::error::{retry_after_secs, ProxyError};
 use crate::inspect::{inspect, Forwarded};
 use crate::limit::{Key, Reason};
@@ -43,10 +48,6 @@ use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
 use crate::ratelimit;
 use crate::routes;
 use crate::upstream::{strip_hop_by_hop, UpstreamError};
-
-/// Header naming the WeChat account (appid / corpid alias) a call is for.
-pub const ACCOUNT_HEADER: &str = "x-wx-account";
-const ACCOUNT: http::HeaderName = http::HeaderName::from_static(ACCOUNT_HEADER);
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
@@ -64,11 +65,11 @@ pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Respo
 async fn phases(
     app: &App,
     call: &mut Call,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     client: &Client,
 ) -> Result<Response<RelayBody>, Early> {
     let target = accept(call, &req)?;
-    identify(call, req.headers())?;
+    identify(app, call, &mut req, &target).await?;
     route(app, call);
     decide(app, call, client).await?;
     let answer = forward(app, call, req, target).await?;
@@ -76,8 +77,9 @@ async fn phases(
 }
 
 /// Phase 1: only origin-form requests to this proxy, with a body it may
-/// forward. Returns the path and query to send upstream, bytes unchanged.
-pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
+/// forward. Returns the path and query to send upstream, bytes unchanged
+/// but for an `@account` first segment, which goes to `call.named`.
+pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
     if req.method() == Method::CONNECT {
         return Err(ProxyError::BadRequest(
             "CONNECT is not served: wxgate only forwards to its configured upstream".into(),
@@ -93,6 +95,15 @@ pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Earl
     let target = match req.uri().path_and_query() {
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into()).into()),
+    };
+    let target = match accounts::split_prefix(&target) {
+        Ok(None) => target,
+        Ok(Some((account, rest))) => {
+            rest.path().clone_into(&mut call.path);
+            call.named = Some(account);
+            rest
+        }
+        Err(why) => return Err(ProxyError::BadRequest(why).into()),
     };
     // Before any rule is looked up: a path no WeChat API has never reaches
     // the limits nor WeChat (see `crate::routes`).
@@ -116,24 +127,16 @@ pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Earl
     Ok(target)
 }
 
-/// Phase 2: the account, from `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`),
-/// or `default`.
-pub fn identify(call: &mut Call, headers: &HeaderMap) -> Result<(), Early> {
-    let mut values = headers.get_all(ACCOUNT).iter();
-    let Some(value) = values.next() else {
-        DEFAULT_ACCOUNT.clone_into(&mut call.account);
-        return Ok(());
-    };
-    if values.next().is_some() {
-        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()).into());
-    }
-    match value.to_str() {
-        Ok(v) if valid_account(v) => {
-            v.clone_into(&mut call.account);
-            Ok(())
-        }
-        _ => Err(ProxyError::BadRequest("X-Wx-Account must be 1-64 characters of A-Z a-z 0-9 _ -".into()).into()),
-    }
+/// Phase 2: the account ([`crate::accounts`]: header or `@account`
+/// prefix, learned token, token request's appid, `default`). A token
+/// request's body is read here (it names the account).
+pub async fn identify(
+    app: &App,
+    call: &mut Call,
+    req: &mut Request<Incoming>,
+    target: &PathAndQuery,
+) -> Result<(), Early> {
+    Ok(accounts::identify(app, call, req, target).await?)
 }
 
 /// Phase 3: the rule of the call's path, and its metrics.
@@ -193,8 +196,13 @@ pub async fn forward(
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.name, Kind::InFlight));
     let max_body = call.config.server.max_body as usize;
+    // A token request's body was read by identify: sent as it came.
+    let body = match call.body.take() {
+        Some(read) => Either::Right(Full::new(read)),
+        None => Either::Left(Limited::new(body, max_body)),
+    };
     let sent = Stopwatch::start();
-    let resp = upstream.send(Request::from_parts(parts, Limited::new(body, max_body))).await;
+    let resp = upstream.send(Request::from_parts(parts, body)).await;
     call.upstream_us = sent.elapsed_us();
     if let Some(m) = &call.metrics {
         m.upstream.observe(call.upstream_us as f64 / 1e6);

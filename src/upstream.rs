@@ -18,10 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
-use http_body_util::{LengthLimitError, Limited};
+use http_body_util::{Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
@@ -63,7 +64,11 @@ impl UpstreamError {
     }
 }
 
-type Sender = SendRequest<Limited<Incoming>>;
+/// A forwarded request's body: the client's, streamed (cut at `max_body`),
+/// or one read whole before forwarding (a token request's).
+pub type ForwardBody = Either<Limited<Incoming>, Full<Bytes>>;
+
+type Sender = SendRequest<ForwardBody>;
 
 /// An idle connection is closed after this long unused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -190,7 +195,7 @@ impl Upstream {
 
     /// Sends one request (origin-form target, `Host` set by the caller), once,
     /// and returns the answer's head within `upstream_timeout`.
-    pub async fn send(&self, req: Request<Limited<Incoming>>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, req: Request<ForwardBody>) -> Result<Response<Incoming>, UpstreamError> {
         let pool = crate::worker::pick(&self.per_worker, &self.pool);
         let handed = AtomicBool::new(false);
         match tokio::time::timeout(self.timeout, self.send_on(pool, req, &handed)).await {
@@ -205,7 +210,7 @@ impl Upstream {
     async fn send_on(
         &self,
         pool: &Pool,
-        mut req: Request<Limited<Incoming>>,
+        mut req: Request<ForwardBody>,
         handed: &AtomicBool,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut pooled = pool.take();
