@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::accounts::cache::TokenCaches;
 use crate::activity::{Activity, Held};
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
@@ -32,6 +33,8 @@ pub struct App {
     pub held: Held,
     /// Held and in-flight calls per (account, rule), on this instance.
     pub activity: Arc<Activity>,
+    /// Access tokens this instance knows the account of, or knows unknown.
+    pub tokens: TokenCaches,
     pub reloads: Reloads,
     pub metrics: Metrics,
 }
@@ -64,6 +67,7 @@ impl App {
     ) -> Result<Arc<App>, String> {
         let upstream = Upstream::new(&config.server)?;
         let lease_us = config.lease_us;
+        let workers = config.server.workers;
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             store,
@@ -72,6 +76,7 @@ impl App {
             slots: Arc::new(Slots::new()),
             held: Held::default(),
             activity: Arc::default(),
+            tokens: TokenCaches::new(workers),
             reloads: Reloads::default(),
             metrics,
         });

@@ -32,6 +32,14 @@ impl RelayBody {
         RelayBody { inner: Inner::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }, _guards: Vec::new() }
     }
 
+    /// The whole body, when it was read whole (a sniffed JSON answer).
+    pub fn whole(&self) -> Option<&Bytes> {
+        match &self.inner {
+            Inner::Full(b) => b.as_ref(),
+            Inner::Stream { .. } => None,
+        }
+    }
+
     /// Keeps `guard` alive until this body is dropped.
     pub fn holding(mut self, guard: impl Send + Sync + 'static) -> Self {
         self._guards.push(Box::new(guard));

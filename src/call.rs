@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{Method, Response};
 
+use crate::accounts::learn::Learn;
 use crate::admit::Admitted;
 use crate::body::RelayBody;
 use crate::clock::Micros;
@@ -26,8 +28,15 @@ pub struct Call {
     /// The config this call runs under from start to end: a reload never
     /// changes it midway.
     pub config: Arc<Config>,
+    /// accept: the account an `@account` first path segment names (then
+    /// `path` is without it); taken by identify.
+    pub named: Option<String>,
     /// identify: the WeChat account (appid / corpid alias) the call is for.
     pub account: String,
+    /// identify: what a token request's answer will teach (`crate::accounts::learn`).
+    pub learn: Option<Learn>,
+    /// identify: a token request's body, read whole; forwarded as it is.
+    pub body: Option<Bytes>,
     /// route: the rule the path maps to (`None`: forwarded unthrottled).
     pub rule: Option<Arc<Rule>>,
     /// route: the rule's metrics (the `_none` series without a rule).
@@ -53,7 +62,10 @@ impl Call {
             method,
             path: path.to_owned(),
             config,
+            named: None,
             account: String::new(),
+            learn: None,
+            body: None,
             rule: None,
             metrics: None,
             admitted: None,

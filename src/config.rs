@@ -17,6 +17,7 @@ mod raw;
 mod settings;
 pub mod units;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -86,6 +87,10 @@ pub struct Server {
     pub admin_listen: Option<SocketAddr>,
     /// Bearer token required by the admin API (`/v1/...`), if set.
     pub admin_token: Option<String>,
+    /// `accounts`: the only accounts calls may count against (from any
+    /// source: header, `@account` prefix, learned token, `default`), and
+    /// the only ones tokens are learned for; `None`: any valid name.
+    pub accounts: Option<HashSet<String>>,
     /// Add `RateLimit-Policy` / `RateLimit` headers to answers.
     pub ratelimit_headers: bool,
     /// The HTTP status of wxgate's refusals (429, or 200 for SDKs that drop

@@ -13,6 +13,7 @@
 //! fallback` does ([`store::resilient`]).
 #![forbid(unsafe_code)]
 
+pub mod accounts;
 pub mod activity;
 pub mod admin;
 pub mod admit;

@@ -123,6 +123,11 @@ fn print_rules(config: &Config) {
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
     println!("{}: ok", config.source.display());
     println!("listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
+    if let Some(accounts) = &s.accounts {
+        let mut names: Vec<&str> = accounts.iter().map(String::as_str).collect();
+        names.sort_unstable();
+        println!("accounts {} (calls of any other account get 400)", names.join(", "));
+    }
     for p in &config.penalties {
         let length = match p.length {
             PenaltyLength::Escalating { base_us } => format!("{}s, doubling while it recurs", base_us / 1_000_000),

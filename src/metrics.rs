@@ -176,6 +176,11 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,
+    /// Calls that named no account and carried an access token wxgate did
+    /// not know: counted against `default`.
+    pub unknown_token_calls: Counter,
+    /// Access tokens learned from their token answers (and stored).
+    pub tokens_learned: Counter,
     pub memory_store: MemoryStoreMetrics,
 }
 
@@ -213,6 +218,8 @@ impl Metrics {
         let breaker_opened = Counter::default();
         let reloads = Family::<ResultLabel, Counter>::default();
         let refunds = Family::<RuleLabel, Counter>::default();
+        let unknown_token_calls = Counter::default();
+        let tokens_learned = Counter::default();
         let memory_store = MemoryStoreMetrics::default();
         // Both series from the start, so that 0 is visible (and alertable).
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
@@ -258,6 +265,16 @@ impl Metrics {
             "Calls that provably never reached WeChat (no connection) and gave back what they took from their rule's limits",
             refunds.clone(),
         );
+        registry.register(
+            "unknown_token_calls",
+            "Calls with an access token wxgate did not learn and neither X-Wx-Account nor an @ prefix: counted against default",
+            unknown_token_calls.clone(),
+        );
+        registry.register(
+            "tokens_learned",
+            "Access tokens learned from token answers that passed through (calls carrying one count against its appid)",
+            tokens_learned.clone(),
+        );
         let m = &memory_store;
         registry.register(
             "store_entries",
@@ -300,6 +317,8 @@ impl Metrics {
             breaker_opened,
             reloads,
             refunds,
+            unknown_token_calls,
+            tokens_learned,
             memory_store,
         }
     }

@@ -4,7 +4,11 @@
 //!    400: wxgate is never an open proxy); a path no WeChat API can have
 //!    gets 400 ([`crate::routes::refusal`]); a declared body over `max_body`
 //!    gets 413.
-//! 2. [`identify`]: the account the call is for (`X-Wx-Account`).
+//! 2. [`identify`]: the account the call is for: `X-Wx-Account` or an
+//!    `@account` first path segment (split off by [`accept`]), else the
+//!    account its access token was issued to, else `default`
+//!    ([`crate::accounts`]); a token request's answer teaches the account
+//!    of its token.
 //! 3. [`route`]: path → rule ([`crate::routes`]).
 //! 4. [`decide`]: one store decision ([`crate::admit`]), then the call is
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
@@ -31,17 +35,18 @@
 
 use http::header::HOST;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Method, Request, Response, Version};
+use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
 
+pub use crate::accounts::ACCOUNT_HEADER;
+use crate::accounts::{self, ACCOUNT};
 use crate::activity::Kind;
 use crate::admit::admit;
 use crate::app::App;
 use crate::body::RelayBody;
-use crate::call::{Call, Early, DEFAULT_ACCOUNT};
+use crate::call::{Call, Early};
 use crate::client::Client;
 use crate::clock::Stopwatch;
-use crate::config::valid_account;
 use crate::error::{retry_after_secs, ProxyError};
 use crate::inspect::{inspect, Forwarded};
 use crate::limit::{Key, Reason};
@@ -50,10 +55,6 @@ use crate::ratelimit;
 use crate::request_body::RequestBody;
 use crate::routes;
 use crate::upstream::strip_hop_by_hop;
-
-/// Header naming the WeChat account (appid / corpid alias) a call is for.
-pub const ACCOUNT_HEADER: &str = "x-wx-account";
-const ACCOUNT: http::HeaderName = http::HeaderName::from_static(ACCOUNT_HEADER);
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
@@ -71,11 +72,11 @@ pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Respo
 async fn phases(
     app: &App,
     call: &mut Call,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     client: &Client,
 ) -> Result<Response<RelayBody>, Early> {
     let target = accept(call, &req)?;
-    identify(call, req.headers())?;
+    identify(app, call, &mut req, &target).await?;
     route(app, call);
     decide(app, call, client).await?;
     let answer = forward(app, call, req, target).await?;
@@ -83,8 +84,9 @@ async fn phases(
 }
 
 /// Phase 1: only origin-form requests to this proxy, with a body it may
-/// forward. Returns the path and query to send upstream, bytes unchanged.
-pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
+/// forward. Returns the path and query to send upstream, bytes unchanged
+/// but for an `@account` first segment, which goes to `call.named`.
+pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
     if req.method() == Method::CONNECT {
         return Err(ProxyError::BadRequest(
             "CONNECT is not served: wxgate only forwards to its configured upstream".into(),
@@ -100,6 +102,15 @@ pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Earl
     let target = match req.uri().path_and_query() {
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into()).into()),
+    };
+    let target = match accounts::split_prefix(&target) {
+        Ok(None) => target,
+        Ok(Some((account, rest))) => {
+            rest.path().clone_into(&mut call.path);
+            call.named = Some(account);
+            rest
+        }
+        Err(why) => return Err(ProxyError::BadRequest(why).into()),
     };
     // Before any rule is looked up: a path no WeChat API has never reaches
     // the limits nor WeChat (see `crate::routes`).
@@ -123,24 +134,16 @@ pub fn accept(call: &Call, req: &Request<Incoming>) -> Result<PathAndQuery, Earl
     Ok(target)
 }
 
-/// Phase 2: the account, from `X-Wx-Account` (1–64 of `[A-Za-z0-9_-]`),
-/// or `default`.
-pub fn identify(call: &mut Call, headers: &HeaderMap) -> Result<(), Early> {
-    let mut values = headers.get_all(ACCOUNT).iter();
-    let Some(value) = values.next() else {
-        DEFAULT_ACCOUNT.clone_into(&mut call.account);
-        return Ok(());
-    };
-    if values.next().is_some() {
-        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()).into());
-    }
-    match value.to_str() {
-        Ok(v) if valid_account(v) => {
-            v.clone_into(&mut call.account);
-            Ok(())
-        }
-        _ => Err(ProxyError::BadRequest("X-Wx-Account must be 1-64 characters of A-Z a-z 0-9 _ -".into()).into()),
-    }
+/// Phase 2: the account ([`crate::accounts`]: header or `@account`
+/// prefix, learned token, token request's appid, `default`). A token
+/// request's body is read here (it names the account).
+pub async fn identify(
+    app: &App,
+    call: &mut Call,
+    req: &mut Request<Incoming>,
+    target: &PathAndQuery,
+) -> Result<(), Early> {
+    Ok(accounts::identify(app, call, req, target).await?)
 }
 
 /// Phase 3: the rule of the call's path, and its metrics.
@@ -199,7 +202,11 @@ pub async fn forward(
     parts.headers.remove(ACCOUNT);
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.name, Kind::InFlight));
-    let body = RequestBody::new(body, call.config.server.max_body);
+    // A token request's body was read whole by identify: sent as it came.
+    let body = match call.body.take() {
+        Some(read) => RequestBody::already_read(body, read),
+        None => RequestBody::new(body, call.config.server.max_body),
+    };
     let sent = Stopwatch::start();
     let resp = upstream.send(Request::from_parts(parts, body)).await;
     call.upstream_us = sent.elapsed_us();

@@ -74,6 +74,9 @@ impl Progress {
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Incoming,
+    /// A body read whole before forwarding (a token request's), sent
+    /// instead of `inner` (which has then ended).
+    read: Option<Bytes>,
     /// Bytes still allowed by `max_body`.
     left: u64,
     /// `None` without a body, and once it was handed over whole.
@@ -83,7 +86,13 @@ pub struct RequestBody {
 impl RequestBody {
     pub fn new(inner: Incoming, max_body: u64) -> RequestBody {
         let progress = (!inner.is_end_stream()).then(Arc::default);
-        RequestBody { inner, left: max_body, progress }
+        RequestBody { inner, read: None, left: max_body, progress }
+    }
+
+    /// `inner`, whose bytes were already read whole (`read`, within
+    /// `max_body`): those bytes are sent as they came.
+    pub fn already_read(inner: Incoming, read: Bytes) -> RequestBody {
+        RequestBody { inner, read: (!read.is_empty()).then_some(read), left: 0, progress: None }
     }
 
     /// The body's progress, if it has a body to send.
@@ -106,6 +115,9 @@ impl Body for RequestBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if let Some(read) = this.read.take() {
+            return Poll::Ready(Some(Ok(Frame::data(read))));
+        }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         let waiting = matches!(polled, Poll::Pending);
         if let Some(p) = &this.progress {
@@ -139,10 +151,13 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.read.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if let Some(read) = &self.read {
+            return SizeHint::with_exact(read.len() as u64);
+        }
         // As `http_body_util::Limited`: never more than what is left.
         let mut hint = self.inner.size_hint();
         if hint.lower() >= self.left {

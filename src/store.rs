@@ -23,11 +23,13 @@ pub mod memory;
 pub mod redis;
 pub mod resilient;
 pub mod state_file;
+pub mod tokens;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use self::tokens::{TokenHash, TokenOwner};
 use crate::clock::Micros;
 use crate::config::Fallback;
 use crate::limit::{Ask, Decision, Key, RuleState};
@@ -69,6 +71,20 @@ pub trait Store: Send + Sync + 'static {
     /// An access token was refreshed for `account`: warm-up starts again for
     /// its rules. `keep_us` is the longest warm-up of any rule.
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError>;
+
+    /// The hash this store knows `token` by ([`tokens`]); `None` while its
+    /// key is not known (Redis not reached since start): the token is then
+    /// unknown and nothing is learned.
+    fn token_hash(&self, token: &[u8]) -> Option<TokenHash>;
+
+    /// A token answer passed through: the token hashed to `hash` belongs to
+    /// `account` for `ttl_us` from now (its `expires_in`). Any instance's
+    /// [`Store::token_owner`] says so from then until it expires.
+    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError>;
+
+    /// The account the token hashed to `hash` was issued to, while the
+    /// mapping lasts; `None` if unknown or expired.
+    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError>;
 
     /// How decisions are being made right now.
     fn status(&self) -> Status;
@@ -179,4 +195,8 @@ pub enum StoreError {
     /// rule) pair is refused until some state goes idle.
     #[error("the embedded store is full ([store] max_entries = {0}): new account/rule pairs are refused until state goes idle")]
     Full(usize),
+    /// The embedded store holds this many learned access tokens, none
+    /// expired: a new one is not kept.
+    #[error("the embedded store holds {0} learned access tokens, none expired: this one is not kept")]
+    TokensFull(usize),
 }

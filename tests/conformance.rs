@@ -20,6 +20,7 @@ use wxgate::penalty::PenaltyPolicy;
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
+use wxgate::store::tokens::TokenOwner;
 use wxgate::store::{Snapshot, Store};
 
 const MS: i64 = 1_000;
@@ -46,6 +47,8 @@ enum Expect {
     State(&'static str, fn(&Snapshot) -> bool),
     /// A refund gave something back (or nothing).
     Gave(bool),
+    /// The token belongs to this account for this long still (or is unknown).
+    Owns(Option<(&'static str, i64)>),
     Any,
 }
 
@@ -56,6 +59,7 @@ enum Got {
     Penalty { until: i64, now: i64 },
     State(Snapshot),
     Refunded(bool),
+    Owner(Option<TokenOwner>),
     Done,
 }
 
@@ -83,6 +87,10 @@ enum Op {
     Inspect,
     /// The n-th admitted call never reached WeChat: give back what it took.
     Refund(usize),
+    /// A token answer passed through: this token belongs to this account for this long.
+    Learn(&'static str, &'static str, i64),
+    /// Whom does this token belong to?
+    Owner(&'static str),
 }
 
 struct Scenario {
@@ -492,6 +500,27 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "learned_tokens_expire_with_the_token",
+            start: T0,
+            limits: "[]",
+            extra: "",
+            steps: vec![
+                (Owner("t1"), Owns(None)),
+                (Learn("t1", "a", 7200 * SEC), Any),
+                (Owner("t1"), Owns(Some(("a", 7200 * SEC)))),
+                (Owner("t2"), Owns(None)),
+                (Wait(7200 * SEC - 1), Any),
+                (Owner("t1"), Owns(Some(("a", 1)))),
+                (Wait(1), Any),
+                (Owner("t1"), Owns(None)),
+                // A token answered again (for whatever account): the last answer holds.
+                (Learn("t1", "b", 60 * SEC), Any),
+                (Learn("t2", "a", 90 * SEC), Any),
+                (Owner("t1"), Owns(Some(("b", 60 * SEC)))),
+                (Owner("t2"), Owns(Some(("a", 90 * SEC)))),
+            ],
+        },
+        Scenario {
             name: "refunds_leave_penalties_and_slots_alone",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,
@@ -556,6 +585,10 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         (Until(left), Got::Penalty { until, now }) => (until - now).max(0) == left,
         (State(_, check), Got::State(snapshot)) => snapshot.now == now && check(snapshot),
         (Gave(want), Got::Refunded(given)) => *given == want,
+        (Owns(None), Got::Owner(None)) => true,
+        (Owns(Some((account, left))), Got::Owner(Some(owner))) => {
+            owner.account.ends_with(account) && owner.remaining_us() == left && owner.now == now
+        }
         _ => false,
     }
 }
@@ -570,6 +603,8 @@ fn describe(expect: Expect) -> String {
         State(what, _) => format!("state: {what}"),
         Gave(true) => "something given back".into(),
         Gave(false) => "nothing given back".into(),
+        Owns(None) => "an unknown token".into(),
+        Owns(Some((account, left))) => format!("a token of {account} for {left} us more"),
         Any => "anything".into(),
     }
 }
@@ -637,6 +672,15 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             }
             Inspect => Got::State(store.inspect(key).await.expect("store answered")),
             Refund(n) => Got::Refunded(store.refund(key, admitted[*n]).await.expect("store answered")),
+            Learn(token, account, ttl_us) => {
+                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                store.learn_token(&hash, &format!("{prefix}{account}"), *ttl_us).await.expect("store answered");
+                Got::Done
+            }
+            Owner(token) => {
+                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                Got::Owner(store.token_owner(&hash).await.expect("store answered"))
+            }
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

@@ -256,7 +256,7 @@ async fn sdk_clients_naming_their_account_in_a_header_are_limited_independently(
 }
 
 #[tokio::test]
-#[ignore = "needs @account and learned tokens (issue 14 items 2-3)"]
+
 async fn sdk_clients_with_different_account_base_urls_are_limited_independently() {
     let mock = token_issuing_mock().await;
     let wxa = rule("wxa").matching("/wxa/*").limit(100, "day");
@@ -289,7 +289,7 @@ async fn sdk_clients_with_different_account_base_urls_are_limited_independently(
 }
 
 #[tokio::test]
-#[ignore = "needs @account and learned tokens (issue 14 items 2-3)"]
+
 async fn calls_with_a_token_the_sdk_fetched_through_wxgate_count_against_its_appid() {
     let mock = token_issuing_mock().await;
     let gate = Gate::start(&mock, rule("menu").matching("/cgi-bin/menu/get").limit(100, "day")).await;

@@ -1,7 +1,8 @@
 //! Secrets never leak: the wxgate binary, logging at trace or debug level,
 //! serves calls that carry WeChat secrets in the query, the JSON body and the
 //! headers, through every kind of answer wxgate writes itself (429 from a
-//! limit or a penalty, 400, 413, 502, 504). Neither its logs nor any answer
+//! limit or a penalty, 400, 413, 502, 504), and one access token learned
+//! from its token answer, then used by a call that names another account. Neither its logs nor any answer
 //! it wrote (nor its admin endpoints) may contain a secret. WeChat's own
 //! answers are relayed unchanged and are not checked.
 
@@ -103,6 +104,11 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
             errcode_reply(45009)
         } else if rec.path_and_query.starts_with("/cgi-bin/hang") {
             Reply::Hang
+        } else if rec.path_and_query.starts_with("/cgi-bin/token?") {
+            Reply::Json {
+                body: r#"{"access_token":"SEKRIT_AT_1","expires_in":7200}"#.into(),
+                content_type: "text/plain",
+            }
         } else {
             ok_reply()
         }
@@ -119,6 +125,22 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     let send = "/cgi-bin/message/custom/send";
     let punished = "/cgi-bin/punished";
     let on_gate = vec![
+        // WeChat answers the token SEKRIT_AT_1, which wxgate learns for wx1234567890abcdef ...
+        Call {
+            label: "a token request",
+            request: format!(
+                "GET /cgi-bin/token?{QUERY}&appid=wx1234567890abcdef HTTP/1.1\r\nHost: wxgate\r\n{HEADERS}Connection: close\r\n\r\n"
+            )
+            .into_bytes(),
+            status: 200,
+            generated: false,
+        },
+        // ... and refuses when another account is named with it.
+        raw_call(
+            "the learned token, another account named",
+            format!("GET {send}?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nX-Wx-Account: wxOTHER\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
         get("first send, forwarded", send, 200, false),
         post("second send, over the day quota", send, BODY, 429, true),
         get("WeChat answers 45009", punished, 429, false),
@@ -170,7 +192,7 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
             }
         }
     }
-    assert_eq!(checked, 12);
+    assert_eq!(checked, 13);
     // The calls did carry the secrets: WeChat got them (so a clean log means something).
     let first = &mock.calls()[0];
     assert!(first.path_and_query.contains("SEKRIT_AT_1"), "{first:?}");

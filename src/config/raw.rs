@@ -42,6 +42,7 @@ pub(super) struct RawServer {
     pub max_body: Option<String>,
     pub admin_listen: Option<String>,
     pub admin_token: Option<String>,
+    pub accounts: Option<Vec<String>>,
     pub ratelimit_headers: Option<bool>,
     pub throttle_status: Option<u16>,
     pub workers: Option<usize>,

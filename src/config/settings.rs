@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::raw::{RawServer, RawStore};
 use super::units::{parse_duration, parse_offset, parse_size};
-use super::{Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig};
+use super::{valid_account, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MAX_HELD: usize = 10_000;
@@ -81,6 +81,20 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         Some(n) => return Err(format!("[server] workers: {n}: must be 1 to {MAX_WORKERS}")),
     };
     let throttle_status = throttle_status(raw.throttle_status).map_err(|m| format!("[server] {m}"))?;
+    let accounts = match raw.accounts {
+        None => None,
+        Some(list) if list.is_empty() => {
+            return Err(
+                "[server] accounts: an empty list refuses every call; leave the key out to allow any account".into()
+            )
+        }
+        Some(list) => match list.iter().find(|a| !valid_account(a)) {
+            Some(bad) => {
+                return Err(format!("[server] accounts: \"{bad}\" is not an account name (1-64 of A-Z a-z 0-9 _ -)"))
+            }
+            None => Some(list.into_iter().collect()),
+        },
+    };
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     check_admin_exposure(admin_listen, admin_token.is_some())?;
     Ok(Server {
@@ -96,6 +110,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         max_body,
         admin_listen,
         admin_token,
+        accounts,
         ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
         throttle_status: throttle_status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         workers,

@@ -12,6 +12,8 @@
 //! - **stays bounded**: idle state is dropped every 10 s without traffic
 //!   (and every 4096 operations on a shard), and at most `max_entries`
 //!   (account, rule) states are held (policy at [`MemoryStore::make_room`]).
+//!   Learned access tokens ([`super::tokens`]) go when they expire; at most
+//!   [`MAX_TOKENS`] are held.
 //!
 //! [`MemoryStore::new`] is the bare store (the Redis store's fallback, tests):
 //! no file, no cap, no background task.
@@ -26,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use async_trait::async_trait;
 
 use super::state_file::StateFile;
+use super::tokens::{TokenHash, TokenKey, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::limit::decide::{decide, refund};
@@ -40,6 +43,10 @@ const SWEEP_EVERY: u32 = 4096;
 const PRESSURE_EVERY_US: Micros = 1_000_000;
 /// "Store full" is logged at most this often.
 const FULL_LOG_EVERY_US: Micros = 10_000_000;
+/// Most learned access tokens held (about 100 bytes each). Tokens live two
+/// hours and an account has one or two at a time: room for a platform of
+/// several hundred thousand authorised accounts.
+pub const MAX_TOKENS: usize = 1_000_000;
 
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
@@ -52,6 +59,12 @@ pub struct MemoryStore {
     warm_keep_us: AtomicI64,
     /// `warm` changed since the last write of the state file.
     warm_dirty: AtomicBool,
+    /// What learned access tokens are hashed under: random per state file.
+    token_key: TokenKey,
+    /// Learned access tokens: hash → (account, until).
+    tokens: Mutex<rustc_hash::FxHashMap<TokenHash, (String, Micros)>>,
+    /// `tokens` changed since the last write of the state file.
+    tokens_dirty: AtomicBool,
     /// States held (all shards); may pass `max_entries` by the few pairs
     /// created at once, and by penalties, which always find room.
     entries: AtomicUsize,
@@ -105,7 +118,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl MemoryStore {
     /// The bare store: no state file, no cap, no background sweep.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        MemoryStore::build(clock, usize::MAX, 0, MemoryStoreMetrics::default(), None, Weak::new())
+        MemoryStore::build(clock, usize::MAX, 0, MemoryStoreMetrics::default(), None, Weak::new(), None)
     }
 
     fn build(
@@ -115,6 +128,7 @@ impl MemoryStore {
         metrics: MemoryStoreMetrics,
         file: Option<Durable>,
         me: Weak<MemoryStore>,
+        token_key: Option<TokenKey>,
     ) -> Self {
         MemoryStore {
             clock,
@@ -123,6 +137,9 @@ impl MemoryStore {
             warm: Mutex::default(),
             warm_keep_us: AtomicI64::new(0),
             warm_dirty: AtomicBool::new(false),
+            token_key: token_key.unwrap_or_else(TokenKey::random),
+            tokens: Mutex::default(),
+            tokens_dirty: AtomicBool::new(false),
             entries: AtomicUsize::new(0),
             max_entries,
             offset_us: AtomicI64::new(offset_us),
@@ -273,8 +290,19 @@ impl MemoryStore {
             self.warm_dirty.store(true, Ordering::Relaxed);
         }
         drop(warm);
+        self.drop_expired_tokens(now);
         self.metrics.entries.set(self.entries.load(Ordering::Relaxed) as i64);
         dropped
+    }
+
+    /// Drops the learned tokens expired at `now`.
+    fn drop_expired_tokens(&self, now: Micros) {
+        let mut tokens = lock(&self.tokens);
+        let before = tokens.len();
+        tokens.retain(|_, (_, until)| *until > now);
+        if tokens.len() != before {
+            self.tokens_dirty.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Number of (account, rule) states held; for tests and metrics.
@@ -361,6 +389,33 @@ impl Store for MemoryStore {
         self.warm_keep_us.fetch_max(keep_us, Ordering::Relaxed);
         self.warm_dirty.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
+        Some(self.token_key.hash(token))
+    }
+
+    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
+        let now = self.now();
+        let mut tokens = lock(&self.tokens);
+        if tokens.len() >= MAX_TOKENS && !tokens.contains_key(hash) {
+            tokens.retain(|_, (_, until)| *until > now);
+            if tokens.len() >= MAX_TOKENS {
+                return Err(StoreError::TokensFull(MAX_TOKENS));
+            }
+        }
+        tokens.insert(*hash, (account.to_owned(), now.saturating_add(ttl_us)));
+        self.tokens_dirty.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
+        let now = self.now();
+        Ok(lock(&self.tokens).get(hash).filter(|(_, until)| *until > now).map(|(account, until)| TokenOwner {
+            account: account.clone(),
+            until: *until,
+            now,
+        }))
     }
 
     fn status(&self) -> Status {

@@ -29,9 +29,10 @@ use async_trait::async_trait;
 use redis::Script;
 
 use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
-use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts};
+use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts, TokenOwnerReply};
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
+use super::tokens::{TokenHash, TokenKey, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
@@ -60,6 +61,9 @@ pub struct RedisStore {
     /// in another slot than the account's keys). `None`: not checked.
     epoch: ArcSwapOption<String>,
     epoch_key: String,
+    /// What access tokens are hashed under, once read from Redis
+    /// ([`RedisStore::load_token_key`]).
+    token_key: ArcSwapOption<TokenKey>,
     cluster: bool,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
     fixed_clock: Option<Arc<dyn Clock>>,
@@ -80,6 +84,7 @@ impl RedisStore {
             timeout: cfg.timeout,
             epoch: ArcSwapOption::empty(),
             epoch_key: Keys::new(&cfg.key_prefix).epoch(),
+            token_key: ArcSwapOption::empty(),
             cluster: !cfg.nodes.is_empty(),
             fixed_clock: None,
         };
@@ -95,6 +100,11 @@ impl RedisStore {
                         )))
                     }
                 };
+            }
+            // Not a reason to refuse to start (a read-only Redis takes no
+            // SET): the resilient wrapper asks again until it has it.
+            if let Err(e) = store.load_token_key().await {
+                tracing::debug!(error = %e, "cannot read the access-token key from Redis yet");
             }
         }
         Ok(store)
@@ -301,6 +311,30 @@ impl RedisStore {
         self.query(redis::cmd("GET").arg(&self.epoch_key).clone()).await
     }
 
+    /// Reads the deployment's access-token key (`<prefix>:#tokenkey`),
+    /// writing this instance's own key, or a new random one, if Redis has
+    /// none (first start, or Redis lost its data: every instance then
+    /// offers the key it had, and the first one written stays).
+    pub async fn load_token_key(&self) -> Result<(), StoreError> {
+        let name = self.keys.token_key();
+        let offer = self.token_key.load().as_deref().cloned().unwrap_or_else(TokenKey::random);
+        let set = redis::cmd("SET").arg(&name).arg(offer.to_hex()).arg("NX").clone();
+        self.query::<Option<String>>(set).await?;
+        let value: Option<String> = self.query(redis::cmd("GET").arg(&name).clone()).await?;
+        // The value is a secret: never in an error message.
+        let key = value.as_deref().and_then(TokenKey::from_hex).ok_or_else(|| StoreError::BadReply {
+            script: "GET <prefix>:#tokenkey",
+            reply: "not 64 hex digits".into(),
+        })?;
+        self.token_key.store(Some(Arc::new(key)));
+        Ok(())
+    }
+
+    /// Whether the access-token key has been read ([`RedisStore::load_token_key`]).
+    pub fn has_token_key(&self) -> bool {
+        self.token_key.load().is_some()
+    }
+
     /// Decide under `epoch` from now on: a decision that finds another one
     /// in Redis fails with [`StoreError::Lost`]. Ignored in a cluster.
     pub fn decide_under(&self, epoch: &str) {
@@ -386,6 +420,23 @@ impl Store for RedisStore {
         let mut inv = self.scripts.warm.key(self.keys.warm(account));
         inv.arg(self.now_arg()).arg((keep_us / 1000).max(1000));
         self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
+        self.token_key.load().as_deref().map(|k| k.hash(token))
+    }
+
+    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
+        let mut inv = self.scripts.learn_token.key(self.keys.token(hash));
+        inv.arg(self.now_arg()).arg(account).arg(ttl_us);
+        self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
+        let mut inv = self.scripts.token_owner.key(self.keys.token(hash));
+        inv.arg(self.now_arg());
+        let (account, until, now): TokenOwnerReply = self.run(inv).await?;
+        Ok((!account.is_empty()).then_some(TokenOwner { account, until, now }))
     }
 
     fn status(&self) -> Status {

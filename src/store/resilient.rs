@@ -27,6 +27,12 @@
 //!   admitted meanwhile: by then every other instance has found Redis again
 //!   (each probes every `breaker_open`) and added its own, so no decision on
 //!   Redis misses another instance's calls.
+//! - Learned access tokens live in Redis only. A lookup Redis cannot answer
+//!   says "unknown" (the call counts against `default`); a token learned
+//!   while Redis cannot take it is not shared (the caller logs it; this
+//!   instance's own cache, [`crate::accounts`], still knows it). The
+//!   access-token key is read at start and, until read, every second; when
+//!   Redis lost its data, this instance offers its key back.
 
 pub mod breaker;
 pub mod refusals;
@@ -43,6 +49,7 @@ use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
+use super::tokens::{TokenHash, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
@@ -54,6 +61,8 @@ use crate::penalty::{PenaltyPolicy, PenaltyState};
 const TICK: Duration = Duration::from_millis(100);
 /// How often the ledger drops what no longer matters.
 const PRUNE_EVERY: u32 = 100;
+/// How often (in ticks) the access-token key is asked for until it is read.
+const KEY_EVERY: u32 = 10;
 
 /// Counters the wrapper feeds (clones of the app's metrics).
 #[derive(Clone, Default)]
@@ -128,9 +137,23 @@ impl Resilient {
     }
 
     /// Reads the deployment's epoch and decides under it (writing one into
-    /// an empty Redis). Call once Redis answers, before serving.
+    /// an empty Redis), and reads the access-token key. Call once Redis
+    /// answers, before serving.
     pub async fn adopt_epoch(&self) -> Result<(), StoreError> {
-        self.check_epoch(None).await
+        self.check_epoch(None).await?;
+        // Read again every tick until it is there: not a reason to wait.
+        let _ = self.load_token_key().await;
+        Ok(())
+    }
+
+    /// Reads (or writes) the access-token key; see [`RedisStore::load_token_key`].
+    /// Outside the breaker: what decisions need is not at stake.
+    async fn load_token_key(&self) -> Result<(), StoreError> {
+        let loaded = self.redis.load_token_key().await;
+        if let Err(e) = &loaded {
+            tracing::debug!(error = %e, "cannot read the access-token key from Redis yet");
+        }
+        loaded
     }
 
     /// Every [`TICK`] while Redis answers: writes what Redis is missing and
@@ -154,6 +177,9 @@ impl Resilient {
                 }
                 if s.ledger.has_pending() {
                     s.write_pending().await;
+                }
+                if ticks % KEY_EVERY == 0 && !s.redis.has_token_key() {
+                    let _ = s.load_token_key().await;
                 }
             }
         });
@@ -192,6 +218,9 @@ impl Resilient {
                 self.start_grace(Duration::from_micros(left.min(grace) as u64));
             }
             self.write_pending().await;
+            // The access-token key went with the data: offer ours back, so
+            // that tokens hash as before on every instance.
+            let _ = self.load_token_key().await;
         }
         self.redis.decide_under(&epoch.value);
         *lock(&self.adopted) = Some(epoch.value);
@@ -501,6 +530,26 @@ impl Store for Resilient {
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
         self.local.token_refreshed(account, keep_us).await?;
         self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await
+    }
+
+    fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
+        self.redis.token_hash(token)
+    }
+
+    /// In Redis only; an error if Redis cannot take it (nothing is retried).
+    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
+        self.try_redis(|| self.redis.learn_token(hash, account, ttl_us)).await
+    }
+
+    /// From Redis; unknown (`None`) when Redis cannot answer.
+    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
+        match self.try_redis(|| self.redis.token_owner(hash)).await {
+            Ok(owner) => Ok(owner),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot look up an access token in Redis: counted as unknown");
+                Ok(None)
+            }
+        }
     }
 
     /// Gives Redis what this instance admitted without it, if Redis

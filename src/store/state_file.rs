@@ -18,7 +18,10 @@
 //!       "penalty": { "until": 1795925100000000, "started": 1795924800000000, "level": 1, "last_len": 300000000 },
 //!       "warm_start": 0, "last_call": 1795924800000000 }
 //!   ],
-//!   "token_refreshed": { "shop1": 1795924700000000 }
+//!   "token_refreshed": { "shop1": 1795924700000000 },
+//!   "token_key": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+//!   "tokens": [ { "hash": "5bdcc146bf60754e6a042426089575c7", "account": "wx1234567890abcdef",
+//!                 "until": 1795932000000000 } ]
 //! }
 //! ```
 //!
@@ -32,8 +35,11 @@
 //! admitted call; and the longest warm-up of the rule versions that used it.
 //! Concurrency slots are not kept: their holders were calls of the process
 //! that wrote the file. `token_refreshed` is the last access-token refresh
-//! per account (warm-up restarts from it). A file of another `format` or
-//! `version` is unreadable to this wxgate.
+//! per account (warm-up restarts from it). `tokens` are the learned access
+//! tokens ([`crate::store::tokens`]): each token's keyed hash under
+//! `token_key` (never the token), the account it was issued to and when it
+//! expires; both keys may be missing (a file from before them: a new key is
+//! made). A file of another `format` or `version` is unreadable to this wxgate.
 //!
 //! # Writing
 //!
@@ -67,6 +73,7 @@ use crate::calendar::Period;
 use crate::clock::Micros;
 use crate::limit::{LimitState, RuleState, WindowKey};
 use crate::penalty::PenaltyState;
+use crate::store::tokens::{TokenHash, TokenKey};
 
 const FORMAT: &str = "wxgate-state";
 /// The format this wxgate writes and reads.
@@ -90,6 +97,17 @@ pub struct Saved {
     pub pairs: Vec<Pair>,
     /// Last access-token refresh per account.
     pub token_refreshed: Vec<(String, Micros)>,
+    /// What `tokens` are hashed under (`None`: none written yet).
+    pub token_key: Option<TokenKey>,
+    pub tokens: Vec<Learned>,
+}
+
+/// A learned access token: its hash, its account, when it expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Learned {
+    pub hash: TokenHash,
+    pub account: String,
+    pub until: Micros,
 }
 
 impl Saved {
@@ -102,6 +120,7 @@ impl Saved {
         let before = self.pairs.len();
         self.pairs.retain(|p| !p.state.is_idle(now, offset_us, p.warmup_us));
         self.token_refreshed.retain(|(_, at)| at.saturating_add(keep_warm_us) > now);
+        self.tokens.retain(|t| t.until > now);
         before - self.pairs.len()
     }
 }
@@ -121,6 +140,19 @@ struct FileV1<'a> {
     pairs: Vec<FilePair<'a>>,
     #[serde(borrow, default)]
     token_refreshed: BTreeMap<Cow<'a, str>, Micros>,
+    #[serde(borrow, default)]
+    token_key: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tokens: Vec<FileToken<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileToken<'a> {
+    #[serde(borrow)]
+    hash: Cow<'a, str>,
+    #[serde(borrow)]
+    account: Cow<'a, str>,
+    until: Micros,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -180,12 +212,16 @@ struct FileOut<'a>(&'a Saved);
 impl Serialize for FileOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let saved = self.0;
-        let mut file = s.serialize_struct("FileV1", 5)?;
+        let mut file = s.serialize_struct("FileV1", 7)?;
         file.serialize_field("format", FORMAT)?;
         file.serialize_field("version", &VERSION)?;
         file.serialize_field("saved_at_us", &saved.saved_at_us)?;
         file.serialize_field("pairs", &Pairs(&saved.pairs))?;
         file.serialize_field("token_refreshed", &Tokens(&saved.token_refreshed))?;
+        if let Some(key) = &saved.token_key {
+            file.serialize_field("token_key", &key.to_hex())?;
+        }
+        file.serialize_field("tokens", &LearnedTokens(&saved.tokens))?;
         file.end()
     }
 }
@@ -203,6 +239,18 @@ struct Tokens<'a>(&'a [(String, Micros)]);
 impl Serialize for Tokens<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_map(self.0.iter().map(|(account, at)| (account, at)))
+    }
+}
+
+struct LearnedTokens<'a>(&'a [Learned]);
+
+impl Serialize for LearnedTokens<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|t| FileToken {
+            hash: Cow::Owned(t.hash.to_hex()),
+            account: Cow::Borrowed(&t.account),
+            until: t.until,
+        }))
     }
 }
 
@@ -281,7 +329,23 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
         })
         .collect();
     let token_refreshed = file.token_refreshed.into_iter().map(|(a, t)| (a.into_owned(), t)).collect();
-    Ok(Saved { saved_at_us: file.saved_at_us, pairs, token_refreshed })
+    let token_key = match file.token_key {
+        None => None,
+        Some(hex) => Some(
+            TokenKey::from_hex(&hex)
+                .ok_or_else(|| "unreadable state file (token_key is not 64 hex digits)".to_owned())?,
+        ),
+    };
+    let tokens = file
+        .tokens
+        .into_iter()
+        .map(|t| {
+            let hash = TokenHash::from_hex(&t.hash)
+                .ok_or_else(|| "unreadable state file (a token's hash is not 32 hex digits)".to_owned())?;
+            Ok(Learned { hash, account: t.account.into_owned(), until: t.until })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Saved { saved_at_us: file.saved_at_us, pairs, token_refreshed, token_key, tokens })
 }
 
 /// Another process holds the state file's lock.
@@ -425,6 +489,8 @@ mod tests {
                 pair("\"odd\" \u{1F600}", counted(today, 1)),
             ],
             token_refreshed: vec![("shop-1".into(), NOW - S)],
+            token_key: Some(TokenKey::random()),
+            tokens: vec![Learned { hash: TokenKey::random().hash(b"TOKEN"), account: "wxA".into(), until: NOW + H }],
         };
         let bytes = encode(&saved);
         assert_eq!(decode(&bytes), Ok(saved));
@@ -449,6 +515,11 @@ mod tests {
         assert_eq!(decode(v2.as_bytes()), Err("state file version 2 (this wxgate reads version 1)".into()));
         let bad = String::from_utf8(whole).expect("UTF-8").replace(r#""used":1"#, r#""used":"x""#);
         assert!(decode(bad.as_bytes()).unwrap_err().starts_with("unreadable state file"));
+        // Written before learned tokens: read without them.
+        let older = decode(br#"{"format":"wxgate-state","version":1,"saved_at_us":0,"pairs":[]}"#).expect("older file");
+        assert_eq!((older.token_key, older.tokens), (None, vec![]));
+        let bad_key = br#"{"format":"wxgate-state","version":1,"saved_at_us":0,"pairs":[],"token_key":"00"}"#;
+        assert_eq!(decode(bad_key), Err("unreadable state file (token_key is not 64 hex digits)".into()));
     }
 
     #[test]
@@ -479,12 +550,19 @@ mod tests {
                 Pair { warmup_us: 5 * S, ..pair("warmed-up", warming) },
             ],
             token_refreshed: vec![("fresh".into(), NOW - 10 * S), ("stale".into(), NOW - 100 * S)],
+            tokens: vec![
+                Learned { hash: TokenHash([1; 16]), account: "live".into(), until: NOW + 1 },
+                Learned { hash: TokenHash([2; 16]), account: "expired".into(), until: NOW },
+            ],
+            ..Saved::default()
         };
         let dropped = saved.drop_stale(NOW, BEIJING, 60 * S);
         let kept: Vec<&str> = saved.pairs.iter().map(|p| p.account.as_str()).collect();
         assert_eq!(kept, ["today", "live-penalty", "recent-penalty", "window-busy", "warming-up"]);
         assert_eq!(dropped, 4);
         assert_eq!(saved.token_refreshed, vec![("fresh".to_owned(), NOW - 10 * S)]);
+        let tokens: Vec<&str> = saved.tokens.iter().map(|t| t.account.as_str()).collect();
+        assert_eq!(tokens, ["live"]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::MemoryConfig;
 use crate::limit::RuleState;
 use crate::metrics::{FileOp, MemoryStoreMetrics};
-use crate::store::state_file::{decode, encode_to, Pair, Saved, StateFile};
+use crate::store::state_file::{decode, encode_to, Learned, Pair, Saved, StateFile};
 
 /// How often idle state is dropped without traffic.
 const SWEEP_PERIOD: Duration = Duration::from_secs(10);
@@ -60,8 +60,9 @@ impl MemoryStore {
         let saved = file.as_ref().and_then(|f| load(f, now, offset_us, keep_warm_us, &metrics));
         let durable = file.map(|file| Durable { file, writing: Mutex::new(Writer::default()) });
         let persists = durable.is_some();
+        let token_key = saved.as_ref().and_then(|s| s.token_key.clone());
         let store = Arc::new_cyclic(|me| {
-            MemoryStore::build(clock, config.max_entries, offset_us, metrics, durable, me.clone())
+            MemoryStore::build(clock, config.max_entries, offset_us, metrics, durable, me.clone(), token_key)
         });
         if let Some(saved) = saved {
             store.restore(saved, keep_warm_us);
@@ -83,6 +84,7 @@ impl MemoryStore {
             }
         }
         lock(&self.warm).extend(saved.token_refreshed);
+        lock(&self.tokens).extend(saved.tokens.into_iter().map(|t| (t.hash, (t.account, t.until))));
         self.warm_keep_us.fetch_max(keep_warm_us, Ordering::Relaxed);
         if n > self.max_entries {
             tracing::warn!(
@@ -146,7 +148,10 @@ impl MemoryStore {
     /// shard is locked in turn for one pass, and marked unchanged.
     fn snapshot(&self, now: Micros, always: bool) -> Option<Saved> {
         use std::sync::atomic::Ordering;
-        let changed = always || self.warm_dirty.load(Ordering::Relaxed) || self.shards.iter().any(|s| lock(s).dirty);
+        let changed = always
+            || self.warm_dirty.load(Ordering::Relaxed)
+            || self.tokens_dirty.load(Ordering::Relaxed)
+            || self.shards.iter().any(|s| lock(s).dirty);
         if !changed {
             return None;
         }
@@ -173,7 +178,13 @@ impl MemoryStore {
         // Cleared before the read: a refresh meanwhile marks it again.
         self.warm_dirty.store(false, Ordering::Relaxed);
         let token_refreshed = lock(&self.warm).iter().map(|(a, t)| (a.clone(), *t)).collect();
-        Some(Saved { saved_at_us: now, pairs, token_refreshed })
+        self.tokens_dirty.store(false, Ordering::Relaxed);
+        let tokens = lock(&self.tokens)
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(hash, (account, until))| Learned { hash: *hash, account: account.clone(), until: *until })
+            .collect();
+        Some(Saved { saved_at_us: now, pairs, token_refreshed, token_key: Some(self.token_key.clone()), tokens })
     }
 }
 

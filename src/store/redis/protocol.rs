@@ -14,6 +14,7 @@ use redis::Script;
 use crate::clock::Micros;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState};
 use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
+use crate::store::tokens::TokenHash;
 use crate::store::StoreError;
 
 /// Each script is loaded with the shared prelude (`lua/prelude.lua`: the
@@ -34,6 +35,8 @@ pub const INSPECT_LUA: &str = script!("inspect.lua");
 pub const EPOCH_LUA: &str = script!("epoch.lua");
 pub const RECONCILE_LUA: &str = script!("reconcile.lua");
 pub const REFUND_LUA: &str = script!("refund.lua");
+pub const LEARN_TOKEN_LUA: &str = script!("learn_token.lua");
+pub const TOKEN_OWNER_LUA: &str = script!("token_owner.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -46,6 +49,8 @@ pub struct Scripts {
     pub epoch: Script,
     pub reconcile: Script,
     pub refund: Script,
+    pub learn_token: Script,
+    pub token_owner: Script,
 }
 
 impl Scripts {
@@ -60,10 +65,12 @@ impl Scripts {
             epoch: Script::new(EPOCH_LUA),
             reconcile: Script::new(RECONCILE_LUA),
             refund: Script::new(REFUND_LUA),
+            learn_token: Script::new(LEARN_TOKEN_LUA),
+            token_owner: Script::new(TOKEN_OWNER_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 9] {
+    pub fn all(&self) -> [&Script; 11] {
         [
             &self.acquire,
             &self.penalise,
@@ -74,6 +81,8 @@ impl Scripts {
             &self.epoch,
             &self.reconcile,
             &self.refund,
+            &self.learn_token,
+            &self.token_owner,
         ]
     }
 }
@@ -132,6 +141,18 @@ impl Keys {
     /// `<prefix>:#epoch`: the deployment's epoch (lua/epoch.lua).
     pub fn epoch(&self) -> String {
         format!("{}:#epoch", self.prefix)
+    }
+
+    /// `<prefix>:#tokenkey`: what access tokens are hashed under, written
+    /// once by the first instance (`SET NX`), read by every other.
+    pub fn token_key(&self) -> String {
+        format!("{}:#tokenkey", self.prefix)
+    }
+
+    /// `<prefix>:#token:<hash>`: the account a learned access token
+    /// belongs to (lua/learn_token.lua, lua/token_owner.lua).
+    pub fn token(&self, hash: &TokenHash) -> String {
+        format!("{}:#token:{}", self.prefix, hash.to_hex())
     }
 }
 
@@ -280,6 +301,9 @@ pub fn parse_until(script: &'static str, reply: &[i64]) -> Result<(Micros, Micro
 
 /// epoch.lua's answer: the epoch, when it was written, and now.
 pub type EpochReply = (String, i64, i64);
+
+/// token_owner.lua's answer: the account ("" if unknown), until, now.
+pub type TokenOwnerReply = (String, i64, i64);
 
 /// The arguments of reconcile.lua after now: offset, penalty, counts.
 pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::store::ledger::Pending) {
