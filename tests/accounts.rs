@@ -448,3 +448,26 @@ async fn after_redis_loses_its_data_every_instance_hashes_tokens_alike() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_prefix_counts_against_that_account_across_instances_sharing_redis() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()))
+        .with(rule("send").matching(SEND).limit_burst(2, "1m", 2));
+    let one = Gate::start_real_text(&config).await;
+    let two = Gate::start_real_text(&config).await;
+    assert_eq!(one.get(&format!("/@wxC{SEND}?access_token=T")).await.status, 200);
+    assert_eq!(two.get(&format!("/%40wxC{SEND}?access_token=T")).await.status, 200);
+    let third = one.get(&format!("/@wxC{SEND}?access_token=T")).await;
+    assert_eq!(third.status, 429, "wxC's 2 per minute are spent across both instances: {}", third.text());
+    assert_eq!(two.get(&format!("/@wxD{SEND}?access_token=T")).await.status, 200, "wxD has its own limit");
+    for gate in [&one, &two] {
+        assert_eq!(tokens_left(gate, "wxC", "send").await, 0);
+        assert_eq!(tokens_left(gate, "wxD", "send").await, 1);
+        assert_eq!(tokens_left(gate, "default", "send").await, 2, "nothing went to default");
+    }
+    let seen: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
+    assert_eq!(seen, vec![format!("{SEND}?access_token=T"); 3], "WeChat sees the paths without the prefix");
+}
