@@ -17,10 +17,10 @@
 //! naming it. With `[server] accounts`, a call whose account (from any
 //! source) is not listed is refused too.
 //!
-//! Cost: a call without a token hashes nothing; a call with one hashes it
-//! (HMAC, [`crate::store::tokens`]) and looks it up in its serving thread's
-//! cache ([`cache`]); the store is asked only when the cache has no answer.
-//! The token never leaves the call: not in logs, answers or the store.
+//! Cost: a call without a token looks up nothing; a call with one looks it
+//! up in its serving thread's cache ([`cache`]). Only when the cache has no
+//! answer is it hashed (HMAC, [`crate::store::tokens`]) and the store asked.
+//! The token never leaves the process: not in logs, answers or the store.
 
 pub mod cache;
 pub mod learn;
@@ -169,27 +169,27 @@ pub async fn identify(
 /// The account `token` was issued to, if known: from this thread's cache,
 /// else from the store (then cached, known or not).
 async fn owner(app: &App, token: &[u8]) -> Option<Arc<str>> {
-    let hash = app.store.token_hash(token)?;
     let now = app.clock.now_us();
     let cache = app.tokens.here();
-    match cache.get(&hash, now) {
+    match cache.get(token, now) {
         Cached::Owner(account) => return Some(account),
         Cached::Unknown => return None,
         Cached::Miss => {}
     }
+    let hash = app.store.token_hash(token)?;
     match app.store.token_owner(&hash).await {
         Ok(Some(owner)) => {
             let account: Arc<str> = Arc::from(owner.account.as_str());
-            cache.known(hash, account.clone(), now.saturating_add(owner.remaining_us()), now);
+            cache.known(token, account.clone(), now.saturating_add(owner.remaining_us()), now);
             Some(account)
         }
         Ok(None) => {
-            cache.unknown(hash, now);
+            cache.unknown(token, now);
             None
         }
         Err(e) => {
             tracing::debug!(error = %e, "cannot look up an access token: counted as unknown");
-            cache.unknown(hash, now);
+            cache.unknown(token, now);
             None
         }
     }

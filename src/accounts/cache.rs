@@ -2,7 +2,10 @@
 //! carrying a token asks the store about it at most once while the answer
 //! holds. Known tokens are kept until they expire; unknown ones for
 //! [`UNKNOWN_FOR_US`], so that a token learned elsewhere is found soon
-//! after. Keyed by the token's hash ([`TokenHash`]), never the token.
+//! after. Keyed by the token itself, in this process's memory only (where
+//! every request carrying it already is): a call whose token is cached is
+//! not hashed at all; the keyed hash ([`crate::store::tokens::TokenHash`])
+//! is computed only to ask or tell the store, which never sees the token.
 //!
 //! One cache per serving thread ([`crate::worker`]), like the upstream pool:
 //! a service sends most of its calls with one token, and a cache shared by
@@ -11,16 +14,15 @@
 //!
 //! Bounded: each cache holds at most [`MAX_KNOWN`] known and
 //! [`MAX_UNKNOWN`] unknown tokens; a full one first drops what has expired,
-//! then arbitrary entries (the keys are HMAC outputs: arbitrary is random,
-//! and nobody can aim at one). A lookup takes one uncontended lock and
-//! allocates nothing.
+//! then arbitrary entries (a hash map's iteration order, which a client
+//! cannot predict). A lookup takes one uncontended lock and allocates
+//! nothing.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
 use crate::clock::Micros;
-use crate::store::tokens::TokenHash;
 
 /// How long "this token is unknown" is believed without asking again.
 pub const UNKNOWN_FOR_US: Micros = 5_000_000;
@@ -57,22 +59,22 @@ impl TokenCaches {
         crate::worker::pick(&self.per_worker, &self.shared)
     }
 
-    /// A token answer passed through: the token hashed to `hash` belongs to
-    /// `account` until `until`, in every thread's cache.
-    pub fn learned(&self, hash: TokenHash, account: &str, until: Micros, now: Micros) {
+    /// A token answer passed through: `token` belongs to `account` until
+    /// `until`, in every thread's cache.
+    pub fn learned(&self, token: &[u8], account: &str, until: Micros, now: Micros) {
         let account: Arc<str> = Arc::from(account);
         for cache in self.per_worker.iter().chain(std::iter::once(&self.shared)) {
-            cache.known(hash, account.clone(), until, now);
+            cache.known(token, account.clone(), until, now);
         }
     }
 }
 
 #[derive(Default)]
 struct Maps {
-    /// hash → (account, until).
-    known: FxHashMap<TokenHash, (Arc<str>, Micros)>,
-    /// hash → believed unknown until.
-    unknown: FxHashMap<TokenHash, Micros>,
+    /// token → (account, until).
+    known: FxHashMap<Box<[u8]>, (Arc<str>, Micros)>,
+    /// token → believed unknown until.
+    unknown: FxHashMap<Box<[u8]>, Micros>,
 }
 
 /// One thread's cache.
@@ -87,39 +89,39 @@ impl TokenCache {
         self.maps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What is known of the token hashed to `hash` at `now`.
-    pub fn get(&self, hash: &TokenHash, now: Micros) -> Cached {
+    /// What is known of `token` at `now`.
+    pub fn get(&self, token: &[u8], now: Micros) -> Cached {
         let mut maps = self.maps();
-        if let Some((account, until)) = maps.known.get(hash) {
+        if let Some((account, until)) = maps.known.get(token) {
             if *until > now {
                 return Cached::Owner(account.clone());
             }
-            maps.known.remove(hash);
+            maps.known.remove(token);
             return Cached::Miss;
         }
-        match maps.unknown.get(hash) {
+        match maps.unknown.get(token) {
             Some(until) if *until > now => Cached::Unknown,
             Some(_) => {
-                maps.unknown.remove(hash);
+                maps.unknown.remove(token);
                 Cached::Miss
             }
             None => Cached::Miss,
         }
     }
 
-    /// The token hashed to `hash` belongs to `account` until `until`.
-    pub fn known(&self, hash: TokenHash, account: Arc<str>, until: Micros, now: Micros) {
+    /// `token` belongs to `account` until `until`.
+    pub fn known(&self, token: &[u8], account: Arc<str>, until: Micros, now: Micros) {
         let mut maps = self.maps();
-        maps.unknown.remove(&hash);
+        maps.unknown.remove(token);
         make_room(&mut maps.known, MAX_KNOWN, |(_, u)| *u > now);
-        maps.known.insert(hash, (account, until));
+        maps.known.insert(token.into(), (account, until));
     }
 
-    /// The store does not know the token hashed to `hash` (at `now`).
-    pub fn unknown(&self, hash: TokenHash, now: Micros) {
+    /// The store does not know `token` (at `now`).
+    pub fn unknown(&self, token: &[u8], now: Micros) {
         let mut maps = self.maps();
         make_room(&mut maps.unknown, MAX_UNKNOWN, |u| *u > now);
-        maps.unknown.insert(hash, now.saturating_add(UNKNOWN_FOR_US));
+        maps.unknown.insert(token.into(), now.saturating_add(UNKNOWN_FOR_US));
     }
 }
 
@@ -127,14 +129,14 @@ impl TokenCache {
 /// are no longer `live`, then, if that was not enough, arbitrary ones down
 /// to three quarters of `cap`, so that a flood of new tokens costs one pass
 /// over the map per `cap / 4` of them, not one per token.
-fn make_room<V>(map: &mut FxHashMap<TokenHash, V>, cap: usize, live: impl Fn(&V) -> bool) {
+fn make_room<V>(map: &mut FxHashMap<Box<[u8]>, V>, cap: usize, live: impl Fn(&V) -> bool) {
     if map.len() < cap {
         return;
     }
     map.retain(|_, v| live(v));
     let keep = cap - cap / 4;
     if map.len() > keep {
-        let gone: Vec<TokenHash> = map.keys().take(map.len() - keep).copied().collect();
+        let gone: Vec<Box<[u8]>> = map.keys().take(map.len() - keep).cloned().collect();
         for k in gone {
             map.remove(&k);
         }
@@ -145,8 +147,8 @@ fn make_room<V>(map: &mut FxHashMap<TokenHash, V>, cap: usize, live: impl Fn(&V)
 mod tests {
     use super::*;
 
-    fn h(n: u8) -> TokenHash {
-        TokenHash([n; 16])
+    fn h(n: u8) -> Box<[u8]> {
+        vec![n; 16].into()
     }
 
     #[test]
@@ -154,12 +156,12 @@ mod tests {
         let caches = TokenCaches::new(2);
         let cache = caches.here();
         assert_eq!(cache.get(&h(1), 0), Cached::Miss);
-        cache.unknown(h(1), 0);
+        cache.unknown(&h(1), 0);
         assert_eq!(cache.get(&h(1), UNKNOWN_FOR_US - 1), Cached::Unknown);
         assert_eq!(cache.get(&h(1), UNKNOWN_FOR_US), Cached::Miss);
-        cache.unknown(h(1), 0);
+        cache.unknown(&h(1), 0);
         // Learned meanwhile: known at once.
-        caches.learned(h(1), "wxA", 100, 10);
+        caches.learned(&h(1), "wxA", 100, 10);
         assert_eq!(cache.get(&h(1), 99), Cached::Owner(Arc::from("wxA")));
         assert_eq!(cache.get(&h(1), 100), Cached::Miss);
         assert_eq!(cache.get(&h(1), 50), Cached::Miss, "an expired entry is gone");

@@ -216,7 +216,7 @@ pub async fn learn(app: &App, config: &Config, learn: Learn, answer: &[u8]) {
         return;
     };
     let now = app.clock.now_us();
-    app.tokens.learned(hash, &owner, now.saturating_add(ttl_us), now);
+    app.tokens.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
     match app.store.learn_token(&hash, &owner, ttl_us).await {
         Ok(()) => {
             app.metrics.tokens_learned.inc();
