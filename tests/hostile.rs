@@ -5,21 +5,14 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
+use support::bodies::{chunked_body, StrictUpstream};
 use support::*;
 
 const SEND: &str = "/cgi-bin/message/custom/send";
@@ -27,52 +20,6 @@ const SEND: &str = "/cgi-bin/message/custom/send";
 /// A rule without limits on [`SEND`].
 fn send_rule() -> RuleToml {
     rule("send").matching(SEND)
-}
-
-/// An upstream that records only calls whose request body arrived complete,
-/// and counts connections that ended. (`MockWeChat` records a call even when
-/// its body broke off midway.)
-#[derive(Clone, Default)]
-struct StrictUpstream {
-    complete: Arc<Mutex<Vec<(String, Bytes)>>>,
-    broken: Arc<AtomicUsize>,
-}
-
-impl StrictUpstream {
-    async fn start() -> (SocketAddr, StrictUpstream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
-        let addr = listener.local_addr().expect("addr");
-        let up = StrictUpstream::default();
-        let u = up.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let u = u.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let u = u.clone();
-                        async move {
-                            let path = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
-                            match req.into_body().collect().await {
-                                Ok(b) => u.complete.lock().expect("complete").push((path, b.to_bytes())),
-                                Err(_) => {
-                                    u.broken.fetch_add(1, Ordering::SeqCst);
-                                }
-                            }
-                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{\"errcode\":0}"))))
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        (addr, up)
-    }
-
-    fn complete(&self) -> Vec<(String, Bytes)> {
-        self.complete.lock().expect("complete").clone()
-    }
 }
 
 // --- request heads ------------------------------------------------------------
@@ -193,17 +140,6 @@ async fn body_over_max_body_with_content_length_is_413_and_never_forwarded() {
     assert_eq!(mock.count(), 1, "only the call within the cap reached WeChat");
 }
 
-fn chunked(chunks: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for c in chunks {
-        out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
-        out.extend_from_slice(c);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"0\r\n\r\n");
-    out
-}
-
 #[tokio::test]
 async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwarded() {
     let (addr, upstream) = StrictUpstream::start().await;
@@ -216,7 +152,7 @@ async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwa
         let mut req =
             format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
                 .into_bytes();
-        req.extend_from_slice(&chunked(&[&chunk, &chunk, &chunk]));
+        req.extend_from_slice(&chunked_body(&[&chunk, &chunk, &chunk]));
         let ex = exchange(gate.addr, &req).await;
         assert_eq!(ex.only().status, 200, "{label}: {}", ex.text());
         let complete = upstream.complete();
@@ -226,7 +162,7 @@ async fn chunked_body_growing_past_max_body_is_413_and_no_complete_call_is_forwa
         // Over the cap: 4 × 512 bytes, no Content-Length.
         let chunk = [b'z'; 512];
         let mut req = format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
-        req.extend_from_slice(&chunked(&[&chunk, &chunk, &chunk, &chunk]));
+        req.extend_from_slice(&chunked_body(&[&chunk, &chunk, &chunk, &chunk]));
         let ex = exchange(gate.addr, &req).await;
         let resp = ex.only();
         assert_eq!(resp.status, 413, "{label}: {}", ex.text());
