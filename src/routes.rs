@@ -16,6 +16,13 @@
 //! the same API (`.../send/` is matched as `.../send`); a suffix such as
 //! `.../send.json` is another path (the `default` rule, if any).
 //!
+//! Recovery APIs ([`RECOVERY`]: `clear_quota`, `clear_quota/v2`,
+//! `openapi/quota/get`, `openapi/rid/get`) are matched by exact patterns
+//! only ([`Routes::lookup`]): a prefix rule or the `default` rule never
+//! claims them, so a penalty of those rules never blocks the calls an
+//! operator needs to recover from it. A rule that names one exactly applies
+//! its own limits (and only its own penalties) to it.
+//!
 //! Matching uses a normalised copy of the path (the bytes forwarded upstream
 //! are never changed): the query is dropped, `%XX` escapes are decoded once
 //! (so `%2F` is a slash), empty and `.` segments are dropped and `..` removes
@@ -26,6 +33,12 @@ use std::borrow::Cow;
 
 // Keys are the config's patterns, never a client's, so a fast unkeyed hash is safe.
 use rustc_hash::FxHashMap as HashMap;
+
+/// The APIs an operator calls to recover from WeChat's limits: resetting
+/// the account's counters, reading an API's quota, looking up a request id.
+/// Only a rule naming one exactly applies to it (see the module docs).
+pub const RECOVERY: [&str; 4] =
+    ["/cgi-bin/clear_quota", "/cgi-bin/clear_quota/v2", "/cgi-bin/openapi/quota/get", "/cgi-bin/openapi/rid/get"];
 
 /// One `match` entry of a rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -103,6 +116,9 @@ impl Routes {
         let norm = normalised(path);
         if let Some(&rule) = self.exact.get(norm.as_ref()) {
             return Some(rule);
+        }
+        if RECOVERY.contains(&norm.as_ref()) {
+            return None;
         }
         let mut end = norm.len();
         while let Some(cut) = norm[..end].rfind('/') {

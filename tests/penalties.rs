@@ -124,3 +124,31 @@ async fn other_errcodes_pass_through_and_penalties_stay_per_account_and_rule() {
     assert_eq!(gate.get_as("appB", PATH).await.status, 200, "another account is not punished");
     assert_eq!(gate.get_as("appA", "/cgi-bin/menu/get").await.status, 200, "another rule is not punished");
 }
+
+#[tokio::test]
+async fn recovery_apis_reach_wechat_while_a_penalty_pauses_the_rule_that_would_claim_them() {
+    const MENU: &str = "/cgi-bin/menu/get?access_token=T";
+    const RECOVERY: [&str; 3] = ["/cgi-bin/clear_quota", "/cgi-bin/openapi/quota/get", "/cgi-bin/openapi/rid/get"];
+    // A prefix rule claims /cgi-bin/*; without it the default rule would.
+    for claiming in [rule("cgi").matching("/cgi-bin/*").limit(100, "1m"), rule("default").limit(100, "1m")] {
+        let mock = MockWeChat::start().await;
+        mock.respond(|r| if r.path_and_query.starts_with("/cgi-bin/menu") { errcode_reply(45009) } else { ok_reply() });
+        // clear_quota/v2 has a rule of its own: its own limit applies.
+        let own = rule("clear").matching("/cgi-bin/clear_quota/v2").limit(1, "month");
+        let gate = Gate::start(&mock, format!("{claiming}{own}{}", penalty(45009, 60))).await;
+        assert_eq!(gate.get(MENU).await.status, 429, "WeChat's 45009 starts the penalty");
+        let paused = gate.get(MENU).await;
+        assert_eq!((paused.status.as_u16(), paused.header("x-wxgate-reason")), (429, Some("penalty")));
+        let before = mock.count();
+        for path in RECOVERY {
+            let a = gate.post(&format!("{path}?access_token=T"), r#"{"appid":"wx1234567890abcdef"}"#).await;
+            assert_eq!(a.status, 200, "{path} is never blocked by another rule's penalty: {}", a.text());
+        }
+        let first = gate.post("/cgi-bin/clear_quota/v2?appid=wx1&appsecret=S", "").await;
+        assert_eq!(first.status, 200, "{}", first.text());
+        let second = gate.post("/cgi-bin/clear_quota/v2?appid=wx1&appsecret=S", "").await;
+        assert_eq!((second.status.as_u16(), second.header("x-wxgate-rule")), (429, Some("clear")), "its own limit");
+        assert_eq!(mock.count(), before + RECOVERY.len() + 1, "every recovery call reached WeChat once");
+        assert_eq!(gate.get(MENU).await.status, 429, "the penalty still holds for the rest");
+    }
+}
