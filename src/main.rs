@@ -117,16 +117,26 @@ async fn shutdown_signal() {
     }
 }
 
+/// `wxgate check`'s report. Written in one piece; a reader that stops early
+/// (`wxgate check | head`) ends it quietly rather than with a panic.
 fn print_rules(config: &Config) {
+    use std::fmt::Write as _;
+    use std::io::Write as _;
+    let mut out = String::new();
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            let _ = writeln!(out, $($arg)*);
+        }};
+    }
     let s = &config.server;
     let tz = s.quota_offset_us / 60_000_000;
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
-    println!("{}: ok", config.source.display());
-    println!("listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
+    say!("{}: ok", config.source.display());
+    say!("listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
     if let Some(accounts) = &s.accounts {
         let mut names: Vec<&str> = accounts.iter().map(String::as_str).collect();
         names.sort_unstable();
-        println!("accounts {} (calls of any other account get 400)", names.join(", "));
+        say!("accounts {} (calls of any other account get 400)", names.join(", "));
     }
     for p in &config.penalties {
         let length = match p.length {
@@ -134,16 +144,16 @@ fn print_rules(config: &Config) {
             PenaltyLength::NextMinute => "until the next minute".to_owned(),
         };
         let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
-        println!("penalty errcode {}: {length}, at most until {cap}", p.errcode);
+        say!("penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
     for rule in &config.rules {
-        println!("rule {} [{}]", rule.name, rule.patterns.join(", "));
+        say!("rule {} [{}]", rule.name, rule.patterns.join(", "));
         if rule.limits.is_empty() {
-            println!("  no limits (penalties only)");
+            say!("  no limits (penalties only)");
         }
         for limit in &rule.limits {
             match limit {
-                Limit::Window(w) => println!(
+                Limit::Window(w) => say!(
                     "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}",
                     w.count,
                     humantime::format_duration(Duration::from_micros(w.per_us as u64)),
@@ -154,14 +164,15 @@ fn print_rules(config: &Config) {
                     w.count
                 ),
                 Limit::Calendar { count, period } => {
-                    println!("  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())
+                    say!("  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())
                 }
             }
         }
     }
     if config.routes.has_default() {
-        println!("unmatched paths: rule default");
+        say!("unmatched paths: rule default");
     } else {
-        println!("unmatched paths: forwarded unthrottled");
+        say!("unmatched paths: forwarded unthrottled");
     }
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
 }

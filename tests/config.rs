@@ -24,6 +24,9 @@ fn bad_configs_are_refused_with_file_line_rule_and_field() {
         ("bad_timezone", "bad_timezone.toml: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
         ("bad_workers", "bad_workers.toml: [server] workers: 0: must be 1 to 256"),
         ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
+        ("day_as_window", "day_as_window.toml:4: rule \"tpl\": limits[0]: per = \"1d\" is a sliding window of 1 x 24 hours, not a calendar day: WeChat's daily quotas start again at midnight, so write per = \"day\""),
+        ("unknown_store", "unknown_store.toml: [store] kind: unknown store \"etcd\" (expected \"memory\", \"redis\" or \"redis-cluster\")"),
+        ("admin_on_listen", "admin_on_listen.toml: [server] admin_listen: 127.0.0.1:8080 is also listen"),
         ("bad_throttle_status", "bad_throttle_status.toml: [server] throttle_status: 503: must be 429 (HTTP's \"too many requests\") or 200"),
         ("bad_rule_throttle_status", "bad_rule_throttle_status.toml:1: rule \"send\": throttle_status: 404: must be 429"),
     ];
@@ -99,4 +102,34 @@ fn the_memory_store_keeps_its_state_beside_the_config_file_unless_told_otherwise
     assert_eq!(beside, StoreConfig::Memory(want));
     dir.write("rules.toml", "[store]\nstate_file = \"off\"\n");
     assert_eq!(Config::load(&file).expect("config").store, StoreConfig::Memory(MemoryConfig::in_memory()));
+}
+
+#[test]
+fn check_piped_into_a_reader_that_stops_early_exits_quietly() {
+    // `wxgate check | head -0`: the reader is gone before anything is written.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wxgate"))
+        .args(["check", "--config", "rules.toml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn wxgate check");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "no panic on a broken pipe: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn a_sliding_window_of_whole_days_is_allowed_with_an_explicit_burst() {
+    let dir = support::TempDir::new("day-window");
+    let path = dir.path().join("rules.toml");
+    std::fs::write(
+        &path,
+        "[[rule]]\nname = \"tpl\"\nmatch = [\"/cgi-bin/a\"]\nlimits = [{ count = 100, per = \"24h\", burst = 10 }]\n",
+    )
+    .expect("write");
+    let (code, stdout, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("100 per 1day"), "{stdout}");
 }

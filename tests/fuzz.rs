@@ -454,7 +454,9 @@ fn gen_window(per: &'static str, per_us: i64) -> impl Strategy<Value = GenWindow
         per,
         per_us,
         count,
-        burst: with_burst.then(|| 1 + b.index(usize::try_from(count).unwrap_or(usize::MAX)) as u64),
+        // A window of whole days needs its burst (else it reads as a calendar quota written wrong).
+        burst: (with_burst || per_us % 86_400_000_000 == 0)
+            .then(|| 1 + b.index(usize::try_from(count).unwrap_or(usize::MAX)) as u64),
     })
 }
 

@@ -275,6 +275,18 @@ fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
             if per_us > 31 * DAY_US {
                 return Err(format!("per = \"{per}\" is longer than 31 days; use per = \"month\""));
             }
+            // WeChat's daily and monthly quotas are calendar periods. A
+            // window of whole days is almost always one of those written
+            // as a duration; an explicit burst says a sliding window is meant.
+            if per_us % DAY_US == 0 && l.burst.is_none() {
+                let calendar = if per_us == DAY_US { "day" } else { "month" };
+                return Err(format!(
+                    "per = \"{per}\" is a sliding window of {} x 24 hours, not a calendar {calendar}: WeChat's daily \
+                     quotas start again at midnight, so write per = \"{calendar}\" (the calendar {calendar} in \
+                     quota_timezone); to mean a sliding window, give its burst too",
+                    per_us / DAY_US
+                ));
+            }
             let burst = l.burst.unwrap_or_else(|| WindowLimit::default_burst(l.count));
             if burst == 0 {
                 return Err("burst must be at least 1".into());

@@ -75,6 +75,12 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
             )
         }
     };
+    // Port 0 (tests: any free port) is two different ports.
+    if admin_listen.is_some_and(|a: SocketAddr| a == listen && a.port() != 0) {
+        return Err(format!(
+            "[server] admin_listen: {listen} is also listen: the admin API needs an address of its own (or \"off\")"
+        ));
+    }
     let workers = match raw.workers {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS),
         Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
@@ -255,7 +261,9 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
             let batch = raw.batch.unwrap_or(true);
             Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience, batch }))
         }
-        Some(other) => Err(format!("[store] kind: unknown store \"{other}\" (expected \"memory\" or \"redis\")")),
+        Some(other) => Err(format!(
+            "[store] kind: unknown store \"{other}\" (expected \"memory\", \"redis\" or \"redis-cluster\")"
+        )),
     }
 }
 
