@@ -1,0 +1,212 @@
+//! The shipped rule files: `rules.toml` (Official Account / Mini Program) and
+//! `deploy/rules-wecom.toml` (WeCom) pass `wxgate check`, send each API to
+//! the rule meant for it, keep APIs that WeChat meters separately on
+//! separate rules (one counter each), never claim a recovery API, and give
+//! every number a source.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use support::process;
+use wxgate::config::Config;
+
+const OFFICIAL: &str = "rules.toml";
+const WECOM: &str = "deploy/rules-wecom.toml";
+
+/// Recovery APIs: they must reach WeChat while the rest of the account is paused.
+const RECOVERY: [&str; 4] =
+    ["/cgi-bin/clear_quota", "/cgi-bin/clear_quota/v2", "/cgi-bin/openapi/quota/get", "/cgi-bin/openapi/rid/get"];
+
+/// Official Account / Mini Program: path → the rule that counts it.
+const OFFICIAL_TABLE: &[(&str, &str)] = &[
+    ("/cgi-bin/token", "token"),
+    ("/cgi-bin/stable_token", "stable_token"),
+    ("/cgi-bin/ticket/getticket", "jsapi_ticket"),
+    ("/cgi-bin/menu/create", "menu_create"),
+    ("/cgi-bin/menu/get", "menu_get"),
+    ("/cgi-bin/get_current_selfmenu_info", "menu_selfmenu_info"),
+    ("/cgi-bin/menu/delete", "menu_delete"),
+    ("/cgi-bin/menu/addconditional", "menu_addconditional"),
+    ("/cgi-bin/menu/delconditional", "menu_delconditional"),
+    ("/cgi-bin/menu/trymatch", "menu_trymatch"),
+    ("/cgi-bin/media/upload", "media_upload"),
+    ("/cgi-bin/media/uploadimg", "media_uploadimg"),
+    ("/cgi-bin/media/uploadnews", "media_uploadnews"),
+    ("/cgi-bin/media/get", "media_get"),
+    ("/cgi-bin/media/get/jssdk", "media_get_jssdk"),
+    ("/cgi-bin/material/add_material", "material_add"),
+    ("/cgi-bin/material/get_material", "material_get"),
+    ("/cgi-bin/material/del_material", "material_del"),
+    ("/cgi-bin/material/batchget_material", "material_batchget"),
+    ("/cgi-bin/material/get_materialcount", "material_count"),
+    ("/cgi-bin/message/custom/send", "custom_send"),
+    ("/cgi-bin/message/template/send", "template_send"),
+    ("/cgi-bin/message/subscribe/send", "subscribe_send"),
+    ("/cgi-bin/message/subscribe/bizsend", "subscribe_bizsend"),
+    ("/cgi-bin/message/mass/sendall", "mass_sendall"),
+    ("/cgi-bin/message/mass/send", "mass_send"),
+    ("/cgi-bin/message/mass/preview", "mass_preview"),
+    ("/cgi-bin/message/mass/delete", "mass_delete"),
+    ("/cgi-bin/message/mass/get", "mass_get"),
+    ("/cgi-bin/qrcode/create", "qrcode_create"),
+    ("/wxa/getwxacodeunlimit", "wxacode_unlimit"),
+    ("/wxa/getwxacode", "wxacode_limited"),
+    ("/cgi-bin/shorturl", "shorturl"),
+    ("/wxa/genwxashortlink", "wxa_shortlink"),
+    ("/wxa/generatescheme", "wxa_scheme_urllink"),
+    ("/cgi-bin/user/get", "user_get"),
+    ("/cgi-bin/user/info", "user_info"),
+    ("/cgi-bin/user/info/batchget", "user_info_batchget"),
+    ("/cgi-bin/user/info/updateremark", "user_remark"),
+    ("/cgi-bin/tags/create", "tags_create"),
+    ("/cgi-bin/tags/get", "tags_get"),
+    ("/cgi-bin/tags/update", "tags_update"),
+    ("/cgi-bin/tags/delete", "tags_delete"),
+    ("/cgi-bin/tags/members/batchtagging", "tags_batchtagging"),
+    ("/cgi-bin/tags/members/batchuntagging", "tags_batchuntagging"),
+    ("/customservice/kfaccount/add", "kf_account"),
+    ("/customservice/kfsession/create", "kf_session"),
+    ("/cgi-bin/draft/add", "draft_add"),
+    ("/cgi-bin/draft/get", "draft_get"),
+    ("/cgi-bin/draft/delete", "draft_delete"),
+    ("/cgi-bin/draft/update", "draft_update"),
+    ("/cgi-bin/draft/count", "draft_count"),
+    ("/cgi-bin/draft/batchget", "draft_batchget"),
+    ("/cgi-bin/freepublish/submit", "freepublish_submit"),
+    ("/cgi-bin/freepublish/get", "freepublish_get"),
+    ("/cgi-bin/freepublish/getarticle", "freepublish_getarticle"),
+    ("/cgi-bin/freepublish/batchget", "freepublish_batchget"),
+    ("/cgi-bin/freepublish/delete", "freepublish_delete"),
+    ("/wxa/msg_sec_check", "msg_sec_check"),
+    ("/sns/jscode2session", "jscode2session"),
+    ("/sns/oauth2/access_token", "sns_oauth"),
+];
+
+/// Paths the official-account table may map to a rule already used above:
+/// WeChat documents each group as one quota, or publishes no quota for it
+/// (a rule without limits keeps no counter).
+const OFFICIAL_SHARED: &[(&str, &str)] = &[
+    ("/cgi-bin/wxaapp/createwxaqrcode", "wxacode_limited"), // one lifetime quota with getwxacode
+    ("/wxa/generate_urllink", "wxa_scheme_urllink"),        // one daily quota with generatescheme
+    ("/cgi-bin/material/update_news", "material_other"),
+    ("/cgi-bin/message/mass/speed/get", "mass_other"),
+    ("/cgi-bin/tags/getidlist", "tags_other"),
+    ("/cgi-bin/customservice/getkflist", "kf_account"),
+    ("/customservice/kfsession/close", "kf_session"),
+    ("/sns/userinfo", "sns_oauth"),
+    ("/cgi-bin/some/unlisted/api", "default"),
+];
+
+/// WeCom: path → the rule that counts it.
+const WECOM_TABLE: &[(&str, &str)] = &[
+    ("/cgi-bin/gettoken", "gettoken"),
+    ("/cgi-bin/get_jsapi_ticket", "jsapi_ticket"),
+    ("/cgi-bin/message/send", "message_send"),
+    ("/cgi-bin/appchat/create", "appchat_create"),
+    ("/cgi-bin/appchat/update", "appchat_update"),
+    ("/cgi-bin/appchat/send", "appchat_send"),
+    ("/cgi-bin/media/uploadimg", "media_uploadimg"),
+    ("/cgi-bin/user/get", "user_get"),
+    ("/cgi-bin/externalcontact/get", "externalcontact_get"),
+    ("/cgi-bin/externalcontact/batch/get_by_user", "externalcontact_batch_get"),
+    ("/cgi-bin/externalcontact/list", "externalcontact_list"),
+    ("/cgi-bin/externalcontact/remark", "externalcontact_remark"),
+    ("/cgi-bin/externalcontact/mark_tag", "externalcontact_mark_tag"),
+    ("/cgi-bin/externalcontact/get_follow_user_list", "externalcontact"),
+    ("/cgi-bin/kf/sync_msg", "kf_sync_msg"),
+    ("/cgi-bin/checkin/getcheckindata", "checkin_data"),
+    ("/cgi-bin/corp/getapprovaldata", "approval_data"),
+    ("/cgi-bin/auth/getuserinfo", "auth_getuserinfo"),
+    ("/cgi-bin/department/list", "default"),
+];
+
+/// WeCom paths documented as one quota with a path above, or sharing the
+/// prefix/default counter (tighter than WeCom; no per-path scope yet).
+const WECOM_SHARED: &[(&str, &str)] = &[
+    ("/cgi-bin/ticket/get", "jsapi_ticket"), // doc 90454: 400/hour per corp for both tickets
+    ("/cgi-bin/externalcontact/add_contact_way", "externalcontact"),
+    ("/cgi-bin/user/list", "default"),
+];
+
+fn load(file: &str) -> Config {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    Config::load(&path).unwrap_or_else(|e| panic!("{file}: {}", e.0))
+}
+
+fn rule_of(config: &Config, path: &str) -> Option<String> {
+    config.routes.lookup(path).map(|i| config.rules[i].name.to_string())
+}
+
+/// Every path maps to its expected rule, and no two paths of `table` share a
+/// rule: each API metered separately keeps a counter of its own.
+fn check_table(file: &str, table: &[(&str, &str)], shared: &[(&str, &str)]) {
+    let config = load(file);
+    let mut owners: BTreeMap<String, &str> = BTreeMap::new();
+    for &(path, want) in table {
+        assert_eq!(rule_of(&config, path).as_deref(), Some(want), "{file}: {path}");
+        if let Some(other) = owners.insert(want.to_string(), path) {
+            panic!("{file}: {other} and {path} share the rule {want}, but WeChat meters them separately");
+        }
+    }
+    for &(path, want) in shared {
+        assert_eq!(rule_of(&config, path).as_deref(), Some(want), "{file}: {path}");
+    }
+}
+
+#[test]
+fn both_shipped_rule_files_pass_check() {
+    for file in [OFFICIAL, WECOM] {
+        let (code, stdout, stderr) = process::run(&["check", "--config", file], &[]);
+        assert_eq!(code, 0, "{file}: {stderr}");
+        assert!(stdout.starts_with(&format!("{file}: ok")), "{file}: {stdout}");
+        assert!(stdout.contains("unmatched paths: rule default"), "{file}: {stdout}");
+    }
+    assert_eq!(load(WECOM).server.upstream.to_string(), "https://qyapi.weixin.qq.com/");
+}
+
+#[test]
+fn official_account_apis_each_count_on_their_own_rule() {
+    check_table(OFFICIAL, OFFICIAL_TABLE, OFFICIAL_SHARED);
+}
+
+#[test]
+fn wecom_apis_each_count_on_their_own_rule() {
+    check_table(WECOM, WECOM_TABLE, WECOM_SHARED);
+}
+
+#[test]
+fn recovery_apis_belong_to_no_rule_in_either_file() {
+    for file in [OFFICIAL, WECOM] {
+        let config = load(file);
+        for path in RECOVERY {
+            assert_eq!(rule_of(&config, path), None, "{file}: {path}");
+            assert_eq!(rule_of(&config, &format!("{path}/")), None, "{file}: {path}/");
+        }
+    }
+}
+
+/// Every rule with limits carries its source ("doc", "staff") or says that
+/// its numbers are an "estimate", in a comment inside the rule or just above it.
+#[test]
+fn every_limit_has_a_source_or_says_it_is_an_estimate() {
+    for file in [OFFICIAL, WECOM] {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        let starts: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].trim() == "[[rule]]").collect();
+        assert!(!starts.is_empty(), "{file}: no rules");
+        for (n, &start) in starts.iter().enumerate() {
+            let end = starts.get(n + 1).copied().unwrap_or(lines.len());
+            let mut from = start;
+            while from > 0 && lines[from - 1].trim_start().starts_with('#') {
+                from -= 1;
+            }
+            let block = lines[from..end].join("\n");
+            let name = lines[start..end].iter().find(|l| l.starts_with("name")).copied().unwrap_or("?");
+            let limited = lines[start..end].iter().any(|l| l.starts_with("limits") && l.contains("count"));
+            let sourced = ["doc", "staff", "estimate"].iter().any(|s| block.contains(s));
+            assert!(!limited || sourced, "{file}: {name}: a limit without a source or \"estimate\"");
+        }
+    }
+}
