@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use support::bodies::{chunked_body, send_and_abort, send_paced, send_then_shut, DeafUpstream, StrictUpstream};
+use support::bodies::{chunked_body, send_and_abort, send_paced, DeafUpstream, StrictUpstream};
 use support::*;
 
 const UPLOAD: &str = "/cgi-bin/media/upload";
@@ -207,7 +207,7 @@ async fn body_cut_short_by_the_client_is_400_and_keeps_its_rate_slot() {
     chunked.extend_from_slice(&[b'b'; 100]);
     // The client ends its side of the connection midway and waits for the answer.
     for (label, bytes) in [("Content-Length", &content_length), ("chunked", &chunked)] {
-        let ex = send_then_shut(gate.addr, bytes).await;
+        let ex = exchange_half_closed(gate.addr, bytes).await;
         assert_client_fault(label, &ex.only(), 400, "incomplete");
     }
     // A client that closes its connection midway hears nothing, and the call

@@ -2,8 +2,9 @@
 //! them: [`StrictUpstream`] records only calls whose body arrived whole;
 //! [`DeafUpstream`] reads a request head and then nothing more (its TCP
 //! window fills up), and tells when wxgate closes the connection. Clients:
-//! [`chunked_body`] frames chunks, [`send_paced`] streams a body slowly,
-//! [`send_then_shut`] half-closes after its bytes.
+//! [`chunked_body`] frames chunks, [`send_paced`] streams a body slowly
+//! and [`send_and_abort`] closes mid-request (a half-close is
+//! [`super::wire::exchange_half_closed`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -193,18 +194,6 @@ pub async fn send_paced(addr: SocketAddr, head: &str, body: &[u8], pieces: usize
     });
     let ex = read_until_closed(&mut rd).await;
     drop(writer.await);
-    ex
-}
-
-/// Writes `bytes`, then closes the connection's write half (the request is
-/// cut short there), and reads everything the server sends until it closes.
-pub async fn send_then_shut(addr: SocketAddr, bytes: &[u8]) -> Exchange {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut rd, mut wr) = stream.into_split();
-    let _ = wr.write_all(bytes).await;
-    let _ = wr.shutdown().await;
-    let ex = read_until_closed(&mut rd).await;
-    drop(wr);
     ex
 }
 
