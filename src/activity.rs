@@ -1,5 +1,5 @@
 //! What this instance is doing right now: calls held for shaping and calls
-//! in flight at WeChat, per (account, rule) ([`Activity`], for
+//! in flight at WeChat, per (account, rule state) ([`Activity`], for
 //! `/v1/buckets`), and the instance-wide count of held calls with its cap
 //! ([`Held`], `[server] max_held`).
 

@@ -7,8 +7,8 @@
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active |
 //! | `GET /v1/rules` | the compiled rules |
-//! | `GET /v1/buckets/{account}/{rule}` | one pair's state |
-//! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`) |
+//! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
+//! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
 //! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
 //!
 //! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
@@ -38,7 +38,7 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::bucket::{describe, Here};
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
-use crate::limit::{Key, Limit, Rule};
+use crate::limit::{Key, Limit, Rule, Scope};
 use crate::metrics::FileOp;
 use crate::store::Status;
 
@@ -112,17 +112,16 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
-                (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule).await,
-                (&Method::DELETE, ["penalties", account, rule]) => penalty(app, account, rule, Some(0)).await,
+                (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
+                (&Method::DELETE, ["penalties", account, rule]) => {
+                    penalty(app, account, rule, query(&req, "path"), Some(0)).await
+                }
                 (&Method::POST, ["penalties", account, rule]) => {
-                    let seconds = req
-                        .uri()
-                        .query()
-                        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("seconds=")))
+                    let seconds = query(&req, "seconds")
                         .and_then(|v| v.parse::<u64>().ok())
                         .filter(|&s| s > 0 && s <= 31 * 86_400);
                     match seconds {
-                        Some(s) => penalty(app, account, rule, Some(s as i64 * 1_000_000)).await,
+                        Some(s) => penalty(app, account, rule, query(&req, "path"), Some(s as i64 * 1_000_000)).await,
                         None => error(StatusCode::BAD_REQUEST, "give ?seconds=N (1 to 2678400)"),
                     }
                 }
@@ -131,6 +130,12 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
         }
         _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
     }
+}
+
+/// The value of `name` in the request's query, as sent (admin values are
+/// names, paths and numbers: nothing to decode).
+fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 
 fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
@@ -267,6 +272,7 @@ fn rule_json(rule: &Rule) -> Value {
     json!({
         "name": &*rule.name,
         "match": rule.patterns,
+        "scope": rule.scope.as_str(),
         "limits": limits,
         "max_wait_ms": rule.max_wait_us as f64 / 1e3,
         "warmup_seconds": rule.warmup_us as f64 / 1e6,
@@ -281,55 +287,98 @@ fn rules(app: &App) -> Answer {
     json_answer(StatusCode::OK, Value::Array(config.rules.iter().map(|r| rule_json(r)).collect()))
 }
 
-fn find_rule(app: &App, account: &str, rule: &str) -> Result<Arc<Rule>, Box<Answer>> {
+/// The rule named `rule` and the states an admin request about it reads or
+/// writes: the rule's own, or its per-path states (all, or the one `path`
+/// names).
+#[allow(clippy::type_complexity)]
+fn find_states(
+    app: &App,
+    account: &str,
+    rule: &str,
+    path: Option<&str>,
+) -> Result<(Arc<Rule>, Vec<Arc<Rule>>), Box<Answer>> {
     if !valid_account(account) {
         return Err(Box::new(error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -")));
     }
     let config = app.config.load();
-    config
-        .rules
-        .iter()
-        .find(|r| &*r.name == rule)
-        .cloned()
-        .ok_or_else(|| Box::new(error(StatusCode::NOT_FOUND, format!("no rule named \"{rule}\""))))
+    let Some(found) = config.rules.iter().find(|r| &*r.name == rule).cloned() else {
+        return Err(Box::new(error(StatusCode::NOT_FOUND, format!("no rule named \"{rule}\""))));
+    };
+    let states: Vec<Arc<Rule>> = match (found.scope, path) {
+        (Scope::Rule, None) => vec![found.clone()],
+        (Scope::Rule, Some(_)) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                format!("rule \"{rule}\" counts its paths together (scope = \"rule\"): leave out ?path="),
+            )))
+        }
+        (Scope::Path, None) => config.states_of(rule).cloned().collect(),
+        (Scope::Path, Some(p)) => config.states_of(rule).filter(|s| s.path.as_deref() == Some(p)).cloned().collect(),
+    };
+    if states.is_empty() {
+        let listed = found.patterns.join(", ");
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!("rule \"{rule}\" lists no path {}: it counts {listed}", path.unwrap_or("")),
+        )));
+    }
+    Ok((found, states))
 }
 
-async fn bucket(app: &App, account: &str, rule: &str) -> Answer {
-    let rule = match find_rule(app, account, rule) {
+/// `GET /v1/buckets/{account}/{rule}`: the rule's state; for a rule with
+/// `scope = "path"`, each listed path's (`paths`), or one (`?path=`).
+async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Answer {
+    let (rule, states) = match find_states(app, account, rule, path) {
         Ok(r) => r,
         Err(resp) => return *resp,
     };
     let offset = app.config.load().server.quota_offset_us;
-    match app.store.inspect(Key { account, rule: &rule, offset_us: offset }).await {
-        Ok(snapshot) => {
-            let (held, in_flight) = app.activity.get(account, &rule.name);
-            let here = Here { held, in_flight };
-            json_answer(StatusCode::OK, describe(account, &rule, &snapshot.state, snapshot.now, offset, here))
+    let mut pictures = Vec::with_capacity(states.len());
+    for state in &states {
+        match app.store.inspect(Key { account, rule: state, offset_us: offset }).await {
+            Ok(snapshot) => {
+                let (held, in_flight) = app.activity.get(account, &state.state);
+                let here = Here { held, in_flight };
+                pictures.push(describe(account, state, &snapshot.state, snapshot.now, offset, here));
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+    match (rule.scope, path) {
+        (Scope::Path, None) => json_answer(
+            StatusCode::OK,
+            json!({ "account": account, "rule": &*rule.name, "scope": "path", "paths": pictures }),
+        ),
+        _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
     }
 }
 
-async fn penalty(app: &App, account: &str, rule: &str, len_us: Option<i64>) -> Answer {
-    let rule = match find_rule(app, account, rule) {
+/// Sets (or with 0 lifts) the penalty of the rule's state, or of every
+/// listed path of a rule with `scope = "path"` (one with `?path=`).
+async fn penalty(app: &App, account: &str, rule: &str, path: Option<&str>, len_us: Option<i64>) -> Answer {
+    let (rule, states) = match find_states(app, account, rule, path) {
         Ok(r) => r,
         Err(resp) => return *resp,
     };
     let offset = app.config.load().server.quota_offset_us;
     let len = len_us.unwrap_or(0);
-    match app.store.set_penalty(Key { account, rule: &rule, offset_us: offset }, len).await {
-        Ok(end) => {
-            tracing::info!(%account, rule = %rule.name, seconds = len / 1_000_000, "penalty set by hand (0 = lifted)");
-            json_answer(
-                StatusCode::OK,
-                json!({
-                    "account": account,
-                    "rule": &*rule.name,
-                    "penalty_seconds": (end.remaining_us() as f64 / 1e6),
-                    "lifted": len == 0,
-                }),
-            )
+    let mut remaining_us = 0;
+    for state in &states {
+        match app.store.set_penalty(Key { account, rule: state, offset_us: offset }, len).await {
+            Ok(end) => remaining_us = remaining_us.max(end.remaining_us()),
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
+    tracing::info!(%account, rule = %rule.name, path, seconds = len / 1_000_000, "penalty set by hand (0 = lifted)");
+    let mut answer = json!({
+        "account": account,
+        "rule": &*rule.name,
+        "penalty_seconds": (remaining_us as f64 / 1e6),
+        "lifted": len == 0,
+    });
+    if let (Scope::Path, Some(fields)) = (rule.scope, answer.as_object_mut()) {
+        let paths = states.iter().filter_map(|s| s.path.as_deref()).map(Value::from).collect();
+        fields.insert("paths".into(), Value::Array(paths));
+    }
+    json_answer(StatusCode::OK, answer)
 }

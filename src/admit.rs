@@ -84,7 +84,7 @@ pub async fn admit(
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
                 // Shadow mode debits as if enforcing but never delays a call.
                 if hold_us > 0 && !rule.shadow {
-                    let _held = app.activity.enter(account, &rule.name, Kind::Held);
+                    let _held = app.activity.enter(account, &rule.state, Kind::Held);
                     let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {

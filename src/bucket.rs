@@ -1,4 +1,4 @@
-//! A readable picture of one (account, rule)'s state, for `/v1/buckets`.
+//! A readable picture of one (account, rule state)'s state, for `/v1/buckets`.
 //! Pure: the same for both stores, computed from the state they hold.
 
 use serde_json::{json, Value};
@@ -64,7 +64,7 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
         .collect();
     let p = &state.penalty;
     let slots = state.holders.iter().filter(|(_, exp)| *exp > now).count();
-    json!({
+    let mut picture = json!({
         "account": account,
         "rule": &*rule.name,
         "now": local_time(now, offset_us),
@@ -81,7 +81,11 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
             "slots_taken_all_instances": slots,
         },
         "this_instance": { "in_flight": here.in_flight, "held": here.held },
-    })
+    });
+    if let (Some(path), Some(fields)) = (&rule.path, picture.as_object_mut()) {
+        fields.insert("path".into(), Value::from(&**path));
+    }
+    picture
 }
 
 /// RFC 3339 local time at `offset_us`, to the millisecond.

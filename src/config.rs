@@ -40,7 +40,12 @@ pub struct Config {
     pub server: Server,
     pub store: StoreConfig,
     pub penalties: Vec<PenaltyPolicy>,
+    /// The rules as written, in file order.
     pub rules: Vec<Arc<Rule>>,
+    /// What `routes` points into: each rule with `scope = "rule"` (the same
+    /// `Arc` as in `rules`), and one variant per listed path of each rule
+    /// with `scope = "path"` ([`Rule::state`]).
+    pub routed: Vec<Arc<Rule>>,
     pub routes: Routes,
     /// Lease of a concurrency slot (`[store] lease`), renewed while the call lives.
     pub lease_us: Micros,

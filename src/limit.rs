@@ -42,10 +42,23 @@ use crate::penalty::PenaltyState;
 
 pub mod decide;
 
-/// A named rule: the limits shared by every path it matches.
+/// A named rule: its limits, and whose state they count in.
+///
+/// `scope = "rule"` (the default): one state per (account, rule), shared by
+/// every path the rule matches. `scope = "path"`: the compiled config holds
+/// one variant of the rule per API path it lists (exact patterns only), each
+/// with a state of its own, so one rule says "each of these APIs: N".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    /// The rule's name (metrics, logs, refusals and the admin API use it).
     pub name: Arc<str>,
+    /// What the stores key this rule's state by, within an account: the
+    /// name, or for a per-path variant `<name><path>` (`draft/cgi-bin/draft/add`;
+    /// a name never contains `/`, so no two states share a key).
+    pub state: Arc<str>,
+    pub scope: Scope,
+    /// The API path a per-path variant counts (`None` for `scope = "rule"`).
+    pub path: Option<Arc<str>>,
     /// The `match` patterns as written (for `wxgate check` and the admin API).
     pub patterns: Vec<String>,
     pub limits: Vec<Limit>,
@@ -66,6 +79,25 @@ pub struct Rule {
     pub policy_header: Option<http::HeaderValue>,
     /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.
     pub policy_prefixes: Vec<String>,
+}
+
+/// Whose calls a rule's limits count together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every path of the rule shares one state.
+    #[default]
+    Rule,
+    /// Every path of the rule has a state of its own.
+    Path,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Rule => "rule",
+            Scope::Path => "path",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -273,7 +305,8 @@ impl RuleState {
     }
 }
 
-/// Whose state an operation reads or writes: one (account, rule) pair, and
+/// Whose state an operation reads or writes: one (account, rule state) pair
+/// (the rule's [`Rule::state`]), and
 /// the offset from UTC (`quota_timezone`) its calendar quotas count in.
 #[derive(Debug, Clone, Copy)]
 pub struct Key<'a> {

@@ -148,6 +148,9 @@ fn print_rules(config: &Config) {
     }
     for rule in &config.rules {
         say!("rule {} [{}]", rule.name, rule.patterns.join(", "));
+        if rule.scope == wxgate::limit::Scope::Path {
+            say!("  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());
+        }
         if rule.limits.is_empty() {
             say!("  no limits (penalties only)");
         }

@@ -149,7 +149,7 @@ pub async fn identify(
 /// Phase 3: the rule of the call's path, and its metrics.
 pub fn route(app: &App, call: &mut Call) {
     let config = &call.config;
-    call.rule = config.routes.lookup(&call.path).and_then(|i| config.rules.get(i)).cloned();
+    call.rule = config.rule_for(&call.path).cloned();
     call.metrics = Some(app.metrics.rule(call.rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
 }
 
@@ -201,7 +201,7 @@ pub async fn forward(
     parts.headers.insert(HOST, upstream.host().clone());
     parts.headers.remove(ACCOUNT);
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
-    let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.name, Kind::InFlight));
+    let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.
     let body = match call.body.take() {
         Some(read) => RequestBody::already_read(body, read),

@@ -111,7 +111,7 @@ impl Slots {
                 let mut index: HashMap<(String, Arc<str>), usize> = HashMap::new();
                 let mut groups: Vec<(Live, Vec<String>)> = Vec::new();
                 for (holder, l) in snapshot {
-                    let i = *index.entry((l.account.clone(), l.rule.name.clone())).or_insert_with(|| {
+                    let i = *index.entry((l.account.clone(), l.rule.state.clone())).or_insert_with(|| {
                         groups.push((l.clone(), Vec::new()));
                         groups.len() - 1
                     });

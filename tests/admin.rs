@@ -16,14 +16,6 @@ fn send_rule() -> RuleToml {
     rule("send").matching("/cgi-bin/message/custom/send").limit_burst(3, "1m", 3).limit(100, "day")
 }
 
-async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Answer {
-    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    send(req.body(Full::new(Bytes::new())).expect("request")).await
-}
-
 #[tokio::test]
 async fn metrics_count_what_a_scenario_did() {
     let mock = MockWeChat::start().await;

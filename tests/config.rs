@@ -133,3 +133,31 @@ fn a_sliding_window_of_whole_days_is_allowed_with_an_explicit_burst() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("100 per 1day"), "{stdout}");
 }
+
+#[test]
+fn scope_path_needs_listed_apis_and_check_says_what_it_does() {
+    let check = |rule: &str| {
+        let dir = support::TempDir::new("scope");
+        let path = dir.path().join("rules.toml");
+        std::fs::write(&path, format!("[[rule]]\n{rule}\nlimits = [{{ count = 1000, per = \"day\" }}]\n"))
+            .expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let (code, stdout, stderr) =
+        check("name = \"draft\"\nmatch = [\"/cgi-bin/draft/add\", \"/cgi-bin/draft/update\"]\nscope = \"path\"");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("scope path: each of its 2 paths counts against these limits on its own"), "{stdout}");
+
+    let (code, _, stderr) = check("name = \"draft\"\nmatch = [\"/cgi-bin/draft/*\"]\nscope = \"path\"");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("rules.toml:1: rule \"draft\": scope = \"path\" counts each listed API apart: list them as exact paths (\"/cgi-bin/draft/*\" is a prefix"), "{stderr}");
+    let (code, _, stderr) = check("name = \"default\"\nscope = \"path\"");
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("rule \"default\": scope = \"path\": the default rule takes every unlisted path"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = check("name = \"draft\"\nmatch = [\"/cgi-bin/draft/add\"]\nscope = \"api\"");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("rule \"draft\": scope: \"api\" is unknown (expected \"rule\" or \"path\")"), "{stderr}");
+}

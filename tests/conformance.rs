@@ -16,7 +16,6 @@ use support::redis_server::RedisServer;
 use wxgate::clock::{Clock, ManualClock};
 use wxgate::config::{Config, RedisConfig, Resilience};
 use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
-use wxgate::penalty::PenaltyPolicy;
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
@@ -91,6 +90,9 @@ enum Op {
     Learn(&'static str, &'static str, i64),
     /// Whom does this token belong to?
     Owner(&'static str),
+    /// From here on, act on the state of calls to this path (the rule
+    /// matches `/x` and `/y`; it starts on `/x`).
+    On(&'static str),
 }
 
 struct Scenario {
@@ -400,6 +402,27 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "each_path_of_a_per_path_rule_counts_apart",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 3, per = "1m", burst = 3 }, { count = 2, per = "day" }]"#,
+            extra: "scope = \"path\"",
+            steps: [
+                call(2, Ok),
+                vec![(Call("a"), No(SEC, Reason::Quota))],
+                // Another path of the rule: its own day and its own window.
+                vec![(On("/y"), Any), (Call("a"), Ok)],
+                // A penalty on /x (capped at midnight) leaves /y alone.
+                vec![(On("/x"), Any), (Penalise(45009, 0), Until(SEC))],
+                vec![(Inspect, State("/x: 2 used, penalised", |s| day_used(s) == 2 && s.state.penalty.until > s.now))],
+                vec![(On("/y"), Any), (Call("a"), Ok), (Call("a"), No(SEC, Reason::Quota))],
+                vec![(
+                    Inspect,
+                    State("/y: 2 used, no penalty", |s| day_used(s) == 2 && s.state.penalty.until <= s.now),
+                )],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "penalties_set_by_hand",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
@@ -568,10 +591,12 @@ fn random_scenario() -> Scenario {
     Scenario { name: "random_window", start: T0, limits: r#"[{ count = 7, per = "5s", burst = 2 }]"#, extra: "", steps }
 }
 
-fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Vec<PenaltyPolicy>, i64) {
-    let text = format!("[[rule]]\nname = \"r\"\nmatch = [\"/x\"]\nlimits = {limits}\n{extra}\n");
+/// The scenario's rule (matching `/x` and `/y`), as `/x` counts against
+/// it, and the config.
+fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Config) {
+    let text = format!("[[rule]]\nname = \"r\"\nmatch = [\"/x\", \"/y\"]\nlimits = {limits}\n{extra}\n");
     let config = Config::parse(&text, Path::new("scenario.toml")).expect("scenario config");
-    (config.rules[0].clone(), config.penalties, config.lease_us)
+    (config.rule_for("/x").expect("/x has a rule").clone(), config)
 }
 
 /// Whether `got` meets `expect`.
@@ -615,7 +640,8 @@ fn describe(expect: Expect) -> String {
 async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str) -> Vec<(i64, Got)> {
     let a = format!("{prefix}a");
     clock.set_us(s.start);
-    let (mut rule, penalties, lease_us) = compile(s.limits, s.extra);
+    let (mut rule, mut config) = compile(s.limits, s.extra);
+    let (penalties, lease_us) = (config.penalties.clone(), config.lease_us);
     let mut calls = 0;
     let mut admitted = Vec::new();
     let mut trace = Vec::new();
@@ -627,7 +653,11 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Done
             }
             Limits(l) => {
-                rule = compile(l, s.extra).0;
+                (rule, config) = compile(l, s.extra);
+                Got::Done
+            }
+            On(path) => {
+                rule = config.rule_for(path).expect("the path has a rule").clone();
                 Got::Done
             }
             Call(account) => {
@@ -732,7 +762,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();
     // Real Redis TIME this time: production mode.
     let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
-    let (rule, _, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
+    let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
     let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
     assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
@@ -777,7 +807,7 @@ async fn memory_and_redis_cluster_give_the_same_whole_results() {
 async fn calls_decided_in_one_batch_match_one_by_one() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let (rule, _, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
+    let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
     let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
     let memory = MemoryStore::new(Arc::new(clock.clone()));

@@ -14,6 +14,9 @@ const BEIJING: i64 = 8 * 3600 * SEC;
 fn rule(limits: Vec<Limit>) -> Rule {
     Rule {
         name: "r".into(),
+        state: "r".into(),
+        scope: wxgate::limit::Scope::Rule,
+        path: None,
         patterns: vec![],
         limits,
         max_wait_us: 0,

@@ -136,18 +136,20 @@ fn load(file: &str) -> Config {
 }
 
 fn rule_of(config: &Config, path: &str) -> Option<String> {
-    config.routes.lookup(path).map(|i| config.rules[i].name.to_string())
+    config.rule_for(path).map(|r| r.name.to_string())
 }
 
 /// Every path maps to its expected rule, and no two paths of `table` share a
-/// rule: each API metered separately keeps a counter of its own.
+/// counter (a rule's state: the rule, or one path of a `scope = "path"`
+/// rule): each API metered separately keeps a counter of its own.
 fn check_table(file: &str, table: &[(&str, &str)], shared: &[(&str, &str)]) {
     let config = load(file);
     let mut owners: BTreeMap<String, &str> = BTreeMap::new();
     for &(path, want) in table {
         assert_eq!(rule_of(&config, path).as_deref(), Some(want), "{file}: {path}");
-        if let Some(other) = owners.insert(want.to_string(), path) {
-            panic!("{file}: {other} and {path} share the rule {want}, but WeChat meters them separately");
+        let counter = config.rule_for(path).map(|r| r.state.to_string()).unwrap_or_default();
+        if let Some(other) = owners.insert(counter, path) {
+            panic!("{file}: {other} and {path} share the counter of rule {want}, but WeChat meters them separately");
         }
     }
     for &(path, want) in shared {

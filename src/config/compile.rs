@@ -13,7 +13,7 @@ use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule};
 use super::units::{micros, parse_duration, secs_us, valid_name};
 use super::{settings, Config, ConfigError, LogConfig};
 use crate::calendar::{Period, DAY_US};
-use crate::limit::{Limit, Rule, WindowLimit};
+use crate::limit::{Limit, Rule, Scope, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::routes::{Pattern, Routes};
 
@@ -36,6 +36,18 @@ impl Config {
     /// store keeps no state file unless `state_file` names one.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         Config::compile_text(text, path, None)
+    }
+
+    /// The rule (or, for `scope = "path"`, the rule's variant for this API)
+    /// a request path counts against; `None`: forwarded unthrottled.
+    pub fn rule_for(&self, path: &str) -> Option<&Arc<Rule>> {
+        self.routes.lookup(path).and_then(|i| self.routed.get(i))
+    }
+
+    /// The states of the rule named `name`: the rule itself, or its
+    /// per-path variants (`scope = "path"`), in the order of its patterns.
+    pub fn states_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Arc<Rule>> + 'a {
+        self.routed.iter().filter(move |r| &*r.name == name)
     }
 
     fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
@@ -98,7 +110,8 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let mut names = HashSet::new();
     let mut spans = Vec::with_capacity(raw.rule.len());
     let mut patterns: Vec<(Pattern, usize)> = Vec::new();
-    for (index, r) in raw.rule.into_iter().enumerate() {
+    let mut routed: Vec<Arc<Rule>> = Vec::with_capacity(raw.rule.len());
+    for r in raw.rule.into_iter() {
         let span = r.span();
         spans.push(span.clone());
         let r = r.into_inner();
@@ -109,14 +122,30 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             return Err(ctx.at(span, format!("rule \"{}\": another rule has the same name", r.name)));
         }
         let (rule, own) = compile_rule(r, span, all_shadow, server.throttle_status, ctx)?;
-        patterns.extend(own.into_iter().map(|p| (p, index)));
-        rules.push(Arc::new(rule));
+        let rule = Arc::new(rule);
+        match rule.scope {
+            Scope::Rule => {
+                patterns.extend(own.into_iter().map(|p| (p, routed.len())));
+                routed.push(rule.clone());
+            }
+            Scope::Path => {
+                for p in own {
+                    let Pattern::Exact(path) = &p else { continue };
+                    let path: Arc<str> = path.as_str().into();
+                    let state = format!("{}{path}", rule.name).into();
+                    patterns.push((p, routed.len()));
+                    routed.push(Arc::new(Rule { state, path: Some(path), ..(*rule).clone() }));
+                }
+            }
+        }
+        rules.push(rule);
     }
-    let default = rules.iter().position(|r| &*r.name == "default");
+    let default = routed.iter().position(|r| &*r.name == "default");
     let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
+        let b_index = rules.iter().position(|r| r.name == routed[b].name).unwrap_or(0);
         ctx.at(
-            spans[b].clone(),
-            format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", rules[a].name, rules[b].name),
+            spans[b_index].clone(),
+            format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", routed[a].name, routed[b].name),
         )
     })?;
     let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
@@ -126,6 +155,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         store,
         penalties,
         rules,
+        routed,
         routes,
         lease_us: micros(lease),
         max_warmup_us,
@@ -210,8 +240,33 @@ fn compile_rule(
         None => 0,
     };
     let throttle_status = settings::throttle_status(r.throttle_status).map_err(err)?.unwrap_or(throttle_status);
+    let scope = match r.scope.as_deref() {
+        None | Some("rule") => Scope::Rule,
+        Some("path") => Scope::Path,
+        Some(other) => return Err(err(format!("scope: \"{other}\" is unknown (expected \"rule\" or \"path\")"))),
+    };
+    if scope == Scope::Path {
+        if r.name == "default" {
+            return Err(err(
+                "scope = \"path\": the default rule takes every unlisted path, so its states would be as many as \
+                 the paths clients send; list the APIs in a rule of their own"
+                    .into(),
+            ));
+        }
+        if let Some(p) = r.patterns.iter().zip(&patterns).find(|(_, p)| matches!(p, Pattern::Prefix(_))) {
+            return Err(err(format!(
+                "scope = \"path\" counts each listed API apart: list them as exact paths (\"{}\" is a prefix, \
+                 which would make the number of counters depend on what clients send)",
+                p.0
+            )));
+        }
+    }
+    let name: Arc<str> = r.name.into();
     let mut rule = Rule {
-        name: r.name.into(),
+        state: name.clone(),
+        scope,
+        path: None,
+        name,
         patterns: r.patterns,
         limits,
         max_wait_us,

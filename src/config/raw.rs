@@ -91,6 +91,7 @@ pub(super) struct RawRule {
     pub concurrency: Option<u32>,
     pub mode: Option<String>,
     pub throttle_status: Option<u16>,
+    pub scope: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

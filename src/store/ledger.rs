@@ -49,10 +49,11 @@ pub struct Tally {
     pub seen: Option<u64>,
 }
 
-/// What the ledger holds for one (account, rule).
+/// What the ledger holds for one (account, rule state).
 #[derive(Debug, Clone)]
 struct Entry {
-    rule_name: Arc<str>,
+    /// The rule's [`crate::limit::Rule::state`].
+    state: Arc<str>,
     offset_us: Micros,
     tallies: Vec<Tally>,
     penalty: PenaltyState,
@@ -144,11 +145,11 @@ impl Ledger {
             Some(entries) => entries,
             None => shard.entry(key.account.to_owned()).or_default(),
         };
-        let i = match entries.iter().position(|e| *e.rule_name == *key.rule.name) {
+        let i = match entries.iter().position(|e| *e.state == *key.rule.state) {
             Some(i) => i,
             None => {
                 entries.push(Entry {
-                    rule_name: key.rule.name.clone(),
+                    state: key.rule.state.clone(),
                     offset_us: key.offset_us,
                     tallies: Vec::new(),
                     penalty: PenaltyState::default(),
@@ -258,7 +259,7 @@ impl Ledger {
     pub fn seen(&self, key: Key<'_>, window: WindowKey, now: Micros) -> Option<u64> {
         let WindowKey::Calendar(period) = window else { return None };
         let shard = self.shard(key.account);
-        let entry = shard.get(key.account)?.iter().find(|e| *e.rule_name == *key.rule.name)?;
+        let entry = shard.get(key.account)?.iter().find(|e| *e.state == *key.rule.state)?;
         let t = entry.tallies.iter().find(|t| t.period == period)?;
         (t.period_id == period.id(now, key.offset_us)).then_some(t.seen).flatten()
     }
@@ -274,7 +275,7 @@ impl Ledger {
     /// The latest penalty of `key` this instance knows, if it is still on at `now`.
     pub fn penalty(&self, key: Key<'_>, now: Micros) -> Option<PenaltyState> {
         let shard = self.shard(key.account);
-        let entry = shard.get(key.account)?.iter().find(|e| *e.rule_name == *key.rule.name)?;
+        let entry = shard.get(key.account)?.iter().find(|e| *e.state == *key.rule.state)?;
         (entry.penalty.until > now).then_some(entry.penalty)
     }
 
@@ -282,7 +283,7 @@ impl Ledger {
     /// writes it and gives it [`Ledger::put_back`] if that failed.
     pub fn take(&self, account: &str, rule: &str) -> Option<Pending> {
         let mut shard = self.shard(account);
-        let entry = shard.get_mut(account)?.iter_mut().find(|e| &*e.rule_name == rule)?;
+        let entry = shard.get_mut(account)?.iter_mut().find(|e| &*e.state == rule)?;
         let taken = take_entry(account, entry);
         if taken.is_some() {
             self.pending.fetch_sub(1, Ordering::Relaxed);
@@ -310,8 +311,7 @@ impl Ledger {
     /// Writing `pending` failed: it is pending again.
     pub fn put_back(&self, pending: Pending) {
         let mut shard = self.shard(&pending.account);
-        let Some(e) =
-            shard.get_mut(&pending.account).and_then(|es| es.iter_mut().find(|e| e.rule_name == pending.rule))
+        let Some(e) = shard.get_mut(&pending.account).and_then(|es| es.iter_mut().find(|e| e.state == pending.rule))
         else {
             return;
         };
@@ -377,7 +377,7 @@ fn take_entry(account: &str, entry: &mut Entry) -> Option<Pending> {
     if !entry.pending() {
         return None;
     }
-    let rule = entry.rule_name.clone();
+    let rule = entry.state.clone();
     let adds = entry
         .tallies
         .iter_mut()

@@ -162,7 +162,7 @@ impl MemoryStore {
     fn with_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> T {
         let (mut shard, now) = self.shard(key);
         let rule = key.rule;
-        let entry = shard.states.entry((key.account.to_owned(), rule.name.clone())).or_insert_with(|| {
+        let entry = shard.states.entry((key.account.to_owned(), rule.state.clone())).or_insert_with(|| {
             self.entries.fetch_add(1, Ordering::Relaxed);
             Default::default()
         });
@@ -176,7 +176,7 @@ impl MemoryStore {
     fn with_new_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> Result<T, StoreError> {
         let (mut shard, now) = self.shard(key);
         let rule = key.rule;
-        let pair = (key.account.to_owned(), rule.name.clone());
+        let pair = (key.account.to_owned(), rule.state.clone());
         if self.entries.load(Ordering::Relaxed) >= self.max_entries
             && !shard.states.contains_key(&pair)
             && !self.make_room(&mut shard, now, key.offset_us)
@@ -195,7 +195,7 @@ impl MemoryStore {
     /// [`SWEEP_EVERY`] operations), and this store's now.
     fn shard(&self, key: Key<'_>) -> (MutexGuard<'_, Shard>, Micros) {
         let now = self.now();
-        let i = (self.hasher.hash_one((key.account, &*key.rule.name)) as usize) % SHARDS;
+        let i = (self.hasher.hash_one((key.account, &*key.rule.state)) as usize) % SHARDS;
         let mut shard = lock(&self.shards[i]);
         shard.ops = shard.ops.wrapping_add(1);
         shard.dirty = true;

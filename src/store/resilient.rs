@@ -278,7 +278,7 @@ impl Resilient {
 
     /// Writes what `key` has pending, before deciding on Redis.
     async fn write_pending_of(&self, key: Key<'_>) -> Result<(), StoreError> {
-        let Some(p) = self.ledger.take(key.account, &key.rule.name) else { return Ok(()) };
+        let Some(p) = self.ledger.take(key.account, &key.rule.state) else { return Ok(()) };
         match self.try_redis(|| self.redis.reconcile(&p)).await {
             Ok(_) => {
                 self.counters.reconciled.inc_by(p.calls());

@@ -79,7 +79,7 @@ const FORMAT: &str = "wxgate-state";
 /// The format this wxgate writes and reads.
 pub const VERSION: u32 = 1;
 
-/// One (account, rule)'s state as kept.
+/// One (account, rule state)'s state as kept (`rule` is [`crate::limit::Rule::state`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
     pub account: String,

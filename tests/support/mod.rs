@@ -469,6 +469,15 @@ impl Answer {
 
 /// A GET of `path` on the listener at `addr` (for calls in spawned tasks,
 /// which cannot borrow a [`Gate`] or a process).
+/// An admin API request (`method path`, with the bearer `token` if any).
+pub async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Answer {
+    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    send(req.body(Full::new(Bytes::new())).expect("request")).await
+}
+
 pub async fn get_at(addr: SocketAddr, path: &str) -> Answer {
     send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")).await
 }

@@ -118,19 +118,20 @@ impl Keys {
         key
     }
 
-    /// `<prefix>:{<account>}:<rule>`: the state hash.
+    /// `<prefix>:{<account>}:<state>`: the state hash ([`Rule::state`]: the
+    /// rule's name, or `<rule><path>` for a per-path rule).
     pub fn state(&self, account: &str, rule: &Rule) -> String {
-        self.account_key(account, &[&rule.name])
+        self.account_key(account, &[&rule.state])
     }
 
-    /// The state hash of the rule named `rule`.
+    /// The state hash of the state named `rule` ([`Rule::state`]).
     pub fn state_named(&self, account: &str, rule: &str) -> String {
         self.account_key(account, &[rule])
     }
 
-    /// `<prefix>:{<account>}:<rule>:c`: concurrency slots (holder → lease expiry).
+    /// `<prefix>:{<account>}:<state>:c`: concurrency slots (holder → lease expiry).
     pub fn slots(&self, account: &str, rule: &Rule) -> String {
-        self.account_key(account, &[&rule.name, ":c"])
+        self.account_key(account, &[&rule.state, ":c"])
     }
 
     /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).

@@ -41,7 +41,7 @@ impl RefusalCache {
     /// The refusal still standing at `now`: time left and why.
     pub fn get(&self, account: &str, rule: &Rule, now: Micros) -> Option<(Micros, Reason)> {
         let entries = self.entries();
-        let (until, reason) = entries.get(&rule.name)?.get(account)?;
+        let (until, reason) = entries.get(&rule.state)?.get(account)?;
         (*until > now).then(|| (*until - now, *reason))
     }
 
@@ -53,7 +53,7 @@ impl RefusalCache {
         }
         let keep = keep.min(REFUSAL_CACHE_MAX_US);
         let mut entries = self.entries();
-        let accounts = entries.entry(rule.name.clone()).or_default();
+        let accounts = entries.entry(rule.state.clone()).or_default();
         if accounts.len() >= 10_000 {
             accounts.retain(|_, (until, _)| *until > now);
         }
@@ -61,7 +61,7 @@ impl RefusalCache {
     }
 
     pub fn forget(&self, account: &str, rule: &Rule) {
-        if let Some(accounts) = self.entries().get_mut(&rule.name) {
+        if let Some(accounts) = self.entries().get_mut(&rule.state) {
             accounts.remove(account);
         }
     }
