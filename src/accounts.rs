@@ -9,7 +9,8 @@
 //!    `component_access_token=` for the platform's own APIs) was issued to,
 //!    remembered when its token answer passed through wxgate ([`learn`]).
 //! 3. A token request's own appid ([`learn::TokenRequest::caller`]): what
-//!    WeChat counts a token request against.
+//!    WeChat counts a token request against; the appid a `clear_quota`
+//!    clears ([`crate::quota_clear`]).
 //! 4. `default`.
 //!
 //! A call that names an account but carries a token learned for another is
@@ -129,6 +130,15 @@ pub async fn identify(
             let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
             call.body = body;
             call.learn = Some(learn);
+            caller
+        }
+        // A clear_quota counts as the appid it clears, like a token request.
+        None if crate::quota_clear::at(&call.path) => {
+            let within = call.config.server.header_timeout;
+            let (body, clearing) = crate::quota_clear::prepare(req, target.query(), within).await?;
+            call.body = body;
+            let caller = clearing.appid.clone();
+            call.clearing = Some(clearing);
             caller
         }
         None => None,

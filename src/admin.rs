@@ -10,6 +10,7 @@
 //! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
 //! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
 //! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
+//! | `POST /v1/accounts/{account}/clear` | reset the account's day counts and penalties (a `clear_quota` done elsewhere) |
 //!
 //! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
 //! needs `Authorization: Bearer <token>`; `/metrics` and the probes stay open.
@@ -112,6 +113,7 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
+                (&Method::POST, ["accounts", account, "clear"]) => clear(app, account).await,
                 (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
                 (&Method::DELETE, ["penalties", account, rule]) => {
                     penalty(app, account, rule, query(&req, "path"), Some(0)).await
@@ -350,6 +352,23 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
             json!({ "account": account, "rule": &*rule.name, "scope": "path", "paths": pictures }),
         ),
         _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
+    }
+}
+
+/// `POST /v1/accounts/{account}/clear`: what a `clear_quota` passing
+/// through does ([`crate::quota_clear`]), by hand.
+async fn clear(app: &App, account: &str) -> Answer {
+    if !valid_account(account) {
+        return error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -");
+    }
+    let config = app.config.load_full();
+    match crate::quota_clear::clear_account(app, &config, account).await {
+        Ok(()) => {
+            tracing::info!(%account, "quota cleared by hand: day counts and penalties start again");
+            let rules: Vec<&str> = config.rules.iter().map(|r| &*r.name).collect();
+            json_answer(StatusCode::OK, json!({ "account": account, "cleared": true, "rules": rules }))
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }
 

@@ -35,8 +35,11 @@ pub struct Call {
     pub account: String,
     /// identify: what a token request's answer will teach (`crate::accounts::learn`).
     pub learn: Option<Learn>,
-    /// identify: a token request's body, read whole; forwarded as it is.
+    /// identify: a token request's or clear_quota's body, read whole; forwarded as it is.
     pub body: Option<Bytes>,
+    /// identify: a `clear_quota` call, and the appid its body names
+    /// (`crate::quota_clear`).
+    pub clearing: Option<crate::quota_clear::Clearing>,
     /// route: the rule the path maps to (`None`: forwarded unthrottled).
     pub rule: Option<Arc<Rule>>,
     /// route: the rule's metrics (the `_none` series without a rule).
@@ -66,6 +69,7 @@ impl Call {
             account: String::new(),
             learn: None,
             body: None,
+            clearing: None,
             rule: None,
             metrics: None,
             admitted: None,

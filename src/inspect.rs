@@ -62,6 +62,9 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
     if let (Some(learn), Verdict::Success, Some(answer)) = (call.learn.take(), verdict, body.whole()) {
         crate::accounts::learn::learn(app, &call.config, learn, answer).await;
     }
+    if let (Verdict::Success, Some(clearing)) = (verdict, &call.clearing) {
+        crate::quota_clear::cleared(app, &call.config, &call.account, clearing).await;
+    }
     let config = call.config.clone();
     if verdict == Verdict::Success && config.max_warmup_us > 0 && TOKEN_PATHS.contains(&&*normalised(&call.path)) {
         if let Err(e) = app.store.token_refreshed(&call.account, config.max_warmup_us).await {

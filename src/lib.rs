@@ -31,6 +31,7 @@ pub mod limit;
 pub mod metrics;
 pub mod penalty;
 pub mod proxy;
+pub mod quota_clear;
 pub mod ratelimit;
 pub mod reload;
 pub mod request_body;

@@ -181,6 +181,9 @@ pub struct Metrics {
     pub unknown_token_calls: Counter,
     /// Access tokens learned from their token answers (and stored).
     pub tokens_learned: Counter,
+    /// Accounts whose day counts and penalties were reset: a `clear_quota`
+    /// WeChat accepted, or `POST /v1/accounts/{account}/clear`.
+    pub quota_clears: Counter,
     pub memory_store: MemoryStoreMetrics,
 }
 
@@ -220,6 +223,7 @@ impl Metrics {
         let refunds = Family::<RuleLabel, Counter>::default();
         let unknown_token_calls = Counter::default();
         let tokens_learned = Counter::default();
+        let quota_clears = Counter::default();
         let memory_store = MemoryStoreMetrics::default();
         // Both series from the start, so that 0 is visible (and alertable).
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
@@ -275,6 +279,11 @@ impl Metrics {
             "Access tokens learned from token answers that passed through (calls carrying one count against its appid)",
             tokens_learned.clone(),
         );
+        registry.register(
+            "quota_clears",
+            "Accounts whose day counts and penalties wxgate reset: clear_quota calls WeChat accepted, and clears by hand",
+            quota_clears.clone(),
+        );
         let m = &memory_store;
         registry.register(
             "store_entries",
@@ -319,6 +328,7 @@ impl Metrics {
             refunds,
             unknown_token_calls,
             tokens_learned,
+            quota_clears,
             memory_store,
         }
     }

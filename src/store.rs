@@ -68,6 +68,11 @@ pub trait Store: Send + Sync + 'static {
     /// escalation starts over either way.
     async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError>;
 
+    /// WeChat reset an account's counters (`clear_quota`): each of `keys`
+    /// (states of one account) gets [`crate::limit::decide::clear`], at
+    /// once for every instance. States that do not exist are left absent.
+    async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError>;
+
     /// An access token was refreshed for `account`: warm-up starts again for
     /// its rules. `keep_us` is the longest warm-up of any rule.
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError>;

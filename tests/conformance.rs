@@ -90,6 +90,9 @@ enum Op {
     Learn(&'static str, &'static str, i64),
     /// Whom does this token belong to?
     Owner(&'static str),
+    /// WeChat reset account "a"'s counters (clear_quota): clear every state
+    /// of the rule (each path's, for `scope = "path"`).
+    Clear,
     /// From here on, act on the state of calls to this path (the rule
     /// matches `/x` and `/y`; it starts on `/x`).
     On(&'static str),
@@ -423,6 +426,28 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "clear_quota_resets_the_day_and_lifts_penalties_of_every_path",
+            start: BEFORE_MIDNIGHT - 3600 * SEC,
+            limits: r#"[{ count = 3, per = "1m", burst = 3 }, { count = 2, per = "day" }]"#,
+            extra: "scope = \"path\"",
+            steps: [
+                call(2, Ok),
+                vec![(Call("a"), No(3600 * SEC + SEC, Reason::Quota)), (Penalise(45009, 1), Until(60 * SEC))],
+                vec![(On("/y"), Any), (Call("a"), Ok), (Penalise(45009, 2), Until(60 * SEC))],
+                vec![(Wait(SEC), Any), (Clear, Any)],
+                // Both paths: the day starts from 0, the penalty is gone; the window is untouched
+                // (/x: 3 calls in its minute).
+                vec![
+                    (Call("a"), Ok),
+                    (Inspect, State("/y: 1 used, no penalty", |s| day_used(s) == 1 && s.state.penalty.until == 0)),
+                ],
+                vec![(On("/x"), Any), (Call("a"), Ok), (Call("a"), No(59 * SEC, Reason::Rate))],
+                // An answer to a call sent before the clear cannot re-impose a penalty.
+                vec![(Penalise(45009, 0), Until(0))],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "penalties_set_by_hand",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
@@ -658,6 +683,11 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             }
             On(path) => {
                 rule = config.rule_for(path).expect("the path has a rule").clone();
+                Got::Done
+            }
+            Clear => {
+                let keys: Vec<Key> = config.routed.iter().map(|r| Key { rule: r, ..key }).collect();
+                store.clear(&keys).await.expect("store answered");
                 Got::Done
             }
             Call(account) => {

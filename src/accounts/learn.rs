@@ -162,7 +162,7 @@ pub async fn prepare(
 /// The request's whole body, if it declares at most [`BODY_CAP`] bytes;
 /// `None` (the body streams as usual) otherwise. 400 if it does not arrive
 /// within `within`.
-async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
+pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_none_or(|n| n > BODY_CAP) {
         return Ok(None);

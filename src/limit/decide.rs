@@ -4,7 +4,7 @@
 //! and writes each state hash once). Change both together: the conformance
 //! table (`tests/conformance.rs`) holds them to identical results.
 
-use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowLimit};
+use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowKey, WindowLimit};
 use crate::calendar::Period;
 use crate::clock::Micros;
 
@@ -147,6 +147,28 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
     } else {
         period.next_start(period.next_start(t, offset_us), offset_us)
     }
+}
+
+/// WeChat reset the account's counters (`clear_quota`) at `now`: the day
+/// count of the current day starts again from 0 (calls reserved for the
+/// next day stay reserved), and the penalty is lifted as an operator's
+/// lift is (escalation over; answers to calls sent before cannot re-impose
+/// it). Windows, month counts, warm-up and slots are untouched: WeChat
+/// documents clear_quota as resetting call counts, and a month count kept
+/// is the safe side. `lua/clear.lua` mirrors it.
+pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
+    let key = WindowKey::Calendar(Period::Day);
+    let today = Period::Day.id(now, offset_us);
+    match state.get(key) {
+        Some(LimitState::Count { period_id, next, .. }) if period_id == today => {
+            state.set(key, LimitState::Count { period_id, used: 0, next });
+        }
+        Some(LimitState::Count { period_id, .. }) if period_id == today - 1 => {
+            state.set(key, LimitState::Count { period_id: today, used: 0, next: 0 });
+        }
+        _ => {}
+    }
+    state.penalty.set_by_hand(0, now);
 }
 
 /// A call admitted at `at` never reached WeChat: gives back what its

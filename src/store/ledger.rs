@@ -281,6 +281,21 @@ impl Ledger {
 
     /// Takes what `key` has to write to Redis (nothing if none); the caller
     /// writes it and gives it [`Ledger::put_back`] if that failed.
+    /// WeChat reset the account's day counts and penalties (`clear_quota`):
+    /// what this instance counted today (synced or not) and its penalties
+    /// are forgotten too, so Redis losing its data later never brings the
+    /// cleared counts back.
+    pub fn cleared(&self, account: &str) {
+        let mut shard = self.shard(account);
+        for entry in shard.get_mut(account).into_iter().flatten() {
+            for t in entry.tallies.iter_mut().filter(|t| t.period == Period::Day) {
+                *t = Tally { mine: 0, unsynced: 0, seen: None, ..*t };
+            }
+            entry.penalty = PenaltyState::default();
+            entry.penalty_unsynced = false;
+        }
+    }
+
     pub fn take(&self, account: &str, rule: &str) -> Option<Pending> {
         let mut shard = self.shard(account);
         let entry = shard.get_mut(account)?.iter_mut().find(|e| &*e.state == rule)?;

@@ -31,7 +31,7 @@ use super::state_file::StateFile;
 use super::tokens::{TokenHash, TokenKey, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::decide::{decide, refund};
+use crate::limit::decide::{clear, decide, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::metrics::MemoryStoreMetrics;
 use crate::penalty::PenaltyPolicy;
@@ -381,6 +381,16 @@ impl Store for MemoryStore {
             state.penalty.set_by_hand(len_us, now);
             PenaltyEnd { until: state.penalty.until, now }
         }))
+    }
+
+    async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
+        for &key in keys {
+            let (mut shard, now) = self.shard(key);
+            if let Some((state, _)) = shard.states.get_mut(&(key.account.to_owned(), key.rule.state.clone())) {
+                clear(state, now, key.offset_us);
+            }
+        }
+        Ok(())
     }
 
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {

@@ -416,6 +416,16 @@ impl Store for RedisStore {
         Ok(PenaltyEnd { until, now })
     }
 
+    async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
+        let Some((&first, rest)) = keys.split_first() else { return Ok(()) };
+        let mut inv = self.scripts.clear.key(self.state_key(first));
+        for &key in rest {
+            inv.key(self.state_key(key));
+        }
+        inv.arg(self.now_arg()).arg(first.offset_us);
+        self.run::<i64>(inv).await.map(|_| ())
+    }
+
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
         let mut inv = self.scripts.warm.key(self.keys.warm(account));
         inv.arg(self.now_arg()).arg((keep_us / 1000).max(1000));

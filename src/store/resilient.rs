@@ -527,6 +527,21 @@ impl Store for Resilient {
         Ok(end)
     }
 
+    /// Cleared in Redis (every instance sees it there: their known
+    /// refusals last at most a second), and in this instance's fallback
+    /// state and ledger. While Redis is away the clear fails: the local
+    /// state is cleared all the same, Redis keeps its counts (the safe side).
+    async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
+        for &key in keys {
+            self.forget(key);
+        }
+        self.local.clear(keys).await?;
+        if let Some(first) = keys.first() {
+            self.ledger.cleared(first.account);
+        }
+        self.try_redis(|| self.redis.clear(keys)).await
+    }
+
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
         self.local.token_refreshed(account, keep_us).await?;
         self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await

@@ -439,6 +439,12 @@ impl Gate {
         send(Request::post(self.url(path)).body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await
     }
 
+    /// A POST naming `account` in `X-Wx-Account`.
+    pub async fn post_as(&self, account: &str, path: &str, body: &str) -> Answer {
+        let req = Request::post(self.url(path)).header("x-wx-account", account);
+        send(req.body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await
+    }
+
     pub fn advance(&self, d: Duration) {
         self.clock.advance(d);
     }

@@ -37,6 +37,7 @@ pub const RECONCILE_LUA: &str = script!("reconcile.lua");
 pub const REFUND_LUA: &str = script!("refund.lua");
 pub const LEARN_TOKEN_LUA: &str = script!("learn_token.lua");
 pub const TOKEN_OWNER_LUA: &str = script!("token_owner.lua");
+pub const CLEAR_LUA: &str = script!("clear.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -51,6 +52,7 @@ pub struct Scripts {
     pub refund: Script,
     pub learn_token: Script,
     pub token_owner: Script,
+    pub clear: Script,
 }
 
 impl Scripts {
@@ -67,10 +69,11 @@ impl Scripts {
             refund: Script::new(REFUND_LUA),
             learn_token: Script::new(LEARN_TOKEN_LUA),
             token_owner: Script::new(TOKEN_OWNER_LUA),
+            clear: Script::new(CLEAR_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.acquire,
             &self.penalise,
@@ -83,6 +86,7 @@ impl Scripts {
             &self.refund,
             &self.learn_token,
             &self.token_owner,
+            &self.clear,
         ]
     }
 }

@@ -1,0 +1,31 @@
+-- clear.lua: WeChat reset an account's counters (clear_quota). Every state
+-- hash given (all of one account: one Redis Cluster slot) starts the day
+-- count of the current day again from 0 (calls reserved for the next day
+-- stay reserved) and has its penalty lifted as set_penalty.lua lifts one.
+-- Windows, month counts, warm-up and slots are untouched. Mirrors
+-- src/limit/decide.rs (clear).
+--
+-- KEYS     state hashes: <prefix>:{<account>}:<state>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  quota_timezone offset from UTC, µs
+--
+-- Returns how many of the states existed. A state that does not exist is
+-- left absent (nothing to clear).
+
+local now = store_now(ARGV[1])
+local off = tonumber(ARGV[2])
+local today = period('day', now, off)
+local found = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    found = found + 1
+    local p = tonumber(redis.call('HGET', key, 'day.p'))
+    if p == today then
+      redis.call('HSET', key, 'day.n', '0')
+    elseif p == today - 1 then
+      redis.call('HSET', key, 'day.p', fmt(today), 'day.n', '0', 'day.q', '0')
+    end
+    redis.call('HSET', key, 'pu', '0', 'ps', fmt(now), 'pl', '0', 'pn', '0')
+  end
+end
+return found

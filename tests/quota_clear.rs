@@ -1,0 +1,130 @@
+//! `clear_quota` understood: a clear WeChat accepts resets wxgate's day
+//! counts and penalties for that account (each path's of a per-path rule),
+//! on every instance sharing Redis; a refused clear, or one for an appid
+//! that is not the call's account, resets nothing; the admin API clears by
+//! hand. Real listeners, a real mock WeChat, a real Redis.
+
+mod support;
+
+use support::redis_server::RedisServer;
+use support::*;
+
+const SEND: &str = "/cgi-bin/message/custom/send";
+const INFO: &str = "/cgi-bin/user/info";
+const ADD: &str = "/cgi-bin/draft/add";
+const CLEAR: &str = "/cgi-bin/clear_quota";
+
+/// `send` 2 a day; `draft/add` 1 a day on a per-path rule; everything
+/// else on `default` (penalties only).
+fn rules() -> String {
+    format!(
+        "{}\n{}\n{}",
+        rule("send").matching(SEND).limit(2, "day"),
+        rule("draft").matching(ADD).matching("/cgi-bin/draft/update").limit(1, "day").set("scope", "path"),
+        rule("default"),
+    )
+}
+
+/// The mock: 45009 for user/info, `clear` for clear_quota, ok otherwise.
+async fn wechat(clear: Reply) -> MockWeChat {
+    let mock = MockWeChat::start().await;
+    mock.respond(move |r| {
+        if r.path_and_query.starts_with(INFO) {
+            errcode_reply(45009)
+        } else if r.path_and_query.starts_with(CLEAR) {
+            clear.clone()
+        } else {
+            ok_reply()
+        }
+    });
+    mock
+}
+
+/// Uses up wxA's day on `send` and `draft/add` and gets `default` penalised.
+async fn use_up(gate: &Gate) {
+    for _ in 0..2 {
+        assert_eq!(gate.get_as("wxA", SEND).await.status, 200);
+    }
+    assert_eq!(gate.get_as("wxA", ADD).await.status, 200);
+    assert_eq!(gate.get_as("wxA", INFO).await.header("x-wxgate-reason"), Some("penalty"), "WeChat's 45009");
+}
+
+/// Whether each of wxA's limits refuses, through `gate`.
+async fn refused(gate: &Gate) -> [Option<String>; 3] {
+    let mut out = [None, None, None];
+    for (i, path) in [SEND, ADD, "/cgi-bin/menu/get"].into_iter().enumerate() {
+        let a = gate.get_as("wxA", path).await;
+        out[i] = a.header("x-wxgate-reason").map(str::to_owned);
+    }
+    out
+}
+
+fn all_refused() -> [Option<String>; 3] {
+    [Some("quota".into()), Some("quota".into()), Some("penalty".into())]
+}
+
+#[tokio::test]
+async fn a_clear_wechat_accepts_resets_the_day_and_lifts_penalties_memory_store() {
+    let mock = wechat(ok_reply()).await;
+    let gate = Gate::start(&mock, rules()).await;
+    use_up(&gate).await;
+    assert_eq!(refused(&gate).await, all_refused());
+    // The recovery call itself is never blocked, and names the account in its body.
+    let cleared = gate.post(CLEAR, r#"{"appid":"wxA"}"#).await;
+    assert_eq!(cleared.status, 200);
+    assert_eq!(mock.calls().last().map(|c| c.body.clone()), Some(r#"{"appid":"wxA"}"#.into()), "body as sent");
+    assert_eq!(refused(&gate).await, [None, None, None], "everything goes again");
+    let text = admin(gate.admin_addr(), "GET", "/metrics", None).await.text();
+    assert_eq!(sample(&text, "wxgate_quota_clears_total"), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_clear_through_one_instance_resets_every_instance_redis_store() {
+    let redis = RedisServer::start();
+    let mock = wechat(ok_reply()).await;
+    let sections = format!("{}\n{}", StoreToml::redis(&redis.url()), rules());
+    let one = Gate::start_real(&mock, &sections).await;
+    let two = Gate::start_real(&mock, &sections).await;
+    use_up(&one).await;
+    assert_eq!(refused(&two).await, all_refused(), "shared through Redis");
+    // clear_quota/v2 through the other instance, the account known from an X-Wx-Account.
+    assert_eq!(two.post_as("wxA", "/cgi-bin/clear_quota/v2", r#"{"appid":"wxA","appsecret":"s"}"#).await.status, 200);
+    assert_eq!(refused(&one).await, [None, None, None], "the first instance sees the clear at once");
+    let b = admin(two.admin_addr(), "GET", "/v1/buckets/wxA/send", None).await.json();
+    assert_eq!(b["limits"][0]["used"], 1, "{b}");
+}
+
+#[tokio::test]
+async fn a_clear_wechat_refuses_resets_nothing() {
+    let mock = wechat(errcode_reply(48006)).await;
+    let gate = Gate::start(&mock, rules()).await;
+    use_up(&gate).await;
+    assert_eq!(gate.post(CLEAR, r#"{"appid":"wxA"}"#).await.status, 200, "WeChat's answer, as it is");
+    assert_eq!(refused(&gate).await, all_refused());
+}
+
+#[tokio::test]
+async fn a_clear_for_an_appid_that_is_not_the_calls_account_resets_nothing() {
+    let mock = wechat(ok_reply()).await;
+    let gate = Gate::start(&mock, rules()).await;
+    use_up(&gate).await;
+    let before = mock.count();
+    assert_eq!(gate.post_as("wxA", CLEAR, r#"{"appid":"wxB"}"#).await.status, 200);
+    assert_eq!(mock.count(), before + 1, "forwarded all the same: a recovery API is never blocked");
+    assert_eq!(refused(&gate).await, all_refused());
+}
+
+#[tokio::test]
+async fn the_admin_api_clears_by_hand() {
+    let redis = RedisServer::start();
+    let mock = wechat(ok_reply()).await;
+    let gate = Gate::start_real(&mock, format!("{}\n{}", StoreToml::redis(&redis.url()), rules())).await;
+    use_up(&gate).await;
+    let addr = gate.admin_addr();
+    let answer = admin(addr, "POST", "/v1/accounts/wxA/clear", None).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["cleared"], true);
+    assert_eq!(refused(&gate).await, [None, None, None]);
+    assert_eq!(admin(addr, "POST", "/v1/accounts/bad!/clear", None).await.status, 400);
+    assert_eq!(admin(addr, "GET", "/v1/accounts/wxA/clear", None).await.status, 404, "POST only");
+}
