@@ -127,15 +127,34 @@ async fn other_errcodes_pass_through_and_penalties_stay_per_account_and_rule() {
 
 #[tokio::test]
 async fn recovery_apis_reach_wechat_while_a_penalty_pauses_the_rule_that_would_claim_them() {
+    recovery_apis_are_never_paused(None).await;
+}
+
+#[tokio::test]
+async fn recovery_apis_reach_wechat_while_a_penalty_pauses_the_rule_that_would_claim_them_redis_store() {
+    let redis = support::redis_server::RedisServer::start();
+    recovery_apis_are_never_paused(Some(&redis)).await;
+}
+
+async fn recovery_apis_are_never_paused(redis: Option<&support::redis_server::RedisServer>) {
     const MENU: &str = "/cgi-bin/menu/get?access_token=T";
     const RECOVERY: [&str; 3] = ["/cgi-bin/clear_quota", "/cgi-bin/openapi/quota/get", "/cgi-bin/openapi/rid/get"];
     // A prefix rule claims /cgi-bin/*; without it the default rule would.
-    for claiming in [rule("cgi").matching("/cgi-bin/*").limit(100, "1m"), rule("default").limit(100, "1m")] {
+    for (i, claiming) in
+        [rule("cgi").matching("/cgi-bin/*").limit(100, "1m"), rule("default").limit(100, "1m")].into_iter().enumerate()
+    {
+        // Each round on its own Redis keys.
+        let store = redis
+            .map_or_else(String::new, |r| StoreToml::redis(&r.url()).set("key_prefix", format!("r{i}")).to_string());
         let mock = MockWeChat::start().await;
         mock.respond(|r| if r.path_and_query.starts_with("/cgi-bin/menu") { errcode_reply(45009) } else { ok_reply() });
         // clear_quota/v2 has a rule of its own: its own limit applies.
         let own = rule("clear").matching("/cgi-bin/clear_quota/v2").limit(1, "month");
-        let gate = Gate::start(&mock, format!("{claiming}{own}{}", penalty(45009, 60))).await;
+        let sections = format!("{store}\n{claiming}{own}{}", penalty(45009, 60));
+        let gate = match redis {
+            Some(_) => Gate::start_real(&mock, sections).await,
+            None => Gate::start(&mock, sections).await,
+        };
         assert_eq!(gate.get(MENU).await.status, 429, "WeChat's 45009 starts the penalty");
         let paused = gate.get(MENU).await;
         assert_eq!((paused.status.as_u16(), paused.header("x-wxgate-reason")), (429, Some("penalty")));
