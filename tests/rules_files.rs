@@ -108,26 +108,29 @@ const WECOM_TABLE: &[(&str, &str)] = &[
     ("/cgi-bin/appchat/update", "appchat_update"),
     ("/cgi-bin/appchat/send", "appchat_send"),
     ("/cgi-bin/media/uploadimg", "media_uploadimg"),
-    ("/cgi-bin/user/get", "user_get"),
-    ("/cgi-bin/externalcontact/get", "externalcontact_get"),
-    ("/cgi-bin/externalcontact/batch/get_by_user", "externalcontact_batch_get"),
-    ("/cgi-bin/externalcontact/list", "externalcontact_list"),
-    ("/cgi-bin/externalcontact/remark", "externalcontact_remark"),
-    ("/cgi-bin/externalcontact/mark_tag", "externalcontact_mark_tag"),
-    ("/cgi-bin/externalcontact/get_follow_user_list", "externalcontact"),
-    ("/cgi-bin/kf/sync_msg", "kf_sync_msg"),
+    ("/cgi-bin/user/get", "basic"),
+    ("/cgi-bin/user/list", "basic"),
+    ("/cgi-bin/department/list", "basic"),
+    ("/cgi-bin/externalcontact/get", "basic"),
+    ("/cgi-bin/externalcontact/batch/get_by_user", "basic"),
+    ("/cgi-bin/externalcontact/list", "basic"),
+    ("/cgi-bin/externalcontact/get_follow_user_list", "basic"),
+    ("/cgi-bin/externalcontact/remark", "basic_concurrent"),
+    ("/cgi-bin/externalcontact/mark_tag", "basic_concurrent"),
+    ("/cgi-bin/kf/sync_msg", "basic_concurrent"),
+    ("/cgi-bin/externalcontact/get_unassigned_list", "externalcontact"),
     ("/cgi-bin/checkin/getcheckindata", "checkin_data"),
     ("/cgi-bin/corp/getapprovaldata", "approval_data"),
     ("/cgi-bin/auth/getuserinfo", "auth_getuserinfo"),
-    ("/cgi-bin/department/list", "default"),
+    ("/cgi-bin/agent/get", "default"),
 ];
 
 /// WeCom paths documented as one quota with a path above, or sharing the
-/// prefix/default counter (tighter than WeCom; no per-path scope yet).
+/// prefix/default counter (tighter than WeCom).
 const WECOM_SHARED: &[(&str, &str)] = &[
     ("/cgi-bin/ticket/get", "jsapi_ticket"), // doc 90454: 400/hour per corp for both tickets
-    ("/cgi-bin/externalcontact/add_contact_way", "externalcontact"),
-    ("/cgi-bin/user/list", "default"),
+    ("/cgi-bin/externalcontact/del_contact_way", "externalcontact"),
+    ("/cgi-bin/user/update", "default"),
 ];
 
 fn load(file: &str) -> Config {
