@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text (OpenMetrics) |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active |
+//! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active; each upstream's health |
 //! | `GET /v1/rules` | the compiled rules |
 //! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
 //! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
@@ -236,7 +236,27 @@ fn ready(app: &App) -> Answer {
     if let StoreConfig::Memory(memory) = &config.store {
         answer["state_file"] = state_file(app, memory);
     }
+    answer["upstreams"] = upstreams(app);
     json_answer(status, answer)
+}
+
+/// Each upstream's health, in the order calls try them. A skipped upstream
+/// does not make wxgate unready: calls go to the next, and when every one
+/// is down that is WeChat's outage, which restarting wxgate cannot mend.
+fn upstreams(app: &App) -> Value {
+    let list = app.upstream.load().status();
+    Value::Array(
+        list.into_iter()
+            .map(|u| {
+                json!({
+                    "upstream": u.name,
+                    "url": u.url,
+                    "up": u.up,
+                    "skipped_for_s": u.skipped_for_us as f64 / 1e6,
+                })
+            })
+            .collect(),
+    )
 }
 
 /// The memory store's state file: where, and how its writes go (`null`

@@ -24,7 +24,8 @@ pub struct App {
     /// The running config; a call keeps the one it started with.
     pub config: ArcSwap<Config>,
     pub store: Arc<dyn Store>,
-    /// Swapped by a reload that changes the upstream settings.
+    /// Swapped by a reload that changes the upstream settings (keeping
+    /// the health of the upstreams it keeps).
     pub upstream: ArcSwap<Upstream>,
     pub clock: Arc<dyn Clock>,
     /// Concurrency slots held by this instance's calls.
@@ -65,7 +66,7 @@ impl App {
         clock: Arc<dyn Clock>,
         metrics: Metrics,
     ) -> Result<Arc<App>, String> {
-        let upstream = Upstream::new(&config.server)?;
+        let upstream = Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None)?;
         let lease_us = config.lease_us;
         let workers = config.server.workers;
         let app = Arc::new(App {

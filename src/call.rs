@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::Rule;
 use crate::metrics::{Outcome, RuleMetrics};
-use crate::upstream::UpstreamError;
+use crate::upstream::{Upstream, UpstreamError};
 
 /// Account used when a call names none.
 pub const DEFAULT_ACCOUNT: &str = "default";
@@ -54,6 +54,9 @@ pub struct Call {
     /// access log: the errmsg the client got, which never quotes the query
     /// or the body.
     pub refusal: Option<String>,
+    /// forward: the upstream that answered, or the last one tried (index
+    /// into that client's list), for the access log.
+    pub upstream: Option<(Arc<Upstream>, usize)>,
     pub decision_us: Micros,
     pub upstream_us: Micros,
     pub held_us: Micros,
@@ -76,6 +79,7 @@ impl Call {
             outcome: Outcome::forwarded,
             errcode: None,
             refusal: None,
+            upstream: None,
             decision_us: 0,
             upstream_us: 0,
             held_us: 0,

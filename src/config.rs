@@ -66,8 +66,10 @@ pub struct LogConfig {
 #[derive(Debug, Clone)]
 pub struct Server {
     pub listen: SocketAddr,
-    /// Base URL of WeChat (or a test mock); every forwarded call goes here and nowhere else.
-    pub upstream: http::Uri,
+    /// Base URL(s) of WeChat (or a test mock), tried in order
+    /// ([`crate::upstream`]); every forwarded call goes to one of them and
+    /// nowhere else.
+    pub upstream: Upstreams,
     /// How long a connection to the upstream may take, and how long the
     /// upstream may take to start its answer once the whole request (body
     /// included) has been handed to the connection.
@@ -104,6 +106,35 @@ pub struct Server {
     /// Serving threads, each with its own event loop, upstream connections
     /// and Redis connection (default: one per CPU). Read at start only.
     pub workers: usize,
+}
+
+/// `[server] upstream`: one base URL, or several tried in order (a call
+/// goes to the next only when it provably never reached the one before).
+/// Never empty; at most [`Upstreams::MAX`]; no two with the same host and
+/// port; all with the same path. Displays as the list, comma-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstreams(Vec<http::Uri>);
+
+impl Upstreams {
+    /// Most upstreams in a list (WeChat names five API domains).
+    pub const MAX: usize = 8;
+
+    /// The upstreams, in the order calls try them.
+    pub fn iter(&self) -> std::slice::Iter<'_, http::Uri> {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, u) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{u}")?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

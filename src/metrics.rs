@@ -111,6 +111,55 @@ impl MemoryStoreMetrics {
     }
 }
 
+/// What became of one try of a call at one upstream.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Tried {
+    /// Its answer's head came.
+    answered,
+    /// Provably never reached it (no connection, TLS failed, handed back
+    /// unwritten): the call went on to the next upstream, or got 502/504.
+    not_sent,
+    /// Sent (or partly), then no answer: a timeout, a reset, a broken answer.
+    failed,
+    /// The client's request body failed on the way (400, 408, 413).
+    client_error,
+}
+
+impl Tried {
+    pub const ALL: [Tried; 4] = [Tried::answered, Tried::not_sent, Tried::failed, Tried::client_error];
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    pub upstream: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriedLabels {
+    pub upstream: String,
+    pub result: Tried,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailoverLabels {
+    pub from: String,
+    pub to: String,
+}
+
+/// The upstreams' series (`crate::upstream`), labelled by the configured
+/// upstreams' `host[:port]` only: clones of the app's metrics, fed by the
+/// upstream client.
+#[derive(Clone, Default)]
+pub struct UpstreamMetrics {
+    /// Tries of calls at each upstream, by what became of them.
+    pub requests: Family<TriedLabels, Counter>,
+    /// Calls that moved on from one upstream to the next, never sent to the first.
+    pub failovers: Family<FailoverLabels, Counter>,
+    /// 1 while an upstream takes calls, 0 while it is skipped after a failure.
+    pub up: Family<UpstreamLabel, Gauge>,
+}
+
 /// Errcodes that get their own series; all others are `other`.
 const KNOWN_ERRCODES: [i64; 12] = [-1, 0, 40001, 40014, 42001, 45009, 45011, 45015, 45033, 45047, 48001, 48006];
 
@@ -185,6 +234,7 @@ pub struct Metrics {
     /// WeChat accepted, or `POST /v1/accounts/{account}/clear`.
     pub quota_clears: Counter,
     pub memory_store: MemoryStoreMetrics,
+    pub upstreams: UpstreamMetrics,
 }
 
 type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
@@ -225,6 +275,7 @@ impl Metrics {
         let tokens_learned = Counter::default();
         let quota_clears = Counter::default();
         let memory_store = MemoryStoreMetrics::default();
+        let upstreams = UpstreamMetrics::default();
         // Both series from the start, so that 0 is visible (and alertable).
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::save });
@@ -306,6 +357,21 @@ impl Metrics {
             "Unix time of the last successful state file write (0: none yet)",
             m.last_save.clone(),
         );
+        registry.register(
+            "upstream_requests",
+            "Tries of calls at each upstream by result: answered, not_sent (never reached it: the call moved on to the next upstream, or got 502/504), failed (sent, then no answer), client_error",
+            upstreams.requests.clone(),
+        );
+        registry.register(
+            "upstream_failovers",
+            "Calls that never reached one upstream (no connection, TLS failed) and were tried at the next",
+            upstreams.failovers.clone(),
+        );
+        registry.register(
+            "upstream_up",
+            "1 while an upstream takes calls; 0 while it is skipped after a failure (until a call after its back-off finds it answering)",
+            upstreams.up.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -330,6 +396,7 @@ impl Metrics {
             tokens_learned,
             quota_clears,
             memory_store,
+            upstreams,
         }
     }
 

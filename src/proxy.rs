@@ -18,8 +18,9 @@
 //!    ([`crate::upstream`]: connecting within `upstream_timeout`; the body
 //!    for as long as it keeps moving, `body_timeout` without progress ends
 //!    it; then the answer's head within `upstream_timeout`). A call that
-//!    provably never reached WeChat (no connection) gives back what its
-//!    admission took before its 502/504 is answered. A body the client
+//!    provably never reached an upstream (no connection) goes to the next
+//!    one in `[server] upstream`'s list, if any; one that never reached any
+//!    gives back what its admission took before its 502/504 is answered. A body the client
 //!    malformed, cut short or stopped sending is the client's fault (400,
 //!    408; 413 past `max_body`): counted as `rejected_bad_request`, never as
 //!    an upstream error, and its admission is kept (WeChat may have had the
@@ -33,7 +34,6 @@
 //! answer of the phase's own. Every accepted request gets exactly one
 //! response, and is counted and logged once ([`respond`]).
 
-use http::header::HOST;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
@@ -185,7 +185,9 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     Ok(())
 }
 
-/// Phase 5: send the call to the upstream, once, and wait for its answer's head.
+/// Phase 5: send the call to an upstream, once, and wait for its answer's
+/// head (the upstream sets its own `Host`, and moves a call that never
+/// reached one upstream on to the next: [`crate::upstream`]).
 pub async fn forward(
     app: &App,
     call: &mut Call,
@@ -198,7 +200,6 @@ pub async fn forward(
         upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.insert(HOST, upstream.host().clone());
     parts.headers.remove(ACCOUNT);
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.state, Kind::InFlight));
@@ -208,8 +209,9 @@ pub async fn forward(
         None => RequestBody::new(body, call.config.server.max_body),
     };
     let sent = Stopwatch::start();
-    let resp = upstream.send(Request::from_parts(parts, body)).await;
+    let (tried, resp) = upstream.send(Request::from_parts(parts, body)).await;
     call.upstream_us = sent.elapsed_us();
+    call.upstream = Some((upstream, tried));
     if let Some(m) = &call.metrics {
         m.upstream.observe(call.upstream_us as f64 / 1e6);
     }
@@ -297,6 +299,7 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
             outcome = call.outcome.as_str(),
             status = resp.status().as_u16(),
             errcode = call.errcode,
+            upstream = call.upstream.as_ref().map(|(u, i)| u.name(*i)),
             error = call.refusal.as_deref(),
             decision_ms = call.decision_us as f64 / 1000.0,
             upstream_ms = call.upstream_us as f64 / 1000.0,

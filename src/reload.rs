@@ -64,7 +64,9 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         || s.0.upstream_timeout != s.1.upstream_timeout
         || s.0.body_timeout != s.1.body_timeout
     {
-        app.upstream.store(Arc::new(Upstream::new(&next.server)?));
+        let previous = app.upstream.load();
+        let upstream = Upstream::new(&next.server, app.clock.clone(), &app.metrics.upstreams, Some(&previous))?;
+        app.upstream.store(Arc::new(upstream));
     }
     app.config.store(Arc::new(next));
     app.store.rules_changed();

@@ -1,13 +1,13 @@
-//! The pooled client to the one configured upstream (WeChat, or a mock in
-//! tests). wxgate never connects anywhere else: every connection goes to the
+//! The pooled client to the configured upstreams (WeChat, or mocks in
+//! tests). wxgate never connects anywhere else: every connection goes to a
 //! configured base, and a request carries only the client's path and query
-//! (origin-form) and the upstream's `Host`.
+//! (origin-form) and that upstream's own `Host`.
 //!
-//! The pool is wxgate's own, one per serving thread: hyper's HTTP/1
-//! connections, a stack of senders (newest first, so few connections stay
-//! warm), no hashing, no task per call. A request goes out once; it is sent
-//! again only when hyper hands it back unsent (a pooled connection that had
-//! closed before the request was written), then on a new connection.
+//! The pool is wxgate's own, one per upstream and serving thread: hyper's
+//! HTTP/1 connections, a stack of senders (newest first, so few connections
+//! stay warm), no hashing, no task per call. A request goes out once; it is
+//! sent again only when hyper hands it back unsent (a pooled connection that
+//! had closed before the request was written), then on a new connection.
 //!
 //! Timeouts, each meaning what it says ([`Upstream::send`]):
 //! - connecting (TCP, TLS) before the request is handed to a connection:
@@ -28,27 +28,47 @@
 //! its admission took from the rule's limits. A request body the client
 //! broke off or malformed ([`UpstreamError::client_fault`]) is not such a
 //! failure: WeChat may have had the head and part of the body.
+//!
+//! **Failover** (`[server] upstream` a list): a call goes to the first
+//! upstream that is up. When it provably never reached that one
+//! ([`UpstreamError::never_sent`]: no connection, TLS failed, or
+//! `upstream_timeout` while connecting; the request handed back unwritten)
+//! it goes to the next at once, with a connect budget of its own; once any
+//! byte of it may have been written it is never sent anywhere else (WeChat's
+//! sends are not idempotent): a timeout after that is 504, as with one
+//! upstream. Each failure of an upstream (never sent, or sent and then no
+//! answer; not the client's body) has it skipped for a back-off: 10 s,
+//! doubling while it keeps failing, at most 5 min; an answer ends it. When
+//! the back-off is over, the next call tries it first (one call at a time:
+//! the others go on to the next meanwhile); there is no background probe.
+//! Upstreams skipped for their back-off are still tried, in order, after
+//! the others failed: a call is answered 502/504 only after every upstream
+//! failed to take it. Back-off times are on the app's [`Clock`].
 
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HOST};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use tokio::task::AbortHandle;
 use tokio::time::Sleep;
 
-use crate::clock::{deadline_after, Stopwatch};
+use crate::clock::{deadline_after, Clock, Micros, Stopwatch};
 use crate::config::Server;
+use crate::metrics::{FailoverLabels, Tried, TriedLabels, UpstreamLabel, UpstreamMetrics};
 use crate::request_body::{BodyError, Progress, RequestBody};
 
 /// Why a call could not be relayed: the upstream's fault (502, 504) or the
@@ -174,30 +194,108 @@ impl Pool {
     }
 }
 
-#[derive(Clone)]
-pub struct Upstream {
-    connector: HttpsConnector<HttpConnector>,
-    /// scheme://authority of the upstream: where connections go.
+/// An upstream's first back-off after a failure.
+const BACKOFF_FIRST_US: Micros = 10_000_000;
+/// The longest back-off: a failing upstream is tried by one call this often.
+const BACKOFF_MAX_US: Micros = 300_000_000;
+
+/// One upstream's health, shared by every serving thread (and kept across
+/// a reload that keeps the upstream).
+#[derive(Default)]
+struct Health {
+    /// 0 while up; else the [`Clock`] time (µs) until which calls skip it.
+    down_until: AtomicI64,
+    /// The current back-off (µs); 0 while up.
+    backoff: AtomicI64,
+}
+
+/// Why a call tries an upstream, which decides what its failure does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// It was up: a failure starts its first back-off.
+    Up,
+    /// Its back-off was over and this call claimed the retry: a failure
+    /// doubles the back-off.
+    Retry,
+    /// Every other upstream failed first: a failure changes nothing.
+    LastResort,
+}
+
+/// One configured upstream: where, its `Host`, its connections, health and series.
+struct Target {
+    /// scheme://authority: where connections go.
     base: Uri,
+    /// `Host` of every call sent here, as hyper would build it per call.
+    host: http::HeaderValue,
+    /// `host[:port]`: the metrics' `upstream` label, the access log's `upstream`.
+    name: String,
     /// Used off the serving threads.
-    pool: Arc<Pool>,
+    pool: Pool,
     /// One pool per serving thread ([`crate::worker`]): a connection's task
     /// runs on the thread that opened it, so sharing pools across threads
     /// would make every call wake another thread.
-    per_worker: Arc<[Pool]>,
+    per_worker: Box<[Pool]>,
+    health: Arc<Health>,
+    /// Tries by result, in [`Tried::ALL`]'s order.
+    tried: [Counter; 4],
+    up: Gauge,
+}
+
+impl Target {
+    fn count(&self, result: Tried) {
+        if let Some(c) = Tried::ALL.iter().position(|t| *t == result).and_then(|i| self.tried.get(i)) {
+            c.inc();
+        }
+    }
+}
+
+/// How a try at one upstream failed.
+enum Failure {
+    /// Not a byte reached it: the request is back, for the next upstream.
+    Unsent(Box<Request<RequestBody>>, UpstreamError),
+    /// The request (or part of it) may have reached it.
+    Sent(UpstreamError),
+}
+
+/// One upstream's health, for `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamStatus {
+    /// `host[:port]`.
+    pub name: String,
+    pub url: String,
+    /// False while it is skipped after a failure.
+    pub up: bool,
+    /// How long it is still skipped (0 when up, or when the next call will try it).
+    pub skipped_for_us: Micros,
+}
+
+/// The client to the configured upstreams, tried in order.
+pub struct Upstream {
+    connector: HttpsConnector<HttpConnector>,
+    /// In `[server] upstream`'s order; never empty.
+    targets: Box<[Target]>,
+    /// The upstreams' path (the same for all), prefixed to every call's.
     base_path: String,
-    /// `Host` of every forwarded call, as hyper would build it per call.
-    host: http::HeaderValue,
     /// `upstream_timeout`: connecting, and waiting for the answer's head
     /// after the whole request was handed to the connection.
     timeout: Duration,
     /// `body_timeout`: most time without progress while sending a body.
     body_timeout: Duration,
+    /// Back-off times.
+    clock: Arc<dyn Clock>,
+    metrics: UpstreamMetrics,
 }
 
 impl Upstream {
     /// Builds the client. Trusts the public web roots plus `upstream_ca`.
-    pub fn new(server: &Server) -> Result<Upstream, String> {
+    /// Upstreams that `previous` (the client a reload replaces) also had
+    /// keep their health: one being skipped stays skipped.
+    pub fn new(
+        server: &Server,
+        clock: Arc<dyn Clock>,
+        metrics: &UpstreamMetrics,
+        previous: Option<&Upstream>,
+    ) -> Result<Upstream, String> {
         let mut roots = RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
         if let Some(ca) = &server.upstream_ca {
             add_pem_roots(&mut roots, ca)?;
@@ -216,29 +314,57 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let up = &server.upstream;
-        let hostname = up.host().ok_or("upstream has no host")?;
-        let default_port = if up.scheme_str() == Some("https") { 443 } else { 80 };
-        let host = match up.port_u16() {
-            Some(p) if p != default_port => format!("{hostname}:{p}"),
-            _ => hostname.to_owned(),
-        };
-        let host = http::HeaderValue::from_str(&host).map_err(|e| format!("upstream host: {e}"))?;
-        let base = Uri::builder()
-            .scheme(up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS))
-            .authority(up.authority().cloned().ok_or("upstream has no host")?)
-            .path_and_query("/")
-            .build()
-            .map_err(|e| format!("upstream: {e}"))?;
+        let mut targets = Vec::new();
+        let mut base_path = None;
+        for up in server.upstream.iter() {
+            let hostname = up.host().ok_or("upstream has no host")?;
+            let default_port = if up.scheme_str() == Some("https") { 443 } else { 80 };
+            let name = match up.port_u16() {
+                Some(p) if p != default_port => format!("{hostname}:{p}"),
+                _ => hostname.to_owned(),
+            };
+            let host = http::HeaderValue::from_str(&name).map_err(|e| format!("upstream host: {e}"))?;
+            let base = Uri::builder()
+                .scheme(up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS))
+                .authority(up.authority().cloned().ok_or("upstream has no host")?)
+                .path_and_query("/")
+                .build()
+                .map_err(|e| format!("upstream: {e}"))?;
+            base_path.get_or_insert_with(|| up.path().trim_end_matches('/').to_owned());
+            let kept = previous.and_then(|p| p.targets.iter().find(|t| t.base == base));
+            let health = kept.map_or_else(Arc::default, |t| t.health.clone());
+            let labels = |result| TriedLabels { upstream: name.clone(), result };
+            let tried = Tried::ALL.map(|r| metrics.requests.get_or_create(&labels(r)).clone());
+            let up = metrics.up.get_or_create(&UpstreamLabel { upstream: name.clone() }).clone();
+            up.set(i64::from(health.down_until.load(Ordering::Relaxed) == 0));
+            targets.push(Target {
+                base,
+                host,
+                name,
+                pool: Pool::default(),
+                per_worker: (0..server.workers).map(|_| Pool::default()).collect(),
+                health,
+                tried,
+                up,
+            });
+        }
+        if targets.is_empty() {
+            return Err("no upstream".into());
+        }
+        // The series of upstreams a reload removed go: no stale "down".
+        for gone in previous.iter().flat_map(|p| p.targets.iter()) {
+            if !targets.iter().any(|t| t.name == gone.name) {
+                metrics.up.remove(&UpstreamLabel { upstream: gone.name.clone() });
+            }
+        }
         Ok(Upstream {
             connector,
-            base,
-            pool: Arc::default(),
-            per_worker: (0..server.workers).map(|_| Pool::default()).collect(),
-            host,
-            base_path: up.path().trim_end_matches('/').to_owned(),
+            targets: targets.into(),
+            base_path: base_path.unwrap_or_default(),
             timeout: server.upstream_timeout,
             body_timeout: server.body_timeout,
+            clock,
+            metrics: metrics.clone(),
         })
     }
 
@@ -252,20 +378,159 @@ impl Upstream {
         }
     }
 
-    /// The `Host` header forwarded calls carry (the upstream's, never the client's).
-    pub fn host(&self) -> &http::HeaderValue {
-        &self.host
+    /// The `host[:port]` of upstream `i` (as [`Upstream::send`] numbers them).
+    pub fn name(&self, i: usize) -> &str {
+        self.targets.get(i).map_or("", |t| &t.name)
     }
 
-    /// Sends one request (origin-form target, `Host` set by the caller), once,
-    /// and returns the answer's head. Connecting is bounded by
-    /// `upstream_timeout`; sending the body by `body_timeout` without
-    /// progress; waiting for the head, once the whole request has been
-    /// handed to the connection, by `upstream_timeout` again. One timer
-    /// serves all three, moved from deadline to deadline.
-    pub async fn send(&self, mut req: Request<RequestBody>) -> Result<Response<Incoming>, UpstreamError> {
-        let pool = crate::worker::pick(&self.per_worker, &self.pool);
+    /// Each upstream's health, in order.
+    pub fn status(&self) -> Vec<UpstreamStatus> {
+        let now = self.clock.now_us();
+        self.targets
+            .iter()
+            .map(|t| {
+                let until = t.health.down_until.load(Ordering::Relaxed);
+                UpstreamStatus {
+                    name: t.name.clone(),
+                    url: t.base.to_string(),
+                    up: until == 0,
+                    skipped_for_us: if until == 0 { 0 } else { (until - now).max(0) },
+                }
+            })
+            .collect()
+    }
+
+    /// Sends one request (origin-form target; `Host` set here, each
+    /// upstream's own) to the first upstream that is up, and returns the
+    /// answer's head, with the index of the upstream that answered (or the
+    /// last one tried). When the request provably never reached an upstream
+    /// it goes to the next (see the module docs); once it may have reached
+    /// one, it is never sent again.
+    ///
+    /// At each upstream: connecting is bounded by `upstream_timeout`;
+    /// sending the body by `body_timeout` without progress; waiting for the
+    /// head, once the whole request has been handed to the connection, by
+    /// `upstream_timeout` again. One timer serves all three, moved from
+    /// deadline to deadline.
+    pub async fn send(&self, mut req: Request<RequestBody>) -> (usize, Result<Response<Incoming>, UpstreamError>) {
         let progress = req.body().progress();
+        let mut tried = 0u32;
+        let (mut i, mut why) = self.pick(tried).unwrap_or((0, Why::LastResort));
+        loop {
+            tried |= 1 << i;
+            let Some(target) = self.targets.get(i) else {
+                return (i, Err(UpstreamError::Connect("no upstream".into())));
+            };
+            req.headers_mut().insert(HOST, target.host.clone());
+            match self.send_to(target, req, progress.as_deref()).await {
+                Ok(resp) => {
+                    target.count(Tried::answered);
+                    self.answered(target);
+                    return (i, Ok(resp));
+                }
+                Err(Failure::Sent(e)) => {
+                    if e.client_fault() {
+                        target.count(Tried::client_error);
+                    } else {
+                        target.count(Tried::failed);
+                        self.failed(target, why, &e);
+                    }
+                    return (i, Err(e));
+                }
+                Err(Failure::Unsent(back, e)) => {
+                    target.count(Tried::not_sent);
+                    self.failed(target, why, &e);
+                    let Some((next, next_why)) = self.pick(tried) else { return (i, Err(e)) };
+                    if let Some(to) = self.targets.get(next) {
+                        tracing::debug!(from = %target.name, to = %to.name, error = %e, "the call never reached the upstream: trying the next");
+                        let labels = FailoverLabels { from: target.name.clone(), to: to.name.clone() };
+                        self.metrics.failovers.get_or_create(&labels).inc();
+                    }
+                    (req, i, why) = (*back, next, next_why);
+                }
+            }
+        }
+    }
+
+    /// The next upstream to try, not in `tried` (a bit per index): the
+    /// first that is up, or whose back-off is over and whose retry this call
+    /// claims; else the first left. The clock is read once, and only when
+    /// an upstream is down: with all up, this is one atomic load.
+    fn pick(&self, tried: u32) -> Option<(usize, Why)> {
+        let untried = |i: &usize| tried & (1 << i) == 0;
+        let mut now = None;
+        for (i, t) in self.targets.iter().enumerate().filter(|(i, _)| untried(i)) {
+            let until = t.health.down_until.load(Ordering::Relaxed);
+            if until == 0 {
+                return Some((i, Why::Up));
+            }
+            let now = *now.get_or_insert_with(|| self.clock.now_us());
+            // Claimed by moving its end on by a back-off: the calls that
+            // come meanwhile skip it, and a retry whose call is dropped
+            // leaves it skipped for one more back-off.
+            let backoff = t.health.backoff.load(Ordering::Relaxed).max(BACKOFF_FIRST_US);
+            if now >= until
+                && t.health
+                    .down_until
+                    .compare_exchange(until, now + backoff, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Some((i, Why::Retry));
+            }
+        }
+        (0..self.targets.len()).find(untried).map(|i| (i, Why::LastResort))
+    }
+
+    /// An answer came from `t`: it is up (again).
+    fn answered(&self, t: &Target) {
+        if t.health.down_until.load(Ordering::Relaxed) != 0 && t.health.down_until.swap(0, Ordering::AcqRel) != 0 {
+            t.health.backoff.store(0, Ordering::Relaxed);
+            t.up.set(1);
+            tracing::info!(upstream = %t.name, "the upstream answers again: calls go to it");
+        }
+    }
+
+    /// A call failed at `t` (not by its client's fault): starts its first
+    /// back-off if it was up, doubles it if this was its retry.
+    fn failed(&self, t: &Target, why: Why, e: &UpstreamError) {
+        let h = &t.health;
+        let now = self.clock.now_us();
+        let backoff = match why {
+            Why::Up => {
+                if h.down_until
+                    .compare_exchange(0, now + BACKOFF_FIRST_US, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    return; // already skipped, by another call's failure
+                }
+                h.backoff.store(BACKOFF_FIRST_US, Ordering::Relaxed);
+                BACKOFF_FIRST_US
+            }
+            Why::Retry => {
+                let b = h.backoff.load(Ordering::Relaxed).saturating_mul(2).clamp(BACKOFF_FIRST_US, BACKOFF_MAX_US);
+                h.backoff.store(b, Ordering::Relaxed);
+                h.down_until.store(now + b, Ordering::Release);
+                b
+            }
+            Why::LastResort => return,
+        };
+        t.up.set(0);
+        if self.targets.len() > 1 {
+            tracing::warn!(upstream = %t.name, error = %e, backoff_s = backoff / 1_000_000, "upstream failed: calls go to the next upstream until its back-off is over, then one call tries it again");
+        } else {
+            tracing::warn!(upstream = %t.name, error = %e, "upstream failed: marked down until a call gets an answer");
+        }
+    }
+
+    /// One try at `target`: its pooled connection or a new one, then the
+    /// exchange. A request that provably never reached it comes back.
+    async fn send_to(
+        &self,
+        target: &Target,
+        mut req: Request<RequestBody>,
+        progress: Option<&Progress>,
+    ) -> Result<Response<Incoming>, Failure> {
+        let pool = crate::worker::pick(&target.per_worker, &target.pool);
         let connect_by = deadline_after(self.timeout);
         let timer = tokio::time::sleep_until(connect_by);
         tokio::pin!(timer);
@@ -276,11 +541,16 @@ impl Upstream {
                 Some(conn) => conn,
                 None => tokio::select! {
                     biased;
-                    conn = self.connect() => conn?,
-                    () = &mut timer => return Err(UpstreamError::ConnectTimeout(self.timeout)),
+                    conn = self.connect(&target.base) => match conn {
+                        Ok(conn) => conn,
+                        Err(e) => return Err(Failure::Unsent(Box::new(req), e)),
+                    },
+                    () = &mut timer => {
+                        return Err(Failure::Unsent(Box::new(req), UpstreamError::ConnectTimeout(self.timeout)))
+                    }
                 },
             };
-            match self.exchange(&mut conn, req, progress.as_deref(), timer.as_mut(), !reused).await? {
+            match self.exchange(&mut conn, req, progress, timer.as_mut(), !reused).await.map_err(Failure::Sent)? {
                 Ok(resp) => {
                     pool.put(conn);
                     return Ok(resp);
@@ -296,13 +566,16 @@ impl Upstream {
                         timer.as_mut().reset(connect_by);
                     }
                     // A new connection that closed before writing it.
-                    Some(_) => {
-                        return Err(UpstreamError::Connect(format!(
-                            "the connection closed before the request was written: {}",
-                            error_chain(&e.into_error())
-                        )))
+                    Some(unsent) => {
+                        return Err(Failure::Unsent(
+                            Box::new(unsent),
+                            UpstreamError::Connect(format!(
+                                "the connection closed before the request was written: {}",
+                                error_chain(&e.into_error())
+                            )),
+                        ))
                     }
-                    None => return Err(exchange_error(&e.into_error())),
+                    None => return Err(Failure::Sent(exchange_error(&e.into_error()))),
                 },
             }
         }
@@ -382,13 +655,13 @@ impl Upstream {
 
     /// Opens a connection (TCP, then TLS for https) and starts its task on
     /// this thread's runtime.
-    async fn connect(&self) -> Result<Conn, UpstreamError> {
+    async fn connect(&self, base: &Uri) -> Result<Conn, UpstreamError> {
         use tower_service::Service;
         let mut connector = self.connector.clone();
         let connect_error =
             |e: Box<dyn std::error::Error + Send + Sync>| UpstreamError::Connect(error_chain(e.as_ref()));
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(connect_error)?;
-        let io = connector.call(self.base.clone()).await.map_err(connect_error)?;
+        let io = connector.call(base.clone()).await.map_err(connect_error)?;
         let (sender, conn) =
             hyper::client::conn::http1::handshake(io).await.map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
         let task = tokio::spawn(async move {

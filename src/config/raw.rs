@@ -31,7 +31,7 @@ pub(super) struct RawLog {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawServer {
     pub listen: Option<String>,
-    pub upstream: Option<String>,
+    pub upstream: Option<RawUpstream>,
     pub upstream_timeout: Option<String>,
     pub body_timeout: Option<String>,
     pub upstream_ca: Option<PathBuf>,
@@ -47,6 +47,36 @@ pub(super) struct RawServer {
     pub throttle_status: Option<u16>,
     pub workers: Option<usize>,
     pub mode: Option<String>,
+}
+
+/// `[server] upstream`: one base URL, or a list of them tried in order.
+#[derive(Debug)]
+pub(super) enum RawUpstream {
+    One(String),
+    List(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for RawUpstream {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawUpstream;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a URL, or a list of URLs tried in order")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawUpstream, E> {
+                Ok(RawUpstream::One(s.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawUpstream, A::Error> {
+                let mut list = Vec::new();
+                while let Some(url) = seq.next_element::<String>()? {
+                    list.push(url);
+                }
+                Ok(RawUpstream::List(list))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]

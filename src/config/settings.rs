@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{RawServer, RawStore};
+use super::raw::{RawServer, RawStore, RawUpstream};
 use super::units::{parse_duration, parse_offset, parse_size};
-use super::{valid_account, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig};
+use super::{valid_account, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig, Upstreams};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MAX_HELD: usize = 10_000;
@@ -32,8 +32,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
     let listen = listen_text
         .parse()
         .map_err(|_| format!("[server] listen: \"{listen_text}\" is not an address:port such as 127.0.0.1:8080"))?;
-    let upstream_text = raw.upstream.as_deref().unwrap_or(DEFAULT_UPSTREAM);
-    let upstream = parse_upstream(upstream_text).map_err(|m| format!("[server] upstream: \"{upstream_text}\": {m}"))?;
+    let upstream = upstreams(raw.upstream)?;
     let upstream_timeout = match raw.upstream_timeout.as_deref() {
         None => DEFAULT_UPSTREAM_TIMEOUT,
         Some(t) => parse_duration(t).map_err(|m| format!("[server] upstream_timeout: {m}"))?,
@@ -292,6 +291,53 @@ fn memory(raw: RawStore, config_dir: Option<&Path>) -> Result<MemoryConfig, Stri
         return Err("[store] max_entries: must be at least 1".into());
     }
     Ok(MemoryConfig { state_file, flush_interval, max_entries })
+}
+
+/// `[server] upstream`: a URL (the default: WeChat's), or a list tried in
+/// order. Each element passes [`parse_upstream`]; a list is not empty, has
+/// at most [`Upstreams::MAX`] elements, no host:port twice (the metrics'
+/// `upstream` label), and one path for all (a call's target does not depend
+/// on which upstream takes it).
+fn upstreams(raw: Option<RawUpstream>) -> Result<Upstreams, String> {
+    let list = match raw {
+        None => return parse_upstream(DEFAULT_UPSTREAM).map(|u| Upstreams(vec![u])),
+        Some(RawUpstream::One(text)) => {
+            let uri = parse_upstream(&text).map_err(|m| format!("[server] upstream: \"{text}\": {m}"))?;
+            return Ok(Upstreams(vec![uri]));
+        }
+        Some(RawUpstream::List(list)) => list,
+    };
+    if list.is_empty() {
+        return Err(format!(
+            "[server] upstream: an empty list: give at least one URL, e.g. [\"{DEFAULT_UPSTREAM}\", \"https://api2.weixin.qq.com\"]"
+        ));
+    }
+    if list.len() > Upstreams::MAX {
+        return Err(format!("[server] upstream: {} URLs: at most {} are tried", list.len(), Upstreams::MAX));
+    }
+    let mut uris: Vec<http::Uri> = Vec::with_capacity(list.len());
+    for (i, text) in list.iter().enumerate() {
+        let uri = parse_upstream(text).map_err(|m| format!("[server] upstream[{i}]: \"{text}\": {m}"))?;
+        if let Some(j) = uris.iter().position(|u| same_host(u, &uri)) {
+            return Err(format!("[server] upstream[{i}]: \"{text}\": the same host and port as upstream[{j}]"));
+        }
+        if let Some(first) = uris.first() {
+            if uri.path().trim_end_matches('/') != first.path().trim_end_matches('/') {
+                return Err(format!(
+                    "[server] upstream[{i}]: \"{text}\": its path must be upstream[0]'s (\"{}\"): a call keeps its path whichever upstream takes it",
+                    first.path().trim_end_matches('/')
+                ));
+            }
+        }
+        uris.push(uri);
+    }
+    Ok(Upstreams(uris))
+}
+
+/// Whether two upstream URLs reach the same host and port.
+fn same_host(a: &http::Uri, b: &http::Uri) -> bool {
+    let port = |u: &http::Uri| u.port_u16().unwrap_or(if u.scheme_str() == Some("https") { 443 } else { 80 });
+    a.host().map(str::to_ascii_lowercase) == b.host().map(str::to_ascii_lowercase) && port(a) == port(b)
 }
 
 fn parse_upstream(text: &str) -> Result<http::Uri, String> {

@@ -173,6 +173,12 @@ impl ConfigToml {
         ConfigToml { server, sections: Vec::new() }
     }
 
+    /// In front of these upstreams, tried in order (`upstream = [...]`,
+    /// failover).
+    pub fn upstreams(urls: &[&str]) -> ConfigToml {
+        ConfigToml::new("").server("upstream", urls.iter().map(|u| u.to_string()).collect::<Vec<_>>())
+    }
+
     /// A `[server]` key; setting a key again replaces it.
     pub fn server(mut self, key: &str, v: impl Into<toml::Value>) -> Self {
         self.server.set(key, value(v));

@@ -421,6 +421,12 @@ impl Gate {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// One sample of the admin API's `/metrics` (`name{labels}` exactly as
+    /// exposed), if present.
+    pub async fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        sample(&get_at(self.admin_addr(), "/metrics").await.text(), name_and_labels)
+    }
+
     pub async fn get(&self, path: &str) -> Answer {
         send(Request::get(self.url(path)).body(Full::new(Bytes::new())).expect("request")).await
     }
