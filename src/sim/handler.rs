@@ -48,7 +48,7 @@ enum Ask {
 
 /// The result of reading a request: the account it counts against and what
 /// it asks, or WeChat's error for it (counted, against no limit).
-type Read = Result<(String, bool, Ask), (i64, &'static str)>;
+type Reading = Result<(String, bool, Ask), (i64, &'static str)>;
 
 impl Sim {
     pub fn new(config: SimConfig, clock: Arc<dyn Clock>) -> Sim {
@@ -125,7 +125,7 @@ impl Sim {
 
     /// The account and what the call asks; WeChat's error for a call that
     /// lacks what its API needs.
-    fn read(&self, path: &str, query: &str, body: &[u8]) -> Read {
+    fn read(&self, path: &str, query: &str, body: &[u8]) -> Reading {
         let text = |name: &str| param(query, name).map(|v| String::from_utf8_lossy(&v).into_owned());
         match path {
             "/cgi-bin/token" => {
