@@ -37,6 +37,7 @@ pub mod reload;
 pub mod request_body;
 pub mod routes;
 pub mod server;
+pub mod sim;
 pub mod slots;
 pub mod smuggling;
 pub mod store;

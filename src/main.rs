@@ -1,5 +1,6 @@
 //! `wxgate [--config rules.toml]` serves; `wxgate check --config rules.toml`
-//! validates and prints the compiled rules.
+//! validates and prints the compiled rules; `wxgate sim` serves a WeChat
+//! API simulator (no rules config needed).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,10 +35,27 @@ struct Cli {
 enum Command {
     /// Validate the config, print each compiled rule, exit non-zero on any error.
     Check,
+    /// Serve a WeChat API simulator (quotas, 45009/45033, tokens, /__stats) for
+    /// local tries and load tests. Needs no rules config. Reference: docs/sim.md.
+    Sim(SimArgs),
+}
+
+#[derive(clap::Args)]
+struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9999")]
+    listen: std::net::SocketAddr,
+    /// Limits file (TOML); without it, the built-in demo (the same as deploy/sim.toml).
+    #[arg(long)]
+    limits: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The simulator reads its own file, never the rules config.
+    if let Some(Command::Sim(args)) = &cli.command {
+        return sim(args);
+    }
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -50,8 +68,52 @@ fn main() -> ExitCode {
             print_rules(&config);
             ExitCode::SUCCESS
         }
+        Some(Command::Sim(_)) => unreachable!("dispatched before the config is loaded"),
         None => run(config),
     }
+}
+
+/// `wxgate sim`: serves until SIGTERM or Ctrl-C.
+fn sim(args: &SimArgs) -> ExitCode {
+    let mut config =
+        match args.limits.as_deref().map_or_else(wxgate::sim::SimConfig::demo, wxgate::sim::SimConfig::load) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("wxgate sim: invalid limits: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    config.listen = args.listen;
+    // Logs to stderr like the server (`WXGATE_LOG`, default info).
+    let filter = EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wxgate sim: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let source = config.source.clone();
+        let apis = config.apis.len();
+        let (addr, handle) = match wxgate::sim::serve(config, Arc::new(SystemClock)).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("wxgate sim: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(listen = %addr, limits = %source, apis, "wxgate sim serving (GET /__stats, POST /__reset)");
+        shutdown_signal().await;
+        handle.stop();
+        tracing::info!("wxgate sim: bye");
+        ExitCode::SUCCESS
+    })
 }
 
 fn run(config: Config) -> ExitCode {

@@ -3,7 +3,8 @@
 //! Beside it: the wxgate binary as a process ([`process`]), `redis-server`
 //! ([`redis_server`]), config TOML ([`config`]), polling with a deadline
 //! ([`poll`]), window counting ([`window`]), raw HTTP over a socket
-//! ([`wire`]), scratch directories ([`temp`]), upstream ports that refuse
+//! ([`wire`]), `wxgate sim` in-process ([`sim`]),
+//! scratch directories ([`temp`]), upstream ports that refuse
 //! or stall connections ([`ports`]), the memory store's state file
 //! ([`state_file`]), request bodies with upstreams that record what became
 //! of them ([`bodies`]) and real WeChat SDKs as subprocesses ([`sdk`]).
@@ -18,6 +19,7 @@ pub mod ports;
 pub mod process;
 pub mod redis_server;
 pub mod sdk;
+pub mod sim;
 pub mod state_file;
 pub mod temp;
 pub mod window;

@@ -48,12 +48,14 @@ pub fn spawn(config: &str, tag: &str, env: &[(&str, &str)]) -> Result<Instance, 
 
 /// Like [`spawn`], with an existing config file.
 pub fn spawn_path(path: &Path, env: &[(&str, &str)]) -> Result<Instance, String> {
+    spawn_args(&["--config", path.to_str().expect("utf-8 path")], env)
+}
+
+/// Starts `wxgate <args>` (e.g. `sim --listen 127.0.0.1:0`) like [`spawn`]:
+/// ready once it logs `listen=<addr>`.
+pub fn spawn_args(args: &[&str], env: &[(&str, &str)]) -> Result<Instance, String> {
     let mut cmd = command();
-    cmd.args(["--config", path.to_str().expect("utf-8 path")])
-        .env("WXGATE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args(args).env("WXGATE_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
