@@ -3,6 +3,7 @@
 //! the hot path never re-validates anything.
 //!
 //! - [`raw`]: the file's shape (serde, unknown keys rejected);
+//! - [`errors`]: where in the file an error is, and serde's errors in words;
 //! - [`compile`]: raw → these types, every check with a message that names
 //!   the file, the line where known, the rule and the field
 //!   (`rules.toml:14: rule "menu": limits[0]: ...`);
@@ -13,6 +14,7 @@
 //! stores, the proxy and the upstream read it.
 
 mod compile;
+mod errors;
 mod raw;
 mod settings;
 pub mod units;

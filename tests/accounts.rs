@@ -389,12 +389,12 @@ fn the_allow_list_is_checked_when_the_config_loads() {
     assert_eq!(parse(r#"["wx1234567890abcdef", "ww_corp-1", "default"]"#), Ok(()));
     assert_eq!(
         parse("[]"),
-        Err("t.toml: [server] accounts: an empty list refuses every call; leave the key out to allow any account"
+        Err("t.toml:2: [server] accounts: an empty list refuses every call; leave the key out to allow any account"
             .into())
     );
     assert_eq!(
         parse(r#"["wxA", "wx B"]"#),
-        Err(r#"t.toml: [server] accounts: "wx B" is not an account name (1-64 of A-Z a-z 0-9 _ -)"#.into())
+        Err(r#"t.toml:2: [server] accounts: "wx B" is not an account name (1-64 of A-Z a-z 0-9 _ -)"#.into())
     );
 }
 

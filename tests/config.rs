@@ -12,33 +12,76 @@ fn wxgate(args: &[&str]) -> (i32, String, String) {
 fn bad_configs_are_refused_with_file_line_rule_and_field() {
     let cases = [
         ("burst_exceeds_count", "burst_exceeds_count.toml:4: rule \"send\": limits[0]: burst 40 exceeds count 30"),
-        ("misspelled_key", "misspelled_key.toml:4: unknown field `limit`, expected one of `name`, `match`, `limits`"),
+        ("misspelled_key", "misspelled_key.toml:4: rule \"send\": limit: unknown key; expected one of `name`, `match`, `limits`"),
         (
             "duplicate_pattern",
-            "duplicate_pattern.toml:5: rules \"a\" and \"b\" both claim the path pattern \"/cgi-bin/message/*\"",
+            "duplicate_pattern.toml:7: rules \"a\" and \"b\" both claim the path pattern \"/cgi-bin/message/*\"",
         ),
         ("bad_duration", "bad_duration.toml:4: rule \"send\": limits[0]: per: \"1 fortnight\" is not a duration"),
-        ("bad_upstream", "bad_upstream.toml: [server] upstream: \"ftp://api.weixin.qq.com\": must start with http:// or https://"),
+        ("bad_upstream", "bad_upstream.toml:2: [server] upstream: \"ftp://api.weixin.qq.com\": must start with http:// or https://"),
         ("syntax_error", "syntax_error.toml:3: unclosed array, expected `]`"),
-        ("bad_pattern", "bad_pattern.toml:1: rule \"send\": match \"/cgi-bin/*/send\": * is only allowed as a final /* segment"),
-        ("bad_timezone", "bad_timezone.toml: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
-        ("bad_workers", "bad_workers.toml: [server] workers: 0: must be 1 to 256"),
+        ("bad_pattern", "bad_pattern.toml:3: rule \"send\": match \"/cgi-bin/*/send\": * is only allowed as a final /* segment"),
+        ("bad_timezone", "bad_timezone.toml:2: [server] quota_timezone: \"Beijing\": expected a fixed offset such as \"+08:00\" or \"UTC\""),
+        ("bad_workers", "bad_workers.toml:2: [server] workers: 0: must be 1 to 256"),
         ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
         ("day_as_window", "day_as_window.toml:4: rule \"tpl\": limits[0]: per = \"1d\" is a sliding window of 1 x 24 hours, not a calendar day: WeChat's daily quotas start again at midnight, so write per = \"day\""),
-        ("unknown_store", "unknown_store.toml: [store] kind: unknown store \"etcd\" (expected \"memory\", \"redis\" or \"redis-cluster\")"),
-        ("admin_on_listen", "admin_on_listen.toml: [server] admin_listen: 127.0.0.1:8080 is also listen"),
-        ("bad_throttle_status", "bad_throttle_status.toml: [server] throttle_status: 503: must be 429 (HTTP's \"too many requests\") or 200"),
-        ("bad_rule_throttle_status", "bad_rule_throttle_status.toml:1: rule \"send\": throttle_status: 404: must be 429"),
+        ("unknown_store", "unknown_store.toml:2: [store] kind: unknown store \"etcd\" (expected \"memory\", \"redis\" or \"redis-cluster\")"),
+        ("admin_on_listen", "admin_on_listen.toml:3: [server] admin_listen: 127.0.0.1:8080 is also listen"),
+        ("bad_throttle_status", "bad_throttle_status.toml:2: [server] throttle_status: 503: must be 429 (HTTP's \"too many requests\") or 200"),
+        ("bad_rule_throttle_status", "bad_rule_throttle_status.toml:4: rule \"send\": throttle_status: 404: must be 429"),
     ];
     for (name, expected) in cases {
-        let path = format!("tests/fixtures/{name}.toml");
-        let (code, _, stderr) = wxgate(&["check", "--config", &path]);
-        assert_eq!(code, 2, "{name}: exit code");
+        let stderr = refusal(name);
         let want = format!("wxgate: invalid config: tests/fixtures/{expected}");
         assert!(stderr.starts_with(&want), "{name}:\n got: {stderr}\nwant: {want}");
-        // Serving refuses to start on the same file, with the same message.
-        let (code, _, serve_err) = wxgate(&["--config", &path]);
-        assert_eq!((code, serve_err), (2, stderr), "{name}: start-up");
+    }
+}
+
+/// What `wxgate check` prints for `tests/fixtures/{name}.toml`, which it
+/// refuses (exit 2); serving refuses to start on it with the same message.
+fn refusal(name: &str) -> String {
+    let path = format!("tests/fixtures/{name}.toml");
+    let (code, _, stderr) = wxgate(&["check", "--config", &path]);
+    assert_eq!(code, 2, "{name}: exit code ({stderr})");
+    let (code, _, serve_err) = wxgate(&["--config", &path]);
+    assert_eq!((code, &serve_err), (2, &stderr), "{name}: start-up");
+    stderr
+}
+
+#[test]
+fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
+    let cases = [
+        ("countstr", "countstr.toml:4: rule \"send\": limits[0].count: expected an integer, got the string \"3\""),
+        ("workers_string", "workers_string.toml:3: [server] workers: expected an integer, got the string \"two\""),
+        ("store_batch_string", "store_batch_string.toml:3: [store] batch: expected true or false, got the string \"yes\""),
+        (
+            "unknown_server_key",
+            "unknown_server_key.toml:3: [server] worker: unknown key; expected one of `listen`, `upstream`, \
+             `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
+             `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
+             `throttle_status`, `workers`, `mode`",
+        ),
+        (
+            "match_string",
+            "match_string.toml:3: rule \"send\": match: expected an array, got the string \"/cgi-bin/message/custom/send\"",
+        ),
+        (
+            "penalty_seconds_string",
+            "penalty_seconds_string.toml:3: [[penalty]] errcode 45009: seconds: expected an integer, got the string \"60\"",
+        ),
+        ("negative_max_held", "negative_max_held.toml:2: [server] max_held: expected a non-negative integer, got the integer -1"),
+        ("limits_table", "limits_table.toml:4: rule \"send\": limits: expected an array, got a table"),
+        (
+            "max_wait_number",
+            "max_wait_number.toml:4: rule \"send\": max_wait: expected a duration in quotes, such as \"10s\", got the integer 5",
+        ),
+        ("missing_per", "missing_per.toml:4: rule \"send\": limits[0].per: required, but not given"),
+        ("duplicate_key", "duplicate_key.toml:4: [server] workers: this key is given twice"),
+    ];
+    for (name, expected) in cases {
+        let stderr = refusal(name);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert_eq!(first, format!("wxgate: invalid config: tests/fixtures/{expected}"), "{name}");
     }
 }
 
@@ -85,14 +128,14 @@ fn the_memory_store_keeps_its_state_beside_the_config_file_unless_told_otherwise
     };
     assert_eq!(set, Ok(StoreConfig::Memory(want)));
     for (store, error) in [
-        ("kind = \"redis\"\nstate_file = \"s.json\"", "[store] state_file: only used with kind = \"memory\""),
-        ("kind = \"redis-cluster\"\nmax_entries = 5", "[store] max_entries: only used with kind = \"memory\""),
-        ("kind = \"redis\"\nflush_interval = \"1s\"", "[store] flush_interval: only used with kind = \"memory\""),
-        ("state_file = \"\"", "[store] state_file: give a file path, or \"off\""),
-        ("flush_interval = \"5ms\"", "[store] flush_interval: must be 10ms to 1h"),
-        ("max_entries = 0", "[store] max_entries: must be at least 1"),
+        ("kind = \"redis\"\nstate_file = \"s.json\"", "3: [store] state_file: only used with kind = \"memory\""),
+        ("kind = \"redis-cluster\"\nmax_entries = 5", "3: [store] max_entries: only used with kind = \"memory\""),
+        ("kind = \"redis\"\nflush_interval = \"1s\"", "3: [store] flush_interval: only used with kind = \"memory\""),
+        ("state_file = \"\"", "2: [store] state_file: give a file path, or \"off\""),
+        ("flush_interval = \"5ms\"", "2: [store] flush_interval: must be 10ms to 1h"),
+        ("max_entries = 0", "2: [store] max_entries: must be at least 1"),
     ] {
-        assert_eq!(parse(store), Err(format!("t.toml: {error}")), "{store}");
+        assert_eq!(parse(store), Err(format!("t.toml:{error}")), "{store}");
     }
 
     let dir = support::TempDir::new("state-file-default");
@@ -150,7 +193,7 @@ fn scope_path_needs_listed_apis_and_check_says_what_it_does() {
 
     let (code, _, stderr) = check("name = \"draft\"\nmatch = [\"/cgi-bin/draft/*\"]\nscope = \"path\"");
     assert_eq!(code, 2);
-    assert!(stderr.contains("rules.toml:1: rule \"draft\": scope = \"path\" counts each listed API apart: list them as exact paths (\"/cgi-bin/draft/*\" is a prefix"), "{stderr}");
+    assert!(stderr.contains("rules.toml:4: rule \"draft\": scope = \"path\" counts each listed API apart: list them as exact paths (\"/cgi-bin/draft/*\" is a prefix"), "{stderr}");
     let (code, _, stderr) = check("name = \"default\"\nscope = \"path\"");
     assert_eq!(code, 2);
     assert!(

@@ -122,3 +122,28 @@ async fn sighup_reloads_even_when_the_file_change_is_not_seen() {
     assert_eq!(get("/cgi-bin/menu/create").await.status, 200);
     assert_eq!(get("/cgi-bin/menu/create").await.status, 429, "quota 3 now, all used");
 }
+
+#[tokio::test]
+async fn a_refused_reload_logs_what_check_says_about_the_file() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("reload-message");
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, rules(&mock, 1, "")).expect("write");
+    let instance = support::process::spawn_path(&path, &[]).expect("serving");
+    replace(&path, &rules(&mock, 1, "").replace("count = 1,", "count = \"1\","));
+    let (code, _, checked) = support::process::run(&["check", "--config", path.to_str().expect("utf-8")], &[]);
+    assert_eq!(code, 2, "{checked}");
+    let message = checked.trim_end().strip_prefix("wxgate: invalid config: ").expect("check's message");
+    let line =
+        std::fs::read_to_string(&path).expect("read").lines().position(|l| l.contains("count = \"1\"")).expect("line")
+            + 1;
+    let place = format!("{}:{line}: ", path.display());
+    assert_eq!(message, format!("{place}rule \"menu\": limits[0].count: expected an integer, got the string \"1\""));
+    eventually_async("the refused reload", PATIENCE, async || {
+        instance.admin_get("/readyz").await.json()["config_reloads"]["failed"].as_u64() >= Some(1)
+    })
+    .await;
+    let log = instance.stop().await;
+    let refused = log.lines().find(|l| l.contains("config reload refused")).expect("a refused reload is logged");
+    assert!(refused.contains(message), "the log names the place as check does:\n{refused}\n{message}");
+}

@@ -1,6 +1,8 @@
 //! Raw config → [`Config`]: every check, every message. A message names the
-//! file and, where the TOML parser or a span knows it, the line, then the
-//! rule and the field: `rules.toml:14: rule "menu": limits[0]: ...`.
+//! file and the line (of the field where it is in the file, else of its
+//! table or rule), then the table or rule and the field:
+//! `rules.toml:14: rule "menu": limits[0]: ...`, `rules.toml:3: [server] workers: ...`
+//! ([`super::errors`] finds the lines).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -9,6 +11,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::errors::{duplicate_key, leading_key, table_and_key, Doc};
 use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule};
 use super::units::{micros, parse_duration, secs_us, valid_name};
 use super::{settings, Config, ConfigError, LogConfig};
@@ -52,7 +55,8 @@ impl Config {
 
     fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let ctx = Ctx { text, path, dir };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ctx.toml_error(&e))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| ctx.toml_error(&e))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&e))?;
         compile(raw, &ctx)
     }
 }
@@ -78,6 +82,30 @@ impl Ctx<'_> {
     fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
         let msg = e.message().trim_end();
         match e.span() {
+            // The parser points at the key given twice: name it.
+            Some(span) if msg == "duplicate key" => self.at(span.clone(), duplicate_key(self.text, &span)),
+            Some(span) => self.at(span, msg),
+            None => self.plain(msg),
+        }
+    }
+    /// A value serde could not read, with its key path in words.
+    fn serde_error(&self, e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+        match super::errors::serde_error(&Doc::parse(self.text), e) {
+            (msg, Some(span)) => self.at(span, msg),
+            (msg, None) => self.plain(msg),
+        }
+    }
+    /// A message about `key` of the table spanning `table`: at the key's
+    /// line when it is written there, else at the table's.
+    fn at_field(&self, table: std::ops::Range<usize>, key: &str, msg: impl std::fmt::Display) -> ConfigError {
+        let span = Doc::parse(self.text).key_in(&table, key).unwrap_or(table);
+        self.at(span, msg)
+    }
+    /// A message that starts with `[table] key:`: at that key's line, else
+    /// at its table's, else (the table is not in the file) without a line.
+    fn in_table(&self, msg: impl std::fmt::Display) -> ConfigError {
+        let msg = msg.to_string();
+        match table_and_key(&msg).and_then(|(table, key)| Doc::parse(self.text).table_key(table, key)) {
             Some(span) => self.at(span, msg),
             None => self.plain(msg),
         }
@@ -89,19 +117,21 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         None | Some("enforce") => false,
         Some("shadow") => true,
         Some(other) => {
-            return Err(ctx.plain(format!("[server] mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")")))
+            return Err(
+                ctx.in_table(format!("[server] mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")"))
+            )
         }
     };
-    let log = compile_log(&raw.log).map_err(|m| ctx.plain(m))?;
-    let server = settings::server(raw.server).map_err(|m| ctx.plain(m))?;
+    let log = compile_log(&raw.log).map_err(|m| ctx.in_table(m))?;
+    let server = settings::server(raw.server).map_err(|m| ctx.in_table(m))?;
     let lease = match raw.store.lease.as_deref() {
         None => DEFAULT_LEASE,
-        Some(t) => parse_duration(t).map_err(|m| ctx.plain(format!("[store] lease: {m}")))?,
+        Some(t) => parse_duration(t).map_err(|m| ctx.in_table(format!("[store] lease: {m}")))?,
     };
     if lease < Duration::from_secs(1) {
-        return Err(ctx.plain("[store] lease: must be at least 1s"));
+        return Err(ctx.in_table("[store] lease: must be at least 1s"));
     }
-    let store = settings::store(raw.store, ctx.dir).map_err(|m| ctx.plain(m))?;
+    let store = settings::store(raw.store, ctx.dir).map_err(|m| ctx.in_table(m))?;
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,
@@ -116,10 +146,10 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         spans.push(span.clone());
         let r = r.into_inner();
         if !valid_name(&r.name) {
-            return Err(ctx.at(span, format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name)));
+            return Err(ctx.at_field(span, "name", format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name)));
         }
         if !names.insert(r.name.clone()) {
-            return Err(ctx.at(span, format!("rule \"{}\": another rule has the same name", r.name)));
+            return Err(ctx.at_field(span, "name", format!("rule \"{}\": another rule has the same name", r.name)));
         }
         let (rule, own) = compile_rule(r, span, all_shadow, server.throttle_status, ctx)?;
         let rule = Arc::new(rule);
@@ -143,8 +173,9 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let default = routed.iter().position(|r| &*r.name == "default");
     let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
         let b_index = rules.iter().position(|r| r.name == routed[b].name).unwrap_or(0);
-        ctx.at(
+        ctx.at_field(
             spans[b_index].clone(),
+            "match",
             format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", routed[a].name, routed[b].name),
         )
     })?;
@@ -179,9 +210,13 @@ fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Ve
         let span = p.span();
         let p = p.into_inner();
         if !seen.insert(p.errcode) {
-            return Err(ctx.at(span, format!("[[penalty]] errcode {} is listed twice", p.errcode)));
+            return Err(ctx.at_field(span, "errcode", format!("[[penalty]] errcode {} is listed twice", p.errcode)));
         }
-        out.push(compile_penalty(p).map_err(|m| ctx.at(span, m))?);
+        // "[[penalty]] errcode 45009: seconds must be ...": at `seconds`.
+        out.push(
+            compile_penalty(p)
+                .map_err(|m| ctx.at_field(span.clone(), m.split_once(": ").map_or("", |(_, f)| leading_key(f)), &m))?,
+        );
     }
     Ok(out)
 }
@@ -194,7 +229,7 @@ fn compile_rule(
     throttle_status: http::StatusCode,
     ctx: &Ctx<'_>,
 ) -> Result<(Rule, Vec<Pattern>), ConfigError> {
-    let err = |m: String| ctx.at(span.clone(), format!("rule \"{}\": {m}", r.name));
+    let err = |m: String| ctx.at_field(span.clone(), leading_key(&m), format!("rule \"{}\": {m}", r.name));
     if r.patterns.is_empty() && r.name != "default" {
         return Err(err("match: needs at least one path pattern".into()));
     }
@@ -205,7 +240,7 @@ fn compile_rule(
     let mut limits = Vec::with_capacity(r.limits.len());
     let mut windows = HashSet::new();
     for (i, l) in r.limits.iter().enumerate() {
-        let at = |m: String| ctx.at(l.span(), format!("rule \"{}\": limits[{i}]: {m}", r.name));
+        let at = |m: String| ctx.at_field(l.span(), leading_key(&m), format!("rule \"{}\": limits[{i}]: {m}", r.name));
         let limit = compile_limit(l.get_ref()).map_err(at)?;
         if !windows.insert(limit.window_key()) {
             return Err(at(format!("another limit of this rule has per = \"{}\"", l.get_ref().per)));

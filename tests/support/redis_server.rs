@@ -65,9 +65,21 @@ impl RedisServer {
     }
 
     /// Starts a fresh, empty server on the same port.
+    /// The port may be briefly taken meanwhile (another test's client
+    /// socket can get it as its ephemeral port): the server is started
+    /// again until it binds, for up to 10 s.
     pub fn restart(&mut self) {
-        self.child = spawn(self.port, &self.dir, &self.args);
-        assert!(self.wait_ready(Duration::from_secs(10)), "redis-server did not come back");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            self.child = spawn(self.port, &self.dir, &self.args);
+            if self.wait_ready(Duration::from_secs(10)) {
+                return;
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not come back on port {}", self.port);
     }
 
     /// SIGSTOP: the server keeps its connections but answers nothing.

@@ -1,0 +1,393 @@
+//! Where in the file a config error is, and what it means in words. A
+//! message names the file and line, then the table or rule, then the field:
+//! `rules.toml:4: rule "send": limits[0].count: expected an integer, got the string "3"`.
+//!
+//! - A value serde cannot read (wrong type, out of range, unknown or missing
+//!   key, [`serde_error`]): the key path comes from `serde_path_to_error`,
+//!   the line from the TOML parser's span, the words from [`problem`].
+//! - A value a check refuses: its message names the field first
+//!   (`[server] workers: ...`, `match "...": ...`), and the line is that
+//!   field's, found in the document ([`Doc`]), else its table's.
+
+use std::ops::Range;
+
+use serde_path_to_error::Segment;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+/// The document parsed again, to find fields, rule names and spans in.
+/// Errors only: parsing twice costs nothing there.
+pub(super) struct Doc<'a> {
+    /// `None` when the text does not parse (then serde never ran).
+    root: Option<DeTable<'a>>,
+}
+
+/// One step of a key path: a key, or an index into an array.
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+impl<'a> Doc<'a> {
+    pub(super) fn parse(text: &'a str) -> Doc<'a> {
+        Doc { root: DeTable::parse(text).ok().map(Spanned::into_inner) }
+    }
+
+    /// The value at `path` (at least one step long).
+    fn value_at(&self, path: &[Step]) -> Option<&Spanned<DeValue<'a>>> {
+        let (Step::Key(first), rest) = path.split_first()? else { return None };
+        let mut value = entry(self.root.as_ref()?, first)?.1;
+        for step in rest {
+            value = match (step, value.get_ref()) {
+                (Step::Key(k), DeValue::Table(t)) => entry(t, k)?.1,
+                (Step::Index(i), DeValue::Array(a)) => a.get(*i)?,
+                _ => return None,
+            };
+        }
+        Some(value)
+    }
+
+    /// Where `key` of `[table]` is written: the key, else the table's
+    /// header (or first key), else `None` (the table is not in the file).
+    pub(super) fn table_key(&self, table: &str, key: &str) -> Option<Range<usize>> {
+        let (name, value) = entry(self.root.as_ref()?, table)?;
+        match value.get_ref() {
+            DeValue::Table(t) => Some(entry(t, key).map_or_else(|| name.span(), |(k, _)| k.span())),
+            _ => Some(name.span()),
+        }
+    }
+
+    /// Where `key` of the table spanning `span` is written (`None`: not there).
+    pub(super) fn key_in(&self, span: &Range<usize>, key: &str) -> Option<Range<usize>> {
+        let table = find_table(self.root.as_ref()?, span)?;
+        entry(table, key).map(|(k, _)| k.span())
+    }
+}
+
+/// `table[key]`, with the key's own span.
+fn entry<'t, 'a>(
+    table: &'t DeTable<'a>,
+    key: &str,
+) -> Option<(&'t Spanned<toml::de::DeString<'a>>, &'t Spanned<DeValue<'a>>)> {
+    table.iter().find(|(k, _)| k.get_ref() == key)
+}
+
+/// The table (at any depth) whose value has exactly `span`. (A `[table]`'s
+/// span is its header only, and an array of tables' that of its first: spans
+/// do not nest, so every table is looked at.)
+fn find_table<'t, 'a>(table: &'t DeTable<'a>, span: &Range<usize>) -> Option<&'t DeTable<'a>> {
+    fn within<'t, 'a>(value: &'t Spanned<DeValue<'a>>, span: &Range<usize>) -> Option<&'t DeTable<'a>> {
+        match value.get_ref() {
+            DeValue::Table(t) if value.span() == *span => Some(t),
+            DeValue::Table(t) => find_table(t, span),
+            DeValue::Array(a) => a.iter().find_map(|v| within(v, span)),
+            _ => None,
+        }
+    }
+    table.iter().find_map(|(_, v)| within(v, span))
+}
+
+/// The parser's `duplicate key` at `span`, named: `[server] workers: this
+/// key is given twice`, `[server]: this table is given twice`.
+pub(super) fn duplicate_key(text: &str, span: &Range<usize>) -> String {
+    let key = text.get(span.clone()).unwrap_or_default();
+    let line_start = text.get(..span.start).and_then(|t| t.rfind('\n')).map_or(0, |i| i + 1);
+    let line = text.get(line_start..).and_then(|t| t.lines().next()).unwrap_or_default();
+    if let Some(table) = header(line) {
+        return format!("{table}: this table is given twice");
+    }
+    // The table the key is in: the header above it (a parse error has no
+    // document to look in).
+    match text.get(..line_start).and_then(|t| t.lines().rev().find_map(header)) {
+        Some(table) => format!("{table} {key}: this key is given twice"),
+        None => format!("{key}: this key is given twice"),
+    }
+}
+
+/// The `[table]` / `[[table]]` a line is the header of, as written: a line
+/// of its own, `[` to `]`, with a bare name (not an array of strings or numbers).
+fn header(line: &str) -> Option<&str> {
+    let l = line.split(" #").next().unwrap_or(line).trim();
+    let inner = l.strip_prefix('[')?.strip_suffix(']')?.trim_start_matches('[');
+    let bare = inner.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ' ' | ']'));
+    (bare && inner.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')).then_some(l)
+}
+
+/// The field a check's message names first: `count` of `count must be at
+/// least 1`, `match` of `match "/a/*/b": ...` (empty when it starts otherwise).
+pub(super) fn leading_key(msg: &str) -> &str {
+    let end = msg.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(msg.len());
+    &msg[..end]
+}
+
+/// A `[server] key: ...` / `[store] key: ...` message's table and key.
+pub(super) fn table_and_key(msg: &str) -> Option<(&str, &str)> {
+    let (table, rest) = msg.strip_prefix('[')?.split_once("] ")?;
+    Some((table, leading_key(rest)))
+}
+
+/// A serde error as a message without the file (`rule "send":
+/// limits[0].count: expected an integer, got the string "3"`), and where it
+/// is in the text, when known.
+pub(super) fn serde_error(
+    doc: &Doc<'_>,
+    e: &serde_path_to_error::Error<toml::de::Error>,
+) -> (String, Option<Range<usize>>) {
+    let path: Vec<Step> = e
+        .path()
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Seq { index } => Some(Step::Index(*index)),
+            // `toml::Spanned` reads its value through private keys.
+            Segment::Map { key } if !key.starts_with("$__") => Some(Step::Key(key.clone())),
+            _ => None,
+        })
+        .collect();
+    let value = doc.value_at(&path);
+    let span = e.inner().span().or_else(|| value.map(Spanned::span));
+    let key = path.iter().rev().find_map(|s| match s {
+        Step::Key(k) => Some(k.as_str()),
+        Step::Index(_) => None,
+    });
+    let got = value.map(|v| describe(v.get_ref()));
+    let (problem, missing) = problem(e.inner().message().trim_end(), key, got.as_deref());
+
+    // `[server] workers`, `rule "send": limits[0].count`, `[[penalty]] errcode 45009: seconds`.
+    let (place, sep, skip) = match path.as_slice() {
+        [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log") => (format!("[{t}]"), " ", 1),
+        [Step::Key(t), Step::Index(i), ..] if t == "rule" => {
+            let name =
+                doc.value_at(&path[..2]).and_then(|r| r.get_ref().get("name")).and_then(|n| n.get_ref().as_str());
+            (name.map_or_else(|| format!("rule[{i}]"), |n| format!("rule \"{n}\"")), ": ", 2)
+        }
+        [Step::Key(t), Step::Index(i), ..] if t == "penalty" => {
+            let code = doc
+                .value_at(&path[..2])
+                .and_then(|p| p.get_ref().get("errcode"))
+                .and_then(|c| c.get_ref().as_integer());
+            let code = code.and_then(|c| i64::from_str_radix(c.as_str(), c.radix()).ok());
+            (code.map_or_else(|| format!("penalty[{i}]"), |c| format!("[[penalty]] errcode {c}")), ": ", 2)
+        }
+        _ => (String::new(), ": ", 0),
+    };
+    let mut field = String::new();
+    for step in &path[skip..] {
+        match step {
+            Step::Key(k) => push_key(&mut field, k),
+            Step::Index(i) => field.push_str(&format!("[{i}]")),
+        }
+    }
+    if let Some(k) = missing {
+        push_key(&mut field, k);
+    }
+    let msg = match (place.is_empty(), field.is_empty()) {
+        (true, true) => problem,
+        (false, true) => format!("{place}: {problem}"),
+        (true, false) => format!("{field}: {problem}"),
+        (false, false) => format!("{place}{sep}{field}: {problem}"),
+    };
+    (msg, span)
+}
+
+fn push_key(field: &mut String, key: &str) {
+    if !field.is_empty() {
+        field.push('.');
+    }
+    field.push_str(key);
+}
+
+/// Serde's message in words (`expected an integer, got the string "3"`
+/// for `invalid type: string "3", expected u64`), and the key a `missing
+/// field` message names. `key` is the field's own key; `got` describes the
+/// value found in the file.
+fn problem<'m>(msg: &'m str, key: Option<&str>, got: Option<&str>) -> (String, Option<&'m str>) {
+    let typed = msg.strip_prefix("invalid type: ").map(|r| (r, false));
+    if let Some((rest, out_of_range)) = typed.or_else(|| msg.strip_prefix("invalid value: ").map(|r| (r, true))) {
+        if let Some((unexpected, expected)) = rest.rsplit_once(", expected ") {
+            // An integer refused by an integer type is out of its range
+            // (serde calls one past 64 bits an invalid type).
+            let integer = unexpected.starts_with("integer `");
+            let negative = unexpected.starts_with("integer `-");
+            let expected = expected_words(expected, key, out_of_range || integer, negative);
+            return (format!("expected {expected}, got {}", got.unwrap_or(unexpected)), None);
+        }
+    }
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        let allowed = rest.split_once("`, expected ").map(|(_, list)| list);
+        return match allowed {
+            Some(list) => (format!("unknown key; expected {list}"), None),
+            None => ("unknown key; this table takes none".into(), None),
+        };
+    }
+    if let Some(k) = msg.strip_prefix("missing field `").and_then(|r| r.strip_suffix('`')) {
+        return ("required, but not given".into(), Some(k));
+    }
+    (msg.to_owned(), None)
+}
+
+/// What serde expected, in the words of the file: `an integer` for `u64`,
+/// `an array` for `a sequence`, a duration's form for a duration's key.
+fn expected_words(expected: &str, key: Option<&str>, out_of_range: bool, negative: bool) -> String {
+    let range: Option<(i128, u128)> = match expected {
+        "u8" => Some((0, u8::MAX.into())),
+        "u16" => Some((0, u16::MAX.into())),
+        "u32" => Some((0, u32::MAX.into())),
+        "u64" | "usize" => Some((0, u64::MAX.into())),
+        "i8" => Some((i8::MIN.into(), i8::MAX as u128)),
+        "i16" => Some((i16::MIN.into(), i16::MAX as u128)),
+        "i32" => Some((i32::MIN.into(), i32::MAX as u128)),
+        "i64" | "isize" => Some((i64::MIN.into(), i64::MAX as u128)),
+        _ => None,
+    };
+    if let Some((min, max)) = range {
+        return match (out_of_range, min == 0 && negative) {
+            (false, _) => "an integer".into(),
+            (true, true) => "a non-negative integer".into(),
+            (true, false) => format!("an integer from {min} to {max}"),
+        };
+    }
+    match expected {
+        "a string" | "a borrowed string" | "path string" => match key {
+            Some(
+                "upstream_timeout" | "body_timeout" | "shutdown_timeout" | "header_timeout" | "lease" | "breaker_open"
+                | "timeout" | "flush_interval" | "max_wait" | "warmup",
+            ) => "a duration in quotes, such as \"10s\"".into(),
+            Some("per") => "a window in quotes, such as \"1m\", or \"day\" or \"month\"".into(),
+            Some("max_body") => "a size in quotes, such as \"64MiB\"".into(),
+            _ => "a string".into(),
+        },
+        "a boolean" => "true or false".into(),
+        "a sequence" => "an array".into(),
+        "a map" | "a spanned value" => "a table".into(),
+        s if s.starts_with("struct ") => "a table".into(),
+        other => other.to_owned(),
+    }
+}
+
+/// A value as a user would name it: `the string "3"`, `the integer -1`, `a table`.
+fn describe(value: &DeValue<'_>) -> String {
+    match value {
+        DeValue::String(s) => format!("the string {:?}", s.as_ref()),
+        DeValue::Integer(i) => format!("the integer {i}"),
+        DeValue::Float(f) => format!("the number {f}"),
+        DeValue::Boolean(b) => format!("the boolean {b}"),
+        DeValue::Datetime(d) => format!("the date-time {d}"),
+        DeValue::Array(_) => "an array".into(),
+        DeValue::Table(_) => "a table".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    fn error(text: &str) -> String {
+        match Config::parse(text, Path::new("t.toml")) {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const RULE: &str = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n";
+
+    #[test]
+    fn numbers_out_of_range_say_the_range() {
+        assert_eq!(
+            error("[server]\nthrottle_status = 70000\n"),
+            "t.toml:2: [server] throttle_status: expected an integer from 0 to 65535, got the integer 70000"
+        );
+        assert_eq!(
+            error("[server]\nworkers = 99999999999999999999\n"),
+            "t.toml:2: [server] workers: expected an integer from 0 to 18446744073709551615, got the integer \
+             99999999999999999999"
+        );
+        assert_eq!(
+            error(&format!("{RULE}concurrency = -2\n")),
+            "t.toml:4: rule \"send\": concurrency: expected a non-negative integer, got the integer -2"
+        );
+        assert_eq!(
+            error("[[penalty]]\nerrcode = 99999999999999999999\nseconds = 1\n"),
+            "t.toml:2: penalty[0]: errcode: expected an integer from -9223372036854775808 to 9223372036854775807, \
+             got the integer 99999999999999999999"
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_kind_is_named_as_written() {
+        assert_eq!(
+            error("[server]\nmax_held = 1.5\n"),
+            "t.toml:2: [server] max_held: expected an integer, got the number 1.5"
+        );
+        assert_eq!(
+            error("[server]\nupstream_timeout = 1979-05-27\n"),
+            "t.toml:2: [server] upstream_timeout: expected a duration in quotes, such as \"10s\", got the date-time \
+             1979-05-27"
+        );
+        assert_eq!(
+            error(&format!("{RULE}limits = [{{ count = 1, per = 60 }}]\n")),
+            "t.toml:4: rule \"send\": limits[0].per: expected a window in quotes, such as \"1m\", or \"day\" or \
+             \"month\", got the integer 60"
+        );
+        assert_eq!(error("[log]\naccess = 1\n"), "t.toml:2: [log] access: expected true or false, got the integer 1");
+        assert_eq!(
+            error(&format!("{RULE}limits = [5]\n")),
+            "t.toml:4: rule \"send\": limits[0]: expected a table, got the integer 5"
+        );
+        assert_eq!(error("[rule]\nname = \"x\"\n"), "t.toml:1: rule: expected an array, got a table");
+    }
+
+    #[test]
+    fn unknown_and_missing_keys_are_named_where_they_belong() {
+        assert_eq!(
+            error("[rules]\nname = \"x\"\n"),
+            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`"
+        );
+        assert_eq!(
+            error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),
+            "t.toml:4: rule \"send\": limits[0].brust: unknown key; expected one of `count`, `per`, `burst`"
+        );
+        assert_eq!(error("[[rule]]\nmatch = [\"/a\"]\n"), "t.toml:1: rule[0]: name: required, but not given");
+        assert_eq!(error("[[penalty]]\nseconds = 1\n"), "t.toml:1: penalty[0]: errcode: required, but not given");
+    }
+
+    #[test]
+    fn a_refused_value_is_placed_at_its_own_line() {
+        // A limit written as a table of its own: at the key, not the header.
+        assert_eq!(
+            error(&format!("{RULE}\n[[rule.limits]]\nper = \"1m\"\ncount = 0\n")),
+            "t.toml:7: rule \"send\": limits[0]: count must be at least 1"
+        );
+        // The second of two rules.
+        assert_eq!(
+            error(&format!("{RULE}\n[[rule]]\nmatch = [\"/b\"]\nname = \"send\"\n")),
+            "t.toml:7: rule \"send\": another rule has the same name"
+        );
+        assert_eq!(
+            error("[[penalty]]\nerrcode = 45009\nmax_seconds = 0\nseconds = 1\n"),
+            "t.toml:3: [[penalty]] errcode 45009: max_seconds must be at least 1"
+        );
+        // A dotted key, and a key left out (at its table's header).
+        assert_eq!(error("server.workers = 0\n"), "t.toml:1: [server] workers: 0: must be 1 to 256");
+        assert_eq!(
+            error("[server]\n\nlisten = \"127.0.0.1:9090\"\n"),
+            "t.toml:1: [server] admin_listen: 127.0.0.1:9090 is also listen: the admin API needs an address of its \
+             own (or \"off\")"
+        );
+    }
+
+    #[test]
+    fn a_key_or_table_given_twice_is_named() {
+        assert_eq!(error("[server]\nworkers = 1\n[server]\n"), "t.toml:3: [server]: this table is given twice");
+        assert_eq!(
+            error("[server] # here\nworkers = 1\nworkers = 2\n"),
+            "t.toml:3: [server] workers: this key is given twice"
+        );
+        assert_eq!(
+            error("[[rule]]\nname = \"a\"\nmatch = [\n  [1],\n]\nname = \"b\"\n"),
+            "t.toml:6: [[rule]] name: this key is given twice"
+        );
+        assert_eq!(error("a = 1\na = 2\n"), "t.toml:2: a: this key is given twice");
+    }
+}
