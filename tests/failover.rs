@@ -255,23 +255,29 @@ fn a_bad_upstream_list_is_refused_naming_the_element() {
     let cases = [
         (
             r#"upstream = ["https://api.weixin.qq.com", "ftp://api2.weixin.qq.com"]"#,
-            r#"test.toml: [server] upstream[1]: "ftp://api2.weixin.qq.com": must start with http:// or https://"#,
+            r#"test.toml:2: [server] upstream[1]: "ftp://api2.weixin.qq.com": must start with http:// or https://"#,
         ),
         (
             r#"upstream = ["https://api.weixin.qq.com", "https://"]"#,
-            r#"test.toml: [server] upstream[1]: "https://": not a URL"#,
+            r#"test.toml:2: [server] upstream[1]: "https://": not a URL"#,
         ),
-        (r#"upstream = []"#, "test.toml: [server] upstream: an empty list: give at least one URL"),
+        (r#"upstream = []"#, "test.toml:2: [server] upstream: an empty list: give at least one URL"),
         (
             r#"upstream = ["https://api.weixin.qq.com", "https://API.weixin.qq.com:443/"]"#,
-            r#"test.toml: [server] upstream[1]: "https://API.weixin.qq.com:443/": the same host and port as upstream[0]"#,
+            r#"test.toml:2: [server] upstream[1]: "https://API.weixin.qq.com:443/": the same host and port as upstream[0]"#,
         ),
         (
             r#"upstream = ["http://10.0.0.1/wx", "http://10.0.0.2/"]"#,
-            r#"test.toml: [server] upstream[1]: "http://10.0.0.2/": its path must be upstream[0]'s ("/wx")"#,
+            r#"test.toml:2: [server] upstream[1]: "http://10.0.0.2/": its path must be upstream[0]'s ("/wx")"#,
         ),
-        (r#"upstream = ["https://api.weixin.qq.com", 3]"#, "test.toml:2: invalid type: integer `3`, expected a string"),
-        (r#"upstream = 3"#, "test.toml:2: invalid type: integer `3`, expected a URL, or a list of URLs tried in order"),
+        (
+            r#"upstream = ["https://api.weixin.qq.com", 3]"#,
+            "test.toml:2: [server] upstream[1]: expected a string, got the integer 3",
+        ),
+        (
+            r#"upstream = 3"#,
+            "test.toml:2: [server] upstream: expected a URL, or a list of URLs tried in order, got the integer 3",
+        ),
     ];
     for (line, want) in cases {
         let got = parse(&format!("[server]\n{line}\n")).expect_err(line);
