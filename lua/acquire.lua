@@ -30,10 +30,12 @@
 --          concurrency cap (0 = none)
 --          holder id of this call (unique across instances)
 --          lease of a concurrency slot, µs
---          number of limits L, then the rule's limits, four values each:
---            kind, field, a, b
+--          number of limits L, then the rule's limits, five values each:
+--            kind, field, a, b, r
 --            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
 --            kind "day" | "month"  calendar quota: a = count, b = 0
+--            r: what this call may not use (a normal caller's call of a rule
+--            with a reserve; else 0): R·T for a window, calls for a calendar
 --
 -- Returns one string: per call, in order, separated by ",", integers
 -- separated by spaces (one bulk reply parses far cheaper in the client than
@@ -43,7 +45,8 @@
 --             room left: qr calls, whole again / reset in qt µs; ci, cr, ct
 --             the same among the calendar quotas only (left out for a
 --             rule without calendar quotas)
---         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency
+--         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
+--             5 reserve (refused only because what is left is the reserve)
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -114,6 +117,42 @@ local function put(st, f, x)
   st.dirty[f] = true
 end
 
+-- The earliest moment every limit admits a call (keeping each limit's r when
+-- `keep`), and the reason code of the limit that set it (earliest in decide.rs).
+local function earliest(limits, now, off, keep)
+  local worst, reason = 0, 1
+  for _, l in ipairs(limits) do
+    local kept = 0
+    if keep then kept = l.r end
+    local wait
+    if l.kind == 'w' then
+      local tat = l.tat or now
+      if tat < now then tat = now end
+      wait = tat - l.b + kept - now
+    else
+      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
+    end
+    if wait > worst then
+      worst = wait
+      if l.kind == 'w' then reason = 1 else reason = 2 end
+    end
+  end
+  -- A hold can cross midnight: the next period must have room too.
+  local at = now + worst
+  for _, l in ipairs(limits) do
+    if l.kind ~= 'w' then
+      local kept = 0
+      if keep then kept = l.r end
+      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
+      if free > at then
+        at = free
+        reason = 2
+      end
+    end
+  end
+  return at, reason
+end
+
 -- The limit with least room left so far (i, room, reset), updated.
 local function tightest(qi, qr, qt, i, room, reset)
   if qi == 0 or room < qr then return i, room, reset end
@@ -129,14 +168,16 @@ local function acquire(k, a)
   local conc = tonumber(ARGV[a + 2])
   local holder = ARGV[a + 3]
   local lease = tonumber(ARGV[a + 4])
-  local last = a + 5 + 4 * tonumber(ARGV[a + 5])
+  local last = a + 5 + 5 * tonumber(ARGV[a + 5])
   local next_a = last + 1
 
   -- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
   local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
   local limits = {}
-  for i = a + 6, last, 4 do
-    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3])}
+  local normal = false
+  for i = a + 6, last, 5 do
+    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
+    if l.r > 0 then normal = true end
     limits[#limits + 1] = l
     if l.kind == 'w' then
       fields[#fields + 1] = l.f
@@ -180,33 +221,15 @@ local function acquire(k, a)
   end
 
   -- 4. Each limit's own wait from now; the largest decides (first on ties).
-  local worst, reason = 0, 1
-  for _, l in ipairs(limits) do
-    local wait
-    if l.kind == 'w' then
-      local tat = l.tat or now
-      if tat < now then tat = now end
-      wait = tat - l.b - now
-    else
-      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, now, off) - now
-    end
-    if wait > worst then
-      worst = wait
-      if l.kind == 'w' then reason = 1 else reason = 2 end
-    end
-  end
-  local at = now + worst
-  for _, l in ipairs(limits) do
-    if l.kind ~= 'w' then
-      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a, at, off)
-      if free > at then
-        at = free
-        reason = 2
-      end
-    end
-  end
+  --    A normal call of a rule with a reserve must leave it (r); whether a
+  --    high call would be admitted tells a reserve refusal apart.
+  local at, reason = earliest(limits, now, off, normal)
   local wait = at - now
   if wait > max_wait then
+    if normal then
+      local plain, plain_reason = earliest(limits, now, off, false)
+      if plain - now <= max_wait then reason = 5 else reason = plain_reason end
+    end
     return string.format('0 %d %d', wait, reason), next_a
   end
 

@@ -295,6 +295,7 @@ fn rule_json(rule: &Rule) -> Value {
         "name": &*rule.name,
         "match": rule.patterns,
         "scope": rule.scope.as_str(),
+        "reserve_percent": (rule.reserve_percent > 0).then_some(rule.reserve_percent),
         "limits": limits,
         "max_wait_ms": rule.max_wait_us as f64 / 1e3,
         "warmup_seconds": rule.warmup_us as f64 / 1e6,

@@ -72,6 +72,8 @@ pub async fn admit(
             max_wait_us: remaining,
             holder: &holder,
             lease_us: config.lease_us,
+            // Until callers are known (issue 17), every call may use everything.
+            normal: false,
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;

@@ -28,6 +28,11 @@
 //!   linearly from ½ to 1: never faster than `T`, so still window-exact.
 //! - **Concurrency.** At most `concurrency` slots are held at once; a slot
 //!   whose lease ran out is free again.
+//! - **Priority reserve.** With `reserve`, a normal-priority call is admitted
+//!   only if it leaves the reserve: a window's reserved tokens
+//!   (`tat + R·T − τ ≤ at`: R of its burst), a calendar quota's reserved calls
+//!   (`used < count − Rc`). High-priority calls may use everything; debits are
+//!   the same for both, so every guarantee above holds for all callers together.
 //! - **Refunds.** A call that never reached WeChat can give back what its
 //!   admission took ([`decide::refund`]): exactly for calendar quotas, and
 //!   for windows only as much as keeps every guarantee above.
@@ -79,6 +84,12 @@ pub struct Rule {
     pub policy_header: Option<http::HeaderValue>,
     /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.
     pub policy_prefixes: Vec<String>,
+    /// `reserve = "P%"`: P (0: none). Per limit (index-aligned with
+    /// `limits`), what normal-priority calls may not use: a window's
+    /// reserved tokens as time (`R·T`, R = ⌈P % of the burst⌉), a calendar
+    /// quota's reserved calls (⌈P % of the count⌉). Empty without a reserve.
+    pub reserve_percent: u32,
+    pub reserve: Vec<i64>,
 }
 
 /// Whose calls a rule's limits count together.
@@ -198,6 +209,9 @@ pub enum Reason {
     Penalty,
     /// `concurrency` calls of this rule are already in flight.
     Concurrency,
+    /// What is left of a limit is the rule's reserve, for high-priority
+    /// callers only (a normal caller was refused; a high one would not be).
+    Reserve,
 }
 
 impl Reason {
@@ -207,6 +221,7 @@ impl Reason {
             Reason::Quota => "quota",
             Reason::Penalty => "penalty",
             Reason::Concurrency => "concurrency",
+            Reason::Reserve => "reserve",
         }
     }
 }
@@ -328,4 +343,6 @@ pub struct Ask<'a> {
     pub holder: &'a str,
     /// Lease of a concurrency slot; renewed while the call lives.
     pub lease_us: Micros,
+    /// A normal-priority caller's call: the rule's reserve is not for it.
+    pub normal: bool,
 }

@@ -210,6 +210,12 @@ fn print_rules(config: &Config) {
     }
     for rule in &config.rules {
         say!("rule {} [{}]", rule.name, rule.patterns.join(", "));
+        if rule.reserve_percent > 0 {
+            say!(
+                "  reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
+                rule.reserve_percent
+            );
+        }
         if rule.scope == wxgate::limit::Scope::Path {
             say!("  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());
         }

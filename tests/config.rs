@@ -204,3 +204,28 @@ fn scope_path_needs_listed_apis_and_check_says_what_it_does() {
     assert_eq!(code, 2);
     assert!(stderr.contains("rule \"draft\": scope: \"api\" is unknown (expected \"rule\" or \"path\")"), "{stderr}");
 }
+
+#[test]
+fn a_reserve_keeps_whole_calls_back_and_says_when_it_cannot() {
+    let check = |limits: &str, reserve: &str| {
+        let dir = support::TempDir::new("reserve");
+        let path = dir.path().join("rules.toml");
+        let text =
+            format!("[[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{limits}]\nreserve = \"{reserve}\"\n");
+        std::fs::write(&path, text).expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let (code, stdout, stderr) =
+        check("{ count = 100, per = \"1m\", burst = 10 }, { count = 1000, per = \"day\" }", "20%");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("reserve 20%: normal-priority callers leave that share"), "{stdout}");
+    let (code, _, stderr) = check("{ count = 20, per = \"1m\" }", "20%");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("reserve: 20% of limits[0]'s burst of 1 leaves no call for normal callers"), "{stderr}");
+    assert!(stderr.contains("give it burst = 2 or more"), "{stderr}");
+    for bad in ["20", "0%", "100%", "a lot"] {
+        let (code, _, stderr) = check("{ count = 1000, per = \"day\" }", bad);
+        assert_eq!(code, 2, "{bad}");
+        assert!(stderr.contains("expected a share such as \"20%\" (1% to 99%)"), "{bad}: {stderr}");
+    }
+}

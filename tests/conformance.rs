@@ -66,8 +66,11 @@ enum Got {
 enum Op {
     /// Move the clock.
     Wait(i64),
-    /// One call for an account.
+    /// One call for an account (of a high-priority caller: it may use the
+    /// rule's reserve).
     Call(&'static str),
+    /// One call of a normal-priority caller for an account.
+    Normal(&'static str),
     /// WeChat answered `errcode` to the n-th admitted call.
     Penalise(i64, usize),
     /// WeChat answered the n-th admitted call successfully.
@@ -448,6 +451,45 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "a_window_keeps_its_reserve_for_high_callers",
+            start: T0,
+            // T = 10 s / 6 = 1,666,667 us, burst 5; 20 % of it: 1 call kept back.
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
+            extra: "reserve = \"20%\"",
+            steps: [
+                vec![(Normal("a"), Ok); 4],
+                vec![
+                    (Normal("a"), No(1_666_667, Reason::Reserve)),
+                    (Call("a"), Ok),
+                    (Call("a"), No(1_666_667, Reason::Rate)),
+                    // Spent for everyone: a normal call is told the limit's reason, and its own wait.
+                    (Normal("a"), No(2 * 1_666_667, Reason::Rate)),
+                    (Wait(1_666_667), Any),
+                    (Normal("a"), No(1_666_667, Reason::Reserve)),
+                    (Call("a"), Ok),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_day_quota_keeps_its_reserve_for_high_callers",
+            start: BEFORE_MIDNIGHT,
+            // 40 % of 5: 2 calls a day only high callers may use.
+            limits: r#"[{ count = 5, per = "day" }]"#,
+            extra: "reserve = \"40%\"",
+            steps: [
+                vec![(Normal("a"), Ok); 3],
+                vec![(Normal("a"), No(SEC, Reason::Reserve)), (Call("a"), Ok), (Call("a"), Ok)],
+                vec![(Call("a"), No(SEC, Reason::Quota)), (Normal("a"), No(SEC, Reason::Quota))],
+                vec![
+                    (Wait(SEC), Any),
+                    (Normal("a"), Ok),
+                    (Inspect, State("1 used in the new day", |s| day_used(s) == 1)),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "penalties_set_by_hand",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
@@ -690,12 +732,13 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.clear(&keys).await.expect("store answered");
                 Got::Done
             }
-            Call(account) => {
+            Call(account) | Normal(account) => {
                 let holder = format!("h{calls}");
                 calls += 1;
                 let account = format!("{prefix}{account}");
                 let key = Key { account: &account, ..key };
-                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us };
+                let normal = matches!(op, Normal(_));
+                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal };
                 let decided = store.acquire(&ask).await.expect("store answered");
                 assert!(!decided.degraded, "{}: decided without Redis", s.name);
                 if let Decision::Admit { at, .. } = decided.decision {
@@ -794,7 +837,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
     let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
     assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
@@ -839,7 +882,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for _ in 0..12 {
@@ -856,7 +899,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
             let (store, rule) = (store.clone(), rule.clone());
             tokio::spawn(async move {
                 let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC };
+                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
                 store.acquire(&ask).await.expect("decided").decision
             })
         })

@@ -91,7 +91,9 @@ async fn redis_empty_never_regrants_the_day(loss: Loss) {
             redis.command("FLUSHALL");
         }
     }
-    assert_eq!(redis.command("DBSIZE").trim(), ":0", "Redis is empty");
+    // Empty of quota state (an instance may already have written a new epoch key).
+    let keys = redis.command("KEYS *");
+    assert!(!keys.contains(":{"), "Redis lost every account's state: {keys}");
     let after = alternate(&instances, 22).await;
     only_200_or_429(&after);
     eprintln!("{loss:?}: {} admitted, {} refused; WeChat saw {}", count(&after, 200), count(&after, 429), mock.count());

@@ -296,6 +296,10 @@ fn compile_rule(
             )));
         }
     }
+    let (reserve_percent, reserve) = match r.reserve.as_deref() {
+        None => (0, Vec::new()),
+        Some(text) => compile_reserve(text, &limits).map_err(|m| err(format!("reserve: {m}")))?,
+    };
     let name: Arc<str> = r.name.into();
     let mut rule = Rule {
         state: name.clone(),
@@ -311,10 +315,53 @@ fn compile_rule(
         throttle_status,
         policy_header: None,
         policy_prefixes: Vec::new(),
+        reserve_percent,
+        reserve,
     };
     rule.policy_header = crate::ratelimit::policy_header(&rule);
     rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
     Ok((rule, patterns))
+}
+
+/// `reserve = "P%"`: P, and per limit what normal callers may not use (see
+/// [`Rule::reserve`]). Every limit must keep something for each side.
+fn compile_reserve(text: &str, limits: &[Limit]) -> Result<(u32, Vec<i64>), String> {
+    let percent = text
+        .strip_suffix('%')
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .filter(|p| (1..=99).contains(p))
+        .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))?;
+    if limits.is_empty() {
+        return Err("the rule has no limits to keep a share of".into());
+    }
+    let share = |n: u64| (n * u64::from(percent)).div_ceil(100);
+    let mut reserve = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        reserve.push(match *limit {
+            Limit::Window(w) => {
+                let kept = share(w.burst);
+                if kept >= w.burst {
+                    return Err(format!(
+                        "{percent}% of limits[{i}]'s burst of {} leaves no call for normal callers: a window keeps \
+                         back whole calls of its burst, so give it burst = {} or more",
+                        w.burst,
+                        100u64.div_ceil(100 - u64::from(percent)).max(2)
+                    ));
+                }
+                kept as i64 * w.interval_us
+            }
+            Limit::Calendar { count, .. } => {
+                let kept = share(count);
+                if kept >= count {
+                    return Err(format!(
+                        "{percent}% of limits[{i}]'s count of {count} leaves no call for normal callers"
+                    ));
+                }
+                kept as i64
+            }
+        });
+    }
+    Ok((percent, reserve))
 }
 
 fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {

@@ -122,6 +122,7 @@ pub(super) struct RawRule {
     pub mode: Option<String>,
     pub throttle_status: Option<u16>,
     pub scope: Option<String>,
+    pub reserve: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

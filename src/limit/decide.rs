@@ -31,34 +31,19 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     let warm_start = if cold { now } else { state.warm_start }.max(account_warm);
 
     // 4. Each limit's own wait from now; the largest decides (first on ties).
-    let mut worst = 0;
-    let mut reason = Reason::Rate;
-    for limit in &rule.limits {
-        let key = limit.window_key();
-        let wait = match *limit {
-            Limit::Window(w) => tat_of(state.get(key), now) - w.tolerance_us - now,
-            Limit::Calendar { count, period } => calendar_free_at(state.get(key), count, period, now, offset_us) - now,
-        };
-        if wait > worst {
-            worst = wait;
-            reason = if matches!(limit, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
-        }
-    }
-    // A hold can cross midnight: the call then counts in the next period,
-    // which must have room too. (max_wait is far shorter than a day, so one
-    // pass over the calendars settles it.)
-    let mut at = now + worst;
-    for limit in &rule.limits {
-        if let Limit::Calendar { count, period } = *limit {
-            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, offset_us);
-            if free > at {
-                at = free;
-                reason = Reason::Quota;
-            }
-        }
-    }
+    //    A normal call of a rule with a reserve must leave the reserve: its
+    //    own waits; `plain` is what a high call would wait (for the reason).
+    let normal = ask.normal && !rule.reserve.is_empty();
+    let (at, reason) = earliest(state, rule, now, offset_us, normal);
     let wait = at - now;
     if wait > ask.max_wait_us {
+        // A normal call: `reserve` if a high one would go, else the reason a
+        // high one would be refused for (so "quota" always means spent).
+        let reason = match normal.then(|| earliest(state, rule, now, offset_us, false)) {
+            Some((plain, _)) if plain - now <= ask.max_wait_us => Reason::Reserve,
+            Some((_, plain_reason)) => plain_reason,
+            None => reason,
+        };
         return Decision::Reject { wait_us: wait, reason };
     }
 
@@ -104,6 +89,42 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
     }
     Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
+}
+
+/// The earliest moment every limit admits a call (keeping the reserve when
+/// `normal`), and which kind of limit set it.
+fn earliest(state: &RuleState, rule: &Rule, now: Micros, offset_us: Micros, normal: bool) -> (Micros, Reason) {
+    let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
+    let mut worst = 0;
+    let mut reason = Reason::Rate;
+    for (i, limit) in rule.limits.iter().enumerate() {
+        let key = limit.window_key();
+        let wait = match *limit {
+            Limit::Window(w) => tat_of(state.get(key), now) - w.tolerance_us + kept(i) - now,
+            Limit::Calendar { count, period } => {
+                calendar_free_at(state.get(key), count.saturating_sub(kept(i) as u64), period, now, offset_us) - now
+            }
+        };
+        if wait > worst {
+            worst = wait;
+            reason = if matches!(limit, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
+        }
+    }
+    // A hold can cross midnight: the call then counts in the next period,
+    // which must have room too. (max_wait is far shorter than a day, so one
+    // pass over the calendars settles it.)
+    let mut at = now + worst;
+    for (i, limit) in rule.limits.iter().enumerate() {
+        if let Limit::Calendar { count, period } = *limit {
+            let count = count.saturating_sub(kept(i) as u64);
+            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, offset_us);
+            if free > at {
+                at = free;
+                reason = Reason::Quota;
+            }
+        }
+    }
+    (at, reason)
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.

@@ -398,8 +398,8 @@ impl Store for Resilient {
         let Key { account, rule, .. } = ask.key;
         let cache = self.resilience.refusal_cache;
         let now = self.local.now();
-        if let Some((wait_us, reason)) = cache.then(|| self.refusals().get(account, rule, now)).flatten() {
-            let decision = Decision::Reject { wait_us: wait_us + rule.max_wait_us, reason };
+        if let Some((wait_us, reason)) = cache.then(|| self.refusals().get(account, rule, ask.normal, now)).flatten() {
+            let decision = Decision::Reject { wait_us, reason };
             return Ok(Decided { decision, degraded: false });
         }
         let mut result = if self.in_grace() { Err(StoreError::Settling) } else { self.decide_shared(ask).await };
@@ -414,8 +414,16 @@ impl Store for Resilient {
         let e = match result {
             Ok(decision) => {
                 self.learn(ask.key, &decision);
-                if let (Decision::Reject { wait_us, reason }, true) = (decision, cache) {
-                    self.refusals().put(account, rule, wait_us, reason, now);
+                match decision {
+                    Decision::Reject { wait_us, reason } if cache => {
+                        self.refusals().put(account, rule, ask.normal, wait_us, reason, now)
+                    }
+                    // A high caller's admission (it may use the reserve)
+                    // moves the normal callers' wait later than known.
+                    Decision::Admit { .. } if cache && !rule.reserve.is_empty() => {
+                        self.refusals().forget(account, rule)
+                    }
+                    _ => {}
                 }
                 return Ok(Decided { decision, degraded: false });
             }

@@ -169,22 +169,24 @@ pub struct Call {
     /// max wait, warm-up, concurrency cap, lease, number of limits.
     numbers: [i64; 5],
     holder: String,
-    /// kind, field, a, b per limit (see acquire.lua).
-    limits: Vec<(&'static str, String, i64, i64)>,
+    /// kind, field, a, b, r per limit (see acquire.lua).
+    limits: Vec<(&'static str, String, i64, i64, i64)>,
 }
 
 impl Call {
     /// `ask`'s keys and values for acquire.lua.
     pub fn new(keys: &Keys, ask: &Ask<'_>) -> Call {
         let (account, rule) = (ask.key.account, ask.key.rule);
+        let kept = |i: usize| if ask.normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
         let limits = rule
             .limits
             .iter()
-            .map(|limit| {
+            .enumerate()
+            .map(|(i, limit)| {
                 let label = limit.window_key().label();
                 match limit {
-                    Limit::Window(w) => ("w", label, w.interval_us, w.tolerance_us),
-                    Limit::Calendar { count, period } => (period.as_str(), label, *count as i64, 0),
+                    Limit::Window(w) => ("w", label, w.interval_us, w.tolerance_us, kept(i)),
+                    Limit::Calendar { count, period } => (period.as_str(), label, *count as i64, 0, kept(i)),
                 }
             })
             .collect();
@@ -207,8 +209,8 @@ impl Call {
     fn write_args(&self, cmd: &mut redis::Cmd) {
         let [max_wait, warmup, conc, lease, n] = self.numbers;
         cmd.arg(max_wait).arg(warmup).arg(conc).arg(self.holder.as_str()).arg(lease).arg(n);
-        for (kind, field, a, b) in &self.limits {
-            cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b);
+        for (kind, field, a, b, r) in &self.limits {
+            cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b).arg(*r);
         }
     }
 }
@@ -273,6 +275,7 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
                 1 => Reason::Rate,
                 2 => Reason::Quota,
                 4 => Reason::Concurrency,
+                5 => Reason::Reserve,
                 _ => Reason::Penalty,
             };
             Ok(Decision::Reject { wait_us: *wait_us, reason })

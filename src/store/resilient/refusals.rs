@@ -29,35 +29,50 @@ pub struct RefusalCache {
     entries: Mutex<Refusals>,
 }
 
-/// rule → account → (refused until, on this instance's clock; why): looked
-/// up by `&str`, without allocating.
-type Refusals = HashMap<Arc<str>, HashMap<String, (Micros, Reason)>>;
+/// rule state → account → what is known of each kind of caller's calls
+/// (high, normal): looked up by `&str`, without allocating. The two are
+/// kept apart: a normal caller's refusal keeps the rule's reserve, so it
+/// says nothing of a high caller's, and a high caller's wait is shorter
+/// than a normal one's.
+type Refusals = HashMap<Arc<str>, HashMap<String, [Option<Known>; 2]>>;
+
+/// A refusal Redis answered.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// Answered locally until then (at most [`REFUSAL_CACHE_MAX_US`]).
+    answer_until: Micros,
+    /// When the call could be admitted, as Redis said (for an honest wait).
+    admit_at: Micros,
+    reason: Reason,
+}
 
 impl RefusalCache {
     fn entries(&self) -> MutexGuard<'_, Refusals> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The refusal still standing at `now`: time left and why.
-    pub fn get(&self, account: &str, rule: &Rule, now: Micros) -> Option<(Micros, Reason)> {
+    /// The refusal still standing at `now` for a call (`normal`: of a
+    /// normal caller): the wait Redis gave, less the time since, and why.
+    pub fn get(&self, account: &str, rule: &Rule, normal: bool, now: Micros) -> Option<(Micros, Reason)> {
         let entries = self.entries();
-        let (until, reason) = entries.get(&rule.state)?.get(account)?;
-        (*until > now).then(|| (*until - now, *reason))
+        let known = entries.get(&rule.state)?.get(account)?[usize::from(normal)]?;
+        (known.answer_until > now).then(|| (known.admit_at - now, known.reason))
     }
 
-    /// Remembers a refusal Redis answered at `now`.
-    pub fn put(&self, account: &str, rule: &Rule, wait_us: Micros, reason: Reason, now: Micros) {
+    /// Remembers a refusal Redis answered at `now` (`normal`: to a normal
+    /// caller's call) with this wait.
+    pub fn put(&self, account: &str, rule: &Rule, normal: bool, wait_us: Micros, reason: Reason, now: Micros) {
         let keep = wait_us - rule.max_wait_us;
         if keep < REFUSAL_CACHE_MIN_US || matches!(reason, Reason::Concurrency) {
             return;
         }
-        let keep = keep.min(REFUSAL_CACHE_MAX_US);
+        let known = Known { answer_until: now + keep.min(REFUSAL_CACHE_MAX_US), admit_at: now + wait_us, reason };
         let mut entries = self.entries();
         let accounts = entries.entry(rule.state.clone()).or_default();
         if accounts.len() >= 10_000 {
-            accounts.retain(|_, (until, _)| *until > now);
+            accounts.retain(|_, known| known.iter().flatten().any(|k| k.answer_until > now));
         }
-        accounts.insert(account.to_owned(), (now + keep, reason));
+        accounts.entry(account.to_owned()).or_default()[usize::from(normal)] = Some(known);
     }
 
     pub fn forget(&self, account: &str, rule: &Rule) {
