@@ -137,8 +137,8 @@ fn listeners(toml_text: &str, what: &str) -> Listeners {
     Listeners { listen: addr("listen"), admin: addr("admin_listen") }
 }
 
-fn toml_value(toml_text: &str) -> toml::Value {
-    toml::from_str(toml_text).expect("TOML")
+fn toml_value(toml_text: &str, what: &str) -> toml::Value {
+    toml::from_str(toml_text).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 /// `wxgate check` on a file: exit code and what it wrote.
@@ -238,7 +238,7 @@ fn the_image_runs_as_a_user_that_owns_the_state_directory() {
     assert!(!["root", "0"].contains(&uid), "USER {user} is root");
 
     // The embedded store's state file is in a directory the user owns.
-    let config = toml_value(&read("deploy/container.toml"));
+    let config = toml_value(&read("deploy/container.toml"), "deploy/container.toml");
     let state_file = config["store"]["state_file"].as_str().expect("[store] state_file is set");
     let state_dir = Path::new(state_file).parent().expect("state_file has a directory");
     let owned = all_of(&image, "COPY").iter().map(|a| copy_parts(a)).any(|(opts, _, dest)| {
@@ -261,7 +261,7 @@ fn the_build_stage_builds_the_locked_release_and_strips_it() {
     );
 
     // The toolchain is at least the crate's rust-version.
-    let manifest = toml_value(&read("Cargo.toml"));
+    let manifest = toml_value(&read("Cargo.toml"), "Cargo.toml");
     let msrv = manifest["package"]["rust-version"].as_str().expect("rust-version");
     let arg = read("Dockerfile")
         .lines()
@@ -374,7 +374,7 @@ fn compose_runs_two_instances_on_redis_in_front_of_the_simulator() {
     let gateways: Vec<(&str, &Yaml)> = ours.iter().filter(|(_, s)| s["command"].is_badvalue()).copied().collect();
     assert_eq!(gateways.len(), 2, "two wxgate instances");
     let rules_text = read("deploy/compose-rules.toml");
-    let rules = toml_value(&rules_text);
+    let rules = toml_value(&rules_text, "deploy/compose-rules.toml");
     let ports = listeners(&rules_text, "deploy/compose-rules.toml");
     let (mut proxy_ports, mut admin_ports) = (BTreeSet::new(), BTreeSet::new());
     for (name, s) in &gateways {
@@ -494,7 +494,7 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
             assert_checks(&dir.write(file_name, config_text), &[TOKEN]);
 
             let ports = listeners(config_text, path);
-            let config = toml_value(config_text);
+            let config = toml_value(config_text, path);
             let named: BTreeMap<String, u16> = c["ports"]
                 .as_vec()
                 .expect("ports")
