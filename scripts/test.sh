@@ -18,6 +18,32 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+# tests/dashboards.rs runs promtool on deploy/prometheus/ (and fails in CI
+# without it). It comes from Debian's `prometheus` package, unpacked into
+# target/tools/prometheus/ rather than installed: no Prometheus service, no
+# user, none of its dependencies (promtool is one static Go binary).
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/prometheus/usr/bin/promtool ]; then
+  if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+    echo "== unpacking promtool (Debian package prometheus) into target/tools/prometheus"
+    debs=$(mktemp -d)
+    chmod 0777 "$debs"   # apt-get download runs as _apt when it can
+    if ! (cd "$debs" && apt-get download -qq prometheus >/dev/null 2>&1); then
+      if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && (cd "$debs" && apt-get download -qq prometheus >/dev/null)
+      else
+        echo "cannot download the prometheus package: run apt-get update as root, or install promtool" >&2
+        exit 1
+      fi
+    fi
+    mkdir -p target/tools/prometheus
+    dpkg-deb -x "$debs"/prometheus_*.deb target/tools/prometheus
+    rm -rf "$debs"
+  else
+    echo "promtool is missing: install it (Debian/Ubuntu: prometheus) and rerun" >&2
+    exit 1
+  fi
+fi
+
 # tests/sdks.rs drives wxgate with real WeChat SDKs, pinned, installed from
 # PyPI and npm into target/sdk-env/ (python3-venv, nodejs and npm with
 # apt-get when missing); a second run returns at once.

@@ -30,6 +30,7 @@ pub mod inspect;
 pub mod limit;
 pub mod metrics;
 pub mod penalty;
+pub mod probe;
 pub mod proxy;
 pub mod quota_clear;
 pub mod ratelimit;

@@ -1,6 +1,7 @@
 //! `wxgate [--config rules.toml]` serves; `wxgate check --config rules.toml`
 //! validates and prints the compiled rules; `wxgate sim` serves a WeChat
-//! API simulator (no rules config needed).
+//! API simulator (no rules config needed); `wxgate probe` asks a running
+//! wxgate's admin listener whether it is ready (container health checks).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +39,8 @@ enum Command {
     /// Serve a WeChat API simulator (quotas, 45009/45033, tokens, /__stats) for
     /// local tries and load tests. Needs no rules config. Reference: docs/sim.md.
     Sim(SimArgs),
+    /// GET a running wxgate's /readyz (or --url): exit 0 on a 2xx answer, else 1 with the reason.
+    Probe(ProbeArgs),
 }
 
 #[derive(clap::Args)]
@@ -50,12 +53,29 @@ struct SimArgs {
     limits: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// What to GET, e.g. http://127.0.0.1:9090/readyz. Without it: /readyz on
+    /// the config's admin_listen (0.0.0.0 and :: probed on loopback).
+    #[arg(long)]
+    url: Option<String>,
+    /// Longest wait to connect, and for each read and write.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The simulator reads its own file, never the rules config.
-    if let Some(Command::Sim(args)) = &cli.command {
-        return sim(args);
-    }
+    let check = match &cli.command {
+        // The simulator reads its own file, never the rules config.
+        Some(Command::Sim(args)) => return sim(args),
+        // `probe` reads no config when given --url: a health check must not
+        // depend on the rules file on disk being valid (a broken edit is
+        // refused by the running wxgate, which keeps serving).
+        Some(Command::Probe(args)) => return probe(args, &cli.config),
+        Some(Command::Check) => true,
+        None => false,
+    };
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -63,13 +83,39 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command {
-        Some(Command::Check) => {
-            print_rules(&config);
+    if check {
+        print_rules(&config);
+        return ExitCode::SUCCESS;
+    }
+    run(config)
+}
+
+/// `wxgate probe`: exit 0 on a 2xx answer, 1 on anything else, never 2
+/// (Docker reserves it in `HEALTHCHECK`), with one line saying why.
+fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
+    let url = match &args.url {
+        Some(url) => url.clone(),
+        None => match Config::load(config).map(|c| c.server.admin_listen) {
+            Ok(Some(admin)) => wxgate::probe::admin_url(admin, "/readyz"),
+            Ok(None) => {
+                eprintln!("wxgate probe: {}: admin_listen is off; give --url", config.display());
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("wxgate probe: invalid config: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match wxgate::probe::probe(&url, args.timeout) {
+        Ok(status) => {
+            println!("{url}: {status}");
             ExitCode::SUCCESS
         }
-        Some(Command::Sim(_)) => unreachable!("dispatched before the config is loaded"),
-        None => run(config),
+        Err(why) => {
+            eprintln!("wxgate probe: {why}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -7,13 +7,15 @@
 //! scratch directories ([`temp`]), upstream ports that refuse
 //! or stall connections ([`ports`]), the memory store's state file
 //! ([`state_file`]), request bodies with upstreams that record what became
-//! of them ([`bodies`]) and real WeChat SDKs as subprocesses ([`sdk`]).
+//! of them ([`bodies`]), real WeChat SDKs as subprocesses ([`sdk`]) and the
+//! deployment files with promtool ([`deploy`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
 pub mod bodies;
 pub mod config;
+pub mod deploy;
 pub mod poll;
 pub mod ports;
 pub mod process;

@@ -1,0 +1,651 @@
+//! The deployment files agree with the binary they deploy: the Dockerfile
+//! (entry point, config path, ports, health check, user), the container,
+//! compose and Kubernetes configs (each passes `wxgate check`; ports, mounts
+//! and commands match them), and `wxgate probe`, which the image's health
+//! check runs, against a live wxgate, a closed port, and a wxgate that
+//! cannot decide.
+//!
+//! No container engine is needed: the files are read as the engines read
+//! them, and everything they ask of wxgate is run against the real binary.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use support::deploy::{entries, read, repo, strings, text, yaml, Yaml};
+use support::ports::ClosedPort;
+use support::process::{self, run};
+use support::{eventually, ConfigToml, StoreToml, TempDir, PATIENCE};
+
+const IMAGE: &str = "wxgate:local";
+/// A token for configs whose admin listener is beyond loopback.
+const TOKEN: (&str, &str) = ("WXGATE_ADMIN_TOKEN", "deploy-test-token");
+
+/// One Dockerfile instruction: its keyword (upper case) and the rest, with
+/// line continuations joined and comment lines dropped, as Docker reads it.
+#[derive(Debug, Clone)]
+struct Instruction {
+    keyword: String,
+    args: String,
+}
+
+/// The Dockerfile's stages, in order; the last is the image.
+fn dockerfile() -> Vec<Vec<Instruction>> {
+    let mut stages: Vec<Vec<Instruction>> = Vec::new();
+    let mut pending = String::new();
+    for line in read("Dockerfile").lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && pending.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                pending.push_str(part);
+                pending.push(' ');
+                continue;
+            }
+            None => pending.push_str(trimmed),
+        }
+        let whole = std::mem::take(&mut pending);
+        let (keyword, args) = whole.split_once(char::is_whitespace).unwrap_or((&whole, ""));
+        let instruction = Instruction { keyword: keyword.to_uppercase(), args: args.trim().to_owned() };
+        if instruction.keyword == "FROM" {
+            stages.push(Vec::new());
+        }
+        // ARGs before the first FROM belong to no stage.
+        match stages.last_mut() {
+            Some(stage) => stage.push(instruction),
+            None => assert_eq!(instruction.keyword, "ARG", "only ARG may precede the first FROM"),
+        }
+    }
+    assert!(pending.is_empty(), "the Dockerfile ends inside a continued line");
+    stages
+}
+
+fn image_stage() -> Vec<Instruction> {
+    dockerfile().pop().expect("the Dockerfile has a stage")
+}
+
+fn all_of<'a>(stage: &'a [Instruction], keyword: &str) -> Vec<&'a str> {
+    stage.iter().filter(|i| i.keyword == keyword).map(|i| i.args.as_str()).collect()
+}
+
+fn one_of<'a>(stage: &'a [Instruction], keyword: &str) -> &'a str {
+    let found = all_of(stage, keyword);
+    assert_eq!(found.len(), 1, "the image stage has exactly one {keyword}: {found:?}");
+    found[0]
+}
+
+/// An exec-form (JSON array) argument list; the shell form needs a shell,
+/// which the image has not.
+fn exec_form(args: &str, what: &str) -> Vec<String> {
+    serde_json::from_str(args).unwrap_or_else(|_| panic!("{what} must be in exec form [\"...\"]: {args}"))
+}
+
+/// `--name=value` options at the start of `args`, and the rest.
+fn options(args: &str) -> (BTreeMap<String, String>, String) {
+    let mut opts = BTreeMap::new();
+    let mut rest = args.trim();
+    while let Some(opt) = rest.strip_prefix("--") {
+        let (word, after) = opt.split_once(char::is_whitespace).unwrap_or((opt, ""));
+        let (name, value) = word.split_once('=').unwrap_or((word, ""));
+        opts.insert(name.to_owned(), value.to_owned());
+        rest = after.trim_start();
+    }
+    (opts, rest.to_owned())
+}
+
+/// The image's `ENV` variables (`KEY=value` pairs).
+fn image_env() -> BTreeMap<String, String> {
+    all_of(&image_stage(), "ENV")
+        .iter()
+        .flat_map(|args| args.split_whitespace())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("ENV {pair}: use KEY=value"));
+            (k.to_owned(), v.trim_matches('"').to_owned())
+        })
+        .collect()
+}
+
+/// The config file the image serves: `WXGATE_CONFIG` of the image.
+fn image_config_path() -> String {
+    image_env().get("WXGATE_CONFIG").cloned().expect("the image sets WXGATE_CONFIG")
+}
+
+/// `COPY` sources and destination (without the options).
+fn copy_parts(args: &str) -> (BTreeMap<String, String>, Vec<String>, String) {
+    let (opts, rest) = options(args);
+    let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+    let dest = words.pop().expect("COPY has a destination");
+    (opts, words, dest)
+}
+
+/// A config's `[server]` addresses as written (the file must set both).
+struct Listeners {
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+fn listeners(toml_text: &str, what: &str) -> Listeners {
+    let value: toml::Value = toml::from_str(toml_text).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let addr = |key: &str| -> SocketAddr {
+        let text = value["server"].get(key).and_then(|v| v.as_str());
+        text.unwrap_or_else(|| panic!("{what}: [server] {key} is set explicitly")).parse().expect("address")
+    };
+    Listeners { listen: addr("listen"), admin: addr("admin_listen") }
+}
+
+fn toml_value(toml_text: &str, what: &str) -> toml::Value {
+    toml::from_str(toml_text).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// `wxgate check` on a file: exit code and what it wrote.
+fn check(path: &Path, env: &[(&str, &str)]) -> (i32, String) {
+    let (code, out, err) = run(&["check", "--config", path.to_str().expect("utf-8 path")], env);
+    (code, format!("{out}{err}"))
+}
+
+fn assert_checks(path: &Path, env: &[(&str, &str)]) -> String {
+    let (code, said) = check(path, env);
+    assert_eq!(code, 0, "wxgate check --config {} fails:\n{said}", path.display());
+    said
+}
+
+#[test]
+fn the_image_runs_the_binary_on_the_config_it_ships() {
+    let image = image_stage();
+    let binary = Path::new(env!("CARGO_BIN_EXE_wxgate")).file_name().expect("binary name");
+    assert_eq!(exec_form(one_of(&image, "ENTRYPOINT"), "ENTRYPOINT"), [binary.to_str().expect("utf-8")]);
+    assert!(all_of(&image, "CMD").is_empty(), "no CMD: `docker run wxgate:local check` runs a subcommand");
+
+    // The config WXGATE_CONFIG names is the container config, copied there.
+    let config = image_config_path();
+    let copied: Vec<String> = all_of(&image, "COPY")
+        .iter()
+        .map(|args| copy_parts(args))
+        .filter(|(opts, _, dest)| !opts.contains_key("from") && *dest == config)
+        .flat_map(|(_, sources, _)| sources)
+        .collect();
+    assert_eq!(copied, ["deploy/container.toml"], "COPY deploy/container.toml {config}");
+
+    // It passes `wxgate check` with a token, and without one wxgate refuses
+    // to start and says which variable to set.
+    let file = repo("deploy/container.toml");
+    let said = assert_checks(&file, &[TOKEN]);
+    assert!(said.contains("upstream https://api.weixin.qq.com"), "{said}");
+    let (code, said) = check(&file, &[]);
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("WXGATE_ADMIN_TOKEN"), "the refusal names the variable: {said}");
+
+    // EXPOSE: the proxy and the admin listener, nothing else.
+    let ports = listeners(&read("deploy/container.toml"), "deploy/container.toml");
+    let exposed: BTreeSet<u16> = all_of(&image, "EXPOSE")
+        .iter()
+        .flat_map(|a| a.split_whitespace())
+        .map(|p| p.trim_end_matches("/tcp").parse().expect("EXPOSE port"))
+        .collect();
+    assert_eq!(exposed, BTreeSet::from([ports.listen.port(), ports.admin.port()]));
+    assert!(ports.listen.ip().is_unspecified(), "inside a container the proxy listens on every interface");
+}
+
+#[test]
+fn the_container_config_is_the_shipped_rules_with_a_container_server() {
+    let tail = |path: &str| -> String {
+        let text = read(path);
+        let at = text.find("\n[[penalty]]").unwrap_or_else(|| panic!("{path} has a [[penalty]]"));
+        text[at..].to_owned()
+    };
+    assert!(
+        tail("deploy/container.toml") == tail("rules.toml"),
+        "deploy/container.toml's penalties and rules are not rules.toml's: copy rules.toml from its first \
+         [[penalty]] on over deploy/container.toml's"
+    );
+}
+
+#[test]
+fn the_health_check_probes_the_admin_listener_of_the_container_config() {
+    let image = image_stage();
+    let (docker_opts, cmd) = options(one_of(&image, "HEALTHCHECK"));
+    let cmd = cmd.strip_prefix("CMD").expect("HEALTHCHECK ... CMD [...]").trim();
+    let argv = exec_form(cmd, "HEALTHCHECK CMD");
+    assert_eq!(argv[..2], ["wxgate", "probe"], "{argv:?}");
+    let flag = |name: &str| argv.iter().position(|a| a == name).map(|i| argv[i + 1].clone());
+    let url = flag("--url").expect("probe --url");
+
+    // The URL reaches the config's admin listener from inside the container.
+    let admin = listeners(&read("deploy/container.toml"), "deploy/container.toml").admin;
+    assert_eq!(url, wxgate::probe::admin_url(admin, "/readyz"));
+
+    // Docker kills a check that outlives its --timeout; the probe gives up first, with its reason.
+    let probe_timeout = humantime::parse_duration(&flag("--timeout").expect("probe --timeout")).expect("duration");
+    let docker_timeout = humantime::parse_duration(&docker_opts["timeout"]).expect("HEALTHCHECK --timeout");
+    assert!(probe_timeout < docker_timeout, "probe {probe_timeout:?} < HEALTHCHECK {docker_timeout:?}");
+
+    // The binary takes these very arguments: 0 or 1 (whatever listens on
+    // that port here), never 2, clap's usage error (and Docker's "reserved").
+    let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    let (code, out, err) = run(&args, &[]);
+    assert!(code == 0 || code == 1, "wxgate {args:?} exited {code}: {out}{err}");
+}
+
+#[test]
+fn the_image_runs_as_a_user_that_owns_the_state_directory() {
+    let image = image_stage();
+    let user = one_of(&image, "USER");
+    let uid = user.split(':').next().expect("uid");
+    assert!(!["root", "0"].contains(&uid), "USER {user} is root");
+
+    // The embedded store's state file is in a directory the user owns.
+    let config = toml_value(&read("deploy/container.toml"), "deploy/container.toml");
+    let state_file = config["store"]["state_file"].as_str().expect("[store] state_file is set");
+    let state_dir = Path::new(state_file).parent().expect("state_file has a directory");
+    let owned = all_of(&image, "COPY").iter().map(|a| copy_parts(a)).any(|(opts, _, dest)| {
+        Path::new(&dest) == state_dir && opts.get("chown").is_some_and(|c| c.split(':').next() == Some(uid))
+    });
+    assert!(owned, "COPY --chown={user} ... {} in the image stage", state_dir.display());
+}
+
+#[test]
+fn the_build_stage_builds_the_locked_release_and_strips_it() {
+    let stages = dockerfile();
+    assert_eq!(stages.len(), 2, "a build stage and the image");
+    let build = &stages[0];
+    let runs = all_of(build, "RUN").join("\n");
+    assert!(runs.contains("cargo build --release --locked"), "{runs}");
+    let env: String = all_of(build, "ENV").join(" ");
+    assert!(
+        env.contains("CARGO_PROFILE_RELEASE_STRIP=symbols") || runs.contains("strip "),
+        "the image's binary is stripped (Cargo.toml's release profile keeps debug info)"
+    );
+
+    // The toolchain is at least the crate's rust-version.
+    let manifest = toml_value(&read("Cargo.toml"), "Cargo.toml");
+    let msrv = manifest["package"]["rust-version"].as_str().expect("rust-version");
+    let arg = read("Dockerfile")
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG RUST_VERSION=").map(str::to_owned))
+        .expect("ARG RUST_VERSION=");
+    let version = |v: &str| -> (u32, u32) {
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().expect("version number"));
+        (parts.next().expect("major"), parts.next().expect("minor"))
+    };
+    assert!(version(&arg) >= version(msrv), "RUST_VERSION {arg} < rust-version {msrv}");
+
+    // The binary links glibc: build and image on the same Debian release.
+    let base = |stage: &[Instruction]| one_of(stage, "FROM").split_whitespace().next().expect("image").to_owned();
+    let (builder, runtime) = (base(build), base(&stages[1]));
+    let debian = [("bookworm", "debian12"), ("trixie", "debian13")]
+        .iter()
+        .find(|(codename, _)| builder.ends_with(&format!("-{codename}")))
+        .unwrap_or_else(|| panic!("build stage {builder}: a Debian release by codename"));
+    assert!(runtime.contains(debian.1), "build on {builder}, run on {runtime}: the same Debian release");
+}
+
+#[test]
+fn the_build_context_holds_what_the_dockerfile_copies_and_not_target() {
+    // .dockerignore is an allow-list: "*", then "!path" entries (last match wins).
+    let rules: Vec<(bool, String)> = read(".dockerignore")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.strip_prefix('!') {
+            Some(p) => (true, p.trim_end_matches('/').to_owned()),
+            None => (false, l.trim_end_matches('/').to_owned()),
+        })
+        .collect();
+    for (_, pattern) in &rules {
+        assert!(pattern == "*" || !pattern.contains(['*', '?', '[']), "this test reads only '*' and plain paths");
+    }
+    let included = |path: &str| {
+        let mut verdict = true;
+        for (include, pattern) in &rules {
+            if pattern == "*" || path == pattern || path.starts_with(&format!("{pattern}/")) {
+                verdict = *include;
+            }
+        }
+        verdict
+    };
+    for stage in dockerfile() {
+        for (opts, sources, _) in all_of(&stage, "COPY").iter().map(|a| copy_parts(a)) {
+            if opts.contains_key("from") {
+                continue;
+            }
+            for source in sources {
+                let source = source.trim_end_matches('/');
+                assert!(repo(source).exists(), "COPY {source}: no such file");
+                assert!(included(source), "COPY {source}: excluded by .dockerignore");
+            }
+        }
+    }
+    for never in ["target", ".git", "wxgate-state.json", "bench/results"] {
+        assert!(!included(never), "{never} is sent to the builder");
+    }
+}
+
+/// Values of `${VAR:-default}` as compose substitutes them with VAR unset.
+fn compose_default(value: &str) -> String {
+    match value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) {
+        Some(inner) => inner.split_once(":-").map_or(String::new(), |(_, d)| d.to_owned()),
+        None => value.to_owned(),
+    }
+}
+
+/// `host_ip:host:container` → (host ip, host port, container port).
+fn published(mapping: &str) -> (String, u16, u16) {
+    let parts: Vec<&str> = mapping.split(':').collect();
+    assert_eq!(parts.len(), 3, "publish as \"127.0.0.1:host:container\": {mapping}");
+    (parts[0].to_owned(), parts[1].parse().expect("host port"), parts[2].parse().expect("container port"))
+}
+
+/// `source:target[:ro]` → (source, target).
+fn mount(volume: &str) -> (String, String) {
+    let parts: Vec<&str> = volume.split(':').collect();
+    (parts[0].to_owned(), parts[1].to_owned())
+}
+
+/// Whether this build of wxgate has the `sim` subcommand (another branch
+/// adds it): its `--help`, if so.
+fn sim_help() -> Option<String> {
+    let (code, out, _) = run(&["sim", "--help"], &[]);
+    (code == 0).then_some(out)
+}
+
+#[test]
+fn compose_runs_two_instances_on_redis_in_front_of_the_simulator() {
+    let docs = yaml("deploy/compose.yaml");
+    let services = entries(&docs[0]["services"], "services");
+    let service = |name: &str| -> &Yaml {
+        services.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).unwrap_or_else(|| panic!("no service {name}"))
+    };
+    let config_path = image_config_path();
+
+    // Services of the wxgate image are built from this repository.
+    let ours: Vec<(&str, &Yaml)> =
+        services.iter().filter(|(_, s)| s["image"].as_str() == Some(IMAGE)).copied().collect();
+    for (name, s) in &ours {
+        let context = repo("deploy").join(text(&s["build"]["context"], "build.context"));
+        assert_eq!(context.canonicalize().expect("context"), repo("").canonicalize().expect("repo"), "{name}");
+        assert!(context.join(text(&s["build"]["dockerfile"], "build.dockerfile")).is_file(), "{name}");
+    }
+
+    // The wxgate instances: no command (they serve), compose-rules.toml at the image's config path.
+    let gateways: Vec<(&str, &Yaml)> = ours.iter().filter(|(_, s)| s["command"].is_badvalue()).copied().collect();
+    assert_eq!(gateways.len(), 2, "two wxgate instances");
+    let rules_text = read("deploy/compose-rules.toml");
+    let rules = toml_value(&rules_text, "deploy/compose-rules.toml");
+    let ports = listeners(&rules_text, "deploy/compose-rules.toml");
+    let (mut proxy_ports, mut admin_ports) = (BTreeSet::new(), BTreeSet::new());
+    for (name, s) in &gateways {
+        let mounts: Vec<(String, String)> = strings(&s["volumes"], "volumes").iter().map(|v| mount(v)).collect();
+        assert!(mounts.contains(&("./compose-rules.toml".into(), config_path.clone())), "{name}: {mounts:?}");
+        let env: Vec<(String, String)> = entries(&s["environment"], "environment")
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), compose_default(text(v, k))))
+            .collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_checks(&repo("deploy/compose-rules.toml"), &env);
+
+        let mapped: Vec<(String, u16, u16)> = strings(&s["ports"], "ports").iter().map(|p| published(p)).collect();
+        let inside: BTreeSet<u16> = mapped.iter().map(|m| m.2).collect();
+        assert_eq!(inside, BTreeSet::from([ports.listen.port(), ports.admin.port()]), "{name}: {mapped:?}");
+        for (ip, host, inside) in mapped {
+            assert_eq!(ip, "127.0.0.1", "{name} publishes on the host's loopback only");
+            let fresh = if inside == ports.listen.port() { proxy_ports.insert(host) } else { admin_ports.insert(host) };
+            assert!(fresh, "host port {host} published twice");
+        }
+        let needs: Vec<&str> = entries(&s["depends_on"], "depends_on").iter().map(|(k, _)| *k).collect();
+        assert!(needs.contains(&"redis") && needs.contains(&"wechat"), "{name} depends on {needs:?}");
+    }
+    assert_eq!(rules["store"]["instances"].as_integer(), Some(gateways.len() as i64), "[store] instances");
+
+    // Redis is the service the store URL names, on Redis's own port.
+    let url = rules["store"]["url"].as_str().expect("[store] url");
+    assert_eq!(url, "redis://redis:6379");
+    assert!(text(&service("redis")["image"], "redis image").starts_with("redis:"));
+
+    // WeChat is `wxgate sim`, listening where the upstream points.
+    let upstream: http::Uri = rules["server"]["upstream"].as_str().expect("upstream").parse().expect("upstream URL");
+    let wechat = service(upstream.host().expect("upstream host"));
+    assert_eq!(wechat["image"].as_str(), Some(IMAGE));
+    let command = strings(&wechat["command"], "wechat command");
+    let arg = |flag: &str| command.iter().position(|a| a == flag).map(|i| command[i + 1].clone());
+    assert_eq!(command[0], "sim");
+    let sim_listen: SocketAddr = arg("--listen").expect("sim --listen").parse().expect("address");
+    assert!(sim_listen.ip().is_unspecified(), "the sim listens for the other containers");
+    assert_eq!(Some(sim_listen.port()), upstream.port_u16(), "upstream {upstream} and sim {sim_listen}");
+    let limits = arg("--limits").expect("sim --limits");
+    let sim_mounts: Vec<(String, String)> =
+        strings(&wechat["volumes"], "wechat volumes").iter().map(|v| mount(v)).collect();
+    let source = sim_mounts.iter().find(|(_, target)| *target == limits).map(|(s, _)| s.clone());
+    let source = source.unwrap_or_else(|| panic!("--limits {limits} is mounted: {sim_mounts:?}"));
+    match sim_help() {
+        Some(help) => {
+            assert!(help.contains("--listen") && help.contains("--limits"), "wxgate sim --help:\n{help}");
+            assert!(repo("deploy").join(&source).is_file(), "deploy/{source} exists");
+        }
+        None => eprintln!("NOTE: this build has no `wxgate sim`: its command line and {source} were not checked"),
+    }
+
+    // The curl loop in the header calls a limited rule on both instances'
+    // published ports, then reads each one's /metrics.
+    let header: String = read("deploy/compose.yaml").lines().take_while(|l| l.starts_with('#')).collect();
+    let proxy: Vec<u16> = proxy_ports.into_iter().collect();
+    assert_eq!(proxy[1], proxy[0] + 1, "the loop alternates between consecutive ports");
+    assert!(header.contains(&format!("port=$(({} + i % 2))", proxy[0])), "the loop's ports are {proxy:?}");
+    for port in admin_ports {
+        assert!(header.contains(&format!("127.0.0.1:{port}/metrics")), "the header reads /metrics on {port}");
+    }
+    let path = "/cgi-bin/message/template/send";
+    assert!(header.contains(path));
+    let limited = rules["rule"].as_array().expect("rules").iter().any(|r| {
+        let matches = r["match"].as_array().is_some_and(|m| m.iter().any(|p| p.as_str() == Some(path)));
+        matches && r["limits"].as_array().is_some_and(|l| !l.is_empty())
+    });
+    assert!(limited, "the loop's path has a rule with limits in compose-rules.toml");
+}
+
+/// The Kubernetes objects of a file, by kind.
+fn objects<'a>(docs: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
+    docs.iter().filter(|d| d["kind"].as_str() == Some(kind)).collect()
+}
+
+/// Checks every wxgate container of `path` against the config its ConfigMap
+/// holds: the config passes `wxgate check`; ports, probes, mount, token,
+/// `[store] instances` and the Redis Service agree with it.
+fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
+    let docs = yaml(path);
+    let config_path = image_config_path();
+    let config_dir = Path::new(&config_path).parent().expect("config dir").to_str().expect("utf-8").to_owned();
+    let mut containers = 0;
+    for deployment in objects(&docs, "Deployment") {
+        let pod = &deployment["spec"]["template"]["spec"];
+        let replicas = deployment["spec"]["replicas"].as_i64().expect("replicas");
+        for c in pod["containers"].as_vec().expect("containers") {
+            if c["image"].as_str() != Some(IMAGE) {
+                continue;
+            }
+            containers += 1;
+            let args = strings(&c["args"], "args");
+            assert!(args.is_empty() || args == ["--config", config_path.as_str()], "{path}: args {args:?}");
+            // The ConfigMap mounted over the image's config directory.
+            let volume = c["volumeMounts"]
+                .as_vec()
+                .expect("volumeMounts")
+                .iter()
+                .find(|m| m["mountPath"].as_str() == Some(&config_dir))
+                .map(|m| text(&m["name"], "volume name").to_owned())
+                .unwrap_or_else(|| panic!("{path}: a volume mounted at {config_dir}"));
+            let map_name = pod["volumes"]
+                .as_vec()
+                .expect("volumes")
+                .iter()
+                .find(|v| v["name"].as_str() == Some(volume.as_str()))
+                .and_then(|v| v["configMap"]["name"].as_str())
+                .expect("the volume is a ConfigMap");
+            let map = objects(&docs, "ConfigMap")
+                .into_iter()
+                .find(|m| m["metadata"]["name"].as_str() == Some(map_name))
+                .unwrap_or_else(|| panic!("{path}: no ConfigMap {map_name}"));
+            let file_name = Path::new(&config_path).file_name().expect("name").to_str().expect("utf-8");
+            let config_text = text(&map["data"][file_name], "ConfigMap data");
+            let dir = TempDir::new("kubernetes");
+            assert_checks(&dir.write(file_name, config_text), &[TOKEN]);
+
+            let ports = listeners(config_text, path);
+            let config = toml_value(config_text, path);
+            let named: BTreeMap<String, u16> = c["ports"]
+                .as_vec()
+                .expect("ports")
+                .iter()
+                .map(|p| (text(&p["name"], "port name").to_owned(), p["containerPort"].as_i64().expect("port") as u16))
+                .collect();
+            let declared: BTreeSet<u16> = named.values().copied().collect();
+            let mut wanted = BTreeSet::from([ports.admin.port()]);
+            if !ports.listen.ip().is_loopback() {
+                wanted.insert(ports.listen.port());
+            }
+            assert_eq!(declared, wanted, "{path}: containerPorts are the config's non-loopback listeners");
+            for (probe, endpoint) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+                let get = &c[probe]["httpGet"];
+                assert_eq!(get["path"].as_str(), Some(endpoint), "{path}: {probe}");
+                let port = get["port"].as_str().map(|n| named[n]).or(get["port"].as_i64().map(|p| p as u16));
+                assert_eq!(port, Some(ports.admin.port()), "{path}: {probe} on the admin port");
+            }
+            if !ports.admin.ip().is_loopback() {
+                let env = c["env"].as_vec().expect("env");
+                assert!(
+                    env.iter()
+                        .any(|e| e["name"].as_str() == Some(TOKEN.0) && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
+                    "{path}: {} from a Secret",
+                    TOKEN.0
+                );
+            }
+            assert_eq!(c["securityContext"]["runAsNonRoot"].as_bool(), Some(true), "{path}");
+            assert_eq!(
+                config["store"]["instances"].as_integer(),
+                Some(replicas),
+                "{path}: [store] instances = replicas"
+            );
+            let url: http::Uri = config["store"]["url"].as_str().expect("[store] url").parse().expect("URL");
+            assert!(redis_services.contains(url.host().expect("host")), "{path}: Redis {url} is a Service");
+        }
+    }
+    // Every Service's named target ports exist on the pods it selects.
+    for service in objects(&docs, "Service") {
+        let selector = entries(&service["spec"]["selector"], "selector");
+        let pods: Vec<&Yaml> = docs
+            .iter()
+            .filter(|d| {
+                let labels = &d["spec"]["template"]["metadata"]["labels"];
+                !labels.is_badvalue() && selector.iter().all(|(k, v)| labels[*k].as_str() == v.as_str())
+            })
+            .collect();
+        assert!(!pods.is_empty(), "{path}: Service {:?} selects no pods", service["metadata"]["name"]);
+        for port in service["spec"]["ports"].as_vec().expect("ports") {
+            let target = text(&port["targetPort"], "targetPort");
+            let found = pods.iter().any(|p| {
+                p["spec"]["template"]["spec"]["containers"].as_vec().expect("containers").iter().any(|c| {
+                    c["ports"].as_vec().is_some_and(|ps| ps.iter().any(|cp| cp["name"].as_str() == Some(target)))
+                })
+            });
+            assert!(found, "{path}: targetPort {target} names a container port");
+        }
+    }
+    containers
+}
+
+#[test]
+fn the_kubernetes_files_run_the_image_on_configs_that_pass_check() {
+    let egress = yaml("deploy/kubernetes-egress.yaml");
+    let redis: BTreeSet<String> = objects(&egress, "Service")
+        .into_iter()
+        .filter(|s| s["spec"]["ports"].as_vec().is_some_and(|ps| ps.iter().any(|p| p["port"].as_i64() == Some(6379))))
+        .map(|s| text(&s["metadata"]["name"], "name").to_owned())
+        .collect();
+    assert_eq!(redis.len(), 1, "kubernetes-egress.yaml has one Redis Service");
+    assert_eq!(check_kubernetes("deploy/kubernetes-sidecar.yaml", &redis), 1);
+    assert_eq!(check_kubernetes("deploy/kubernetes-egress.yaml", &redis), 1);
+    let replicas = objects(&egress, "Deployment")[0]["spec"]["replicas"].as_i64();
+    assert!(replicas >= Some(2), "the shared egress runs 2+ replicas");
+}
+
+/// Runs `wxgate probe <args>`: exit code and the one line it wrote.
+fn probe(args: &[&str]) -> (i32, String) {
+    let mut all = vec!["probe"];
+    all.extend_from_slice(args);
+    let (code, out, err) = run(&all, &[]);
+    let said = format!("{out}{err}");
+    assert_eq!(said.trim_end().lines().count(), 1, "one line: {said:?}");
+    (code, said)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_says_0_to_a_live_wxgate_and_1_to_a_closed_port() {
+    let gate =
+        process::spawn(&ConfigToml::new("http://127.0.0.1:9").to_string(), "probe-live", &[]).expect("wxgate starts");
+    let admin = gate.admin.expect("admin listener");
+    let url = format!("http://{admin}/readyz");
+    let (code, said) = probe(&["--url", &url]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("200"), "{said}");
+
+    // --url needs no config: not a valid one, not any.
+    let dir = TempDir::new("probe-no-config");
+    let broken = dir.write("rules.toml", "[server\nlisten = ");
+    let (code, said) = probe(&["--url", &url, "--config", broken.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{said}");
+
+    let closed = ClosedPort::new();
+    let (code, said) = probe(&["--url", &format!("{}/readyz", closed.url())]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("cannot connect") && said.contains(&closed.port.to_string()), "{said}");
+
+    let (code, said) = probe(&["--url", &format!("http://{admin}/no-such-endpoint")]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("404"), "{said}");
+}
+
+#[test]
+fn probe_without_url_asks_the_configs_admin_listener_and_never_exits_2() {
+    // An admin listener on every interface is probed on loopback, at its port.
+    let closed = ClosedPort::new();
+    let dir = TempDir::new("probe-config");
+    let config = ConfigToml::new("http://127.0.0.1:9")
+        .server("admin_listen", format!("0.0.0.0:{}", closed.port))
+        .server("admin_token", "t")
+        .to_string();
+    let path = dir.write("rules.toml", &config);
+    let (code, said) = probe(&["--config", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains(&format!("http://127.0.0.1:{}/readyz", closed.port)), "{said}");
+
+    // A config it cannot read is unhealthy (1), not a usage error (2, which Docker reserves).
+    let broken = dir.write("broken.toml", "[server\n");
+    let (code, said) = probe(&["--config", broken.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("invalid config"), "{said}");
+    let off = dir.write("off.toml", &ConfigToml::new("http://127.0.0.1:9").server("admin_listen", "off").to_string());
+    let (code, said) = probe(&["--config", off.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("admin_listen is off"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_says_1_while_wxgate_cannot_decide() {
+    // Redis away and fallback = "deny": /readyz is 503, so the container is unhealthy.
+    let redis = ClosedPort::new();
+    let config = ConfigToml::new("http://127.0.0.1:9")
+        .with(StoreToml::redis(&format!("redis://127.0.0.1:{}", redis.port)).set("fallback", "deny"));
+    let gate = process::spawn(&config.to_string(), "probe-deny", &[]).expect("wxgate starts without Redis");
+    let url = format!("http://{}/readyz", gate.admin.expect("admin listener"));
+    let mut last = String::new();
+    eventually("probe reports 503", PATIENCE, || {
+        let (code, said) = probe(&["--url", &url]);
+        last = said;
+        code == 1 && last.contains("503")
+    })
+    .await;
+    assert!(last.contains("unavailable") || last.contains("redis"), "the reason says why: {last}");
+}
