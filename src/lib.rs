@@ -22,6 +22,7 @@ pub mod body;
 pub mod bucket;
 pub mod calendar;
 pub mod call;
+pub mod callers;
 pub mod client;
 pub mod clock;
 pub mod config;

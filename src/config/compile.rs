@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule};
 use super::units::{micros, parse_duration, secs_us, valid_name};
-use super::{settings, Config, ConfigError, LogConfig};
+use super::{callers, settings, Config, ConfigError, LogConfig};
 use crate::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
@@ -149,6 +149,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         )
     })?;
     let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
+    let callers = callers::compile(raw.caller).map_err(|(span, m)| ctx.at(span, m))?;
     Ok(Config {
         source: ctx.path.to_path_buf(),
         server,
@@ -160,6 +161,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         lease_us: micros(lease),
         max_warmup_us,
         log,
+        callers,
     })
 }
 
