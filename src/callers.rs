@@ -16,17 +16,19 @@
 //!
 //! [`Callers`] is built from a config at start and again on each reload;
 //! a reload keeps a guard's state when that caller's `rate` is unchanged.
-//! Cost: a call without the header clones the pre-built fallback caller
-//! (no allocation, no lookup); with the header, one lookup among the
-//! declared names (none when there are none), and one allocation for a
-//! name not declared.
+//! Cost: one header lookup (which also takes the header off); a call
+//! without the header clones the pre-built fallback caller (no allocation,
+//! no name lookup); with it, one lookup among the declared names (none when
+//! there are none), and one allocation for a name not declared. Its series
+//! are fetched once per config: counting a call is one increment.
 
 pub mod guard;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName};
+use http::header::Entry as HeaderEntry;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use self::guard::Guard;
 use crate::clock::Clock;
@@ -90,6 +92,19 @@ impl Caller {
     }
 }
 
+/// Takes `X-Wx-Caller` off a request's headers (so it never reaches
+/// WeChat) with one lookup: its value, `None` without it, 400 if it is
+/// given more than once.
+pub fn take_header(headers: &mut HeaderMap) -> Result<Option<HeaderValue>, ProxyError> {
+    let HeaderEntry::Occupied(given) = headers.entry(CALLER) else { return Ok(None) };
+    let (_, mut values) = given.remove_entry_mult();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(ProxyError::BadRequest("X-Wx-Caller is given more than once".into()));
+    }
+    Ok(first)
+}
+
 /// The callers of one config, with their guards and series.
 pub struct Callers {
     /// Declared callers by name; empty when none are.
@@ -142,14 +157,10 @@ impl Callers {
         &self.order
     }
 
-    /// The caller of a request: `X-Wx-Caller` (400 if given twice or not a
-    /// name), else [`Callers::fallback`].
-    pub fn of(&self, headers: &HeaderMap) -> Result<Caller, ProxyError> {
-        let mut values = headers.get_all(CALLER).iter();
-        let Some(value) = values.next() else { return Ok(self.fallback()) };
-        if values.next().is_some() {
-            return Err(ProxyError::BadRequest("X-Wx-Caller is given more than once".into()));
-        }
+    /// The caller a request's `X-Wx-Caller` value names: the declared one
+    /// (one lookup, none when no caller is declared), else an undeclared
+    /// caller of that name. 400 if the value is not a name.
+    pub fn named(&self, value: &HeaderValue) -> Result<Caller, ProxyError> {
         let name = match value.to_str() {
             Ok(v) if valid_account(v) => v,
             _ => return Err(ProxyError::BadRequest("X-Wx-Caller must be 1-64 characters of A-Z a-z 0-9 _ -".into())),

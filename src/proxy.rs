@@ -18,7 +18,8 @@
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered 429 here and never reaches WeChat.
 //! 6. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller`; sent exactly once
+//!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller` (the
+//!    latter taken off by [`caller`]); sent exactly once
 //!    ([`crate::upstream`]: connecting within `upstream_timeout`; the body
 //!    for as long as it keeps moving, `body_timeout` without progress ends
 //!    it; then the answer's head within `upstream_timeout`). A call that
@@ -49,7 +50,7 @@ use crate::admit::admit;
 use crate::app::App;
 use crate::body::RelayBody;
 use crate::call::{Call, Early};
-use crate::callers::CALLER;
+use crate::callers;
 use crate::client::Client;
 use crate::clock::Stopwatch;
 use crate::error::{retry_after_secs, ProxyError};
@@ -82,7 +83,7 @@ async fn phases(
     client: &Client,
 ) -> Result<Response<RelayBody>, Early> {
     let target = accept(call, &req)?;
-    caller(app, call, &req)?;
+    caller(app, call, &mut req)?;
     identify(app, call, &mut req, &target).await?;
     route(app, call);
     decide(app, call, client).await?;
@@ -146,8 +147,11 @@ pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, 
 /// counted under its rule and answered with the rule's `throttle_status`;
 /// it never reaches identify (no token lookup) nor the store. The guard
 /// holds for calls without a rule too: it limits the caller, not a rule.
-pub fn caller(app: &App, call: &mut Call, req: &Request<Incoming>) -> Result<(), Early> {
-    call.caller = app.callers.load().of(req.headers())?;
+pub fn caller(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
+    // Without the header, the caller is the fallback `Call::new` was given.
+    if let Some(name) = callers::take_header(req.headers_mut())? {
+        call.caller = app.callers.load().named(&name)?;
+    }
     if let Err(refused) = call.caller.check() {
         route(app, call);
         return Err(refused.into());
@@ -222,7 +226,6 @@ pub async fn forward(
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(ACCOUNT);
-    parts.headers.remove(CALLER);
     let in_flight = call.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.rule.as_ref().map(|r| app.activity.enter(&call.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.

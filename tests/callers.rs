@@ -295,3 +295,25 @@ async fn caller_config_errors_name_the_file_line_and_caller() {
     let e = wxgate::config::Config::parse(&text, Path::new("rules.toml")).expect_err("bad [server] caller");
     assert!(e.to_string().contains("[server] caller: \"sidecar of hr\" is not a caller name"), "{e}");
 }
+
+#[tokio::test]
+async fn the_access_log_names_the_caller() {
+    let mock = MockWeChat::start().await;
+    let text = ConfigToml::new(&mock.url()).with("[log]\nformat = \"json\"\n").with(send_rule()).with(caller("hr"));
+    let gate = support::process::spawn(&text.to_string(), "callers-log", &[]).expect("serving");
+    let url = format!("http://{}{SEND}", gate.addr);
+    let as_hr = http::Request::get(&url).header("x-wx-caller", "hr").body(Default::default()).expect("request");
+    assert_eq!(send(as_hr).await.status, 200);
+    assert_eq!(send(http::Request::get(&url).body(Default::default()).expect("request")).await.status, 200);
+    let callers = eventually_some("two access log lines", Duration::from_secs(5), || {
+        let lines: Vec<serde_json::Value> = gate
+            .logged()
+            .lines()
+            .filter(|l| l.contains("wxgate::access"))
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        (lines.len() == 2).then(|| lines.iter().map(|v| v["caller"].clone()).collect::<Vec<_>>())
+    })
+    .await;
+    assert_eq!(callers, ["hr", "default"]);
+}
