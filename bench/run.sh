@@ -13,6 +13,11 @@
 #                                                  for hours; answered locally, [store] refusal_cache)
 #   9. the same, refusal_cache = false            (every refusal asks Redis)
 #
+# and, with BENCH_TARGETS=flood, the caller flood guard ([[caller]] rate):
+#   one caller floods at full speed without back-off while another sends
+#   steadily, both on one account and rule of the Redis store, with and
+#   without the flooder's guard (see "flood" below and bench/README).
+#
 # Pass 1 drives each target as hard as wrk can (same threads, connections,
 # duration); pass 2 drives targets 1-5 at about half of the slowest of 1-4,
 # to compare latency at equal, moderate load.
@@ -28,6 +33,10 @@
 #   BENCH_THREADS      wrk threads                          (default 2)
 #   BENCH_PORT_BASE    first loopback port tried            (default 18400)
 #   BENCH_PERF=1       also record `perf` of wxgate during target 3
+#   BENCH_TARGETS      what to run: "standard" (targets 1-9 and pass 2, the default),
+#                      "flood" (the flood guard runs only), or "standard flood"
+#   BENCH_FLOOD_LIMIT  flood runs: the rule's limit per second   (default 1000)
+#   BENCH_FLOOD_RATE   flood runs: the flooder's guard per second (default 500)
 #
 # Before/after a change (baseline mode):
 #   BENCH_BASELINE     a git revision (main~3, a hash, a tag) to compare the working
@@ -78,10 +87,16 @@ PORT_BASE=${BENCH_PORT_BASE:-18400}
 PERF=${BENCH_PERF:-0}
 if [ -n "$BASELINE$BASE_BIN" ]; then ROUNDS=${BENCH_ROUNDS:-3}; else ROUNDS=${BENCH_ROUNDS:-1}; fi
 COMPARE=" ${BENCH_COMPARE:-3 4 5 6 7 8 9} "; COMPARE=${COMPARE//,/ }
+TARGETS=" ${BENCH_TARGETS:-standard} "; TARGETS=${TARGETS//,/ }
+FLOOD_LIMIT=${BENCH_FLOOD_LIMIT:-1000}
+FLOOD_RATE=${BENCH_FLOOD_RATE:-500}
+want() { [[ $TARGETS == *" $1 "* ]]; } # want standard|flood: is it in BENCH_TARGETS?
 REQ_PATH='/cgi-bin/message/template/send?access_token=BENCH'
 BODY='{"errcode":0,"errmsg":"ok"}'
 
-for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS; do
+[[ $TARGETS =~ ^(\ +(standard|flood))+\ +$ ]] ||
+  { echo "bench: BENCH_TARGETS must list standard and/or flood, got '${BENCH_TARGETS:-}'" >&2; exit 2; }
+for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS FLOOD_LIMIT FLOOD_RATE; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
 ((ROUNDS >= 1)) || { echo "bench: BENCH_ROUNDS must be at least 1" >&2; exit 2; }
@@ -323,7 +338,7 @@ done
 
 NEVER='[{ count = 1000000000, per = "1s", burst = 1000000 }]'   # never throttles
 
-wxgate_config() { # wxgate_config NAME PORT STORE_TOML LIMITS: write $TMP/NAME.toml, `check` it
+wxgate_config() { # wxgate_config NAME PORT STORE_TOML LIMITS [MORE_TOML]: write $TMP/NAME.toml, `check` it
   cat >"$TMP/$1.toml" <<EOF
 [server]
 listen = "127.0.0.1:$2"
@@ -341,6 +356,7 @@ access = false   # one access-log line per call would dominate the cost
 name = "bench"
 match = ["/cgi-bin/message/template/send"]
 limits = $4
+${5:-}
 EOF
   "$WXGATE" check --config "$TMP/$1.toml" >"$TMP/$1.check" 2>&1 ||
     { cat "$TMP/$1.check" >&2; die "wxgate check refused $TMP/$1.toml"; }
@@ -507,6 +523,119 @@ target() {
   run_wrk "$key" "$url" "$c" "$watch" "$@"
   EVALSHA[$key]=$(evalsha_calls)   # warm-up + measured run
 }
+
+# --- flood: the caller flood guard ([[caller]] rate) -------------------------------
+#
+# One account, one rule of FLOOD_LIMIT calls per second (burst 10 %), on the
+# Redis store. Two callers at once for DURATION seconds: "flood" (wrk, CONNS
+# connections, no back-off, X-Wx-Caller: flood) and "steady" (wrk, 2
+# connections, each pausing 20 ms after every answer: ≤ 100 calls/s,
+# X-Wx-Caller: steady). Run twice: with flood's guard (rate = FLOOD_RATE/s)
+# and without it. Measured over the run (from 0.5 s in to 0.5 s before the
+# end): Redis commands and EVALSHA per second (INFO commandstats deltas),
+# wxgate's and Redis' CPU, the flooder's calls and refusals per second, the
+# steady caller's calls, refusals and latency.
+
+alloc_port WX_FLOOD_PORT
+FLOOD_LIMITS="[{ count = $FLOOD_LIMIT, per = \"1s\", burst = $(((FLOOD_LIMIT + 9) / 10)) }]"
+flood_callers() { # flood_callers [RATE]: the [[caller]] blocks; flood guarded at RATE/s if given
+  printf '[[caller]]\nname = "flood"\n%s\n[[caller]]\nname = "steady"\npriority = "high"\n' "${1:+rate = \"$1/s\"}"
+}
+redis_calls() { # redis_calls: "evalsha all" command calls so far (INFO and CONFIG excluded)
+  redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[=,:]' '
+    /^cmdstat_/ { if ($1 != "cmdstat_info" && $1 != "cmdstat_config") all += $3; if ($1 == "cmdstat_evalsha") ev += $3 }
+    END { printf "%d %d\n", ev, all }'
+}
+
+# flood_run KEY: both callers against the running wxgate ($WX_PID); figures in $TMP/KEY.*
+flood_run() {
+  local key=$1 url="http://127.0.0.1:$WX_FLOOD_PORT$REQ_PATH" ev0 all0 ev1 all1 w0 r0 w1 r1 t0 t1
+  # Warm-up: both callers for WARMUP seconds (connections, the script cache, Redis' keys).
+  wrk -t1 -c"$CONNS" -d"${WARMUP}s" -H 'X-Wx-Caller: flood' "$url" >"$TMP/$key.flood.warm" 2>&1 &
+  local fw=$!
+  WRK_PACE_MS=20 wrk -t1 -c2 -d"${WARMUP}s" -H 'X-Wx-Caller: steady' -s "$TMP/pace.lua" "$url" \
+    >"$TMP/$key.steady.warm" 2>&1 || die "wrk warm-up (steady) for $key failed"
+  wait "$fw" || die "wrk warm-up (flood) for $key failed"
+  wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -H 'X-Wx-Caller: flood' "$url" >"$TMP/$key.flood.wrk" 2>&1 &
+  local fpid=$!
+  WRK_PACE_MS=20 wrk -t1 -c2 -d"${DURATION}s" --latency -H 'X-Wx-Caller: steady' -s "$TMP/pace.lua" "$url" \
+    >"$TMP/$key.steady.wrk" 2>&1 &
+  local spid=$!
+  PIDS+=("$fpid" "$spid")
+  sleep 0.5
+  read -r ev0 all0 <<<"$(redis_calls)"
+  w0=$(ticks "$WX_PID"); r0=$(ticks "$REDIS_PID"); t0=$(date +%s.%N)
+  sleep $((DURATION - 1))
+  read -r ev1 all1 <<<"$(redis_calls)"
+  w1=$(ticks "$WX_PID"); r1=$(ticks "$REDIS_PID"); t1=$(date +%s.%N)
+  wait "$fpid" || { cat "$TMP/$key.flood.wrk" >&2; die "wrk (flood) for $key failed"; }
+  wait "$spid" || { cat "$TMP/$key.steady.wrk" >&2; die "wrk (steady) for $key failed"; }
+  parse "$TMP/$key.flood.wrk" >"$TMP/$key.flood.parsed"
+  parse "$TMP/$key.steady.wrk" >"$TMP/$key.steady.parsed"
+  # "evalsha/s commands/s wxgate-CPU% redis-CPU%" over the sampled span
+  awk -v e="$((ev1 - ev0))" -v a="$((all1 - all0))" -v w="$((w1 - w0))" -v r="$((r1 - r0))" -v t0="$t0" -v t1="$t1" \
+    -v hz="$CLK" 'BEGIN { s = t1 - t0; printf "%.0f %.0f %.1f %.1f\n", e / s, a / s, w / hz / s * 100, r / hz / s * 100 }' \
+    >"$TMP/$key.sampled"
+}
+
+flood_section() { # runs both flood runs; the markdown report goes to $TMP/flood.md
+  local k rps p50 p99 req non serr srps s50 s99 sreq snon ev all wcpu rcpu
+  wxgate_config flood_guard "$WX_FLOOD_PORT" "$(redis_store benchf)" "$FLOOD_LIMITS" "$(flood_callers "$FLOOD_RATE")"
+  wxgate_config flood_open "$WX_FLOOD_PORT" "$(redis_store benchf)" "$FLOOD_LIMITS" "$(flood_callers)"
+  for k in flood_open flood_guard; do
+    log "flood: $k (flood: -c$CONNS, no back-off; steady: -c2, 20 ms pause after each answer)"
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    start_wxgate "$k" "$WX_FLOOD_PORT"
+    flood_run "$k"
+    stop_pid "$WX_PID"
+  done
+  {
+    echo "### Flood guard: one caller floods, one sends steadily (Redis store, one account, one rule)"
+    echo
+    echo "Rule \`bench\`: \`$FLOOD_LIMITS\`. Callers: \`flood\` (wrk -t1 -c$CONNS, no back-off, answers ignored)"
+    echo "and \`steady\` (priority high; wrk -t1 -c2, each connection pausing 20 ms after every answer: ≤ 100 calls/s)."
+    echo "\"guard\": \`[[caller]] name = \"flood\" rate = \"$FLOOD_RATE/s\"\`; \"no guard\": the same without \`rate\`."
+    echo "${DURATION} s each after a ${WARMUP} s warm-up; Redis and CPU figures from 0.5 s in to 0.5 s before the end."
+    echo
+    echo "| run | Redis commands/s (scripts' own included) | EVALSHA/s (round trips) | flood calls/s | flood refused/s | wxgate CPU | wxgate CPU per flood call | Redis CPU | steady calls/s | steady refused | steady p50 | steady p99 |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for k in flood_open flood_guard; do
+      read -r rps p50 p99 req non serr <<<"$(cat "$TMP/$k.flood.parsed")"
+      read -r srps s50 s99 sreq snon _ <<<"$(cat "$TMP/$k.steady.parsed")"
+      read -r ev all wcpu rcpu <<<"$(cat "$TMP/$k.sampled")"
+      printf '| %s | %s | %s | %.0f | %s | %s %% | %s | %s %% | %.0f | %s of %s | %s | %s |\n' \
+        "$([ "$k" = flood_guard ] && echo "guard ($FLOOD_RATE/s)" || echo "no guard")" "$all" "$ev" "$rps" \
+        "$(awk -v n="$non" -v d="$DURATION" 'BEGIN { printf "%.0f", n / d }')" "$wcpu" \
+        "$(awk -v c="$wcpu" -v r="$rps" -v s="$srps" 'BEGIN { printf "%.1f µs", c / 100 * 1e6 / (r + s) }')" \
+        "$rcpu" "$srps" "$snon" "$sreq" "$(fmt_us "$s50")" "$(fmt_us "$s99")"
+    done
+    echo
+    echo "Redis counts the commands a script runs (TIME, HMGET, HSET...) as commands too: the first column is the work"
+    echo "Redis does, the second the round trips (one EVALSHA decides a batch of an account's concurrent calls)."
+    echo "\"wxgate CPU per flood call\": wxgate's CPU time over all calls answered (flood and steady) per call; the"
+    echo "flooder's are most of them. Refused calls (flood or steady) are 429: by the rule (reason \`rate\`, decided"
+    echo "in Redis, or answered from the refusal cache) without the guard; by the guard (\`caller_rate\`, in-process)"
+    local rev; rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [ -z "$(git -C "$REPO" status --porcelain -- src lua Cargo.toml Cargo.lock 2>/dev/null)" ] || rev+=" + uncommitted changes"
+    echo "with it. wxgate $rev, $(nproc) cores shared by"
+    echo "both wrk, wxgate, Redis and the mock: compare the two rows, not these figures with another machine's."
+  } >"$TMP/flood.md"
+}
+
+# flood_results FILE HEADER: the flood report into FILE (after HEADER lines, if any)
+flood_results() {
+  echo
+  cat "$TMP/flood.md"
+  mkdir -p "$REPO/bench/results"
+  { if [ -n "$2" ]; then echo "$2"; echo; fi; cat "$TMP/flood.md"; echo; } >>"$1"
+  log "flood results saved to $1"
+}
+if ! want standard; then
+  flood_section
+  flood_results "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
+    "# wxgate flood guard benchmark, $(date -u) ($(hostname -s), \`$CMD\`)"
+  exit 0
+fi
 
 # Pass 1: each target at full load; in rounds (MULTI), with the baseline too.
 CFG=([3]=memory [4]=redis [5]=redis1 [6]=reject [7]=rejectnc [8]=spent [9]=spentnc)  # config = key name
@@ -867,3 +996,7 @@ OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
   echo "</details>"
 } >"$OUT"
 log "results saved to $OUT"
+if want flood; then
+  flood_section
+  flood_results "$OUT" ""
+fi

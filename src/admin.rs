@@ -7,6 +7,7 @@
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active; each upstream's health |
 //! | `GET /v1/rules` | the compiled rules |
+//! | `GET /v1/callers` | the declared callers: priority, flood guard (`rate`), refusals here |
 //! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
 //! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
 //! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
@@ -38,6 +39,7 @@ use tokio::sync::watch;
 
 use crate::app::App;
 use crate::bucket::{describe, Here};
+use crate::callers::OTHER;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::metrics::FileOp;
@@ -113,6 +115,7 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
+                (&Method::GET, ["callers"]) => callers(app),
                 (&Method::POST, ["accounts", account, "clear"]) => clear(app, account).await,
                 (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
                 (&Method::DELETE, ["penalties", account, rule]) => {
@@ -308,6 +311,37 @@ fn rule_json(rule: &Rule) -> Value {
 fn rules(app: &App) -> Answer {
     let config = app.config.load();
     json_answer(StatusCode::OK, Value::Array(config.rules.iter().map(|r| rule_json(r)).collect()))
+}
+
+/// `GET /v1/callers`: the caller of calls without `X-Wx-Caller`, and each
+/// declared caller (file order) with its priority, its flood guard and the
+/// calls the guard refused on this instance.
+fn callers(app: &App) -> Answer {
+    let callers = app.callers.load();
+    let declared: Vec<Value> = callers
+        .declared()
+        .iter()
+        .map(|c| {
+            let rate = c.policy().and_then(|p| p.rate);
+            json!({
+                "name": &*c.name,
+                "priority": c.priority().as_str(),
+                "rate": rate.map(|r| r.to_string()),
+                "rate_per_second": rate.map(|r| r.per_second()),
+                "burst": rate.map(|r| r.count.get()),
+                "rate_refusals_here": c.entry.metrics.rate_refusals.get(),
+            })
+        })
+        .collect();
+    json_answer(
+        StatusCode::OK,
+        json!({
+            "header": "X-Wx-Caller",
+            "without_header": &*callers.fallback().name,
+            "undeclared_label": OTHER,
+            "callers": declared,
+        }),
+    )
 }
 
 /// The rule named `rule` and the states an admin request about it reads or

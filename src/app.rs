@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 
 use crate::accounts::cache::TokenCaches;
 use crate::activity::{Activity, Held};
+use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::metrics::{MemoryStoreMetrics, Metrics};
@@ -23,6 +24,9 @@ use crate::upstream::Upstream;
 pub struct App {
     /// The running config; a call keeps the one it started with.
     pub config: ArcSwap<Config>,
+    /// The running config's callers, their flood guards and series:
+    /// rebuilt with the config on reload (`Callers::new`).
+    pub callers: ArcSwap<Callers>,
     pub store: Arc<dyn Store>,
     /// Swapped by a reload that changes the upstream settings (keeping
     /// the health of the upstreams it keeps).
@@ -69,8 +73,10 @@ impl App {
         let upstream = Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None)?;
         let lease_us = config.lease_us;
         let workers = config.server.workers;
+        let callers = Callers::new(&config, &clock, &metrics, None);
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
+            callers: ArcSwap::from_pointee(callers),
             store,
             upstream: ArcSwap::from_pointee(upstream),
             clock,

@@ -9,6 +9,7 @@ use http::{Method, Response};
 use crate::accounts::learn::Learn;
 use crate::admit::Admitted;
 use crate::body::RelayBody;
+use crate::callers::Caller;
 use crate::clock::Micros;
 use crate::config::Config;
 use crate::error::ProxyError;
@@ -28,6 +29,9 @@ pub struct Call {
     /// The config this call runs under from start to end: a reload never
     /// changes it midway.
     pub config: Arc<Config>,
+    /// caller: who the call is from (`X-Wx-Caller`, else `[server] caller`,
+    /// else `default`); until then, the fallback of `[server] caller`.
+    pub caller: Caller,
     /// accept: the account an `@account` first path segment names (then
     /// `path` is without it); taken by identify.
     pub named: Option<String>,
@@ -63,11 +67,12 @@ pub struct Call {
 }
 
 impl Call {
-    pub fn new(method: Method, path: &str, config: Arc<Config>) -> Call {
+    pub fn new(method: Method, path: &str, config: Arc<Config>, caller: Caller) -> Call {
         Call {
             method,
             path: path.to_owned(),
             config,
+            caller,
             named: None,
             account: String::new(),
             learn: None,

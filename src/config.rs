@@ -7,12 +7,14 @@
 //! - [`compile`]: raw → these types, every check with a message that names
 //!   the file, the line where known, the rule and the field
 //!   (`rules.toml:14: rule "menu": limits[0]: ...`);
+//! - [`callers`]: `[[caller]]` (who calls, its priority and flood guard);
 //! - [`units`]: durations, sizes, UTC offsets.
 //!
 //! This module depends on the decision's types ([`crate::limit`],
 //! [`crate::penalty`], [`crate::routes`]) and on nothing that runs: the
 //! stores, the proxy and the upstream read it.
 
+mod callers;
 mod compile;
 mod errors;
 mod raw;
@@ -54,6 +56,87 @@ pub struct Config {
     /// Longest warm-up of any rule (0: no rule warms up).
     pub max_warmup_us: Micros,
     pub log: LogConfig,
+    /// The declared callers (`[[caller]]`), in file order; names are unique
+    /// and never `other` ([`CallerPolicy`]).
+    pub callers: Vec<Arc<CallerPolicy>>,
+}
+
+/// A `[[caller]]`: a service calling through wxgate, named by the
+/// `X-Wx-Caller` header of its calls or by `[server] caller` (see
+/// `crate::callers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerPolicy {
+    pub name: Arc<str>,
+    pub priority: Priority,
+    /// `rate`: the local flood guard, per instance; `None`: no guard.
+    pub rate: Option<CallerRate>,
+}
+
+/// A caller's `priority`: `"normal"` (the default) or `"high"`. Every
+/// caller not declared is `Normal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    #[default]
+    Normal,
+    High,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+}
+
+/// A caller's `rate` (`"200/s"`, `"600/min"`, `"5000/h"`): `count` calls
+/// per `per`, on each instance, up to `count` of them at once (a GCRA:
+/// one more every `per / count` after a burst).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallerRate {
+    pub count: std::num::NonZeroU32,
+    pub per: RatePer,
+}
+
+/// The period of a [`CallerRate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatePer {
+    Second,
+    Minute,
+    Hour,
+}
+
+impl RatePer {
+    /// As written in a rate: `s`, `min`, `h`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RatePer::Second => "s",
+            RatePer::Minute => "min",
+            RatePer::Hour => "h",
+        }
+    }
+
+    pub fn seconds(self) -> u32 {
+        match self {
+            RatePer::Second => 1,
+            RatePer::Minute => 60,
+            RatePer::Hour => 3600,
+        }
+    }
+}
+
+impl CallerRate {
+    /// Calls per second, sustained.
+    pub fn per_second(self) -> f64 {
+        f64::from(self.count.get()) / f64::from(self.per.seconds())
+    }
+}
+
+impl std::fmt::Display for CallerRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.count, self.per.as_str())
+    }
 }
 
 /// `[log]`: read at start-up (the format cannot change on reload).
@@ -108,6 +191,9 @@ pub struct Server {
     /// Serving threads, each with its own event loop, upstream connections
     /// and Redis connection (default: one per CPU). Read at start only.
     pub workers: usize,
+    /// `caller`: the caller of calls without an `X-Wx-Caller` header (a
+    /// sidecar names its service once); `None`: `default`.
+    pub caller: Option<Arc<str>>,
 }
 
 /// `[server] upstream`: one base URL, or several tried in order (a call

@@ -24,6 +24,8 @@ pub const ERRCODE_SYSTEM: i64 = -1;
 
 pub const REASON_HEADER: &str = "x-wxgate-reason";
 pub const RULE_HEADER: &str = "x-wxgate-rule";
+/// `X-Wxgate-Reason` of a call its caller's flood guard refused.
+pub const REASON_CALLER_RATE: &str = "caller_rate";
 
 /// A call wxgate answers itself.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,9 @@ pub enum ProxyError {
     Unavailable(StoreError),
     #[error("{0}")]
     TooLarge(String),
+    /// The caller's flood guard (`[[caller]] rate`) refused the call.
+    #[error("caller \"{caller}\" is over its rate of {rate} on this instance ([[caller]] rate); retry after {secs}s", secs = retry_after_secs(*.wait_us))]
+    CallerRate { caller: std::sync::Arc<str>, rate: crate::config::CallerRate, wait_us: Micros },
 }
 
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
@@ -50,7 +55,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ProxyError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Upstream(
                 UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::BodyStalled(_),
             ) => StatusCode::GATEWAY_TIMEOUT,
@@ -68,7 +73,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => ERRCODE_BAD_REQUEST,
             ProxyError::Upstream(e) if e.client_fault() => ERRCODE_BAD_REQUEST,
-            ProxyError::Throttled { .. } => ERRCODE_THROTTLED,
+            ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => ERRCODE_THROTTLED,
             ProxyError::Upstream(_) | ProxyError::Unavailable(_) => ERRCODE_SYSTEM,
         }
     }
@@ -82,6 +87,10 @@ impl ProxyError {
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         match &self {
             ProxyError::Throttled { rule, reason, wait_us } => mark_throttled(h, rule, *reason, *wait_us),
+            ProxyError::CallerRate { wait_us, .. } => {
+                h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(*wait_us)));
+                h.insert(REASON_HEADER, HeaderValue::from_static(REASON_CALLER_RATE));
+            }
             ProxyError::Unavailable(_) => {
                 h.insert(RETRY_AFTER, HeaderValue::from(1));
                 h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));

@@ -1,8 +1,8 @@
 //! wxgate: an outbound proxy for the WeChat server API that keeps every
 //! service and replica of an account inside WeChat's quotas.
 //!
-//! A call goes through the phases in [`proxy`]: accept → identify → route →
-//! decide → forward → inspect, each a function over the call's context
+//! A call goes through the phases in [`proxy`]: accept → caller → identify →
+//! route → decide → forward → inspect, each a function over the call's context
 //! ([`call::Call`]), any of which may answer early. The decision
 //! ([`limit`]) is pure maths over state held by a [`store`]; transport lives
 //! in [`server`], [`proxy`] and [`upstream`]; the shared state is the
@@ -22,6 +22,7 @@ pub mod body;
 pub mod bucket;
 pub mod calendar;
 pub mod call;
+pub mod callers;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -1,5 +1,6 @@
-//! Prometheus metrics (via `prometheus-client`), labelled by rule only: never
-//! by account or token, so cardinality is bounded by the config.
+//! Prometheus metrics (via `prometheus-client`), labelled by rule (and the
+//! caller series by declared caller, `other` for the rest): never by account,
+//! token or a header's free value, so cardinality is bounded by the config.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -53,6 +54,17 @@ impl Outcome {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabel {
     pub rule: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallerLabel {
+    pub caller: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallerOutcomeLabels {
+    pub caller: String,
+    pub outcome: Outcome,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -207,6 +219,23 @@ impl RuleMetrics {
     }
 }
 
+/// One caller's series (a declared caller, or `other`), fetched when the
+/// callers are built (start, reload): a call then costs one increment.
+#[derive(Clone)]
+pub struct CallerMetrics {
+    calls: Vec<Counter>,
+    /// Calls its flood guard refused (`[[caller]] rate`).
+    pub rate_refusals: Counter,
+}
+
+impl CallerMetrics {
+    pub fn call(&self, outcome: Outcome) {
+        if let Some(c) = OUTCOMES.iter().position(|o| *o == outcome).and_then(|i| self.calls.get(i)) {
+            c.inc();
+        }
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     rules: std::sync::RwLock<std::collections::HashMap<std::sync::Arc<str>, std::sync::Arc<RuleMetrics>>>,
@@ -235,6 +264,10 @@ pub struct Metrics {
     pub quota_clears: Counter,
     pub memory_store: MemoryStoreMetrics,
     pub upstreams: UpstreamMetrics,
+    /// Calls by caller (declared name or `other`) and outcome.
+    pub caller_calls: Family<CallerOutcomeLabels, Counter>,
+    /// Calls refused by their caller's flood guard, by caller.
+    pub caller_rate_refusals: Family<CallerLabel, Counter>,
 }
 
 type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
@@ -276,6 +309,8 @@ impl Metrics {
         let quota_clears = Counter::default();
         let memory_store = MemoryStoreMetrics::default();
         let upstreams = UpstreamMetrics::default();
+        let caller_calls = Family::<CallerOutcomeLabels, Counter>::default();
+        let caller_rate_refusals = Family::<CallerLabel, Counter>::default();
         // Both series from the start, so that 0 is visible (and alertable).
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::save });
@@ -372,6 +407,16 @@ impl Metrics {
             "1 while an upstream takes calls; 0 while it is skipped after a failure (until a call after its back-off finds it answering)",
             upstreams.up.clone(),
         );
+        registry.register(
+            "caller_calls",
+            "Calls by caller (X-Wx-Caller or [server] caller: a declared [[caller]], or other) and outcome; each call counts once",
+            caller_calls.clone(),
+        );
+        registry.register(
+            "caller_rate_refusals",
+            "Calls refused (429, reason caller_rate) by their caller's flood guard ([[caller]] rate, per instance), before any store work",
+            caller_rate_refusals.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -397,6 +442,22 @@ impl Metrics {
             quota_clears,
             memory_store,
             upstreams,
+            caller_calls,
+            caller_rate_refusals,
+        }
+    }
+
+    /// The series of the caller labelled `label` (a declared name, or
+    /// `other`): created on first use, the same counters after.
+    pub fn caller(&self, label: &str) -> CallerMetrics {
+        CallerMetrics {
+            calls: OUTCOMES
+                .iter()
+                .map(|&outcome| {
+                    self.caller_calls.get_or_create(&CallerOutcomeLabels { caller: label.to_owned(), outcome }).clone()
+                })
+                .collect(),
+            rate_refusals: self.caller_rate_refusals.get_or_create(&CallerLabel { caller: label.to_owned() }).clone(),
         }
     }
 

@@ -4,17 +4,22 @@
 //!    400: wxgate is never an open proxy); a path no WeChat API can have
 //!    gets 400 ([`crate::routes::refusal`]); a declared body over `max_body`
 //!    gets 413.
-//! 2. [`identify`]: the account the call is for: `X-Wx-Account` or an
+//! 2. [`caller`]: who the call is from ([`crate::callers`]: `X-Wx-Caller`,
+//!    else `[server] caller`, else `default`; a bad header gets 400), and
+//!    that caller's flood guard: a declared caller over its `rate` gets 429
+//!    (`caller_rate`) here, before anything asks the store.
+//! 3. [`identify`]: the account the call is for: `X-Wx-Account` or an
 //!    `@account` first path segment (split off by [`accept`]), else the
 //!    account its access token was issued to, else `default`
 //!    ([`crate::accounts`]); a token request's answer teaches the account
 //!    of its token.
-//! 3. [`route`]: path → rule ([`crate::routes`]).
-//! 4. [`decide`]: one store decision ([`crate::admit`]), then the call is
+//! 4. [`route`]: path → rule ([`crate::routes`]).
+//! 5. [`decide`]: one store decision ([`crate::admit`]), then the call is
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered 429 here and never reaches WeChat.
-//! 5. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host` and `X-Wx-Account`; sent exactly once
+//! 6. [`forward`]: method, path, query, headers and body unchanged but for
+//!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller` (the
+//!    latter taken off by [`caller`]); sent exactly once
 //!    ([`crate::upstream`]: connecting within `upstream_timeout`; the body
 //!    for as long as it keeps moving, `body_timeout` without progress ends
 //!    it; then the answer's head within `upstream_timeout`). A call that
@@ -25,7 +30,7 @@
 //!    408; 413 past `max_body`): counted as `rejected_bad_request`, never as
 //!    an upstream error, and its admission is kept (WeChat may have had the
 //!    head and part of the body).
-//! 6. [`crate::inspect::inspect`]: WeChat's answer is read for its errcode;
+//! 7. [`crate::inspect::inspect`]: WeChat's answer is read for its errcode;
 //!    a penalised one starts a penalty and reaches the client as 429 +
 //!    `Retry-After` with WeChat's body unchanged.
 //!
@@ -45,6 +50,7 @@ use crate::admit::admit;
 use crate::app::App;
 use crate::body::RelayBody;
 use crate::call::{Call, Early};
+use crate::callers;
 use crate::client::Client;
 use crate::clock::Stopwatch;
 use crate::error::{retry_after_secs, ProxyError};
@@ -58,7 +64,8 @@ use crate::upstream::strip_hop_by_hop;
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
-    let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full());
+    let fallback = app.callers.load().fallback();
+    let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
     let resp = match phases(app, &mut call, req, client).await {
         Ok(resp) => resp,
         Err(Early::Answered(resp)) => *resp,
@@ -76,6 +83,7 @@ async fn phases(
     client: &Client,
 ) -> Result<Response<RelayBody>, Early> {
     let target = accept(call, &req)?;
+    caller(app, call, &mut req)?;
     identify(app, call, &mut req, &target).await?;
     route(app, call);
     decide(app, call, client).await?;
@@ -134,7 +142,24 @@ pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, 
     Ok(target)
 }
 
-/// Phase 2: the account ([`crate::accounts`]: header or `@account`
+/// Phase 2: who the call is from ([`crate::callers`]), and that caller's
+/// flood guard. A call the guard refuses is routed first, so that it is
+/// counted under its rule and answered with the rule's `throttle_status`;
+/// it never reaches identify (no token lookup) nor the store. The guard
+/// holds for calls without a rule too: it limits the caller, not a rule.
+pub fn caller(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
+    // Without the header, the caller is the fallback `Call::new` was given.
+    if let Some(name) = callers::take_header(req.headers_mut())? {
+        call.caller = app.callers.load().named(&name)?;
+    }
+    if let Err(refused) = call.caller.check() {
+        route(app, call);
+        return Err(refused.into());
+    }
+    Ok(())
+}
+
+/// Phase 3: the account ([`crate::accounts`]: header or `@account`
 /// prefix, learned token, token request's appid, `default`). A token
 /// request's body is read here (it names the account).
 pub async fn identify(
@@ -146,14 +171,14 @@ pub async fn identify(
     Ok(accounts::identify(app, call, req, target).await?)
 }
 
-/// Phase 3: the rule of the call's path, and its metrics.
+/// Phase 4: the rule of the call's path, and its metrics.
 pub fn route(app: &App, call: &mut Call) {
     let config = &call.config;
     call.rule = config.rule_for(&call.path).cloned();
     call.metrics = Some(app.metrics.rule(call.rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
 }
 
-/// Phase 4: admit the call (holding it or waiting for a slot as its rule
+/// Phase 5: admit the call (holding it or waiting for a slot as its rule
 /// says) or refuse it. A call without a rule goes on undecided.
 pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), Early> {
     let Some(rule) = call.rule.clone() else { return Ok(()) };
@@ -185,7 +210,7 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     Ok(())
 }
 
-/// Phase 5: send the call to an upstream, once, and wait for its answer's
+/// Phase 6: send the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
 /// reached one upstream on to the next: [`crate::upstream`]).
 pub async fn forward(
@@ -258,7 +283,7 @@ fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
         ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => Outcome::rejected_bad_request,
         ProxyError::Upstream(e) if e.client_fault() => Outcome::rejected_bad_request,
         ProxyError::Throttled { reason: Reason::Penalty, .. } => Outcome::penalised,
-        ProxyError::Throttled { .. } => Outcome::throttled,
+        ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => Outcome::throttled,
         ProxyError::Unavailable(_) => Outcome::unavailable,
         ProxyError::Upstream(_) => Outcome::upstream_error,
     };
@@ -272,7 +297,12 @@ fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
         ProxyError::Throttled { reason, wait_us, .. } => Some((*reason, *wait_us)),
         _ => None,
     };
+    let by_guard = matches!(e, ProxyError::CallerRate { .. });
     let mut resp = e.into_response();
+    if by_guard {
+        let config = &call.config;
+        *resp.status_mut() = call.rule.as_ref().map_or(config.server.throttle_status, |r| r.throttle_status);
+    }
     if let (Some((reason, wait_us)), Some(rule)) = (refused, call.rule.as_ref()) {
         *resp.status_mut() = rule.throttle_status;
         if call.config.server.ratelimit_headers {
@@ -289,6 +319,7 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
         Some(m) => m.call(call.outcome),
         None => app.metrics.rule(rule).call(call.outcome),
     }
+    call.caller.entry.metrics.call(call.outcome);
     if call.config.log.access {
         tracing::info!(
             target: "wxgate::access",
@@ -296,6 +327,7 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
             path = %call.path,
             rule,
             account = %call.account,
+            caller = %call.caller.name,
             outcome = call.outcome.as_str(),
             status = resp.status().as_u16(),
             errcode = call.errcode,

@@ -16,6 +16,7 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::app::{App, Watched};
+use crate::callers::Callers;
 use crate::config::Config;
 use crate::upstream::Upstream;
 
@@ -68,6 +69,8 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         let upstream = Upstream::new(&next.server, app.clock.clone(), &app.metrics.upstreams, Some(&previous))?;
         app.upstream.store(Arc::new(upstream));
     }
+    let callers = Callers::new(&next, &app.clock, &app.metrics, Some(&app.callers.load()));
+    app.callers.store(Arc::new(callers));
     app.config.store(Arc::new(next));
     app.store.rules_changed();
     Ok(())

@@ -18,6 +18,16 @@ pub(super) struct RawConfig {
     pub rule: Vec<Spanned<RawRule>>,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default)]
+    pub caller: Vec<Spanned<RawCaller>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCaller {
+    pub name: String,
+    pub priority: Option<String>,
+    pub rate: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -47,6 +57,7 @@ pub(super) struct RawServer {
     pub throttle_status: Option<u16>,
     pub workers: Option<usize>,
     pub mode: Option<String>,
+    pub caller: Option<String>,
 }
 
 /// `[server] upstream`: one base URL, or a list of them tried in order.

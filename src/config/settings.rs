@@ -100,6 +100,11 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
             None => Some(list.into_iter().collect()),
         },
     };
+    let caller = match raw.caller {
+        None => None,
+        Some(name) if valid_account(&name) => Some(name.into()),
+        Some(bad) => return Err(format!("[server] caller: \"{bad}\" is not a caller name (1-64 of A-Z a-z 0-9 _ -)")),
+    };
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     check_admin_exposure(admin_listen, admin_token.is_some())?;
     Ok(Server {
@@ -119,6 +124,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         ratelimit_headers: raw.ratelimit_headers.unwrap_or(true),
         throttle_status: throttle_status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         workers,
+        caller,
     })
 }
 

@@ -1,5 +1,5 @@
 //! wxgate config TOML, built field by field: the `[server]` table, a
-//! `[store]` and `[[rule]]` blocks. Each builder displays as its TOML text.
+//! `[store]`, `[[rule]]` and `[[caller]]` blocks. Each builder displays as its TOML text.
 //! Tests *about* the TOML text (parse errors, fixtures) write it by hand.
 
 use std::fmt;
@@ -100,6 +100,43 @@ impl fmt::Display for RuleToml {
             writeln!(f, "match = {}", value(self.patterns.clone()))?;
         }
         writeln!(f, "limits = [{}]", self.limits.join(", "))?;
+        write!(f, "{}", self.more)
+    }
+}
+
+/// A `[[caller]]` block: a declared caller, `priority` and `rate` only if set.
+#[derive(Clone)]
+pub struct CallerToml {
+    name: String,
+    more: Fields,
+}
+
+/// A `[[caller]]` named `name`.
+pub fn caller(name: &str) -> CallerToml {
+    CallerToml { name: name.to_owned(), more: Fields::default() }
+}
+
+impl CallerToml {
+    /// `priority = "high"`.
+    pub fn high(self) -> Self {
+        self.set("priority", "high")
+    }
+
+    /// `rate = "..."`: the flood guard, e.g. "5/s".
+    pub fn rate(self, rate: &str) -> Self {
+        self.set("rate", rate)
+    }
+
+    /// Any other key; setting a key again replaces it.
+    pub fn set(mut self, key: &str, v: impl Into<toml::Value>) -> Self {
+        self.more.set(key, value(v));
+        self
+    }
+}
+
+impl fmt::Display for CallerToml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "[[caller]]\nname = {}", value(self.name.as_str()))?;
         write!(f, "{}", self.more)
     }
 }

@@ -28,7 +28,7 @@ pub mod window;
 pub mod wire;
 
 #[allow(unused_imports)]
-pub use config::{midday_timezone, penalty, rule, ConfigToml, RuleToml, StoreToml};
+pub use config::{caller, midday_timezone, penalty, rule, CallerToml, ConfigToml, RuleToml, StoreToml};
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
 #[allow(unused_imports)]
@@ -443,6 +443,20 @@ impl Gate {
                 .expect("request"),
         )
         .await
+    }
+
+    /// A GET naming `caller` in `X-Wx-Caller`.
+    pub async fn get_as_caller(&self, caller: &str, path: &str) -> Answer {
+        self.get_with(path, &[("x-wx-caller", caller)]).await
+    }
+
+    /// A GET with these headers, in order (a name given twice is sent twice).
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = Request::get(self.url(path));
+        for (name, v) in headers {
+            req = req.header(*name, *v);
+        }
+        send(req.body(Full::new(Bytes::new())).expect("request")).await
     }
 
     pub async fn post(&self, path: &str, body: &str) -> Answer {

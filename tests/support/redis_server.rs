@@ -149,6 +149,13 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Lua script runs Redis has served (`EVALSHA`, `EVAL` and their `_RO`
+    /// forms, `FCALL`), from `INFO commandstats`: every store decision is
+    /// one. Background reads (the epoch check's `GET`) are not counted.
+    pub fn script_runs(&self) -> u64 {
+        ["evalsha", "evalsha_ro", "eval", "eval_ro", "fcall", "fcall_ro"].iter().map(|c| self.command_calls(c)).sum()
+    }
+
     /// Runs one command on a fresh connection that first authenticates with
     /// `password` (`None`: no AUTH): Redis' reply, or its error.
     pub fn query_as(&self, password: Option<&str>, args: &[&str]) -> redis::RedisResult<redis::Value> {
