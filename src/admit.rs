@@ -51,11 +51,14 @@ pub struct Admitted {
 }
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
+/// `normal`: the call's caller is not of high priority (the rule's
+/// `reserve` is not for it).
 pub async fn admit(
     app: &App,
     config: &Config,
     account: &str,
     rule: &Arc<Rule>,
+    normal: bool,
     client: &Client,
 ) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
@@ -72,8 +75,7 @@ pub async fn admit(
             max_wait_us: remaining,
             holder: &holder,
             lease_us: config.lease_us,
-            // Until callers are known (issue 17), every call may use everything.
-            normal: false,
+            normal,
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;

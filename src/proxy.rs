@@ -183,7 +183,8 @@ pub fn route(app: &App, call: &mut Call) {
 pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), Early> {
     let Some(rule) = call.rule.clone() else { return Ok(()) };
     let started = Stopwatch::start();
-    let admitted = admit(app, &call.config, &call.account, &rule, client).await;
+    let normal = call.caller.priority() != crate::config::Priority::High;
+    let admitted = admit(app, &call.config, &call.account, &rule, normal, client).await;
     call.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),

@@ -261,7 +261,11 @@ async fn caller_config_errors_name_the_file_line_and_caller() {
     };
     // (the block, the error, the text on the line it names)
     let cases = [
-        (caller("hr").set("rates", "5/s").to_string(), "unknown field `rates`", "rates ="),
+        (
+            caller("hr").set("rates", "5/s").to_string(),
+            "caller \"hr\": rates: unknown key; expected one of `name`",
+            "rates =",
+        ),
         (
             caller("hr").set("priority", "urgent").to_string(),
             "caller \"hr\": priority: \"urgent\" is unknown",

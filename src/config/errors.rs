@@ -155,10 +155,10 @@ pub(super) fn serde_error(
     // `[server] workers`, `rule "send": limits[0].count`, `[[penalty]] errcode 45009: seconds`.
     let (place, sep, skip) = match path.as_slice() {
         [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log") => (format!("[{t}]"), " ", 1),
-        [Step::Key(t), Step::Index(i), ..] if t == "rule" => {
+        [Step::Key(t), Step::Index(i), ..] if t == "rule" || t == "caller" => {
             let name =
                 doc.value_at(&path[..2]).and_then(|r| r.get_ref().get("name")).and_then(|n| n.get_ref().as_str());
-            (name.map_or_else(|| format!("rule[{i}]"), |n| format!("rule \"{n}\"")), ": ", 2)
+            (name.map_or_else(|| format!("{t}[{i}]"), |n| format!("{t} \"{n}\"")), ": ", 2)
         }
         [Step::Key(t), Step::Index(i), ..] if t == "penalty" => {
             let code = doc
