@@ -46,6 +46,13 @@ struct Known {
     reason: Reason,
 }
 
+/// Where a refusal of a (normal) call is kept: apart only when the rule has
+/// a reserve; without one both kinds of caller are refused alike and share
+/// what is known.
+fn slot(rule: &Rule, normal: bool) -> usize {
+    usize::from(normal && !rule.reserve.is_empty())
+}
+
 impl RefusalCache {
     fn entries(&self) -> MutexGuard<'_, Refusals> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
@@ -55,7 +62,7 @@ impl RefusalCache {
     /// normal caller): the wait Redis gave, less the time since, and why.
     pub fn get(&self, account: &str, rule: &Rule, normal: bool, now: Micros) -> Option<(Micros, Reason)> {
         let entries = self.entries();
-        let known = entries.get(&rule.state)?.get(account)?[usize::from(normal)]?;
+        let known = entries.get(&rule.state)?.get(account)?[slot(rule, normal)]?;
         (known.answer_until > now).then(|| (known.admit_at - now, known.reason))
     }
 
@@ -72,7 +79,7 @@ impl RefusalCache {
         if accounts.len() >= 10_000 {
             accounts.retain(|_, known| known.iter().flatten().any(|k| k.answer_until > now));
         }
-        accounts.entry(account.to_owned()).or_default()[usize::from(normal)] = Some(known);
+        accounts.entry(account.to_owned()).or_default()[slot(rule, normal)] = Some(known);
     }
 
     pub fn forget(&self, account: &str, rule: &Rule) {
