@@ -36,6 +36,11 @@
 --            kind "day" | "month"  calendar quota: a = count, b = 0
 --            r: what this call may not use (a normal caller's call of a rule
 --            with a reserve; else 0): R·T for a window, calls for a calendar
+--          the caller's label when the rule has a max_share, else "", then
+--            (only with a label) each limit's share, two values each, in the
+--            limits' order: a, b as above (T, τ of the share's window; the
+--            share's count). Its state is in the same hash, fields
+--            <field>~<caller> (a label never holds "~" or ".").
 --
 -- Returns one string: per call, in order, separated by ",", integers
 -- separated by spaces (one bulk reply parses far cheaper in the client than
@@ -46,7 +51,8 @@
 --             the same among the calendar quotas only (left out for a
 --             rule without calendar quotas)
 --         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
---             5 reserve (refused only because what is left is the reserve)
+--             5 reserve (refused only because what is left is the reserve),
+--             6 share (the caller's max_share of a limit is what refuses)
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -117,40 +123,64 @@ local function put(st, f, x)
   st.dirty[f] = true
 end
 
--- The earliest moment every limit admits a call (keeping each limit's r when
--- `keep`), and the reason code of the limit that set it (earliest in decide.rs).
-local function earliest(limits, now, off, keep)
+-- The earliest moment every limit (the rule's, then the caller's share's)
+-- admits a call (keeping each rule limit's r when `keep`), and the reason
+-- code of the limit that set it (earliest in decide.rs). Each limit carries
+-- its code: 1 rate, 2 quota, 6 share.
+local function earliest(limits, shares, now, off, keep)
   local worst, reason = 0, 1
-  for _, l in ipairs(limits) do
-    local kept = 0
-    if keep then kept = l.r end
-    local wait
-    if l.kind == 'w' then
-      local tat = l.tat or now
-      if tat < now then tat = now end
-      wait = tat - l.b + kept - now
-    else
-      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
-    end
-    if wait > worst then
-      worst = wait
-      if l.kind == 'w' then reason = 1 else reason = 2 end
+  for _, list in ipairs({limits, shares}) do
+    for _, l in ipairs(list) do
+      local kept = 0
+      if keep then kept = l.r end
+      local wait
+      if l.kind == 'w' then
+        local tat = l.tat or now
+        if tat < now then tat = now end
+        wait = tat - l.b + kept - now
+      else
+        wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
+      end
+      if wait > worst then
+        worst = wait
+        reason = l.code
+      end
     end
   end
   -- A hold can cross midnight: the next period must have room too.
   local at = now + worst
-  for _, l in ipairs(limits) do
-    if l.kind ~= 'w' then
-      local kept = 0
-      if keep then kept = l.r end
-      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
-      if free > at then
-        at = free
-        reason = 2
+  for _, list in ipairs({limits, shares}) do
+    for _, l in ipairs(list) do
+      if l.kind ~= 'w' then
+        local kept = 0
+        if keep then kept = l.r end
+        local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
+        if free > at then
+          at = free
+          reason = l.code
+        end
       end
     end
   end
   return at, reason
+end
+
+-- Debits a calendar limit `l` for a call admitted at `at`: its period's
+-- count, or the next period's. Returns the counts and the period's end.
+local function count_call(st, l, now, at, off)
+  local current, nxt = period(l.kind, now, off)
+  local used, next = counts(l.p, l.n, l.q, current)
+  local at_id = period(l.kind, at, off)
+  if at_id == current then used = used + 1 else next = next + 1 end
+  put(st, l.f .. '.p', current)
+  put(st, l.f .. '.n', used)
+  put(st, l.f .. '.q', next)
+  local keep = nxt
+  if next > 0 then
+    local _, after = period(l.kind, nxt, off)
+    keep = after
+  end
+  return used, nxt, keep
 end
 
 -- The limit with least room left so far (i, room, reset), updated.
@@ -169,33 +199,50 @@ local function acquire(k, a)
   local holder = ARGV[a + 3]
   local lease = tonumber(ARGV[a + 4])
   local last = a + 5 + 5 * tonumber(ARGV[a + 5])
-  local next_a = last + 1
+  local caller = ARGV[last + 1]
+  local next_a = last + 2
 
   -- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
   local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
   local limits = {}
   local normal = false
   for i = a + 6, last, 5 do
-    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
+    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4]), code = 1}
+    if l.kind ~= 'w' then l.code = 2 end
     if l.r > 0 then normal = true end
     limits[#limits + 1] = l
-    if l.kind == 'w' then
-      fields[#fields + 1] = l.f
-    else
-      fields[#fields + 1] = l.f .. '.p'
-      fields[#fields + 1] = l.f .. '.n'
-      fields[#fields + 1] = l.f .. '.q'
+  end
+  -- The caller's share: the same limits, scaled, in fields of its own.
+  local shares = {}
+  if caller ~= '' then
+    for i, l in ipairs(limits) do
+      local j = next_a + 2 * (i - 1)
+      shares[i] = {kind = l.kind, f = l.f .. '~' .. caller, a = tonumber(ARGV[j]), b = tonumber(ARGV[j + 1]), r = 0, code = 6}
+    end
+    next_a = next_a + 2 * #limits
+  end
+  for _, list in ipairs({limits, shares}) do
+    for _, l in ipairs(list) do
+      if l.kind == 'w' then
+        fields[#fields + 1] = l.f
+      else
+        fields[#fields + 1] = l.f .. '.p'
+        fields[#fields + 1] = l.f .. '.n'
+        fields[#fields + 1] = l.f .. '.q'
+      end
     end
   end
   local st = load(key, fields)
   local sv = st.v
   local pu, pn, ws, lc = sv.pu or 0, sv.pn or 0, sv.ws or 0, sv.lc or 0
   local ex = sv.ex or nil
-  for _, l in ipairs(limits) do
-    if l.kind == 'w' then
-      l.tat = sv[l.f] or nil
-    else
-      l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
+  for _, list in ipairs({limits, shares}) do
+    for _, l in ipairs(list) do
+      if l.kind == 'w' then
+        l.tat = sv[l.f] or nil
+      else
+        l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
+      end
     end
   end
 
@@ -223,11 +270,11 @@ local function acquire(k, a)
   -- 4. Each limit's own wait from now; the largest decides (first on ties).
   --    A normal call of a rule with a reserve must leave it (r); whether a
   --    high call would be admitted tells a reserve refusal apart.
-  local at, reason = earliest(limits, now, off, normal)
+  local at, reason = earliest(limits, shares, now, off, normal)
   local wait = at - now
   if wait > max_wait then
     if normal then
-      local plain, plain_reason = earliest(limits, now, off, false)
+      local plain, plain_reason = earliest(limits, shares, now, off, false)
       if plain - now <= max_wait then reason = 5 else reason = plain_reason end
     end
     return string.format('0 %d %d', wait, reason), next_a
@@ -254,22 +301,23 @@ local function acquire(k, a)
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, tat + t - now)
     else
-      local current, nxt = period(l.kind, now, off)
-      local used, next = counts(l.p, l.n, l.q, current)
-      local at_id = period(l.kind, at, off)
-      if at_id == current then used = used + 1 else next = next + 1 end
+      local used, nxt, keep = count_call(st, l, now, at, off)
       local room = l.a - used
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, nxt - now)
       ci, cr, ct = tightest(ci, cr, ct, i, room, nxt - now)
-      put(st, l.f .. '.p', current)
-      put(st, l.f .. '.n', used)
-      put(st, l.f .. '.q', next)
-      local keep = nxt
-      if next > 0 then
-        local _, after = period(l.kind, nxt, off)
-        keep = after
-      end
+      if keep - now > ttl then ttl = keep - now end
+    end
+  end
+  -- The caller's share (no warm-up: the rule's windows slow it already).
+  for _, l in ipairs(shares) do
+    if l.kind == 'w' then
+      local tat = l.tat or at
+      if tat < at then tat = at end
+      put(st, l.f, tat + l.a)
+      if tat + l.a - now > ttl then ttl = tat + l.a - now end
+    else
+      local _, _, keep = count_call(st, l, now, at, off)
       if keep - now > ttl then ttl = keep - now end
     end
   end

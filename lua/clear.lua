@@ -1,7 +1,8 @@
 -- clear.lua: WeChat reset an account's counters (clear_quota). Every state
 -- hash given (all of one account: one Redis Cluster slot) starts the day
 -- count of the current day again from 0 (calls reserved for the next day
--- stay reserved) and has its penalty lifted as set_penalty.lua lifts one.
+-- stay reserved), and so does each caller's share of it (max_share: fields
+-- day~<caller>.p/.n/.q); its penalty is lifted as set_penalty.lua lifts one.
 -- Windows, month counts, warm-up and slots are untouched. Mirrors
 -- src/limit/decide.rs (clear).
 --
@@ -19,11 +20,17 @@ local found = 0
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     found = found + 1
-    local p = tonumber(redis.call('HGET', key, 'day.p'))
-    if p == today then
-      redis.call('HSET', key, 'day.n', '0')
-    elseif p == today - 1 then
-      redis.call('HSET', key, 'day.p', fmt(today), 'day.n', '0', 'day.q', '0')
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      local day = string.match(all[i], '^(day)%.p$') or string.match(all[i], '^(day~[%w_%-]+)%.p$')
+      if day then
+        local p = tonumber(all[i + 1])
+        if p == today then
+          redis.call('HSET', key, day .. '.n', '0')
+        elseif p == today - 1 then
+          redis.call('HSET', key, day .. '.p', fmt(today), day .. '.n', '0', day .. '.q', '0')
+        end
+      end
     end
     redis.call('HSET', key, 'pu', '0', 'ps', fmt(now), 'pl', '0', 'pn', '0')
   end

@@ -52,13 +52,15 @@ pub struct Admitted {
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
 /// `normal`: the call's caller is not of high priority (the rule's
-/// `reserve` is not for it).
+/// `reserve` is not for it); `caller`: its label (declared name or
+/// `other`), whose share a rule's `max_share` checks.
 pub async fn admit(
     app: &App,
     config: &Config,
     account: &str,
     rule: &Arc<Rule>,
     normal: bool,
+    caller: &str,
     client: &Client,
 ) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
@@ -76,6 +78,7 @@ pub async fn admit(
             holder: &holder,
             lease_us: config.lease_us,
             normal,
+            share: (!rule.share.is_empty()).then_some(caller),
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;

@@ -33,6 +33,13 @@
 //!   (`tat + R·T − τ ≤ at`: R of its burst), a calendar quota's reserved calls
 //!   (`used < count − Rc`). High-priority calls may use everything; debits are
 //!   the same for both, so every guarantee above holds for all callers together.
+//! - **Per-caller share.** With `max_share`, each caller also has sub-limits
+//!   of its own (a window `{⌊P·N⌋, W, ⌈P·B⌉}`, a calendar quota ⌊P·count⌋),
+//!   checked all-or-nothing with the rule's in the same decision: no caller
+//!   gets more than its share of any window or period, and the rule's own
+//!   guarantees are unchanged. Callers are the declared names and `other`
+//!   (every undeclared caller together), so renaming a caller cannot escape
+//!   its cap and the state per rule stays bounded.
 //! - **Refunds.** A call that never reached WeChat can give back what its
 //!   admission took ([`decide::refund`]): exactly for calendar quotas, and
 //!   for windows only as much as keeps every guarantee above.
@@ -90,6 +97,35 @@ pub struct Rule {
     /// quota's reserved calls (⌈P % of the count⌉). Empty without a reserve.
     pub reserve_percent: u32,
     pub reserve: Vec<i64>,
+    /// `max_share = "P%"`: P (0: none). Per limit (index-aligned with
+    /// `limits`), one caller's own sub-limit: a window `{⌊P·N⌋, W, ⌈P·B⌉}`,
+    /// a calendar quota of ⌊P·count⌋. Empty without a share.
+    pub share_percent: u32,
+    pub share: Vec<Limit>,
+}
+
+impl Rule {
+    /// The sub-limits `max_share = "P%"` gives one caller of `limits`:
+    /// P % of each count (rounded down; `None` when that leaves a caller no
+    /// call at all) and of each burst (rounded up, at least 1, at most the
+    /// share's count).
+    pub fn shares_of(limits: &[Limit], percent: u32) -> Option<Vec<Limit>> {
+        let part = |n: u64| n.saturating_mul(u64::from(percent)) / 100;
+        limits
+            .iter()
+            .map(|limit| match *limit {
+                Limit::Window(w) => {
+                    let count = part(w.count);
+                    let burst = w.burst.saturating_mul(u64::from(percent)).div_ceil(100).clamp(1, count.max(1));
+                    (count >= 1).then(|| Limit::Window(WindowLimit::new(count, w.per_us, burst)))
+                }
+                Limit::Calendar { count, period } => {
+                    let count = part(count);
+                    (count >= 1).then_some(Limit::Calendar { count, period })
+                }
+            })
+            .collect()
+    }
 }
 
 /// Whose calls a rule's limits count together.
@@ -212,6 +248,9 @@ pub enum Reason {
     /// What is left of a limit is the rule's reserve, for high-priority
     /// callers only (a normal caller was refused; a high one would not be).
     Reserve,
+    /// The caller used its `max_share` of a limit of the rule (other
+    /// callers may still get through).
+    Share,
 }
 
 impl Reason {
@@ -222,6 +261,7 @@ impl Reason {
             Reason::Penalty => "penalty",
             Reason::Concurrency => "concurrency",
             Reason::Reserve => "reserve",
+            Reason::Share => "share",
         }
     }
 }
@@ -277,6 +317,29 @@ pub struct RuleState {
     pub last_call: Micros,
     /// Concurrency slots taken: holder id and lease expiry.
     pub holders: Vec<(String, Micros)>,
+    /// `max_share`: each caller's use of its own sub-limits, by caller label.
+    pub shares: Vec<ShareState>,
+}
+
+/// One caller's use of its share of a rule ([`Rule::share`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShareState {
+    /// The caller's label: a declared caller's name, or `other`.
+    pub caller: Arc<str>,
+    pub limits: Vec<(WindowKey, LimitState)>,
+}
+
+impl ShareState {
+    pub(crate) fn get(&self, key: WindowKey) -> Option<LimitState> {
+        self.limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+    }
+
+    pub(crate) fn set(&mut self, key: WindowKey, state: LimitState) {
+        match self.limits.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = state,
+            None => self.limits.push((key, state)),
+        }
+    }
 }
 
 impl RuleState {
@@ -298,21 +361,37 @@ impl RuleState {
         let limits = rule.limits.iter().filter_map(|l| Some((l.window_key(), self.get(l.window_key())?))).collect();
         let mut holders = self.holders.clone();
         holders.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-        RuleState { limits, holders, ..self.clone() }
+        let mut shares: Vec<ShareState> = self
+            .shares
+            .iter()
+            .map(|s| ShareState {
+                caller: s.caller.clone(),
+                limits: rule.share.iter().filter_map(|l| Some((l.window_key(), s.get(l.window_key())?))).collect(),
+            })
+            .filter(|s| !s.limits.is_empty())
+            .collect();
+        shares.sort_by(|a, b| a.caller.cmp(&b.caller));
+        RuleState { limits, holders, shares, ..self.clone() }
+    }
+
+    /// The share state of `caller`, if it has one.
+    pub(crate) fn share(&self, caller: &str) -> Option<&ShareState> {
+        self.shares.iter().find(|s| &*s.caller == caller)
     }
 
     /// True when forgetting this state changes no future decision of a rule
     /// whose warm-up is at most `warmup_us`.
     pub fn is_idle(&self, now: Micros, offset_us: Micros, warmup_us: Micros) -> bool {
-        let limits_idle = self.limits.iter().all(|(key, s)| match (key, s) {
+        let idle = |(key, s): &(WindowKey, LimitState)| match (key, s) {
             (_, LimitState::Tat(tat)) => *tat <= now,
             (WindowKey::Calendar(p), LimitState::Count { period_id, next, .. }) => {
                 let current = p.id(now, offset_us);
                 *period_id < current - 1 || (*period_id == current - 1 && *next == 0)
             }
             (WindowKey::Window(_), LimitState::Count { .. }) => true,
-        });
-        limits_idle
+        };
+        self.limits.iter().all(idle)
+            && self.shares.iter().all(|s| s.limits.iter().all(idle))
             && self.penalty.until <= now
             && !self.penalty.is_recent(now)
             && self.holders.iter().all(|(_, exp)| *exp <= now)
@@ -345,4 +424,7 @@ pub struct Ask<'a> {
     pub lease_us: Micros,
     /// A normal-priority caller's call: the rule's reserve is not for it.
     pub normal: bool,
+    /// The caller's label (declared name or `other`) when the rule has a
+    /// `max_share`: its share is checked and debited too.
+    pub share: Option<&'a str>,
 }

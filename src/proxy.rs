@@ -184,7 +184,7 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     let Some(rule) = call.rule.clone() else { return Ok(()) };
     let started = Stopwatch::start();
     let normal = call.caller.priority() != crate::config::Priority::High;
-    let admitted = admit(app, &call.config, &call.account, &rule, normal, client).await;
+    let admitted = admit(app, &call.config, &call.account, &rule, normal, call.caller.entry.label(), client).await;
     call.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),

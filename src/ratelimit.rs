@@ -82,7 +82,7 @@ pub fn refused(headers: &mut HeaderMap, rule: &Rule, reason: Reason, wait_us: Mi
     let limit = rule.limits.iter().position(|l| match reason {
         Reason::Rate => matches!(l, Limit::Window(_)),
         Reason::Quota => matches!(l, Limit::Calendar { .. }),
-        Reason::Penalty | Reason::Concurrency | Reason::Reserve => false,
+        Reason::Penalty | Reason::Concurrency | Reason::Reserve | Reason::Share => false,
     });
     if let Some(i) = limit {
         current(headers, rule, i, 0, wait_us);

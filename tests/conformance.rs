@@ -71,6 +71,9 @@ enum Op {
     Call(&'static str),
     /// One call of a normal-priority caller for an account.
     Normal(&'static str),
+    /// One call of account "a" by this (normal-priority) caller: its
+    /// `max_share` counts. (`Call` and `Normal` are of the caller `other`.)
+    By(&'static str),
     /// WeChat answered `errcode` to the n-th admitted call.
     Penalise(i64, usize),
     /// WeChat answered the n-th admitted call successfully.
@@ -115,6 +118,24 @@ use Op::*;
 
 fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
+}
+
+/// The TAT of `caller`'s share of the rule's window, if it has one.
+fn share_tat(s: &Snapshot, caller: &str) -> Option<i64> {
+    let share = s.state.shares.iter().find(|sh| &*sh.caller == caller)?;
+    share.limits.iter().find_map(|(_, l)| match l {
+        LimitState::Tat(t) => Some(*t),
+        LimitState::Count { .. } => None,
+    })
+}
+
+/// `caller`'s count of the rule's calendar quota in its share, if any.
+fn share_used(s: &Snapshot, caller: &str) -> Option<u64> {
+    let share = s.state.shares.iter().find(|sh| &*sh.caller == caller)?;
+    share.limits.iter().find_map(|(_, l)| match l {
+        LimitState::Count { used, .. } => Some(*used),
+        LimitState::Tat(_) => None,
+    })
 }
 
 /// A calendar quota's count in the inspected state and the calls reserved
@@ -490,6 +511,48 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "a_caller_keeps_to_its_share_of_a_window",
+            start: T0,
+            // The rule: T = 10 s / 6 = 1,666,667 us, burst 5. Each caller's
+            // 60 %: 6 per 10 s with burst 3, so T = 2.5 s and tau = 5 s.
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
+            extra: "max_share = \"60%\"",
+            steps: [
+                vec![(By("m"), Ok); 3],
+                vec![(By("m"), No(2_500_000, Reason::Share))],
+                // Another caller still gets the rest of the rule's burst...
+                vec![(By("h"), Ok), (By("h"), Ok), (By("h"), No(1_666_667, Reason::Rate))],
+                // ...and a caller over its share waits for its own slot, the longer wait.
+                vec![(By("m"), No(2_500_000, Reason::Share)), (Wait(2_500_000), Any), (By("m"), Ok)],
+                vec![(
+                    Inspect,
+                    State("m: 4 calls in its share's window", |s| share_tat(s, "m") == Some(T0 + 10 * SEC)),
+                )],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_caller_keeps_to_its_share_of_a_day",
+            start: BEFORE_MIDNIGHT,
+            // 40 % of 5: 2 calls a day per caller.
+            limits: r#"[{ count = 5, per = "day" }]"#,
+            extra: "max_share = \"40%\"",
+            steps: [
+                vec![(By("m"), Ok), (By("m"), Ok), (By("m"), No(SEC, Reason::Share))],
+                vec![(By("h"), Ok), (By("h"), Ok), (Call("a"), Ok)],
+                // The rule's day is spent too: the rule's reason comes first.
+                vec![(By("h"), No(SEC, Reason::Quota))],
+                // clear_quota starts every caller's share of the day again.
+                vec![(Clear, Any), (By("m"), Ok), (By("m"), Ok), (By("m"), No(SEC, Reason::Share))],
+                vec![
+                    (Wait(SEC), Any),
+                    (By("m"), Ok),
+                    (Inspect, State("m: 1 used in the new day", |s| share_used(s, "m") == Some(1))),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "penalties_set_by_hand",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
@@ -732,13 +795,19 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.clear(&keys).await.expect("store answered");
                 Got::Done
             }
-            Call(account) | Normal(account) => {
+            Call(_) | Normal(_) | By(_) => {
                 let holder = format!("h{calls}");
                 calls += 1;
+                let (account, caller) = match op {
+                    Call(account) | Normal(account) => (*account, "other"),
+                    By(caller) => ("a", *caller),
+                    _ => unreachable!(),
+                };
                 let account = format!("{prefix}{account}");
                 let key = Key { account: &account, ..key };
-                let normal = matches!(op, Normal(_));
-                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal };
+                let normal = !matches!(op, Call(_));
+                let share = (!rule.share.is_empty()).then_some(caller);
+                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal, share };
                 let decided = store.acquire(&ask).await.expect("store answered");
                 assert!(!decided.degraded, "{}: decided without Redis", s.name);
                 if let Decision::Admit { at, .. } = decided.decision {
@@ -837,7 +906,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
     let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
     assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
@@ -882,7 +951,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for _ in 0..12 {
@@ -899,7 +968,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
             let (store, rule) = (store.clone(), rule.clone());
             tokio::spawn(async move {
                 let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false };
+                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
                 store.acquire(&ask).await.expect("decided").decision
             })
         })

@@ -28,6 +28,8 @@ fn rule(limits: Vec<Limit>) -> Rule {
         policy_prefixes: Vec::new(),
         reserve_percent: 0,
         reserve: Vec::new(),
+        share_percent: 0,
+        share: Vec::new(),
     }
 }
 
@@ -39,6 +41,7 @@ fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
         holder: "",
         lease_us: 0,
         normal: false,
+        share: None,
     };
     decide(state, &ask, now, 0)
 }
@@ -86,7 +89,7 @@ proptest! {
             // Every 50th call, a token refresh restarts the warm-up.
             let account_warm = if i % 50 == 49 { now } else { 0 };
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
             if let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, now, account_warm) {
                 prop_assert!(hold_us <= r.max_wait_us);
                 sent.push(at);
@@ -260,7 +263,7 @@ proptest! {
                 pending.remove(0);
             }
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
             if let Decision::Admit { at, .. } = decide(&mut st, &ask, now, 0) {
                 match fate {
                     // It never reached WeChat: given back right after its
@@ -282,7 +285,7 @@ fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
     r.max_wait_us = 5 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
     let before = MIDNIGHT - SEC;
     assert!(matches!(decide(&mut st, &ask, before, 0), Decision::Admit { hold_us: 0, .. }));
     let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, before, 0) else { panic!("held for tomorrow") };
@@ -303,7 +306,7 @@ fn a_refund_never_frees_a_slot_a_held_call_already_took() {
     r.max_wait_us = 20 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
     let t = 1_700_000_000 * SEC;
     let Decision::Admit { at: failed, .. } = decide(&mut st, &ask, t, 0) else { panic!("admitted") };
     // A second call is held for the next slot, t + 10 s; then the first one

@@ -302,6 +302,10 @@ fn compile_rule(
         None => (0, Vec::new()),
         Some(text) => compile_reserve(text, &limits).map_err(|m| err(format!("reserve: {m}")))?,
     };
+    let (share_percent, share) = match r.max_share.as_deref() {
+        None => (0, Vec::new()),
+        Some(text) => compile_share(text, &limits).map_err(|m| err(format!("max_share: {m}")))?,
+    };
     let name: Arc<str> = r.name.into();
     let mut rule = Rule {
         state: name.clone(),
@@ -319,20 +323,50 @@ fn compile_rule(
         policy_prefixes: Vec::new(),
         reserve_percent,
         reserve,
+        share_percent,
+        share,
     };
     rule.policy_header = crate::ratelimit::policy_header(&rule);
     rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
     Ok((rule, patterns))
 }
 
+/// `max_share = "P%"`: P, and one caller's sub-limits ([`Rule::share`]).
+/// Every limit must leave a caller at least one call.
+fn compile_share(text: &str, limits: &[Limit]) -> Result<(u32, Vec<Limit>), String> {
+    let percent = percent_of(text)?;
+    if limits.is_empty() {
+        return Err("the rule has no limits to share".into());
+    }
+    match Rule::shares_of(limits, percent) {
+        Some(share) => Ok((percent, share)),
+        None => {
+            let (i, count) = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| match l {
+                    Limit::Window(w) => (i, w.count),
+                    Limit::Calendar { count, .. } => (i, *count),
+                })
+                .find(|(_, count)| count * u64::from(percent) / 100 == 0)
+                .unwrap_or((0, 0));
+            Err(format!("{percent}% of limits[{i}]'s count of {count} is less than one call: no caller could call"))
+        }
+    }
+}
+
+/// `"P%"`, 1 to 99.
+fn percent_of(text: &str) -> Result<u32, String> {
+    text.strip_suffix('%')
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .filter(|p| (1..=99).contains(p))
+        .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))
+}
+
 /// `reserve = "P%"`: P, and per limit what normal callers may not use (see
 /// [`Rule::reserve`]). Every limit must keep something for each side.
 fn compile_reserve(text: &str, limits: &[Limit]) -> Result<(u32, Vec<i64>), String> {
-    let percent = text
-        .strip_suffix('%')
-        .and_then(|p| p.trim().parse::<u32>().ok())
-        .filter(|p| (1..=99).contains(p))
-        .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))?;
+    let percent = percent_of(text)?;
     if limits.is_empty() {
         return Err("the rule has no limits to keep a share of".into());
     }

@@ -134,6 +134,7 @@ pub(super) struct RawRule {
     pub throttle_status: Option<u16>,
     pub scope: Option<String>,
     pub reserve: Option<String>,
+    pub max_share: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -4,7 +4,7 @@
 //! and writes each state hash once). Change both together: the conformance
 //! table (`tests/conformance.rs`) holds them to identical results.
 
-use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, WindowKey, WindowLimit};
+use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState, WindowKey, WindowLimit};
 use crate::calendar::Period;
 use crate::clock::Micros;
 
@@ -33,13 +33,17 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     // 4. Each limit's own wait from now; the largest decides (first on ties).
     //    A normal call of a rule with a reserve must leave the reserve: its
     //    own waits; `plain` is what a high call would wait (for the reason).
+    //    With `max_share`, the caller's own sub-limits count too (after the
+    //    rule's: on a tie the rule's reason is given).
     let normal = ask.normal && !rule.reserve.is_empty();
-    let (at, reason) = earliest(state, rule, now, offset_us, normal);
+    let share = ask.share.filter(|_| !rule.share.is_empty());
+    let mine = share.and_then(|caller| state.share(caller));
+    let (at, reason) = earliest(state, rule, share.map(|_| mine), now, offset_us, normal);
     let wait = at - now;
     if wait > ask.max_wait_us {
         // A normal call: `reserve` if a high one would go, else the reason a
         // high one would be refused for (so "quota" always means spent).
-        let reason = match normal.then(|| earliest(state, rule, now, offset_us, false)) {
+        let reason = match normal.then(|| earliest(state, rule, share.map(|_| mine), now, offset_us, false)) {
             Some((plain, _)) if plain - now <= ask.max_wait_us => Reason::Reserve,
             Some((_, plain_reason)) => plain_reason,
             None => reason,
@@ -81,6 +85,9 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         }
         state.set(key, after);
     }
+    if let Some(caller) = share {
+        debit_share(state, rule, caller, at, now, offset_us);
+    }
     if cold {
         state.warm_start = now;
     }
@@ -92,39 +99,85 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
 }
 
 /// The earliest moment every limit admits a call (keeping the reserve when
-/// `normal`), and which kind of limit set it.
-fn earliest(state: &RuleState, rule: &Rule, now: Micros, offset_us: Micros, normal: bool) -> (Micros, Reason) {
+/// `normal`), and which kind of limit set it. `share`: the caller's share
+/// state when the rule's `max_share` applies (`Some(None)`: none yet).
+fn earliest(
+    state: &RuleState,
+    rule: &Rule,
+    share: Option<Option<&ShareState>>,
+    now: Micros,
+    offset_us: Micros,
+    normal: bool,
+) -> (Micros, Reason) {
     let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
+    // Every limit that must admit the call: (limit, its state, what this call
+    // may not use, the reason it gives), the rule's first.
+    let own = rule.limits.iter().enumerate().map(|(i, l)| {
+        let reason = if matches!(l, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
+        (*l, state.get(l.window_key()), kept(i), reason)
+    });
+    let shared = share.into_iter().flat_map(|mine| {
+        rule.share.iter().map(move |l| (*l, mine.and_then(|s| s.get(l.window_key())), 0, Reason::Share))
+    });
+    let terms = own.chain(shared);
     let mut worst = 0;
     let mut reason = Reason::Rate;
-    for (i, limit) in rule.limits.iter().enumerate() {
-        let key = limit.window_key();
-        let wait = match *limit {
-            Limit::Window(w) => tat_of(state.get(key), now) - w.tolerance_us + kept(i) - now,
+    for (limit, stored, kept, why) in terms.clone() {
+        let wait = match limit {
+            Limit::Window(w) => tat_of(stored, now) - w.tolerance_us + kept - now,
             Limit::Calendar { count, period } => {
-                calendar_free_at(state.get(key), count.saturating_sub(kept(i) as u64), period, now, offset_us) - now
+                calendar_free_at(stored, count.saturating_sub(kept as u64), period, now, offset_us) - now
             }
         };
         if wait > worst {
             worst = wait;
-            reason = if matches!(limit, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
+            reason = why;
         }
     }
     // A hold can cross midnight: the call then counts in the next period,
     // which must have room too. (max_wait is far shorter than a day, so one
     // pass over the calendars settles it.)
     let mut at = now + worst;
-    for (i, limit) in rule.limits.iter().enumerate() {
-        if let Limit::Calendar { count, period } = *limit {
-            let count = count.saturating_sub(kept(i) as u64);
-            let free = calendar_free_at(state.get(limit.window_key()), count, period, at, offset_us);
+    for (limit, stored, kept, why) in terms {
+        if let Limit::Calendar { count, period } = limit {
+            let free = calendar_free_at(stored, count.saturating_sub(kept as u64), period, at, offset_us);
             if free > at {
                 at = free;
-                reason = Reason::Quota;
+                reason = why;
             }
         }
     }
     (at, reason)
+}
+
+/// Debits `caller`'s share of `rule` for a call admitted at `at`: each
+/// share window's TAT (no warm-up: the rule's own windows slow the caller
+/// already), each share calendar's count of the period of `at`.
+fn debit_share(state: &mut RuleState, rule: &Rule, caller: &str, at: Micros, now: Micros, offset_us: Micros) {
+    let i = match state.shares.iter().position(|s| &*s.caller == caller) {
+        Some(i) => i,
+        None => {
+            state.shares.push(ShareState { caller: caller.into(), limits: Vec::with_capacity(rule.share.len()) });
+            state.shares.len() - 1
+        }
+    };
+    let mine = &mut state.shares[i];
+    for limit in &rule.share {
+        let key = limit.window_key();
+        let after = match *limit {
+            Limit::Window(w) => LimitState::Tat(tat_of(mine.get(key), at) + w.interval_us),
+            Limit::Calendar { period, .. } => {
+                let current = period.id(now, offset_us);
+                let (used, next) = counts(mine.get(key), current);
+                if period.id(at, offset_us) == current {
+                    LimitState::Count { period_id: current, used: used + 1, next }
+                } else {
+                    LimitState::Count { period_id: current, used, next: next + 1 }
+                }
+            }
+        };
+        mine.set(key, after);
+    }
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.
@@ -176,20 +229,34 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
 /// lift is (escalation over; answers to calls sent before cannot re-impose
 /// it). Windows, month counts, warm-up and slots are untouched: WeChat
 /// documents clear_quota as resetting call counts, and a month count kept
-/// is the safe side. `lua/clear.lua` mirrors it.
+/// is the safe side. Every caller's share of the day (`max_share`) starts
+/// again with it. `lua/clear.lua` mirrors it.
 pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
     let key = WindowKey::Calendar(Period::Day);
     let today = Period::Day.id(now, offset_us);
-    match state.get(key) {
-        Some(LimitState::Count { period_id, next, .. }) if period_id == today => {
-            state.set(key, LimitState::Count { period_id, used: 0, next });
+    if let Some(after) = cleared(state.get(key), today) {
+        state.set(key, after);
+    }
+    // Every caller's share of the day starts again too.
+    for share in &mut state.shares {
+        if let Some(after) = cleared(share.get(key), today) {
+            share.set(key, after);
         }
-        Some(LimitState::Count { period_id, .. }) if period_id == today - 1 => {
-            state.set(key, LimitState::Count { period_id: today, used: 0, next: 0 });
-        }
-        _ => {}
     }
     state.penalty.set_by_hand(0, now);
+}
+
+/// A day count as `clear` leaves it (`None`: nothing to change).
+fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
+    match stored {
+        Some(LimitState::Count { period_id, next, .. }) if period_id == today => {
+            Some(LimitState::Count { period_id, used: 0, next })
+        }
+        Some(LimitState::Count { period_id, .. }) if period_id == today - 1 => {
+            Some(LimitState::Count { period_id: today, used: 0, next: 0 })
+        }
+        _ => None,
+    }
 }
 
 /// A call admitted at `at` never reached WeChat: gives back what its

@@ -398,7 +398,9 @@ impl Store for Resilient {
         let Key { account, rule, .. } = ask.key;
         let cache = self.resilience.refusal_cache;
         let now = self.local.now();
-        if let Some((wait_us, reason)) = cache.then(|| self.refusals().get(account, rule, ask.normal, now)).flatten() {
+        if let Some((wait_us, reason)) =
+            cache.then(|| self.refusals().get(account, rule, ask.normal, ask.share, now)).flatten()
+        {
             let decision = Decision::Reject { wait_us, reason };
             return Ok(Decided { decision, degraded: false });
         }
@@ -416,7 +418,7 @@ impl Store for Resilient {
                 self.learn(ask.key, &decision);
                 match decision {
                     Decision::Reject { wait_us, reason } if cache => {
-                        self.refusals().put(account, rule, ask.normal, wait_us, reason, now)
+                        self.refusals().put(account, rule, ask.normal, ask.share, wait_us, reason, now)
                     }
                     // A high caller's admission (it may use the reserve)
                     // moves the normal callers' wait later than known.
@@ -646,6 +648,21 @@ pub fn scale(rule: &Rule, instances: u32) -> Rule {
         .collect();
     if rule.concurrency > 0 {
         scaled.concurrency = (rule.concurrency / instances.max(1)).max(1);
+    }
+    if !rule.share.is_empty() {
+        // Each caller's share of the scaled limits, at least one call.
+        let p = u64::from(rule.share_percent);
+        scaled.share = scaled
+            .limits
+            .iter()
+            .map(|l| match *l {
+                Limit::Window(w) => {
+                    let count = (w.count * p / 100).max(1);
+                    Limit::Window(WindowLimit::new(count, w.per_us, (w.burst * p).div_ceil(100).clamp(1, count)))
+                }
+                Limit::Calendar { count, period } => Limit::Calendar { count: (count * p / 100).max(1), period },
+            })
+            .collect();
     }
     scaled
 }

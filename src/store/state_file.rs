@@ -16,7 +16,8 @@
 //!       "limits": [ { "window_us": 60000000, "tat": 1795924801000000 },
 //!                   { "calendar": "day", "period": 20786, "used": 12, "next": 0 } ],
 //!       "penalty": { "until": 1795925100000000, "started": 1795924800000000, "level": 1, "last_len": 300000000 },
-//!       "warm_start": 0, "last_call": 1795924800000000 }
+//!       "warm_start": 0, "last_call": 1795924800000000,
+//!       "shares": { "marketing": [ { "window_us": 60000000, "tat": 1795924801000000 } ] } }
 //!   ],
 //!   "token_refreshed": { "shop1": 1795924700000000 },
 //!   "token_key": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
@@ -32,7 +33,9 @@
 //! counted in it and those already reserved for the next one (see
 //! [`crate::limit`]); the penalty and its escalation ([`crate::penalty`],
 //! left out when there never was one); the warm-up start and the last
-//! admitted call; and the longest warm-up of the rule versions that used it.
+//! admitted call; the longest warm-up of the rule versions that used it;
+//! and, for a rule with `max_share`, each caller's use of its share (its
+//! limits as above, by caller label; left out when there is none).
 //! Concurrency slots are not kept: their holders were calls of the process
 //! that wrote the file. `token_refreshed` is the last access-token refresh
 //! per account (warm-up restarts from it). `tokens` are the learned access
@@ -71,7 +74,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::calendar::Period;
 use crate::clock::Micros;
-use crate::limit::{LimitState, RuleState, WindowKey};
+use crate::limit::{LimitState, RuleState, ShareState, WindowKey};
 use crate::penalty::PenaltyState;
 use crate::store::tokens::{TokenHash, TokenKey};
 
@@ -168,6 +171,8 @@ struct FilePair<'a> {
     penalty: Option<FilePenalty>,
     warm_start: Micros,
     last_call: Micros,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    shares: BTreeMap<Cow<'a, str>, Vec<FileLimit>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -256,8 +261,26 @@ impl Serialize for LearnedTokens<'_> {
 
 fn file_pair(p: &Pair) -> FilePair<'_> {
     let s = &p.state;
-    let limits = s
-        .limits
+    let pen = s.penalty;
+    FilePair {
+        account: Cow::Borrowed(&p.account),
+        rule: Cow::Borrowed(&p.rule),
+        warmup_us: p.warmup_us,
+        limits: file_limits(&s.limits),
+        penalty: (pen != PenaltyState::default()).then_some(FilePenalty {
+            until: pen.until,
+            started: pen.started,
+            level: pen.level,
+            last_len: pen.last_len,
+        }),
+        warm_start: s.warm_start,
+        last_call: s.last_call,
+        shares: s.shares.iter().map(|sh| (Cow::Borrowed(&*sh.caller), file_limits(&sh.limits))).collect(),
+    }
+}
+
+fn file_limits(limits: &[(WindowKey, LimitState)]) -> Vec<FileLimit> {
+    limits
         .iter()
         .filter_map(|(key, state)| match (*key, *state) {
             (WindowKey::Window(window_us), LimitState::Tat(tat)) => Some(FileLimit::Window { window_us, tat }),
@@ -271,22 +294,23 @@ fn file_pair(p: &Pair) -> FilePair<'_> {
             // Never written by the decision; nothing a decision would read.
             _ => None,
         })
-        .collect();
-    let pen = s.penalty;
-    FilePair {
-        account: Cow::Borrowed(&p.account),
-        rule: Cow::Borrowed(&p.rule),
-        warmup_us: p.warmup_us,
-        limits,
-        penalty: (pen != PenaltyState::default()).then_some(FilePenalty {
-            until: pen.until,
-            started: pen.started,
-            level: pen.level,
-            last_len: pen.last_len,
-        }),
-        warm_start: s.warm_start,
-        last_call: s.last_call,
-    }
+        .collect()
+}
+
+fn state_limits(limits: Vec<FileLimit>) -> Vec<(WindowKey, LimitState)> {
+    limits
+        .into_iter()
+        .map(|l| match l {
+            FileLimit::Window { window_us, tat } => (WindowKey::Window(window_us), LimitState::Tat(tat)),
+            FileLimit::Calendar { calendar, period, used, next } => {
+                let p = match calendar {
+                    FilePeriod::Day => Period::Day,
+                    FilePeriod::Month => Period::Month,
+                };
+                (WindowKey::Calendar(p), LimitState::Count { period_id: period, used, next })
+            }
+        })
+        .collect()
 }
 
 /// Reads a state file's bytes; the message says what is wrong with them.
@@ -303,19 +327,11 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
         .pairs
         .into_iter()
         .map(|p| {
-            let limits = p
-                .limits
+            let limits = state_limits(p.limits);
+            let shares = p
+                .shares
                 .into_iter()
-                .map(|l| match l {
-                    FileLimit::Window { window_us, tat } => (WindowKey::Window(window_us), LimitState::Tat(tat)),
-                    FileLimit::Calendar { calendar, period, used, next } => {
-                        let p = match calendar {
-                            FilePeriod::Day => Period::Day,
-                            FilePeriod::Month => Period::Month,
-                        };
-                        (WindowKey::Calendar(p), LimitState::Count { period_id: period, used, next })
-                    }
-                })
+                .map(|(caller, limits)| ShareState { caller: Arc::from(&*caller), limits: state_limits(limits) })
                 .collect();
             let penalty = p.penalty.map_or_else(PenaltyState::default, |f| PenaltyState {
                 until: f.until,
@@ -323,8 +339,14 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                 level: f.level,
                 last_len: f.last_len,
             });
-            let state =
-                RuleState { limits, penalty, warm_start: p.warm_start, last_call: p.last_call, holders: Vec::new() };
+            let state = RuleState {
+                limits,
+                penalty,
+                warm_start: p.warm_start,
+                last_call: p.last_call,
+                holders: Vec::new(),
+                shares,
+            };
             Pair { account: p.account.into_owned(), rule: Arc::from(&*p.rule), state, warmup_us: p.warmup_us }
         })
         .collect();
@@ -482,6 +504,16 @@ mod tests {
             .push((WindowKey::Calendar(Period::Month), LimitState::Count { period_id: 24_322, used: 7, next: 1 }));
         rich.penalty = PenaltyState { until: NOW + 300 * S, started: NOW, level: 2, last_len: 300 * S };
         rich.warm_start = NOW - 10 * S;
+        rich.shares = vec![
+            ShareState { caller: "hr".into(), limits: vec![(WindowKey::Window(60 * S), LimitState::Tat(NOW + S))] },
+            ShareState {
+                caller: "marketing".into(),
+                limits: vec![(
+                    WindowKey::Calendar(Period::Day),
+                    LimitState::Count { period_id: today, used: 3, next: 0 },
+                )],
+            },
+        ];
         let saved = Saved {
             saved_at_us: NOW,
             pairs: vec![

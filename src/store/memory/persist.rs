@@ -170,6 +170,7 @@ impl MemoryStore {
                         warm_start: s.warm_start,
                         last_call: s.last_call,
                         holders: Vec::new(),
+                        shares: s.shares.clone(),
                     },
                     warmup_us: *warmup,
                 },

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use redis::Script;
 
 use crate::clock::Micros;
-use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState};
+use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
 use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
 use crate::store::tokens::TokenHash;
 use crate::store::StoreError;
@@ -171,6 +171,9 @@ pub struct Call {
     holder: String,
     /// kind, field, a, b, r per limit (see acquire.lua).
     limits: Vec<(&'static str, String, i64, i64, i64)>,
+    /// The caller's label when the rule's `max_share` applies ("" else),
+    /// and a, b of each of its share limits.
+    share: (String, Vec<(i64, i64)>),
 }
 
 impl Call {
@@ -202,6 +205,10 @@ impl Call {
             ],
             holder: ask.holder.to_owned(),
             limits,
+            share: match ask.share.filter(|_| !rule.share.is_empty()) {
+                None => (String::new(), Vec::new()),
+                Some(caller) => (caller.to_owned(), rule.share.iter().map(share_args).collect()),
+            },
         }
     }
 
@@ -212,6 +219,19 @@ impl Call {
         for (kind, field, a, b, r) in &self.limits {
             cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b).arg(*r);
         }
+        cmd.arg(self.share.0.as_str());
+        for (a, b) in &self.share.1 {
+            cmd.arg(*a).arg(*b);
+        }
+    }
+}
+
+/// A share limit's a and b as acquire.lua takes them (kind and field are
+/// the rule limit's at the same index).
+fn share_args(limit: &Limit) -> (i64, i64) {
+    match limit {
+        Limit::Window(w) => (w.interval_us, w.tolerance_us),
+        Limit::Calendar { count, .. } => (*count as i64, 0),
     }
 }
 
@@ -276,6 +296,7 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
                 2 => Reason::Quota,
                 4 => Reason::Concurrency,
                 5 => Reason::Reserve,
+                6 => Reason::Share,
                 _ => Reason::Penalty,
             };
             Ok(Decision::Reject { wait_us: *wait_us, reason })
@@ -357,7 +378,48 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.warm_start = get("ws").unwrap_or(0);
     state.last_call = get("lc").unwrap_or(0);
     state.holders = slots;
+    state.shares = parse_shares(rule, fields);
     state.canonical(rule)
+}
+
+/// The callers' shares in a state hash: fields `<limit>~<caller>` (window)
+/// and `<limit>~<caller>.p|.n|.q` (calendar), as acquire.lua writes them.
+fn parse_shares(rule: &Rule, fields: &HashMap<String, i64>) -> Vec<ShareState> {
+    let mut callers: Vec<&str> = fields
+        .keys()
+        .filter_map(|f| {
+            let (_, rest) = f.split_once('~')?;
+            Some(rest.split_once('.').map_or(rest, |(caller, _)| caller))
+        })
+        .collect();
+    callers.sort_unstable();
+    callers.dedup();
+    callers
+        .into_iter()
+        .map(|caller| {
+            let get = |f: String| fields.get(&f).copied();
+            let mut share = ShareState { caller: caller.into(), limits: Vec::new() };
+            for limit in &rule.share {
+                let key = limit.window_key();
+                let field = format!("{}~{caller}", key.label());
+                match limit {
+                    Limit::Window(_) => {
+                        if let Some(tat) = get(field) {
+                            share.limits.push((key, LimitState::Tat(tat)));
+                        }
+                    }
+                    Limit::Calendar { .. } => {
+                        if let Some(p) = get(format!("{field}.p")) {
+                            let used = get(format!("{field}.n")).unwrap_or(0).max(0) as u64;
+                            let next = get(format!("{field}.q")).unwrap_or(0).max(0) as u64;
+                            share.limits.push((key, LimitState::Count { period_id: p, used, next }));
+                        }
+                    }
+                }
+            }
+            share
+        })
+        .collect()
 }
 
 /// refund.lua's arguments after the clock: offset, the call's admission

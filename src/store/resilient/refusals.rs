@@ -4,8 +4,10 @@
 //!
 //! Sound, because admissions only ever push the earliest admissible moment
 //! later. Entries are kept at most [`REFUSAL_CACHE_MAX_US`] (so a penalty
-//! lifted on another instance is seen soon), only for rate, quota and
-//! penalty refusals (a concurrency slot can free at any moment), and end
+//! lifted on another instance is seen soon), only for rate, quota, reserve,
+//! share and penalty refusals (a concurrency slot can free at any moment),
+//! kept per caller for a rule with `max_share` (a caller's share says
+//! nothing of another's, and its wait can be longer), and end
 //! `max_wait` early (from then on a call could be held). A reload or a
 //! penalty change through this instance's admin API drops them.
 
@@ -29,12 +31,13 @@ pub struct RefusalCache {
     entries: Mutex<Refusals>,
 }
 
-/// rule state → account → what is known of each kind of caller's calls
-/// (high, normal): looked up by `&str`, without allocating. The two are
-/// kept apart: a normal caller's refusal keeps the rule's reserve, so it
-/// says nothing of a high caller's, and a high caller's wait is shorter
-/// than a normal one's.
-type Refusals = HashMap<Arc<str>, HashMap<String, [Option<Known>; 2]>>;
+/// rule state → account → caller → what is known of each kind of caller's
+/// calls (high, normal): looked up by `&str`, without allocating. The two
+/// kinds are kept apart: a normal caller's refusal keeps the rule's
+/// reserve, so it says nothing of a high caller's, and a high caller's wait
+/// is shorter than a normal one's. The caller is `""` unless the rule has a
+/// `max_share` (then it is the caller's label: a handful per account).
+type Refusals = HashMap<Arc<str>, HashMap<String, Vec<(Box<str>, [Option<Known>; 2])>>>;
 
 /// A refusal Redis answered.
 #[derive(Debug, Clone, Copy)]
@@ -53,22 +56,52 @@ fn slot(rule: &Rule, normal: bool) -> usize {
     usize::from(normal && !rule.reserve.is_empty())
 }
 
+/// Whose refusals a call shares: its caller's for a rule with `max_share`,
+/// else every caller's (`""`).
+fn caller_of<'a>(rule: &Rule, share: Option<&'a str>) -> &'a str {
+    match share {
+        Some(caller) if !rule.share.is_empty() => caller,
+        _ => "",
+    }
+}
+
 impl RefusalCache {
     fn entries(&self) -> MutexGuard<'_, Refusals> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The refusal still standing at `now` for a call (`normal`: of a
-    /// normal caller): the wait Redis gave, less the time since, and why.
-    pub fn get(&self, account: &str, rule: &Rule, normal: bool, now: Micros) -> Option<(Micros, Reason)> {
+    /// normal caller; `share`: its caller, whose share the rule checks):
+    /// the wait Redis gave, less the time since, and why.
+    pub fn get(
+        &self,
+        account: &str,
+        rule: &Rule,
+        normal: bool,
+        share: Option<&str>,
+        now: Micros,
+    ) -> Option<(Micros, Reason)> {
         let entries = self.entries();
-        let known = entries.get(&rule.state)?.get(account)?[slot(rule, normal)]?;
+        let callers = entries.get(&rule.state)?.get(account)?;
+        let caller = caller_of(rule, share);
+        let known = callers.iter().find(|(c, _)| &**c == caller)?.1[slot(rule, normal)]?;
         (known.answer_until > now).then(|| (known.admit_at - now, known.reason))
     }
 
     /// Remembers a refusal Redis answered at `now` (`normal`: to a normal
-    /// caller's call) with this wait.
-    pub fn put(&self, account: &str, rule: &Rule, normal: bool, wait_us: Micros, reason: Reason, now: Micros) {
+    /// caller's call; `share`: its caller, whose share the rule checks)
+    /// with this wait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(
+        &self,
+        account: &str,
+        rule: &Rule,
+        normal: bool,
+        share: Option<&str>,
+        wait_us: Micros,
+        reason: Reason,
+        now: Micros,
+    ) {
         let keep = wait_us - rule.max_wait_us;
         if keep < REFUSAL_CACHE_MIN_US || matches!(reason, Reason::Concurrency) {
             return;
@@ -77,9 +110,20 @@ impl RefusalCache {
         let mut entries = self.entries();
         let accounts = entries.entry(rule.state.clone()).or_default();
         if accounts.len() >= 10_000 {
-            accounts.retain(|_, known| known.iter().flatten().any(|k| k.answer_until > now));
+            accounts.retain(|_, callers| {
+                callers.iter().flat_map(|(_, k)| k.iter().flatten()).any(|k| k.answer_until > now)
+            });
         }
-        accounts.entry(account.to_owned()).or_default()[slot(rule, normal)] = Some(known);
+        let callers = accounts.entry(account.to_owned()).or_default();
+        let caller = caller_of(rule, share);
+        let i = match callers.iter().position(|(c, _)| &**c == caller) {
+            Some(i) => i,
+            None => {
+                callers.push((caller.into(), [None; 2]));
+                callers.len() - 1
+            }
+        };
+        callers[i].1[slot(rule, normal)] = Some(known);
     }
 
     pub fn forget(&self, account: &str, rule: &Rule) {
