@@ -299,6 +299,7 @@ fn rule_json(rule: &Rule) -> Value {
         "match": rule.patterns,
         "scope": rule.scope.as_str(),
         "reserve_percent": (rule.reserve_percent > 0).then_some(rule.reserve_percent),
+        "max_share_percent": (rule.share_percent > 0).then_some(rule.share_percent),
         "limits": limits,
         "max_wait_ms": rule.max_wait_us as f64 / 1e3,
         "warmup_seconds": rule.warmup_us as f64 / 1e6,

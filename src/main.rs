@@ -254,12 +254,41 @@ fn print_rules(config: &Config) {
         let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
         say!("penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
+    let fallback = s.caller.as_deref().unwrap_or(wxgate::callers::DEFAULT_CALLER);
+    say!("caller of calls without X-Wx-Caller: {fallback}");
+    for c in &config.callers {
+        let rate = c.rate.map_or_else(|| "no flood guard".to_owned(), |r| format!("flood guard {r} per instance"));
+        say!("caller {}: priority {}, {rate}", c.name, c.priority.as_str());
+    }
+    if !config.callers.is_empty() {
+        say!("callers not declared: priority normal, counted together as \"other\"");
+    }
     for rule in &config.rules {
         say!("rule {} [{}]", rule.name, rule.patterns.join(", "));
         if rule.reserve_percent > 0 {
             say!(
                 "  reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
                 rule.reserve_percent
+            );
+        }
+        if rule.share_percent > 0 {
+            let each: Vec<String> = rule
+                .share
+                .iter()
+                .map(|l| match l {
+                    Limit::Window(w) => format!(
+                        "{} per {} (burst {})",
+                        w.count,
+                        humantime::format_duration(Duration::from_micros(w.per_us as u64)),
+                        w.burst
+                    ),
+                    Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
+                })
+                .collect();
+            say!(
+                "  max_share {}%: no one caller (declared, or all undeclared together) uses more than {}",
+                rule.share_percent,
+                each.join(", ")
             );
         }
         if rule.scope == wxgate::limit::Scope::Path {

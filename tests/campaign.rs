@@ -29,25 +29,20 @@ const FLOODERS: usize = 24;
 /// HR: one call every 100 ms, 20 per window: the reserve's 20 %.
 const HR_EVERY: Duration = Duration::from_millis(100);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_campaign_flood_never_refuses_the_high_priority_caller_nor_overruns_the_window() {
-    let redis = RedisServer::start();
-    let mock = MockWeChat::start().await;
-    let config = ConfigToml::new(&mock.url())
-        .without_server("upstream_timeout")
-        .with(StoreToml::redis(&redis.url()).set("timeout", "1s").set("instances", 2))
-        .with(caller("hr").high())
-        .with(caller("marketing"))
-        // 100 per 2 s, burst 20: 20 % keeps 4 calls of the burst for HR.
-        .with(
-            rule("template")
-                .matching("/cgi-bin/message/template/send")
-                .limit_burst(COUNT as u64, "2s", 20)
-                .set("reserve", "20%"),
-        )
-        .to_string();
+/// What one campaign run saw: the steady caller's answers (status,
+/// reason), marketing's forwarded and refused calls.
+struct Run {
+    steady: Vec<(u16, Option<String>)>,
+    flood_ok: usize,
+    flood_refused: usize,
+}
+
+/// Two wxgate processes on `config`; marketing floods through both from
+/// [`FLOODERS`] keep-alive clients without back-off while `steady` sends
+/// one call every `every`, for [`RUN`].
+async fn campaign(config: &str, steady: &str, every: Duration) -> Run {
     let instances: Vec<process::Instance> =
-        (0..2).map(|i| process::spawn(&config, &format!("campaign-{i}"), &[]).expect("wxgate serving")).collect();
+        (0..2).map(|i| process::spawn(config, &format!("campaign-{i}"), &[]).expect("wxgate serving")).collect();
     let addrs: Vec<_> = instances.iter().map(|i| i.addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     // One pooled client per caller task: keep-alive, as services send.
@@ -85,31 +80,106 @@ async fn a_campaign_flood_never_refuses_the_high_priority_caller_nor_overruns_th
         }));
     }
     let started = Instant::now();
-    let mut hr = Vec::new();
+    let mut answers = Vec::new();
     let mut n = 0u32;
-    let hr_client = new_client();
+    let steady_client = new_client();
     while started.elapsed() < RUN {
-        hr.push(send(&hr_client, addrs[n as usize % 2], "hr").await);
+        answers.push(send(&steady_client, addrs[n as usize % 2], steady).await);
         n += 1;
-        tokio::time::sleep_until((started + HR_EVERY * n).into()).await;
+        tokio::time::sleep_until((started + every * n).into()).await;
     }
     stop.store(true, Ordering::Relaxed);
-    let (mut m_ok, mut m_refused) = (0, 0);
+    let (mut flood_ok, mut flood_refused) = (0, 0);
     for t in flood {
         let (ok, refused) = t.await.expect("flooder");
-        m_ok += ok;
-        m_refused += refused;
+        flood_ok += ok;
+        flood_refused += refused;
     }
     drop(instances);
-    let hr_refused: Vec<_> = hr.iter().filter(|(s, _)| *s != 200).collect();
-    eprintln!("hr: {} calls, {} refused; marketing: {m_ok} forwarded, {m_refused} refused", hr.len(), hr_refused.len());
-    assert!(hr.len() >= 30, "HR sent steadily: {}", hr.len());
-    assert!(hr_refused.is_empty(), "HR was refused: {hr_refused:?}");
-    assert!(m_ok > 0 && m_refused > 0, "marketing got the rest and was refused beyond it");
-    let first = mock.calls().iter().map(|c| c.arrived).min().expect("calls");
-    let mut times: Vec<Duration> = mock.calls().iter().map(|c| c.arrived - first).collect();
+    Run { steady: answers, flood_ok, flood_refused }
+}
+
+/// The most calls the mock saw in any window of `window` (less the jitter).
+fn worst_window(mock: &MockWeChat, window: Duration, who: Option<&str>) -> usize {
+    let calls = mock.calls();
+    let mine = calls.iter().filter(|c| who.is_none_or(|w| c.path_and_query.contains(&format!("who={w}"))));
+    let first = calls.iter().map(|c| c.arrived).min().expect("calls");
+    let mut times: Vec<Duration> = mine.map(|c| c.arrived - first).collect();
     times.sort();
-    let worst = max_in_window(&times, WINDOW - JITTER);
-    eprintln!("WeChat saw {} calls; worst {:?} window {worst}", times.len(), WINDOW - JITTER);
+    max_in_window(&times, window - JITTER)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_flood_never_refuses_the_high_priority_caller_nor_overruns_the_window() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url())
+        .without_server("upstream_timeout")
+        .with(StoreToml::redis(&redis.url()).set("timeout", "1s").set("instances", 2))
+        .with(caller("hr").high())
+        .with(caller("marketing"))
+        // 100 per 2 s, burst 20: 20 % keeps 4 calls of the burst for HR.
+        .with(
+            rule("template")
+                .matching("/cgi-bin/message/template/send")
+                .limit_burst(COUNT as u64, "2s", 20)
+                .set("reserve", "20%"),
+        )
+        .to_string();
+    let run = campaign(&config, "hr", HR_EVERY).await;
+    let hr_refused: Vec<_> = run.steady.iter().filter(|(s, _)| *s != 200).collect();
+    eprintln!(
+        "hr: {} calls, {} refused; marketing: {} forwarded, {} refused",
+        run.steady.len(),
+        hr_refused.len(),
+        run.flood_ok,
+        run.flood_refused
+    );
+    assert!(run.steady.len() >= 30, "HR sent steadily: {}", run.steady.len());
+    assert!(hr_refused.is_empty(), "HR was refused: {hr_refused:?}");
+    assert!(run.flood_ok > 0 && run.flood_refused > 0, "marketing got the rest and was refused beyond it");
+    let worst = worst_window(&mock, WINDOW, None);
+    eprintln!("WeChat saw {} calls; worst {:?} window {worst}", mock.count(), WINDOW - JITTER);
     assert!(worst <= COUNT, "{worst} calls in one {:?} window (limit {COUNT})", WINDOW - JITTER);
+}
+
+/// `max_share` (issue 17 item 3): the same flood on a rule where no caller
+/// may take more than 60 %; approvals, a normal caller like marketing, sends
+/// steadily (10 a second, a quarter of the rule) and is never refused;
+/// marketing never gets more than its 60 per window, and the rule never
+/// more than 100. Without the share the flood takes the window and
+/// approvals is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_keeps_to_its_share_and_another_normal_caller_gets_through() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url())
+        .without_server("upstream_timeout")
+        .with(StoreToml::redis(&redis.url()).set("timeout", "1s").set("instances", 2))
+        .with(caller("marketing"))
+        .with(caller("approvals"))
+        // 100 per 2 s, burst 20 (40.5/s sustained); each caller 60 per 2 s, burst 12 (24.5/s).
+        .with(
+            rule("template")
+                .matching("/cgi-bin/message/template/send")
+                .limit_burst(COUNT as u64, "2s", 20)
+                .set("max_share", "60%"),
+        )
+        .to_string();
+    let run = campaign(&config, "approvals", HR_EVERY).await;
+    let refused: Vec<_> = run.steady.iter().filter(|(s, _)| *s != 200).collect();
+    let marketing = worst_window(&mock, WINDOW, Some("marketing"));
+    let all = worst_window(&mock, WINDOW, None);
+    eprintln!(
+        "approvals: {} calls, {} refused; marketing: {} forwarded, {} refused; worst windows: marketing {marketing}, all {all}",
+        run.steady.len(),
+        refused.len(),
+        run.flood_ok,
+        run.flood_refused
+    );
+    assert!(run.steady.len() >= 30, "approvals sent steadily: {}", run.steady.len());
+    assert!(refused.is_empty(), "approvals was refused: {refused:?}");
+    assert!(run.flood_ok > 0 && run.flood_refused > 0, "marketing got its share and was refused beyond it");
+    assert!(marketing <= 60, "marketing had {marketing} calls in one window (its share: 60)");
+    assert!(all <= COUNT, "{all} calls in one window (limit {COUNT})");
 }

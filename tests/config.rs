@@ -229,3 +229,33 @@ fn a_reserve_keeps_whole_calls_back_and_says_when_it_cannot() {
         assert!(stderr.contains("expected a share such as \"20%\" (1% to 99%)"), "{bad}: {stderr}");
     }
 }
+
+#[test]
+fn a_max_share_prints_each_callers_limits_and_says_when_it_leaves_none() {
+    let check = |limits: &str, share: &str| {
+        let dir = support::TempDir::new("share");
+        let path = dir.path().join("rules.toml");
+        let text = format!(
+            "[server]\ncaller = \"billing\"\n\n[[caller]]\nname = \"hr\"\npriority = \"high\"\nrate = \"50/s\"\n\n\
+             [[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{limits}]\nmax_share = \"{share}\"\n"
+        );
+        std::fs::write(&path, text).expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let (code, stdout, stderr) =
+        check("{ count = 100, per = \"1m\", burst = 10 }, { count = 1000, per = \"day\" }", "60%");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("max_share 60%: no one caller (declared, or all undeclared together) uses more than 60 per 1m (burst 6), 600 per calendar day"),
+        "{stdout}"
+    );
+    // The callers are listed too.
+    assert!(stdout.contains("caller of calls without X-Wx-Caller: billing"), "{stdout}");
+    assert!(stdout.contains("caller hr: priority high, flood guard 50/s per instance"), "{stdout}");
+    let (code, _, stderr) = check("{ count = 1, per = \"1m\" }", "60%");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("max_share: 60% of limits[0]'s count of 1 is less than one call"), "{stderr}");
+    let (code, _, stderr) = check("{ count = 1000, per = \"day\" }", "100%");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("expected a share such as \"20%\" (1% to 99%)"), "{stderr}");
+}
