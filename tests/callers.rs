@@ -321,3 +321,34 @@ async fn the_access_log_names_the_caller() {
     .await;
     assert_eq!(callers, ["hr", "default"]);
 }
+
+/// The same through a real wxgate process (the binary as deployed): its
+/// guard refuses a flood in the process, and Redis runs nothing for it.
+#[tokio::test]
+async fn a_wxgate_process_refuses_a_flood_without_touching_redis() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    // 3 a minute: no refill during the test, however slow the machine.
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()))
+        .with(send_rule())
+        .with(caller("flood").rate("3/min"))
+        .to_string();
+    let wxgate = support::process::spawn(&config, "guard", &[]).expect("wxgate serving");
+    let as_flood = |addr| async move {
+        let req = http::Request::get(format!("http://{addr}{SEND}?access_token=T"))
+            .header("x-wx-caller", "flood")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request");
+        send(req).await
+    };
+    for i in 0..3 {
+        assert_eq!(as_flood(wxgate.addr).await.status, 200, "call {i}");
+    }
+    let decided = redis.script_runs();
+    for i in 0..50 {
+        assert_caller_rate(&as_flood(wxgate.addr).await, 429, &format!("flood call {i}"));
+    }
+    assert_eq!(redis.script_runs(), decided, "50 refusals by the guard ran nothing in Redis");
+    assert_eq!(mock.count(), 3);
+}
