@@ -1,0 +1,38 @@
+-- token_claim.lua: the token cache (src/token_cache.rs). A slot's cached
+-- token if it is fresh enough; else its fetch lock, for one asker of any
+-- number on any instance; else who holds it. Mirrors
+-- src/store/memory/token_slots.rs (claim).
+--
+-- KEYS[1]  the slot's entry: <prefix>:{#tokens}:<slot>, a hash of
+--          e (sealed token), u (until µs), f (stored at µs), h (token hash)
+-- KEYS[2]  its fetch lock: <prefix>:{#tokens}:<slot>:lock, the holder's id,
+--          or "!" and the answer of a fetch that just failed
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  the asker's id
+-- ARGV[3]  least time the token must have left, µs
+-- ARGV[4]  least time it must have been stored at, µs
+-- ARGV[5]  how long the lock lasts, ms
+--
+-- Returns {kind, entry or answer, until, now}; kind is cached, won, busy or failed.
+
+local now = store_now(ARGV[1])
+local e = redis.call('HMGET', KEYS[1], 'e', 'u', 'f')
+if e[1] then
+  local u = tonumber(e[2] or '0') or 0
+  local f = tonumber(e[3] or '0') or 0
+  if u - now > tonumber(ARGV[3]) and f >= tonumber(ARGV[4]) then
+    return {'cached', e[1], u, now}
+  end
+end
+local l = redis.call('GET', KEYS[2])
+if l then
+  if string.sub(l, 1, 1) == '!' then
+    return {'failed', string.sub(l, 2), 0, now}
+  end
+  if l == ARGV[2] then
+    return {'won', '', 0, now}
+  end
+  return {'busy', '', 0, now}
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[5])
+return {'won', '', 0, now}
