@@ -65,6 +65,7 @@ pub async fn round(app: &App) {
         return;
     }
     let Some(cache) = &app.token_cache else { return };
+    let _one_round = app.syncs.round.lock().await;
     let now = app.clock.now_us();
     for (account, token) in cache.known(now) {
         if config.server.accounts.as_ref().is_some_and(|list| !list.contains(&account)) {

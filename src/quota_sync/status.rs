@@ -78,18 +78,23 @@ impl Sync {
 
 /// Every sync of this instance, by (account, rule state).
 #[derive(Default)]
-pub struct SyncStatus(Mutex<HashMap<(String, Arc<str>), Sync>>);
+pub struct SyncStatus {
+    syncs: Mutex<HashMap<(String, Arc<str>), Sync>>,
+    /// Held by a round of syncs (`crate::quota_sync::round`): one at a
+    /// time, so a sync that is due is made once.
+    pub round: tokio::sync::Mutex<()>,
+}
 
 impl SyncStatus {
     /// The sync of (account, state), if any.
     pub fn get(&self, account: &str, state: &str) -> Option<Sync> {
-        let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let all = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
         all.iter().find(|((a, s), _)| a == account && &**s == state).map(|(_, v)| v.clone())
     }
 
     /// Changes the sync of (account, state) with `f`.
     pub fn update<T>(&self, account: &str, state: &Arc<str>, f: impl FnOnce(&mut Sync) -> T) -> T {
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
         f(all.entry((account.to_owned(), state.clone())).or_default())
     }
 }

@@ -1,0 +1,291 @@
+//! The token cache and quota_sync (README "Tokens", docs/tokens.md), against
+//! the mock WeChat's token endpoints and quota/get (tests/support/tokens.rs):
+//!
+//! - 50 concurrent token requests through 3 wxgate processes on one Redis:
+//!   WeChat sees one fetch, every request gets the same token; no token nor
+//!   secret in Redis in clear or in the processes' logs;
+//! - the same on the embedded store (one in-process gate on a manual clock):
+//!   one fetch; `expires_in` counts down; a token near its end is fetched anew;
+//! - a wrong secret is never answered from the cache;
+//! - stable_token is cached unless `force_refresh`, which fetches once;
+//! - WeCom gettoken is cached per (corpid, corpsecret);
+//! - WeChat's 40001 drops the cached token once, and the next token request
+//!   fetches once; a late 40001 for the old token drops nothing;
+//! - quota_sync raises a day count to WeChat's `used` (refusing earlier),
+//!   never lowers it, and backs off after errors.
+
+mod support;
+
+use std::time::Duration;
+
+use support::process::{self, Instance};
+use support::redis_server::RedisServer;
+use support::tokens::{WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
+use support::{eventually_async, get_at, rule, Answer, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+
+/// A token key, as `WXGATE_TOKEN_KEY` gives it.
+const KEY: &str = "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
+
+fn token_path(secret: &str) -> String {
+    format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={secret}")
+}
+
+fn gettoken_path(corpsecret: &str) -> String {
+    format!("/cgi-bin/gettoken?corpid={CORPID}&corpsecret={corpsecret}")
+}
+
+fn stable_body(force: bool) -> String {
+    format!(r#"{{"grant_type":"client_credential","appid":"{APPID}","secret":"{SECRET}","force_refresh":{force}}}"#)
+}
+
+/// The token rule (WeChat's 2000 a day) and a send rule.
+fn rules() -> String {
+    let token = rule("token")
+        .matching("/cgi-bin/token")
+        .matching("/cgi-bin/stable_token")
+        .matching("/cgi-bin/gettoken")
+        .limit(2000, "day");
+    let send = rule("send").matching("/cgi-bin/message/custom/send").limit(100, "day");
+    format!("{token}\n{send}")
+}
+
+/// A mock WeChat issuing tokens; `/cgi-bin/token` answers after `delay_ms`,
+/// so concurrent askers arrive while the fetch is in flight.
+async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        if rec.path_and_query.starts_with("/cgi-bin/token?") {
+            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
+        } else {
+            r
+        }
+    });
+    (mock, tokens)
+}
+
+fn token_of(a: &Answer) -> String {
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()["access_token"].as_str().unwrap_or_else(|| panic!("no token in {}", a.text())).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_token_requests_through_three_instances_on_one_redis_fetch_once() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(300).await;
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "tok"))
+        .with(rules())
+        .to_string();
+    let env = [("WXGATE_TOKEN_KEY", KEY), ("WXGATE_LOG", "debug")];
+    let instances: Vec<Instance> = (0..3)
+        .map(|i| process::spawn(&config, &format!("tokens-{i}"), &env).unwrap_or_else(|log| panic!("start:\n{log}")))
+        .collect();
+    let addrs: Vec<_> = instances.iter().map(|i| i.addr).collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let addr = addrs[i % 3];
+        asks.spawn(async move { get_at(addr, &token_path(SECRET)).await });
+    }
+    let mut seen = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        let answer = answer.expect("request task");
+        let expires_in = answer.json()["expires_in"].as_i64().unwrap_or(-1);
+        assert!((1..=7200).contains(&expires_in), "expires_in {expires_in}: {}", answer.text());
+        seen.push(token_of(&answer));
+    }
+    assert_eq!(tokens.fetches("token"), 1, "WeChat saw one token fetch for 50 requests on 3 instances");
+    seen.dedup();
+    assert_eq!(seen.len(), 1, "every request got the same token: {seen:?}");
+    let token = seen.remove(0);
+    let mut fetched = 0.0;
+    let mut cached = 0.0;
+    for i in &instances {
+        fetched += i.metric(r#"wxgate_token_requests_total{source="fetched"}"#).await.unwrap_or(0.0);
+        cached += i.metric(r#"wxgate_token_requests_total{source="cache"}"#).await.unwrap_or(0.0);
+    }
+    assert_eq!((fetched, cached), (1.0, 49.0), "one fetched, 49 from the cache");
+
+    // Nothing in Redis, keys or values, holds the token or the secret in clear.
+    let dump = redis.dump_all();
+    let text = String::from_utf8_lossy(&dump);
+    assert!(text.contains("tok:{#tokens}:token:"), "the token cache lives in Redis: {text}");
+    for secret in [token.as_str(), SECRET] {
+        assert!(!dump.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in Redis in clear");
+    }
+    let mut logs = String::new();
+    for i in instances {
+        logs.push_str(&i.stop().await);
+    }
+    assert_eq!(logs.matches("fetched an access token").count(), 1, "the logs say what happened:\n{logs}");
+    assert!(!logs.contains(&token) && !logs.contains(SECRET), "a token or secret in a log:\n{logs}");
+}
+
+#[tokio::test]
+async fn the_embedded_store_fetches_once_and_counts_the_token_down() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let path = token_path(SECRET);
+    let mut asks = Vec::new();
+    for _ in 0..50 {
+        asks.push(gate.get(&path));
+    }
+    let answers = futures_util::future::join_all(asks).await;
+    let first = token_of(&answers[0]);
+    assert!(answers.iter().all(|a| token_of(a) == first));
+    assert_eq!(tokens.fetches("token"), 1);
+    assert_eq!(gate.metric(r#"wxgate_calls_total{rule="token",outcome="cached"}"#).await, Some(49.0));
+
+    gate.advance(Duration::from_secs(100));
+    let later = gate.get(&token_path(SECRET)).await;
+    assert_eq!((token_of(&later), later.json()["expires_in"].as_i64()), (first.clone(), Some(7100)));
+    // Within [tokens] min_ttl (5 min) of its end: fetched anew, once.
+    gate.advance(Duration::from_secs(7200 - 100 - 299));
+    let renewed = gate.get(&token_path(SECRET)).await;
+    assert_ne!(token_of(&renewed), first);
+    assert_eq!(tokens.fetches("token"), 2);
+    // The rule counted the two fetches only: the 50 cached answers took nothing.
+    let bucket = gate_bucket(&gate, APPID, "token").await;
+    assert_eq!(bucket["limits"][0]["used"], 2, "{bucket}");
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_never_answered_from_the_cache() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let good = token_of(&gate.get(&token_path(SECRET)).await);
+    for n in 0..2 {
+        gate.advance(Duration::from_secs(3));
+        let wrong = gate.get(&token_path("SEKRIT_WRONG")).await;
+        assert_eq!(wrong.json()["errcode"], 40125, "WeChat's own error: {}", wrong.text());
+        assert!(!wrong.text().contains(&good));
+        assert_eq!(tokens.fetches("token"), 2 + n, "the wrong secret went to WeChat");
+    }
+    assert_eq!(token_of(&gate.get(&token_path(SECRET)).await), good, "the right one still is cached");
+    assert_eq!(tokens.fetches("token"), 3);
+}
+
+#[tokio::test]
+async fn stable_token_is_cached_unless_force_refresh_which_fetches_once() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let first = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await);
+    for _ in 0..3 {
+        assert_eq!(token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await), first);
+    }
+    assert_eq!(tokens.fetches("stable"), 1);
+    let forced = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(true)).await);
+    assert_ne!(forced, first);
+    assert_eq!(tokens.fetches("stable"), 2, "force_refresh went to WeChat");
+    assert_eq!(token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await), forced);
+    assert_eq!(tokens.fetches("stable"), 2, "and its token is the cached one since");
+    // A /cgi-bin/token of the same appid is another token: fetched on its own.
+    assert_ne!(token_of(&gate.get(&token_path(SECRET)).await), forced);
+}
+
+#[tokio::test]
+async fn wecom_gettoken_is_cached_per_corpid_and_corpsecret() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let first = gate.get(&gettoken_path(CORPSECRET)).await;
+    assert_eq!(first.json()["errcode"], 0, "WeCom-shaped: {}", first.text());
+    let again = gate.get(&gettoken_path(CORPSECRET)).await;
+    assert_eq!((token_of(&again), again.json()["errcode"].as_i64()), (token_of(&first), Some(0)));
+    assert_eq!(tokens.fetches("gettoken"), 1);
+    let other = gate.get(&gettoken_path("SEKRIT_OTHER_APP")).await;
+    assert_eq!(other.json()["errcode"], 40001, "another corpsecret went to WeChat: {}", other.text());
+    assert_eq!(tokens.fetches("gettoken"), 2);
+}
+
+#[tokio::test]
+async fn wechat_rejecting_the_cached_token_drops_it_once() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let old = token_of(&gate.get(&token_path(SECRET)).await);
+    tokens.invalidate(&old);
+    let send = |t: &str| format!("/cgi-bin/message/custom/send?access_token={t}");
+    let rejected = gate.post(&send(&old), "{}").await;
+    assert_eq!(rejected.json()["errcode"], 40001);
+    assert_eq!(gate.metric("wxgate_token_invalidations_total").await, Some(1.0));
+    let new = token_of(&gate.get(&token_path(SECRET)).await);
+    assert_ne!(new, old);
+    assert_eq!(tokens.fetches("token"), 2, "the next token request fetched once");
+    assert_eq!(gate.post(&send(&new), "{}").await.json()["errcode"], 0);
+    // A late 40001 for the old token does not drop the new one.
+    assert_eq!(gate.post(&send(&old), "{}").await.json()["errcode"], 40001);
+    assert_eq!(gate.metric("wxgate_token_invalidations_total").await, Some(1.0));
+    assert_eq!(token_of(&gate.get(&token_path(SECRET)).await), new);
+    assert_eq!(tokens.fetches("token"), 2);
+}
+
+/// `/v1/buckets/{account}/{rule}` of an in-process gate.
+async fn gate_bucket(gate: &Gate, account: &str, rule: &str) -> serde_json::Value {
+    let a = get_at(gate.admin_addr(), &format!("/v1/buckets/{account}/{rule}")).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()
+}
+
+const SEND: &str = "/cgi-bin/message/custom/send";
+
+#[tokio::test]
+async fn quota_sync_raises_a_day_count_never_lowers_it_and_backs_off_on_errors() {
+    let (mock, tokens) = wechat(0).await;
+    let send = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "10m");
+    let token_rule = rule("token").matching("/cgi-bin/token").limit(2000, "day");
+    let gate = Gate::start(&mock, format!("{token_rule}\n{send}")).await;
+    tokens.set_used(SEND, 60);
+    let token = token_of(&gate.get(&token_path(SECRET)).await);
+    // The first sync is due at once: the day count rises to WeChat's 60.
+    eventually_async("the day count raised to WeChat's", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["limits"][0]["used"] == 60
+    })
+    .await;
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!(bucket["quota_sync"]["gap"], 60, "{bucket}");
+    assert_eq!(bucket["quota_sync"]["path"], SEND);
+    assert_eq!(tokens.quota_gets(), 1);
+    assert_eq!(gate.metric(r#"wxgate_quota_syncs_total{result="raised"}"#).await, Some(1.0));
+    // So wxgate refuses after 40 more calls, not 100.
+    let path = format!("{SEND}?access_token={token}");
+    let mut admitted = 0;
+    for _ in 0..45 {
+        if gate.post(&path, "{}").await.status == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 40);
+
+    // WeChat reports fewer: the count stays.
+    tokens.set_used(SEND, 10);
+    gate.advance(Duration::from_secs(600));
+    eventually_async("the second sync", PATIENCE, async || tokens.quota_gets() == 2).await;
+    eventually_async("its result shown", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["quota_sync"]["wechat_used"] == 10
+    })
+    .await;
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!((bucket["limits"][0]["used"].as_u64(), bucket["quota_sync"]["gap"].as_i64()), (Some(100), Some(-90)));
+
+    // Errors back off: 20 minutes after the first, 40 after the second.
+    tokens.fail_quota_get(Some(-1));
+    gate.advance(Duration::from_secs(600));
+    eventually_async("a failing sync", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["quota_sync"]["errors_in_a_row"] == 1
+    })
+    .await;
+    assert_eq!(tokens.quota_gets(), 3);
+    gate.advance(Duration::from_secs(600));
+    wxgate::quota_sync::round(gate.app()).await;
+    assert_eq!(tokens.quota_gets(), 3, "not 10 minutes after an error");
+    gate.advance(Duration::from_secs(600));
+    eventually_async("the retry after 20 minutes", PATIENCE, async || tokens.quota_gets() == 4).await;
+    gate.advance(Duration::from_secs(1200));
+    wxgate::quota_sync::round(gate.app()).await;
+    assert_eq!(tokens.quota_gets(), 4, "not 20 minutes after a second error");
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!(bucket["quota_sync"]["errors_in_a_row"], 2, "{bucket}");
+    assert_eq!(bucket["limits"][0]["used"], 100, "errors change no count");
+    assert_eq!(gate.metric(r#"wxgate_quota_syncs_total{result="error"}"#).await, Some(2.0));
+}
