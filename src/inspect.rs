@@ -62,7 +62,7 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
         m.errcode(code);
     }
     if let Some(fetch) = call.token_fetch.take() {
-        crate::token_cache::fetched(app, fetch, verdict, body.whole()).await;
+        crate::token_cache::fetched(app, fetch, call.errcode, body.whole()).await;
     }
     if let (Verdict::Errcode(code), Some(cache)) = (verdict, &app.token_cache) {
         if crate::token_cache::REJECTED.contains(&code) {

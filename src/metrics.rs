@@ -474,6 +474,10 @@ impl Metrics {
             "Cached access tokens dropped because WeChat rejected them (40001, 40014, 42001): the next token request fetches once",
             tokens.invalidations.clone(),
         );
+        // Every result from the start, so that 0 is visible.
+        for result in ["raised", "unchanged", "error", "skipped"] {
+            let _ = tokens.syncs.get_or_create(&ResultLabel { result: result.to_owned() });
+        }
         registry.register(
             "quota_syncs",
             "quota/get calls made by quota_sync, by result (raised, unchanged, error, skipped: another instance synced)",

@@ -52,7 +52,6 @@ use crate::body::RelayBody;
 use crate::call::{Call, Early};
 use crate::clock::deadline_after;
 use crate::error::ProxyError;
-use crate::inspect::Verdict;
 use crate::metrics::Outcome;
 use crate::store::tokens::{Claim, Fetched};
 
@@ -133,10 +132,11 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
 /// The inspect phase's part for the call that made its slot's fetch:
 /// a token answer is sealed into the slot; WeChat's refusal is shown to the
 /// waiters for a moment; anything else releases the lock.
-pub async fn fetched(app: &App, fetch: Fetch, verdict: Verdict, body: Option<&Bytes>) {
+/// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).
+pub async fn fetched(app: &App, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>) {
     let cache = fetch.cache.clone();
-    match (verdict, body) {
-        (Verdict::Success, Some(body)) => match token_of(body) {
+    match (errcode, body) {
+        (Some(0), Some(body)) => match token_of(body) {
             Some((token, expires_in)) => {
                 let ttl_us = expires_in.min(MAX_TTL_S) * 1_000_000;
                 let Some(entry) = cache.sealer.seal(&fetch.slot, token.as_bytes()) else {
@@ -152,7 +152,7 @@ pub async fn fetched(app: &App, fetch: Fetch, verdict: Verdict, body: Option<&By
             }
             None => fetch.finish(Fetched::Abandoned).await,
         },
-        (Verdict::Errcode(code), Some(body)) => {
+        (Some(code), Some(body)) => {
             tracing::info!(account = %fetch.account, errcode = code, "WeChat refused a token fetch: its waiters get the same answer");
             fetch.finish(Fetched::Failed { answer: body, hold_us: FAILED_HOLD_US }).await;
         }
