@@ -5,13 +5,14 @@
 --
 -- KEYS[1]  the slot's entry: <prefix>:{#tokens}:<slot>, a hash of
 --          e (sealed token), u (until µs), f (stored at µs), h (token hash)
--- KEYS[2]  its fetch lock: <prefix>:{#tokens}:<slot>:lock, the holder's id,
---          or "!" and the answer of a fetch that just failed
+-- KEYS[2]  its fetch lock: <prefix>:{#tokens}:<slot>:lock, "<until µs>:" and
+--          the holder's id, or "!" and the answer of a fetch that just failed
+--          (until is store time; the key's TTL only collects it)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  the asker's id
 -- ARGV[3]  least time the token must have left, µs
 -- ARGV[4]  least time it must have been stored at, µs
--- ARGV[5]  how long the lock lasts, ms
+-- ARGV[5]  how long the lock lasts, µs
 --
 -- Returns {kind, entry or answer, until, now}; kind is cached, won, busy or failed.
 
@@ -26,13 +27,17 @@ if e[1] then
 end
 local l = redis.call('GET', KEYS[2])
 if l then
-  if string.sub(l, 1, 1) == '!' then
-    return {'failed', string.sub(l, 2), 0, now}
+  local untl, rest = string.match(l, '^(%d+):(.*)$')
+  if untl and tonumber(untl) > now then
+    if string.sub(rest, 1, 1) == '!' then
+      return {'failed', string.sub(rest, 2), 0, now}
+    end
+    if rest == ARGV[2] then
+      return {'won', '', 0, now}
+    end
+    return {'busy', '', 0, now}
   end
-  if l == ARGV[2] then
-    return {'won', '', 0, now}
-  end
-  return {'busy', '', 0, now}
 end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[5])
+local span = tonumber(ARGV[5])
+redis.call('SET', KEYS[2], fmt(now + span) .. ':' .. ARGV[2], 'PX', fmt(idiv(span + 999, 1000)))
 return {'won', '', 0, now}

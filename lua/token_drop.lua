@@ -6,6 +6,7 @@
 -- KEYS[1]  <prefix>:{#tokens}:by:<token hash>: the slot holding the token
 -- ARGV[1]  <prefix>:{#tokens}: (the slot's entry key is this and its name)
 -- ARGV[2]  the token's hash (hex)
+-- ARGV[3]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 --
 -- The entry's key is read from KEYS[1], so it is not declared: every key of
 -- the token cache carries the {#tokens} hash tag, so in a Redis Cluster it
@@ -16,7 +17,9 @@
 local slot = redis.call('GET', KEYS[1])
 if not slot then return 0 end
 local key = ARGV[1] .. slot
-if redis.call('HGET', key, 'h') == ARGV[2] then
+local now = store_now(ARGV[3])
+local e = redis.call('HMGET', key, 'h', 'u')
+if e[1] == ARGV[2] and (tonumber(e[2] or '0') or 0) > now then
   redis.call('DEL', key)
   return 1
 end

@@ -25,9 +25,14 @@ if kind == 'token' then
   redis.call('PEXPIRE', KEYS[1], fmt(ms))
   redis.call('SET', KEYS[3], ARGV[7], 'PX', fmt(ms))
 end
-if redis.call('GET', KEYS[2]) == ARGV[2] then
+local l = redis.call('GET', KEYS[2])
+local untl, holder = nil, nil
+if l then
+  untl, holder = string.match(l, '^(%d+):(.*)$')
+end
+if untl and tonumber(untl) > now and holder == ARGV[2] then
   if kind == 'failed' then
-    redis.call('SET', KEYS[2], '!' .. ARGV[4], 'PX', fmt(ms))
+    redis.call('SET', KEYS[2], fmt(now + span) .. ':!' .. ARGV[4], 'PX', fmt(ms))
   else
     redis.call('DEL', KEYS[2])
   end

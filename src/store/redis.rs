@@ -459,7 +459,7 @@ impl Store for RedisStore {
     ) -> Result<Claim, StoreError> {
         let (entry, lock) = self.keys.token_slot(slot);
         let mut inv = self.scripts.token_claim.key(entry);
-        inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(fresher_than).arg((lock_us / 1000).max(1));
+        inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(fresher_than).arg(lock_us.max(1000));
         protocol::parse_claim(self.run(inv).await?)
     }
 
@@ -488,7 +488,7 @@ impl Store for RedisStore {
 
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
         let mut inv = self.scripts.token_drop.key(self.keys.token_slot_of(hash));
-        inv.arg(self.keys.token_slots()).arg(hash.to_hex());
+        inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg());
         self.run::<i64>(inv).await.map(|n| n == 1)
     }
 

@@ -89,7 +89,7 @@ impl TokenSlots {
             return false;
         }
         match self.entries.get(slot) {
-            Some(e) if e.hash == *hash => {
+            Some(e) if e.hash == *hash && e.until > now => {
                 let slot = slot.clone();
                 self.entries.remove(&slot);
                 true
