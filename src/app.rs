@@ -13,13 +13,13 @@ use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::metrics::{MemoryStoreMetrics, Metrics};
+use crate::quota_sync::status::SyncStatus;
 use crate::slots::Slots;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
 use crate::store::{Store, StoreError};
 use crate::token_cache::cache::TokenCache;
-use crate::quota_sync::status::SyncStatus;
 use crate::upstream::Upstream;
 
 /// Everything a call needs; shared by every connection.

@@ -84,12 +84,7 @@ pub struct TokensConfig {
 
 impl Default for TokensConfig {
     fn default() -> Self {
-        TokensConfig {
-            cache: None,
-            min_ttl: Duration::from_secs(300),
-            wait: Duration::from_secs(15),
-            key_file: None,
-        }
+        TokensConfig { cache: None, min_ttl: Duration::from_secs(300), wait: Duration::from_secs(15), key_file: None }
     }
 }
 

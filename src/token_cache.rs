@@ -76,7 +76,12 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
         cache.metrics.passed.inc();
         return Ok(());
     };
-    let slot = format!("{}:{}:{}", asked.kind.as_str(), asked.id, cache.sealer.secret_hash(asked.kind.as_str(), &asked.id, &asked.secret));
+    let slot = format!(
+        "{}:{}:{}",
+        asked.kind.as_str(),
+        asked.id,
+        cache.sealer.secret_hash(asked.kind.as_str(), &asked.id, &asked.secret)
+    );
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     let lock_us = crate::config::units::micros(cache.wait);

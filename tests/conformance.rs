@@ -891,7 +891,13 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             }
             FetchedT(slot, holder, how) => {
                 let slot = format!("{prefix}{slot}");
-                let entry = format!("sealed {prefix}{}", match how { Fetch::Token(t, _) => *t, _ => "" });
+                let entry = format!(
+                    "sealed {prefix}{}",
+                    match how {
+                        Fetch::Token(t, _) => *t,
+                        _ => "",
+                    }
+                );
                 let fetched = match *how {
                     Fetch::Token(token, ttl_us) => {
                         Fetched::Token { entry: entry.as_bytes(), hash: token_hash(prefix, token), ttl_us }

@@ -12,7 +12,10 @@
 //! - WeChat's 40001 drops the cached token once, and the next token request
 //!   fetches once; a late 40001 for the old token drops nothing;
 //! - quota_sync raises a day count to WeChat's `used` (refusing earlier),
-//!   never lowers it, and backs off after errors.
+//!   never lowers it, and backs off after errors;
+//! - a malformed or world-readable token key stops wxgate at start;
+//! - on Redis without a key the cache is off, and `cache = true` caches
+//!   in-process with a warning (nothing in Redis).
 
 mod support;
 
@@ -288,4 +291,51 @@ async fn quota_sync_raises_a_day_count_never_lowers_it_and_backs_off_on_errors()
     assert_eq!(bucket["quota_sync"]["errors_in_a_row"], 2, "{bucket}");
     assert_eq!(bucket["limits"][0]["used"], 100, "errors change no count");
     assert_eq!(gate.metric(r#"wxgate_quota_syncs_total{result="error"}"#).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_bad_or_exposed_token_key_stops_wxgate_at_start() {
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url()).with(rules()).to_string();
+    let log = process::spawn(&config, "tokens-badkey", &[("WXGATE_TOKEN_KEY", "0123abcd")]).err().expect("refused");
+    assert!(log.contains("WXGATE_TOKEN_KEY: the key is 6 bytes; it must be 32"), "{log}");
+    assert!(!log.contains("0123abcd"), "the key is not quoted: {log}");
+    let dir = support::TempDir::new("tokens-keyfile");
+    let key_file = dir.path().join("token.key");
+    std::fs::write(&key_file, KEY).expect("write key");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let with_file = ConfigToml::new(&mock.url())
+        .with(rules())
+        .with(format!("[tokens]\nkey_file = \"{}\"\n", key_file.display()))
+        .to_string();
+    let log = process::spawn(&with_file, "tokens-keyfile", &[]).err().expect("refused");
+    assert!(log.contains("[tokens] key_file") && log.contains("readable by others (mode 644)"), "{log}");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let started = process::spawn(&with_file, "tokens-keyfile-ok", &[]).unwrap_or_else(|log| panic!("{log}"));
+    started.stop().await;
+}
+
+#[tokio::test]
+async fn on_redis_without_a_key_the_cache_is_off_unless_asked_for() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(0).await;
+    let config = |tokens_section: &str| {
+        ConfigToml::new(&mock.url()).with(StoreToml::redis(&redis.url())).with(rules()).with(tokens_section).to_string()
+    };
+    let off = process::spawn(&config(""), "tokens-redis-off", &[]).unwrap_or_else(|log| panic!("{log}"));
+    token_of(&off.get(&token_path(SECRET)).await);
+    token_of(&off.get(&token_path(SECRET)).await);
+    assert_eq!(tokens.fetches("token"), 2, "no cache: every request went to WeChat");
+    assert_eq!(off.metric(r#"wxgate_calls_total{rule="token",outcome="cached"}"#).await, Some(0.0));
+    off.stop().await;
+    let local = process::spawn(&config("[tokens]\ncache = true\n"), "tokens-redis-local", &[])
+        .unwrap_or_else(|log| panic!("{log}"));
+    token_of(&local.get(&token_path(SECRET)).await);
+    token_of(&local.get(&token_path(SECRET)).await);
+    assert_eq!(tokens.fetches("token"), 3, "cached in this instance");
+    let log = local.stop().await;
+    assert!(log.contains("tokens are cached in this instance only"), "the warning: {log}");
+    let dump = redis.dump_all();
+    assert!(!String::from_utf8_lossy(&dump).contains("{#tokens}"), "nothing in Redis without a key");
 }

@@ -132,7 +132,9 @@ mod tests {
         assert_eq!((s.kind, s.force), (Kind::Stable, false));
         let f = stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":true}"#);
         assert!(f.expect("forced").force);
-        assert!(stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":"x"}"#).is_none());
+        assert!(
+            stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":"x"}"#).is_none()
+        );
         assert!(format!("{s:?}").find("secret").is_none(), "the secret is never printed");
     }
 

@@ -69,7 +69,9 @@ impl TokenCache {
         let on = config.cache.unwrap_or(!redis || key.is_some());
         if !on {
             if redis {
-                tracing::info!("[tokens] cache is off: no token key ({KEY_ENV} or [tokens] key_file) to share tokens in Redis");
+                tracing::info!(
+                    "[tokens] cache is off: no token key ({KEY_ENV} or [tokens] key_file) to share tokens in Redis"
+                );
             }
             return Ok(None);
         }
@@ -197,7 +199,8 @@ impl Drop for Fetch {
         if self.finished {
             return;
         }
-        let (cache, slot, holder) = (self.cache.clone(), std::mem::take(&mut self.slot), std::mem::take(&mut self.holder));
+        let (cache, slot, holder) =
+            (self.cache.clone(), std::mem::take(&mut self.slot), std::mem::take(&mut self.holder));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = cache.store.token_fetched(&slot, &holder, Fetched::Abandoned).await {

@@ -128,7 +128,9 @@ pub fn parse_key(text: &str) -> Result<[u8; KEY_LEN], String> {
             key.copy_from_slice(&bytes);
             Ok(key)
         }
-        Ok(bytes) => Err(format!("the key is {} bytes; it must be 32 (64 hex digits or 44 base64 characters)", bytes.len())),
+        Ok(bytes) => {
+            Err(format!("the key is {} bytes; it must be 32 (64 hex digits or 44 base64 characters)", bytes.len()))
+        }
         Err(_) => Err("the key must be 32 bytes written as 64 hex digits or in base64 (openssl rand -hex 32)".into()),
     }
 }

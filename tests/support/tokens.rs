@@ -146,7 +146,9 @@ impl WeChatTokens {
                 let token = param("access_token");
                 let mut s = self.state.lock().expect("tokens");
                 if s.valid.get(&token) != Some(&true) {
-                    return json(r#"{"errcode":40001,"errmsg":"invalid credential, access_token is invalid or not latest"}"#);
+                    return json(
+                        r#"{"errcode":40001,"errmsg":"invalid credential, access_token is invalid or not latest"}"#,
+                    );
                 }
                 if path != "/cgi-bin/openapi/quota/get" {
                     return json(r#"{"errcode":0,"errmsg":"ok"}"#);
