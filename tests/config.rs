@@ -265,10 +265,10 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
                 .into(),
             "quota_sync: the rule has no per = \"day\" limit",
         ),
-        ("[tokens]\nwait = \"0s\"\n".into(), "[tokens] wait: must be between 1s and 2m"),
+        ("[tokens]\nwait = \"0s\"\n".into(), "rules.toml:2: [tokens] wait: must be between 1s and 2m"),
         ("[tokens]\nmin_ttl = \"3h\"\n".into(), "[tokens] min_ttl: must be shorter than a token's 2 hours"),
-        ("[tokens]\ncache = \"yes\"\n".into(), "cache"),
-        ("[tokens]\nkey = \"x\"\n".into(), "key"),
+        ("[tokens]\ncache = \"yes\"\n".into(), "rules.toml:2: [tokens] cache: expected true or false"),
+        ("[tokens]\nkey = \"x\"\n".into(), "rules.toml:2: [tokens] key: unknown key"),
     ];
     for (text, want) in bad {
         let (code, _, stderr) = check(&text);
