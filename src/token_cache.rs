@@ -84,7 +84,10 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
     );
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
-    let lock_us = crate::config::units::micros(cache.wait);
+    // The fetch may be held by its rule's max_wait before it is sent: its
+    // lock lasts that much longer, so no second fetch starts meanwhile.
+    let held_us = call.rule.as_ref().map_or(0, |r| r.max_wait_us);
+    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
     let mut fresher_than = if asked.force { i64::MAX } else { 0 };
     loop {
         let woken = cache.done.notified();
