@@ -82,6 +82,9 @@ impl App {
         let callers = Callers::new(&config, &clock, &metrics, None);
         let token_cache =
             TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())?;
+        if token_cache.is_none() && !config.quota_syncs.is_empty() {
+            tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
+        }
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),

@@ -86,7 +86,10 @@ async fn phases(
     caller(app, call, &mut req)?;
     identify(app, call, &mut req, &target).await?;
     route(app, call);
-    crate::token_cache::serve(app, call, &target).await?;
+    if call.learn.is_some() {
+        // A token request (identify read it): perhaps answered from the cache.
+        crate::token_cache::serve(app, call, &target).await?;
+    }
     decide(app, call, client).await?;
     let answer = forward(app, call, req, target).await?;
     inspect(app, call, answer).await

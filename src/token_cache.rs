@@ -30,7 +30,7 @@
 //! joins a fetch already in flight instead of starting another.
 //!
 //! Cost: only token requests and answers with errcode 40001/40014/42001
-//! do anything here; other calls pass one `Option` check.
+//! do anything here; other calls pass one `Option` check in the proxy.
 
 pub mod ask;
 pub mod cache;
@@ -62,16 +62,13 @@ pub const REJECTED: [i64; 3] = [40001, 40014, 42001];
 /// Longest a fetched token is cached, whatever its `expires_in` says.
 const MAX_TTL_S: i64 = 86_400;
 
-/// The token-cache phase (after route, before decide): answers a cacheable
+/// The token-cache phase (after route, before decide), for token requests
+/// (`call.learn` set by identify; the proxy calls it for no other): answers a cacheable
 /// token request from the cache or from another request's fetch, or lets
 /// it go on as its slot's one fetch (`call.token_fetch`). Anything else
 /// goes on untouched.
 pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<(), Early> {
     let Some(cache) = &app.token_cache else { return Ok(()) };
-    if call.learn.is_none() {
-        // Not a token request (identify read none): nothing to do.
-        return Ok(());
-    }
     let Some(asked) = ask::ask(&call.method, &call.path, target.query(), call.body.as_deref()) else {
         cache.metrics.passed.inc();
         return Ok(());

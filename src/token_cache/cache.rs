@@ -88,7 +88,7 @@ impl TokenCache {
             (false, _) => (store.clone(), false),
         };
         let sealer = match &key {
-            Some(k) => Sealer::new(k),
+            Some(k) => Sealer::new(k)?,
             None => Sealer::random()?,
         };
         let instance = format!("{:016x}", rand_u64()?);

@@ -38,27 +38,27 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    pub fn new(key: &[u8; KEY_LEN]) -> Sealer {
+    pub fn new(key: &[u8; KEY_LEN]) -> Result<Sealer, String> {
         let master = hmac::Key::new(hmac::HMAC_SHA256, key);
         let derive = |label: &[u8]| hmac::sign(&master, label);
         let aead_key = derive(b"wxgate token cache: seal");
+        // 32 bytes from HMAC-SHA256: a ChaCha20 key ring accepts.
         let aead = LessSafeKey::new(
-            // 32 bytes from HMAC-SHA256: always a valid ChaCha20 key.
-            UnboundKey::new(&CHACHA20_POLY1305, aead_key.as_ref()).unwrap_or_else(|_| unreachable!()),
+            UnboundKey::new(&CHACHA20_POLY1305, aead_key.as_ref()).map_err(|_| "cannot derive the sealing key")?,
         );
-        Sealer {
+        Ok(Sealer {
             aead,
             secrets: hmac::Key::new(hmac::HMAC_SHA256, derive(b"wxgate token cache: secret").as_ref()),
             tokens: hmac::Key::new(hmac::HMAC_SHA256, derive(b"wxgate token cache: token").as_ref()),
             rng: SystemRandom::new(),
-        }
+        })
     }
 
     /// A sealer under a random key (the in-process cache).
     pub fn random() -> Result<Sealer, String> {
         let mut key = [0u8; KEY_LEN];
         SystemRandom::new().fill(&mut key).map_err(|_| "the system random source failed".to_string())?;
-        Ok(Sealer::new(&key))
+        Sealer::new(&key)
     }
 
     /// `token` sealed for `slot`: nonce, then ciphertext and tag.
@@ -141,14 +141,14 @@ mod tests {
 
     #[test]
     fn sealed_tokens_open_only_under_their_key_and_slot() {
-        let s = Sealer::new(&[7; KEY_LEN]);
+        let s = Sealer::new(&[7; KEY_LEN]).expect("sealer");
         let sealed = s.seal("token:wxA:00", b"TOKEN-123").expect("seal");
         assert!(!sealed.windows(9).any(|w| w == b"TOKEN-123"), "not in clear");
         assert_eq!(s.open("token:wxA:00", &sealed).as_deref(), Some("TOKEN-123"));
         assert_eq!(s.open("token:wxB:00", &sealed), None, "bound to its slot");
-        assert_eq!(Sealer::new(&[8; KEY_LEN]).open("token:wxA:00", &sealed), None, "bound to its key");
+        assert_eq!(Sealer::new(&[8; KEY_LEN]).expect("sealer").open("token:wxA:00", &sealed), None, "bound to its key");
         assert_ne!(s.seal("token:wxA:00", b"TOKEN-123"), Some(sealed), "a fresh nonce each time");
-        let again = Sealer::new(&[7; KEY_LEN]);
+        let again = Sealer::new(&[7; KEY_LEN]).expect("sealer");
         assert_eq!(again.secret_hash("token", "wxA", b"s1"), s.secret_hash("token", "wxA", b"s1"));
         assert_ne!(s.secret_hash("token", "wxA", b"s1"), s.secret_hash("token", "wxA", b"s2"));
         assert_ne!(s.secret_hash("token", "wxA", b"s1"), s.secret_hash("stable", "wxA", b"s1"));
