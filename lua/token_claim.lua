@@ -11,17 +11,19 @@
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  the asker's id
 -- ARGV[3]  least time the token must have left, µs
--- ARGV[4]  least time it must have been stored at, µs
+-- ARGV[4]  it must have been stored after this, µs (each store of a slot is
+--          later than the one before: token_fetched.lua)
 -- ARGV[5]  how long the lock lasts, µs
 --
--- Returns {kind, entry or answer, until, now}; kind is cached, won, busy or failed.
+-- Returns {kind, entry or answer, until (busy: when the entry was stored, 0
+-- if none), now}; kind is cached, won, busy or failed.
 
 local now = store_now(ARGV[1])
 local e = redis.call('HMGET', KEYS[1], 'e', 'u', 'f')
 if e[1] then
   local u = tonumber(e[2] or '0') or 0
   local f = tonumber(e[3] or '0') or 0
-  if u - now > tonumber(ARGV[3]) and f >= tonumber(ARGV[4]) then
+  if u - now > tonumber(ARGV[3]) and f > tonumber(ARGV[4]) then
     return {'cached', e[1], u, now}
   end
 end
@@ -35,7 +37,7 @@ if l then
     if rest == ARGV[2] then
       return {'won', '', 0, now}
     end
-    return {'busy', '', 0, now}
+    return {'busy', '', tonumber(e[3] or '0') or 0, now}
   end
 end
 local span = tonumber(ARGV[5])

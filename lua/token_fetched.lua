@@ -21,7 +21,11 @@ local kind = ARGV[3]
 local span = tonumber(ARGV[6])
 local ms = idiv(span + 999, 1000)
 if kind == 'token' then
-  redis.call('HSET', KEYS[1], 'e', ARGV[4], 'u', fmt(now + span), 'f', fmt(now), 'h', ARGV[5])
+  -- Stored later than the entry it replaces, even at the same clock reading.
+  local stored = now
+  local before = tonumber(redis.call('HGET', KEYS[1], 'f') or '')
+  if before and before >= stored then stored = before + 1 end
+  redis.call('HSET', KEYS[1], 'e', ARGV[4], 'u', fmt(now + span), 'f', fmt(stored), 'h', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], fmt(ms))
   redis.call('SET', KEYS[3], ARGV[7], 'PX', fmt(ms))
 end

@@ -92,8 +92,9 @@ pub trait Store: Send + Sync + 'static {
     async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError>;
 
     /// The token cache (`crate::token_cache`): the entry cached in `slot`
-    /// if it has more than `min_ttl_us` left and was stored at or after
-    /// `fresher_than` (store time); else, if nobody holds the slot's fetch
+    /// if it has more than `min_ttl_us` left and was stored after
+    /// `newer_than` (store time; each store of a slot is later than the
+    /// one before, even at the same clock reading); else, if nobody holds the slot's fetch
     /// lock, takes it for `holder` for `lock_us` ([`Claim::Won`]); else
     /// [`Claim::Busy`], or the answer of a fetch that just failed. Atomic:
     /// of any number of askers on any instances, one wins.
@@ -102,7 +103,7 @@ pub trait Store: Send + Sync + 'static {
         slot: &str,
         holder: &str,
         min_ttl_us: Micros,
-        fresher_than: Micros,
+        newer_than: Micros,
         lock_us: Micros,
     ) -> Result<Claim, StoreError>;
 

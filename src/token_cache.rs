@@ -85,10 +85,12 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
     // lock lasts that much longer, so no second fetch starts meanwhile.
     let held_us = call.rule.as_ref().map_or(0, |r| r.max_wait_us);
     let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
-    let mut fresher_than = if asked.force { i64::MAX } else { 0 };
+    // A forced refresh skips the cached token, and takes only one stored
+    // after the entry cached when it found a fetch in flight.
+    let mut newer_than = if asked.force { i64::MAX } else { -1 };
     loop {
         let woken = cache.done.notified();
-        let claim = cache.store.claim_token(&slot, &holder, cache.min_ttl_us, fresher_than, lock_us).await;
+        let claim = cache.store.claim_token(&slot, &holder, cache.min_ttl_us, newer_than, lock_us).await;
         match claim {
             Err(e) => {
                 tracing::warn!(error = %e, "the token cache cannot be read: this token request goes to WeChat");
@@ -118,10 +120,10 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
                 call.outcome = Outcome::cached;
                 return Err(Early::Answered(Box::new(json_answer(answer.into()))));
             }
-            Ok(Claim::Busy { now }) => {
-                if fresher_than == i64::MAX {
-                    // A forced refresh joins the fetch in flight: its token is fresher than now.
-                    fresher_than = now;
+            Ok(Claim::Busy { stored, .. }) => {
+                if newer_than == i64::MAX {
+                    // A forced refresh joins the fetch in flight: its token replaces `stored`.
+                    newer_than = stored;
                 }
             }
         }

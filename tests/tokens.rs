@@ -7,7 +7,8 @@
 //! - the same on the embedded store (one in-process gate on a manual clock):
 //!   one fetch; `expires_in` counts down; a token near its end is fetched anew;
 //! - a wrong secret is never answered from the cache;
-//! - stable_token is cached unless `force_refresh`, which fetches once;
+//! - stable_token is cached unless `force_refresh`, which fetches once, also
+//!   for ten at the same time;
 //! - WeCom gettoken is cached per (corpid, corpsecret);
 //! - WeChat's 40001 drops the cached token once, and the next token request
 //!   fetches once; a late 40001 for the old token drops nothing;
@@ -52,15 +53,16 @@ fn rules() -> String {
     format!("{token}\n{send}")
 }
 
-/// A mock WeChat issuing tokens; `/cgi-bin/token` answers after `delay_ms`,
-/// so concurrent askers arrive while the fetch is in flight.
+/// A mock WeChat issuing tokens; its token endpoints answer after
+/// `delay_ms`, so concurrent askers arrive while a fetch is in flight.
 async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
     let mock = MockWeChat::start().await;
     let tokens = WeChatTokens::new();
     let reply = tokens.responder();
     mock.respond(move |rec| {
         let r = reply(rec);
-        if rec.path_and_query.starts_with("/cgi-bin/token?") {
+        let path = rec.path_and_query.split('?').next().unwrap_or("");
+        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
             Reply::Delayed { ms: delay_ms, then: Box::new(r) }
         } else {
             r
@@ -186,6 +188,19 @@ async fn stable_token_is_cached_unless_force_refresh_which_fetches_once() {
     assert_eq!(tokens.fetches("stable"), 2, "and its token is the cached one since");
     // A /cgi-bin/token of the same appid is another token: fetched on its own.
     assert_ne!(token_of(&gate.get(&token_path(SECRET)).await), forced);
+}
+
+#[tokio::test]
+async fn concurrent_forced_refreshes_make_one_fetch() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let before = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await);
+    let body = stable_body(true);
+    let forced = futures_util::future::join_all((0..10).map(|_| gate.post("/cgi-bin/stable_token", &body))).await;
+    let first = token_of(&forced[0]);
+    assert_ne!(first, before, "a new token");
+    assert!(forced.iter().all(|a| token_of(a) == first), "all ten got the one refreshed token");
+    assert_eq!(tokens.fetches("stable"), 2, "one fetch for the first token, one for ten forced refreshes");
 }
 
 #[tokio::test]

@@ -438,11 +438,11 @@ impl Store for MemoryStore {
         slot: &str,
         holder: &str,
         min_ttl_us: Micros,
-        fresher_than: Micros,
+        newer_than: Micros,
         lock_us: Micros,
     ) -> Result<Claim, StoreError> {
         let now = self.now();
-        Ok(lock(&self.token_slots).claim(slot, holder, min_ttl_us, fresher_than, lock_us, now))
+        Ok(lock(&self.token_slots).claim(slot, holder, min_ttl_us, newer_than, lock_us, now))
     }
 
     async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {

@@ -454,12 +454,12 @@ impl Store for RedisStore {
         slot: &str,
         holder: &str,
         min_ttl_us: Micros,
-        fresher_than: Micros,
+        newer_than: Micros,
         lock_us: Micros,
     ) -> Result<Claim, StoreError> {
         let (entry, lock) = self.keys.token_slot(slot);
         let mut inv = self.scripts.token_claim.key(entry);
-        inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(fresher_than).arg(lock_us.max(1000));
+        inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(newer_than).arg(lock_us.max(1000));
         protocol::parse_claim(self.run(inv).await?)
     }
 

@@ -582,10 +582,10 @@ impl Store for Resilient {
         slot: &str,
         holder: &str,
         min_ttl_us: Micros,
-        fresher_than: Micros,
+        newer_than: Micros,
         lock_us: Micros,
     ) -> Result<Claim, StoreError> {
-        self.try_redis(|| self.redis.claim_token(slot, holder, min_ttl_us, fresher_than, lock_us)).await
+        self.try_redis(|| self.redis.claim_token(slot, holder, min_ttl_us, newer_than, lock_us)).await
     }
 
     async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {

@@ -135,8 +135,9 @@ pub enum Claim {
     /// Nothing usable was cached and nobody was fetching: the asker now
     /// holds the slot's fetch lock (until it reports, or the lock expires).
     Won { now: Micros },
-    /// Another asker holds the fetch lock.
-    Busy { now: Micros },
+    /// Another asker holds the fetch lock; `stored` is when the entry cached
+    /// now was stored (0: none), which a forced refresh waits to see replaced.
+    Busy { now: Micros, stored: Micros },
     /// The last fetch failed with this answer (WeChat's, kept for a moment
     /// so that its waiters get it too instead of fetching again).
     Failed { answer: Vec<u8> },

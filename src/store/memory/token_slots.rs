@@ -37,12 +37,12 @@ impl TokenSlots {
         slot: &str,
         holder: &str,
         min_ttl_us: Micros,
-        fresher_than: Micros,
+        newer_than: Micros,
         lock_us: Micros,
         now: Micros,
     ) -> Claim {
         if let Some(e) = self.entries.get(slot) {
-            if e.until - now > min_ttl_us && e.stored_at >= fresher_than {
+            if e.until - now > min_ttl_us && e.stored_at > newer_than {
                 return Claim::Cached { entry: e.sealed.clone(), until: e.until, now };
             }
         }
@@ -51,7 +51,7 @@ impl TokenSlots {
                 if h == holder {
                     Claim::Won { now }
                 } else {
-                    Claim::Busy { now }
+                    Claim::Busy { now, stored: self.entries.get(slot).map_or(0, |e| e.stored_at) }
                 }
             }
             Some((Lock::Failed(answer), until)) if *until > now => Claim::Failed { answer: answer.clone() },
@@ -66,7 +66,9 @@ impl TokenSlots {
     pub fn fetched(&mut self, slot: &str, holder: &str, fetched: Fetched<'_>, now: Micros) {
         if let Fetched::Token { entry, hash, ttl_us } = fetched {
             let until = now.saturating_add(ttl_us);
-            self.entries.insert(slot.to_owned(), Entry { sealed: entry.to_vec(), until, stored_at: now, hash });
+            // Later than the entry it replaces, even at the same clock reading.
+            let stored_at = self.entries.get(slot).map_or(now, |e| now.max(e.stored_at + 1));
+            self.entries.insert(slot.to_owned(), Entry { sealed: entry.to_vec(), until, stored_at, hash });
             self.by_hash.insert(hash, (slot.to_owned(), until));
         }
         let ours = matches!(self.locks.get(slot), Some((Lock::Held(h), until)) if h == holder && *until > now);

@@ -356,7 +356,7 @@ pub fn parse_claim((kind, bytes, until, now): TokenClaimReply) -> Result<crate::
     Ok(match kind.as_str() {
         "cached" => Claim::Cached { entry: bytes, until, now },
         "won" => Claim::Won { now },
-        "busy" => Claim::Busy { now },
+        "busy" => Claim::Busy { now, stored: until },
         "failed" => Claim::Failed { answer: bytes },
         other => return Err(StoreError::BadReply { script: "token_claim.lua", reply: other.to_owned() }),
     })
