@@ -87,7 +87,7 @@ pub struct ErrcodeLabels {
 #[derive(Clone, Default)]
 pub struct TokenMetrics {
     /// Token requests answered from the cache (at once or after waiting
-    /// for another request's fetch).
+    /// for another request's fetch, whose refusal they get if WeChat refused it).
     pub from_cache: Counter,
     /// Token requests that went to WeChat as their slot's one fetch.
     pub fetched: Counter,

@@ -117,6 +117,7 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
                 return Ok(());
             }
             Ok(Claim::Failed { answer }) => {
+                cache.metrics.from_cache.inc();
                 call.outcome = Outcome::cached;
                 return Err(Early::Answered(Box::new(json_answer(answer.into()))));
             }

@@ -92,6 +92,11 @@ impl TokenCache {
             None => Sealer::random()?,
         };
         let instance = format!("{:016x}", rand_u64()?);
+        tracing::info!(
+            shared = shared,
+            "[tokens] cache on: one access token per account and secret{}",
+            if shared { ", shared by every instance through Redis (sealed)" } else { ", in this process" }
+        );
         Ok(Some(Arc::new(TokenCache {
             store: slots,
             shared,
