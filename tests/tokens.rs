@@ -6,7 +6,9 @@
 //!   secret in Redis in clear or in the processes' logs;
 //! - the same on the embedded store (one in-process gate on a manual clock):
 //!   one fetch; `expires_in` counts down; a token near its end is fetched anew;
-//! - a wrong secret is never answered from the cache;
+//! - a wrong secret is never answered from the cache; waiters get the
+//!   refusal of the one fetch, and give up after `[tokens] wait` (503)
+//!   rather than fetching again;
 //! - stable_token is cached unless `force_refresh`, which fetches once, also
 //!   for ten at the same time;
 //! - WeCom gettoken is cached per (corpid, corpsecret);
@@ -170,6 +172,28 @@ async fn a_wrong_secret_is_never_answered_from_the_cache() {
     }
     assert_eq!(token_of(&gate.get(&token_path(SECRET)).await), good, "the right one still is cached");
     assert_eq!(tokens.fetches("token"), 3);
+}
+
+#[tokio::test]
+async fn waiters_get_the_refusal_of_the_one_fetch_and_time_out_rather_than_fetch_again() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, format!("{}\n[tokens]\nwait = \"1s\"\n", rules())).await;
+    let wrong = token_path("SEKRIT_WRONG");
+    let refused = futures_util::future::join_all((0..10).map(|_| gate.get(&wrong))).await;
+    assert!(refused.iter().all(|a| a.json()["errcode"] == 40125), "all ten got WeChat's refusal");
+    assert_eq!(tokens.fetches("token"), 1, "one fetch for ten");
+    // A fetch that hangs: the others wait [tokens] wait, then 503; none fetches.
+    mock.respond(|_| Reply::Hang);
+    let right = token_path(SECRET);
+    let answers = futures_util::future::join_all((0..3).map(|_| gate.get(&right))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [503, 503, 504], "two waiters gave up, the fetch timed out upstream");
+    let waited = answers.iter().find(|a| a.status == 503).expect("a waiter");
+    assert_eq!(waited.json()["errcode"], -1);
+    assert!(waited.text().contains("[tokens] wait"), "{}", waited.text());
+    assert_eq!(mock.count(), 2, "one fetch with the wrong secret, one with the right one");
+    assert_eq!(gate.metric(r#"wxgate_token_requests_total{source="timeout"}"#).await, Some(2.0));
 }
 
 #[tokio::test]
