@@ -2,8 +2,10 @@
 //! the mock WeChat's token endpoints and quota/get (tests/support/tokens.rs):
 //!
 //! - 50 concurrent token requests through 3 wxgate processes on one Redis:
-//!   WeChat sees one fetch, every request gets the same token; no token nor
-//!   secret in Redis in clear or in the processes' logs;
+//!   WeChat sees one fetch, every request gets the same token; a 40001 on
+//!   one instance makes the next request on another fetch once; quota_sync
+//!   on all three makes one quota/get per interval; no token nor secret in
+//!   Redis in clear or in the processes' logs;
 //! - the same on the embedded store (one in-process gate on a manual clock):
 //!   one fetch; `expires_in` counts down; a token near its end is fetched anew;
 //! - a wrong secret is never answered from the cache; waiters get the
@@ -28,6 +30,8 @@ use support::process::{self, Instance};
 use support::redis_server::RedisServer;
 use support::tokens::{WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
 use support::{eventually_async, get_at, rule, Answer, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+
+const SEND: &str = "/cgi-bin/message/custom/send";
 
 /// A token key, as `WXGATE_TOKEN_KEY` gives it.
 const KEY: &str = "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
@@ -82,10 +86,13 @@ fn token_of(a: &Answer) -> String {
 async fn fifty_concurrent_token_requests_through_three_instances_on_one_redis_fetch_once() {
     let redis = RedisServer::start();
     let (mock, tokens) = wechat(300).await;
+    let token_rule = rule("token").matching("/cgi-bin/token").limit(2000, "day");
+    let synced = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "1s");
     let config = ConfigToml::new(&mock.url())
         .with(StoreToml::redis(&redis.url()).set("key_prefix", "tok"))
-        .with(rules())
+        .with(format!("{token_rule}\n{synced}"))
         .to_string();
+    tokens.set_used(SEND, 7);
     let env = [("WXGATE_TOKEN_KEY", KEY), ("WXGATE_LOG", "debug")];
     let instances: Vec<Instance> = (0..3)
         .map(|i| process::spawn(&config, &format!("tokens-{i}"), &env).unwrap_or_else(|log| panic!("start:\n{log}")))
@@ -122,11 +129,37 @@ async fn fifty_concurrent_token_requests_through_three_instances_on_one_redis_fe
     for secret in [token.as_str(), SECRET] {
         assert!(!dump.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in Redis in clear");
     }
+    // WeChat rejects the token on a call through another instance: dropped
+    // in Redis, so a token request on a third instance fetches once.
+    tokens.invalidate(&token);
+    let rejected = instances[1].get(&format!("{SEND}?access_token={token}")).await;
+    assert_eq!(rejected.json()["errcode"], 40001);
+    assert_eq!(instances[1].metric("wxgate_token_invalidations_total").await, Some(1.0));
+    let fresh = token_of(&instances[2].get(&token_path(SECRET)).await);
+    assert_ne!(fresh, token);
+    assert_eq!(tokens.fetches("token"), 2, "the next request fetched once");
+    assert_eq!(token_of(&instances[0].get(&token_path(SECRET)).await), fresh, "and every instance has it");
+
+    // quota_sync every second, on three instances that all know the token:
+    // one quota/get per interval in all (they share the lock in Redis).
+    eventually_async("four syncs", PATIENCE, async || tokens.quota_gets() >= 4).await;
+    let syncs: Vec<_> =
+        mock.calls().into_iter().filter(|c| c.path_and_query.starts_with("/cgi-bin/openapi/quota/get")).collect();
+    let span = syncs[3].arrived - syncs[0].arrived;
+    assert!(span >= Duration::from_millis(2500), "4 syncs in {span:?}: more than one per second");
+    let bucket = instances[0].admin_get(&format!("/v1/buckets/{APPID}/send")).await.json();
+    assert_eq!(bucket["limits"][0]["used"], 7, "raised to WeChat's count in Redis: {bucket}");
+    let mut skipped = 0.0;
+    for i in &instances {
+        skipped += i.metric(r#"wxgate_quota_syncs_total{result="skipped"}"#).await.unwrap_or(0.0);
+    }
+    assert!(skipped >= 1.0, "the other instances skipped their turns");
+
     let mut logs = String::new();
     for i in instances {
         logs.push_str(&i.stop().await);
     }
-    assert_eq!(logs.matches("fetched an access token").count(), 1, "the logs say what happened:\n{logs}");
+    assert_eq!(logs.matches("fetched an access token").count(), 2, "the logs say what happened:\n{logs}");
     assert!(!logs.contains(&token) && !logs.contains(SECRET), "a token or secret in a log:\n{logs}");
 }
 
@@ -268,8 +301,6 @@ async fn gate_bucket(gate: &Gate, account: &str, rule: &str) -> serde_json::Valu
     assert_eq!(a.status, 200, "{}", a.text());
     a.json()
 }
-
-const SEND: &str = "/cgi-bin/message/custom/send";
 
 #[tokio::test]
 async fn quota_sync_raises_a_day_count_never_lowers_it_and_backs_off_on_errors() {
