@@ -397,7 +397,9 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
             Ok(snapshot) => {
                 let (held, in_flight) = app.activity.get(account, &state.state);
                 let here = Here { held, in_flight };
-                pictures.push(describe(account, state, &snapshot.state, snapshot.now, offset, here));
+                let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
+                add_quota_sync(app, account, state, &mut picture);
+                pictures.push(picture);
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }
@@ -408,6 +410,20 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
             json!({ "account": account, "rule": &*rule.name, "scope": "path", "paths": pictures }),
         ),
         _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
+    }
+}
+
+/// A state with `quota_sync`: what this instance's last sync found
+/// (`crate::quota_sync`).
+fn add_quota_sync(app: &App, account: &str, state: &crate::limit::Rule, picture: &mut Value) {
+    let config = app.config.load();
+    let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state.state) else { return };
+    let now = app.clock.now_us();
+    let found = app.syncs.get(account, &state.state).unwrap_or_default();
+    let mut shown = found.describe(now, &sync.path);
+    shown["every_seconds"] = json!(sync.every.as_secs_f64());
+    if let Value::Object(map) = picture {
+        map.insert("quota_sync".into(), shown);
     }
 }
 

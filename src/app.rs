@@ -13,11 +13,13 @@ use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
 use crate::metrics::{MemoryStoreMetrics, Metrics};
+use crate::quota_sync::status::SyncStatus;
 use crate::slots::Slots;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
 use crate::store::{Store, StoreError};
+use crate::token_cache::cache::TokenCache;
 use crate::upstream::Upstream;
 
 /// Everything a call needs; shared by every connection.
@@ -40,6 +42,10 @@ pub struct App {
     pub activity: Arc<Activity>,
     /// Access tokens this instance knows the account of, or knows unknown.
     pub tokens: TokenCaches,
+    /// The access-token cache (`[tokens]`); `None` when off.
+    pub token_cache: Option<Arc<TokenCache>>,
+    /// What quota_sync found, per (account, rule state), on this instance.
+    pub syncs: SyncStatus,
     pub reloads: Reloads,
     pub metrics: Metrics,
 }
@@ -74,6 +80,11 @@ impl App {
         let lease_us = config.lease_us;
         let workers = config.server.workers;
         let callers = Callers::new(&config, &clock, &metrics, None);
+        let token_cache =
+            TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())?;
+        if token_cache.is_none() && !config.quota_syncs.is_empty() {
+            tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
+        }
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
@@ -84,6 +95,8 @@ impl App {
             held: Held::default(),
             activity: Arc::default(),
             tokens: TokenCaches::new(workers),
+            token_cache,
+            syncs: SyncStatus::default(),
             reloads: Reloads::default(),
             metrics,
         });

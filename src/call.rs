@@ -44,6 +44,9 @@ pub struct Call {
     /// identify: a `clear_quota` call, and the appid its body names
     /// (`crate::quota_clear`).
     pub clearing: Option<crate::quota_clear::Clearing>,
+    /// token cache: the fetch this call makes for every asker of its token
+    /// (`crate::token_cache`), reported by inspect (or released on drop).
+    pub token_fetch: Option<crate::token_cache::cache::Fetch>,
     /// route: the rule the path maps to (`None`: forwarded unthrottled).
     pub rule: Option<Arc<Rule>>,
     /// route: the rule's metrics (the `_none` series without a rule).
@@ -78,6 +81,7 @@ impl Call {
             learn: None,
             body: None,
             clearing: None,
+            token_fetch: None,
             rule: None,
             metrics: None,
             admitted: None,

@@ -59,6 +59,44 @@ pub struct Config {
     /// The declared callers (`[[caller]]`), in file order; names are unique
     /// and never `other` ([`CallerPolicy`]).
     pub callers: Vec<Arc<CallerPolicy>>,
+    /// `[tokens]`: the access-token cache (`crate::token_cache`).
+    pub tokens: TokensConfig,
+    /// Rules with `quota_sync`: each state and the API path asked for.
+    pub quota_syncs: Vec<QuotaSync>,
+}
+
+/// `[tokens]`: the access-token cache. Read at start (a reload keeps the
+/// cache as it started).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokensConfig {
+    /// `cache`: `None` = the store's default (memory: on; Redis: on when a
+    /// token key is given).
+    pub cache: Option<bool>,
+    /// `min_ttl`: a cached token with less left is fetched anew.
+    pub min_ttl: Duration,
+    /// `wait`: how long a token request waits for another's fetch, and how
+    /// long a fetch holds its lock.
+    pub wait: Duration,
+    /// `key_file`: the token key (32 bytes, hex or base64), unless
+    /// `WXGATE_TOKEN_KEY` gives it.
+    pub key_file: Option<PathBuf>,
+}
+
+impl Default for TokensConfig {
+    fn default() -> Self {
+        TokensConfig { cache: None, min_ttl: Duration::from_secs(300), wait: Duration::from_secs(15), key_file: None }
+    }
+}
+
+/// A rule's `quota_sync`: how often WeChat is asked for `path`'s day count
+/// (`/cgi-bin/openapi/quota/get`), raised into `rule`'s state.
+#[derive(Debug, Clone)]
+pub struct QuotaSync {
+    /// The rule's state (the rule, or its variant for `path` with `scope = "path"`).
+    pub rule: Arc<Rule>,
+    /// The API asked for: the rule's first exact path (or the variant's).
+    pub path: String,
+    pub every: Duration,
 }
 
 /// A `[[caller]]`: a service calling through wxgate, named by the

@@ -41,6 +41,10 @@ pub enum ProxyError {
     Unavailable(StoreError),
     #[error("{0}")]
     TooLarge(String),
+    /// A token request waited `[tokens] wait` for another request's fetch
+    /// of the same token, which did not end in time.
+    #[error("another request is fetching this access token and did not finish within {0:?} ([tokens] wait); retry")]
+    TokenWait(std::time::Duration),
     /// The caller's flood guard (`[[caller]] rate`) refused the call.
     #[error("caller \"{caller}\" is over its rate of {rate} on this instance ([[caller]] rate); retry after {secs}s", secs = retry_after_secs(*.wait_us))]
     CallerRate { caller: std::sync::Arc<str>, rate: crate::config::CallerRate, wait_us: Micros },
@@ -65,7 +69,7 @@ impl ProxyError {
             ProxyError::Upstream(UpstreamError::BadBody(_)) => StatusCode::BAD_REQUEST,
             ProxyError::Upstream(UpstreamError::ClientStalled(_)) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -74,7 +78,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => ERRCODE_BAD_REQUEST,
             ProxyError::Upstream(e) if e.client_fault() => ERRCODE_BAD_REQUEST,
             ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => ERRCODE_THROTTLED,
-            ProxyError::Upstream(_) | ProxyError::Unavailable(_) => ERRCODE_SYSTEM,
+            ProxyError::Upstream(_) | ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => ERRCODE_SYSTEM,
         }
     }
 
@@ -91,7 +95,7 @@ impl ProxyError {
                 h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(*wait_us)));
                 h.insert(REASON_HEADER, HeaderValue::from_static(REASON_CALLER_RATE));
             }
-            ProxyError::Unavailable(_) => {
+            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => {
                 h.insert(RETRY_AFTER, HeaderValue::from(1));
                 h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));
             }

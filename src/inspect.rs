@@ -42,6 +42,8 @@ const TOKEN_PATHS: [&str; 3] = ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi
 pub struct Forwarded {
     pub resp: Response<Incoming>,
     pub guards: (Option<InFlightGuard>, Option<ActivityGuard>),
+    /// The path and query sent (the token cache reads a rejected call's token).
+    pub target: http::uri::PathAndQuery,
 }
 
 /// Phase 6: reads the answer, reacts to its errcode, and builds what the
@@ -58,6 +60,14 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
     };
     if let (Some(code), Some(m)) = (call.errcode, &call.metrics) {
         m.errcode(code);
+    }
+    if let Some(fetch) = call.token_fetch.take() {
+        crate::token_cache::fetched(app, fetch, call.errcode, body.whole()).await;
+    }
+    if let (Verdict::Errcode(code), Some(cache)) = (verdict, &app.token_cache) {
+        if crate::token_cache::REJECTED.contains(&code) {
+            crate::token_cache::rejected(cache, answer.target.query()).await;
+        }
     }
     if let (Some(learn), Verdict::Success, Some(answer)) = (call.learn.take(), verdict, body.whole()) {
         crate::accounts::learn::learn(app, &call.config, learn, answer).await;

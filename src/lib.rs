@@ -34,6 +34,7 @@ pub mod penalty;
 pub mod probe;
 pub mod proxy;
 pub mod quota_clear;
+pub mod quota_sync;
 pub mod ratelimit;
 pub mod reload;
 pub mod request_body;
@@ -43,6 +44,7 @@ pub mod sim;
 pub mod slots;
 pub mod smuggling;
 pub mod store;
+pub mod token_cache;
 pub mod upstream;
 pub mod worker;
 
@@ -92,6 +94,7 @@ async fn start_parts(
     let listen = config.server.listen;
     let source = config.source.clone();
     let app = App::new(config, store, clock, metrics)?;
+    quota_sync::spawn(Arc::downgrade(&app));
     if source.is_file() {
         reload::spawn(Arc::downgrade(&app), source);
     }

@@ -315,6 +315,28 @@ fn print_rules(config: &Config) {
             }
         }
     }
+    for sync in &config.quota_syncs {
+        say!(
+            "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`",
+            sync.rule.state,
+            sync.path,
+            humantime::format_duration(sync.every)
+        );
+    }
+    let t = &config.tokens;
+    let cache = match (t.cache, &config.store) {
+        (Some(false), _) => "off".to_owned(),
+        (Some(true), wxgate::config::StoreConfig::Memory(_)) | (None, wxgate::config::StoreConfig::Memory(_)) => {
+            "on (in-process)".to_owned()
+        }
+        (Some(true), _) => "on (in Redis with a token key, else in-process per instance)".to_owned(),
+        (None, _) => "on in Redis when a token key is given (WXGATE_TOKEN_KEY or key_file), else off".to_owned(),
+    };
+    say!(
+        "tokens: cache {cache}; min_ttl {}, wait {}",
+        humantime::format_duration(t.min_ttl),
+        humantime::format_duration(t.wait)
+    );
     if config.routes.has_default() {
         say!("unmatched paths: rule default");
     } else {

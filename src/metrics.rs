@@ -33,6 +33,8 @@ pub enum Outcome {
     unavailable,
     /// WeChat unreachable, failed or too slow (502, 504).
     upstream_error,
+    /// A token request answered from wxgate's token cache (never sent).
+    cached,
 }
 
 impl Outcome {
@@ -47,6 +49,7 @@ impl Outcome {
             Outcome::rejected_bad_request => "rejected_bad_request",
             Outcome::unavailable => "unavailable",
             Outcome::upstream_error => "upstream_error",
+            Outcome::cached => "cached",
         }
     }
 }
@@ -77,6 +80,37 @@ pub struct OutcomeLabels {
 pub struct ErrcodeLabels {
     pub rule: String,
     pub errcode: String,
+}
+
+/// The token cache's series (`crate::token_cache`, `crate::quota_sync`):
+/// clones of the app's metrics.
+#[derive(Clone, Default)]
+pub struct TokenMetrics {
+    /// Token requests answered from the cache (at once or after waiting
+    /// for another request's fetch, whose refusal they get if WeChat refused it).
+    pub from_cache: Counter,
+    /// Token requests that went to WeChat as their slot's one fetch.
+    pub fetched: Counter,
+    /// Token requests that went to WeChat without the cache (not
+    /// cacheable, or the store could not answer).
+    pub passed: Counter,
+    /// Token requests that waited `[tokens] wait` for another's fetch (503).
+    pub timed_out: Counter,
+    /// Cached tokens dropped because WeChat rejected them (40001, 40014, 42001).
+    pub invalidations: Counter,
+    /// quota/get calls of quota_sync, by result.
+    pub syncs: Family<ResultLabel, Counter>,
+}
+
+impl TokenMetrics {
+    pub fn sync(&self, result: &str) {
+        self.syncs.get_or_create(&ResultLabel { result: result.to_owned() }).inc();
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -192,7 +226,7 @@ pub struct RuleMetrics {
     pub refunds: Counter,
 }
 
-const OUTCOMES: [Outcome; 9] = [
+const OUTCOMES: [Outcome; 10] = [
     Outcome::forwarded,
     Outcome::held,
     Outcome::degraded,
@@ -202,6 +236,7 @@ const OUTCOMES: [Outcome; 9] = [
     Outcome::rejected_bad_request,
     Outcome::unavailable,
     Outcome::upstream_error,
+    Outcome::cached,
 ];
 
 impl RuleMetrics {
@@ -264,6 +299,8 @@ pub struct Metrics {
     pub quota_clears: Counter,
     pub memory_store: MemoryStoreMetrics,
     pub upstreams: UpstreamMetrics,
+    /// The token cache and quota_sync.
+    pub tokens: TokenMetrics,
     /// Calls by caller (declared name or `other`) and outcome.
     pub caller_calls: Family<CallerOutcomeLabels, Counter>,
     /// Calls refused by their caller's flood guard, by caller.
@@ -417,6 +454,35 @@ impl Metrics {
             "Calls refused (429, reason caller_rate) by their caller's flood guard ([[caller]] rate, per instance), before any store work",
             caller_rate_refusals.clone(),
         );
+        let tokens = TokenMetrics::default();
+        let token_requests = Family::<SourceLabel, Counter>::default();
+        let source = |s: &str| token_requests.get_or_create(&SourceLabel { source: s.to_owned() }).clone();
+        let tokens = TokenMetrics {
+            from_cache: source("cache"),
+            fetched: source("fetched"),
+            passed: source("passed"),
+            timed_out: source("timeout"),
+            ..tokens
+        };
+        registry.register(
+            "token_requests",
+            "Token requests by source: cache (answered by wxgate's token cache), fetched (the one request sent to WeChat for its appid and secret), passed (sent without the cache), timeout (waited [tokens] wait for another's fetch: 503)",
+            token_requests,
+        );
+        registry.register(
+            "token_invalidations",
+            "Cached access tokens dropped because WeChat rejected them (40001, 40014, 42001): the next token request fetches once",
+            tokens.invalidations.clone(),
+        );
+        // Every result from the start, so that 0 is visible.
+        for result in ["raised", "unchanged", "error", "skipped"] {
+            let _ = tokens.syncs.get_or_create(&ResultLabel { result: result.to_owned() });
+        }
+        registry.register(
+            "quota_syncs",
+            "quota/get calls made by quota_sync, by result (raised, unchanged, error, skipped: another instance synced)",
+            tokens.syncs.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -442,6 +508,7 @@ impl Metrics {
             quota_clears,
             memory_store,
             upstreams,
+            tokens,
             caller_calls,
             caller_rate_refusals,
         }

@@ -86,6 +86,10 @@ async fn phases(
     caller(app, call, &mut req)?;
     identify(app, call, &mut req, &target).await?;
     route(app, call);
+    if call.learn.is_some() {
+        // A token request (identify read it): perhaps answered from the cache.
+        crate::token_cache::serve(app, call, &target).await?;
+    }
     decide(app, call, client).await?;
     let answer = forward(app, call, req, target).await?;
     inspect(app, call, answer).await
@@ -246,7 +250,7 @@ pub async fn forward(
             give_back(app, call).await;
         }
     }
-    Ok(Forwarded { resp: resp?, guards: (in_flight, activity) })
+    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target })
 }
 
 /// The call provably never reached WeChat
@@ -285,7 +289,7 @@ fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
         ProxyError::Upstream(e) if e.client_fault() => Outcome::rejected_bad_request,
         ProxyError::Throttled { reason: Reason::Penalty, .. } => Outcome::penalised,
         ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => Outcome::throttled,
-        ProxyError::Unavailable(_) => Outcome::unavailable,
+        ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => Outcome::unavailable,
         ProxyError::Upstream(_) => Outcome::upstream_error,
     };
     if matches!(call.outcome, Outcome::upstream_error | Outcome::unavailable) {

@@ -73,7 +73,8 @@ impl Progress {
 /// The client's body as sent upstream; see the module docs.
 #[derive(Debug)]
 pub struct RequestBody {
-    inner: Incoming,
+    /// `None`: a body wxgate wrote itself ([`RequestBody::bytes`]).
+    inner: Option<Incoming>,
     /// A body read whole before forwarding (a token request's), sent
     /// instead of `inner` (which has then ended).
     read: Option<Bytes>,
@@ -86,13 +87,18 @@ pub struct RequestBody {
 impl RequestBody {
     pub fn new(inner: Incoming, max_body: u64) -> RequestBody {
         let progress = (!inner.is_end_stream()).then(Arc::default);
-        RequestBody { inner, read: None, left: max_body, progress }
+        RequestBody { inner: Some(inner), read: None, left: max_body, progress }
     }
 
     /// `inner`, whose bytes were already read whole (`read`, within
     /// `max_body`): those bytes are sent as they came.
     pub fn already_read(inner: Incoming, read: Bytes) -> RequestBody {
-        RequestBody { inner, read: (!read.is_empty()).then_some(read), left: 0, progress: None }
+        RequestBody { inner: Some(inner), read: (!read.is_empty()).then_some(read), left: 0, progress: None }
+    }
+
+    /// A body wxgate sends itself (`crate::quota_sync`'s quota/get).
+    pub fn bytes(read: Bytes) -> RequestBody {
+        RequestBody { inner: None, read: (!read.is_empty()).then_some(read), left: 0, progress: None }
     }
 
     /// The body's progress, if it has a body to send.
@@ -118,7 +124,8 @@ impl Body for RequestBody {
         if let Some(read) = this.read.take() {
             return Poll::Ready(Some(Ok(Frame::data(read))));
         }
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(inner) = this.inner.as_mut() else { return Poll::Ready(None) };
+        let polled = Pin::new(inner).poll_frame(cx);
         let waiting = matches!(polled, Poll::Pending);
         if let Some(p) = &this.progress {
             p.waiting.store(waiting, Ordering::Relaxed);
@@ -144,22 +151,23 @@ impl Body for RequestBody {
             }
         }
         // hyper stops polling a body that says it has ended.
-        if this.inner.is_end_stream() {
+        if this.inner.as_ref().is_none_or(Incoming::is_end_stream) {
             this.handed_whole();
         }
         Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.read.is_none() && self.inner.is_end_stream()
+        self.read.is_none() && self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
         if let Some(read) = &self.read {
             return SizeHint::with_exact(read.len() as u64);
         }
+        let Some(inner) = &self.inner else { return SizeHint::with_exact(0) };
         // As `http_body_util::Limited`: never more than what is left.
-        let mut hint = self.inner.size_hint();
+        let mut hint = inner.size_hint();
         if hint.lower() >= self.left {
             hint.set_exact(self.left);
         } else {

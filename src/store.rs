@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use self::tokens::{TokenHash, TokenOwner};
+use self::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use crate::clock::Micros;
 use crate::config::Fallback;
 use crate::limit::{Ask, Decision, Key, RuleState};
@@ -90,6 +90,38 @@ pub trait Store: Send + Sync + 'static {
     /// The account the token hashed to `hash` was issued to, while the
     /// mapping lasts; `None` if unknown or expired.
     async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError>;
+
+    /// The token cache (`crate::token_cache`): the entry cached in `slot`
+    /// if it has more than `min_ttl_us` left and was stored after
+    /// `newer_than` (store time; each store of a slot is later than the
+    /// one before, even at the same clock reading); else, if nobody holds the slot's fetch
+    /// lock, takes it for `holder` for `lock_us` ([`Claim::Won`]); else
+    /// [`Claim::Busy`], or the answer of a fetch that just failed. Atomic:
+    /// of any number of askers on any instances, one wins.
+    async fn claim_token(
+        &self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+    ) -> Result<Claim, StoreError>;
+
+    /// The fetch `holder` won for `slot` ended: a token is cached (whoever
+    /// holds the lock now); the lock is released, or replaced by a failed
+    /// answer, if `holder` still holds it.
+    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError>;
+
+    /// WeChat rejected the token hashed to `hash` (40001, 40014, 42001):
+    /// drops it from its slot if it is still that slot's token (a later
+    /// token is never dropped). Returns whether it was dropped.
+    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError>;
+
+    /// quota_sync (`crate::quota_sync`): WeChat counts `used` calls today
+    /// for `key`; raises the day count of `key`'s state to it, never
+    /// lowering it (calls reserved for tomorrow stay). Returns the day count
+    /// before. Creates the state if it is absent.
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError>;
 
     /// How decisions are being made right now.
     fn status(&self) -> Status;

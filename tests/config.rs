@@ -259,3 +259,50 @@ fn a_max_share_prints_each_callers_limits_and_says_when_it_leaves_none() {
     assert_eq!(code, 2);
     assert!(stderr.contains("expected a share such as \"20%\" (1% to 99%)"), "{stderr}");
 }
+
+#[test]
+fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
+    let check = |text: &str| {
+        let dir = support::TempDir::new("tokens");
+        let path = dir.path().join("rules.toml");
+        std::fs::write(&path, text).expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let send = |extra: &str| {
+        format!("[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\nlimits = [{{ count = 1000, per = \"day\" }}]\n{extra}\n")
+    };
+    let (code, stdout, stderr) = check(&format!("{}\n[tokens]\nmin_ttl = \"10m\"\n", send("quota_sync = \"10m\"")));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("quota_sync send (/cgi-bin/message/custom/send): asks WeChat's quota/get every 10m"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tokens: cache on (in-process); min_ttl 10m, wait 15s"), "{stdout}");
+    let bad = [
+        (send("quota_sync = \"500ms\""), "rules.toml:5: rule \"send\": quota_sync: \"500ms\" is shorter than 1s"),
+        (
+            "[[rule]]\nname = \"s\"\nmatch = [\"/cgi-bin/message/*\"]\nlimits = [{ count = 9, per = \"day\" }]\nquota_sync = \"10m\"\n"
+                .into(),
+            "quota_sync: needs an exact path in match",
+        ),
+        (
+            "[[rule]]\nname = \"s\"\nmatch = [\"/sns/jscode2session\"]\nlimits = [{ count = 9, per = \"day\" }]\nquota_sync = \"10m\"\n"
+                .into(),
+            "quota/get does not answer for /sns/ APIs",
+        ),
+        (
+            "[[rule]]\nname = \"s\"\nmatch = [\"/cgi-bin/a\"]\nlimits = [{ count = 9, per = \"1m\" }]\nquota_sync = \"10m\"\n"
+                .into(),
+            "quota_sync: the rule has no per = \"day\" limit",
+        ),
+        ("[tokens]\nwait = \"0s\"\n".into(), "rules.toml:2: [tokens] wait: must be between 1s and 2m"),
+        ("[tokens]\nmin_ttl = \"3h\"\n".into(), "[tokens] min_ttl: must be shorter than a token's 2 hours"),
+        ("[tokens]\ncache = \"yes\"\n".into(), "rules.toml:2: [tokens] cache: expected true or false"),
+        ("[tokens]\nkey = \"x\"\n".into(), "rules.toml:2: [tokens] key: unknown key"),
+    ];
+    for (text, want) in bad {
+        let (code, _, stderr) = check(&text);
+        assert_eq!(code, 2, "{text}");
+        assert!(stderr.contains(want), "{text}\nwanted: {want}\ngot: {stderr}");
+    }
+}

@@ -19,7 +19,7 @@ use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
-use wxgate::store::tokens::TokenOwner;
+use wxgate::store::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use wxgate::store::{Snapshot, Store};
 
 const MS: i64 = 1_000;
@@ -48,6 +48,12 @@ enum Expect {
     Gave(bool),
     /// The token belongs to this account for this long still (or is unknown).
     Owns(Option<(&'static str, i64)>),
+    /// A token-cache claim of this kind: cached, won, busy, failed.
+    Claimed(&'static str),
+    /// A rejected token was dropped (or not).
+    Dropped(bool),
+    /// raise_day found this day count before.
+    Before(u64),
     Any,
 }
 
@@ -59,7 +65,20 @@ enum Got {
     State(Snapshot),
     Refunded(bool),
     Owner(Option<TokenOwner>),
+    Claim(Claim),
+    Dropped(bool),
+    Before(u64),
     Done,
+}
+
+/// How a token fetch ended, for [`Op::FetchedT`].
+#[derive(Clone, Copy)]
+enum Fetch {
+    /// This token, cached for this long.
+    Token(&'static str, i64),
+    /// WeChat refused: this answer, shown for this long.
+    Failed(&'static str, i64),
+    Abandoned,
 }
 
 #[derive(Clone)]
@@ -102,6 +121,14 @@ enum Op {
     /// From here on, act on the state of calls to this path (the rule
     /// matches `/x` and `/y`; it starts on `/x`).
     On(&'static str),
+    /// Token cache: claim slot for holder, wanting this much time left.
+    ClaimT(&'static str, &'static str, i64),
+    /// Token cache: the holder's fetch for the slot ended so.
+    FetchedT(&'static str, &'static str, Fetch),
+    /// Token cache: WeChat rejected this token.
+    DropT(&'static str),
+    /// quota_sync: WeChat counts this many calls today.
+    Raise(u64),
 }
 
 struct Scenario {
@@ -674,6 +701,66 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "token_cache_fetches_once_and_drops_only_the_current_token",
+            start: T0,
+            limits: "[]",
+            extra: "",
+            steps: vec![
+                (ClaimT("s1", "h1", 0), Claimed("won")),
+                (ClaimT("s1", "h2", 0), Claimed("busy")),
+                (ClaimT("s1", "h1", 0), Claimed("won")),
+                (FetchedT("s1", "h1", Fetch::Token("T1", 7200 * SEC)), Any),
+                (ClaimT("s1", "h2", 300 * SEC), Claimed("cached")),
+                (ClaimT("s2", "h2", 0), Claimed("won")),
+                // Near its end (less than min_ttl left): one new fetch.
+                (Wait(6900 * SEC), Any),
+                (ClaimT("s1", "h3", 300 * SEC), Claimed("won")),
+                (ClaimT("s1", "h4", 0), Claimed("cached")),
+                (ClaimT("s1", "h4", 300 * SEC), Claimed("busy")),
+                // WeChat refused it: waiters see the answer for a moment, then fetch.
+                (FetchedT("s1", "h3", Fetch::Failed("{\"errcode\":-1}", 2 * SEC)), Any),
+                (ClaimT("s1", "h4", 300 * SEC), Claimed("failed")),
+                (Wait(2 * SEC), Any),
+                (ClaimT("s1", "h4", 300 * SEC), Claimed("won")),
+                (FetchedT("s1", "h4", Fetch::Abandoned), Any),
+                (ClaimT("s1", "h5", 300 * SEC), Claimed("won")),
+                // Only the slot's current token is dropped, once.
+                (DropT("T2"), Dropped(false)),
+                (DropT("T1"), Dropped(true)),
+                (DropT("T1"), Dropped(false)),
+                (ClaimT("s1", "h6", 0), Claimed("busy")),
+                (FetchedT("s1", "h5", Fetch::Token("T2", 7200 * SEC)), Any),
+                (DropT("T1"), Dropped(false)),
+                (ClaimT("s1", "h6", 300 * SEC), Claimed("cached")),
+                // A lock outlives no holder: it expires.
+                (Wait(7200 * SEC), Any),
+                (ClaimT("s1", "h7", 0), Claimed("won")),
+                (ClaimT("s1", "h8", 0), Claimed("busy")),
+                (Wait(2 * SEC), Any),
+                (ClaimT("s1", "h8", 0), Claimed("won")),
+            ],
+        },
+        Scenario {
+            name: "quota_sync_raises_the_day_count_and_never_lowers_it",
+            start: BEFORE_MIDNIGHT - 10 * SEC,
+            limits: r#"[{ count = 10, per = "day" }]"#,
+            extra: "max_wait = \"20s\"\nscope = \"path\"",
+            steps: [
+                call(2, Ok),
+                vec![(Raise(5), Before(2)), (Inspect, State("raised to 5", |s| day_used(s) == 5))],
+                vec![(Raise(3), Before(5)), (Inspect, State("not lowered", |s| day_used(s) == 5))],
+                call(5, Ok),
+                // Held into tomorrow: reserved for the next day, kept by a raise.
+                vec![(Call("a"), Hold(11 * SEC)), (Raise(10), Before(10))],
+                vec![(Inspect, State("10 today, 1 tomorrow", |s| day_counts(s) == (10, 1)))],
+                vec![(Wait(11 * SEC), Any), (Raise(4), Before(1))],
+                vec![(Inspect, State("4 in the new day", |s| day_used(s) == 4))],
+                // A state that does not exist yet is made.
+                vec![(On("/y"), Any), (Raise(7), Before(0)), (Inspect, State("/y: 7", |s| day_used(s) == 7))],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "refunds_leave_penalties_and_slots_alone",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,
@@ -741,6 +828,16 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         (State(_, check), Got::State(snapshot)) => snapshot.now == now && check(snapshot),
         (Gave(want), Got::Refunded(given)) => *given == want,
         (Owns(None), Got::Owner(None)) => true,
+        (Claimed(kind), Got::Claim(claim)) => {
+            kind == match claim {
+                Claim::Cached { .. } => "cached",
+                Claim::Won { .. } => "won",
+                Claim::Busy { .. } => "busy",
+                Claim::Failed { .. } => "failed",
+            }
+        }
+        (Dropped(want), Got::Dropped(d)) => *d == want,
+        (Before(want), Got::Before(n)) => *n == want,
         (Owns(Some((account, left))), Got::Owner(Some(owner))) => {
             owner.account.ends_with(account) && owner.remaining_us() == left && owner.now == now
         }
@@ -760,6 +857,9 @@ fn describe(expect: Expect) -> String {
         Gave(false) => "nothing given back".into(),
         Owns(None) => "an unknown token".into(),
         Owns(Some((account, left))) => format!("a token of {account} for {left} us more"),
+        Claimed(kind) => format!("a claim: {kind}"),
+        Dropped(d) => format!("dropped: {d}"),
+        Before(n) => format!("a day count of {n} before"),
         Any => "anything".into(),
     }
 }
@@ -853,12 +953,47 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
                 Got::Owner(store.token_owner(&hash).await.expect("store answered"))
             }
+            ClaimT(slot, holder, min_ttl) => {
+                let slot = format!("{prefix}{slot}");
+                let claimed = store.claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
+                Got::Claim(claimed)
+            }
+            FetchedT(slot, holder, how) => {
+                let slot = format!("{prefix}{slot}");
+                let entry = format!(
+                    "sealed {prefix}{}",
+                    match how {
+                        Fetch::Token(t, _) => *t,
+                        _ => "",
+                    }
+                );
+                let fetched = match *how {
+                    Fetch::Token(token, ttl_us) => {
+                        Fetched::Token { entry: entry.as_bytes(), hash: token_hash(prefix, token), ttl_us }
+                    }
+                    Fetch::Failed(answer, hold_us) => Fetched::Failed { answer: answer.as_bytes(), hold_us },
+                    Fetch::Abandoned => Fetched::Abandoned,
+                };
+                store.token_fetched(&slot, holder, fetched).await.expect("store answered");
+                Got::Done
+            }
+            DropT(token) => Got::Dropped(store.drop_token(&token_hash(prefix, token)).await.expect("store answered")),
+            Raise(used) => Got::Before(store.raise_day(key, *used).await.expect("store answered")),
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));
         trace.push((now, got));
     }
     trace
+}
+
+/// A token's hash, as the token cache would give it (any 16 bytes do).
+fn token_hash(prefix: &str, token: &str) -> TokenHash {
+    let mut b = [0u8; 16];
+    for (i, c) in format!("{prefix}{token}").bytes().enumerate() {
+        b[i % 16] ^= c.wrapping_add(i as u8);
+    }
+    TokenHash(b)
 }
 
 /// The Redis store on `config`, deciding on `clock`.

@@ -12,9 +12,9 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::errors::{duplicate_key, leading_key, table_and_key, Doc};
-use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule};
+use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule, RawTokens};
 use super::units::{micros, parse_duration, secs_us, valid_name};
-use super::{callers, settings, Config, ConfigError, LogConfig};
+use super::{callers, settings, Config, ConfigError, LogConfig, QuotaSync, TokensConfig};
 use crate::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
@@ -141,6 +141,8 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let mut spans = Vec::with_capacity(raw.rule.len());
     let mut patterns: Vec<(Pattern, usize)> = Vec::new();
     let mut routed: Vec<Arc<Rule>> = Vec::with_capacity(raw.rule.len());
+    let mut quota_syncs = Vec::new();
+    let tokens = compile_tokens(&raw.tokens).map_err(|m| ctx.in_table(m))?;
     for r in raw.rule.into_iter() {
         let span = r.span();
         spans.push(span.clone());
@@ -151,8 +153,19 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         if !names.insert(r.name.clone()) {
             return Err(ctx.at_field(span, "name", format!("rule \"{}\": another rule has the same name", r.name)));
         }
-        let (rule, own) = compile_rule(r, span, all_shadow, server.throttle_status, ctx)?;
+        let sync = r.quota_sync.clone();
+        let (rule, own) = compile_rule(r, span.clone(), all_shadow, server.throttle_status, ctx)?;
         let rule = Arc::new(rule);
+        let first_sync = routed.len();
+        let sync = match sync {
+            None => None,
+            Some(text) => Some((
+                quota_sync(&text, &rule, &own).map_err(|m| {
+                    ctx.at_field(span.clone(), "quota_sync", format!("rule \"{}\": quota_sync: {m}", rule.name))
+                })?,
+                first_exact(&own),
+            )),
+        };
         match rule.scope {
             Scope::Rule => {
                 patterns.extend(own.into_iter().map(|p| (p, routed.len())));
@@ -166,6 +179,15 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
                     patterns.push((p, routed.len()));
                     routed.push(Arc::new(Rule { state, path: Some(path), ..(*rule).clone() }));
                 }
+            }
+        }
+        if let Some((every, first)) = sync {
+            match rule.scope {
+                Scope::Rule => quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every })),
+                Scope::Path => quota_syncs.extend(routed[first_sync..].iter().filter_map(|v| {
+                    let path = v.path.as_deref().filter(|p| !p.starts_with("/sns/"))?;
+                    Some(QuotaSync { rule: v.clone(), path: path.to_owned(), every })
+                })),
             }
         }
         rules.push(rule);
@@ -193,7 +215,60 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         max_warmup_us,
         log,
         callers,
+        tokens,
+        quota_syncs,
     })
+}
+
+/// Shortest `quota_sync`: each sync is a WeChat call (quota/get has its
+/// own limits).
+const MIN_QUOTA_SYNC: Duration = Duration::from_secs(1);
+
+/// A rule's `quota_sync` checked: a duration of at least 1s, on a rule
+/// with a day quota and an exact path quota/get can answer for.
+fn quota_sync(text: &str, rule: &Rule, patterns: &[Pattern]) -> Result<Duration, String> {
+    let every = parse_duration(text)?;
+    if every < MIN_QUOTA_SYNC {
+        return Err(format!("\"{text}\" is shorter than 1s (each sync is a call to WeChat; \"10m\" is typical)"));
+    }
+    if !rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. })) {
+        return Err("the rule has no per = \"day\" limit to keep in step with WeChat's count".into());
+    }
+    match patterns.iter().find(|p| matches!(p, Pattern::Exact(_))) {
+        None => Err("needs an exact path in match (quota/get answers for one API path, not a prefix)".into()),
+        Some(Pattern::Exact(path)) if path.starts_with("/sns/") => {
+            Err(format!("\"{path}\": WeChat's quota/get does not answer for /sns/ APIs (76022)"))
+        }
+        Some(_) => Ok(every),
+    }
+}
+
+/// The path a `scope = "rule"` rule's quota_sync asks for: its first exact one.
+fn first_exact(patterns: &[Pattern]) -> Option<String> {
+    patterns.iter().find_map(|p| match p {
+        Pattern::Exact(path) => Some(path.clone()),
+        Pattern::Prefix(_) => None,
+    })
+}
+
+/// `[tokens]`.
+fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, String> {
+    let defaults = TokensConfig::default();
+    let min_ttl = match raw.min_ttl.as_deref() {
+        None => defaults.min_ttl,
+        Some(t) => parse_duration(t).map_err(|m| format!("[tokens] min_ttl: {m}"))?,
+    };
+    if min_ttl >= Duration::from_secs(7200) {
+        return Err("[tokens] min_ttl: must be shorter than a token's 2 hours".into());
+    }
+    let wait = match raw.wait.as_deref() {
+        None => defaults.wait,
+        Some(t) => parse_duration(t).map_err(|m| format!("[tokens] wait: {m}"))?,
+    };
+    if wait < Duration::from_secs(1) || wait > Duration::from_secs(120) {
+        return Err("[tokens] wait: must be between 1s and 2m".into());
+    }
+    Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file: raw.key_file.clone() })
 }
 
 fn compile_log(raw: &RawLog) -> Result<LogConfig, String> {

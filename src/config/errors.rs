@@ -154,7 +154,9 @@ pub(super) fn serde_error(
 
     // `[server] workers`, `rule "send": limits[0].count`, `[[penalty]] errcode 45009: seconds`.
     let (place, sep, skip) = match path.as_slice() {
-        [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log") => (format!("[{t}]"), " ", 1),
+        [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log" | "tokens") => {
+            (format!("[{t}]"), " ", 1)
+        }
         [Step::Key(t), Step::Index(i), ..] if t == "rule" || t == "caller" => {
             let name =
                 doc.value_at(&path[..2]).and_then(|r| r.get_ref().get("name")).and_then(|n| n.get_ref().as_str());
@@ -342,7 +344,8 @@ mod tests {
     fn unknown_and_missing_keys_are_named_where_they_belong() {
         assert_eq!(
             error("[rules]\nname = \"x\"\n"),
-            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`"
+            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`, \
+             `tokens`"
         );
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),

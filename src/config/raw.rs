@@ -20,6 +20,17 @@ pub(super) struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub caller: Vec<Spanned<RawCaller>>,
+    #[serde(default)]
+    pub tokens: RawTokens,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTokens {
+    pub cache: Option<bool>,
+    pub min_ttl: Option<String>,
+    pub wait: Option<String>,
+    pub key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,6 +146,7 @@ pub(super) struct RawRule {
     pub scope: Option<String>,
     pub reserve: Option<String>,
     pub max_share: Option<String>,
+    pub quota_sync: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

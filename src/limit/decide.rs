@@ -314,3 +314,15 @@ pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offse
     }
     given
 }
+
+/// quota_sync: WeChat reports `reported` calls of this state's API today;
+/// the day count becomes the larger of it and the count held (never
+/// lower), calls reserved for the next day stay, nothing else changes.
+/// Returns the day count before. `lua/raise_day.lua` mirrors it.
+pub fn raise_day(state: &mut RuleState, reported: u64, now: Micros, offset_us: Micros) -> u64 {
+    let key = WindowKey::Calendar(Period::Day);
+    let today = Period::Day.id(now, offset_us);
+    let (used, next) = counts(state.get(key), today);
+    state.set(key, LimitState::Count { period_id: today, used: used.max(reported), next });
+    used
+}

@@ -19,6 +19,7 @@
 //! no file, no cap, no background task.
 
 mod persist;
+mod token_slots;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -27,11 +28,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use async_trait::async_trait;
 
+use self::token_slots::TokenSlots;
 use super::state_file::StateFile;
-use super::tokens::{TokenHash, TokenKey, TokenOwner};
+use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros};
-use crate::limit::decide::{clear, decide, refund};
+use crate::limit::decide::{clear, decide, raise_day, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::metrics::MemoryStoreMetrics;
 use crate::penalty::PenaltyPolicy;
@@ -65,6 +67,8 @@ pub struct MemoryStore {
     tokens: Mutex<rustc_hash::FxHashMap<TokenHash, (String, Micros)>>,
     /// `tokens` changed since the last write of the state file.
     tokens_dirty: AtomicBool,
+    /// The token cache's slots (`crate::token_cache`); not persisted.
+    token_slots: Mutex<TokenSlots>,
     /// States held (all shards); may pass `max_entries` by the few pairs
     /// created at once, and by penalties, which always find room.
     entries: AtomicUsize,
@@ -140,6 +144,7 @@ impl MemoryStore {
             token_key: token_key.unwrap_or_else(TokenKey::random),
             tokens: Mutex::default(),
             tokens_dirty: AtomicBool::new(false),
+            token_slots: Mutex::default(),
             entries: AtomicUsize::new(0),
             max_entries,
             offset_us: AtomicI64::new(offset_us),
@@ -426,6 +431,33 @@ impl Store for MemoryStore {
             until: *until,
             now,
         }))
+    }
+
+    async fn claim_token(
+        &self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+    ) -> Result<Claim, StoreError> {
+        let now = self.now();
+        Ok(lock(&self.token_slots).claim(slot, holder, min_ttl_us, newer_than, lock_us, now))
+    }
+
+    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
+        let now = self.now();
+        lock(&self.token_slots).fetched(slot, holder, fetched, now);
+        Ok(())
+    }
+
+    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+        let now = self.now();
+        Ok(lock(&self.token_slots).drop_token(hash, now))
+    }
+
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
+        self.with_new_state(key, |state, now| raise_day(state, used, now, key.offset_us))
     }
 
     fn status(&self) -> Status {

@@ -32,7 +32,7 @@ use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
 use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts, TokenOwnerReply};
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
-use super::tokens::{TokenHash, TokenKey, TokenOwner};
+use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
@@ -447,6 +447,55 @@ impl Store for RedisStore {
         inv.arg(self.now_arg());
         let (account, until, now): TokenOwnerReply = self.run(inv).await?;
         Ok((!account.is_empty()).then_some(TokenOwner { account, until, now }))
+    }
+
+    async fn claim_token(
+        &self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+    ) -> Result<Claim, StoreError> {
+        let (entry, lock) = self.keys.token_slot(slot);
+        let mut inv = self.scripts.token_claim.key(entry);
+        inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(newer_than).arg(lock_us.max(1000));
+        protocol::parse_claim(self.run(inv).await?)
+    }
+
+    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
+        let (entry, lock) = self.keys.token_slot(slot);
+        let mut inv = self.scripts.token_fetched.key(entry);
+        inv.key(lock);
+        inv.arg(self.now_arg()).arg(holder);
+        match fetched {
+            Fetched::Token { entry, hash, ttl_us } => {
+                inv.key(self.keys.token_slot_of(&hash));
+                inv.arg("token").arg(entry).arg(hash.to_hex()).arg(ttl_us);
+            }
+            Fetched::Failed { answer, hold_us } => {
+                inv.key(self.keys.token_slots());
+                inv.arg("failed").arg(answer).arg("").arg(hold_us);
+            }
+            Fetched::Abandoned => {
+                inv.key(self.keys.token_slots());
+                inv.arg("abandoned").arg("").arg("").arg(0);
+            }
+        }
+        inv.arg(slot);
+        self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.token_drop.key(self.keys.token_slot_of(hash));
+        inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg());
+        self.run::<i64>(inv).await.map(|n| n == 1)
+    }
+
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
+        let mut inv = self.scripts.raise_day.key(self.state_key(key));
+        inv.arg(self.now_arg()).arg(key.offset_us).arg(used);
+        self.run::<i64>(inv).await.map(|n| n.max(0) as u64)
     }
 
     fn status(&self) -> Status {

@@ -49,7 +49,7 @@ use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::tokens::{TokenHash, TokenOwner};
+use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
@@ -575,6 +575,34 @@ impl Store for Resilient {
                 Ok(None)
             }
         }
+    }
+
+    /// In Redis only: the cache is shared or it is not used (an error
+    /// makes the token request go to WeChat as if there were no cache).
+    async fn claim_token(
+        &self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+    ) -> Result<Claim, StoreError> {
+        self.try_redis(|| self.redis.claim_token(slot, holder, min_ttl_us, newer_than, lock_us)).await
+    }
+
+    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
+        self.try_redis(|| self.redis.token_fetched(slot, holder, fetched)).await
+    }
+
+    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+        self.try_redis(|| self.redis.drop_token(hash)).await
+    }
+
+    /// In the fallback state too, so that decisions made without Redis
+    /// count from the raised count.
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
+        self.local.raise_day(key, used).await?;
+        self.try_redis(|| self.redis.raise_day(key, used)).await
     }
 
     /// Gives Redis what this instance admitted without it, if Redis

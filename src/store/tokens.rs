@@ -124,6 +124,38 @@ impl TokenOwner {
     }
 }
 
+/// What [`crate::store::Store::claim_token`] found for a token-cache slot
+/// (`crate::token_cache`): a cached token, the right to fetch one, or
+/// another asker's fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// A cached entry (sealed: never the token in clear) with more than the
+    /// asked minimum left, until when (store time), and the store's now.
+    Cached { entry: Vec<u8>, until: Micros, now: Micros },
+    /// Nothing usable was cached and nobody was fetching: the asker now
+    /// holds the slot's fetch lock (until it reports, or the lock expires).
+    Won { now: Micros },
+    /// Another asker holds the fetch lock; `stored` is when the entry cached
+    /// now was stored (0: none), which a forced refresh waits to see replaced.
+    Busy { now: Micros, stored: Micros },
+    /// The last fetch failed with this answer (WeChat's, kept for a moment
+    /// so that its waiters get it too instead of fetching again).
+    Failed { answer: Vec<u8> },
+}
+
+/// How a fetch a [`Claim::Won`] allowed ended
+/// ([`crate::store::Store::token_fetched`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Fetched<'a> {
+    /// A token: its sealed entry, its hash (for invalidation) and lifetime.
+    Token { entry: &'a [u8], hash: TokenHash, ttl_us: Micros },
+    /// WeChat answered an error: `answer` is shown to waiters for `hold_us`.
+    Failed { answer: &'a [u8], hold_us: Micros },
+    /// No answer to share (refused by a limit, WeChat unreachable): the
+    /// lock is released and the next asker fetches.
+    Abandoned,
+}
+
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);

@@ -24,6 +24,7 @@ pub mod sdk;
 pub mod sim;
 pub mod state_file;
 pub mod temp;
+pub mod tokens;
 pub mod window;
 pub mod wire;
 

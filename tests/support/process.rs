@@ -194,7 +194,8 @@ fn command() -> Command {
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("WXGATE_CONFIG")
         .env_remove("WXGATE_REDIS_PASSWORD")
-        .env_remove("WXGATE_ADMIN_TOKEN");
+        .env_remove("WXGATE_ADMIN_TOKEN")
+        .env_remove("WXGATE_TOKEN_KEY");
     cmd
 }
 

@@ -178,6 +178,49 @@ impl RedisServer {
         self.query_as(password, args).unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
     }
 
+    /// Every key and everything stored under it (strings, hashes, sorted
+    /// sets, whatever their type), as raw bytes: what a reader of Redis sees.
+    pub fn dump_all(&self) -> Vec<u8> {
+        fn bytes(v: &redis::Value, out: &mut Vec<u8>) {
+            match v {
+                redis::Value::BulkString(b) => out.extend_from_slice(b),
+                redis::Value::SimpleString(s) => out.extend_from_slice(s.as_bytes()),
+                redis::Value::Array(items) | redis::Value::Set(items) => items.iter().for_each(|i| bytes(i, out)),
+                redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+                    bytes(k, out);
+                    bytes(v, out);
+                }),
+                other => out.extend_from_slice(format!("{other:?}").as_bytes()),
+            }
+            out.push(b'\n');
+        }
+        let mut out = Vec::new();
+        let keys = match self.run_as(None, &["KEYS", "*"]) {
+            redis::Value::Array(keys) => keys,
+            other => panic!("KEYS answered {other:?}"),
+        };
+        for key in keys {
+            let redis::Value::BulkString(name) = &key else { continue };
+            let name = String::from_utf8_lossy(name).into_owned();
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'=');
+            let kind = match self.run_as(None, &["TYPE", &name]) {
+                redis::Value::SimpleString(t) => t,
+                other => format!("{other:?}"),
+            };
+            let value = match kind.as_str() {
+                "string" => self.run_as(None, &["GET", &name]),
+                "hash" => self.run_as(None, &["HGETALL", &name]),
+                "zset" => self.run_as(None, &["ZRANGE", &name, "0", "-1", "WITHSCORES"]),
+                "set" => self.run_as(None, &["SMEMBERS", &name]),
+                "list" => self.run_as(None, &["LRANGE", &name, "0", "-1"]),
+                _ => redis::Value::Nil,
+            };
+            bytes(&value, &mut out);
+        }
+        out
+    }
+
     /// How many client connections last ran command `name` (lower case, e.g.
     /// "evalsha"), from `CLIENT LIST`.
     pub fn clients_last_running(&self, password: Option<&str>, name: &str) -> usize {

@@ -38,6 +38,10 @@ pub const REFUND_LUA: &str = script!("refund.lua");
 pub const LEARN_TOKEN_LUA: &str = script!("learn_token.lua");
 pub const TOKEN_OWNER_LUA: &str = script!("token_owner.lua");
 pub const CLEAR_LUA: &str = script!("clear.lua");
+pub const TOKEN_CLAIM_LUA: &str = script!("token_claim.lua");
+pub const TOKEN_FETCHED_LUA: &str = script!("token_fetched.lua");
+pub const TOKEN_DROP_LUA: &str = script!("token_drop.lua");
+pub const RAISE_DAY_LUA: &str = script!("raise_day.lua");
 
 /// The scripts, by operation.
 pub struct Scripts {
@@ -53,6 +57,10 @@ pub struct Scripts {
     pub learn_token: Script,
     pub token_owner: Script,
     pub clear: Script,
+    pub token_claim: Script,
+    pub token_fetched: Script,
+    pub token_drop: Script,
+    pub raise_day: Script,
 }
 
 impl Scripts {
@@ -70,10 +78,14 @@ impl Scripts {
             learn_token: Script::new(LEARN_TOKEN_LUA),
             token_owner: Script::new(TOKEN_OWNER_LUA),
             clear: Script::new(CLEAR_LUA),
+            token_claim: Script::new(TOKEN_CLAIM_LUA),
+            token_fetched: Script::new(TOKEN_FETCHED_LUA),
+            token_drop: Script::new(TOKEN_DROP_LUA),
+            raise_day: Script::new(RAISE_DAY_LUA),
         }
     }
 
-    pub fn all(&self) -> [&Script; 12] {
+    pub fn all(&self) -> [&Script; 16] {
         [
             &self.acquire,
             &self.penalise,
@@ -87,6 +99,10 @@ impl Scripts {
             &self.learn_token,
             &self.token_owner,
             &self.clear,
+            &self.token_claim,
+            &self.token_fetched,
+            &self.token_drop,
+            &self.raise_day,
         ]
     }
 }
@@ -158,6 +174,24 @@ impl Keys {
     /// belongs to (lua/learn_token.lua, lua/token_owner.lua).
     pub fn token(&self, hash: &TokenHash) -> String {
         format!("{}:#token:{}", self.prefix, hash.to_hex())
+    }
+
+    /// `<prefix>:{#tokens}:`: what the token cache's keys start with
+    /// (lua/token_claim.lua); one hash tag, so one Redis Cluster slot.
+    pub fn token_slots(&self) -> String {
+        format!("{}:{{#tokens}}:", self.prefix)
+    }
+
+    /// The entry and the fetch lock of a token-cache slot.
+    pub fn token_slot(&self, slot: &str) -> (String, String) {
+        let entry = format!("{}:{{#tokens}}:{slot}", self.prefix);
+        let lock = format!("{entry}:lock");
+        (entry, lock)
+    }
+
+    /// `<prefix>:{#tokens}:by:<hash>`: the slot holding a cached token.
+    pub fn token_slot_of(&self, hash: &TokenHash) -> String {
+        format!("{}:{{#tokens}}:by:{}", self.prefix, hash.to_hex())
     }
 }
 
@@ -333,6 +367,21 @@ pub type EpochReply = (String, i64, i64);
 
 /// token_owner.lua's answer: the account ("" if unknown), until, now.
 pub type TokenOwnerReply = (String, i64, i64);
+
+/// token_claim.lua's answer: kind, entry or answer, until, now.
+pub type TokenClaimReply = (String, Vec<u8>, i64, i64);
+
+/// token_claim.lua's answer read.
+pub fn parse_claim((kind, bytes, until, now): TokenClaimReply) -> Result<crate::store::tokens::Claim, StoreError> {
+    use crate::store::tokens::Claim;
+    Ok(match kind.as_str() {
+        "cached" => Claim::Cached { entry: bytes, until, now },
+        "won" => Claim::Won { now },
+        "busy" => Claim::Busy { now, stored: until },
+        "failed" => Claim::Failed { answer: bytes },
+        other => return Err(StoreError::BadReply { script: "token_claim.lua", reply: other.to_owned() }),
+    })
+}
 
 /// The arguments of reconcile.lua after now: offset, penalty, counts.
 pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::store::ledger::Pending) {

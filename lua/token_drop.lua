@@ -1,0 +1,26 @@
+-- token_drop.lua: WeChat rejected a token (40001, 40014, 42001); its slot
+-- drops it if it is still the slot's token, so that a token fetched since
+-- is never dropped by a late rejection of the old one. Mirrors
+-- src/store/memory/token_slots.rs (drop_token).
+--
+-- KEYS[1]  <prefix>:{#tokens}:by:<token hash>: the slot holding the token
+-- ARGV[1]  <prefix>:{#tokens}: (the slot's entry key is this and its name)
+-- ARGV[2]  the token's hash (hex)
+-- ARGV[3]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+--
+-- The entry's key is read from KEYS[1], so it is not declared: every key of
+-- the token cache carries the {#tokens} hash tag, so in a Redis Cluster it
+-- lives in the same slot as KEYS[1].
+--
+-- Returns 1 if the token was dropped, else 0.
+
+local slot = redis.call('GET', KEYS[1])
+if not slot then return 0 end
+local key = ARGV[1] .. slot
+local now = store_now(ARGV[3])
+local e = redis.call('HMGET', key, 'h', 'u')
+if e[1] == ARGV[2] and (tonumber(e[2] or '0') or 0) > now then
+  redis.call('DEL', key)
+  return 1
+end
+return 0

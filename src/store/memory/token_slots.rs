@@ -1,0 +1,111 @@
+//! The embedded store's token cache (`crate::token_cache`): slots of sealed
+//! tokens, their fetch locks, and which slot holds which token. What
+//! `lua/token_claim.lua`, `lua/token_fetched.lua` and `lua/token_drop.lua`
+//! do in Redis, under one mutex. Not kept in the state file: after a
+//! restart the first token request fetches once.
+
+use std::collections::HashMap;
+
+use crate::clock::Micros;
+use crate::store::tokens::{Claim, Fetched, TokenHash};
+
+/// Entries past this many are swept of expired ones on the next write.
+const SWEEP_AT: usize = 4096;
+
+struct Entry {
+    sealed: Vec<u8>,
+    until: Micros,
+    stored_at: Micros,
+    hash: TokenHash,
+}
+
+enum Lock {
+    Held(String),
+    Failed(Vec<u8>),
+}
+
+#[derive(Default)]
+pub(super) struct TokenSlots {
+    entries: HashMap<String, Entry>,
+    locks: HashMap<String, (Lock, Micros)>,
+    by_hash: HashMap<TokenHash, (String, Micros)>,
+}
+
+impl TokenSlots {
+    pub fn claim(
+        &mut self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+        now: Micros,
+    ) -> Claim {
+        if let Some(e) = self.entries.get(slot) {
+            if e.until - now > min_ttl_us && e.stored_at > newer_than {
+                return Claim::Cached { entry: e.sealed.clone(), until: e.until, now };
+            }
+        }
+        match self.locks.get(slot) {
+            Some((Lock::Held(h), until)) if *until > now => {
+                if h == holder {
+                    Claim::Won { now }
+                } else {
+                    Claim::Busy { now, stored: self.entries.get(slot).map_or(0, |e| e.stored_at) }
+                }
+            }
+            Some((Lock::Failed(answer), until)) if *until > now => Claim::Failed { answer: answer.clone() },
+            _ => {
+                self.sweep(now);
+                self.locks.insert(slot.to_owned(), (Lock::Held(holder.to_owned()), now.saturating_add(lock_us)));
+                Claim::Won { now }
+            }
+        }
+    }
+
+    pub fn fetched(&mut self, slot: &str, holder: &str, fetched: Fetched<'_>, now: Micros) {
+        if let Fetched::Token { entry, hash, ttl_us } = fetched {
+            let until = now.saturating_add(ttl_us);
+            // Later than the entry it replaces, even at the same clock reading.
+            let stored_at = self.entries.get(slot).map_or(now, |e| now.max(e.stored_at + 1));
+            self.entries.insert(slot.to_owned(), Entry { sealed: entry.to_vec(), until, stored_at, hash });
+            self.by_hash.insert(hash, (slot.to_owned(), until));
+        }
+        let ours = matches!(self.locks.get(slot), Some((Lock::Held(h), until)) if h == holder && *until > now);
+        if !ours {
+            return;
+        }
+        match fetched {
+            Fetched::Failed { answer, hold_us } => {
+                self.locks.insert(slot.to_owned(), (Lock::Failed(answer.to_vec()), now.saturating_add(hold_us)));
+            }
+            Fetched::Token { .. } | Fetched::Abandoned => {
+                self.locks.remove(slot);
+            }
+        }
+    }
+
+    pub fn drop_token(&mut self, hash: &TokenHash, now: Micros) -> bool {
+        let Some((slot, until)) = self.by_hash.get(hash) else { return false };
+        if *until <= now {
+            return false;
+        }
+        match self.entries.get(slot) {
+            Some(e) if e.hash == *hash && e.until > now => {
+                let slot = slot.clone();
+                self.entries.remove(&slot);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn sweep(&mut self, now: Micros) {
+        if self.entries.len() + self.locks.len() + self.by_hash.len() < SWEEP_AT {
+            return;
+        }
+        self.entries.retain(|_, e| e.until > now);
+        self.locks.retain(|_, (_, until)| *until > now);
+        self.by_hash.retain(|_, (_, until)| *until > now);
+    }
+}

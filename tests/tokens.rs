@@ -1,0 +1,416 @@
+//! The token cache and quota_sync (README "Tokens", docs/tokens.md), against
+//! the mock WeChat's token endpoints and quota/get (tests/support/tokens.rs):
+//!
+//! - 50 concurrent token requests through 3 wxgate processes on one Redis:
+//!   WeChat sees one fetch, every request gets the same token; a 40001 on
+//!   one instance makes the next request on another fetch once; quota_sync
+//!   on all three makes one quota/get per interval; no token nor secret in
+//!   Redis in clear or in the processes' logs;
+//! - the same on the embedded store (one in-process gate on a manual clock):
+//!   one fetch; `expires_in` counts down; a token near its end is fetched anew;
+//! - a wrong secret is never answered from the cache; waiters get the
+//!   refusal of the one fetch, and give up after `[tokens] wait` (503)
+//!   rather than fetching again;
+//! - stable_token is cached unless `force_refresh`, which fetches once, also
+//!   for ten at the same time;
+//! - WeCom gettoken is cached per (corpid, corpsecret);
+//! - WeChat's 40001 drops the cached token once, and the next token request
+//!   fetches once; a late 40001 for the old token drops nothing;
+//! - quota_sync raises a day count to WeChat's `used` (refusing earlier),
+//!   never lowers it, and backs off after errors;
+//! - a malformed or world-readable token key stops wxgate at start;
+//! - on Redis without a key the cache is off, and `cache = true` caches
+//!   in-process with a warning (nothing in Redis).
+
+mod support;
+
+use std::time::Duration;
+
+use support::process::{self, Instance};
+use support::redis_server::RedisServer;
+use support::tokens::{WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
+use support::{eventually_async, get_at, rule, Answer, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+
+const SEND: &str = "/cgi-bin/message/custom/send";
+
+/// A token key, as `WXGATE_TOKEN_KEY` gives it.
+const KEY: &str = "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
+
+fn token_path(secret: &str) -> String {
+    format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={secret}")
+}
+
+fn gettoken_path(corpsecret: &str) -> String {
+    format!("/cgi-bin/gettoken?corpid={CORPID}&corpsecret={corpsecret}")
+}
+
+fn stable_body(force: bool) -> String {
+    format!(r#"{{"grant_type":"client_credential","appid":"{APPID}","secret":"{SECRET}","force_refresh":{force}}}"#)
+}
+
+/// The token rule (WeChat's 2000 a day) and a send rule.
+fn rules() -> String {
+    let token = rule("token")
+        .matching("/cgi-bin/token")
+        .matching("/cgi-bin/stable_token")
+        .matching("/cgi-bin/gettoken")
+        .limit(2000, "day");
+    let send = rule("send").matching("/cgi-bin/message/custom/send").limit(100, "day");
+    format!("{token}\n{send}")
+}
+
+/// A mock WeChat issuing tokens; its token endpoints answer after
+/// `delay_ms`, so concurrent askers arrive while a fetch is in flight.
+async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        let path = rec.path_and_query.split('?').next().unwrap_or("");
+        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
+            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
+        } else {
+            r
+        }
+    });
+    (mock, tokens)
+}
+
+fn token_of(a: &Answer) -> String {
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()["access_token"].as_str().unwrap_or_else(|| panic!("no token in {}", a.text())).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_token_requests_through_three_instances_on_one_redis_fetch_once() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(300).await;
+    let token_rule = rule("token").matching("/cgi-bin/token").limit(2000, "day");
+    let synced = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "1s");
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "tok"))
+        .with(format!("{token_rule}\n{synced}"))
+        .to_string();
+    tokens.set_used(SEND, 7);
+    let env = [("WXGATE_TOKEN_KEY", KEY), ("WXGATE_LOG", "debug")];
+    let instances: Vec<Instance> = (0..3)
+        .map(|i| process::spawn(&config, &format!("tokens-{i}"), &env).unwrap_or_else(|log| panic!("start:\n{log}")))
+        .collect();
+    let addrs: Vec<_> = instances.iter().map(|i| i.addr).collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let addr = addrs[i % 3];
+        asks.spawn(async move { get_at(addr, &token_path(SECRET)).await });
+    }
+    let mut seen = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        let answer = answer.expect("request task");
+        let expires_in = answer.json()["expires_in"].as_i64().unwrap_or(-1);
+        assert!((1..=7200).contains(&expires_in), "expires_in {expires_in}: {}", answer.text());
+        seen.push(token_of(&answer));
+    }
+    assert_eq!(tokens.fetches("token"), 1, "WeChat saw one token fetch for 50 requests on 3 instances");
+    seen.dedup();
+    assert_eq!(seen.len(), 1, "every request got the same token: {seen:?}");
+    let token = seen.remove(0);
+    let mut fetched = 0.0;
+    let mut cached = 0.0;
+    for i in &instances {
+        fetched += i.metric(r#"wxgate_token_requests_total{source="fetched"}"#).await.unwrap_or(0.0);
+        cached += i.metric(r#"wxgate_token_requests_total{source="cache"}"#).await.unwrap_or(0.0);
+    }
+    assert_eq!((fetched, cached), (1.0, 49.0), "one fetched, 49 from the cache");
+
+    // Nothing in Redis, keys or values, holds the token or the secret in clear.
+    let dump = redis.dump_all();
+    let text = String::from_utf8_lossy(&dump);
+    assert!(text.contains("tok:{#tokens}:token:"), "the token cache lives in Redis: {text}");
+    for secret in [token.as_str(), SECRET] {
+        assert!(!dump.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in Redis in clear");
+    }
+    // WeChat rejects the token on a call through another instance: dropped
+    // in Redis, so a token request on a third instance fetches once.
+    tokens.invalidate(&token);
+    let rejected = instances[1].get(&format!("{SEND}?access_token={token}")).await;
+    assert_eq!(rejected.json()["errcode"], 40001);
+    assert_eq!(instances[1].metric("wxgate_token_invalidations_total").await, Some(1.0));
+    let fresh = token_of(&instances[2].get(&token_path(SECRET)).await);
+    assert_ne!(fresh, token);
+    assert_eq!(tokens.fetches("token"), 2, "the next request fetched once");
+    assert_eq!(token_of(&instances[0].get(&token_path(SECRET)).await), fresh, "and every instance has it");
+
+    // quota_sync every second, on three instances that all know the token:
+    // one quota/get per interval in all (they share the lock in Redis).
+    eventually_async("four syncs", PATIENCE, async || tokens.quota_gets() >= 4).await;
+    let syncs: Vec<_> =
+        mock.calls().into_iter().filter(|c| c.path_and_query.starts_with("/cgi-bin/openapi/quota/get")).collect();
+    let span = syncs[3].arrived - syncs[0].arrived;
+    assert!(span >= Duration::from_millis(2500), "4 syncs in {span:?}: more than one per second");
+    let bucket = instances[0].admin_get(&format!("/v1/buckets/{APPID}/send")).await.json();
+    // WeChat reports 7; the send above counts on top of that when the first
+    // sync came before it (the sync runs on its own clock).
+    let first_sync = syncs[0].arrived;
+    let sent_after = mock.calls().iter().any(|c| c.path_and_query.starts_with(SEND) && c.arrived > first_sync);
+    let expected = if sent_after { 8 } else { 7 };
+    assert_eq!(bucket["limits"][0]["used"], expected, "raised to WeChat's count in Redis: {bucket}");
+    let mut skipped = 0.0;
+    for i in &instances {
+        skipped += i.metric(r#"wxgate_quota_syncs_total{result="skipped"}"#).await.unwrap_or(0.0);
+    }
+    assert!(skipped >= 1.0, "the other instances skipped their turns");
+
+    let mut logs = String::new();
+    for i in instances {
+        logs.push_str(&i.stop().await);
+    }
+    assert_eq!(logs.matches("fetched an access token").count(), 2, "the logs say what happened:\n{logs}");
+    assert!(!logs.contains(&token) && !logs.contains(SECRET), "a token or secret in a log:\n{logs}");
+}
+
+#[tokio::test]
+async fn the_embedded_store_fetches_once_and_counts_the_token_down() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let path = token_path(SECRET);
+    let mut asks = Vec::new();
+    for _ in 0..50 {
+        asks.push(gate.get(&path));
+    }
+    let answers = futures_util::future::join_all(asks).await;
+    let first = token_of(&answers[0]);
+    assert!(answers.iter().all(|a| token_of(a) == first));
+    assert_eq!(tokens.fetches("token"), 1);
+    assert_eq!(gate.metric(r#"wxgate_calls_total{rule="token",outcome="cached"}"#).await, Some(49.0));
+
+    gate.advance(Duration::from_secs(100));
+    let later = gate.get(&token_path(SECRET)).await;
+    assert_eq!((token_of(&later), later.json()["expires_in"].as_i64()), (first.clone(), Some(7100)));
+    // Within [tokens] min_ttl (5 min) of its end: fetched anew, once.
+    gate.advance(Duration::from_secs(7200 - 100 - 299));
+    let renewed = gate.get(&token_path(SECRET)).await;
+    assert_ne!(token_of(&renewed), first);
+    assert_eq!(tokens.fetches("token"), 2);
+    // The rule counted the two fetches only: the 50 cached answers took nothing.
+    let bucket = gate_bucket(&gate, APPID, "token").await;
+    assert_eq!(bucket["limits"][0]["used"], 2, "{bucket}");
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_never_answered_from_the_cache() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let good = token_of(&gate.get(&token_path(SECRET)).await);
+    for n in 0..2 {
+        gate.advance(Duration::from_secs(3));
+        let wrong = gate.get(&token_path("SEKRIT_WRONG")).await;
+        assert_eq!(wrong.json()["errcode"], 40125, "WeChat's own error: {}", wrong.text());
+        assert!(!wrong.text().contains(&good));
+        assert_eq!(tokens.fetches("token"), 2 + n, "the wrong secret went to WeChat");
+    }
+    assert_eq!(token_of(&gate.get(&token_path(SECRET)).await), good, "the right one still is cached");
+    assert_eq!(tokens.fetches("token"), 3);
+}
+
+#[tokio::test]
+async fn waiters_get_the_refusal_of_the_one_fetch_and_time_out_rather_than_fetch_again() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, format!("{}\n[tokens]\nwait = \"1s\"\n", rules())).await;
+    let wrong = token_path("SEKRIT_WRONG");
+    let refused = futures_util::future::join_all((0..10).map(|_| gate.get(&wrong))).await;
+    assert!(refused.iter().all(|a| a.json()["errcode"] == 40125), "all ten got WeChat's refusal");
+    assert_eq!(tokens.fetches("token"), 1, "one fetch for ten");
+    // A fetch that hangs: the others wait [tokens] wait, then 503; none fetches.
+    mock.respond(|_| Reply::Hang);
+    let right = token_path(SECRET);
+    let answers = futures_util::future::join_all((0..3).map(|_| gate.get(&right))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [503, 503, 504], "two waiters gave up, the fetch timed out upstream");
+    let waited = answers.iter().find(|a| a.status == 503).expect("a waiter");
+    assert_eq!(waited.json()["errcode"], -1);
+    assert!(waited.text().contains("[tokens] wait"), "{}", waited.text());
+    assert_eq!(mock.count(), 2, "one fetch with the wrong secret, one with the right one");
+    assert_eq!(gate.metric(r#"wxgate_token_requests_total{source="timeout"}"#).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn stable_token_is_cached_unless_force_refresh_which_fetches_once() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let first = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await);
+    for _ in 0..3 {
+        assert_eq!(token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await), first);
+    }
+    assert_eq!(tokens.fetches("stable"), 1);
+    let forced = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(true)).await);
+    assert_ne!(forced, first);
+    assert_eq!(tokens.fetches("stable"), 2, "force_refresh went to WeChat");
+    assert_eq!(token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await), forced);
+    assert_eq!(tokens.fetches("stable"), 2, "and its token is the cached one since");
+    // A /cgi-bin/token of the same appid is another token: fetched on its own.
+    assert_ne!(token_of(&gate.get(&token_path(SECRET)).await), forced);
+}
+
+#[tokio::test]
+async fn concurrent_forced_refreshes_make_one_fetch() {
+    let (mock, tokens) = wechat(200).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let before = token_of(&gate.post("/cgi-bin/stable_token", &stable_body(false)).await);
+    let body = stable_body(true);
+    let forced = futures_util::future::join_all((0..10).map(|_| gate.post("/cgi-bin/stable_token", &body))).await;
+    let first = token_of(&forced[0]);
+    assert_ne!(first, before, "a new token");
+    assert!(forced.iter().all(|a| token_of(a) == first), "all ten got the one refreshed token");
+    assert_eq!(tokens.fetches("stable"), 2, "one fetch for the first token, one for ten forced refreshes");
+}
+
+#[tokio::test]
+async fn wecom_gettoken_is_cached_per_corpid_and_corpsecret() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let first = gate.get(&gettoken_path(CORPSECRET)).await;
+    assert_eq!(first.json()["errcode"], 0, "WeCom-shaped: {}", first.text());
+    let again = gate.get(&gettoken_path(CORPSECRET)).await;
+    assert_eq!((token_of(&again), again.json()["errcode"].as_i64()), (token_of(&first), Some(0)));
+    assert_eq!(tokens.fetches("gettoken"), 1);
+    let other = gate.get(&gettoken_path("SEKRIT_OTHER_APP")).await;
+    assert_eq!(other.json()["errcode"], 40001, "another corpsecret went to WeChat: {}", other.text());
+    assert_eq!(tokens.fetches("gettoken"), 2);
+}
+
+#[tokio::test]
+async fn wechat_rejecting_the_cached_token_drops_it_once() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let old = token_of(&gate.get(&token_path(SECRET)).await);
+    tokens.invalidate(&old);
+    let send = |t: &str| format!("/cgi-bin/message/custom/send?access_token={t}");
+    let rejected = gate.post(&send(&old), "{}").await;
+    assert_eq!(rejected.json()["errcode"], 40001);
+    assert_eq!(gate.metric("wxgate_token_invalidations_total").await, Some(1.0));
+    let new = token_of(&gate.get(&token_path(SECRET)).await);
+    assert_ne!(new, old);
+    assert_eq!(tokens.fetches("token"), 2, "the next token request fetched once");
+    assert_eq!(gate.post(&send(&new), "{}").await.json()["errcode"], 0);
+    // A late 40001 for the old token does not drop the new one.
+    assert_eq!(gate.post(&send(&old), "{}").await.json()["errcode"], 40001);
+    assert_eq!(gate.metric("wxgate_token_invalidations_total").await, Some(1.0));
+    assert_eq!(token_of(&gate.get(&token_path(SECRET)).await), new);
+    assert_eq!(tokens.fetches("token"), 2);
+}
+
+/// `/v1/buckets/{account}/{rule}` of an in-process gate.
+async fn gate_bucket(gate: &Gate, account: &str, rule: &str) -> serde_json::Value {
+    let a = get_at(gate.admin_addr(), &format!("/v1/buckets/{account}/{rule}")).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()
+}
+
+#[tokio::test]
+async fn quota_sync_raises_a_day_count_never_lowers_it_and_backs_off_on_errors() {
+    let (mock, tokens) = wechat(0).await;
+    let send = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "10m");
+    let token_rule = rule("token").matching("/cgi-bin/token").limit(2000, "day");
+    let gate = Gate::start(&mock, format!("{token_rule}\n{send}")).await;
+    tokens.set_used(SEND, 60);
+    let token = token_of(&gate.get(&token_path(SECRET)).await);
+    // The first sync is due at once: the day count rises to WeChat's 60.
+    eventually_async("the day count raised to WeChat's", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["limits"][0]["used"] == 60
+    })
+    .await;
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!(bucket["quota_sync"]["gap"], 60, "{bucket}");
+    assert_eq!(bucket["quota_sync"]["path"], SEND);
+    assert_eq!(tokens.quota_gets(), 1);
+    assert_eq!(gate.metric(r#"wxgate_quota_syncs_total{result="raised"}"#).await, Some(1.0));
+    // So wxgate refuses after 40 more calls, not 100.
+    let path = format!("{SEND}?access_token={token}");
+    let mut admitted = 0;
+    for _ in 0..45 {
+        if gate.post(&path, "{}").await.status == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 40);
+
+    // WeChat reports fewer: the count stays.
+    tokens.set_used(SEND, 10);
+    gate.advance(Duration::from_secs(600));
+    eventually_async("the second sync", PATIENCE, async || tokens.quota_gets() == 2).await;
+    eventually_async("its result shown", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["quota_sync"]["wechat_used"] == 10
+    })
+    .await;
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!((bucket["limits"][0]["used"].as_u64(), bucket["quota_sync"]["gap"].as_i64()), (Some(100), Some(-90)));
+
+    // Errors back off: 20 minutes after the first, 40 after the second.
+    tokens.fail_quota_get(Some(-1));
+    gate.advance(Duration::from_secs(600));
+    eventually_async("a failing sync", PATIENCE, async || {
+        gate_bucket(&gate, APPID, "send").await["quota_sync"]["errors_in_a_row"] == 1
+    })
+    .await;
+    assert_eq!(tokens.quota_gets(), 3);
+    gate.advance(Duration::from_secs(600));
+    wxgate::quota_sync::round(gate.app()).await;
+    assert_eq!(tokens.quota_gets(), 3, "not 10 minutes after an error");
+    gate.advance(Duration::from_secs(600));
+    eventually_async("the retry after 20 minutes", PATIENCE, async || tokens.quota_gets() == 4).await;
+    gate.advance(Duration::from_secs(1200));
+    wxgate::quota_sync::round(gate.app()).await;
+    assert_eq!(tokens.quota_gets(), 4, "not 20 minutes after a second error");
+    let bucket = gate_bucket(&gate, APPID, "send").await;
+    assert_eq!(bucket["quota_sync"]["errors_in_a_row"], 2, "{bucket}");
+    assert_eq!(bucket["limits"][0]["used"], 100, "errors change no count");
+    assert_eq!(gate.metric(r#"wxgate_quota_syncs_total{result="error"}"#).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_bad_or_exposed_token_key_stops_wxgate_at_start() {
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url()).with(rules()).to_string();
+    let log = process::spawn(&config, "tokens-badkey", &[("WXGATE_TOKEN_KEY", "0123abcd")]).err().expect("refused");
+    assert!(log.contains("WXGATE_TOKEN_KEY: the key is 6 bytes; it must be 32"), "{log}");
+    assert!(!log.contains("0123abcd"), "the key is not quoted: {log}");
+    let dir = support::TempDir::new("tokens-keyfile");
+    let key_file = dir.path().join("token.key");
+    std::fs::write(&key_file, KEY).expect("write key");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let with_file = ConfigToml::new(&mock.url())
+        .with(rules())
+        .with(format!("[tokens]\nkey_file = \"{}\"\n", key_file.display()))
+        .to_string();
+    let log = process::spawn(&with_file, "tokens-keyfile", &[]).err().expect("refused");
+    assert!(log.contains("[tokens] key_file") && log.contains("readable by others (mode 644)"), "{log}");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let started = process::spawn(&with_file, "tokens-keyfile-ok", &[]).unwrap_or_else(|log| panic!("{log}"));
+    started.stop().await;
+}
+
+#[tokio::test]
+async fn on_redis_without_a_key_the_cache_is_off_unless_asked_for() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(0).await;
+    let config = |tokens_section: &str| {
+        ConfigToml::new(&mock.url()).with(StoreToml::redis(&redis.url())).with(rules()).with(tokens_section).to_string()
+    };
+    let off = process::spawn(&config(""), "tokens-redis-off", &[]).unwrap_or_else(|log| panic!("{log}"));
+    token_of(&off.get(&token_path(SECRET)).await);
+    token_of(&off.get(&token_path(SECRET)).await);
+    assert_eq!(tokens.fetches("token"), 2, "no cache: every request went to WeChat");
+    assert_eq!(off.metric(r#"wxgate_calls_total{rule="token",outcome="cached"}"#).await, Some(0.0));
+    off.stop().await;
+    let local = process::spawn(&config("[tokens]\ncache = true\n"), "tokens-redis-local", &[])
+        .unwrap_or_else(|log| panic!("{log}"));
+    token_of(&local.get(&token_path(SECRET)).await);
+    token_of(&local.get(&token_path(SECRET)).await);
+    assert_eq!(tokens.fetches("token"), 3, "cached in this instance");
+    let log = local.stop().await;
+    assert!(log.contains("tokens are cached in this instance only"), "the warning: {log}");
+    let dump = redis.dump_all();
+    assert!(!String::from_utf8_lossy(&dump).contains("{#tokens}"), "nothing in Redis without a key");
+}
