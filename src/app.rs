@@ -12,6 +12,7 @@ use crate::activity::{Activity, Held};
 use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
+use crate::intercept::Interceptor;
 use crate::metrics::{MemoryStoreMetrics, Metrics};
 use crate::slots::Slots;
 use crate::store::memory::MemoryStore;
@@ -42,6 +43,9 @@ pub struct App {
     pub tokens: TokenCaches,
     pub reloads: Reloads,
     pub metrics: Metrics,
+    /// `[intercept]`, when on: the CA, the hosts' certificates and
+    /// upstreams. Built at start; `[intercept]` changes need a restart.
+    pub intercept: Option<Arc<Interceptor>>,
 }
 
 /// Reload outcomes since start, and what the config watcher saw (`/readyz`).
@@ -74,6 +78,7 @@ impl App {
         let lease_us = config.lease_us;
         let workers = config.server.workers;
         let callers = Callers::new(&config, &clock, &metrics, None);
+        let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
@@ -86,6 +91,7 @@ impl App {
             tokens: TokenCaches::new(workers),
             reloads: Reloads::default(),
             metrics,
+            intercept,
         });
         Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
         Ok(app)

@@ -17,6 +17,7 @@
 mod callers;
 mod compile;
 mod errors;
+mod intercept;
 mod raw;
 mod settings;
 pub mod units;
@@ -59,6 +60,32 @@ pub struct Config {
     /// The declared callers (`[[caller]]`), in file order; names are unique
     /// and never `other` ([`CallerPolicy`]).
     pub callers: Vec<Arc<CallerPolicy>>,
+    /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
+    /// calls (`crate::intercept`); `None`: off (the default).
+    pub intercept: Option<Intercept>,
+}
+
+/// `[intercept]`, on: wxgate accepts `CONNECT <host>:443` for these hosts
+/// only, completes TLS with a certificate for the host signed by the CA,
+/// and serves the calls inside like direct ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intercept {
+    /// `hosts`: lower-case DNS names, no port (default: WeChat's API hosts).
+    pub hosts: Vec<Arc<str>>,
+    /// `ca_cert`: the CA certificate (PEM) leaves are signed with.
+    pub ca_cert: PathBuf,
+    /// `ca_key`: its private key (PEM); never readable by others (checked).
+    pub ca_key: PathBuf,
+    /// `upstream`: where a host's calls go instead of `https://<host>`
+    /// (`scheme://authority`, no path), per host of `hosts`.
+    pub upstream: Vec<(Arc<str>, http::Uri)>,
+}
+
+impl Intercept {
+    /// Whether `host` (any case) is one of `hosts`; `Some` of its entry.
+    pub fn host(&self, host: &str) -> Option<&Arc<str>> {
+        self.hosts.iter().find(|h| h.eq_ignore_ascii_case(host))
+    }
 }
 
 /// A `[[caller]]`: a service calling through wxgate, named by the
@@ -206,6 +233,11 @@ pub struct Upstreams(Vec<http::Uri>);
 impl Upstreams {
     /// Most upstreams in a list (WeChat names five API domains).
     pub const MAX: usize = 8;
+
+    /// One upstream (`[intercept]`'s per-host upstreams).
+    pub fn one(url: http::Uri) -> Upstreams {
+        Upstreams(vec![url])
+    }
 
     /// The upstreams, in the order calls try them.
     pub fn iter(&self) -> std::slice::Iter<'_, http::Uri> {

@@ -20,6 +20,18 @@ pub(super) struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub caller: Vec<Spanned<RawCaller>>,
+    pub intercept: Option<RawIntercept>,
+}
+
+/// `[intercept]` (src/config/intercept.rs).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIntercept {
+    pub enabled: Option<bool>,
+    pub hosts: Option<Vec<String>>,
+    pub ca_cert: Option<PathBuf>,
+    pub ca_key: Option<PathBuf>,
+    pub upstream: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
