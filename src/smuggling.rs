@@ -496,7 +496,8 @@ mod tests {
     fn a_connect_to_a_listed_host_ends_the_following() {
         let hosts: Arc<[Arc<str>]> = vec![Arc::from("api.weixin.qq.com")].into();
         let mut g = SmuggleGuard::new(()).tunnels(hosts.clone());
-        let tls = b"\x16\x03\x01\x00\x05hello\r\n\nGET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let tls =
+            b"\x16\x03\x01\x00\x05hello\r\n\nGET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
         let head = b"CONNECT API.weixin.qq.com:443 HTTP/1.1\r\nHost: api.weixin.qq.com:443\r\n\r\n";
         g.feed(&[&head[..], &tls[..]].concat());
         assert_eq!(g.state, State::Tunnel);

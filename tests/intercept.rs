@@ -176,7 +176,7 @@ async fn a_client_that_does_not_trust_the_ca_fails_its_handshake_and_nothing_is_
     let (answer, stream) = connect(gate.addr, "api.weixin.qq.com:443").await;
     assert_eq!(answer.status, 200);
     let public = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
-    let refused = tls(stream, public, "api.weixin.qq.com").await.err().expect("the handshake fails");
+    let refused = tls(stream, public, "api.weixin.qq.com").await.expect_err("the handshake fails");
     assert!(refused.to_string().contains("UnknownIssuer"), "{refused}");
 
     // Another CA (another deployment's): the same.
@@ -192,7 +192,9 @@ async fn a_client_that_does_not_trust_the_ca_fails_its_handshake_and_nothing_is_
     let (_, stream) = connect(gate.addr, "api.weixin.qq.com:443").await;
     let mut inner = tls(stream, ca.roots(), "api.weixin.qq.com").await.expect("a client trusting the CA");
     inner
-        .write_all(b"GET /cgi-bin/menu/get?access_token=T HTTP/1.1\r\nHost: api.weixin.qq.com\r\nConnection: close\r\n\r\n")
+        .write_all(
+            b"GET /cgi-bin/menu/get?access_token=T HTTP/1.1\r\nHost: api.weixin.qq.com\r\nConnection: close\r\n\r\n",
+        )
         .await
         .expect("send");
     let answer = read_until_closed(&mut inner).await;
@@ -301,7 +303,10 @@ async fn intercept_config_errors_name_the_key() {
             format!("[intercept]\nca_cert = {:?}\n", ca.cert.display().to_string()),
             "[intercept] ca_key: missing: `wxgate ca init",
         ),
-        (ca.section("http://127.0.0.1:9").replace("api.weixin.qq.com", "example.com"), "[intercept] upstream: \"example.com\" is not in [intercept] hosts"),
+        (
+            ca.section("http://127.0.0.1:9").replace("api.weixin.qq.com", "example.com"),
+            "[intercept] upstream: \"example.com\" is not in [intercept] hosts",
+        ),
         (format!("{}hosts = [\"api.weixin.qq.com:443\"]\n", ca.section("http://127.0.0.1:9")), "[intercept] hosts[0]"),
         (ca.section("http://127.0.0.1:9/cgi-bin"), "no path"),
     ];

@@ -135,7 +135,8 @@ impl Ca {
         params.not_before = datetime(now - SKEW_S)?;
         params.not_after = datetime(now + LEAF_DAYS * 86_400)?;
         params.serial_number = Some(serial()?);
-        let cert = params.signed_by(&key, &self.issuer).map_err(|e| format!("cannot sign a certificate for {host}: {e}"))?;
+        let cert =
+            params.signed_by(&key, &self.issuer).map_err(|e| format!("cannot sign a certificate for {host}: {e}"))?;
         let der = cert.der().clone();
         self.verify(&der, host, now)?;
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
@@ -192,7 +193,7 @@ mod tests {
         for host in ["api.weixin.qq.com", "api2.weixin.qq.com", "qyapi.weixin.qq.com", "sh.api.weixin.qq.com"] {
             loaded.leaf(host, NOW_US).unwrap_or_else(|e| panic!("{host}: {e}"));
         }
-        let refused = loaded.leaf("example.com", NOW_US).err().expect("outside the name constraints");
+        let refused = loaded.leaf("example.com", NOW_US).expect_err("outside the name constraints");
         assert!(refused.contains("name constraints"), "{refused}");
         let late = NOW_US + (CA_DAYS + 1) * 86_400 * 1_000_000;
         assert!(loaded.leaf("api.weixin.qq.com", late).is_err(), "an expired CA signs nothing usable");

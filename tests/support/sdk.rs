@@ -103,7 +103,12 @@ pub struct Driver {
 /// [`Driver::contrib`]. Calls: see `CALLS` in `tests/sdk/wechatpy_driver.py`.
 pub fn wechatpy(base: &str) -> Driver {
     let program = ensure_env().join("py/bin/python");
-    Driver { program, script: "tests/sdk/wechatpy_driver.py", args: vec!["--base".into(), base.into()], env: Vec::new() }
+    Driver {
+        program,
+        script: "tests/sdk/wechatpy_driver.py",
+        args: vec!["--base".into(), base.into()],
+        env: Vec::new(),
+    }
 }
 
 /// wechatpy 1.8.18 as shipped (every URL `https://api.weixin.qq.com/...`,
