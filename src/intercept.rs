@@ -27,7 +27,7 @@ use rustls::server::ServerConfig;
 
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::config::{Config, Upstreams};
-use crate::metrics::{HostLabel, Metrics};
+use crate::metrics::{HostLabel, Metrics, Tunnel, TunnelLabels};
 use crate::upstream::Upstream;
 
 use self::ca::Ca;
@@ -92,6 +92,10 @@ impl Interceptor {
             let calls = metrics.intercepted_calls.get_or_create(&HostLabel { host: name.to_string() }).clone();
             hosts.push(Arc::new(Host { name: name.clone(), own: Arc::new(own), overridden: given.is_some(), calls }));
             leaves.insert(name.clone(), Leaf { config: ca.leaf(name, now)?, minted_us: now });
+        }
+        // Every result's series from the start, so that 0 is visible (and alertable).
+        for result in [Tunnel::opened, Tunnel::refused, Tunnel::handshake_failed] {
+            let _ = metrics.intercept_tunnels.get_or_create(&TunnelLabels { result });
         }
         let names = ic.hosts.clone().into();
         Ok(Some(Interceptor { hosts: hosts.into(), names, ca, leaves: Mutex::new(leaves) }))

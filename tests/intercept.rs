@@ -321,3 +321,29 @@ async fn intercept_config_errors_name_the_key() {
     let off = "[server]\nadmin_listen = \"off\"\n\n[intercept]\nenabled = false\n";
     assert!(wxgate::config::Config::parse(off, std::path::Path::new("rules.toml")).expect("off").intercept.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_intercepted_call_in_flight_finish() {
+    let mock = MockWeChat::start().await;
+    let permits = mock.hold_replies(ok_reply());
+    let ca = TestCa::new();
+    let config = ConfigToml::new(&mock.url())
+        .with(limited("send", "/cgi-bin/message/custom/send"))
+        .with(ca.section(&mock.url()));
+    let mut gate = support::process::spawn(&config.to_string(), "intercept-term", &[]).expect("serving");
+    let (answer, stream) = connect(gate.addr, "api.weixin.qq.com:443").await;
+    assert_eq!(answer.status, 200);
+    let mut inner = tls(stream, ca.roots(), "api.weixin.qq.com").await.expect("TLS");
+    inner
+        .write_all(b"POST /cgi-bin/message/custom/send?access_token=T HTTP/1.1\r\nHost: api.weixin.qq.com\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        .await
+        .expect("send");
+    eventually("the call reaching WeChat", PATIENCE, || mock.count() >= 1).await;
+    gate.signal("-TERM");
+    assert!(gate.is_running(), "waits for the intercepted call in flight");
+    permits.add_permits(1);
+    let answer = read_until_closed(&mut inner).await;
+    assert_eq!(answer.responses()[0].status, 200, "the call in flight got its answer: {}", answer.text());
+    assert_eq!(gate.exit_code(PATIENCE).await, 0);
+    assert_eq!(mock.calls()[0].body.as_ref(), b"{}");
+}
