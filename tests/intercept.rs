@@ -343,7 +343,8 @@ async fn sigterm_lets_an_intercepted_call_in_flight_finish() {
     assert!(gate.is_running(), "waits for the intercepted call in flight");
     permits.add_permits(1);
     let answer = read_until_closed(&mut inner).await;
-    assert_eq!(answer.responses()[0].status, 200, "the call in flight got its answer: {}", answer.text());
+    let status = answer.responses().first().map(|r| r.status);
+    assert_eq!(status, Some(200), "the call in flight got its answer, not cut off: {:?}", answer.text());
     assert_eq!(gate.exit_code(PATIENCE).await, 0);
     assert_eq!(mock.calls()[0].body.as_ref(), b"{}");
 }
