@@ -113,10 +113,26 @@ fn main() -> ExitCode {
         }
     };
     if check {
+        if let Err(e) = check_intercept(&config) {
+            eprintln!("wxgate: invalid config: {e}");
+            return ExitCode::from(2);
+        }
         print_rules(&config);
         return ExitCode::SUCCESS;
     }
     run(config)
+}
+
+/// `[intercept]`'s CA as start-up checks it: the files load, the key is
+/// the certificate's, and a certificate for each host verifies now.
+fn check_intercept(config: &Config) -> Result<(), String> {
+    use wxgate::clock::Clock as _;
+    let Some(ic) = &config.intercept else { return Ok(()) };
+    let ca = wxgate::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
+    for host in &ic.hosts {
+        ca.leaf(host, SystemClock.now_us())?;
+    }
+    Ok(())
 }
 
 /// `wxgate probe`: exit 0 on a 2xx answer, 1 on anything else, never 2
@@ -414,6 +430,10 @@ fn print_rules(config: &Config) {
                 }
             }
         }
+    }
+    if let Some(ic) = &config.intercept {
+        let hosts: Vec<&str> = ic.hosts.iter().map(|h| &**h).collect();
+        say!("intercept CONNECT {}, port 443 (CA {})", hosts.join(", "), ic.ca_cert.display());
     }
     if config.routes.has_default() {
         say!("unmatched paths: rule default");

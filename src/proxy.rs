@@ -172,8 +172,12 @@ fn connect_refusal(call: &Call, req: &Request<Incoming>) -> String {
         return "CONNECT inside an intercepted tunnel is not served".into();
     }
     let hosts: Vec<&str> = intercept.hosts.iter().map(|h| &**h).collect();
-    // The target is authority-form (host:port): no path, no secrets.
-    let target = req.uri().authority().map_or("?", |a| a.as_str());
+    // The target (authority-form) is quoted only when it is a host name
+    // and port: never bytes a client could fill with something else.
+    let target = req.uri().authority().map(|a| a.as_str()).filter(|a| {
+        a.len() <= 260 && a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
+    });
+    let target = target.unwrap_or("to this target");
     format!(
         "CONNECT {target} is refused: wxgate intercepts only {}, port 443, and is never a proxy to anything else; \
          send other hosts direct (NO_PROXY, e.g. NO_PROXY=localhost,127.0.0.1,.svc,.cluster.local,<your other hosts>), \

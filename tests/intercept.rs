@@ -141,13 +141,17 @@ async fn connect_to_anything_but_a_listed_host_on_443_is_refused_and_nothing_is_
     let mock = MockWeChat::start().await;
     let ca = TestCa::new();
     let gate = gate(&mock, &ca).await;
-    for target in ["example.com:443", "api.weixin.qq.com:8443", "api.weixin.qq.com:80", "127.0.0.1:443"] {
+    let targets =
+        ["example.com:443", "api.weixin.qq.com:8443", "api.weixin.qq.com:80", "127.0.0.1:443", "SEKRIT_1.example:443"];
+    for target in targets {
         let (answer, mut stream) = connect(gate.addr, target).await;
         assert_eq!(answer.status, 400, "{target}: {}", answer.text());
         let body = answer.json();
         assert_eq!(body["errcode"], 40097, "a WeChat-shaped body: {body}");
         let msg = body["errmsg"].as_str().unwrap_or_default();
         assert!(msg.contains("NO_PROXY") && msg.contains("api.weixin.qq.com"), "says what to do: {msg}");
+        let quoted = !target.contains("SEKRIT");
+        assert_eq!(msg.contains(target), quoted, "a host name is quoted, anything else not: {msg}");
         assert_eq!(answer.header("connection"), Some("close"), "{target}");
         // Nothing after a refused CONNECT is read: the connection ends.
         let _ = stream.write_all(b"GET /cgi-bin/message/custom/send HTTP/1.1\r\nHost: x\r\n\r\n").await;
@@ -163,7 +167,7 @@ async fn connect_to_anything_but_a_listed_host_on_443_is_refused_and_nothing_is_
     .only();
     assert_eq!(absolute.status, 400, "{}", absolute.text());
     assert_eq!(mock.count(), 0, "nothing reached WeChat");
-    assert_eq!(metric(&gate, "wxgate_intercept_tunnels_total{result=\"refused\"}").await, 4.0);
+    assert_eq!(metric(&gate, "wxgate_intercept_tunnels_total{result=\"refused\"}").await, 5.0);
 }
 
 #[tokio::test]
@@ -279,8 +283,20 @@ async fn wxgate_refuses_to_start_with_a_ca_key_others_can_read() {
         &format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"off\"\n\n{}", ca.section("http://127.0.0.1:9")),
     );
     let config = config.display().to_string();
-    let (code, _, stderr) = run(&["check", "--config", &config], &[]);
+    let (code, stdout, stderr) = run(&["check", "--config", &config], &[]);
     assert_eq!(code, 0, "mode 0600 is fine: {stderr}");
+    assert!(
+        stdout.contains("intercept CONNECT api.weixin.qq.com, api2.weixin.qq.com, qyapi.weixin.qq.com"),
+        "{stdout}"
+    );
+    // Another CA's key with this certificate: `check` finds it as start-up would.
+    let good_key = std::fs::read(&ca.key).expect("key");
+    let other = TestCa::new();
+    std::fs::copy(&other.key, &ca.key).expect("copy");
+    let (code, _, stderr) = run(&["check", "--config", &config], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("does not verify against ca_cert"), "{stderr}");
+    std::fs::write(&ca.key, good_key).expect("restore");
     set_mode(&ca.key, 0o644);
     for args in [&["check", "--config", &config][..], &["--config", &config]] {
         let (code, _, stderr) = run(args, &[]);

@@ -97,7 +97,7 @@ fn check_key_mode(path: &Path) -> Result<(), String> {
         .mode();
     if mode & 0o026 != 0 {
         return Err(format!(
-            "[intercept] ca_key: {} has mode {:04o}: others can read it or others can write it, and whoever reads it can impersonate WeChat's hosts to every service that trusts the CA: chmod 600 {}",
+            "[intercept] ca_key: {} has mode {:04o}: others can read it, or group or others can write it; whoever reads it can impersonate WeChat's hosts to every service that trusts the CA: chmod 600 {}",
             path.display(),
             mode & 0o7777,
             path.display()
