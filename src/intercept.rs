@@ -77,6 +77,14 @@ impl Interceptor {
     pub fn new(config: &Config, clock: Arc<dyn Clock>, metrics: &Metrics) -> Result<Option<Interceptor>, String> {
         let Some(ic) = &config.intercept else { return Ok(None) };
         let ca = Ca::load(&ic.ca_cert, &ic.ca_key)?;
+        let left_days = (ca.not_after() - wall_us() / 1_000_000) / 86_400;
+        if left_days < 30 {
+            tracing::warn!(
+                ca_cert = %ic.ca_cert.display(),
+                left_days,
+                "the [intercept] CA expires soon: make a new one (wxgate ca init) and give it to the services"
+            );
+        }
         let mut hosts = Vec::with_capacity(ic.hosts.len());
         let mut leaves = HashMap::new();
         let now = wall_us();

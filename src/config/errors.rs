@@ -342,7 +342,7 @@ mod tests {
     fn unknown_and_missing_keys_are_named_where_they_belong() {
         assert_eq!(
             error("[rules]\nname = \"x\"\n"),
-            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`"
+            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`, `intercept`"
         );
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),

@@ -91,6 +91,9 @@ pub fn generate(label: &str, now_us: Micros) -> Result<NewCa, String> {
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
     cert: CertificateDer<'static>,
+    /// The certificate's validity, Unix seconds.
+    not_before: i64,
+    not_after: i64,
 }
 
 impl std::fmt::Debug for Ca {
@@ -110,11 +113,20 @@ impl Ca {
             .map_err(|e| format!("[intercept] ca_key: {}: cannot read it ({})", key_path.display(), e.kind()))?;
         let key = KeyPair::from_pem(&key_pem)
             .map_err(|_| format!("[intercept] ca_key: {}: not a PEM private key", key_path.display()))?;
-        let cert = rustls_pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
+        let cert: CertificateDer<'static> = rustls_pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
             .map_err(|_| format!("[intercept] ca_cert: {}: not a PEM certificate", cert_path.display()))?;
         let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
             .map_err(|e| format!("[intercept] ca_cert: {}: not a usable CA certificate ({e})", cert_path.display()))?;
-        Ok(Ca { issuer, cert })
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+            .map_err(|e| format!("[intercept] ca_cert: {}: not a usable CA certificate ({e})", cert_path.display()))?;
+        let validity = parsed.validity();
+        let (not_before, not_after) = (validity.not_before.timestamp(), validity.not_after.timestamp());
+        Ok(Ca { issuer, cert, not_before, not_after })
+    }
+
+    /// When the CA expires, Unix seconds.
+    pub fn not_after(&self) -> i64 {
+        self.not_after
     }
 
     /// A TLS server config for `host`: a fresh key and a leaf certificate
@@ -122,6 +134,13 @@ impl Ca {
     /// only (ALPN).
     pub fn leaf(&self, host: &str, now_us: Micros) -> Result<Arc<ServerConfig>, String> {
         let now = now_us / 1_000_000;
+        // rustls clients take a trust anchor as it is; OpenSSL's (Python's) check its dates.
+        if now < self.not_before || now >= self.not_after {
+            let (from, to) = (datetime(self.not_before)?, datetime(self.not_after)?);
+            return Err(format!(
+                "[intercept] ca_cert: valid from {from} to {to}, not now: make a new CA (`wxgate ca init`) and give it to the services"
+            ));
+        }
         let key = KeyPair::generate().map_err(|e| format!("cannot generate a key: {e}"))?;
         let mut params =
             CertificateParams::new(vec![host.to_owned()]).map_err(|e| format!("a certificate for {host}: {e}"))?;
