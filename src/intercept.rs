@@ -140,3 +140,44 @@ impl Interceptor {
 fn wall_us() -> Micros {
     SystemClock.now_us()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// Where each host's calls go: its `[intercept] upstream`, the main pool
+    /// for the host of `[server] upstream`'s first URL, else `https://<host>`.
+    #[test]
+    fn each_host_goes_to_its_own_upstream_or_the_main_pool() {
+        let dir = std::env::temp_dir().join(format!("wxgate-intercept-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ca = ca::generate("unit", SystemClock.now_us()).expect("ca");
+        std::fs::write(dir.join("ca.pem"), &ca.cert_pem).expect("write");
+        std::fs::write(dir.join("ca-key.pem"), &ca.key_pem).expect("write");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.join("ca-key.pem"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let text = format!(
+            "[server]\nupstream = [\"https://api.weixin.qq.com\", \"https://api2.weixin.qq.com\"]\nadmin_listen = \"off\"\n\n\
+             [intercept]\nca_cert = {:?}\nca_key = {:?}\nupstream = {{ \"qyapi.weixin.qq.com\" = \"http://127.0.0.1:9999\" }}\n",
+            dir.join("ca.pem").display().to_string(),
+            dir.join("ca-key.pem").display().to_string(),
+        );
+        let config = Config::parse(&text, std::path::Path::new("t.toml")).expect("config");
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+        let metrics = Metrics::new();
+        let main = Arc::new(Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None).expect("main"));
+        let intercept = Interceptor::new(&config, clock, &metrics).expect("start").expect("on");
+        let to = |host: &str| intercept.host(host).expect("listed").upstream(main.clone());
+        assert!(Arc::ptr_eq(&to("API.weixin.qq.com"), &main), "the main pool, with its failover to api2");
+        assert_eq!(to("api2.weixin.qq.com").status()[0].url, "https://api2.weixin.qq.com/");
+        assert_eq!(to("qyapi.weixin.qq.com").status()[0].url, "http://127.0.0.1:9999/");
+        assert!(intercept.host("example.com").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -172,15 +172,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
                 async move { Ok::<_, std::convert::Infallible>(handle(&app, req, &client).await) }
             })
         };
-        // Half-close aware: a client that closes its sending side after a
-        // complete request still gets the answer (see `crate::client`).
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .half_close(true)
-            .max_buf_size(2 * MAX_HEAD_BYTES)
-            .max_header_size(MAX_HEAD_BYTES)
-            .serve_connection(TokioIo::new(SmuggleGuard::new(client)), service);
+        let conn = http1(header_timeout).serve_connection(TokioIo::new(SmuggleGuard::new(client)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -192,7 +184,8 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
     graceful.shutdown().await;
 }
 
-/// hyper's HTTP/1 server as wxgate runs it, on every connection.
+/// hyper's HTTP/1 server as wxgate runs it, on every connection (and
+/// inside `[intercept]` tunnels).
 fn http1(header_timeout: Duration) -> Builder {
     let mut builder = Builder::new();
     // Half-close aware: a client that closes its sending side after a
