@@ -51,7 +51,10 @@ pub async fn connect(
 ) -> Response<RelayBody> {
     let host = app.intercept.as_ref().and_then(|i| {
         let target = req.uri().authority()?;
-        (target.port_u16() == Some(443)).then(|| i.host(target.host()))?.cloned()
+        // As the request guard reads it (`host:443`, no user info), or the
+        // guard would have followed what comes next as requests.
+        let plain = !target.as_str().contains('@');
+        (plain && target.port_u16() == Some(443)).then(|| i.host(target.host()))?.cloned()
     });
     let taken = host.as_ref().and_then(|_| watcher.lock().unwrap_or_else(|e| e.into_inner()).take());
     let (Some(host), Some(watcher)) = (host, taken) else {
