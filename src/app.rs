@@ -12,6 +12,7 @@ use crate::activity::{Activity, Held};
 use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::{Config, StoreConfig};
+use crate::intercept::Interceptor;
 use crate::metrics::{MemoryStoreMetrics, Metrics};
 use crate::quota_sync::status::SyncStatus;
 use crate::slots::Slots;
@@ -48,6 +49,9 @@ pub struct App {
     pub syncs: SyncStatus,
     pub reloads: Reloads,
     pub metrics: Metrics,
+    /// `[intercept]`, when on: the CA, the hosts' certificates and
+    /// upstreams. Built at start; `[intercept]` changes need a restart.
+    pub intercept: Option<Arc<Interceptor>>,
 }
 
 /// Reload outcomes since start, and what the config watcher saw (`/readyz`).
@@ -85,6 +89,7 @@ impl App {
         if token_cache.is_none() && !config.quota_syncs.is_empty() {
             tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
         }
+        let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
         let app = Arc::new(App {
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
@@ -99,6 +104,7 @@ impl App {
             syncs: SyncStatus::default(),
             reloads: Reloads::default(),
             metrics,
+            intercept,
         });
         Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
         Ok(app)

@@ -64,6 +64,9 @@ pub struct Call {
     /// forward: the upstream that answered, or the last one tried (index
     /// into that client's list), for the access log.
     pub upstream: Option<(Arc<Upstream>, usize)>,
+    /// A call served inside an `[intercept]` tunnel: the host it was for
+    /// (its upstream, its count); `None` for a direct call.
+    pub intercepted: Option<Arc<crate::intercept::Host>>,
     pub decision_us: Micros,
     pub upstream_us: Micros,
     pub held_us: Micros,
@@ -89,6 +92,7 @@ impl Call {
             errcode: None,
             refusal: None,
             upstream: None,
+            intercepted: None,
             decision_us: 0,
             upstream_us: 0,
             held_us: 0,

@@ -17,6 +17,7 @@
 mod callers;
 mod compile;
 mod errors;
+mod intercept;
 mod raw;
 mod settings;
 pub mod units;
@@ -63,6 +64,9 @@ pub struct Config {
     pub tokens: TokensConfig,
     /// Rules with `quota_sync`: each state and the API path asked for.
     pub quota_syncs: Vec<QuotaSync>,
+    /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
+    /// calls (`crate::intercept`); `None`: off (the default).
+    pub intercept: Option<Intercept>,
 }
 
 /// `[tokens]`: the access-token cache. Read at start (a reload keeps the
@@ -97,6 +101,29 @@ pub struct QuotaSync {
     /// The API asked for: the rule's first exact path (or the variant's).
     pub path: String,
     pub every: Duration,
+}
+
+/// `[intercept]`, on: wxgate accepts `CONNECT <host>:443` for these hosts
+/// only, completes TLS with a certificate for the host signed by the CA,
+/// and serves the calls inside like direct ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intercept {
+    /// `hosts`: lower-case DNS names, no port (default: WeChat's API hosts).
+    pub hosts: Vec<Arc<str>>,
+    /// `ca_cert`: the CA certificate (PEM) leaves are signed with.
+    pub ca_cert: PathBuf,
+    /// `ca_key`: its private key (PEM); never readable by others (checked).
+    pub ca_key: PathBuf,
+    /// `upstream`: where a host's calls go instead of `https://<host>`
+    /// (`scheme://authority`, no path), per host of `hosts`.
+    pub upstream: Vec<(Arc<str>, http::Uri)>,
+}
+
+impl Intercept {
+    /// Whether `host` (any case) is one of `hosts`; `Some` of its entry.
+    pub fn host(&self, host: &str) -> Option<&Arc<str>> {
+        self.hosts.iter().find(|h| h.eq_ignore_ascii_case(host))
+    }
 }
 
 /// A `[[caller]]`: a service calling through wxgate, named by the
@@ -244,6 +271,11 @@ pub struct Upstreams(Vec<http::Uri>);
 impl Upstreams {
     /// Most upstreams in a list (WeChat names five API domains).
     pub const MAX: usize = 8;
+
+    /// One upstream (`[intercept]`'s per-host upstreams).
+    pub fn one(url: http::Uri) -> Upstreams {
+        Upstreams(vec![url])
+    }
 
     /// The upstreams, in the order calls try them.
     pub fn iter(&self) -> std::slice::Iter<'_, http::Uri> {

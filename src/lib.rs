@@ -28,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod inspect;
+pub mod intercept;
 pub mod limit;
 pub mod metrics;
 pub mod penalty;
@@ -45,6 +46,7 @@ pub mod slots;
 pub mod smuggling;
 pub mod store;
 pub mod token_cache;
+pub mod tunnel;
 pub mod upstream;
 pub mod worker;
 

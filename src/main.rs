@@ -1,7 +1,8 @@
 //! `wxgate [--config rules.toml]` serves; `wxgate check --config rules.toml`
 //! validates and prints the compiled rules; `wxgate sim` serves a WeChat
 //! API simulator (no rules config needed); `wxgate probe` asks a running
-//! wxgate's admin listener whether it is ready (container health checks).
+//! wxgate's admin listener whether it is ready (container health checks);
+//! `wxgate ca init --out DIR` makes the CA of `[intercept]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,32 @@ enum Command {
     Sim(SimArgs),
     /// GET a running wxgate's /readyz (or --url): exit 0 on a 2xx answer, else 1 with the reason.
     Probe(ProbeArgs),
+    /// The CA of [intercept] (CONNECT tunnels to WeChat's hosts). Reference: docs/intercept.md.
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Make a CA certificate (DIR/ca.pem) and key (DIR/ca-key.pem, mode 0600) for [intercept],
+    /// and print the lines wxgate and each service need. Needs no rules config.
+    Init(CaInitArgs),
+}
+
+#[derive(clap::Args)]
+struct CaInitArgs {
+    /// Directory to write ca.pem and ca-key.pem in (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Replace ca.pem and ca-key.pem if they exist (services trusting the old CA stop working).
+    #[arg(long)]
+    force: bool,
+    /// What the CA is for, in its name (default: this machine's host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// wxgate's address as services reach it, for the printed HTTPS_PROXY line.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    proxy: String,
 }
 
 #[derive(clap::Args)]
@@ -73,6 +100,8 @@ fn main() -> ExitCode {
         // depend on the rules file on disk being valid (a broken edit is
         // refused by the running wxgate, which keeps serving).
         Some(Command::Probe(args)) => return probe(args, &cli.config),
+        // A CA is made before any config names it.
+        Some(Command::Ca(CaCommand::Init(args))) => return ca_init(args),
         Some(Command::Check) => true,
         None => false,
     };
@@ -84,10 +113,26 @@ fn main() -> ExitCode {
         }
     };
     if check {
+        if let Err(e) = check_intercept(&config) {
+            eprintln!("wxgate: invalid config: {e}");
+            return ExitCode::from(2);
+        }
         print_rules(&config);
         return ExitCode::SUCCESS;
     }
     run(config)
+}
+
+/// `[intercept]`'s CA as start-up checks it: the files load, the key is
+/// the certificate's, and a certificate for each host verifies now.
+fn check_intercept(config: &Config) -> Result<(), String> {
+    use wxgate::clock::Clock as _;
+    let Some(ic) = &config.intercept else { return Ok(()) };
+    let ca = wxgate::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
+    for host in &ic.hosts {
+        ca.leaf(host, SystemClock.now_us())?;
+    }
+    Ok(())
 }
 
 /// `wxgate probe`: exit 0 on a 2xx answer, 1 on anything else, never 2
@@ -117,6 +162,106 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `wxgate ca init`: writes the CA files (never over existing ones without
+/// `--force`; the key created with mode 0600), then prints what to set.
+fn ca_init(args: &CaInitArgs) -> ExitCode {
+    match write_ca(args) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("wxgate ca init: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_ca(args: &CaInitArgs) -> Result<String, String> {
+    use wxgate::clock::Clock as _;
+    use wxgate::intercept::ca;
+    let label = args.name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "wxgate".to_owned())
+    });
+    let new = ca::generate(&label, SystemClock.now_us())?;
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let dir = std::fs::canonicalize(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let (cert, key) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    if !args.force {
+        for f in [&cert, &key] {
+            if f.exists() {
+                return Err(format!(
+                    "{} exists: services may trust it; give --force to replace it, or another --out",
+                    f.display()
+                ));
+            }
+        }
+    }
+    write_file(&key, new.key_pem.as_bytes(), 0o600, args.force)?;
+    write_file(&cert, new.cert_pem.as_bytes(), 0o644, args.force)?;
+    let (cert, key) = (cert.display(), key.display());
+    let proxy = &args.proxy;
+    Ok(format!(
+        "# wxgate ca init: made \"{name}\", valid {days} days
+#   {cert}      the CA certificate: every service that calls WeChat through wxgate trusts it
+#   {key}  its key (mode 0600): only wxgate reads it; whoever holds it can impersonate
+#   WeChat's hosts (*.{permitted}) to those services. One per deployment, never shared.
+
+# rules.toml (wxgate):
+[intercept]
+ca_cert = \"{cert}\"
+ca_key = \"{key}\"
+
+# Each service calling WeChat (environment):
+HTTPS_PROXY={proxy}
+NO_PROXY=localhost,127.0.0.1,.svc,.cluster.local
+REQUESTS_CA_BUNDLE={cert}
+SSL_CERT_FILE={cert}
+NODE_EXTRA_CA_CERTS={cert}
+# NO_PROXY: every host the service reaches over HTTPS other than WeChat's; wxgate refuses
+#   CONNECT to anything but [intercept] hosts (it is never a general proxy).
+# REQUESTS_CA_BUNDLE (Python requests) and SSL_CERT_FILE (Python ssl/httpx, Go, Ruby, OpenSSL)
+#   replace the system roots: a service that also calls other HTTPS hosts directly needs both:
+#   cat /etc/ssl/certs/ca-certificates.crt {cert} > bundle.pem   (then point both at bundle.pem)
+# NODE_EXTRA_CA_CERTS adds to Node's roots; Node's own https ignores HTTPS_PROXY (axios and
+#   got need an agent such as https-proxy-agent).
+# Java (ignores HTTPS_PROXY):
+#   keytool -importcert -noprompt -alias wxgate-intercept -file {cert} -keystore \"$JAVA_HOME/lib/security/cacerts\" -storepass changeit
+#   java -Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=8080 -Dhttp.nonProxyHosts='localhost|127.0.0.1|*.svc' ...
+# PHP / curl: curl honours HTTPS_PROXY; CURLOPT_CAINFO={cert} (curl --cacert {cert}).
+",
+        name = new.name,
+        days = ca::CA_DAYS,
+        permitted = ca::PERMITTED,
+    ))
+}
+
+/// Writes a new file with `mode` (unix), created with that mode so the key
+/// is never readable by others, even for a moment; with `replace`, an
+/// existing file is removed first.
+fn write_file(path: &std::path::Path, bytes: &[u8], mode: u32, replace: bool) -> Result<(), String> {
+    use std::io::Write as _;
+    if replace {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = options.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// `wxgate sim`: serves until SIGTERM or Ctrl-C.
@@ -337,6 +482,10 @@ fn print_rules(config: &Config) {
         humantime::format_duration(t.min_ttl),
         humantime::format_duration(t.wait)
     );
+    if let Some(ic) = &config.intercept {
+        let hosts: Vec<&str> = ic.hosts.iter().map(|h| &**h).collect();
+        say!("intercept CONNECT {}, port 443 (CA {})", hosts.join(", "), ic.ca_cert.display());
+    }
     if config.routes.has_default() {
         say!("unmatched paths: rule default");
     } else {

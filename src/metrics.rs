@@ -113,6 +113,30 @@ pub struct SourceLabel {
     pub source: String,
 }
 
+/// An `[intercept] hosts` entry.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabel {
+    pub host: String,
+}
+
+/// What became of a `CONNECT` with `[intercept]` on.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Tunnel {
+    /// TLS completed with the client: its calls are served.
+    opened,
+    /// Not a listed host on port 443: answered 400, nothing forwarded.
+    refused,
+    /// The TLS handshake failed (a client that does not trust the CA,
+    /// bytes that are not TLS, an SNI that is not the CONNECT's host).
+    handshake_failed,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TunnelLabels {
+    pub result: Tunnel,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,
@@ -305,6 +329,10 @@ pub struct Metrics {
     pub caller_calls: Family<CallerOutcomeLabels, Counter>,
     /// Calls refused by their caller's flood guard, by caller.
     pub caller_rate_refusals: Family<CallerLabel, Counter>,
+    /// `[intercept]`: calls served inside CONNECT tunnels, by host.
+    pub intercepted_calls: Family<HostLabel, Counter>,
+    /// `[intercept]`: CONNECT requests by what became of them.
+    pub intercept_tunnels: Family<TunnelLabels, Counter>,
 }
 
 type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
@@ -348,6 +376,8 @@ impl Metrics {
         let upstreams = UpstreamMetrics::default();
         let caller_calls = Family::<CallerOutcomeLabels, Counter>::default();
         let caller_rate_refusals = Family::<CallerLabel, Counter>::default();
+        let intercepted_calls = Family::<HostLabel, Counter>::default();
+        let intercept_tunnels = Family::<TunnelLabels, Counter>::default();
         // Both series from the start, so that 0 is visible (and alertable).
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
         let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::save });
@@ -483,6 +513,16 @@ impl Metrics {
             "quota/get calls made by quota_sync, by result (raised, unchanged, error, skipped: another instance synced)",
             tokens.syncs.clone(),
         );
+        registry.register(
+            "intercepted_calls",
+            "[intercept]: calls served inside CONNECT tunnels, by host (also counted in wxgate_calls with their rule)",
+            intercepted_calls.clone(),
+        );
+        registry.register(
+            "intercept_tunnels",
+            "[intercept]: CONNECT requests by result: opened, refused (not a listed host on port 443), handshake_failed (the client does not trust the CA, or sent no TLS)",
+            intercept_tunnels.clone(),
+        );
         let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "wxgate build", info);
         Metrics {
@@ -511,6 +551,8 @@ impl Metrics {
             tokens,
             caller_calls,
             caller_rate_refusals,
+            intercepted_calls,
+            intercept_tunnels,
         }
     }
 

@@ -39,6 +39,8 @@
 //! answer of the phase's own. Every accepted request gets exactly one
 //! response, and is counted and logged once ([`respond`]).
 
+use std::sync::Arc;
+
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
@@ -64,8 +66,30 @@ use crate::upstream::strip_hop_by_hop;
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
+    serve(app, req, client, None).await
+}
+
+/// Answers one request made inside an `[intercept]` tunnel to `host`
+/// (`crate::tunnel`): the same phases as [`handle`], forwarded to that
+/// host's upstream ([`crate::intercept::Host::upstream`]).
+pub async fn handle_intercepted(
+    app: &App,
+    req: Request<Incoming>,
+    client: &Client,
+    host: Arc<crate::intercept::Host>,
+) -> Response<RelayBody> {
+    serve(app, req, client, Some(host)).await
+}
+
+async fn serve(
+    app: &App,
+    req: Request<Incoming>,
+    client: &Client,
+    intercepted: Option<Arc<crate::intercept::Host>>,
+) -> Response<RelayBody> {
     let fallback = app.callers.load().fallback();
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
+    call.intercepted = intercepted;
     let resp = match phases(app, &mut call, req, client).await {
         Ok(resp) => resp,
         Err(Early::Answered(resp)) => *resp,
@@ -100,10 +124,7 @@ async fn phases(
 /// but for an `@account` first segment, which goes to `call.named`.
 pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
     if req.method() == Method::CONNECT {
-        return Err(ProxyError::BadRequest(
-            "CONNECT is not served: wxgate only forwards to its configured upstream".into(),
-        )
-        .into());
+        return Err(ProxyError::BadRequest(connect_refusal(call, req)).into());
     }
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         return Err(ProxyError::BadRequest(
@@ -144,6 +165,29 @@ pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, 
         .into());
     }
     Ok(target)
+}
+
+/// Why a `CONNECT` is refused, in words an on-call engineer can act on.
+fn connect_refusal(call: &Call, req: &Request<Incoming>) -> String {
+    let Some(intercept) = &call.config.intercept else {
+        return "CONNECT is not served: wxgate only forwards to its configured upstream".into();
+    };
+    if call.intercepted.is_some() {
+        return "CONNECT inside an intercepted tunnel is not served".into();
+    }
+    let hosts: Vec<&str> = intercept.hosts.iter().map(|h| &**h).collect();
+    // The target (authority-form) is quoted only when it is a host name
+    // and port: never bytes a client could fill with something else.
+    let target = req.uri().authority().map(|a| a.as_str()).filter(|a| {
+        a.len() <= 260 && a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
+    });
+    let target = target.unwrap_or("to this target");
+    format!(
+        "CONNECT {target} is refused: wxgate intercepts only {}, port 443, and is never a proxy to anything else; \
+         send other hosts direct (NO_PROXY, e.g. NO_PROXY=localhost,127.0.0.1,.svc,.cluster.local,<your other hosts>), \
+         or give HTTPS_PROXY to the WeChat client only",
+        hosts.join(", ")
+    )
 }
 
 /// Phase 2: who the call is from ([`crate::callers`]), and that caller's
@@ -224,7 +268,10 @@ pub async fn forward(
     req: Request<Incoming>,
     target: PathAndQuery,
 ) -> Result<Forwarded, Early> {
-    let upstream = app.upstream.load_full();
+    let upstream = match &call.intercepted {
+        None => app.upstream.load_full(),
+        Some(host) => host.upstream(app.upstream.load_full()),
+    };
     let (mut parts, body) = req.into_parts();
     parts.uri =
         upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
@@ -325,6 +372,9 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
         None => app.metrics.rule(rule).call(call.outcome),
     }
     call.caller.entry.metrics.call(call.outcome);
+    if let Some(host) = &call.intercepted {
+        host.calls.inc();
+    }
     if call.config.log.access {
         tracing::info!(
             target: "wxgate::access",
@@ -337,6 +387,7 @@ fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
             status = resp.status().as_u16(),
             errcode = call.errcode,
             upstream = call.upstream.as_ref().map(|(u, i)| u.name(*i)),
+            intercepted = call.intercepted.as_ref().map(|h| &*h.name),
             error = call.refusal.as_deref(),
             decision_ms = call.decision_us as f64 / 1000.0,
             upstream_ms = call.upstream_us as f64 / 1000.0,

@@ -4,8 +4,8 @@
 //! A new config is fully loaded and validated before anything changes; it is
 //! then swapped in atomically, so each call runs under exactly one config:
 //! the one it started with. An invalid file is refused with its error logged,
-//! and the old rules stay. `listen` and `[store]` need a restart: a reload
-//! that changes them keeps the running ones and says so.
+//! and the old rules stay. `listen`, `[store]` and `[intercept]` need a
+//! restart: a reload that changes them keeps the running ones and says so.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -58,6 +58,10 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
     if next.store != running.store {
         tracing::warn!("[store] changes need a restart; keeping the running store");
         next.store = running.store.clone();
+    }
+    if next.intercept != running.intercept {
+        tracing::warn!("[intercept] changes need a restart; keeping the running hosts, CA and upstreams");
+        next.intercept = running.intercept.clone();
     }
     let s = (&next.server, &running.server);
     if s.0.upstream != s.1.upstream

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::server::conn::http1::Builder;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -159,6 +160,10 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
         let header_timeout = app.config.load().server.header_timeout;
         let app = app.clone();
         let client = Client::new(stream);
+        if app.intercept.is_some() {
+            intercepting(app, client, header_timeout, &graceful, stopped.clone());
+            continue;
+        }
         let service = {
             let client = client.clone();
             service_fn(move |req| {
@@ -167,15 +172,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
                 async move { Ok::<_, std::convert::Infallible>(handle(&app, req, &client).await) }
             })
         };
-        // Half-close aware: a client that closes its sending side after a
-        // complete request still gets the answer (see `crate::client`).
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .half_close(true)
-            .max_buf_size(2 * MAX_HEAD_BYTES)
-            .max_header_size(MAX_HEAD_BYTES)
-            .serve_connection(TokioIo::new(SmuggleGuard::new(client)), service);
+        let conn = http1(header_timeout).serve_connection(TokioIo::new(SmuggleGuard::new(client)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -185,4 +182,67 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// hyper's HTTP/1 server as wxgate runs it, on every connection (and
+/// inside `[intercept]` tunnels).
+fn http1(header_timeout: Duration) -> Builder {
+    let mut builder = Builder::new();
+    // Half-close aware: a client that closes its sending side after a
+    // complete request still gets the answer (see `crate::client`).
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .half_close(true)
+        .max_buf_size(2 * MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES);
+    builder
+}
+
+/// Serves one connection with `[intercept]` on: as any other, but a
+/// `CONNECT` goes to [`crate::tunnel`] (and the request guard lets a
+/// tunnel's bytes through). hyper's graceful shutdown helper cannot watch
+/// an upgradeable connection: this one is shut down gracefully when
+/// `stopped` changes, and holds a watcher meanwhile so that the shutdown
+/// waits for it, as for the others.
+fn intercepting(
+    app: Arc<App>,
+    client: Client,
+    header_timeout: Duration,
+    graceful: &GracefulShutdown,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let Some(names) = app.intercept.as_ref().map(|i| i.names()) else { return };
+    let tunnel_watcher = Arc::new(std::sync::Mutex::new(Some(graceful.watcher())));
+    let keep = graceful.watcher();
+    let service = {
+        let client = client.clone();
+        service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let (app, client, watcher) = (app.clone(), client.clone(), tunnel_watcher.clone());
+            async move {
+                let resp = if req.method() == http::Method::CONNECT {
+                    crate::tunnel::connect(&app, req, &client, &watcher, http1(header_timeout)).await
+                } else {
+                    handle(&app, req, &client).await
+                };
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        })
+    };
+    let guard = SmuggleGuard::new(client).tunnels(names);
+    let conn = http1(header_timeout).serve_connection(TokioIo::new(guard), service).with_upgrades();
+    tokio::spawn(async move {
+        let _keep = keep;
+        tokio::pin!(conn);
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            _ = stopped.changed() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = ended {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    });
 }

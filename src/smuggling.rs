@@ -30,9 +30,18 @@
 //!
 //! Body bytes pass through as they arrive; a well-formed stream passes
 //! through byte for byte.
+//!
+//! One exception, only with `[intercept]` on ([`SmuggleGuard::tunnels`]): a
+//! `CONNECT` to a listed host on port 443, without a body, is the last
+//! request the guard follows; what comes after it is the tunnel's bytes
+//! (TLS), passed through unfollowed. wxgate then either opens the tunnel or
+//! answers with `Connection: close` (`crate::tunnel`), so hyper never reads
+//! an unfollowed byte as a request. The requests inside the tunnel have a
+//! guard of their own.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use memchr::memchr2;
@@ -56,6 +65,8 @@ enum State {
     Chunked(Chunk),
     /// Nothing more is handed to hyper: its reads end here.
     Stopped,
+    /// After a `CONNECT` to a listed host: bytes pass unfollowed.
+    Tunnel,
 }
 
 /// hyper's chunked decoder, state for state (`proto/h1/decode.rs`).
@@ -259,6 +270,8 @@ pub struct SmuggleGuard<T> {
     out_pos: usize,
     /// Read buffer, allocated once per connection.
     scratch: Vec<u8>,
+    /// `[intercept] hosts`: a `CONNECT` to one of them on port 443 opens a tunnel.
+    tunnels: Option<Arc<[Arc<str>]>>,
 }
 
 /// Unread bytes drained at most when the connection closes (see
@@ -275,7 +288,27 @@ impl<T> SmuggleGuard<T> {
             out: Vec::new(),
             out_pos: 0,
             scratch: Vec::new(),
+            tunnels: None,
         }
+    }
+
+    /// With `[intercept]` on: a `CONNECT <host>:443` (one of `hosts`, no
+    /// body) ends the following; the bytes after its head pass unfollowed.
+    pub fn tunnels(mut self, hosts: Arc<[Arc<str>]>) -> Self {
+        self.tunnels = Some(hosts);
+        self
+    }
+
+    /// Whether `head` (complete) is a `CONNECT` to a listed host on 443.
+    fn opens_tunnel(&self, head: &[u8]) -> bool {
+        let Some(hosts) = &self.tunnels else { return false };
+        let start = head.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(head.len());
+        let Some(line) = head[start..].split(|&b| b == b'\r').next() else { return false };
+        let Some(target) = line.strip_prefix(b"CONNECT ").and_then(|rest| rest.split(|&b| b == b' ').next()) else {
+            return false;
+        };
+        let Some(host) = target.strip_suffix(b":443") else { return false };
+        hosts.iter().any(|h| h.as_bytes().eq_ignore_ascii_case(host))
     }
 
     /// Follows `data`, appending what hyper may see now to `out`.
@@ -283,6 +316,10 @@ impl<T> SmuggleGuard<T> {
         while !data.is_empty() {
             match self.state {
                 State::Stopped => return,
+                State::Tunnel => {
+                    self.out.extend_from_slice(data);
+                    return;
+                }
                 State::Head => {
                     self.head.extend_from_slice(data);
                     data = &[];
@@ -295,6 +332,11 @@ impl<T> SmuggleGuard<T> {
                         Scan::Refuse(why) => self.refuse(why),
                         Scan::Complete(end, next) => {
                             let rest = self.head.split_off(end);
+                            let next = match self.opens_tunnel(&self.head) {
+                                false => next,
+                                true if next == State::Head => State::Tunnel,
+                                true => return self.refuse("a CONNECT with a body"),
+                            };
                             self.out.append(&mut self.head);
                             self.scan = HeadScan::default();
                             self.state = next;
@@ -448,6 +490,35 @@ mod tests {
             g.feed(piece);
         }
         (g.out, g.state)
+    }
+
+    #[test]
+    fn a_connect_to_a_listed_host_ends_the_following() {
+        let hosts: Arc<[Arc<str>]> = vec![Arc::from("api.weixin.qq.com")].into();
+        let mut g = SmuggleGuard::new(()).tunnels(hosts.clone());
+        let tls =
+            b"\x16\x03\x01\x00\x05hello\r\n\nGET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head = b"CONNECT API.weixin.qq.com:443 HTTP/1.1\r\nHost: api.weixin.qq.com:443\r\n\r\n";
+        g.feed(&[&head[..], &tls[..]].concat());
+        assert_eq!(g.state, State::Tunnel);
+        assert_eq!(g.out, [&head[..], &tls[..]].concat(), "the tunnel's bytes pass unfollowed");
+        // Not listed, another port, a body, or no list: followed (and refused) as before.
+        for (head, tunnels) in [
+            (&b"CONNECT example.com:443 HTTP/1.1\r\n\r\n"[..], true),
+            (b"CONNECT api.weixin.qq.com:80 HTTP/1.1\r\n\r\n", true),
+            (b"CONNECT api.weixin.qq.com:443 HTTP/1.1\r\n\r\n", false),
+        ] {
+            let mut g = SmuggleGuard::new(());
+            if tunnels {
+                g = g.tunnels(hosts.clone());
+            }
+            g.feed(&[head, &tls[..]].concat());
+            assert_eq!(g.state, State::Stopped, "{}", String::from_utf8_lossy(head));
+            assert!(g.out.ends_with(REFUSED));
+        }
+        let mut g = SmuggleGuard::new(()).tunnels(hosts);
+        g.feed(b"CONNECT api.weixin.qq.com:443 HTTP/1.1\r\nContent-Length: 2\r\n\r\nab");
+        assert_eq!((g.state, &g.out[..]), (State::Stopped, REFUSED), "a CONNECT with a body is refused");
     }
 
     #[test]

@@ -378,6 +378,16 @@ impl Upstream {
         }
     }
 
+    /// Whether the first upstream is `https://<host>` on port 443 (any
+    /// path): `[intercept]` sends that host's calls to this pool.
+    pub fn first_is_https(&self, host: &str) -> bool {
+        self.targets.first().is_some_and(|t| {
+            t.base.scheme_str() == Some("https")
+                && t.base.port_u16().is_none_or(|p| p == 443)
+                && t.base.host().is_some_and(|h| h.eq_ignore_ascii_case(host))
+        })
+    }
+
     /// The `host[:port]` of upstream `i` (as [`Upstream::send`] numbers them).
     pub fn name(&self, i: usize) -> &str {
         self.targets.get(i).map_or("", |t| &t.name)

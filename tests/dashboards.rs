@@ -248,11 +248,14 @@ async fn live_metrics() -> String {
         },
     );
     let dir = TempDir::new("dashboards");
+    // [intercept] on: its series exist from the start.
+    let ca = support::intercept::TestCa::new();
     // A closed first upstream: the first call fails over to the mock.
     let closed = ports::ClosedPort::new();
     let config = ConfigToml::upstreams(&[&format!("http://127.0.0.1:{}", closed.port), &mock.url()])
         .with(rule("send").matching("/cgi-bin/message/template/send").limit_burst(2, "1m", 2))
         .with(rule("default"))
+        .with(ca.section(&mock.url()))
         .to_string();
     let path = dir.write("rules.toml", &config);
     let gate = Gate::start_file(&path).await;

@@ -14,7 +14,7 @@ use toml::Spanned;
 use super::errors::{duplicate_key, leading_key, table_and_key, Doc};
 use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule, RawTokens};
 use super::units::{micros, parse_duration, secs_us, valid_name};
-use super::{callers, settings, Config, ConfigError, LogConfig, QuotaSync, TokensConfig};
+use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, TokensConfig};
 use crate::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
 use crate::penalty::{PenaltyLength, PenaltyPolicy};
@@ -203,6 +203,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     })?;
     let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
     let callers = callers::compile(raw.caller).map_err(|(span, m)| ctx.at(span, m))?;
+    let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|m| ctx.in_table(m))?;
     Ok(Config {
         source: ctx.path.to_path_buf(),
         server,
@@ -217,6 +218,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         callers,
         tokens,
         quota_syncs,
+        intercept,
     })
 }
 

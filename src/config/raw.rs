@@ -22,6 +22,7 @@ pub(super) struct RawConfig {
     pub caller: Vec<Spanned<RawCaller>>,
     #[serde(default)]
     pub tokens: RawTokens,
+    pub intercept: Option<RawIntercept>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -31,6 +32,17 @@ pub(super) struct RawTokens {
     pub min_ttl: Option<String>,
     pub wait: Option<String>,
     pub key_file: Option<PathBuf>,
+}
+
+/// `[intercept]` (src/config/intercept.rs).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIntercept {
+    pub enabled: Option<bool>,
+    pub hosts: Option<Vec<String>>,
+    pub ca_cert: Option<PathBuf>,
+    pub ca_key: Option<PathBuf>,
+    pub upstream: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -346,7 +346,7 @@ fn same_host(a: &http::Uri, b: &http::Uri) -> bool {
     a.host().map(str::to_ascii_lowercase) == b.host().map(str::to_ascii_lowercase) && port(a) == port(b)
 }
 
-fn parse_upstream(text: &str) -> Result<http::Uri, String> {
+pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}

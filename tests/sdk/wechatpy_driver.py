@@ -1,6 +1,7 @@
 """Drives wxgate with the real wechatpy SDK, for tests/sdks.rs.
 
     python wechatpy_driver.py --base http://127.0.0.1:PORT[/@account] [options] CALL...
+    python wechatpy_driver.py --via intercept [options] CALL...
 
 Makes each CALL (a name from CALLS) in order on one WeChatClient and prints
 one JSON line per call with what the SDK's caller sees: the result, or the
@@ -9,15 +10,20 @@ HTTP status and Retry-After of the response the exception carries.
 
 --via api_base_url (default): the client's API_BASE_URL is <base>/cgi-bin/,
 as wechatpy's docs suggest; --via contrib: API_BASE_URL is left alone and
-contrib/wechatpy_wxgate.py routes every call (on PYTHONPATH). --token T gives
+contrib/wechatpy_wxgate.py routes every call (on PYTHONPATH); --via intercept: nothing is changed in
+the client (it calls https://api.weixin.qq.com as shipped) and the
+environment routes it (HTTPS_PROXY, REQUESTS_CA_BUNDLE: wxgate's [intercept]).
+--token T gives
 the client a token (no token request); without it the client fetches its own
 with --appid/--secret. Nothing leaves loopback: any other URL is refused
-before a connection is made, and reported as the call's error.
+before a connection is made, and reported as the call's error (with --via
+intercept: any URL requests would not send through a proxy on loopback).
 """
 
 import argparse
 import json
 import sys
+from urllib.parse import urlparse
 
 import requests
 from wechatpy import WeChatClient
@@ -50,6 +56,21 @@ def loopback_only(session):
     session.mount("http://127.0.0.1:", requests.adapters.HTTPAdapter())
 
 
+class ViaLoopbackProxy(requests.adapters.HTTPAdapter):
+    """The transport with --via intercept: only through a proxy on loopback."""
+
+    def send(self, request, **kwargs):
+        proxy = requests.utils.select_proxy(request.url, kwargs.get("proxies") or {})
+        if not proxy or urlparse(proxy).hostname != "127.0.0.1":
+            raise requests.ConnectionError("sdk driver: refusing to leave loopback (no proxy on loopback): " + request.url)
+        return super().send(request, **kwargs)
+
+
+def proxied_only(session):
+    session.mount("https://", ViaLoopbackProxy())
+    session.mount("http://", Refuse())
+
+
 def outcome(name, call):
     try:
         return {"call": name, "ok": True, "result": call()}
@@ -72,8 +93,8 @@ def outcome(name, call):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--base", required=True)
-    p.add_argument("--via", choices=["api_base_url", "contrib"], default="api_base_url")
+    p.add_argument("--base", default="")
+    p.add_argument("--via", choices=["api_base_url", "contrib", "intercept"], default="api_base_url")
     p.add_argument("--account", help="X-Wx-Account on every call (contrib only)")
     p.add_argument("--appid", default="wxsdktest")
     p.add_argument("--secret", default="SECRET")
@@ -83,13 +104,16 @@ def main():
 
     client = WeChatClient(a.appid, a.secret, access_token=a.token, timeout=10)
     base = a.base.rstrip("/")
-    if a.via == "contrib":
-        from wechatpy_wxgate import through_wxgate
-
-        through_wxgate(client, base, account=a.account)
+    if a.via == "intercept":
+        proxied_only(client._http)
     else:
-        client.API_BASE_URL = base + "/cgi-bin/"
-    loopback_only(client._http)
+        if a.via == "contrib":
+            from wechatpy_wxgate import through_wxgate
+
+            through_wxgate(client, base, account=a.account)
+        else:
+            client.API_BASE_URL = base + "/cgi-bin/"
+        loopback_only(client._http)
 
     for name in a.calls:
         print(json.dumps(outcome(name, lambda: CALLS[name](client)), default=str), flush=True)

@@ -8,7 +8,8 @@
 //! or stall connections ([`ports`]), the memory store's state file
 //! ([`state_file`]), request bodies with upstreams that record what became
 //! of them ([`bodies`]), real WeChat SDKs as subprocesses ([`sdk`]) and the
-//! deployment files with promtool ([`deploy`]).
+//! deployment files with promtool ([`deploy`]), and `[intercept]`'s CA
+//! and CONNECT clients ([`intercept`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
@@ -16,6 +17,7 @@
 pub mod bodies;
 pub mod config;
 pub mod deploy;
+pub mod intercept;
 pub mod poll;
 pub mod ports;
 pub mod process;

@@ -94,6 +94,8 @@ pub struct Driver {
     program: PathBuf,
     script: &'static str,
     args: Vec<String>,
+    /// Environment set for the driver, after every proxy variable was removed.
+    env: Vec<(String, String)>,
 }
 
 /// wechatpy 1.8.18 in front of `base` (`http://host:port`, optionally with
@@ -101,7 +103,30 @@ pub struct Driver {
 /// [`Driver::contrib`]. Calls: see `CALLS` in `tests/sdk/wechatpy_driver.py`.
 pub fn wechatpy(base: &str) -> Driver {
     let program = ensure_env().join("py/bin/python");
-    Driver { program, script: "tests/sdk/wechatpy_driver.py", args: vec!["--base".into(), base.into()] }
+    Driver {
+        program,
+        script: "tests/sdk/wechatpy_driver.py",
+        args: vec!["--base".into(), base.into()],
+        env: Vec::new(),
+    }
+}
+
+/// wechatpy 1.8.18 as shipped (every URL `https://api.weixin.qq.com/...`,
+/// nothing changed in the client), routed by its environment only:
+/// `HTTPS_PROXY=http://<proxy>` and `REQUESTS_CA_BUNDLE=<ca>` (wxgate's
+/// `[intercept]`). The driver refuses any request not sent through a
+/// proxy on loopback.
+pub fn wechatpy_intercepted(proxy: std::net::SocketAddr, ca: &Path) -> Driver {
+    let program = ensure_env().join("py/bin/python");
+    Driver {
+        program,
+        script: "tests/sdk/wechatpy_driver.py",
+        args: vec!["--via".into(), "intercept".into()],
+        env: vec![
+            ("HTTPS_PROXY".into(), format!("http://{proxy}")),
+            ("REQUESTS_CA_BUNDLE".into(), ca.display().to_string()),
+        ],
+    }
 }
 
 /// wechat-api (node-webot) with `api.endpoint = base`. Calls: see `CALLS`
@@ -112,6 +137,7 @@ pub fn wechat_api(base: &str) -> Driver {
         program: PathBuf::from("node"),
         script: "tests/sdk/wechat_api_driver.js",
         args: vec!["--base".into(), base.into()],
+        env: Vec::new(),
     }
 }
 
@@ -158,9 +184,22 @@ impl Driver {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for proxy in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+        for proxy in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "NO_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+            "no_proxy",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "SSL_CERT_FILE",
+        ] {
             cmd.env_remove(proxy);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let what = format!("{} {}", self.script, calls.join(" "));
         let (ok, stdout, stderr) =
             tokio::task::spawn_blocking(move || run_with_deadline(cmd, DRIVER_DEADLINE)).await.expect("driver thread");

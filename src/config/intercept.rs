@@ -1,0 +1,126 @@
+//! `[intercept]`: compiled into [`Intercept`]. Off unless the table is in
+//! the file (and `enabled` is not `false`); when on, `ca_cert` and `ca_key`
+//! are required, and the key file must not be readable by others.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::raw::RawIntercept;
+use super::settings::parse_upstream;
+use super::Intercept;
+
+/// WeChat's API hosts that SDKs hard-code: the general host, its
+/// disaster-recovery twin, and WeCom's.
+pub(super) const DEFAULT_HOSTS: [&str; 3] = ["api.weixin.qq.com", "api2.weixin.qq.com", "qyapi.weixin.qq.com"];
+
+/// `[intercept]`; `None` when absent or `enabled = false`.
+pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<Option<Intercept>, String> {
+    let Some(raw) = raw else { return Ok(None) };
+    if raw.enabled == Some(false) {
+        return Ok(None);
+    }
+    let hosts: Vec<Arc<str>> = match raw.hosts {
+        None => DEFAULT_HOSTS.iter().map(|h| Arc::from(*h)).collect(),
+        Some(list) => {
+            if list.is_empty() {
+                return Err("[intercept] hosts: an empty list: name the WeChat hosts to intercept, e.g. [\"api.weixin.qq.com\"] (or set enabled = false)".into());
+            }
+            let mut hosts: Vec<Arc<str>> = Vec::with_capacity(list.len());
+            for (i, h) in list.iter().enumerate() {
+                let host = h.to_ascii_lowercase();
+                if !valid_host(&host) {
+                    return Err(format!("[intercept] hosts[{i}]: \"{h}\" is not a DNS name (such as api.weixin.qq.com; no scheme, no port)"));
+                }
+                if hosts.iter().any(|x| **x == *host) {
+                    return Err(format!("[intercept] hosts[{i}]: \"{h}\" is listed twice"));
+                }
+                hosts.push(host.into());
+            }
+            hosts
+        }
+    };
+    let file = |key: &str, given: Option<PathBuf>| -> Result<PathBuf, String> {
+        let given = given.ok_or_else(|| {
+            format!("[intercept] {key}: missing: `wxgate ca init --out DIR` makes the CA (ca.pem, ca-key.pem)")
+        })?;
+        let path = match dir {
+            Some(d) if given.is_relative() => d.join(given),
+            _ => given,
+        };
+        if !path.is_file() {
+            return Err(format!("[intercept] {key}: {} is not a readable file", path.display()));
+        }
+        Ok(path)
+    };
+    let ca_cert = file("ca_cert", raw.ca_cert)?;
+    let ca_key = file("ca_key", raw.ca_key)?;
+    check_key_mode(&ca_key)?;
+    let mut upstream = Vec::new();
+    for (host, url) in raw.upstream.unwrap_or_default() {
+        let Some(listed) = hosts.iter().find(|h| h.eq_ignore_ascii_case(&host)) else {
+            return Err(format!("[intercept] upstream: \"{host}\" is not in [intercept] hosts"));
+        };
+        let uri = parse_upstream(&url).map_err(|m| format!("[intercept] upstream: \"{host}\" = \"{url}\": {m}"))?;
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(format!(
+                "[intercept] upstream: \"{host}\" = \"{url}\": no path (an intercepted call keeps its own whole path)"
+            ));
+        }
+        upstream.push((listed.clone(), uri));
+    }
+    Ok(Some(Intercept { hosts, ca_cert, ca_key, upstream }))
+}
+
+/// A lower-case DNS name with at least two labels: letters, digits, `-`.
+fn valid_host(h: &str) -> bool {
+    h.len() <= 253
+        && h.contains('.')
+        && h.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// Refuses a CA key others may read, or group or others may write: whoever
+/// reads it can impersonate WeChat's hosts to every service that trusts the
+/// CA. Group read is allowed: Kubernetes gives Secret files to the pod's
+/// `fsGroup` that way (0440).
+#[cfg(unix)]
+fn check_key_mode(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| format!("[intercept] ca_key: {}: {e}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o026 != 0 {
+        return Err(format!(
+            "[intercept] ca_key: {} has mode {:04o}: others can read it, or group or others can write it; whoever reads it can impersonate WeChat's hosts to every service that trusts the CA: chmod 600 {}",
+            path.display(),
+            mode & 0o7777,
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_key_mode(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_host;
+
+    #[test]
+    fn hosts() {
+        assert!(valid_host("api.weixin.qq.com"));
+        assert!(valid_host("sh.api.weixin.qq.com"));
+        for bad in ["localhost", "api.weixin.qq.com:443", "https://api.weixin.qq.com", "a..b", "-a.b", "*.qq.com", ""] {
+            assert!(!valid_host(bad), "{bad}");
+        }
+    }
+}
