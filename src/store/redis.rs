@@ -90,6 +90,18 @@ impl RedisStore {
         };
         if !lazy {
             let mut conn = store.conns.conn(Lane::Shared);
+            // A small command first: a Redis that wants a password answers it
+            // NOAUTH, where a script (over 16 KiB) would get "Protocol error:
+            // unauthenticated bulk length", which says nothing of a password.
+            match tokio::time::timeout(CONNECT_TIMEOUT, redis::cmd("PING").query_async::<String>(&mut conn)).await {
+                Ok(answered) => answered.map(|_| ()).map_err(|e| conn::cannot_use(store.conns.at(), e))?,
+                Err(_) => {
+                    return Err(StoreError::Unreachable(format!(
+                        "cannot use Redis at {}: PING timed out",
+                        store.conns.at()
+                    )))
+                }
+            }
             for script in store.scripts.all() {
                 match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
                     Ok(loaded) => loaded.map_err(|e| conn::cannot_use(store.conns.at(), e))?,
