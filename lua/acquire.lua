@@ -118,47 +118,48 @@ local function load(key, fields)
   return st
 end
 
+-- The share limits of a call without one (never written to).
+local NONE = {}
+
 local function put(st, f, x)
   st.v[f] = x
   st.dirty[f] = true
 end
 
--- The earliest moment every limit (the rule's, then the caller's share's)
--- admits a call (keeping each rule limit's r when `keep`), and the reason
--- code of the limit that set it (earliest in decide.rs). Each limit carries
--- its code: 1 rate, 2 quota, 6 share.
-local function earliest(limits, shares, now, off, keep)
+-- The earliest moment every limit of `all` (the rule's, then the caller's
+-- share's) admits a call (keeping each rule limit's r when `keep`), and the
+-- reason code of the limit that set it (earliest in decide.rs). Each limit
+-- carries its code: 1 rate, 2 quota, 6 share.
+local function earliest(all, now, off, keep)
   local worst, reason = 0, 1
-  for _, list in ipairs({limits, shares}) do
-    for _, l in ipairs(list) do
-      local kept = 0
-      if keep then kept = l.r end
-      local wait
-      if l.kind == 'w' then
-        local tat = l.tat or now
-        if tat < now then tat = now end
-        wait = tat - l.b + kept - now
-      else
-        wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
-      end
-      if wait > worst then
-        worst = wait
-        reason = l.code
-      end
+  for i = 1, #all do
+    local l = all[i]
+    local kept = 0
+    if keep then kept = l.r end
+    local wait
+    if l.kind == 'w' then
+      local tat = l.tat or now
+      if tat < now then tat = now end
+      wait = tat - l.b + kept - now
+    else
+      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
+    end
+    if wait > worst then
+      worst = wait
+      reason = l.code
     end
   end
   -- A hold can cross midnight: the next period must have room too.
   local at = now + worst
-  for _, list in ipairs({limits, shares}) do
-    for _, l in ipairs(list) do
-      if l.kind ~= 'w' then
-        local kept = 0
-        if keep then kept = l.r end
-        local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
-        if free > at then
-          at = free
-          reason = l.code
-        end
+  for i = 1, #all do
+    local l = all[i]
+    if l.kind ~= 'w' then
+      local kept = 0
+      if keep then kept = l.r end
+      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
+      if free > at then
+        at = free
+        reason = l.code
       end
     end
   end
@@ -213,36 +214,40 @@ local function acquire(k, a)
     limits[#limits + 1] = l
   end
   -- The caller's share: the same limits, scaled, in fields of its own.
-  local shares = {}
+  -- `all`: the rule's limits then the share's (the rule's alone without one).
+  local shares, all = NONE, limits
   if caller ~= '' then
-    for i, l in ipairs(limits) do
+    shares, all = {}, {}
+    local n = #limits
+    for i = 1, n do
+      local l = limits[i]
       local j = next_a + 2 * (i - 1)
       shares[i] = {kind = l.kind, f = l.f .. '~' .. caller, a = tonumber(ARGV[j]), b = tonumber(ARGV[j + 1]), r = 0, code = 6}
+      all[i] = l
+      all[n + i] = shares[i]
     end
-    next_a = next_a + 2 * #limits
+    next_a = next_a + 2 * n
   end
-  for _, list in ipairs({limits, shares}) do
-    for _, l in ipairs(list) do
-      if l.kind == 'w' then
-        fields[#fields + 1] = l.f
-      else
-        fields[#fields + 1] = l.f .. '.p'
-        fields[#fields + 1] = l.f .. '.n'
-        fields[#fields + 1] = l.f .. '.q'
-      end
+  for i = 1, #all do
+    local l = all[i]
+    if l.kind == 'w' then
+      fields[#fields + 1] = l.f
+    else
+      fields[#fields + 1] = l.f .. '.p'
+      fields[#fields + 1] = l.f .. '.n'
+      fields[#fields + 1] = l.f .. '.q'
     end
   end
   local st = load(key, fields)
   local sv = st.v
   local pu, pn, ws, lc = sv.pu or 0, sv.pn or 0, sv.ws or 0, sv.lc or 0
   local ex = sv.ex or nil
-  for _, list in ipairs({limits, shares}) do
-    for _, l in ipairs(list) do
-      if l.kind == 'w' then
-        l.tat = sv[l.f] or nil
-      else
-        l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
-      end
+  for i = 1, #all do
+    local l = all[i]
+    if l.kind == 'w' then
+      l.tat = sv[l.f] or nil
+    else
+      l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
     end
   end
 
@@ -270,11 +275,11 @@ local function acquire(k, a)
   -- 4. Each limit's own wait from now; the largest decides (first on ties).
   --    A normal call of a rule with a reserve must leave it (r); whether a
   --    high call would be admitted tells a reserve refusal apart.
-  local at, reason = earliest(limits, shares, now, off, normal)
+  local at, reason = earliest(all, now, off, normal)
   local wait = at - now
   if wait > max_wait then
     if normal then
-      local plain, plain_reason = earliest(limits, shares, now, off, false)
+      local plain, plain_reason = earliest(all, now, off, false)
       if plain - now <= max_wait then reason = 5 else reason = plain_reason end
     end
     return string.format('0 %d %d', wait, reason), next_a
