@@ -37,6 +37,15 @@
 #                      "flood" (the flood guard runs only), or "standard flood"
 #   BENCH_FLOOD_LIMIT  flood runs: the rule's limit per second   (default 1000)
 #   BENCH_FLOOD_RATE   flood runs: the flooder's guard per second (default 500)
+#   BENCH_PIN          1: the proxy under test (nginx proxy_pass, wxgate with
+#                      `workers = 1`) alone on CPU BENCH_PROXY_CPU, wrk, the mock
+#                      upstream and Redis on the other CPUs; 0: everything shares
+#                      every core. Default 1 on machines with 2 or more CPUs (and
+#                      taskset), else 0. Pinned, the report opens with calls/s per
+#                      proxy core (requests/s over the proxy's share of its core),
+#                      CPU µs per call, p50/p99, per target, median and range over
+#                      the rounds; use BENCH_ROUNDS=3 (or 5) for medians.
+#   BENCH_PROXY_CPU    the CPU of the proxy under test when pinned (default 0)
 #
 # Before/after a change (baseline mode):
 #   BENCH_BASELINE     a git revision (main~3, a hash, a tag) to compare the working
@@ -85,6 +94,9 @@ CONNS=${BENCH_CONNECTIONS:-64}
 THREADS=${BENCH_THREADS:-2}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 PERF=${BENCH_PERF:-0}
+PROXY_CPU=${BENCH_PROXY_CPU:-0}
+if [ -n "${BENCH_PIN:-}" ]; then PIN=$BENCH_PIN
+elif (($(nproc) >= 2)) && command -v taskset >/dev/null; then PIN=1; else PIN=0; fi
 if [ -n "$BASELINE$BASE_BIN" ]; then ROUNDS=${BENCH_ROUNDS:-3}; else ROUNDS=${BENCH_ROUNDS:-1}; fi
 COMPARE=" ${BENCH_COMPARE:-3 4 5 6 7 8 9} "; COMPARE=${COMPARE//,/ }
 TARGETS=" ${BENCH_TARGETS:-standard} "; TARGETS=${TARGETS//,/ }
@@ -96,7 +108,8 @@ BODY='{"errcode":0,"errmsg":"ok"}'
 
 [[ $TARGETS =~ ^(\ +(standard|flood))+\ +$ ]] ||
   { echo "bench: BENCH_TARGETS must list standard and/or flood, got '${BENCH_TARGETS:-}'" >&2; exit 2; }
-for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS FLOOD_LIMIT FLOOD_RATE; do
+[[ $PIN =~ ^[01]$ ]] || { echo "bench: BENCH_PIN must be 0 or 1, got '$PIN'" >&2; exit 2; }
+for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS FLOOD_LIMIT FLOOD_RATE PROXY_CPU; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
 ((ROUNDS >= 1)) || { echo "bench: BENCH_ROUNDS must be at least 1" >&2; exit 2; }
@@ -194,6 +207,30 @@ fi
 # --- processes: started in $TMP, all stopped on exit ---------------------------
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# Pinned (BENCH_PIN=1): this script, and so wrk, the mock upstream and Redis,
+# move to the other CPUs; the proxy under test is started on PROXY_CPU alone
+# (PROXY_PIN prefixes its command). Calls/s per proxy core then compares the
+# proxies, not how the scheduler shares two cores among five processes.
+PROXY_PIN=()
+OTHER_CPUS=""
+if ((PIN)); then
+  command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
+  allowed=$(taskset -cp $$ | sed 's/.*: *//')   # e.g. 0-3,6
+  cpus=()
+  IFS=, read -ra ranges <<<"$allowed"
+  for r in "${ranges[@]}"; do
+    if [[ $r == *-* ]]; then for ((c = ${r%-*}; c <= ${r#*-}; c++)); do cpus+=("$c"); done; else cpus+=("$r"); fi
+  done
+  others=()
+  for c in "${cpus[@]}"; do if [ "$c" != "$PROXY_CPU" ]; then others+=("$c"); fi; done
+  ((${#others[@]} < ${#cpus[@]})) || die "BENCH_PROXY_CPU=$PROXY_CPU is not among the CPUs this script may use ($allowed)"
+  ((${#others[@]} >= 1)) || die "BENCH_PIN=1 needs at least 2 CPUs (this script may use $allowed); set BENCH_PIN=0"
+  OTHER_CPUS=$(IFS=,; echo "${others[*]}")
+  taskset -cp "$OTHER_CPUS" $$ >/dev/null || die "taskset -cp $OTHER_CPUS failed"
+  PROXY_PIN=(taskset -c "$PROXY_CPU")
+  log "pinned: the proxy under test on CPU $PROXY_CPU; wrk, the mock upstream and Redis on CPU $OTHER_CPUS"
+fi
 TMP=$(mktemp -d /tmp/wxgate-bench.XXXXXX)
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 PIDS=()
@@ -309,7 +346,7 @@ start upstream nginx -c "$TMP/upstream/nginx.conf" -p "$TMP/upstream/" -e "$TMP/
 UP_PID=$LAST_PID
 wait_up upstream "$UP_PID" "http://127.0.0.1:$UP_PORT$REQ_PATH"
 check_free "$NGX_PORT"
-start proxy nginx -c "$TMP/proxy/nginx.conf" -p "$TMP/proxy/" -e "$TMP/proxy/error.log"
+start proxy "${PROXY_PIN[@]}" nginx -c "$TMP/proxy/nginx.conf" -p "$TMP/proxy/" -e "$TMP/proxy/error.log"
 NGX_PID=$LAST_PID
 wait_up proxy "$NGX_PID" "http://127.0.0.1:$NGX_PORT$REQ_PATH"
 UP_WORKERS=$(workers "$UP_PID")
@@ -345,6 +382,7 @@ listen = "127.0.0.1:$2"
 admin_listen = "off"
 upstream = "http://127.0.0.1:$UP_PORT"
 shutdown_timeout = "2s"
+${PIN_WORKERS:-}
 
 [store]
 $3
@@ -370,11 +408,13 @@ EOF
   fi
 }
 declare -A BASE_OK
+# Pinned: one serving thread on the proxy's one core, as nginx has one worker.
+if ((PIN)); then PIN_WORKERS='workers = 1   # pinned: one core, one serving thread (nginx: worker_processes 1)'; fi
 start_wxgate() { # start_wxgate NAME PORT [BINARY]: start, wait until it answers; pid in WX_PID
   local bin=${3:-$WXGATE} log=$1
   [ "$bin" = "$WXGATE" ] || log=$1.base
   check_free "$2"
-  WXGATE_LOG=warn start "$log" "$bin" --config "$TMP/$1.toml"
+  WXGATE_LOG=warn start "$log" "${PROXY_PIN[@]}" "$bin" --config "$TMP/$1.toml"
   WX_PID=$LAST_PID
   wait_up "$log" "$WX_PID" "http://127.0.0.1:$2$REQ_PATH"
 }
@@ -853,6 +893,54 @@ compare_report() {
   echo
 }
 
+# runs WHO K: the keys of target K's pass-1 runs by WHO (cur or base), one per round
+runs() {
+  local r
+  if ((MULTI)); then for ((r = 1; r <= ROUNDS; r++)); do
+    if [ -f "$TMP/r${r}_$1_$2.parsed" ]; then echo "r${r}_$1_$2"; fi
+  done; else echo "p1_$2"; fi
+}
+# per_run KEY GROUP: "rps p50 p99 cpu% cpu_us_per_call calls_per_core_s" of one run; GROUP: the proxy's
+per_run() {
+  awk -v g="$2" -v f="$TMP/$1.parsed" 'BEGIN { getline l < f; split(l, a, " ") }
+    $1 == g { c = $2 } END { printf "%s %s %s %s %.3f %.0f\n", a[1], a[2], a[3], c, c / 100 * 1e6 / a[1], (c > 0 ? a[1] * 100 / c : 0) }' "$TMP/$1.cpuv"
+}
+ms() { awk '{ print $1 / 1000 }'; } # µs on stdin -> ms
+# pinned_report: per target (its proxy alone on one core), median and range over the rounds
+pinned_report() {
+  local n k who w key rows col med ngx=""
+  echo "### Per proxy core (pinned: the proxy under test alone on CPU $PROXY_CPU, wrk, the mock upstream and Redis on CPU $OTHER_CPUS)"
+  echo
+  echo "nginx: worker_processes 1; wxgate: \`workers = 1\`. Each cell: median (min–max) over $(((MULTI)) && echo "$ROUNDS rounds" || echo "1 run")."
+  echo "Calls/s per proxy core = requests/s ÷ the proxy's share of its core over the measured run (= 10⁶ ÷ CPU µs per call);"
+  echo "vs nginx: of the medians of calls/s per proxy core."
+  echo
+  echo "| # | target | binary | requests/s | proxy CPU (% of its core) | calls/s per proxy core | vs nginx | CPU per call | p50 | p99 |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  for n in 2 3 4 5 6 7 8 9; do
+    k=${KEYS[$((n - 1))]}; w=wxgate; ((n == 2)) && w=nginx-proxy
+    for who in base cur; do
+      if [ "$who" = base ] && { ((n == 2)) || ! compared "$n"; }; then continue; fi
+      rows=$(for key in $(runs "$who" "$k"); do per_run "$key" "$w"; done)
+      [ -n "$rows" ] || continue
+      col() { awk -v i="$1" '{ print $i }' <<<"$rows"; }
+      med=$(col 6 | median)
+      ((n == 2)) && ngx=$med
+      printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" \
+        "$([ "$who" = base ] && echo baseline || echo current)" "$(col 1 | summ %.0f '')" "$(col 4 | summ %.0f ' %%')" \
+        "$(col 6 | summ %.0f '')" "$(if ((n == 2)); then echo 1.00×; else ratio "$med" "$ngx"; fi)" \
+        "$(col 5 | summ %.1f ' µs')" "$(col 2 | ms | summ %.2f ' ms')" "$(col 3 | ms | summ %.2f ' ms')"
+    done
+  done
+  echo
+  local low; low=$(for n in 2 3 4 5 6 7 8 9; do k=${KEYS[$((n - 1))]}; w=wxgate; ((n == 2)) && w=nginx-proxy
+    for key in $(runs cur "$k"); do per_run "$key" "$w"; done; done | awk '$4 < 90 { n++ } END { print n + 0 }')
+  if ((low)); then
+    echo "Note: in $low run(s) the proxy used less than 90 % of its core: wrk, the mock or Redis (on CPU $OTHER_CPUS) set the pace, and calls/s per proxy core is extrapolated from the proxy's CPU time."
+    echo
+  fi
+}
+
 report() {
   local k n rps p50 p99 req non serr
   read -r NGX_RPS _ <<<"$(res p1_nginx)"
@@ -904,21 +992,29 @@ report() {
   echo
   echo "How: $PASS2_HOW."
   echo
-  echo "| # | target | requests/s | p50 | p99 | p50 added over direct | p99 added over direct | CPU (% of one core) |"
-  echo "|---|---|---:|---:|---:|---:|---:|---|"
+  echo "| # | target | requests/s | p50 | p99 | p50 added over direct | p99 added over direct | p99 over nginx proxy_pass's | CPU (% of one core) |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
   read -r _ D50 D99 _ <<<"$(res p2_direct)"
+  read -r _ _ N99 _ <<<"$(res p2_nginx)"
   n=0
   for k in direct nginx memory redis redis1; do
     n=$((n + 1))
     read -r rps p50 p99 req non serr <<<"$(res p2_$k)"
-    printf '| %d | %s | %.0f | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$rps" "$(fmt_us "$p50")" \
-      "$(fmt_us "$p99")" "$(fmt_add $((p50 - D50)))" "$(fmt_add $((p99 - D99)))" "$(cat "$TMP/p2_$k.cpu")"
+    printf '| %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n' "$n" "${NAMES[$n]}" "$rps" "$(fmt_us "$p50")" \
+      "$(fmt_us "$p99")" "$(fmt_add $((p50 - D50)))" "$(fmt_add $((p99 - D99)))" \
+      "$(if ((n >= 3)); then fmt_add $((p99 - N99)); else echo –; fi)" "$(cat "$TMP/p2_$k.cpu")"
   done
   echo
   echo "Notes:"
-  echo "- All processes share one $(nproc)-core machine: wrk ($THREADS threads), the proxy under test, the mock"
-  echo "  upstream (nginx, worker_processes 1, as is the nginx proxy) and Redis. The numbers compare CPU cost"
-  echo "  per call as much as capacity, and are noisy; rerun before trusting a few-% difference."
+  if ((PIN)); then
+    echo "- Pinned: the proxy under test (nginx proxy_pass, worker_processes 1; wxgate, workers = 1) alone on CPU"
+    echo "  $PROXY_CPU; wrk ($THREADS threads), the mock upstream (nginx, worker_processes 1) and Redis on CPU $OTHER_CPUS."
+    echo "  Target 1 (direct) measures what CPU $OTHER_CPUS can drive without a proxy."
+  else
+    echo "- All processes share one $(nproc)-core machine: wrk ($THREADS threads), the proxy under test, the mock"
+    echo "  upstream (nginx, worker_processes 1, as is the nginx proxy) and Redis. The numbers compare CPU cost"
+    echo "  per call as much as capacity, and are noisy; rerun before trusting a few-% difference."
+  fi
   echo "- Access logs are off everywhere (wxgate \`[log] access = false\`, nginx \`access_log off\`): one log"
   echo "  line per call would dominate the cost. wxgate runs with WXGATE_LOG=warn, admin listener off."
   echo "- CPU is sampled from /proc over the measured run (100 % = one core); wxgate/nginx figures cover"
@@ -938,6 +1034,7 @@ CURRENT_LABEL="${COMMIT%% *}"
 [ "$COMMIT" = "$CURRENT_LABEL" ] || CURRENT_LABEL+=" + uncommitted changes (in src/, lua/ or Cargo.*)"
 CURRENT_LABEL+=" ($(subject HEAD))"
 if ((MULTI)); then TABLE="$(compare_report)"$'\n\n'"$(report)"; else TABLE=$(report); fi
+if ((PIN)); then TABLE="$(pinned_report)"$'\n\n'"$TABLE"; fi
 echo
 echo "$TABLE"
 
@@ -948,7 +1045,7 @@ OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
 {
   echo "# wxgate benchmark, $(date -u)"
   echo
-  echo "Produced by \`bench/run.sh\` (BENCH_DURATION=$DURATION BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS)."
+  echo "Produced by \`bench/run.sh\` (BENCH_DURATION=$DURATION BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_PIN=$PIN)."
   echo
   echo "| | |"
   echo "|---|---|"

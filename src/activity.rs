@@ -3,7 +3,6 @@
 //! `/v1/buckets`), and the instance-wide count of held calls with its cap
 //! ([`Held`], `[server] max_held`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -42,21 +41,31 @@ pub enum Kind {
 }
 
 type Key = (String, Arc<str>);
+type Counts = hashbrown::HashMap<Key, [u32; 2]>;
 
 #[derive(Default)]
 pub struct Activity {
-    counts: Mutex<HashMap<Key, [u32; 2]>>,
+    counts: Mutex<Counts>,
 }
 
 impl Activity {
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<Key, [u32; 2]>> {
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts one call of `kind` until the guard drops.
     pub fn enter(self: &Arc<Self>, account: &str, rule: &Arc<str>, kind: Kind) -> ActivityGuard {
         let key = (account.to_owned(), rule.clone());
-        self.counts().entry(key.clone()).or_default()[kind as usize] += 1;
+        let mut counts = self.counts();
+        match counts.get_mut(&key) {
+            Some(c) => c[kind as usize] += 1,
+            None => {
+                let mut c = [0, 0];
+                c[kind as usize] = 1;
+                counts.insert(key.clone(), c);
+            }
+        }
+        drop(counts);
         ActivityGuard { activity: self.clone(), key, kind }
     }
 

@@ -68,10 +68,11 @@ pub async fn admit(
     // Shaping needs a place among this instance's held calls.
     let permit = if rule.max_wait_us > 0 { app.held.permit(config.server.max_held) } else { None };
     let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
-    let started = app.clock.now_us();
+    // The clock is read for the wait only when the call may wait at all.
+    let started = if max_wait_us > 0 { app.clock.now_us() } else { 0 };
     let mut decision_us = 0;
     loop {
-        let remaining = (max_wait_us - (app.clock.now_us() - started)).max(0);
+        let remaining = if max_wait_us > 0 { (max_wait_us - (app.clock.now_us() - started)).max(0) } else { 0 };
         let ask = Ask {
             key: Key { account, rule, offset_us },
             max_wait_us: remaining,

@@ -297,7 +297,7 @@ impl CallerMetrics {
 
 pub struct Metrics {
     pub registry: Registry,
-    rules: std::sync::RwLock<std::collections::HashMap<std::sync::Arc<str>, std::sync::Arc<RuleMetrics>>>,
+    rules: std::sync::RwLock<hashbrown::HashMap<std::sync::Arc<str>, std::sync::Arc<RuleMetrics>>>,
     pub calls: Family<OutcomeLabels, Counter>,
     pub upstream_errcodes: Family<ErrcodeLabels, Counter>,
     pub upstream_seconds: Histograms,

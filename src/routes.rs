@@ -184,16 +184,34 @@ pub fn refusal(path: &str) -> Option<&'static str> {
 /// Like [`normalise`], without a copy when the path is normal already
 /// (the common case: no query, escape, empty, `.` or `..` segment).
 pub fn normalised(path: &str) -> Cow<'_, str> {
-    let normal = path.len() > 1
-        && path.starts_with('/')
-        && !path.ends_with('/')
-        && !path.bytes().any(|b| b == b'%' || b == b'?')
-        && path[1..].split('/').all(|seg| !matches!(seg, "" | "." | ".."));
-    if normal {
+    if is_normal(path.as_bytes()) {
         Cow::Borrowed(path)
     } else {
         Cow::Owned(normalise(path))
     }
+}
+
+/// Whether [`normalise`] would return `path` unchanged: it starts with `/`,
+/// has no `%` nor `?`, and every segment after a `/` is neither empty (no
+/// trailing nor double `/`), `.` nor `..`. One pass over the bytes.
+fn is_normal(path: &[u8]) -> bool {
+    if path.len() < 2 || path[0] != b'/' {
+        return false;
+    }
+    let mut start = 1;
+    for i in 1..=path.len() {
+        match path.get(i).copied().unwrap_or(b'/') {
+            b'%' | b'?' => return false,
+            b'/' => {
+                if matches!(&path[start..i], b"" | b"." | b"..") {
+                    return false;
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// The path used for matching: see the module docs. Always starts with `/`

@@ -22,7 +22,7 @@ mod persist;
 mod token_slots;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -52,7 +52,7 @@ pub const MAX_TOKENS: usize = 1_000_000;
 
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
     shards: Vec<Mutex<Shard>>,
     /// Last access-token refresh per account.
     warm: Mutex<HashMap<String, Micros>>,
@@ -103,11 +103,22 @@ struct Writer {
     logged_at: Micros,
 }
 
+/// An (account, rule state) pair by reference: looks up a shard's state
+/// without copying the account (hashes and compares as the owned pair).
+#[derive(Hash)]
+struct PairRef<'a>(&'a str, &'a Arc<str>);
+
+impl hashbrown::Equivalent<(String, Arc<str>)> for PairRef<'_> {
+    fn equivalent(&self, key: &(String, Arc<str>)) -> bool {
+        self.0 == key.0 && **self.1 == *key.1
+    }
+}
+
 #[derive(Default)]
 struct Shard {
     /// (account, rule) → state, and the longest warm-up of the rule versions
     /// that used it (how long it matters after its last call).
-    states: HashMap<(String, Arc<str>), (RuleState, Micros)>,
+    states: hashbrown::HashMap<(String, Arc<str>), (RuleState, Micros)>,
     ops: u32,
     /// Changed since the state file was last written.
     dirty: bool,
@@ -136,7 +147,7 @@ impl MemoryStore {
     ) -> Self {
         MemoryStore {
             clock,
-            hasher: RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             warm: Mutex::default(),
             warm_keep_us: AtomicI64::new(0),
@@ -167,10 +178,15 @@ impl MemoryStore {
     fn with_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> T {
         let (mut shard, now) = self.shard(key);
         let rule = key.rule;
-        let entry = shard.states.entry((key.account.to_owned(), rule.state.clone())).or_insert_with(|| {
-            self.entries.fetch_add(1, Ordering::Relaxed);
-            Default::default()
-        });
+        // Looked up by reference: the pair's key is copied only when it is new.
+        let pair = PairRef(key.account, &rule.state);
+        let entry = match shard.states.get_mut(&pair) {
+            Some(entry) => entry,
+            None => {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+                shard.states.entry((key.account.to_owned(), rule.state.clone())).or_default()
+            }
+        };
         entry.1 = entry.1.max(rule.warmup_us);
         f(&mut entry.0, now)
     }
@@ -181,17 +197,20 @@ impl MemoryStore {
     fn with_new_state<T>(&self, key: Key<'_>, f: impl FnOnce(&mut RuleState, Micros) -> T) -> Result<T, StoreError> {
         let (mut shard, now) = self.shard(key);
         let rule = key.rule;
-        let pair = (key.account.to_owned(), rule.state.clone());
+        let pair = PairRef(key.account, &rule.state);
         if self.entries.load(Ordering::Relaxed) >= self.max_entries
             && !shard.states.contains_key(&pair)
             && !self.make_room(&mut shard, now, key.offset_us)
         {
             return Err(self.refuse_new(now));
         }
-        let entry = shard.states.entry(pair).or_insert_with(|| {
-            self.entries.fetch_add(1, Ordering::Relaxed);
-            Default::default()
-        });
+        let entry = match shard.states.get_mut(&pair) {
+            Some(entry) => entry,
+            None => {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+                shard.states.entry((key.account.to_owned(), rule.state.clone())).or_default()
+            }
+        };
         entry.1 = entry.1.max(rule.warmup_us);
         Ok(f(&mut entry.0, now))
     }
@@ -391,7 +410,7 @@ impl Store for MemoryStore {
     async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
         for &key in keys {
             let (mut shard, now) = self.shard(key);
-            if let Some((state, _)) = shard.states.get_mut(&(key.account.to_owned(), key.rule.state.clone())) {
+            if let Some((state, _)) = shard.states.get_mut(&PairRef(key.account, &key.rule.state)) {
                 clear(state, now, key.offset_us);
             }
         }
