@@ -329,29 +329,36 @@ pub struct ShareState {
     pub limits: Vec<(WindowKey, LimitState)>,
 }
 
+/// The state of the limit `key` among `limits`.
+fn state_of(limits: &[(WindowKey, LimitState)], key: WindowKey) -> Option<LimitState> {
+    limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+}
+
+/// Sets the state of the limit `key` among `limits` (added if absent).
+fn set_state(limits: &mut Vec<(WindowKey, LimitState)>, key: WindowKey, state: LimitState) {
+    match limits.iter_mut().find(|(k, _)| *k == key) {
+        Some(slot) => slot.1 = state,
+        None => limits.push((key, state)),
+    }
+}
+
 impl ShareState {
     pub(crate) fn get(&self, key: WindowKey) -> Option<LimitState> {
-        self.limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+        state_of(&self.limits, key)
     }
 
     pub(crate) fn set(&mut self, key: WindowKey, state: LimitState) {
-        match self.limits.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = state,
-            None => self.limits.push((key, state)),
-        }
+        set_state(&mut self.limits, key, state)
     }
 }
 
 impl RuleState {
     pub(crate) fn get(&self, key: WindowKey) -> Option<LimitState> {
-        self.limits.iter().find(|(k, _)| *k == key).map(|(_, s)| *s)
+        state_of(&self.limits, key)
     }
 
     pub(crate) fn set(&mut self, key: WindowKey, state: LimitState) {
-        match self.limits.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = state,
-            None => self.limits.push((key, state)),
-        }
+        set_state(&mut self.limits, key, state)
     }
 
     /// The part of this state `rule` reads, in a canonical order: its limits'
