@@ -142,18 +142,19 @@ async fn fifty_concurrent_token_requests_through_three_instances_on_one_redis_fe
 
     // quota_sync every second, on three instances that all know the token:
     // one quota/get per interval in all (they share the lock in Redis).
-    eventually_async("four syncs", PATIENCE, async || tokens.quota_gets() >= 4).await;
-    let syncs: Vec<_> =
-        mock.calls().into_iter().filter(|c| c.path_and_query.starts_with("/cgi-bin/openapi/quota/get")).collect();
-    let span = syncs[3].arrived - syncs[0].arrived;
+    eventually_async("four syncs", PATIENCE, async || tokens.quota_answered().len() >= 4).await;
+    // Only the quota/gets WeChat answered count: one may carry the token
+    // invalidated above and get 40001 (the instance backs off and retries).
+    let syncs = tokens.quota_answered();
+    let span = syncs[3] - syncs[0];
     assert!(span >= Duration::from_millis(2500), "4 syncs in {span:?}: more than one per second");
     let bucket = instances[0].admin_get(&format!("/v1/buckets/{APPID}/send")).await.json();
-    // WeChat reports 7; the send above counts on top of that when the first
-    // sync came before it (the sync runs on its own clock).
-    let first_sync = syncs[0].arrived;
-    let sent_after = mock.calls().iter().any(|c| c.path_and_query.starts_with(SEND) && c.arrived > first_sync);
-    let expected = if sent_after { 8 } else { 7 };
-    assert_eq!(bucket["limits"][0]["used"], expected, "raised to WeChat's count in Redis: {bucket}");
+    // WeChat reports 7; the one send above counts on top of that when the
+    // first answered sync raised the count before the send was admitted (8),
+    // and is inside WeChat's 7 when it was admitted first (7). Either way
+    // the count is WeChat's, not wxgate's own 1.
+    let used = bucket["limits"][0]["used"].as_u64();
+    assert!(matches!(used, Some(7 | 8)), "raised to WeChat's count in Redis: {bucket}");
     let mut skipped = 0.0;
     for i in &instances {
         skipped += i.metric(r#"wxgate_quota_syncs_total{result="skipped"}"#).await.unwrap_or(0.0);

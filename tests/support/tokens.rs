@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::{Recorded, Reply};
 
@@ -31,6 +32,8 @@ struct State {
     /// quota/get: `used` per cgi_path, calls, and an errcode to answer instead.
     used: HashMap<String, u64>,
     quota_gets: usize,
+    /// When each answered quota/get (a valid token, no error) arrived.
+    quota_answered: Vec<Instant>,
     quota_errcode: Option<i64>,
 }
 
@@ -83,6 +86,12 @@ impl WeChatTokens {
     /// quota/get calls seen.
     pub fn quota_gets(&self) -> usize {
         self.state.lock().expect("tokens").quota_gets
+    }
+
+    /// When each quota/get that WeChat answered with a count arrived, in
+    /// order (quota/gets refused for a bad token or an errcode left out).
+    pub fn quota_answered(&self) -> Vec<Instant> {
+        self.state.lock().expect("tokens").quota_answered.clone()
     }
 
     fn fresh(&self, account: &str) -> String {
@@ -160,6 +169,7 @@ impl WeChatTokens {
                 let body: serde_json::Value = serde_json::from_slice(&rec.body).unwrap_or_default();
                 let cgi = body["cgi_path"].as_str().unwrap_or("").to_owned();
                 let used = s.used.get(&cgi).copied().unwrap_or(0);
+                s.quota_answered.push(rec.arrived);
                 json(&format!(
                     r#"{{"errcode":0,"errmsg":"ok","quota":{{"daily_limit":100000,"used":{used},"remain":{}}}}}"#,
                     100_000u64.saturating_sub(used)
