@@ -6,6 +6,9 @@
 #
 #   bench/instructions.sh                                  # target/release/wxgate
 #   bench/instructions.sh old/wxgate target/release/wxgate # side by side
+#   bench/instructions.sh target/release/examples/hyper_floor target/release/wxgate
+#                          # with the bare hyper proxy: the floor under wxgate
+#                          # (cargo build --release --example hyper_floor)
 #
 # For each binary and store (memory, Redis), wxgate runs under
 # `valgrind --tool=callgrind` with `workers = 1`, in front of an nginx mock
@@ -97,7 +100,11 @@ calls() { # calls N: N sequential calls on one connection
 
 printf '| binary | store | instructions per call |\n|---|---|---:|\n'
 for bin in "${BINS[@]}"; do
-  for store in memory redis; do
+  stores=(memory redis)
+  floor=0
+  # The bare hyper proxy (examples/hyper_floor.rs) has no store and no config.
+  [ "$(basename "$bin")" = hyper_floor ] && { floor=1; stores=(none); }
+  for store in "${stores[@]}"; do
     if [ "$store" = memory ]; then
       store_toml='kind = "memory"'
     else
@@ -122,8 +129,9 @@ match = ["/cgi-bin/message/template/send"]
 limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
 EOF
     redis-cli -p "$RP" flushall >/dev/null
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$bin" --config "$TMP/wxgate.toml" \
-      2>"$TMP/valgrind.log" &
+    args=(--config "$TMP/wxgate.toml")
+    ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")
+    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$bin" "${args[@]}" 2>"$TMP/valgrind.log" &
     vg=$!
     ok=0
     for _ in $(seq 150); do
@@ -135,7 +143,9 @@ EOF
     callgrind_control -z "$vg" >/dev/null 2>&1
     calls "$CALLS"
     callgrind_control -d "$vg" >/dev/null 2>&1
-    kill -INT "$vg"
+    # SIGINT: wxgate's graceful stop. The floor has no handler, and a
+    # background job ignores SIGINT: it gets SIGTERM.
+    if ((floor)); then kill -TERM "$vg"; else kill -INT "$vg"; fi
     wait "$vg" 2>/dev/null || true
     dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
     total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')

@@ -55,6 +55,10 @@
 #                      rerun against the same commit reuses the binary)
 #   BENCH_BASELINE_BIN an already built baseline binary instead of a build
 #                      (BENCH_BASELINE, if set too, then only names it in the report)
+#   BENCH_BIN          an already built binary measured as "current" instead of
+#                      building this tree (to compare two old commits: build each,
+#                      then BENCH_BASELINE_BIN=old BENCH_BIN=new; BENCH_BIN_NAME
+#                      names it in the report, as BENCH_BASELINE does the baseline)
 #   BENCH_ROUNDS       rounds of pass 1 (default 3 with a baseline, 1 without). Each
 #                      round runs targets 1-9; each compared target is run with the
 #                      baseline and at once after it with the current binary (same
@@ -74,6 +78,12 @@ BASE_BIN=""
 if [ -n "${BENCH_BASELINE_BIN:-}" ]; then   # resolved before the cd below
   BASE_BIN=$(realpath -e -- "$BENCH_BASELINE_BIN" 2>/dev/null) ||
     { echo "bench: BENCH_BASELINE_BIN: no such file: $BENCH_BASELINE_BIN" >&2; exit 2; }
+fi
+CUR_BIN=""
+if [ -n "${BENCH_BIN:-}" ]; then
+  CUR_BIN=$(realpath -e -- "$BENCH_BIN" 2>/dev/null) ||
+    { echo "bench: BENCH_BIN: no such file: $BENCH_BIN" >&2; exit 2; }
+  [ -x "$CUR_BIN" ] || { echo "bench: BENCH_BIN=$CUR_BIN is not executable" >&2; exit 2; }
 fi
 # The exact command, for the report: the BENCH_* variables of the environment
 # (BENCH_BASELINE_BIN as an absolute path), quoted only where the shell needs it.
@@ -155,9 +165,14 @@ if [ -z "$WRK2" ] && [ "$(id -u)" = 0 ] &&
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk2 >/dev/null && WRK2=$(command -v wrk2 || true)
 fi
 
-log "building wxgate (cargo build --release --locked)"
-cargo build --release --locked
-WXGATE=$REPO/target/release/wxgate
+if [ -n "$CUR_BIN" ]; then
+  WXGATE=$CUR_BIN
+  log "measuring $WXGATE (BENCH_BIN) as the current binary: this tree is not built"
+else
+  log "building wxgate (cargo build --release --locked)"
+  cargo build --release --locked
+  WXGATE=$REPO/target/release/wxgate
+fi
 [ -x "$WXGATE" ] || die "$WXGATE was not built"
 
 # --- the baseline binary (BENCH_BASELINE / BENCH_BASELINE_BIN) ------------------
@@ -1032,7 +1047,12 @@ COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
   COMMIT+=" (with uncommitted changes in src/, lua/ or Cargo.*)"
 CURRENT_LABEL="${COMMIT%% *}"
 [ "$COMMIT" = "$CURRENT_LABEL" ] || CURRENT_LABEL+=" + uncommitted changes (in src/, lua/ or Cargo.*)"
-CURRENT_LABEL+=" ($(subject HEAD))"
+if [ -n "$CUR_BIN" ]; then   # BENCH_BIN: a built binary, not this tree
+  COMMIT="binary \`$CUR_BIN\` (sha256 $(sha256sum "$CUR_BIN" | cut -c1-12))"
+  CURRENT_LABEL="BENCH_BIN ${BENCH_BIN_NAME:-$CUR_BIN}"
+else
+  CURRENT_LABEL+=" ($(subject HEAD))"
+fi
 if ((MULTI)); then TABLE="$(compare_report)"$'\n\n'"$(report)"; else TABLE=$(report); fi
 if ((PIN)); then TABLE="$(pinned_report)"$'\n\n'"$TABLE"; fi
 echo
