@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// One client connection; clones share it.
@@ -40,17 +40,35 @@ impl Client {
 }
 
 impl AsyncRead for Client {
+    /// As tokio's own `TcpStream` reads: a read that fills less than the
+    /// buffer has drained the socket (epoll and kqueue report readiness by
+    /// edges), so its readiness is cleared at once, and the next read waits
+    /// for the next event instead of costing a system call that answers
+    /// `EAGAIN` (one per call otherwise: hyper reads again after each
+    /// request). `try_io` clears only the readiness seen before the read:
+    /// bytes that arrived meanwhile raise a newer event, which stays.
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let stream = &*self.0;
         loop {
-            ready!(self.0.poll_read_ready(cx))?;
-            match self.0.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
+            ready!(stream.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let len = unfilled.len();
+            let mut drained = 0;
+            let read = stream.try_io(Interest::READABLE, || match stream.try_read(unfilled) {
+                Ok(n) if n > 0 && n < len => {
+                    drained = n;
+                    Err(io::ErrorKind::WouldBlock.into())
                 }
+                other => other,
+            });
+            let n = match read {
+                Ok(n) => n,
+                Err(_) if drained > 0 => drained,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Poll::Ready(Err(e)),
-            }
+            };
+            buf.advance(n);
+            return Poll::Ready(Ok(()));
         }
     }
 }
