@@ -722,36 +722,96 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// The hop-by-hop headers every message loses, besides those `Connection` names.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name == header::TRAILER
-        || name == header::PROXY_AUTHORIZATION
-        || name == header::PROXY_AUTHENTICATE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+/// The hop-by-hop headers every message loses, besides those `Connection`
+/// names (RFC 9110 §7.6.1). Bit `i` of a mask stands for `HOP_BY_HOP[i]`.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "trailer",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "keep-alive",
+    "proxy-connection",
+];
+
+/// `HOP_BY_HOP`'s bit for a name in any case, or 0.
+fn hop_by_hop_bit(name: &str) -> u16 {
+    HOP_BY_HOP.iter().position(|h| h.eq_ignore_ascii_case(name)).map_or(0, |i| 1 << i)
 }
 
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named by `Connection`.
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named by
+/// `Connection`. Allocates nothing unless `Connection` names a header
+/// outside the fixed list that the message has (most messages have none,
+/// or `Connection: keep-alive` / `close`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages have none: one pass over the names instead of a lookup
-    // per hop-by-hop header.
-    let mut gone: Vec<HeaderName> = headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    if gone.is_empty() {
+    let mut present = 0u16;
+    for name in headers.keys() {
+        present |= hop_by_hop_bit(name.as_str());
+    }
+    if present == 0 {
         return;
     }
-    gone.extend(
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
-    );
-    for n in gone {
-        headers.remove(n);
+    let mut listed: Vec<HeaderName> = Vec::new();
+    for token in headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        let bit = hop_by_hop_bit(token);
+        if bit != 0 {
+            present |= bit;
+        } else if headers.contains_key(token) {
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                listed.push(name);
+            }
+        }
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(*name);
+        }
+    }
+    for name in listed {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_go_the_rest_stays() {
+        let mut h = headers(&[
+            ("content-type", "application/json"),
+            ("connection", "Keep-Alive, X-Trace ,close"),
+            ("connection", "upgrade"),
+            ("keep-alive", "timeout=5"),
+            ("x-trace", "1"),
+            ("upgrade", "h2c"),
+            ("te", "trailers"),
+            ("proxy-connection", "keep-alive"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type", "x-kept"]);
+
+        let mut plain = headers(&[("host", "a"), ("content-length", "3")]);
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain.len(), 2, "nothing hop-by-hop: untouched");
     }
 }
