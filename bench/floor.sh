@@ -7,16 +7,19 @@
 #
 #   bench/floor.sh                    # 3 rounds of 5 s, 64 connections
 #   FLOOR_ROUNDS=5 FLOOR_DURATION=10 bench/floor.sh
-#   FLOOR_BASELINE_BIN=old/wxgate bench/floor.sh   # and an older wxgate, same rounds
+#   FLOOR_BINS="old=old/wxgate new=target/release/wxgate" bench/floor.sh
+#                                     # several wxgate binaries, same rounds
 #
-# Layout as bench/run.sh's pinned mode: the proxy under test alone on CPU 0
-# (nginx with 1 worker; hyper_floor and wxgate with one serving thread);
-# wrk (1 thread), the mock upstream (nginx, `return 200`) and Redis on CPU 1.
-# Each round measures every proxy once, in turn; the table has medians and
-# ranges. CPU times come from /proc/PID/stat over the measured run, system
-# calls from `perf stat -e raw_syscalls:sys_enter` (left out where perf or
-# that tracepoint is missing). Needs nginx, redis-server, wrk, taskset, bc.
-# Ports: FLOOR_PORT_BASE (default 19900) to +5, all on 127.0.0.1.
+# FLOOR_BINS: NAME=PATH pairs (default "current=target/release/wxgate", built
+# here); each binary is measured on both stores. Layout as bench/run.sh's
+# pinned mode: the proxy under test alone on CPU 0 (nginx with 1 worker;
+# hyper_floor and wxgate with one serving thread); wrk (1 thread), the mock
+# upstream (nginx, `return 200`) and Redis on CPU 1. Each round measures
+# every proxy once, in turn; the table has medians and ranges. CPU times
+# come from /proc/PID/stat over the measured run, system calls from
+# `perf stat -e raw_syscalls:sys_enter` (left out where perf or that
+# tracepoint is missing). Needs nginx, redis-server, wrk, taskset, curl, bc.
+# Ports: FLOOR_PORT_BASE (default 19900) and up, all on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -25,19 +28,27 @@ ROUNDS=${FLOOR_ROUNDS:-3}
 DURATION=${FLOOR_DURATION:-5}
 CONNS=${FLOOR_CONNECTIONS:-64}
 BASE=${FLOOR_PORT_BASE:-19900}
-for t in nginx redis-server wrk taskset bc; do
+for t in nginx redis-server wrk taskset curl bc; do
   command -v "$t" >/dev/null || { echo "floor: $t is missing" >&2; exit 1; }
 done
 (($(nproc) >= 2)) || { echo "floor: needs 2 CPUs (the proxy alone on one)" >&2; exit 1; }
 
-cargo build --release --locked -q
 cargo build --release --locked -q --example hyper_floor
-WXGATE=target/release/wxgate
 FLOOR=target/release/examples/hyper_floor
-BASE_BIN=${FLOOR_BASELINE_BIN:-}
-[ -z "$BASE_BIN" ] || [ -x "$BASE_BIN" ] || { echo "floor: FLOOR_BASELINE_BIN=$BASE_BIN is not executable" >&2; exit 1; }
-PROXIES=(nginx hyper memory redis)
-[ -z "$BASE_BIN" ] || PROXIES+=(memory-base redis-base)
+if [ -z "${FLOOR_BINS:-}" ]; then
+  cargo build --release --locked -q
+  FLOOR_BINS="current=target/release/wxgate"
+fi
+declare -A BIN
+NAMES=()
+for pair in $FLOOR_BINS; do
+  name=${pair%%=*} path=${pair#*=}
+  [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] && [ "$name" != "$pair" ] ||
+    { echo "floor: FLOOR_BINS takes NAME=PATH pairs, got '$pair'" >&2; exit 2; }
+  [ -x "$path" ] || { echo "floor: $path ($name) is not an executable" >&2; exit 2; }
+  BIN[$name]=$path
+  NAMES+=("$name")
+done
 
 TMP=$(mktemp -d /tmp/wxgate-floor.XXXXXX)
 chmod 755 "$TMP"
@@ -48,11 +59,13 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-UP=$BASE NGX=$((BASE + 1)) HYP=$((BASE + 2)) MEM=$((BASE + 3)) RED=$((BASE + 4)) RP=$((BASE + 5))
-MEMB=$((BASE + 6)) REDB=$((BASE + 7))
-for p in $UP $NGX $HYP $MEM $RED $RP $MEMB $REDB; do
-  ! ss -ltn "sport = :$p" | grep -q LISTEN || { echo "floor: port $p is taken (set FLOOR_PORT_BASE)" >&2; exit 1; }
-done
+NEXT_PORT=$BASE
+port() { # port VAR: the next port, checked free
+  while ss -ltn "sport = :$NEXT_PORT" | grep -q LISTEN; do NEXT_PORT=$((NEXT_PORT + 1)); done
+  printf -v "$1" '%s' "$NEXT_PORT"
+  NEXT_PORT=$((NEXT_PORT + 1))
+}
+port UP; port NGX; port HYP; port RP
 BODY='{"errcode":0,"errmsg":"ok"}'
 REQ=/cgi-bin/message/template/send?access_token=bench
 mkdir -p "$TMP/up" "$TMP/px"
@@ -71,15 +84,37 @@ http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
   server { listen 127.0.0.1:$NGX;
     location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 EOF
-wxgate_toml() { # NAME PORT STORE
-  cat >"$TMP/$1.toml" <<EOF
+
+spawn() { local log=$1; shift; "$@" >"$TMP/$log.log" 2>&1 & PIDS+=($!); LAST=$!; }
+spawn upstream taskset -c 1 nginx -c "$TMP/up/nginx.conf" -p "$TMP/up/" -e "$TMP/up/error.log"
+spawn redis taskset -c 1 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP"
+spawn nginx taskset -c 0 nginx -c "$TMP/px/nginx.conf" -p "$TMP/px/" -e "$TMP/px/error.log"
+NGX_MASTER=$LAST
+declare -A PID PORT LABEL
+PORT[nginx]=$NGX LABEL[nginx]="nginx proxy_pass (1 worker)"
+spawn hyper taskset -c 0 "$FLOOR" "127.0.0.1:$HYP" "127.0.0.1:$UP"
+PID[hyper]=$LAST PORT[hyper]=$HYP LABEL[hyper]="bare hyper proxy (examples/hyper_floor.rs)"
+PROXIES=(nginx hyper)
+for name in "${NAMES[@]}"; do
+  for store in memory redis; do
+    id=$name-$store
+    port "PORT[$id]"
+    if [ $store = memory ]; then
+      store_toml="kind = \"memory\"
+state_file = \"$TMP/$id.state.json\""
+    else
+      store_toml="kind = \"redis\"
+url = \"redis://127.0.0.1:$RP\"
+key_prefix = \"$name\""
+    fi
+    cat >"$TMP/$id.toml" <<EOF
 [server]
-listen = "127.0.0.1:$2"
+listen = "127.0.0.1:${PORT[$id]}"
 admin_listen = "off"
 upstream = "http://127.0.0.1:$UP"
 workers = 1
 [store]
-$3
+$store_toml
 [log]
 access = false
 [[rule]]
@@ -87,42 +122,18 @@ name = "bench"
 match = ["/cgi-bin/message/template/send"]
 limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
 EOF
-}
-wxgate_toml memory "$MEM" "kind = \"memory\"
-state_file = \"$TMP/memory.state.json\""
-wxgate_toml redis "$RED" "kind = \"redis\"
-url = \"redis://127.0.0.1:$RP\""
-wxgate_toml memory-base "$MEMB" "kind = \"memory\"
-state_file = \"$TMP/memory-base.state.json\""
-wxgate_toml redis-base "$REDB" "kind = \"redis\"
-url = \"redis://127.0.0.1:$RP\"
-key_prefix = \"base\""
-
-spawn() { "$@" >"$TMP/spawn.$#.$RANDOM.log" 2>&1 & PIDS+=($!); LAST=$!; }
-spawn taskset -c 1 nginx -c "$TMP/up/nginx.conf" -p "$TMP/up/" -e "$TMP/up/error.log"
-spawn taskset -c 1 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP"
-spawn taskset -c 0 nginx -c "$TMP/px/nginx.conf" -p "$TMP/px/" -e "$TMP/px/error.log"
-NGX_MASTER=$LAST
-spawn taskset -c 0 "$FLOOR" "127.0.0.1:$HYP" "127.0.0.1:$UP"
-declare -A PID
-PID[hyper]=$LAST
-WXGATE_LOG=warn spawn taskset -c 0 "$WXGATE" --config "$TMP/memory.toml"
-PID[memory]=$LAST
-WXGATE_LOG=warn spawn taskset -c 0 "$WXGATE" --config "$TMP/redis.toml"
-PID[redis]=$LAST
-if [ -n "$BASE_BIN" ]; then
-  WXGATE_LOG=warn spawn taskset -c 0 "$BASE_BIN" --config "$TMP/memory-base.toml"
-  PID[memory-base]=$LAST
-  WXGATE_LOG=warn spawn taskset -c 0 "$BASE_BIN" --config "$TMP/redis-base.toml"
-  PID[redis-base]=$LAST
-fi
-declare -A PORT=([nginx]=$NGX [hyper]=$HYP [memory]=$MEM [redis]=$RED [memory-base]=$MEMB [redis-base]=$REDB)
+    WXGATE_LOG=warn spawn "$id" taskset -c 0 "${BIN[$name]}" --config "$TMP/$id.toml"
+    PID[$id]=$LAST LABEL[$id]="wxgate $name, $store store"
+    PROXIES+=("$id")
+  done
+done
 for n in "${PROXIES[@]}"; do
   for _ in $(seq 100); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT[$n]}$REQ")" = 200 ] && break
     sleep 0.1
   done
-  [ "$(curl -s "http://127.0.0.1:${PORT[$n]}$REQ")" = "$BODY" ] || { echo "floor: $n does not answer $BODY" >&2; exit 1; }
+  [ "$(curl -s "http://127.0.0.1:${PORT[$n]}$REQ")" = "$BODY" ] ||
+    { tail -5 "$TMP/$n.log" >&2; echo "floor: $n does not answer $BODY" >&2; exit 1; }
 done
 PID[nginx]=$(pgrep -P "$NGX_MASTER" | head -1)
 
@@ -143,35 +154,30 @@ for r in $(seq "$ROUNDS"); do
     calls=$(awk '/requests in/ {print $1}' "$TMP/wrk.$n.$r")
     sc=NA
     ((PERF)) && sc=$(awk -F, '/raw_syscalls/ {print $1}' "$TMP/perf.$n.$r")
-    echo "$n $calls $(((u1 - u0))) $(((s1 - s0))) $sc" >>"$TMP/rows"
+    echo "$n $calls $((u1 - u0)) $((s1 - s0)) $sc" >>"$TMP/rows"
   done
   echo "floor: round $r of $ROUNDS done" >&2
 done
 
-# Median and range of column $2 (awk expression over calls c, user ticks u,
-# system ticks s, syscalls k) for proxy $1.
+median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# stat PROXY EXPR: median (min–max) of EXPR over calls c, user ticks u,
+# system ticks s, system calls k, per round.
 stat() {
   awk -v n="$1" -v tck="$TCK" "\$1 == n { c=\$2; u=\$3; s=\$4; k=\$5; print $2 }" "$TMP/rows" | sort -g |
     awk '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2; printf "%.1f (%.1f–%.1f)", m, v[1], v[NR]}'
 }
+rate() { awk -v tck="$TCK" -v n="$1" '$1 == n {print $2 * tck / ($3 + $4)}' "$TMP/rows" | median; }
 echo "| proxy | calls/s per proxy core | vs nginx | user µs/call | kernel µs/call | system calls/call |"
 echo "|---|---:|---:|---:|---:|---:|"
-NGX_RATE=$(awk -v tck="$TCK" '$1 == "nginx" {print $2 * tck / ($3 + $4)}' "$TMP/rows" | sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+NGX_RATE=$(rate nginx)
 for n in "${PROXIES[@]}"; do
-  label=$n
-  case $n in
-    nginx) label="nginx proxy_pass (1 worker)" ;;
-    hyper) label="bare hyper proxy (examples/hyper_floor.rs)" ;;
-    memory) label="wxgate, memory store" ;;
-    redis) label="wxgate, Redis store" ;;
-    memory-base) label="wxgate baseline ($BASE_BIN), memory store" ;;
-    redis-base) label="wxgate baseline ($BASE_BIN), Redis store" ;;
-  esac
-  rate=$(awk -v tck="$TCK" -v n="$n" '$1 == n {print $2 * tck / ($3 + $4)}' "$TMP/rows" | sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+  r=$(rate "$n")
   sys="–"
   ((PERF)) && sys=$(stat "$n" 'k / c')
-  printf '| %s | %.0f | %.2f× | %s | %s | %s |\n' "$label" "$rate" "$(echo "$rate / $NGX_RATE" | bc -l)" \
+  printf '| %s | %.0f | %.2f× | %s | %s | %s |\n' "${LABEL[$n]}" "$r" "$(echo "$r / $NGX_RATE" | bc -l)" \
     "$(stat "$n" 'u * 1e6 / tck / c')" "$(stat "$n" 's * 1e6 / tck / c')" "$sys"
 done
 echo
-echo "$ROUNDS rounds of ${DURATION} s, $CONNS connections, wrk 1 thread; median (min–max). $(date -u +%F), $(nproc) CPUs, $(nginx -v 2>&1 | cut -d' ' -f3), wxgate $(git rev-parse --short HEAD)."
+echo "$ROUNDS rounds of ${DURATION} s, $CONNS connections, wrk 1 thread; median (min–max); calls/s per proxy core ="
+echo "calls ÷ the proxy's CPU time (user + kernel). $(date -u +%F), $(nproc) CPUs, $(nginx -v 2>&1 | cut -d' ' -f3)."
+for name in "${NAMES[@]}"; do echo "- wxgate $name: \`${BIN[$name]}\` (sha256 $(sha256sum "${BIN[$name]}" | cut -c1-12))"; done
