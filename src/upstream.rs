@@ -549,9 +549,12 @@ impl Upstream {
             let reused = pooled.is_some();
             let mut conn = match pooled.take() {
                 Some(conn) => conn,
+                // Boxed: connecting (TCP, TLS, handshake) is the largest
+                // state of a call and rare with a warm pool; inline, every
+                // call's future would carry (and move) its ~3 KiB.
                 None => tokio::select! {
                     biased;
-                    conn = self.connect(&target.base) => match conn {
+                    conn = Box::pin(self.connect(&target.base)) => match conn {
                         Ok(conn) => conn,
                         Err(e) => return Err(Failure::Unsent(Box::new(req), e)),
                     },
