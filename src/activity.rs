@@ -3,8 +3,10 @@
 //! `/v1/buckets`), and the instance-wide count of held calls with its cap
 //! ([`Held`], `[server] max_held`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::pair::{Pair, PairRef};
 
 /// Counts calls held by this instance.
 #[derive(Default)]
@@ -40,56 +42,108 @@ pub enum Kind {
     InFlight = 1,
 }
 
-type Key = (String, Arc<str>);
-type Counts = hashbrown::HashMap<Key, [u32; 2]>;
+/// One (account, rule state)'s calls on this instance: held, in flight
+/// (indexed by [`Kind`]).
+type Counts = [AtomicU32; 2];
 
+/// The counts of every (account, rule state) with a call since the last
+/// prune, and the size at which the next prune runs.
+struct Table {
+    counts: hashbrown::HashMap<Pair, Arc<Counts>>,
+    prune_at: usize,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { counts: hashbrown::HashMap::new(), prune_at: PRUNE_AT_LEAST }
+    }
+}
+
+/// Pairs kept before the first prune of those without a call.
+const PRUNE_AT_LEAST: usize = 1024;
+
+/// Calls held and in flight per (account, rule state). A call's guard holds
+/// its pair's counters: entering is one map lookup (the account is copied
+/// only for a new pair), leaving is one atomic decrement, no lock. Pairs
+/// with no call left are pruned when the map has doubled since the last
+/// prune, so it stays within twice the pairs active at once (and at least
+/// [`PRUNE_AT_LEAST`]).
 #[derive(Default)]
 pub struct Activity {
-    counts: Mutex<Counts>,
+    table: Mutex<Table>,
 }
 
 impl Activity {
-    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts one call of `kind` until the guard drops.
-    pub fn enter(self: &Arc<Self>, account: &str, rule: &Arc<str>, kind: Kind) -> ActivityGuard {
-        let key = (account.to_owned(), rule.clone());
-        let mut counts = self.counts();
-        match counts.get_mut(&key) {
-            Some(c) => c[kind as usize] += 1,
-            None => {
-                let mut c = [0, 0];
-                c[kind as usize] = 1;
-                counts.insert(key.clone(), c);
+    pub fn enter(&self, account: &str, rule: &Arc<str>, kind: Kind) -> ActivityGuard {
+        let counts = {
+            let mut table = self.table();
+            match table.counts.get(&PairRef(account, rule)) {
+                Some(c) => c.clone(),
+                None => {
+                    if table.counts.len() >= table.prune_at {
+                        // A pair whose counters only the map holds has no call.
+                        table.counts.retain(|_, c| Arc::strong_count(c) > 1);
+                        table.prune_at = (table.counts.len() * 2).max(PRUNE_AT_LEAST);
+                    }
+                    let c = Arc::new(Counts::default());
+                    table.counts.insert((account.to_owned(), rule.clone()), c.clone());
+                    c
+                }
             }
-        }
-        drop(counts);
-        ActivityGuard { activity: self.clone(), key, kind }
+        };
+        counts[kind as usize].fetch_add(1, Ordering::Relaxed);
+        ActivityGuard { counts, kind }
     }
 
     /// (held, in flight) for one (account, rule).
     pub fn get(&self, account: &str, rule: &Arc<str>) -> (u32, u32) {
-        let c = self.counts().get(&(account.to_owned(), rule.clone())).copied().unwrap_or_default();
-        (c[0], c[1])
+        match self.table().counts.get(&PairRef(account, rule)) {
+            Some(c) => (c[0].load(Ordering::Relaxed), c[1].load(Ordering::Relaxed)),
+            None => (0, 0),
+        }
     }
 }
 
+/// One call counted by [`Activity::enter`], until dropped.
 pub struct ActivityGuard {
-    activity: Arc<Activity>,
-    key: Key,
+    counts: Arc<Counts>,
     kind: Kind,
 }
 
 impl Drop for ActivityGuard {
     fn drop(&mut self) {
-        let mut counts = self.activity.counts();
-        if let Some(c) = counts.get_mut(&self.key) {
-            c[self.kind as usize] = c[self.kind as usize].saturating_sub(1);
-            if *c == [0, 0] {
-                counts.remove(&self.key);
-            }
+        self.counts[self.kind as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_calls_until_their_guards_drop_and_prunes_only_idle_pairs() {
+        let activity = Activity::default();
+        let rule: Arc<str> = Arc::from("send");
+        let held = activity.enter("wx1", &rule, Kind::Held);
+        let flying = activity.enter("wx1", &rule, Kind::InFlight);
+        let other = activity.enter("wx2", &rule, Kind::InFlight);
+        assert_eq!(activity.get("wx1", &rule), (1, 1));
+        drop(held);
+        assert_eq!(activity.get("wx1", &rule), (0, 1));
+        assert_eq!(activity.get("wx3", &rule), (0, 0));
+        // Enough idle pairs to prune: the active ones keep their counts.
+        for i in 0..2 * PRUNE_AT_LEAST {
+            drop(activity.enter(&format!("idle{i}"), &rule, Kind::InFlight));
         }
+        assert!(activity.table().counts.len() <= PRUNE_AT_LEAST + 2, "idle pairs pruned");
+        assert_eq!(activity.get("wx1", &rule), (0, 1));
+        assert_eq!(activity.get("wx2", &rule), (0, 1));
+        drop((flying, other));
+        assert_eq!(activity.get("wx1", &rule), (0, 0));
     }
 }

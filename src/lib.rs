@@ -31,6 +31,7 @@ pub mod inspect;
 pub mod intercept;
 pub mod limit;
 pub mod metrics;
+pub mod pair;
 pub mod penalty;
 pub mod probe;
 pub mod proxy;

@@ -36,6 +36,7 @@ use crate::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide, raise_day, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::metrics::MemoryStoreMetrics;
+use crate::pair::PairRef;
 use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
@@ -101,17 +102,6 @@ struct Writer {
     closed: bool,
     /// When a save failure was last logged (store time).
     logged_at: Micros,
-}
-
-/// An (account, rule state) pair by reference: looks up a shard's state
-/// without copying the account (hashes and compares as the owned pair).
-#[derive(Hash)]
-struct PairRef<'a>(&'a str, &'a Arc<str>);
-
-impl hashbrown::Equivalent<(String, Arc<str>)> for PairRef<'_> {
-    fn equivalent(&self, key: &(String, Arc<str>)) -> bool {
-        self.0 == key.0 && **self.1 == *key.1
-    }
 }
 
 #[derive(Default)]
