@@ -22,11 +22,13 @@
 # Ports: FLOOR_PORT_BASE (default 19900) and up, all on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 export PATH="$PATH:/usr/sbin:/sbin"
 
 ROUNDS=${FLOOR_ROUNDS:-3}
 DURATION=${FLOOR_DURATION:-5}
 CONNS=${FLOOR_CONNECTIONS:-64}
+THREADS=${FLOOR_THREADS:-1}
 BASE=${FLOOR_PORT_BASE:-19900}
 for t in nginx redis-server wrk taskset curl bc; do
   command -v "$t" >/dev/null || { echo "floor: $t is missing" >&2; exit 1; }
@@ -50,15 +52,8 @@ for pair in $FLOOR_BINS; do
   NAMES+=("$name")
 done
 
-TMP=$(mktemp -d /tmp/wxgate-floor.XXXXXX)
-chmod 755 "$TMP"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
+bench_tmp floor
+chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 NEXT_PORT=$BASE
 port() { # port VAR: the next port, checked free
   while ss -ltn "sport = :$NEXT_PORT" | grep -q LISTEN; do NEXT_PORT=$((NEXT_PORT + 1)); done
@@ -107,21 +102,7 @@ state_file = \"$TMP/$id.state.json\""
 url = \"redis://127.0.0.1:$RP\"
 key_prefix = \"$name\""
     fi
-    cat >"$TMP/$id.toml" <<EOF
-[server]
-listen = "127.0.0.1:${PORT[$id]}"
-admin_listen = "off"
-upstream = "http://127.0.0.1:$UP"
-workers = 1
-[store]
-$store_toml
-[log]
-access = false
-[[rule]]
-name = "bench"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
-EOF
+    bench_wxgate_toml "127.0.0.1:${PORT[$id]}" "http://127.0.0.1:$UP" "$store_toml" >"$TMP/$id.toml"
     WXGATE_LOG=warn spawn "$id" taskset -c 0 "${BIN[$name]}" --config "$TMP/$id.toml"
     PID[$id]=$LAST LABEL[$id]="wxgate $name, $store store"
     PROXIES+=("$id")
@@ -145,10 +126,10 @@ cpu() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime stime, in ticks
 for r in $(seq "$ROUNDS"); do
   for n in "${PROXIES[@]}"; do
     url="http://127.0.0.1:${PORT[$n]}$REQ" pid=${PID[$n]}
-    taskset -c 1 wrk -t1 -c"$CONNS" -d1s "$url" >/dev/null   # warm-up: connections, pools
+    taskset -c 1 wrk -t"$THREADS" -c"$CONNS" -d1s "$url" >/dev/null   # warm-up: connections, pools
     read -r u0 s0 < <(cpu "$pid")
     ((PERF)) && { perf stat -e raw_syscalls:sys_enter -p "$pid" -x, -o "$TMP/perf.$n.$r" -- sleep "$DURATION" & }
-    taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" "$url" >"$TMP/wrk.$n.$r"
+    taskset -c 1 wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "$url" >"$TMP/wrk.$n.$r"
     ((PERF)) && wait $!
     read -r u1 s1 < <(cpu "$pid")
     calls=$(awk '/requests in/ {print $1}' "$TMP/wrk.$n.$r")
@@ -178,6 +159,6 @@ for n in "${PROXIES[@]}"; do
     "$(stat "$n" 'u * 1e6 / tck / c')" "$(stat "$n" 's * 1e6 / tck / c')" "$sys"
 done
 echo
-echo "$ROUNDS rounds of ${DURATION} s, $CONNS connections, wrk 1 thread; median (min–max); calls/s per proxy core ="
+echo "$ROUNDS rounds of ${DURATION} s, $CONNS connections, wrk $THREADS thread(s); median (min–max); calls/s per proxy core ="
 echo "calls ÷ the proxy's CPU time (user + kernel). $(date -u +%F), $(nproc) CPUs, $(nginx -v 2>&1 | cut -d' ' -f3)."
 for name in "${NAMES[@]}"; do echo "- wxgate $name: \`${BIN[$name]}\` (sha256 $(sha256sum "${BIN[$name]}" | cut -c1-12))"; done

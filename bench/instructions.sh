@@ -26,6 +26,7 @@
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 export PATH="$PATH:/usr/sbin:/sbin"
 
 CALLS=${BENCH_CALLS:-2000}
@@ -54,15 +55,8 @@ if ((${#missing[@]})); then
   fi
 fi
 
-TMP=$(mktemp -d /tmp/wxgate-instructions.XXXXXX)
+bench_tmp instructions
 KEPT=0
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(free_port); RP=$(free_port); WP=$(free_port)
@@ -110,24 +104,7 @@ for bin in "${BINS[@]}"; do
     else
       store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
     fi
-    cat >"$TMP/wxgate.toml" <<EOF
-[server]
-listen = "127.0.0.1:$WP"
-admin_listen = "off"
-upstream = "http://127.0.0.1:$UP"
-workers = 1
-
-[store]
-$store_toml
-
-[log]
-access = false
-
-[[rule]]
-name = "bench"
-match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
-EOF
+    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" >"$TMP/wxgate.toml"
     redis-cli -p "$RP" flushall >/dev/null
     args=(--config "$TMP/wxgate.toml")
     ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")

@@ -1,0 +1,37 @@
+# Shared by bench/instructions.sh and bench/floor.sh (sourced).
+
+# bench_wxgate_toml LISTEN UPSTREAM STORE_TOML: a wxgate config on one serving
+# thread, admin and access log off, one rule that never throttles.
+bench_wxgate_toml() {
+  cat <<EOF2
+[server]
+listen = "$1"
+admin_listen = "off"
+upstream = "$2"
+workers = 1
+
+[store]
+$3
+
+[log]
+access = false   # one access-log line per call would dominate the cost
+
+[[rule]]
+name = "bench"
+match = ["/cgi-bin/message/template/send"]
+limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
+EOF2
+}
+
+# bench_tmp NAME: a scratch directory in TMP, and PIDS, the processes to
+# stop on exit (with the directory removed).
+bench_tmp() {
+  TMP=$(mktemp -d "/tmp/wxgate-$1.XXXXXX")
+  PIDS=()
+  trap bench_cleanup EXIT
+}
+bench_cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
