@@ -173,6 +173,10 @@ else
   cargo build --release --locked
   WXGATE=$REPO/target/release/wxgate
 fi
+# What was built, read now: edits made while the benchmark runs are not in it.
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -n "$(git -C "$REPO" status --porcelain -- src lua Cargo.toml Cargo.lock 2>/dev/null)" ] &&
+  COMMIT+=" (with uncommitted changes in src/, lua/ or Cargo.*)"
 [ -x "$WXGATE" ] || die "$WXGATE was not built"
 
 # --- the baseline binary (BENCH_BASELINE / BENCH_BASELINE_BIN) ------------------
@@ -1042,9 +1046,6 @@ report() {
   echo "- wxgate wrote $w log lines at level warn during the runs."
 }
 
-COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -n "$(git -C "$REPO" status --porcelain -- src lua Cargo.toml Cargo.lock 2>/dev/null)" ] &&
-  COMMIT+=" (with uncommitted changes in src/, lua/ or Cargo.*)"
 CURRENT_LABEL="${COMMIT%% *}"
 [ "$COMMIT" = "$CURRENT_LABEL" ] || CURRENT_LABEL+=" + uncommitted changes (in src/, lua/ or Cargo.*)"
 if [ -n "$CUR_BIN" ]; then   # BENCH_BIN: a built binary, not this tree
