@@ -551,7 +551,7 @@ impl Upstream {
                 Some(conn) => conn,
                 // Boxed: connecting (TCP, TLS, handshake) is the largest
                 // state of a call and rare with a warm pool; inline, every
-                // call's future would carry (and move) its ~3 KiB.
+                // call's future would carry (and move) its ~1.6 KiB.
                 None => tokio::select! {
                     biased;
                     conn = Box::pin(self.connect(&target.base)) => match conn {
