@@ -102,7 +102,7 @@ state_file = \"$TMP/$id.state.json\""
 url = \"redis://127.0.0.1:$RP\"
 key_prefix = \"$name\""
     fi
-    bench_wxgate_toml "127.0.0.1:${PORT[$id]}" "http://127.0.0.1:$UP" "$store_toml" >"$TMP/$id.toml"
+    bench_wxgate_toml "127.0.0.1:${PORT[$id]}" "http://127.0.0.1:$UP" "$store_toml" "workers = 1" >"$TMP/$id.toml"
     WXGATE_LOG=warn spawn "$id" taskset -c 0 "${BIN[$name]}" --config "$TMP/$id.toml"
     PID[$id]=$LAST LABEL[$id]="wxgate $name, $store store"
     PROXIES+=("$id")

@@ -104,7 +104,7 @@ for bin in "${BINS[@]}"; do
     else
       store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
     fi
-    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" >"$TMP/wxgate.toml"
+    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "workers = 1" >"$TMP/wxgate.toml"
     redis-cli -p "$RP" flushall >/dev/null
     args=(--config "$TMP/wxgate.toml")
     ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")

@@ -1,14 +1,17 @@
 # Shared by bench/instructions.sh and bench/floor.sh (sourced).
 
-# bench_wxgate_toml LISTEN UPSTREAM STORE_TOML: a wxgate config on one serving
-# thread, admin and access log off, one rule that never throttles.
+# bench_wxgate_toml LISTEN UPSTREAM STORE_TOML [SERVER_MORE] [LIMITS] [RULE_MORE]:
+# a bench wxgate config, admin and access log off, one rule "bench" (by
+# default with limits that never throttle). SERVER_MORE: more [server] lines
+# (e.g. `workers = 1`); RULE_MORE: more lines (keys of the rule, or tables).
+BENCH_NEVER='[{ count = 1000000000, per = "1s", burst = 1000000 }]'   # limits that never throttle
 bench_wxgate_toml() {
   cat <<EOF2
 [server]
 listen = "$1"
 admin_listen = "off"
 upstream = "$2"
-workers = 1
+${4:-}
 
 [store]
 $3
@@ -19,7 +22,8 @@ access = false   # one access-log line per call would dominate the cost
 [[rule]]
 name = "bench"
 match = ["/cgi-bin/message/template/send"]
-limits = [{ count = 1000000000, per = "1s", burst = 1000000 }]
+limits = ${5:-$BENCH_NEVER}
+${6:-}
 EOF2
 }
 

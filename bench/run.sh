@@ -95,6 +95,7 @@ done
 CMD+="bench/run.sh"
 
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 REPO=$(pwd)
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -392,29 +393,11 @@ done
 
 # --- wxgate -----------------------------------------------------------------------
 
-NEVER='[{ count = 1000000000, per = "1s", burst = 1000000 }]'   # never throttles
+NEVER=$BENCH_NEVER   # never throttles (bench/lib.sh)
 
 wxgate_config() { # wxgate_config NAME PORT STORE_TOML LIMITS [MORE_TOML]: write $TMP/NAME.toml, `check` it
-  cat >"$TMP/$1.toml" <<EOF
-[server]
-listen = "127.0.0.1:$2"
-admin_listen = "off"
-upstream = "http://127.0.0.1:$UP_PORT"
-shutdown_timeout = "2s"
-${PIN_WORKERS:-}
-
-[store]
-$3
-
-[log]
-access = false   # one access-log line per call would dominate the cost
-
-[[rule]]
-name = "bench"
-match = ["/cgi-bin/message/template/send"]
-limits = $4
-${5:-}
-EOF
+  bench_wxgate_toml "127.0.0.1:$2" "http://127.0.0.1:$UP_PORT" "$3" "shutdown_timeout = \"2s\"
+${PIN_WORKERS:-}" "$4" "${5:-}" >"$TMP/$1.toml"
   "$WXGATE" check --config "$TMP/$1.toml" >"$TMP/$1.check" 2>&1 ||
     { cat "$TMP/$1.check" >&2; die "wxgate check refused $TMP/$1.toml"; }
   # The baseline runs the same file: a target whose config it refuses (a key
