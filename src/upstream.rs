@@ -727,21 +727,39 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// The hop-by-hop headers every message loses, besides those `Connection`
 /// names (RFC 9110 §7.6.1). Bit `i` of a mask stands for `HOP_BY_HOP[i]`.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "trailer",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "keep-alive",
-    "proxy-connection",
+static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TRAILER,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
 ];
 
-/// `HOP_BY_HOP`'s bit for a name in any case, or 0.
+/// `HOP_BY_HOP`'s bit for a header name as a `HeaderMap` holds it
+/// (lowercase), or 0: one `match`, compiled to a length switch and at most
+/// two comparisons (this runs for every header of every call, both ways).
 fn hop_by_hop_bit(name: &str) -> u16 {
-    HOP_BY_HOP.iter().position(|h| h.eq_ignore_ascii_case(name)).map_or(0, |i| 1 << i)
+    match name {
+        "connection" => 1,
+        "te" => 1 << 1,
+        "transfer-encoding" => 1 << 2,
+        "upgrade" => 1 << 3,
+        "trailer" => 1 << 4,
+        "proxy-authorization" => 1 << 5,
+        "proxy-authenticate" => 1 << 6,
+        "keep-alive" => 1 << 7,
+        "proxy-connection" => 1 << 8,
+        _ => 0,
+    }
+}
+
+/// [`hop_by_hop_bit`] for a name in any case (a `Connection` token).
+fn hop_by_hop_bit_any_case(token: &str) -> u16 {
+    HOP_BY_HOP.iter().position(|h| h.as_str().eq_ignore_ascii_case(token)).map_or(0, |i| 1 << i)
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named by
@@ -757,26 +775,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     let mut listed: Vec<HeaderName> = Vec::new();
-    for token in headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-    {
-        let bit = hop_by_hop_bit(token);
-        if bit != 0 {
-            present |= bit;
-        } else if headers.contains_key(token) {
-            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                listed.push(name);
+    if present & 1 != 0 {
+        for token in headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        {
+            let bit = hop_by_hop_bit_any_case(token);
+            if bit != 0 {
+                present |= bit;
+            } else if headers.contains_key(token) {
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    listed.push(name);
+                }
             }
         }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
-            headers.remove(*name);
+            headers.remove(name);
         }
     }
     for name in listed {
