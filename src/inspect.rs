@@ -166,8 +166,37 @@ fn looks_like_json(bytes: &[u8]) -> bool {
     bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
-/// The errcode of a WeChat JSON body (top-level `errcode`, number or numeric string).
+/// The errcode of a WeChat JSON body (top-level `errcode`, number or
+/// numeric string); `None` when the body is not JSON. WeChat's usual shape
+/// is read without a parser ([`errcode_exact`]); any other goes to
+/// serde_json. Both give the same answer for every body.
 pub fn errcode(bytes: &[u8]) -> Option<Option<i64>> {
+    if let Some(code) = errcode_exact(bytes) {
+        return Some(Some(code));
+    }
+    errcode_parsed(bytes)
+}
+
+/// `{"errcode":N,"errmsg":"M"}` byte for byte as WeChat writes it: no
+/// whitespace, N a JSON integer that fits an i64, M printable ASCII
+/// without quotes or escapes. Such a body is valid JSON with that errcode;
+/// anything else is `None` (and left to [`errcode_parsed`]).
+fn errcode_exact(bytes: &[u8]) -> Option<i64> {
+    let rest = bytes.strip_prefix(b"{\"errcode\":")?;
+    let end = rest.iter().position(|b| !(b.is_ascii_digit() || *b == b'-'))?;
+    let (number, rest) = rest.split_at(end);
+    let digits = number.strip_prefix(b"-").unwrap_or(number);
+    // JSON: no sign but a leading minus, no leading zero; serde_json reads
+    // `-0` as a float (no i64): left to it.
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) || (digits[0] == b'0' && number.len() > 1) {
+        return None;
+    }
+    let code: i64 = std::str::from_utf8(number).ok()?.parse().ok()?;
+    let message = rest.strip_prefix(b",\"errmsg\":\"")?.strip_suffix(b"\"}")?;
+    message.iter().all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\').then_some(code)
+}
+
+fn errcode_parsed(bytes: &[u8]) -> Option<Option<i64>> {
     #[derive(serde::Deserialize)]
     struct Envelope {
         errcode: Option<serde_json::Value>,
@@ -205,5 +234,51 @@ mod tests {
         assert_eq!(errcode(b"{not json"), None);
         assert_eq!(json_verdict(br#"{"errcode":0}"#, true), Verdict::Success);
         assert_eq!(json_verdict(br#"{"errcode":40001}"#, true), Verdict::Errcode(40001));
+    }
+
+    /// The parser-free reading agrees with serde_json on WeChat's shape and
+    /// on every near miss, and takes only bodies serde_json reads the same.
+    #[test]
+    fn the_exact_shape_reads_as_serde_json_does() {
+        let bodies: &[&[u8]] = &[
+            br#"{"errcode":0,"errmsg":"ok"}"#,
+            br#"{"errcode":45009,"errmsg":"reach max api daily quota limit rid: 6565-1"}"#,
+            br#"{"errcode":-1,"errmsg":"system error"}"#,
+            br#"{"errcode":-0,"errmsg":"ok"}"#,
+            br#"{"errcode":007,"errmsg":"ok"}"#,
+            br#"{"errcode":00,"errmsg":"ok"}"#,
+            br#"{"errcode":-,"errmsg":"ok"}"#,
+            br#"{"errcode":1-2,"errmsg":"ok"}"#,
+            br#"{"errcode":--1,"errmsg":"ok"}"#,
+            br#"{"errcode":,"errmsg":"ok"}"#,
+            br#"{"errcode":99999999999999999999,"errmsg":"ok"}"#,
+            br#"{"errcode":9223372036854775807,"errmsg":"ok"}"#,
+            br#"{"errcode":1,"errmsg":"a \" b"}"#,
+            br#"{"errcode":1,"errmsg":"a "b"}"#,
+            br#"{"errcode":1,"errmsg":"ok"} "#,
+            br#"{"errcode":1,"errmsg":"ok"}}"#,
+            br#"{"errcode":1,"errmsg":"ok"},"#,
+            br#"{"errcode":1,"errmsg":"ok","errcode":2}"#,
+            br#"{"errcode":1,"errmsg":"tab	here"}"#,
+            "{\"errcode\":1,\"errmsg\":\"\u{4e0d}\"}".as_bytes(),
+            b"{\"errcode\":1,\"errmsg\":\"\x01\"}",
+            br#"{"errcode":1,"errmsg":""}"#,
+            br#"{"errcode":1,"errmsg":"#,
+            br#"{"errcode":1}"#,
+            br#"{"errcode":"1","errmsg":"ok"}"#,
+        ];
+        for body in bodies {
+            let exact = errcode_exact(body);
+            let parsed = errcode_parsed(body);
+            assert_eq!(errcode(body), parsed, "{}", String::from_utf8_lossy(body));
+            if let Some(code) = exact {
+                assert_eq!(parsed, Some(Some(code)), "{}", String::from_utf8_lossy(body));
+            }
+        }
+        assert_eq!(
+            errcode_exact(br#"{"errcode":45009,"errmsg":"reach max api daily quota limit rid: 1"}"#),
+            Some(45009)
+        );
+        assert_eq!(errcode_exact(br#"{"errcode":0,"errmsg":"ok"}"#), Some(0));
     }
 }
