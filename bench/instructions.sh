@@ -9,6 +9,9 @@
 #   bench/instructions.sh target/release/examples/hyper_floor target/release/wxgate
 #                          # with the bare hyper proxy: the floor under wxgate
 #                          # (cargo build --release --example hyper_floor)
+#   BENCH_LOAD=64 bench/instructions.sh nginx target/release/examples/hyper_floor target/release/wxgate
+#                          # "nginx": nginx proxy_pass itself (one process,
+#                          # master_process off), counted the same way
 #
 # For each binary and store (memory, Redis), wxgate runs under
 # `valgrind --tool=callgrind` with `workers = 1`, in front of an nginx mock
@@ -22,6 +25,11 @@
 #
 # Needs valgrind, nginx, redis-server, redis-cli, curl (installed with
 # apt-get when missing and we are root). BENCH_CALLS defaults to 2000.
+# BENCH_LOAD=64 counts under load instead: wrk (1 thread, 64 connections,
+# BENCH_LOAD_SECONDS, default 20) against the proxy under callgrind, the
+# total divided by the calls wrk completed (the few in flight at the end
+# count against it: under 2 % at 64 connections). Under load a proxy
+# batches reads and wake-ups; sequential calls show none of that.
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -30,6 +38,10 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
 
 CALLS=${BENCH_CALLS:-2000}
+LOAD=${BENCH_LOAD:-0}            # connections: wrk under load instead of sequential calls
+LOAD_SECONDS=${BENCH_LOAD_SECONDS:-20}
+[[ $LOAD =~ ^[0-9]+$ && $LOAD_SECONDS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_LOAD and BENCH_LOAD_SECONDS are numbers" >&2; exit 2; }
+((LOAD == 0)) || command -v wrk >/dev/null || { echo "bench: BENCH_LOAD needs wrk" >&2; exit 1; }
 if ! [[ $CALLS =~ ^[0-9]+$ ]] || ((CALLS == 0)); then
   echo "bench: BENCH_CALLS must be a positive number" >&2
   exit 2
@@ -37,6 +49,7 @@ fi
 BINS=("$@")
 ((${#BINS[@]})) || BINS=(target/release/wxgate)
 for b in "${BINS[@]}"; do
+  [ "$b" = nginx ] && continue
   [ -x "$b" ] || { echo "bench: $b is not an executable (build it: cargo build --release)" >&2; exit 2; }
 done
 
@@ -96,8 +109,10 @@ printf '| binary | store | instructions per call |\n|---|---|---:|\n'
 for bin in "${BINS[@]}"; do
   stores=(memory redis)
   floor=0
-  # The bare hyper proxy (examples/hyper_floor.rs) has no store and no config.
+  # The bare hyper proxy (examples/hyper_floor.rs) and nginx have no store
+  # and no wxgate config.
   [ "$(basename "$bin")" = hyper_floor ] && { floor=1; stores=(none); }
+  [ "$bin" = nginx ] && { floor=1; stores=(none); }
   for store in "${stores[@]}"; do
     if [ "$store" = memory ]; then
       store_toml='kind = "memory"'
@@ -108,7 +123,21 @@ for bin in "${BINS[@]}"; do
     redis-cli -p "$RP" flushall >/dev/null
     args=(--config "$TMP/wxgate.toml")
     ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$bin" "${args[@]}" 2>"$TMP/valgrind.log" &
+    exe=$bin
+    if [ "$bin" = nginx ]; then   # bench/floor.sh's nginx proxy_pass, in one process
+      mkdir -p "$TMP/px"
+      cat >"$TMP/px/nginx.conf" <<EOF
+worker_processes 1; daemon off; master_process off; pid $TMP/px/nginx.pid; error_log $TMP/px/error.log warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
+  upstream wechat { server 127.0.0.1:$UP; keepalive 64; keepalive_requests 1000000; }
+  server { listen 127.0.0.1:$WP;
+    location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+EOF
+      exe=$(command -v nginx)
+      args=(-c "$TMP/px/nginx.conf" -p "$TMP/px/")
+    fi
+    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$exe" "${args[@]}" 2>"$TMP/valgrind.log" &
     vg=$!
     ok=0
     for _ in $(seq 150); do
@@ -118,7 +147,14 @@ for bin in "${BINS[@]}"; do
     ((ok)) || { cat "$TMP/valgrind.log" >&2; echo "bench: $bin did not start" >&2; exit 1; }
     calls 200
     callgrind_control -z "$vg" >/dev/null 2>&1
-    calls "$CALLS"
+    n=$CALLS
+    if ((LOAD)); then
+      wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "$URL" >"$TMP/wrk.out"
+      n=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+      [[ $n =~ ^[0-9]+$ ]] && ((n > 0)) || { cat "$TMP/wrk.out" >&2; echo "bench: wrk made no calls" >&2; exit 1; }
+    else
+      calls "$CALLS"
+    fi
     callgrind_control -d "$vg" >/dev/null 2>&1
     # SIGINT: wxgate's graceful stop. The floor has no handler, and a
     # background job ignores SIGINT: it gets SIGTERM.
@@ -131,8 +167,12 @@ for bin in "${BINS[@]}"; do
       cp "$dump" "$BENCH_PROFILES/$((++KEPT))-$store.callgrind.out"
     fi
     rm -f "$TMP"/cg.*
-    printf '| %s | %s | %d |\n' "$bin" "$store" $((total / CALLS))
+    printf '| %s | %s | %d |\n' "$bin" "$store" $((total / n))
   done
 done
 echo
-echo "($CALLS sequential calls per row, after 200 warm-up calls; callgrind counts wxgate's user-space instructions only)"
+if ((LOAD)); then
+  echo "(wrk with $LOAD connections for ${LOAD_SECONDS} s per row, divided by the calls wrk completed, after 200 warm-up calls; callgrind counts the proxy's user-space instructions only)"
+else
+  echo "($CALLS sequential calls per row, after 200 warm-up calls; callgrind counts the proxy's user-space instructions only)"
+fi
