@@ -33,12 +33,7 @@ if [ -z "$BIN" ]; then cargo build --release --locked -q; BIN=target/release/wxg
 bench_tmp latency
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 NEXT_PORT=$BASE
-port() { # port VAR: the next port, checked free
-  while ss -ltn "sport = :$NEXT_PORT" | grep -q LISTEN; do NEXT_PORT=$((NEXT_PORT + 1)); done
-  printf -v "$1" '%s' "$NEXT_PORT"
-  NEXT_PORT=$((NEXT_PORT + 1))
-}
-port UP; port RP; port PX; port AD
+bench_port UP; bench_port RP; bench_port PX; bench_port AD
 cat >"$TMP/nginx.conf" <<EOF2
 worker_processes 1; daemon off; pid $TMP/nginx.pid; error_log $TMP/error.log warn;
 events { worker_connections 4096; }

@@ -55,12 +55,7 @@ done
 bench_tmp floor
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 NEXT_PORT=$BASE
-port() { # port VAR: the next port, checked free
-  while ss -ltn "sport = :$NEXT_PORT" | grep -q LISTEN; do NEXT_PORT=$((NEXT_PORT + 1)); done
-  printf -v "$1" '%s' "$NEXT_PORT"
-  NEXT_PORT=$((NEXT_PORT + 1))
-}
-port UP; port NGX; port HYP; port RP
+bench_port UP; bench_port NGX; bench_port HYP; bench_port RP
 BODY='{"errcode":0,"errmsg":"ok"}'
 REQ=/cgi-bin/message/template/send?access_token=bench
 mkdir -p "$TMP/up" "$TMP/px"
@@ -71,14 +66,7 @@ http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
   server { listen 127.0.0.1:$UP;
     location / { types { } default_type application/json; return 200 '$BODY'; } } }
 EOF
-cat >"$TMP/px/nginx.conf" <<EOF
-worker_processes 1; daemon off; pid nginx.pid; error_log error.log warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
-  upstream wechat { server 127.0.0.1:$UP; keepalive 64; keepalive_requests 1000000; }
-  server { listen 127.0.0.1:$NGX;
-    location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-EOF
+bench_nginx_proxy "127.0.0.1:$NGX" "127.0.0.1:$UP" nginx.pid error.log >"$TMP/px/nginx.conf"
 
 spawn() { local log=$1; shift; "$@" >"$TMP/$log.log" 2>&1 & PIDS+=($!); LAST=$!; }
 spawn upstream taskset -c 1 nginx -c "$TMP/up/nginx.conf" -p "$TMP/up/" -e "$TMP/up/error.log"
@@ -93,7 +81,7 @@ PROXIES=(nginx hyper)
 for name in "${NAMES[@]}"; do
   for store in memory redis; do
     id=$name-$store
-    port "PORT[$id]"
+    bench_port "PORT[$id]"
     if [ $store = memory ]; then
       store_toml="kind = \"memory\"
 state_file = \"$TMP/$id.state.json\""

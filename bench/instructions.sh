@@ -126,14 +126,8 @@ for bin in "${BINS[@]}"; do
     exe=$bin
     if [ "$bin" = nginx ]; then   # bench/floor.sh's nginx proxy_pass, in one process
       mkdir -p "$TMP/px"
-      cat >"$TMP/px/nginx.conf" <<EOF
-worker_processes 1; daemon off; master_process off; pid $TMP/px/nginx.pid; error_log $TMP/px/error.log warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
-  upstream wechat { server 127.0.0.1:$UP; keepalive 64; keepalive_requests 1000000; }
-  server { listen 127.0.0.1:$WP;
-    location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-EOF
+      bench_nginx_proxy "127.0.0.1:$WP" "127.0.0.1:$UP" "$TMP/px/nginx.pid" "$TMP/px/error.log" \
+        'master_process off;' >"$TMP/px/nginx.conf"
       exe=$(command -v nginx)
       args=(-c "$TMP/px/nginx.conf" -p "$TMP/px/")
     fi

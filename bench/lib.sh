@@ -39,3 +39,26 @@ bench_cleanup() {
   wait 2>/dev/null || true
   rm -rf "$TMP"
 }
+
+# bench_port VAR: the next free loopback port from NEXT_PORT (set it to the
+# script's first port before the first call) into VAR.
+bench_port() {
+  while ss -ltn "sport = :$NEXT_PORT" | grep -q LISTEN; do NEXT_PORT=$((NEXT_PORT + 1)); done
+  printf -v "$1" '%s' "$NEXT_PORT"
+  NEXT_PORT=$((NEXT_PORT + 1))
+}
+
+# bench_nginx_proxy LISTEN UPSTREAM PID ERROR_LOG [MORE]: the nginx
+# proxy_pass config the benchmarks compare wxgate with (one worker,
+# keep-alive to the upstream, access log off). MORE: more main-context
+# directives (e.g. `master_process off;`).
+bench_nginx_proxy() {
+  cat <<EOF2
+worker_processes 1; daemon off; pid $3; error_log $4 warn; ${5:-}
+events { worker_connections 4096; }
+http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
+  upstream wechat { server $2; keepalive 64; keepalive_requests 1000000; }
+  server { listen $1;
+    location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+EOF2
+}
