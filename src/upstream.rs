@@ -739,12 +739,15 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
+/// `HOP_BY_HOP`'s bit for `Connection`.
+const CONNECTION_BIT: u16 = 1;
+
 /// `HOP_BY_HOP`'s bit for a header name as a `HeaderMap` holds it
 /// (lowercase), or 0: one `match`, compiled to a length switch and at most
 /// two comparisons (this runs for every header of every call, both ways).
 fn hop_by_hop_bit(name: &str) -> u16 {
     match name {
-        "connection" => 1,
+        "connection" => CONNECTION_BIT,
         "te" => 1 << 1,
         "transfer-encoding" => 1 << 2,
         "upgrade" => 1 << 3,
@@ -775,7 +778,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     let mut listed: Vec<HeaderName> = Vec::new();
-    if present & 1 != 0 {
+    if present & CONNECTION_BIT != 0 {
         for token in headers
             .get_all(header::CONNECTION)
             .iter()
@@ -814,6 +817,19 @@ mod tests {
             h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         h
+    }
+
+    /// The `match` of [`hop_by_hop_bit`] and the list it stands for agree,
+    /// bit for bit, in either case.
+    #[test]
+    fn each_hop_by_hop_name_has_its_own_bit() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_bit(name.as_str()), 1 << i, "{name}");
+            assert_eq!(hop_by_hop_bit_any_case(&name.as_str().to_ascii_uppercase()), 1 << i, "{name}");
+        }
+        assert_eq!(HOP_BY_HOP[0], header::CONNECTION);
+        assert_eq!(CONNECTION_BIT, 1);
+        assert_eq!(hop_by_hop_bit("content-type"), 0);
     }
 
     #[test]
