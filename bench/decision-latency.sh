@@ -34,13 +34,7 @@ bench_tmp latency
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 NEXT_PORT=$BASE
 bench_port UP; bench_port RP; bench_port PX; bench_port AD
-cat >"$TMP/nginx.conf" <<EOF2
-worker_processes 1; daemon off; pid $TMP/nginx.pid; error_log $TMP/error.log warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP;
-    location / { types { } default_type application/json; return 200 '{"errcode":0,"errmsg":"ok"}'; } } }
-EOF2
+bench_nginx_mock "127.0.0.1:$UP" "$TMP/nginx.pid" "$TMP/error.log" >"$TMP/nginx.conf"
 echo 'local pace = tonumber(os.getenv("WRK_PACE_MS")); function delay() return pace end' >"$TMP/pace.lua"
 taskset -c 1 nginx -c "$TMP/nginx.conf" -p "$TMP/" -e "$TMP/error.log" & PIDS+=($!)
 taskset -c 1 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" >/dev/null & PIDS+=($!)

@@ -56,16 +56,10 @@ bench_tmp floor
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user
 NEXT_PORT=$BASE
 bench_port UP; bench_port NGX; bench_port HYP; bench_port RP
-BODY='{"errcode":0,"errmsg":"ok"}'
+BODY=$BENCH_BODY
 REQ=/cgi-bin/message/template/send?access_token=bench
 mkdir -p "$TMP/up" "$TMP/px"
-cat >"$TMP/up/nginx.conf" <<EOF
-worker_processes 1; daemon off; pid nginx.pid; error_log error.log warn;
-events { worker_connections 4096; }
-http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP;
-    location / { types { } default_type application/json; return 200 '$BODY'; } } }
-EOF
+bench_nginx_mock "127.0.0.1:$UP" nginx.pid error.log >"$TMP/up/nginx.conf"
 bench_nginx_proxy "127.0.0.1:$NGX" "127.0.0.1:$UP" nginx.pid error.log >"$TMP/px/nginx.conf"
 
 spawn() { local log=$1; shift; "$@" >"$TMP/$log.log" 2>&1 & PIDS+=($!); LAST=$!; }

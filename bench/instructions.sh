@@ -74,22 +74,7 @@ KEPT=0
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(free_port); RP=$(free_port); WP=$(free_port)
 
-cat >"$TMP/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  keepalive_timeout 75s;
-  keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$UP;
-    location / { types { } default_type application/json; return 200 '{"errcode":0,"errmsg":"ok"}'; }
-  }
-}
-EOF
+bench_nginx_mock "127.0.0.1:$UP" "$TMP/nginx.pid" "$TMP/nginx-error.log" >"$TMP/nginx.conf"
 nginx -c "$TMP/nginx.conf" -p "$TMP" & PIDS+=($!)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" >/dev/null & PIDS+=($!)
 for _ in $(seq 100); do

@@ -1,4 +1,4 @@
-# Shared by bench/instructions.sh and bench/floor.sh (sourced).
+# Shared by the scripts of bench/ (sourced).
 
 # bench_wxgate_toml LISTEN UPSTREAM STORE_TOML [SERVER_MORE] [LIMITS] [RULE_MORE]:
 # a bench wxgate config, admin and access log off, one rule "bench" (by
@@ -60,5 +60,18 @@ http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
   upstream wechat { server $2; keepalive 64; keepalive_requests 1000000; }
   server { listen $1;
     location / { proxy_pass http://wechat; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+EOF2
+}
+
+# bench_nginx_mock LISTEN PID ERROR_LOG: the mock WeChat upstream, an nginx
+# answering every request 200 with BENCH_BODY (one worker).
+BENCH_BODY='{"errcode":0,"errmsg":"ok"}'
+bench_nginx_mock() {
+  cat <<EOF2
+worker_processes 1; daemon off; pid $2; error_log $3 warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
+  server { listen $1;
+    location / { types { } default_type application/json; return 200 '$BENCH_BODY'; } } }
 EOF2
 }
