@@ -53,6 +53,7 @@ use crate::clock::Micros;
 use crate::penalty::PenaltyState;
 
 pub mod decide;
+pub mod derive;
 
 /// A named rule: its limits, and whose state they count in.
 ///
@@ -102,30 +103,6 @@ pub struct Rule {
     /// a calendar quota of ⌊P·count⌋. Empty without a share.
     pub share_percent: u32,
     pub share: Vec<Limit>,
-}
-
-impl Rule {
-    /// The sub-limits `max_share = "P%"` gives one caller of `limits`:
-    /// P % of each count (rounded down; `None` when that leaves a caller no
-    /// call at all) and of each burst (rounded up, at least 1, at most the
-    /// share's count).
-    pub fn shares_of(limits: &[Limit], percent: u32) -> Option<Vec<Limit>> {
-        let part = |n: u64| n.saturating_mul(u64::from(percent)) / 100;
-        limits
-            .iter()
-            .map(|limit| match *limit {
-                Limit::Window(w) => {
-                    let count = part(w.count);
-                    let burst = w.burst.saturating_mul(u64::from(percent)).div_ceil(100).clamp(1, count.max(1));
-                    (count >= 1).then(|| Limit::Window(WindowLimit::new(count, w.per_us, burst)))
-                }
-                Limit::Calendar { count, period } => {
-                    let count = part(count);
-                    (count >= 1).then_some(Limit::Calendar { count, period })
-                }
-            })
-            .collect()
-    }
 }
 
 /// Whose calls a rule's limits count together.

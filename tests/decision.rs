@@ -12,25 +12,7 @@ const SEC: i64 = 1_000_000;
 const BEIJING: i64 = 8 * 3600 * SEC;
 
 fn rule(limits: Vec<Limit>) -> Rule {
-    Rule {
-        name: "r".into(),
-        state: "r".into(),
-        scope: wxgate::limit::Scope::Rule,
-        path: None,
-        patterns: vec![],
-        limits,
-        max_wait_us: 0,
-        warmup_us: 0,
-        concurrency: 0,
-        shadow: false,
-        throttle_status: http::StatusCode::TOO_MANY_REQUESTS,
-        policy_header: None,
-        policy_prefixes: Vec::new(),
-        reserve_percent: 0,
-        reserve: Vec::new(),
-        share_percent: 0,
-        share: Vec::new(),
-    }
+    Rule::new("r", limits)
 }
 
 /// Police-only decision at `now`.

@@ -177,6 +177,35 @@ async fn local_fallback_divides_each_limit_by_the_instance_count() {
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
 }
 
+/// Regression (issue 28): the local fallback scaled a rule's limits by
+/// `instances` but kept the unscaled reserve, so a reserve of half a day's
+/// 100 calls (50) swallowed the whole scaled quota (50 with two instances):
+/// every normal-priority call was refused for the whole outage.
+#[tokio::test]
+async fn local_fallback_keeps_the_scaled_reserve_not_the_whole_one() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let rule = send().limit(100, "day").set("reserve", "50%");
+    let gate = Gate::start_real(&mock, format!("{}\n{}", rules(&redis, "local", rule), caller("ops").high())).await;
+    redis.stop();
+    // instances = 2: this instance alone may use 50, of which 25 are kept
+    // for high-priority callers.
+    let mut normal = Vec::new();
+    for _ in 0..27 {
+        let a = gate.get("/cgi-bin/message/custom/send").await;
+        normal.push((a.status.as_u16(), a.header("x-wxgate-reason").map(str::to_owned)));
+    }
+    let admitted = normal.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(admitted, 25, "{normal:?}");
+    assert_eq!(normal[25], (429, Some("reserve".into())), "{normal:?}");
+    let mut high = Vec::new();
+    for _ in 0..26 {
+        high.push(gate.get_as_caller("ops", "/cgi-bin/message/custom/send").await.status.as_u16());
+    }
+    assert_eq!(high.iter().filter(|&&s| s == 200).count(), 25, "the reserve is the high callers': {high:?}");
+    assert_eq!(mock.count(), 50);
+}
+
 #[tokio::test]
 async fn deny_and_allow_fallbacks() {
     let mut redis = RedisServer::start();

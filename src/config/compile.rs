@@ -375,61 +375,27 @@ fn compile_rule(
             )));
         }
     }
-    let (reserve_percent, reserve) = match r.reserve.as_deref() {
-        None => (0, Vec::new()),
-        Some(text) => compile_reserve(text, &limits).map_err(|m| err(format!("reserve: {m}")))?,
+    let percent = |text: Option<&str>, key: &str| match text {
+        None => Ok(0),
+        Some(text) => percent_of(text).map_err(|m| err(format!("{key}: {m}"))),
     };
-    let (share_percent, share) = match r.max_share.as_deref() {
-        None => (0, Vec::new()),
-        Some(text) => compile_share(text, &limits).map_err(|m| err(format!("max_share: {m}")))?,
-    };
-    let name: Arc<str> = r.name.into();
+    let (reserve_percent, share_percent) =
+        (percent(r.reserve.as_deref(), "reserve")?, percent(r.max_share.as_deref(), "max_share")?);
     let mut rule = Rule {
-        state: name.clone(),
         scope,
-        path: None,
-        name,
         patterns: r.patterns,
-        limits,
         max_wait_us,
         warmup_us,
         concurrency,
         shadow,
         throttle_status,
-        policy_header: None,
-        policy_prefixes: Vec::new(),
-        reserve_percent,
-        reserve,
-        share_percent,
-        share,
-    };
+        ..Rule::new(&r.name, limits)
+    }
+    .with_percents(reserve_percent, share_percent)
+    .map_err(|e| err(e.to_string()))?;
     rule.policy_header = crate::ratelimit::policy_header(&rule);
     rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
     Ok((rule, patterns))
-}
-
-/// `max_share = "P%"`: P, and one caller's sub-limits ([`Rule::share`]).
-/// Every limit must leave a caller at least one call.
-fn compile_share(text: &str, limits: &[Limit]) -> Result<(u32, Vec<Limit>), String> {
-    let percent = percent_of(text)?;
-    if limits.is_empty() {
-        return Err("the rule has no limits to share".into());
-    }
-    match Rule::shares_of(limits, percent) {
-        Some(share) => Ok((percent, share)),
-        None => {
-            let (i, count) = limits
-                .iter()
-                .enumerate()
-                .map(|(i, l)| match l {
-                    Limit::Window(w) => (i, w.count),
-                    Limit::Calendar { count, .. } => (i, *count),
-                })
-                .find(|(_, count)| count * u64::from(percent) / 100 == 0)
-                .unwrap_or((0, 0));
-            Err(format!("{percent}% of limits[{i}]'s count of {count} is less than one call: no caller could call"))
-        }
-    }
 }
 
 /// `"P%"`, 1 to 99.
@@ -438,43 +404,6 @@ fn percent_of(text: &str) -> Result<u32, String> {
         .and_then(|p| p.trim().parse::<u32>().ok())
         .filter(|p| (1..=99).contains(p))
         .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))
-}
-
-/// `reserve = "P%"`: P, and per limit what normal callers may not use (see
-/// [`Rule::reserve`]). Every limit must keep something for each side.
-fn compile_reserve(text: &str, limits: &[Limit]) -> Result<(u32, Vec<i64>), String> {
-    let percent = percent_of(text)?;
-    if limits.is_empty() {
-        return Err("the rule has no limits to keep a share of".into());
-    }
-    let share = |n: u64| (n * u64::from(percent)).div_ceil(100);
-    let mut reserve = Vec::with_capacity(limits.len());
-    for (i, limit) in limits.iter().enumerate() {
-        reserve.push(match *limit {
-            Limit::Window(w) => {
-                let kept = share(w.burst);
-                if kept >= w.burst {
-                    return Err(format!(
-                        "{percent}% of limits[{i}]'s burst of {} leaves no call for normal callers: a window keeps \
-                         back whole calls of its burst, so give it burst = {} or more",
-                        w.burst,
-                        100u64.div_ceil(100 - u64::from(percent)).max(2)
-                    ));
-                }
-                kept as i64 * w.interval_us
-            }
-            Limit::Calendar { count, .. } => {
-                let kept = share(count);
-                if kept >= count {
-                    return Err(format!(
-                        "{percent}% of limits[{i}]'s count of {count} leaves no call for normal callers"
-                    ));
-                }
-                kept as i64
-            }
-        });
-    }
-    Ok((percent, reserve))
 }
 
 fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {

@@ -53,7 +53,7 @@ use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
 use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
-use crate::limit::{Ask, Decision, Key, Limit, Reason, Rule, WindowLimit};
+use crate::limit::{Ask, Decision, Key, Limit, Reason, Rule};
 use crate::penalty::{PenaltyPolicy, PenaltyState};
 
 /// How often the background task writes what Redis is missing and checks
@@ -658,39 +658,7 @@ fn candidate_epoch() -> String {
     format!("{:08x}", std::hash::RandomState::new().hash_one(std::process::id()) as u32)
 }
 
-/// `rule` with every count, burst and concurrency cap divided by `instances`
-/// (rounded down, at least 1): what one of that many instances may use alone.
+/// What one of `instances` instances may use of `rule` alone ([`Rule::scaled`]).
 pub fn scale(rule: &Rule, instances: u32) -> Rule {
-    let n = u64::from(instances.max(1));
-    let mut scaled = rule.clone();
-    scaled.limits = rule
-        .limits
-        .iter()
-        .map(|l| match *l {
-            Limit::Window(w) => {
-                let count = (w.count / n).max(1);
-                Limit::Window(WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count)))
-            }
-            Limit::Calendar { count, period } => Limit::Calendar { count: (count / n).max(1), period },
-        })
-        .collect();
-    if rule.concurrency > 0 {
-        scaled.concurrency = (rule.concurrency / instances.max(1)).max(1);
-    }
-    if !rule.share.is_empty() {
-        // Each caller's share of the scaled limits, at least one call.
-        let p = u64::from(rule.share_percent);
-        scaled.share = scaled
-            .limits
-            .iter()
-            .map(|l| match *l {
-                Limit::Window(w) => {
-                    let count = (w.count * p / 100).max(1);
-                    Limit::Window(WindowLimit::new(count, w.per_us, (w.burst * p).div_ceil(100).clamp(1, count)))
-                }
-                Limit::Calendar { count, period } => Limit::Calendar { count: (count * p / 100).max(1), period },
-            })
-            .collect();
-    }
-    scaled
+    rule.scaled(instances)
 }
