@@ -10,7 +10,7 @@
 #   LAT_PACE_MS=3 bench/decision-latency.sh
 #
 # LAT_CONNECTIONS (64), LAT_PACE_MS (7), LAT_DURATION (10 s), LAT_PORT_BASE
-# (19980) and up, all on 127.0.0.1; BENCH_BIN (default target/release/wxgate,
+# (19980) and up, all on 127.0.0.1; BENCH_BIN (default target/profiling/wxgate,
 # built). The decision percentiles are bucket upper bounds (the histogram's
 # buckets double from 50 µs). Needs nginx, redis-server, redis-cli, wrk,
 # taskset, curl.
@@ -27,7 +27,7 @@ for v in "$CONNS" "$PACE" "$DURATION" "$BASE"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "decision-latency: LAT_* settings are whole numbers" >&2; exit 2; }
 done
 BIN=${BENCH_BIN:-}
-if [ -z "$BIN" ]; then cargo build --release --locked -q; BIN=target/release/wxgate; fi
+if [ -z "$BIN" ]; then cargo build --profile profiling --locked -q; BIN=target/profiling/wxgate; fi
 [ -x "$BIN" ] || { echo "decision-latency: $BIN is not an executable" >&2; exit 2; }
 
 bench_tmp latency

@@ -7,10 +7,10 @@
 #
 #   bench/floor.sh                    # 3 rounds of 5 s, 64 connections
 #   FLOOR_ROUNDS=5 FLOOR_DURATION=10 bench/floor.sh
-#   FLOOR_BINS="old=old/wxgate new=target/release/wxgate" bench/floor.sh
+#   FLOOR_BINS="old=old/wxgate new=target/profiling/wxgate" bench/floor.sh
 #                                     # several wxgate binaries, same rounds
 #
-# FLOOR_BINS: NAME=PATH pairs (default "current=target/release/wxgate", built
+# FLOOR_BINS: NAME=PATH pairs (default "current=target/profiling/wxgate", built
 # here); each binary is measured on both stores. Layout as bench/run.sh's
 # pinned mode: the proxy under test alone on CPU 0 (nginx with 1 worker;
 # hyper_floor and wxgate with one serving thread); wrk (1 thread), the mock
@@ -35,11 +35,11 @@ for t in nginx redis-server wrk taskset curl bc; do
 done
 (($(nproc) >= 2)) || { echo "floor: needs 2 CPUs (the proxy alone on one)" >&2; exit 1; }
 
-cargo build --release --locked -q --example hyper_floor
-FLOOR=target/release/examples/hyper_floor
+cargo build --profile profiling --locked -q --example hyper_floor
+FLOOR=target/profiling/examples/hyper_floor
 if [ -z "${FLOOR_BINS:-}" ]; then
-  cargo build --release --locked -q
-  FLOOR_BINS="current=target/release/wxgate"
+  cargo build --profile profiling --locked -q
+  FLOOR_BINS="current=target/profiling/wxgate"
 fi
 declare -A BIN
 NAMES=()

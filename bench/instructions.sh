@@ -4,12 +4,12 @@
 # comparisons of a change on the per-call path (bench/run.sh measures time,
 # which moves 10-20 % between runs on a shared machine).
 #
-#   bench/instructions.sh                                  # target/release/wxgate
-#   bench/instructions.sh old/wxgate target/release/wxgate # side by side
-#   bench/instructions.sh target/release/examples/hyper_floor target/release/wxgate
+#   bench/instructions.sh                                  # target/profiling/wxgate
+#   bench/instructions.sh old/wxgate target/profiling/wxgate # side by side
+#   bench/instructions.sh target/profiling/examples/hyper_floor target/profiling/wxgate
 #                          # with the bare hyper proxy: the floor under wxgate
-#                          # (cargo build --release --example hyper_floor)
-#   BENCH_LOAD=64 bench/instructions.sh nginx target/release/examples/hyper_floor target/release/wxgate
+#                          # (cargo build --profile profiling --example hyper_floor)
+#   BENCH_LOAD=64 bench/instructions.sh nginx target/profiling/examples/hyper_floor target/profiling/wxgate
 #                          # "nginx": nginx proxy_pass itself (one process,
 #                          # master_process off), counted the same way
 #
@@ -47,10 +47,10 @@ if ! [[ $CALLS =~ ^[0-9]+$ ]] || ((CALLS == 0)); then
   exit 2
 fi
 BINS=("$@")
-((${#BINS[@]})) || BINS=(target/release/wxgate)
+((${#BINS[@]})) || BINS=(target/profiling/wxgate)
 for b in "${BINS[@]}"; do
   [ "$b" = nginx ] && continue
-  [ -x "$b" ] || { echo "bench: $b is not an executable (build it: cargo build --release)" >&2; exit 2; }
+  [ -x "$b" ] || { echo "bench: $b is not an executable (build it: cargo build --profile profiling)" >&2; exit 2; }
 done
 
 missing=()

@@ -170,9 +170,9 @@ if [ -n "$CUR_BIN" ]; then
   WXGATE=$CUR_BIN
   log "measuring $WXGATE (BENCH_BIN) as the current binary: this tree is not built"
 else
-  log "building wxgate (cargo build --release --locked)"
-  cargo build --release --locked
-  WXGATE=$REPO/target/release/wxgate
+  log "building wxgate (cargo build --profile profiling --locked)"
+  cargo build --profile profiling --locked
+  WXGATE=$REPO/target/profiling/wxgate
 fi
 # What was built, read now: edits made while the benchmark runs are not in it.
 COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
