@@ -4,14 +4,19 @@
 //! the body of a non-2xx answer sees a WeChat errcode; one that turns every
 //! non-2xx status into a transport error (wechatpy, WxJava's Apache
 //! backend) does not: for those, a rule's `throttle_status = 200` makes
-//! refusals HTTP 200 with the same body and headers (set in [`crate::proxy`]).
+//! refusals HTTP 200 with the same body and headers.
+//!
+//! [`ProxyError::row`] is the one table from an error to status, errcode,
+//! outcome label and headers; nothing else chooses a status.
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::body::RelayBody;
 use crate::clock::Micros;
-use crate::limit::Reason;
+use crate::config::Server as ServerConfig;
+use crate::limit::{Reason, Rule};
+use crate::metrics::Outcome;
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
@@ -55,54 +60,142 @@ pub fn retry_after_secs(wait_us: Micros) -> i64 {
     ((wait_us + 999_999) / 1_000_000).max(1)
 }
 
+/// An answer's HTTP status, as the table gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Fixed(StatusCode),
+    /// The call's rule's `throttle_status` ([server]'s for a call without a
+    /// rule): 429, or 200 for SDKs that drop the body of a non-2xx answer.
+    Throttle,
+}
+
+/// The headers a row adds besides `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    None,
+    /// `Retry-After`, `X-Wxgate-Reason`, `X-Wxgate-Rule`, and the
+    /// `RateLimit` headers when `[server] ratelimit_headers` is on.
+    Throttled {
+        reason: Reason,
+        wait_us: Micros,
+    },
+    /// `Retry-After` and `X-Wxgate-Reason: caller_rate`.
+    CallerRate {
+        wait_us: Micros,
+    },
+    /// `Retry-After: 1` and `X-Wxgate-Reason: unavailable`.
+    Unavailable,
+}
+
+/// One row of the table: everything the client and the metrics see of a
+/// way a call ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Row {
+    status: Status,
+    errcode: i64,
+    outcome: Outcome,
+    marks: Marks,
+}
+
 impl ProxyError {
-    pub fn status(&self) -> StatusCode {
+    /// **The table**: every way wxgate ends a call itself, and what it
+    /// becomes: status, errcode, outcome label, headers. The only place a
+    /// status is chosen (WeChat's own penalised answers take theirs from
+    /// [`penalised`], from the same rows).
+    fn row(&self) -> Row {
+        use StatusCode as S;
+        let row = |status, errcode, outcome, marks| Row { status, errcode, outcome, marks };
+        let fixed = Status::Fixed;
         match self {
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Upstream(
-                UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::BodyStalled(_),
-            ) => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Upstream(UpstreamError::BodyTooLarge) | ProxyError::TooLarge(_) => {
-                StatusCode::PAYLOAD_TOO_LARGE
+            ProxyError::BadRequest(_) => {
+                row(fixed(S::BAD_REQUEST), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
             }
-            ProxyError::Upstream(UpstreamError::BadBody(_)) => StatusCode::BAD_REQUEST,
-            ProxyError::Upstream(UpstreamError::ClientStalled(_)) => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    fn errcode(&self) -> i64 {
-        match self {
-            ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => ERRCODE_BAD_REQUEST,
-            ProxyError::Upstream(e) if e.client_fault() => ERRCODE_BAD_REQUEST,
-            ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => ERRCODE_THROTTLED,
-            ProxyError::Upstream(_) | ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => ERRCODE_SYSTEM,
-        }
-    }
-
-    /// The one mapping from an error to what the client sees.
-    pub fn into_response(self) -> Response<RelayBody> {
-        let body = serde_json::json!({ "errcode": self.errcode(), "errmsg": format!("wxgate: {self}") });
-        let mut resp = Response::new(RelayBody::full(body.to_string()));
-        *resp.status_mut() = self.status();
-        let h = resp.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        match &self {
-            ProxyError::Throttled { rule, reason, wait_us } => mark_throttled(h, rule, *reason, *wait_us),
-            ProxyError::CallerRate { wait_us, .. } => {
-                h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(*wait_us)));
-                h.insert(REASON_HEADER, HeaderValue::from_static(REASON_CALLER_RATE));
+            ProxyError::TooLarge(_) => {
+                row(fixed(S::PAYLOAD_TOO_LARGE), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
+            }
+            &ProxyError::Throttled { reason, wait_us, .. } => {
+                let outcome = if reason == Reason::Penalty { Outcome::penalised } else { Outcome::throttled };
+                row(Status::Throttle, ERRCODE_THROTTLED, outcome, Marks::Throttled { reason, wait_us })
+            }
+            &ProxyError::CallerRate { wait_us, .. } => {
+                row(Status::Throttle, ERRCODE_THROTTLED, Outcome::throttled, Marks::CallerRate { wait_us })
             }
             ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => {
+                row(fixed(S::SERVICE_UNAVAILABLE), ERRCODE_SYSTEM, Outcome::unavailable, Marks::Unavailable)
+            }
+            ProxyError::Upstream(e) => {
+                let status = match e {
+                    UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::BodyStalled(_) => {
+                        S::GATEWAY_TIMEOUT
+                    }
+                    UpstreamError::BodyTooLarge => S::PAYLOAD_TOO_LARGE,
+                    UpstreamError::BadBody(_) => S::BAD_REQUEST,
+                    UpstreamError::ClientStalled(_) => S::REQUEST_TIMEOUT,
+                    _ => S::BAD_GATEWAY,
+                };
+                // A body the client malformed, cut short or stopped sending.
+                if e.client_fault() {
+                    row(fixed(status), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
+                } else {
+                    row(fixed(status), ERRCODE_SYSTEM, Outcome::upstream_error, Marks::None)
+                }
+            }
+        }
+    }
+
+    /// The outcome this error is counted and logged as.
+    pub fn outcome(&self) -> Outcome {
+        self.row().outcome
+    }
+
+    /// The one mapping from an error to what the client sees, for a call
+    /// of `rule` (`None`: no rule matched, or none was looked up yet).
+    pub fn into_response(self, rule: Option<&Rule>, server: &ServerConfig) -> Response<RelayBody> {
+        let row = self.row();
+        let body = serde_json::json!({ "errcode": row.errcode, "errmsg": format!("wxgate: {self}") });
+        let mut resp = Response::new(RelayBody::full(body.to_string()));
+        *resp.status_mut() = match row.status {
+            Status::Fixed(status) => status,
+            Status::Throttle => rule.map_or(server.throttle_status, |r| r.throttle_status),
+        };
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        match row.marks {
+            Marks::None => {}
+            Marks::Throttled { reason, wait_us } => {
+                let name = match &self {
+                    ProxyError::Throttled { rule, .. } => rule.as_str(),
+                    _ => "",
+                };
+                mark_throttled(h, name, reason, wait_us);
+                if let (Some(rule), true) = (rule, server.ratelimit_headers) {
+                    crate::ratelimit::refused(h, rule, reason, wait_us);
+                }
+            }
+            Marks::CallerRate { wait_us } => {
+                h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait_us)));
+                h.insert(REASON_HEADER, HeaderValue::from_static(REASON_CALLER_RATE));
+            }
+            Marks::Unavailable => {
                 h.insert(RETRY_AFTER, HeaderValue::from(1));
                 h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));
             }
-            _ => {}
         }
         resp
     }
+}
+
+/// WeChat answered a penalised errcode to a call of `rule` (not in shadow
+/// mode): its answer reaches the client as a penalty refusal's row says
+/// (429, or WeChat's own status when the rule's `throttle_status` is 200;
+/// `Retry-After` and the refusal headers), with WeChat's body unchanged.
+pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, wait_us: Micros) -> Outcome {
+    let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us }.row();
+    if row.status == Status::Throttle && rule.throttle_status == StatusCode::TOO_MANY_REQUESTS {
+        parts.status = StatusCode::TOO_MANY_REQUESTS;
+    }
+    mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
+    row.outcome
 }
 
 /// Adds `Retry-After`, `X-Wxgate-Reason` and `X-Wxgate-Rule` to a refusal.
@@ -111,5 +204,38 @@ pub fn mark_throttled(headers: &mut HeaderMap, rule: &str, reason: Reason, wait_
     headers.insert(REASON_HEADER, HeaderValue::from_static(reason.as_str()));
     if let Ok(v) = HeaderValue::from_str(rule) {
         headers.insert(RULE_HEADER, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's statuses for a rule that answers refusals with 200, and
+    /// for a call without a rule on a server that answers them with 429.
+    #[test]
+    fn the_table_gives_throttling_rows_the_rules_status_and_the_rest_their_own() {
+        let text = "[server]\nupstream = \"http://127.0.0.1:9\"\n[[rule]]\nname = \"r\"\nmatch = [\"/x\"]\n\
+                    limits = [{ count = 1, per = \"1s\" }]\nthrottle_status = 200\n";
+        let config = crate::config::Config::parse(text, std::path::Path::new("t.toml")).expect("config");
+        let rule = config.rule_for("/x").expect("rule").clone();
+        let throttled = || ProxyError::Throttled { rule: "r".into(), reason: Reason::Rate, wait_us: 1 };
+        let caller = || ProxyError::CallerRate {
+            caller: "c".into(),
+            rate: crate::config::CallerRate { count: std::num::NonZeroU32::MIN, per: crate::config::RatePer::Second },
+            wait_us: 1,
+        };
+        let status = |e: ProxyError, rule: Option<&Rule>| e.into_response(rule, &config.server).status().as_u16();
+        assert_eq!(status(throttled(), Some(&rule)), 200);
+        assert_eq!(status(caller(), Some(&rule)), 200);
+        assert_eq!(status(caller(), None), 429);
+        assert_eq!(status(ProxyError::TokenWait(std::time::Duration::from_secs(1)), Some(&rule)), 503);
+        assert_eq!(status(ProxyError::BadRequest("x".into()), Some(&rule)), 400);
+        assert_eq!(
+            ProxyError::Upstream(UpstreamError::ClientStalled(std::time::Duration::ZERO)).outcome(),
+            Outcome::rejected_bad_request
+        );
+        let penalty = ProxyError::Throttled { rule: "r".into(), reason: Reason::Penalty, wait_us: 1 };
+        assert_eq!(penalty.outcome(), Outcome::penalised);
     }
 }

@@ -19,7 +19,7 @@
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::response::Parts;
-use http::{Response, StatusCode};
+use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -27,9 +27,9 @@ use crate::activity::ActivityGuard;
 use crate::app::App;
 use crate::body::RelayBody;
 use crate::call::{Call, Early};
-use crate::error::{mark_throttled, retry_after_secs};
-use crate::limit::{Key, Reason};
-use crate::metrics::{InFlightGuard, Outcome};
+use crate::error::retry_after_secs;
+use crate::limit::Key;
+use crate::metrics::InFlightGuard;
 use crate::ratelimit;
 use crate::routes::normalised;
 use crate::upstream::{strip_hop_by_hop, UpstreamError};
@@ -99,11 +99,7 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
                 tracing::info!(rule = %rule.name, account = %call.account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
                 // Shadow mode records the penalty but passes WeChat's answer on as it is.
                 if !rule.shadow {
-                    call.outcome = Outcome::penalised;
-                    if rule.throttle_status == StatusCode::TOO_MANY_REQUESTS {
-                        parts.status = StatusCode::TOO_MANY_REQUESTS;
-                    }
-                    mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
+                    call.outcome = crate::error::penalised(&mut parts, &rule, wait_us);
                 }
             }
         }

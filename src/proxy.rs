@@ -57,9 +57,8 @@ use crate::client::Client;
 use crate::clock::Stopwatch;
 use crate::error::{retry_after_secs, ProxyError};
 use crate::inspect::{inspect, Forwarded};
-use crate::limit::{Key, Reason};
+use crate::limit::Key;
 use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
-use crate::ratelimit;
 use crate::request_body::RequestBody;
 use crate::routes;
 use crate::upstream::strip_hop_by_hop;
@@ -329,39 +328,17 @@ async fn give_back(app: &App, call: &Call) {
     }
 }
 
-/// The answer to a call stopped by a refusal or a failure; sets its outcome.
+/// The answer to a call stopped by a refusal or a failure, as the one
+/// table says ([`ProxyError::into_response`]); sets its outcome.
 fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
-    call.outcome = match &e {
-        ProxyError::BadRequest(_) | ProxyError::TooLarge(_) => Outcome::rejected_bad_request,
-        ProxyError::Upstream(e) if e.client_fault() => Outcome::rejected_bad_request,
-        ProxyError::Throttled { reason: Reason::Penalty, .. } => Outcome::penalised,
-        ProxyError::Throttled { .. } | ProxyError::CallerRate { .. } => Outcome::throttled,
-        ProxyError::Unavailable(_) | ProxyError::TokenWait(_) => Outcome::unavailable,
-        ProxyError::Upstream(_) => Outcome::upstream_error,
-    };
+    call.outcome = e.outcome();
     if matches!(call.outcome, Outcome::upstream_error | Outcome::unavailable) {
         tracing::warn!(method = %call.method, path = %call.path, error = %e, "call failed");
     }
     if call.outcome == Outcome::rejected_bad_request {
         call.refusal = Some(e.to_string());
     }
-    let refused = match &e {
-        ProxyError::Throttled { reason, wait_us, .. } => Some((*reason, *wait_us)),
-        _ => None,
-    };
-    let by_guard = matches!(e, ProxyError::CallerRate { .. });
-    let mut resp = e.into_response();
-    if by_guard {
-        let config = &call.config;
-        *resp.status_mut() = call.rule.as_ref().map_or(config.server.throttle_status, |r| r.throttle_status);
-    }
-    if let (Some((reason, wait_us)), Some(rule)) = (refused, call.rule.as_ref()) {
-        *resp.status_mut() = rule.throttle_status;
-        if call.config.server.ratelimit_headers {
-            ratelimit::refused(resp.headers_mut(), rule, reason, wait_us);
-        }
-    }
-    resp
+    e.into_response(call.rule.as_deref(), &call.config.server)
 }
 
 /// Counts the call once and writes its access-log line.
