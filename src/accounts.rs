@@ -36,11 +36,15 @@ use http::{HeaderMap, HeaderName, Request};
 use hyper::body::Incoming;
 
 use self::cache::Cached;
-use self::learn::{Prepared, TokenRequest};
+use self::learn::{Learn, Prepared, TokenRequest};
 use crate::app::App;
-use crate::call::{Call, DEFAULT_ACCOUNT};
-use crate::config::valid_account;
+use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
+use crate::hooks::{Answered, Feature};
+use crate::sniff::Verdict;
+
+/// Account used when a call names none.
+pub const DEFAULT_ACCOUNT: &str = "default";
 
 /// Header naming the WeChat account (appid / corpid alias) a call is for.
 pub const ACCOUNT_HEADER: &str = "x-wx-account";
@@ -94,28 +98,56 @@ fn token(query: Option<&str>) -> Option<Cow<'_, [u8]>> {
     query::param(query, "access_token").or_else(|| query::param(query, "component_access_token"))
 }
 
-/// The identify phase: sets `call.account` (and, for a token request,
-/// `call.learn` and `call.body`) from the header or the prefix `accept`
-/// split off (`call.named`), the token in `target`'s query, a token
-/// request's appid, or `default`, in that order (see the module docs).
+/// Learning as a feature ([`crate::features`]): the answer hook of a token
+/// request ([`learn::learn`]).
+pub struct Learning;
+
+impl Feature for Learning {
+    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+        if let (Some(request), Verdict::Success, Some(body)) = (answered.learn.take(), answered.verdict, answered.body)
+        {
+            learn::learn(app, answered.config, request, body).await;
+        }
+    }
+}
+
+/// What identify learns of a call from its request.
+pub struct Identified {
+    /// The WeChat account (appid / corpid alias) the call is for.
+    pub account: String,
+    /// What a token request's answer will teach.
+    pub learn: Option<Learn>,
+    /// A token request's or clear_quota's body, read whole.
+    pub body: Option<Bytes>,
+    /// A `clear_quota` call, and the appid its body names.
+    pub clearing: Option<crate::quota_clear::request::Clearing>,
+}
+
+/// The identify phase's account: from the header or the prefix accept
+/// split off (`named`), the token in `target`'s query, a token request's
+/// appid, or `default`, in that order (see the module docs); and, for a
+/// token request or clear_quota, its body and what its answer will teach.
 pub async fn identify(
     app: &App,
-    call: &mut Call,
+    config: &Config,
+    path: &str,
+    named: Option<String>,
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
-) -> Result<(), ProxyError> {
-    let named = match (header(req.headers())?, call.named.take()) {
+) -> Result<Identified, ProxyError> {
+    let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None };
+    let named = match (header(req.headers())?, named) {
         (Some(h), Some(p)) if h != p => {
             return Err(ProxyError::BadRequest(format!(
                 "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
             )))
         }
         (Some(h), _) => {
-            h.clone_into(&mut call.account);
+            h.clone_into(&mut out.account);
             true
         }
         (None, Some(p)) => {
-            call.account = p;
+            out.account = p;
             true
         }
         (None, None) => false,
@@ -124,56 +156,56 @@ pub async fn identify(
         Some(t) => Some(owner(app, &t).await),
         None => None,
     };
-    let caller = match TokenRequest::at(&call.path) {
+    let caller = match TokenRequest::at(path) {
         Some(request) => {
-            let within = call.config.server.header_timeout;
+            let within = config.server.header_timeout;
             let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
-            call.body = body;
-            call.learn = Some(learn);
+            out.body = body;
+            out.learn = Some(learn);
             caller
         }
         // A clear_quota counts as the appid it clears, like a token request.
-        None if crate::quota_clear::at(&call.path) => {
-            let within = call.config.server.header_timeout;
-            let (body, clearing) = crate::quota_clear::prepare(req, target.query(), within).await?;
-            call.body = body;
+        None if crate::quota_clear::request::at(path) => {
+            let within = config.server.header_timeout;
+            let (body, clearing) = crate::quota_clear::request::prepare(req, target.query(), within).await?;
+            out.body = body;
             let caller = clearing.appid.clone();
-            call.clearing = Some(clearing);
+            out.clearing = Some(clearing);
             caller
         }
         None => None,
     };
     match owner {
-        Some(Some(owner)) if named && *owner != *call.account => {
+        Some(Some(owner)) if named && *owner != *out.account => {
             return Err(ProxyError::BadRequest(format!(
                 "this call's access token was issued to account \"{owner}\", not to \"{}\" (the account it names)",
-                call.account
+                out.account
             )));
         }
         _ if named => {}
         Some(Some(owner)) => {
-            call.account.clear();
-            call.account.push_str(&owner);
+            out.account.clear();
+            out.account.push_str(&owner);
         }
         unknown => match caller {
-            Some(caller) => call.account = caller,
+            Some(caller) => out.account = caller,
             None => {
                 if unknown.is_some() {
                     app.metrics.unknown_token_calls.inc();
                 }
-                DEFAULT_ACCOUNT.clone_into(&mut call.account);
+                DEFAULT_ACCOUNT.clone_into(&mut out.account);
             }
         },
     }
-    if let Some(list) = &call.config.server.accounts {
-        if !list.contains(&call.account) {
+    if let Some(list) = &config.server.accounts {
+        if !list.contains(&out.account) {
             return Err(ProxyError::BadRequest(format!(
                 "account \"{}\" is not one of this wxgate's accounts ([server] accounts)",
-                call.account
+                out.account
             )));
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// The account `token` was issued to, if known: from this thread's cache,

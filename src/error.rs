@@ -55,6 +55,31 @@ pub enum ProxyError {
     CallerRate { caller: std::sync::Arc<str>, rate: crate::config::CallerRate, wait_us: Micros },
 }
 
+/// A call that ends before its last phase. Each phase (and each feature's
+/// hook, [`crate::features`]) either hands on to the next or stops the call
+/// with one of these; [`crate::proxy`] turns it into the one answer the
+/// client gets.
+pub enum Early {
+    /// wxgate refuses or fails the call: a WeChat-shaped answer, made by
+    /// the one table ([`ProxyError::into_response`]).
+    Refused(ProxyError),
+    /// A hook answered the call itself (e.g. from a cache): sent as it is,
+    /// counted as `outcome`.
+    Answered(Box<Response<RelayBody>>, Outcome),
+}
+
+impl From<ProxyError> for Early {
+    fn from(e: ProxyError) -> Early {
+        Early::Refused(e)
+    }
+}
+
+impl From<UpstreamError> for Early {
+    fn from(e: UpstreamError) -> Early {
+        Early::Refused(ProxyError::Upstream(e))
+    }
+}
+
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(wait_us: Micros) -> i64 {
     ((wait_us + 999_999) / 1_000_000).max(1)

@@ -1,9 +1,10 @@
 //! wxgate: an outbound proxy for the WeChat server API that keeps every
 //! service and replica of an account inside WeChat's quotas.
 //!
-//! A call goes through the phases in [`proxy`]: accept → caller → identify →
-//! route → decide → forward → inspect, each a function over the call's context
-//! ([`call::Call`]), any of which may answer early. The decision
+//! A call goes through the phases in [`proxy`]: accept → identify → route →
+//! token cache → decide → forward → answer → respond, each a function over
+//! the call's context ([`proxy::Call`]), any of which may answer early; the
+//! features ([`features`]) plug into the phases through named hooks. The decision
 //! ([`limit`]) is pure maths over state held by a [`store`]; transport lives
 //! in [`server`], [`proxy`] and [`upstream`]; the shared state is the
 //! [`app::App`].
@@ -21,17 +22,18 @@ pub mod app;
 pub mod body;
 pub mod bucket;
 pub mod calendar;
-pub mod call;
 pub mod callers;
 pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;
-pub mod inspect;
+pub mod features;
+pub mod hooks;
 pub mod intercept;
 pub mod limit;
 pub mod metrics;
 pub mod pair;
+pub mod penalties;
 pub mod penalty;
 pub mod probe;
 pub mod proxy;
@@ -45,10 +47,12 @@ pub mod server;
 pub mod sim;
 pub mod slots;
 pub mod smuggling;
+pub mod sniff;
 pub mod store;
 pub mod token_cache;
 pub mod tunnel;
 pub mod upstream;
+pub mod warmup;
 pub mod worker;
 
 use std::sync::Arc;

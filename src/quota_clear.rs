@@ -16,53 +16,27 @@
 //! real limits. Nothing is cleared when WeChat refuses the clear (48006:
 //! ten clears a month used up) or its answer is not a plain success.
 
-use bytes::Bytes;
-use http::Request;
-use hyper::body::Incoming;
-
-use crate::accounts::learn::read_body;
-use crate::accounts::query;
 use crate::app::App;
-use crate::config::{valid_account, Config};
-use crate::error::ProxyError;
+use crate::config::Config;
+use crate::hooks::{Answered, Feature};
 use crate::limit::Key;
+use crate::sniff::Verdict;
 use crate::store::StoreError;
 
-/// The APIs that reset an account's counters at WeChat.
-pub const PATHS: [&str; 2] = ["/cgi-bin/clear_quota", "/cgi-bin/clear_quota/v2"];
+pub mod request;
 
-/// A `clear_quota` call on its way: the appid it names (if valid).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Clearing {
-    pub appid: Option<String>,
-}
+pub use self::request::{at, Clearing, PATHS};
 
-/// Whether `path` (as [`crate::routes::refusal`] accepted it: normal but
-/// for a trailing `/`) is a clear_quota API.
-pub fn at(path: &str) -> bool {
-    PATHS.contains(&path.strip_suffix('/').unwrap_or(path))
-}
+/// clear_quota as a feature ([`crate::features`]): the answer hook of a
+/// clear_quota WeChat accepted ([`cleared`]).
+pub struct QuotaClear;
 
-/// The identify phase's part: reads the body (when it declares at most
-/// [`crate::accounts::learn::BODY_CAP`] bytes; forwarded as it is) and the
-/// appid the call names.
-pub async fn prepare(
-    req: &mut Request<Incoming>,
-    query: Option<&str>,
-    within: std::time::Duration,
-) -> Result<(Option<Bytes>, Clearing), ProxyError> {
-    let body = read_body(req, within).await?;
-    let from_json = || {
-        let json = serde_json::from_slice::<serde_json::Value>(body.as_deref()?).ok()?;
-        json.get("appid")?.as_str().map(str::to_owned)
-    };
-    let from_form = |text: Option<&str>| {
-        let raw = query::param(text?, "appid")?;
-        String::from_utf8(raw.into_owned()).ok()
-    };
-    let form = body.as_deref().and_then(|b| std::str::from_utf8(b).ok());
-    let appid = from_json().or_else(|| from_form(form)).or_else(|| from_form(query)).filter(|a| valid_account(a));
-    Ok((body, Clearing { appid }))
+impl Feature for QuotaClear {
+    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+        if let (Verdict::Success, Some(clearing)) = (answered.verdict, answered.clearing) {
+            cleared(app, answered.config, answered.account, clearing).await;
+        }
+    }
 }
 
 /// The inspect phase's part, after WeChat accepted the clear: resets the

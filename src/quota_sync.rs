@@ -37,9 +37,9 @@ use crate::app::App;
 use crate::calendar::Period;
 use crate::config::units::micros;
 use crate::config::QuotaSync;
-use crate::inspect::{sniff, Verdict};
 use crate::limit::Key;
 use crate::request_body::RequestBody;
+use crate::sniff::{sniff, Verdict};
 use crate::store::tokens::Claim;
 
 /// How often the task looks for syncs that are due.

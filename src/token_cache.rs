@@ -41,7 +41,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
-use http::uri::PathAndQuery;
 use http::Response;
 
 use self::ask::{answer, token_of, Kind};
@@ -49,10 +48,11 @@ use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
 use crate::accounts::query;
 use crate::app::App;
 use crate::body::RelayBody;
-use crate::call::{Call, Early};
 use crate::clock::deadline_after;
-use crate::error::ProxyError;
+use crate::error::{Early, ProxyError};
+use crate::hooks::{Answered, Asking, Feature};
 use crate::metrics::Outcome;
+use crate::sniff::Verdict;
 use crate::store::tokens::{Claim, Fetched};
 
 /// How often a waiter looks at the store again.
@@ -62,14 +62,45 @@ pub const REJECTED: [i64; 3] = [40001, 40014, 42001];
 /// Longest a fetched token is cached, whatever its `expires_in` says.
 const MAX_TTL_S: i64 = 86_400;
 
-/// The token-cache phase (after route, before decide), for token requests
-/// (`call.learn` set by identify; the proxy calls it for no other): answers a cacheable
+/// The token cache as a feature ([`crate::features`]): its
+/// `before_decide` hook answers token requests from the cache ([`serve`]),
+/// its `on_answer` hook seals a fetched token ([`fetched`]) and drops a
+/// token WeChat rejected ([`rejected`]).
+pub struct TokenCacheFeature;
+
+impl Feature for TokenCacheFeature {
+    async fn before_decide(&self, app: &App, asking: &mut Asking<'_>) -> Result<(), Early> {
+        if !asking.token_request {
+            return Ok(());
+        }
+        serve(app, asking).await
+    }
+
+    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+        let errcode = match answered.verdict {
+            Verdict::Errcode(code) => Some(code),
+            Verdict::Success => Some(0),
+            Verdict::Unknown => None,
+        };
+        if let Some(fetch) = answered.token_fetch.take() {
+            fetched(app, fetch, errcode, answered.body).await;
+        }
+        if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
+            if REJECTED.contains(&code) {
+                rejected(cache, answered.target.query()).await;
+            }
+        }
+    }
+}
+
+/// The token-cache hook (after route, before decide), for token requests
+/// (identify set `learn`; it is called for no other): answers a cacheable
 /// token request from the cache or from another request's fetch, or lets
-/// it go on as its slot's one fetch (`call.token_fetch`). Anything else
+/// it go on as its slot's one fetch (`asking.token_fetch`). Anything else
 /// goes on untouched.
-pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<(), Early> {
+async fn serve(app: &App, call: &mut Asking<'_>) -> Result<(), Early> {
     let Some(cache) = &app.token_cache else { return Ok(()) };
-    let Some(asked) = ask::ask(&call.method, &call.path, target.query(), call.body.as_deref()) else {
+    let Some(asked) = ask::ask(call.method, call.path, call.target.query(), call.body.map(|b| &b[..])) else {
         cache.metrics.passed.inc();
         return Ok(());
     };
@@ -83,7 +114,7 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
     let deadline = deadline_after(cache.wait);
     // The fetch may be held by its rule's max_wait before it is sent: its
     // lock lasts that much longer, so no second fetch starts meanwhile.
-    let held_us = call.rule.as_ref().map_or(0, |r| r.max_wait_us);
+    let held_us = call.rule.map_or(0, |r| r.max_wait_us);
     let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
     // A forced refresh skips the cached token, and takes only one stored
     // after the entry cached when it found a fetch in flight.
@@ -108,18 +139,17 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
                     cache.remember(&asked.id, &token, app.clock.now_us().saturating_add(until - now));
                 }
                 cache.metrics.from_cache.inc();
-                call.outcome = Outcome::cached;
-                return Err(Early::Answered(Box::new(json_answer(answer(asked.kind, &token, left_s).into()))));
+                let resp = json_answer(answer(asked.kind, &token, left_s).into());
+                return Err(Early::Answered(Box::new(resp), Outcome::cached));
             }
             Ok(Claim::Won { .. }) => {
                 cache.metrics.fetched.inc();
-                call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, asked.kind, asked.id));
+                *call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, asked.kind, asked.id));
                 return Ok(());
             }
             Ok(Claim::Failed { answer }) => {
                 cache.metrics.from_cache.inc();
-                call.outcome = Outcome::cached;
-                return Err(Early::Answered(Box::new(json_answer(answer.into()))));
+                return Err(Early::Answered(Box::new(json_answer(answer.into())), Outcome::cached));
             }
             Ok(Claim::Busy { stored, .. }) => {
                 if newer_than == i64::MAX {
@@ -137,7 +167,7 @@ pub async fn serve(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<
     }
 }
 
-/// The inspect phase's part for the call that made its slot's fetch:
+/// The answer hook's part for the call that made its slot's fetch:
 /// a token answer is sealed into the slot; WeChat's refusal is shown to the
 /// waiters for a moment; anything else releases the lock.
 /// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).

@@ -7,9 +7,9 @@ use std::path::Path;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use wxgate::config::Config;
-use wxgate::inspect::errcode;
 use wxgate::limit::{Limit, WindowLimit};
 use wxgate::routes::{normalise, Pattern, Routes};
+use wxgate::sniff::errcode;
 
 // --- the path matcher -----------------------------------------------------------
 

@@ -116,13 +116,19 @@ impl TokenRequest {
         TOKEN_REQUESTS.iter().find(|r| r.path == path)
     }
 
+    /// Whether its answer is a fresh access token of the account itself
+    /// (OA/MP, stable, WeCom): warm-up starts again after one.
+    pub fn refreshes_access_token(&self) -> bool {
+        self.token == "access_token"
+    }
+
     fn reads_body(&self) -> bool {
         matches!(self.caller, Name::Body(_)) || matches!(self.owner, Name::Body(_))
     }
 }
 
 /// What a token request's answer will teach: set by the identify phase,
-/// used by the inspect phase.
+/// used by the answer hook ([`super::Learning`]).
 #[derive(Debug)]
 pub struct Learn {
     pub request: &'static TokenRequest,

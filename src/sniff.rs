@@ -1,20 +1,12 @@
-//! The inspect phase: WeChat's answer, read for its `errcode` without
-//! getting in its way, and what wxgate does about it.
+//! Reading WeChat's answer for its `errcode` without getting in its way.
 //!
-//! Reading ([`sniff`]): WeChat reports errors as HTTP 200 with a small JSON
-//! body, under unreliable Content-Types, and sends media and QR codes as
-//! large binary bodies. So: a body that declares more than [`SNIFF_CAP`]
-//! bytes is never read; otherwise the first bytes decide, and only a body
-//! that starts with `{` (after whitespace) is buffered, up to the cap.
-//! Anything else streams through untouched behind the bytes already read.
-//!
-//! Reacting ([`inspect`]): a penalised errcode (`[[penalty]]`) starts or
-//! escalates the (account, rule)'s penalty and reaches the client with
-//! WeChat's body unchanged, `Retry-After` and the refusal headers, as 429
-//! (or with WeChat's own status when the rule's `throttle_status` is 200;
-//! shadow mode passes it on as it is); a success ends an escalation; a fresh access token restarts
-//! warm-up. A store that cannot record a penalty is logged, and this
-//! answer is still turned into a refusal.
+//! WeChat reports errors as HTTP 200 with a small JSON body, under
+//! unreliable Content-Types, and sends media and QR codes as large binary
+//! bodies. So: a body that declares more than [`SNIFF_CAP`] bytes is never
+//! read; otherwise the first bytes decide, and only a body that starts with
+//! `{` (after whitespace) is buffered, up to the cap. Anything else streams
+//! through untouched behind the bytes already read ([`sniff`]). The answer
+//! phase ([`crate::proxy`]) and quota_sync read answers this way.
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
@@ -23,98 +15,7 @@ use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::activity::ActivityGuard;
-use crate::app::App;
 use crate::body::RelayBody;
-use crate::call::{Call, Early};
-use crate::error::retry_after_secs;
-use crate::limit::Key;
-use crate::metrics::InFlightGuard;
-use crate::ratelimit;
-use crate::routes::normalised;
-use crate::upstream::{strip_hop_by_hop, UpstreamError};
-
-/// Paths whose successful answer is a fresh access token (OA/MP, stable, WeCom).
-const TOKEN_PATHS: [&str; 3] = ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"];
-
-/// The upstream's answer to a forwarded call, with what must live as long
-/// as its body is relayed (the in-flight gauge and count).
-pub struct Forwarded {
-    pub resp: Response<Incoming>,
-    pub guards: (Option<InFlightGuard>, Option<ActivityGuard>),
-    /// The path and query sent (the token cache reads a rejected call's token).
-    pub target: http::uri::PathAndQuery,
-}
-
-/// Phase 6: reads the answer, reacts to its errcode, and builds what the
-/// client gets.
-pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Response<RelayBody>, Early> {
-    let (mut parts, body, verdict) =
-        sniff(answer.resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
-    strip_hop_by_hop(&mut parts.headers);
-    let body = body.holding(answer.guards);
-    call.errcode = match verdict {
-        Verdict::Errcode(code) => Some(code),
-        Verdict::Success => Some(0),
-        Verdict::Unknown => None,
-    };
-    if let (Some(code), Some(m)) = (call.errcode, &call.metrics) {
-        m.errcode(code);
-    }
-    if let Some(fetch) = call.token_fetch.take() {
-        crate::token_cache::fetched(app, fetch, call.errcode, body.whole()).await;
-    }
-    if let (Verdict::Errcode(code), Some(cache)) = (verdict, &app.token_cache) {
-        if crate::token_cache::REJECTED.contains(&code) {
-            crate::token_cache::rejected(cache, answer.target.query()).await;
-        }
-    }
-    if let (Some(learn), Verdict::Success, Some(answer)) = (call.learn.take(), verdict, body.whole()) {
-        crate::accounts::learn::learn(app, &call.config, learn, answer).await;
-    }
-    if let (Verdict::Success, Some(clearing)) = (verdict, &call.clearing) {
-        crate::quota_clear::cleared(app, &call.config, &call.account, clearing).await;
-    }
-    let config = call.config.clone();
-    if verdict == Verdict::Success && config.max_warmup_us > 0 && TOKEN_PATHS.contains(&&*normalised(&call.path)) {
-        if let Err(e) = app.store.token_refreshed(&call.account, config.max_warmup_us).await {
-            tracing::warn!(error = %e, "could not restart warm-up after a token refresh");
-        }
-    }
-    let (Some(rule), Some(admitted)) = (call.rule.clone(), call.admitted.take()) else {
-        return Ok(Response::from_parts(parts, body));
-    };
-    let key = Key { account: &call.account, rule: &rule, offset_us: config.server.quota_offset_us };
-    let sent_at = admitted.at;
-    match verdict {
-        Verdict::Errcode(code) => {
-            if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
-                let wait_us = match app.store.penalise(key, policy, sent_at).await {
-                    Ok(end) => end.remaining_us(),
-                    Err(e) => {
-                        tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
-                        policy.until(0, sent_at, key.offset_us) - sent_at
-                    }
-                };
-                tracing::info!(rule = %rule.name, account = %call.account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
-                // Shadow mode records the penalty but passes WeChat's answer on as it is.
-                if !rule.shadow {
-                    call.outcome = crate::error::penalised(&mut parts, &rule, wait_us);
-                }
-            }
-        }
-        Verdict::Success if admitted.escalated => {
-            if let Err(e) = app.store.succeeded(key, sent_at).await {
-                tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
-            }
-        }
-        _ => {}
-    }
-    if config.server.ratelimit_headers {
-        ratelimit::admitted(&mut parts.headers, &rule, admitted.quota);
-    }
-    Ok(Response::from_parts(parts, body.holding(admitted.slot)))
-}
 
 /// Largest body buffered to look for an errcode.
 pub const SNIFF_CAP: usize = 64 * 1024;

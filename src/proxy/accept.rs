@@ -1,0 +1,82 @@
+//! Phase 1, accept: only origin-form requests to this proxy, with a body it
+//! may forward; wxgate is never an open proxy.
+
+use http::uri::PathAndQuery;
+use http::{Method, Request};
+use hyper::body::Incoming;
+
+use super::call::Call;
+use crate::accounts;
+use crate::error::{Early, ProxyError};
+use crate::routes;
+
+/// Only origin-form requests to this proxy, with a body it may
+/// forward. Returns the path and query to send upstream, bytes unchanged
+/// but for an `@account` first segment, which goes to `call.arrived.named`.
+pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
+    if req.method() == Method::CONNECT {
+        return Err(ProxyError::BadRequest(connect_refusal(call, req)).into());
+    }
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        return Err(ProxyError::BadRequest(
+            "absolute-form request targets are not served: send origin-form (/cgi-bin/...) to wxgate".into(),
+        )
+        .into());
+    }
+    let target = match req.uri().path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
+        _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into()).into()),
+    };
+    let target = match accounts::split_prefix(&target) {
+        Ok(None) => target,
+        Ok(Some((account, rest))) => {
+            rest.path().clone_into(&mut call.arrived.path);
+            call.arrived.named = Some(account);
+            rest
+        }
+        Err(why) => return Err(ProxyError::BadRequest(why).into()),
+    };
+    // Before any rule is looked up: a path no WeChat API has never reaches
+    // the limits nor WeChat (see `crate::routes`).
+    if let Some(why) = routes::refusal(target.path()) {
+        return Err(ProxyError::BadRequest(why.into()).into());
+    }
+    // Counted before anything is decided or forwarded; a streamed body that
+    // grows past the cap is cut off on the way (413 as well).
+    let max_body = call.arrived.config.server.max_body;
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body) {
+        return Err(ProxyError::TooLarge(format!(
+            "the request body is larger than {max_body} bytes ([server] max_body)"
+        ))
+        .into());
+    }
+    Ok(target)
+}
+
+/// Why a `CONNECT` is refused, in words an on-call engineer can act on.
+fn connect_refusal(call: &Call, req: &Request<Incoming>) -> String {
+    let Some(intercept) = &call.arrived.config.intercept else {
+        return "CONNECT is not served: wxgate only forwards to its configured upstream".into();
+    };
+    if call.arrived.intercepted.is_some() {
+        return "CONNECT inside an intercepted tunnel is not served".into();
+    }
+    let hosts: Vec<&str> = intercept.hosts.iter().map(|h| &**h).collect();
+    // The target (authority-form) is quoted only when it is a host name
+    // and port: never bytes a client could fill with something else.
+    let target = req.uri().authority().map(|a| a.as_str()).filter(|a| {
+        a.len() <= 260 && a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
+    });
+    let target = target.unwrap_or("to this target");
+    format!(
+        "CONNECT {target} is refused: wxgate intercepts only {}, port 443, and is never a proxy to anything else; \
+         send other hosts direct (NO_PROXY, e.g. NO_PROXY=localhost,127.0.0.1,.svc,.cluster.local,<your other hosts>), \
+         or give HTTPS_PROXY to the WeChat client only",
+        hosts.join(", ")
+    )
+}

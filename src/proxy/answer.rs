@@ -1,0 +1,73 @@
+//! Phase 7, answer: WeChat's answer, read for its `errcode` without getting
+//! in its way ([`crate::sniff`]), handed to the features' hooks
+//! ([`Feature::on_answer`]: the token cache, learning, clear_quota,
+//! warm-up, penalties), and turned into what the client gets: WeChat's
+//! answer as it came but for hop-by-hop headers, or, when WeChat penalised
+//! the call, a penalty refusal with WeChat's body unchanged (the one table,
+//! [`crate::error::penalised`]), with the headers of
+//! [`Feature::on_response`] (RateLimit).
+
+use http::Response;
+use hyper::body::Incoming;
+
+use super::call::Call;
+use crate::activity::ActivityGuard;
+use crate::app::App;
+use crate::body::RelayBody;
+use crate::error::Early;
+use crate::features::FEATURES;
+use crate::hooks::{Answered, Feature};
+use crate::metrics::InFlightGuard;
+use crate::sniff::{sniff, Verdict};
+use crate::upstream::{strip_hop_by_hop, UpstreamError};
+
+/// The upstream's answer to a forwarded call, with what must live as long
+/// as its body is relayed (the in-flight gauge and count).
+pub struct Forwarded {
+    pub resp: Response<Incoming>,
+    pub guards: (Option<InFlightGuard>, Option<ActivityGuard>),
+    /// The path and query sent (the token cache reads a rejected call's token).
+    pub target: http::uri::PathAndQuery,
+}
+
+/// Reads the answer, runs the features' hooks on it, and builds what the
+/// client gets.
+pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
+    let (mut parts, body, verdict) =
+        sniff(forwarded.resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    let body = body.holding(forwarded.guards);
+    call.errcode = match verdict {
+        Verdict::Errcode(code) => Some(code),
+        Verdict::Success => Some(0),
+        Verdict::Unknown => None,
+    };
+    if let (Some(code), Some(m)) = (call.errcode, &call.route.metrics) {
+        m.errcode(code);
+    }
+    let admitted = call.decided.admitted.take();
+    let mut answered = Answered {
+        config: &call.arrived.config,
+        account: &call.who.account,
+        path: &call.arrived.path,
+        target: &forwarded.target,
+        verdict,
+        body: body.whole(),
+        rule: call.route.rule.as_deref(),
+        admitted: admitted.as_ref(),
+        learn: call.who.learn.take(),
+        clearing: call.who.clearing.as_ref(),
+        token_fetch: call.token_fetch.take(),
+        penalty: None,
+    };
+    FEATURES.on_answer(app, &mut answered).await;
+    let Some(rule) = answered.rule else {
+        return Ok(Response::from_parts(parts, body));
+    };
+    if let Some(wait_us) = answered.penalty {
+        call.outcome = crate::error::penalised(&mut parts, rule, wait_us);
+    }
+    FEATURES.on_response(&answered, &mut parts.headers);
+    let slot = admitted.and_then(|a| a.slot);
+    Ok(Response::from_parts(parts, body.holding(slot)))
+}

@@ -1,0 +1,126 @@
+//! One call's context: what the phases of [`crate::proxy`] learn about a
+//! call and hand on, from its request line to its access-log line. Fields
+//! are grouped by the phase that sets them; a later phase reads them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Method;
+
+use crate::accounts::learn::Learn;
+use crate::admit::Admitted;
+use crate::callers::Caller;
+use crate::clock::Micros;
+use crate::config::Config;
+use crate::limit::Rule;
+use crate::metrics::{Outcome, RuleMetrics};
+use crate::quota_clear::request::Clearing;
+use crate::token_cache::cache::Fetch;
+use crate::upstream::Upstream;
+
+/// What the phases know of one call.
+pub struct Call {
+    /// The request as it came, set when it arrives and by accept.
+    pub arrived: Arrived,
+    /// identify: who the call is from and for.
+    pub who: Who,
+    /// route: the call's rule.
+    pub route: Routed,
+    /// The token-cache hook: the fetch this call makes for every asker of
+    /// its token (`crate::token_cache`), reported by the answer phase (or
+    /// released on drop).
+    pub token_fetch: Option<Fetch>,
+    /// decide: the admission.
+    pub decided: Decided,
+    /// forward: where it went.
+    pub sent: Sent,
+    /// answer: WeChat's errcode, when its answer had one (0: success).
+    pub errcode: Option<i64>,
+    /// What became of the call, for metrics and the access log; set by the
+    /// phase that ends it (decide, the token cache, answer, respond).
+    pub outcome: Outcome,
+    /// respond: why wxgate refused the client's request (400, 408, 413),
+    /// for the access log: the errmsg the client got, which never quotes
+    /// the query or the body.
+    pub refusal: Option<String>,
+}
+
+/// Set when the call arrives, and by accept.
+pub struct Arrived {
+    pub method: Method,
+    /// The path only (the query carries `access_token` and other secrets);
+    /// without an `@account` prefix.
+    pub path: String,
+    /// The config this call runs under from start to end: a reload never
+    /// changes it midway.
+    pub config: Arc<Config>,
+    /// A call served inside an `[intercept]` tunnel: the host it was for
+    /// (its upstream, its count); `None` for a direct call.
+    pub intercepted: Option<Arc<crate::intercept::Host>>,
+    /// accept: the account an `@account` first path segment names; taken
+    /// by identify.
+    pub named: Option<String>,
+}
+
+/// Set by identify.
+pub struct Who {
+    /// Who the call is from (`X-Wx-Caller`, else `[server] caller`, else
+    /// `default`); until identify, the fallback of `[server] caller`.
+    pub caller: Caller,
+    /// The WeChat account (appid / corpid alias) the call is for.
+    pub account: String,
+    /// What a token request's answer will teach (`crate::accounts::learn`).
+    pub learn: Option<Learn>,
+    /// A token request's or clear_quota's body, read whole; forwarded as it is.
+    pub body: Option<Bytes>,
+    /// A `clear_quota` call, and the appid its body names (`crate::quota_clear`).
+    pub clearing: Option<Clearing>,
+}
+
+/// Set by route.
+#[derive(Default)]
+pub struct Routed {
+    /// The rule the path maps to (`None`: forwarded unthrottled).
+    pub rule: Option<Arc<Rule>>,
+    /// The rule's metrics (the `_none` series without a rule).
+    pub metrics: Option<Arc<RuleMetrics>>,
+}
+
+/// Set by decide.
+#[derive(Default)]
+pub struct Decided {
+    /// The admission (`None` without a rule, or refused).
+    pub admitted: Option<Admitted>,
+    pub decision_us: Micros,
+    pub held_us: Micros,
+}
+
+/// Set by forward.
+#[derive(Default)]
+pub struct Sent {
+    /// The upstream that answered, or the last one tried (index into that
+    /// client's list), for the access log.
+    pub upstream: Option<(Arc<Upstream>, usize)>,
+    pub upstream_us: Micros,
+}
+
+impl Call {
+    pub fn new(method: Method, path: &str, config: Arc<Config>, caller: Caller) -> Call {
+        Call {
+            arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None },
+            who: Who { caller, account: String::new(), learn: None, body: None, clearing: None },
+            route: Routed::default(),
+            token_fetch: None,
+            decided: Decided::default(),
+            sent: Sent::default(),
+            errcode: None,
+            outcome: Outcome::forwarded,
+            refusal: None,
+        }
+    }
+
+    /// The config the call runs under.
+    pub fn config(&self) -> &Config {
+        &self.arrived.config
+    }
+}

@@ -1,0 +1,45 @@
+//! Phase 5, decide: one store decision ([`crate::admit`]); the call is held
+//! for its reserved slot or waits for a concurrency slot as its rule says,
+//! or is refused here and never reaches WeChat.
+
+use super::call::Call;
+use crate::admit::admit;
+use crate::app::App;
+use crate::client::Client;
+use crate::clock::Stopwatch;
+use crate::error::{retry_after_secs, Early};
+use crate::metrics::Outcome;
+
+/// Admits the call (holding it or waiting for a slot as its rule
+/// says) or refuse it. A call without a rule goes on undecided.
+pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), Early> {
+    let Some(rule) = call.route.rule.clone() else { return Ok(()) };
+    let started = Stopwatch::start();
+    let normal = call.who.caller.priority() != crate::config::Priority::High;
+    let admitted =
+        admit(app, &call.arrived.config, &call.who.account, &rule, normal, call.who.caller.entry.label(), client).await;
+    call.decided.decision_us = match &admitted {
+        Ok(a) => a.decision_us,
+        Err(_) => started.elapsed_us(),
+    };
+    if let Some(m) = &call.route.metrics {
+        m.decision.observe(call.decided.decision_us as f64 / 1e6);
+    }
+    let admitted = admitted?;
+    call.decided.held_us = admitted.held_us;
+    if admitted.held_us > 0 {
+        call.outcome = Outcome::held;
+        if let Some(m) = &call.route.metrics {
+            m.hold.observe(admitted.held_us as f64 / 1e6);
+        }
+    }
+    if admitted.degraded {
+        call.outcome = Outcome::degraded;
+    }
+    if let Some((reason, wait_us)) = admitted.shadow_refusal {
+        call.outcome = Outcome::shadow_throttled;
+        tracing::info!(rule = %rule.name, account = %call.who.account, reason = reason.as_str(), wait_s = retry_after_secs(wait_us), "shadow mode: would have refused this call");
+    }
+    call.decided.admitted = Some(admitted);
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! Phase 6, forward: the call sent to an upstream exactly once, and the
+//! head of its answer; a call that provably never reached WeChat gives
+//! back what its admission took.
+
+use http::uri::PathAndQuery;
+use http::{Request, Version};
+use hyper::body::Incoming;
+
+use super::answer::Forwarded;
+use super::call::Call;
+use crate::accounts::ACCOUNT;
+use crate::activity::Kind;
+use crate::app::App;
+use crate::clock::Stopwatch;
+use crate::error::{Early, ProxyError};
+use crate::limit::Key;
+use crate::metrics::InFlightGuard;
+use crate::request_body::RequestBody;
+use crate::upstream::strip_hop_by_hop;
+
+/// Sends the call to an upstream, once, and wait for its answer's
+/// head (the upstream sets its own `Host`, and moves a call that never
+/// reached one upstream on to the next: [`crate::upstream`]).
+pub async fn forward(
+    app: &App,
+    call: &mut Call,
+    req: Request<Incoming>,
+    target: PathAndQuery,
+) -> Result<Forwarded, Early> {
+    let upstream = match &call.arrived.intercepted {
+        None => app.upstream.load_full(),
+        Some(host) => host.upstream(app.upstream.load_full()),
+    };
+    let (mut parts, body) = req.into_parts();
+    parts.uri =
+        upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(ACCOUNT);
+    let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
+    let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
+    // A token request's body was read whole by identify: sent as it came.
+    let body = match call.who.body.take() {
+        Some(read) => RequestBody::already_read(body, read),
+        None => RequestBody::new(body, call.arrived.config.server.max_body),
+    };
+    let sent = Stopwatch::start();
+    let (tried, resp) = upstream.send(Request::from_parts(parts, body)).await;
+    call.sent.upstream_us = sent.elapsed_us();
+    call.sent.upstream = Some((upstream, tried));
+    if let Some(m) = &call.route.metrics {
+        m.upstream.observe(call.sent.upstream_us as f64 / 1e6);
+    }
+    if let Err(e) = &resp {
+        if e.never_sent() {
+            give_back(app, call).await;
+        }
+    }
+    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target })
+}
+
+/// The call provably never reached WeChat
+/// ([`crate::upstream::UpstreamError::never_sent`]): gives back what its
+/// admission took from the rule's limits, before the client hears of the
+/// failure. Only what the store debited: nothing for a shadow-mode call
+/// that would have been refused (it debited nothing) nor for a decision
+/// made by the fallback (`degraded`: Redis took nothing; a local fallback's
+/// count stays, on the safe side). Its concurrency slot is freed when the
+/// call ends, as for every call.
+async fn give_back(app: &App, call: &Call) {
+    let (Some(rule), Some(admitted)) = (&call.route.rule, &call.decided.admitted) else { return };
+    if rule.limits.is_empty() || admitted.degraded || admitted.shadow_refusal.is_some() {
+        return;
+    }
+    let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
+    match app.store.refund(key, admitted.at).await {
+        Ok(given) => {
+            if given {
+                if let Some(m) = &call.route.metrics {
+                    m.refunds.inc();
+                }
+            }
+            tracing::debug!(rule = %rule.name, account = %call.who.account, given, "the call never reached WeChat: its admission is given back");
+        }
+        Err(e) => {
+            tracing::warn!(rule = %rule.name, error = %e, "could not give back the admission of a call that never reached WeChat: it stays counted");
+        }
+    }
+}

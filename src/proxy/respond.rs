@@ -1,0 +1,55 @@
+//! Phase 8, respond: a call stopped early becomes its answer by the one
+//! table ([`crate::error`]); every call is counted once and logged once.
+
+use http::Response;
+
+use super::call::Call;
+use crate::app::App;
+use crate::body::RelayBody;
+use crate::error::ProxyError;
+use crate::metrics::{Outcome, NO_RULE};
+
+/// The answer to a call stopped by a refusal or a failure, as the one
+/// table says ([`ProxyError::into_response`]); sets its outcome.
+pub fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
+    call.outcome = e.outcome();
+    if matches!(call.outcome, Outcome::upstream_error | Outcome::unavailable) {
+        tracing::warn!(method = %call.arrived.method, path = %call.arrived.path, error = %e, "call failed");
+    }
+    if call.outcome == Outcome::rejected_bad_request {
+        call.refusal = Some(e.to_string());
+    }
+    e.into_response(call.route.rule.as_deref(), &call.arrived.config.server)
+}
+
+/// Counts the call once and writes its access-log line.
+pub fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
+    let rule = call.route.rule.as_ref().map_or(NO_RULE, |r| &*r.name);
+    match &call.route.metrics {
+        Some(m) => m.call(call.outcome),
+        None => app.metrics.rule(rule).call(call.outcome),
+    }
+    call.who.caller.entry.metrics.call(call.outcome);
+    if let Some(host) = &call.arrived.intercepted {
+        host.calls.inc();
+    }
+    if call.arrived.config.log.access {
+        tracing::info!(
+            target: "wxgate::access",
+            method = %call.arrived.method,
+            path = %call.arrived.path,
+            rule,
+            account = %call.who.account,
+            caller = %call.who.caller.name,
+            outcome = call.outcome.as_str(),
+            status = resp.status().as_u16(),
+            errcode = call.errcode,
+            upstream = call.sent.upstream.as_ref().map(|(u, i)| u.name(*i)),
+            intercepted = call.arrived.intercepted.as_ref().map(|h| &*h.name),
+            error = call.refusal.as_deref(),
+            decision_ms = call.decided.decision_us as f64 / 1000.0,
+            upstream_ms = call.sent.upstream_us as f64 / 1000.0,
+            held_ms = call.decided.held_us as f64 / 1000.0,
+        );
+    }
+}

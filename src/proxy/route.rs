@@ -1,0 +1,13 @@
+//! Phase 3, route: the rule of the call's path ([`crate::routes`]), and its metrics.
+
+use super::call::Call;
+use crate::app::App;
+use crate::metrics::NO_RULE;
+
+/// Sets `call.route`. Every call is routed (a call without a rule gets the
+/// `_none` series).
+pub fn route(app: &App, call: &mut Call) {
+    let rule = call.arrived.config.rule_for(&call.arrived.path).cloned();
+    call.route.metrics = Some(app.metrics.rule(rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
+    call.route.rule = rule;
+}
