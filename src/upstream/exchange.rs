@@ -202,7 +202,7 @@ impl Link {
             hyper::client::conn::http1::handshake(io).await.map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
         let task = tokio::spawn(async move {
             if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
+                tracing::debug!(target: "wxgate::upstream", error = %e, "upstream connection ended with an error");
             }
         });
         Ok(Conn { sender, task: task.abort_handle() })

@@ -181,7 +181,7 @@ impl Failover {
         if t.health.down_until.load(Ordering::Relaxed) != 0 && t.health.down_until.swap(0, Ordering::AcqRel) != 0 {
             t.health.backoff.store(0, Ordering::Relaxed);
             t.up.set(1);
-            tracing::info!(upstream = %t.name, "the upstream answers again: calls go to it");
+            tracing::info!(target: "wxgate::upstream", upstream = %t.name, "the upstream answers again: calls go to it");
         }
     }
 
@@ -211,9 +211,9 @@ impl Failover {
         };
         t.up.set(0);
         if self.targets.len() > 1 {
-            tracing::warn!(upstream = %t.name, error = %e, backoff_s = backoff / 1_000_000, "upstream failed: calls go to the next upstream until its back-off is over, then one call tries it again");
+            tracing::warn!(target: "wxgate::upstream", upstream = %t.name, error = %e, backoff_s = backoff / 1_000_000, "upstream failed: calls go to the next upstream until its back-off is over, then one call tries it again");
         } else {
-            tracing::warn!(upstream = %t.name, error = %e, "upstream failed: marked down until a call gets an answer");
+            tracing::warn!(target: "wxgate::upstream", upstream = %t.name, error = %e, "upstream failed: marked down until a call gets an answer");
         }
     }
 }
