@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use wxgate::clock::SystemClock;
 use wxgate::config::Config;
-use wxgate::limit::Limit;
+use wxgate::limit::{Limit, Rule};
 use wxgate::penalty::PenaltyLength;
 use wxgate::server::Threads;
 
@@ -370,26 +370,40 @@ async fn shutdown_signal() {
     }
 }
 
+/// One line of `wxgate check`'s report (writing to a String cannot fail).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 /// `wxgate check`'s report. Written in one piece; a reader that stops early
 /// (`wxgate check | head`) ends it quietly rather than with a panic.
 fn print_rules(config: &Config) {
-    use std::fmt::Write as _;
     use std::io::Write as _;
     let mut out = String::new();
-    macro_rules! say {
-        ($($arg:tt)*) => {{
-            let _ = writeln!(out, $($arg)*);
-        }};
-    }
     let s = &config.server;
     let tz = s.quota_offset_us / 60_000_000;
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
-    say!("{}: ok", config.source.display());
-    say!("listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
+    say_server(&mut out, config, &tz);
+    for rule in &config.rules {
+        say_rule(&mut out, rule, &tz);
+    }
+    say_features(&mut out, config);
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+}
+
+/// The report's server part: the config file, listen and upstream,
+/// accounts, penalties, callers.
+fn say_server(out: &mut String, config: &Config, tz: &str) {
+    let s = &config.server;
+    say!(out, "{}: ok", config.source.display());
+    say!(out, "listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
     if let Some(accounts) = &s.accounts {
         let mut names: Vec<&str> = accounts.iter().map(String::as_str).collect();
         names.sort_unstable();
-        say!("accounts {} (calls of any other account get 400)", names.join(", "));
+        say!(out, "accounts {} (calls of any other account get 400)", names.join(", "));
     }
     for p in &config.penalties {
         let length = match p.length {
@@ -397,71 +411,83 @@ fn print_rules(config: &Config) {
             PenaltyLength::NextMinute => "until the next minute".to_owned(),
         };
         let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
-        say!("penalty errcode {}: {length}, at most until {cap}", p.errcode);
+        say!(out, "penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
     let fallback = s.caller.as_deref().unwrap_or(wxgate::callers::DEFAULT_CALLER);
-    say!("caller of calls without X-Wx-Caller: {fallback}");
+    say!(out, "caller of calls without X-Wx-Caller: {fallback}");
     for c in &config.callers {
         let rate = c.rate.map_or_else(|| "no flood guard".to_owned(), |r| format!("flood guard {r} per instance"));
-        say!("caller {}: priority {}, {rate}", c.name, c.priority.as_str());
+        say!(out, "caller {}: priority {}, {rate}", c.name, c.priority.as_str());
     }
     if !config.callers.is_empty() {
-        say!("callers not declared: priority normal, counted together as \"other\"");
+        say!(out, "callers not declared: priority normal, counted together as \"other\"");
     }
-    for rule in &config.rules {
-        say!("rule {} [{}]", rule.name, rule.patterns.join(", "));
-        if rule.reserve_percent > 0 {
-            say!(
-                "  reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
-                rule.reserve_percent
-            );
-        }
-        if rule.share_percent > 0 {
-            let each: Vec<String> = rule
-                .share
-                .iter()
-                .map(|l| match l {
-                    Limit::Window(w) => format!(
-                        "{} per {} (burst {})",
-                        w.count,
-                        humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                        w.burst
-                    ),
-                    Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
-                })
-                .collect();
-            say!(
-                "  max_share {}%: no one caller (declared, or all undeclared together) uses more than {}",
-                rule.share_percent,
-                each.join(", ")
-            );
-        }
-        if rule.scope == wxgate::limit::Scope::Path {
-            say!("  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());
-        }
-        if rule.limits.is_empty() {
-            say!("  no limits (penalties only)");
-        }
-        for limit in &rule.limits {
-            match limit {
-                Limit::Window(w) => say!(
-                    "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}",
+}
+
+/// The report's lines for one rule: its patterns, reserve, share, scope
+/// and limits.
+fn say_rule(out: &mut String, rule: &Rule, tz: &str) {
+    say!(out, "rule {} [{}]", rule.name, rule.patterns.join(", "));
+    if rule.reserve_percent > 0 {
+        say!(
+            out,
+            "  reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
+            rule.reserve_percent
+        );
+    }
+    if rule.share_percent > 0 {
+        let each: Vec<String> = rule
+            .share
+            .iter()
+            .map(|l| match l {
+                Limit::Window(w) => format!(
+                    "{} per {} (burst {})",
                     w.count,
                     humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                    w.burst,
-                    w.refill_per_second(),
-                    w.interval_us,
-                    humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                    w.count
+                    w.burst
                 ),
-                Limit::Calendar { count, period } => {
-                    say!("  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())
-                }
+                Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
+            })
+            .collect();
+        say!(
+            out,
+            "  max_share {}%: no one caller (declared, or all undeclared together) uses more than {}",
+            rule.share_percent,
+            each.join(", ")
+        );
+    }
+    if rule.scope == wxgate::limit::Scope::Path {
+        say!(out, "  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());
+    }
+    if rule.limits.is_empty() {
+        say!(out, "  no limits (penalties only)");
+    }
+    for limit in &rule.limits {
+        match limit {
+            Limit::Window(w) => say!(
+                out,
+                "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}",
+                w.count,
+                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
+                w.burst,
+                w.refill_per_second(),
+                w.interval_us,
+                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
+                w.count
+            ),
+            Limit::Calendar { count, period } => {
+                say!(out, "  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())
             }
         }
     }
+}
+
+/// The report's last part: quota syncs, the token cache, `[intercept]`,
+/// unmatched paths.
+fn say_features(out: &mut String, config: &Config) {
     for sync in &config.quota_syncs {
         say!(
+            out,
             "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`",
             sync.rule.state,
             sync.path,
@@ -478,18 +504,18 @@ fn print_rules(config: &Config) {
         (None, _) => "on in Redis when a token key is given (WXGATE_TOKEN_KEY or key_file), else off".to_owned(),
     };
     say!(
+        out,
         "tokens: cache {cache}; min_ttl {}, wait {}",
         humantime::format_duration(t.min_ttl),
         humantime::format_duration(t.wait)
     );
     if let Some(ic) = &config.intercept {
         let hosts: Vec<&str> = ic.hosts.iter().map(|h| &**h).collect();
-        say!("intercept CONNECT {}, port 443 (CA {})", hosts.join(", "), ic.ca_cert.display());
+        say!(out, "intercept CONNECT {}, port 443 (CA {})", hosts.join(", "), ic.ca_cert.display());
     }
     if config.routes.has_default() {
-        say!("unmatched paths: rule default");
+        say!(out, "unmatched paths: rule default");
     } else {
-        say!("unmatched paths: forwarded unthrottled");
+        say!(out, "unmatched paths: forwarded unthrottled");
     }
-    let _ = std::io::stdout().lock().write_all(out.as_bytes());
 }
