@@ -87,7 +87,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     let every_us = micros(sync.every);
     let now = app.clock.now_us();
     let slot = format!("sync:{account}:{state}");
-    match cache.store.claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, every_us).await {
+    match cache.store.tokens().claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, every_us).await {
         Ok(Claim::Won { .. }) => {}
         Ok(_) => {
             app.syncs.update(account, state, |s| s.skipped(now, every_us));

@@ -77,6 +77,43 @@ pub trait Store: Send + Sync + 'static {
     /// its rules. `keep_us` is the longest warm-up of any rule.
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError>;
 
+    /// quota_sync (`crate::quota_sync`): WeChat counts `used` calls today
+    /// for `key`; raises the day count of `key`'s state to it, never
+    /// lowering it (calls reserved for tomorrow stay). Returns the day count
+    /// before. Creates the state if it is absent.
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError>;
+
+    /// Access tokens and the accounts they belong to ([`TokenStore`]).
+    fn tokens(&self) -> &dyn TokenStore;
+
+    /// How decisions are being made right now.
+    fn status(&self) -> Status;
+
+    /// Opens the calling serving thread's own resources (a Redis
+    /// connection), if the store has any. Call it on that thread's runtime.
+    async fn attach_worker(&self) {}
+
+    /// The rules were reloaded: drop anything derived from the old ones.
+    fn rules_changed(&self) {}
+
+    /// The call of `key` this store admitted at `at` (`Decision::Admit`,
+    /// not `degraded`) provably never reached WeChat: gives back what its
+    /// admission took, never more ([`crate::limit::decide::refund`]).
+    /// `key.rule` is the rule it was admitted under. Returns whether
+    /// anything was given back. Its concurrency slot is freed by
+    /// [`Store::release`], as for any call.
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError>;
+
+    /// Called once when wxgate stops, after calls in flight finished: write
+    /// what must outlive the process.
+    async fn close(&self) {}
+}
+
+/// Access tokens: which account a token was issued to, and the token
+/// cache's slots (`crate::token_cache`). Not per (account, rule): kept out
+/// of [`Store`]'s decision operations, reached by [`Store::tokens`].
+#[async_trait]
+pub trait TokenStore: Send + Sync {
     /// The hash this store knows `token` by ([`tokens`]); `None` while its
     /// key is not known (Redis not reached since start): the token is then
     /// unknown and nothing is learned.
@@ -84,7 +121,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// A token answer passed through: the token hashed to `hash` belongs to
     /// `account` for `ttl_us` from now (its `expires_in`). Any instance's
-    /// [`Store::token_owner`] says so from then until it expires.
+    /// [`TokenStore::token_owner`] says so from then until it expires.
     async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError>;
 
     /// The account the token hashed to `hash` was issued to, while the
@@ -116,34 +153,6 @@ pub trait Store: Send + Sync + 'static {
     /// drops it from its slot if it is still that slot's token (a later
     /// token is never dropped). Returns whether it was dropped.
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError>;
-
-    /// quota_sync (`crate::quota_sync`): WeChat counts `used` calls today
-    /// for `key`; raises the day count of `key`'s state to it, never
-    /// lowering it (calls reserved for tomorrow stay). Returns the day count
-    /// before. Creates the state if it is absent.
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError>;
-
-    /// How decisions are being made right now.
-    fn status(&self) -> Status;
-
-    /// Opens the calling serving thread's own resources (a Redis
-    /// connection), if the store has any. Call it on that thread's runtime.
-    async fn attach_worker(&self) {}
-
-    /// The rules were reloaded: drop anything derived from the old ones.
-    fn rules_changed(&self) {}
-
-    /// The call of `key` this store admitted at `at` (`Decision::Admit`,
-    /// not `degraded`) provably never reached WeChat: gives back what its
-    /// admission took, never more ([`crate::limit::decide::refund`]).
-    /// `key.rule` is the rule it was admitted under. Returns whether
-    /// anything was given back. Its concurrency slot is freed by
-    /// [`Store::release`], as for any call.
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError>;
-
-    /// Called once when wxgate stops, after calls in flight finished: write
-    /// what must outlive the process.
-    async fn close(&self) {}
 }
 
 /// A decision, and how it was made.

@@ -945,17 +945,22 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             Inspect => Got::State(store.inspect(key).await.expect("store answered")),
             Refund(n) => Got::Refunded(store.refund(key, admitted[*n]).await.expect("store answered")),
             Learn(token, account, ttl_us) => {
-                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
-                store.learn_token(&hash, &format!("{prefix}{account}"), *ttl_us).await.expect("store answered");
+                let hash = store.tokens().token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                store
+                    .tokens()
+                    .learn_token(&hash, &format!("{prefix}{account}"), *ttl_us)
+                    .await
+                    .expect("store answered");
                 Got::Done
             }
             Owner(token) => {
-                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
-                Got::Owner(store.token_owner(&hash).await.expect("store answered"))
+                let hash = store.tokens().token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                Got::Owner(store.tokens().token_owner(&hash).await.expect("store answered"))
             }
             ClaimT(slot, holder, min_ttl) => {
                 let slot = format!("{prefix}{slot}");
-                let claimed = store.claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
+                let claimed =
+                    store.tokens().claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
                 Got::Claim(claimed)
             }
             FetchedT(slot, holder, how) => {
@@ -974,10 +979,12 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                     Fetch::Failed(answer, hold_us) => Fetched::Failed { answer: answer.as_bytes(), hold_us },
                     Fetch::Abandoned => Fetched::Abandoned,
                 };
-                store.token_fetched(&slot, holder, fetched).await.expect("store answered");
+                store.tokens().token_fetched(&slot, holder, fetched).await.expect("store answered");
                 Got::Done
             }
-            DropT(token) => Got::Dropped(store.drop_token(&token_hash(prefix, token)).await.expect("store answered")),
+            DropT(token) => {
+                Got::Dropped(store.tokens().drop_token(&token_hash(prefix, token)).await.expect("store answered"))
+            }
             Raise(used) => Got::Before(store.raise_day(key, *used).await.expect("store answered")),
         };
         let now = clock.now_us();

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use self::token_slots::TokenSlots;
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide, raise_day, refund};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
@@ -350,6 +350,10 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let key = ask.key;
         let account_warm =
@@ -415,6 +419,30 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
+        self.with_new_state(key, |state, now| raise_day(state, used, now, key.offset_us))
+    }
+
+    fn status(&self) -> Status {
+        Status::InProcess
+    }
+
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        Ok(self.with_state(key, |state, now| refund(state, key.rule, at, now, key.offset_us)))
+    }
+
+    /// Writes the final state to the state file (if any); nothing is
+    /// written after it.
+    async fn close(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        if me.file.is_some() {
+            let _ = tokio::task::spawn_blocking(move || me.save(true)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl TokenStore for MemoryStore {
     fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
         Some(self.token_key.hash(token))
     }
@@ -463,26 +491,5 @@ impl Store for MemoryStore {
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
         let now = self.now();
         Ok(lock(&self.token_slots).drop_token(hash, now))
-    }
-
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
-        self.with_new_state(key, |state, now| raise_day(state, used, now, key.offset_us))
-    }
-
-    fn status(&self) -> Status {
-        Status::InProcess
-    }
-
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
-        Ok(self.with_state(key, |state, now| refund(state, key.rule, at, now, key.offset_us)))
-    }
-
-    /// Writes the final state to the state file (if any); nothing is
-    /// written after it.
-    async fn close(&self) {
-        let Some(me) = self.me.upgrade() else { return };
-        if me.file.is_some() {
-            let _ = tokio::task::spawn_blocking(move || me.save(true)).await;
-        }
     }
 }

@@ -33,7 +33,7 @@ use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts, TokenOwnerRe
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
 use crate::limit::{Ask, Decision, Key};
@@ -374,6 +374,10 @@ impl RedisStore {
 
 #[async_trait]
 impl Store for RedisStore {
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         Ok(Decided { decision: self.decide(ask).await?, degraded: false })
     }
@@ -444,6 +448,30 @@ impl Store for RedisStore {
         self.run::<i64>(inv).await.map(|_| ())
     }
 
+    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
+        let mut inv = self.scripts.raise_day.key(self.state_key(key));
+        inv.arg(self.now_arg()).arg(key.offset_us).arg(used);
+        self.run::<i64>(inv).await.map(|n| n.max(0) as u64)
+    }
+
+    fn status(&self) -> Status {
+        Status::Shared
+    }
+
+    async fn attach_worker(&self) {
+        self.conns.attach_worker().await;
+    }
+
+    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.refund.key(self.state_key(key));
+        inv.arg(self.now_arg());
+        protocol::refund_args(&mut inv, key.rule, key.offset_us, at);
+        self.run::<i64>(inv).await.map(|given| given == 1)
+    }
+}
+
+#[async_trait]
+impl TokenStore for RedisStore {
     fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
         self.token_key.load().as_deref().map(|k| k.hash(token))
     }
@@ -502,27 +530,6 @@ impl Store for RedisStore {
         let mut inv = self.scripts.token_drop.key(self.keys.token_slot_of(hash));
         inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg());
         self.run::<i64>(inv).await.map(|n| n == 1)
-    }
-
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
-        let mut inv = self.scripts.raise_day.key(self.state_key(key));
-        inv.arg(self.now_arg()).arg(key.offset_us).arg(used);
-        self.run::<i64>(inv).await.map(|n| n.max(0) as u64)
-    }
-
-    fn status(&self) -> Status {
-        Status::Shared
-    }
-
-    async fn attach_worker(&self) {
-        self.conns.attach_worker().await;
-    }
-
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
-        let mut inv = self.scripts.refund.key(self.state_key(key));
-        inv.arg(self.now_arg());
-        protocol::refund_args(&mut inv, key.rule, key.offset_us, at);
-        self.run::<i64>(inv).await.map(|given| given == 1)
     }
 }
 

@@ -50,7 +50,7 @@ use super::ledger::Ledger;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
 use crate::limit::{Ask, Decision, Key, Limit, Reason, Rule, WindowLimit};
@@ -393,6 +393,10 @@ impl Resilient {
 
 #[async_trait]
 impl Store for Resilient {
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let Key { account, rule, .. } = ask.key;
@@ -557,47 +561,6 @@ impl Store for Resilient {
         self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await
     }
 
-    fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
-        self.redis.token_hash(token)
-    }
-
-    /// In Redis only; an error if Redis cannot take it (nothing is retried).
-    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
-        self.try_redis(|| self.redis.learn_token(hash, account, ttl_us)).await
-    }
-
-    /// From Redis; unknown (`None`) when Redis cannot answer.
-    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
-        match self.try_redis(|| self.redis.token_owner(hash)).await {
-            Ok(owner) => Ok(owner),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot look up an access token in Redis: counted as unknown");
-                Ok(None)
-            }
-        }
-    }
-
-    /// In Redis only: the cache is shared or it is not used (an error
-    /// makes the token request go to WeChat as if there were no cache).
-    async fn claim_token(
-        &self,
-        slot: &str,
-        holder: &str,
-        min_ttl_us: Micros,
-        newer_than: Micros,
-        lock_us: Micros,
-    ) -> Result<Claim, StoreError> {
-        self.try_redis(|| self.redis.claim_token(slot, holder, min_ttl_us, newer_than, lock_us)).await
-    }
-
-    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
-        self.try_redis(|| self.redis.token_fetched(slot, holder, fetched)).await
-    }
-
-    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
-        self.try_redis(|| self.redis.drop_token(hash)).await
-    }
-
     /// In the fallback state too, so that decisions made without Redis
     /// count from the raised count.
     async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
@@ -645,6 +608,50 @@ impl Store for Resilient {
             self.ledger.refunded(key, at);
         }
         Ok(given)
+    }
+}
+
+#[async_trait]
+impl TokenStore for Resilient {
+    fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
+        self.redis.token_hash(token)
+    }
+
+    /// In Redis only; an error if Redis cannot take it (nothing is retried).
+    async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
+        self.try_redis(|| self.redis.learn_token(hash, account, ttl_us)).await
+    }
+
+    /// From Redis; unknown (`None`) when Redis cannot answer.
+    async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
+        match self.try_redis(|| self.redis.token_owner(hash)).await {
+            Ok(owner) => Ok(owner),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot look up an access token in Redis: counted as unknown");
+                Ok(None)
+            }
+        }
+    }
+
+    /// In Redis only: the cache is shared or it is not used (an error
+    /// makes the token request go to WeChat as if there were no cache).
+    async fn claim_token(
+        &self,
+        slot: &str,
+        holder: &str,
+        min_ttl_us: Micros,
+        newer_than: Micros,
+        lock_us: Micros,
+    ) -> Result<Claim, StoreError> {
+        self.try_redis(|| self.redis.claim_token(slot, holder, min_ttl_us, newer_than, lock_us)).await
+    }
+
+    async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
+        self.try_redis(|| self.redis.token_fetched(slot, holder, fetched)).await
+    }
+
+    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+        self.try_redis(|| self.redis.drop_token(hash)).await
     }
 }
 
