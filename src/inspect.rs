@@ -32,6 +32,7 @@ use crate::limit::{Key, Reason};
 use crate::metrics::{InFlightGuard, Outcome};
 use crate::ratelimit;
 use crate::routes::normalised;
+use crate::store::op::{Penalise, Succeeded};
 use crate::upstream::{strip_hop_by_hop, UpstreamError};
 
 /// Paths whose successful answer is a fresh access token (OA/MP, stable, WeCom).
@@ -89,7 +90,7 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
     match verdict {
         Verdict::Errcode(code) => {
             if let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) {
-                let wait_us = match app.store.penalise(key, policy, sent_at).await {
+                let wait_us = match app.store.apply(key, Penalise { policy, sent_at }).await {
                     Ok(end) => end.remaining_us(),
                     Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
@@ -108,7 +109,7 @@ pub async fn inspect(app: &App, call: &mut Call, answer: Forwarded) -> Result<Re
             }
         }
         Verdict::Success if admitted.escalated => {
-            if let Err(e) = app.store.succeeded(key, sent_at).await {
+            if let Err(e) = app.store.apply(key, Succeeded { sent_at }).await {
                 tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
             }
         }

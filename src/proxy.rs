@@ -62,6 +62,7 @@ use crate::metrics::{InFlightGuard, Outcome, NO_RULE};
 use crate::ratelimit;
 use crate::request_body::RequestBody;
 use crate::routes;
+use crate::store::op::Refund;
 use crate::upstream::strip_hop_by_hop;
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
@@ -314,7 +315,7 @@ async fn give_back(app: &App, call: &Call) {
         return;
     }
     let key = Key { account: &call.account, rule, offset_us: call.config.server.quota_offset_us };
-    match app.store.refund(key, admitted.at).await {
+    match app.store.apply(key, Refund { at: admitted.at }).await {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.metrics {

@@ -40,6 +40,7 @@ use crate::config::QuotaSync;
 use crate::inspect::{sniff, Verdict};
 use crate::limit::Key;
 use crate::request_body::RequestBody;
+use crate::store::op::RaiseDay;
 use crate::store::tokens::Claim;
 
 /// How often the task looks for syncs that are due.
@@ -103,7 +104,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     match quota_get(app, token, &sync.path).await {
         Ok(used) => {
             let key = Key { account, rule: &sync.rule, offset_us };
-            match app.store.raise_day(key, used).await {
+            match app.store.apply(key, RaiseDay { used }).await {
                 Ok(before) => {
                     let raised = used > before;
                     cache.metrics.sync(if raised { "raised" } else { "unchanged" });
