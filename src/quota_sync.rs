@@ -9,7 +9,7 @@
 //! background task asks quota/get for the rule's first exact path (each
 //! path's, with `scope = "path"`) once per interval and, if WeChat's `used`
 //! is higher than wxgate's day count, raises the count to it (never lowers
-//! it: [`crate::store::Store::raise_day`]).
+//! it: [`crate::store::op::RaiseDay`]).
 //!
 //! - One call per (account, rule state, interval) across instances: a sync
 //!   takes the store's lock `sync:<account>:<state>` for the interval first

@@ -1,6 +1,12 @@
-//! The shared store: decision state in Redis, every operation one atomic Lua
-//! script ([`protocol`]) run by SHA, so two instances can never both take the
-//! last token. The clock is Redis `TIME`, never an instance's clock.
+//! The shared store: decision state in Redis. Every operation that reads
+//! and writes state is one Lua script run by SHA (acquire.lua and the other
+//! scripts of [`protocol`], and those the operations of [`super::op`]
+//! declare), atomic because Redis runs one script at a time: two instances
+//! can never both take the last token. The exceptions are single plain
+//! commands: freeing a slot (`ZREM`, [`super::op::Release`]), reading the
+//! epoch (`GET`) and the access-token key (`SET NX`, then `GET`: two round
+//! trips, harmless since the first value written stays). The clock is Redis
+//! `TIME`, never an instance's clock.
 //!
 //! - Each serving thread has its own connection ([`conn`]); a round trip
 //!   never crosses threads.

@@ -13,7 +13,11 @@
 //!   connection, and shared decisions resume by themselves.
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
-//!   honours them while Redis is away. Refunds go to Redis only.
+//!   honours them while Redis is away. Refunds go to Redis only. Each
+//!   operation of [`super::op`] is routed by what it declares
+//!   ([`super::op::Route`], its `after` hook for the ledger); no operation
+//!   has a method of its own here but `acquire`, `clear` and
+//!   `token_refreshed`.
 //! - Degraded decisions are counted and logged at most once per 10 s.
 //! - No spent calendar quota is granted twice ([`super::ledger`]): calls the
 //!   fallback admitted are added to Redis's counts as soon as it answers

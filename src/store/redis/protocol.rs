@@ -1,7 +1,10 @@
-//! The script protocol: the Lua scripts, the keys they touch, and how each
-//! operation's arguments are written and its answer read. Each script's
-//! header (`lua/*.lua`) documents its KEYS, ARGV and reply; this module is
-//! their one Rust counterpart.
+//! The script protocol: the keys scripts touch, the scripts of the
+//! operations that are not per-pair ([`scripts`]: acquire, warm, clear,
+//! epoch, reconcile, the token scripts) and how their arguments are written
+//! and their answers read, and the readers the per-pair operations share
+//! ([`parse_until`], [`parse_state`]). Each per-pair operation writes its own
+//! arguments, in its file of [`crate::store::op`]. Each script's header
+//! (`lua/*.lua`) documents its KEYS, ARGV and reply.
 //!
 //! Keys are `<prefix>:{<account>}:<rule>`: one hash per (account, rule), with
 //! the account as hash tag so every key a call touches sits in one Redis
