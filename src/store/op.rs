@@ -15,7 +15,7 @@
 //!   only, also on the local fallback store, answered locally while Redis
 //!   is away) and what it notes in its ledger.
 //!
-//! The [`ops!`] list below is the only other place an operation is named: it
+//! The `ops!` list below is the only other place an operation is named: it
 //! makes the object-safe [`PairOp`] / [`PairReply`] that [`Store::run`]
 //! takes and gives, the one `match` over them ([`PairOp::run_on`]), and the
 //! list of their scripts the Redis store loads ([`scripts`]).
@@ -37,7 +37,7 @@ pub use self::operation::{Answered, Command, Operation, Route, Runs, Wrapper};
 use super::answer::{PenaltyEnd, Snapshot, StoreError};
 use crate::limit::Key;
 
-/// An operation of the [`ops!`] list: converts to and from [`PairOp`] and
+/// An operation of the `ops!` list: converts to and from [`PairOp`] and
 /// [`PairReply`]. Generated.
 pub trait Listed<'a>: Operation + Sized {
     fn pair(self) -> PairOp<'a>;
@@ -105,4 +105,27 @@ ops! {
     SetPenalty: set_penalty::SetPenalty -> PenaltyEnd,
     Refund: refund::Refund -> bool,
     RaiseDay: raise_day::RaiseDay -> u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use crate::store::redis::protocol;
+
+    /// Nothing keeps a list of scripts by hand: every script in `lua/` (but
+    /// the prelude, and the breaker's probe, loaded on its own) is loaded
+    /// when the Redis store connects, once.
+    #[test]
+    fn every_script_is_registered_once() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let files = std::fs::read_dir(dir)
+            .expect("lua/")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.ends_with(".lua") && f != "prelude.lua" && f != "probe.lua")
+            .count();
+        let loaded: Vec<&str> = protocol::scripts().chain(super::scripts()).map(|s| s.get_hash()).collect();
+        let distinct: HashSet<&str> = loaded.iter().copied().collect();
+        assert_eq!((loaded.len(), distinct.len()), (files, files));
+    }
 }
