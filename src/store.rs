@@ -100,7 +100,8 @@ impl dyn Store {
     /// the operations of [`op`] (`store.apply(key, Succeeded { sent_at })`).
     pub async fn apply<'a, O: Listed<'a>>(&self, key: Key<'_>, op: O) -> Result<O::Out, StoreError> {
         let reply = self.run(key, op.pair()).await?;
-        O::out(reply).ok_or(StoreError::BadReply { script: O::NAME, reply: "another operation's answer".into() })
+        O::out(reply)
+            .ok_or_else(|| StoreError::BadReply { script: O::NAME, reply: "another operation's answer".into() })
     }
 }
 
