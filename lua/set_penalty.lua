@@ -1,6 +1,6 @@
 -- set_penalty.lua: impose or lift a penalty by hand (admin API), e.g. after
 -- WeChat's clear_quota. Lifting also ends the escalation, and answers to
--- calls sent before the lift cannot re-impose it. Mirrors MemoryStore::set_penalty.
+-- calls sent before the lift cannot re-impose it. Mirrors src/store/op/set_penalty.rs.
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)

@@ -218,8 +218,8 @@ async fn owner(app: &App, token: &[u8]) -> Option<Arc<str>> {
         Cached::Unknown => return None,
         Cached::Miss => {}
     }
-    let hash = app.store.token_hash(token)?;
-    match app.store.token_owner(&hash).await {
+    let hash = app.store.tokens().token_hash(token)?;
+    match app.store.tokens().token_owner(&hash).await {
         Ok(Some(owner)) => {
             let account: Arc<str> = Arc::from(owner.account.as_str());
             cache.known(token, account.clone(), now.saturating_add(owner.remaining_us()), now);

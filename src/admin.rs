@@ -43,6 +43,7 @@ use crate::callers::OTHER;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::metrics::FileOp;
+use crate::store::op::{Inspect, SetPenalty};
 use crate::store::Status;
 
 type Answer = Response<Full<Bytes>>;
@@ -393,7 +394,7 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
     let offset = app.config.load().server.quota_offset_us;
     let mut pictures = Vec::with_capacity(states.len());
     for state in &states {
-        match app.store.inspect(Key { account, rule: state, offset_us: offset }).await {
+        match app.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
             Ok(snapshot) => {
                 let (held, in_flight) = app.activity.get(account, &state.state);
                 let here = Here { held, in_flight };
@@ -455,7 +456,7 @@ async fn penalty(app: &App, account: &str, rule: &str, path: Option<&str>, len_u
     let len = len_us.unwrap_or(0);
     let mut remaining_us = 0;
     for state in &states {
-        match app.store.set_penalty(Key { account, rule: state, offset_us: offset }, len).await {
+        match app.store.apply(Key { account, rule: state, offset_us: offset }, SetPenalty { len_us: len }).await {
             Ok(end) => remaining_us = remaining_us.max(end.remaining_us()),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }

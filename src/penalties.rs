@@ -12,6 +12,7 @@ use crate::error::retry_after_secs;
 use crate::hooks::{Answered, Feature};
 use crate::limit::Key;
 use crate::sniff::Verdict;
+use crate::store::op::{Penalise, Succeeded};
 
 pub struct Penalties;
 
@@ -24,7 +25,7 @@ impl Feature for Penalties {
         match answered.verdict {
             Verdict::Errcode(code) => {
                 let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) else { return };
-                let wait_us = match app.store.penalise(key, policy, sent_at).await {
+                let wait_us = match app.store.apply(key, Penalise { policy, sent_at }).await {
                     Ok(end) => end.remaining_us(),
                     Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
@@ -37,7 +38,7 @@ impl Feature for Penalties {
                 }
             }
             Verdict::Success if admitted.escalated => {
-                if let Err(e) = app.store.succeeded(key, sent_at).await {
+                if let Err(e) = app.store.apply(key, Succeeded { sent_at }).await {
                     tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
                 }
             }

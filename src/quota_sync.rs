@@ -9,7 +9,7 @@
 //! background task asks quota/get for the rule's first exact path (each
 //! path's, with `scope = "path"`) once per interval and, if WeChat's `used`
 //! is higher than wxgate's day count, raises the count to it (never lowers
-//! it: [`crate::store::Store::raise_day`]).
+//! it: [`crate::store::op::RaiseDay`]).
 //!
 //! - One call per (account, rule state, interval) across instances: a sync
 //!   takes the store's lock `sync:<account>:<state>` for the interval first
@@ -40,6 +40,7 @@ use crate::config::QuotaSync;
 use crate::limit::Key;
 use crate::request_body::RequestBody;
 use crate::sniff::{sniff, Verdict};
+use crate::store::op::RaiseDay;
 use crate::store::tokens::Claim;
 
 /// How often the task looks for syncs that are due.
@@ -87,7 +88,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     let every_us = micros(sync.every);
     let now = app.clock.now_us();
     let slot = format!("sync:{account}:{state}");
-    match cache.store.claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, every_us).await {
+    match cache.store.tokens().claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, every_us).await {
         Ok(Claim::Won { .. }) => {}
         Ok(_) => {
             app.syncs.update(account, state, |s| s.skipped(now, every_us));
@@ -103,7 +104,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     match quota_get(app, token, &sync.path).await {
         Ok(used) => {
             let key = Key { account, rule: &sync.rule, offset_us };
-            match app.store.raise_day(key, used).await {
+            match app.store.apply(key, RaiseDay { used }).await {
                 Ok(before) => {
                     let raised = used > before;
                     cache.metrics.sync(if raised { "raised" } else { "unchanged" });

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::clock::Micros;
 use crate::limit::{Key, Rule};
+use crate::store::op::{Release, Renew};
 use crate::store::Store;
 
 /// A live slot: its account, rule and quota offset.
@@ -120,7 +121,7 @@ impl Slots {
                 for (l, holders) in groups {
                     let key = Key { account: &l.account, rule: &l.rule, offset_us: l.offset_us };
                     let ids: Vec<&str> = holders.iter().map(String::as_str).collect();
-                    if let Err(e) = store.renew(key, &ids, lease_us).await {
+                    if let Err(e) = store.apply(key, Renew { holders: &ids, lease_us }).await {
                         tracing::warn!(rule = %l.rule.name, error = %e, "could not renew concurrency leases");
                     }
                 }
@@ -158,7 +159,7 @@ impl Drop for SlotGuard {
         let offset = self.offset_us;
         rt.spawn(async move {
             let key = Key { account: &account, rule: &rule, offset_us: offset };
-            if let Err(e) = store.release(key, &holder).await {
+            if let Err(e) = store.apply(key, Release { holder: &holder }).await {
                 // The lease runs out by itself; until then the slot stays taken.
                 tracing::warn!(rule = %rule.name, error = %e, "could not free a concurrency slot");
             }

@@ -10,7 +10,7 @@
 //! <HMAC of the secret>` ([`seal`]): a request with another secret names
 //! another slot, so it never gets a token cached for the right one; it goes
 //! to WeChat and gets WeChat's error. For its slot, the request (after
-//! identify and route, before decide) asks the store ([`crate::store::Store::claim_token`]):
+//! identify and route, before decide) asks the store ([`crate::store::TokenStore::claim_token`]):
 //!
 //! - a cached token with more than `[tokens] min_ttl` left is answered at
 //!   once, WeChat-shaped, with `expires_in` what remains (outcome `cached`;
@@ -121,7 +121,7 @@ async fn serve(app: &App, call: &mut Asking<'_>) -> Result<(), Early> {
     let mut newer_than = if asked.force { i64::MAX } else { -1 };
     loop {
         let woken = cache.done.notified();
-        let claim = cache.store.claim_token(&slot, &holder, cache.min_ttl_us, newer_than, lock_us).await;
+        let claim = cache.store.tokens().claim_token(&slot, &holder, cache.min_ttl_us, newer_than, lock_us).await;
         match claim {
             Err(e) => {
                 tracing::warn!(error = %e, "the token cache cannot be read: this token request goes to WeChat");
@@ -205,7 +205,7 @@ pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>) {
     let Some(token) = query.and_then(|q| query::param(q, "access_token")) else { return };
     let hash = cache.sealer.token_hash(&token);
     cache.forget(&token);
-    match cache.store.drop_token(&hash).await {
+    match cache.store.tokens().drop_token(&hash).await {
         Ok(true) => {
             cache.metrics.invalidations.inc();
             tracing::info!("WeChat rejected a cached access token: dropped, the next token request fetches a new one");

@@ -20,7 +20,7 @@ use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
 use wxgate::store::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use wxgate::store::{Snapshot, Store};
+use wxgate::store::{op, Snapshot, Store};
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;
@@ -916,13 +916,13 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Decided(decided.decision)
             }
             Release(n) => {
-                store.release(key, &format!("h{n}")).await.expect("store answered");
+                store.apply(key, op::Release { holder: &format!("h{n}") }).await.expect("store answered");
                 Got::Done
             }
             Renew(ns) => {
                 let holders: Vec<String> = ns.iter().map(|n| format!("h{n}")).collect();
                 let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
-                store.renew(key, &holders, lease_us).await.expect("store answered");
+                store.apply(key, op::Renew { holders: &holders, lease_us }).await.expect("store answered");
                 Got::Done
             }
             Token => {
@@ -931,31 +931,39 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             }
             Penalise(code, n) => {
                 let policy = penalties.iter().find(|p| p.errcode == *code).expect("default policy");
-                let end = store.penalise(key, policy, admitted[*n]).await.expect("store answered");
+                let end =
+                    store.apply(key, op::Penalise { policy, sent_at: admitted[*n] }).await.expect("store answered");
                 Got::Penalty { until: end.until, now: end.now }
             }
             Success(n) => {
-                store.succeeded(key, admitted[*n]).await.expect("store answered");
+                store.apply(key, op::Succeeded { sent_at: admitted[*n] }).await.expect("store answered");
                 Got::Done
             }
             SetPenalty(len) => {
-                let end = store.set_penalty(key, *len).await.expect("store answered");
+                let end = store.apply(key, op::SetPenalty { len_us: *len }).await.expect("store answered");
                 Got::Penalty { until: end.until, now: end.now }
             }
-            Inspect => Got::State(store.inspect(key).await.expect("store answered")),
-            Refund(n) => Got::Refunded(store.refund(key, admitted[*n]).await.expect("store answered")),
+            Inspect => Got::State(store.apply(key, op::Inspect).await.expect("store answered")),
+            Refund(n) => {
+                Got::Refunded(store.apply(key, op::Refund { at: admitted[*n] }).await.expect("store answered"))
+            }
             Learn(token, account, ttl_us) => {
-                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
-                store.learn_token(&hash, &format!("{prefix}{account}"), *ttl_us).await.expect("store answered");
+                let hash = store.tokens().token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                store
+                    .tokens()
+                    .learn_token(&hash, &format!("{prefix}{account}"), *ttl_us)
+                    .await
+                    .expect("store answered");
                 Got::Done
             }
             Owner(token) => {
-                let hash = store.token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
-                Got::Owner(store.token_owner(&hash).await.expect("store answered"))
+                let hash = store.tokens().token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
+                Got::Owner(store.tokens().token_owner(&hash).await.expect("store answered"))
             }
             ClaimT(slot, holder, min_ttl) => {
                 let slot = format!("{prefix}{slot}");
-                let claimed = store.claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
+                let claimed =
+                    store.tokens().claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
                 Got::Claim(claimed)
             }
             FetchedT(slot, holder, how) => {
@@ -974,11 +982,13 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                     Fetch::Failed(answer, hold_us) => Fetched::Failed { answer: answer.as_bytes(), hold_us },
                     Fetch::Abandoned => Fetched::Abandoned,
                 };
-                store.token_fetched(&slot, holder, fetched).await.expect("store answered");
+                store.tokens().token_fetched(&slot, holder, fetched).await.expect("store answered");
                 Got::Done
             }
-            DropT(token) => Got::Dropped(store.drop_token(&token_hash(prefix, token)).await.expect("store answered")),
-            Raise(used) => Got::Before(store.raise_day(key, *used).await.expect("store answered")),
+            DropT(token) => {
+                Got::Dropped(store.tokens().drop_token(&token_hash(prefix, token)).await.expect("store answered"))
+            }
+            Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

@@ -217,13 +217,13 @@ pub async fn learn(app: &App, config: &Config, learn: Learn, answer: &[u8]) {
         tracing::info!(account = %owner, path = request.path, "not learning a token for an account not on [server] accounts");
         return;
     }
-    let Some(hash) = app.store.token_hash(token.as_bytes()) else {
+    let Some(hash) = app.store.tokens().token_hash(token.as_bytes()) else {
         tracing::warn!(account = %owner, "cannot learn an access token yet: the store's token key is not read (Redis not reached since start)");
         return;
     };
     let now = app.clock.now_us();
     app.tokens.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
-    match app.store.learn_token(&hash, &owner, ttl_us).await {
+    match app.store.tokens().learn_token(&hash, &owner, ttl_us).await {
         Ok(()) => {
             app.metrics.tokens_learned.inc();
             tracing::debug!(account = %owner, path = request.path, expires_in_s = ttl_us / 1_000_000, "learned an access token");

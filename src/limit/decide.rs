@@ -279,7 +279,7 @@ fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
 ///   (nothing once `max_wait ≥ T`). The bound assumes `max_wait` was not
 ///   raised by a reload between the call's admission and its refund.
 /// - Penalties, warm-up and concurrency slots are untouched (a slot is
-///   freed by [`crate::store::Store::release`]).
+///   freed by [`crate::store::op::Release`]).
 ///
 /// `rule` is the rule the call was admitted under.
 pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offset_us: Micros) -> bool {

@@ -16,6 +16,7 @@ use crate::error::{Early, ProxyError};
 use crate::limit::Key;
 use crate::metrics::InFlightGuard;
 use crate::request_body::RequestBody;
+use crate::store::op::Refund;
 use crate::upstream::strip_hop_by_hop;
 
 /// Sends the call to an upstream, once, and wait for its answer's
@@ -73,7 +74,7 @@ async fn give_back(app: &App, call: &Call) {
         return;
     }
     let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
-    match app.store.refund(key, admitted.at).await {
+    match app.store.apply(key, Refund { at: admitted.at }).await {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.route.metrics {

@@ -29,15 +29,15 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use async_trait::async_trait;
 
 use self::token_slots::TokenSlots;
+use super::op::{Inspect, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::clock::{Clock, Micros};
-use crate::limit::decide::{clear, decide, raise_day, refund};
+use crate::limit::decide::{clear, decide};
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
 use crate::metrics::MemoryStoreMetrics;
 use crate::pair::PairRef;
-use crate::penalty::PenaltyPolicy;
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, its idle entries are dropped.
@@ -328,6 +328,21 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Runs `op` on `key`'s state ([`Operation::apply`]) under its shard's
+    /// lock; refused only when `op` may be ([`Operation::MAY_BE_REFUSED`]).
+    pub fn apply_now<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
+        if O::MAY_BE_REFUSED {
+            self.with_new_state(key, |state, now| op.apply(state, key, now))
+        } else {
+            Ok(self.with_state(key, |state, now| op.apply(state, key, now)))
+        }
+    }
+
+    /// The pair's whole state now ([`Inspect`]).
+    pub fn state_of(&self, key: Key<'_>) -> Snapshot {
+        self.with_state(key, |state, now| Inspect.apply(state, key, now))
+    }
+
     /// Raises the count of `key`'s calendar quota `window` in period
     /// `period_id` to at least `used` (the Redis fallback starts from what
     /// was already used). Never lowers a count.
@@ -348,53 +363,28 @@ impl MemoryStore {
     }
 }
 
+impl Runs for MemoryStore {
+    async fn run_op<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
+        self.apply_now(key, op)
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
+    async fn run(&self, key: Key<'_>, op: PairOp<'_>) -> Result<PairReply, StoreError> {
+        op.run_on(self, key).await
+    }
+
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let key = ask.key;
         let account_warm =
             if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
         let decision = self.with_new_state(key, |state, now| decide(state, ask, now, account_warm))?;
         Ok(Decided { decision, degraded: false })
-    }
-
-    async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
-        Ok(self.with_state(key, |state, now| {
-            let until = state.penalty.penalise(policy, sent_at, now, key.offset_us);
-            PenaltyEnd { until, now }
-        }))
-    }
-
-    async fn succeeded(&self, key: Key<'_>, sent_at: Micros) -> Result<(), StoreError> {
-        self.with_state(key, |state, _| state.penalty.succeeded(sent_at));
-        Ok(())
-    }
-
-    async fn release(&self, key: Key<'_>, holder: &str) -> Result<(), StoreError> {
-        self.with_state(key, |state, _| state.holders.retain(|(h, _)| h != holder));
-        Ok(())
-    }
-
-    async fn renew(&self, key: Key<'_>, holders: &[&str], lease_us: Micros) -> Result<(), StoreError> {
-        self.with_state(key, |state, now| {
-            for (h, exp) in state.holders.iter_mut() {
-                if holders.contains(&h.as_str()) {
-                    *exp = now + lease_us;
-                }
-            }
-        });
-        Ok(())
-    }
-
-    async fn inspect(&self, key: Key<'_>) -> Result<Snapshot, StoreError> {
-        Ok(self.with_state(key, |state, now| Snapshot { state: state.canonical(key.rule), now }))
-    }
-
-    async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError> {
-        Ok(self.with_state(key, |state, now| {
-            state.penalty.set_by_hand(len_us, now);
-            PenaltyEnd { until: state.penalty.until, now }
-        }))
     }
 
     async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
@@ -415,6 +405,22 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn status(&self) -> Status {
+        Status::InProcess
+    }
+
+    /// Writes the final state to the state file (if any); nothing is
+    /// written after it.
+    async fn close(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        if me.file.is_some() {
+            let _ = tokio::task::spawn_blocking(move || me.save(true)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl TokenStore for MemoryStore {
     fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
         Some(self.token_key.hash(token))
     }
@@ -463,26 +469,5 @@ impl Store for MemoryStore {
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
         let now = self.now();
         Ok(lock(&self.token_slots).drop_token(hash, now))
-    }
-
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
-        self.with_new_state(key, |state, now| raise_day(state, used, now, key.offset_us))
-    }
-
-    fn status(&self) -> Status {
-        Status::InProcess
-    }
-
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
-        Ok(self.with_state(key, |state, now| refund(state, key.rule, at, now, key.offset_us)))
-    }
-
-    /// Writes the final state to the state file (if any); nothing is
-    /// written after it.
-    async fn close(&self) {
-        let Some(me) = self.me.upgrade() else { return };
-        if me.file.is_some() {
-            let _ = tokio::task::spawn_blocking(move || me.save(true)).await;
-        }
     }
 }

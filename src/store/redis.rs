@@ -1,6 +1,12 @@
-//! The shared store: decision state in Redis, every operation one atomic Lua
-//! script ([`protocol`]) run by SHA, so two instances can never both take the
-//! last token. The clock is Redis `TIME`, never an instance's clock.
+//! The shared store: decision state in Redis. Every operation that reads
+//! and writes state is one Lua script run by SHA (acquire.lua and the other
+//! scripts of [`protocol`], and those the operations of [`super::op`]
+//! declare), atomic because Redis runs one script at a time: two instances
+//! can never both take the last token. The exceptions are single plain
+//! commands: freeing a slot (`ZREM`, [`super::op::Release`]), reading the
+//! epoch (`GET`) and the access-token key (`SET NX`, then `GET`: two round
+//! trips, harmless since the first value written stays). The clock is Redis
+//! `TIME`, never an instance's clock.
 //!
 //! - Each serving thread has its own connection ([`conn`]); a round trip
 //!   never crosses threads.
@@ -29,15 +35,16 @@ use async_trait::async_trait;
 use redis::Script;
 
 use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
-use self::protocol::{Call, EpochReply, InspectReply, Keys, Scripts, TokenOwnerReply};
+use self::protocol::{Call, EpochReply, Keys, TokenOwnerReply};
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
+use super::op;
+use super::op::{Command, Operation, PairOp, PairReply, Runs};
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, Status, Store, StoreError, TokenStore};
 use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
 use crate::limit::{Ask, Decision, Key};
-use crate::penalty::PenaltyPolicy;
 
 /// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 64;
@@ -51,7 +58,6 @@ pub struct RedisStore {
     /// Coalesce concurrent decisions of an account ([`super::batch`]).
     batch: bool,
     keys: Keys,
-    scripts: Scripts,
     /// The breaker's probe ([`RedisStore::probe`]) and its key.
     probe: Script,
     probe_key: String,
@@ -78,7 +84,6 @@ impl RedisStore {
             batchers: Box::new([]),
             batch: cfg.batch,
             keys: Keys::new(&cfg.key_prefix),
-            scripts: Scripts::new(),
             probe: Script::new(include_str!("../../lua/probe.lua")),
             probe_key: format!("{}:probe", cfg.key_prefix),
             timeout: cfg.timeout,
@@ -102,7 +107,7 @@ impl RedisStore {
                     )))
                 }
             }
-            for script in store.scripts.all() {
+            for script in protocol::scripts().chain(op::scripts()) {
                 match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
                     Ok(loaded) => loaded.map_err(|e| conn::cannot_use(store.conns.at(), e))?,
                     Err(_) => {
@@ -224,15 +229,6 @@ impl RedisStore {
         }
     }
 
-    /// The store's now: the test clock, or Redis `TIME`.
-    async fn now(&self) -> Result<Micros, StoreError> {
-        if let Some(c) = &self.fixed_clock {
-            return Ok(c.now_us());
-        }
-        let (secs, micros): (i64, i64) = self.query(redis::cmd("TIME")).await?;
-        Ok(secs * 1_000_000 + micros)
-    }
-
     /// Decides `ask` alone, or with the calls of its account queued on the
     /// same lane (`[store] batch`): [`Store::acquire`], without boxing its
     /// future (the wrapper calls it on every decision).
@@ -277,7 +273,7 @@ impl RedisStore {
         calls: &[Call],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
-        let script: &Script = &self.scripts.acquire;
+        let script: &Script = &protocol::ACQUIRE;
         let epoch = self.epoch.load();
         let check = epoch.as_deref().map(|e| (self.epoch_key.as_str(), e.as_str()));
         let cmd = protocol::acquire_command(script, calls, &self.now_arg(), check);
@@ -312,7 +308,7 @@ impl RedisStore {
     /// The deployment's epoch, written now with `candidate` in it if Redis
     /// has none (an empty Redis).
     pub async fn epoch_now(&self, candidate: &str) -> Result<Epoch, StoreError> {
-        let mut inv = self.scripts.epoch.key(&self.epoch_key);
+        let mut inv = protocol::EPOCH.key(&self.epoch_key);
         inv.arg(self.now_arg()).arg(candidate);
         let (value, created, now): EpochReply = self.run(inv).await?;
         Ok(Epoch { value, created, now })
@@ -358,7 +354,7 @@ impl RedisStore {
     /// Adds `pending` (counts admitted elsewhere, a lost penalty) to Redis;
     /// returns the store's now.
     pub async fn reconcile(&self, pending: &Pending) -> Result<Micros, StoreError> {
-        let mut inv = self.scripts.reconcile.key(self.keys.state_named(&pending.account, &pending.rule));
+        let mut inv = protocol::RECONCILE.key(self.keys.state_named(&pending.account, &pending.rule));
         inv.arg(self.now_arg());
         protocol::reconcile_args(&mut inv, pending);
         let epoch = self.epoch.load();
@@ -372,65 +368,34 @@ impl RedisStore {
     }
 }
 
+/// Its script (or command) on this thread's connection within the timeout.
+impl Runs for RedisStore {
+    async fn run_op<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
+        let reply = match op.command(&self.keys, key, &self.now_arg()) {
+            Command::Script(inv) => self.run(inv).await?,
+            Command::Plain(cmd) => self.query(cmd).await?,
+        };
+        O::reply(key, reply)
+    }
+}
+
 #[async_trait]
 impl Store for RedisStore {
+    async fn run(&self, key: Key<'_>, op: PairOp<'_>) -> Result<PairReply, StoreError> {
+        op.run_on(self, key).await
+    }
+
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         Ok(Decided { decision: self.decide(ask).await?, degraded: false })
     }
 
-    async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
-        let (kind, base, cap) = protocol::penalty_args(policy);
-        let mut inv = self.scripts.penalise.key(self.state_key(key));
-        inv.arg(self.now_arg()).arg(key.offset_us).arg(kind).arg(base).arg(cap).arg(sent_at);
-        let reply: Vec<i64> = self.run(inv).await?;
-        let (until, now) = protocol::parse_until("penalise.lua", &reply)?;
-        Ok(PenaltyEnd { until, now })
-    }
-
-    async fn succeeded(&self, key: Key<'_>, sent_at: Micros) -> Result<(), StoreError> {
-        let mut inv = self.scripts.succeeded.key(self.state_key(key));
-        inv.arg(sent_at);
-        self.run::<i64>(inv).await.map(|_| ())
-    }
-
-    async fn release(&self, key: Key<'_>, holder: &str) -> Result<(), StoreError> {
-        let cmd = redis::cmd("ZREM").arg(self.keys.slots(key.account, key.rule)).arg(holder).clone();
-        self.query::<i64>(cmd).await.map(|_| ())
-    }
-
-    /// `ZADD XX`: a slot already freed stays free.
-    async fn renew(&self, key: Key<'_>, holders: &[&str], lease_us: Micros) -> Result<(), StoreError> {
-        let now = self.now().await?;
-        let slots = self.keys.slots(key.account, key.rule);
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(&slots).arg("XX");
-        for h in holders {
-            cmd.arg(now + lease_us).arg(*h);
-        }
-        self.query::<i64>(cmd).await?;
-        let mut expire = redis::cmd("PEXPIRE");
-        expire.arg(&slots).arg(lease_us / 1000 + 1000);
-        self.query::<i64>(expire).await.map(|_| ())
-    }
-
-    async fn inspect(&self, key: Key<'_>) -> Result<Snapshot, StoreError> {
-        let mut inv = self.scripts.inspect.key(self.state_key(key));
-        inv.key(self.keys.slots(key.account, key.rule)).arg(self.now_arg());
-        let (now, fields, slots): InspectReply = self.run(inv).await?;
-        Ok(Snapshot { state: protocol::parse_state(key.rule, &fields, slots), now })
-    }
-
-    async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError> {
-        let mut inv = self.scripts.set_penalty.key(self.state_key(key));
-        inv.arg(self.now_arg()).arg(len_us);
-        let reply: Vec<i64> = self.run(inv).await?;
-        let (until, now) = protocol::parse_until("set_penalty.lua", &reply)?;
-        Ok(PenaltyEnd { until, now })
-    }
-
     async fn clear(&self, keys: &[Key<'_>]) -> Result<(), StoreError> {
         let Some((&first, rest)) = keys.split_first() else { return Ok(()) };
-        let mut inv = self.scripts.clear.key(self.state_key(first));
+        let mut inv = protocol::CLEAR.key(self.state_key(first));
         for &key in rest {
             inv.key(self.state_key(key));
         }
@@ -439,23 +404,34 @@ impl Store for RedisStore {
     }
 
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {
-        let mut inv = self.scripts.warm.key(self.keys.warm(account));
+        let mut inv = protocol::WARM.key(self.keys.warm(account));
         inv.arg(self.now_arg()).arg((keep_us / 1000).max(1000));
         self.run::<i64>(inv).await.map(|_| ())
     }
 
+    fn status(&self) -> Status {
+        Status::Shared
+    }
+
+    async fn attach_worker(&self) {
+        self.conns.attach_worker().await;
+    }
+}
+
+#[async_trait]
+impl TokenStore for RedisStore {
     fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
         self.token_key.load().as_deref().map(|k| k.hash(token))
     }
 
     async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
-        let mut inv = self.scripts.learn_token.key(self.keys.token(hash));
+        let mut inv = protocol::LEARN_TOKEN.key(self.keys.token(hash));
         inv.arg(self.now_arg()).arg(account).arg(ttl_us);
         self.run::<i64>(inv).await.map(|_| ())
     }
 
     async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
-        let mut inv = self.scripts.token_owner.key(self.keys.token(hash));
+        let mut inv = protocol::TOKEN_OWNER.key(self.keys.token(hash));
         inv.arg(self.now_arg());
         let (account, until, now): TokenOwnerReply = self.run(inv).await?;
         Ok((!account.is_empty()).then_some(TokenOwner { account, until, now }))
@@ -470,14 +446,14 @@ impl Store for RedisStore {
         lock_us: Micros,
     ) -> Result<Claim, StoreError> {
         let (entry, lock) = self.keys.token_slot(slot);
-        let mut inv = self.scripts.token_claim.key(entry);
+        let mut inv = protocol::TOKEN_CLAIM.key(entry);
         inv.key(lock).arg(self.now_arg()).arg(holder).arg(min_ttl_us).arg(newer_than).arg(lock_us.max(1000));
         protocol::parse_claim(self.run(inv).await?)
     }
 
     async fn token_fetched(&self, slot: &str, holder: &str, fetched: Fetched<'_>) -> Result<(), StoreError> {
         let (entry, lock) = self.keys.token_slot(slot);
-        let mut inv = self.scripts.token_fetched.key(entry);
+        let mut inv = protocol::TOKEN_FETCHED.key(entry);
         inv.key(lock);
         inv.arg(self.now_arg()).arg(holder);
         match fetched {
@@ -499,30 +475,9 @@ impl Store for RedisStore {
     }
 
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
-        let mut inv = self.scripts.token_drop.key(self.keys.token_slot_of(hash));
+        let mut inv = protocol::TOKEN_DROP.key(self.keys.token_slot_of(hash));
         inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg());
         self.run::<i64>(inv).await.map(|n| n == 1)
-    }
-
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
-        let mut inv = self.scripts.raise_day.key(self.state_key(key));
-        inv.arg(self.now_arg()).arg(key.offset_us).arg(used);
-        self.run::<i64>(inv).await.map(|n| n.max(0) as u64)
-    }
-
-    fn status(&self) -> Status {
-        Status::Shared
-    }
-
-    async fn attach_worker(&self) {
-        self.conns.attach_worker().await;
-    }
-
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
-        let mut inv = self.scripts.refund.key(self.state_key(key));
-        inv.arg(self.now_arg());
-        protocol::refund_args(&mut inv, key.rule, key.offset_us, at);
-        self.run::<i64>(inv).await.map(|given| given == 1)
     }
 }
 

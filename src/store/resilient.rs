@@ -13,7 +13,11 @@
 //!   connection, and shared decisions resume by themselves.
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
-//!   honours them while Redis is away. Refunds go to Redis only.
+//!   honours them while Redis is away. Refunds go to Redis only. Each
+//!   operation of [`super::op`] is routed by what it declares
+//!   ([`super::op::Route`], its `after` hook for the ledger); no operation
+//!   has a method of its own here but `acquire`, `clear` and
+//!   `token_refreshed`.
 //! - Degraded decisions are counted and logged at most once per 10 s.
 //! - No spent calendar quota is granted twice ([`super::ledger`]): calls the
 //!   fallback admitted are added to Redis's counts as soon as it answers
@@ -48,13 +52,14 @@ use self::breaker::Breaker;
 use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
+use super::op::{Answered, Inspect, Operation, PairOp, PairReply, Route, Runs, Wrapper};
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use super::{Decided, PenaltyEnd, Snapshot, Status, Store, StoreError};
+use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
-use crate::limit::{Ask, Decision, Key, Limit, Reason, Rule};
-use crate::penalty::{PenaltyPolicy, PenaltyState};
+use crate::limit::{Ask, Decision, Key, Limit, Reason};
+use crate::penalty::PenaltyState;
 
 /// How often the background task writes what Redis is missing and checks
 /// that Redis still holds the deployment's epoch.
@@ -391,8 +396,70 @@ impl Resilient {
     }
 }
 
+/// By what the operation declares ([`Route`]), then its
+/// [`Operation::after`].
+impl Runs for Resilient {
+    async fn run_op<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
+        if O::FORGETS_REFUSALS {
+            self.forget(key);
+        }
+        let shared = || self.try_redis(|| self.redis.run_op(key, op));
+        let (out, error) = match O::ROUTE {
+            Route::Redis => (shared().await?, None),
+            Route::LocalThenRedis => {
+                self.local.apply_now(key, op)?;
+                (shared().await?, None)
+            }
+            Route::LocalThenRedisOrLocal => {
+                let local = self.local.apply_now(key, op)?;
+                match shared().await {
+                    Ok(out) => (out, None),
+                    Err(e) => (local, Some(e)),
+                }
+            }
+            Route::RedisOrLocal | Route::RedisOrLocalFallback => match shared().await {
+                Ok(out) => (out, None),
+                Err(e) if O::ROUTE == Route::RedisOrLocal || self.resilience.fallback == Fallback::Local => {
+                    (self.local.apply_now(key, op)?, Some(e))
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let by = match &error {
+            None => Answered::Redis,
+            Some(e) => Answered::Local(e),
+        };
+        op.after(key, &out, by, self).await;
+        Ok(out)
+    }
+}
+
+/// What operations note after running ([`Operation::after`]).
+#[async_trait]
+impl Wrapper for Resilient {
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    async fn shared_state(&self, key: Key<'_>) -> Result<Snapshot, StoreError> {
+        self.try_redis(|| self.redis.run_op(key, &Inspect)).await
+    }
+
+    fn local_state(&self, key: Key<'_>) -> Snapshot {
+        self.local.state_of(key)
+    }
+}
+
 #[async_trait]
 impl Store for Resilient {
+    async fn run(&self, key: Key<'_>, op: PairOp<'_>) -> Result<PairReply, StoreError> {
+        op.run_on(self, key).await
+    }
+
+    fn tokens(&self) -> &dyn TokenStore {
+        self
+    }
+
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let Key { account, rule, .. } = ask.key;
@@ -443,7 +510,7 @@ impl Store for Resilient {
         let decision = match self.resilience.fallback {
             Fallback::Local => {
                 let n = self.resilience.instances.max(1);
-                let scaled = scale(rule, n);
+                let scaled = rule.scaled(n);
                 let local_key = Key { rule: &scaled, ..ask.key };
                 // Start from this instance's share of what was left when
                 // Redis last answered, not of the whole quota.
@@ -467,76 +534,6 @@ impl Store for Resilient {
         Ok(Decided { decision, degraded: true })
     }
 
-    /// In Redis, or at least on this instance.
-    /// The penalty is also noted in the ledger, to be restored if Redis
-    /// loses it (or given to Redis when it answers again).
-    async fn penalise(&self, key: Key<'_>, policy: &PenaltyPolicy, sent_at: Micros) -> Result<PenaltyEnd, StoreError> {
-        self.forget(key);
-        match self.try_redis(|| self.redis.penalise(key, policy, sent_at)).await {
-            Ok(end) => {
-                // Penalties are rare: one more round trip reads the level.
-                match self.try_redis(|| self.redis.inspect(key)).await {
-                    Ok(snapshot) => self.ledger.penalised(key, snapshot.state.penalty, false),
-                    Err(_) => {
-                        let p =
-                            PenaltyState { until: end.until, started: end.now, level: 0, last_len: end.remaining_us() };
-                        self.ledger.penalised(key, p, false);
-                    }
-                }
-                Ok(end)
-            }
-            Err(_) => {
-                let end = self.local.penalise(key, policy, sent_at).await?;
-                let state = self.local.inspect(key).await?.state.penalty;
-                self.ledger.penalised(key, state, true);
-                Ok(end)
-            }
-        }
-    }
-
-    async fn succeeded(&self, key: Key<'_>, sent_at: Micros) -> Result<(), StoreError> {
-        self.local.succeeded(key, sent_at).await?;
-        self.try_redis(|| self.redis.succeeded(key, sent_at)).await
-    }
-
-    async fn release(&self, key: Key<'_>, holder: &str) -> Result<(), StoreError> {
-        // The slot may have come from either store; freeing an absent holder is a no-op.
-        self.local.release(key, holder).await?;
-        self.try_redis(|| self.redis.release(key, holder)).await
-    }
-
-    async fn renew(&self, key: Key<'_>, holders: &[&str], lease_us: Micros) -> Result<(), StoreError> {
-        self.local.renew(key, holders, lease_us).await?;
-        self.try_redis(|| self.redis.renew(key, holders, lease_us)).await
-    }
-
-    /// Redis's state; while Redis is away with the local fallback, what this
-    /// instance decides by.
-    async fn inspect(&self, key: Key<'_>) -> Result<Snapshot, StoreError> {
-        match self.try_redis(|| self.redis.inspect(key)).await {
-            Ok(snapshot) => Ok(snapshot),
-            Err(_) if self.resilience.fallback == Fallback::Local => self.local.inspect(key).await,
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Imposed or lifted in Redis, and locally too so that this instance
-    /// honours it while Redis is away.
-    async fn set_penalty(&self, key: Key<'_>, len_us: Micros) -> Result<PenaltyEnd, StoreError> {
-        self.forget(key);
-        let local = self.local.set_penalty(key, len_us).await?;
-        let (end, unsynced) = match self.try_redis(|| self.redis.set_penalty(key, len_us)).await {
-            Ok(end) => (end, false),
-            Err(e) => {
-                tracing::warn!(error = %e, "penalty changed on this instance only: Redis is unavailable");
-                (local, true)
-            }
-        };
-        let state = PenaltyState { until: end.until, started: end.now, level: 0, last_len: len_us };
-        self.ledger.penalty_set(key, state, unsynced && len_us > 0);
-        Ok(end)
-    }
-
     /// Cleared in Redis (every instance sees it there: their known
     /// refusals last at most a second), and in this instance's fallback
     /// state and ledger. While Redis is away the clear fails: the local
@@ -557,6 +554,37 @@ impl Store for Resilient {
         self.try_redis(|| self.redis.token_refreshed(account, keep_us)).await
     }
 
+    /// Gives Redis what this instance admitted without it, if Redis
+    /// answers: those calls would otherwise never be counted.
+    async fn close(&self) {
+        if self.ledger.has_pending() && !self.breaker.is_open() {
+            self.write_pending().await;
+        }
+        if self.ledger.has_pending() {
+            tracing::warn!("stopping with calls admitted without Redis that Redis never counted");
+        }
+    }
+
+    fn status(&self) -> Status {
+        if self.breaker.is_open() {
+            Status::Degraded(self.resilience.fallback)
+        } else {
+            Status::Shared
+        }
+    }
+
+    async fn attach_worker(&self) {
+        self.redis.attach_worker().await;
+    }
+
+    /// Known refusals were computed under the old rules.
+    fn rules_changed(&self) {
+        self.all_refusals().for_each(RefusalCache::clear);
+    }
+}
+
+#[async_trait]
+impl TokenStore for Resilient {
     fn token_hash(&self, token: &[u8]) -> Option<TokenHash> {
         self.redis.token_hash(token)
     }
@@ -597,55 +625,6 @@ impl Store for Resilient {
     async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
         self.try_redis(|| self.redis.drop_token(hash)).await
     }
-
-    /// In the fallback state too, so that decisions made without Redis
-    /// count from the raised count.
-    async fn raise_day(&self, key: Key<'_>, used: u64) -> Result<u64, StoreError> {
-        self.local.raise_day(key, used).await?;
-        self.try_redis(|| self.redis.raise_day(key, used)).await
-    }
-
-    /// Gives Redis what this instance admitted without it, if Redis
-    /// answers: those calls would otherwise never be counted.
-    async fn close(&self) {
-        if self.ledger.has_pending() && !self.breaker.is_open() {
-            self.write_pending().await;
-        }
-        if self.ledger.has_pending() {
-            tracing::warn!("stopping with calls admitted without Redis that Redis never counted");
-        }
-    }
-
-    fn status(&self) -> Status {
-        if self.breaker.is_open() {
-            Status::Degraded(self.resilience.fallback)
-        } else {
-            Status::Shared
-        }
-    }
-
-    async fn attach_worker(&self) {
-        self.redis.attach_worker().await;
-    }
-
-    /// Known refusals were computed under the old rules.
-    fn rules_changed(&self) {
-        self.all_refusals().for_each(RefusalCache::clear);
-    }
-
-    /// In Redis only: refunds are for calls Redis admitted (the proxy gives
-    /// nothing back for a degraded admission), and the local store took
-    /// nothing for them. A refund lost while Redis is away only errs on the
-    /// safe side: the call stays counted, as if it had reached WeChat.
-    /// Known refusals of the pair are forgotten (one may now be admitted).
-    async fn refund(&self, key: Key<'_>, at: Micros) -> Result<bool, StoreError> {
-        self.forget(key);
-        let given = self.try_redis(|| self.redis.refund(key, at)).await?;
-        if given {
-            self.ledger.refunded(key, at);
-        }
-        Ok(given)
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -656,9 +635,4 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn candidate_epoch() -> String {
     use std::hash::BuildHasher;
     format!("{:08x}", std::hash::RandomState::new().hash_one(std::process::id()) as u32)
-}
-
-/// What one of `instances` instances may use of `rule` alone ([`Rule::scaled`]).
-pub fn scale(rule: &Rule, instances: u32) -> Rule {
-    rule.scaled(instances)
 }

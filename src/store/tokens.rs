@@ -124,7 +124,7 @@ impl TokenOwner {
     }
 }
 
-/// What [`crate::store::Store::claim_token`] found for a token-cache slot
+/// What [`crate::store::TokenStore::claim_token`] found for a token-cache slot
 /// (`crate::token_cache`): a cached token, the right to fetch one, or
 /// another asker's fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +144,7 @@ pub enum Claim {
 }
 
 /// How a fetch a [`Claim::Won`] allowed ended
-/// ([`crate::store::Store::token_fetched`]).
+/// ([`crate::store::TokenStore::token_fetched`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Fetched<'a> {
     /// A token: its sealed entry, its hash (for invalidation) and lifetime.

@@ -1,7 +1,7 @@
 //! The token cache's shared state ([`TokenCache`], in `App::token_cache`)
 //! and how it is built from `[tokens]` and the store ([`TokenCache::open`]).
 //!
-//! Where the slots live: in the store (`Store::claim_token` and the rest)
+//! Where the slots live: in the store (`TokenStore::claim_token` and the rest)
 //! when it is shared (Redis with a token key: one token per account for
 //! every instance, sealed), else in an in-process memory store (the
 //! embedded store itself, or a separate one beside Redis without a key).
@@ -192,7 +192,7 @@ impl Fetch {
     /// Reports how the fetch ended, and wakes this instance's waiters.
     pub async fn finish(mut self, fetched: Fetched<'_>) {
         self.finished = true;
-        if let Err(e) = self.cache.store.token_fetched(&self.slot, &self.holder, fetched).await {
+        if let Err(e) = self.cache.store.tokens().token_fetched(&self.slot, &self.holder, fetched).await {
             tracing::warn!(error = %e, "could not store a fetched access token: the next token request fetches again");
         }
         self.cache.done.notify_waiters();
@@ -208,7 +208,7 @@ impl Drop for Fetch {
             (self.cache.clone(), std::mem::take(&mut self.slot), std::mem::take(&mut self.holder));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = cache.store.token_fetched(&slot, &holder, Fetched::Abandoned).await {
+                if let Err(e) = cache.store.tokens().token_fetched(&slot, &holder, Fetched::Abandoned).await {
                     tracing::debug!(error = %e, "could not release a token fetch lock: it expires by itself");
                 }
                 cache.done.notify_waiters();

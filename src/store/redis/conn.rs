@@ -26,7 +26,7 @@ use redis::{ErrorKind, ServerErrorKind};
 
 use crate::clock::Stopwatch;
 use crate::config::RedisConfig;
-use crate::store::StoreError;
+use crate::store::answer::StoreError;
 
 /// How long start-up waits for Redis before starting degraded.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

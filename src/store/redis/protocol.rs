@@ -1,116 +1,68 @@
-//! The script protocol: the Lua scripts, the keys they touch, and how each
-//! operation's arguments are written and its answer read. Each script's
-//! header (`lua/*.lua`) documents its KEYS, ARGV and reply; this module is
-//! their one Rust counterpart.
+//! The script protocol: the keys scripts touch, the scripts of the
+//! operations that are not per-pair ([`scripts`]: acquire, warm, clear,
+//! epoch, reconcile, the token scripts) and how their arguments are written
+//! and their answers read, and the readers the per-pair operations share
+//! ([`parse_until`], [`parse_state`]). Each per-pair operation writes its own
+//! arguments, in its file of [`crate::store::op`]. Each script's header
+//! (`lua/*.lua`) documents its KEYS, ARGV and reply.
 //!
 //! Keys are `<prefix>:{<account>}:<rule>`: one hash per (account, rule), with
 //! the account as hash tag so every key a call touches sits in one Redis
 //! Cluster slot.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use redis::Script;
 
 use crate::clock::Micros;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
-use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
+use crate::penalty::PenaltyState;
+use crate::store::answer::StoreError;
 use crate::store::tokens::TokenHash;
-use crate::store::StoreError;
 
-/// Each script is loaded with the shared prelude (`lua/prelude.lua`: the
-/// store clock, integer printing, calendar arithmetic) in front of it:
+/// A script's text: the shared prelude (`lua/prelude.lua`: the store
+/// clock, integer printing, calendar arithmetic) in front of `lua/<file>`;
 /// Redis scripts cannot include one another.
 macro_rules! script {
     ($file:literal) => {
-        concat!(include_str!("../../../lua/prelude.lua"), include_str!(concat!("../../../lua/", $file)))
+        concat!(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/prelude.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
+        )
+    };
+}
+pub(crate) use script;
+
+/// The scripts of the store's operations that are not per-pair operations
+/// ([`crate::store::op`] declares those, with their scripts), each hashed
+/// once, and [`scripts`]: the list of them.
+macro_rules! scripts {
+    ($($name:ident = $file:literal,)*) => {
+        $(
+            #[doc = concat!("lua/", $file, " with the prelude.")]
+            pub static $name: LazyLock<Script> = LazyLock::new(|| Script::new(script!($file)));
+        )*
+
+        /// Every script of this list (the Redis store loads them, and
+        /// [`crate::store::op::scripts`], when it connects).
+        pub fn scripts() -> impl Iterator<Item = &'static Script> {
+            [$(&*$name,)*].into_iter()
+        }
     };
 }
 
-pub const ACQUIRE_LUA: &str = script!("acquire.lua");
-pub const PENALISE_LUA: &str = script!("penalise.lua");
-pub const SUCCEEDED_LUA: &str = script!("succeeded.lua");
-pub const WARM_LUA: &str = script!("warm.lua");
-pub const SET_PENALTY_LUA: &str = script!("set_penalty.lua");
-pub const INSPECT_LUA: &str = script!("inspect.lua");
-pub const EPOCH_LUA: &str = script!("epoch.lua");
-pub const RECONCILE_LUA: &str = script!("reconcile.lua");
-pub const REFUND_LUA: &str = script!("refund.lua");
-pub const LEARN_TOKEN_LUA: &str = script!("learn_token.lua");
-pub const TOKEN_OWNER_LUA: &str = script!("token_owner.lua");
-pub const CLEAR_LUA: &str = script!("clear.lua");
-pub const TOKEN_CLAIM_LUA: &str = script!("token_claim.lua");
-pub const TOKEN_FETCHED_LUA: &str = script!("token_fetched.lua");
-pub const TOKEN_DROP_LUA: &str = script!("token_drop.lua");
-pub const RAISE_DAY_LUA: &str = script!("raise_day.lua");
-
-/// The scripts, by operation.
-pub struct Scripts {
-    pub acquire: Script,
-    pub penalise: Script,
-    pub succeeded: Script,
-    pub warm: Script,
-    pub set_penalty: Script,
-    pub inspect: Script,
-    pub epoch: Script,
-    pub reconcile: Script,
-    pub refund: Script,
-    pub learn_token: Script,
-    pub token_owner: Script,
-    pub clear: Script,
-    pub token_claim: Script,
-    pub token_fetched: Script,
-    pub token_drop: Script,
-    pub raise_day: Script,
-}
-
-impl Scripts {
-    pub fn new() -> Scripts {
-        Scripts {
-            acquire: Script::new(ACQUIRE_LUA),
-            penalise: Script::new(PENALISE_LUA),
-            succeeded: Script::new(SUCCEEDED_LUA),
-            warm: Script::new(WARM_LUA),
-            set_penalty: Script::new(SET_PENALTY_LUA),
-            inspect: Script::new(INSPECT_LUA),
-            epoch: Script::new(EPOCH_LUA),
-            reconcile: Script::new(RECONCILE_LUA),
-            refund: Script::new(REFUND_LUA),
-            learn_token: Script::new(LEARN_TOKEN_LUA),
-            token_owner: Script::new(TOKEN_OWNER_LUA),
-            clear: Script::new(CLEAR_LUA),
-            token_claim: Script::new(TOKEN_CLAIM_LUA),
-            token_fetched: Script::new(TOKEN_FETCHED_LUA),
-            token_drop: Script::new(TOKEN_DROP_LUA),
-            raise_day: Script::new(RAISE_DAY_LUA),
-        }
-    }
-
-    pub fn all(&self) -> [&Script; 16] {
-        [
-            &self.acquire,
-            &self.penalise,
-            &self.succeeded,
-            &self.warm,
-            &self.set_penalty,
-            &self.inspect,
-            &self.epoch,
-            &self.reconcile,
-            &self.refund,
-            &self.learn_token,
-            &self.token_owner,
-            &self.clear,
-            &self.token_claim,
-            &self.token_fetched,
-            &self.token_drop,
-            &self.raise_day,
-        ]
-    }
-}
-
-impl Default for Scripts {
-    fn default() -> Self {
-        Scripts::new()
-    }
+scripts! {
+    ACQUIRE = "acquire.lua",
+    WARM = "warm.lua",
+    CLEAR = "clear.lua",
+    EPOCH = "epoch.lua",
+    RECONCILE = "reconcile.lua",
+    LEARN_TOKEN = "learn_token.lua",
+    TOKEN_OWNER = "token_owner.lua",
+    TOKEN_CLAIM = "token_claim.lua",
+    TOKEN_FETCHED = "token_fetched.lua",
+    TOKEN_DROP = "token_drop.lua",
 }
 
 /// Key names under one prefix.
@@ -344,16 +296,6 @@ fn quota(i: i64, room: i64, reset_us: i64) -> Option<Quota> {
     (i > 0).then(|| Quota { limit: (i - 1) as usize, remaining: room.max(0) as u64, reset_us })
 }
 
-/// How `policy` is written to penalise.lua: kind ("e" escalating, "m" next
-/// minute), base length, cap (0: the next midnight).
-pub fn penalty_args(policy: &PenaltyPolicy) -> (&'static str, Micros, Micros) {
-    let (kind, base) = match policy.length {
-        PenaltyLength::Escalating { base_us } => ("e", base_us),
-        PenaltyLength::NextMinute => ("m", 0),
-    };
-    (kind, base, policy.max_us.unwrap_or(0))
-}
-
 /// `{until, now}`, the answer of penalise.lua and set_penalty.lua.
 pub fn parse_until(script: &'static str, reply: &[i64]) -> Result<(Micros, Micros), StoreError> {
     match reply {
@@ -469,17 +411,4 @@ fn parse_shares(rule: &Rule, fields: &HashMap<String, i64>) -> Vec<ShareState> {
             share
         })
         .collect()
-}
-
-/// refund.lua's arguments after the clock: offset, the call's admission
-/// time, the rule's max wait, then its limits as acquire.lua takes them.
-pub fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Micros, at: Micros) {
-    inv.arg(offset_us).arg(at).arg(rule.max_wait_us).arg(rule.limits.len());
-    for limit in &rule.limits {
-        let field = limit.window_key().label();
-        match limit {
-            Limit::Window(w) => inv.arg("w").arg(field).arg(w.interval_us).arg(w.tolerance_us),
-            Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(*count as i64).arg(0),
-        };
-    }
 }

@@ -1,0 +1,78 @@
+//! `penalise`: WeChat answered a penalised errcode to a call admitted at
+//! `sent_at`: starts or escalates the pair's penalty ([`crate::penalty`]).
+//! lua/penalise.lua.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::operation::{Answered, Command, Operation, Route, Wrapper};
+use crate::clock::Micros;
+use crate::limit::{Key, RuleState};
+use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
+use crate::store::answer::{PenaltyEnd, StoreError};
+use crate::store::redis::protocol::{parse_until, script, Keys};
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(script!("penalise.lua")));
+
+pub struct Penalise<'a> {
+    pub policy: &'a PenaltyPolicy,
+    /// When the answered call was admitted (store time).
+    pub sent_at: Micros,
+}
+
+/// In Redis, or at least on this instance; the penalty is noted in the
+/// ledger either way, to be restored if Redis loses it (or given to Redis
+/// when it answers again).
+impl Operation for Penalise<'_> {
+    type Out = PenaltyEnd;
+    type Reply = Vec<i64>;
+    const NAME: &'static str = "penalise.lua";
+    const ROUTE: Route = Route::RedisOrLocal;
+    const FORGETS_REFUSALS: bool = true;
+
+    fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> PenaltyEnd {
+        let until = state.penalty.penalise(self.policy, self.sent_at, now, key.offset_us);
+        PenaltyEnd { until, now }
+    }
+
+    fn script() -> Option<&'static Script> {
+        Some(&SCRIPT)
+    }
+
+    fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
+        let (kind, base, cap) = penalty_args(self.policy);
+        let mut inv = SCRIPT.key(keys.state(key.account, key.rule));
+        inv.arg(now).arg(key.offset_us).arg(kind).arg(base).arg(cap).arg(self.sent_at);
+        Command::Script(inv)
+    }
+
+    fn reply(_: Key<'_>, reply: Vec<i64>) -> Result<PenaltyEnd, StoreError> {
+        let (until, now) = parse_until(Self::NAME, &reply)?;
+        Ok(PenaltyEnd { until, now })
+    }
+
+    async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: Answered<'_>, wrapper: &dyn Wrapper) {
+        match by {
+            // Penalties are rare: one more round trip reads the level.
+            Answered::Redis => match wrapper.shared_state(key).await {
+                Ok(snapshot) => wrapper.ledger().penalised(key, snapshot.state.penalty, false),
+                Err(_) => {
+                    let p = PenaltyState { until: end.until, started: end.now, level: 0, last_len: end.remaining_us() };
+                    wrapper.ledger().penalised(key, p, false);
+                }
+            },
+            Answered::Local(_) => wrapper.ledger().penalised(key, wrapper.local_state(key).state.penalty, true),
+        }
+    }
+}
+
+/// How `policy` is written to penalise.lua: kind ("e" escalating, "m" next
+/// minute), base length, cap (0: the next midnight).
+fn penalty_args(policy: &PenaltyPolicy) -> (&'static str, Micros, Micros) {
+    let (kind, base) = match policy.length {
+        PenaltyLength::Escalating { base_us } => ("e", base_us),
+        PenaltyLength::NextMinute => ("m", 0),
+    };
+    (kind, base, policy.max_us.unwrap_or(0))
+}
