@@ -39,7 +39,7 @@ impl Feature for QuotaClear {
     }
 }
 
-/// The inspect phase's part, after WeChat accepted the clear: resets the
+/// The answer hook's part, after WeChat accepted the clear: resets the
 /// counts of `account` (the call's) if it is the appid WeChat cleared.
 pub async fn cleared(app: &App, config: &Config, account: &str, clearing: &Clearing) {
     match clearing.appid.as_deref() {
