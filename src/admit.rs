@@ -17,17 +17,20 @@
 //!   never exceeded), and its concurrency slot is freed at once. A client
 //!   that half-closes is thus served as if `max_wait` were 0.
 
+pub mod activity;
+pub mod slots;
+
 use std::sync::Arc;
 
-use crate::activity::Kind;
+use crate::admit::activity::Kind;
+use crate::admit::slots::SlotGuard;
 use crate::app::App;
-use crate::client::Client;
-use crate::clock::{Micros, Stopwatch};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::limit::clock::{Micros, Stopwatch};
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
-use crate::metrics::InFlightGuard;
-use crate::slots::SlotGuard;
+use crate::telemetry::metrics::InFlightGuard;
+use crate::transport::downstream::Client;
 
 /// How often a call waiting for a concurrency slot asks the store again.
 const CONCURRENCY_POLL_US: Micros = 10_000;

@@ -2,26 +2,28 @@
 //! No other module defines shared state: the phases ([`crate::proxy`]), the
 //! admin API and reloads all read and swap what is here.
 
+pub mod sync_status;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::accounts::cache::TokenCaches;
-use crate::activity::{Activity, Held};
-use crate::callers::Callers;
-use crate::clock::Clock;
+use crate::admit::activity::{Activity, Held};
+use crate::admit::slots::Slots;
+use crate::app::sync_status::SyncStatus;
 use crate::config::{Config, StoreConfig};
-use crate::intercept::Interceptor;
-use crate::metrics::{MemoryStoreMetrics, Metrics};
-use crate::quota_sync::status::SyncStatus;
-use crate::slots::Slots;
+use crate::features::accounts::cache::TokenCaches;
+use crate::features::callers::Callers;
+use crate::features::token_cache::cache::TokenCache;
+use crate::limit::clock::Clock;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
 use crate::store::{Store, StoreError};
-use crate::token_cache::cache::TokenCache;
-use crate::upstream::Upstream;
+use crate::telemetry::metrics::{MemoryStoreMetrics, Metrics};
+use crate::transport::intercept::Interceptor;
+use crate::transport::upstream::Upstream;
 
 /// Everything a call needs; shared by every connection.
 pub struct App {
