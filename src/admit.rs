@@ -18,13 +18,14 @@
 //!   that half-closes is thus served as if `max_wait` were 0.
 
 pub mod activity;
+pub mod core;
 pub mod slots;
 
 use std::sync::Arc;
 
 use crate::admit::activity::Kind;
+use crate::admit::core::Core;
 use crate::admit::slots::SlotGuard;
-use crate::app::App;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::clock::{Micros, Stopwatch};
@@ -58,7 +59,7 @@ pub struct Admitted {
 /// `reserve` is not for it); `caller`: its label (declared name or
 /// `other`), whose share a rule's `max_share` checks.
 pub async fn admit(
-    app: &App,
+    app: &Core,
     config: &Config,
     account: &str,
     rule: &Arc<Rule>,

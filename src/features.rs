@@ -4,6 +4,7 @@
 //! needs, and its place in [`Features`] and [`FEATURES`].
 
 pub mod accounts;
+pub mod base;
 pub mod callers;
 pub mod hooks;
 pub mod penalties;

@@ -37,9 +37,9 @@ use hyper::body::Incoming;
 
 use self::cache::Cached;
 use self::learn::{Learn, Prepared, TokenRequest};
-use crate::app::App;
 use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
+use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
 use crate::transport::sniff::Verdict;
 
@@ -103,7 +103,7 @@ fn token(query: Option<&str>) -> Option<Cow<'_, [u8]>> {
 pub struct Learning;
 
 impl Feature for Learning {
-    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         if let (Some(request), Verdict::Success, Some(body)) = (answered.learn.take(), answered.verdict, answered.body)
         {
             learn::learn(app, answered.config, request, body).await;
@@ -128,7 +128,7 @@ pub struct Identified {
 /// appid, or `default`, in that order (see the module docs); and, for a
 /// token request or clear_quota, its body and what its answer will teach.
 pub async fn identify(
-    app: &App,
+    app: &Base,
     config: &Config,
     path: &str,
     named: Option<String>,
@@ -210,9 +210,9 @@ pub async fn identify(
 
 /// The account `token` was issued to, if known: from this thread's cache,
 /// else from the store (then cached, known or not).
-async fn owner(app: &App, token: &[u8]) -> Option<Arc<str>> {
+async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
     let now = app.clock.now_us();
-    let cache = app.tokens.here();
+    let cache = app.token_owners.here();
     match cache.get(token, now) {
         Cached::Owner(account) => return Some(account),
         Cached::Unknown => return None,

@@ -19,10 +19,10 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, Method};
 
 use crate::admit::Admitted;
-use crate::app::App;
 use crate::config::Config;
 use crate::error::Early;
 use crate::features::accounts::learn::Learn;
+use crate::features::base::Base;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
 use crate::limit::clock::Micros;
@@ -76,7 +76,7 @@ pub trait Feature {
     /// The token-cache phase; `Err` ends the call early.
     fn before_decide(
         &self,
-        app: &App,
+        app: &Base,
         asking: &mut Asking<'_>,
     ) -> impl std::future::Future<Output = Result<(), Early>> + Send {
         let _ = (app, asking);
@@ -84,7 +84,7 @@ pub trait Feature {
     }
 
     /// WeChat's answer was read.
-    fn on_answer(&self, app: &App, answered: &mut Answered<'_>) -> impl std::future::Future<Output = ()> + Send {
+    fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) -> impl std::future::Future<Output = ()> + Send {
         let _ = (app, answered);
         async {}
     }
@@ -99,13 +99,13 @@ macro_rules! feature_tuple {
     ($($f:ident),+) => {
         #[allow(non_snake_case)]
         impl<$($f: Feature + Sync),+> Feature for ($($f,)+) {
-            async fn before_decide(&self, app: &App, asking: &mut Asking<'_>) -> Result<(), Early> {
+            async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
                 let ($($f,)+) = self;
                 $($f.before_decide(app, asking).await?;)+
                 Ok(())
             }
 
-            async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+            async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
                 let ($($f,)+) = self;
                 $($f.on_answer(app, answered).await;)+
             }

@@ -7,8 +7,8 @@
 //! a success ends an escalation. A store that cannot record a penalty is
 //! logged, and the answer is still turned into a refusal.
 
-use crate::app::App;
 use crate::error::retry_after_secs;
+use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
 use crate::limit::Key;
 use crate::store::op::{Penalise, Succeeded};
@@ -17,7 +17,7 @@ use crate::transport::sniff::Verdict;
 pub struct Penalties;
 
 impl Feature for Penalties {
-    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         let (Some(rule), Some(admitted)) = (answered.rule, answered.admitted) else { return };
         let config = answered.config;
         let key = Key { account: answered.account, rule, offset_us: config.server.quota_offset_us };

@@ -16,8 +16,8 @@
 //! real limits. Nothing is cleared when WeChat refuses the clear (48006:
 //! ten clears a month used up) or its answer is not a plain success.
 
-use crate::app::App;
 use crate::config::Config;
+use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
 use crate::limit::Key;
 use crate::store::StoreError;
@@ -32,7 +32,7 @@ pub use self::request::{at, Clearing, PATHS};
 pub struct QuotaClear;
 
 impl Feature for QuotaClear {
-    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         if let (Verdict::Success, Some(clearing)) = (answered.verdict, answered.clearing) {
             cleared(app, answered.config, answered.account, clearing).await;
         }
@@ -41,7 +41,7 @@ impl Feature for QuotaClear {
 
 /// The inspect phase's part, after WeChat accepted the clear: resets the
 /// counts of `account` (the call's) if it is the appid WeChat cleared.
-pub async fn cleared(app: &App, config: &Config, account: &str, clearing: &Clearing) {
+pub async fn cleared(app: &Base, config: &Config, account: &str, clearing: &Clearing) {
     match clearing.appid.as_deref() {
         Some(appid) if appid == account => match clear_account(app, config, appid).await {
             Ok(()) => {
@@ -71,7 +71,7 @@ pub async fn cleared(app: &App, config: &Config, account: &str, clearing: &Clear
 /// Resets `account`'s day counts and penalties for every rule of `config`
 /// (each path's state for `scope = "path"`), in the store: every instance
 /// sees it.
-pub async fn clear_account(app: &App, config: &Config, account: &str) -> Result<(), StoreError> {
+pub async fn clear_account(app: &Base, config: &Config, account: &str) -> Result<(), StoreError> {
     let offset_us = config.server.quota_offset_us;
     let keys: Vec<Key<'_>> = config.routed.iter().map(|rule| Key { account, rule, offset_us }).collect();
     app.store.clear(&keys).await?;

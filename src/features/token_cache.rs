@@ -45,9 +45,9 @@ use http::Response;
 
 use self::ask::{answer, token_of, Kind};
 use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
-use crate::app::App;
 use crate::error::{Early, ProxyError};
 use crate::features::accounts::query;
+use crate::features::base::Base;
 use crate::features::hooks::{Answered, Asking, Feature};
 use crate::limit::clock::deadline_after;
 use crate::store::tokens::{Claim, Fetched};
@@ -69,14 +69,14 @@ const MAX_TTL_S: i64 = 86_400;
 pub struct TokenCacheFeature;
 
 impl Feature for TokenCacheFeature {
-    async fn before_decide(&self, app: &App, asking: &mut Asking<'_>) -> Result<(), Early> {
+    async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
         if !asking.token_request {
             return Ok(());
         }
         serve(app, asking).await
     }
 
-    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         let errcode = match answered.verdict {
             Verdict::Errcode(code) => Some(code),
             Verdict::Success => Some(0),
@@ -98,7 +98,7 @@ impl Feature for TokenCacheFeature {
 /// token request from the cache or from another request's fetch, or lets
 /// it go on as its slot's one fetch (`asking.token_fetch`). Anything else
 /// goes on untouched.
-async fn serve(app: &App, call: &mut Asking<'_>) -> Result<(), Early> {
+async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
     let Some(cache) = &app.token_cache else { return Ok(()) };
     let Some(asked) = ask::ask(call.method, call.path, call.target.query(), call.body.map(|b| &b[..])) else {
         cache.metrics.passed.inc();
@@ -171,7 +171,7 @@ async fn serve(app: &App, call: &mut Asking<'_>) -> Result<(), Early> {
 /// a token answer is sealed into the slot; WeChat's refusal is shown to the
 /// waiters for a moment; anything else releases the lock.
 /// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).
-pub async fn fetched(app: &App, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>) {
+pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>) {
     let cache = fetch.cache.clone();
     match (errcode, body) {
         (Some(0), Some(body)) => match token_of(body) {

@@ -5,15 +5,15 @@
 //! an account down after a refresh; a rule's `warmup` ramps its rate up
 //! over that time ([`crate::limit`]).
 
-use crate::app::App;
 use crate::features::accounts::learn::TokenRequest;
+use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
 use crate::transport::sniff::Verdict;
 
 pub struct Warmup;
 
 impl Feature for Warmup {
-    async fn on_answer(&self, app: &App, answered: &mut Answered<'_>) {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         let config = answered.config;
         if answered.verdict != Verdict::Success || config.max_warmup_us == 0 {
             return;

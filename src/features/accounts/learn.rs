@@ -21,9 +21,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::query;
-use crate::app::App;
 use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
+use crate::features::base::Base;
 use crate::limit::clock::Micros;
 
 /// Largest token request body read before forwarding.
@@ -189,7 +189,7 @@ pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> 
 /// (of `config`, the call's),
 /// nor from an answer without a token or a positive `expires_in`.
 /// Failures are logged, never the call's: the client gets its token anyway.
-pub async fn learn(app: &App, config: &Config, learn: Learn, answer: &[u8]) {
+pub async fn learn(app: &Base, config: &Config, learn: Learn, answer: &[u8]) {
     let request = learn.request;
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(answer) else { return };
     let object = match request.within {
@@ -222,7 +222,7 @@ pub async fn learn(app: &App, config: &Config, learn: Learn, answer: &[u8]) {
         return;
     };
     let now = app.clock.now_us();
-    app.tokens.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
+    app.token_owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
     match app.store.tokens().learn_token(&hash, &owner, ttl_us).await {
         Ok(()) => {
             app.metrics.tokens_learned.inc();

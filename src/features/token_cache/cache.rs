@@ -1,4 +1,4 @@
-//! The token cache's shared state ([`TokenCache`], in `App::token_cache`)
+//! The token cache's shared state ([`TokenCache`], in `Base::token_cache`)
 //! and how it is built from `[tokens]` and the store ([`TokenCache::open`]).
 //!
 //! Where the slots live: in the store (`TokenStore::claim_token` and the rest)
