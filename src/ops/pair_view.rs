@@ -1,4 +1,5 @@
-//! A readable picture of one (account, rule state)'s state, for `/v1/buckets`.
+//! The admin API's view of a pair: a readable picture of one (account, rule
+//! state)'s state, for `/v1/buckets`.
 //! Pure: the same for both stores, computed from the state they hold.
 
 use serde_json::{json, Value};

@@ -1,4 +1,5 @@
-//! `wxgate probe`: one HTTP/1.1 GET to an admin endpoint (by default
+//! The command-line health check, `wxgate probe` (not the store breaker's
+//! probe of Redis, `RedisStore::probe`): one HTTP/1.1 GET to an admin endpoint (by default
 //! `/readyz`), for container health checks in images without curl.
 //!
 //! A 2xx answer is healthy; anything else (another status, a refused or

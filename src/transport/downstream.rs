@@ -1,4 +1,4 @@
-//! A client's connection, shared between hyper (which reads and writes it
+//! The downstream connection: a client's connection, shared between hyper (which reads and writes it
 //! through [`crate::transport::smuggling::SmuggleGuard`]) and the calls it carries,
 //! which may watch it for the client closing its sending side
 //! ([`Client::closed`]).
