@@ -67,7 +67,7 @@ impl Window {
 }
 
 impl SimConfig {
-    /// The built-in demo (`src/sim/demo.toml`; tested, so always `Ok`).
+    /// The built-in demo (`src/tools/sim/demo.toml`; tested, so always `Ok`).
     pub fn demo() -> Result<SimConfig, String> {
         SimConfig::parse(DEMO, "built-in demo")
     }
