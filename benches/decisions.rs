@@ -14,9 +14,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wxgate::clock::SystemClock;
 use wxgate::config::Config;
 use wxgate::config::{RedisConfig, Resilience};
+use wxgate::limit::clock::SystemClock;
 use wxgate::limit::{Ask, Decision, Key, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;

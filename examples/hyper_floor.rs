@@ -6,7 +6,7 @@
 //! HTTP/1 server with wxgate's connection options (timer, header read
 //! timeout, half-close, buffer limits), and hyper's HTTP/1 client
 //! connections in a per-thread pool of idle senders, each connection driven
-//! by its own task, as in `src/upstream.rs`. Every request goes to the
+//! by its own task, as in `src/transport/upstream.rs`. Every request goes to the
 //! upstream as it came (its URI made origin-form) and the answer comes back
 //! streamed. No rules, store, metrics, guard or header handling: what is
 //! left is what hyper, `http` and Tokio cost per call.

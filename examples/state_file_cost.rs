@@ -8,12 +8,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wxgate::clock::ManualClock;
 use wxgate::config::{Config, MemoryConfig};
+use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Key};
-use wxgate::metrics::MemoryStoreMetrics;
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::Store;
+use wxgate::telemetry::metrics::MemoryStoreMetrics;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1,5 +1,5 @@
 -- penalise.lua: WeChat answered a penalised errcode; start or escalate the
--- (account, rule)'s penalty. The same logic as src/penalty.rs
+-- (account, rule)'s penalty. The same logic as src/limit/penalty.rs
 -- (PenaltyState::penalise, PenaltyPolicy::until), on the prelude's calendar.
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>

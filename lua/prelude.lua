@@ -2,7 +2,7 @@
 -- each script before loading it (Redis scripts cannot include one another),
 -- so every script reads the clock, prints integers and does calendar
 -- arithmetic the same way. The calendar functions are the ones in
--- src/calendar.rs, step for step (Howard Hinnant's civil-date algorithms);
+-- src/limit/calendar.rs, step for step (Howard Hinnant's civil-date algorithms);
 -- the conformance tests hold the two together.
 
 local DAY = 86400000000

@@ -1,4 +1,4 @@
--- raise_day.lua: quota_sync (src/quota_sync.rs). WeChat reports more calls
+-- raise_day.lua: quota_sync (src/ops/quota_sync.rs). WeChat reports more calls
 -- of this state's API today than counted: the day count becomes the larger
 -- of the two, never lower; calls reserved for tomorrow stay. Mirrors
 -- src/limit/decide.rs (raise_day).

@@ -1,5 +1,5 @@
 -- succeeded.lua: WeChat answered a call without a penalised errcode; end the
--- penalty escalation. The same logic as src/penalty.rs (succeeded).
+-- penalty escalation. The same logic as src/limit/penalty.rs (succeeded).
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
 -- ARGV[1]  when the answered call was admitted (store time, from acquire.lua)

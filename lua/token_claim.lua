@@ -1,4 +1,4 @@
--- token_claim.lua: the token cache (src/token_cache.rs). A slot's cached
+-- token_claim.lua: the token cache (src/features/token_cache.rs). A slot's cached
 -- token if it is fresh enough; else its fetch lock, for one asker of any
 -- number on any instance; else who holds it. Mirrors
 -- src/store/memory/token_slots.rs (claim).

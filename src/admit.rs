@@ -17,17 +17,21 @@
 //!   never exceeded), and its concurrency slot is freed at once. A client
 //!   that half-closes is thus served as if `max_wait` were 0.
 
+pub mod activity;
+pub mod core;
+pub mod slots;
+
 use std::sync::Arc;
 
-use crate::activity::Kind;
-use crate::app::App;
-use crate::client::Client;
-use crate::clock::{Micros, Stopwatch};
+use crate::admit::activity::Kind;
+use crate::admit::core::Core;
+use crate::admit::slots::SlotGuard;
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::limit::clock::{Micros, Stopwatch};
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
-use crate::metrics::InFlightGuard;
-use crate::slots::SlotGuard;
+use crate::telemetry::metrics::InFlightGuard;
+use crate::transport::downstream::Client;
 
 /// How often a call waiting for a concurrency slot asks the store again.
 const CONCURRENCY_POLL_US: Micros = 10_000;
@@ -55,7 +59,7 @@ pub struct Admitted {
 /// `reserve` is not for it); `caller`: its label (declared name or
 /// `other`), whose share a rule's `max_share` checks.
 pub async fn admit(
-    app: &App,
+    app: &Core,
     config: &Config,
     account: &str,
     rule: &Arc<Rule>,

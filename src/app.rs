@@ -1,57 +1,64 @@
 //! The state every call and every listener shares, and how it is built.
-//! No other module defines shared state: the phases ([`crate::proxy`]), the
-//! admin API and reloads all read and swap what is here.
+//! The shared state is layered: the [`Core`] (store, clock, metrics, slots;
+//! what admitting a call needs) inside the [`Base`] (the features' own
+//! state; what their hooks are given) inside the [`App`] (config, callers,
+//! upstream, reloads, intercept). The phases ([`crate::proxy`]), the admin
+//! API and reloads all read and swap what is here.
 
+pub mod sync_status;
+
+use std::ops::Deref;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::accounts::cache::TokenCaches;
-use crate::activity::{Activity, Held};
-use crate::callers::Callers;
-use crate::clock::Clock;
+use crate::admit::activity::Held;
+use crate::admit::core::Core;
+use crate::admit::slots::Slots;
+use crate::app::sync_status::SyncStatus;
 use crate::config::{Config, StoreConfig};
-use crate::intercept::Interceptor;
-use crate::metrics::{MemoryStoreMetrics, Metrics};
-use crate::quota_sync::status::SyncStatus;
-use crate::slots::Slots;
+use crate::features::accounts::cache::TokenCaches;
+use crate::features::base::Base;
+use crate::features::callers::Callers;
+use crate::features::token_cache::cache::TokenCache;
+use crate::limit::clock::Clock;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
 use crate::store::{Store, StoreError};
-use crate::token_cache::cache::TokenCache;
-use crate::upstream::Upstream;
+use crate::telemetry::metrics::{MemoryStoreMetrics, Metrics};
+use crate::transport::intercept::Interceptor;
+use crate::transport::upstream::Upstream;
 
-/// Everything a call needs; shared by every connection.
+/// Everything a call needs; shared by every connection. Derefs to the
+/// [`Base`] the features see (and through it to the [`Core`]), so
+/// `app.store`, `app.clock`, `app.token_cache`, ... read the same fields.
 pub struct App {
+    /// The store, clock, metrics, the features' own state.
+    pub base: Base,
     /// The running config; a call keeps the one it started with.
     pub config: ArcSwap<Config>,
     /// The running config's callers, their flood guards and series:
     /// rebuilt with the config on reload (`Callers::new`).
     pub callers: ArcSwap<Callers>,
-    pub store: Arc<dyn Store>,
     /// Swapped by a reload that changes the upstream settings (keeping
     /// the health of the upstreams it keeps).
     pub upstream: ArcSwap<Upstream>,
-    pub clock: Arc<dyn Clock>,
-    /// Concurrency slots held by this instance's calls.
-    pub slots: Arc<Slots>,
-    /// Calls held for shaping right now, against `[server] max_held`.
-    pub held: Held,
-    /// Held and in-flight calls per (account, rule), on this instance.
-    pub activity: Arc<Activity>,
-    /// Access tokens this instance knows the account of, or knows unknown.
-    pub tokens: TokenCaches,
-    /// The access-token cache (`[tokens]`); `None` when off.
-    pub token_cache: Option<Arc<TokenCache>>,
     /// What quota_sync found, per (account, rule state), on this instance.
     pub syncs: SyncStatus,
     pub reloads: Reloads,
-    pub metrics: Metrics,
     /// `[intercept]`, when on: the CA, the hosts' certificates and
     /// upstreams. Built at start; `[intercept]` changes need a restart.
     pub intercept: Option<Arc<Interceptor>>,
+}
+
+impl Deref for App {
+    type Target = Base;
+
+    fn deref(&self) -> &Base {
+        &self.base
+    }
 }
 
 /// Reload outcomes since start, and what the config watcher saw (`/readyz`).
@@ -91,19 +98,23 @@ impl App {
         }
         let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
         let app = Arc::new(App {
+            base: Base {
+                core: Core {
+                    store,
+                    clock,
+                    metrics,
+                    slots: Arc::new(Slots::new()),
+                    held: Held::default(),
+                    activity: Arc::default(),
+                },
+                token_owners: TokenCaches::new(workers),
+                token_cache,
+            },
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
-            store,
             upstream: ArcSwap::from_pointee(upstream),
-            clock,
-            slots: Arc::new(Slots::new()),
-            held: Held::default(),
-            activity: Arc::default(),
-            tokens: TokenCaches::new(workers),
-            token_cache,
             syncs: SyncStatus::default(),
             reloads: Reloads::default(),
-            metrics,
             intercept,
         });
         Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);

@@ -11,7 +11,7 @@
 //! - [`units`]: durations, sizes, UTC offsets.
 //!
 //! This module depends on the decision's types ([`crate::limit`],
-//! [`crate::penalty`], [`crate::routes`]) and on nothing that runs: the
+//! [`crate::limit::penalty`], [`crate::config::routes`]) and on nothing that runs: the
 //! stores, the proxy and the upstream read it.
 
 mod callers;
@@ -19,6 +19,7 @@ mod compile;
 mod errors;
 mod intercept;
 mod raw;
+pub mod routes;
 mod settings;
 pub mod units;
 
@@ -28,10 +29,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Micros;
+use crate::config::routes::Routes;
+use crate::limit::clock::Micros;
+use crate::limit::penalty::PenaltyPolicy;
 use crate::limit::Rule;
-use crate::penalty::PenaltyPolicy;
-use crate::routes::Routes;
 
 /// A config that failed to load, with a message fit to show a user as is.
 #[derive(Debug, thiserror::Error)]
@@ -60,12 +61,12 @@ pub struct Config {
     /// The declared callers (`[[caller]]`), in file order; names are unique
     /// and never `other` ([`CallerPolicy`]).
     pub callers: Vec<Arc<CallerPolicy>>,
-    /// `[tokens]`: the access-token cache (`crate::token_cache`).
+    /// `[tokens]`: the access-token cache (`crate::features::token_cache`).
     pub tokens: TokensConfig,
     /// Rules with `quota_sync`: each state and the API path asked for.
     pub quota_syncs: Vec<QuotaSync>,
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
-    /// calls (`crate::intercept`); `None`: off (the default).
+    /// calls (`crate::transport::intercept`); `None`: off (the default).
     pub intercept: Option<Intercept>,
 }
 
@@ -128,7 +129,7 @@ impl Intercept {
 
 /// A `[[caller]]`: a service calling through wxgate, named by the
 /// `X-Wx-Caller` header of its calls or by `[server] caller` (see
-/// `crate::callers`).
+/// `crate::features::callers`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerPolicy {
     pub name: Arc<str>,
@@ -217,7 +218,7 @@ pub struct LogConfig {
 pub struct Server {
     pub listen: SocketAddr,
     /// Base URL(s) of WeChat (or a test mock), tried in order
-    /// ([`crate::upstream`]); every forwarded call goes to one of them and
+    /// ([`crate::transport::upstream`]); every forwarded call goes to one of them and
     /// nowhere else.
     pub upstream: Upstreams,
     /// How long a connection to the upstream may take, and how long the

@@ -12,13 +12,13 @@
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::body::RelayBody;
-use crate::clock::Micros;
 use crate::config::Server as ServerConfig;
+use crate::limit::clock::Micros;
 use crate::limit::{Reason, Rule};
-use crate::metrics::Outcome;
 use crate::store::StoreError;
-use crate::upstream::UpstreamError;
+use crate::telemetry::metrics::Outcome;
+use crate::transport::body::RelayBody;
+use crate::transport::upstream::UpstreamError;
 
 /// WeChat's "api freq out of limit"; what a throttled call reports.
 pub const ERRCODE_THROTTLED: i64 = 45009;
@@ -194,7 +194,7 @@ impl ProxyError {
                 };
                 mark_throttled(h, name, reason, wait_us);
                 if let (Some(rule), true) = (rule, server.ratelimit_headers) {
-                    crate::ratelimit::refused(h, rule, reason, wait_us);
+                    crate::telemetry::ratelimit_headers::refused(h, rule, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {

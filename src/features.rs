@@ -1,37 +1,46 @@
-//! The features of a call, in the order their hooks ([`crate::hooks`])
+//! The features of a call, in the order their hooks ([`crate::features::hooks`])
 //! run; the phases of [`crate::proxy`] run them without knowing which they
 //! are. Adding a feature: its module, an `impl Feature` with the hooks it
 //! needs, and its place in [`Features`] and [`FEATURES`].
 
+pub mod accounts;
+pub mod base;
+pub mod callers;
+pub mod hooks;
+pub mod penalties;
+pub mod quota_clear;
+pub mod token_cache;
+pub mod warmup;
+
 use http::HeaderMap;
 
-use crate::hooks::{Answered, Feature};
+use crate::features::hooks::{Answered, Feature};
 
 /// The features, in the order their hooks run. The penalties' hook runs
 /// after the token and account features', as WeChat's answer is reported
 /// to the store last.
 pub type Features = (
-    crate::token_cache::TokenCacheFeature,
-    crate::accounts::Learning,
-    crate::quota_clear::QuotaClear,
-    crate::warmup::Warmup,
-    crate::penalties::Penalties,
+    crate::features::token_cache::TokenCacheFeature,
+    crate::features::accounts::Learning,
+    crate::features::quota_clear::QuotaClear,
+    crate::features::warmup::Warmup,
+    crate::features::penalties::Penalties,
     RateLimitHeaders,
 );
 
 pub const FEATURES: Features = (
-    crate::token_cache::TokenCacheFeature,
-    crate::accounts::Learning,
-    crate::quota_clear::QuotaClear,
-    crate::warmup::Warmup,
-    crate::penalties::Penalties,
+    crate::features::token_cache::TokenCacheFeature,
+    crate::features::accounts::Learning,
+    crate::features::quota_clear::QuotaClear,
+    crate::features::warmup::Warmup,
+    crate::features::penalties::Penalties,
     RateLimitHeaders,
 );
 
 /// The RateLimit headers as a feature: on every admitted call's answer,
 /// the rule's policies and the room left in its tightest limit
-/// ([`crate::ratelimit::admitted`]). Refusals get theirs from the one table
-/// ([`crate::error`], [`crate::ratelimit::refused`]).
+/// ([`crate::telemetry::ratelimit_headers::admitted`]). Refusals get theirs from the one table
+/// ([`crate::error`], [`crate::telemetry::ratelimit_headers::refused`]).
 pub struct RateLimitHeaders;
 
 impl Feature for RateLimitHeaders {
@@ -39,7 +48,7 @@ impl Feature for RateLimitHeaders {
         if let (Some(rule), Some(a), true) =
             (answered.rule, answered.admitted, answered.config.server.ratelimit_headers)
         {
-            crate::ratelimit::admitted(headers, rule, a.quota);
+            crate::telemetry::ratelimit_headers::admitted(headers, rule, a.quota);
         }
     }
 }

@@ -5,65 +5,41 @@
 //! token cache → decide → forward → answer → respond, each a function over
 //! the call's context ([`proxy::Call`]), any of which may answer early; the
 //! features ([`features`]) plug into the phases through named hooks. The decision
-//! ([`limit`]) is pure maths over state held by a [`store`]; transport lives
-//! in [`server`], [`proxy`] and [`upstream`]; the shared state is the
-//! [`app::App`].
+//! ([`limit`]) is pure maths over state held by a [`store`]; the listeners
+//! are in [`server`], the bytes on the wire in [`transport`], the admin API
+//! and reloads in [`ops`]; the shared state is the [`app::App`].
 //!
 //! Failure semantics: every accepted request gets exactly one response; a
 //! call is sent upstream at most once; when Redis cannot decide, `[store]
 //! fallback` does ([`store::resilient`]).
 #![forbid(unsafe_code)]
 
-pub mod accounts;
-pub mod activity;
-pub mod admin;
+// The layers, highest first (each imports only those below it; the order
+// is the table in tests/architecture.rs): tools, server, ops, proxy, app,
+// features, admit, error, store, transport, config, telemetry, limit.
 pub mod admit;
 pub mod app;
-pub mod body;
-pub mod bucket;
-pub mod calendar;
-pub mod callers;
-pub mod client;
-pub mod clock;
 pub mod config;
 pub mod error;
 pub mod features;
-pub mod hooks;
-pub mod intercept;
 pub mod limit;
-pub mod metrics;
-pub mod pair;
-pub mod penalties;
-pub mod penalty;
-pub mod probe;
+pub mod ops;
 pub mod proxy;
-pub mod quota_clear;
-pub mod quota_sync;
-pub mod ratelimit;
-pub mod reload;
-pub mod request_body;
-pub mod routes;
 pub mod server;
-pub mod sim;
-pub mod slots;
-pub mod smuggling;
-pub mod sniff;
 pub mod store;
-pub mod token_cache;
-pub mod tunnel;
-pub mod upstream;
-pub mod warmup;
-pub mod worker;
+pub mod telemetry;
+pub mod tools;
+pub mod transport;
 
 use std::sync::Arc;
 
 use crate::app::App;
-use crate::clock::Clock;
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::limit::clock::Clock;
 use crate::server::{Running, Threads};
 use crate::store::resilient::StoreCounters;
 use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
 
 /// Binds `[server] listen` and serves on the calling Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
@@ -101,12 +77,12 @@ async fn start_parts(
     let listen = config.server.listen;
     let source = config.source.clone();
     let app = App::new(config, store, clock, metrics)?;
-    quota_sync::spawn(Arc::downgrade(&app));
+    ops::quota_sync::spawn(Arc::downgrade(&app));
     if source.is_file() {
-        reload::spawn(Arc::downgrade(&app), source);
+        ops::reload::spawn(Arc::downgrade(&app), source);
     }
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let admin = admin::bind(app.config.load().server.admin_listen).await?;
+    let admin = ops::admin::bind(app.config.load().server.admin_listen).await?;
     server::serve(listener, admin, app, threads).map_err(|e| e.to_string())
 }

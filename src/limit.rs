@@ -48,12 +48,16 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::calendar::Period;
-use crate::clock::Micros;
-use crate::penalty::PenaltyState;
+use crate::limit::calendar::Period;
+use crate::limit::clock::Micros;
+use crate::limit::penalty::PenaltyState;
 
+pub mod calendar;
+pub mod clock;
 pub mod decide;
 pub mod derive;
+pub mod pair;
+pub mod penalty;
 
 /// A named rule: its limits, and whose state they count in.
 ///
@@ -88,7 +92,7 @@ pub struct Rule {
     /// answers (429; or 200: refusals keep their 45009 body and headers, and
     /// WeChat's own answers pass with the status WeChat sent).
     pub throttle_status: http::StatusCode,
-    /// `RateLimit-Policy` for this rule, built once (see [`crate::ratelimit`]).
+    /// `RateLimit-Policy` for this rule, built once (see [`crate::telemetry::ratelimit_headers`]).
     pub policy_header: Option<http::HeaderValue>,
     /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.
     pub policy_prefixes: Vec<String>,

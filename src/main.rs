@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
-use wxgate::clock::SystemClock;
 use wxgate::config::Config;
+use wxgate::limit::clock::SystemClock;
+use wxgate::limit::penalty::PenaltyLength;
 use wxgate::limit::{Limit, Rule};
-use wxgate::penalty::PenaltyLength;
 use wxgate::server::Threads;
 
 /// mimalloc instead of glibc malloc: a proxy allocates and frees small
@@ -126,9 +126,9 @@ fn main() -> ExitCode {
 /// `[intercept]`'s CA as start-up checks it: the files load, the key is
 /// the certificate's, and a certificate for each host verifies now.
 fn check_intercept(config: &Config) -> Result<(), String> {
-    use wxgate::clock::Clock as _;
+    use wxgate::limit::clock::Clock as _;
     let Some(ic) = &config.intercept else { return Ok(()) };
-    let ca = wxgate::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
+    let ca = wxgate::transport::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
     for host in &ic.hosts {
         ca.leaf(host, SystemClock.now_us())?;
     }
@@ -141,7 +141,7 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
     let url = match &args.url {
         Some(url) => url.clone(),
         None => match Config::load(config).map(|c| c.server.admin_listen) {
-            Ok(Some(admin)) => wxgate::probe::admin_url(admin, "/readyz"),
+            Ok(Some(admin)) => wxgate::tools::healthcheck::admin_url(admin, "/readyz"),
             Ok(None) => {
                 eprintln!("wxgate probe: {}: admin_listen is off; give --url", config.display());
                 return ExitCode::FAILURE;
@@ -152,7 +152,7 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
             }
         },
     };
-    match wxgate::probe::probe(&url, args.timeout) {
+    match wxgate::tools::healthcheck::probe(&url, args.timeout) {
         Ok(status) => {
             println!("{url}: {status}");
             ExitCode::SUCCESS
@@ -180,8 +180,8 @@ fn ca_init(args: &CaInitArgs) -> ExitCode {
 }
 
 fn write_ca(args: &CaInitArgs) -> Result<String, String> {
-    use wxgate::clock::Clock as _;
-    use wxgate::intercept::ca;
+    use wxgate::limit::clock::Clock as _;
+    use wxgate::transport::intercept::ca;
     let label = args.name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
@@ -266,14 +266,17 @@ fn write_file(path: &std::path::Path, bytes: &[u8], mode: u32, replace: bool) ->
 
 /// `wxgate sim`: serves until SIGTERM or Ctrl-C.
 fn sim(args: &SimArgs) -> ExitCode {
-    let mut config =
-        match args.limits.as_deref().map_or_else(wxgate::sim::SimConfig::demo, wxgate::sim::SimConfig::load) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("wxgate sim: invalid limits: {e}");
-                return ExitCode::from(2);
-            }
-        };
+    let mut config = match args
+        .limits
+        .as_deref()
+        .map_or_else(wxgate::tools::sim::SimConfig::demo, wxgate::tools::sim::SimConfig::load)
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("wxgate sim: invalid limits: {e}");
+            return ExitCode::from(2);
+        }
+    };
     config.listen = args.listen;
     // Logs to stderr like the server (`WXGATE_LOG`, default info).
     let filter = EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
@@ -292,7 +295,7 @@ fn sim(args: &SimArgs) -> ExitCode {
     runtime.block_on(async move {
         let source = config.source.clone();
         let apis = config.apis.len();
-        let (addr, handle) = match wxgate::sim::serve(config, Arc::new(SystemClock)).await {
+        let (addr, handle) = match wxgate::tools::sim::serve(config, Arc::new(SystemClock)).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("wxgate sim: {e}");
@@ -413,7 +416,7 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
         let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
         say!(out, "penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
-    let fallback = s.caller.as_deref().unwrap_or(wxgate::callers::DEFAULT_CALLER);
+    let fallback = s.caller.as_deref().unwrap_or(wxgate::features::callers::DEFAULT_CALLER);
     say!(out, "caller of calls without X-Wx-Caller: {fallback}");
     for c in &config.callers {
         let rate = c.rate.map_or_else(|| "no flood guard".to_owned(), |r| format!("flood guard {r} per instance"));

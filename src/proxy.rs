@@ -2,16 +2,16 @@
 //!
 //! 1. [`accept`]: origin-form targets only (`CONNECT` and absolute-form get
 //!    400: wxgate is never an open proxy); a path no WeChat API can have
-//!    gets 400 ([`crate::routes::refusal`]); a declared body over `max_body`
+//!    gets 400 ([`crate::config::routes::refusal`]); a declared body over `max_body`
 //!    gets 413.
-//! 2. [`identify`]: who the call is from ([`crate::callers`]: `X-Wx-Caller`,
+//! 2. [`identify`]: who the call is from ([`crate::features::callers`]: `X-Wx-Caller`,
 //!    else `[server] caller`, else `default`; a bad header gets 400) and
 //!    that caller's flood guard (a declared caller over its `rate` gets 429
 //!    `caller_rate` here, before anything asks the store); then the account
-//!    the call is for ([`crate::accounts`]: `X-Wx-Account` or an `@account`
+//!    the call is for ([`crate::features::accounts`]: `X-Wx-Account` or an `@account`
 //!    first path segment, else the account its access token was issued to,
 //!    else a token request's appid, else `default`).
-//! 3. [`route`]: path → rule ([`crate::routes`]).
+//! 3. [`route`]: path → rule ([`crate::config::routes`]).
 //! 4. **token cache**: the features' [`Feature::before_decide`] hooks
 //!    ([`crate::features`]): a token request may be answered from the cache
 //!    here, never decided nor forwarded.
@@ -20,7 +20,7 @@
 //!    is answered here and never reaches WeChat.
 //! 6. [`forward`]: method, path, query, headers and body unchanged but for
 //!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller` (the
-//!    latter taken off by identify); sent exactly once ([`crate::upstream`]:
+//!    latter taken off by identify); sent exactly once ([`crate::transport::upstream`]:
 //!    connecting within `upstream_timeout`; the body for as long as it keeps
 //!    moving, `body_timeout` without progress ends it; then the answer's
 //!    head within `upstream_timeout`). A call that provably never reached an
@@ -32,7 +32,7 @@
 //!    error, and its admission is kept (WeChat may have had the head and
 //!    part of the body).
 //! 7. [`answer`]: WeChat's answer is read for its errcode
-//!    ([`crate::sniff`]) and handed to the features' [`Feature::on_answer`]
+//!    ([`crate::transport::sniff`]) and handed to the features' [`Feature::on_answer`]
 //!    hooks (token cache, learning, clear_quota, warm-up, penalties); a
 //!    penalised answer reaches the client as a penalty refusal with WeChat's
 //!    body unchanged; [`Feature::on_response`] adds headers (RateLimit).
@@ -58,13 +58,13 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 pub use self::call::Call;
-pub use crate::accounts::ACCOUNT_HEADER;
 use crate::app::App;
-use crate::body::RelayBody;
-use crate::client::Client;
 use crate::error::Early;
+pub use crate::features::accounts::ACCOUNT_HEADER;
+use crate::features::hooks::{Asking, Feature};
 use crate::features::FEATURES;
-use crate::hooks::{Asking, Feature};
+use crate::transport::body::RelayBody;
+use crate::transport::downstream::Client;
 
 /// Answers one request. Never fails: errors become WeChat-shaped answers.
 pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Response<RelayBody> {
@@ -72,13 +72,13 @@ pub async fn handle(app: &App, req: Request<Incoming>, client: &Client) -> Respo
 }
 
 /// Answers one request made inside an `[intercept]` tunnel to `host`
-/// (`crate::tunnel`): the same phases as [`handle`], forwarded to that
-/// host's upstream ([`crate::intercept::Host::upstream`]).
+/// (`crate::server::tunnel`): the same phases as [`handle`], forwarded to that
+/// host's upstream ([`crate::transport::intercept::Host::upstream`]).
 pub async fn handle_intercepted(
     app: &App,
     req: Request<Incoming>,
     client: &Client,
-    host: Arc<crate::intercept::Host>,
+    host: Arc<crate::transport::intercept::Host>,
 ) -> Response<RelayBody> {
     serve(app, req, client, Some(host)).await
 }
@@ -87,7 +87,7 @@ async fn serve(
     app: &App,
     req: Request<Incoming>,
     client: &Client,
-    intercepted: Option<Arc<crate::intercept::Host>>,
+    intercepted: Option<Arc<crate::transport::intercept::Host>>,
 ) -> Response<RelayBody> {
     let fallback = app.callers.load().fallback();
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);

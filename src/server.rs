@@ -1,6 +1,8 @@
 //! Accepting connections: HTTP/1.1 on a plain TCP listener, one task per
 //! connection, graceful shutdown on request.
 
+pub mod tunnel;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +16,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::app::App;
-use crate::client::Client;
 use crate::proxy::handle;
-use crate::smuggling::SmuggleGuard;
+use crate::transport::downstream::Client;
+use crate::transport::smuggling::SmuggleGuard;
 
 /// Largest request head (request line + headers); larger gets 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -69,7 +71,7 @@ pub enum Threads {
     /// On the runtime that calls [`serve`] (in-process tests, embedding).
     Caller,
     /// On this many threads of their own, each with a single-threaded
-    /// runtime, all accepting from the one listening socket ([`crate::worker`]).
+    /// runtime, all accepting from the one listening socket ([`crate::transport::worker`]).
     Workers(usize),
 }
 
@@ -86,7 +88,7 @@ pub fn serve(
     let admin_addr = match admin {
         Some(l) => {
             let a = l.local_addr()?;
-            crate::admin::serve(l, app.clone(), stop.subscribe());
+            crate::ops::admin::serve(l, app.clone(), stop.subscribe());
             Some(a)
         }
         None => None,
@@ -115,7 +117,7 @@ fn spawn_workers(
         let stopped = stop.subscribe();
         let (done, end) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new().name(format!("wxgate-worker-{index}")).spawn(move || {
-            crate::worker::enter(index);
+            crate::transport::worker::enter(index);
             runtime.block_on(async move {
                 let listener = match TcpListener::from_std(listener) {
                     Ok(l) => l,
@@ -189,7 +191,7 @@ async fn accept_loop(listener: TcpListener, app: Arc<App>, mut stopped: watch::R
 fn http1(header_timeout: Duration) -> Builder {
     let mut builder = Builder::new();
     // Half-close aware: a client that closes its sending side after a
-    // complete request still gets the answer (see `crate::client`).
+    // complete request still gets the answer (see `crate::transport::downstream`).
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -200,7 +202,7 @@ fn http1(header_timeout: Duration) -> Builder {
 }
 
 /// Serves one connection with `[intercept]` on: as any other, but a
-/// `CONNECT` goes to [`crate::tunnel`] (and the request guard lets a
+/// `CONNECT` goes to [`crate::server::tunnel`] (and the request guard lets a
 /// tunnel's bytes through). hyper's graceful shutdown helper cannot watch
 /// an upgradeable connection: this one is shut down gracefully when
 /// `stopped` changes, and holds a watcher meanwhile so that the shutdown
@@ -221,7 +223,7 @@ fn intercepting(
             let (app, client, watcher) = (app.clone(), client.clone(), tunnel_watcher.clone());
             async move {
                 let resp = if req.method() == http::Method::CONNECT {
-                    crate::tunnel::connect(&app, req, &client, &watcher, http1(header_timeout)).await
+                    crate::server::tunnel::connect(&app, req, &client, &watcher, http1(header_timeout)).await
                 } else {
                     handle(&app, req, &client).await
                 };

@@ -40,7 +40,7 @@ use async_trait::async_trait;
 pub use self::answer::{Decided, PenaltyEnd, Snapshot, Status, StoreError};
 use self::op::{Listed, PairOp, PairReply};
 use self::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::{Ask, Key};
 
 /// What every store offers: decisions ([`Store::acquire`]), the operations
@@ -106,7 +106,7 @@ impl dyn Store {
 }
 
 /// Access tokens: which account a token was issued to, and the token
-/// cache's slots (`crate::token_cache`). Not per (account, rule): kept out
+/// cache's slots (`crate::features::token_cache`). Not per (account, rule): kept out
 /// of [`Store`]'s decision operations, reached by [`Store::tokens`].
 #[async_trait]
 pub trait TokenStore: Send + Sync {
@@ -124,7 +124,7 @@ pub trait TokenStore: Send + Sync {
     /// mapping lasts; `None` if unknown or expired.
     async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError>;
 
-    /// The token cache (`crate::token_cache`): the entry cached in `slot`
+    /// The token cache (`crate::features::token_cache`): the entry cached in `slot`
     /// if it has more than `min_ttl_us` left and was stored after
     /// `newer_than` (store time; each store of a slot is later than the
     /// one before, even at the same clock reading); else, if nobody holds the slot's fetch

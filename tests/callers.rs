@@ -200,7 +200,7 @@ async fn the_flood_guard_refuses_without_a_redis_round_trip() {
 /// Replaces the config file and reloads it as SIGHUP does.
 fn reload(gate: &Gate, path: &Path, text: impl std::fmt::Display) {
     std::fs::write(path, text.to_string()).expect("write config");
-    wxgate::reload::reload(gate.app(), path).expect("reload");
+    wxgate::ops::reload::reload(gate.app(), path).expect("reload");
 }
 
 #[tokio::test]

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use support::redis_server::RedisServer;
-use wxgate::clock::{Clock, ManualClock};
 use wxgate::config::{Config, RedisConfig, Resilience};
+use wxgate::limit::clock::{Clock, ManualClock};
 use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;

@@ -4,7 +4,7 @@ mod support;
 
 use proptest::prelude::*;
 use support::max_in_window;
-use wxgate::calendar::Period;
+use wxgate::limit::calendar::Period;
 use wxgate::limit::decide::{decide, refund};
 use wxgate::limit::{Ask, Decision, Key, Limit, Reason, Rule, RuleState, WindowLimit};
 

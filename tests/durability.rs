@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use support::process::{self, Instance};
 use support::*;
-use wxgate::clock::ManualClock;
 use wxgate::config::{Config, MemoryConfig};
+use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Decision, Key, Reason};
-use wxgate::metrics::MemoryStoreMetrics;
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::{Store, StoreError};
+use wxgate::telemetry::metrics::MemoryStoreMetrics;
 
 const SEND: &str = "/cgi-bin/message/custom/send";
 const MENU: &str = "/cgi-bin/menu/create";

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use support::redis_server::RedisServer;
-use wxgate::clock::ManualClock;
 use wxgate::config::{Config, Fallback, Resilience};
+use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Decision, Key, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use support::*;
 
 /// A rule that admits everything, so the answer goes through the sniffer
-/// (`src/inspect.rs`) instead of the plain no-rule stream.
+/// (`src/transport/sniff.rs`) instead of the plain no-rule stream.
 fn default_rule() -> RuleToml {
     rule("default").limit(1_000_000, "day")
 }

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
+use wxgate::config::routes::{normalise, Pattern, Routes};
 use wxgate::config::Config;
 use wxgate::limit::{Limit, WindowLimit};
-use wxgate::routes::{normalise, Pattern, Routes};
-use wxgate::sniff::errcode;
+use wxgate::transport::sniff::errcode;
 
 // --- the path matcher -----------------------------------------------------------
 

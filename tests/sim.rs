@@ -283,7 +283,11 @@ async fn wxgate_in_front_keeps_the_sim_at_zero_45009_while_using_the_whole_limit
 fn deploy_sim_toml_is_the_built_in_demo() {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sim.toml")).expect("deploy/sim.toml");
-    assert_eq!(shipped, wxgate::sim::config::DEMO, "deploy/sim.toml and src/sim/demo.toml must stay the same");
+    assert_eq!(
+        shipped,
+        wxgate::tools::sim::config::DEMO,
+        "deploy/sim.toml and src/tools/sim/demo.toml must stay the same"
+    );
 }
 
 /// The binary: `wxgate sim` needs no rules config, serves the built-in demo,

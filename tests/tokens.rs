@@ -356,12 +356,12 @@ async fn quota_sync_raises_a_day_count_never_lowers_it_and_backs_off_on_errors()
     .await;
     assert_eq!(tokens.quota_gets(), 3);
     gate.advance(Duration::from_secs(600));
-    wxgate::quota_sync::round(gate.app()).await;
+    wxgate::ops::quota_sync::round(gate.app()).await;
     assert_eq!(tokens.quota_gets(), 3, "not 10 minutes after an error");
     gate.advance(Duration::from_secs(600));
     eventually_async("the retry after 20 minutes", PATIENCE, async || tokens.quota_gets() == 4).await;
     gate.advance(Duration::from_secs(1200));
-    wxgate::quota_sync::round(gate.app()).await;
+    wxgate::ops::quota_sync::round(gate.app()).await;
     assert_eq!(tokens.quota_gets(), 4, "not 20 minutes after a second error");
     let bucket = gate_bucket(&gate, APPID, "send").await;
     assert_eq!(bucket["quota_sync"]["errors_in_a_row"], 2, "{bucket}");

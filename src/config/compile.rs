@@ -15,10 +15,10 @@ use super::errors::{duplicate_key, leading_key, table_and_key, Doc};
 use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule, RawTokens};
 use super::units::{micros, parse_duration, secs_us, valid_name};
 use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, TokensConfig};
-use crate::calendar::{Period, DAY_US};
+use crate::config::routes::{Pattern, Routes};
+use crate::limit::calendar::{Period, DAY_US};
+use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
-use crate::penalty::{PenaltyLength, PenaltyPolicy};
-use crate::routes::{Pattern, Routes};
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Longest `max_wait`: a held call keeps its client's connection open.
@@ -393,8 +393,8 @@ fn compile_rule(
     }
     .with_percents(reserve_percent, share_percent)
     .map_err(|e| err(e.to_string()))?;
-    rule.policy_header = crate::ratelimit::policy_header(&rule);
-    rule.policy_prefixes = crate::ratelimit::policy_prefixes(&rule);
+    rule.policy_header = crate::telemetry::ratelimit_headers::policy_header(&rule);
+    rule.policy_prefixes = crate::telemetry::ratelimit_headers::policy_prefixes(&rule);
     Ok((rule, patterns))
 }
 

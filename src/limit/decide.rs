@@ -5,8 +5,8 @@
 //! table (`tests/conformance.rs`) holds them to identical results.
 
 use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState, WindowKey, WindowLimit};
-use crate::calendar::Period;
-use crate::clock::Micros;
+use crate::limit::calendar::Period;
+use crate::limit::clock::Micros;
 
 /// Decides `ask` at store time `now` and, if it is admitted, debits `state`:
 /// every limit of the rule or none. `account_warm` is the account's last

@@ -188,7 +188,7 @@ fn shares_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<Limit>, Per
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calendar::Period;
+    use crate::limit::calendar::Period;
 
     fn day(count: u64) -> Limit {
         Limit::Calendar { count, period: Period::Day }

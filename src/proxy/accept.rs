@@ -6,9 +6,9 @@ use http::{Method, Request};
 use hyper::body::Incoming;
 
 use super::call::Call;
-use crate::accounts;
+use crate::config::routes;
 use crate::error::{Early, ProxyError};
-use crate::routes;
+use crate::features::accounts;
 
 /// Only origin-form requests to this proxy, with a body it may
 /// forward. Returns the path and query to send upstream, bytes unchanged
@@ -37,7 +37,7 @@ pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, 
         Err(why) => return Err(ProxyError::BadRequest(why).into()),
     };
     // Before any rule is looked up: a path no WeChat API has never reaches
-    // the limits nor WeChat (see `crate::routes`).
+    // the limits nor WeChat (see `crate::config::routes`).
     if let Some(why) = routes::refusal(target.path()) {
         return Err(ProxyError::BadRequest(why.into()).into());
     }

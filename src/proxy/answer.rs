@@ -1,5 +1,5 @@
 //! Phase 7, answer: WeChat's answer, read for its `errcode` without getting
-//! in its way ([`crate::sniff`]), handed to the features' hooks
+//! in its way ([`crate::transport::sniff`]), handed to the features' hooks
 //! ([`Feature::on_answer`]: the token cache, learning, clear_quota,
 //! warm-up, penalties), and turned into what the client gets: WeChat's
 //! answer as it came but for hop-by-hop headers, or, when WeChat penalised
@@ -11,15 +11,15 @@ use http::Response;
 use hyper::body::Incoming;
 
 use super::call::Call;
-use crate::activity::ActivityGuard;
+use crate::admit::activity::ActivityGuard;
 use crate::app::App;
-use crate::body::RelayBody;
 use crate::error::Early;
+use crate::features::hooks::{Answered, Feature};
 use crate::features::FEATURES;
-use crate::hooks::{Answered, Feature};
-use crate::metrics::InFlightGuard;
-use crate::sniff::{sniff, Verdict};
-use crate::upstream::{strip_hop_by_hop, UpstreamError};
+use crate::telemetry::metrics::InFlightGuard;
+use crate::transport::body::RelayBody;
+use crate::transport::sniff::{sniff, Verdict};
+use crate::transport::upstream::{strip_hop_by_hop, UpstreamError};
 
 /// The upstream's answer to a forwarded call, with what must live as long
 /// as its body is relayed (the in-flight gauge and count).

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Method;
 
-use crate::accounts::learn::Learn;
 use crate::admit::Admitted;
-use crate::callers::Caller;
-use crate::clock::Micros;
 use crate::config::Config;
+use crate::features::accounts::learn::Learn;
+use crate::features::callers::Caller;
+use crate::features::quota_clear::request::Clearing;
+use crate::features::token_cache::cache::Fetch;
+use crate::limit::clock::Micros;
 use crate::limit::Rule;
-use crate::metrics::{Outcome, RuleMetrics};
-use crate::quota_clear::request::Clearing;
-use crate::token_cache::cache::Fetch;
-use crate::upstream::Upstream;
+use crate::telemetry::metrics::{Outcome, RuleMetrics};
+use crate::transport::upstream::Upstream;
 
 /// What the phases know of one call.
 pub struct Call {
@@ -27,7 +27,7 @@ pub struct Call {
     /// route: the call's rule.
     pub route: Routed,
     /// The token-cache hook: the fetch this call makes for every asker of
-    /// its token (`crate::token_cache`), reported by the answer phase (or
+    /// its token (`crate::features::token_cache`), reported by the answer phase (or
     /// released on drop).
     pub token_fetch: Option<Fetch>,
     /// decide: the admission.
@@ -56,7 +56,7 @@ pub struct Arrived {
     pub config: Arc<Config>,
     /// A call served inside an `[intercept]` tunnel: the host it was for
     /// (its upstream, its count); `None` for a direct call.
-    pub intercepted: Option<Arc<crate::intercept::Host>>,
+    pub intercepted: Option<Arc<crate::transport::intercept::Host>>,
     /// accept: the account an `@account` first path segment names; taken
     /// by identify.
     pub named: Option<String>,
@@ -69,11 +69,11 @@ pub struct Who {
     pub caller: Caller,
     /// The WeChat account (appid / corpid alias) the call is for.
     pub account: String,
-    /// What a token request's answer will teach (`crate::accounts::learn`).
+    /// What a token request's answer will teach (`crate::features::accounts::learn`).
     pub learn: Option<Learn>,
     /// A token request's or clear_quota's body, read whole; forwarded as it is.
     pub body: Option<Bytes>,
-    /// A `clear_quota` call, and the appid its body names (`crate::quota_clear`).
+    /// A `clear_quota` call, and the appid its body names (`crate::features::quota_clear`).
     pub clearing: Option<Clearing>,
 }
 

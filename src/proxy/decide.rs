@@ -5,10 +5,10 @@
 use super::call::Call;
 use crate::admit::admit;
 use crate::app::App;
-use crate::client::Client;
-use crate::clock::Stopwatch;
 use crate::error::{retry_after_secs, Early};
-use crate::metrics::Outcome;
+use crate::limit::clock::Stopwatch;
+use crate::telemetry::metrics::Outcome;
+use crate::transport::downstream::Client;
 
 /// Admits the call (holding it or waiting for a slot as its rule
 /// says) or refuse it. A call without a rule goes on undecided.

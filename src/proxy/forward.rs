@@ -8,20 +8,20 @@ use hyper::body::Incoming;
 
 use super::answer::Forwarded;
 use super::call::Call;
-use crate::accounts::ACCOUNT;
-use crate::activity::Kind;
+use crate::admit::activity::Kind;
 use crate::app::App;
-use crate::clock::Stopwatch;
 use crate::error::{Early, ProxyError};
+use crate::features::accounts::ACCOUNT;
+use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
-use crate::metrics::InFlightGuard;
-use crate::request_body::RequestBody;
 use crate::store::op::Refund;
-use crate::upstream::strip_hop_by_hop;
+use crate::telemetry::metrics::InFlightGuard;
+use crate::transport::request_body::RequestBody;
+use crate::transport::upstream::strip_hop_by_hop;
 
 /// Sends the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
-/// reached one upstream on to the next: [`crate::upstream`]).
+/// reached one upstream on to the next: [`crate::transport::upstream`]).
 pub async fn forward(
     app: &App,
     call: &mut Call,
@@ -61,7 +61,7 @@ pub async fn forward(
 }
 
 /// The call provably never reached WeChat
-/// ([`crate::upstream::UpstreamError::never_sent`]): gives back what its
+/// ([`crate::transport::upstream::UpstreamError::never_sent`]): gives back what its
 /// admission took from the rule's limits, before the client hears of the
 /// failure. Only what the store debited: nothing for a shadow-mode call
 /// that would have been refused (it debited nothing) nor for a decision

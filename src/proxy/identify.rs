@@ -1,5 +1,5 @@
-//! Phase 2, identify: who the call is from ([`crate::callers`]) and that
-//! caller's flood guard, then the account it is for ([`crate::accounts`]:
+//! Phase 2, identify: who the call is from ([`crate::features::callers`]) and that
+//! caller's flood guard, then the account it is for ([`crate::features::accounts`]:
 //! header or `@account` prefix, learned token, token request's appid,
 //! `default`). A token request's or clear_quota's body is read here (it
 //! names the account).
@@ -9,10 +9,10 @@ use http::Request;
 use hyper::body::Incoming;
 
 use super::call::Call;
-use crate::accounts::{self, Identified};
 use crate::app::App;
-use crate::callers;
 use crate::error::Early;
+use crate::features::accounts::{self, Identified};
+use crate::features::callers;
 
 /// Sets `call.who`. A call the caller's guard refuses is routed first, so
 /// that it is counted under its rule and answered with the rule's

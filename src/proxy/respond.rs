@@ -5,9 +5,9 @@ use http::Response;
 
 use super::call::Call;
 use crate::app::App;
-use crate::body::RelayBody;
 use crate::error::ProxyError;
-use crate::metrics::{Outcome, NO_RULE};
+use crate::telemetry::metrics::{Outcome, NO_RULE};
+use crate::transport::body::RelayBody;
 
 /// The answer to a call stopped by a refusal or a failure, as the one
 /// table says ([`ProxyError::into_response`]); sets its outcome.

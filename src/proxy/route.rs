@@ -1,8 +1,8 @@
-//! Phase 3, route: the rule of the call's path ([`crate::routes`]), and its metrics.
+//! Phase 3, route: the rule of the call's path ([`crate::config::routes`]), and its metrics.
 
 use super::call::Call;
 use crate::app::App;
-use crate::metrics::NO_RULE;
+use crate::telemetry::metrics::NO_RULE;
 
 /// Sets `call.route`. Every call is routed (a call without a rule gets the
 /// `_none` series).

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::clock::Micros;
 use crate::config::Fallback;
+use crate::limit::clock::Micros;
 use crate::limit::{Decision, RuleState};
 
 /// A decision, and how it was made.

@@ -31,10 +31,10 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::calendar::Period;
-use crate::clock::Micros;
+use crate::limit::calendar::Period;
+use crate::limit::clock::Micros;
+use crate::limit::penalty::PenaltyState;
 use crate::limit::{Decision, Key, Limit, Rule, WindowKey};
-use crate::penalty::PenaltyState;
 
 const SHARDS: usize = 16;
 

@@ -33,11 +33,11 @@ use super::op::{Inspect, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
-use crate::clock::{Clock, Micros};
+use crate::limit::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide};
+use crate::limit::pair::PairRef;
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
-use crate::metrics::MemoryStoreMetrics;
-use crate::pair::PairRef;
+use crate::telemetry::metrics::MemoryStoreMetrics;
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, its idle entries are dropped.
@@ -68,7 +68,7 @@ pub struct MemoryStore {
     tokens: Mutex<rustc_hash::FxHashMap<TokenHash, (String, Micros)>>,
     /// `tokens` changed since the last write of the state file.
     tokens_dirty: AtomicBool,
-    /// The token cache's slots (`crate::token_cache`); not persisted.
+    /// The token cache's slots (`crate::features::token_cache`); not persisted.
     token_slots: Mutex<TokenSlots>,
     /// States held (all shards); may pass `max_entries` by the few pairs
     /// created at once, and by penalties, which always find room.

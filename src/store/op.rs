@@ -6,7 +6,7 @@
 //! - [`Operation::apply`]: what it does to the pair's state, a pure function
 //!   of the state and the store's now. The memory store runs it under the
 //!   pair's lock (as governor's `StateStore::measure_and_replace`); the
-//!   arithmetic lives in [`crate::limit::decide`] and [`crate::penalty`];
+//!   arithmetic lives in [`crate::limit::decide`] and [`crate::limit::penalty`];
 //! - [`Operation::command`] and [`Operation::reply`]: the same on Redis, as
 //!   its `lua/<op>.lua` script (or a plain command) and how the answer is
 //!   read; the conformance table holds the two together;

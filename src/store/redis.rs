@@ -42,8 +42,8 @@ use super::op;
 use super::op::{Command, Operation, PairOp, PairReply, Runs};
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Status, Store, StoreError, TokenStore};
-use crate::clock::{deadline_after, Clock, Micros};
 use crate::config::RedisConfig;
+use crate::limit::clock::{deadline_after, Clock, Micros};
 use crate::limit::{Ask, Decision, Key};
 
 /// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).

@@ -34,7 +34,7 @@
 //! - Learned access tokens live in Redis only. A lookup Redis cannot answer
 //!   says "unknown" (the call counts against `default`); a token learned
 //!   while Redis cannot take it is not shared (the caller logs it; this
-//!   instance's own cache, [`crate::accounts`], still knows it). The
+//!   instance's own cache, [`crate::features::accounts`], still knows it). The
 //!   access-token key is read at start and, until read, every second; when
 //!   Redis lost its data, this instance offers its key back.
 
@@ -56,10 +56,10 @@ use super::op::{Answered, Inspect, Operation, PairOp, PairReply, Route, Runs, Wr
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
-use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::{Fallback, Resilience};
+use crate::limit::clock::{Clock, Micros, Stopwatch};
+use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Key, Limit, Reason};
-use crate::penalty::PenaltyState;
 
 /// How often the background task writes what Redis is missing and checks
 /// that Redis still holds the deployment's epoch.
@@ -90,7 +90,7 @@ pub struct Resilient {
     resilience: Resilience,
     breaker: Breaker,
     counters: StoreCounters,
-    /// Known refusals, one cache per serving thread ([`crate::worker`]) plus
+    /// Known refusals, one cache per serving thread ([`crate::transport::worker`]) plus
     /// one for everything else. Forgetting clears them all.
     refusals: Box<[RefusalCache]>,
     shared_refusals: RefusalCache,
@@ -321,7 +321,7 @@ impl Resilient {
 
     /// This thread's cache of known refusals.
     fn refusals(&self) -> &RefusalCache {
-        crate::worker::pick(&self.refusals, &self.shared_refusals)
+        crate::transport::worker::pick(&self.refusals, &self.shared_refusals)
     }
 
     /// Every cache of known refusals, this thread's and the others'.

@@ -31,7 +31,7 @@
 //! GCRA theoretical arrival time, per calendar quota the period (days since
 //! the epoch, or `year * 12 + month0`, in `quota_timezone`), the calls
 //! counted in it and those already reserved for the next one (see
-//! [`crate::limit`]); the penalty and its escalation ([`crate::penalty`],
+//! [`crate::limit`]); the penalty and its escalation ([`crate::limit::penalty`],
 //! left out when there never was one); the warm-up start and the last
 //! admitted call; the longest warm-up of the rule versions that used it;
 //! and, for a rule with `max_share`, each caller's use of its share (its
@@ -72,10 +72,10 @@ use std::sync::{Arc, Mutex};
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::calendar::Period;
-use crate::clock::Micros;
+use crate::limit::calendar::Period;
+use crate::limit::clock::Micros;
+use crate::limit::penalty::PenaltyState;
 use crate::limit::{LimitState, RuleState, ShareState, WindowKey};
-use crate::penalty::PenaltyState;
 use crate::store::tokens::{TokenHash, TokenKey};
 
 const FORMAT: &str = "wxgate-state";

@@ -1,7 +1,7 @@
 //! Access tokens as the stores know them: by a keyed hash, never in clear.
 //!
 //! A store remembers which account an access token was issued to
-//! ([`crate::accounts`] learns it from the token answer). It holds the
+//! ([`crate::features::accounts`] learns it from the token answer). It holds the
 //! token's [`TokenHash`]: the first 128 bits of HMAC-SHA256 of the token
 //! under the deployment's [`TokenKey`], a random 256-bit key. Without the
 //! key nobody can tell which hash a given token has; with it (a reader of
@@ -23,7 +23,7 @@ use std::fmt;
 use ring::hmac;
 use ring::rand::SecureRandom;
 
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 
 /// Bytes of a [`TokenKey`].
 const KEY_LEN: usize = 32;
@@ -125,7 +125,7 @@ impl TokenOwner {
 }
 
 /// What [`crate::store::TokenStore::claim_token`] found for a token-cache slot
-/// (`crate::token_cache`): a cached token, the right to fetch one, or
+/// (`crate::features::token_cache`): a cached token, the right to fetch one, or
 /// another asker's fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {

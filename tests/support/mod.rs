@@ -59,8 +59,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
-use wxgate::clock::ManualClock;
 use wxgate::config::Config;
+use wxgate::limit::clock::ManualClock;
 use wxgate::server::Running;
 
 /// 2026-11-29 10:00:00 Beijing (02:00 UTC), in microseconds.
@@ -358,11 +358,11 @@ impl Gate {
 
     /// Like [`Gate::start_real`], on a whole config text (or [`ConfigToml`]).
     pub async fn start_real_text(text: impl Display) -> Gate {
-        Gate::serve(parse(text), Some(Arc::new(wxgate::clock::SystemClock))).await
+        Gate::serve(parse(text), Some(Arc::new(wxgate::limit::clock::SystemClock))).await
     }
 
     /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
-    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::clock::Clock>>) -> Gate {
+    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::limit::clock::Clock>>) -> Gate {
         let manual = ManualClock::new(T0);
         let clock = clock.unwrap_or_else(|| Arc::new(manual.clone()));
         let running = wxgate::start(config, clock).await.expect("start wxgate");

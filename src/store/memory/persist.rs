@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::{lock, Durable, MemoryStore, Writer};
-use crate::clock::{Clock, Micros, Stopwatch};
 use crate::config::MemoryConfig;
+use crate::limit::clock::{Clock, Micros, Stopwatch};
 use crate::limit::RuleState;
-use crate::metrics::{FileOp, MemoryStoreMetrics};
 use crate::store::state_file::{decode, encode_to, Learned, Pair, Saved, StateFile};
+use crate::telemetry::metrics::{FileOp, MemoryStoreMetrics};
 
 /// How often idle state is dropped without traffic.
 const SWEEP_PERIOD: Duration = Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! The embedded store's token cache (`crate::token_cache`): slots of sealed
+//! The embedded store's token cache (`crate::features::token_cache`): slots of sealed
 //! tokens, their fetch locks, and which slot holds which token. What
 //! `lua/token_claim.lua`, `lua/token_fetched.lua` and `lua/token_drop.lua`
 //! do in Redis, under one mutex. Not kept in the state file: after a
@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::store::tokens::{Claim, Fetched, TokenHash};
 
 /// Entries past this many are swept of expired ones on the next write.

@@ -6,7 +6,7 @@ use std::future::Future;
 use async_trait::async_trait;
 use redis::Script;
 
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::{Snapshot, StoreError};
 use crate::store::ledger::Ledger;

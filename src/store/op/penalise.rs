@@ -1,5 +1,5 @@
 //! `penalise`: WeChat answered a penalised errcode to a call admitted at
-//! `sent_at`: starts or escalates the pair's penalty ([`crate::penalty`]).
+//! `sent_at`: starts or escalates the pair's penalty ([`crate::limit::penalty`]).
 //! lua/penalise.lua.
 
 use std::sync::LazyLock;
@@ -7,9 +7,9 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Answered, Command, Operation, Route, Wrapper};
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
-use crate::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
+use crate::limit::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
 use crate::store::answer::{PenaltyEnd, StoreError};
 use crate::store::redis::protocol::{parse_until, script, Keys};
 

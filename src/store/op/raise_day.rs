@@ -1,4 +1,4 @@
-//! `raise_day`: quota_sync (`crate::quota_sync`): WeChat counts `used` calls
+//! `raise_day`: quota_sync (`crate::ops::quota_sync`): WeChat counts `used` calls
 //! today for the pair; raises the day count of its state to it, never
 //! lowering it (calls reserved for tomorrow stay). Answers the day count
 //! before. Creates the state if it is absent ([`crate::limit::decide::raise_day`]).
@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Command, Operation, Route};
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::decide::raise_day;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::StoreError;

@@ -6,9 +6,9 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Answered, Command, Operation, Route, Wrapper};
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
-use crate::penalty::PenaltyState;
+use crate::limit::penalty::PenaltyState;
 use crate::store::answer::{PenaltyEnd, StoreError};
 use crate::store::redis::protocol::{parse_until, script, Keys};
 

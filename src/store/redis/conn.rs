@@ -1,4 +1,4 @@
-//! Connections to Redis: one per serving thread ([`crate::worker`]), made on
+//! Connections to Redis: one per serving thread ([`crate::transport::worker`]), made on
 //! that thread's runtime so a round trip never crosses threads, plus a shared
 //! one for everything else (the admin API, the breaker's probe, lease
 //! renewal, and a serving thread whose own connection could not be made).
@@ -24,8 +24,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ServerErrorKind};
 
-use crate::clock::Stopwatch;
 use crate::config::RedisConfig;
+use crate::limit::clock::Stopwatch;
 use crate::store::answer::StoreError;
 
 /// How long start-up waits for Redis before starting degraded.
@@ -234,7 +234,7 @@ impl Connections {
     /// server's connection is made on first use (no I/O here); a cluster's
     /// is made now, and if that fails the thread uses the shared one.
     pub async fn attach_worker(&self) {
-        let Some(own) = crate::worker::current().and_then(|i| self.own.get(i)) else { return };
+        let Some(own) = crate::transport::worker::current().and_then(|i| self.own.get(i)) else { return };
         let conn = match &self.opener {
             Opener::Single(client, config) => match lazy(client, config) {
                 Ok(c) => c,
@@ -261,7 +261,7 @@ impl Connections {
 
     /// This thread's lane: a serving thread's own, else the shared one.
     pub fn lane(&self) -> Lane {
-        match crate::worker::current() {
+        match crate::transport::worker::current() {
             Some(i) if i < self.own.len() => Lane::Own(i),
             _ => Lane::Shared,
         }

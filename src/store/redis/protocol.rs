@@ -15,9 +15,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
+use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
-use crate::penalty::PenaltyState;
 use crate::store::answer::StoreError;
 use crate::store::tokens::TokenHash;
 

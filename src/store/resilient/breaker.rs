@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::clock::Stopwatch;
 use crate::config::Fallback;
+use crate::limit::clock::Stopwatch;
 use crate::store::StoreError;
 
 /// Degraded decisions are logged at most once per this long.

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::clock::Micros;
+use crate::limit::clock::Micros;
 use crate::limit::{Reason, Rule};
 
 /// Longest a refusal is answered locally.

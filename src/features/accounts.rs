@@ -1,0 +1,272 @@
+//! Which account a call counts against: the identify phase's rules.
+//!
+//! 1. **Named** by the caller: the `X-Wx-Account` header, or an `@account`
+//!    first path segment ([`split_prefix`]: an SDK's base URL such as
+//!    `http://wxgate:8080/@wx1234567890abcdef`; `%40` works too), removed
+//!    before the path is checked, matched and forwarded. Both may be given
+//!    if they agree.
+//! 2. **Learned**: the account the call's access token (`access_token=`, or
+//!    `component_access_token=` for the platform's own APIs) was issued to,
+//!    remembered when its token answer passed through wxgate ([`learn`]).
+//! 3. A token request's own appid ([`learn::TokenRequest::caller`]): what
+//!    WeChat counts a token request against; the appid a `clear_quota`
+//!    clears ([`crate::features::quota_clear`]).
+//! 4. `default`.
+//!
+//! A call that names an account but carries a token learned for another is
+//! refused (400): nobody may spend or penalise another account's quota by
+//! naming it. With `[server] accounts`, a call whose account (from any
+//! source) is not listed is refused too.
+//!
+//! Cost: a call without a token looks up nothing; a call with one looks it
+//! up in its serving thread's cache ([`cache`]). Only when the cache has no
+//! answer is it hashed (HMAC, [`crate::store::tokens`]) and the store asked.
+//! The token never leaves the process: not in logs, answers or the store.
+
+pub mod cache;
+pub mod learn;
+pub mod query;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, Request};
+use hyper::body::Incoming;
+
+use self::cache::Cached;
+use self::learn::{Learn, Prepared, TokenRequest};
+use crate::config::{valid_account, Config};
+use crate::error::ProxyError;
+use crate::features::base::Base;
+use crate::features::hooks::{Answered, Feature};
+use crate::transport::sniff::Verdict;
+
+/// Account used when a call names none.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// Header naming the WeChat account (appid / corpid alias) a call is for.
+pub const ACCOUNT_HEADER: &str = "x-wx-account";
+pub const ACCOUNT: HeaderName = HeaderName::from_static(ACCOUNT_HEADER);
+
+const ALPHABET: &str = "1-64 characters of A-Z a-z 0-9 _ -";
+
+/// Splits an `@account` first segment off a request target: the account
+/// and the target without it (query unchanged), or `None` if the target
+/// has no such segment. `Err` (400) for an invalid account or nothing
+/// after it.
+pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuery)>, String> {
+    let path = target.path();
+    let Some(rest) = path.strip_prefix("/@").or_else(|| path.strip_prefix("/%40")) else {
+        return Ok(None);
+    };
+    let Some(slash) = rest.find('/') else {
+        return Err("an @account prefix must be followed by the API path: /@account/cgi-bin/...".into());
+    };
+    let account = &rest[..slash];
+    if !valid_account(account) {
+        return Err(format!("the @account prefix must be {ALPHABET}"));
+    }
+    let mut stripped = String::with_capacity(target.as_str().len());
+    stripped.push_str(&rest[slash..]);
+    if let Some(q) = target.query() {
+        stripped.push('?');
+        stripped.push_str(q);
+    }
+    let stripped = PathAndQuery::from_maybe_shared(Bytes::from(stripped))
+        .map_err(|e| format!("the path after the @account prefix is not a request target: {e}"))?;
+    Ok(Some((account.to_owned(), stripped)))
+}
+
+/// The account `X-Wx-Account` names, if given (once, and valid).
+fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
+    let mut values = headers.get_all(ACCOUNT).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()));
+    }
+    match value.to_str() {
+        Ok(v) if valid_account(v) => Ok(Some(v)),
+        _ => Err(ProxyError::BadRequest(format!("X-Wx-Account must be {ALPHABET}"))),
+    }
+}
+
+/// The access token a call carries in its query, if any.
+fn token(query: Option<&str>) -> Option<Cow<'_, [u8]>> {
+    let query = query?;
+    query::param(query, "access_token").or_else(|| query::param(query, "component_access_token"))
+}
+
+/// Learning as a feature ([`crate::features`]): the answer hook of a token
+/// request ([`learn::learn`]).
+pub struct Learning;
+
+impl Feature for Learning {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
+        if let (Some(request), Verdict::Success, Some(body)) = (answered.learn.take(), answered.verdict, answered.body)
+        {
+            learn::learn(app, answered.config, request, body).await;
+        }
+    }
+}
+
+/// What identify learns of a call from its request.
+pub struct Identified {
+    /// The WeChat account (appid / corpid alias) the call is for.
+    pub account: String,
+    /// What a token request's answer will teach.
+    pub learn: Option<Learn>,
+    /// A token request's or clear_quota's body, read whole.
+    pub body: Option<Bytes>,
+    /// A `clear_quota` call, and the appid its body names.
+    pub clearing: Option<crate::features::quota_clear::request::Clearing>,
+}
+
+/// The identify phase's account: from the header or the prefix accept
+/// split off (`named`), the token in `target`'s query, a token request's
+/// appid, or `default`, in that order (see the module docs); and, for a
+/// token request or clear_quota, its body and what its answer will teach.
+pub async fn identify(
+    app: &Base,
+    config: &Config,
+    path: &str,
+    named: Option<String>,
+    req: &mut Request<Incoming>,
+    target: &PathAndQuery,
+) -> Result<Identified, ProxyError> {
+    let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None };
+    let named = match (header(req.headers())?, named) {
+        (Some(h), Some(p)) if h != p => {
+            return Err(ProxyError::BadRequest(format!(
+                "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
+            )))
+        }
+        (Some(h), _) => {
+            h.clone_into(&mut out.account);
+            true
+        }
+        (None, Some(p)) => {
+            out.account = p;
+            true
+        }
+        (None, None) => false,
+    };
+    let owner = match token(target.query()) {
+        Some(t) => Some(owner(app, &t).await),
+        None => None,
+    };
+    let caller = match TokenRequest::at(path) {
+        Some(request) => {
+            let within = config.server.header_timeout;
+            let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
+            out.body = body;
+            out.learn = Some(learn);
+            caller
+        }
+        // A clear_quota counts as the appid it clears, like a token request.
+        None if crate::features::quota_clear::request::at(path) => {
+            let within = config.server.header_timeout;
+            let (body, clearing) = crate::features::quota_clear::request::prepare(req, target.query(), within).await?;
+            out.body = body;
+            let caller = clearing.appid.clone();
+            out.clearing = Some(clearing);
+            caller
+        }
+        None => None,
+    };
+    match owner {
+        Some(Some(owner)) if named && *owner != *out.account => {
+            return Err(ProxyError::BadRequest(format!(
+                "this call's access token was issued to account \"{owner}\", not to \"{}\" (the account it names)",
+                out.account
+            )));
+        }
+        _ if named => {}
+        Some(Some(owner)) => {
+            out.account.clear();
+            out.account.push_str(&owner);
+        }
+        unknown => match caller {
+            Some(caller) => out.account = caller,
+            None => {
+                if unknown.is_some() {
+                    app.metrics.unknown_token_calls.inc();
+                }
+                DEFAULT_ACCOUNT.clone_into(&mut out.account);
+            }
+        },
+    }
+    if let Some(list) = &config.server.accounts {
+        if !list.contains(&out.account) {
+            return Err(ProxyError::BadRequest(format!(
+                "account \"{}\" is not one of this wxgate's accounts ([server] accounts)",
+                out.account
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// The account `token` was issued to, if known: from this thread's cache,
+/// else from the store (then cached, known or not).
+async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
+    let now = app.clock.now_us();
+    let cache = app.token_owners.here();
+    match cache.get(token, now) {
+        Cached::Owner(account) => return Some(account),
+        Cached::Unknown => return None,
+        Cached::Miss => {}
+    }
+    let hash = app.store.tokens().token_hash(token)?;
+    match app.store.tokens().token_owner(&hash).await {
+        Ok(Some(owner)) => {
+            let account: Arc<str> = Arc::from(owner.account.as_str());
+            cache.known(token, account.clone(), now.saturating_add(owner.remaining_us()), now);
+            Some(account)
+        }
+        Ok(None) => {
+            cache.unknown(token, now);
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot look up an access token: counted as unknown");
+            cache.unknown(token, now);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(target: &str) -> Result<Option<(String, String)>, String> {
+        let pq = PathAndQuery::from_maybe_shared(Bytes::from(target.to_owned())).expect("target");
+        split_prefix(&pq).map(|o| o.map(|(a, rest)| (a, rest.as_str().to_owned())))
+    }
+
+    #[test]
+    fn the_prefix_is_split_off_and_the_query_kept() {
+        let ok = |a: &str, rest: &str| Ok(Some((a.to_owned(), rest.to_owned())));
+        assert_eq!(split("/@wxA/cgi-bin/token?appid=x&y=%2F"), ok("wxA", "/cgi-bin/token?appid=x&y=%2F"));
+        assert_eq!(split("/%40ww_1-2/cgi-bin/gettoken"), ok("ww_1-2", "/cgi-bin/gettoken"));
+        assert_eq!(split("/@wxA/"), ok("wxA", "/"));
+        assert_eq!(split("/cgi-bin/token?x=@wxA"), Ok(None));
+        assert_eq!(split("/cgi-bin/@wxA/token"), Ok(None), "only the first segment");
+        for bad in ["/@wxA", "/@wxA?x=1", "/@/cgi-bin/token", "/%40/cgi-bin/token", "/@wx%41/x", "/@wx.A/x"] {
+            assert!(split(bad).is_err(), "{bad}");
+        }
+        assert!(split(&format!("/@{}/x", "a".repeat(65))).is_err());
+        assert!(split(&format!("/@{}/x", "a".repeat(64))).is_ok());
+    }
+
+    #[test]
+    fn the_token_is_the_access_token_else_the_component_one() {
+        assert_eq!(token(Some("a=1&access_token=T")).as_deref(), Some(&b"T"[..]));
+        assert_eq!(token(Some("component_access_token=C")).as_deref(), Some(&b"C"[..]));
+        assert_eq!(token(Some("component_access_token=C&access_token=T")).as_deref(), Some(&b"T"[..]));
+        assert_eq!(token(Some("authorizer_access_token=X")), None);
+        assert_eq!(token(None), None);
+    }
+}

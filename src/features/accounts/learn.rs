@@ -1,0 +1,254 @@
+//! Token requests: the calls whose successful answer is a fresh access
+//! token ([`TOKEN_REQUESTS`]), the account each token belongs to, and
+//! remembering it ([`learn`]) so that later calls carrying the token count
+//! against that account.
+//!
+//! The account is the appid (or corpid) the request asks a token for: in
+//! its query (`/cgi-bin/token`, WeCom `/cgi-bin/gettoken`), in its JSON body
+//! (`stable_token`, the platform's `api_component_token` and
+//! `api_authorizer_token`), or in the answer (`api_query_auth`). A body is
+//! read whole before the call goes on ([`read_body`]) only on these paths,
+//! and only when it declares at most [`BODY_CAP`] bytes (a token request is
+//! a few dozen); WeChat gets exactly the bytes sent. Every other call
+//! streams as before.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
+use http::Request;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::query;
+use crate::config::{valid_account, Config};
+use crate::error::ProxyError;
+use crate::features::base::Base;
+use crate::limit::clock::Micros;
+
+/// Largest token request body read before forwarding.
+pub const BODY_CAP: u64 = 4096;
+/// Longest a learned token is remembered, whatever its `expires_in` says
+/// (WeChat's live two hours).
+const MAX_TTL_US: Micros = 86_400_000_000;
+
+/// Where a token request names an appid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Name {
+    Query(&'static str),
+    /// A top-level string of the JSON request body.
+    Body(&'static str),
+    /// A string of the answer (inside [`TokenRequest::within`]).
+    Answer(&'static str),
+}
+
+/// A call whose successful answer is an access token.
+#[derive(Debug)]
+pub struct TokenRequest {
+    pub path: &'static str,
+    /// The account the request itself is for (it counts against it when it
+    /// names no account otherwise).
+    pub caller: Name,
+    /// The account the token it gets belongs to.
+    pub owner: Name,
+    /// The answer's field holding the token.
+    pub token: &'static str,
+    /// The answer's object holding the token, `expires_in` and an
+    /// [`Name::Answer`] owner (`None`: the top level).
+    pub within: Option<&'static str>,
+}
+
+/// Every token request wxgate learns from.
+pub const TOKEN_REQUESTS: [TokenRequest; 6] = [
+    TokenRequest {
+        path: "/cgi-bin/token",
+        caller: Name::Query("appid"),
+        owner: Name::Query("appid"),
+        token: "access_token",
+        within: None,
+    },
+    TokenRequest {
+        path: "/cgi-bin/stable_token",
+        caller: Name::Body("appid"),
+        owner: Name::Body("appid"),
+        token: "access_token",
+        within: None,
+    },
+    TokenRequest {
+        path: "/cgi-bin/gettoken",
+        caller: Name::Query("corpid"),
+        owner: Name::Query("corpid"),
+        token: "access_token",
+        within: None,
+    },
+    TokenRequest {
+        path: "/cgi-bin/component/api_component_token",
+        caller: Name::Body("component_appid"),
+        owner: Name::Body("component_appid"),
+        token: "component_access_token",
+        within: None,
+    },
+    TokenRequest {
+        path: "/cgi-bin/component/api_authorizer_token",
+        caller: Name::Body("component_appid"),
+        owner: Name::Body("authorizer_appid"),
+        token: "authorizer_access_token",
+        within: None,
+    },
+    // An account authorising the platform: its first authorizer token.
+    TokenRequest {
+        path: "/cgi-bin/component/api_query_auth",
+        caller: Name::Body("component_appid"),
+        owner: Name::Answer("authorizer_appid"),
+        token: "authorizer_access_token",
+        within: Some("authorization_info"),
+    },
+];
+
+impl TokenRequest {
+    /// The token request at `path` (a path [`crate::config::routes::refusal`]
+    /// accepted: normal but for a trailing `/`), if it is one.
+    pub fn at(path: &str) -> Option<&'static TokenRequest> {
+        let path = path.strip_suffix('/').unwrap_or(path);
+        if !path.starts_with("/cgi-bin/") {
+            return None;
+        }
+        TOKEN_REQUESTS.iter().find(|r| r.path == path)
+    }
+
+    /// Whether its answer is a fresh access token of the account itself
+    /// (OA/MP, stable, WeCom): warm-up starts again after one.
+    pub fn refreshes_access_token(&self) -> bool {
+        self.token == "access_token"
+    }
+
+    fn reads_body(&self) -> bool {
+        matches!(self.caller, Name::Body(_)) || matches!(self.owner, Name::Body(_))
+    }
+}
+
+/// What a token request's answer will teach: set by the identify phase,
+/// used by the answer hook ([`super::Learning`]).
+#[derive(Debug)]
+pub struct Learn {
+    pub request: &'static TokenRequest,
+    /// The owner named in the request (`None`: in the answer, or nowhere valid).
+    pub owner: Option<String>,
+}
+
+/// A token request on its way: its body (if read, for forwarding as it
+/// is), the account it is for, and what its answer will teach.
+pub struct Prepared {
+    pub body: Option<Bytes>,
+    pub caller: Option<String>,
+    pub learn: Learn,
+}
+
+/// Reads what `request` names before it goes on: its body (see the module
+/// docs), the account it is for, the account its token will belong to.
+pub async fn prepare(
+    request: &'static TokenRequest,
+    req: &mut Request<Incoming>,
+    query: Option<&str>,
+    within: Duration,
+) -> Result<Prepared, ProxyError> {
+    let body = if request.reads_body() { read_body(req, within).await? } else { None };
+    let json = body.as_deref().and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok());
+    let name = |n: Name| -> Option<String> {
+        let text = match n {
+            Name::Query(p) => String::from_utf8(query.and_then(|q| query::param(q, p))?.into_owned()).ok()?,
+            Name::Body(f) => json.as_ref()?.get(f)?.as_str()?.to_owned(),
+            Name::Answer(_) => return None,
+        };
+        valid_account(&text).then_some(text)
+    };
+    Ok(Prepared { caller: name(request.caller), learn: Learn { request, owner: name(request.owner) }, body })
+}
+
+/// The request's whole body, if it declares at most [`BODY_CAP`] bytes;
+/// `None` (the body streams as usual) otherwise. 400 if it does not arrive
+/// within `within`.
+pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_none_or(|n| n > BODY_CAP) {
+        return Ok(None);
+    }
+    match tokio::time::timeout(within, req.body_mut().collect()).await {
+        Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
+        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}"))),
+        Err(_) => Err(ProxyError::BadRequest(format!(
+            "the request body did not arrive within {within:?} ([server] header_timeout)"
+        ))),
+    }
+}
+
+/// A successful answer to a token request passed through: remembers its
+/// token for its account (in this instance's cache at once, and in the
+/// store for every instance and restart) until it expires. Nothing is
+/// learned for an account that is not valid or not on `[server] accounts`
+/// (of `config`, the call's),
+/// nor from an answer without a token or a positive `expires_in`.
+/// Failures are logged, never the call's: the client gets its token anyway.
+pub async fn learn(app: &Base, config: &Config, learn: Learn, answer: &[u8]) {
+    let request = learn.request;
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(answer) else { return };
+    let object = match request.within {
+        Some(field) => &json[field],
+        None => &json,
+    };
+    let owner = match (learn.owner, request.owner) {
+        (Some(owner), _) => owner,
+        (None, Name::Answer(field)) => match object[field].as_str() {
+            Some(owner) if valid_account(owner) => owner.to_owned(),
+            _ => return,
+        },
+        (None, _) => return,
+    };
+    let Some(token) = object[request.token].as_str().filter(|t| !t.is_empty()) else { return };
+    let expires_in = match &object["expires_in"] {
+        serde_json::Value::Number(n) => n.as_i64(),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    };
+    let Some(ttl_us) = expires_in.filter(|s| *s > 0).map(|s| s.saturating_mul(1_000_000).min(MAX_TTL_US)) else {
+        return;
+    };
+    if config.server.accounts.as_ref().is_some_and(|list| !list.contains(&owner)) {
+        tracing::info!(account = %owner, path = request.path, "not learning a token for an account not on [server] accounts");
+        return;
+    }
+    let Some(hash) = app.store.tokens().token_hash(token.as_bytes()) else {
+        tracing::warn!(account = %owner, "cannot learn an access token yet: the store's token key is not read (Redis not reached since start)");
+        return;
+    };
+    let now = app.clock.now_us();
+    app.token_owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
+    match app.store.tokens().learn_token(&hash, &owner, ttl_us).await {
+        Ok(()) => {
+            app.metrics.tokens_learned.inc();
+            tracing::debug!(account = %owner, path = request.path, expires_in_s = ttl_us / 1_000_000, "learned an access token");
+        }
+        Err(e) => tracing::warn!(
+            account = %owner,
+            error = %e,
+            "could not store a learned access token: this instance knows it, other instances and a restart will not \
+             (their calls with it count against `default`)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_requests_are_found_by_their_exact_path() {
+        assert_eq!(TokenRequest::at("/cgi-bin/token").map(|r| r.token), Some("access_token"));
+        assert_eq!(TokenRequest::at("/cgi-bin/token/").map(|r| r.path), Some("/cgi-bin/token"));
+        assert!(TokenRequest::at("/cgi-bin/tokens").is_none());
+        assert!(TokenRequest::at("/cgi-bin/message/custom/send").is_none());
+        let auth = TokenRequest::at("/cgi-bin/component/api_authorizer_token").expect("platform");
+        assert_eq!((auth.caller, auth.owner), (Name::Body("component_appid"), Name::Body("authorizer_appid")));
+        assert!(TOKEN_REQUESTS.iter().all(|r| TokenRequest::at(r.path).is_some_and(|f| f.path == r.path)));
+    }
+}

@@ -1,0 +1,80 @@
+//! `clear_quota` understood. When WeChat accepts a `clear_quota` (or
+//! `clear_quota/v2`) that passed through wxgate, it has just reset the
+//! account's counters; wxgate resets its own for that account at once, for
+//! every instance (through the store): the day count of every rule (each
+//! path's, for `scope = "path"`) starts again from 0 and every penalty is
+//! lifted ([`crate::limit::decide::clear`]). `POST
+//! /v1/accounts/{account}/clear` does the same by hand, for a clear done
+//! outside wxgate.
+//!
+//! Whose counters: the appid the call's body names (`{"appid": ...}`, or
+//! `appid=` in a form body or the query). When the call's account is known
+//! otherwise (`X-Wx-Account`, an `@account` prefix, a learned token) it
+//! must be that appid: if not, wxgate clears nothing and says so in the log
+//! (the call still goes to WeChat: a recovery API is never blocked), since
+//! clearing another account's counts could let its calls past WeChat's
+//! real limits. Nothing is cleared when WeChat refuses the clear (48006:
+//! ten clears a month used up) or its answer is not a plain success.
+
+use crate::config::Config;
+use crate::features::base::Base;
+use crate::features::hooks::{Answered, Feature};
+use crate::limit::Key;
+use crate::store::StoreError;
+use crate::transport::sniff::Verdict;
+
+pub mod request;
+
+pub use self::request::{at, Clearing, PATHS};
+
+/// clear_quota as a feature ([`crate::features`]): the answer hook of a
+/// clear_quota WeChat accepted ([`cleared`]).
+pub struct QuotaClear;
+
+impl Feature for QuotaClear {
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
+        if let (Verdict::Success, Some(clearing)) = (answered.verdict, answered.clearing) {
+            cleared(app, answered.config, answered.account, clearing).await;
+        }
+    }
+}
+
+/// The answer hook's part, after WeChat accepted the clear: resets the
+/// counts of `account` (the call's) if it is the appid WeChat cleared.
+pub async fn cleared(app: &Base, config: &Config, account: &str, clearing: &Clearing) {
+    match clearing.appid.as_deref() {
+        Some(appid) if appid == account => match clear_account(app, config, appid).await {
+            Ok(()) => {
+                tracing::info!(account = %appid, "WeChat cleared this account's quota: its day counts and penalties start again")
+            }
+            Err(e) => tracing::warn!(
+                account = %appid,
+                error = %e,
+                "WeChat cleared this account's quota, but wxgate could not reset its own counts: \
+                 POST /v1/accounts/{{account}}/clear when the store is back"
+            ),
+        },
+        Some(appid) => tracing::warn!(
+            account = %account,
+            appid = %appid,
+            "WeChat cleared the quota of an appid that is not this call's account: wxgate reset nothing; \
+             if they are the same WeChat account, POST /v1/accounts/{{account}}/clear"
+        ),
+        None => tracing::warn!(
+            account = %account,
+            "a clear_quota succeeded but its body named no appid wxgate could read: wxgate reset nothing; \
+             POST /v1/accounts/{{account}}/clear"
+        ),
+    }
+}
+
+/// Resets `account`'s day counts and penalties for every rule of `config`
+/// (each path's state for `scope = "path"`), in the store: every instance
+/// sees it.
+pub async fn clear_account(app: &Base, config: &Config, account: &str) -> Result<(), StoreError> {
+    let offset_us = config.server.quota_offset_us;
+    let keys: Vec<Key<'_>> = config.routed.iter().map(|rule| Key { account, rule, offset_us }).collect();
+    app.store.clear(&keys).await?;
+    app.metrics.quota_clears.inc();
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! The request side of clear_quota: which paths it is at, and the appid a
+//! call's body (or query) names, read by the identify phase.
+
+use bytes::Bytes;
+use http::Request;
+use hyper::body::Incoming;
+
+use crate::config::valid_account;
+use crate::error::ProxyError;
+use crate::features::accounts::learn::read_body;
+use crate::features::accounts::query;
+
+/// The APIs that reset an account's counters at WeChat.
+pub const PATHS: [&str; 2] = ["/cgi-bin/clear_quota", "/cgi-bin/clear_quota/v2"];
+
+/// A `clear_quota` call on its way: the appid it names (if valid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clearing {
+    pub appid: Option<String>,
+}
+
+/// Whether `path` (as [`crate::config::routes::refusal`] accepted it: normal but
+/// for a trailing `/`) is a clear_quota API.
+pub fn at(path: &str) -> bool {
+    PATHS.contains(&path.strip_suffix('/').unwrap_or(path))
+}
+
+/// The identify phase's part: reads the body (when it declares at most
+/// [`crate::features::accounts::learn::BODY_CAP`] bytes; forwarded as it is) and the
+/// appid the call names.
+pub async fn prepare(
+    req: &mut Request<Incoming>,
+    query: Option<&str>,
+    within: std::time::Duration,
+) -> Result<(Option<Bytes>, Clearing), ProxyError> {
+    let body = read_body(req, within).await?;
+    let from_json = || {
+        let json = serde_json::from_slice::<serde_json::Value>(body.as_deref()?).ok()?;
+        json.get("appid")?.as_str().map(str::to_owned)
+    };
+    let from_form = |text: Option<&str>| {
+        let raw = query::param(text?, "appid")?;
+        String::from_utf8(raw.into_owned()).ok()
+    };
+    let form = body.as_deref().and_then(|b| std::str::from_utf8(b).ok());
+    let appid = from_json().or_else(|| from_form(form)).or_else(|| from_form(query)).filter(|a| valid_account(a));
+    Ok((body, Clearing { appid }))
+}

@@ -1,0 +1,223 @@
+//! One access token per account for every replica: token requests
+//! answered from a cache, with a single fetch per (account, secret) across
+//! all instances ([`serve`]), tokens WeChat rejects dropped ([`rejected`]).
+//!
+//! Why: each `/cgi-bin/token` fetch invalidates the account's previous
+//! token five minutes later, so replicas that fetch their own tokens knock
+//! each other out (40001 storms) and burn the 2,000-a-day token quota.
+//!
+//! A cacheable token request ([`ask`]) names a **slot**: `<kind>:<appid>:
+//! <HMAC of the secret>` ([`seal`]): a request with another secret names
+//! another slot, so it never gets a token cached for the right one; it goes
+//! to WeChat and gets WeChat's error. For its slot, the request (after
+//! identify and route, before decide) asks the store ([`crate::store::TokenStore::claim_token`]):
+//!
+//! - a cached token with more than `[tokens] min_ttl` left is answered at
+//!   once, WeChat-shaped, with `expires_in` what remains (outcome `cached`;
+//!   never forwarded, so it takes nothing from the token rule's quota);
+//! - else exactly one request, on any instance, wins the slot's fetch lock
+//!   and goes on through decide and forward as usual (it counts against the
+//!   token rule); its answer is sealed into the slot ([`fetched`]);
+//! - every other asker waits (polling the store every [`POLL`], woken at
+//!   once by a fetch of its own instance) for up to `[tokens] wait`, then
+//!   gets the fetched token; if WeChat refused the fetch, the refusal
+//!   (kept 2 s, never cached as a token); if the fetch ended without an
+//!   answer (refused by wxgate's limits, WeChat unreachable), the next
+//!   waiter fetches; past `wait`, 503 — never a second fetch while one is
+//!   in flight.
+//!
+//! `stable_token` with `force_refresh: true` skips the cached token, and
+//! joins a fetch already in flight instead of starting another.
+//!
+//! Cost: only token requests and answers with errcode 40001/40014/42001
+//! do anything here; other calls pass one `Option` check in the proxy.
+
+pub mod ask;
+pub mod cache;
+pub mod seal;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::Response;
+
+use self::ask::{answer, token_of, Kind};
+use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
+use crate::error::{Early, ProxyError};
+use crate::features::accounts::query;
+use crate::features::base::Base;
+use crate::features::hooks::{Answered, Asking, Feature};
+use crate::limit::clock::deadline_after;
+use crate::store::tokens::{Claim, Fetched};
+use crate::telemetry::metrics::Outcome;
+use crate::transport::body::RelayBody;
+use crate::transport::sniff::Verdict;
+
+/// How often a waiter looks at the store again.
+pub const POLL: Duration = Duration::from_millis(20);
+/// The errcodes that say a token is no longer valid.
+pub const REJECTED: [i64; 3] = [40001, 40014, 42001];
+/// Longest a fetched token is cached, whatever its `expires_in` says.
+const MAX_TTL_S: i64 = 86_400;
+
+/// The token cache as a feature ([`crate::features`]): its
+/// `before_decide` hook answers token requests from the cache ([`serve`]),
+/// its `on_answer` hook seals a fetched token ([`fetched`]) and drops a
+/// token WeChat rejected ([`rejected`]).
+pub struct TokenCacheFeature;
+
+impl Feature for TokenCacheFeature {
+    async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
+        if !asking.token_request {
+            return Ok(());
+        }
+        serve(app, asking).await
+    }
+
+    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
+        let errcode = match answered.verdict {
+            Verdict::Errcode(code) => Some(code),
+            Verdict::Success => Some(0),
+            Verdict::Unknown => None,
+        };
+        if let Some(fetch) = answered.token_fetch.take() {
+            fetched(app, fetch, errcode, answered.body).await;
+        }
+        if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
+            if REJECTED.contains(&code) {
+                rejected(cache, answered.target.query()).await;
+            }
+        }
+    }
+}
+
+/// The token-cache hook (after route, before decide), for token requests
+/// (identify set `learn`; it is called for no other): answers a cacheable
+/// token request from the cache or from another request's fetch, or lets
+/// it go on as its slot's one fetch (`asking.token_fetch`). Anything else
+/// goes on untouched.
+async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
+    let Some(cache) = &app.token_cache else { return Ok(()) };
+    let Some(asked) = ask::ask(call.method, call.path, call.target.query(), call.body.map(|b| &b[..])) else {
+        cache.metrics.passed.inc();
+        return Ok(());
+    };
+    let slot = format!(
+        "{}:{}:{}",
+        asked.kind.as_str(),
+        asked.id,
+        cache.sealer.secret_hash(asked.kind.as_str(), &asked.id, &asked.secret)
+    );
+    let holder = cache.holder();
+    let deadline = deadline_after(cache.wait);
+    // The fetch may be held by its rule's max_wait before it is sent: its
+    // lock lasts that much longer, so no second fetch starts meanwhile.
+    let held_us = call.rule.map_or(0, |r| r.max_wait_us);
+    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
+    // A forced refresh skips the cached token, and takes only one stored
+    // after the entry cached when it found a fetch in flight.
+    let mut newer_than = if asked.force { i64::MAX } else { -1 };
+    loop {
+        let woken = cache.done.notified();
+        let claim = cache.store.tokens().claim_token(&slot, &holder, cache.min_ttl_us, newer_than, lock_us).await;
+        match claim {
+            Err(e) => {
+                tracing::warn!(error = %e, "the token cache cannot be read: this token request goes to WeChat");
+                cache.metrics.passed.inc();
+                return Ok(());
+            }
+            Ok(Claim::Cached { entry, until, now }) => {
+                let Some(token) = cache.sealer.open(&slot, &entry) else {
+                    tracing::warn!("a cached access token cannot be opened (sealed under another token key?): this token request goes to WeChat");
+                    cache.metrics.passed.inc();
+                    return Ok(());
+                };
+                let left_s = (until - now) / 1_000_000;
+                if asked.kind != Kind::WeCom {
+                    cache.remember(&asked.id, &token, app.clock.now_us().saturating_add(until - now));
+                }
+                cache.metrics.from_cache.inc();
+                let resp = json_answer(answer(asked.kind, &token, left_s).into());
+                return Err(Early::Answered(Box::new(resp), Outcome::cached));
+            }
+            Ok(Claim::Won { .. }) => {
+                cache.metrics.fetched.inc();
+                *call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, asked.kind, asked.id));
+                return Ok(());
+            }
+            Ok(Claim::Failed { answer }) => {
+                cache.metrics.from_cache.inc();
+                return Err(Early::Answered(Box::new(json_answer(answer.into())), Outcome::cached));
+            }
+            Ok(Claim::Busy { stored, .. }) => {
+                if newer_than == i64::MAX {
+                    // A forced refresh joins the fetch in flight: its token replaces `stored`.
+                    newer_than = stored;
+                }
+            }
+        }
+        if deadline_after(Duration::ZERO) >= deadline {
+            cache.metrics.timed_out.inc();
+            return Err(ProxyError::TokenWait(cache.wait).into());
+        }
+        let next = deadline.min(deadline_after(POLL));
+        let _ = tokio::time::timeout_at(next, woken).await;
+    }
+}
+
+/// The answer hook's part for the call that made its slot's fetch:
+/// a token answer is sealed into the slot; WeChat's refusal is shown to the
+/// waiters for a moment; anything else releases the lock.
+/// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).
+pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>) {
+    let cache = fetch.cache.clone();
+    match (errcode, body) {
+        (Some(0), Some(body)) => match token_of(body) {
+            Some((token, expires_in)) => {
+                let ttl_us = expires_in.min(MAX_TTL_S) * 1_000_000;
+                let Some(entry) = cache.sealer.seal(&fetch.slot, token.as_bytes()) else {
+                    fetch.finish(Fetched::Abandoned).await;
+                    return;
+                };
+                let hash = cache.sealer.token_hash(token.as_bytes());
+                if fetch.kind != Kind::WeCom {
+                    cache.remember(&fetch.account, &token, app.clock.now_us().saturating_add(ttl_us));
+                }
+                tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched an access token for the token cache");
+                fetch.finish(Fetched::Token { entry: &entry, hash, ttl_us }).await;
+            }
+            None => fetch.finish(Fetched::Abandoned).await,
+        },
+        (Some(code), Some(body)) => {
+            tracing::info!(account = %fetch.account, errcode = code, "WeChat refused a token fetch: its waiters get the same answer");
+            fetch.finish(Fetched::Failed { answer: body, hold_us: FAILED_HOLD_US }).await;
+        }
+        _ => fetch.finish(Fetched::Abandoned).await,
+    }
+}
+
+/// WeChat answered 40001/40014/42001 to a call: if its `access_token` is
+/// a slot's current token, that slot drops it (once: a token fetched since
+/// is never dropped), so the next token request fetches a fresh one.
+pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>) {
+    let Some(token) = query.and_then(|q| query::param(q, "access_token")) else { return };
+    let hash = cache.sealer.token_hash(&token);
+    cache.forget(&token);
+    match cache.store.tokens().drop_token(&hash).await {
+        Ok(true) => {
+            cache.metrics.invalidations.inc();
+            tracing::info!("WeChat rejected a cached access token: dropped, the next token request fetches a new one");
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "could not drop a rejected access token from the token cache"),
+    }
+}
+
+/// A WeChat-shaped JSON answer (HTTP 200).
+fn json_answer(body: Bytes) -> Response<RelayBody> {
+    let mut resp = Response::new(RelayBody::full(body));
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json; encoding=utf-8"));
+    resp
+}

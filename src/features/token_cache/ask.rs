@@ -1,0 +1,149 @@
+//! Which token requests the cache answers, and the answers it writes.
+//!
+//! - `GET /cgi-bin/token?grant_type=client_credential&appid=..&secret=..`
+//! - `POST /cgi-bin/stable_token` with a JSON body `{grant_type:
+//!   "client_credential", appid, secret, force_refresh}`; `force_refresh:
+//!   true` always fetches (single-flighted, [`Ask::force`])
+//! - WeCom `GET /cgi-bin/gettoken?corpid=..&corpsecret=..`
+//!
+//! Anything else (another grant type, a missing or invalid appid, an empty
+//! secret, a body that is not such JSON) is not cached: it goes to WeChat as
+//! it came.
+
+use http::Method;
+use serde_json::json;
+
+use crate::config::valid_account;
+use crate::features::accounts::query;
+
+/// The token APIs the cache answers; each has slots of its own (a stable
+/// token and a `/cgi-bin/token` token of one appid are different tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Token,
+    Stable,
+    WeCom,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Token => "token",
+            Kind::Stable => "stable",
+            Kind::WeCom => "wecom",
+        }
+    }
+}
+
+/// A token request the cache can answer.
+pub struct Ask {
+    pub kind: Kind,
+    /// The appid (corpid for WeCom).
+    pub id: String,
+    /// The secret, only ever hashed ([`super::seal::Sealer::secret_hash`]).
+    pub secret: Vec<u8>,
+    /// `stable_token` with `force_refresh: true`.
+    pub force: bool,
+}
+
+impl std::fmt::Debug for Ask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ask").field("kind", &self.kind).field("id", &self.id).field("force", &self.force).finish()
+    }
+}
+
+/// The cacheable token request at `path` (as accepted: normal but for a
+/// trailing `/`), if this is one.
+pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>) -> Option<Ask> {
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let param = |name: &str| query.and_then(|q| query::param(q, name)).map(|v| v.into_owned());
+    let valid_id = |id: Vec<u8>| String::from_utf8(id).ok().filter(|id| valid_account(id));
+    match (method, path) {
+        (&Method::GET, "/cgi-bin/token") => {
+            if param("grant_type").as_deref() != Some(b"client_credential") {
+                return None;
+            }
+            let id = valid_id(param("appid")?)?;
+            let secret = param("secret").filter(|s| !s.is_empty())?;
+            Some(Ask { kind: Kind::Token, id, secret, force: false })
+        }
+        (&Method::GET, "/cgi-bin/gettoken") => {
+            let id = valid_id(param("corpid")?)?;
+            let secret = param("corpsecret").filter(|s| !s.is_empty())?;
+            Some(Ask { kind: Kind::WeCom, id, secret, force: false })
+        }
+        (&Method::POST, "/cgi-bin/stable_token") => {
+            let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
+            if json.get("grant_type")?.as_str()? != "client_credential" {
+                return None;
+            }
+            let id = json.get("appid")?.as_str().filter(|id| valid_account(id))?.to_owned();
+            let secret = json.get("secret")?.as_str().filter(|s| !s.is_empty())?.as_bytes().to_vec();
+            let force = match json.get("force_refresh") {
+                None | Some(serde_json::Value::Null) => false,
+                Some(v) => v.as_bool()?,
+            };
+            Some(Ask { kind: Kind::Stable, id, secret, force })
+        }
+        _ => None,
+    }
+}
+
+/// The body WeChat sends for a token of `kind` with `expires_in` seconds
+/// left (WeCom adds `errcode` 0 and `errmsg` "ok").
+pub fn answer(kind: Kind, token: &str, expires_in: i64) -> String {
+    match kind {
+        Kind::Token | Kind::Stable => json!({ "access_token": token, "expires_in": expires_in }).to_string(),
+        Kind::WeCom => {
+            json!({ "errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": expires_in }).to_string()
+        }
+    }
+}
+
+/// A token answer read: the token and its `expires_in` (seconds, > 0).
+pub fn token_of(answer: &[u8]) -> Option<(String, i64)> {
+    let json: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    let token = json.get("access_token")?.as_str().filter(|t| !t.is_empty())?.to_owned();
+    let expires_in = match json.get("expires_in")? {
+        serde_json::Value::Number(n) => n.as_i64()?,
+        serde_json::Value::String(s) => s.trim().parse().ok()?,
+        _ => return None,
+    };
+    (expires_in > 0).then_some((token, expires_in))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_well_formed_token_requests_are_cacheable() {
+        let get = |path: &str, q: &str| ask(&Method::GET, path, Some(q), None);
+        let t = get("/cgi-bin/token", "grant_type=client_credential&appid=wxA&secret=s%3D1").expect("token");
+        assert_eq!((t.kind, t.id.as_str(), t.secret.as_slice(), t.force), (Kind::Token, "wxA", &b"s=1"[..], false));
+        assert!(get("/cgi-bin/token", "grant_type=other&appid=wxA&secret=s").is_none());
+        assert!(get("/cgi-bin/token", "grant_type=client_credential&appid=wx.A&secret=s").is_none());
+        assert!(get("/cgi-bin/token", "grant_type=client_credential&appid=wxA&secret=").is_none());
+        assert!(ask(&Method::POST, "/cgi-bin/token", Some("grant_type=client_credential&appid=wxA&secret=s"), None)
+            .is_none());
+        assert_eq!(get("/cgi-bin/gettoken", "corpid=ww1&corpsecret=c").map(|a| a.kind), Some(Kind::WeCom));
+        let stable = |b: &str| ask(&Method::POST, "/cgi-bin/stable_token", None, Some(b.as_bytes()));
+        let s = stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s"}"#).expect("stable");
+        assert_eq!((s.kind, s.force), (Kind::Stable, false));
+        let f = stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":true}"#);
+        assert!(f.expect("forced").force);
+        assert!(
+            stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":"x"}"#).is_none()
+        );
+        assert!(format!("{s:?}").find("secret").is_none(), "the secret is never printed");
+    }
+
+    #[test]
+    fn answers_are_shaped_as_wechat_sends_them() {
+        assert_eq!(answer(Kind::Token, "T", 60), r#"{"access_token":"T","expires_in":60}"#);
+        assert_eq!(token_of(br#"{"access_token":"T","expires_in":7200}"#), Some(("T".into(), 7200)));
+        assert_eq!(token_of(br#"{"errcode":40125,"errmsg":"invalid appsecret"}"#), None);
+        let wecom: serde_json::Value = serde_json::from_str(&answer(Kind::WeCom, "T", 5)).expect("json");
+        assert_eq!(wecom["errcode"], 0);
+    }
+}

@@ -1,0 +1,218 @@
+//! The token cache's shared state ([`TokenCache`], in `Base::token_cache`)
+//! and how it is built from `[tokens]` and the store ([`TokenCache::open`]).
+//!
+//! Where the slots live: in the store (`TokenStore::claim_token` and the rest)
+//! when it is shared (Redis with a token key: one token per account for
+//! every instance, sealed), else in an in-process memory store (the
+//! embedded store itself, or a separate one beside Redis without a key).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::seal::{parse_key, Sealer, KEY_LEN};
+use crate::config::{StoreConfig, TokensConfig};
+use crate::limit::clock::{Clock, Micros};
+use crate::store::memory::MemoryStore;
+use crate::store::tokens::Fetched;
+use crate::store::Store;
+use crate::telemetry::metrics::TokenMetrics;
+
+/// The environment variable holding the token key.
+pub const KEY_ENV: &str = "WXGATE_TOKEN_KEY";
+
+/// How long waiters see the answer of a fetch WeChat refused.
+pub const FAILED_HOLD_US: Micros = 2_000_000;
+
+/// The token cache of this instance.
+pub struct TokenCache {
+    /// Where the slots are: the app's store when shared, else in-process.
+    pub store: Arc<dyn Store>,
+    /// Slots are shared by every instance (Redis with a token key).
+    pub shared: bool,
+    pub sealer: Sealer,
+    pub min_ttl_us: Micros,
+    pub wait: Duration,
+    /// This instance's id, the start of every holder id.
+    instance: String,
+    seq: AtomicU64,
+    /// A fetch of this instance ended: its local waiters look again at once.
+    pub done: Notify,
+    /// The tokens this instance served or fetched, per account, until
+    /// they expire: what quota_sync calls quota/get with. In memory only.
+    known: Mutex<HashMap<String, (String, Micros)>>,
+    pub metrics: TokenMetrics,
+}
+
+impl TokenCache {
+    /// The cache `[tokens]` asks for over `store`, or `None` when it is off.
+    /// The key comes from `WXGATE_TOKEN_KEY`, else `[tokens] key_file`
+    /// (refused if others may read it). Defaults: on for the embedded
+    /// store; on over Redis when a key is given (shared), off without one
+    /// (per-instance caches would each fetch their own token, and each
+    /// fetch knocks out the others' after 5 minutes: the storm the cache
+    /// is there to prevent); `cache = true` over Redis without a key
+    /// caches in-process, with a warning.
+    pub fn open(
+        config: &TokensConfig,
+        store_config: &StoreConfig,
+        store: &Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        metrics: TokenMetrics,
+    ) -> Result<Option<Arc<TokenCache>>, String> {
+        let key = read_key(config)?;
+        let redis = matches!(store_config, StoreConfig::Redis(_));
+        let on = config.cache.unwrap_or(!redis || key.is_some());
+        if !on {
+            if redis {
+                tracing::info!(
+                    "[tokens] cache is off: no token key ({KEY_ENV} or [tokens] key_file) to share tokens in Redis"
+                );
+            }
+            return Ok(None);
+        }
+        let (slots, shared): (Arc<dyn Store>, bool) = match (redis, &key) {
+            (true, Some(_)) => (store.clone(), true),
+            (true, None) => {
+                tracing::warn!(
+                    "[tokens] cache = true without a token key ({KEY_ENV} or [tokens] key_file): tokens are cached \
+                     in this instance only; several instances each fetch their own token, and each fetch invalidates \
+                     the others' five minutes later"
+                );
+                (Arc::new(MemoryStore::new(clock)), false)
+            }
+            (false, _) => (store.clone(), false),
+        };
+        let sealer = match &key {
+            Some(k) => Sealer::new(k)?,
+            None => Sealer::random()?,
+        };
+        let instance = format!("{:016x}", rand_u64()?);
+        tracing::info!(
+            shared = shared,
+            "[tokens] cache on: one access token per account and secret{}",
+            if shared { ", shared by every instance through Redis (sealed)" } else { ", in this process" }
+        );
+        Ok(Some(Arc::new(TokenCache {
+            store: slots,
+            shared,
+            sealer,
+            min_ttl_us: crate::config::units::micros(config.min_ttl),
+            wait: config.wait,
+            instance,
+            seq: AtomicU64::new(0),
+            done: Notify::new(),
+            known: Mutex::default(),
+            metrics,
+        })))
+    }
+
+    /// A fresh id for one asker.
+    pub fn holder(&self) -> String {
+        format!("{}-{}", self.instance, self.seq.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// quota_sync's holder id for this instance.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// `token` of `account` is valid until `until` (this process's clock).
+    pub fn remember(&self, account: &str, token: &str, until: Micros) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        match known.get_mut(account) {
+            Some(entry) if entry.0 == token => entry.1 = until,
+            _ => {
+                known.insert(account.to_owned(), (token.to_owned(), until));
+            }
+        }
+    }
+
+    /// WeChat rejected `token`: forgotten if it is the one known for its account.
+    pub fn forget(&self, token: &[u8]) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|_, (t, _)| t.as_bytes() != token);
+    }
+
+    /// The accounts with a token valid at `now`, and that token.
+    pub fn known(&self, now: Micros) -> Vec<(String, String)> {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|_, (_, until)| *until > now);
+        known.iter().map(|(a, (t, _))| (a.clone(), t.clone())).collect()
+    }
+}
+
+fn rand_u64() -> Result<u64, String> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| "the system random source failed".to_string())?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// The token key: `WXGATE_TOKEN_KEY`, else `[tokens] key_file`, else none.
+fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, String> {
+    if let Ok(text) = std::env::var(KEY_ENV) {
+        return parse_key(&text).map(Some).map_err(|e| format!("{KEY_ENV}: {e}"));
+    }
+    let Some(path) = &config.key_file else { return Ok(None) };
+    let at = |e: String| format!("[tokens] key_file: {}: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| at(e.to_string()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(at(format!(
+            "readable by others (mode {:o}): chmod 600 it, as for an SSH key",
+            meta.permissions().mode() & 0o777
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
+    parse_key(&text).map(Some).map_err(at)
+}
+
+/// A fetch this call won (`Claim::Won`): reported to the store when the
+/// call learns how it ended ([`Fetch::finish`]); if the call ends first (a
+/// refusal, an upstream failure, the client leaving), the lock is released
+/// on drop so the next asker fetches.
+pub struct Fetch {
+    pub cache: Arc<TokenCache>,
+    pub slot: String,
+    pub holder: String,
+    pub kind: super::ask::Kind,
+    pub account: String,
+    finished: bool,
+}
+
+impl Fetch {
+    pub fn new(cache: Arc<TokenCache>, slot: String, holder: String, kind: super::ask::Kind, account: String) -> Fetch {
+        Fetch { cache, slot, holder, kind, account, finished: false }
+    }
+
+    /// Reports how the fetch ended, and wakes this instance's waiters.
+    pub async fn finish(mut self, fetched: Fetched<'_>) {
+        self.finished = true;
+        if let Err(e) = self.cache.store.tokens().token_fetched(&self.slot, &self.holder, fetched).await {
+            tracing::warn!(error = %e, "could not store a fetched access token: the next token request fetches again");
+        }
+        self.cache.done.notify_waiters();
+    }
+}
+
+impl Drop for Fetch {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let (cache, slot, holder) =
+            (self.cache.clone(), std::mem::take(&mut self.slot), std::mem::take(&mut self.holder));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = cache.store.tokens().token_fetched(&slot, &holder, Fetched::Abandoned).await {
+                    tracing::debug!(error = %e, "could not release a token fetch lock: it expires by itself");
+                }
+                cache.done.notify_waiters();
+            });
+        }
+    }
+}

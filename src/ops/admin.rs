@@ -1,0 +1,476 @@
+//! The admin listener (`[server] admin_listen`, loopback by default; never
+//! the proxy's listener):
+//!
+//! | endpoint | |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text (OpenMetrics) |
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | ready to forward: config loaded, store reachable or fallback active; each upstream's health |
+//! | `GET /v1/rules` | the compiled rules |
+//! | `GET /v1/callers` | the declared callers: priority, flood guard (`rate`), refusals here |
+//! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
+//! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
+//! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
+//! | `POST /v1/accounts/{account}/clear` | reset the account's day counts and penalties (a `clear_quota` done elsewhere) |
+//!
+//! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
+//! needs `Authorization: Bearer <token>`; `/metrics` and the probes stay open.
+//! A non-loopback `admin_listen` without a token is a config error.
+//!
+//! Requests that change state (any method but GET/HEAD) are refused with 403
+//! when they could come from a browser page on another site, token or not
+//! (see [`cross_site`]); curl and scripts are unaffected.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
+use crate::features::callers::OTHER;
+use crate::limit::{Key, Limit, Rule, Scope};
+use crate::ops::pair_view::{describe, Here};
+use crate::store::op::{Inspect, SetPenalty};
+use crate::store::Status;
+use crate::telemetry::metrics::FileOp;
+
+type Answer = Response<Full<Bytes>>;
+
+/// Serves the admin API until `stop` turns true.
+pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                },
+                _ = stop.changed() => return,
+            };
+            let app = app.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, Infallible>(route(&app, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(std::time::Duration::from_secs(10))
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
+/// Binds the admin address, if one is configured.
+pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, String> {
+    match addr {
+        None => Ok(None),
+        Some(a) => TcpListener::bind(a).await.map(Some).map_err(|e| format!("cannot listen on {a} (admin): {e}")),
+    }
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn json_answer(status: StatusCode, value: Value) -> Answer {
+    answer(status, "application/json", value.to_string())
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
+    json_answer(status, json!({ "error": message.to_string() }))
+}
+
+async fn route(app: &App, req: Request<Incoming>) -> Answer {
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        if let Some(why) = cross_site(req.headers()) {
+            return error(StatusCode::FORBIDDEN, format!("refused: {why}; send it from curl or a script"));
+        }
+    }
+    match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => metrics(app),
+        (&Method::GET, ["healthz"]) => answer(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, ["readyz"]) => ready(app),
+        (_, ["v1", ..]) => {
+            if let Some(denied) = check_token(app, &req) {
+                return denied;
+            }
+            match (req.method(), &segments[1..]) {
+                (&Method::GET, ["rules"]) => rules(app),
+                (&Method::GET, ["callers"]) => callers(app),
+                (&Method::POST, ["accounts", account, "clear"]) => clear(app, account).await,
+                (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
+                (&Method::DELETE, ["penalties", account, rule]) => {
+                    penalty(app, account, rule, query(&req, "path"), Some(0)).await
+                }
+                (&Method::POST, ["penalties", account, rule]) => {
+                    let seconds = query(&req, "seconds")
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .filter(|&s| s > 0 && s <= 31 * 86_400);
+                    match seconds {
+                        Some(s) => penalty(app, account, rule, query(&req, "path"), Some(s as i64 * 1_000_000)).await,
+                        None => error(StatusCode::BAD_REQUEST, "give ?seconds=N (1 to 2678400)"),
+                    }
+                }
+                _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+    }
+}
+
+/// The value of `name` in the request's query, as sent (admin values are
+/// names, paths and numbers: nothing to decode).
+fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
+    let config = app.config.load();
+    let expected = config.server.admin_token.as_deref()?;
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+        return None;
+    }
+    let mut resp = error(StatusCode::UNAUTHORIZED, "the admin API needs Authorization: Bearer <admin_token>");
+    resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(resp)
+}
+
+/// Why a state-changing request may have been sent by a browser page on
+/// another site, or `None`. A page can POST or DELETE to a loopback port
+/// without a preflight only as a "simple" request, which browsers always
+/// mark: `Origin` (a page's own origin, `null` for sandboxes), and in modern
+/// browsers `Sec-Fetch-Site`. A DNS-rebound page is same-origin by those
+/// marks but its `Host` is the attacker's name, so `Host` must be an IP
+/// literal or `localhost`. curl sends none of `Origin`/`Sec-Fetch-Site` and
+/// `Host` as typed (an address), so scripts pass.
+fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if !host_names_an_address(host) {
+        return Some("Host must be this listener's IP address or localhost (DNS rebinding)");
+    }
+    if let Some(origin) = headers.get(ORIGIN) {
+        let own =
+            origin.to_str().ok().and_then(|o| o.strip_prefix("http://")).is_some_and(|o| o.eq_ignore_ascii_case(host));
+        if !own {
+            return Some("Origin is not the admin listener (a cross-site request from a browser)");
+        }
+    }
+    match headers.get("sec-fetch-site").map(HeaderValue::as_bytes) {
+        None | Some(b"same-origin" | b"none") => None,
+        Some(_) => Some("Sec-Fetch-Site says a browser sent it from another site"),
+    }
+}
+
+/// `host[:port]` where host is `localhost`, an IPv4 address or a bracketed
+/// IPv6 address: names no DNS can rebind.
+fn host_names_an_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => {
+            return rest.split_once(']').is_some_and(|(ip, port)| {
+                ip.parse::<std::net::Ipv6Addr>().is_ok() && (port.is_empty() || port.starts_with(':'))
+            })
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn metrics(app: &App) -> Answer {
+    let status = app.store.status();
+    if status != Status::InProcess {
+        app.metrics.breaker_open.set(i64::from(matches!(status, Status::Degraded(_))));
+    }
+    answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.metrics.encode())
+}
+
+fn ready(app: &App) -> Answer {
+    let config = app.config.load();
+    let status = app.store.status();
+    let (ready, decisions) = match status {
+        Status::InProcess => (true, "in-process".to_owned()),
+        Status::Shared => (true, "shared (Redis reachable)".to_owned()),
+        Status::Degraded(fallback) => (
+            fallback != Fallback::Deny,
+            format!("fallback {fallback:?} (Redis unavailable: unreachable, or refusing writes)").to_lowercase(),
+        ),
+    };
+    let store = status.kind();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut answer = json!({
+            "ready": ready,
+            "config": config.source.display().to_string(),
+            "rules": config.rules.len(),
+            "store": store,
+            "decisions": decisions,
+            "config_reloads": {
+                "ok": app.reloads.ok.load(Ordering::Relaxed),
+                "failed": app.reloads.failed.load(Ordering::Relaxed),
+            },
+            // Read in this order (see reload::watch).
+            "config_watch": {
+                "events": app.reloads.watched.events.load(Ordering::Acquire),
+                "of_config_file": app.reloads.watched.of_config.load(Ordering::Acquire),
+            },
+    });
+    if let StoreConfig::Memory(memory) = &config.store {
+        answer["state_file"] = state_file(app, memory);
+    }
+    answer["upstreams"] = upstreams(app);
+    json_answer(status, answer)
+}
+
+/// Each upstream's health, in the order calls try them. A skipped upstream
+/// does not make wxgate unready: calls go to the next, and when every one
+/// is down that is WeChat's outage, which restarting wxgate cannot mend.
+fn upstreams(app: &App) -> Value {
+    let list = app.upstream.load().status();
+    Value::Array(
+        list.into_iter()
+            .map(|u| {
+                json!({
+                    "upstream": u.name,
+                    "url": u.url,
+                    "up": u.up,
+                    "skipped_for_s": u.skipped_for_us as f64 / 1e6,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The memory store's state file: where, and how its writes go (`null`
+/// when it keeps none). Failing writes do not make wxgate unready: it
+/// decides as well as ever, it would only forget more on a restart.
+fn state_file(app: &App, memory: &MemoryConfig) -> Value {
+    let Some(path) = &memory.state_file else { return Value::Null };
+    let m = &app.metrics.memory_store;
+    let last = m.last_save.get();
+    json!({
+        "path": path.display().to_string(),
+        "flush_interval_ms": memory.flush_interval.as_millis() as u64,
+        "saves": m.saves.get(),
+        "last_save_unix": (last > 0).then_some(last),
+        "save_errors": m.file_errors(FileOp::save),
+        "load_errors": m.file_errors(FileOp::load),
+    })
+}
+
+fn rule_json(rule: &Rule) -> Value {
+    let limits: Vec<Value> = rule
+        .limits
+        .iter()
+        .map(|l| match l {
+            Limit::Window(w) => json!({
+                "kind": "window",
+                "count": w.count,
+                "per_seconds": w.per_us as f64 / 1e6,
+                "burst": w.burst,
+                "refill_per_second": w.refill_per_second(),
+            }),
+            Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
+        })
+        .collect();
+    json!({
+        "name": &*rule.name,
+        "match": rule.patterns,
+        "scope": rule.scope.as_str(),
+        "reserve_percent": (rule.reserve_percent > 0).then_some(rule.reserve_percent),
+        "max_share_percent": (rule.share_percent > 0).then_some(rule.share_percent),
+        "limits": limits,
+        "max_wait_ms": rule.max_wait_us as f64 / 1e3,
+        "warmup_seconds": rule.warmup_us as f64 / 1e6,
+        "concurrency": (rule.concurrency > 0).then_some(rule.concurrency),
+        "mode": if rule.shadow { "shadow" } else { "enforce" },
+        "throttle_status": rule.throttle_status.as_u16(),
+    })
+}
+
+fn rules(app: &App) -> Answer {
+    let config = app.config.load();
+    json_answer(StatusCode::OK, Value::Array(config.rules.iter().map(|r| rule_json(r)).collect()))
+}
+
+/// `GET /v1/callers`: the caller of calls without `X-Wx-Caller`, and each
+/// declared caller (file order) with its priority, its flood guard and the
+/// calls the guard refused on this instance.
+fn callers(app: &App) -> Answer {
+    let callers = app.callers.load();
+    let declared: Vec<Value> = callers
+        .declared()
+        .iter()
+        .map(|c| {
+            let rate = c.policy().and_then(|p| p.rate);
+            json!({
+                "name": &*c.name,
+                "priority": c.priority().as_str(),
+                "rate": rate.map(|r| r.to_string()),
+                "rate_per_second": rate.map(|r| r.per_second()),
+                "burst": rate.map(|r| r.count.get()),
+                "rate_refusals_here": c.entry.metrics.rate_refusals.get(),
+            })
+        })
+        .collect();
+    json_answer(
+        StatusCode::OK,
+        json!({
+            "header": "X-Wx-Caller",
+            "without_header": &*callers.fallback().name,
+            "undeclared_label": OTHER,
+            "callers": declared,
+        }),
+    )
+}
+
+/// The rule named `rule` and the states an admin request about it reads or
+/// writes: the rule's own, or its per-path states (all, or the one `path`
+/// names).
+#[allow(clippy::type_complexity)]
+fn find_states(
+    app: &App,
+    account: &str,
+    rule: &str,
+    path: Option<&str>,
+) -> Result<(Arc<Rule>, Vec<Arc<Rule>>), Box<Answer>> {
+    if !valid_account(account) {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -")));
+    }
+    let config = app.config.load();
+    let Some(found) = config.rules.iter().find(|r| &*r.name == rule).cloned() else {
+        return Err(Box::new(error(StatusCode::NOT_FOUND, format!("no rule named \"{rule}\""))));
+    };
+    let states: Vec<Arc<Rule>> = match (found.scope, path) {
+        (Scope::Rule, None) => vec![found.clone()],
+        (Scope::Rule, Some(_)) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                format!("rule \"{rule}\" counts its paths together (scope = \"rule\"): leave out ?path="),
+            )))
+        }
+        (Scope::Path, None) => config.states_of(rule).cloned().collect(),
+        (Scope::Path, Some(p)) => config.states_of(rule).filter(|s| s.path.as_deref() == Some(p)).cloned().collect(),
+    };
+    if states.is_empty() {
+        let listed = found.patterns.join(", ");
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!("rule \"{rule}\" lists no path {}: it counts {listed}", path.unwrap_or("")),
+        )));
+    }
+    Ok((found, states))
+}
+
+/// `GET /v1/buckets/{account}/{rule}`: the rule's state; for a rule with
+/// `scope = "path"`, each listed path's (`paths`), or one (`?path=`).
+async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Answer {
+    let (rule, states) = match find_states(app, account, rule, path) {
+        Ok(r) => r,
+        Err(resp) => return *resp,
+    };
+    let offset = app.config.load().server.quota_offset_us;
+    let mut pictures = Vec::with_capacity(states.len());
+    for state in &states {
+        match app.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
+            Ok(snapshot) => {
+                let (held, in_flight) = app.activity.get(account, &state.state);
+                let here = Here { held, in_flight };
+                let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
+                add_quota_sync(app, account, state, &mut picture);
+                pictures.push(picture);
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        }
+    }
+    match (rule.scope, path) {
+        (Scope::Path, None) => json_answer(
+            StatusCode::OK,
+            json!({ "account": account, "rule": &*rule.name, "scope": "path", "paths": pictures }),
+        ),
+        _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
+    }
+}
+
+/// A state with `quota_sync`: what this instance's last sync found
+/// (`crate::ops::quota_sync`).
+fn add_quota_sync(app: &App, account: &str, state: &crate::limit::Rule, picture: &mut Value) {
+    let config = app.config.load();
+    let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state.state) else { return };
+    let now = app.clock.now_us();
+    let found = app.syncs.get(account, &state.state).unwrap_or_default();
+    let mut shown = found.describe(now, &sync.path);
+    shown["every_seconds"] = json!(sync.every.as_secs_f64());
+    if let Value::Object(map) = picture {
+        map.insert("quota_sync".into(), shown);
+    }
+}
+
+/// `POST /v1/accounts/{account}/clear`: what a `clear_quota` passing
+/// through does ([`crate::features::quota_clear`]), by hand.
+async fn clear(app: &App, account: &str) -> Answer {
+    if !valid_account(account) {
+        return error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -");
+    }
+    let config = app.config.load_full();
+    match crate::features::quota_clear::clear_account(app, &config, account).await {
+        Ok(()) => {
+            tracing::info!(%account, "quota cleared by hand: day counts and penalties start again");
+            let rules: Vec<&str> = config.rules.iter().map(|r| &*r.name).collect();
+            json_answer(StatusCode::OK, json!({ "account": account, "cleared": true, "rules": rules }))
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// Sets (or with 0 lifts) the penalty of the rule's state, or of every
+/// listed path of a rule with `scope = "path"` (one with `?path=`).
+async fn penalty(app: &App, account: &str, rule: &str, path: Option<&str>, len_us: Option<i64>) -> Answer {
+    let (rule, states) = match find_states(app, account, rule, path) {
+        Ok(r) => r,
+        Err(resp) => return *resp,
+    };
+    let offset = app.config.load().server.quota_offset_us;
+    let len = len_us.unwrap_or(0);
+    let mut remaining_us = 0;
+    for state in &states {
+        match app.store.apply(Key { account, rule: state, offset_us: offset }, SetPenalty { len_us: len }).await {
+            Ok(end) => remaining_us = remaining_us.max(end.remaining_us()),
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        }
+    }
+    tracing::info!(%account, rule = %rule.name, path, seconds = len / 1_000_000, "penalty set by hand (0 = lifted)");
+    let mut answer = json!({
+        "account": account,
+        "rule": &*rule.name,
+        "penalty_seconds": (remaining_us as f64 / 1e6),
+        "lifted": len == 0,
+    });
+    if let (Scope::Path, Some(fields)) = (rule.scope, answer.as_object_mut()) {
+        let paths = states.iter().filter_map(|s| s.path.as_deref()).map(Value::from).collect();
+        fields.insert("paths".into(), Value::Array(paths));
+    }
+    json_answer(StatusCode::OK, answer)
+}

@@ -1,0 +1,181 @@
+//! The admin API's view of a pair: a readable picture of one (account, rule
+//! state)'s state, for `/v1/buckets`.
+//! Pure: the same for both stores, computed from the state they hold.
+
+use serde_json::{json, Value};
+
+use crate::limit::calendar::{civil_from_days, DAY_US};
+use crate::limit::clock::Micros;
+use crate::limit::{Limit, LimitState, Rule, RuleState, ShareState, WindowLimit};
+
+/// Activity of this instance for the pair.
+pub struct Here {
+    pub held: u32,
+    pub in_flight: u32,
+}
+
+pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros, here: Here) -> Value {
+    let limits: Vec<Value> =
+        rule.limits.iter().map(|limit| picture_of(limit, state.get(limit.window_key()), now, offset_us)).collect();
+    let p = &state.penalty;
+    let slots = state.holders.iter().filter(|(_, exp)| *exp > now).count();
+    let mut picture = json!({
+        "account": account,
+        "rule": &*rule.name,
+        "now": local_time(now, offset_us),
+        "limits": limits,
+        "penalty": {
+            "active": p.until > now,
+            "remaining_seconds": ((p.until - now).max(0) as f64 / 1e6),
+            "until": (p.until > now).then(|| local_time(p.until, offset_us)),
+            "level": p.level,
+            "escalates_if_repeated": p.is_recent(now),
+        },
+        "concurrency": {
+            "cap": (rule.concurrency > 0).then_some(rule.concurrency),
+            "slots_taken_all_instances": slots,
+        },
+        "this_instance": { "in_flight": here.in_flight, "held": here.held },
+    });
+    if let Some(fields) = picture.as_object_mut() {
+        if let Some(path) = &rule.path {
+            fields.insert("path".into(), Value::from(&**path));
+        }
+        if rule.reserve_percent > 0 {
+            fields.insert("reserve".into(), reserve(rule, state, now, offset_us));
+        }
+        if rule.share_percent > 0 {
+            fields.insert("share".into(), shares(rule, state, now, offset_us));
+        }
+    }
+    picture
+}
+
+/// The rule's reserve: per limit, what only high-priority callers may use,
+/// and what is left for normal ones now.
+fn reserve(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros) -> Value {
+    let limits: Vec<Value> = rule
+        .limits
+        .iter()
+        .zip(&rule.reserve)
+        .map(|(limit, kept)| {
+            let (name, _, _) = limit.policy();
+            let (kept, left) = match *limit {
+                Limit::Window(w) => {
+                    let kept = kept / w.interval_us;
+                    (kept, window_tokens(&w, state.get(limit.window_key()), now) - kept)
+                }
+                Limit::Calendar { count, period } => {
+                    let (used, _) = calendar_counts(state.get(limit.window_key()), period.id(now, offset_us));
+                    (*kept, count as i64 - used as i64 - kept)
+                }
+            };
+            json!({ "limit": name, "kept_for_high_priority": kept, "normal_callers_can_use_now": left.max(0) })
+        })
+        .collect();
+    json!({ "percent": rule.reserve_percent, "limits": limits })
+}
+
+/// Each caller's use of its `max_share` of the rule (callers that used none
+/// yet are not listed: their share is whole).
+fn shares(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros) -> Value {
+    let mut callers: Vec<&ShareState> = state.shares.iter().collect();
+    callers.sort_by(|a, b| a.caller.cmp(&b.caller));
+    let callers: Vec<Value> = callers
+        .into_iter()
+        .map(|share| {
+            let limits: Vec<Value> =
+                rule.share.iter().map(|l| picture_of(l, share.get(l.window_key()), now, offset_us)).collect();
+            json!({ "caller": &*share.caller, "limits": limits })
+        })
+        .collect();
+    json!({ "max_share_percent": rule.share_percent, "callers": callers })
+}
+
+/// One limit as its state stands at `now`.
+fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us: Micros) -> Value {
+    let (name, _, _) = limit.policy();
+    match *limit {
+        Limit::Window(w) => {
+            let tat = match stored {
+                Some(LimitState::Tat(t)) => t.max(now),
+                _ => now,
+            };
+            json!({
+                "limit": name,
+                "kind": "window",
+                "count": w.count,
+                "per_seconds": w.per_us as f64 / 1e6,
+                "burst": w.burst,
+                "tokens": window_tokens(&w, stored, now),
+                "refill_per_second": w.refill_per_second(),
+                "next_admission_in_ms": ((tat - w.tolerance_us - now).max(0) as f64 / 1e3),
+                "full_in_ms": ((tat - now).max(0) as f64 / 1e3),
+            })
+        }
+        Limit::Calendar { count, period } => {
+            let (used, next) = calendar_counts(stored, period.id(now, offset_us));
+            let reset = period.next_start(now, offset_us);
+            json!({
+                "limit": name,
+                "kind": "calendar",
+                "count": count,
+                "used": used,
+                "remaining": count.saturating_sub(used),
+                "reserved_for_next_period": next,
+                "resets_at": local_time(reset, offset_us),
+                "resets_in_seconds": (reset - now) as f64 / 1e6,
+            })
+        }
+    }
+}
+
+/// Calls a window could admit at once at `now`.
+fn window_tokens(w: &WindowLimit, stored: Option<LimitState>, now: Micros) -> i64 {
+    let tat = match stored {
+        Some(LimitState::Tat(t)) => t.max(now),
+        _ => now,
+    };
+    (now + w.tolerance_us + w.interval_us - tat).div_euclid(w.interval_us).clamp(0, w.burst as i64)
+}
+
+/// A calendar quota's calls counted in period `current` and reserved for the next.
+fn calendar_counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
+    match stored {
+        Some(LimitState::Count { period_id, used, next }) if period_id == current => (used, next),
+        Some(LimitState::Count { period_id, next, .. }) if period_id == current - 1 => (next, 0),
+        _ => (0, 0),
+    }
+}
+
+/// RFC 3339 local time at `offset_us`, to the millisecond.
+pub fn local_time(t: Micros, offset_us: Micros) -> String {
+    let local = t + offset_us;
+    let days = local.div_euclid(DAY_US);
+    let in_day = local.rem_euclid(DAY_US);
+    let (y, m, d) = civil_from_days(days);
+    let secs = in_day / 1_000_000;
+    let millis = (in_day % 1_000_000) / 1000;
+    let off_min = offset_us / 60_000_000;
+    let sign = if off_min < 0 { '-' } else { '+' };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}{sign}{:02}:{:02}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60,
+        off_min.abs() / 60,
+        off_min.abs() % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_time_is_rfc3339() {
+        let t = (20_786 * 86_400 + 16 * 3600) * 1_000_000; // 2026-11-29 16:00 UTC
+        assert_eq!(local_time(t, 8 * 3_600_000_000), "2026-11-30T00:00:00.000+08:00");
+        assert_eq!(local_time(t + 1500, 0), "2026-11-29T16:00:00.001+00:00");
+    }
+}

@@ -1,0 +1,151 @@
+//! Hot reload: the config file is watched (inotify, through `notify`) and
+//! SIGHUP also triggers a reload.
+//!
+//! A new config is fully loaded and validated before anything changes; it is
+//! then swapped in atomically, so each call runs under exactly one config:
+//! the one it started with. An invalid file is refused with its error logged,
+//! and the old rules stay. `listen`, `[store]` and `[intercept]` need a
+//! restart: a reload that changes them keeps the running ones and says so.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::app::{App, Watched};
+use crate::config::Config;
+use crate::features::callers::Callers;
+use crate::transport::upstream::Upstream;
+
+/// Events closer together than this are one edit (editors write in steps).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Loads `path` and swaps it in, or keeps the running config.
+pub fn reload(app: &App, path: &Path) -> Result<(), String> {
+    let result = load(app, path);
+    match &result {
+        Ok(()) => {
+            app.reloads.ok.fetch_add(1, Ordering::Relaxed);
+            app.metrics.reload(true);
+            tracing::info!(config = %path.display(), "config reloaded");
+        }
+        Err(e) => {
+            app.reloads.failed.fetch_add(1, Ordering::Relaxed);
+            app.metrics.reload(false);
+            tracing::error!(config = %path.display(), error = %e, "config reload refused; keeping the running rules");
+        }
+    }
+    result
+}
+
+fn load(app: &App, path: &Path) -> Result<(), String> {
+    let mut next = Config::load(path).map_err(|e| e.to_string())?;
+    let running = app.config.load_full();
+    if next.server.listen != running.server.listen {
+        tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
+        next.server.listen = running.server.listen;
+    }
+    if next.server.workers != running.server.workers {
+        tracing::warn!(
+            running = running.server.workers,
+            "[server] workers changes need a restart; keeping the running threads"
+        );
+        next.server.workers = running.server.workers;
+    }
+    if next.store != running.store {
+        tracing::warn!("[store] changes need a restart; keeping the running store");
+        next.store = running.store.clone();
+    }
+    if next.intercept != running.intercept {
+        tracing::warn!("[intercept] changes need a restart; keeping the running hosts, CA and upstreams");
+        next.intercept = running.intercept.clone();
+    }
+    let s = (&next.server, &running.server);
+    if s.0.upstream != s.1.upstream
+        || s.0.upstream_ca != s.1.upstream_ca
+        || s.0.upstream_timeout != s.1.upstream_timeout
+        || s.0.body_timeout != s.1.body_timeout
+    {
+        let previous = app.upstream.load();
+        let upstream = Upstream::new(&next.server, app.clock.clone(), &app.metrics.upstreams, Some(&previous))?;
+        app.upstream.store(Arc::new(upstream));
+    }
+    let callers = Callers::new(&next, &app.clock, &app.metrics, Some(&app.callers.load()));
+    app.callers.store(Arc::new(callers));
+    app.config.store(Arc::new(next));
+    app.store.rules_changed();
+    Ok(())
+}
+
+/// Watches `path` and listens for SIGHUP, reloading on either, until the app
+/// is dropped. Failing to watch is logged; SIGHUP still works.
+pub fn spawn(app: Weak<App>, path: PathBuf) {
+    let (tx, mut rx) = mpsc::channel::<()>(16);
+    let Some(watched) = app.upgrade().map(|a| a.reloads.watched.clone()) else { return };
+    let watcher = watch(&path, tx.clone(), watched);
+    if let Err(e) = &watcher {
+        tracing::warn!(config = %path.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
+    }
+    spawn_sighup(tx);
+    tokio::spawn(async move {
+        // Keeping the watcher alive keeps the events coming.
+        let _watcher = watcher;
+        while rx.recv().await.is_some() {
+            tokio::time::sleep(SETTLE).await;
+            while rx.try_recv().is_ok() {}
+            let Some(app) = app.upgrade() else { return };
+            let _ = reload(&app, &path);
+        }
+    });
+}
+
+/// Watches the file's directory (editors and config-map updates replace the
+/// file rather than write into it) and signals on events naming the file.
+fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Result<notify::RecommendedWatcher> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().map(|n| n.to_os_string());
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        // Counted before `events` (Release): whoever sees an event counted
+        // also sees whether it, or any before it, named the config file.
+        let names_config = event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+        if names_config {
+            watched.of_config.fetch_add(1, Ordering::Release);
+        }
+        watched.events.fetch_add(1, Ordering::Release);
+        if names_config {
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+#[cfg(unix)]
+fn spawn_sighup(tx: mpsc::Sender<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP"),
+    }
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_tx: mpsc::Sender<()>) {}

@@ -1,0 +1,291 @@
+//! Each subsystem's series, created and registered: one function per
+//! subsystem, called by [`crate::telemetry::metrics::Metrics::new`] in the order the
+//! series appear in `/metrics`.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use super::labels::{
+    CallerLabel, CallerOutcomeLabels, ErrcodeLabels, FileOp, HostLabel, OpLabel, OutcomeLabels, ResultLabel, RuleLabel,
+    SourceLabel, TunnelLabels,
+};
+use super::series::{MemoryStoreMetrics, TokenMetrics, UpstreamMetrics};
+
+pub(super) type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
+
+/// 5 ms to ~10 s.
+fn upstream_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 12))
+}
+
+/// 50 µs to ~0.4 s.
+fn decision_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 14))
+}
+
+/// 10 ms to ~20 s.
+fn hold_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 12))
+}
+
+/// The calls' series, by rule: outcomes, WeChat's errcodes, latencies, in flight.
+pub(super) struct CallSeries {
+    pub(super) calls: Family<OutcomeLabels, Counter>,
+    pub(super) upstream_errcodes: Family<ErrcodeLabels, Counter>,
+    pub(super) upstream_seconds: Histograms,
+    pub(super) decision_seconds: Histograms,
+    pub(super) hold_seconds: Histograms,
+    pub(super) in_flight: Family<RuleLabel, Gauge>,
+    pub(super) held_now: Gauge,
+}
+
+pub(super) fn calls(registry: &mut Registry) -> CallSeries {
+    let calls = Family::<OutcomeLabels, Counter>::default();
+    let upstream_errcodes = Family::<ErrcodeLabels, Counter>::default();
+    let upstream_seconds: Histograms = Family::new_with_constructor(upstream_buckets);
+    let decision_seconds: Histograms = Family::new_with_constructor(decision_buckets);
+    let hold_seconds: Histograms = Family::new_with_constructor(hold_buckets);
+    let in_flight = Family::<RuleLabel, Gauge>::default();
+    let held_now = Gauge::default();
+    registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());
+    registry.register(
+        "upstream_errcodes",
+        "WeChat answers by rule and errcode (0 = success; 45009 and 45033 are the ones to alert on)",
+        upstream_errcodes.clone(),
+    );
+    registry.register("upstream_seconds", "Time to WeChat's response head", upstream_seconds.clone());
+    registry.register("decision_seconds", "Time to decide (store round trip included)", decision_seconds.clone());
+    registry.register("hold_seconds", "Time calls were held for their reserved slot", hold_seconds.clone());
+    registry.register("in_flight", "Calls at WeChat now, from this instance", in_flight.clone());
+    registry.register("held", "Calls held for shaping now, on this instance", held_now.clone());
+    CallSeries { calls, upstream_errcodes, upstream_seconds, decision_seconds, hold_seconds, in_flight, held_now }
+}
+
+/// The shared store's series (Redis, its circuit breaker, the fallback).
+pub(super) struct StoreSeries {
+    pub(super) store_errors: Counter,
+    pub(super) degraded_decisions: Counter,
+    pub(super) store_lost: Counter,
+    pub(super) store_reconciled: Counter,
+    pub(super) breaker_open: Gauge,
+    pub(super) breaker_opened: Counter,
+}
+
+pub(super) fn store(registry: &mut Registry) -> StoreSeries {
+    let store_errors = Counter::default();
+    let degraded_decisions = Counter::default();
+    let store_lost = Counter::default();
+    let store_reconciled = Counter::default();
+    let breaker_open = Gauge::default();
+    let breaker_opened = Counter::default();
+    registry.register("store_errors", "Redis calls that failed or timed out", store_errors.clone());
+    registry.register(
+        "degraded_decisions",
+        "Decisions made without Redis (by [store] fallback)",
+        degraded_decisions.clone(),
+    );
+    registry.register(
+        "store_lost",
+        "Times Redis was found without wxgate's data (its epoch changed) and re-seeded by this instance",
+        store_lost.clone(),
+    );
+    registry.register(
+        "store_reconciled_calls",
+        "Calls added to Redis's counts after the fact: admitted by the fallback, or re-seeded after a loss",
+        store_reconciled.clone(),
+    );
+    registry.register("breaker_open", "1 while the Redis circuit breaker is open", breaker_open.clone());
+    registry.register(
+        "store_breaker_opened",
+        "Times the Redis circuit breaker opened (decisions went to the fallback until a probe write succeeded)",
+        breaker_opened.clone(),
+    );
+    StoreSeries { store_errors, degraded_decisions, store_lost, store_reconciled, breaker_open, breaker_opened }
+}
+
+/// Config reloads, by result.
+pub(super) fn config_reloads(registry: &mut Registry) -> Family<ResultLabel, Counter> {
+    let reloads = Family::<ResultLabel, Counter>::default();
+    registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
+    reloads
+}
+
+/// Refunds, by rule.
+pub(super) fn refunds(registry: &mut Registry) -> Family<RuleLabel, Counter> {
+    let refunds = Family::<RuleLabel, Counter>::default();
+    registry.register(
+        "refunds",
+        "Calls that provably never reached WeChat (no connection) and gave back what they took from their rule's limits",
+        refunds.clone(),
+    );
+    refunds
+}
+
+/// The accounts' series: tokens learned, calls of unknown tokens, quota clears.
+pub(super) struct AccountSeries {
+    pub(super) unknown_token_calls: Counter,
+    pub(super) tokens_learned: Counter,
+    pub(super) quota_clears: Counter,
+}
+
+pub(super) fn accounts(registry: &mut Registry) -> AccountSeries {
+    let unknown_token_calls = Counter::default();
+    let tokens_learned = Counter::default();
+    let quota_clears = Counter::default();
+    registry.register(
+        "unknown_token_calls",
+        "Calls with an access token wxgate did not learn and neither X-Wx-Account nor an @ prefix: counted against default",
+        unknown_token_calls.clone(),
+    );
+    registry.register(
+        "tokens_learned",
+        "Access tokens learned from token answers that passed through (calls carrying one count against its appid)",
+        tokens_learned.clone(),
+    );
+    registry.register(
+        "quota_clears",
+        "Accounts whose day counts and penalties wxgate reset: clear_quota calls WeChat accepted, and clears by hand",
+        quota_clears.clone(),
+    );
+    AccountSeries { unknown_token_calls, tokens_learned, quota_clears }
+}
+
+/// The embedded store's series, and its state file's.
+pub(super) fn memory_store(registry: &mut Registry) -> MemoryStoreMetrics {
+    let memory_store = MemoryStoreMetrics::default();
+    // Both series from the start, so that 0 is visible (and alertable).
+    let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::load });
+    let _ = memory_store.file_errors.get_or_create(&OpLabel { op: FileOp::save });
+    let m = &memory_store;
+    registry.register(
+        "store_entries",
+        "States held by the embedded store, one per X-Wx-Account and rule",
+        m.entries.clone(),
+    );
+    registry.register(
+        "store_full",
+        "Calls of a new X-Wx-Account and rule pair refused with 503: the embedded store held [store] max_entries",
+        m.full.clone(),
+    );
+    registry.register(
+        "state_file_errors",
+        "State file loads and saves that failed (load: quotas restarted from zero)",
+        m.file_errors.clone(),
+    );
+    registry.register("state_file_saves", "State file writes that succeeded", m.saves.clone());
+    registry.register(
+        "state_file_last_save_seconds",
+        "Unix time of the last successful state file write (0: none yet)",
+        m.last_save.clone(),
+    );
+    memory_store
+}
+
+/// The upstreams' series.
+pub(super) fn upstreams(registry: &mut Registry) -> UpstreamMetrics {
+    let upstreams = UpstreamMetrics::default();
+    registry.register(
+        "upstream_requests",
+        "Tries of calls at each upstream by result: answered, not_sent (never reached it: the call moved on to the next upstream, or got 502/504), failed (sent, then no answer), client_error",
+        upstreams.requests.clone(),
+    );
+    registry.register(
+        "upstream_failovers",
+        "Calls that never reached one upstream (no connection, TLS failed) and were tried at the next",
+        upstreams.failovers.clone(),
+    );
+    registry.register(
+        "upstream_up",
+        "1 while an upstream takes calls; 0 while it is skipped after a failure (until a call after its back-off finds it answering)",
+        upstreams.up.clone(),
+    );
+    upstreams
+}
+
+/// The callers' series, by declared caller (or `other`).
+pub(super) struct CallerSeries {
+    pub(super) caller_calls: Family<CallerOutcomeLabels, Counter>,
+    pub(super) caller_rate_refusals: Family<CallerLabel, Counter>,
+}
+
+pub(super) fn callers(registry: &mut Registry) -> CallerSeries {
+    let caller_calls = Family::<CallerOutcomeLabels, Counter>::default();
+    let caller_rate_refusals = Family::<CallerLabel, Counter>::default();
+    registry.register(
+        "caller_calls",
+        "Calls by caller (X-Wx-Caller or [server] caller: a declared [[caller]], or other) and outcome; each call counts once",
+        caller_calls.clone(),
+    );
+    registry.register(
+        "caller_rate_refusals",
+        "Calls refused (429, reason caller_rate) by their caller's flood guard ([[caller]] rate, per instance), before any store work",
+        caller_rate_refusals.clone(),
+    );
+    CallerSeries { caller_calls, caller_rate_refusals }
+}
+
+/// The token cache's series, and quota_sync's.
+pub(super) fn tokens(registry: &mut Registry) -> TokenMetrics {
+    let tokens = TokenMetrics::default();
+    let token_requests = Family::<SourceLabel, Counter>::default();
+    let source = |s: &str| token_requests.get_or_create(&SourceLabel { source: s.to_owned() }).clone();
+    let tokens = TokenMetrics {
+        from_cache: source("cache"),
+        fetched: source("fetched"),
+        passed: source("passed"),
+        timed_out: source("timeout"),
+        ..tokens
+    };
+    registry.register(
+        "token_requests",
+        "Token requests by source: cache (answered by wxgate's token cache), fetched (the one request sent to WeChat for its appid and secret), passed (sent without the cache), timeout (waited [tokens] wait for another's fetch: 503)",
+        token_requests,
+    );
+    registry.register(
+        "token_invalidations",
+        "Cached access tokens dropped because WeChat rejected them (40001, 40014, 42001): the next token request fetches once",
+        tokens.invalidations.clone(),
+    );
+    // Every result from the start, so that 0 is visible.
+    for result in ["raised", "unchanged", "error", "skipped"] {
+        let _ = tokens.syncs.get_or_create(&ResultLabel { result: result.to_owned() });
+    }
+    registry.register(
+        "quota_syncs",
+        "quota/get calls made by quota_sync, by result (raised, unchanged, error, skipped: another instance synced)",
+        tokens.syncs.clone(),
+    );
+    tokens
+}
+
+/// `[intercept]`'s series.
+pub(super) struct InterceptSeries {
+    pub(super) intercepted_calls: Family<HostLabel, Counter>,
+    pub(super) intercept_tunnels: Family<TunnelLabels, Counter>,
+}
+
+pub(super) fn intercept(registry: &mut Registry) -> InterceptSeries {
+    let intercepted_calls = Family::<HostLabel, Counter>::default();
+    let intercept_tunnels = Family::<TunnelLabels, Counter>::default();
+    registry.register(
+        "intercepted_calls",
+        "[intercept]: calls served inside CONNECT tunnels, by host (also counted in wxgate_calls with their rule)",
+        intercepted_calls.clone(),
+    );
+    registry.register(
+        "intercept_tunnels",
+        "[intercept]: CONNECT requests by result: opened, refused (not a listed host on port 443), handshake_failed (the client does not trust the CA, or sent no TLS)",
+        intercept_tunnels.clone(),
+    );
+    InterceptSeries { intercepted_calls, intercept_tunnels }
+}
+
+/// The build's version.
+pub(super) fn build(registry: &mut Registry) {
+    let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+    registry.register("build", "wxgate build", info);
+}
