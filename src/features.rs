@@ -1,7 +1,7 @@
 //! The features of a call, in the order their hooks ([`crate::features::hooks`])
 //! run; the phases of [`crate::proxy`] run them without knowing which they
 //! are. Adding a feature: its module, an `impl Feature` with the hooks it
-//! needs, and its place in [`Features`] and [`FEATURES`].
+//! needs, and its place in the `features!` list below.
 
 pub mod accounts;
 pub mod base;
@@ -16,24 +16,24 @@ use http::HeaderMap;
 
 use crate::features::hooks::{Answered, Feature};
 
-/// The features, in the order their hooks run. The penalties' hook runs
-/// after the token and account features', as WeChat's answer is reported
-/// to the store last.
-pub type Features = (
-    crate::features::token_cache::TokenCacheFeature,
-    crate::features::accounts::Learning,
-    crate::features::quota_clear::QuotaClear,
-    crate::features::warmup::Warmup,
-    crate::features::penalties::Penalties,
-    RateLimitHeaders,
-);
+/// `Features` (the type) and `FEATURES` (its value) from one list of unit
+/// features, so the two cannot disagree.
+macro_rules! features {
+    ($($feature:path),+ $(,)?) => {
+        pub type Features = ($($feature,)+);
+        pub const FEATURES: Features = ($($feature,)+);
+    };
+}
 
-pub const FEATURES: Features = (
-    crate::features::token_cache::TokenCacheFeature,
-    crate::features::accounts::Learning,
-    crate::features::quota_clear::QuotaClear,
-    crate::features::warmup::Warmup,
-    crate::features::penalties::Penalties,
+// The features, in the order their hooks run. The penalties' hook runs
+// after the token and account features', as WeChat's answer is reported to
+// the store last.
+features!(
+    token_cache::TokenCacheFeature,
+    accounts::Learning,
+    quota_clear::QuotaClear,
+    warmup::Warmup,
+    penalties::Penalties,
     RateLimitHeaders,
 );
 
