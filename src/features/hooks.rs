@@ -54,6 +54,8 @@ pub struct Answered<'a> {
     pub target: &'a PathAndQuery,
     /// What the answer said (its errcode read from its body).
     pub verdict: Verdict,
+    /// The answer's errcode (0: success; `None`: not a WeChat JSON answer).
+    pub errcode: Option<i64>,
     /// The answer's body, when it was read whole (a small JSON body).
     pub body: Option<&'a Bytes>,
     /// The call's rule (`None`: forwarded unthrottled).

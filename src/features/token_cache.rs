@@ -77,13 +77,8 @@ impl Feature for TokenCacheFeature {
     }
 
     async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
-        let errcode = match answered.verdict {
-            Verdict::Errcode(code) => Some(code),
-            Verdict::Success => Some(0),
-            Verdict::Unknown => None,
-        };
         if let Some(fetch) = answered.token_fetch.take() {
-            fetched(app, fetch, errcode, answered.body).await;
+            fetched(app, fetch, answered.errcode, answered.body).await;
         }
         if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
             if REJECTED.contains(&code) {

@@ -52,6 +52,7 @@ pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<
         path: &call.arrived.path,
         target: &forwarded.target,
         verdict,
+        errcode: call.errcode,
         body: body.whole(),
         rule: call.route.rule.as_deref(),
         admitted: admitted.as_ref(),
