@@ -83,7 +83,7 @@ pub async fn admit(
             holder: &holder,
             lease_us: config.lease_us,
             normal,
-            share: (!rule.share.is_empty()).then_some(caller),
+            share: rule.caller_matters().then_some(caller),
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;

@@ -20,6 +20,7 @@ mod errors;
 mod intercept;
 mod raw;
 pub mod routes;
+mod rule;
 mod settings;
 pub mod units;
 
@@ -52,6 +53,10 @@ pub struct Config {
     /// `Arc` as in `rules`), and one variant per listed path of each rule
     /// with `scope = "path"` ([`Rule::state`]).
     pub routed: Vec<Arc<Rule>>,
+    /// What the answers to each rule's calls show (by [`Rule::id`]).
+    pub answers: Vec<RuleAnswer>,
+    /// The same for calls without a rule.
+    pub unruled: RuleAnswer,
     pub routes: Routes,
     /// Lease of a concurrency slot (`[store] lease`), renewed while the call lives.
     pub lease_us: Micros,
@@ -68,6 +73,26 @@ pub struct Config {
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
     /// calls (`crate::transport::intercept`); `None`: off (the default).
     pub intercept: Option<Intercept>,
+}
+
+/// What the answers to a rule's calls show, which the decision never reads:
+/// kept apart from the [`Rule`] so that the decision layer names no HTTP
+/// type, and built once at compile so a call validates no header.
+#[derive(Debug, Clone)]
+pub struct RuleAnswer {
+    /// The HTTP status of the rule's refusals and of WeChat's penalised
+    /// answers (429; or 200: refusals keep their 45009 body and headers, and
+    /// WeChat's own answers pass with the status WeChat sent).
+    pub throttle_status: http::StatusCode,
+    /// Its `RateLimit-Policy` and `RateLimit` prefixes.
+    pub policy: crate::telemetry::ratelimit_headers::Policy,
+}
+
+impl Config {
+    /// What the answers to calls of `rule` show (`None`: no rule).
+    pub fn answer(&self, rule: Option<&Rule>) -> &RuleAnswer {
+        rule.and_then(|r| self.answers.get(r.id)).unwrap_or(&self.unruled)
+    }
 }
 
 /// `[tokens]`: the access-token cache. Read at start (a reload keeps the

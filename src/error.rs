@@ -12,7 +12,7 @@
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::config::Server as ServerConfig;
+use crate::config::Config;
 use crate::limit::clock::Micros;
 use crate::limit::{Reason, Rule};
 use crate::store::StoreError;
@@ -175,13 +175,14 @@ impl ProxyError {
 
     /// The one mapping from an error to what the client sees, for a call
     /// of `rule` (`None`: no rule matched, or none was looked up yet).
-    pub fn into_response(self, rule: Option<&Rule>, server: &ServerConfig) -> Response<RelayBody> {
+    pub fn into_response(self, rule: Option<&Rule>, config: &Config) -> Response<RelayBody> {
         let row = self.row();
+        let answer = config.answer(rule);
         let body = serde_json::json!({ "errcode": row.errcode, "errmsg": format!("wxgate: {self}") });
         let mut resp = Response::new(RelayBody::full(body.to_string()));
         *resp.status_mut() = match row.status {
             Status::Fixed(status) => status,
-            Status::Throttle => rule.map_or(server.throttle_status, |r| r.throttle_status),
+            Status::Throttle => answer.throttle_status,
         };
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -193,8 +194,8 @@ impl ProxyError {
                     _ => "",
                 };
                 mark_throttled(h, name, reason, wait_us);
-                if let (Some(rule), true) = (rule, server.ratelimit_headers) {
-                    crate::telemetry::ratelimit_headers::refused(h, rule, reason, wait_us);
+                if let (Some(rule), true) = (rule, config.server.ratelimit_headers) {
+                    crate::telemetry::ratelimit_headers::refused(h, rule, &answer.policy, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {
@@ -214,9 +215,9 @@ impl ProxyError {
 /// mode): its answer reaches the client as a penalty refusal's row says
 /// (429, or WeChat's own status when the rule's `throttle_status` is 200;
 /// `Retry-After` and the refusal headers), with WeChat's body unchanged.
-pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, wait_us: Micros) -> Outcome {
+pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, config: &Config, wait_us: Micros) -> Outcome {
     let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us }.row();
-    if row.status == Status::Throttle && rule.throttle_status == StatusCode::TOO_MANY_REQUESTS {
+    if row.status == Status::Throttle && config.answer(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
         parts.status = StatusCode::TOO_MANY_REQUESTS;
     }
     mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);
@@ -250,7 +251,7 @@ mod tests {
             rate: crate::config::CallerRate { count: std::num::NonZeroU32::MIN, per: crate::config::RatePer::Second },
             wait_us: 1,
         };
-        let status = |e: ProxyError, rule: Option<&Rule>| e.into_response(rule, &config.server).status().as_u16();
+        let status = |e: ProxyError, rule: Option<&Rule>| e.into_response(rule, &config).status().as_u16();
         assert_eq!(status(throttled(), Some(&rule)), 200);
         assert_eq!(status(caller(), Some(&rule)), 200);
         assert_eq!(status(caller(), None), 429);

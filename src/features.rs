@@ -48,7 +48,8 @@ impl Feature for RateLimitHeaders {
         if let (Some(rule), Some(a), true) =
             (answered.rule, answered.admitted, answered.config.server.ratelimit_headers)
         {
-            crate::telemetry::ratelimit_headers::admitted(headers, rule, a.quota);
+            let policy = &answered.config.answer(Some(rule)).policy;
+            crate::telemetry::ratelimit_headers::admitted(headers, rule, policy, a.quota);
         }
     }
 }

@@ -48,171 +48,17 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::limit::calendar::Period;
 use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
 
 pub mod calendar;
 pub mod clock;
 pub mod decide;
-pub mod derive;
 pub mod pair;
 pub mod penalty;
+pub mod rule;
 
-/// A named rule: its limits, and whose state they count in.
-///
-/// `scope = "rule"` (the default): one state per (account, rule), shared by
-/// every path the rule matches. `scope = "path"`: the compiled config holds
-/// one variant of the rule per API path it lists (exact patterns only), each
-/// with a state of its own, so one rule says "each of these APIs: N".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    /// The rule's name (metrics, logs, refusals and the admin API use it).
-    pub name: Arc<str>,
-    /// What the stores key this rule's state by, within an account: the
-    /// name, or for a per-path variant `<name><path>` (`draft/cgi-bin/draft/add`;
-    /// a name never contains `/`, so no two states share a key).
-    pub state: Arc<str>,
-    pub scope: Scope,
-    /// The API path a per-path variant counts (`None` for `scope = "rule"`).
-    pub path: Option<Arc<str>>,
-    /// The `match` patterns as written (for `wxgate check` and the admin API).
-    pub patterns: Vec<String>,
-    pub limits: Vec<Limit>,
-    /// Shaping: hold a call up to this long for its slot instead of refusing (0 = police only).
-    pub max_wait_us: Micros,
-    /// Warm-up: after a cold start or a token refresh the refill rate starts
-    /// at half and rises linearly to full over this period (0 = none).
-    pub warmup_us: Micros,
-    /// At most this many calls in flight at WeChat (0 = no cap).
-    pub concurrency: u32,
-    /// Shadow mode: decide and keep state as if enforcing, but forward every call.
-    pub shadow: bool,
-    /// The HTTP status of this rule's refusals and of WeChat's penalised
-    /// answers (429; or 200: refusals keep their 45009 body and headers, and
-    /// WeChat's own answers pass with the status WeChat sent).
-    pub throttle_status: http::StatusCode,
-    /// `RateLimit-Policy` for this rule, built once (see [`crate::telemetry::ratelimit_headers`]).
-    pub policy_header: Option<http::HeaderValue>,
-    /// Each limit's `RateLimit` prefix, `"<rule>.<window>";r=`, built once.
-    pub policy_prefixes: Vec<String>,
-    /// `reserve = "P%"`: P (0: none). Per limit (index-aligned with
-    /// `limits`), what normal-priority calls may not use: a window's
-    /// reserved tokens as time (`R·T`, R = ⌈P % of the burst⌉), a calendar
-    /// quota's reserved calls (⌈P % of the count⌉). Empty without a reserve.
-    pub reserve_percent: u32,
-    pub reserve: Vec<i64>,
-    /// `max_share = "P%"`: P (0: none). Per limit (index-aligned with
-    /// `limits`), one caller's own sub-limit: a window `{⌊P·N⌋, W, ⌈P·B⌉}`,
-    /// a calendar quota of ⌊P·count⌋. Empty without a share.
-    pub share_percent: u32,
-    pub share: Vec<Limit>,
-}
-
-/// Whose calls a rule's limits count together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Scope {
-    /// Every path of the rule shares one state.
-    #[default]
-    Rule,
-    /// Every path of the rule has a state of its own.
-    Path,
-}
-
-impl Scope {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Rule => "rule",
-            Scope::Path => "path",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Limit {
-    Window(WindowLimit),
-    Calendar { count: u64, period: Period },
-}
-
-/// Identifies a limit's state within its rule, so that changing a count keeps
-/// the state and changing a window starts afresh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WindowKey {
-    Window(Micros),
-    Calendar(Period),
-}
-
-impl Limit {
-    /// Name of this limit in `RateLimit-Policy` (`"60s"`, `"day"`), and its
-    /// quota and window in seconds.
-    pub fn policy(&self) -> (String, u64, u64) {
-        match self {
-            Limit::Window(w) if w.per_us % 1_000_000 == 0 => {
-                (format!("{}s", w.per_us / 1_000_000), w.count, (w.per_us / 1_000_000) as u64)
-            }
-            Limit::Window(w) => (format!("{}ms", w.per_us / 1000), w.count, (w.per_us as u64).div_ceil(1_000_000)),
-            Limit::Calendar { count, period: Period::Day } => ("day".into(), *count, 86_400),
-            Limit::Calendar { count, period: Period::Month } => ("month".into(), *count, 31 * 86_400),
-        }
-    }
-
-    pub fn window_key(&self) -> WindowKey {
-        match self {
-            Limit::Window(w) => WindowKey::Window(w.per_us),
-            Limit::Calendar { period, .. } => WindowKey::Calendar(*period),
-        }
-    }
-}
-
-impl WindowKey {
-    /// Short stable text used in store keys: `w60000` (ms) or `day` / `month`.
-    pub fn label(&self) -> String {
-        match self {
-            WindowKey::Window(us) => {
-                // Built by hand: this runs for every limit of every Redis decision.
-                let mut label = String::with_capacity(12);
-                label.push('w');
-                label.push_str(itoa::Buffer::new().format(us / 1000));
-                label
-            }
-            WindowKey::Calendar(p) => p.as_str().to_owned(),
-        }
-    }
-}
-
-/// `{count N, per W, burst B}` compiled to GCRA parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct WindowLimit {
-    pub count: u64,
-    pub per_us: Micros,
-    pub burst: u64,
-    /// Emission interval `T = ⌈W / (N − B + 1)⌉` (rounded up: never faster).
-    pub interval_us: Micros,
-    /// Tolerance `τ = (B − 1)·T`.
-    pub tolerance_us: Micros,
-}
-
-impl WindowLimit {
-    /// Callers validate `1 ≤ burst ≤ count` and `per_us > 0` first.
-    pub fn new(count: u64, per_us: Micros, burst: u64) -> Self {
-        let slots = i64::try_from(count - burst + 1).unwrap_or(i64::MAX);
-        let interval_us = (per_us + slots - 1) / slots;
-        let tolerance_us = i64::try_from(burst - 1).unwrap_or(0).saturating_mul(interval_us);
-        WindowLimit { count, per_us, burst, interval_us, tolerance_us }
-    }
-
-    /// Burst when the config gives none: 5 % of the count, at least 1. Small,
-    /// so the sustained rate stays at ≥ 95 % of the quota.
-    pub fn default_burst(count: u64) -> u64 {
-        count.div_ceil(20).max(1)
-    }
-
-    /// Capacity and refill in token-bucket terms, for `wxgate check`.
-    pub fn refill_per_second(&self) -> f64 {
-        1_000_000.0 / self.interval_us as f64
-    }
-}
+pub use rule::{Limit, PercentError, Rule, Scope, WindowKey, WindowLimit};
 
 /// Why a call was refused; shown to clients in `X-Wxgate-Reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

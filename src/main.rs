@@ -427,37 +427,12 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
     }
 }
 
-/// The report's lines for one rule: its patterns, reserve, share, scope
-/// and limits.
+/// The report's lines for one rule: its patterns, its options
+/// ([`Rule::shown`]), its scope and limits.
 fn say_rule(out: &mut String, rule: &Rule, tz: &str) {
     say!(out, "rule {} [{}]", rule.name, rule.patterns.join(", "));
-    if rule.reserve_percent > 0 {
-        say!(
-            out,
-            "  reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
-            rule.reserve_percent
-        );
-    }
-    if rule.share_percent > 0 {
-        let each: Vec<String> = rule
-            .share
-            .iter()
-            .map(|l| match l {
-                Limit::Window(w) => format!(
-                    "{} per {} (burst {})",
-                    w.count,
-                    humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                    w.burst
-                ),
-                Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
-            })
-            .collect();
-        say!(
-            out,
-            "  max_share {}%: no one caller (declared, or all undeclared together) uses more than {}",
-            rule.share_percent,
-            each.join(", ")
-        );
+    for line in rule.shown().into_iter().filter_map(|option| option.says) {
+        say!(out, "  {line}");
     }
     if rule.scope == wxgate::limit::Scope::Path {
         say!(out, "  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());

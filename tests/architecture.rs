@@ -428,3 +428,29 @@ fn only_the_clock_module_reads_a_clock() {
         }
     }
 }
+
+/// What the decision layer must not name: HTTP and transport types. The
+/// decision is rules + state + now; a status code or a header is how a
+/// layer above shows its result.
+const TRANSPORT_NAMES: &[&str] =
+    &["http::", "hyper", "HeaderValue", "HeaderMap", "StatusCode", "Response<", "Request<"];
+
+fn transport_names_in(code: &str) -> Vec<&'static str> {
+    TRANSPORT_NAMES.iter().copied().filter(|name| code.contains(name)).collect()
+}
+
+#[test]
+fn the_decision_names_no_http_type() {
+    let mut seen = 0;
+    for (module, text) in modules() {
+        if module == "limit" || module.starts_with("limit::") {
+            seen += 1;
+            let found = transport_names_in(&code_of(&text));
+            assert!(found.is_empty(), "src module {module} names {found:?}: the decision layer uses no http types");
+        }
+    }
+    assert!(seen >= 5, "the limit modules were found ({seen})");
+    // The check sees a name in code, and not in a comment or a string.
+    assert_eq!(transport_names_in(&code_of("pub status: http::StatusCode,\n")), vec!["http::", "StatusCode"]);
+    assert!(transport_names_in(&code_of("// an http::StatusCode\nlet s = \"hyper\";\n")).is_empty());
+}

@@ -306,3 +306,30 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
         assert!(stderr.contains(want), "{text}\nwanted: {want}\ngot: {stderr}");
     }
 }
+
+/// `wxgate check` says every option a rule sets, and the admin API shows
+/// the same options (both from the one description, `Rule::shown`).
+#[test]
+fn check_reports_every_option_a_rule_sets() {
+    let dir = support::TempDir::new("options");
+    let path = dir.path().join("rules.toml");
+    let text = "[[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{ count = 100, per = \"1m\" }]\n\
+                max_wait = \"2s\"\nwarmup = \"30s\"\nconcurrency = 4\nmode = \"shadow\"\n\n\
+                [[rule]]\nname = \"plain\"\nmatch = [\"/b\"]\nlimits = [{ count = 100, per = \"1m\" }]\n";
+    std::fs::write(&path, text).expect("write");
+    let (code, stdout, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "  max_wait 2s: a call whose slot is that close is held for it, not refused",
+        "  warmup 30s: after a cold start or a token refresh the refill starts at half",
+        "  concurrency 4: at most that many calls in flight at WeChat",
+        "  mode shadow: decided and counted, but every call is forwarded",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    // A rule at its defaults gets no option lines.
+    let plain = stdout.split("rule plain").nth(1).expect("rule plain");
+    for word in ["max_wait", "warmup", "concurrency", "mode"] {
+        assert!(!plain.contains(word), "{word} in {plain}");
+    }
+}

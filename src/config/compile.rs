@@ -11,18 +11,17 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::errors::{duplicate_key, leading_key, table_and_key, Doc};
-use super::raw::{RawConfig, RawLimit, RawLog, RawPenalty, RawRule, RawTokens};
+use super::errors::{leading_key, Ctx};
+use super::raw::{RawConfig, RawLog, RawPenalty, RawTokens};
+use super::rule::compile_rule;
 use super::units::{micros, parse_duration, secs_us, valid_name};
-use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, TokensConfig};
+use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, RuleAnswer, TokensConfig};
 use crate::config::routes::{Pattern, Routes};
-use crate::limit::calendar::{Period, DAY_US};
+use crate::limit::calendar::Period;
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
-use crate::limit::{Limit, Rule, Scope, WindowLimit};
+use crate::limit::{Limit, Rule, Scope};
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Longest `max_wait`: a held call keeps its client's connection open.
-const MAX_MAX_WAIT: Duration = Duration::from_secs(300);
 
 impl Config {
     /// Reads, parses and validates a config file.
@@ -61,57 +60,6 @@ impl Config {
     }
 }
 
-/// The text being compiled, to point messages at its lines.
-struct Ctx<'a> {
-    text: &'a str,
-    path: &'a Path,
-    /// The config file's directory, when the text was read from a file.
-    dir: Option<&'a Path>,
-}
-
-impl Ctx<'_> {
-    fn line_of(&self, offset: usize) -> usize {
-        self.text[..offset.min(self.text.len())].matches('\n').count() + 1
-    }
-    fn at(&self, span: std::ops::Range<usize>, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError(format!("{}:{}: {msg}", self.path.display(), self.line_of(span.start)))
-    }
-    fn plain(&self, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError(format!("{}: {msg}", self.path.display()))
-    }
-    fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
-        let msg = e.message().trim_end();
-        match e.span() {
-            // The parser points at the key given twice: name it.
-            Some(span) if msg == "duplicate key" => self.at(span.clone(), duplicate_key(self.text, &span)),
-            Some(span) => self.at(span, msg),
-            None => self.plain(msg),
-        }
-    }
-    /// A value serde could not read, with its key path in words.
-    fn serde_error(&self, e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
-        match super::errors::serde_error(&Doc::parse(self.text), e) {
-            (msg, Some(span)) => self.at(span, msg),
-            (msg, None) => self.plain(msg),
-        }
-    }
-    /// A message about `key` of the table spanning `table`: at the key's
-    /// line when it is written there, else at the table's.
-    fn at_field(&self, table: std::ops::Range<usize>, key: &str, msg: impl std::fmt::Display) -> ConfigError {
-        let span = Doc::parse(self.text).key_in(&table, key).unwrap_or(table);
-        self.at(span, msg)
-    }
-    /// A message that starts with `[table] key:`: at that key's line, else
-    /// at its table's, else (the table is not in the file) without a line.
-    fn in_table(&self, msg: impl std::fmt::Display) -> ConfigError {
-        let msg = msg.to_string();
-        match table_and_key(&msg).and_then(|(table, key)| Doc::parse(self.text).table_key(table, key)) {
-            Some(span) => self.at(span, msg),
-            None => self.plain(msg),
-        }
-    }
-}
-
 fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let all_shadow = match raw.server.mode.as_deref() {
         None | Some("enforce") => false,
@@ -141,6 +89,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let mut spans = Vec::with_capacity(raw.rule.len());
     let mut patterns: Vec<(Pattern, usize)> = Vec::new();
     let mut routed: Vec<Arc<Rule>> = Vec::with_capacity(raw.rule.len());
+    let mut answers = Vec::with_capacity(raw.rule.len());
     let mut quota_syncs = Vec::new();
     let tokens = compile_tokens(&raw.tokens).map_err(|m| ctx.in_table(m))?;
     for r in raw.rule.into_iter() {
@@ -154,7 +103,8 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             return Err(ctx.at_field(span, "name", format!("rule \"{}\": another rule has the same name", r.name)));
         }
         let sync = r.quota_sync.clone();
-        let (rule, own) = compile_rule(r, span.clone(), all_shadow, server.throttle_status, ctx)?;
+        let (rule, answer, own) = compile_rule(r, rules.len(), span.clone(), all_shadow, server.throttle_status, ctx)?;
+        answers.push(answer);
         let rule = Arc::new(rule);
         let first_sync = routed.len();
         let sync = match sync {
@@ -204,8 +154,11 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
     let callers = callers::compile(raw.caller).map_err(|(span, m)| ctx.at(span, m))?;
     let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|m| ctx.in_table(m))?;
+    let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default() };
     Ok(Config {
         source: ctx.path.to_path_buf(),
+        answers,
+        unruled,
         server,
         store,
         penalties,
@@ -300,112 +253,6 @@ fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Ve
     Ok(out)
 }
 
-/// One `[[rule]]` (its name already checked), and its parsed `match` patterns.
-fn compile_rule(
-    r: RawRule,
-    span: std::ops::Range<usize>,
-    all_shadow: bool,
-    throttle_status: http::StatusCode,
-    ctx: &Ctx<'_>,
-) -> Result<(Rule, Vec<Pattern>), ConfigError> {
-    let err = |m: String| ctx.at_field(span.clone(), leading_key(&m), format!("rule \"{}\": {m}", r.name));
-    if r.patterns.is_empty() && r.name != "default" {
-        return Err(err("match: needs at least one path pattern".into()));
-    }
-    let mut patterns = Vec::with_capacity(r.patterns.len());
-    for p in &r.patterns {
-        patterns.push(Pattern::parse(p).map_err(|m| err(format!("match \"{p}\": {m}")))?);
-    }
-    let mut limits = Vec::with_capacity(r.limits.len());
-    let mut windows = HashSet::new();
-    for (i, l) in r.limits.iter().enumerate() {
-        let at = |m: String| ctx.at_field(l.span(), leading_key(&m), format!("rule \"{}\": limits[{i}]: {m}", r.name));
-        let limit = compile_limit(l.get_ref()).map_err(at)?;
-        if !windows.insert(limit.window_key()) {
-            return Err(at(format!("another limit of this rule has per = \"{}\"", l.get_ref().per)));
-        }
-        limits.push(limit);
-    }
-    let max_wait_us = match r.max_wait.as_deref() {
-        None => 0,
-        Some(t) => {
-            let d = parse_duration(t).map_err(|m| err(format!("max_wait: {m}")))?;
-            if d > MAX_MAX_WAIT {
-                return Err(err(format!("max_wait: \"{t}\" is longer than 5m")));
-            }
-            micros(d)
-        }
-    };
-    let warmup_us = match r.warmup.as_deref() {
-        None => 0,
-        Some(t) => micros(parse_duration(t).map_err(|m| err(format!("warmup: {m}")))?),
-    };
-    if warmup_us > 31 * DAY_US {
-        return Err(err("warmup: longer than 31 days".into()));
-    }
-    let shadow = match r.mode.as_deref() {
-        None | Some("enforce") => all_shadow,
-        Some("shadow") => true,
-        Some(other) => return Err(err(format!("mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")"))),
-    };
-    let concurrency = match r.concurrency {
-        Some(0) => return Err(err("concurrency: must be at least 1 (leave it out for no cap)".into())),
-        Some(c) => c,
-        None => 0,
-    };
-    let throttle_status = settings::throttle_status(r.throttle_status).map_err(err)?.unwrap_or(throttle_status);
-    let scope = match r.scope.as_deref() {
-        None | Some("rule") => Scope::Rule,
-        Some("path") => Scope::Path,
-        Some(other) => return Err(err(format!("scope: \"{other}\" is unknown (expected \"rule\" or \"path\")"))),
-    };
-    if scope == Scope::Path {
-        if r.name == "default" {
-            return Err(err(
-                "scope = \"path\": the default rule takes every unlisted path, so its states would be as many as \
-                 the paths clients send; list the APIs in a rule of their own"
-                    .into(),
-            ));
-        }
-        if let Some(p) = r.patterns.iter().zip(&patterns).find(|(_, p)| matches!(p, Pattern::Prefix(_))) {
-            return Err(err(format!(
-                "scope = \"path\" counts each listed API apart: list them as exact paths (\"{}\" is a prefix, \
-                 which would make the number of counters depend on what clients send)",
-                p.0
-            )));
-        }
-    }
-    let percent = |text: Option<&str>, key: &str| match text {
-        None => Ok(0),
-        Some(text) => percent_of(text).map_err(|m| err(format!("{key}: {m}"))),
-    };
-    let (reserve_percent, share_percent) =
-        (percent(r.reserve.as_deref(), "reserve")?, percent(r.max_share.as_deref(), "max_share")?);
-    let mut rule = Rule {
-        scope,
-        patterns: r.patterns,
-        max_wait_us,
-        warmup_us,
-        concurrency,
-        shadow,
-        throttle_status,
-        ..Rule::new(&r.name, limits)
-    }
-    .with_percents(reserve_percent, share_percent)
-    .map_err(|e| err(e.to_string()))?;
-    rule.policy_header = crate::telemetry::ratelimit_headers::policy_header(&rule);
-    rule.policy_prefixes = crate::telemetry::ratelimit_headers::policy_prefixes(&rule);
-    Ok((rule, patterns))
-}
-
-/// `"P%"`, 1 to 99.
-fn percent_of(text: &str) -> Result<u32, String> {
-    text.strip_suffix('%')
-        .and_then(|p| p.trim().parse::<u32>().ok())
-        .filter(|p| (1..=99).contains(p))
-        .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))
-}
-
 fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
     let length = match (p.seconds, p.until.as_deref()) {
         (Some(0), None) => return Err(format!("[[penalty]] errcode {}: seconds must be at least 1", p.errcode)),
@@ -428,52 +275,4 @@ fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
         None => None,
     };
     Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
-}
-
-fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
-    if l.count == 0 {
-        return Err("count must be at least 1".into());
-    }
-    if l.count > 1_000_000_000 {
-        return Err(format!("count {} is too large (at most 1000000000)", l.count));
-    }
-    match l.per.as_str() {
-        "day" | "month" => {
-            if l.burst.is_some() {
-                return Err(format!("burst does not apply to per = \"{}\" (a calendar quota)", l.per));
-            }
-            let period = if l.per == "day" { Period::Day } else { Period::Month };
-            Ok(Limit::Calendar { count: l.count, period })
-        }
-        per => {
-            let window = parse_duration(per).map_err(|m| format!("per: {m}"))?;
-            let per_us = i64::try_from(window.as_micros()).map_err(|_| "per: too long".to_string())?;
-            if per_us < 1_000_000 {
-                return Err(format!("per = \"{per}\" is shorter than 1s"));
-            }
-            if per_us > 31 * DAY_US {
-                return Err(format!("per = \"{per}\" is longer than 31 days; use per = \"month\""));
-            }
-            // WeChat's daily and monthly quotas are calendar periods. A
-            // window of whole days is almost always one of those written
-            // as a duration; an explicit burst says a sliding window is meant.
-            if per_us % DAY_US == 0 && l.burst.is_none() {
-                let calendar = if per_us == DAY_US { "day" } else { "month" };
-                return Err(format!(
-                    "per = \"{per}\" is a sliding window of {} x 24 hours, not a calendar {calendar}: WeChat's daily \
-                     quotas start again at midnight, so write per = \"{calendar}\" (the calendar {calendar} in \
-                     quota_timezone); to mean a sliding window, give its burst too",
-                    per_us / DAY_US
-                ));
-            }
-            let burst = l.burst.unwrap_or_else(|| WindowLimit::default_burst(l.count));
-            if burst == 0 {
-                return Err("burst must be at least 1".into());
-            }
-            if burst > l.count {
-                return Err(format!("burst {burst} exceeds count {}", l.count));
-            }
-            Ok(Limit::Window(WindowLimit::new(l.count, per_us, burst)))
-        }
-    }
 }

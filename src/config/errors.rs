@@ -10,10 +10,13 @@
 //!   field's, found in the document ([`Doc`]), else its table's.
 
 use std::ops::Range;
+use std::path::Path;
 
 use serde_path_to_error::Segment;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
+
+use super::ConfigError;
 
 /// The document parsed again, to find fields, rule names and spans in.
 /// Errors only: parsing twice costs nothing there.
@@ -276,6 +279,62 @@ fn describe(value: &DeValue<'_>) -> String {
         DeValue::Datetime(d) => format!("the date-time {d}"),
         DeValue::Array(_) => "an array".into(),
         DeValue::Table(_) => "a table".into(),
+    }
+}
+
+/// The text being compiled, to point messages at its lines.
+pub(super) struct Ctx<'a> {
+    pub text: &'a str,
+    pub path: &'a Path,
+    /// The config file's directory, when the text was read from a file.
+    pub dir: Option<&'a Path>,
+}
+
+impl Ctx<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())].matches('\n').count() + 1
+    }
+    pub(super) fn at(&self, span: std::ops::Range<usize>, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}:{}: {msg}", self.path.display(), self.line_of(span.start)))
+    }
+    pub(super) fn plain(&self, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}: {msg}", self.path.display()))
+    }
+    pub(super) fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
+        let msg = e.message().trim_end();
+        match e.span() {
+            // The parser points at the key given twice: name it.
+            Some(span) if msg == "duplicate key" => self.at(span.clone(), duplicate_key(self.text, &span)),
+            Some(span) => self.at(span, msg),
+            None => self.plain(msg),
+        }
+    }
+    /// A value serde could not read, with its key path in words.
+    pub(super) fn serde_error(&self, e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+        match serde_error(&Doc::parse(self.text), e) {
+            (msg, Some(span)) => self.at(span, msg),
+            (msg, None) => self.plain(msg),
+        }
+    }
+    /// A message about `key` of the table spanning `table`: at the key's
+    /// line when it is written there, else at the table's.
+    pub(super) fn at_field(
+        &self,
+        table: std::ops::Range<usize>,
+        key: &str,
+        msg: impl std::fmt::Display,
+    ) -> ConfigError {
+        let span = Doc::parse(self.text).key_in(&table, key).unwrap_or(table);
+        self.at(span, msg)
+    }
+    /// A message that starts with `[table] key:`: at that key's line, else
+    /// at its table's, else (the table is not in the file) without a line.
+    pub(super) fn in_table(&self, msg: impl std::fmt::Display) -> ConfigError {
+        let msg = msg.to_string();
+        match table_and_key(&msg).and_then(|(table, key)| Doc::parse(self.text).table_key(table, key)) {
+            Some(span) => self.at(span, msg),
+            None => self.plain(msg),
+        }
     }
 }
 

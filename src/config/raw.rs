@@ -15,7 +15,7 @@ pub(super) struct RawConfig {
     pub store: RawStore,
     pub penalty: Option<Vec<Spanned<RawPenalty>>>,
     #[serde(default)]
-    pub rule: Vec<Spanned<RawRule>>,
+    pub rule: Vec<Spanned<super::rule::RawRule>>,
     #[serde(default)]
     pub log: RawLog,
     #[serde(default)]
@@ -140,31 +140,4 @@ pub(super) struct RawPenalty {
     pub seconds: Option<u64>,
     pub until: Option<String>,
     pub max_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRule {
-    pub name: String,
-    #[serde(rename = "match", default)]
-    pub patterns: Vec<String>,
-    #[serde(default)]
-    pub limits: Vec<Spanned<RawLimit>>,
-    pub max_wait: Option<String>,
-    pub warmup: Option<String>,
-    pub concurrency: Option<u32>,
-    pub mode: Option<String>,
-    pub throttle_status: Option<u16>,
-    pub scope: Option<String>,
-    pub reserve: Option<String>,
-    pub max_share: Option<String>,
-    pub quota_sync: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawLimit {
-    pub count: u64,
-    pub per: String,
-    pub burst: Option<u64>,
 }

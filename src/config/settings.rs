@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{RawServer, RawStore, RawUpstream};
-use super::units::{parse_duration, parse_offset, parse_size};
+use super::units::{parse_duration, parse_offset, parse_size, throttle_status};
 use super::{valid_account, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig, Upstreams};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -126,18 +126,6 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         workers,
         caller,
     })
-}
-
-/// `throttle_status`: 429 or 200 (`None` when not given).
-pub(super) fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, String> {
-    match given {
-        None => Ok(None),
-        Some(429) => Ok(Some(http::StatusCode::TOO_MANY_REQUESTS)),
-        Some(200) => Ok(Some(http::StatusCode::OK)),
-        Some(n) => Err(format!(
-            "throttle_status: {n}: must be 429 (HTTP's \"too many requests\") or 200 (for SDKs that drop the body of a non-2xx answer, e.g. wechatpy)"
-        )),
-    }
 }
 
 /// An admin listener beyond loopback needs a token: the admin API lifts and

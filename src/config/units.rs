@@ -70,3 +70,15 @@ pub fn parse_offset(text: &str) -> Result<Micros, String> {
 pub fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
+
+/// `throttle_status`: 429 or 200 (`None` when not given).
+pub fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, String> {
+    match given {
+        None => Ok(None),
+        Some(429) => Ok(Some(http::StatusCode::TOO_MANY_REQUESTS)),
+        Some(200) => Ok(Some(http::StatusCode::OK)),
+        Some(n) => Err(format!(
+            "throttle_status: {n}: must be 429 (HTTP's \"too many requests\") or 200 (for SDKs that drop the body of a non-2xx answer, e.g. wechatpy)"
+        )),
+    }
+}

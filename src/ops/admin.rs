@@ -280,7 +280,7 @@ fn state_file(app: &App, memory: &MemoryConfig) -> Value {
     })
 }
 
-fn rule_json(rule: &Rule) -> Value {
+fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
     let limits: Vec<Value> = rule
         .limits
         .iter()
@@ -295,24 +295,25 @@ fn rule_json(rule: &Rule) -> Value {
             Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
         })
         .collect();
-    json!({
+    let mut shown = json!({
         "name": &*rule.name,
         "match": rule.patterns,
         "scope": rule.scope.as_str(),
-        "reserve_percent": (rule.reserve_percent > 0).then_some(rule.reserve_percent),
-        "max_share_percent": (rule.share_percent > 0).then_some(rule.share_percent),
         "limits": limits,
-        "max_wait_ms": rule.max_wait_us as f64 / 1e3,
-        "warmup_seconds": rule.warmup_us as f64 / 1e6,
-        "concurrency": (rule.concurrency > 0).then_some(rule.concurrency),
-        "mode": if rule.shadow { "shadow" } else { "enforce" },
-        "throttle_status": rule.throttle_status.as_u16(),
-    })
+    });
+    for option in rule.shown() {
+        shown[option.key] = option.value;
+    }
+    shown["throttle_status"] = json!(answer.throttle_status.as_u16());
+    shown
 }
 
 fn rules(app: &App) -> Answer {
     let config = app.config.load();
-    json_answer(StatusCode::OK, Value::Array(config.rules.iter().map(|r| rule_json(r)).collect()))
+    json_answer(
+        StatusCode::OK,
+        Value::Array(config.rules.iter().map(|r| rule_json(r, config.answer(Some(r)))).collect()),
+    )
 }
 
 /// `GET /v1/callers`: the caller of calls without `X-Wx-Caller`, and each

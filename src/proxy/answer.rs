@@ -66,7 +66,7 @@ pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<
         return Ok(Response::from_parts(parts, body));
     };
     if let Some(wait_us) = answered.penalty {
-        call.outcome = crate::error::penalised(&mut parts, rule, wait_us);
+        call.outcome = crate::error::penalised(&mut parts, rule, &call.arrived.config, wait_us);
     }
     FEATURES.on_response(&answered, &mut parts.headers);
     let slot = admitted.and_then(|a| a.slot);

@@ -19,7 +19,7 @@ pub fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     if call.outcome == Outcome::rejected_bad_request {
         call.refusal = Some(e.to_string());
     }
-    e.into_response(call.route.rule.as_deref(), &call.arrived.config.server)
+    e.into_response(call.route.rule.as_deref(), &call.arrived.config)
 }
 
 /// Counts the call once and writes its access-log line.

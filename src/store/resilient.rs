@@ -489,9 +489,7 @@ impl Store for Resilient {
                     }
                     // A high caller's admission (it may use the reserve)
                     // moves the normal callers' wait later than known.
-                    Decision::Admit { .. } if cache && !rule.reserve.is_empty() => {
-                        self.refusals().forget(account, rule)
-                    }
+                    Decision::Admit { .. } if cache && rule.priority_matters() => self.refusals().forget(account, rule),
                     _ => {}
                 }
                 return Ok(Decided { decision, degraded: false });

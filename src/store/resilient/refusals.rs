@@ -53,14 +53,14 @@ struct Known {
 /// a reserve; without one both kinds of caller are refused alike and share
 /// what is known.
 fn slot(rule: &Rule, normal: bool) -> usize {
-    usize::from(normal && !rule.reserve.is_empty())
+    usize::from(normal && rule.priority_matters())
 }
 
 /// Whose refusals a call shares: its caller's for a rule with `max_share`,
 /// else every caller's (`""`).
 fn caller_of<'a>(rule: &Rule, share: Option<&'a str>) -> &'a str {
     match share {
-        Some(caller) if !rule.share.is_empty() => caller,
+        Some(caller) if rule.caller_matters() => caller,
         _ => "",
     }
 }

@@ -1,0 +1,470 @@
+//! A rule, and the one derivation of its numbers: everything computed from what a
+//! `[[rule]]` configures (its limits' counts and bursts, `concurrency`,
+//! `reserve`, `max_share`) is computed here, for the compiled config and for
+//! the local fallback's scaling by `[store] instances` alike. A value derived
+//! anywhere else drifts: the fallback once scaled the limits but kept the
+//! unscaled reserve, and refused every normal-priority caller during an
+//! outage.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::limit::calendar::Period;
+use crate::limit::clock::Micros;
+
+/// A named rule: its limits, and whose state they count in.
+///
+/// `scope = "rule"` (the default): one state per (account, rule), shared by
+/// every path the rule matches. `scope = "path"`: the compiled config holds
+/// one variant of the rule per API path it lists (exact patterns only), each
+/// with a state of its own, so one rule says "each of these APIs: N".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The rule's name (metrics, logs, refusals and the admin API use it).
+    pub name: Arc<str>,
+    /// The rule's number in its config (file order; every per-path variant
+    /// has its rule's). What the layers above show of a rule, which the
+    /// decision never reads (its refusals' status, its `RateLimit-Policy`),
+    /// is kept in tables indexed by it (`crate::config::Config::answers`).
+    pub id: usize,
+    /// What the stores key this rule's state by, within an account: the
+    /// name, or for a per-path variant `<name><path>` (`draft/cgi-bin/draft/add`;
+    /// a name never contains `/`, so no two states share a key).
+    pub state: Arc<str>,
+    pub scope: Scope,
+    /// The API path a per-path variant counts (`None` for `scope = "rule"`).
+    pub path: Option<Arc<str>>,
+    /// The `match` patterns as written (for `wxgate check` and the admin API).
+    pub patterns: Vec<String>,
+    pub limits: Vec<Limit>,
+    /// Shaping: hold a call up to this long for its slot instead of refusing (0 = police only).
+    pub max_wait_us: Micros,
+    /// Warm-up: after a cold start or a token refresh the refill rate starts
+    /// at half and rises linearly to full over this period (0 = none).
+    pub warmup_us: Micros,
+    /// At most this many calls in flight at WeChat (0 = no cap).
+    pub concurrency: u32,
+    /// Shadow mode: decide and keep state as if enforcing, but forward every call.
+    pub shadow: bool,
+    /// `reserve = "P%"`: P (0: none). Per limit (index-aligned with
+    /// `limits`), what normal-priority calls may not use: a window's
+    /// reserved tokens as time (`R·T`, R = ⌈P % of the burst⌉), a calendar
+    /// quota's reserved calls (⌈P % of the count⌉). Empty without a reserve.
+    pub reserve_percent: u32,
+    pub reserve: Vec<i64>,
+    /// `max_share = "P%"`: P (0: none). Per limit (index-aligned with
+    /// `limits`), one caller's own sub-limit: a window `{⌊P·N⌋, W, ⌈P·B⌉}`,
+    /// a calendar quota of ⌊P·count⌋. Empty without a share.
+    pub share_percent: u32,
+    pub share: Vec<Limit>,
+}
+
+/// Whose calls a rule's limits count together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every path of the rule shares one state.
+    #[default]
+    Rule,
+    /// Every path of the rule has a state of its own.
+    Path,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Rule => "rule",
+            Scope::Path => "path",
+        }
+    }
+}
+
+/// What a derivation does with a percentage that leaves one side nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// The configuration is refused, with a message naming the limit.
+    Refuse,
+    /// Each side keeps at least one call (the fallback's scaled rule: a
+    /// refused config is not an answer while Redis is away).
+    Clamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Limit {
+    Window(WindowLimit),
+    Calendar { count: u64, period: Period },
+}
+
+/// Identifies a limit's state within its rule, so that changing a count keeps
+/// the state and changing a window starts afresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WindowKey {
+    Window(Micros),
+    Calendar(Period),
+}
+
+impl Limit {
+    /// Name of this limit in `RateLimit-Policy` (`"60s"`, `"day"`), and its
+    /// quota and window in seconds.
+    pub fn policy(&self) -> (String, u64, u64) {
+        match self {
+            Limit::Window(w) if w.per_us % 1_000_000 == 0 => {
+                (format!("{}s", w.per_us / 1_000_000), w.count, (w.per_us / 1_000_000) as u64)
+            }
+            Limit::Window(w) => (format!("{}ms", w.per_us / 1000), w.count, (w.per_us as u64).div_ceil(1_000_000)),
+            Limit::Calendar { count, period: Period::Day } => ("day".into(), *count, 86_400),
+            Limit::Calendar { count, period: Period::Month } => ("month".into(), *count, 31 * 86_400),
+        }
+    }
+
+    pub fn window_key(&self) -> WindowKey {
+        match self {
+            Limit::Window(w) => WindowKey::Window(w.per_us),
+            Limit::Calendar { period, .. } => WindowKey::Calendar(*period),
+        }
+    }
+}
+
+impl WindowKey {
+    /// Short stable text used in store keys: `w60000` (ms) or `day` / `month`.
+    pub fn label(&self) -> String {
+        match self {
+            WindowKey::Window(us) => {
+                // Built by hand: this runs for every limit of every Redis decision.
+                let mut label = String::with_capacity(12);
+                label.push('w');
+                label.push_str(itoa::Buffer::new().format(us / 1000));
+                label
+            }
+            WindowKey::Calendar(p) => p.as_str().to_owned(),
+        }
+    }
+}
+
+/// `{count N, per W, burst B}` compiled to GCRA parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WindowLimit {
+    pub count: u64,
+    pub per_us: Micros,
+    pub burst: u64,
+    /// Emission interval `T = ⌈W / (N − B + 1)⌉` (rounded up: never faster).
+    pub interval_us: Micros,
+    /// Tolerance `τ = (B − 1)·T`.
+    pub tolerance_us: Micros,
+}
+
+impl WindowLimit {
+    /// Callers validate `1 ≤ burst ≤ count` and `per_us > 0` first.
+    pub fn new(count: u64, per_us: Micros, burst: u64) -> Self {
+        let slots = i64::try_from(count - burst + 1).unwrap_or(i64::MAX);
+        let interval_us = (per_us + slots - 1) / slots;
+        let tolerance_us = i64::try_from(burst - 1).unwrap_or(0).saturating_mul(interval_us);
+        WindowLimit { count, per_us, burst, interval_us, tolerance_us }
+    }
+
+    /// Burst when the config gives none: 5 % of the count, at least 1. Small,
+    /// so the sustained rate stays at ≥ 95 % of the quota.
+    pub fn default_burst(count: u64) -> u64 {
+        count.div_ceil(20).max(1)
+    }
+
+    /// Capacity and refill in token-bucket terms, for `wxgate check`.
+    pub fn refill_per_second(&self) -> f64 {
+        1_000_000.0 / self.interval_us as f64
+    }
+}
+
+impl Rule {
+    /// A rule named `name` counting `limits`, with every option at its
+    /// default (no shaping, warm-up, cap, reserve or share; 429 refusals).
+    pub fn new(name: &str, limits: Vec<Limit>) -> Rule {
+        let name: Arc<str> = name.into();
+        Rule {
+            id: 0,
+            state: name.clone(),
+            name,
+            scope: Scope::Rule,
+            path: None,
+            patterns: Vec::new(),
+            limits,
+            max_wait_us: 0,
+            warmup_us: 0,
+            concurrency: 0,
+            shadow: false,
+            reserve_percent: 0,
+            reserve: Vec::new(),
+            share_percent: 0,
+            share: Vec::new(),
+        }
+    }
+
+    /// Sets `reserve = "P%"` (0: none) and `max_share = "P%"` (0: none) and
+    /// derives what they keep back and give each caller from the rule's
+    /// limits. Refuses a percentage that leaves normal callers no call of a
+    /// limit (reserve) or a caller no call at all (share), naming the limit.
+    pub fn with_percents(mut self, reserve_percent: u32, share_percent: u32) -> Result<Rule, PercentError> {
+        self.reserve_percent = reserve_percent;
+        self.share_percent = share_percent;
+        self.derive(Fit::Refuse)?;
+        Ok(self)
+    }
+
+    /// What one of `instances` instances may use alone (the local fallback
+    /// while Redis is away): every count, burst and concurrency cap divided
+    /// by `instances` (rounded down, at least 1), and the reserve and the
+    /// callers' shares derived again from those, as for a rule configured
+    /// with them. Where the scaled numbers are too small for a percentage,
+    /// each side keeps at least one call.
+    pub fn scaled(&self, instances: u32) -> Rule {
+        let n = u64::from(instances.max(1));
+        let mut scaled = self.clone();
+        scaled.limits = self
+            .limits
+            .iter()
+            .map(|l| match *l {
+                Limit::Window(w) => {
+                    let count = (w.count / n).max(1);
+                    Limit::Window(WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count)))
+                }
+                Limit::Calendar { count, period } => Limit::Calendar { count: (count / n).max(1), period },
+            })
+            .collect();
+        if self.concurrency > 0 {
+            scaled.concurrency = (self.concurrency / instances.max(1)).max(1);
+        }
+        // Clamped: no error to give.
+        let _ = scaled.derive(Fit::Clamp);
+        scaled
+    }
+
+    /// `reserve` and `share` from `limits` and the two percentages.
+    fn derive(&mut self, fit: Fit) -> Result<(), PercentError> {
+        self.reserve = match self.reserve_percent {
+            0 => Vec::new(),
+            p => reserve_of(&self.limits, p, fit)?,
+        };
+        self.share = match self.share_percent {
+            0 => Vec::new(),
+            p => shares_of(&self.limits, p, fit)?,
+        };
+        Ok(())
+    }
+}
+
+impl Rule {
+    /// Whether the decision tells a normal-priority caller's call from a
+    /// high one's (the rule keeps a reserve): else both are decided alike,
+    /// and what is known of one's refusal holds for the other's.
+    pub fn priority_matters(&self) -> bool {
+        !self.reserve.is_empty()
+    }
+
+    /// Whether the decision tells one caller's call from another's (the
+    /// rule gives each a `max_share`): else every caller's is decided alike.
+    pub fn caller_matters(&self) -> bool {
+        !self.share.is_empty()
+    }
+}
+
+/// One of a rule's options as `wxgate check` and the admin API show it,
+/// from the compiled numbers (so a new option is shown where it is derived).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shown {
+    /// The admin API's key (`GET /v1/rules`).
+    pub key: &'static str,
+    /// Its value there (`null`: not set).
+    pub value: serde_json::Value,
+    /// What `wxgate check` says of it (`None`: at its default, nothing).
+    pub says: Option<String>,
+}
+
+impl Rule {
+    /// The rule's options beyond its name, patterns, scope and limits, in
+    /// the order `wxgate check` reports them.
+    pub fn shown(&self) -> Vec<Shown> {
+        use serde_json::{json, Value};
+        let set = |on: bool, value: Value| if on { value } else { Value::Null };
+        let each: Vec<String> = self.share.iter().map(describe).collect();
+        vec![
+            Shown {
+                key: "reserve_percent",
+                value: set(self.reserve_percent > 0, json!(self.reserve_percent)),
+                says: (self.reserve_percent > 0).then(|| {
+                    format!(
+                        "reserve {}%: normal-priority callers leave that share of each limit to high-priority ones",
+                        self.reserve_percent
+                    )
+                }),
+            },
+            Shown {
+                key: "max_share_percent",
+                value: set(self.share_percent > 0, json!(self.share_percent)),
+                says: (self.share_percent > 0).then(|| {
+                    format!(
+                        "max_share {}%: no one caller (declared, or all undeclared together) uses more than {}",
+                        self.share_percent,
+                        each.join(", ")
+                    )
+                }),
+            },
+            Shown {
+                key: "max_wait_ms",
+                value: json!(self.max_wait_us as f64 / 1e3),
+                says: (self.max_wait_us > 0).then(|| {
+                    format!("max_wait {}: a call whose slot is that close is held for it, not refused", human(self.max_wait_us))
+                }),
+            },
+            Shown {
+                key: "warmup_seconds",
+                value: json!(self.warmup_us as f64 / 1e6),
+                says: (self.warmup_us > 0).then(|| {
+                    format!(
+                        "warmup {}: after a cold start or a token refresh the refill starts at half and reaches full over that time",
+                        human(self.warmup_us)
+                    )
+                }),
+            },
+            Shown {
+                key: "concurrency",
+                value: set(self.concurrency > 0, json!(self.concurrency)),
+                says: (self.concurrency > 0)
+                    .then(|| format!("concurrency {}: at most that many calls in flight at WeChat", self.concurrency)),
+            },
+            Shown {
+                key: "mode",
+                value: json!(if self.shadow { "shadow" } else { "enforce" }),
+                says: self.shadow.then(|| "mode shadow: decided and counted, but every call is forwarded".to_owned()),
+            },
+        ]
+    }
+}
+
+/// A limit as `wxgate check` names it: `60 per 1m (burst 6)`, `600 per calendar day`.
+pub fn describe(limit: &Limit) -> String {
+    match limit {
+        Limit::Window(w) => format!("{} per {} (burst {})", w.count, human(w.per_us), w.burst),
+        Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
+    }
+}
+
+fn human(us: Micros) -> humantime::FormattedDuration {
+    humantime::format_duration(std::time::Duration::from_micros(us.max(0) as u64))
+}
+
+/// Why a percentage does not fit a rule's limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PercentError {
+    #[error("reserve: the rule has no limits to keep a share of")]
+    NoLimitsToReserve,
+    #[error(
+        "reserve: {percent}% of limits[{limit}]'s burst of {burst} leaves no call for normal callers: a window keeps \
+         back whole calls of its burst, so give it burst = {needed} or more"
+    )]
+    ReserveTakesBurst { percent: u32, limit: usize, burst: u64, needed: u64 },
+    #[error("reserve: {percent}% of limits[{limit}]'s count of {count} leaves no call for normal callers")]
+    ReserveTakesCount { percent: u32, limit: usize, count: u64 },
+    #[error("max_share: the rule has no limits to share")]
+    NoLimitsToShare,
+    #[error("max_share: {percent}% of limits[{limit}]'s count of {count} is less than one call: no caller could call")]
+    ShareBelowOne { percent: u32, limit: usize, count: u64 },
+}
+
+/// Per limit, what normal-priority calls may not use ([`Rule::reserve`]):
+/// ⌈P % of a window's burst⌉ tokens as time, ⌈P % of a calendar count⌉
+/// calls. `Clamp` keeps at least one call for normal callers.
+fn reserve_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<i64>, PercentError> {
+    if limits.is_empty() {
+        return Err(PercentError::NoLimitsToReserve);
+    }
+    let part = |n: u64| n.saturating_mul(u64::from(percent)).div_ceil(100);
+    let mut reserve = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        reserve.push(match *limit {
+            Limit::Window(w) => {
+                let mut kept = part(w.burst);
+                if kept >= w.burst {
+                    if fit == Fit::Refuse {
+                        let needed = 100u64.div_ceil(100 - u64::from(percent)).max(2);
+                        return Err(PercentError::ReserveTakesBurst { percent, limit: i, burst: w.burst, needed });
+                    }
+                    kept = w.burst - 1;
+                }
+                kept as i64 * w.interval_us
+            }
+            Limit::Calendar { count, .. } => {
+                let mut kept = part(count);
+                if kept >= count {
+                    if fit == Fit::Refuse {
+                        return Err(PercentError::ReserveTakesCount { percent, limit: i, count });
+                    }
+                    kept = count - 1;
+                }
+                kept as i64
+            }
+        });
+    }
+    Ok(reserve)
+}
+
+/// Per limit, one caller's sub-limits under `max_share = "P%"`
+/// ([`Rule::share`]): P % of each count (rounded down) and of each burst
+/// (rounded up, at least 1, at most the share's count). `Clamp` gives a
+/// caller at least one call where P % of a count is less.
+fn shares_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<Limit>, PercentError> {
+    if limits.is_empty() {
+        return Err(PercentError::NoLimitsToShare);
+    }
+    let part = |n: u64| n.saturating_mul(u64::from(percent)) / 100;
+    let mut share = Vec::with_capacity(limits.len());
+    for (i, limit) in limits.iter().enumerate() {
+        let whole = match *limit {
+            Limit::Window(w) => w.count,
+            Limit::Calendar { count, .. } => count,
+        };
+        let mut count = part(whole);
+        if count == 0 {
+            if fit == Fit::Refuse {
+                return Err(PercentError::ShareBelowOne { percent, limit: i, count: whole });
+            }
+            count = 1;
+        }
+        share.push(match *limit {
+            Limit::Window(w) => {
+                let burst = w.burst.saturating_mul(u64::from(percent)).div_ceil(100).clamp(1, count);
+                Limit::Window(WindowLimit::new(count, w.per_us, burst))
+            }
+            Limit::Calendar { period, .. } => Limit::Calendar { count, period },
+        });
+    }
+    Ok(share)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::calendar::Period;
+
+    fn day(count: u64) -> Limit {
+        Limit::Calendar { count, period: Period::Day }
+    }
+
+    #[test]
+    fn a_scaled_rule_derives_its_reserve_and_shares_from_the_scaled_counts() {
+        let rule = Rule::new("r", vec![day(90)]).with_percents(40, 50).expect("fits");
+        assert_eq!((rule.reserve.clone(), rule.share.clone()), (vec![36], vec![day(45)]));
+        let third = rule.scaled(3);
+        assert_eq!((third.limits, third.reserve, third.share), (vec![day(30)], vec![12], vec![day(15)]));
+    }
+
+    #[test]
+    fn a_scaled_rule_keeps_one_call_for_each_side() {
+        let rule = Rule::new("r", vec![day(10)]).with_percents(50, 20).expect("fits");
+        let quarter = rule.scaled(10);
+        assert_eq!((quarter.limits, quarter.reserve, quarter.share), (vec![day(1)], vec![0], vec![day(1)]));
+        assert_eq!(
+            Rule::new("r", vec![day(1)]).with_percents(50, 0),
+            Err(PercentError::ReserveTakesCount { percent: 50, limit: 0, count: 1 })
+        );
+    }
+}
