@@ -472,3 +472,88 @@ async fn an_account_prefix_counts_against_that_account_across_instances_sharing_
     let seen: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
     assert_eq!(seen, vec![format!("{SEND}?access_token=T"); 3], "WeChat sees the paths without the prefix");
 }
+
+// ---- Ambiguous requests: what wxgate reads is what WeChat reads ----
+
+/// `body` sent chunked (no Content-Length) on a raw connection, as
+/// `POST path`: the answer's status and body.
+async fn post_chunked(gate: &Gate, path: &str, body: &str) -> (u16, String) {
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: wx\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let answer = support::wire::exchange(gate.addr, req.as_bytes()).await.only();
+    (answer.status, answer.text())
+}
+
+#[tokio::test]
+async fn a_token_behind_a_second_parameter_or_an_encoded_name_is_refused_not_counted_elsewhere() {
+    let mock = wechat().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let fetch = gate.get("/cgi-bin/token?grant_type=client_credential&appid=wxvictim&secret=S").await;
+    assert_eq!(fetch.json()["access_token"], "TOKEN_wxvictim");
+    let before = mock.count();
+    for query in [
+        "access_token=x&component_access_token=TOKEN_wxvictim",
+        "access_token=&access_token=TOKEN_wxvictim",
+        "access_token=JUNK&access_token=TOKEN_wxvictim",
+        "access%5Ftoken=TOKEN_wxvictim",
+        "x=1;access_token=TOKEN_wxvictim",
+    ] {
+        assert_refused(&gate.get_as("wxother", &format!("{SEND}?{query}")).await, query);
+        // Without a name too: nothing is guessed.
+        if query.contains("JUNK") || query.contains("%5F") {
+            assert_refused(&gate.get(&format!("{SEND}?{query}")).await, query);
+        }
+    }
+    assert_eq!(mock.count(), before, "none reached WeChat");
+    assert_eq!(used(&gate, "wxother", "send").await, 0);
+    assert_eq!(used(&gate, "wxvictim", "send").await, 0);
+    assert_eq!(used(&gate, "default", "send").await, 0);
+    // The token alone, once, is the victim's own call.
+    assert_eq!(gate.get(&format!("{SEND}?access_token=TOKEN_wxvictim")).await.status, 200);
+    assert_eq!(used(&gate, "wxvictim", "send").await, 1);
+}
+
+#[tokio::test]
+async fn a_token_request_that_gives_an_appid_or_secret_twice_is_refused_and_nothing_learned() {
+    let mock = wechat().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let twice = "/cgi-bin/token?grant_type=client_credential&appid=wxVICTIM&secret=junk&appid=wxATT&secret=S2";
+    assert_refused(&gate.get(twice).await, "appid twice in the query");
+    assert_refused(&gate.get("/cgi-bin/gettoken?corpid=wwA&corpsecret=S&corpsecret=T").await, "corpsecret twice");
+    let body = r#"{"grant_type":"client_credential","appid":"wxVICTIM","secret":"junk","appid":"wxATT"}"#;
+    let a = post_json(&gate, "/cgi-bin/stable_token", body).await;
+    assert_refused(&a, "appid twice in the body");
+    assert!(a.text().contains("gives key \\\"appid\\\" twice"), "{}", a.text());
+    let body = r#"{"grant_type":"client_credential","appid":"wxATT","secret":"S"}"#;
+    assert_refused(&post_json(&gate, "/cgi-bin/stable_token?appid=wxVICTIM", body).await, "query and body differ");
+    let (status, text) = post_chunked(&gate, "/cgi-bin/stable_token", r#"{"appid":"wxA","appid":"wxB"}"#).await;
+    assert_eq!(status, 400, "chunked, appid twice: {text}");
+    assert_eq!(mock.count(), 0, "none reached WeChat");
+    assert_eq!(metric(&gate, "wxgate_tokens_learned_total").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_chunked_token_request_is_read_whole_and_learned_and_one_past_the_cap_is_refused() {
+    let mock = wechat().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let body = r#"{"grant_type":"client_credential","appid":"wxS","secret":"S"}"#;
+    let (status, text) = post_chunked(&gate, "/cgi-bin/stable_token", body).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("TOKEN_wxS"), "{text}");
+    assert_eq!(mock.calls().pop().expect("forwarded").body, body.as_bytes(), "WeChat gets the body whole");
+    assert_eq!(metric(&gate, "wxgate_tokens_learned_total").await, 1.0, "learned though chunked");
+    // So its token cannot be spent under another account's name.
+    assert_refused(&gate.get_as("wxother", &format!("{SEND}?access_token=TOKEN_wxS")).await, "the learned token");
+    // Past the 4 KiB cap, chunked or declared: 413, never forwarded.
+    let padded = format!(r#"{{"appid":"wxP","secret":"S","pad":"{}"}}"#, " ".repeat(5000));
+    let before = mock.count();
+    let (status, text) = post_chunked(&gate, "/cgi-bin/stable_token", &padded).await;
+    assert_eq!(status, 413, "{text}");
+    let declared = post_json(&gate, "/cgi-bin/stable_token", &padded).await;
+    assert_eq!(declared.status, 413, "{}", declared.text());
+    assert_eq!(declared.json()["errcode"], 40097);
+    assert_eq!(mock.count(), before);
+}

@@ -128,3 +128,28 @@ async fn the_admin_api_clears_by_hand() {
     assert_eq!(admin(addr, "POST", "/v1/accounts/bad!/clear", None).await.status, 400);
     assert_eq!(admin(addr, "GET", "/v1/accounts/wxA/clear", None).await.status, 404, "POST only");
 }
+
+/// A clear_quota sent chunked is read like any other: its body's appid is
+/// the one cleared, and a query naming another is refused (not forwarded).
+#[tokio::test]
+async fn a_chunked_clear_is_read_whole_and_a_query_that_disagrees_is_refused() {
+    let mock = wechat(ok_reply()).await;
+    let gate = Gate::start(&mock, rules()).await;
+    use_up(&gate).await;
+    let chunked = |query: &str| {
+        let body = r#"{"appid":"wxA"}"#;
+        format!(
+            "POST {CLEAR}{query} HTTP/1.1\r\nHost: wx\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    };
+    let before = mock.count();
+    let refused_answer = support::wire::exchange(gate.addr, chunked("?appid=wxB").as_bytes()).await.only();
+    assert_eq!(refused_answer.status, 400, "{}", refused_answer.text());
+    assert_eq!(mock.count(), before, "not forwarded");
+    assert_eq!(refused(&gate).await, all_refused(), "nothing reset");
+    let cleared = support::wire::exchange(gate.addr, chunked("").as_bytes()).await.only();
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    assert_eq!(refused(&gate).await, [None, None, None], "wxA, as the body says, is reset");
+}

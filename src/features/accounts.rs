@@ -92,10 +92,14 @@ fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
     }
 }
 
-/// The access token a call carries in its query, if any.
-fn token(query: Option<&str>) -> Option<Cow<'_, [u8]>> {
-    let query = query?;
-    query::param(query, "access_token").or_else(|| query::param(query, "component_access_token"))
+/// The access tokens a call carries in its query: `access_token` and
+/// `component_access_token` (each at most once: [`query::ambiguity`] refused
+/// a query giving one twice).
+fn tokens(query: Option<&str>) -> [Option<Cow<'_, [u8]>>; 2] {
+    match query {
+        None => [None, None],
+        Some(q) => [query::param(q, "access_token"), query::param(q, "component_access_token")],
+    }
 }
 
 /// Learning as a feature ([`crate::features`]): the answer hook of a token
@@ -136,6 +140,9 @@ pub async fn identify(
     target: &PathAndQuery,
 ) -> Result<Identified, ProxyError> {
     let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None };
+    if let Some(why) = target.query().and_then(query::ambiguity) {
+        return Err(ProxyError::BadRequest(why));
+    }
     let named = match (header(req.headers())?, named) {
         (Some(h), Some(p)) if h != p => {
             return Err(ProxyError::BadRequest(format!(
@@ -152,10 +159,20 @@ pub async fn identify(
         }
         (None, None) => false,
     };
-    let owner = match token(target.query()) {
-        Some(t) => Some(owner(app, &t).await),
-        None => None,
-    };
+    // Every token the call carries is looked up: WeChat may read either.
+    let mut owner: Option<Option<Arc<str>>> = None;
+    for token in tokens(target.query()).into_iter().flatten() {
+        let found = self::owner(app, &token).await;
+        match (&owner, &found) {
+            (Some(Some(a)), Some(b)) if a != b => {
+                return Err(ProxyError::BadRequest(format!(
+                    "this call carries access tokens of two accounts (\"{a}\" and \"{b}\"); give one"
+                )))
+            }
+            (Some(Some(_)), None) => {}
+            _ => owner = Some(found),
+        }
+    }
     let caller = match TokenRequest::at(path) {
         Some(request) => {
             let within = config.server.header_timeout;
@@ -262,11 +279,12 @@ mod tests {
     }
 
     #[test]
-    fn the_token_is_the_access_token_else_the_component_one() {
-        assert_eq!(token(Some("a=1&access_token=T")).as_deref(), Some(&b"T"[..]));
-        assert_eq!(token(Some("component_access_token=C")).as_deref(), Some(&b"C"[..]));
-        assert_eq!(token(Some("component_access_token=C&access_token=T")).as_deref(), Some(&b"T"[..]));
-        assert_eq!(token(Some("authorizer_access_token=X")), None);
-        assert_eq!(token(None), None);
+    fn both_tokens_a_call_carries_are_found() {
+        let found = |q: Option<&str>| tokens(q).map(|t| t.map(|t| t.into_owned()));
+        assert_eq!(found(Some("a=1&access_token=T")), [Some(b"T".to_vec()), None]);
+        assert_eq!(found(Some("component_access_token=C")), [None, Some(b"C".to_vec())]);
+        assert_eq!(found(Some("component_access_token=C&access_token=T")), [Some(b"T".to_vec()), Some(b"C".to_vec())]);
+        assert_eq!(found(Some("authorizer_access_token=X")), [None, None]);
+        assert_eq!(found(None), [None, None]);
     }
 }

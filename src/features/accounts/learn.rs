@@ -8,9 +8,12 @@
 //! (`stable_token`, the platform's `api_component_token` and
 //! `api_authorizer_token`), or in the answer (`api_query_auth`). A body is
 //! read whole before the call goes on ([`read_body`]) only on these paths,
-//! and only when it declares at most [`BODY_CAP`] bytes (a token request is
-//! a few dozen); WeChat gets exactly the bytes sent. Every other call
-//! streams as before.
+//! whatever its framing, up to [`BODY_CAP`] bytes (a token request is a few
+//! dozen; a larger one is refused, 413); WeChat gets exactly the bytes
+//! sent. A body whose JSON gives a key twice is refused (400), as is a
+//! query that gives an appid or secret twice ([`super::query::ambiguity`]):
+//! what wxgate learns is what WeChat reads. Every other call streams as
+//! before.
 
 use std::time::Duration;
 
@@ -153,7 +156,20 @@ pub async fn prepare(
     within: Duration,
 ) -> Result<Prepared, ProxyError> {
     let body = if request.reads_body() { read_body(req, within).await? } else { None };
-    let json = body.as_deref().and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok());
+    let json = request_json(body.as_deref())?;
+    // A name the body gives must not be given differently in the query.
+    for n in [request.caller, request.owner] {
+        if let (Name::Body(f), Some(q)) = (n, query) {
+            let in_body = json.as_ref().and_then(|j| j.get(f)?.as_str().map(|s| s.as_bytes().to_vec()));
+            if let Some(in_query) = query::param(q, f) {
+                if in_body.as_deref() != Some(&*in_query) {
+                    return Err(ProxyError::BadRequest(format!(
+                        "{f} is given in the query and, differently or not at all, in the body; give it once"
+                    )));
+                }
+            }
+        }
+    }
     let name = |n: Name| -> Option<String> {
         let text = match n {
             Name::Query(p) => String::from_utf8(query.and_then(|q| query::param(q, p))?.into_owned()).ok()?,
@@ -165,20 +181,109 @@ pub async fn prepare(
     Ok(Prepared { caller: name(request.caller), learn: Learn { request, owner: name(request.owner) }, body })
 }
 
-/// The request's whole body, if it declares at most [`BODY_CAP`] bytes;
-/// `None` (the body streams as usual) otherwise. 400 if it does not arrive
-/// within `within`.
+/// The request's whole body, read before it goes on (forwarded as it is),
+/// whatever its framing: declared with `Content-Length` or chunked, up to
+/// [`BODY_CAP`] bytes. 413 past the cap (what wxgate has not read, it
+/// cannot know WeChat reads as it does); 400 if it does not arrive within
+/// `within`. `None` for a request without a body.
 pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
+    let too_large = || {
+        ProxyError::TooLarge(format!(
+            "this request's body is larger than the {BODY_CAP} bytes wxgate reads of a token or clear_quota request"
+        ))
+    };
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_none_or(|n| n > BODY_CAP) {
+    if declared.is_some_and(|n| n > BODY_CAP) {
+        return Err(too_large());
+    }
+    if http_body::Body::is_end_stream(req.body()) {
         return Ok(None);
     }
-    match tokio::time::timeout(within, req.body_mut().collect()).await {
+    let limited = http_body_util::Limited::new(req.body_mut(), BODY_CAP as usize);
+    match tokio::time::timeout(within, limited.collect()).await {
         Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}"))),
         Err(_) => Err(ProxyError::BadRequest(format!(
             "the request body did not arrive within {within:?} ([server] header_timeout)"
         ))),
+    }
+}
+
+/// A request body's JSON, read as WeChat would have to: `Ok(None)` for a
+/// body that is not JSON (WeChat refuses it too; nothing is learned from
+/// it), 400 for JSON that gives a key twice in any object (parsers differ
+/// on which one counts).
+pub(crate) fn request_json(body: Option<&[u8]>) -> Result<Option<serde_json::Value>, ProxyError> {
+    let Some(body) = body else { return Ok(None) };
+    match serde_json::from_slice::<Unique>(body) {
+        Ok(Unique(value)) => Ok(Some(value)),
+        Err(e) if e.to_string().starts_with(DUPLICATE) => Err(ProxyError::BadRequest(format!(
+            "the request body {}: wxgate and WeChat might read different values",
+            e.to_string().split(" at line").next().unwrap_or(DUPLICATE)
+        ))),
+        Err(_) => Ok(None),
+    }
+}
+
+const DUPLICATE: &str = "gives key";
+
+/// A JSON value in which no object gives a key twice (`serde_json::Value`
+/// keeps the last one silently).
+struct Unique(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+        d.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<serde_json::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<serde_json::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<serde_json::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<serde_json::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<serde_json::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<serde_json::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Unique(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<serde_json::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("{DUPLICATE} \"{key}\" twice")));
+            }
+            let Unique(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(out.into())
     }
 }
 

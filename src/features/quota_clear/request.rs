@@ -7,7 +7,7 @@ use hyper::body::Incoming;
 
 use crate::config::valid_account;
 use crate::error::ProxyError;
-use crate::features::accounts::learn::read_body;
+use crate::features::accounts::learn::{read_body, request_json};
 use crate::features::accounts::query;
 
 /// The APIs that reset an account's counters at WeChat.
@@ -34,15 +34,23 @@ pub async fn prepare(
     within: std::time::Duration,
 ) -> Result<(Option<Bytes>, Clearing), ProxyError> {
     let body = read_body(req, within).await?;
-    let from_json = || {
-        let json = serde_json::from_slice::<serde_json::Value>(body.as_deref()?).ok()?;
-        json.get("appid")?.as_str().map(str::to_owned)
-    };
+    let json = request_json(body.as_deref())?;
+    let form = body.as_deref().and_then(|b| std::str::from_utf8(b).ok()).filter(|_| json.is_none());
+    if let Some(why) = form.and_then(query::ambiguity) {
+        return Err(ProxyError::BadRequest(format!("the body: {why}")));
+    }
+    let from_json = || json.as_ref()?.get("appid")?.as_str().map(str::to_owned);
     let from_form = |text: Option<&str>| {
         let raw = query::param(text?, "appid")?;
         String::from_utf8(raw.into_owned()).ok()
     };
-    let form = body.as_deref().and_then(|b| std::str::from_utf8(b).ok());
+    if let (Some(in_body), Some(in_query)) = (from_json(), query.and_then(|q| query::param(q, "appid"))) {
+        if in_body.as_bytes() != &*in_query {
+            return Err(ProxyError::BadRequest(
+                "appid is given in the query and, differently, in the body; give it once".into(),
+            ));
+        }
+    }
     let appid = from_json().or_else(|| from_form(form)).or_else(|| from_form(query)).filter(|a| valid_account(a));
     Ok((body, Clearing { appid }))
 }
