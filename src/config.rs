@@ -15,6 +15,7 @@
 //! stores, the proxy and the upstream read it.
 
 mod callers;
+pub use callers::key_digest;
 mod compile;
 mod errors;
 mod intercept;
@@ -161,6 +162,55 @@ pub struct CallerPolicy {
     pub priority: Priority,
     /// `rate`: the local flood guard, per instance; `None`: no guard.
     pub rate: Option<CallerRate>,
+    /// The SHA-256 of its key (`key_sha256`, or of `key_file`'s contents);
+    /// `None`: it has none (only with `caller_auth = "off"`).
+    pub key: Option<KeyDigest>,
+    /// `accounts`: the accounts it may spend under `caller_auth = "required"`.
+    pub grants: Grants,
+}
+
+/// The SHA-256 of a caller's key: never the key, and never shown (its
+/// `Debug` says nothing of it).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyDigest(pub [u8; 32]);
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyDigest(..)")
+    }
+}
+
+/// The accounts a caller may spend (`[[caller]] accounts`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Grants {
+    /// Not given: none under `caller_auth = "required"` (a config error
+    /// there), any with it off.
+    #[default]
+    Unset,
+    /// `["*"]`: every account.
+    All,
+    /// These accounts.
+    Listed(Vec<Arc<str>>),
+}
+
+impl Grants {
+    /// Whether a call for `account` is granted.
+    pub fn allow(&self, account: &str) -> bool {
+        match self {
+            Grants::Unset => false,
+            Grants::All => true,
+            Grants::Listed(list) => list.iter().any(|a| &**a == account),
+        }
+    }
+
+    /// As `wxgate check` and the admin API say it.
+    pub fn describe(&self) -> String {
+        match self {
+            Grants::Unset => "none".to_owned(),
+            Grants::All => "every account".to_owned(),
+            Grants::Listed(list) => list.iter().map(|a| &**a).collect::<Vec<_>>().join(", "),
+        }
+    }
 }
 
 /// A caller's `priority`: `"normal"` (the default) or `"high"`. Every
@@ -285,6 +335,32 @@ pub struct Server {
     /// `caller`: the caller of calls without an `X-Wx-Caller` header (a
     /// sidecar names its service once); `None`: `default`.
     pub caller: Option<Arc<str>>,
+    /// `caller_auth`: whether a call must prove which `[[caller]]` it is.
+    pub caller_auth: CallerAuth,
+    /// `max_accounts`: at most this many accounts have state on this
+    /// instance at once; a call for a new one past it is refused before
+    /// any state is created (`None`: no cap).
+    pub max_accounts: Option<usize>,
+}
+
+/// `[server] caller_auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerAuth {
+    /// Callers name themselves (`X-Wx-Caller`) and any account: the trust
+    /// model of a listener only trusted services reach (loopback, a sidecar).
+    Off {
+        /// Written in the config (required for a listener beyond loopback).
+        explicit: bool,
+    },
+    /// Every call carries a declared caller's key; it may spend only the
+    /// accounts that caller is granted.
+    Required,
+}
+
+impl CallerAuth {
+    pub fn required(self) -> bool {
+        self == CallerAuth::Required
+    }
 }
 
 /// `[server] upstream`: one base URL, or several tried in order (a call

@@ -24,6 +24,10 @@ use crate::transport::upstream::UpstreamError;
 pub const ERRCODE_THROTTLED: i64 = 45009;
 /// WeChat's "invalid args"; what a malformed request reports.
 pub const ERRCODE_BAD_REQUEST: i64 = 40097;
+/// WeChat's "api unauthorized": what a call gets whose caller is not
+/// proven or not granted the account. SDKs treat it as permanent: none
+/// refetches a token or retries on it (40001 would make them refetch).
+pub const ERRCODE_UNAUTHORIZED: i64 = 48001;
 /// WeChat's "system error, retry later"; upstream unreachable or too slow.
 pub const ERRCODE_SYSTEM: i64 = -1;
 
@@ -46,6 +50,12 @@ pub enum ProxyError {
     Unavailable(StoreError),
     #[error("{0}")]
     TooLarge(String),
+    /// `caller_auth = "required"`: the call proves no declared caller (401).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// `caller_auth = "required"`: its caller may not spend the account (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// A token request waited `[tokens] wait` for another request's fetch
     /// of the same token, which did not end in time.
     #[error("another request is fetching this access token and did not finish within {0:?} ([tokens] wait); retry")]
@@ -110,6 +120,10 @@ enum Marks {
     },
     /// `Retry-After: 1` and `X-Wxgate-Reason: unavailable`.
     Unavailable,
+    /// `X-Wxgate-Reason: unauthenticated` and a `WWW-Authenticate` challenge.
+    Unauthenticated,
+    /// `X-Wxgate-Reason: forbidden`.
+    Forbidden,
 }
 
 /// One row of the table: everything the client and the metrics see of a
@@ -137,6 +151,12 @@ impl ProxyError {
             }
             ProxyError::TooLarge(_) => {
                 row(fixed(S::PAYLOAD_TOO_LARGE), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
+            }
+            ProxyError::Unauthenticated(_) => {
+                row(fixed(S::UNAUTHORIZED), ERRCODE_UNAUTHORIZED, Outcome::unauthorized, Marks::Unauthenticated)
+            }
+            ProxyError::Forbidden(_) => {
+                row(fixed(S::FORBIDDEN), ERRCODE_UNAUTHORIZED, Outcome::unauthorized, Marks::Forbidden)
             }
             &ProxyError::Throttled { reason, wait_us, .. } => {
                 let outcome = if reason == Reason::Penalty { Outcome::penalised } else { Outcome::throttled };
@@ -205,6 +225,13 @@ impl ProxyError {
             Marks::Unavailable => {
                 h.insert(RETRY_AFTER, HeaderValue::from(1));
                 h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));
+            }
+            Marks::Unauthenticated => {
+                h.insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"wxgate\""));
+                h.insert(REASON_HEADER, HeaderValue::from_static("unauthenticated"));
+            }
+            Marks::Forbidden => {
+                h.insert(REASON_HEADER, HeaderValue::from_static("forbidden"));
             }
         }
         resp

@@ -332,6 +332,7 @@ fn run(config: Config) -> ExitCode {
         let shutdown_timeout = config.server.shutdown_timeout;
         let rules = config.rules.len();
         let workers = config.server.workers;
+        let open = !config.server.caller_auth.required() && !config.server.listen.ip().is_loopback();
         let running = match wxgate::start_on(config, Arc::new(SystemClock), Threads::Workers(workers)).await {
             Ok(r) => r,
             Err(e) => {
@@ -341,6 +342,14 @@ fn run(config: Config) -> ExitCode {
         };
         let admin = running.admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
         tracing::info!(listen = %running.addr, %admin, %upstream, rules, workers, "wxgate serving");
+        if open {
+            tracing::warn!(
+                listen = %running.addr,
+                "caller_auth = \"off\" on a listener beyond loopback: any service that reaches it may name any \
+                 account (spending or pausing its quota) and any caller (taking its priority); set caller_auth = \
+                 \"required\" unless only trusted services can reach this address"
+            );
+        }
         shutdown_signal().await;
         tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections; finishing calls in flight");
         if running.shutdown(shutdown_timeout).await {
@@ -418,9 +427,27 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
     }
     let fallback = s.caller.as_deref().unwrap_or(wxgate::features::callers::DEFAULT_CALLER);
     say!(out, "caller of calls without X-Wx-Caller: {fallback}");
+    let auth = s.caller_auth;
+    match auth {
+        wxgate::config::CallerAuth::Required => say!(
+            out,
+            "caller_auth required: each call proves its [[caller]] with its key and may spend only that caller's accounts"
+        ),
+        wxgate::config::CallerAuth::Off { .. } if !s.listen.ip().is_loopback() => say!(
+            out,
+            "caller_auth off on {} (beyond loopback): any service that reaches it may name any caller and spend any account",
+            s.listen
+        ),
+        wxgate::config::CallerAuth::Off { .. } => {}
+    }
     for c in &config.callers {
         let rate = c.rate.map_or_else(|| "no flood guard".to_owned(), |r| format!("flood guard {r} per instance"));
-        say!(out, "caller {}: priority {}, {rate}", c.name, c.priority.as_str());
+        let key = if c.key.is_some() { ", a key" } else { "" };
+        let grants = match (&c.grants, auth.required()) {
+            (wxgate::config::Grants::Unset, false) => String::new(),
+            (g, _) => format!(", accounts: {}", g.describe()),
+        };
+        say!(out, "caller {}: priority {}, {rate}{key}{grants}", c.name, c.priority.as_str());
     }
     if !config.callers.is_empty() {
         say!(out, "callers not declared: priority normal, counted together as \"other\"");

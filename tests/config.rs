@@ -59,7 +59,7 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
             "unknown_server_key.toml:3: [server] worker: unknown key; expected one of `listen`, `upstream`, \
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
-             `throttle_status`, `workers`, `mode`, `caller`",
+             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`",
         ),
         (
             "match_string",
@@ -332,4 +332,78 @@ fn check_reports_every_option_a_rule_sets() {
     for word in ["max_wait", "warmup", "concurrency", "mode"] {
         assert!(!plain.contains(word), "{word} in {plain}");
     }
+}
+
+/// `caller_auth`: what a config must say for it, and what `wxgate check`
+/// shows (grants, never a key).
+#[test]
+fn caller_auth_needs_keys_and_grants_and_check_shows_grants_without_keys() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = support::TempDir::new("caller-auth");
+    let key = dir.write("orders.key", "orders-key-0123456789abcdef\n");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let hex = "0".repeat(64);
+    let check = |server: &str, callers: &str| {
+        let path = dir.path().join("rules.toml");
+        let text = format!(
+            "[server]\n{server}\n{callers}\n[[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{{ count = 10, per = \"day\" }}]\n"
+        );
+        std::fs::write(&path, text).expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let orders =
+        format!("[[caller]]\nname = \"orders\"\nkey_file = \"{}\"\naccounts = [\"wxA\", \"wxB\"]\n", key.display());
+    let (code, stdout, stderr) = check("caller_auth = \"required\"", &orders);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("caller orders: priority normal, no flood guard, a key, accounts: wxA, wxB"), "{stdout}");
+    assert!(stdout.contains("caller_auth required"), "{stdout}");
+    assert!(!stdout.contains("orders-key") && !stdout.contains(&key.display().to_string()), "{stdout}");
+    for (server, callers, says) in [
+        ("caller_auth = \"required\"", String::new(), "needs at least one [[caller]] with a key"),
+        (
+            "caller_auth = \"required\"",
+            "[[caller]]\nname = \"a\"\naccounts = [\"*\"]\n".to_owned(),
+            "caller \"a\": caller_auth = \"required\" needs a key",
+        ),
+        (
+            "caller_auth = \"required\"",
+            format!("[[caller]]\nname = \"a\"\nkey_sha256 = \"{hex}\"\n"),
+            "caller \"a\": caller_auth = \"required\" needs accounts",
+        ),
+        (
+            "caller_auth = \"required\"\ncaller = \"a\"",
+            format!("[[caller]]\nname = \"a\"\nkey_sha256 = \"{hex}\"\naccounts = [\"*\"]\n"),
+            "with caller_auth = \"required\" a call's caller is the one its key proves",
+        ),
+        (
+            "",
+            format!(
+                "[[caller]]\nname = \"a\"\nkey_sha256 = \"{hex}\"\n[[caller]]\nname = \"b\"\nkey_sha256 = \"{hex}\"\n"
+            ),
+            "caller \"b\": another [[caller]] has the same key",
+        ),
+        ("", "[[caller]]\nname = \"a\"\nkey_sha256 = \"abc\"\n".to_owned(), "key_sha256: expected the 64 hex digits"),
+        ("", "[[caller]]\nname = \"a\"\naccounts = [\"*\", \"wxA\"]\n".to_owned(), "\"*\" grants every account"),
+        ("listen = \"0.0.0.0:0\"", String::new(), "[server] caller_auth: listen 0.0.0.0:0 is beyond loopback"),
+        ("caller_auth = \"maybe\"", String::new(), "caller_auth: \"maybe\" is unknown"),
+        ("max_accounts = 0", String::new(), "max_accounts: must be at least 1"),
+    ] {
+        let (code, _, stderr) = check(server, &callers);
+        assert_eq!(code, 2, "{says}: {stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+    // Written out, an open listener is a choice: accepted, and said.
+    let (code, stdout, stderr) = check("listen = \"0.0.0.0:0\"\ncaller_auth = \"off\"", "");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("caller_auth off on 0.0.0.0:0 (beyond loopback)"), "{stdout}");
+    // A key file others may read is refused.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (code, _, stderr) = check("caller_auth = \"required\"", &orders);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("has mode 0644: others can read it"), "{stderr}");
+    std::fs::write(&key, "short").expect("write");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (code, _, stderr) = check("caller_auth = \"required\"", &orders);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("shorter than 16 bytes"), "{stderr}");
 }

@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use toml::Spanned;
 
+use std::path::Path;
+
 use super::raw::RawCaller;
-use super::units::valid_name;
-use super::{CallerPolicy, CallerRate, Priority, RatePer};
+use super::units::{check_secret_mode, valid_name};
+use super::{valid_account, CallerPolicy, CallerRate, Grants, KeyDigest, Priority, RatePer};
 
 /// The metrics label of every undeclared caller, so no caller may be named so.
 const RESERVED: &str = "other";
@@ -19,8 +21,12 @@ const RESERVED: &str = "other";
 const MAX_RATE_COUNT: u32 = 1_000_000;
 
 /// Every `[[caller]]`, in file order; `Err` names the offending one's span.
-pub(super) fn compile(list: Vec<Spanned<RawCaller>>) -> Result<Vec<Arc<CallerPolicy>>, (Range<usize>, String)> {
+pub(super) fn compile(
+    list: Vec<Spanned<RawCaller>>,
+    dir: Option<&Path>,
+) -> Result<Vec<Arc<CallerPolicy>>, (Range<usize>, String)> {
     let mut names = HashSet::with_capacity(list.len());
+    let mut keys = HashSet::with_capacity(list.len());
     let mut out = Vec::with_capacity(list.len());
     for c in list {
         let span = c.span();
@@ -51,9 +57,86 @@ pub(super) fn compile(list: Vec<Spanned<RawCaller>>) -> Result<Vec<Arc<CallerPol
             None => None,
             Some(text) => Some(parse_rate(text).map_err(|m| err(format!("rate: \"{text}\": {m}")))?),
         };
-        out.push(Arc::new(CallerPolicy { name: c.name.into(), priority, rate }));
+        let key = match (c.key_sha256.as_deref(), c.key_file.as_deref()) {
+            (Some(_), Some(_)) => return Err(err("give key_sha256 or key_file, not both".into())),
+            (Some(hex), None) => Some(parse_digest(hex).map_err(|m| err(format!("key_sha256: {m}")))?),
+            (None, Some(path)) => {
+                let path = match dir {
+                    Some(dir) if path.is_relative() => dir.join(path),
+                    _ => path.to_path_buf(),
+                };
+                Some(read_key_file(&path).map_err(|m| err(format!("key_file: {m}")))?)
+            }
+            (None, None) => None,
+        };
+        if let Some(k) = key {
+            if !keys.insert(k) {
+                return Err(err("another [[caller]] has the same key: a key must name one caller".into()));
+            }
+        }
+        let grants = match c.accounts {
+            None => Grants::Unset,
+            Some(list) if list.iter().any(|a| a == "*") => {
+                if list.len() > 1 {
+                    return Err(err("accounts: \"*\" grants every account; give it alone".into()));
+                }
+                Grants::All
+            }
+            Some(list) if list.is_empty() => {
+                return Err(err("accounts: an empty list grants nothing; leave the caller out instead".into()))
+            }
+            Some(list) => match list.iter().find(|a| !valid_account(a)) {
+                Some(bad) => {
+                    return Err(err(format!("accounts: \"{bad}\" is not an account name (1-64 of A-Z a-z 0-9 _ -)")))
+                }
+                None => Grants::Listed(list.into_iter().map(Arc::from).collect()),
+            },
+        };
+        out.push(Arc::new(CallerPolicy { name: c.name.into(), priority, rate, key, grants }));
     }
     Ok(out)
+}
+
+/// Shortest key read from a `key_file` (a key is a random secret, e.g.
+/// `openssl rand -hex 32`).
+const MIN_KEY_LEN: usize = 16;
+
+/// `key_sha256`: 64 hex digits.
+fn parse_digest(hex: &str) -> Result<KeyDigest, String> {
+    let hex = hex.trim();
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 || !bytes.iter().all(u8::is_ascii_hexdigit) {
+        return Err("expected the 64 hex digits of the key's SHA-256 (printf %s \"$KEY\" | sha256sum)".into());
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let digit = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
+        out[i] = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    Ok(KeyDigest(out))
+}
+
+/// A `key_file`: the key itself (surrounding whitespace ignored), at least
+/// [`MIN_KEY_LEN`] bytes, in a file only its owner (and group) may read.
+fn read_key_file(path: &Path) -> Result<KeyDigest, String> {
+    check_secret_mode(path, &path.display().to_string(), "whoever reads it can call as this caller")?;
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let key = text.trim_ascii();
+    if key.len() < MIN_KEY_LEN {
+        return Err(format!(
+            "{}: the key is shorter than {MIN_KEY_LEN} bytes (make one with: openssl rand -hex 32)",
+            path.display()
+        ));
+    }
+    Ok(key_digest(key))
+}
+
+/// The SHA-256 of a key, as callers are looked up by.
+pub fn key_digest(key: &[u8]) -> KeyDigest {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    KeyDigest(out)
 }
 
 /// `"N/s"`, `"N/min"` (or `"N/m"`), `"N/h"`; N from 1 to 1000000.
@@ -77,6 +160,17 @@ fn parse_rate(text: &str) -> Result<CallerRate, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_digest_is_64_hex_digits() {
+        let digest = key_digest(b"abc");
+        let hex: String = digest.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(parse_digest(&hex.to_uppercase()), Ok(digest));
+        for bad in ["", "ba78", &format!("{hex}0"), &format!("{}g", &hex[..63])] {
+            assert!(parse_digest(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn rates_are_calls_per_second_minute_or_hour() {

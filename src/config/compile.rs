@@ -152,7 +152,23 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         )
     })?;
     let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
-    let callers = callers::compile(raw.caller).map_err(|(span, m)| ctx.at(span, m))?;
+    let caller_spans: Vec<std::ops::Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
+    let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, m)| ctx.at(span, m))?;
+    if server.caller_auth.required() {
+        if callers.is_empty() {
+            return Err(ctx.in_table(
+                "[server] caller_auth: \"required\" needs at least one [[caller]] with a key and its accounts",
+            ));
+        }
+        for (c, span) in callers.iter().zip(caller_spans) {
+            let missing = match (c.key.is_some(), c.grants != crate::config::Grants::Unset) {
+                (true, true) => continue,
+                (false, _) => "a key (key_sha256 or key_file)",
+                (true, false) => "accounts (the accounts it may spend, or [\"*\"])",
+            };
+            return Err(ctx.at(span, format!("caller \"{}\": caller_auth = \"required\" needs {missing}", c.name)));
+        }
+    }
     let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|m| ctx.in_table(m))?;
     let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default() };
     Ok(Config {

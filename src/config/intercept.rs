@@ -54,7 +54,11 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
     };
     let ca_cert = file("ca_cert", raw.ca_cert)?;
     let ca_key = file("ca_key", raw.ca_key)?;
-    check_key_mode(&ca_key)?;
+    super::units::check_secret_mode(
+        &ca_key,
+        "[intercept] ca_key",
+        "whoever reads it can impersonate WeChat's hosts to every service that trusts the CA",
+    )?;
     let mut upstream = Vec::new();
     for (host, url) in raw.upstream.unwrap_or_default() {
         let Some(listed) = hosts.iter().find(|h| h.eq_ignore_ascii_case(&host)) else {
@@ -82,33 +86,6 @@ fn valid_host(h: &str) -> bool {
                 && !l.ends_with('-')
                 && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         })
-}
-
-/// Refuses a CA key others may read, or group or others may write: whoever
-/// reads it can impersonate WeChat's hosts to every service that trusts the
-/// CA. Group read is allowed: Kubernetes gives Secret files to the pod's
-/// `fsGroup` that way (0440).
-#[cfg(unix)]
-fn check_key_mode(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .map_err(|e| format!("[intercept] ca_key: {}: {e}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o026 != 0 {
-        return Err(format!(
-            "[intercept] ca_key: {} has mode {:04o}: others can read it, or group or others can write it; whoever reads it can impersonate WeChat's hosts to every service that trusts the CA: chmod 600 {}",
-            path.display(),
-            mode & 0o7777,
-            path.display()
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn check_key_mode(_path: &Path) -> Result<(), String> {
-    Ok(())
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub(super) struct RawCaller {
     pub name: String,
     pub priority: Option<String>,
     pub rate: Option<String>,
+    pub key_sha256: Option<String>,
+    pub key_file: Option<PathBuf>,
+    pub accounts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -81,6 +84,8 @@ pub(super) struct RawServer {
     pub workers: Option<usize>,
     pub mode: Option<String>,
     pub caller: Option<String>,
+    pub caller_auth: Option<String>,
+    pub max_accounts: Option<usize>,
 }
 
 /// `[server] upstream`: one base URL, or a list of them tried in order.

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use super::raw::{RawServer, RawStore, RawUpstream};
 use super::units::{parse_duration, parse_offset, parse_size, throttle_status};
-use super::{valid_account, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig, Upstreams};
+use super::{
+    valid_account, CallerAuth, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig, Upstreams,
+};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MAX_HELD: usize = 10_000;
@@ -105,6 +107,31 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         Some(name) if valid_account(&name) => Some(name.into()),
         Some(bad) => return Err(format!("[server] caller: \"{bad}\" is not a caller name (1-64 of A-Z a-z 0-9 _ -)")),
     };
+    let caller_auth = match raw.caller_auth.as_deref() {
+        None => CallerAuth::Off { explicit: false },
+        Some("off") => CallerAuth::Off { explicit: true },
+        Some("required") => CallerAuth::Required,
+        Some(other) => {
+            return Err(format!("[server] caller_auth: \"{other}\" is unknown (expected \"off\" or \"required\")"))
+        }
+    };
+    if caller_auth == (CallerAuth::Off { explicit: false }) && !listen.ip().is_loopback() {
+        return Err(format!(
+            "[server] caller_auth: listen {listen} is beyond loopback, so any service that reaches it could spend \
+             (or pause) any account by naming it: set caller_auth = \"required\" and give each [[caller]] a key \
+             and its accounts, or write caller_auth = \"off\" to trust every caller that can reach it"
+        ));
+    }
+    let max_accounts = match raw.max_accounts {
+        Some(0) => return Err("[server] max_accounts: must be at least 1 (leave it out for no cap)".into()),
+        other => other,
+    };
+    if caller_auth.required() && caller.is_some() {
+        return Err(
+            "[server] caller: with caller_auth = \"required\" a call's caller is the one its key proves; remove caller"
+                .into(),
+        );
+    }
     let admin_token = raw.admin_token.or_else(|| std::env::var("WXGATE_ADMIN_TOKEN").ok()).filter(|t| !t.is_empty());
     check_admin_exposure(admin_listen, admin_token.is_some())?;
     Ok(Server {
@@ -125,6 +152,8 @@ pub(super) fn server(raw: RawServer) -> Result<Server, String> {
         throttle_status: throttle_status.unwrap_or(http::StatusCode::TOO_MANY_REQUESTS),
         workers,
         caller,
+        caller_auth,
+        max_accounts,
     })
 }
 

@@ -82,3 +82,27 @@ pub fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, S
         )),
     }
 }
+
+/// Refuses a secret file others may read, or group or others may write:
+/// `what` names the setting, `risk` says what a reader could do. Group
+/// read is allowed: Kubernetes gives Secret files to the pod's `fsGroup`
+/// that way (0440).
+#[cfg(unix)]
+pub fn check_secret_mode(path: &std::path::Path, what: &str, risk: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).map_err(|e| format!("{what}: {}: {e}", path.display()))?.permissions().mode();
+    if mode & 0o026 != 0 {
+        return Err(format!(
+            "{what}: {} has mode {:04o}: others can read it, or group or others can write it; {risk}: chmod 600 {}",
+            path.display(),
+            mode & 0o7777,
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+pub fn check_secret_mode(_path: &std::path::Path, _what: &str, _risk: &str) -> Result<(), String> {
+    Ok(())
+}

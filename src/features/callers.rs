@@ -22,6 +22,7 @@
 //! there are none), and one allocation for a name not declared. Its series
 //! are fetched once per config: counting a call is one increment.
 
+pub mod auth;
 pub mod guard;
 
 use std::collections::HashMap;
@@ -80,6 +81,21 @@ impl Caller {
         self.policy().map_or(Priority::Normal, |p| p.priority)
     }
 
+    /// With `caller_auth = "required"`: 403 unless it is granted `account`
+    /// (`[[caller]] accounts`), counted in its series.
+    pub fn check_grant(&self, account: &str) -> Result<(), ProxyError> {
+        match self.policy() {
+            Some(p) if p.grants.allow(account) => Ok(()),
+            _ => {
+                self.entry.metrics.forbidden.inc();
+                Err(ProxyError::Forbidden(format!(
+                    "caller \"{}\" may not spend account \"{account}\" (its [[caller]] accounts)",
+                    self.name
+                )))
+            }
+        }
+    }
+
     /// Takes one call from its flood guard: the refusal (429, `caller_rate`,
     /// counted in `wxgate_caller_rate_refusals_total`) if it is over its
     /// `rate`. Always `Ok` without a guard.
@@ -107,6 +123,9 @@ pub fn take_header(headers: &mut HeaderMap) -> Result<Option<HeaderValue>, Proxy
 
 /// The callers of one config, with their guards and series.
 pub struct Callers {
+    /// `caller_auth = "required"`: callers by their key's digest, and the
+    /// credentials each serving thread verified (one more for the rest).
+    auth: Option<Auth>,
     /// Declared callers by name; empty when none are.
     declared: HashMap<Arc<str>, Caller>,
     /// Declared callers in file order (the admin API's list).
@@ -114,6 +133,13 @@ pub struct Callers {
     other: Arc<Entry>,
     /// The caller of calls without the header.
     fallback: Caller,
+}
+
+/// What `caller_auth = "required"` checks a credential against.
+struct Auth {
+    by_key: HashMap<crate::config::KeyDigest, Caller>,
+    verified: Box<[auth::Verified]>,
+    shared: auth::Verified,
 }
 
 impl Callers {
@@ -144,7 +170,25 @@ impl Callers {
             Some(c) => c.clone(),
             None => Caller { name, entry: other.clone() },
         };
-        Callers { declared, order, other, fallback }
+        let auth = config.server.caller_auth.required().then(|| Auth {
+            by_key: order.iter().filter_map(|c| Some((c.policy()?.key?, c.clone()))).collect(),
+            verified: (0..config.server.workers).map(|_| auth::Verified::default()).collect(),
+            shared: auth::Verified::default(),
+        });
+        Callers { auth, declared, order, other, fallback }
+    }
+
+    /// With `caller_auth = "required"`: the caller a request's credential
+    /// proves (taken off its headers), or 401, counted on `other`'s series.
+    /// `None` when callers need not prove who they are.
+    pub fn authenticate(&self, headers: &mut HeaderMap) -> Option<Result<Caller, ProxyError>> {
+        let auth = self.auth.as_ref()?;
+        let verified = crate::transport::worker::pick(&auth.verified, &auth.shared);
+        let proven = auth::take(headers).and_then(|v| auth::prove(&v, verified, |k| auth.by_key.get(k).cloned()));
+        if proven.is_err() {
+            self.other.metrics.unauthenticated.inc();
+        }
+        Some(proven)
     }
 
     /// The caller of calls that name none.

@@ -333,6 +333,12 @@ fn callers(app: &App) -> Answer {
                 "rate_per_second": rate.map(|r| r.per_second()),
                 "burst": rate.map(|r| r.count.get()),
                 "rate_refusals_here": c.entry.metrics.rate_refusals.get(),
+                "has_key": c.policy().is_some_and(|p| p.key.is_some()),
+                "accounts": c.policy().map(|p| match &p.grants {
+                    crate::config::Grants::Unset => Value::Null,
+                    crate::config::Grants::All => json!(["*"]),
+                    crate::config::Grants::Listed(list) => json!(list.iter().map(|a| &**a).collect::<Vec<_>>()),
+                }),
             })
         })
         .collect();
@@ -340,6 +346,7 @@ fn callers(app: &App) -> Answer {
         StatusCode::OK,
         json!({
             "header": "X-Wx-Caller",
+            "caller_auth": if app.config.load().server.caller_auth.required() { "required" } else { "off" },
             "without_header": &*callers.fallback().name,
             "undeclared_label": OTHER,
             "callers": declared,

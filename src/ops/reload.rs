@@ -44,6 +44,13 @@ pub fn reload(app: &App, path: &Path) -> Result<(), String> {
 fn load(app: &App, path: &Path) -> Result<(), String> {
     let mut next = Config::load(path).map_err(|e| e.to_string())?;
     let running = app.config.load_full();
+    // A reload never widens who may call: turning caller authentication
+    // off is refused (the running callers and their keys stay).
+    if running.server.caller_auth.required() && !next.server.caller_auth.required() {
+        return Err("[server] caller_auth: a reload cannot turn caller authentication off (that would let any \
+                    caller spend any account); restart wxgate to do so"
+            .into());
+    }
     if next.server.listen != running.server.listen {
         tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
         next.server.listen = running.server.listen;

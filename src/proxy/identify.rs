@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 
 use super::call::Call;
 use crate::app::App;
-use crate::error::Early;
+use crate::error::{Early, ProxyError};
 use crate::features::accounts::{self, Identified};
 use crate::features::callers;
 
@@ -25,10 +25,35 @@ pub async fn identify(
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
 ) -> Result<(), Early> {
-    // Without the header, the caller is the fallback `Call::new` was given.
-    if let Some(name) = callers::take_header(req.headers_mut())? {
-        call.who.caller = app.callers.load().named(&name)?;
-    }
+    let authenticated = {
+        let callers = app.callers.load();
+        match callers.authenticate(req.headers_mut()) {
+            // caller_auth = "required": the caller is the one its key
+            // proves; an X-Wx-Caller naming another is refused.
+            Some(proven) => {
+                // Refused calls are counted under their rule, like the guard's.
+                let proven = proven.inspect_err(|_| super::route::route(app, call))?;
+                if let Some(name) = callers::take_header(req.headers_mut())? {
+                    if name.as_bytes() != proven.name.as_bytes() {
+                        return Err(ProxyError::BadRequest(format!(
+                            "X-Wx-Caller names another caller than the one this call's key proves (\"{}\")",
+                            proven.name
+                        ))
+                        .into());
+                    }
+                }
+                call.who.caller = proven;
+                true
+            }
+            // Without the header, the caller is the fallback `Call::new` was given.
+            None => {
+                if let Some(name) = callers::take_header(req.headers_mut())? {
+                    call.who.caller = callers.named(&name)?;
+                }
+                false
+            }
+        }
+    };
     if let Err(refused) = call.who.caller.check() {
         super::route::route(app, call);
         return Err(refused.into());
@@ -37,6 +62,9 @@ pub async fn identify(
     let named = arrived.named.take();
     let Identified { account, learn, body, clearing } =
         accounts::identify(app, &arrived.config, &arrived.path, named, req, target).await?;
+    if authenticated {
+        call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
+    }
     call.who.account = account;
     call.who.learn = learn;
     call.who.body = body;

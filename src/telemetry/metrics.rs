@@ -13,9 +13,9 @@ use prometheus_client::registry::Registry;
 
 use labels::OUTCOMES;
 pub use labels::{
-    CallerLabel, CallerOutcomeLabels, ErrcodeLabels, FailoverLabels, FileOp, HostLabel, OpLabel, Outcome,
-    OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel, TunnelLabels, UpstreamLabel,
-    NO_RULE,
+    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FailoverLabels, FileOp, HostLabel, OpLabel,
+    Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel, TunnelLabels,
+    UpstreamLabel, NO_RULE,
 };
 use register::{AccountSeries, CallSeries, CallerSeries, Histograms, InterceptSeries, StoreSeries};
 use series::KNOWN_ERRCODES;
@@ -55,6 +55,7 @@ pub struct Metrics {
     pub caller_calls: Family<CallerOutcomeLabels, Counter>,
     /// Calls refused by their caller's flood guard, by caller.
     pub caller_rate_refusals: Family<CallerLabel, Counter>,
+    pub caller_auth_refusals: Family<CallerReasonLabels, Counter>,
     /// `[intercept]`: calls served inside CONNECT tunnels, by host.
     pub intercepted_calls: Family<HostLabel, Counter>,
     /// `[intercept]`: CONNECT requests by what became of them.
@@ -87,7 +88,8 @@ impl Metrics {
         let AccountSeries { unknown_token_calls, tokens_learned, quota_clears } = register::accounts(&mut registry);
         let memory_store = register::memory_store(&mut registry);
         let upstreams = register::upstreams(&mut registry);
-        let CallerSeries { caller_calls, caller_rate_refusals } = register::callers(&mut registry);
+        let CallerSeries { caller_calls, caller_rate_refusals, caller_auth_refusals } =
+            register::callers(&mut registry);
         let tokens = register::tokens(&mut registry);
         let InterceptSeries { intercepted_calls, intercept_tunnels } = register::intercept(&mut registry);
         register::build(&mut registry);
@@ -117,6 +119,7 @@ impl Metrics {
             tokens,
             caller_calls,
             caller_rate_refusals,
+            caller_auth_refusals,
             intercepted_calls,
             intercept_tunnels,
         }
@@ -133,7 +136,15 @@ impl Metrics {
                 })
                 .collect(),
             rate_refusals: self.caller_rate_refusals.get_or_create(&CallerLabel { caller: label.to_owned() }).clone(),
+            unauthenticated: self.auth_refusal(label, "unauthenticated"),
+            forbidden: self.auth_refusal(label, "forbidden"),
         }
+    }
+
+    fn auth_refusal(&self, caller: &str, reason: &str) -> Counter {
+        self.caller_auth_refusals
+            .get_or_create(&CallerReasonLabels { caller: caller.to_owned(), reason: reason.to_owned() })
+            .clone()
     }
 
     /// The series of one rule (created on first use, then shared).

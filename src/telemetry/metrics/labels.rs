@@ -29,6 +29,9 @@ pub enum Outcome {
     upstream_error,
     /// A token request answered from wxgate's token cache (never sent).
     cached,
+    /// Refused because the call did not prove its caller (401) or its
+    /// caller may not spend the account (403), `caller_auth = "required"`.
+    unauthorized,
 }
 
 impl Outcome {
@@ -44,6 +47,7 @@ impl Outcome {
             Outcome::unavailable => "unavailable",
             Outcome::upstream_error => "upstream_error",
             Outcome::cached => "cached",
+            Outcome::unauthorized => "unauthorized",
         }
     }
 }
@@ -56,6 +60,12 @@ pub struct RuleLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallerLabel {
     pub caller: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallerReasonLabels {
+    pub caller: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,7 +174,7 @@ pub const NO_RULE: &str = "_none";
 
 /// Every [`Outcome`], in the order of the per-outcome series a rule or a
 /// caller keeps.
-pub(super) const OUTCOMES: [Outcome; 10] = [
+pub(super) const OUTCOMES: [Outcome; 11] = [
     Outcome::forwarded,
     Outcome::held,
     Outcome::degraded,
@@ -175,4 +185,5 @@ pub(super) const OUTCOMES: [Outcome; 10] = [
     Outcome::unavailable,
     Outcome::upstream_error,
     Outcome::cached,
+    Outcome::unauthorized,
 ];

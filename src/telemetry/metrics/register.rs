@@ -10,8 +10,8 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::labels::{
-    CallerLabel, CallerOutcomeLabels, ErrcodeLabels, FileOp, HostLabel, OpLabel, OutcomeLabels, ResultLabel, RuleLabel,
-    SourceLabel, TunnelLabels,
+    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, OpLabel, OutcomeLabels,
+    ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
 };
 use super::series::{MemoryStoreMetrics, TokenMetrics, UpstreamMetrics};
 
@@ -210,6 +210,7 @@ pub(super) fn upstreams(registry: &mut Registry) -> UpstreamMetrics {
 pub(super) struct CallerSeries {
     pub(super) caller_calls: Family<CallerOutcomeLabels, Counter>,
     pub(super) caller_rate_refusals: Family<CallerLabel, Counter>,
+    pub(super) caller_auth_refusals: Family<CallerReasonLabels, Counter>,
 }
 
 pub(super) fn callers(registry: &mut Registry) -> CallerSeries {
@@ -225,7 +226,13 @@ pub(super) fn callers(registry: &mut Registry) -> CallerSeries {
         "Calls refused (429, reason caller_rate) by their caller's flood guard ([[caller]] rate, per instance), before any store work",
         caller_rate_refusals.clone(),
     );
-    CallerSeries { caller_calls, caller_rate_refusals }
+    let caller_auth_refusals = Family::<CallerReasonLabels, Counter>::default();
+    registry.register(
+        "caller_auth_refusals",
+        "Calls refused under caller_auth = \"required\" by caller (a declared [[caller]], or other when none was proven) and reason: unauthenticated (401: no key, or a wrong one) or forbidden (403: an account not granted)",
+        caller_auth_refusals.clone(),
+    );
+    CallerSeries { caller_calls, caller_rate_refusals, caller_auth_refusals }
 }
 
 /// The token cache's series, and quota_sync's.

@@ -113,6 +113,10 @@ pub struct CallerMetrics {
     pub(super) calls: Vec<Counter>,
     /// Calls its flood guard refused (`[[caller]] rate`).
     pub rate_refusals: Counter,
+    /// `caller_auth = "required"`: calls that proved no caller (on `other`'s
+    /// series) and calls for an account it is not granted.
+    pub unauthenticated: Counter,
+    pub forbidden: Counter,
 }
 
 impl CallerMetrics {
