@@ -108,6 +108,7 @@ impl App {
                     activity: Arc::default(),
                 },
                 token_owners: TokenCaches::new(workers),
+                accounts_in_use: Default::default(),
                 token_cache,
             },
             config: ArcSwap::from_pointee(config),

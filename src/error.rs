@@ -50,6 +50,9 @@ pub enum ProxyError {
     Unavailable(StoreError),
     #[error("{0}")]
     TooLarge(String),
+    /// `[server] max_accounts` accounts already had calls today; this one is new.
+    #[error("this wxgate instance serves at most {max} accounts a day ([server] max_accounts) and this call's account is not one of today's; retry after {secs}s", secs = retry_after_secs(*.wait_us))]
+    AccountsFull { max: usize, wait_us: Micros },
     /// `caller_auth = "required"`: the call proves no declared caller (401).
     #[error("{0}")]
     Unauthenticated(String),
@@ -120,6 +123,10 @@ enum Marks {
     },
     /// `Retry-After: 1` and `X-Wxgate-Reason: unavailable`.
     Unavailable,
+    /// `Retry-After` and `X-Wxgate-Reason: accounts_full`.
+    AccountsFull {
+        wait_us: Micros,
+    },
     /// `X-Wxgate-Reason: unauthenticated` and a `WWW-Authenticate` challenge.
     Unauthenticated,
     /// `X-Wxgate-Reason: forbidden`.
@@ -151,6 +158,9 @@ impl ProxyError {
             }
             ProxyError::TooLarge(_) => {
                 row(fixed(S::PAYLOAD_TOO_LARGE), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
+            }
+            &ProxyError::AccountsFull { wait_us, .. } => {
+                row(Status::Throttle, ERRCODE_THROTTLED, Outcome::throttled, Marks::AccountsFull { wait_us })
             }
             ProxyError::Unauthenticated(_) => {
                 row(fixed(S::UNAUTHORIZED), ERRCODE_UNAUTHORIZED, Outcome::unauthorized, Marks::Unauthenticated)
@@ -225,6 +235,10 @@ impl ProxyError {
             Marks::Unavailable => {
                 h.insert(RETRY_AFTER, HeaderValue::from(1));
                 h.insert(REASON_HEADER, HeaderValue::from_static("unavailable"));
+            }
+            Marks::AccountsFull { wait_us } => {
+                h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait_us)));
+                h.insert(REASON_HEADER, HeaderValue::from_static("accounts_full"));
             }
             Marks::Unauthenticated => {
                 h.insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"wxgate\""));

@@ -557,3 +557,32 @@ async fn a_chunked_token_request_is_read_whole_and_learned_and_one_past_the_cap_
     assert_eq!(declared.json()["errcode"], 40097);
     assert_eq!(mock.count(), before);
 }
+
+/// `[server] max_accounts`: made-up account names past the cap are refused
+/// before any state exists, so the accounts in use (and the embedded
+/// store's room) are untouched; a new day starts the list again.
+#[tokio::test]
+async fn a_flood_of_new_account_names_cannot_starve_the_accounts_in_use() {
+    let mock = wechat().await;
+    let config = ConfigToml::new(&mock.url())
+        .server("max_accounts", 2)
+        .with(StoreToml::memory().set("max_entries", 2))
+        .with(send_rule());
+    let gate = Gate::start_text(config).await;
+    for account in ["wxA", "wxB"] {
+        assert_eq!(gate.get_as(account, SEND).await.status, 200);
+    }
+    for i in 0..5 {
+        let a = gate.get_as(&format!("wxFLOOD{i}"), SEND).await;
+        assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("accounts_full")), "{}", a.text());
+        assert_eq!(a.retry_after(), 14 * 3600, "until midnight in quota_timezone: {}", a.text());
+        assert_eq!(a.json()["errcode"], 45009);
+    }
+    assert_eq!(mock.count(), 2, "no flood call reached WeChat");
+    for account in ["wxA", "wxB"] {
+        assert_eq!(gate.get_as(account, SEND).await.status, 200, "{account} is in use and goes on");
+    }
+    assert_eq!(metric(&gate, "wxgate_accounts_full_total").await, 5.0);
+    gate.advance(Duration::from_secs(14 * 3600));
+    assert_eq!(gate.get_as("wxNEW", SEND).await.status, 200, "a new day, a new list");
+}

@@ -24,6 +24,7 @@
 //! The token never leaves the process: not in logs, answers or the store.
 
 pub mod cache;
+pub mod in_use;
 pub mod learn;
 pub mod query;
 

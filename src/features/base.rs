@@ -17,6 +17,8 @@ pub struct Base {
     pub token_owners: TokenCaches,
     /// The access-token cache (`[tokens]`); `None` when off.
     pub token_cache: Option<Arc<TokenCache>>,
+    /// The accounts with calls today (`[server] max_accounts`).
+    pub accounts_in_use: crate::features::accounts::in_use::InUse,
 }
 
 impl Deref for Base {

@@ -65,6 +65,13 @@ pub async fn identify(
     if authenticated {
         call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
     }
+    if let Some(max) = call.arrived.config.server.max_accounts {
+        let (now, offset) = (app.clock.now_us(), call.arrived.config.server.quota_offset_us);
+        app.accounts_in_use.admit(&account, max, now, offset).inspect_err(|_| {
+            app.metrics.accounts_full.inc();
+            super::route::route(app, call);
+        })?;
+    }
     call.who.account = account;
     call.who.learn = learn;
     call.who.body = body;

@@ -47,6 +47,7 @@ pub struct Metrics {
     /// Accounts whose day counts and penalties were reset: a `clear_quota`
     /// WeChat accepted, or `POST /v1/accounts/{account}/clear`.
     pub quota_clears: Counter,
+    pub accounts_full: Counter,
     pub memory_store: MemoryStoreMetrics,
     pub upstreams: UpstreamMetrics,
     /// The token cache and quota_sync.
@@ -85,7 +86,8 @@ impl Metrics {
         } = register::store(&mut registry);
         let reloads = register::config_reloads(&mut registry);
         let refunds = register::refunds(&mut registry);
-        let AccountSeries { unknown_token_calls, tokens_learned, quota_clears } = register::accounts(&mut registry);
+        let AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full } =
+            register::accounts(&mut registry);
         let memory_store = register::memory_store(&mut registry);
         let upstreams = register::upstreams(&mut registry);
         let CallerSeries { caller_calls, caller_rate_refusals, caller_auth_refusals } =
@@ -114,6 +116,7 @@ impl Metrics {
             unknown_token_calls,
             tokens_learned,
             quota_clears,
+            accounts_full,
             memory_store,
             upstreams,
             tokens,

@@ -130,6 +130,7 @@ pub(super) struct AccountSeries {
     pub(super) unknown_token_calls: Counter,
     pub(super) tokens_learned: Counter,
     pub(super) quota_clears: Counter,
+    pub(super) accounts_full: Counter,
 }
 
 pub(super) fn accounts(registry: &mut Registry) -> AccountSeries {
@@ -151,7 +152,13 @@ pub(super) fn accounts(registry: &mut Registry) -> AccountSeries {
         "Accounts whose day counts and penalties wxgate reset: clear_quota calls WeChat accepted, and clears by hand",
         quota_clears.clone(),
     );
-    AccountSeries { unknown_token_calls, tokens_learned, quota_clears }
+    let accounts_full = Counter::default();
+    registry.register(
+        "accounts_full",
+        "Calls for an account new to this instance refused (429, reason accounts_full) because [server] max_accounts accounts already have calls today",
+        accounts_full.clone(),
+    );
+    AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full }
 }
 
 /// The embedded store's series, and its state file's.
