@@ -30,6 +30,9 @@
 # total divided by the calls wrk completed (the few in flight at the end
 # count against it: under 2 % at 64 connections). Under load a proxy
 # batches reads and wake-ups; sequential calls show none of that.
+# BENCH_AUTH=1 runs wxgate with caller_auth = "required" (one [[caller]],
+# key_sha256, accounts = ["*"]) and every call carries its
+# `Authorization: Bearer` key: the cost of proving the caller.
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -84,10 +87,21 @@ done
 redis-cli -p "$RP" ping >/dev/null || { echo "bench: redis-server did not start" >&2; exit 1; }
 
 URL="http://127.0.0.1:$WP/cgi-bin/message/template/send?access_token=BENCH"
+AUTH=${BENCH_AUTH:-0}
+BENCH_KEY=bench-caller-key-0123456789abcdef
+HDR=()
+SERVER_MORE="workers = 1"
+RULE_MORE=""
+if [ "$AUTH" = 1 ]; then
+  HDR=(-H "Authorization: Bearer $BENCH_KEY")
+  SERVER_MORE=$(printf 'workers = 1\ncaller_auth = "required"')
+  RULE_MORE=$(printf '\n[[caller]]\nname = "bench"\nkey_sha256 = "%s"\naccounts = ["*"]' \
+    "$(printf %s "$BENCH_KEY" | sha256sum | cut -d' ' -f1)")
+fi
 calls() { # calls N: N sequential calls on one connection
   local urls=()
   for ((i = 0; i < $1; i++)); do urls+=("$URL"); done
-  curl -s "${urls[@]}" >/dev/null
+  curl -s "${HDR[@]}" "${urls[@]}" >/dev/null
 }
 
 printf '| binary | store | instructions per call |\n|---|---|---:|\n'
@@ -104,7 +118,8 @@ for bin in "${BINS[@]}"; do
     else
       store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
     fi
-    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "workers = 1" >"$TMP/wxgate.toml"
+    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "$BENCH_NEVER" "$RULE_MORE" \
+      >"$TMP/wxgate.toml"
     redis-cli -p "$RP" flushall >/dev/null
     args=(--config "$TMP/wxgate.toml")
     ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")
@@ -120,7 +135,7 @@ for bin in "${BINS[@]}"; do
     vg=$!
     ok=0
     for _ in $(seq 150); do
-      if curl -s -o /dev/null "$URL"; then ok=1; break; fi
+      if curl -s -o /dev/null "${HDR[@]}" "$URL"; then ok=1; break; fi
       sleep 0.2
     done
     ((ok)) || { cat "$TMP/valgrind.log" >&2; echo "bench: $bin did not start" >&2; exit 1; }
@@ -128,7 +143,7 @@ for bin in "${BINS[@]}"; do
     callgrind_control -z "$vg" >/dev/null 2>&1
     n=$CALLS
     if ((LOAD)); then
-      wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "$URL" >"$TMP/wrk.out"
+      wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "${HDR[@]}" "$URL" >"$TMP/wrk.out"
       n=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
       [[ $n =~ ^[0-9]+$ ]] && ((n > 0)) || { cat "$TMP/wrk.out" >&2; echo "bench: wrk made no calls" >&2; exit 1; }
     else

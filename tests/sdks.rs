@@ -322,3 +322,33 @@ async fn calls_with_a_token_the_sdk_fetched_through_wxgate_count_against_its_app
     }
     assert_eq!(used_today(&gate, "default", "menu").await, 0, "nothing left on default");
 }
+
+/// `caller_auth = "required"`: each SDK authenticates with nothing but a
+/// base URL carrying `caller:key@` (HTTP Basic, sent by requests and by
+/// Node's http client), and a wrong key is refused (401, errcode 48001)
+/// as the SDK's own error; the credential never reaches WeChat.
+#[tokio::test]
+async fn each_sdk_authenticates_with_caller_and_key_in_its_base_url() {
+    const KEY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    let digest: String = wxgate::config::key_digest(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let mock = MockWeChat::start().await;
+    let orders = caller("orders").set("key_sha256", digest).set("accounts", vec!["wxA"]);
+    let gate =
+        Gate::start_text(ConfigToml::new(&mock.url()).server("caller_auth", "required").with(orders).with(menu()))
+            .await;
+    let with_key = |key: &str| format!("http://orders:{key}@{}/@wxA", gate.addr);
+
+    let py = wechatpy(&with_key(KEY)).token("T").calls(&["menu.get"]).await;
+    assert!(py[0].ok, "wechatpy authenticates from its base URL: {py:?}");
+    let node = wechat_api(&with_key(KEY)).token("T").calls(&["getMenu"]).await;
+    assert!(node[0].ok, "wechat-api authenticates from its base URL: {node:?}");
+    assert_eq!(used_today(&gate, "wxA", "menu").await, 2);
+    assert!(mock.calls().iter().all(|c| c.headers.get("authorization").is_none()), "never forwarded");
+
+    let wrong = "ffffffffffffffffffffffffffffffff";
+    let py = wechatpy(&with_key(wrong)).token("T").calls(&["menu.get"]).await;
+    assert!(!py[0].ok && py[0].status == Some(401), "{py:?}");
+    let node = wechat_api(&with_key(wrong)).token("T").calls(&["getMenu"]).await;
+    assert!(!node[0].ok && node[0].errcode == Some(48001) && node[0].status == Some(401), "{node:?}");
+    assert_eq!(mock.count(), 2);
+}

@@ -62,7 +62,7 @@ function main() {
   const send = api.request;
   api.request = function (url, opts, cb) {
     if (typeof opts === 'function') { cb = opts; opts = {}; }
-    if (!/^http:\/\/127\.0\.0\.1:/.test(url)) {
+    if (!/^http:\/\/([^@\/]+@)?127\.0\.0\.1:/.test(url)) {
       return cb(new Error('sdk driver: refusing to leave loopback: ' + url));
     }
     return send.call(this, url, opts, cb);

@@ -50,10 +50,19 @@ class Refuse(requests.adapters.BaseAdapter):
         pass
 
 
+class LoopbackOnly(requests.adapters.HTTPAdapter):
+    """The transport for http:// URLs whose host is 127.0.0.1 (with or
+    without user info: a base URL may carry caller:key@)."""
+
+    def send(self, request, **kwargs):
+        if urlparse(request.url).hostname != "127.0.0.1":
+            raise requests.ConnectionError("sdk driver: refusing to leave loopback: " + request.url)
+        return super().send(request, **kwargs)
+
+
 def loopback_only(session):
     session.mount("https://", Refuse())
-    session.mount("http://", Refuse())
-    session.mount("http://127.0.0.1:", requests.adapters.HTTPAdapter())
+    session.mount("http://", LoopbackOnly())
 
 
 class ViaLoopbackProxy(requests.adapters.HTTPAdapter):
