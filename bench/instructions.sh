@@ -33,6 +33,8 @@
 # BENCH_AUTH=1 runs wxgate with caller_auth = "required" (one [[caller]],
 # key_sha256, accounts = ["*"]) and every call carries its
 # `Authorization: Bearer` key: the cost of proving the caller.
+# BENCH_AUTH=header sends the same header to a wxgate without
+# caller_auth: the cost of a header that size alone, to tell it apart.
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -92,7 +94,9 @@ BENCH_KEY=bench-caller-key-0123456789abcdef
 HDR=()
 SERVER_MORE="workers = 1"
 RULE_MORE=""
-if [ "$AUTH" = 1 ]; then
+if [ "$AUTH" = header ]; then
+  HDR=(-H "Authorization: Bearer $BENCH_KEY")
+elif [ "$AUTH" = 1 ]; then
   HDR=(-H "Authorization: Bearer $BENCH_KEY")
   SERVER_MORE=$(printf 'workers = 1\ncaller_auth = "required"')
   RULE_MORE=$(printf '\n[[caller]]\nname = "bench"\nkey_sha256 = "%s"\naccounts = ["*"]' \

@@ -241,3 +241,49 @@ async fn no_secret_in_trace_logs_or_in_answers_wxgate_writes() {
 async fn no_secret_in_debug_json_logs_or_in_answers_wxgate_writes() {
     no_secrets_anywhere("debug", "json").await;
 }
+
+/// `caller_auth = "required"`: a caller's key (right or wrong, Bearer or
+/// Basic) is never in a log line at trace level, an answer wxgate wrote,
+/// the admin API, or what reaches WeChat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_caller_key_in_trace_logs_answers_admin_or_upstream() {
+    const KEY: &str = "SEKRIT_KEY_7_0123456789";
+    let mock = MockWeChat::start().await;
+    let digest: String = wxgate::config::key_digest(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(caller("orders").set("key_sha256", digest.clone()).set("accounts", vec!["wxA"]))
+        .with(rule("send").matching("/cgi-bin/message/custom/send").limit(10, "day"))
+        .to_string();
+    let gate = start(&config, "caller-key", "trace");
+    let basic = |name: &str, key: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("{name}:{key}"))
+    };
+    let send = "/cgi-bin/message/custom/send?access_token=T";
+    let calls = [
+        (format!("Authorization: Bearer {KEY}\r\nX-Wx-Account: wxA\r\n"), 200),
+        (format!("Authorization: Basic {}\r\nX-Wx-Account: wxA\r\n", basic("orders", KEY)), 200),
+        (format!("Authorization: Bearer {KEY}\r\nX-Wx-Account: wxB\r\n"), 403),
+        (format!("Authorization: Bearer {KEY}_WRONG\r\nX-Wx-Account: wxA\r\n"), 401),
+        (format!("Authorization: Basic {}\r\nX-Wx-Account: wxA\r\n", basic("approvals", KEY)), 401),
+    ];
+    for (headers, status) in &calls {
+        let request = format!("GET {send} HTTP/1.1\r\nHost: wxgate\r\n{headers}Connection: close\r\n\r\n");
+        let ex = exchange(gate.addr, request.as_bytes()).await;
+        let answer = ex.closed_text();
+        assert_eq!(ex.only().status, *status, "{headers}: {answer}");
+        assert!(!answer.contains("SEKRIT_KEY_7") && !answer.contains(&digest), "{answer}");
+    }
+    assert!(mock.calls().iter().all(|c| c.headers.get("authorization").is_none()), "taken off before forwarding");
+    let admin = gate.admin.expect("admin");
+    for path in ["/metrics", "/v1/callers", "/v1/rules"] {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        let answer = exchange(admin, request.as_bytes()).await.closed_text();
+        assert!(!answer.contains("SEKRIT_KEY_7") && !answer.contains(&digest), "admin {path}: {answer}");
+    }
+    let log = gate.stop().await;
+    assert!(log.contains("unauthorized"), "the refusals are logged:\n{log}");
+    let leaked: Vec<&str> = log.lines().filter(|l| l.contains("SEKRIT_KEY_7") || l.contains(&digest)).take(5).collect();
+    assert!(leaked.is_empty(), "the log holds the key:\n{}", leaked.join("\n"));
+}

@@ -28,7 +28,6 @@ pub mod in_use;
 pub mod learn;
 pub mod query;
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -93,16 +92,6 @@ fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
     }
 }
 
-/// The access tokens a call carries in its query: `access_token` and
-/// `component_access_token` (each at most once: [`query::ambiguity`] refused
-/// a query giving one twice).
-fn tokens(query: Option<&str>) -> [Option<Cow<'_, [u8]>>; 2] {
-    match query {
-        None => [None, None],
-        Some(q) => [query::param(q, "access_token"), query::param(q, "component_access_token")],
-    }
-}
-
 /// Learning as a feature ([`crate::features`]): the answer hook of a token
 /// request ([`learn::learn`]).
 pub struct Learning;
@@ -141,9 +130,10 @@ pub async fn identify(
     target: &PathAndQuery,
 ) -> Result<Identified, ProxyError> {
     let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None };
-    if let Some(why) = target.query().and_then(query::ambiguity) {
-        return Err(ProxyError::BadRequest(why));
-    }
+    let scanned = match target.query() {
+        Some(q) => query::scan(q).map_err(ProxyError::BadRequest)?,
+        None => query::Scanned::default(),
+    };
     let named = match (header(req.headers())?, named) {
         (Some(h), Some(p)) if h != p => {
             return Err(ProxyError::BadRequest(format!(
@@ -162,8 +152,8 @@ pub async fn identify(
     };
     // Every token the call carries is looked up: WeChat may read either.
     let mut owner: Option<Option<Arc<str>>> = None;
-    for token in tokens(target.query()).into_iter().flatten() {
-        let found = self::owner(app, &token).await;
+    for token in [scanned.access_token, scanned.component_access_token].into_iter().flatten() {
+        let found = self::owner(app, &query::decoded(token)).await;
         match (&owner, &found) {
             (Some(Some(a)), Some(b)) if a != b => {
                 return Err(ProxyError::BadRequest(format!(
@@ -277,15 +267,5 @@ mod tests {
         }
         assert!(split(&format!("/@{}/x", "a".repeat(65))).is_err());
         assert!(split(&format!("/@{}/x", "a".repeat(64))).is_ok());
-    }
-
-    #[test]
-    fn both_tokens_a_call_carries_are_found() {
-        let found = |q: Option<&str>| tokens(q).map(|t| t.map(|t| t.into_owned()));
-        assert_eq!(found(Some("a=1&access_token=T")), [Some(b"T".to_vec()), None]);
-        assert_eq!(found(Some("component_access_token=C")), [None, Some(b"C".to_vec())]);
-        assert_eq!(found(Some("component_access_token=C&access_token=T")), [Some(b"T".to_vec()), Some(b"C".to_vec())]);
-        assert_eq!(found(Some("authorizer_access_token=X")), [None, None]);
-        assert_eq!(found(None), [None, None]);
     }
 }

@@ -25,35 +25,32 @@ pub async fn identify(
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
 ) -> Result<(), Early> {
-    let authenticated = {
+    let authenticated = call.arrived.config.server.caller_auth.required();
+    if authenticated {
+        // caller_auth = "required": the caller is the one its key proves
+        // (refused calls are counted under their rule, like the guard's);
+        // an X-Wx-Caller naming another is refused.
         let callers = app.callers.load();
-        match callers.authenticate(req.headers_mut()) {
-            // caller_auth = "required": the caller is the one its key
-            // proves; an X-Wx-Caller naming another is refused.
-            Some(proven) => {
-                // Refused calls are counted under their rule, like the guard's.
-                let proven = proven.inspect_err(|_| super::route::route(app, call))?;
-                if let Some(name) = callers::take_header(req.headers_mut())? {
-                    if name.as_bytes() != proven.name.as_bytes() {
-                        return Err(ProxyError::BadRequest(format!(
-                            "X-Wx-Caller names another caller than the one this call's key proves (\"{}\")",
-                            proven.name
-                        ))
-                        .into());
-                    }
-                }
-                call.who.caller = proven;
-                true
-            }
-            // Without the header, the caller is the fallback `Call::new` was given.
-            None => {
-                if let Some(name) = callers::take_header(req.headers_mut())? {
-                    call.who.caller = callers.named(&name)?;
-                }
-                false
+        let proven = match callers.authenticate(req.headers_mut()) {
+            Some(proven) => proven,
+            // A reload is turning authentication on: its callers are not in yet.
+            None => Err(ProxyError::Unavailable(crate::store::StoreError::Settling)),
+        };
+        let proven = proven.inspect_err(|_| super::route::route(app, call))?;
+        if let Some(name) = callers::take_header(req.headers_mut())? {
+            if name.as_bytes() != proven.name.as_bytes() {
+                return Err(ProxyError::BadRequest(format!(
+                    "X-Wx-Caller names another caller than the one this call's key proves (\"{}\")",
+                    proven.name
+                ))
+                .into());
             }
         }
-    };
+        call.who.caller = proven;
+    } else if let Some(name) = callers::take_header(req.headers_mut())? {
+        // Without the header, the caller is the fallback `Call::new` was given.
+        call.who.caller = app.callers.load().named(&name)?;
+    }
     if let Err(refused) = call.who.caller.check() {
         super::route::route(app, call);
         return Err(refused.into());

@@ -31,32 +31,71 @@ pub const NAMES_READ: [&str; 8] = [
     "component_appid",
 ];
 
-/// Why `query` (a URL query, or a form body) could be read two ways, if it
-/// could: one of [`NAMES_READ`] given more than once (even empty), spelled
-/// percent-encoded or in other letter case (`access%5Ftoken`,
-/// `Access_Token`), or hidden after a `;` (which some servers take as a
-/// separator). Costs one pass over the query, allocating nothing unless a
-/// name has `%` escapes.
-pub fn ambiguity(query: &str) -> Option<String> {
-    let mut seen = [0u8; NAMES_READ.len()];
-    for pair in query.split('&') {
-        for (i, part) in pair.split(';').enumerate() {
-            let name = part.split_once('=').map_or(part, |(n, _)| n);
-            let Some(k) = read_name(name) else { continue };
+/// What a query gives of the names wxgate reads: the raw (still
+/// percent-encoded) values of its tokens, each given at most once.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Scanned<'q> {
+    pub access_token: Option<&'q str>,
+    pub component_access_token: Option<&'q str>,
+}
+
+/// Reads `query` (a URL query, or a form body) in one pass: its tokens, or
+/// why it could be read two ways: one of [`NAMES_READ`] given more than
+/// once (even empty), spelled percent-encoded or in other letter case
+/// (`access%5Ftoken`, `Access_Token`), or hidden after a `;` (which some
+/// servers take as a separator). Allocates nothing unless a name has `%`
+/// escapes.
+pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
+    let bytes = query.as_bytes();
+    let mut out = Scanned::default();
+    let mut seen = 0u16;
+    let (mut start, mut after_semicolon) = (0, false);
+    loop {
+        let end = memchr::memchr2(b'&', b';', &bytes[start..]).map_or(bytes.len(), |i| start + i);
+        let part = &query[start..end];
+        let (name, value) = match memchr::memchr(b'=', part.as_bytes()) {
+            Some(i) => (&part[..i], &part[i + 1..]),
+            None => (part, ""),
+        };
+        if let Some(k) = read_name(name) {
             let plain = NAMES_READ[k];
-            if i > 0 {
-                return Some(format!("the query names {plain} after a \";\"; separate parameters with \"&\" only"));
+            if after_semicolon {
+                return Err(format!("the query names {plain} after a \";\"; separate parameters with \"&\" only"));
             }
             if name != plain {
-                return Some(format!("the query spells {plain} as \"{name}\"; write the name plainly"));
+                return Err(format!("the query spells {plain} as \"{name}\"; write the name plainly"));
             }
-            seen[k] += 1;
-            if seen[k] > 1 {
-                return Some(format!("the query gives {plain} more than once"));
+            if seen & (1 << k) != 0 {
+                return Err(format!("the query gives {plain} more than once"));
+            }
+            seen |= 1 << k;
+            let value = (!value.is_empty()).then_some(value);
+            match k {
+                0 => out.access_token = value,
+                1 => out.component_access_token = value,
+                _ => {}
             }
         }
+        if end == bytes.len() {
+            return Ok(out);
+        }
+        after_semicolon = bytes[end] == b';';
+        start = end + 1;
     }
-    None
+}
+
+/// Why a form body could be read two ways, if it could ([`scan`]).
+pub fn ambiguity(form: &str) -> Option<String> {
+    scan(form).err()
+}
+
+/// A raw value percent-decoded (borrowed when it has no escapes).
+pub fn decoded(raw: &str) -> Cow<'_, [u8]> {
+    if raw.contains('%') {
+        Cow::Owned(percent_decode(raw.as_bytes()))
+    } else {
+        Cow::Borrowed(raw.as_bytes())
+    }
 }
 
 /// Which of [`NAMES_READ`] a parameter name is, or would be once decoded
@@ -97,6 +136,15 @@ fn percent_decode(raw: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_finds_both_tokens_raw() {
+        let scanned = scan("a=1&access_token=A%2B&component_access_token=C").expect("plain");
+        assert_eq!((scanned.access_token, scanned.component_access_token), (Some("A%2B"), Some("C")));
+        assert_eq!(&*decoded("A%2B"), b"A+");
+        assert_eq!(scan("access_token=&x").expect("plain").access_token, None, "empty");
+        assert_eq!(scan("").expect("empty"), Scanned::default());
+    }
 
     #[test]
     fn a_name_wechat_reads_given_twice_or_disguised_is_ambiguous() {
