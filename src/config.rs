@@ -15,7 +15,6 @@
 //! stores, the proxy and the upstream read it.
 
 mod callers;
-pub use callers::key_digest;
 mod compile;
 mod errors;
 mod intercept;
@@ -173,6 +172,16 @@ pub struct CallerPolicy {
 /// `Debug` says nothing of it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyDigest(pub [u8; 32]);
+
+impl KeyDigest {
+    /// The SHA-256 of a key, as callers are looked up by.
+    pub fn of(key: &[u8]) -> KeyDigest {
+        let digest = ring::digest::digest(&ring::digest::SHA256, key);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(digest.as_ref());
+        KeyDigest(out)
+    }
+}
 
 impl std::fmt::Debug for KeyDigest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -17,7 +17,7 @@ const APPROVALS_KEY: &str = "approvals-key-fedcba9876543210";
 
 /// The hex SHA-256 of a key, as `key_sha256` takes it.
 fn sha256_hex(key: &str) -> String {
-    wxgate::config::key_digest(key.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect()
+    wxgate::config::KeyDigest::of(key.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A key file only its owner may read.

@@ -330,7 +330,7 @@ async fn calls_with_a_token_the_sdk_fetched_through_wxgate_count_against_its_app
 #[tokio::test]
 async fn each_sdk_authenticates_with_caller_and_key_in_its_base_url() {
     const KEY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
-    let digest: String = wxgate::config::key_digest(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let digest: String = wxgate::config::KeyDigest::of(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
     let mock = MockWeChat::start().await;
     let orders = caller("orders").set("key_sha256", digest).set("accounts", vec!["wxA"]);
     let gate =

@@ -249,7 +249,7 @@ async fn no_secret_in_debug_json_logs_or_in_answers_wxgate_writes() {
 async fn no_caller_key_in_trace_logs_answers_admin_or_upstream() {
     const KEY: &str = "SEKRIT_KEY_7_0123456789";
     let mock = MockWeChat::start().await;
-    let digest: String = wxgate::config::key_digest(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let digest: String = wxgate::config::KeyDigest::of(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
     let config = ConfigToml::new(&mock.url())
         .server("caller_auth", "required")
         .with(caller("orders").set("key_sha256", digest.clone()).set("accounts", vec!["wxA"]))

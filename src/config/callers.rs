@@ -128,15 +128,7 @@ fn read_key_file(path: &Path) -> Result<KeyDigest, String> {
             path.display()
         ));
     }
-    Ok(key_digest(key))
-}
-
-/// The SHA-256 of a key, as callers are looked up by.
-pub fn key_digest(key: &[u8]) -> KeyDigest {
-    let digest = ring::digest::digest(&ring::digest::SHA256, key);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    KeyDigest(out)
+    Ok(KeyDigest::of(key))
 }
 
 /// `"N/s"`, `"N/min"` (or `"N/m"`), `"N/h"`; N from 1 to 1000000.
@@ -163,7 +155,7 @@ mod tests {
 
     #[test]
     fn a_key_digest_is_64_hex_digits() {
-        let digest = key_digest(b"abc");
+        let digest = KeyDigest::of(b"abc");
         let hex: String = digest.0.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(parse_digest(&hex.to_uppercase()), Ok(digest));

@@ -70,6 +70,12 @@ pub struct Caller {
     pub entry: Arc<Entry>,
 }
 
+impl auth::Named for Caller {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 impl Caller {
     /// Its declaration (`None`: not declared).
     pub fn policy(&self) -> Option<&CallerPolicy> {
@@ -138,8 +144,8 @@ pub struct Callers {
 /// What `caller_auth = "required"` checks a credential against.
 struct Auth {
     by_key: HashMap<crate::config::KeyDigest, Caller>,
-    verified: Box<[auth::Verified]>,
-    shared: auth::Verified,
+    verified: Box<[auth::Verified<Caller>]>,
+    shared: auth::Verified<Caller>,
 }
 
 impl Callers {

@@ -18,8 +18,7 @@ use base64::Engine as _;
 use http::header::{Entry as HeaderEntry, AUTHORIZATION};
 use http::HeaderMap;
 
-use super::Caller;
-use crate::config::{key_digest, KeyDigest};
+use crate::config::KeyDigest;
 use crate::error::ProxyError;
 
 /// Credentials remembered per serving thread (a handful of services each).
@@ -32,8 +31,19 @@ const REFUSAL: &str = "this wxgate serves only callers that prove who they are (
 
 /// The credentials a serving thread has verified: the header's bytes and
 /// the caller they prove.
-#[derive(Default)]
-pub struct Verified(Mutex<Vec<(Box<[u8]>, Caller)>>);
+pub struct Verified<C>(Mutex<Vec<(Box<[u8]>, C)>>);
+
+impl<C> Default for Verified<C> {
+    fn default() -> Self {
+        Verified(Mutex::new(Vec::new()))
+    }
+}
+
+/// A caller as a credential proves it: its name (a Basic credential's
+/// must match).
+pub trait Named: Clone {
+    fn name(&self) -> &str;
+}
 
 /// Whether two byte strings are equal, in time that depends only on their
 /// lengths.
@@ -62,11 +72,11 @@ pub fn take(headers: &mut HeaderMap) -> Result<http::HeaderValue, ProxyError> {
 
 /// The caller a credential proves, or 401: first among `verified`, else
 /// by its key's digest among `by_key` (then remembered in `verified`).
-pub fn prove(
+pub fn prove<C: Named>(
     value: &http::HeaderValue,
-    verified: &Verified,
-    by_key: impl Fn(&KeyDigest) -> Option<Caller>,
-) -> Result<Caller, ProxyError> {
+    verified: &Verified<C>,
+    by_key: impl Fn(&KeyDigest) -> Option<C>,
+) -> Result<C, ProxyError> {
     let bytes = value.as_bytes();
     {
         let known = verified.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -81,8 +91,8 @@ pub fn prove(
         }
     }
     let (name, key) = parse(bytes).ok_or_else(|| ProxyError::Unauthenticated(REFUSAL.into()))?;
-    let caller = by_key(&key_digest(&key)).ok_or_else(|| ProxyError::Unauthenticated(REFUSAL.into()))?;
-    if name.is_some_and(|n| !same(&n, caller.name.as_bytes())) {
+    let caller = by_key(&KeyDigest::of(&key)).ok_or_else(|| ProxyError::Unauthenticated(REFUSAL.into()))?;
+    if name.is_some_and(|n| !same(&n, caller.name().as_bytes())) {
         return Err(ProxyError::Unauthenticated(REFUSAL.into()));
     }
     let mut known = verified.0.lock().unwrap_or_else(|e| e.into_inner());
