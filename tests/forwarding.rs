@@ -515,3 +515,52 @@ async fn pooled_connections_closed_by_the_upstream_are_not_reused() {
     }
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5, "each call reached the upstream exactly once");
 }
+
+/// WeChat sends its head and `{`, then nothing: the sniffed answer is not
+/// all there within `body_timeout`, so the client gets a 504 (nothing went
+/// to it yet), and the call leaves in-flight and frees its concurrency slot.
+#[tokio::test]
+async fn an_answer_stalling_mid_json_is_504_within_body_timeout_and_frees_its_slot() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| Reply::StallMidBody);
+    let send = rule("send").matching("/cgi-bin/message/custom/send").limit(100, "day").concurrency(1);
+    let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s").server("body_timeout", "1s").with(send);
+    let gate = Gate::start_text(config).await;
+    let started = std::time::Instant::now();
+    let a = tokio::time::timeout(GUARD, gate.get("/cgi-bin/message/custom/send?access_token=T"))
+        .await
+        .expect("wxgate answers a stalled answer on its own");
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert!(a.text().contains("body_timeout"), "{}", a.text());
+    assert!(started.elapsed() < Duration::from_secs(5), "within body_timeout: {:?}", started.elapsed());
+    assert_eq!(gate.metric("wxgate_in_flight{rule=\"send\"}").await, Some(0.0));
+    // The concurrency slot is free again: the next call goes.
+    mock.respond(|_| ok_reply());
+    assert_eq!(gate.get("/cgi-bin/message/custom/send?access_token=T").await.status, 200);
+    assert_eq!(mock.count(), 2, "the stalled call was not sent again");
+}
+
+/// A streamed answer (media) whose head and first chunk went out, then
+/// nothing: after `body_timeout` without a byte the client's connection is
+/// closed (its head was sent: no other answer is possible), and the call
+/// leaves in-flight.
+#[tokio::test]
+async fn a_streamed_answer_stalling_midway_closes_the_connection_within_body_timeout() {
+    let mock = MockWeChat::start().await;
+    let never = Arc::new(Notify::new());
+    let n = never.clone();
+    mock.respond(move |_| Reply::Binary { len: 1024 * 1024, gate: Some(n.clone()) });
+    let media = rule("media").matching("/cgi-bin/media/get").limit(100, "day");
+    let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s").server("body_timeout", "1s").with(media);
+    let gate = Gate::start_text(config).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = Request::get(gate.url("/cgi-bin/media/get?access_token=T&media_id=M")).body(Full::new(Bytes::new()));
+    let resp = tokio::time::timeout(GUARD, client.request(req.expect("request"))).await.expect("head").expect("answer");
+    assert_eq!(resp.status(), 200);
+    let started = std::time::Instant::now();
+    let body = tokio::time::timeout(GUARD, resp.into_body().collect()).await.expect("the body ends on its own");
+    assert!(body.is_err(), "the connection is closed mid-body, not ended as if whole");
+    assert!(started.elapsed() < Duration::from_secs(5), "within body_timeout: {:?}", started.elapsed());
+    assert_eq!(gate.metric("wxgate_in_flight{rule=\"media\"}").await, Some(0.0));
+    drop(never);
+}

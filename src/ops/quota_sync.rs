@@ -142,7 +142,8 @@ async fn quota_get(app: &App, token: &str, path: &str) -> Result<u64, (Option<i6
     req.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     let (_, resp) = upstream.send(req).await;
     let resp = resp.map_err(|e| fail(e.to_string()))?;
-    let (_, body, verdict) = sniff(resp).await.map_err(|e| fail(format!("reading the answer: {e}")))?;
+    let stall = app.config.load().server.body_timeout;
+    let (_, body, verdict) = sniff(resp, stall).await.map_err(|e| fail(format!("reading the answer: {e}")))?;
     if let Verdict::Errcode(code) = verdict {
         return Err((Some(code), format!("WeChat answered errcode {code}")));
     }

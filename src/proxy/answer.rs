@@ -18,7 +18,7 @@ use crate::features::hooks::{Answered, Feature};
 use crate::features::FEATURES;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::transport::body::RelayBody;
-use crate::transport::sniff::{sniff, Verdict};
+use crate::transport::sniff::{sniff, SniffError, Verdict};
 use crate::transport::upstream::{strip_hop_by_hop, UpstreamError};
 
 /// The upstream's answer to a forwarded call, with what must live as long
@@ -33,8 +33,11 @@ pub struct Forwarded {
 /// Reads the answer, runs the features' hooks on it, and builds what the
 /// client gets.
 pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
-    let (mut parts, body, verdict) =
-        sniff(forwarded.resp).await.map_err(|e| UpstreamError::Failed(format!("reading the answer: {e}")))?;
+    let stall = call.arrived.config.server.body_timeout;
+    let (mut parts, body, verdict) = sniff(forwarded.resp, stall).await.map_err(|e| match e {
+        SniffError::Stalled(d) => UpstreamError::BodyStalled(d),
+        SniffError::Upstream(e) => UpstreamError::Failed(format!("reading the answer: {e}")),
+    })?;
     strip_hop_by_hop(&mut parts.headers);
     let body = body.holding(forwarded.guards);
     call.errcode = match verdict {

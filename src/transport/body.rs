@@ -2,12 +2,27 @@
 //! own answers, or a sniffed WeChat JSON answer) or the upstream body streamed
 //! through untouched, behind whatever prefix the sniffer already read.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+
+use crate::limit::clock::deadline_after;
+
+/// Why a relayed body ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("{0}")]
+    Upstream(#[from] hyper::Error),
+    /// WeChat sent no byte of the body for this long (`[server]
+    /// body_timeout`): the client's connection is closed, as the head went out.
+    #[error("WeChat sent nothing more of the answer for {0:?} ([server] body_timeout)")]
+    Stalled(Duration),
+}
 
 /// A relayed body. It may carry guards (a concurrency slot, in-flight
 /// counts), released when the body is dropped: fully sent, failed, or
@@ -19,7 +34,14 @@ pub struct RelayBody {
 
 enum Inner {
     Full(Option<Bytes>),
-    Stream { prefix: Option<Bytes>, rest: Incoming },
+    Stream {
+        prefix: Option<Bytes>,
+        rest: Incoming,
+        /// At most this long between two frames of `rest`; the timer is
+        /// made on the first wait.
+        stall: Duration,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    },
 }
 
 impl RelayBody {
@@ -28,8 +50,11 @@ impl RelayBody {
         RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _guards: Vec::new() }
     }
 
-    pub fn stream(prefix: Bytes, rest: Incoming) -> Self {
-        RelayBody { inner: Inner::Stream { prefix: (!prefix.is_empty()).then_some(prefix), rest }, _guards: Vec::new() }
+    /// `prefix` (what was read already), then `rest` as it comes, with at
+    /// most `stall` between two of its frames.
+    pub fn stream(prefix: Bytes, rest: Incoming, stall: Duration) -> Self {
+        let prefix = (!prefix.is_empty()).then_some(prefix);
+        RelayBody { inner: Inner::Stream { prefix, rest, stall, timer: None }, _guards: Vec::new() }
     }
 
     /// The whole body, when it was read whole (a sniffed JSON answer).
@@ -49,29 +74,46 @@ impl RelayBody {
 
 impl Body for RelayBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = RelayError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         match &mut self.get_mut().inner {
             Inner::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Stream { prefix, rest } => match prefix.take() {
-                Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
-                None => Pin::new(rest).poll_frame(cx),
-            },
+            Inner::Stream { prefix, rest, stall, timer } => {
+                if let Some(p) = prefix.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(p))));
+                }
+                match Pin::new(rest).poll_frame(cx) {
+                    Poll::Ready(frame) => {
+                        // Progress: the next wait starts again.
+                        if let Some(t) = timer.as_mut() {
+                            t.as_mut().reset(deadline_after(*stall));
+                        }
+                        Poll::Ready(frame.map(|f| f.map_err(RelayError::from)))
+                    }
+                    Poll::Pending => {
+                        let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(*stall)));
+                        match t.as_mut().poll(cx) {
+                            Poll::Ready(()) => Poll::Ready(Some(Err(RelayError::Stalled(*stall)))),
+                            Poll::Pending => Poll::Pending,
+                        }
+                    }
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Full(b) => b.is_none(),
-            Inner::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+            Inner::Stream { prefix, rest, .. } => prefix.is_none() && rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Inner::Stream { prefix, rest } => {
+            Inner::Stream { prefix, rest, .. } => {
                 let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
                 let inner = rest.size_hint();
                 let mut hint = SizeHint::new();

@@ -15,6 +15,9 @@ use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use std::time::Duration;
+
+use crate::limit::clock::deadline_after;
 use crate::transport::body::RelayBody;
 
 /// Largest body buffered to look for an errcode.
@@ -32,18 +35,33 @@ pub enum Verdict {
     Unknown,
 }
 
-/// Reads at most [`SNIFF_CAP`] bytes of a JSON-looking body.
-pub async fn sniff(resp: Response<Incoming>) -> Result<(Parts, RelayBody, Verdict), hyper::Error> {
+/// Why an answer could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SniffError {
+    #[error("{0}")]
+    Upstream(#[from] hyper::Error),
+    /// The JSON-looking part was not all there within `body_timeout`.
+    #[error("WeChat did not send its whole answer within {0:?} ([server] body_timeout)")]
+    Stalled(Duration),
+}
+
+/// Reads at most [`SNIFF_CAP`] bytes of a JSON-looking body, within
+/// `stall` in all (nothing has gone to the client yet: a stall is a 504).
+/// A body streamed on has at most `stall` between two frames
+/// ([`RelayBody::stream`]).
+pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, RelayBody, Verdict), SniffError> {
     let (parts, mut body) = resp.into_parts();
     let ok = parts.status.is_success();
     let fallback = if ok { Verdict::Success } else { Verdict::Unknown };
     let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > SNIFF_CAP as u64) {
-        return Ok((parts, RelayBody::stream(Bytes::new(), body), fallback));
+        return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), fallback));
     }
     let mut buf = BytesMut::new();
+    let by = deadline_after(stall);
     loop {
-        let Some(frame) = body.frame().await else {
+        let next = tokio::time::timeout_at(by, body.frame()).await.map_err(|_| SniffError::Stalled(stall))?;
+        let Some(frame) = next else {
             let bytes = buf.freeze();
             let verdict = if looks_like_json(&bytes) { json_verdict(&bytes, ok) } else { fallback };
             return Ok((parts, RelayBody::full(bytes), verdict));
@@ -54,7 +72,7 @@ pub async fn sniff(resp: Response<Incoming>) -> Result<(Parts, RelayBody, Verdic
         }
         let started = buf.iter().find(|b| !b.is_ascii_whitespace());
         if started.is_some_and(|&b| b != b'{') || buf.len() > SNIFF_CAP {
-            return Ok((parts, RelayBody::stream(buf.freeze(), body), fallback));
+            return Ok((parts, RelayBody::stream(buf.freeze(), body, stall), fallback));
         }
     }
 }

@@ -93,6 +93,12 @@ pub enum Reply {
     Hang,
     /// Send headers and part of a body, then drop the connection.
     DropMidBody,
+    /// Send headers (`Content-Length` 1000) and `{`, then nothing more
+    /// until the connection is dropped: a WeChat that stalls mid-answer.
+    StallMidBody,
+    /// Status 200, `application/json`, this body sent with
+    /// `Content-Encoding: <encoding>` (the test encodes it).
+    Encoded { body: Vec<u8>, encoding: &'static str },
     /// Wait this long (real time), then answer `then`.
     Delayed { ms: u64, then: Box<Reply> },
     /// Wait for a permit from `gate` (the test adds them), then answer `then`.
@@ -289,6 +295,24 @@ impl MockWeChat {
                 std::future::pending::<()>().await;
                 unreachable!()
             }
+            Reply::StallMidBody => {
+                let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+                tokio::spawn(async move {
+                    let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"{")))).await;
+                    // Keep the body open: the answer never ends.
+                    tx.closed().await;
+                });
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .header("content-length", "1000")
+                    .body(StreamBody::new(tokio_stream_from(rx)).boxed_unsync())
+                    .expect("response")
+            }
+            Reply::Encoded { body, encoding } => Response::builder()
+                .header("content-type", "application/json")
+                .header("content-encoding", encoding)
+                .body(full(body))
+                .expect("response"),
             Reply::DropMidBody => {
                 let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
                 tokio::spawn(async move {
@@ -542,4 +566,26 @@ pub fn tally(statuses: &[StatusCode]) -> HashMap<u16, usize> {
 /// exactly as exposed), if present.
 pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().split(' ').next()?.parse().ok())
+}
+
+/// `data` as a gzip stream (RFC 1952) of one stored deflate block: what a
+/// server answering `Accept-Encoding: gzip` sends, without a compressor.
+pub fn gzip_stored(data: &[u8]) -> Vec<u8> {
+    assert!(data.len() < 65_536, "one stored block");
+    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let len = data.len() as u16;
+    out.push(1); // final block, stored
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&(!len).to_le_bytes());
+    out.extend_from_slice(data);
+    let mut crc = 0xffff_ffffu32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+        }
+    }
+    out.extend_from_slice(&(!crc).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
 }
