@@ -54,8 +54,13 @@ pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, 
     let ok = parts.status.is_success();
     let fallback = if ok { Verdict::Success } else { Verdict::Unknown };
     let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > SNIFF_CAP as u64) {
+    if declared.is_some_and(|n| n > SNIFF_CAP as u64) || media(&parts) {
         return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), fallback));
+    }
+    // An encoded body (wxgate asks for `identity`, but a server may encode
+    // anyway) cannot be read here: its errcode is unknown, never "success".
+    if encoded(&parts) {
+        return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), Verdict::Unknown));
     }
     let mut buf = BytesMut::new();
     let by = deadline_after(stall);
@@ -75,6 +80,24 @@ pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, 
             return Ok((parts, RelayBody::stream(buf.freeze(), body, stall), fallback));
         }
     }
+}
+
+/// Whether an answer's Content-Type says media (an image, audio, video,
+/// or a download): never one of WeChat's JSON answers, whatever its first
+/// bytes are. Every other type may be (WeChat's are unreliable).
+fn media(parts: &Parts) -> bool {
+    let Some(ct) = parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let ct = ct.trim_start().as_bytes();
+    let starts = |p: &[u8]| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
+    starts(b"image/") || starts(b"audio/") || starts(b"video/") || starts(b"application/octet-stream")
+}
+
+/// Whether an answer's body has a content coding other than identity.
+fn encoded(parts: &Parts) -> bool {
+    parts.headers.get_all(http::header::CONTENT_ENCODING).iter().any(|v| {
+        v.to_str()
+            .map_or(true, |e| e.split(',').any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity")))
+    })
 }
 
 fn looks_like_json(bytes: &[u8]) -> bool {

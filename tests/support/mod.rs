@@ -96,6 +96,8 @@ pub enum Reply {
     /// Send headers (`Content-Length` 1000) and `{`, then nothing more
     /// until the connection is dropped: a WeChat that stalls mid-answer.
     StallMidBody,
+    /// Status 200, this body, this Content-Type.
+    Bytes { body: Vec<u8>, content_type: &'static str },
     /// Status 200, `application/json`, this body sent with
     /// `Content-Encoding: <encoding>` (the test encodes it).
     Encoded { body: Vec<u8>, encoding: &'static str },
@@ -307,6 +309,9 @@ impl MockWeChat {
                     .header("content-length", "1000")
                     .body(StreamBody::new(tokio_stream_from(rx)).boxed_unsync())
                     .expect("response")
+            }
+            Reply::Bytes { body, content_type } => {
+                Response::builder().header("content-type", content_type).body(full(body)).expect("response")
             }
             Reply::Encoded { body, encoding } => Response::builder()
                 .header("content-type", "application/json")
