@@ -246,3 +246,43 @@ async fn killed_connections_are_replaced() {
         "CLIENT KILL: every serving thread decided in Redis {took:?} after; {lost} call(s) by the fallback meanwhile"
     );
 }
+
+/// One account's state key holds the wrong type (an operator's `SET`, a
+/// key collision): Redis answers WRONGTYPE for that account's calls only.
+/// Those are decided by the fallback; the breaker stays closed, and every
+/// other account's calls are still decided on Redis.
+#[tokio::test]
+async fn one_bad_key_fails_its_own_calls_and_never_opens_the_breaker() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let config = format!(
+        "{}\n{}",
+        StoreToml::redis(&redis.url()),
+        rule("send").matching("/cgi-bin/message/custom/send").limit(100, "day")
+    );
+    let gate = Gate::start_real(&mock, config).await;
+    assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "the state key exists now");
+    let keys = match redis.run_as(None, &["KEYS", "*{wxBAD}*"]) {
+        redis::Value::Array(keys) => keys,
+        other => panic!("KEYS: {other:?}"),
+    };
+    for key in keys {
+        let redis::Value::BulkString(key) = key else { continue };
+        let key = String::from_utf8_lossy(&key).into_owned();
+        redis.run_as(None, &["DEL", &key]);
+        redis.run_as(None, &["SET", &key, "not a hash"]);
+    }
+    for _ in 0..5 {
+        assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "decided by the fallback");
+    }
+    let degraded = gate.metric("wxgate_degraded_decisions_total").await.unwrap_or(0.0);
+    assert_eq!(degraded, 5.0, "each of the bad account's calls went to the fallback");
+    for _ in 0..5 {
+        assert_eq!(gate.get_as("wxGOOD", PATH).await.status, 200);
+    }
+    assert_eq!(gate.metric("wxgate_degraded_decisions_total").await, Some(5.0), "wxGOOD was decided on Redis");
+    assert_eq!(gate.metric("wxgate_breaker_open").await, Some(0.0));
+    assert_eq!(gate.metric("wxgate_store_breaker_opened_total").await, Some(0.0));
+    let b = get_at(gate.admin_addr(), "/v1/buckets/wxGOOD/send").await.json();
+    assert_eq!(b["limits"][0]["used"], 5, "counted in Redis: {b}");
+}

@@ -78,6 +78,11 @@ pub enum StoreError {
     /// Redis answered with an error (a full memory, a read-only replica, ...).
     #[error("Redis: {0}")]
     Redis(String),
+    /// Redis answered, but refused the data of the keys this call touched
+    /// (a key of the wrong type, a script failing on what a key holds):
+    /// that pair's problem, not Redis's, so it never opens the breaker.
+    #[error("Redis refused this call's keys: {0}")]
+    BadKey(String),
     /// Redis lost wxgate's data (its epoch changed): nothing was decided;
     /// what this instance knows is re-seeded first ([`ledger`]).
     #[error("Redis lost its data (the epoch key changed)")]

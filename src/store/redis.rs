@@ -481,6 +481,18 @@ impl TokenStore for RedisStore {
     }
 }
 
+/// A Redis error as the store reports it: [`StoreError::BadKey`] when it is
+/// about the data of the keys the command touched (`WRONGTYPE`, or a script
+/// failing at run time on what it read), else [`StoreError::Redis`].
 fn redis_error(e: redis::RedisError) -> StoreError {
-    StoreError::Redis(e.to_string())
+    let text = e.to_string();
+    let about_keys = e.code() == Some("WRONGTYPE")
+        || text.contains("WRONGTYPE")
+        || text.contains("user_script")
+        || text.contains("Error running script");
+    if about_keys {
+        StoreError::BadKey(text)
+    } else {
+        StoreError::Redis(text)
+    }
 }

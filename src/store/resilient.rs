@@ -104,6 +104,8 @@ pub struct Resilient {
     /// answers: the other instances are adding what they admitted.
     grace: Mutex<Option<(Stopwatch, Duration)>>,
     in_grace: AtomicBool,
+    /// When a refused key was last logged.
+    bad_key_said: Mutex<Option<Stopwatch>>,
 }
 
 impl Resilient {
@@ -131,6 +133,7 @@ impl Resilient {
             reseeding: tokio::sync::Mutex::new(()),
             grace: Mutex::new(None),
             in_grace: AtomicBool::new(false),
+            bad_key_said: Mutex::new(None),
         });
         if !healthy {
             store.breaker.open();
@@ -383,6 +386,19 @@ impl Resilient {
             Err(StoreError::Lost) => {
                 self.breaker.succeeded();
                 Err(StoreError::Lost)
+            }
+            // Redis answered, about this call's keys only: that call goes
+            // to the fallback, every other account's stay on Redis.
+            Err(StoreError::BadKey(why)) => {
+                self.breaker.succeeded();
+                self.counters.errors.inc();
+                // Said at most every 10 s: every call of that pair fails alike.
+                let mut last = lock(&self.bad_key_said);
+                if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+                    *last = Some(Stopwatch::start());
+                    tracing::warn!(error = %why, "Redis refused one call's keys (a key of the wrong type?): such calls are decided by the fallback; the breaker stays closed for every other account");
+                }
+                Err(StoreError::BadKey(why))
             }
             Err(e) => {
                 self.counters.errors.inc();
