@@ -300,3 +300,48 @@ fn an_admin_listener_beyond_loopback_needs_a_token() {
     let (code, _, stderr) = support::process::run(&["check", "--config", loopback.to_str().expect("utf-8")], &[]);
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// A reload never widens access to the admin API: a config that drops
+/// `admin_token` (or changes `admin_listen`) keeps the running listener and
+/// its token until a restart, with a warning.
+#[tokio::test]
+async fn a_reload_that_drops_the_admin_token_keeps_it_until_a_restart() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("admin-reload");
+    let path = dir.join("rules.toml");
+    let with_token = ConfigToml::new(&mock.url()).server("admin_token", "tok-123").with(send_rule());
+    std::fs::write(&path, with_token.to_string()).expect("write");
+    let gate = Gate::start_file(&path).await;
+    let addr = gate.admin_addr();
+    assert_eq!(admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await.status, 401);
+    let open =
+        ConfigToml::new(&mock.url()).without_server("admin_token").server("admin_listen", "off").with(send_rule());
+    std::fs::write(&path, open.to_string()).expect("write");
+    wxgate::ops::reload::reload(gate.app(), &path).expect("the rules reload");
+    assert_eq!(admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await.status, 401, "the token still guards it");
+    assert_eq!(admin(addr, "DELETE", "/v1/penalties/wxA/send", Some("tok-123")).await.status, 200);
+}
+
+/// DNS rebinding: a page on an attacker's name that resolves to 127.0.0.1
+/// can make the browser GET the admin API with that name as Host. Without
+/// a token, /v1 answers only a Host that is an address or localhost;
+/// probes and metrics answer any Host. The token's scheme is case-insensitive.
+#[tokio::test]
+async fn without_a_token_v1_answers_only_an_address_host_and_bearer_is_any_case() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let addr = gate.admin_addr();
+    let get = |host: &'static str, path: &'static str| async move {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        support::wire::exchange(addr, req.as_bytes()).await.only().status
+    };
+    assert_eq!(get("attacker.example:9090", "/v1/rules").await, 403);
+    assert_eq!(get("attacker.example", "/v1/buckets/wxA/send").await, 403);
+    assert_eq!(get("127.0.0.1:9090", "/v1/rules").await, 200);
+    assert_eq!(get("localhost", "/v1/rules").await, 200);
+    assert_eq!(get("attacker.example", "/metrics").await, 200, "Prometheus may scrape by name");
+    let tokened = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", "tok-9").with(send_rule())).await;
+    let req = "GET /v1/rules HTTP/1.1\r\nHost: wxgate-admin.internal\r\nAuthorization: bearer tok-9\r\nConnection: close\r\n\r\n";
+    let answer = support::wire::exchange(tokened.admin_addr(), req.as_bytes()).await.only();
+    assert_eq!(answer.status, 200, "a lower-case scheme and a name as Host, with the token: {}", answer.text());
+}

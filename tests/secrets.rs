@@ -204,10 +204,12 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
         for path in
             ["/metrics", "/v1/rules", "/v1/buckets/wx1234567890abcdef/send", "/v1/buckets/wx1234567890abcdef/punished"]
         {
-            let answer =
-                exchange(admin, format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes())
-                    .await
-                    .closed_text();
+            let answer = exchange(
+                admin,
+                format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .closed_text();
             let leaked = leaks(&answer);
             assert!(leaked.is_empty(), "admin {path} contains {leaked:?}:\n{answer}");
         }
@@ -278,7 +280,7 @@ async fn no_caller_key_in_trace_logs_answers_admin_or_upstream() {
     assert!(mock.calls().iter().all(|c| c.headers.get("authorization").is_none()), "taken off before forwarding");
     let admin = gate.admin.expect("admin");
     for path in ["/metrics", "/v1/callers", "/v1/rules"] {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
         let answer = exchange(admin, request.as_bytes()).await.closed_text();
         assert!(!answer.contains("SEKRIT_KEY_7") && !answer.contains(&digest), "admin {path}: {answer}");
     }

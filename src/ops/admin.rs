@@ -114,6 +114,14 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             if let Some(denied) = check_token(app, &req) {
                 return denied;
             }
+            // Without a token, a DNS-rebound page could read /v1 on the
+            // loopback default: its Host is the attacker's name.
+            if app.config.load().server.admin_token.is_none() && !host_names_an_address(host_of(req.headers())) {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "refused: Host must be this listener's IP address or localhost (DNS rebinding); set admin_token to use a name",
+                );
+            }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
                 (&Method::GET, ["callers"]) => callers(app),
@@ -147,13 +155,24 @@ fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
 fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
     let config = app.config.load();
     let expected = config.server.admin_token.as_deref()?;
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     if given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
         return None;
     }
     let mut resp = error(StatusCode::UNAUTHORIZED, "the admin API needs Authorization: Bearer <admin_token>");
     resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     Some(resp)
+}
+
+fn host_of(headers: &HeaderMap) -> &str {
+    headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("")
 }
 
 /// Why a state-changing request may have been sent by a browser page on
@@ -165,7 +184,7 @@ fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
 /// literal or `localhost`. curl sends none of `Origin`/`Sec-Fetch-Site` and
 /// `Host` as typed (an address), so scripts pass.
 fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
-    let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let host = host_of(headers);
     if !host_names_an_address(host) {
         return Some("Host must be this listener's IP address or localhost (DNS rebinding)");
     }

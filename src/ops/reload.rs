@@ -51,6 +51,15 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
                     caller spend any account); restart wxgate to do so"
             .into());
     }
+    // The admin listener and the token guarding it change together, at a
+    // restart: a reload that drops the token while the listener stays up
+    // (or moves the listener off loopback) would open the admin API.
+    if next.server.admin_listen != running.server.admin_listen || next.server.admin_token != running.server.admin_token
+    {
+        tracing::warn!("[server] admin_listen and admin_token changes need a restart; keeping the running admin listener and its token");
+        next.server.admin_listen = running.server.admin_listen;
+        next.server.admin_token = running.server.admin_token.clone();
+    }
     if next.server.listen != running.server.listen {
         tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
         next.server.listen = running.server.listen;
