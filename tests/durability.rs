@@ -364,3 +364,26 @@ async fn when_full_only_refilled_windows_make_room() {
     assert!(matches!(again, Decision::Reject { reason: Reason::Quota, .. }), "a's spent quota is not granted again");
     assert_eq!((metrics.full.get(), metrics_day.full.get()), (1, 1));
 }
+
+/// The state file holds the token key's check and learned tokens' hashes:
+/// it (and its lock) are 0600, and a symlink planted at its temporary path
+/// is replaced, never followed (the file it points to is untouched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_file_is_private_and_a_planted_symlink_is_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("state-private");
+    let path = config_in(&dir, &mock, &[send().to_string()]);
+    let victim = dir.write("victim.txt", "do not overwrite\n");
+    std::os::unix::fs::symlink(&victim, dir.join("wxgate-state.json.tmp")).expect("plant a symlink");
+    let gate = process::spawn_path(&path, &[]).expect("serving");
+    assert_eq!(call(&gate, SEND, 3).await, only(200, 3));
+    let log = gate.stop().await;
+    assert!(log.contains("state saved for the next start"), "{log}");
+    assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "do not overwrite\n", "the link was not followed");
+    for name in ["wxgate-state.json", "wxgate-state.json.lock"] {
+        let mode = std::fs::metadata(dir.join(name)).expect(name).permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name} has mode {mode:o}");
+    }
+    assert_eq!(support::state_file::used(&dir.join("wxgate-state.json"), "default", "send"), Some(3));
+}

@@ -386,7 +386,12 @@ async fn a_bad_or_exposed_token_key_stops_wxgate_at_start() {
         .with(format!("[tokens]\nkey_file = \"{}\"\n", key_file.display()))
         .to_string();
     let log = process::spawn(&with_file, "tokens-keyfile", &[]).err().expect("refused");
-    assert!(log.contains("[tokens] key_file") && log.contains("readable by others (mode 644)"), "{log}");
+    assert!(log.contains("[tokens] key_file") && log.contains("has mode 0644: others can read it"), "{log}");
+    // The one rule of secret files: owner and group may read (a Kubernetes
+    // Secret mounted 0440 for the pod's fsGroup), others not.
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    let started = process::spawn(&with_file, "tokens-keyfile-0440", &[]).unwrap_or_else(|log| panic!("{log}"));
+    started.stop().await;
     std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let started = process::spawn(&with_file, "tokens-keyfile-ok", &[]).unwrap_or_else(|log| panic!("{log}"));
     started.stop().await;

@@ -385,6 +385,18 @@ pub struct StateFile {
     lock: Mutex<Option<File>>,
 }
 
+/// Options that create a file readable and writable by its owner only.
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600);
+    options
+}
+
+/// A new file at `path`, 0600; fails if anything (a symlink too) is there.
+fn private_new(path: &Path) -> io::Result<File> {
+    private(OpenOptions::new().write(true).create_new(true)).open(path)
+}
+
 impl StateFile {
     /// Takes `<path>.lock` (creating the directory if need be). `Err` when
     /// another process holds it. When the lock file cannot even be created
@@ -392,8 +404,9 @@ impl StateFile {
     /// reading, with [`StateFile::unwritable`] saying why writes will fail.
     pub fn open(path: PathBuf) -> Result<StateFile, Busy> {
         let lock_path = sibling(&path, ".lock");
-        let lock = std::fs::create_dir_all(dir_of(&path))
-            .and_then(|_| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path));
+        let lock = std::fs::create_dir_all(dir_of(&path)).and_then(|_| {
+            private(OpenOptions::new().read(true).write(true).create(true).truncate(false)).open(&lock_path)
+        });
         let (lock, unwritable) = match lock {
             Err(e) => (None, Some(format!("cannot create {}: {e}", lock_path.display()))),
             Ok(file) => match fs4::FileExt::try_lock(&file) {
@@ -436,7 +449,15 @@ impl StateFile {
     /// temporary file, fsync, rename, fsync of the directory.
     pub fn write(&self, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
         let tmp = sibling(&self.path, ".tmp");
-        let mut out = BufWriter::with_capacity(256 * 1024, File::create(&tmp)?);
+        // A file (or a symlink someone planted) left at the temporary path
+        // goes first; the new one is created, never opened: a link is not
+        // followed, and only wxgate's user may read what it holds (the
+        // token key's check, learned-token hashes).
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut out = BufWriter::with_capacity(256 * 1024, private_new(&tmp)?);
         fill(&mut out)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;

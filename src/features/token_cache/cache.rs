@@ -7,7 +7,6 @@
 //! embedded store itself, or a separate one beside Redis without a key).
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -160,13 +159,14 @@ fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, String> {
     }
     let Some(path) = &config.key_file else { return Ok(None) };
     let at = |e: String| format!("[tokens] key_file: {}: {e}", path.display());
-    let meta = std::fs::metadata(path).map_err(|e| at(e.to_string()))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(at(format!(
-            "readable by others (mode {:o}): chmod 600 it, as for an SSH key",
-            meta.permissions().mode() & 0o777
-        )));
-    }
+    // The one rule of every secret file: no one but its owner and group
+    // reads it, no one but its owner writes it (a Kubernetes Secret mounted
+    // 0440 for the pod's fsGroup passes).
+    crate::config::units::check_secret_mode(
+        path,
+        "[tokens] key_file",
+        "whoever reads it can read every cached access token and tell learned tokens apart",
+    )?;
     let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
     parse_key(&text).map(Some).map_err(at)
 }
