@@ -91,6 +91,7 @@ impl App {
         let lease_us = config.lease_us;
         let workers = config.server.workers;
         let callers = Callers::new(&config, &clock, &metrics, None);
+        metrics.rules(config.rules.iter().map(|r| &*r.name));
         let token_cache =
             TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())?;
         if token_cache.is_none() && !config.quota_syncs.is_empty() {

@@ -345,3 +345,37 @@ async fn without_a_token_v1_answers_only_an_address_host_and_bearer_is_any_case(
     let answer = support::wire::exchange(tokened.admin_addr(), req.as_bytes()).await.only();
     assert_eq!(answer.status, 200, "a lower-case scheme and a name as Host, with the token: {}", answer.text());
 }
+
+/// What the alerts and the dashboard count exists at 0 from start-up, so
+/// that the first 45009 (or failed reload, or failover) is an increase;
+/// a rule added by a reload gets its series at once too.
+#[tokio::test]
+async fn every_series_an_alert_counts_exists_at_zero_from_the_start_and_after_a_reload() {
+    let (one, two) = (MockWeChat::start().await, MockWeChat::start().await);
+    let dir = TempDir::new("series-at-zero");
+    let path = dir.join("rules.toml");
+    let config =
+        |extra: &str| ConfigToml::upstreams(&[&one.url(), &two.url()]).with(send_rule()).with(extra.to_owned());
+    std::fs::write(&path, config("").to_string()).expect("write");
+    let gate = Gate::start_file(&path).await;
+    for errcode in ["45009", "45011", "45033"] {
+        let series = format!("wxgate_upstream_errcodes_total{{rule=\"send\",errcode=\"{errcode}\"}}");
+        assert_eq!(gate.metric(&series).await, Some(0.0), "{series}");
+    }
+    for outcome in ["forwarded", "throttled", "penalised", "unavailable", "upstream_error", "unauthorized"] {
+        for rule in ["send", "_none"] {
+            let series = format!("wxgate_calls_total{{rule=\"{rule}\",outcome=\"{outcome}\"}}");
+            assert_eq!(gate.metric(&series).await, Some(0.0), "{series}");
+        }
+    }
+    for result in ["ok", "failed"] {
+        assert_eq!(gate.metric(&format!("wxgate_config_reloads_total{{result=\"{result}\"}}")).await, Some(0.0));
+    }
+    let text = get_at(gate.admin_addr(), "/metrics").await.text();
+    assert_eq!(text.lines().filter(|l| l.starts_with("wxgate_upstream_failovers_total{")).count(), 2, "{text}");
+    std::fs::write(&path, config(&rule("menu").matching("/cgi-bin/menu/get").limit(10, "day").to_string()).to_string())
+        .expect("write");
+    wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
+    let series = "wxgate_upstream_errcodes_total{rule=\"menu\",errcode=\"45009\"}";
+    assert_eq!(gate.metric(series).await, Some(0.0), "a reloaded rule's series");
+}

@@ -91,6 +91,7 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
     }
     let callers = Callers::new(&next, &app.clock, &app.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
+    app.metrics.rules(next.rules.iter().map(|r| &*r.name));
     app.config.store(Arc::new(next));
     app.store.rules_changed();
     Ok(())

@@ -181,6 +181,17 @@ impl Metrics {
         self.rules.write().unwrap_or_else(|e| e.into_inner()).entry(name.into()).or_insert(m).clone()
     }
 
+    /// Creates the series of each of `rules` (and of calls without a rule)
+    /// at 0, so that the first 45009 or refusal of a rule is an increase an
+    /// alert sees, not a series that appears at 1. Called at start and on
+    /// each reload.
+    pub fn rules<'a>(&self, rules: impl IntoIterator<Item = &'a str>) {
+        let _ = self.rule(NO_RULE);
+        for name in rules {
+            let _ = self.rule(name);
+        }
+    }
+
     pub fn reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" }.to_owned();
         self.reloads.get_or_create(&ResultLabel { result }).inc();

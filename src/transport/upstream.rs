@@ -108,6 +108,13 @@ impl Upstream {
         if targets.is_empty() {
             return Err("no upstream".into());
         }
+        // Every failover an alert may count exists at 0 from the start.
+        for from in &targets {
+            for to in targets.iter().filter(|t| t.name != from.name) {
+                let _ =
+                    metrics.failovers.get_or_create(&FailoverLabels { from: from.name.clone(), to: to.name.clone() });
+            }
+        }
         // The series of upstreams a reload removed go: no stale "down".
         for gone in previous.iter().flat_map(|p| p.failover.targets.iter()) {
             if !targets.iter().any(|t| t.name == gone.name) {

@@ -111,6 +111,10 @@ pub(super) fn store(registry: &mut Registry) -> StoreSeries {
 pub(super) fn config_reloads(registry: &mut Registry) -> Family<ResultLabel, Counter> {
     let reloads = Family::<ResultLabel, Counter>::default();
     registry.register("config_reloads", "Config reloads by result (ok, failed)", reloads.clone());
+    // Both from the start: the first failed reload is an increase.
+    for result in ["ok", "failed"] {
+        let _ = reloads.get_or_create(&ResultLabel { result: result.to_owned() });
+    }
     reloads
 }
 
