@@ -239,3 +239,32 @@ async fn starts_while_redis_is_down_and_joins_it_when_it_comes() {
     })
     .await;
 }
+
+/// Two instances, day quota 20: 6 calls through one, then 6 through the
+/// other, then Redis goes away. The first instance's last decision saw 6;
+/// its keeper reads the shared count back (12) while Redis answers, so
+/// each fallback starts from its share of what every instance admitted,
+/// and WeChat sees at most 20 in the day. (Before, the first started from
+/// 6 and the two together let 23 through.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_after_skewed_traffic_holds_the_day_quota() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let config = rules(&redis, "local", send().limit(20, "day"));
+    let (one, two) = (Gate::start_real(&mock, &config).await, Gate::start_real(&mock, &config).await);
+    for gate in [&one, &two] {
+        for _ in 0..6 {
+            assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
+        }
+    }
+    // The keepers read the shared counts back every 100 ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.stop();
+    for _ in 0..10 {
+        for gate in [&one, &two] {
+            let _ = gate.get("/cgi-bin/message/custom/send").await;
+        }
+    }
+    assert!(mock.count() <= 20, "WeChat saw {} of a day quota of 20", mock.count());
+    assert_eq!(mock.count(), 20, "and the fallbacks used what was left");
+}

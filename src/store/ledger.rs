@@ -59,6 +59,8 @@ struct Entry {
     penalty: PenaltyState,
     /// The penalty must be written to Redis (it came back empty).
     penalty_unsynced: bool,
+    /// When this instance last admitted a call of the pair.
+    used_at: Micros,
 }
 
 impl Entry {
@@ -81,6 +83,14 @@ impl Entry {
     fn pending(&self) -> bool {
         self.penalty_unsynced || self.tallies.iter().any(|t| t.unsynced > 0)
     }
+}
+
+/// A pair used recently ([`Ledger::recent`]).
+#[derive(Debug, Clone)]
+pub struct Recent {
+    pub account: String,
+    pub state: Arc<str>,
+    pub periods: Vec<(Period, i64)>,
 }
 
 /// What must be written to Redis for one (account, rule): counts to add per
@@ -154,6 +164,7 @@ impl Ledger {
                     tallies: Vec::new(),
                     penalty: PenaltyState::default(),
                     penalty_unsynced: false,
+                    used_at: 0,
                 });
                 entries.len() - 1
             }
@@ -190,6 +201,7 @@ impl Ledger {
         }
         let now = at - hold_us;
         self.with_entry(key, |e| {
+            e.used_at = e.used_at.max(now);
             for (i, limit) in rule.limits.iter().enumerate() {
                 let Limit::Calendar { count, period } = *limit else { continue };
                 let at_id = period.id(at, key.offset_us);
@@ -252,6 +264,40 @@ impl Ledger {
                 e.penalty_unsynced |= unsynced;
             }
         });
+    }
+
+    /// The pairs this instance admitted a call of since `since` (at most
+    /// `max`), with the calendar periods it counts: whose shared counts
+    /// the keeper reads back ([`Ledger::refresh_seen`]) so that a fallback
+    /// starts from a fresh view, not from this instance's last decision.
+    pub fn recent(&self, since: Micros, max: usize) -> Vec<Recent> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (account, entries) in shard.iter() {
+                for e in entries.iter().filter(|e| e.used_at >= since && !e.tallies.is_empty()) {
+                    if out.len() >= max {
+                        return out;
+                    }
+                    let periods = e.tallies.iter().map(|t| (t.period, t.period_id)).collect();
+                    out.push(Recent { account: account.clone(), state: e.state.clone(), periods });
+                }
+            }
+        }
+        out
+    }
+
+    /// Redis's count of a pair's calendar quota in period `period_id` is
+    /// `count`: what this instance has seen of it, if that period is still
+    /// the tally's (never lowered: a count read back before the last
+    /// decision of this instance may be older).
+    pub fn refresh_seen(&self, account: &str, state: &str, period: Period, period_id: i64, count: u64) {
+        let mut shard = self.shard(account);
+        let Some(entries) = shard.get_mut(account) else { return };
+        let Some(e) = entries.iter_mut().find(|e| &*e.state == state) else { return };
+        if let Some(t) = e.tallies.iter_mut().find(|t| t.period == period && t.period_id == period_id) {
+            t.seen = Some(t.seen.map_or(count, |s| s.max(count)));
+        }
     }
 
     /// The shared count of `key`'s calendar quota `window` in the period

@@ -201,6 +201,44 @@ impl RedisStore {
         self.outcome(lane, result)
     }
 
+    /// Each pair's calendar counts as Redis holds them: per period asked,
+    /// the count if Redis's state is in that period (one pipeline of
+    /// `HMGET`s, read only).
+    pub async fn calendar_counts(
+        &self,
+        pairs: &[crate::store::ledger::Recent],
+    ) -> Result<Vec<Vec<Option<u64>>>, StoreError> {
+        let mut pipe = redis::pipe();
+        for pair in pairs {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(self.keys.state_named(&pair.account, &pair.state));
+            for (period, _) in &pair.periods {
+                cmd.arg(format!("{}.p", period.as_str())).arg(format!("{}.n", period.as_str()));
+            }
+            pipe.add_command(cmd);
+        }
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Vec<Option<i64>>>>(&mut conn)).await;
+        let replies = self.outcome(lane, result)?;
+        Ok(pairs
+            .iter()
+            .zip(replies)
+            .map(|(pair, fields)| {
+                pair.periods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, id))| {
+                        match (fields.get(2 * i).copied().flatten(), fields.get(2 * i + 1).copied().flatten()) {
+                            (Some(p), Some(n)) if p == *id => Some(n.max(0) as u64),
+                            _ => None,
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
     /// Runs a plain command on this thread's connection within the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
         let lane = self.conns.lane();

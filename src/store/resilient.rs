@@ -64,6 +64,10 @@ use crate::limit::{Ask, Decision, Key, Limit, Reason};
 /// How often the background task writes what Redis is missing and checks
 /// that Redis still holds the deployment's epoch.
 const TICK: Duration = Duration::from_millis(100);
+/// A pair used within this long has its shared counts read back each tick.
+const RECENT_US: Micros = 600_000_000;
+/// At most this many pairs are read back per tick (one pipeline).
+const RECENT_MAX: usize = 256;
 /// How often the ledger drops what no longer matters.
 const PRUNE_EVERY: u32 = 100;
 /// How often (in ticks) the access-token key is asked for until it is read.
@@ -186,11 +190,34 @@ impl Resilient {
                 if s.ledger.has_pending() {
                     s.write_pending().await;
                 }
+                if s.resilience.fallback == Fallback::Local {
+                    s.refresh_seen().await;
+                }
                 if ticks % KEY_EVERY == 0 && !s.redis.has_token_key() {
                     let _ = s.load_token_key().await;
                 }
             }
         });
+    }
+
+    /// Reads back the shared calendar counts of the pairs this instance used
+    /// in the last [`RECENT_US`], so that if Redis goes away its fallback
+    /// starts from what every instance had admitted, not from what this
+    /// one last saw (which the others may have moved on since).
+    async fn refresh_seen(&self) {
+        let now = self.local.now();
+        let recent = self.ledger.recent(now - RECENT_US, RECENT_MAX);
+        if recent.is_empty() {
+            return;
+        }
+        let Ok(counts) = self.try_redis(|| self.redis.calendar_counts(&recent)).await else { return };
+        for (pair, counts) in recent.iter().zip(counts) {
+            for ((period, id), count) in pair.periods.iter().zip(counts) {
+                if let Some(n) = count {
+                    self.ledger.refresh_seen(&pair.account, &pair.state, *period, *id, n);
+                }
+            }
+        }
     }
 
     /// Reads the epoch; if it is not `known` (Redis lost its data since, or
