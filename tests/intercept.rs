@@ -149,6 +149,7 @@ async fn connect_to_anything_but_a_listed_host_on_443_is_refused_and_nothing_is_
         "127.0.0.1:443",
         "user@api.weixin.qq.com:443",
         "SEKRIT_1.example:443",
+        "api.weixin.qq.com:0443",
     ];
     for target in targets {
         let (answer, mut stream) = connect(gate.addr, target).await;
@@ -174,7 +175,7 @@ async fn connect_to_anything_but_a_listed_host_on_443_is_refused_and_nothing_is_
     .only();
     assert_eq!(absolute.status, 400, "{}", absolute.text());
     assert_eq!(mock.count(), 0, "nothing reached WeChat");
-    assert_eq!(metric(&gate, "wxgate_intercept_tunnels_total{result=\"refused\"}").await, 6.0);
+    assert_eq!(metric(&gate, "wxgate_intercept_tunnels_total{result=\"refused\"}").await, 7.0);
 }
 
 #[tokio::test]

@@ -51,10 +51,11 @@ pub async fn connect(
 ) -> Response<RelayBody> {
     let host = app.intercept.as_ref().and_then(|i| {
         let target = req.uri().authority()?;
-        // As the request guard reads it (`host:443`, no user info), or the
-        // guard would have followed what comes next as requests.
+        // As the request guard reads it (`host:443` written so: no user
+        // info, no `:0443`), or the guard would follow what comes next as
+        // requests and the tunnel would break.
         let plain = !target.as_str().contains('@');
-        (plain && target.port_u16() == Some(443)).then(|| i.host(target.host()))?.cloned()
+        (plain && target.port().is_some_and(|p| p.as_str() == "443")).then(|| i.host(target.host()))?.cloned()
     });
     let taken = host.as_ref().and_then(|_| watcher.lock().unwrap_or_else(|e| e.into_inner()).take());
     let (Some(host), Some(watcher)) = (host, taken) else {
