@@ -7,6 +7,9 @@
 -- ARGV[1]  <prefix>:{#tokens}: (the slot's entry key is this and its name)
 -- ARGV[2]  the token's hash (hex)
 -- ARGV[3]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[4]  the kinds of slot it may be dropped from, space-separated
+--          ("wecom", "token stable"), or "" for any: a host rejects only
+--          the tokens it issues (an OA token sent to qyapi is not stale)
 --
 -- The entry's key is read from KEYS[1], so it is not declared: every key of
 -- the token cache carries the {#tokens} hash tag, so in a Redis Cluster it
@@ -16,6 +19,15 @@
 
 local slot = redis.call('GET', KEYS[1])
 if not slot then return 0 end
+local kinds = ARGV[4] or ''
+if kinds ~= '' then
+  local kind = string.match(slot, '^([^:]*):')
+  local listed = false
+  for k in string.gmatch(kinds, '%S+') do
+    if k == kind then listed = true end
+  end
+  if not listed then return 0 end
+end
 local key = ARGV[1] .. slot
 local now = store_now(ARGV[3])
 local e = redis.call('HMGET', key, 'h', 'u')

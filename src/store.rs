@@ -147,6 +147,8 @@ pub trait TokenStore: Send + Sync {
 
     /// WeChat rejected the token hashed to `hash` (40001, 40014, 42001):
     /// drops it from its slot if it is still that slot's token (a later
-    /// token is never dropped). Returns whether it was dropped.
-    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError>;
+    /// token is never dropped) and the slot is of one of `kinds` (the
+    /// kinds of token the answering host issues, e.g. `["wecom"]` for
+    /// qyapi; empty: any). Returns whether it was dropped.
+    async fn drop_token(&self, hash: &TokenHash, kinds: &[&str]) -> Result<bool, StoreError>;
 }

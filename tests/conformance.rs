@@ -127,6 +127,8 @@ enum Op {
     FetchedT(&'static str, &'static str, Fetch),
     /// Token cache: WeChat rejected this token.
     DropT(&'static str),
+    /// Drop a token only from a slot of these kinds.
+    DropK(&'static str, &'static [&'static str]),
     /// quota_sync: WeChat counts this many calls today.
     Raise(u64),
 }
@@ -701,6 +703,20 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "a_rejected_token_is_dropped_only_from_a_slot_of_the_answering_hosts_kinds",
+            start: T0,
+            limits: "[]",
+            extra: "",
+            steps: vec![
+                (ClaimT("wecom:ww1:h", "h1", 0), Claimed("won")),
+                (FetchedT("wecom:ww1:h", "h1", Fetch::Token("W1", 7200 * SEC)), Any),
+                (DropK("W1", &["token", "stable"]), Dropped(false)),
+                (ClaimT("wecom:ww1:h", "h2", 300 * SEC), Claimed("cached")),
+                (DropK("W1", &["wecom"]), Dropped(true)),
+                (ClaimT("wecom:ww1:h", "h2", 300 * SEC), Claimed("won")),
+            ],
+        },
+        Scenario {
             name: "token_cache_fetches_once_and_drops_only_the_current_token",
             start: T0,
             limits: "[]",
@@ -867,6 +883,15 @@ fn describe(expect: Expect) -> String {
 /// Runs a scenario on one store; returns every step's result and the time
 /// it was taken at. Accounts are `prefix` + the scenario's names (so runs on
 /// a cluster spread over slots).
+/// A scenario's slot under its prefix, after the slot's kind if it has one
+/// (`wecom:ww1:h` → `wecom:<prefix>ww1:h`: the kind stays first).
+fn prefixed_slot(prefix: &str, slot: &str) -> String {
+    match slot.split_once(':') {
+        Some((kind, rest)) => format!("{kind}:{prefix}{rest}"),
+        None => format!("{prefix}{slot}"),
+    }
+}
+
 async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str) -> Vec<(i64, Got)> {
     let a = format!("{prefix}a");
     clock.set_us(s.start);
@@ -961,13 +986,13 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Owner(store.tokens().token_owner(&hash).await.expect("store answered"))
             }
             ClaimT(slot, holder, min_ttl) => {
-                let slot = format!("{prefix}{slot}");
+                let slot = prefixed_slot(prefix, slot);
                 let claimed =
                     store.tokens().claim_token(&slot, holder, *min_ttl, 0, 2 * SEC).await.expect("store answered");
                 Got::Claim(claimed)
             }
             FetchedT(slot, holder, how) => {
-                let slot = format!("{prefix}{slot}");
+                let slot = prefixed_slot(prefix, slot);
                 let entry = format!(
                     "sealed {prefix}{}",
                     match how {
@@ -986,8 +1011,11 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Done
             }
             DropT(token) => {
-                Got::Dropped(store.tokens().drop_token(&token_hash(prefix, token)).await.expect("store answered"))
+                Got::Dropped(store.tokens().drop_token(&token_hash(prefix, token), &[]).await.expect("store answered"))
             }
+            DropK(token, kinds) => Got::Dropped(
+                store.tokens().drop_token(&token_hash(prefix, token), kinds).await.expect("store answered"),
+            ),
             Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
         };
         let now = clock.now_us();

@@ -372,3 +372,61 @@ async fn sigterm_lets_an_intercepted_call_in_flight_finish() {
     assert_eq!(gate.exit_code(PATIENCE).await, 0);
     assert_eq!(mock.calls()[0].body.as_ref(), b"{}");
 }
+
+/// `GET path` inside a tunnel to `host`: the answer's status and body.
+async fn through(gate: &Gate, ca: &TestCa, host: &str, path: &str) -> (u16, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let (answer, stream) = connect(gate.addr, &format!("{host}:443")).await;
+    assert_eq!(answer.status, 200, "CONNECT {host}: {}", answer.text());
+    let mut tls = tls(stream, ca.roots(), host).await.expect("TLS inside the tunnel");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.expect("write");
+    let raw = read_until_closed(&mut tls).await;
+    let only = raw.only();
+    (only.status, only.text())
+}
+
+/// A 40001 from a host drops a cached token only if that host issues that
+/// kind of token: an official-account token sent to WeCom's qyapi by
+/// mistake is refused there, but stays the account's token (dropping it
+/// would spend the 2,000-a-day token quota on a refetch).
+#[tokio::test]
+async fn a_40001_from_another_host_family_keeps_the_cached_token() {
+    let tokens = support::tokens::WeChatTokens::new();
+    let mock = MockWeChat::start().await;
+    let answers = tokens.responder();
+    mock.respond(move |rec| {
+        // The call the test sends to qyapi (the mock sees its own host).
+        if rec.path_and_query.starts_with("/cgi-bin/user/get") {
+            errcode_reply(40001)
+        } else {
+            answers(rec)
+        }
+    });
+    let ca = TestCa::new();
+    let section = format!(
+        "[intercept]\nca_cert = {}\nca_key = {}\nupstream = {{ \"api.weixin.qq.com\" = \"{url}\", \"qyapi.weixin.qq.com\" = \"{url}\" }}\n",
+        toml::Value::from(ca.cert.display().to_string()),
+        toml::Value::from(ca.key.display().to_string()),
+        url = mock.url(),
+    );
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(section)).await;
+    let token_path = format!(
+        "/cgi-bin/token?grant_type=client_credential&appid={}&secret={}",
+        support::tokens::APPID,
+        support::tokens::SECRET
+    );
+    let (status, body) = through(&gate, &ca, "api.weixin.qq.com", &token_path).await;
+    assert_eq!(status, 200, "{body}");
+    let token = serde_json::from_str::<serde_json::Value>(&body).expect("json")["access_token"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    let (status, body) =
+        through(&gate, &ca, "qyapi.weixin.qq.com", &format!("/cgi-bin/user/get?access_token={token}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("40001"), "qyapi refused the OA token: {body}");
+    let (_, again) = through(&gate, &ca, "api.weixin.qq.com", &token_path).await;
+    assert!(again.contains(&token), "still the cached token: {again}");
+    assert_eq!(tokens.fetches("token"), 1, "no refetch");
+}

@@ -52,6 +52,9 @@ pub struct Answered<'a> {
     pub path: &'a str,
     /// The path and query that were sent.
     pub target: &'a PathAndQuery,
+    /// The WeChat host the call went to: an intercepted call's, else the
+    /// first `[server] upstream`'s (`None`: not known).
+    pub host: Option<&'a str>,
     /// What the answer said (its errcode read from its body).
     pub verdict: Verdict,
     /// The answer's errcode (0: success; `None`: not a WeChat JSON answer).

@@ -82,7 +82,7 @@ impl Feature for TokenCacheFeature {
         }
         if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
             if REJECTED.contains(&code) {
-                rejected(cache, answered.target.query()).await;
+                rejected(cache, answered.target.query(), answered.host).await;
             }
         }
     }
@@ -193,15 +193,36 @@ pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Optio
     }
 }
 
+/// The kinds of token (token-cache slots) a WeChat host issues, and so may
+/// reject as stale: WeCom's `qyapi` its own, the official-account and mini
+/// program hosts theirs; any for a host that is not WeChat's (a mock, a
+/// relay). An OA token sent to qyapi by mistake is refused there, but is
+/// not stale.
+pub fn kinds_issued_by(host: Option<&str>) -> &'static [&'static str] {
+    let Some(host) = host.map(|h| h.trim_end_matches('.').to_ascii_lowercase()) else { return &[] };
+    if host == "qyapi.weixin.qq.com" {
+        &["wecom"]
+    } else if host.ends_with(".weixin.qq.com") {
+        &["token", "stable"]
+    } else {
+        &[]
+    }
+}
+
 /// WeChat answered 40001/40014/42001 to a call: if its `access_token` is
-/// a slot's current token, that slot drops it (once: a token fetched since
-/// is never dropped), so the next token request fetches a fresh one.
-pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>) {
+/// a slot's current token and a token of the kind the answering host
+/// issues ([`kinds_issued_by`]), that slot drops it (once: a token fetched
+/// since is never dropped), so the next token request fetches a fresh one.
+pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>, host: Option<&str>) {
     let Some(token) = query.and_then(|q| query::param(q, "access_token")) else { return };
+    let kinds = kinds_issued_by(host);
     let hash = cache.sealer.token_hash(&token);
-    cache.forget(&token);
-    match cache.store.tokens().drop_token(&hash).await {
+    if kinds.is_empty() {
+        cache.forget(&token);
+    }
+    match cache.store.tokens().drop_token(&hash, kinds).await {
         Ok(true) => {
+            cache.forget(&token);
             cache.metrics.invalidations.inc();
             tracing::info!("WeChat rejected a cached access token: dropped, the next token request fetches a new one");
         }
@@ -215,4 +236,18 @@ fn json_answer(body: Bytes) -> Response<RelayBody> {
     let mut resp = Response::new(RelayBody::full(body));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json; encoding=utf-8"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kinds_issued_by;
+
+    #[test]
+    fn a_host_rejects_only_the_tokens_it_issues() {
+        assert_eq!(kinds_issued_by(Some("qyapi.weixin.qq.com")), &["wecom"]);
+        assert_eq!(kinds_issued_by(Some("API.weixin.qq.com")), &["token", "stable"]);
+        assert_eq!(kinds_issued_by(Some("sh.api.weixin.qq.com")), &["token", "stable"]);
+        assert!(kinds_issued_by(Some("127.0.0.1")).is_empty());
+        assert!(kinds_issued_by(None).is_empty());
+    }
 }

@@ -54,6 +54,10 @@ pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<
         account: &call.who.account,
         path: &call.arrived.path,
         target: &forwarded.target,
+        host: match &call.arrived.intercepted {
+            Some(h) => Some(&h.name),
+            None => call.arrived.config.server.upstream.iter().next().and_then(|u| u.host()),
+        },
         verdict,
         errcode: call.errcode,
         body: body.whole(),

@@ -466,8 +466,8 @@ impl TokenStore for MemoryStore {
         Ok(())
     }
 
-    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+    async fn drop_token(&self, hash: &TokenHash, kinds: &[&str]) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(lock(&self.token_slots).drop_token(hash, now))
+        Ok(lock(&self.token_slots).drop_token(hash, kinds, now))
     }
 }

@@ -512,9 +512,9 @@ impl TokenStore for RedisStore {
         self.run::<i64>(inv).await.map(|_| ())
     }
 
-    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
+    async fn drop_token(&self, hash: &TokenHash, kinds: &[&str]) -> Result<bool, StoreError> {
         let mut inv = protocol::TOKEN_DROP.key(self.keys.token_slot_of(hash));
-        inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg());
+        inv.arg(self.keys.token_slots()).arg(hash.to_hex()).arg(self.now_arg()).arg(kinds.join(" "));
         self.run::<i64>(inv).await.map(|n| n == 1)
     }
 }

@@ -663,8 +663,8 @@ impl TokenStore for Resilient {
         self.try_redis(|| self.redis.token_fetched(slot, holder, fetched)).await
     }
 
-    async fn drop_token(&self, hash: &TokenHash) -> Result<bool, StoreError> {
-        self.try_redis(|| self.redis.drop_token(hash)).await
+    async fn drop_token(&self, hash: &TokenHash, kinds: &[&str]) -> Result<bool, StoreError> {
+        self.try_redis(|| self.redis.drop_token(hash, kinds)).await
     }
 }
 

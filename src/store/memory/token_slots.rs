@@ -85,9 +85,9 @@ impl TokenSlots {
         }
     }
 
-    pub fn drop_token(&mut self, hash: &TokenHash, now: Micros) -> bool {
+    pub fn drop_token(&mut self, hash: &TokenHash, kinds: &[&str], now: Micros) -> bool {
         let Some((slot, until)) = self.by_hash.get(hash) else { return false };
-        if *until <= now {
+        if *until <= now || !of_kind(slot, kinds) {
             return false;
         }
         match self.entries.get(slot) {
@@ -108,4 +108,10 @@ impl TokenSlots {
         self.locks.retain(|_, (_, until)| *until > now);
         self.by_hash.retain(|_, (_, until)| *until > now);
     }
+}
+
+/// Whether a slot (`<kind>:<id>:<hash>`) is of one of `kinds` (empty: any).
+/// Mirrored by lua/token_drop.lua.
+pub fn of_kind(slot: &str, kinds: &[&str]) -> bool {
+    kinds.is_empty() || slot.split_once(':').is_some_and(|(kind, _)| kinds.contains(&kind))
 }
