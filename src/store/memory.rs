@@ -18,6 +18,7 @@
 //! [`MemoryStore::new`] is the bare store (the Redis store's fallback, tests):
 //! no file, no cap, no background task.
 
+mod journal;
 mod persist;
 mod token_slots;
 
@@ -37,6 +38,7 @@ use crate::limit::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide};
 use crate::limit::pair::PairRef;
 use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
+use crate::store::ledger::counts_calendar;
 use crate::telemetry::metrics::MemoryStoreMetrics;
 
 const SHARDS: usize = 16;
@@ -92,6 +94,9 @@ struct Durable {
     file: StateFile,
     /// Held while writing: one write at a time, none after the last.
     writing: Mutex<Writer>,
+    /// Every calendar admission, written before its call goes on
+    /// ([`journal`]); `None` when it cannot be opened (said at start).
+    journal: Option<journal::Journal>,
 }
 
 #[derive(Default)]
@@ -347,20 +352,55 @@ impl MemoryStore {
     /// `period_id` to at least `used` (the Redis fallback starts from what
     /// was already used). Never lowers a count.
     pub fn raise_count(&self, key: Key<'_>, window: WindowKey, period_id: i64, used: u64) {
-        self.with_state(key, |state, _| {
-            let raised = match state.get(window) {
-                Some(LimitState::Count { period_id: p, used: u, next }) if p == period_id => {
-                    LimitState::Count { period_id, used: u.max(used), next }
-                }
-                Some(LimitState::Count { period_id: p, .. }) if p > period_id => return,
-                Some(LimitState::Count { period_id: p, next, .. }) if p == period_id - 1 => {
-                    LimitState::Count { period_id, used: next.max(used), next: 0 }
-                }
-                _ => LimitState::Count { period_id, used, next: 0 },
-            };
-            state.set(window, raised);
-        });
+        self.with_state(key, |state, _| raise(state, window, period_id, used));
     }
+
+    /// [`MemoryStore::raise_count`] for a pair known by its account and
+    /// state name only (the journal's replay, before any call).
+    fn raise_raw(&self, account: &str, state_name: &str, window: WindowKey, period_id: i64, used: u64) {
+        let state_name: Arc<str> = state_name.into();
+        let i = (self.hasher.hash_one((account, &*state_name)) as usize) % SHARDS;
+        let mut shard = lock(&self.shards[i]);
+        shard.dirty = true;
+        let entry = match shard.states.get_mut(&PairRef(account, &state_name)) {
+            Some(entry) => entry,
+            None => {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+                shard.states.entry((account.to_owned(), state_name.clone())).or_default()
+            }
+        };
+        raise(&mut entry.0, window, period_id, used);
+    }
+}
+
+/// Raises a calendar count to at least `used` in `period_id` (never lowers one).
+fn raise(state: &mut RuleState, window: WindowKey, period_id: i64, used: u64) {
+    let raised = match state.get(window) {
+        Some(LimitState::Count { period_id: p, used: u, next }) if p == period_id => {
+            LimitState::Count { period_id, used: u.max(used), next }
+        }
+        Some(LimitState::Count { period_id: p, .. }) if p > period_id => return,
+        Some(LimitState::Count { period_id: p, next, .. }) if p == period_id - 1 => {
+            LimitState::Count { period_id, used: next.max(used), next: 0 }
+        }
+        _ => LimitState::Count { period_id, used, next: 0 },
+    };
+    state.set(window, raised);
+}
+
+/// A pair's calendar counts after an admission, as the journal records them.
+fn calendar_counts(state: &RuleState, key: Key<'_>) -> Vec<(crate::limit::calendar::Period, i64, u64)> {
+    key.rule
+        .limits
+        .iter()
+        .filter_map(|l| match *l {
+            crate::limit::Limit::Calendar { period, .. } => match state.get(l.window_key()) {
+                Some(LimitState::Count { period_id, used, .. }) => Some((period, period_id, used)),
+                _ => None,
+            },
+            crate::limit::Limit::Window(_) => None,
+        })
+        .collect()
 }
 
 impl Runs for MemoryStore {
@@ -383,7 +423,20 @@ impl Store for MemoryStore {
         let key = ask.key;
         let account_warm =
             if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
-        let decision = self.with_new_state(key, |state, now| decide(state, ask, now, account_warm))?;
+        let journal = self.file.as_ref().and_then(|d| d.journal.as_ref()).filter(|_| counts_calendar(key.rule));
+        let (decision, counts) = self.with_new_state(key, |state, now| {
+            let decision = decide(state, ask, now, account_warm);
+            let admitted = matches!(decision, crate::limit::Decision::Admit { .. });
+            let counts = if admitted && journal.is_some() { calendar_counts(state, key) } else { Vec::new() };
+            (decision, counts)
+        })?;
+        // In the kernel before the call goes on: a crash loses no admission.
+        if let (Some(journal), false) = (journal, counts.is_empty()) {
+            if let Err(e) = journal.append(key.account, &key.rule.state, &counts) {
+                self.metrics.file_error(crate::telemetry::metrics::FileOp::save);
+                tracing::warn!(error = %e, "cannot append to the admissions journal: a crash now would forget this admission");
+            }
+        }
         Ok(Decided { decision, degraded: false })
     }
 

@@ -58,7 +58,16 @@ impl MemoryStore {
         }
         let now = clock.now_us();
         let saved = file.as_ref().and_then(|f| load(f, now, offset_us, keep_warm_us, &metrics));
-        let durable = file.map(|file| Durable { file, writing: Mutex::new(Writer::default()) });
+        let durable = file.map(|file| {
+            let journal = match super::journal::Journal::open(file.path()) {
+                Ok(j) => Some(j),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot open the admissions journal beside the state file: a crash would lose the admissions since the last write");
+                    None
+                }
+            };
+            Durable { file, writing: Mutex::new(Writer::default()), journal }
+        });
         let persists = durable.is_some();
         let token_key = saved.as_ref().and_then(|s| s.token_key.clone());
         let store = Arc::new_cyclic(|me| {
@@ -67,9 +76,32 @@ impl MemoryStore {
         if let Some(saved) = saved {
             store.restore(saved, keep_warm_us);
         }
+        store.replay_journal(now, offset_us);
         store.metrics.entries.set(store.entries.load(std::sync::atomic::Ordering::Relaxed) as i64);
         spawn_keeper(Arc::downgrade(&store), config.flush_interval, persists);
         Ok(store)
+    }
+
+    /// Raises the loaded counts to what the admissions journal recorded
+    /// since the last write (before any call): what a crash would have lost.
+    fn replay_journal(&self, now: Micros, offset_us: Micros) {
+        let Some(journal) = self.file.as_ref().and_then(|d| d.journal.as_ref()) else { return };
+        let records = journal.records();
+        let mut replayed = 0;
+        for r in &records {
+            // A record of a period already over counts for nothing.
+            if r.period.id(now, offset_us) != r.period_id {
+                continue;
+            }
+            self.raise_raw(&r.account, &r.state, crate::limit::WindowKey::Calendar(r.period), r.period_id, r.used);
+            replayed += 1;
+        }
+        if replayed > 0 {
+            tracing::info!(
+                admissions = replayed,
+                "replayed the admissions journal over the state file (the last stop was not clean)"
+            );
+        }
     }
 
     /// Puts loaded state in place (before any call).
@@ -106,9 +138,30 @@ impl MemoryStore {
         }
         writer.closed = last;
         let now = self.now();
-        let saved = self.snapshot(now, last || writer.failed);
-        if let Some(saved) = saved {
-            self.write(durable, &mut writer, &saved, now, last);
+        // The journal is synced, and turned over before the states are read:
+        // every admission is then in the snapshot or in the new journal.
+        let turned = match &durable.journal {
+            Some(j) => match j.turn_over() {
+                Ok(true) => true,
+                // An older journal waits for its snapshot: this one is synced.
+                Ok(false) => {
+                    let _ = j.sync();
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot turn the admissions journal over; it grows until the next write");
+                    false
+                }
+            },
+            None => false,
+        };
+        let saved = self.snapshot(now, last || writer.failed || turned);
+        let written = match saved {
+            Some(saved) => self.write(durable, &mut writer, &saved, now, last),
+            None => true,
+        };
+        if let (Some(j), true, true) = (&durable.journal, turned, written) {
+            j.drop_old();
         }
         if last {
             // However the write went, the file is free for the next process.
@@ -116,7 +169,8 @@ impl MemoryStore {
         }
     }
 
-    fn write(&self, durable: &Durable, writer: &mut Writer, saved: &Saved, now: Micros, last: bool) {
+    /// Whether the write succeeded.
+    fn write(&self, durable: &Durable, writer: &mut Writer, saved: &Saved, now: Micros, last: bool) -> bool {
         let pairs = saved.pairs.len();
         match durable.file.write(|out| encode_to(saved, out)) {
             Ok(()) => {
@@ -126,6 +180,7 @@ impl MemoryStore {
                 if last {
                     tracing::info!(file = %durable.file.path().display(), pairs, "state saved for the next start");
                 }
+                true
             }
             Err(e) => {
                 writer.failed = true;
@@ -139,6 +194,7 @@ impl MemoryStore {
                         "cannot write the state file: a restart now would forget quotas and penalties"
                     );
                 }
+                false
             }
         }
     }
