@@ -35,6 +35,8 @@
 # `Authorization: Bearer` key: the cost of proving the caller.
 # BENCH_AUTH=header sends the same header to a wxgate without
 # caller_auth: the cost of a header that size alone, to tell it apart.
+# BENCH_LIMITS='[{ count = 1000000000, per = "day" }]' gives the rule other
+# limits than ones that never throttle (a day quota: the admissions journal).
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -122,7 +124,7 @@ for bin in "${BINS[@]}"; do
     else
       store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
     fi
-    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "$BENCH_NEVER" "$RULE_MORE" \
+    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "${BENCH_LIMITS:-$BENCH_NEVER}" "$RULE_MORE" \
       >"$TMP/wxgate.toml"
     redis-cli -p "$RP" flushall >/dev/null
     args=(--config "$TMP/wxgate.toml")
