@@ -46,6 +46,9 @@
 #                      CPU µs per call, p50/p99, per target, median and range over
 #                      the rounds; use BENCH_ROUNDS=3 (or 5) for medians.
 #   BENCH_PROXY_CPU    the CPU of the proxy under test when pinned (default 0)
+#   BENCH_MEMORY_LIMITS  target 3's limits instead of ones that never throttle,
+#                      e.g. '[{ count = 1000000000, per = "day" }]' (a day quota:
+#                      each admission also goes to the admissions journal)
 #
 # Before/after a change (baseline mode):
 #   BENCH_BASELINE     a git revision (main~3, a hash, a tag) to compare the working
@@ -529,7 +532,7 @@ redis_store() {
   printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "1s"\nkey_prefix = "%s"\n%s' \
     "$REDIS_PORT" "$1" "${2:-}"
 }
-wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "$NEVER"
+wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "${BENCH_MEMORY_LIMITS:-$NEVER}"
 wxgate_config redis "$WX_REDIS_PORT" "$(redis_store bench4)" "$NEVER"
 wxgate_config redis1 "$WX_REDIS1_PORT" "$(redis_store bench4b 'batch = false')" "$NEVER"
 
