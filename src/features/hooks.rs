@@ -52,9 +52,9 @@ pub struct Answered<'a> {
     pub path: &'a str,
     /// The path and query that were sent.
     pub target: &'a PathAndQuery,
-    /// The WeChat host the call went to: an intercepted call's, else the
-    /// first `[server] upstream`'s (`None`: not known).
-    pub host: Option<&'a str>,
+    /// The WeChat host an intercepted call went to (`None`: a direct call,
+    /// which went to `[server] upstream`; see [`Answered::host`]).
+    pub intercepted: Option<&'a str>,
     /// What the answer said (its errcode read from its body).
     pub verdict: Verdict,
     /// The answer's errcode (0: success; `None`: not a WeChat JSON answer).
@@ -124,3 +124,12 @@ macro_rules! feature_tuple {
 }
 
 feature_tuple!(A, B, C, D, E, F);
+
+impl Answered<'_> {
+    /// The WeChat host the call went to: an intercepted call's, else the
+    /// first `[server] upstream`'s (`None`: not known). Computed on demand
+    /// (it parses a URL).
+    pub fn host(&self) -> Option<&str> {
+        self.intercepted.or_else(|| self.config.server.upstream.iter().next().and_then(|u| u.host()))
+    }
+}

@@ -82,7 +82,7 @@ impl Feature for TokenCacheFeature {
         }
         if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
             if REJECTED.contains(&code) {
-                rejected(cache, answered.target.query(), answered.host).await;
+                rejected(cache, answered.target.query(), answered.host()).await;
             }
         }
     }

@@ -54,10 +54,7 @@ pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<
         account: &call.who.account,
         path: &call.arrived.path,
         target: &forwarded.target,
-        host: match &call.arrived.intercepted {
-            Some(h) => Some(&h.name),
-            None => call.arrived.config.server.upstream.iter().next().and_then(|u| u.host()),
-        },
+        intercepted: call.arrived.intercepted.as_ref().map(|h| &*h.name),
         verdict,
         errcode: call.errcode,
         body: body.whole(),

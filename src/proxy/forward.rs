@@ -38,9 +38,13 @@ pub async fn forward(
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(ACCOUNT);
-    // WeChat's answer is read (errcode, tokens): asked for as it is, not
-    // compressed. Its answers are small JSON or already compressed media.
-    parts.headers.insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+    // WeChat's answer is read (errcode, tokens): a client's wish for a
+    // compressed answer becomes `identity` (WeChat's answers are small JSON
+    // or already compressed media). Without the header servers send
+    // identity; an answer encoded anyway is read as unknown (`sniff`).
+    if let Some(asked) = parts.headers.get_mut(http::header::ACCEPT_ENCODING) {
+        *asked = http::HeaderValue::from_static("identity");
+    }
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.

@@ -63,9 +63,20 @@ pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, 
         return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), Verdict::Unknown));
     }
     let mut buf = BytesMut::new();
-    let by = deadline_after(stall);
+    let mut by = None;
     loop {
-        let next = tokio::time::timeout_at(by, body.frame()).await.map_err(|_| SniffError::Stalled(stall))?;
+        // A frame already there is taken without a timer (the usual small
+        // answer); only a wait is bounded, by one deadline for the whole part.
+        let mut next = std::pin::pin!(body.frame());
+        let next = match std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(next.as_mut(), cx)))
+            .await
+        {
+            std::task::Poll::Ready(frame) => frame,
+            std::task::Poll::Pending => {
+                let by = *by.get_or_insert_with(|| deadline_after(stall));
+                tokio::time::timeout_at(by, next).await.map_err(|_| SniffError::Stalled(stall))?
+            }
+        };
         let Some(frame) = next else {
             let bytes = buf.freeze();
             let verdict = if looks_like_json(&bytes) { json_verdict(&bytes, ok) } else { fallback };
