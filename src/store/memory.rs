@@ -389,18 +389,19 @@ fn raise(state: &mut RuleState, window: WindowKey, period_id: i64, used: u64) {
 }
 
 /// A pair's calendar counts after an admission, as the journal records them.
-fn calendar_counts(state: &RuleState, key: Key<'_>) -> Vec<(crate::limit::calendar::Period, i64, u64)> {
-    key.rule
-        .limits
-        .iter()
-        .filter_map(|l| match *l {
-            crate::limit::Limit::Calendar { period, .. } => match state.get(l.window_key()) {
-                Some(LimitState::Count { period_id, used, .. }) => Some((period, period_id, used)),
-                _ => None,
-            },
-            crate::limit::Limit::Window(_) => None,
-        })
-        .collect()
+fn calendar_counts(state: &RuleState, key: Key<'_>) -> journal::Counts {
+    let mut out: journal::Counts = [None; journal::MAX_COUNTS];
+    let calendars = key.rule.limits.iter().filter_map(|l| match *l {
+        crate::limit::Limit::Calendar { period, .. } => match state.get(l.window_key()) {
+            Some(LimitState::Count { period_id, used, .. }) => Some((period, period_id, used)),
+            _ => None,
+        },
+        crate::limit::Limit::Window(_) => None,
+    });
+    for (slot, count) in out.iter_mut().zip(calendars) {
+        *slot = Some(count);
+    }
+    out
 }
 
 impl Runs for MemoryStore {
@@ -427,11 +428,12 @@ impl Store for MemoryStore {
         let (decision, counts) = self.with_new_state(key, |state, now| {
             let decision = decide(state, ask, now, account_warm);
             let admitted = matches!(decision, crate::limit::Decision::Admit { .. });
-            let counts = if admitted && journal.is_some() { calendar_counts(state, key) } else { Vec::new() };
+            let counts =
+                if admitted && journal.is_some() { calendar_counts(state, key) } else { [None; journal::MAX_COUNTS] };
             (decision, counts)
         })?;
         // In the kernel before the call goes on: a crash loses no admission.
-        if let (Some(journal), false) = (journal, counts.is_empty()) {
+        if let (Some(journal), true) = (journal, counts[0].is_some()) {
             if let Err(e) = journal.append(key.account, &key.rule.state, &counts) {
                 self.metrics.file_error(crate::telemetry::metrics::FileOp::save);
                 tracing::warn!(error = %e, "cannot append to the admissions journal: a crash now would forget this admission");

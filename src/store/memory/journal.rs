@@ -26,7 +26,22 @@ use crate::limit::calendar::Period;
 pub struct Journal {
     path: PathBuf,
     old: PathBuf,
-    current: Mutex<Arc<File>>,
+    /// The file appended to (swapped at a turn-over; loaded per append
+    /// without a lock).
+    current: arc_swap::ArcSwap<File>,
+    /// One turn-over at a time.
+    turning: Mutex<()>,
+}
+
+/// At most this many calendar limits per rule (a day and a month).
+pub const MAX_COUNTS: usize = 2;
+
+/// A pair's calendar counts after an admission (unused slots `None`).
+pub type Counts = [Option<(Period, i64, u64)>; MAX_COUNTS];
+
+thread_local! {
+    /// Each thread's line buffer: an append allocates nothing.
+    static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(256));
 }
 
 /// One admission as the journal recorded it.
@@ -53,48 +68,47 @@ impl Journal {
         let path = sibling(state_file, ".journal");
         let old = sibling(state_file, ".journal.old");
         let file = open_append(&path)?;
-        Ok(Journal { path, old, current: Mutex::new(Arc::new(file)) })
-    }
-
-    fn current(&self) -> Arc<File> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        Ok(Journal { path, old, current: arc_swap::ArcSwap::from_pointee(file), turning: Mutex::new(()) })
     }
 
     /// Records that `account`'s `state` counts `used` calls in each
     /// `(period, period_id)`: one `write` to the kernel.
-    pub fn append(&self, account: &str, state: &str, counts: &[(Period, i64, u64)]) -> io::Result<()> {
-        let mut line = String::with_capacity(64 * counts.len());
-        for (period, id, used) in counts {
-            line.push_str(account);
-            line.push('\t');
-            line.push_str(state);
-            line.push('\t');
-            line.push_str(period.as_str());
-            line.push('\t');
-            line.push_str(itoa::Buffer::new().format(*id));
-            line.push('\t');
-            line.push_str(itoa::Buffer::new().format(*used));
-            line.push('\n');
-        }
-        (&*self.current()).write_all(line.as_bytes())
+    pub fn append(&self, account: &str, state: &str, counts: &Counts) -> io::Result<()> {
+        LINE.with(|line| {
+            let mut line = line.borrow_mut();
+            line.clear();
+            for (period, id, used) in counts.iter().flatten() {
+                line.extend_from_slice(account.as_bytes());
+                line.push(b'\t');
+                line.extend_from_slice(state.as_bytes());
+                line.push(b'\t');
+                line.extend_from_slice(period.as_str().as_bytes());
+                line.push(b'\t');
+                line.extend_from_slice(itoa::Buffer::new().format(*id).as_bytes());
+                line.push(b'\t');
+                line.extend_from_slice(itoa::Buffer::new().format(*used).as_bytes());
+                line.push(b'\n');
+            }
+            (&**self.current.load()).write_all(&line)
+        })
     }
 
     /// Makes what was appended durable.
     pub fn sync(&self) -> io::Result<()> {
-        self.current().sync_data()
+        self.current.load().sync_data()
     }
 
     /// Starts a new journal, the current one set aside as `.old` (to be
     /// dropped once a snapshot holds it). `false` when an older one is
     /// still set aside (its snapshot failed): then the current one goes on.
     pub fn turn_over(&self) -> io::Result<bool> {
+        let _one = self.turning.lock().unwrap_or_else(|e| e.into_inner());
         if self.old.exists() {
             return Ok(false);
         }
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        current.sync_data()?;
+        self.current.load().sync_data()?;
         std::fs::rename(&self.path, &self.old)?;
-        *current = Arc::new(open_append(&self.path)?);
+        self.current.store(Arc::new(open_append(&self.path)?));
         Ok(true)
     }
 
@@ -160,9 +174,9 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let state = dir.join("state.json");
         let j = Journal::open(&state).expect("open");
-        j.append("wxA", "send", &[(Period::Day, 20_000, 1)]).expect("append");
+        j.append("wxA", "send", &[Some((Period::Day, 20_000, 1)), None]).expect("append");
         assert!(j.turn_over().expect("turn over"));
-        j.append("wxA", "send", &[(Period::Day, 20_000, 2), (Period::Month, 657, 2)]).expect("append");
+        j.append("wxA", "send", &[Some((Period::Day, 20_000, 2)), Some((Period::Month, 657, 2))]).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
             .open(dir.join("state.json.journal"))
