@@ -1,4 +1,6 @@
-//! The admissions journal beside the state file (`<state_file>.journal`):
+//! The admissions journal beside the state file (`<state_file>.journal/`,
+//! a directory holding `current` and, during a write, `old`; a directory
+//! so that appends wake no watcher of the config file's directory):
 //! every admission of a calendar quota is written to the kernel before its
 //! call is forwarded, so a crash (SIGKILL, an OOM kill, a panic) loses no
 //! admission of a day; only a power loss loses what was not yet synced
@@ -10,8 +12,8 @@
 //! a line replayed twice, or a line older than the state file, changes
 //! nothing. Names never hold a tab or a newline (checked at config).
 //!
-//! At each state-file write the journal is turned over: the current file
-//! becomes `<state_file>.journal.old` and a new one is started *before* the
+//! At each state-file write the journal is turned over: `current`
+//! becomes `old` and a new one is started *before* the
 //! states are read for the snapshot, so every admission is in the snapshot
 //! or in the new journal; the old one is deleted once the snapshot is
 //! durable. At start both are replayed over the loaded state.
@@ -65,8 +67,13 @@ fn open_append(path: &Path) -> io::Result<File> {
 impl Journal {
     /// The journal of the state file at `state_file`, opened for appending.
     pub fn open(state_file: &Path) -> io::Result<Journal> {
-        let path = sibling(state_file, ".journal");
-        let old = sibling(state_file, ".journal.old");
+        let dir = sibling(state_file, ".journal");
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir)?;
+        let (path, old) = (dir.join("current"), dir.join("old"));
         let file = open_append(&path)?;
         Ok(Journal { path, old, current: arc_swap::ArcSwap::from_pointee(file), turning: Mutex::new(()) })
     }
@@ -179,7 +186,7 @@ mod tests {
         j.append("wxA", "send", &[Some((Period::Day, 20_000, 2)), Some((Period::Month, 657, 2))]).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
-            .open(dir.join("state.json.journal"))
+            .open(dir.join("state.json.journal/current"))
             .expect("open")
             .write_all(b"wxA\tsend\tday\t2")
             .expect("cut");
