@@ -420,3 +420,38 @@ async fn on_redis_without_a_key_the_cache_is_off_unless_asked_for() {
     let dump = redis.dump_all();
     assert!(!String::from_utf8_lossy(&dump).contains("{#tokens}"), "nothing in Redis without a key");
 }
+
+/// One quota/get whose answer stalls mid-body does not stop quota_sync:
+/// its read ends after `body_timeout` (an error for that round), and the
+/// next round asks again and raises the day count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_quota_get_fails_its_round_and_the_next_round_syncs() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    let stalled = std::sync::Arc::new(AtomicUsize::new(0));
+    let s = stalled.clone();
+    mock.respond(move |rec| {
+        if rec.path_and_query.starts_with("/cgi-bin/openapi/quota/get") && s.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Reply::StallMidBody;
+        }
+        reply(rec)
+    });
+    tokens.set_used(SEND, 7);
+    let synced = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "1s");
+    let config = ConfigToml::new(&mock.url())
+        .server("body_timeout", "1s")
+        .with(format!("{}\n{synced}", rule("token").matching("/cgi-bin/token").limit(2000, "day")))
+        .to_string();
+    let gate = process::spawn(&config, "tokens-stalled-sync", &[("WXGATE_TOKEN_KEY", KEY)])
+        .unwrap_or_else(|log| panic!("start:\n{log}"));
+    assert_eq!(gate.get(&token_path(SECRET)).await.status, 200, "the token quota_sync uses");
+    let path = format!("/v1/buckets/{APPID}/send");
+    support::eventually_async("the day count raised by a round after the stalled one", support::PATIENCE, async || {
+        gate.admin_get(&path).await.json()["limits"][0]["used"] == 7
+    })
+    .await;
+    assert!(stalled.load(Ordering::SeqCst) >= 2, "the stalled one came first");
+    gate.stop().await;
+}
