@@ -524,10 +524,16 @@ impl TokenStore for RedisStore {
 /// failing at run time on what it read), else [`StoreError::Redis`].
 fn redis_error(e: redis::RedisError) -> StoreError {
     let text = e.to_string();
+    // A script fails on its keys' data with a plain ERR; one that fails
+    // because of the server's state (full, read-only, loading, ...) says so,
+    // and that is every account's problem.
+    const SERVER_STATE: [&str; 10] =
+        ["OOM", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "NOSCRIPT", "CLUSTERDOWN", "TRYAGAIN", "NOAUTH", "NOPERM"];
+    let upper = text.to_ascii_uppercase();
+    let script_failed = upper.contains("USER_SCRIPT") || upper.contains("ERROR RUNNING SCRIPT");
     let about_keys = e.code() == Some("WRONGTYPE")
-        || text.contains("WRONGTYPE")
-        || text.contains("user_script")
-        || text.contains("Error running script");
+        || upper.contains("WRONGTYPE")
+        || (script_failed && !SERVER_STATE.iter().any(|c| upper.contains(c) || e.code() == Some(*c)));
     if about_keys {
         StoreError::BadKey(text)
     } else {
