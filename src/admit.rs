@@ -65,7 +65,7 @@ pub async fn admit(
     rule: &Arc<Rule>,
     normal: bool,
     caller: &str,
-    client: &Client,
+    client: Option<&Client>,
 ) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
@@ -101,7 +101,7 @@ pub async fn admit(
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {
                         _ = app.clock.sleep(hold_us) => {}
-                        _ = client.closed() => {
+                        _ = closed(client) => {
                             let wait_us = (until - app.clock.now_us()).max(0);
                             return Err(gone(rule, Reason::Rate, wait_us));
                         }
@@ -138,13 +138,22 @@ pub async fn admit(
                 tokio::select! {
                     _ = freed => {}
                     _ = app.clock.sleep(step) => {}
-                    _ = client.closed() => return Err(gone(rule, Reason::Concurrency, wait_us)),
+                    _ = closed(client) => return Err(gone(rule, Reason::Concurrency, wait_us)),
                 }
             }
             Decision::Reject { wait_us, reason } => {
                 return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us })
             }
         }
+    }
+}
+
+/// Resolves once `client` has closed its sending side; never for a call
+/// wxgate makes itself (`None`: a token fetch).
+async fn closed(client: Option<&Client>) {
+    match client {
+        Some(c) => c.closed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -44,7 +44,6 @@ pub struct App {
     pub callers: ArcSwap<Callers>,
     /// Swapped by a reload that changes the upstream settings (keeping
     /// the health of the upstreams it keeps).
-    pub upstream: ArcSwap<Upstream>,
     /// What quota_sync found, per (account, rule state), on this instance.
     pub syncs: SyncStatus,
     pub reloads: Reloads,
@@ -97,6 +96,7 @@ impl App {
         if token_cache.is_none() && !config.quota_syncs.is_empty() {
             tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
         }
+        crate::features::broker::check(&config, token_cache.as_deref(), matches!(config.store, StoreConfig::Redis(_)))?;
         let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
         let app = Arc::new(App {
             base: Base {
@@ -111,10 +111,10 @@ impl App {
                 token_owners: TokenCaches::new(workers),
                 accounts_in_use: Default::default(),
                 token_cache,
+                upstream: ArcSwap::from_pointee(upstream),
             },
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
-            upstream: ArcSwap::from_pointee(upstream),
             syncs: SyncStatus::default(),
             reloads: Reloads::default(),
             intercept,

@@ -14,6 +14,7 @@
 //! [`crate::limit::penalty`], [`crate::config::routes`]) and on nothing that runs: the
 //! stores, the proxy and the upstream read it.
 
+pub mod accounts;
 mod callers;
 mod compile;
 mod errors;
@@ -73,6 +74,9 @@ pub struct Config {
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
     /// calls (`crate::transport::intercept`); `None`: off (the default).
     pub intercept: Option<Intercept>,
+    /// `[[account]]`: the accounts whose secret wxgate holds
+    /// (`crate::features::broker`), by name.
+    pub accounts: accounts::SecretAccounts,
 }
 
 /// What the answers to a rule's calls show, which the decision never reads:
@@ -209,6 +213,15 @@ impl Grants {
             Grants::Unset => false,
             Grants::All => true,
             Grants::Listed(list) => list.iter().any(|a| &**a == account),
+        }
+    }
+
+    /// The one account granted, if exactly one is: the account of the
+    /// caller's calls that name none.
+    pub fn single(&self) -> Option<&Arc<str>> {
+        match self {
+            Grants::Listed(list) if list.len() == 1 => list.first(),
+            _ => None,
         }
     }
 

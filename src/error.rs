@@ -28,6 +28,9 @@ pub const ERRCODE_BAD_REQUEST: i64 = 40097;
 /// proven or not granted the account. SDKs treat it as permanent: none
 /// refetches a token or retries on it (40001 would make them refetch).
 pub const ERRCODE_UNAUTHORIZED: i64 = 48001;
+/// WeChat's "invalid appsecret": a token request for an `[[account]]`
+/// with another secret than the one wxgate holds.
+pub const ERRCODE_INVALID_SECRET: i64 = 40125;
 /// WeChat's "system error, retry later"; upstream unreachable or too slow.
 pub const ERRCODE_SYSTEM: i64 = -1;
 
@@ -63,6 +66,15 @@ pub enum ProxyError {
     /// of the same token, which did not end in time.
     #[error("another request is fetching this access token and did not finish within {0:?} ([tokens] wait); retry")]
     TokenWait(std::time::Duration),
+    /// wxgate could not get the token of an `[[account]]` for a call it
+    /// would add it to (`crate::features::broker`): WeChat refused the
+    /// fetch (its errcode) or gave no token.
+    #[error("cannot get an access token for account \"{account}\": {why}")]
+    NoToken { account: std::sync::Arc<str>, errcode: i64, why: String },
+    /// A token request for an `[[account]]` whose secret wxgate holds,
+    /// giving another secret (403).
+    #[error("{0}")]
+    WrongSecret(String),
     /// The caller's flood guard (`[[caller]] rate`) refused the call.
     #[error("caller \"{caller}\" is over its rate of {rate} on this instance ([[caller]] rate); retry after {secs}s", secs = retry_after_secs(*.wait_us))]
     CallerRate { caller: std::sync::Arc<str>, rate: crate::config::CallerRate, wait_us: Micros },
@@ -167,6 +179,12 @@ impl ProxyError {
             }
             ProxyError::Forbidden(_) => {
                 row(fixed(S::FORBIDDEN), ERRCODE_UNAUTHORIZED, Outcome::unauthorized, Marks::Forbidden)
+            }
+            ProxyError::WrongSecret(_) => {
+                row(fixed(S::FORBIDDEN), ERRCODE_INVALID_SECRET, Outcome::unauthorized, Marks::Forbidden)
+            }
+            &ProxyError::NoToken { errcode, .. } => {
+                row(fixed(S::BAD_GATEWAY), errcode, Outcome::upstream_error, Marks::None)
             }
             &ProxyError::Throttled { reason, wait_us, .. } => {
                 let outcome = if reason == Reason::Penalty { Outcome::penalised } else { Outcome::throttled };

@@ -5,6 +5,7 @@
 
 pub mod accounts;
 pub mod base;
+pub mod broker;
 pub mod callers;
 pub mod hooks;
 pub mod penalties;
@@ -30,6 +31,7 @@ macro_rules! features {
 // the store last.
 features!(
     token_cache::TokenCacheFeature,
+    broker::Broker,
     accounts::Learning,
     quota_clear::QuotaClear,
     warmup::Warmup,

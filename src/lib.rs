@@ -78,6 +78,7 @@ async fn start_parts(
     let source = config.source.clone();
     let app = App::new(config, store, clock, metrics)?;
     ops::quota_sync::spawn(Arc::downgrade(&app));
+    ops::renewal::spawn(Arc::downgrade(&app));
     if source.is_file() {
         ops::reload::spawn(Arc::downgrade(&app), source);
     }

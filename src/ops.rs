@@ -7,3 +7,4 @@ pub mod admin;
 pub mod pair_view;
 pub mod quota_sync;
 pub mod reload;
+pub mod renewal;

@@ -61,7 +61,7 @@ pub use self::call::Call;
 use crate::app::App;
 use crate::error::Early;
 pub use crate::features::accounts::ACCOUNT_HEADER;
-use crate::features::hooks::{Asking, Feature};
+use crate::features::hooks::{Asking, Feature, Sending};
 use crate::features::FEATURES;
 use crate::transport::body::RelayBody;
 use crate::transport::downstream::Client;
@@ -125,6 +125,16 @@ async fn phases(
     };
     FEATURES.before_decide(app, &mut asking).await?;
     decide::decide(app, call, client).await?;
+    let mut target = target;
+    let mut sending = Sending {
+        config: &call.arrived.config,
+        account: &call.who.account,
+        path: &call.arrived.path,
+        target: &mut target,
+        token_request: call.who.learn.is_some(),
+        injected: &mut call.injected,
+    };
+    FEATURES.before_forward(app, &mut sending).await?;
     let forwarded = forward::forward(app, call, req, target).await?;
     answer::answer(app, call, forwarded).await
 }

@@ -170,6 +170,24 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         }
     }
     let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|m| ctx.in_table(m))?;
+    let account_spans: Vec<std::ops::Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
+    let accounts = super::accounts::compile(raw.account, ctx.dir).map_err(|(span, m)| ctx.at(span, m))?;
+    for (a, span) in accounts.list.iter().zip(account_spans) {
+        if !server.caller_auth.required() && !server.listen.ip().is_loopback() {
+            return Err(ctx.at(
+                span,
+                format!(
+                    "[[account]] \"{}\": wxgate adds its token to calls that carry none, and listen {} is beyond \
+                     loopback with caller_auth off, so any service that reaches it could spend the account: set \
+                     [server] caller_auth = \"required\" and grant the account to its callers",
+                    a.name, server.listen
+                ),
+            ));
+        }
+        if server.accounts.as_ref().is_some_and(|list| !list.contains(&*a.name)) {
+            return Err(ctx.at(span, format!("[[account]] \"{}\" is not on [server] accounts", a.name)));
+        }
+    }
     let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default() };
     Ok(Config {
         source: ctx.path.to_path_buf(),
@@ -188,6 +206,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         tokens,
         quota_syncs,
         intercept,
+        accounts,
     })
 }
 

@@ -23,6 +23,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub tokens: RawTokens,
     pub intercept: Option<RawIntercept>,
+    #[serde(default)]
+    pub account: Vec<Spanned<super::accounts::RawAccount>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

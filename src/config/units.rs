@@ -67,6 +67,19 @@ pub fn parse_offset(text: &str) -> Result<Micros, String> {
 }
 
 /// 1–64 of `[A-Za-z0-9_-]`: rule and account names.
+/// Whether two byte strings are equal, in time that depends only on their
+/// lengths (keys, tokens, secrets: where they differ is never told). The
+/// one comparison of secrets in wxgate.
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let word = |c: &[u8]| u64::from_ne_bytes(<[u8; 8]>::try_from(c).unwrap_or_default());
+    let (whole_a, whole_b) = (a.chunks_exact(8), b.chunks_exact(8));
+    let rest = whole_a.remainder().iter().zip(whole_b.remainder()).fold(0u64, |d, (x, y)| d | u64::from(x ^ y));
+    whole_a.zip(whole_b).fold(rest, |d, (x, y)| d | (word(x) ^ word(y))) == 0
+}
+
 pub fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

@@ -119,13 +119,15 @@ pub struct Identified {
 
 /// The identify phase's account: from the header or the prefix accept
 /// split off (`named`), the token in `target`'s query, a token request's
-/// appid, or `default`, in that order (see the module docs); and, for a
+/// appid, or the one account the authenticated caller is granted
+/// (`granted`), or `default`, in that order (see the module docs); and, for a
 /// token request or clear_quota, its body and what its answer will teach.
 pub async fn identify(
     app: &Base,
     config: &Config,
     path: &str,
     named: Option<String>,
+    granted: Option<&str>,
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
 ) -> Result<Identified, ProxyError> {
@@ -201,7 +203,7 @@ pub async fn identify(
                 if unknown.is_some() {
                     app.metrics.unknown_token_calls.inc();
                 }
-                DEFAULT_ACCOUNT.clone_into(&mut out.account);
+                granted.unwrap_or(DEFAULT_ACCOUNT).clone_into(&mut out.account);
             }
         },
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::admit::core::Core;
 use crate::features::accounts::cache::TokenCaches;
 use crate::features::token_cache::cache::TokenCache;
+use crate::transport::upstream::Upstream;
 
 /// The shared state a feature's hooks are given.
 pub struct Base {
@@ -19,6 +20,9 @@ pub struct Base {
     pub token_cache: Option<Arc<TokenCache>>,
     /// The accounts with calls today (`[server] max_accounts`).
     pub accounts_in_use: crate::features::accounts::in_use::InUse,
+    /// Where calls go (`[server] upstream`; swapped by a reload): also the
+    /// token fetches wxgate makes itself (`crate::features::broker`).
+    pub upstream: arc_swap::ArcSwap<Upstream>,
 }
 
 impl Deref for Base {

@@ -6,6 +6,7 @@
 //! | hook | when it runs | what it sees and may set | an early answer |
 //! |---|---|---|---|
 //! | [`Feature::before_decide`] | the token-cache phase: after route, before the store decides | the request as identify read it ([`Asking`]); may set `token_fetch` | `Err(Early::Answered)` answers the call without deciding or forwarding it; `Err(Early::Refused)` refuses it |
+//! | [`Feature::before_forward`] | after decide, before the call is sent: the call was admitted | the target about to be sent ([`Sending`]); may change its query (the broker adds a token) | `Err(Early::Refused)` answers the call instead of sending it (its admission stays counted) |
 //! | [`Feature::on_answer`] | the answer phase: WeChat's answer head and, when small, its body were read; before the client's answer is built | the call and WeChat's verdict ([`Answered`]); may take what it owns (`learn`, `token_fetch`) and set `penalty` | none: WeChat has answered, and the client gets that answer |
 //! | [`Feature::on_response`] | the answer phase, building the client's answer to a forwarded call | the call ([`Answered`]); may add headers | none; a status is never set here (the one table in [`crate::error`] chooses it) |
 //!
@@ -23,6 +24,7 @@ use crate::config::Config;
 use crate::error::Early;
 use crate::features::accounts::learn::Learn;
 use crate::features::base::Base;
+use crate::features::broker::Injected;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
 use crate::limit::clock::Micros;
@@ -43,6 +45,21 @@ pub struct Asking<'a> {
     pub rule: Option<&'a Rule>,
     /// token cache: this call is its token slot's one fetch.
     pub token_fetch: &'a mut Option<Fetch>,
+}
+
+/// What a feature sees of an admitted call about to be sent.
+pub struct Sending<'a> {
+    pub config: &'a Config,
+    /// The account the call counts against (identify's).
+    pub account: &'a str,
+    /// The path (without an `@account` prefix).
+    pub path: &'a str,
+    /// The path and query to be sent; a hook may replace it.
+    pub target: &'a mut PathAndQuery,
+    /// A token request (identify will learn from its answer).
+    pub token_request: bool,
+    /// broker: the token wxgate added to this call.
+    pub injected: &'a mut Option<Injected>,
 }
 
 /// What a feature sees of a call WeChat answered.
@@ -88,6 +105,16 @@ pub trait Feature {
         async { Ok(()) }
     }
 
+    /// The call was admitted and is about to be sent; `Err` answers it instead.
+    fn before_forward(
+        &self,
+        app: &Base,
+        sending: &mut Sending<'_>,
+    ) -> impl std::future::Future<Output = Result<(), Early>> + Send {
+        let _ = (app, sending);
+        async { Ok(()) }
+    }
+
     /// WeChat's answer was read.
     fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) -> impl std::future::Future<Output = ()> + Send {
         let _ = (app, answered);
@@ -110,6 +137,12 @@ macro_rules! feature_tuple {
                 Ok(())
             }
 
+            async fn before_forward(&self, app: &Base, sending: &mut Sending<'_>) -> Result<(), Early> {
+                let ($($f,)+) = self;
+                $($f.before_forward(app, sending).await?;)+
+                Ok(())
+            }
+
             async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
                 let ($($f,)+) = self;
                 $($f.on_answer(app, answered).await;)+
@@ -123,7 +156,7 @@ macro_rules! feature_tuple {
     };
 }
 
-feature_tuple!(A, B, C, D, E, F);
+feature_tuple!(A, B, C, D, E, F, G);
 
 impl Answered<'_> {
     /// The WeChat host the call went to: an intercepted call's, else the

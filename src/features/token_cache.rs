@@ -99,12 +99,7 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
         cache.metrics.passed.inc();
         return Ok(());
     };
-    let slot = format!(
-        "{}:{}:{}",
-        asked.kind.as_str(),
-        asked.id,
-        cache.sealer.secret_hash(asked.kind.as_str(), &asked.id, &asked.secret)
-    );
+    let slot = cache.slot(asked.kind, &asked.id, &asked.secret);
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     // The fetch may be held by its rule's max_wait before it is sent: its

@@ -131,8 +131,11 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
 async fn quota_get(app: &App, token: &str, path: &str) -> Result<u64, (Option<i64>, String)> {
     let fail = |why: String| (None, why);
     let upstream = app.upstream.load_full();
-    let target = PathAndQuery::try_from(format!("{QUOTA_GET}?access_token={}", encode(token)))
-        .map_err(|_| fail("the token cannot be sent in a query".into()))?;
+    let target = PathAndQuery::try_from(format!(
+        "{QUOTA_GET}?access_token={}",
+        crate::features::accounts::query::encoded(token)
+    ))
+    .map_err(|_| fail("the token cannot be sent in a query".into()))?;
     let uri = upstream.target(&target).map_err(|e| fail(format!("cannot address the upstream: {e}")))?;
     let body = Bytes::from(serde_json::json!({ "cgi_path": path }).to_string());
     let mut req = Request::new(RequestBody::bytes(body.clone()));
@@ -152,17 +155,4 @@ async fn quota_get(app: &App, token: &str, path: &str) -> Result<u64, (Option<i6
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
         .ok_or_else(|| fail("the answer is not JSON".into()))?;
     json["quota"]["used"].as_u64().ok_or_else(|| fail("the answer has no quota.used".into()))
-}
-
-/// A token as a query value: unreserved characters as they are, the rest %XX.
-fn encode(token: &str) -> String {
-    let mut out = String::with_capacity(token.len());
-    for b in token.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

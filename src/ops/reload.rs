@@ -89,6 +89,11 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         let upstream = Upstream::new(&next.server, app.clock.clone(), &app.metrics.upstreams, Some(&previous))?;
         app.upstream.store(Arc::new(upstream));
     }
+    crate::features::broker::check(
+        &next,
+        app.token_cache.as_deref(),
+        matches!(next.store, crate::config::StoreConfig::Redis(_)),
+    )?;
     let callers = Callers::new(&next, &app.clock, &app.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
     app.metrics.rules(next.rules.iter().map(|r| &*r.name));

@@ -14,7 +14,9 @@ use super::call::Call;
 use crate::admit::activity::ActivityGuard;
 use crate::app::App;
 use crate::error::Early;
+use crate::features::broker;
 use crate::features::hooks::{Answered, Feature};
+use crate::features::token_cache::REJECTED;
 use crate::features::FEATURES;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::transport::body::RelayBody;
@@ -28,16 +30,47 @@ pub struct Forwarded {
     pub guards: (Option<InFlightGuard>, Option<ActivityGuard>),
     /// The path and query sent (the token cache reads a rejected call's token).
     pub target: http::uri::PathAndQuery,
+    /// A call wxgate added a token to: what it needs to be sent once more.
+    pub resend: Option<super::forward::Resend>,
+}
+
+/// An answer's head, its body (read whole when small) and its verdict.
+async fn read(
+    resp: Response<Incoming>,
+    stall: std::time::Duration,
+) -> Result<(http::response::Parts, RelayBody, Verdict), Early> {
+    Ok(sniff(resp, stall).await.map_err(|e| match e {
+        SniffError::Stalled(d) => UpstreamError::BodyStalled(d),
+        SniffError::Upstream(e) => UpstreamError::Failed(format!("reading the answer: {e}")),
+    })?)
 }
 
 /// Reads the answer, runs the features' hooks on it, and builds what the
 /// client gets.
-pub async fn answer(app: &App, call: &mut Call, forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
+pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
     let stall = call.arrived.config.server.body_timeout;
-    let (mut parts, body, verdict) = sniff(forwarded.resp, stall).await.map_err(|e| match e {
-        SniffError::Stalled(d) => UpstreamError::BodyStalled(d),
-        SniffError::Upstream(e) => UpstreamError::Failed(format!("reading the answer: {e}")),
-    })?;
+    let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall).await?;
+    // WeChat rejected the token wxgate added (it did not act on the call):
+    // one new token, and the call once more with it. The caller sees only
+    // the second answer.
+    if let (Verdict::Errcode(code), Some(resend)) = (verdict, &forwarded.resend) {
+        if REJECTED.contains(&code) {
+            if let Some(injected) = &mut call.injected {
+                if let Some(token) = broker::after_rejection(app, &call.arrived.config, injected).await {
+                    let target = broker::with_token(&injected.original, &token)?;
+                    injected.token = token;
+                    drop(body);
+                    let resp = super::forward::resend(call, resend, &target).await?;
+                    if let Some(cache) = &app.token_cache {
+                        cache.metrics.resent.inc();
+                    }
+                    tracing::info!(account = %call.who.account, path = %call.arrived.path, errcode = code, "WeChat rejected the token wxgate added: sent once more with a new one");
+                    forwarded.target = target;
+                    (parts, body, verdict) = read(resp, stall).await?;
+                }
+            }
+        }
+    }
     strip_hop_by_hop(&mut parts.headers);
     let body = body.holding(forwarded.guards);
     call.errcode = match verdict {

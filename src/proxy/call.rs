@@ -10,6 +10,7 @@ use http::Method;
 use crate::admit::Admitted;
 use crate::config::Config;
 use crate::features::accounts::learn::Learn;
+use crate::features::broker::Injected;
 use crate::features::callers::Caller;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
@@ -30,6 +31,10 @@ pub struct Call {
     /// its token (`crate::features::token_cache`), reported by the answer phase (or
     /// released on drop).
     pub token_fetch: Option<Fetch>,
+    /// The broker's hook (before forward): the token wxgate added to this
+    /// call (`crate::features::broker`), which the answer phase replaces
+    /// once if WeChat rejects it.
+    pub injected: Option<Injected>,
     /// decide: the admission.
     pub decided: Decided,
     /// forward: where it went.
@@ -111,6 +116,7 @@ impl Call {
             who: Who { caller, account: String::new(), learn: None, body: None, clearing: None },
             route: Routed::default(),
             token_fetch: None,
+            injected: None,
             decided: Decided::default(),
             sent: Sent::default(),
             errcode: None,

@@ -17,7 +17,8 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     let started = Stopwatch::start();
     let normal = call.who.caller.priority() != crate::config::Priority::High;
     let admitted =
-        admit(app, &call.arrived.config, &call.who.account, &rule, normal, call.who.caller.entry.label(), client).await;
+        admit(app, &call.arrived.config, &call.who.account, &rule, normal, call.who.caller.entry.label(), Some(client))
+            .await;
     call.decided.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),

@@ -48,7 +48,24 @@ pub async fn forward(
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.
-    let body = match call.who.body.take() {
+    // A call wxgate added a token to is read whole first when it is small
+    // enough to be sent once more (WeChat may reject the token).
+    let mut body = body;
+    let read = match call.who.body.take() {
+        Some(read) => Some(read),
+        None if call.injected.is_some() => read_for_resend(&mut body, &call.arrived.config).await?,
+        None => None,
+    };
+    let resend = match (&read, &call.injected) {
+        (Some(read), Some(_)) => Some(Resend {
+            method: parts.method.clone(),
+            headers: parts.headers.clone(),
+            body: read.clone(),
+            upstream: upstream.clone(),
+        }),
+        _ => None,
+    };
+    let body = match read {
         Some(read) => RequestBody::already_read(body, read),
         None => RequestBody::new(body, call.arrived.config.server.max_body),
     };
@@ -64,7 +81,62 @@ pub async fn forward(
             give_back(app, call).await;
         }
     }
-    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target })
+    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target, resend })
+}
+
+/// Largest body of a call wxgate added a token to that is kept to be sent
+/// once more: WeChat's API bodies are small JSON; a larger one (a media
+/// upload) is streamed and not sent again.
+pub const RESEND_MAX: u64 = 1 << 20;
+
+/// What a call wxgate added a token to keeps, to be sent once more with a
+/// new token if WeChat rejects the first (`crate::features::broker`).
+pub struct Resend {
+    method: http::Method,
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
+    upstream: std::sync::Arc<crate::transport::upstream::Upstream>,
+}
+
+/// The body of an injected call, read whole if it declares a length up to
+/// [`RESEND_MAX`] (or has none): `None` leaves it to be streamed. A body
+/// that does not arrive within `[server] body_timeout` is the client's fault.
+async fn read_for_resend(body: &mut Incoming, config: &crate::config::Config) -> Result<Option<bytes::Bytes>, Early> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    if body.is_end_stream() {
+        return Ok(Some(bytes::Bytes::new()));
+    }
+    match body.size_hint().exact() {
+        Some(n) if n <= RESEND_MAX && n <= config.server.max_body => {}
+        _ => return Ok(None),
+    }
+    let within = config.server.body_timeout;
+    match tokio::time::timeout(within, body.collect()).await {
+        Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
+        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}")).into()),
+        Err(_) => Err(ProxyError::Upstream(crate::transport::upstream::UpstreamError::ClientStalled(within)).into()),
+    }
+}
+
+/// Sends a call wxgate added a token to once more, to `target` (the same
+/// call with a new token), on the upstream that answered the first time.
+pub async fn resend(
+    call: &mut Call,
+    resend: &Resend,
+    target: &PathAndQuery,
+) -> Result<hyper::Response<Incoming>, Early> {
+    let uri =
+        resend.upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    let mut req = Request::new(RequestBody::bytes(resend.body.clone()));
+    *req.method_mut() = resend.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = resend.headers.clone();
+    let sent = Stopwatch::start();
+    let (tried, resp) = resend.upstream.send(req).await;
+    call.sent.upstream_us += sent.elapsed_us();
+    call.sent.upstream = Some((resend.upstream.clone(), tried));
+    Ok(resp?)
 }
 
 /// The call provably never reached WeChat

@@ -57,8 +57,10 @@ pub async fn identify(
     }
     let arrived = &mut call.arrived;
     let named = arrived.named.take();
+    // An authenticated caller granted one account: its calls that name none are for it.
+    let granted = if authenticated { call.who.caller.policy().and_then(|p| p.grants.single()) } else { None };
     let Identified { account, learn, body, clearing } =
-        accounts::identify(app, &arrived.config, &arrived.path, named, req, target).await?;
+        accounts::identify(app, &arrived.config, &arrived.path, named, granted.map(|g| &**g), req, target).await?;
     if authenticated {
         call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
     }

@@ -90,6 +90,27 @@ pub fn ambiguity(form: &str) -> Option<String> {
 }
 
 /// A raw value percent-decoded (borrowed when it has no escapes).
+/// `value` as a query value: unreserved characters as they are, the rest %XX.
+pub fn encoded(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    encode_into(&mut out, value);
+    out
+}
+
+/// [`encoded`], appended to `out`.
+pub fn encode_into(out: &mut String, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 15)] as char);
+        }
+    }
+}
+
 pub fn decoded(raw: &str) -> Cow<'_, [u8]> {
     if raw.contains('%') {
         Cow::Owned(percent_decode(raw.as_bytes()))

@@ -18,6 +18,7 @@ use base64::Engine as _;
 use http::header::{Entry as HeaderEntry, AUTHORIZATION};
 use http::HeaderMap;
 
+use crate::config::units::same_bytes as same;
 use crate::config::KeyDigest;
 use crate::error::ProxyError;
 
@@ -43,18 +44,6 @@ impl<C> Default for Verified<C> {
 /// must match).
 pub trait Named: Clone {
     fn name(&self) -> &str;
-}
-
-/// Whether two byte strings are equal, in time that depends only on their
-/// lengths.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let word = |c: &[u8]| u64::from_ne_bytes(<[u8; 8]>::try_from(c).unwrap_or_default());
-    let (whole_a, whole_b) = (a.chunks_exact(8), b.chunks_exact(8));
-    let rest = whole_a.remainder().iter().zip(whole_b.remainder()).fold(0u64, |d, (x, y)| d | u64::from(x ^ y));
-    whole_a.zip(whole_b).fold(rest, |d, (x, y)| d | (word(x) ^ word(y))) == 0
 }
 
 /// Takes `Authorization` off `headers`: its one value (401 without one, or

@@ -23,6 +23,8 @@ pub enum Kind {
     Token,
     Stable,
     WeCom,
+    /// A platform's `component_access_token` (`api_component_token`).
+    Component,
 }
 
 impl Kind {
@@ -31,6 +33,7 @@ impl Kind {
             Kind::Token => "token",
             Kind::Stable => "stable",
             Kind::WeCom => "wecom",
+            Kind::Component => "component",
         }
     }
 }
@@ -97,6 +100,7 @@ pub fn answer(kind: Kind, token: &str, expires_in: i64) -> String {
         Kind::WeCom => {
             json!({ "errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": expires_in }).to_string()
         }
+        Kind::Component => json!({ "component_access_token": token, "expires_in": expires_in }).to_string(),
     }
 }
 

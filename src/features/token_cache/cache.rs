@@ -110,6 +110,12 @@ impl TokenCache {
         })))
     }
 
+    /// The slot of the tokens of `kind` for (`id`, `secret`): a request with
+    /// another secret names another slot ([`Sealer::secret_hash`]).
+    pub fn slot(&self, kind: super::ask::Kind, id: &str, secret: &[u8]) -> String {
+        format!("{}:{id}:{}", kind.as_str(), self.sealer.secret_hash(kind.as_str(), id, secret))
+    }
+
     /// A fresh id for one asker.
     pub fn holder(&self) -> String {
         format!("{}-{}", self.instance, self.seq.fetch_add(1, Ordering::Relaxed))

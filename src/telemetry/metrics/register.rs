@@ -277,6 +277,24 @@ pub(super) fn tokens(registry: &mut Registry) -> TokenMetrics {
         "quota/get calls made by quota_sync, by result (raised, unchanged, error, skipped: another instance synced)",
         tokens.syncs.clone(),
     );
+    registry.register(
+        "token_injections",
+        "Calls without an access_token that wxgate added an [[account]]'s current token to",
+        tokens.injected.clone(),
+    );
+    registry.register(
+        "token_resends",
+        "Injected calls WeChat refused for their token (40001, 40014, 42001), sent once more with a new one",
+        tokens.resent.clone(),
+    );
+    for result in ["renewed", "error"] {
+        let _ = tokens.renewals.get_or_create(&ResultLabel { result: result.to_owned() });
+    }
+    registry.register(
+        "token_renewals",
+        "Tokens of [[account]]s renewed ahead of expiry by this instance, by result (renewed, error)",
+        tokens.renewals.clone(),
+    );
     tokens
 }
 

@@ -26,11 +26,22 @@ pub struct TokenMetrics {
     pub invalidations: Counter,
     /// quota/get calls of quota_sync, by result.
     pub syncs: Family<ResultLabel, Counter>,
+    /// Calls wxgate added an `[[account]]`'s token to.
+    pub injected: Counter,
+    /// Injected calls sent once more with a new token after WeChat
+    /// rejected the first (40001, 40014, 42001).
+    pub resent: Counter,
+    /// Tokens of `[[account]]`s renewed ahead of expiry, by result.
+    pub renewals: Family<ResultLabel, Counter>,
 }
 
 impl TokenMetrics {
     pub fn sync(&self, result: &str) {
         self.syncs.get_or_create(&ResultLabel { result: result.to_owned() }).inc();
+    }
+
+    pub fn renewal(&self, result: &str) {
+        self.renewals.get_or_create(&ResultLabel { result: result.to_owned() }).inc();
     }
 }
 

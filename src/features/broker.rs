@@ -1,0 +1,349 @@
+//! wxgate as the token server: for each `[[account]]` (its secret held by
+//! wxgate, [`crate::config::accounts`]) one current access token for every
+//! instance, added to the calls that carry none.
+//!
+//! - **Injection** ([`Broker::before_forward`], after decide): a call for
+//!   such an account whose query has no `access_token` (or an empty one)
+//!   gets the account's current token added to its query. Not on `/sns/`
+//!   (user tokens and secrets of their own) nor `/cgi-bin/component/` (the
+//!   platform's `component_access_token`), nor on token requests. Who may:
+//!   identify has already checked the caller's grant of the account under
+//!   `caller_auth = "required"`; without authentication (allowed with
+//!   `[[account]]` only on a loopback listener) any caller.
+//! - **One token per account**: the token cache's slot of the account's
+//!   token API and secret ([`crate::features::token_cache`]): cached,
+//!   sealed, single-flight on every instance; a caller's own token request
+//!   with the right secret shares it. A fetch is a call of its own
+//!   ([`fetch`]): decided against the token API's rule, penalised and
+//!   learned from as any call.
+//! - **Renewal** ([`renew`]): a token with less than a tenth of its
+//!   lifetime or 5 minutes left (whichever is less) is fetched anew by the
+//!   one instance that wins its slot's lock, so a call almost never waits.
+//! - **Rejection**: WeChat answering an injected call 40001/40014/42001
+//!   ([`after_rejection`]): the token is dropped if it is still the slot's,
+//!   one new token is fetched (single flight), and the proxy sends that call
+//!   once more with it (`crate::proxy::answer`).
+
+pub mod fetch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+
+use crate::config::accounts::{SecretAccount, TokenApi};
+use crate::config::Config;
+use crate::error::{Early, ProxyError};
+use crate::features::base::Base;
+use crate::features::hooks::{Feature, Sending};
+use crate::features::token_cache::ask::Kind;
+use crate::features::token_cache::cache::{Fetch, TokenCache};
+use crate::features::token_cache::POLL;
+use crate::limit::clock::{deadline_after, Micros};
+use crate::store::tokens::Claim;
+
+/// A cached token with less left than this is not added to a call: the
+/// call fetches a new one (renewal normally has, long before).
+pub const CALL_MIN_LEFT_US: Micros = 30_000_000;
+/// Renewal starts when less than this is left (or a tenth of the token's
+/// lifetime, if that is less).
+pub const RENEW_AHEAD_US: Micros = 300_000_000;
+
+/// The broker as a feature ([`crate::features`]): its `before_forward`
+/// hook adds the token.
+pub struct Broker;
+
+/// A call wxgate added its account's token to.
+pub struct Injected {
+    pub account: Arc<SecretAccount>,
+    /// The token added (in memory only; hashed to drop it).
+    pub token: String,
+    /// The target as the caller sent it, to add a new token to.
+    pub original: PathAndQuery,
+}
+
+impl Feature for Broker {
+    async fn before_forward(&self, app: &Base, sending: &mut Sending<'_>) -> Result<(), Early> {
+        let config = sending.config;
+        if config.accounts.is_empty() || sending.token_request {
+            return Ok(());
+        }
+        let Some(account) = config.accounts.get(sending.account) else { return Ok(()) };
+        if !account.injects() || !wants_token(sending.path, sending.target.query()) {
+            return Ok(());
+        }
+        let token = current(app, config, account).await?;
+        let with = with_token(sending.target, &token)?;
+        let original = std::mem::replace(sending.target, with);
+        if let Some(cache) = &app.token_cache {
+            cache.metrics.injected.inc();
+        }
+        *sending.injected = Some(Injected { account: account.clone(), token, original });
+        Ok(())
+    }
+}
+
+/// Whether a call to `path` with `query` takes an account's token from
+/// wxgate: it carries no `access_token` (or an empty one), and its API
+/// takes the account's access token.
+pub fn wants_token(path: &str, query: Option<&str>) -> bool {
+    if path.starts_with("/sns/") || path.starts_with("/cgi-bin/component/") {
+        return false;
+    }
+    let Some(query) = query else { return true };
+    !query.split('&').any(|pair| {
+        pair.strip_prefix("access_token=").is_some_and(|v| !v.is_empty())
+            || pair.strip_prefix("component_access_token=").is_some_and(|v| !v.is_empty())
+    })
+}
+
+/// `target` with `access_token=<token>` in its query (an empty
+/// `access_token` taken out; identify refused a query that gives it twice).
+pub fn with_token(target: &PathAndQuery, token: &str) -> Result<PathAndQuery, ProxyError> {
+    let mut out = String::with_capacity(target.as_str().len() + token.len() + 16);
+    out.push_str(target.path());
+    out.push('?');
+    if let Some(query) = target.query() {
+        for pair in query.split('&').filter(|p| !p.is_empty() && *p != "access_token=" && *p != "access_token") {
+            out.push_str(pair);
+            out.push('&');
+        }
+    }
+    out.push_str("access_token=");
+    crate::features::accounts::query::encode_into(&mut out, token);
+    PathAndQuery::from_maybe_shared(Bytes::from(out))
+        .map_err(|e| ProxyError::BadRequest(format!("cannot add the access token to this call's query: {e}")))
+}
+
+/// The token cache an `[[account]]` needs; `Err` says why it cannot run:
+/// no cache (`[tokens] cache = false`), or one per instance over Redis
+/// (no token key: each instance would fetch its own token, and each fetch
+/// knocks out the others').
+pub fn check(config: &Config, cache: Option<&TokenCache>, redis: bool) -> Result<(), String> {
+    if config.accounts.is_empty() {
+        return Ok(());
+    }
+    match cache {
+        None => Err("[[account]] needs the token cache: [tokens] cache is off (or, over Redis, no token key: set \
+             WXGATE_TOKEN_KEY or [tokens] key_file, the same on every instance)"
+            .into()),
+        Some(c) if redis && !c.shared => {
+            Err("[[account]] over Redis needs a token key (WXGATE_TOKEN_KEY or [tokens] key_file, the same on every \
+             instance) so that every instance shares one token per account"
+                .into())
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// The kind of token-cache slot an account's token API fills.
+pub fn kind(api: TokenApi) -> Kind {
+    match api {
+        TokenApi::StableToken => Kind::Stable,
+        TokenApi::Token => Kind::Token,
+        TokenApi::GetToken => Kind::WeCom,
+        TokenApi::ComponentToken => Kind::Component,
+    }
+}
+
+/// The account's slot in the token cache.
+pub fn slot(cache: &TokenCache, account: &SecretAccount) -> String {
+    cache.slot(kind(account.token_api), &account.id, account.secret.expose())
+}
+
+/// The account's current token, fetched if none with more than
+/// [`CALL_MIN_LEFT_US`] left is cached (waiting for another asker's fetch
+/// if one is in flight, up to `[tokens] wait`).
+pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) -> Result<String, ProxyError> {
+    match obtain(app, config, account, CALL_MIN_LEFT_US, -1, true).await? {
+        Some(got) => Ok(got.token),
+        None => Err(ProxyError::TokenWait(cache_of(app)?.wait)),
+    }
+}
+
+/// WeChat rejected `injected`'s token: dropped if it is still the slot's
+/// (compare-and-delete, [`crate::features::token_cache::rejected`]), then
+/// the account's token, new. `None` when no other token can be had (the
+/// slot's is still the one rejected, or the fetch failed): the call is not
+/// sent again.
+pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -> Option<String> {
+    let cache = app.token_cache.as_ref()?;
+    let hash = cache.sealer.token_hash(injected.token.as_bytes());
+    let kinds = [kind(injected.account.token_api).as_str()];
+    match cache.store.tokens().drop_token(&hash, &kinds).await {
+        Ok(dropped) => {
+            cache.forget(injected.token.as_bytes());
+            if dropped {
+                cache.metrics.invalidations.inc();
+                tracing::info!(account = %injected.account.name, "WeChat rejected the account's token: dropped, fetching a new one");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(account = %injected.account.name, error = %e, "could not drop a rejected token: the call is not sent again");
+            return None;
+        }
+    }
+    match obtain(app, config, &injected.account, CALL_MIN_LEFT_US, -1, true).await {
+        Ok(Some(got)) if got.token != injected.token => Some(got.token),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(account = %injected.account.name, error = %e, "no new token after WeChat rejected one: the call is not sent again");
+            None
+        }
+    }
+}
+
+fn cache_of(app: &Base) -> Result<&Arc<TokenCache>, ProxyError> {
+    app.token_cache.as_ref().ok_or(ProxyError::Unavailable(crate::store::StoreError::Settling))
+}
+
+/// A token [`obtain`] got.
+struct Got {
+    token: String,
+    /// How long it lasts (from now).
+    left_us: Micros,
+    /// This asker fetched it.
+    fetched: bool,
+}
+
+/// The account's token with more than `min_left_us` left (and stored
+/// after `newer_than`): cached, or fetched by this asker if it wins the
+/// slot's lock, or another asker's fetch waited for (`wait`; without it,
+/// `Ok(None)` when another asker is fetching).
+async fn obtain(
+    app: &Base,
+    config: &Config,
+    account: &Arc<SecretAccount>,
+    min_left_us: Micros,
+    newer_than: Micros,
+    wait: bool,
+) -> Result<Option<Got>, ProxyError> {
+    let cache = cache_of(app)?;
+    let slot = slot(cache, account);
+    let holder = cache.holder();
+    let deadline = deadline_after(cache.wait);
+    let held_us = config.rule_for(account.token_api.path()).map_or(0, |r| r.max_wait_us);
+    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
+    loop {
+        let woken = cache.done.notified();
+        match cache.store.tokens().claim_token(&slot, &holder, min_left_us, newer_than, lock_us).await {
+            Err(e) => return Err(ProxyError::Unavailable(e)),
+            Ok(Claim::Cached { entry, until, now }) => {
+                return match cache.sealer.open(&slot, &entry) {
+                    Some(token) => Ok(Some(Got { token, left_us: until - now, fetched: false })),
+                    None => Err(ProxyError::NoToken {
+                        account: account.name.clone(),
+                        errcode: crate::error::ERRCODE_SYSTEM,
+                        why: "the cached token cannot be opened: give every instance the same token key".into(),
+                    }),
+                };
+            }
+            Ok(Claim::Won { .. }) => {
+                if account.token_api == TokenApi::ComponentToken {
+                    drop(Fetch::new(cache.clone(), slot, holder, kind(account.token_api), account.name.to_string()));
+                    return Err(ProxyError::NoToken {
+                        account: account.name.clone(),
+                        errcode: crate::error::ERRCODE_SYSTEM,
+                        why: "a platform's component_access_token is fetched by the platform (it holds the verify ticket)"
+                            .into(),
+                    });
+                }
+                let won = Fetch::new(cache.clone(), slot, holder, kind(account.token_api), account.name.to_string());
+                let (token, expires_in) = fetch::fetch(app, config, account, won).await?;
+                return Ok(Some(Got { token, left_us: expires_in.saturating_mul(1_000_000), fetched: true }));
+            }
+            Ok(Claim::Failed { answer }) => return Err(fetch::refused(account, &answer)),
+            Ok(Claim::Busy { .. }) if !wait => return Ok(None),
+            Ok(Claim::Busy { .. }) => {}
+        }
+        if deadline_after(Duration::ZERO) >= deadline {
+            cache.metrics.timed_out.inc();
+            return Err(ProxyError::TokenWait(cache.wait));
+        }
+        let next = deadline.min(deadline_after(POLL));
+        let _ = tokio::time::timeout_at(next, woken).await;
+    }
+}
+
+/// One round of renewal for every `[[account]]` that wxgate fetches: a
+/// token with less than [`RENEW_AHEAD_US`] (or a tenth of its lifetime, if
+/// less) left is fetched anew, by the instance that wins the slot's lock
+/// (the others find it busy, then renewed). Each account is looked at when
+/// its renewal is due by what this instance last saw, and at least every
+/// [`RENEW_LOOK_US`] (another instance, or a rejection, may have changed
+/// it): a store operation per account a minute, not per round.
+pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
+    let Some(cache) = &app.token_cache else { return };
+    for account in config.accounts.list.iter().filter(|a| a.injects()) {
+        let now = app.clock.now_us();
+        let due = state.due.get(&account.name).copied().unwrap_or(0);
+        if due > now {
+            continue;
+        }
+        let ahead = state.lifetime.get(&account.name).map_or(RENEW_AHEAD_US, |l| (l / 10).min(RENEW_AHEAD_US));
+        let next = match obtain(app, config, account, ahead, -1, false).await {
+            Ok(Some(got)) => {
+                if got.fetched {
+                    cache.metrics.renewal("renewed");
+                    let longest = state.lifetime.entry(account.name.clone()).or_default();
+                    *longest = (*longest).max(got.left_us);
+                    tracing::info!(account = %account.name, "renewed the account's token ahead of expiry");
+                }
+                // A renewal that got a token already due (stable_token gives
+                // the current one until its last 5 minutes) waits a while.
+                let until_due = got.left_us - ahead;
+                now + if until_due > 0 { until_due.min(RENEW_LOOK_US) } else { RENEW_RETRY_US }
+            }
+            // Another instance is fetching it: look again soon.
+            Ok(None) => now + 1_000_000,
+            Err(e) => {
+                cache.metrics.renewal("error");
+                tracing::warn!(account = %account.name, error = %e, "could not renew the account's token ahead of expiry; retrying in 30s");
+                now + RENEW_RETRY_US
+            }
+        };
+        state.due.insert(account.name.clone(), next);
+    }
+}
+
+/// How long after a failed renewal it is tried again.
+pub const RENEW_RETRY_US: Micros = 30_000_000;
+/// Longest between two looks at an account's token.
+pub const RENEW_LOOK_US: Micros = 60_000_000;
+
+/// What the renewal task remembers between rounds (this instance's view).
+#[derive(Default)]
+pub struct RenewState {
+    /// When each account is next looked at (the app's clock).
+    due: std::collections::HashMap<Arc<str>, Micros>,
+    /// Each account's token lifetime, the longest fetched (7200 s until
+    /// one is).
+    lifetime: std::collections::HashMap<Arc<str>, Micros>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pq(s: &str) -> PathAndQuery {
+        PathAndQuery::from_maybe_shared(Bytes::from(s.to_owned())).expect("target")
+    }
+
+    #[test]
+    fn calls_without_a_token_get_one_added_and_nothing_else_changes() {
+        assert!(wants_token("/cgi-bin/user/info", None));
+        assert!(wants_token("/cgi-bin/user/info", Some("openid=o1&access_token=")));
+        assert!(!wants_token("/cgi-bin/user/info", Some("openid=o1&access_token=T")));
+        assert!(!wants_token("/sns/userinfo", None));
+        assert!(!wants_token("/cgi-bin/component/api_authorizer_token", None));
+        assert_eq!(
+            with_token(&pq("/cgi-bin/user/info"), "T1").expect("t").as_str(),
+            "/cgi-bin/user/info?access_token=T1"
+        );
+        assert_eq!(
+            with_token(&pq("/cgi-bin/user/info?openid=o%201&access_token=&lang=zh_CN"), "T+/").expect("t").as_str(),
+            "/cgi-bin/user/info?openid=o%201&lang=zh_CN&access_token=T%2B%2F"
+        );
+    }
+}
