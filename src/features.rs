@@ -30,8 +30,8 @@ macro_rules! features {
 // after the token and account features', as WeChat's answer is reported to
 // the store last.
 features!(
-    token_cache::TokenCacheFeature,
     broker::Broker,
+    token_cache::TokenCacheFeature,
     accounts::Learning,
     quota_clear::QuotaClear,
     warmup::Warmup,

@@ -452,6 +452,18 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
     if !config.callers.is_empty() {
         say!(out, "callers not declared: priority normal, counted together as \"other\"");
     }
+    for a in &config.accounts.list {
+        let id = match &a.agent {
+            Some(agent) => format!("corpid {} agent {agent}", a.id),
+            None => format!("appid {}", a.id),
+        };
+        let does = if a.injects() {
+            format!("wxgate fetches its token ({}) and adds it to calls that carry none", a.token_api.as_str())
+        } else {
+            format!("its {} requests are checked against the secret and cached", a.token_api.as_str())
+        };
+        say!(out, "account {} ({}, {id}): secret from {}; {does}", a.name, a.kind.as_str(), a.source);
+    }
 }
 
 /// The report's lines for one rule: its patterns, its options

@@ -115,6 +115,7 @@ async fn phases(
     identify::identify(app, call, &mut req, &target).await?;
     route::route(app, call);
     let mut asking = Asking {
+        config: &call.arrived.config,
         method: &call.arrived.method,
         path: &call.arrived.path,
         target: &target,

@@ -36,12 +36,14 @@ use crate::config::accounts::{SecretAccount, TokenApi};
 use crate::config::Config;
 use crate::error::{Early, ProxyError};
 use crate::features::base::Base;
-use crate::features::hooks::{Feature, Sending};
+use crate::features::hooks::{Asking, Feature, Sending};
 use crate::features::token_cache::ask::Kind;
 use crate::features::token_cache::cache::{Fetch, TokenCache};
 use crate::features::token_cache::POLL;
+use crate::features::token_cache::{ask, json_answer};
 use crate::limit::clock::{deadline_after, Micros};
 use crate::store::tokens::Claim;
+use crate::telemetry::metrics::Outcome;
 
 /// A cached token with less left than this is not added to a call: the
 /// call fetches a new one (renewal normally has, long before).
@@ -64,6 +66,31 @@ pub struct Injected {
 }
 
 impl Feature for Broker {
+    /// A token request for an `[[account]]`: refused unless it gives the
+    /// secret wxgate holds; with it, answered with the account's one token
+    /// (a platform's goes on to the token cache, which fetches it with the
+    /// request's own verify ticket).
+    async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
+        if !asking.token_request || asking.config.accounts.is_empty() {
+            return Ok(());
+        }
+        let body = asking.body.map(|b| &b[..]);
+        let Some(asked) = ask::ask(asking.method, asking.path, asking.target.query(), body) else { return Ok(()) };
+        let Some(account) = held_for(asking.config, &asked)? else { return Ok(()) };
+        if !account.injects() {
+            return Ok(());
+        }
+        let got = match obtain(app, asking.config, &account, CALL_MIN_LEFT_US, -1, true).await? {
+            Some(got) => got,
+            None => return Err(ProxyError::TokenWait(cache_of(app)?.wait).into()),
+        };
+        if let Some(cache) = &app.token_cache {
+            cache.metrics.from_cache.inc();
+        }
+        let body = ask::answer(asked.kind, &got.token, got.left_us / 1_000_000);
+        Err(Early::Answered(Box::new(json_answer(body.into())), Outcome::cached))
+    }
+
     async fn before_forward(&self, app: &Base, sending: &mut Sending<'_>) -> Result<(), Early> {
         let config = sending.config;
         if config.accounts.is_empty() || sending.token_request {
@@ -82,6 +109,30 @@ impl Feature for Broker {
         *sending.injected = Some(Injected { account: account.clone(), token, original });
         Ok(())
     }
+}
+
+/// The `[[account]]` a token request is for, if wxgate holds one of that
+/// id and kind: `Err` (403) unless the request gives its secret.
+fn held_for(config: &Config, asked: &ask::Ask) -> Result<Option<Arc<SecretAccount>>, ProxyError> {
+    let platform = asked.kind == Kind::Component;
+    let mut any = false;
+    for a in config.accounts.by_id(&asked.id, platform) {
+        if (a.token_api == TokenApi::GetToken) != (asked.kind == Kind::WeCom) {
+            continue;
+        }
+        if a.secret.is(&asked.secret) {
+            return Ok(Some(a.clone()));
+        }
+        any = true;
+    }
+    if !any {
+        return Ok(None);
+    }
+    Err(ProxyError::WrongSecret(format!(
+        "wxgate holds the secret of \"{}\" and this token request gives another; send calls without \
+         access_token (wxgate adds the account's token), or ask with the secret wxgate holds",
+        asked.id
+    )))
 }
 
 /// Whether a call to `path` with `query` takes an account's token from

@@ -33,6 +33,7 @@ use crate::transport::sniff::Verdict;
 
 /// What a feature sees of a call before it is decided.
 pub struct Asking<'a> {
+    pub config: &'a Config,
     pub method: &'a Method,
     /// The path (without an `@account` prefix).
     pub path: &'a str,

@@ -227,7 +227,7 @@ pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>, host: Option
 }
 
 /// A WeChat-shaped JSON answer (HTTP 200).
-fn json_answer(body: Bytes) -> Response<RelayBody> {
+pub fn json_answer(body: Bytes) -> Response<RelayBody> {
     let mut resp = Response::new(RelayBody::full(body));
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json; encoding=utf-8"));
     resp

@@ -34,6 +34,19 @@ impl TempDir {
     }
 }
 
+impl TempDir {
+    /// Writes a secret file only its owner reads (0600, as wxgate requires).
+    pub fn write_secret(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.write(name, contents);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+        }
+        path
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);

@@ -21,6 +21,10 @@ pub const SECRET: &str = "SEKRIT_APPSECRET_9f8e7d";
 pub const CORPID: &str = "wwTOKENCORP0001";
 pub const CORPSECRET: &str = "SEKRIT_CORPSECRET_6c5b4a";
 
+/// The ticket APIs the mock answers (a new ticket each call, counted as
+/// fetches at "ticket").
+pub const TICKETS: [&str; 3] = ["/cgi-bin/ticket/getticket", "/cgi-bin/get_jsapi_ticket", "/cgi-bin/ticket/get"];
+
 #[derive(Default)]
 struct State {
     /// Token → still valid.
@@ -158,6 +162,14 @@ impl WeChatTokens {
                     return json(
                         r#"{"errcode":40001,"errmsg":"invalid credential, access_token is invalid or not latest"}"#,
                     );
+                }
+                if TICKETS.contains(&path) {
+                    *s.fetches.entry("ticket").or_default() += 1;
+                    let n = self.seq.fetch_add(1, Ordering::SeqCst);
+                    return json(&format!(
+                        r#"{{"errcode":0,"errmsg":"ok","ticket":"TICKET_{n}_{:x}","expires_in":7200}}"#,
+                        rand_ish(n)
+                    ));
                 }
                 if path != "/cgi-bin/openapi/quota/get" {
                     return json(r#"{"errcode":0,"errmsg":"ok"}"#);

@@ -1,0 +1,344 @@
+//! wxgate as the token server (README "wxgate as your token server",
+//! docs/tokens.md): `[[account]]` secrets, the token added to calls that
+//! carry none, one token per account for every instance, renewal ahead of
+//! expiry, one resend after WeChat rejects an added token, token requests
+//! for a held account, against the mock WeChat's token endpoints
+//! (tests/support/tokens.rs).
+
+mod support;
+
+use std::time::Duration;
+
+use support::process::{self, Instance};
+use support::redis_server::RedisServer;
+use support::temp::TempDir;
+use support::tokens::{WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
+use support::{eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+
+const INFO: &str = "/cgi-bin/user/info";
+const SEND: &str = "/cgi-bin/message/custom/send";
+const KEY: &str = "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
+
+/// The token rule (WeChat's own limits) and two API rules.
+fn rules() -> String {
+    let token = rule("token")
+        .matching("/cgi-bin/token")
+        .matching("/cgi-bin/stable_token")
+        .matching("/cgi-bin/gettoken")
+        .limit(2000, "day");
+    let info = rule("info").matching(INFO).limit(1000, "day");
+    let send = rule("send").matching(SEND).limit(100, "day");
+    format!("{token}\n{info}\n{send}")
+}
+
+/// An `[[account]]` whose secret is in a file of `dir`.
+fn account(dir: &TempDir, id: &str, kind: &str, secret: &str, extra: &str) -> String {
+    let file = dir.write_secret(&format!("{id}.secret"), &format!("{secret}\n"));
+    format!("[[account]]\nid = \"{id}\"\nkind = \"{kind}\"\nsecret_file = \"{}\"\n{extra}\n", file.display())
+}
+
+/// A mock WeChat issuing tokens, its token endpoints answering after `delay_ms`.
+async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        let path = rec.path_and_query.split('?').next().unwrap_or("");
+        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
+            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
+        } else {
+            r
+        }
+    });
+    (mock, tokens)
+}
+
+/// The `access_token` each recorded call to `path` carried, in order.
+fn tokens_sent(mock: &MockWeChat, path: &str) -> Vec<String> {
+    mock.calls()
+        .iter()
+        .filter(|c| c.path_and_query.split('?').next() == Some(path))
+        .map(|c| {
+            let q = c.path_and_query.split_once('?').map_or("", |(_, q)| q);
+            q.split('&').find_map(|p| p.strip_prefix("access_token=")).unwrap_or("").to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_calls_without_a_token_fetch_one_and_all_carry_it() {
+    let (mock, tokens) = wechat(200).await;
+    let dir = TempDir::new("broker-twenty");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let paths: Vec<String> = (0..20).map(|i| format!("{INFO}?openid=o{i}&lang=zh_CN")).collect();
+    let calls: Vec<_> = paths.iter().map(|p| gate.get_as(APPID, p)).collect();
+    for answer in futures_util::future::join_all(calls).await {
+        assert_eq!((answer.status.as_u16(), answer.json()["errcode"].as_i64()), (200, Some(0)), "{}", answer.text());
+    }
+    assert_eq!(tokens.fetches("stable"), 1, "one stable_token fetch for 20 calls");
+    let sent = tokens_sent(&mock, INFO);
+    assert_eq!(sent.len(), 20);
+    assert!(!sent[0].is_empty() && sent.iter().all(|t| *t == sent[0]), "all forwarded with the one token: {sent:?}");
+    assert_eq!(tokens.issued(), vec![sent[0].clone()]);
+    // The query is the caller's, with the token added at its end.
+    let first = mock.calls().into_iter().find(|c| c.path_and_query.starts_with(INFO)).expect("a call");
+    assert!(first.path_and_query.contains("&lang=zh_CN&access_token="), "{}", first.path_and_query);
+    assert_eq!(gate.metric("wxgate_token_injections_total").await, Some(20.0));
+    // The fetch counted against the token rule, on the account.
+    let bucket = support::admin(gate.admin_addr(), "GET", &format!("/v1/buckets/{APPID}/token"), None).await.json();
+    assert_eq!(bucket["limits"][0]["used"], 1, "{bucket}");
+    // An empty access_token is filled too; a caller's own token passes as it is.
+    let empty = gate.get_as(APPID, &format!("{INFO}?access_token=&openid=x")).await;
+    assert_eq!(empty.json()["errcode"], 0, "{}", empty.text());
+    let own = gate.get_as(APPID, &format!("{INFO}?access_token=NOT_ISSUED&openid=x")).await;
+    assert_eq!(own.json()["errcode"], 40001, "a caller's own token is not replaced");
+    assert_eq!(tokens.fetches("stable"), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_added_token_is_replaced_and_the_call_sent_once_more() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-40001");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let first = tokens_sent(&mock, INFO).remove(0);
+    // WeChat invalidates it (a force_refresh elsewhere, a secret reset).
+    tokens.invalidate(&first);
+    let body = r#"{"touser":"o1","msgtype":"text","text":{"content":"hello"}}"#;
+    let answer = gate.post_as(APPID, SEND, body).await;
+    assert_eq!((answer.status.as_u16(), answer.json()["errcode"].as_i64()), (200, Some(0)), "{}", answer.text());
+    let sends: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
+    assert_eq!(sends.len(), 2, "the call reached WeChat exactly twice");
+    assert!(sends.iter().all(|c| c.body == body.as_bytes()), "sent byte-identical both times");
+    let sent = tokens_sent(&mock, SEND);
+    assert_eq!(sent[0], first);
+    assert_ne!(sent[1], first);
+    assert_eq!(tokens.fetches("stable"), 2, "one new fetch");
+    assert_eq!(gate.metric("wxgate_token_resends_total").await, Some(1.0));
+    assert_eq!(gate.metric("wxgate_token_invalidations_total").await, Some(1.0));
+    // The one admission stands for the one call WeChat acted on.
+    let bucket = support::admin(gate.admin_addr(), "GET", &format!("/v1/buckets/{APPID}/send"), None).await.json();
+    assert_eq!(bucket["limits"][0]["used"], 1, "{bucket}");
+    // The next call carries the new token: no fetch, no resend.
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
+    assert_eq!(tokens_sent(&mock, INFO).last(), Some(&sent[1]));
+    assert_eq!(tokens.fetches("stable"), 2);
+}
+
+#[tokio::test]
+async fn an_added_token_rejected_twice_reaches_the_caller_after_one_resend() {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    let rejecting = tokens.clone();
+    // Every send is refused for its token, which WeChat then forgets: the
+    // next fetch gives a new one.
+    mock.respond(move |rec| {
+        if rec.path_and_query.starts_with(SEND) {
+            let q = rec.path_and_query.split_once('?').map_or("", |(_, q)| q);
+            if let Some(t) = q.split('&').find_map(|p| p.strip_prefix("access_token=")) {
+                rejecting.invalidate(t);
+            }
+            return support::errcode_reply(40001);
+        }
+        reply(rec)
+    });
+    let dir = TempDir::new("broker-twice");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let answer = gate.post_as(APPID, SEND, r#"{"touser":"o1"}"#).await;
+    assert_eq!(answer.json()["errcode"], 40001, "WeChat's second answer: {}", answer.text());
+    assert_eq!(tokens_sent(&mock, SEND).len(), 2, "sent once more, never a third time");
+    assert_eq!(gate.metric("wxgate_token_resends_total").await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_held_accounts_token_is_renewed_ahead_of_expiry_without_a_call_waiting() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-renew");
+    let held = account(&dir, APPID, "official_account", SECRET, "token_api = \"token\"");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(rules()).with(held)).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let first = tokens_sent(&mock, INFO).remove(0);
+    // 10 minutes before its end: nothing yet.
+    gate.advance(Duration::from_secs(7200 - 600));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(tokens.fetches("token"), 1, "not renewed with 10 minutes left");
+    // Less than 5 minutes left: the renewal task fetches, no call asked.
+    gate.advance(Duration::from_secs(320));
+    eventually_async("renewed", PATIENCE, async || tokens.fetches("token") == 2).await;
+    assert_eq!(gate.metric(r#"wxgate_token_renewals_total{result="renewed"}"#).await, Some(1.0));
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
+    let second = tokens_sent(&mock, INFO).remove(1);
+    assert_ne!(second, first, "the next call carries the renewed token");
+    assert_eq!(tokens.fetches("token"), 2, "and waited for no fetch");
+}
+
+#[tokio::test]
+async fn token_requests_for_a_held_account_need_its_secret_and_get_the_one_token() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-requests");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let wrong = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret=guess")).await;
+    assert_eq!((wrong.status.as_u16(), wrong.json()["errcode"].as_i64()), (403, Some(40125)), "{}", wrong.text());
+    assert_eq!(mock.count(), 0, "never forwarded");
+    let right = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={SECRET}")).await;
+    assert_eq!(right.status, 200, "{}", right.text());
+    let token = right.json()["access_token"].as_str().unwrap_or_default().to_owned();
+    let stable = gate
+        .post(
+            "/cgi-bin/stable_token",
+            &format!(r#"{{"grant_type":"client_credential","appid":"{APPID}","secret":"{SECRET}"}}"#),
+        )
+        .await;
+    assert_eq!(stable.json()["access_token"].as_str(), Some(token.as_str()), "{}", stable.text());
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    assert_eq!(tokens_sent(&mock, INFO), vec![token], "calls get the token the requests got");
+    assert_eq!((tokens.fetches("stable"), tokens.fetches("token")), (1, 0), "one token for the account");
+    assert!(!wrong.text().contains("guess") && !right.text().contains(SECRET));
+}
+
+#[tokio::test]
+async fn callers_get_a_token_only_for_the_accounts_they_are_granted() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-grants");
+    let key = |name: &str| dir.write_secret(&format!("{name}.key"), &format!("key-of-{name}-0123456789"));
+    let (hr, ops) = (key("hr"), key("ops"));
+    let callers = format!(
+        "[[caller]]\nname = \"hr\"\nkey_file = \"{}\"\naccounts = [\"{APPID}\"]\n\n\
+         [[caller]]\nname = \"ops\"\nkey_file = \"{}\"\naccounts = [\"{CORPID}\", \"wxOTHER\"]\n",
+        hr.display(),
+        ops.display()
+    );
+    let wecom = account(&dir, CORPID, "wecom", CORPSECRET, "agent = \"1000002\"");
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(rules())
+        .with(callers)
+        .with(account(&dir, APPID, "official_account", SECRET, ""))
+        .with(wecom);
+    let gate = Gate::start_text(config).await;
+    let bearer = |who: &str| format!("Bearer key-of-{who}-0123456789");
+    // hr's one grant is its account: a call naming none gets its token.
+    let hr_call = gate.get_with(&format!("{INFO}?openid=o1"), &[("authorization", &bearer("hr"))]).await;
+    assert_eq!(hr_call.json()["errcode"], 0, "{}", hr_call.text());
+    // ops may not spend the official account: refused, never a token.
+    let ops_call = gate
+        .get_with(&format!("{INFO}?openid=o1"), &[("authorization", &bearer("ops")), ("x-wx-account", APPID)])
+        .await;
+    assert_eq!(ops_call.status, 403, "{}", ops_call.text());
+    // ops names none and has two grants: "default", not granted, refused.
+    let unnamed = gate.get_with(&format!("{INFO}?openid=o1"), &[("authorization", &bearer("ops"))]).await;
+    assert_eq!(unnamed.status, 403, "{}", unnamed.text());
+    // ops's WeCom app gets the corp's token from gettoken.
+    let wecom_call = gate
+        .get_with("/cgi-bin/user/get?userid=u1", &[("authorization", &bearer("ops")), ("x-wx-account", CORPID)])
+        .await;
+    assert_eq!(wecom_call.json()["errcode"], 0, "{}", wecom_call.text());
+    assert_eq!((tokens.fetches("stable"), tokens.fetches("gettoken")), (1, 1));
+    assert_eq!(tokens_sent(&mock, INFO).len(), 1, "only hr's call was forwarded");
+}
+
+#[test]
+fn accounts_are_checked_and_their_secrets_never_printed() {
+    let dir = TempDir::new("broker-check");
+    let check = |text: &str| {
+        let path = dir.write("wxgate.toml", text);
+        process::run(&["check", "--config", path.to_str().expect("path")], &[])
+    };
+    let base = "[server]\nupstream = \"http://127.0.0.1:9\"\n";
+    let ok = format!("{base}{}", account(&dir, APPID, "official_account", SECRET, ""));
+    let (code, out, err) = check(&ok);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(APPID) && out.contains("stable_token"), "check names the account and its token API:\n{out}");
+    assert!(!out.contains(SECRET) && !err.contains(SECRET), "the secret is never printed");
+    // A secret file others may read.
+    let open = dir.write("open.secret", SECRET);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let bad = [
+        (
+            format!("{base}[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n", open.display()),
+            "chmod 600",
+        ),
+        (
+            format!("{base}[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"/nonexistent/s\"\n"),
+            "/nonexistent/s",
+        ),
+        (
+            format!("{base}[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_env = \"WXGATE_TEST_UNSET_SECRET\"\n"),
+            "WXGATE_TEST_UNSET_SECRET is not set",
+        ),
+        (format!("{base}{}", account(&dir, CORPID, "wecom", CORPSECRET, "")), "AgentId"),
+        (format!("{base}{}", account(&dir, APPID, "official_account", SECRET, "token_api = \"gettoken\"")), "token_api"),
+        (
+            format!(
+                "[server]\nupstream = \"http://127.0.0.1:9\"\nlisten = \"0.0.0.0:8080\"\ncaller_auth = \"off\"\n{}",
+                account(&dir, APPID, "official_account", SECRET, "")
+            ),
+            "caller_auth = \"required\"",
+        ),
+    ];
+    for (text, says) in bad {
+        let (code, out, err) = check(&text);
+        assert_ne!(code, 0, "{text}");
+        assert!(err.contains(says) || out.contains(says), "{text}\nshould say {says}:\n{out}{err}");
+        assert!(!err.contains(SECRET) && !out.contains(SECRET));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_fetch_one_token_and_no_secret_leaves_wxgate() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(300).await;
+    let dir = TempDir::new("broker-redis");
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "brk"))
+        .with(rules())
+        .with(account(&dir, APPID, "official_account", SECRET, ""))
+        .to_string();
+    // Without a token key the instances could not share the token: refused.
+    let refused = process::spawn(&config, "broker-nokey", &[]).err().unwrap_or_default();
+    assert!(refused.contains("token key"), "{refused}");
+    let env = [("WXGATE_TOKEN_KEY", KEY), ("WXGATE_LOG", "debug")];
+    let instances: Vec<Instance> = (0..3)
+        .map(|i| process::spawn(&config, &format!("broker-{i}"), &env).unwrap_or_else(|log| panic!("start:\n{log}")))
+        .collect();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let addr = instances[i % 3].addr;
+        calls.spawn(async move { support::get_as_at(addr, APPID, &format!("{INFO}?openid=o{i}")).await });
+    }
+    while let Some(answer) = calls.join_next().await {
+        let answer = answer.expect("call task");
+        assert_eq!(answer.json()["errcode"], 0, "{}", answer.text());
+    }
+    assert_eq!(tokens.fetches("stable"), 1, "one fetch for 30 calls on 3 instances");
+    let sent = tokens_sent(&mock, INFO);
+    assert!(sent.iter().all(|t| *t == sent[0]), "one token on every instance");
+    let token = sent[0].clone();
+    let dump = redis.dump_all();
+    let mut metrics = String::new();
+    for i in &instances {
+        metrics.push_str(&i.admin_get("/metrics").await.text());
+        metrics.push_str(&i.admin_get("/v1/rules").await.text());
+        metrics.push_str(&i.admin_get(&format!("/v1/buckets/{APPID}/token")).await.text());
+    }
+    let mut logs = String::new();
+    for i in instances {
+        logs.push_str(&i.stop().await);
+    }
+    for secret in [SECRET, token.as_str()] {
+        assert!(!dump.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in Redis in clear");
+        assert!(!metrics.contains(secret), "{secret} in an admin answer");
+        assert!(!logs.contains(secret), "{secret} in a log:\n{logs}");
+    }
+    assert!(logs.contains("fetched the account's access token"), "{logs}");
+}
