@@ -114,8 +114,16 @@ async fn phases(
     let target = accept::accept(call, &req)?;
     identify::identify(app, call, &mut req, &target).await?;
     route::route(app, call);
+    // The account is proven by the call's token, or by wxgate adding its own.
+    let config = &call.arrived.config;
+    let proven = call.who.owned
+        || (!config.accounts.is_empty()
+            && config.accounts.get(&call.who.account).is_some_and(|a| a.injects())
+            && crate::features::broker::wants_token(&call.arrived.path, target.query()));
     let mut asking = Asking {
         config: &call.arrived.config,
+        account: &call.who.account,
+        proven,
         method: &call.arrived.method,
         path: &call.arrived.path,
         target: &target,

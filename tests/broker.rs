@@ -303,6 +303,7 @@ async fn three_instances_on_one_redis_fetch_one_token_and_no_secret_leaves_wxgat
         .with(StoreToml::redis(&redis.url()).set("key_prefix", "brk"))
         .with(rules())
         .with(account(&dir, APPID, "official_account", SECRET, ""))
+        .with(account(&dir, support::tokens::PLATFORM, "platform", support::tokens::PLATFORM_SECRET, ""))
         .to_string();
     // Without a token key the instances could not share the token: refused.
     let refused = process::spawn(&config, "broker-nokey", &[]).err().unwrap_or_default();
@@ -324,6 +325,43 @@ async fn three_instances_on_one_redis_fetch_one_token_and_no_secret_leaves_wxgat
     let sent = tokens_sent(&mock, INFO);
     assert!(sent.iter().all(|t| *t == sent[0]), "one token on every instance");
     let token = sent[0].clone();
+    // A platform's requests through another instance: its secret, verify
+    // ticket and refresh token are never stored nor logged.
+    use support::tokens::{AUTHORIZER, PLATFORM, PLATFORM_SECRET, REFRESH};
+    let component = format!(
+        r#"{{"component_appid":"{PLATFORM}","component_appsecret":"{PLATFORM_SECRET}","component_verify_ticket":"ticket@@@VERIFY"}}"#
+    );
+    let answer = instances[1].post("/cgi-bin/component/api_component_token", &component).await;
+    let platform_token = answer.json()["component_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!platform_token.is_empty(), "{}", answer.text());
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","authorizer_appid":"{AUTHORIZER}","authorizer_refresh_token":"{REFRESH}"}}"#
+    );
+    let at = format!("/cgi-bin/component/api_authorizer_token?component_access_token={platform_token}");
+    for i in &instances {
+        let answer = i.post(&at, &body).await;
+        assert_eq!(answer.json()["authorizer_refresh_token"].as_str(), Some(REFRESH), "{}", answer.text());
+    }
+    assert_eq!((tokens.fetches("component"), tokens.fetches("authorizer")), (1, 1), "cached for every instance");
+    // Ten ticket requests on three instances: one fetch.
+    let mut asks = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let addr = instances[i % 3].addr;
+        asks.spawn(async move { support::get_as_at(addr, APPID, JSAPI).await });
+    }
+    let mut tickets = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        tickets.push(ticket_of(&answer.expect("ticket task")));
+    }
+    assert!(tickets.iter().all(|t| *t == tickets[0]) && tokens.fetches("ticket") == 1, "{tickets:?}");
+    // WeChat rejects the token on one instance: resent there, and the
+    // token (and its ticket) renewed for all.
+    tokens.invalidate(&token);
+    let resent = instances[2].get_as(APPID, &format!("{INFO}?openid=again")).await;
+    assert_eq!(resent.json()["errcode"], 0, "{}", resent.text());
+    assert_eq!(tokens.fetches("stable"), 2);
+    assert_ne!(ticket_of(&instances[0].get_as(APPID, JSAPI).await), tickets[0]);
+    assert_eq!(tokens.fetches("ticket"), 2);
     let dump = redis.dump_all();
     let mut metrics = String::new();
     for i in &instances {
@@ -335,10 +373,162 @@ async fn three_instances_on_one_redis_fetch_one_token_and_no_secret_leaves_wxgat
     for i in instances {
         logs.push_str(&i.stop().await);
     }
-    for secret in [SECRET, token.as_str()] {
+    for secret in [SECRET, token.as_str(), PLATFORM_SECRET, REFRESH, "ticket@@@VERIFY", tickets[0].as_str()] {
         assert!(!dump.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in Redis in clear");
         assert!(!metrics.contains(secret), "{secret} in an admin answer");
         assert!(!logs.contains(secret), "{secret} in a log:\n{logs}");
     }
     assert!(logs.contains("fetched the account's access token"), "{logs}");
+}
+
+const JSAPI: &str = "/cgi-bin/ticket/getticket?type=jsapi";
+
+fn ticket_of(a: &support::Answer) -> String {
+    assert_eq!(a.json()["errcode"], 0, "{}", a.text());
+    a.json()["ticket"].as_str().unwrap_or_else(|| panic!("no ticket in {}", a.text())).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_are_fetched_once_per_account_whatever_token_the_caller_brings() {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    // Ticket fetches take a while, so ten askers meet one in flight.
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        if rec.path_and_query.starts_with("/cgi-bin/ticket/") {
+            Reply::Delayed { ms: 200, then: Box::new(r) }
+        } else {
+            r
+        }
+    });
+    let dir = TempDir::new("broker-tickets");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let asks: Vec<_> = (0..10).map(|_| gate.get_as(APPID, JSAPI)).collect();
+    let tickets: Vec<String> = futures_util::future::join_all(asks).await.iter().map(ticket_of).collect();
+    assert!(tickets.iter().all(|t| *t == tickets[0]), "{tickets:?}");
+    assert_eq!(tokens.fetches("ticket"), 1, "one ticket fetch for ten requests");
+    assert!(gate.get_as(APPID, JSAPI).await.json()["expires_in"].as_i64().is_some_and(|s| s > 7000));
+    // A caller with the account's own token (fetched with its secret) gets the same ticket.
+    let token = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={SECRET}")).await;
+    let token = token.json()["access_token"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(ticket_of(&gate.get(&format!("{JSAPI}&access_token={token}")).await), tickets[0]);
+    assert_eq!(tokens.fetches("ticket"), 1);
+    // A token wxgate cannot tie to the account it names never reads that
+    // account's ticket: the request goes to WeChat as it came.
+    let unproven = gate.get_as(APPID, &format!("{JSAPI}&access_token=SOMEONE_ELSES")).await;
+    assert_eq!(unproven.json()["errcode"], 40001, "{}", unproven.text());
+    // wx_card is a ticket of its own.
+    assert_ne!(ticket_of(&gate.get_as(APPID, "/cgi-bin/ticket/getticket?type=wx_card").await), tickets[0]);
+    assert_eq!(tokens.fetches("ticket"), 2);
+    // WeChat rejects the token: the ticket fetched with it goes too, and
+    // the next request fetches once (with the new token).
+    tokens.invalidate(&token);
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0, "resent with a new token");
+    let fresh = ticket_of(&gate.get_as(APPID, JSAPI).await);
+    assert_ne!(fresh, tickets[0]);
+    assert_eq!(tokens.fetches("ticket"), 3);
+    assert_eq!(ticket_of(&gate.get_as(APPID, JSAPI).await), fresh);
+}
+
+#[tokio::test]
+async fn wecom_tickets_are_the_corps_and_the_apps() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-wecom-tickets");
+    let wecom = account(&dir, CORPID, "wecom", CORPSECRET, "agent = \"1000002\"");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(rules()).with(wecom)).await;
+    let corp = ticket_of(&gate.get_as(CORPID, "/cgi-bin/get_jsapi_ticket").await);
+    let app = ticket_of(&gate.get_as(CORPID, "/cgi-bin/ticket/get?type=agent_config").await);
+    assert_ne!(corp, app);
+    assert_eq!(ticket_of(&gate.get_as(CORPID, "/cgi-bin/get_jsapi_ticket").await), corp);
+    assert_eq!(ticket_of(&gate.get_as(CORPID, "/cgi-bin/ticket/get?type=agent_config").await), app);
+    assert_eq!((tokens.fetches("ticket"), tokens.fetches("gettoken")), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platforms_component_and_authorizer_tokens_are_cached_and_its_secret_checked() {
+    use support::tokens::{AUTHORIZER, PLATFORM, PLATFORM_SECRET, REFRESH};
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-platform");
+    let platform_rule = rule("platform")
+        .matching("/cgi-bin/component/api_component_token")
+        .matching("/cgi-bin/component/api_authorizer_token")
+        .limit(2000, "day");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(platform_rule).with(account(
+        &dir,
+        PLATFORM,
+        "platform",
+        PLATFORM_SECRET,
+        "",
+    ));
+    let gate = Gate::start_text(config).await;
+    let component = |secret: &str, ticket: &str| {
+        format!(
+            r#"{{"component_appid":"{PLATFORM}","component_appsecret":"{secret}","component_verify_ticket":"{ticket}"}}"#
+        )
+    };
+    let path = "/cgi-bin/component/api_component_token";
+    let wrong = gate.post(path, &component("guess", "ticket@@@1")).await;
+    assert_eq!(wrong.status.as_u16(), 403, "{}", wrong.text());
+    let first = gate.post(path, &component(PLATFORM_SECRET, "ticket@@@1")).await;
+    let token = first.json()["component_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!token.is_empty(), "{}", first.text());
+    // Ten minutes later the platform asks with the new verify ticket: cached.
+    let again = gate.post(path, &component(PLATFORM_SECRET, "ticket@@@2")).await;
+    assert_eq!(again.json()["component_access_token"].as_str(), Some(token.as_str()));
+    assert_eq!(tokens.fetches("component"), 1);
+    // Authorizer tokens: one fetch for five askers, the refresh token repeated.
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","authorizer_appid":"{AUTHORIZER}","authorizer_refresh_token":"{REFRESH}"}}"#
+    );
+    let at = format!("/cgi-bin/component/api_authorizer_token?component_access_token={token}");
+    let asks: Vec<_> = (0..5).map(|_| gate.post(&at, &body)).collect();
+    let answers = futures_util::future::join_all(asks).await;
+    let authorizer = answers[0].json()["authorizer_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!authorizer.is_empty(), "{}", answers[0].text());
+    for a in &answers {
+        assert_eq!(a.json()["authorizer_access_token"].as_str(), Some(authorizer.as_str()), "{}", a.text());
+        assert_eq!(a.json()["authorizer_refresh_token"].as_str(), Some(REFRESH));
+    }
+    assert_eq!(tokens.fetches("authorizer"), 1);
+    // Calls with the authorizer's token count against the authorizer.
+    let call = gate.get(&format!("{INFO}?access_token={authorizer}&openid=o1")).await;
+    assert_eq!(call.json()["errcode"], 0);
+    let bucket = support::admin(gate.admin_addr(), "GET", &format!("/v1/buckets/{AUTHORIZER}/info"), None).await.json();
+    assert_eq!(bucket["limits"][0]["used"], 1, "{bucket}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() {
+    use std::sync::Arc;
+    use wxgate::limit::clock::ManualClock;
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-redis-renew");
+    let key = dir.write_secret("token.key", KEY);
+    let held = account(&dir, APPID, "official_account", SECRET, "token_api = \"token\"");
+    let text = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "renew"))
+        .with(format!("[tokens]\nkey_file = \"{}\"\n", key.display()))
+        .with(rules())
+        .with(held)
+        .to_string();
+    let config = wxgate::config::Config::parse(&text, std::path::Path::new("test.toml")).expect("config");
+    let clock = ManualClock::new(support::T0);
+    let wxgate::config::StoreConfig::Redis(redis_config) = &config.store else { panic!("a Redis store") };
+    let store = wxgate::store::redis::RedisStore::connect(redis_config)
+        .await
+        .expect("connect")
+        .with_fixed_clock(Arc::new(clock.clone()));
+    let running = wxgate::start_with_store(config, Arc::new(store), Arc::new(clock.clone())).await.expect("start");
+    let gate = Gate { addr: running.addr, clock: clock.clone(), running: Some(running) };
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    assert_eq!(tokens.fetches("token"), 1);
+    gate.advance(Duration::from_secs(7200 - 280));
+    eventually_async("renewed in Redis", PATIENCE, async || tokens.fetches("token") == 2).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
+    let sent = tokens_sent(&mock, INFO);
+    assert_ne!(sent[0], sent[1], "the call after the renewal carries the new token");
+    assert_eq!(tokens.fetches("token"), 2);
 }

@@ -115,6 +115,8 @@ pub struct Identified {
     pub body: Option<Bytes>,
     /// A `clear_quota` call, and the appid its body names.
     pub clearing: Option<crate::features::quota_clear::request::Clearing>,
+    /// The account is the one the call's access token was issued to.
+    pub owned: bool,
 }
 
 /// The identify phase's account: from the header or the prefix accept
@@ -131,7 +133,7 @@ pub async fn identify(
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
 ) -> Result<Identified, ProxyError> {
-    let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None };
+    let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None, owned: false };
     let scanned = match target.query() {
         Some(q) => query::scan(q).map_err(ProxyError::BadRequest)?,
         None => query::Scanned::default(),
@@ -192,10 +194,12 @@ pub async fn identify(
                 out.account
             )));
         }
+        Some(Some(_)) if named => out.owned = true,
         _ if named => {}
         Some(Some(owner)) => {
             out.account.clear();
             out.account.push_str(&owner);
+            out.owned = true;
         }
         unknown => match caller {
             Some(caller) => out.account = caller,

@@ -87,7 +87,7 @@ impl Feature for Broker {
         if let Some(cache) = &app.token_cache {
             cache.metrics.from_cache.inc();
         }
-        let body = ask::answer(asked.kind, &got.token, got.left_us / 1_000_000);
+        let body = ask::answer(asked.kind, &got.token, got.left_us / 1_000_000, None);
         Err(Early::Answered(Box::new(json_answer(body.into())), Outcome::cached))
     }
 
@@ -220,21 +220,8 @@ pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) 
 /// sent again.
 pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -> Option<String> {
     let cache = app.token_cache.as_ref()?;
-    let hash = cache.sealer.token_hash(injected.token.as_bytes());
-    let kinds = [kind(injected.account.token_api).as_str()];
-    match cache.store.tokens().drop_token(&hash, &kinds).await {
-        Ok(dropped) => {
-            cache.forget(injected.token.as_bytes());
-            if dropped {
-                cache.metrics.invalidations.inc();
-                tracing::info!(account = %injected.account.name, "WeChat rejected the account's token: dropped, fetching a new one");
-            }
-        }
-        Err(e) => {
-            tracing::warn!(account = %injected.account.name, error = %e, "could not drop a rejected token: the call is not sent again");
-            return None;
-        }
-    }
+    // The token is the one wxgate added, whatever host answered.
+    crate::features::token_cache::rejected_token(cache, injected.token.as_bytes(), None).await;
     match obtain(app, config, &injected.account, CALL_MIN_LEFT_US, -1, true).await {
         Ok(Some(got)) if got.token != injected.token => Some(got.token),
         Ok(_) => None,

@@ -43,6 +43,12 @@ pub struct Asking<'a> {
     pub body: Option<&'a Bytes>,
     /// A token request (identify will learn from its answer).
     pub token_request: bool,
+    /// The account the call counts against (identify's).
+    pub account: &'a str,
+    /// The account is proven, not only named: the call's token was issued
+    /// to it, or wxgate adds the account's own token (a ticket is served
+    /// from the account's cache only then).
+    pub proven: bool,
     pub rule: Option<&'a Rule>,
     /// token cache: this call is its token slot's one fetch.
     pub token_fetch: &'a mut Option<Fetch>,

@@ -43,7 +43,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::Response;
 
-use self::ask::{answer, token_of, Kind};
+use self::ask::{answer, credential_of, Kind};
 use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
 use crate::error::{Early, ProxyError};
 use crate::features::accounts::query;
@@ -70,15 +70,19 @@ pub struct TokenCacheFeature;
 
 impl Feature for TokenCacheFeature {
     async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
-        if !asking.token_request {
-            return Ok(());
+        if asking.token_request {
+            return serve(app, asking).await;
         }
-        serve(app, asking).await
+        if let Some(ticket) = ask::ticket(asking.method, asking.path, asking.target.query()) {
+            return serve_ticket(app, asking, ticket).await;
+        }
+        Ok(())
     }
 
     async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
         if let Some(fetch) = answered.token_fetch.take() {
-            fetched(app, fetch, answered.errcode, answered.body).await;
+            let sent = answered.target.query().and_then(|q| query::param(q, "access_token"));
+            fetched(app, fetch, answered.errcode, answered.body, sent.as_deref()).await;
         }
         if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
             if REJECTED.contains(&code) {
@@ -100,6 +104,40 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
         return Ok(());
     };
     let slot = cache.slot(asked.kind, &asked.id, &asked.secret);
+    let force = asked.force;
+    serve_slot(app, call, cache, slot, asked.kind, asked.id, force, asked.refresh.as_deref()).await
+}
+
+/// A ticket request (after route, before decide): answered from the slot
+/// of (ticket, account), shared by every caller of the account whatever
+/// token it brings, but only for a call whose account is proven (its
+/// token's owner is known to be it, or wxgate adds the account's token):
+/// otherwise the ticket of the account it names could be read with any
+/// token. Any other ticket request goes to WeChat as it came.
+async fn serve_ticket(app: &Base, call: &mut Asking<'_>, ticket: ask::Ticket) -> Result<(), Early> {
+    let Some(cache) = &app.token_cache else { return Ok(()) };
+    if !call.proven {
+        return Ok(());
+    }
+    let slot = format!("{}:{}", ticket.as_str(), call.account);
+    let account = call.account.to_owned();
+    serve_slot(app, call, cache, slot, Kind::Ticket(ticket), account, false, None).await
+}
+
+/// Answers a request for `slot`'s credential (a token, a ticket) from the
+/// cache or from another request's fetch, or lets it go on as the slot's
+/// one fetch (`asking.token_fetch`).
+#[allow(clippy::too_many_arguments)]
+async fn serve_slot(
+    app: &Base,
+    call: &mut Asking<'_>,
+    cache: &Arc<TokenCache>,
+    slot: String,
+    kind: Kind,
+    account: String,
+    force: bool,
+    refresh: Option<&str>,
+) -> Result<(), Early> {
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     // The fetch may be held by its rule's max_wait before it is sent: its
@@ -108,7 +146,7 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
     let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
     // A forced refresh skips the cached token, and takes only one stored
     // after the entry cached when it found a fetch in flight.
-    let mut newer_than = if asked.force { i64::MAX } else { -1 };
+    let mut newer_than = if force { i64::MAX } else { -1 };
     loop {
         let woken = cache.done.notified();
         let claim = cache.store.tokens().claim_token(&slot, &holder, cache.min_ttl_us, newer_than, lock_us).await;
@@ -125,16 +163,16 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
                     return Ok(());
                 };
                 let left_s = (until - now) / 1_000_000;
-                if asked.kind != Kind::WeCom {
-                    cache.remember(&asked.id, &token, app.clock.now_us().saturating_add(until - now));
+                if matches!(kind, Kind::Token | Kind::Stable) {
+                    cache.remember(&account, &token, app.clock.now_us().saturating_add(until - now));
                 }
                 cache.metrics.from_cache.inc();
-                let resp = json_answer(answer(asked.kind, &token, left_s).into());
+                let resp = json_answer(answer(kind, &token, left_s, refresh).into());
                 return Err(Early::Answered(Box::new(resp), Outcome::cached));
             }
             Ok(Claim::Won { .. }) => {
                 cache.metrics.fetched.inc();
-                *call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, asked.kind, asked.id));
+                *call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, kind, account));
                 return Ok(());
             }
             Ok(Claim::Failed { answer }) => {
@@ -161,21 +199,30 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
 /// a token answer is sealed into the slot; WeChat's refusal is shown to the
 /// waiters for a moment; anything else releases the lock.
 /// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).
-pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>) {
+pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>, sent: Option<&[u8]>) {
     let cache = fetch.cache.clone();
     match (errcode, body) {
-        (Some(0), Some(body)) => match token_of(body) {
+        (Some(0), Some(body)) => match credential_of(fetch.kind, body) {
             Some((token, expires_in)) => {
                 let ttl_us = expires_in.min(MAX_TTL_S) * 1_000_000;
                 let Some(entry) = cache.sealer.seal(&fetch.slot, token.as_bytes()) else {
                     fetch.finish(Fetched::Abandoned).await;
                     return;
                 };
-                let hash = cache.sealer.token_hash(token.as_bytes());
-                if fetch.kind != Kind::WeCom {
+                // A ticket is known by the token it was fetched with, so that
+                // WeChat rejecting that token drops it too ([`rejected`]).
+                let hash = match (fetch.kind, sent) {
+                    (Kind::Ticket(t), Some(sent)) => ticket_hash(&cache, t, sent),
+                    (Kind::Ticket(_), None) => {
+                        fetch.finish(Fetched::Abandoned).await;
+                        return;
+                    }
+                    _ => cache.sealer.token_hash(token.as_bytes()),
+                };
+                if matches!(fetch.kind, Kind::Token | Kind::Stable) {
                     cache.remember(&fetch.account, &token, app.clock.now_us().saturating_add(ttl_us));
                 }
-                tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched an access token for the token cache");
+                tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched {} for the token cache", if matches!(fetch.kind, Kind::Ticket(_)) { "a ticket" } else { "an access token" });
                 fetch.finish(Fetched::Token { entry: &entry, hash, ttl_us }).await;
             }
             None => fetch.finish(Fetched::Abandoned).await,
@@ -198,7 +245,7 @@ pub fn kinds_issued_by(host: Option<&str>) -> &'static [&'static str] {
     if host == "qyapi.weixin.qq.com" {
         &["wecom"]
     } else if host.ends_with(".weixin.qq.com") {
-        &["token", "stable"]
+        &["token", "stable", "component", "authorizer"]
     } else {
         &[]
     }
@@ -209,21 +256,52 @@ pub fn kinds_issued_by(host: Option<&str>) -> &'static [&'static str] {
 /// issues ([`kinds_issued_by`]), that slot drops it (once: a token fetched
 /// since is never dropped), so the next token request fetches a fresh one.
 pub async fn rejected(cache: &Arc<TokenCache>, query: Option<&str>, host: Option<&str>) {
-    let Some(token) = query.and_then(|q| query::param(q, "access_token")) else { return };
-    let kinds = kinds_issued_by(host);
-    let hash = cache.sealer.token_hash(&token);
-    if kinds.is_empty() {
-        cache.forget(&token);
+    for name in ["access_token", "component_access_token"] {
+        if let Some(token) = query.and_then(|q| query::param(q, name)) {
+            rejected_token(cache, &token, host).await;
+        }
     }
-    match cache.store.tokens().drop_token(&hash, kinds).await {
+}
+
+/// [`rejected`] for one token the call carried; whether it was a slot's.
+pub async fn rejected_token(cache: &Arc<TokenCache>, token: &[u8], host: Option<&str>) -> bool {
+    let kinds = kinds_issued_by(host);
+    let hash = cache.sealer.token_hash(token);
+    if kinds.is_empty() {
+        cache.forget(token);
+    }
+    let dropped = match cache.store.tokens().drop_token(&hash, kinds).await {
         Ok(true) => {
-            cache.forget(&token);
+            cache.forget(token);
             cache.metrics.invalidations.inc();
             tracing::info!("WeChat rejected a cached access token: dropped, the next token request fetches a new one");
+            true
         }
-        Ok(false) => {}
-        Err(e) => tracing::warn!(error = %e, "could not drop a rejected access token from the token cache"),
+        Ok(false) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not drop a rejected access token from the token cache");
+            false
+        }
+    };
+    // The tickets fetched with it go too (each is known by its token).
+    for t in ask::Ticket::ALL {
+        match cache.store.tokens().drop_token(&ticket_hash(cache, t, token), &[]).await {
+            Ok(true) => tracing::info!(ticket = t.as_str(), "dropped a ticket fetched with a token WeChat rejected"),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "could not drop the tickets of a rejected token"),
+        }
     }
+    dropped
+}
+
+/// What a ticket of kind `t` fetched with access token `token` is known by.
+fn ticket_hash(cache: &TokenCache, t: ask::Ticket, token: &[u8]) -> crate::store::tokens::TokenHash {
+    let mut named = Vec::with_capacity(token.len() + 16);
+    named.extend_from_slice(b"ticket:");
+    named.extend_from_slice(t.as_str().as_bytes());
+    named.push(b':');
+    named.extend_from_slice(token);
+    cache.sealer.token_hash(&named)
 }
 
 /// A WeChat-shaped JSON answer (HTTP 200).
@@ -240,8 +318,8 @@ mod tests {
     #[test]
     fn a_host_rejects_only_the_tokens_it_issues() {
         assert_eq!(kinds_issued_by(Some("qyapi.weixin.qq.com")), &["wecom"]);
-        assert_eq!(kinds_issued_by(Some("API.weixin.qq.com")), &["token", "stable"]);
-        assert_eq!(kinds_issued_by(Some("sh.api.weixin.qq.com")), &["token", "stable"]);
+        assert_eq!(kinds_issued_by(Some("API.weixin.qq.com")), &["token", "stable", "component", "authorizer"]);
+        assert_eq!(kinds_issued_by(Some("sh.api.weixin.qq.com")), &["token", "stable", "component", "authorizer"]);
         assert!(kinds_issued_by(Some("127.0.0.1")).is_empty());
         assert!(kinds_issued_by(None).is_empty());
     }

@@ -80,6 +80,8 @@ pub struct Who {
     pub body: Option<Bytes>,
     /// A `clear_quota` call, and the appid its body names (`crate::features::quota_clear`).
     pub clearing: Option<Clearing>,
+    /// `account` is the one the call's access token was issued to.
+    pub owned: bool,
 }
 
 /// Set by route.
@@ -113,7 +115,7 @@ impl Call {
     pub fn new(method: Method, path: &str, config: Arc<Config>, caller: Caller) -> Call {
         Call {
             arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None },
-            who: Who { caller, account: String::new(), learn: None, body: None, clearing: None },
+            who: Who { caller, account: String::new(), learn: None, body: None, clearing: None, owned: false },
             route: Routed::default(),
             token_fetch: None,
             injected: None,

@@ -59,7 +59,7 @@ pub async fn identify(
     let named = arrived.named.take();
     // An authenticated caller granted one account: its calls that name none are for it.
     let granted = if authenticated { call.who.caller.policy().and_then(|p| p.grants.single()) } else { None };
-    let Identified { account, learn, body, clearing } =
+    let Identified { account, learn, body, clearing, owned } =
         accounts::identify(app, &arrived.config, &arrived.path, named, granted.map(|g| &**g), req, target).await?;
     if authenticated {
         call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
@@ -75,5 +75,6 @@ pub async fn identify(
     call.who.learn = learn;
     call.who.body = body;
     call.who.clearing = clearing;
+    call.who.owned = owned;
     Ok(())
 }

@@ -175,6 +175,14 @@ impl Instance {
         super::get_as_at(self.addr, account, path).await
     }
 
+    /// A POST of `body` on the proxy listener.
+    pub async fn post(&self, path: &str, body: &str) -> Answer {
+        let req = hyper::Request::post(self.url(path))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_owned())))
+            .expect("request");
+        super::send(req).await
+    }
+
     /// A GET on the admin listener.
     pub async fn admin_get(&self, path: &str) -> Answer {
         get_at(self.admin.expect("admin listener"), path).await

@@ -20,6 +20,11 @@ pub const APPID: &str = "wxTOKENAPP00001";
 pub const SECRET: &str = "SEKRIT_APPSECRET_9f8e7d";
 pub const CORPID: &str = "wwTOKENCORP0001";
 pub const CORPSECRET: &str = "SEKRIT_CORPSECRET_6c5b4a";
+/// A third-party platform, its appsecret, and an account it is authorised for.
+pub const PLATFORM: &str = "wxPLATFORM00001";
+pub const PLATFORM_SECRET: &str = "SEKRIT_PLATFORM_3e2d1c";
+pub const AUTHORIZER: &str = "wxAUTHORIZER001";
+pub const REFRESH: &str = "refreshtoken@@@SEKRIT_REFRESH_0a9b8c";
 
 /// The ticket APIs the mock answers (a new ticket each call, counted as
 /// fetches at "ticket").
@@ -154,6 +159,28 @@ impl WeChatTokens {
                 }
                 let token = self.issue("gettoken", CORPID, false);
                 json(&format!(r#"{{"errcode":0,"errmsg":"ok","access_token":"{token}","expires_in":7200}}"#))
+            }
+            "/cgi-bin/component/api_component_token" => {
+                count("component");
+                let body: serde_json::Value = serde_json::from_slice(&rec.body).unwrap_or_default();
+                if body["component_appid"] != PLATFORM || body["component_appsecret"] != PLATFORM_SECRET {
+                    return json(r#"{"errcode":40125,"errmsg":"invalid appsecret"}"#);
+                }
+                let token = self.issue("component", PLATFORM, true);
+                json(&format!(r#"{{"component_access_token":"{token}","expires_in":7200}}"#))
+            }
+            "/cgi-bin/component/api_authorizer_token" => {
+                count("authorizer");
+                let body: serde_json::Value = serde_json::from_slice(&rec.body).unwrap_or_default();
+                let valid =
+                    self.state.lock().expect("tokens").valid.get(&param("component_access_token")) == Some(&true);
+                if !valid || body["authorizer_refresh_token"] != REFRESH {
+                    return json(r#"{"errcode":40001,"errmsg":"invalid credential"}"#);
+                }
+                let token = self.issue("authorizer", AUTHORIZER, true);
+                json(&format!(
+                    r#"{{"authorizer_access_token":"{token}","expires_in":7200,"authorizer_refresh_token":"{REFRESH}"}}"#
+                ))
             }
             _ => {
                 let token = param("access_token");

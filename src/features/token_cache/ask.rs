@@ -25,6 +25,57 @@ pub enum Kind {
     WeCom,
     /// A platform's `component_access_token` (`api_component_token`).
     Component,
+    /// An authorizer's `authorizer_access_token` (`api_authorizer_token`),
+    /// per (authorizer, platform, refresh token).
+    Authorizer,
+    /// An account's ticket (keyed by the account, not the token).
+    Ticket(Ticket),
+}
+
+/// The tickets the cache answers, one slot per (kind, account).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ticket {
+    /// OA `GET /cgi-bin/ticket/getticket?type=jsapi`.
+    Jsapi,
+    /// OA `GET /cgi-bin/ticket/getticket?type=wx_card`.
+    WxCard,
+    /// WeCom `GET /cgi-bin/get_jsapi_ticket` (the corp's).
+    CorpJsapi,
+    /// WeCom `GET /cgi-bin/ticket/get?type=agent_config` (the app's).
+    AgentConfig,
+}
+
+impl Ticket {
+    pub const ALL: [Ticket; 4] = [Ticket::Jsapi, Ticket::WxCard, Ticket::CorpJsapi, Ticket::AgentConfig];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ticket::Jsapi => "jsapi",
+            Ticket::WxCard => "wx_card",
+            Ticket::CorpJsapi => "corp_jsapi",
+            Ticket::AgentConfig => "agent_config",
+        }
+    }
+}
+
+/// The ticket request at `path` (GET, with this `query`), if this is one.
+/// Cheap for every other call: one prefix test.
+pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Option<Ticket> {
+    if method != Method::GET || !path.starts_with("/cgi-bin/") {
+        return None;
+    }
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let kind = || query.and_then(|q| query::param(q, "type"));
+    match path {
+        "/cgi-bin/ticket/getticket" => match kind()?.as_ref() {
+            b"jsapi" => Some(Ticket::Jsapi),
+            b"wx_card" => Some(Ticket::WxCard),
+            _ => None,
+        },
+        "/cgi-bin/get_jsapi_ticket" => Some(Ticket::CorpJsapi),
+        "/cgi-bin/ticket/get" => (kind()?.as_ref() == b"agent_config").then_some(Ticket::AgentConfig),
+        _ => None,
+    }
 }
 
 impl Kind {
@@ -34,6 +85,18 @@ impl Kind {
             Kind::Stable => "stable",
             Kind::WeCom => "wecom",
             Kind::Component => "component",
+            Kind::Authorizer => "authorizer",
+            Kind::Ticket(t) => t.as_str(),
+        }
+    }
+
+    /// The answer's field that holds the token.
+    pub fn field(self) -> &'static str {
+        match self {
+            Kind::Token | Kind::Stable | Kind::WeCom => "access_token",
+            Kind::Component => "component_access_token",
+            Kind::Authorizer => "authorizer_access_token",
+            Kind::Ticket(_) => "ticket",
         }
     }
 }
@@ -47,6 +110,9 @@ pub struct Ask {
     pub secret: Vec<u8>,
     /// `stable_token` with `force_refresh: true`.
     pub force: bool,
+    /// `api_authorizer_token`: the refresh token the request gave, which its
+    /// cached answer repeats (never stored: only hashed into the slot).
+    pub refresh: Option<String>,
 }
 
 impl std::fmt::Debug for Ask {
@@ -68,12 +134,12 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
             }
             let id = valid_id(param("appid")?)?;
             let secret = param("secret").filter(|s| !s.is_empty())?;
-            Some(Ask { kind: Kind::Token, id, secret, force: false })
+            Some(Ask { kind: Kind::Token, id, secret, force: false, refresh: None })
         }
         (&Method::GET, "/cgi-bin/gettoken") => {
             let id = valid_id(param("corpid")?)?;
             let secret = param("corpsecret").filter(|s| !s.is_empty())?;
-            Some(Ask { kind: Kind::WeCom, id, secret, force: false })
+            Some(Ask { kind: Kind::WeCom, id, secret, force: false, refresh: None })
         }
         (&Method::POST, "/cgi-bin/stable_token") => {
             let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
@@ -86,28 +152,68 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
                 None | Some(serde_json::Value::Null) => false,
                 Some(v) => v.as_bool()?,
             };
-            Some(Ask { kind: Kind::Stable, id, secret, force })
+            Some(Ask { kind: Kind::Stable, id, secret, force, refresh: None })
+        }
+        // The verify ticket changes every 10 minutes and is not part of the
+        // slot: one component token per (platform, appsecret).
+        (&Method::POST, "/cgi-bin/component/api_component_token") => {
+            let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
+            let id = json.get("component_appid")?.as_str().filter(|id| valid_account(id))?.to_owned();
+            let secret = json.get("component_appsecret")?.as_str().filter(|s| !s.is_empty())?.as_bytes().to_vec();
+            json.get("component_verify_ticket")?.as_str().filter(|t| !t.is_empty())?;
+            Some(Ask { kind: Kind::Component, id, secret, force: false, refresh: None })
+        }
+        // One authorizer token per (authorizer, platform, refresh token):
+        // the slot's secret is the platform's appid and the refresh token.
+        (&Method::POST, "/cgi-bin/component/api_authorizer_token") => {
+            let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
+            let id = json.get("authorizer_appid")?.as_str().filter(|id| valid_account(id))?.to_owned();
+            let platform = json.get("component_appid")?.as_str().filter(|id| valid_account(id))?;
+            let refresh = json.get("authorizer_refresh_token")?.as_str().filter(|s| !s.is_empty())?.to_owned();
+            let mut secret = platform.as_bytes().to_vec();
+            secret.push(0);
+            secret.extend_from_slice(refresh.as_bytes());
+            Some(Ask { kind: Kind::Authorizer, id, secret, force: false, refresh: Some(refresh) })
         }
         _ => None,
     }
 }
 
 /// The body WeChat sends for a token of `kind` with `expires_in` seconds
-/// left (WeCom adds `errcode` 0 and `errmsg` "ok").
-pub fn answer(kind: Kind, token: &str, expires_in: i64) -> String {
+/// left (WeCom adds `errcode` 0 and `errmsg` "ok"; an authorizer token
+/// repeats the refresh token asked with, as WeChat does).
+pub fn answer(kind: Kind, token: &str, expires_in: i64, refresh: Option<&str>) -> String {
     match kind {
         Kind::Token | Kind::Stable => json!({ "access_token": token, "expires_in": expires_in }).to_string(),
         Kind::WeCom => {
             json!({ "errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": expires_in }).to_string()
         }
         Kind::Component => json!({ "component_access_token": token, "expires_in": expires_in }).to_string(),
+        Kind::Authorizer => json!({
+            "authorizer_access_token": token,
+            "expires_in": expires_in,
+            "authorizer_refresh_token": refresh.unwrap_or_default(),
+        })
+        .to_string(),
+        Kind::Ticket(_) => {
+            json!({ "errcode": 0, "errmsg": "ok", "ticket": token, "expires_in": expires_in }).to_string()
+        }
     }
 }
 
 /// A token answer read: the token and its `expires_in` (seconds, > 0).
 pub fn token_of(answer: &[u8]) -> Option<(String, i64)> {
+    credential_of(Kind::Token, answer)
+}
+
+/// An answer of `kind`'s API read: its token (or ticket) and `expires_in`
+/// (seconds, > 0); `None` for an answer with a non-zero errcode.
+pub fn credential_of(kind: Kind, answer: &[u8]) -> Option<(String, i64)> {
     let json: serde_json::Value = serde_json::from_slice(answer).ok()?;
-    let token = json.get("access_token")?.as_str().filter(|t| !t.is_empty())?.to_owned();
+    if json.get("errcode").and_then(|c| c.as_i64()).is_some_and(|c| c != 0) {
+        return None;
+    }
+    let token = json.get(kind.field())?.as_str().filter(|t| !t.is_empty())?.to_owned();
     let expires_in = match json.get("expires_in")? {
         serde_json::Value::Number(n) => n.as_i64()?,
         serde_json::Value::String(s) => s.trim().parse().ok()?,
@@ -144,10 +250,10 @@ mod tests {
 
     #[test]
     fn answers_are_shaped_as_wechat_sends_them() {
-        assert_eq!(answer(Kind::Token, "T", 60), r#"{"access_token":"T","expires_in":60}"#);
+        assert_eq!(answer(Kind::Token, "T", 60, None), r#"{"access_token":"T","expires_in":60}"#);
         assert_eq!(token_of(br#"{"access_token":"T","expires_in":7200}"#), Some(("T".into(), 7200)));
         assert_eq!(token_of(br#"{"errcode":40125,"errmsg":"invalid appsecret"}"#), None);
-        let wecom: serde_json::Value = serde_json::from_str(&answer(Kind::WeCom, "T", 5)).expect("json");
+        let wecom: serde_json::Value = serde_json::from_str(&answer(Kind::WeCom, "T", 5, None)).expect("json");
         assert_eq!(wecom["errcode"], 0);
     }
 }
