@@ -18,6 +18,9 @@
 //! 5. [`decide`]: one store decision ([`crate::admit`]), then the call is
 //!    held for its reserved slot or waits for a concurrency slot; a refusal
 //!    is answered here and never reaches WeChat.
+//!    Then the features' [`Feature::before_forward`] hooks: the broker adds
+//!    an `[[account]]`'s token to a call that carries none
+//!    ([`crate::features::broker`]).
 //! 6. [`forward`]: method, path, query, headers and body unchanged but for
 //!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller` (the
 //!    latter taken off by identify); sent exactly once ([`crate::transport::upstream`]:
@@ -32,7 +35,8 @@
 //!    error, and its admission is kept (WeChat may have had the head and
 //!    part of the body).
 //! 7. [`answer`]: WeChat's answer is read for its errcode
-//!    ([`crate::transport::sniff`]) and handed to the features' [`Feature::on_answer`]
+//!    ([`crate::transport::sniff`]); a call whose added token WeChat
+//!    rejected is sent once more with a new one; the answer is handed to the features' [`Feature::on_answer`]
 //!    hooks (token cache, learning, clear_quota, warm-up, penalties); a
 //!    penalised answer reaches the client as a penalty refusal with WeChat's
 //!    body unchanged; [`Feature::on_response`] adds headers (RateLimit).
@@ -49,6 +53,7 @@ pub mod call;
 pub mod decide;
 pub mod forward;
 pub mod identify;
+pub mod resend;
 pub mod respond;
 pub mod route;
 

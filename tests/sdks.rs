@@ -352,3 +352,30 @@ async fn each_sdk_authenticates_with_caller_and_key_in_its_base_url() {
     assert!(!node[0].ok && node[0].errcode == Some(48001) && node[0].status == Some(401), "{node:?}");
     assert_eq!(mock.count(), 2);
 }
+
+#[tokio::test]
+async fn sdks_set_to_fetch_no_token_get_the_one_wxgate_holds() {
+    use support::tokens::{WeChatTokens, APPID, SECRET};
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    mock.respond(tokens.responder());
+    let dir = TempDir::new("sdk-broker");
+    let secret = dir.write_secret("secret", SECRET);
+    let held =
+        format!("[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n", secret.display());
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(held)).await;
+    let at = format!("http://{}/@{APPID}", gate.addr);
+    let py = wechatpy(&at).no_token().calls(&["user.get", "message.send_text"]).await;
+    assert!(py.iter().all(|s| s.ok), "wechatpy, base URL and no token: {py:#?}");
+    let node = wechat_api(&at).no_token().calls(&["getUser", "sendText"]).await;
+    assert!(node.iter().all(|s| s.ok), "wechat-api, base URL and no token: {node:#?}");
+    assert_eq!(tokens.fetches("stable"), 1, "wxgate fetched one token; the SDKs none");
+    assert_eq!(tokens.fetches("token"), 0);
+    let token = tokens.issued().remove(0);
+    let calls = mock.calls();
+    let api: Vec<_> = calls.iter().filter(|c| !c.path_and_query.starts_with("/cgi-bin/stable_token")).collect();
+    assert_eq!(api.len(), 4);
+    for c in api {
+        assert!(c.path_and_query.ends_with(&format!("access_token={token}")), "{}", c.path_and_query);
+    }
+}

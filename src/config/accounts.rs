@@ -14,7 +14,6 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::units::{check_secret_mode, valid_name};
-use super::valid_account;
 
 /// `[[account]]` as written.
 #[derive(Debug, Deserialize)]
@@ -189,7 +188,7 @@ pub(super) fn compile(
         let span = a.span();
         let a = a.into_inner();
         let err = |m: String| (span.clone(), format!("[[account]] \"{}\": {m}", a.id));
-        if !valid_account(&a.id) {
+        if !valid_name(&a.id) {
             return Err((span, format!("[[account]] id \"{}\" must be 1-64 of [A-Za-z0-9_-]", a.id)));
         }
         let kind = match a.kind.as_str() {

@@ -404,7 +404,7 @@ mod tests {
         assert_eq!(
             error("[rules]\nname = \"x\"\n"),
             "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`, \
-             `tokens`, `intercept`"
+             `tokens`, `intercept`, `account`"
         );
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),

@@ -11,7 +11,9 @@
 //! 3. A token request's own appid ([`learn::TokenRequest::caller`]): what
 //!    WeChat counts a token request against; the appid a `clear_quota`
 //!    clears ([`crate::features::quota_clear`]).
-//! 4. `default`.
+//! 4. With `caller_auth = "required"`, the one account the caller is
+//!    granted, if it is granted exactly one.
+//! 5. `default`.
 //!
 //! A call that names an account but carries a token learned for another is
 //! refused (400): nobody may spend or penalise another account's quota by

@@ -25,6 +25,9 @@
 //!   once more with it (`crate::proxy::answer`).
 
 pub mod fetch;
+pub mod injected;
+
+pub use self::injected::Injected;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,15 +58,6 @@ pub const RENEW_AHEAD_US: Micros = 300_000_000;
 /// The broker as a feature ([`crate::features`]): its `before_forward`
 /// hook adds the token.
 pub struct Broker;
-
-/// A call wxgate added its account's token to.
-pub struct Injected {
-    pub account: Arc<SecretAccount>,
-    /// The token added (in memory only; hashed to drop it).
-    pub token: String,
-    /// The target as the caller sent it, to add a new token to.
-    pub original: PathAndQuery,
-}
 
 impl Feature for Broker {
     /// A token request for an `[[account]]`: refused unless it gives the

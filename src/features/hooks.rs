@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::error::Early;
 use crate::features::accounts::learn::Learn;
 use crate::features::base::Base;
-use crate::features::broker::Injected;
+use crate::features::broker::injected::Injected;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
 use crate::limit::clock::Micros;
@@ -163,6 +163,7 @@ macro_rules! feature_tuple {
     };
 }
 
+feature_tuple!(A, B, C, D);
 feature_tuple!(A, B, C, D, E, F, G);
 
 impl Answered<'_> {

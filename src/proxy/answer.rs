@@ -31,7 +31,7 @@ pub struct Forwarded {
     /// The path and query sent (the token cache reads a rejected call's token).
     pub target: http::uri::PathAndQuery,
     /// A call wxgate added a token to: what it needs to be sent once more.
-    pub resend: Option<super::forward::Resend>,
+    pub resend: Option<super::resend::Resend>,
 }
 
 /// An answer's head, its body (read whole when small) and its verdict.
@@ -60,7 +60,7 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
                     let target = broker::with_token(&injected.original, &token)?;
                     injected.token = token;
                     drop(body);
-                    let resp = super::forward::resend(call, resend, &target).await?;
+                    let resp = super::resend::resend(call, resend, &target).await?;
                     if let Some(cache) = &app.token_cache {
                         cache.metrics.resent.inc();
                     }

@@ -10,7 +10,7 @@ use http::Method;
 use crate::admit::Admitted;
 use crate::config::Config;
 use crate::features::accounts::learn::Learn;
-use crate::features::broker::Injected;
+use crate::features::broker::injected::Injected;
 use crate::features::callers::Caller;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;

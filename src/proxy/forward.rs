@@ -57,7 +57,7 @@ pub async fn forward(
         None => None,
     };
     let resend = match (&read, &call.injected) {
-        (Some(read), Some(_)) => Some(Resend {
+        (Some(read), Some(_)) => Some(super::resend::Resend {
             method: parts.method.clone(),
             headers: parts.headers.clone(),
             body: read.clone(),
@@ -89,15 +89,6 @@ pub async fn forward(
 /// upload) is streamed and not sent again.
 pub const RESEND_MAX: u64 = 1 << 20;
 
-/// What a call wxgate added a token to keeps, to be sent once more with a
-/// new token if WeChat rejects the first (`crate::features::broker`).
-pub struct Resend {
-    method: http::Method,
-    headers: http::HeaderMap,
-    body: bytes::Bytes,
-    upstream: std::sync::Arc<crate::transport::upstream::Upstream>,
-}
-
 /// The body of an injected call, read whole if it declares a length up to
 /// [`RESEND_MAX`] (or has none): `None` leaves it to be streamed. A body
 /// that does not arrive within `[server] body_timeout` is the client's fault.
@@ -117,26 +108,6 @@ async fn read_for_resend(body: &mut Incoming, config: &crate::config::Config) ->
         Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}")).into()),
         Err(_) => Err(ProxyError::Upstream(crate::transport::upstream::UpstreamError::ClientStalled(within)).into()),
     }
-}
-
-/// Sends a call wxgate added a token to once more, to `target` (the same
-/// call with a new token), on the upstream that answered the first time.
-pub async fn resend(
-    call: &mut Call,
-    resend: &Resend,
-    target: &PathAndQuery,
-) -> Result<hyper::Response<Incoming>, Early> {
-    let uri =
-        resend.upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
-    let mut req = Request::new(RequestBody::bytes(resend.body.clone()));
-    *req.method_mut() = resend.method.clone();
-    *req.uri_mut() = uri;
-    *req.headers_mut() = resend.headers.clone();
-    let sent = Stopwatch::start();
-    let (tried, resp) = resend.upstream.send(req).await;
-    call.sent.upstream_us += sent.elapsed_us();
-    call.sent.upstream = Some((resend.upstream.clone(), tried));
-    Ok(resp?)
 }
 
 /// The call provably never reached WeChat

@@ -30,6 +30,7 @@ from wechatpy import WeChatClient
 from wechatpy.exceptions import WeChatClientException
 
 CALLS = {
+    "user.get": lambda c: c.user.get("oOPENID"),
     "menu.get": lambda c: c.menu.get(),
     "message.send_text": lambda c: c.message.send_text("oOPENID", "hello"),
     "fetch_access_token": lambda c: c.fetch_access_token(),
@@ -38,6 +39,14 @@ CALLS = {
     "customservice.get_session_list": lambda c: c.customservice.get_session_list("kf1@test"),
     "datacube.get_user_summary": lambda c: c.datacube.get_user_summary("2026-11-01", "2026-11-02"),
 }
+
+
+class TokenlessClient(WeChatClient):
+    """--no-token: wxgate is the token server. Shadowing the `access_token`
+    property makes every call carry `access_token=` (empty), which wxgate
+    fills; the client never requests a token itself (no secret)."""
+
+    access_token = ""
 
 
 class Refuse(requests.adapters.BaseAdapter):
@@ -108,10 +117,15 @@ def main():
     p.add_argument("--appid", default="wxsdktest")
     p.add_argument("--secret", default="SECRET")
     p.add_argument("--token")
+    p.add_argument("--no-token", action="store_true",
+                   help="send access_token= (empty) on every call: no secret, no token request, no 40001 retry")
     p.add_argument("calls", nargs="+", choices=sorted(CALLS))
     a = p.parse_args()
 
-    client = WeChatClient(a.appid, a.secret, access_token=a.token, timeout=10)
+    if a.no_token:
+        client = TokenlessClient(a.appid, None, timeout=10, auto_retry=False)
+    else:
+        client = WeChatClient(a.appid, a.secret, access_token=a.token, timeout=10)
     base = a.base.rstrip("/")
     if a.via == "intercept":
         proxied_only(client._http)

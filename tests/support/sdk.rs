@@ -162,6 +162,14 @@ impl Driver {
         self.opt("--via", "contrib")
     }
 
+    /// wxgate is the token server: the SDK sends `access_token=` (empty)
+    /// on every call, never asks for a token and holds no secret (the
+    /// settings of README "wxgate as your token server").
+    pub fn no_token(mut self) -> Self {
+        self.args.push("--no-token".to_owned());
+        self
+    }
+
     fn opt(mut self, flag: &str, value: &str) -> Self {
         self.args.extend([flag.to_owned(), value.to_owned()]);
         self

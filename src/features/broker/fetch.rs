@@ -16,11 +16,14 @@ use crate::config::Config;
 use crate::error::{ProxyError, ERRCODE_SYSTEM};
 use crate::features::accounts::learn::{Learn, TokenRequest};
 use crate::features::accounts::query::encoded;
+use crate::features::accounts::Learning;
 use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
+use crate::features::penalties::Penalties;
 use crate::features::token_cache::ask::token_of;
 use crate::features::token_cache::cache::Fetch;
-use crate::features::FEATURES;
+use crate::features::token_cache::TokenCacheFeature;
+use crate::features::warmup::Warmup;
 use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
 use crate::store::op::Refund;
@@ -121,7 +124,12 @@ pub async fn fetch(
         token_fetch: Some(won),
         penalty: None,
     };
-    FEATURES.on_answer(app, &mut answered).await;
+    // The answer hooks a token fetch's answer needs, in the order of
+    // `crate::features`: sealing the token, learning its owner, warm-up
+    // starting again, penalties. (Named here: the feature list includes
+    // the broker itself.)
+    let hooks = (TokenCacheFeature, Learning, Warmup, Penalties);
+    hooks.on_answer(app, &mut answered).await;
     metrics.call(if answered.penalty.is_some() { Outcome::penalised } else { Outcome::forwarded });
     match (errcode, whole.as_deref().and_then(token_of)) {
         (Some(0), Some((token, expires_in))) => {

@@ -1,0 +1,41 @@
+//! The one resend: a call wxgate added an `[[account]]`'s token to, which
+//! WeChat refused for that token (40001/40014/42001, before acting on it),
+//! sent once more with a new one (`crate::features::broker`).
+
+use http::uri::PathAndQuery;
+use http::Request;
+use hyper::body::Incoming;
+
+use super::call::Call;
+use crate::error::{Early, ProxyError};
+use crate::limit::clock::Stopwatch;
+use crate::transport::request_body::RequestBody;
+
+/// What a call wxgate added a token to keeps, to be sent once more with a
+/// new token if WeChat rejects the first (`crate::features::broker`).
+pub struct Resend {
+    pub method: http::Method,
+    pub headers: http::HeaderMap,
+    pub body: bytes::Bytes,
+    pub upstream: std::sync::Arc<crate::transport::upstream::Upstream>,
+}
+
+/// Sends a call wxgate added a token to once more, to `target` (the same
+/// call with a new token), on the upstream that answered the first time.
+pub async fn resend(
+    call: &mut Call,
+    resend: &Resend,
+    target: &PathAndQuery,
+) -> Result<hyper::Response<Incoming>, Early> {
+    let uri =
+        resend.upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    let mut req = Request::new(RequestBody::bytes(resend.body.clone()));
+    *req.method_mut() = resend.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = resend.headers.clone();
+    let sent = Stopwatch::start();
+    let (tried, resp) = resend.upstream.send(req).await;
+    call.sent.upstream_us += sent.elapsed_us();
+    call.sent.upstream = Some((resend.upstream.clone(), tried));
+    Ok(resp?)
+}
