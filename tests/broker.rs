@@ -532,3 +532,78 @@ async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() 
     assert_ne!(sent[0], sent[1], "the call after the renewal carries the new token");
     assert_eq!(tokens.fetches("token"), 2);
 }
+
+#[tokio::test]
+async fn a_ticket_in_use_is_renewed_ahead_of_expiry() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-ticket-renew");
+    let held = account(&dir, APPID, "official_account", SECRET, "token_api = \"token\"");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(rules()).with(held)).await;
+    let first = ticket_of(&gate.get_as(APPID, JSAPI).await);
+    assert_eq!(tokens.fetches("ticket"), 1);
+    gate.advance(Duration::from_secs(7200 - 280));
+    eventually_async("ticket renewed", PATIENCE, async || tokens.fetches("ticket") == 2).await;
+    let renewed = ticket_of(&gate.get_as(APPID, JSAPI).await);
+    assert_ne!(renewed, first, "the next request gets the renewed ticket");
+    assert_eq!(tokens.fetches("ticket"), 2, "without waiting for a fetch");
+    // The ticket was fetched with the account's token, renewed too.
+    let sent = tokens_sent(&mock, "/cgi-bin/ticket/getticket");
+    assert_ne!(sent[0], sent[1]);
+    assert_eq!(tokens.fetches("token"), 2);
+}
+
+#[tokio::test]
+async fn a_rotated_secret_file_takes_effect_on_reload_and_no_secret_reaches_the_state_file() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-rotate");
+    let secret = dir.write_secret("wx.secret", "OLD_SECRET_REVOKED");
+    let text = ConfigToml::new(&mock.url())
+        .with(StoreToml::memory().set("state_file", dir.join("state.json").display().to_string()))
+        .with(rules())
+        .with(format!(
+            "[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n",
+            secret.display()
+        ))
+        .to_string();
+    let path = dir.write("wxgate.toml", &text);
+    let gate = Gate::start_file(&path).await;
+    // WeChat refuses the old secret: the call gets WeChat's errcode, 502.
+    let refused = gate.get_as(APPID, &format!("{INFO}?openid=o1")).await;
+    assert_eq!((refused.status.as_u16(), refused.json()["errcode"].as_i64()), (502, Some(40125)), "{}", refused.text());
+    assert!(!refused.text().contains("OLD_SECRET"), "{}", refused.text());
+    assert_eq!(tokens_sent(&mock, INFO).len(), 0, "never forwarded without a token");
+    // The secret is rotated, the config reloaded: the new one is used.
+    dir.write_secret("wx.secret", SECRET);
+    wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
+    gate.advance(Duration::from_secs(3));
+    let answer = gate.get_as(APPID, &format!("{INFO}?openid=o1")).await;
+    assert_eq!(answer.json()["errcode"], 0, "{}", answer.text());
+    let token = tokens_sent(&mock, INFO).remove(0);
+    // Nothing of the secrets or the token is in the state file or its journal.
+    let gate = gate.restart().await;
+    drop(gate);
+    let mut stored = Vec::new();
+    for entry in walk(dir.path()) {
+        if !entry.to_string_lossy().ends_with(".secret") {
+            stored.extend(std::fs::read(&entry).unwrap_or_default());
+        }
+    }
+    assert!(!stored.is_empty());
+    for secret in [SECRET, "OLD_SECRET_REVOKED", token.as_str()] {
+        assert!(!stored.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} stored by wxgate");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}

@@ -336,8 +336,60 @@ pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
             }
         };
         state.due.insert(account.name.clone(), next);
+        renew_tickets(app, config, cache, account, state).await;
     }
 }
+
+/// The tickets of `account` asked for on this instance within a token's
+/// lifetime, renewed like its token: the one instance that wins a ticket's
+/// slot when less than [`RENEW_AHEAD_US`] is left fetches it with the
+/// account's current token.
+async fn renew_tickets(
+    app: &Base,
+    config: &Config,
+    cache: &Arc<TokenCache>,
+    account: &Arc<SecretAccount>,
+    state: &mut RenewState,
+) {
+    let now = app.clock.now_us();
+    for ticket in cache.tickets_used(&account.name, now - TICKETS_KEPT_US) {
+        let key = (account.name.clone(), ticket);
+        if state.ticket_due.get(&key).is_some_and(|due| *due > now) {
+            continue;
+        }
+        let slot = format!("{}:{}", ticket.as_str(), account.name);
+        let holder = cache.holder();
+        let lock_us = crate::config::units::micros(cache.wait);
+        let next = match cache.store.tokens().claim_token(&slot, &holder, RENEW_AHEAD_US, -1, lock_us).await {
+            Ok(Claim::Cached { until, now: at, .. }) => now + (until - at - RENEW_AHEAD_US).clamp(0, RENEW_LOOK_US),
+            Ok(Claim::Won { .. }) => {
+                let won = Fetch::new(cache.clone(), slot, holder, Kind::Ticket(ticket), account.name.to_string());
+                let fetched = match current(app, config, account).await {
+                    Ok(token) => fetch::fetch_ticket(app, config, account, ticket, &token, won).await,
+                    Err(e) => Err(e),
+                };
+                match fetched {
+                    Ok(()) => {
+                        cache.metrics.renewal("renewed");
+                        tracing::info!(account = %account.name, ticket = ticket.as_str(), "renewed a ticket ahead of expiry");
+                        now + RENEW_LOOK_US
+                    }
+                    Err(e) => {
+                        cache.metrics.renewal("error");
+                        tracing::warn!(account = %account.name, ticket = ticket.as_str(), error = %e, "could not renew a ticket ahead of expiry; retrying in 30s");
+                        now + RENEW_RETRY_US
+                    }
+                }
+            }
+            Ok(_) => now + 1_000_000,
+            Err(_) => now + RENEW_RETRY_US,
+        };
+        state.ticket_due.insert(key, next);
+    }
+}
+
+/// How long a ticket nobody asked for on this instance is still renewed.
+pub const TICKETS_KEPT_US: Micros = 7_200_000_000;
 
 /// How long after a failed renewal it is tried again.
 pub const RENEW_RETRY_US: Micros = 30_000_000;
@@ -349,6 +401,8 @@ pub const RENEW_LOOK_US: Micros = 60_000_000;
 pub struct RenewState {
     /// When each account is next looked at (the app's clock).
     due: std::collections::HashMap<Arc<str>, Micros>,
+    /// When each (account, ticket) is next looked at.
+    ticket_due: std::collections::HashMap<(Arc<str>, ask::Ticket), Micros>,
     /// Each account's token lifetime, the longest fetched (7200 s until
     /// one is).
     lifetime: std::collections::HashMap<Arc<str>, Micros>,

@@ -121,6 +121,7 @@ async fn serve_ticket(app: &Base, call: &mut Asking<'_>, ticket: ask::Ticket) ->
     }
     let slot = format!("{}:{}", ticket.as_str(), call.account);
     let account = call.account.to_owned();
+    cache.ticket_used(&account, ticket, app.clock.now_us());
     serve_slot(app, call, cache, slot, Kind::Ticket(ticket), account, false, None).await
 }
 

@@ -20,7 +20,7 @@ use crate::features::accounts::Learning;
 use crate::features::base::Base;
 use crate::features::hooks::{Answered, Feature};
 use crate::features::penalties::Penalties;
-use crate::features::token_cache::ask::token_of;
+use crate::features::token_cache::ask::{token_of, Ticket};
 use crate::features::token_cache::cache::Fetch;
 use crate::features::token_cache::TokenCacheFeature;
 use crate::features::warmup::Warmup;
@@ -44,7 +44,74 @@ pub async fn fetch(
 ) -> Result<(String, i64), ProxyError> {
     let api = account.token_api;
     let (method, target, body) = request(account)?;
-    let rule = config.rule_for(api.path()).cloned();
+    let learn = TokenRequest::at(api.path()).map(|request| Learn { request, owner: Some(account.name.to_string()) });
+    let (errcode, answer) =
+        own_call(app, config, account, Own { path: api.path(), method, target, body, won, learn }).await?;
+    match (errcode, answer.as_deref().and_then(token_of)) {
+        (Some(0), Some((token, expires_in))) => {
+            tracing::info!(account = %account.name, api = api.as_str(), expires_in_s = expires_in, "fetched the account's access token");
+            Ok((token, expires_in))
+        }
+        _ => Err(refused(account, answer.as_deref().unwrap_or_default())),
+    }
+}
+
+/// Fetches a ticket of `account` with its current `token` (this asker won
+/// the ticket's slot: `won`): renewal ahead of expiry of a ticket in use.
+pub async fn fetch_ticket(
+    app: &Base,
+    config: &Config,
+    account: &SecretAccount,
+    ticket: Ticket,
+    token: &str,
+    won: Fetch,
+) -> Result<(), ProxyError> {
+    let (path, kind) = match ticket {
+        Ticket::Jsapi => ("/cgi-bin/ticket/getticket", Some("jsapi")),
+        Ticket::WxCard => ("/cgi-bin/ticket/getticket", Some("wx_card")),
+        Ticket::CorpJsapi => ("/cgi-bin/get_jsapi_ticket", None),
+        Ticket::AgentConfig => ("/cgi-bin/ticket/get", Some("agent_config")),
+    };
+    let mut target = format!("{path}?access_token={}", encoded(token));
+    if let Some(kind) = kind {
+        target.push_str("&type=");
+        target.push_str(kind);
+    }
+    let target = PathAndQuery::from_maybe_shared(Bytes::from(target)).map_err(|_| ProxyError::NoToken {
+        account: account.name.clone(),
+        errcode: ERRCODE_SYSTEM,
+        why: "the ticket request cannot be written as a request target".into(),
+    })?;
+    let own = Own { path, method: Method::GET, target, body: Bytes::new(), won, learn: None };
+    match own_call(app, config, account, own).await? {
+        (Some(0), _) => Ok(()),
+        (_, answer) => Err(refused(account, answer.as_deref().unwrap_or_default())),
+    }
+}
+
+/// A call wxgate makes itself.
+struct Own {
+    path: &'static str,
+    method: Method,
+    target: PathAndQuery,
+    body: Bytes,
+    /// The slot's fetch this call makes.
+    won: Fetch,
+    /// What its answer teaches (a token request).
+    learn: Option<Learn>,
+}
+
+/// Sends `own` for `account`: decided against its path's rule, sent
+/// through the upstream client, its answer handed to the answer hooks;
+/// the answer's errcode and (small) body.
+async fn own_call(
+    app: &Base,
+    config: &Config,
+    account: &SecretAccount,
+    own: Own,
+) -> Result<(Option<i64>, Option<Bytes>), ProxyError> {
+    let Own { path, method, target, body, won, learn } = own;
+    let rule = config.rule_for(path).cloned();
     let metrics = app.metrics.rule(rule.as_ref().map_or(NO_RULE, |r| &*r.name));
     // A token is what every call of the account waits on: the rule's
     // reserve is for it (high priority).
@@ -111,7 +178,7 @@ pub async fn fetch(
     let mut answered = Answered {
         config,
         account: &account.name,
-        path: api.path(),
+        path,
         target: &target,
         intercepted: None,
         verdict,
@@ -119,7 +186,7 @@ pub async fn fetch(
         body: whole.as_ref(),
         rule: rule.as_deref(),
         admitted: admitted.as_ref(),
-        learn: TokenRequest::at(api.path()).map(|request| Learn { request, owner: Some(account.name.to_string()) }),
+        learn,
         clearing: None,
         token_fetch: Some(won),
         penalty: None,
@@ -131,13 +198,7 @@ pub async fn fetch(
     let hooks = (TokenCacheFeature, Learning, Warmup, Penalties);
     hooks.on_answer(app, &mut answered).await;
     metrics.call(if answered.penalty.is_some() { Outcome::penalised } else { Outcome::forwarded });
-    match (errcode, whole.as_deref().and_then(token_of)) {
-        (Some(0), Some((token, expires_in))) => {
-            tracing::info!(account = %account.name, api = api.as_str(), expires_in_s = expires_in, "fetched the account's access token");
-            Ok((token, expires_in))
-        }
-        _ => Err(refused(account, whole.as_deref().unwrap_or_default())),
-    }
+    Ok((errcode, whole))
 }
 
 /// Why WeChat's answer to a token fetch gave no token, from that answer.

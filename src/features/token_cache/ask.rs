@@ -33,7 +33,7 @@ pub enum Kind {
 }
 
 /// The tickets the cache answers, one slot per (kind, account).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ticket {
     /// OA `GET /cgi-bin/ticket/getticket?type=jsapi`.
     Jsapi,

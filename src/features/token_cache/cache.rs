@@ -44,6 +44,9 @@ pub struct TokenCache {
     /// The tokens this instance served or fetched, per account, until
     /// they expire: what quota_sync calls quota/get with. In memory only.
     known: Mutex<HashMap<String, (String, Micros)>>,
+    /// The tickets this instance served, per (account, ticket), and when
+    /// last: those the broker renews ahead of expiry for held accounts.
+    tickets: Mutex<HashMap<(String, super::ask::Ticket), Micros>>,
     pub metrics: TokenMetrics,
 }
 
@@ -106,6 +109,7 @@ impl TokenCache {
             seq: AtomicU64::new(0),
             done: Notify::new(),
             known: Mutex::default(),
+            tickets: Mutex::default(),
             metrics,
         })))
     }
@@ -141,6 +145,19 @@ impl TokenCache {
     pub fn forget(&self, token: &[u8]) {
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
         known.retain(|_, (t, _)| t.as_bytes() != token);
+    }
+
+    /// A ticket of `account` was asked for at `now`.
+    pub fn ticket_used(&self, account: &str, ticket: super::ask::Ticket, now: Micros) {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.insert((account.to_owned(), ticket), now);
+    }
+
+    /// The tickets of `account` asked for since `since` (older ones forgotten).
+    pub fn tickets_used(&self, account: &str, since: Micros) -> Vec<super::ask::Ticket> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.retain(|_, at| *at >= since);
+        tickets.keys().filter(|(a, _)| a == account).map(|(_, t)| *t).collect()
     }
 
     /// The accounts with a token valid at `now`, and that token.
