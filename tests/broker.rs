@@ -579,6 +579,7 @@ async fn a_rotated_secret_file_takes_effect_on_reload_and_no_secret_reaches_the_
     let answer = gate.get_as(APPID, &format!("{INFO}?openid=o1")).await;
     assert_eq!(answer.json()["errcode"], 0, "{}", answer.text());
     let token = tokens_sent(&mock, INFO).remove(0);
+    assert_eq!(tokens.fetches("stable"), 2, "one refused fetch with the old secret, one with the new");
     // Nothing of the secrets or the token is in the state file or its journal.
     let gate = gate.restart().await;
     drop(gate);
