@@ -37,6 +37,9 @@
 # caller_auth: the cost of a header that size alone, to tell it apart.
 # BENCH_LIMITS='[{ count = 1000000000, per = "day" }]' gives the rule other
 # limits than ones that never throttle (a day quota: the admissions journal).
+# BENCH_INJECT=1 gives wxgate an [[account]] and sends every call without
+# an access_token, naming the account (`/@wxbench.../`): the cost of adding
+# the account's token to a call (the credential broker).
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -103,6 +106,13 @@ elif [ "$AUTH" = 1 ]; then
   SERVER_MORE=$(printf 'workers = 1\ncaller_auth = "required"')
   RULE_MORE=$(printf '\n[[caller]]\nname = "bench"\nkey_sha256 = "%s"\naccounts = ["*"]' \
     "$(printf %s "$BENCH_KEY" | sha256sum | cut -d' ' -f1)")
+fi
+if [ "${BENCH_INJECT:-0}" = 1 ]; then
+  export WXGATE_TOKEN_KEY=5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a  # Redis: the shared token cache
+  printf 'BENCHSECRET\n' >"$TMP/bench.secret"
+  chmod 600 "$TMP/bench.secret"
+  URL="http://127.0.0.1:$WP/@wxbench00000001/cgi-bin/message/template/send"
+  RULE_MORE="$RULE_MORE$(printf '\n[[account]]\nid = "wxbench00000001"\nkind = "official_account"\nsecret_file = "%s"' "$TMP/bench.secret")"
 fi
 calls() { # calls N: N sequential calls on one connection
   local urls=()

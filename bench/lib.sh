@@ -64,7 +64,8 @@ EOF2
 }
 
 # bench_nginx_mock LISTEN PID ERROR_LOG: the mock WeChat upstream, an nginx
-# answering every request 200 with BENCH_BODY (one worker).
+# answering every request 200 with BENCH_BODY (one worker), and
+# /cgi-bin/stable_token with a token (BENCH_INJECT).
 BENCH_BODY='{"errcode":0,"errmsg":"ok"}'
 bench_nginx_mock() {
   cat <<EOF2
@@ -72,6 +73,8 @@ worker_processes 1; daemon off; pid $2; error_log $3 warn;
 events { worker_connections 4096; }
 http { access_log off; keepalive_timeout 75s; keepalive_requests 1000000;
   server { listen $1;
-    location / { types { } default_type application/json; return 200 '$BENCH_BODY'; } } }
+    location / { types { } default_type application/json; return 200 '$BENCH_BODY'; }
+    location = /cgi-bin/stable_token { types { } default_type application/json;
+      return 200 '{"access_token":"BENCHTOKEN","expires_in":7200}'; } } }
 EOF2
 }

@@ -100,6 +100,12 @@ impl Secret {
         &self.0
     }
 
+    /// Whether `other` is this very secret (the same read of the config),
+    /// not only an equal one: a cheap test that a cached slot still fits.
+    pub fn same_read(&self, other: &Secret) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Whether `given` is this secret, in time that does not depend on
     /// where they differ.
     pub fn is(&self, given: &[u8]) -> bool {

@@ -41,7 +41,7 @@ use crate::error::{Early, ProxyError};
 use crate::features::base::Base;
 use crate::features::hooks::{Asking, Feature, Sending};
 use crate::features::token_cache::ask::Kind;
-use crate::features::token_cache::cache::{Fetch, TokenCache};
+use crate::features::token_cache::cache::{Fetch, HeldToken, TokenCache};
 use crate::features::token_cache::POLL;
 use crate::features::token_cache::{ask, json_answer};
 use crate::limit::clock::{deadline_after, Micros};
@@ -74,7 +74,7 @@ impl Feature for Broker {
         if !account.injects() {
             return Ok(());
         }
-        let got = match obtain(app, asking.config, &account, CALL_MIN_LEFT_US, -1, true).await? {
+        let got = match Box::pin(obtain(app, asking.config, &account, CALL_MIN_LEFT_US, -1, true)).await? {
             Some(got) => got,
             None => return Err(ProxyError::TokenWait(cache_of(app)?.wait).into()),
         };
@@ -94,7 +94,9 @@ impl Feature for Broker {
         if !account.injects() || !wants_token(sending.path, sending.target.query()) {
             return Ok(());
         }
-        let token = current(app, config, account).await?;
+        // Boxed: the fetch behind it is a whole call of its own, and every
+        // call's future would otherwise carry its state.
+        let token = Box::pin(current(app, config, account)).await?;
         let with = with_token(sending.target, &token)?;
         let original = std::mem::replace(sending.target, with);
         if let Some(cache) = &app.token_cache {
@@ -200,11 +202,31 @@ pub fn slot(cache: &TokenCache, account: &SecretAccount) -> String {
 /// The account's current token, fetched if none with more than
 /// [`CALL_MIN_LEFT_US`] left is cached (waiting for another asker's fetch
 /// if one is in flight, up to `[tokens] wait`).
+///
+/// The token is kept in this process until [`CALL_MIN_LEFT_US`] before its
+/// end, so a call asks the store only then: a token another instance
+/// renewed meanwhile is still valid (WeChat keeps the old one until its
+/// end), and one WeChat rejected is replaced by the resend path.
 pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) -> Result<String, ProxyError> {
+    let cache = cache_of(app)?;
+    let now = app.clock.now_us();
+    if let Some(held) = cache.held.read().unwrap_or_else(|e| e.into_inner()).get(&account.name) {
+        if held.until > now && held.secret.same_read(&account.secret) {
+            return Ok(held.token.clone());
+        }
+    }
     match obtain(app, config, account, CALL_MIN_LEFT_US, -1, true).await? {
         Some(got) => Ok(got.token),
-        None => Err(ProxyError::TokenWait(cache_of(app)?.wait)),
+        None => Err(ProxyError::TokenWait(cache.wait)),
     }
+}
+
+/// Keeps `token` of `account` in this process while it has more than
+/// [`CALL_MIN_LEFT_US`] left (`left_us` from now).
+fn hold(app: &Base, cache: &TokenCache, account: &SecretAccount, token: &str, left_us: Micros) {
+    let until = app.clock.now_us().saturating_add(left_us - CALL_MIN_LEFT_US);
+    let held = HeldToken { secret: account.secret.clone(), token: token.to_owned(), until };
+    cache.held.write().unwrap_or_else(|e| e.into_inner()).insert(account.name.clone(), held);
 }
 
 /// WeChat rejected `injected`'s token: dropped if it is still the slot's
@@ -214,6 +236,12 @@ pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) 
 /// sent again.
 pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -> Option<String> {
     let cache = app.token_cache.as_ref()?;
+    {
+        let mut held = cache.held.write().unwrap_or_else(|e| e.into_inner());
+        if held.get(&injected.account.name).is_some_and(|h| h.token == injected.token) {
+            held.remove(&injected.account.name);
+        }
+    }
     // The token is the one wxgate added, whatever host answered.
     crate::features::token_cache::rejected_token(cache, injected.token.as_bytes(), None).await;
     match obtain(app, config, &injected.account, CALL_MIN_LEFT_US, -1, true).await {
@@ -263,7 +291,10 @@ async fn obtain(
             Err(e) => return Err(ProxyError::Unavailable(e)),
             Ok(Claim::Cached { entry, until, now }) => {
                 return match cache.sealer.open(&slot, &entry) {
-                    Some(token) => Ok(Some(Got { token, left_us: until - now, fetched: false })),
+                    Some(token) => {
+                        hold(app, cache, account, &token, until - now);
+                        Ok(Some(Got { token, left_us: until - now, fetched: false }))
+                    }
                     None => Err(ProxyError::NoToken {
                         account: account.name.clone(),
                         errcode: crate::error::ERRCODE_SYSTEM,
@@ -283,7 +314,9 @@ async fn obtain(
                 }
                 let won = Fetch::new(cache.clone(), slot, holder, kind(account.token_api), account.name.to_string());
                 let (token, expires_in) = fetch::fetch(app, config, account, won).await?;
-                return Ok(Some(Got { token, left_us: expires_in.saturating_mul(1_000_000), fetched: true }));
+                let left_us = expires_in.saturating_mul(1_000_000);
+                hold(app, cache, account, &token, left_us);
+                return Ok(Some(Got { token, left_us, fetched: true }));
             }
             Ok(Claim::Failed { answer }) => return Err(fetch::refused(account, &answer)),
             Ok(Claim::Busy { .. }) if !wait => return Ok(None),
@@ -352,7 +385,7 @@ async fn renew_tickets(
     state: &mut RenewState,
 ) {
     let now = app.clock.now_us();
-    for ticket in cache.tickets_used(&account.name, now - TICKETS_KEPT_US) {
+    for ticket in cache.tickets_due(&account.name, now - TICKETS_KEPT_US, now, now + RENEW_AHEAD_US) {
         let key = (account.name.clone(), ticket);
         if state.ticket_due.get(&key).is_some_and(|due| *due > now) {
             continue;
@@ -361,11 +394,18 @@ async fn renew_tickets(
         let holder = cache.holder();
         let lock_us = crate::config::units::micros(cache.wait);
         let next = match cache.store.tokens().claim_token(&slot, &holder, RENEW_AHEAD_US, -1, lock_us).await {
-            Ok(Claim::Cached { until, now: at, .. }) => now + (until - at - RENEW_AHEAD_US).clamp(0, RENEW_LOOK_US),
+            Ok(Claim::Cached { until, now: at, .. }) => {
+                // Renewed elsewhere: seen cached until then.
+                cache.ticket_until(&account.name, ticket, now + (until - at));
+                now + 1_000_000
+            }
             Ok(Claim::Won { .. }) => {
                 let won = Fetch::new(cache.clone(), slot, holder, Kind::Ticket(ticket), account.name.to_string());
-                let fetched = match current(app, config, account).await {
-                    Ok(token) => fetch::fetch_ticket(app, config, account, ticket, &token, won).await,
+                // The token from the store, not this process's copy: another
+                // instance may have replaced a rejected one.
+                let fetched = match obtain(app, config, account, CALL_MIN_LEFT_US, -1, true).await {
+                    Ok(Some(got)) => fetch::fetch_ticket(app, config, account, ticket, &got.token, won).await,
+                    Ok(None) => Err(ProxyError::TokenWait(cache.wait)),
                     Err(e) => Err(e),
                 };
                 match fetched {

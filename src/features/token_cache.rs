@@ -164,8 +164,11 @@ async fn serve_slot(
                     return Ok(());
                 };
                 let left_s = (until - now) / 1_000_000;
-                if matches!(kind, Kind::Token | Kind::Stable) {
-                    cache.remember(&account, &token, app.clock.now_us().saturating_add(until - now));
+                let local_until = app.clock.now_us().saturating_add(until - now);
+                match kind {
+                    Kind::Token | Kind::Stable => cache.remember(&account, &token, local_until),
+                    Kind::Ticket(t) => cache.ticket_until(&account, t, local_until),
+                    _ => {}
                 }
                 cache.metrics.from_cache.inc();
                 let resp = json_answer(answer(kind, &token, left_s, refresh).into());
@@ -220,8 +223,11 @@ pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Optio
                     }
                     _ => cache.sealer.token_hash(token.as_bytes()),
                 };
-                if matches!(fetch.kind, Kind::Token | Kind::Stable) {
-                    cache.remember(&fetch.account, &token, app.clock.now_us().saturating_add(ttl_us));
+                let local_until = app.clock.now_us().saturating_add(ttl_us);
+                match fetch.kind {
+                    Kind::Token | Kind::Stable => cache.remember(&fetch.account, &token, local_until),
+                    Kind::Ticket(t) => cache.ticket_until(&fetch.account, t, local_until),
+                    _ => {}
                 }
                 tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched {} for the token cache", if matches!(fetch.kind, Kind::Ticket(_)) { "a ticket" } else { "an access token" });
                 fetch.finish(Fetched::Token { entry: &entry, hash, ttl_us }).await;

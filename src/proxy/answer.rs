@@ -31,7 +31,31 @@ pub struct Forwarded {
     /// The path and query sent (the token cache reads a rejected call's token).
     pub target: http::uri::PathAndQuery,
     /// A call wxgate added a token to: what it needs to be sent once more.
-    pub resend: Option<super::resend::Resend>,
+    pub resend: Option<Box<super::resend::Resend>>,
+}
+
+/// WeChat rejected the token wxgate added to `call` (it did not act on the
+/// call): one new token, and the call once more with it; its answer, or
+/// `None` when no other token could be had (the first answer stands). The
+/// caller sees only the answer it gets.
+async fn once_more(
+    app: &App,
+    call: &mut Call,
+    resend: &super::resend::Resend,
+    sent: &mut http::uri::PathAndQuery,
+    code: i64,
+) -> Result<Option<(http::response::Parts, RelayBody, Verdict)>, Early> {
+    let Some(injected) = &mut call.injected else { return Ok(None) };
+    let Some(token) = broker::after_rejection(app, &call.arrived.config, injected).await else { return Ok(None) };
+    let target = broker::with_token(&injected.original, &token)?;
+    injected.token = token;
+    let resp = super::resend::resend(call, resend, &target).await?;
+    if let Some(cache) = &app.token_cache {
+        cache.metrics.resent.inc();
+    }
+    tracing::info!(account = %call.who.account, path = %call.arrived.path, errcode = code, "WeChat rejected the token wxgate added: sent once more with a new one");
+    *sent = target;
+    read(resp, call.arrived.config.server.body_timeout).await.map(Some)
 }
 
 /// An answer's head, its body (read whole when small) and its verdict.
@@ -54,20 +78,10 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
     // one new token, and the call once more with it. The caller sees only
     // the second answer.
     if let (Verdict::Errcode(code), Some(resend)) = (verdict, &forwarded.resend) {
-        if REJECTED.contains(&code) {
-            if let Some(injected) = &mut call.injected {
-                if let Some(token) = broker::after_rejection(app, &call.arrived.config, injected).await {
-                    let target = broker::with_token(&injected.original, &token)?;
-                    injected.token = token;
-                    drop(body);
-                    let resp = super::resend::resend(call, resend, &target).await?;
-                    if let Some(cache) = &app.token_cache {
-                        cache.metrics.resent.inc();
-                    }
-                    tracing::info!(account = %call.who.account, path = %call.arrived.path, errcode = code, "WeChat rejected the token wxgate added: sent once more with a new one");
-                    forwarded.target = target;
-                    (parts, body, verdict) = read(resp, stall).await?;
-                }
+        if REJECTED.contains(&code) && call.injected.is_some() {
+            // Boxed: rare, and a whole fetch and call of its own.
+            if let Some(again) = Box::pin(once_more(app, call, resend, &mut forwarded.target, code)).await? {
+                (parts, body, verdict) = again;
             }
         }
     }

@@ -53,16 +53,16 @@ pub async fn forward(
     let mut body = body;
     let read = match call.who.body.take() {
         Some(read) => Some(read),
-        None if call.injected.is_some() => read_for_resend(&mut body, &call.arrived.config).await?,
+        None if call.injected.is_some() => Box::pin(read_for_resend(&mut body, &call.arrived.config)).await?,
         None => None,
     };
     let resend = match (&read, &call.injected) {
-        (Some(read), Some(_)) => Some(super::resend::Resend {
+        (Some(read), Some(_)) => Some(Box::new(super::resend::Resend {
             method: parts.method.clone(),
             headers: parts.headers.clone(),
             body: read.clone(),
             upstream: upstream.clone(),
-        }),
+        })),
         _ => None,
     };
     let body = match read {

@@ -44,9 +44,13 @@ pub struct TokenCache {
     /// The tokens this instance served or fetched, per account, until
     /// they expire: what quota_sync calls quota/get with. In memory only.
     known: Mutex<HashMap<String, (String, Micros)>>,
+    /// The token of each `[[account]]` this instance last had from the
+    /// store, to add to calls without asking the store each time
+    /// (`crate::features::broker`).
+    pub held: std::sync::RwLock<HashMap<Arc<str>, HeldToken>>,
     /// The tickets this instance served, per (account, ticket), and when
     /// last: those the broker renews ahead of expiry for held accounts.
-    tickets: Mutex<HashMap<(String, super::ask::Ticket), Micros>>,
+    tickets: Mutex<HashMap<(String, super::ask::Ticket), TicketSeen>>,
     pub metrics: TokenMetrics,
 }
 
@@ -110,6 +114,7 @@ impl TokenCache {
             done: Notify::new(),
             known: Mutex::default(),
             tickets: Mutex::default(),
+            held: Default::default(),
             metrics,
         })))
     }
@@ -150,14 +155,35 @@ impl TokenCache {
     /// A ticket of `account` was asked for at `now`.
     pub fn ticket_used(&self, account: &str, ticket: super::ask::Ticket, now: Micros) {
         let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        tickets.insert((account.to_owned(), ticket), now);
+        tickets.entry((account.to_owned(), ticket)).or_insert(TicketSeen { used: now, until: None }).used = now;
     }
 
-    /// The tickets of `account` asked for since `since` (older ones forgotten).
-    pub fn tickets_used(&self, account: &str, since: Micros) -> Vec<super::ask::Ticket> {
+    /// A ticket of `account` is cached until `until` (this process's clock).
+    pub fn ticket_until(&self, account: &str, ticket: super::ask::Ticket, until: Micros) {
         let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        tickets.retain(|_, at| *at >= since);
-        tickets.keys().filter(|(a, _)| a == account).map(|(_, t)| *t).collect()
+        if let Some(seen) = tickets.get_mut(&(account.to_owned(), ticket)) {
+            seen.until = Some(until);
+        }
+    }
+
+    /// The tickets of `account` asked for since `since` (older ones
+    /// forgotten) and seen cached until a time before `due_before`: those
+    /// to renew. A ticket dropped (its token rejected) or never stored is
+    /// not renewed: the next request fetches it.
+    pub fn tickets_due(
+        &self,
+        account: &str,
+        since: Micros,
+        now: Micros,
+        due_before: Micros,
+    ) -> Vec<super::ask::Ticket> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.retain(|_, seen| seen.used >= since);
+        tickets
+            .iter()
+            .filter(|((a, _), seen)| a == account && seen.until.is_some_and(|u| u > now && u < due_before))
+            .map(|((_, t), _)| *t)
+            .collect()
     }
 
     /// The accounts with a token valid at `now`, and that token.
@@ -192,6 +218,22 @@ fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, String> {
     )?;
     let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
     parse_key(&text).map(Some).map_err(at)
+}
+
+/// A ticket this instance served: when last asked for, and until when it
+/// was last seen cached.
+struct TicketSeen {
+    used: Micros,
+    until: Option<Micros>,
+}
+
+/// An `[[account]]`'s token as this instance holds it.
+pub struct HeldToken {
+    /// The secret it was had for (a reload with a rotated one misses).
+    pub secret: crate::config::accounts::Secret,
+    pub token: String,
+    /// Until when it is added to calls (this process's clock).
+    pub until: Micros,
 }
 
 /// A fetch this call won (`Claim::Won`): reported to the store when the
