@@ -17,6 +17,7 @@ use support::{eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, Store
 
 const INFO: &str = "/cgi-bin/user/info";
 const SEND: &str = "/cgi-bin/message/custom/send";
+const RENEWED: &str = r#"wxgate_token_renewals_total{result="renewed"}"#;
 const KEY: &str = "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
 
 /// The token rule (WeChat's own limits) and two API rules.
@@ -169,8 +170,9 @@ async fn a_held_accounts_token_is_renewed_ahead_of_expiry_without_a_call_waiting
     assert_eq!(tokens.fetches("token"), 1, "not renewed with 10 minutes left");
     // Less than 5 minutes left: the renewal task fetches, no call asked.
     gate.advance(Duration::from_secs(320));
-    eventually_async("renewed", PATIENCE, async || tokens.fetches("token") == 2).await;
-    assert_eq!(gate.metric(r#"wxgate_token_renewals_total{result="renewed"}"#).await, Some(1.0));
+    // Renewed once the new token is stored and held (WeChat answering is not enough).
+    eventually_async("renewed", PATIENCE, async || gate.metric(RENEWED).await == Some(1.0)).await;
+    assert_eq!(tokens.fetches("token"), 2);
     assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
     let second = tokens_sent(&mock, INFO).remove(1);
     assert_ne!(second, first, "the next call carries the renewed token");
@@ -526,7 +528,7 @@ async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() 
     assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
     assert_eq!(tokens.fetches("token"), 1);
     gate.advance(Duration::from_secs(7200 - 280));
-    eventually_async("renewed in Redis", PATIENCE, async || tokens.fetches("token") == 2).await;
+    eventually_async("renewed in Redis", PATIENCE, async || gate.metric(RENEWED).await == Some(1.0)).await;
     assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
     let sent = tokens_sent(&mock, INFO);
     assert_ne!(sent[0], sent[1], "the call after the renewal carries the new token");
@@ -542,7 +544,9 @@ async fn a_ticket_in_use_is_renewed_ahead_of_expiry() {
     let first = ticket_of(&gate.get_as(APPID, JSAPI).await);
     assert_eq!(tokens.fetches("ticket"), 1);
     gate.advance(Duration::from_secs(7200 - 280));
-    eventually_async("ticket renewed", PATIENCE, async || tokens.fetches("ticket") == 2).await;
+    // The token, then the ticket (stored: WeChat answering is not enough).
+    eventually_async("ticket renewed", PATIENCE, async || gate.metric(RENEWED).await == Some(2.0)).await;
+    assert_eq!(tokens.fetches("ticket"), 2);
     let renewed = ticket_of(&gate.get_as(APPID, JSAPI).await);
     assert_ne!(renewed, first, "the next request gets the renewed ticket");
     assert_eq!(tokens.fetches("ticket"), 2, "without waiting for a fetch");
@@ -607,4 +611,26 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+#[tokio::test]
+async fn a_failing_renewal_backs_off_so_a_wrong_secret_spends_little_of_the_token_quota() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-backoff");
+    let wrong = account(&dir, APPID, "official_account", "NOT_THE_SECRET", "");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(rules()).with(wrong)).await;
+    let errors = r#"wxgate_token_renewals_total{result="error"}"#;
+    // The renewal task fetches at start (no call waits for the first token).
+    eventually_async("first try", PATIENCE, async || gate.metric(errors).await == Some(1.0)).await;
+    gate.advance(Duration::from_secs(31));
+    eventually_async("second try after 30 s", PATIENCE, async || gate.metric(errors).await == Some(2.0)).await;
+    // The next waits 60 s: nothing 31 s later ...
+    gate.advance(Duration::from_secs(31));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(gate.metric(errors).await, Some(2.0), "backed off");
+    // ... and the third try after the 60 s.
+    gate.advance(Duration::from_secs(30));
+    eventually_async("third try after 60 s", PATIENCE, async || gate.metric(errors).await == Some(3.0)).await;
+    assert_eq!(tokens.fetches("stable"), 3);
+    drop(mock);
 }

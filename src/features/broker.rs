@@ -349,6 +349,7 @@ pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
         let ahead = state.lifetime.get(&account.name).map_or(RENEW_AHEAD_US, |l| (l / 10).min(RENEW_AHEAD_US));
         let next = match obtain(app, config, account, ahead, -1, false).await {
             Ok(Some(got)) => {
+                state.errors.remove(&account.name);
                 if got.fetched {
                     cache.metrics.renewal("renewed");
                     let longest = state.lifetime.entry(account.name.clone()).or_default();
@@ -363,9 +364,14 @@ pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
             // Another instance is fetching it: look again soon.
             Ok(None) => now + 1_000_000,
             Err(e) => {
+                // 30 s, doubling while it fails, up to an hour: a wrong
+                // secret must not spend the token API's day quota.
+                let errors = state.errors.entry(account.name.clone()).or_default();
+                let wait_us = RENEW_RETRY_US.saturating_mul(1 << (*errors).min(7)).min(RENEW_BACKOFF_MAX_US);
+                *errors += 1;
                 cache.metrics.renewal("error");
-                tracing::warn!(account = %account.name, error = %e, "could not renew the account's token ahead of expiry; retrying in 30s");
-                now + RENEW_RETRY_US
+                tracing::warn!(account = %account.name, error = %e, retry_in_s = wait_us / 1_000_000, "could not renew the account's token ahead of expiry");
+                now + wait_us
             }
         };
         state.due.insert(account.name.clone(), next);
@@ -433,6 +439,8 @@ pub const TICKETS_KEPT_US: Micros = 7_200_000_000;
 
 /// How long after a failed renewal it is tried again.
 pub const RENEW_RETRY_US: Micros = 30_000_000;
+/// Longest wait after renewals that failed in a row.
+pub const RENEW_BACKOFF_MAX_US: Micros = 3_600_000_000;
 /// Longest between two looks at an account's token.
 pub const RENEW_LOOK_US: Micros = 60_000_000;
 
@@ -441,6 +449,8 @@ pub const RENEW_LOOK_US: Micros = 60_000_000;
 pub struct RenewState {
     /// When each account is next looked at (the app's clock).
     due: std::collections::HashMap<Arc<str>, Micros>,
+    /// Renewals of each account that failed in a row.
+    errors: std::collections::HashMap<Arc<str>, u32>,
     /// When each (account, ticket) is next looked at.
     ticket_due: std::collections::HashMap<(Arc<str>, ask::Ticket), Micros>,
     /// Each account's token lifetime, the longest fetched (7200 s until
