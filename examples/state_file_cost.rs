@@ -47,7 +47,10 @@ async fn main() {
     for i in 0..n {
         let account = format!("wx{:016x}", i);
         let key = Key { account: &account, rule: &config.rules[0], offset_us: config.server.quota_offset_us };
-        store.acquire(&Ask { key, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None }).await.unwrap();
+        store
+            .acquire(&Ask { key, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost: 1 })
+            .await
+            .unwrap();
     }
     let fill = t.elapsed();
     let after = rss_kb();

@@ -41,6 +41,9 @@
 --            limits' order: a, b as above (T, τ of the share's window; the
 --            share's count). Its state is in the same hash, fields
 --            <field>~<caller> (a label never holds "~" or ".").
+--          the call's cost n (1 for a call): decided as n calls at the same
+--            moment, all or none; refused whatever the wait when a window's
+--            tolerance cannot hold n at once (or a calendar quota n)
 --
 -- Returns one string: per call, in order, separated by ",", integers
 -- separated by spaces (one bulk reply parses far cheaper in the client than
@@ -127,11 +130,14 @@ local function put(st, f, x)
 end
 
 -- The earliest moment every limit of `all` (the rule's, then the caller's
--- share's) admits a call (keeping each rule limit's r when `keep`), and the
--- reason code of the limit that set it (earliest in decide.rs). Each limit
--- carries its code: 1 rate, 2 quota, 6 share.
-local function earliest(all, now, off, keep)
-  local worst, reason = 0, 1
+-- share's) admits a call of `cost` (keeping each rule limit's r when
+-- `keep`), the reason code of the limit that set it, and whether any wait
+-- can make room for it (earliest in decide.rs). Each limit carries its code
+-- (1 rate, 2 quota, 6 share) and, for a window, its emission interval now
+-- (l.t: warm-up's for the rule's, T for a share's).
+local function earliest(all, now, off, keep, cost)
+  local worst, reason, fits = 0, 1, true
+  local extra = cost - 1
   for i = 1, #all do
     local l = all[i]
     local kept = 0
@@ -140,9 +146,14 @@ local function earliest(all, now, off, keep)
     if l.kind == 'w' then
       local tat = l.tat or now
       if tat < now then tat = now end
-      wait = tat - l.b + kept - now
+      local more = extra * l.t
+      if more > 0 and more + kept > l.b then fits = false end
+      wait = tat - l.b + kept + more - now
     else
-      wait = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, now, off) - now
+      local room = l.a - kept - extra
+      if room < 0 then room = 0 end
+      if extra > 0 and room == 0 then fits = false end
+      wait = calendar_free_at(l.kind, l.p, l.n, l.q, room, now, off) - now
     end
     if wait > worst then
       worst = wait
@@ -156,23 +167,25 @@ local function earliest(all, now, off, keep)
     if l.kind ~= 'w' then
       local kept = 0
       if keep then kept = l.r end
-      local free = calendar_free_at(l.kind, l.p, l.n, l.q, l.a - kept, at, off)
+      local room = l.a - kept - extra
+      if room < 0 then room = 0 end
+      local free = calendar_free_at(l.kind, l.p, l.n, l.q, room, at, off)
       if free > at then
         at = free
         reason = l.code
       end
     end
   end
-  return at, reason
+  return at, reason, fits
 end
 
 -- Debits a calendar limit `l` for a call admitted at `at`: its period's
 -- count, or the next period's. Returns the counts and the period's end.
-local function count_call(st, l, now, at, off)
+local function count_call(st, l, now, at, off, cost)
   local current, nxt = period(l.kind, now, off)
   local used, next = counts(l.p, l.n, l.q, current)
   local at_id = period(l.kind, at, off)
-  if at_id == current then used = used + 1 else next = next + 1 end
+  if at_id == current then used = used + cost else next = next + cost end
   put(st, l.f .. '.p', current)
   put(st, l.f .. '.n', used)
   put(st, l.f .. '.q', next)
@@ -228,6 +241,8 @@ local function acquire(k, a)
     end
     next_a = next_a + 2 * n
   end
+  local cost = tonumber(ARGV[next_a]) or 1
+  next_a = next_a + 1
   for i = 1, #all do
     local l = all[i]
     if l.kind == 'w' then
@@ -272,15 +287,31 @@ local function acquire(k, a)
     if aw > warm_start then warm_start = aw end
   end
 
+  -- Each window's emission interval now: T / f under warm-up for the
+  -- rule's, T for a share's.
+  for i = 1, #all do
+    local l = all[i]
+    if l.kind == 'w' then
+      l.t = l.a
+      if warmup > 0 and l.code ~= 6 then
+        local elapsed = now - warm_start
+        if elapsed < 0 then elapsed = 0 end
+        if elapsed > warmup then elapsed = warmup end
+        l.t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
+      end
+    end
+  end
+
   -- 4. Each limit's own wait from now; the largest decides (first on ties).
   --    A normal call of a rule with a reserve must leave it (r); whether a
-  --    high call would be admitted tells a reserve refusal apart.
-  local at, reason = earliest(all, now, off, normal)
+  --    high call would be admitted tells a reserve refusal apart. A call
+  --    costing n needs room for n at once.
+  local at, reason, fits = earliest(all, now, off, normal, cost)
   local wait = at - now
-  if wait > max_wait then
+  if wait > max_wait or not fits then
     if normal then
-      local plain, plain_reason = earliest(all, now, off, false)
-      if plain - now <= max_wait then reason = 5 else reason = plain_reason end
+      local plain, plain_reason, plain_fits = earliest(all, now, off, false, cost)
+      if plain_fits and plain - now <= max_wait then reason = 5 else reason = plain_reason end
     end
     return string.format('0 %d %d', wait, reason), next_a
   end
@@ -293,20 +324,14 @@ local function acquire(k, a)
     if l.kind == 'w' then
       local tat = l.tat or at
       if tat < at then tat = at end
-      local t = l.a
-      if warmup > 0 then
-        local elapsed = now - warm_start
-        if elapsed < 0 then elapsed = 0 end
-        if elapsed > warmup then elapsed = warmup end
-        t = math.ceil(l.a * (2 * warmup) / (warmup + elapsed))
-      end
+      local t = cost * l.t
       put(st, l.f, tat + t)
       if tat + t - now > ttl then ttl = tat + t - now end
       local room = idiv(now + l.b + l.a - (tat + t), l.a)
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, tat + t - now)
     else
-      local used, nxt, keep = count_call(st, l, now, at, off)
+      local used, nxt, keep = count_call(st, l, now, at, off, cost)
       local room = l.a - used
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, nxt - now)
@@ -319,10 +344,10 @@ local function acquire(k, a)
     if l.kind == 'w' then
       local tat = l.tat or at
       if tat < at then tat = at end
-      put(st, l.f, tat + l.a)
-      if tat + l.a - now > ttl then ttl = tat + l.a - now end
+      put(st, l.f, tat + cost * l.a)
+      if tat + cost * l.a - now > ttl then ttl = tat + cost * l.a - now end
     else
-      local _, _, keep = count_call(st, l, now, at, off)
+      local _, _, keep = count_call(st, l, now, at, off, cost)
       if keep - now > ttl then ttl = keep - now end
     end
   end

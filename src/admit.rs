@@ -84,6 +84,7 @@ pub async fn admit(
             lease_us: config.lease_us,
             normal,
             share: rule.caller_matters().then_some(caller),
+            cost: 1,
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;

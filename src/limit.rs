@@ -261,4 +261,8 @@ pub struct Ask<'a> {
     /// The caller's label (declared name or `other`) when the rule has a
     /// `max_share`: its share is checked and debited too.
     pub share: Option<&'a str>,
+    /// What the call costs against each limit (1 for a call; a message's
+    /// recipients for a rule that counts them): decided as that many calls
+    /// at the same moment, all or none.
+    pub cost: u64,
 }

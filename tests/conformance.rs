@@ -93,6 +93,13 @@ enum Op {
     /// One call of account "a" by this (normal-priority) caller: its
     /// `max_share` counts. (`Call` and `Normal` are of the caller `other`.)
     By(&'static str),
+    /// One call of account "a" costing n (a message to n recipients), of a
+    /// high-priority caller.
+    Cost(u64),
+    /// The same, of a normal-priority caller.
+    NormalCost(u64),
+    /// One call of account "a" costing n, by this (normal-priority) caller.
+    ByCost(&'static str, u64),
     /// WeChat answered `errcode` to the n-th admitted call.
     Penalise(i64, usize),
     /// WeChat answered the n-th admitted call successfully.
@@ -582,6 +589,90 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "a_call_costing_n_counts_n_against_a_day_all_or_none",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 5, per = "day" }]"#,
+            extra: "",
+            steps: vec![
+                (Cost(3), Ok),
+                // 3 more do not fit in the 2 left: none is taken.
+                (Cost(3), No(SEC, Reason::Quota)),
+                (Inspect, State("3 used", |s| day_used(s) == 3)),
+                (Cost(2), Ok),
+                // More than the whole quota: no day can take it (the wait is
+                // past any hold; such a call is meant to be refused before
+                // it is decided, naming the limit).
+                (Cost(6), No(SEC + 3 * 86_400 * SEC, Reason::Quota)),
+                (Wait(SEC), Any),
+                (Cost(5), Ok),
+                (Inspect, State("5 used in the new day", |s| day_used(s) == 5)),
+            ],
+        },
+        Scenario {
+            name: "a_call_costing_n_takes_n_of_a_windows_burst_or_nothing",
+            start: T0,
+            // T = 10 s / 6 = 1,666,667 us, burst 5: tolerance 4 T.
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
+            extra: "",
+            steps: vec![
+                (Cost(5), Ok),
+                (Cost(1), No(1_666_667, Reason::Rate)),
+                // 6 at once never fit in a burst of 5, whatever the wait.
+                (Cost(6), No(6 * 1_666_667, Reason::Rate)),
+                (Wait(2 * 1_666_667), Any),
+                (Cost(2), Ok),
+                (
+                    Inspect,
+                    State("TAT 7 T after the start", |s| {
+                        s.state.limits.iter().any(|(_, l)| *l == LimitState::Tat(T0 + 7 * 1_666_667))
+                    }),
+                ),
+            ],
+        },
+        Scenario {
+            name: "a_call_costing_n_leaves_the_reserve",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
+            extra: "reserve = \"20%\"",
+            steps: vec![
+                // 5 at once would take the reserve (1 of the burst of 5): a high call may.
+                (NormalCost(5), No(1_666_667, Reason::Reserve)),
+                (NormalCost(4), Ok),
+                (Wait(4 * 1_666_667), Any),
+                (Cost(5), Ok),
+            ],
+        },
+        Scenario {
+            name: "a_call_costing_n_keeps_to_its_share",
+            start: T0,
+            // Each caller's 60 %: burst 3 of T = 2.5 s (tolerance 5 s).
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
+            extra: "max_share = \"60%\"",
+            steps: vec![
+                (ByCost("m", 4), No(2_500_000, Reason::Share)),
+                (ByCost("m", 3), Ok),
+                (ByCost("m", 1), No(2_500_000, Reason::Share)),
+                (ByCost("h", 2), Ok),
+                (ByCost("h", 1), No(1_666_667, Reason::Rate)),
+            ],
+        },
+        Scenario {
+            name: "a_call_costing_n_under_warm_up",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 5 }, { count = 100, per = "day" }]"#,
+            extra: "warmup = \"20s\"",
+            steps: vec![
+                (Cost(2), Any),
+                (Cost(2), Any),
+                (Cost(3), Any),
+                (Wait(3 * SEC), Any),
+                (Cost(3), Any),
+                (Wait(15 * SEC), Any),
+                (Cost(4), Any),
+                (Inspect, Any),
+            ],
+        },
+        Scenario {
             name: "penalties_set_by_hand",
             start: T0,
             limits: r#"[{ count = 1000, per = "day" }]"#,
@@ -920,19 +1011,21 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.clear(&keys).await.expect("store answered");
                 Got::Done
             }
-            Call(_) | Normal(_) | By(_) => {
+            Call(_) | Normal(_) | By(_) | Cost(_) | NormalCost(_) | ByCost(..) => {
                 let holder = format!("h{calls}");
                 calls += 1;
-                let (account, caller) = match op {
-                    Call(account) | Normal(account) => (*account, "other"),
-                    By(caller) => ("a", *caller),
+                let (account, caller, cost) = match op {
+                    Call(account) | Normal(account) => (*account, "other", 1),
+                    By(caller) => ("a", *caller, 1),
+                    Cost(n) | NormalCost(n) => ("a", "other", *n),
+                    ByCost(caller, n) => ("a", *caller, *n),
                     _ => unreachable!(),
                 };
                 let account = format!("{prefix}{account}");
                 let key = Key { account: &account, ..key };
-                let normal = !matches!(op, Call(_));
+                let normal = !matches!(op, Call(_) | Cost(_));
                 let share = (!rule.share.is_empty()).then_some(caller);
-                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal, share };
+                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal, share, cost };
                 let decided = store.acquire(&ask).await.expect("store answered");
                 assert!(!decided.degraded, "{}: decided without Redis", s.name);
                 if let Decision::Admit { at, .. } = decided.decision {
@@ -1079,7 +1172,7 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
     let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
     assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
@@ -1124,7 +1217,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
+    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for _ in 0..12 {
@@ -1141,7 +1234,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
             let (store, rule) = (store.clone(), rule.clone());
             tokio::spawn(async move {
                 let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None };
+                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
                 store.acquire(&ask).await.expect("decided").decision
             })
         })

@@ -24,6 +24,7 @@ fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
         lease_us: 0,
         normal: false,
         share: None,
+        cost: 1,
     };
     decide(state, &ask, now, 0)
 }
@@ -71,7 +72,7 @@ proptest! {
             // Every 50th call, a token refresh restarts the warm-up.
             let account_warm = if i % 50 == 49 { now } else { 0 };
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
             if let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, now, account_warm) {
                 prop_assert!(hold_us <= r.max_wait_us);
                 sent.push(at);
@@ -245,7 +246,7 @@ proptest! {
                 pending.remove(0);
             }
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
             if let Decision::Admit { at, .. } = decide(&mut st, &ask, now, 0) {
                 match fate {
                     // It never reached WeChat: given back right after its
@@ -267,7 +268,7 @@ fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
     r.max_wait_us = 5 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
     let before = MIDNIGHT - SEC;
     assert!(matches!(decide(&mut st, &ask, before, 0), Decision::Admit { hold_us: 0, .. }));
     let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, before, 0) else { panic!("held for tomorrow") };
@@ -288,7 +289,7 @@ fn a_refund_never_frees_a_slot_a_held_call_already_took() {
     r.max_wait_us = 20 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None };
+    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
     let t = 1_700_000_000 * SEC;
     let Decision::Admit { at: failed, .. } = decide(&mut st, &ask, t, 0) else { panic!("admitted") };
     // A second call is held for the next slot, t + 10 s; then the first one
@@ -299,4 +300,36 @@ fn a_refund_never_frees_a_slot_a_held_call_already_took() {
     refund(&mut st, &r, failed, t, BEIJING);
     let Decision::Admit { at: third, .. } = decide(&mut st, &ask, t, 0) else { panic!("held") };
     assert!(third >= held + 10 * SEC, "third call at {} s", (third - t) / SEC);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Calls costing several units (a message to several recipients): no
+    /// window of length `per` takes more than `count` units and no day
+    /// more than its quota, whatever the costs and arrivals; a call is
+    /// admitted whole or not at all; and a call costing 1 more than the
+    /// burst is never admitted.
+    #[test]
+    fn costs_never_exceed_a_window_or_a_day(count in 2u64..40, burst_frac in 0u64..=100, per_s in 1i64..60,
+                                            day in 5u64..200,
+                                            calls in prop::collection::vec((0i64..3_000_000, 1u64..8), 1..300)) {
+        let burst = (count * burst_frac / 100).max(1);
+        let r = rule(vec![window(count, per_s, burst), Limit::Calendar { count: day, period: Period::Day }]);
+        let mut st = RuleState::default();
+        let mut now = 1_700_000_000 * SEC;
+        let mut units = Vec::new();
+        let mut total = 0u64;
+        for (gap, cost) in calls {
+            now += gap;
+            let ask = Ask { key: Key { account: "a", rule: &r, offset_us: BEIJING }, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost };
+            if let Decision::Admit { .. } = decide(&mut st, &ask, now, 0) {
+                prop_assert!(cost <= burst, "cost {cost} admitted past a burst of {burst}");
+                units.extend(std::iter::repeat_n(now, cost as usize));
+                total += cost;
+            }
+        }
+        prop_assert!(max_in_window(&units, per_s * SEC) as u64 <= count);
+        prop_assert!(max_in_window(&units, 86_400 * SEC) as u64 <= day || total <= day);
+    }
 }

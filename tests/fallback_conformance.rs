@@ -122,7 +122,7 @@ async fn decide_all(store: &dyn Store, rule: &Rule, calls: &[By], clock: &Manual
         };
         let share = (!rule.share.is_empty()).then_some(caller);
         let key = Key { account: "a", rule, offset_us: BEIJING };
-        let ask = Ask { key, max_wait_us: 0, holder: "", lease_us: SEC, normal, share };
+        let ask = Ask { key, max_wait_us: 0, holder: "", lease_us: SEC, normal, share, cost: 1 };
         let decided = store.acquire(&ask).await.expect("decided");
         out.push((decided.decision, decided.degraded));
     }

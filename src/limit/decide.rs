@@ -38,14 +38,18 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     let normal = ask.normal && !rule.reserve.is_empty();
     let share = ask.share.filter(|_| !rule.share.is_empty());
     let mine = share.and_then(|caller| state.share(caller));
-    let (at, reason) = earliest(state, rule, share.map(|_| mine), now, offset_us, normal);
+    //    A call costing n must find room for n at once: one that no wait
+    //    can make room for (more than a window's burst) is refused.
+    let cost = ask.cost.max(1);
+    let terms = Terms { rule, share: share.map(|_| mine), now, offset_us, cost, warm_start };
+    let (at, reason, fits) = earliest(state, &terms, normal);
     let wait = at - now;
-    if wait > ask.max_wait_us {
+    if wait > ask.max_wait_us || !fits {
         // A normal call: `reserve` if a high one would go, else the reason a
         // high one would be refused for (so "quota" always means spent).
-        let reason = match normal.then(|| earliest(state, rule, share.map(|_| mine), now, offset_us, false)) {
-            Some((plain, _)) if plain - now <= ask.max_wait_us => Reason::Reserve,
-            Some((_, plain_reason)) => plain_reason,
+        let reason = match normal.then(|| earliest(state, &terms, false)) {
+            Some((plain, _, true)) if plain - now <= ask.max_wait_us => Reason::Reserve,
+            Some((_, plain_reason, _)) => plain_reason,
             None => reason,
         };
         return Decision::Reject { wait_us: wait, reason };
@@ -58,7 +62,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         let key = limit.window_key();
         let (after, remaining, reset_us) = match *limit {
             Limit::Window(w) => {
-                let tat = tat_of(state.get(key), at) + interval(&w, rule, warm_start, now);
+                let tat = tat_of(state.get(key), at) + cost as i64 * interval(&w, rule, warm_start, now);
                 let room = (now + w.tolerance_us + w.interval_us - tat).div_euclid(w.interval_us).max(0);
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
@@ -66,9 +70,9 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
                 let after = if period.id(at, offset_us) == current {
-                    LimitState::Count { period_id: current, used: used + 1, next }
+                    LimitState::Count { period_id: current, used: used + cost, next }
                 } else {
-                    LimitState::Count { period_id: current, used, next: next + 1 }
+                    LimitState::Count { period_id: current, used, next: next + cost }
                 };
                 let used_now = match after {
                     LimitState::Count { used, .. } => used,
@@ -86,7 +90,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         state.set(key, after);
     }
     if let Some(caller) = share {
-        debit_share(state, rule, caller, at, now, offset_us);
+        debit_share(state, rule, caller, at, now, offset_us, cost);
     }
     if cold {
         state.warm_start = now;
@@ -98,35 +102,65 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
 }
 
-/// The earliest moment every limit admits a call (keeping the reserve when
-/// `normal`), and which kind of limit set it. `share`: the caller's share
-/// state when the rule's `max_share` applies (`Some(None)`: none yet).
-fn earliest(
-    state: &RuleState,
-    rule: &Rule,
-    share: Option<Option<&ShareState>>,
+/// What [`earliest`] weighs a call against: its rule, the caller's share
+/// state when the rule's `max_share` applies (`Some(None)`: none yet), the
+/// store time and offset, the call's cost and the pair's warm-up start.
+struct Terms<'a> {
+    rule: &'a Rule,
+    share: Option<Option<&'a ShareState>>,
     now: Micros,
     offset_us: Micros,
-    normal: bool,
-) -> (Micros, Reason) {
+    cost: u64,
+    warm_start: Micros,
+}
+
+/// The earliest moment every limit admits a call of `t.cost` (keeping the
+/// reserve when `normal`), which kind of limit set it, and whether any wait
+/// can make room for it at all: a window admits n calls at once only while
+/// (n − 1) emission intervals fit in its tolerance (its burst), past what a
+/// normal call must leave.
+fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, bool) {
+    let (rule, now, offset_us) = (t.rule, t.now, t.offset_us);
+    let extra = t.cost.saturating_sub(1);
     let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
     // Every limit that must admit the call: (limit, its state, what this call
-    // may not use, the reason it gives), the rule's first.
+    // may not use, its emission interval now, the reason it gives), the rule's first.
     let own = rule.limits.iter().enumerate().map(|(i, l)| {
         let reason = if matches!(l, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
-        (*l, state.get(l.window_key()), kept(i), reason)
+        let step = match l {
+            Limit::Window(w) => interval(w, rule, t.warm_start, now),
+            Limit::Calendar { .. } => 0,
+        };
+        (*l, state.get(l.window_key()), kept(i), step, reason)
     });
-    let shared = share.into_iter().flat_map(|mine| {
-        rule.share.iter().map(move |l| (*l, mine.and_then(|s| s.get(l.window_key())), 0, Reason::Share))
+    let shared = t.share.into_iter().flat_map(|mine| {
+        rule.share.iter().map(move |l| {
+            let step = match l {
+                Limit::Window(w) => w.interval_us,
+                Limit::Calendar { .. } => 0,
+            };
+            (*l, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
+        })
     });
     let terms = own.chain(shared);
     let mut worst = 0;
     let mut reason = Reason::Rate;
-    for (limit, stored, kept, why) in terms.clone() {
+    let mut fits = true;
+    for (limit, stored, kept, step, why) in terms.clone() {
         let wait = match limit {
-            Limit::Window(w) => tat_of(stored, now) - w.tolerance_us + kept - now,
+            Limit::Window(w) => {
+                let more = (extra as i64).saturating_mul(step);
+                if more > 0 && more.saturating_add(kept) > w.tolerance_us {
+                    fits = false;
+                }
+                tat_of(stored, now) - w.tolerance_us + kept + more - now
+            }
             Limit::Calendar { count, period } => {
-                calendar_free_at(stored, count.saturating_sub(kept as u64), period, now, offset_us) - now
+                let room = count.saturating_sub(kept as u64).saturating_sub(extra);
+                if extra > 0 && room == 0 {
+                    fits = false;
+                }
+                calendar_free_at(stored, room, period, now, offset_us) - now
             }
         };
         if wait > worst {
@@ -138,22 +172,31 @@ fn earliest(
     // which must have room too. (max_wait is far shorter than a day, so one
     // pass over the calendars settles it.)
     let mut at = now + worst;
-    for (limit, stored, kept, why) in terms {
+    for (limit, stored, kept, _, why) in terms {
         if let Limit::Calendar { count, period } = limit {
-            let free = calendar_free_at(stored, count.saturating_sub(kept as u64), period, at, offset_us);
+            let room = count.saturating_sub(kept as u64).saturating_sub(extra);
+            let free = calendar_free_at(stored, room, period, at, offset_us);
             if free > at {
                 at = free;
                 reason = why;
             }
         }
     }
-    (at, reason)
+    (at, reason, fits)
 }
 
 /// Debits `caller`'s share of `rule` for a call admitted at `at`: each
 /// share window's TAT (no warm-up: the rule's own windows slow the caller
 /// already), each share calendar's count of the period of `at`.
-fn debit_share(state: &mut RuleState, rule: &Rule, caller: &str, at: Micros, now: Micros, offset_us: Micros) {
+fn debit_share(
+    state: &mut RuleState,
+    rule: &Rule,
+    caller: &str,
+    at: Micros,
+    now: Micros,
+    offset_us: Micros,
+    cost: u64,
+) {
     let i = match state.shares.iter().position(|s| &*s.caller == caller) {
         Some(i) => i,
         None => {
@@ -165,14 +208,14 @@ fn debit_share(state: &mut RuleState, rule: &Rule, caller: &str, at: Micros, now
     for limit in &rule.share {
         let key = limit.window_key();
         let after = match *limit {
-            Limit::Window(w) => LimitState::Tat(tat_of(mine.get(key), at) + w.interval_us),
+            Limit::Window(w) => LimitState::Tat(tat_of(mine.get(key), at) + cost as i64 * w.interval_us),
             Limit::Calendar { period, .. } => {
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(mine.get(key), current);
                 if period.id(at, offset_us) == current {
-                    LimitState::Count { period_id: current, used: used + 1, next }
+                    LimitState::Count { period_id: current, used: used + cost, next }
                 } else {
-                    LimitState::Count { period_id: current, used, next: next + 1 }
+                    LimitState::Count { period_id: current, used, next: next + cost }
                 }
             }
         };

@@ -193,7 +193,7 @@ impl Ledger {
     /// A call of `key` was admitted: by Redis (`local` false; its decision
     /// reports the shared count) or by the fallback (`local`: to be added to
     /// Redis's count later).
-    pub fn admitted(&self, key: Key<'_>, decision: &Decision, local: bool) {
+    pub fn admitted(&self, key: Key<'_>, decision: &Decision, local: bool, cost: u64) {
         let Decision::Admit { at, hold_us, calendar, .. } = *decision else { return };
         let rule = key.rule;
         if !counts_calendar(rule) {
@@ -206,9 +206,9 @@ impl Ledger {
                 let Limit::Calendar { count, period } = *limit else { continue };
                 let at_id = period.id(at, key.offset_us);
                 if let Some(t) = e.tally(period, at_id) {
-                    t.mine += 1;
+                    t.mine += cost;
                     if local {
-                        t.unsynced += 1;
+                        t.unsynced += cost;
                     }
                 }
                 if let (Some(q), false) = (calendar, local) {

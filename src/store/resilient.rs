@@ -327,10 +327,14 @@ impl Resilient {
     }
 
     /// Notes what a Redis decision tells about the shared state.
-    fn learn(&self, key: Key<'_>, decision: &Decision) {
+    /// `cost`: what the call costs; a refusal of a call costing more than 1
+    /// for its quota says only that fewer than that are left.
+    fn learn(&self, key: Key<'_>, decision: &Decision, cost: u64) {
         match *decision {
-            Decision::Admit { .. } => self.ledger.admitted(key, decision, false),
-            Decision::Reject { reason: Reason::Quota, .. } => self.ledger.quota_spent(key, self.local.now()),
+            Decision::Admit { .. } => self.ledger.admitted(key, decision, false, cost),
+            Decision::Reject { reason: Reason::Quota, .. } if cost <= 1 => {
+                self.ledger.quota_spent(key, self.local.now())
+            }
             Decision::Reject { reason: Reason::Penalty, wait_us } => {
                 let now = self.local.now();
                 let penalty = PenaltyState { until: now + wait_us, started: now, level: 0, last_len: wait_us };
@@ -506,7 +510,10 @@ impl Store for Resilient {
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let Key { account, rule, .. } = ask.key;
-        let cache = self.resilience.refusal_cache;
+        // The known refusals are of calls costing 1: a costlier call always
+        // asks (its own wait is longer, and a refusal of it says nothing of
+        // a cheaper one).
+        let cache = self.resilience.refusal_cache && ask.cost <= 1;
         let now = self.local.now();
         if let Some((wait_us, reason)) =
             cache.then(|| self.refusals().get(account, rule, ask.normal, ask.share, now)).flatten()
@@ -525,7 +532,7 @@ impl Store for Resilient {
         }
         let e = match result {
             Ok(decision) => {
-                self.learn(ask.key, &decision);
+                self.learn(ask.key, &decision, ask.cost);
                 match decision {
                     Decision::Reject { wait_us, reason } if cache => {
                         self.refusals().put(account, rule, ask.normal, ask.share, wait_us, reason, now)
@@ -571,7 +578,7 @@ impl Store for Resilient {
             }
             Fallback::Deny => return Err(e),
         };
-        self.ledger.admitted(ask.key, &decision, true);
+        self.ledger.admitted(ask.key, &decision, true, ask.cost);
         Ok(Decided { decision, degraded: true })
     }
 

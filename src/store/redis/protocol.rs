@@ -160,6 +160,8 @@ pub struct Call {
     /// The caller's label when the rule's `max_share` applies ("" else),
     /// and a, b of each of its share limits.
     share: (String, Vec<(i64, i64)>),
+    /// What the call costs (acquire.lua: decided as that many calls).
+    cost: u64,
 }
 
 impl Call {
@@ -195,6 +197,7 @@ impl Call {
                 None => (String::new(), Vec::new()),
                 Some(caller) => (caller.to_owned(), rule.share.iter().map(share_args).collect()),
             },
+            cost: ask.cost.max(1),
         }
     }
 
@@ -209,6 +212,7 @@ impl Call {
         for (a, b) in &self.share.1 {
             cmd.arg(*a).arg(*b);
         }
+        cmd.arg(self.cost);
     }
 }
 
