@@ -12,12 +12,14 @@
 --          acquire.lua takes them: kind, field, a, b
 --            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
 --            kind "day" | "month"  calendar quota: a = count, b = 0
+-- then     the call's cost n (each of its n units given back as below)
 --
 -- Returns 1 if anything was given back, 0 if not.
 --
 -- A window limit's TAT moves back by T - (p - at), clamped to [0, T], where
 -- p = max(now, lc + max_wait) bounds the forward time of every call admitted
--- so far. A calendar quota's count for the period of `at` goes down by one
+-- so far (n T and [0, n T] for a call costing n). A calendar quota's count for
+-- the period of `at` goes down by one (n)
 -- (.n if that period is the current one, .q if the call was reserved for the
 -- next), never below 0; a period already over gives nothing back. Nothing
 -- else changes (penalty, warm-up, slots), and a missing key stays missing:
@@ -30,6 +32,7 @@ local off = tonumber(ARGV[2])
 local at = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local last = 5 + 4 * tonumber(ARGV[5])
+local cost = tonumber(ARGV[last + 1]) or 1
 
 -- Calls counted in period `current` and reserved for the one after it, from
 -- what was written in period p (as acquire.lua's counts).
@@ -42,8 +45,9 @@ local writes = {}
 for i = 6, last, 4 do
   local kind, f, a = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   if kind == 'w' then
-    local back = at + a - pinned
-    if back > a then back = a end
+    local took = cost * a
+    local back = at + took - pinned
+    if back > took then back = took end
     if back > 0 then
       local tat = tonumber(redis.call('HGET', key, f) or '')
       if tat then
@@ -60,10 +64,12 @@ for i = 6, last, 4 do
       local of_call = period(kind, at, off)
       local changed = false
       if of_call == current and used > 0 then
-        used = used - 1
+        used = used - cost
+        if used < 0 then used = 0 end
         changed = true
       elseif of_call == current + 1 and next > 0 then
-        next = next - 1
+        next = next - cost
+        if next < 0 then next = 0 end
         changed = true
       end
       if changed then

@@ -606,6 +606,10 @@ fn scenarios() -> Vec<Scenario> {
                 (Wait(SEC), Any),
                 (Cost(5), Ok),
                 (Inspect, State("5 used in the new day", |s| day_used(s) == 5)),
+                // It never reached WeChat: all 5 come back.
+                (Refund(2), Gave(true)),
+                (Inspect, State("0 used after the refund", |s| day_used(s) == 0)),
+                (Cost(5), Ok),
             ],
         },
         Scenario {
@@ -620,6 +624,9 @@ fn scenarios() -> Vec<Scenario> {
                 // 6 at once never fit in a burst of 5, whatever the wait.
                 (Cost(6), No(6 * 1_666_667, Reason::Rate)),
                 (Wait(2 * 1_666_667), Any),
+                (Cost(2), Ok),
+                // Refunded at once: both intervals come back.
+                (Refund(1), Gave(true)),
                 (Cost(2), Ok),
                 (
                     Inspect,
@@ -990,6 +997,7 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
     let (penalties, lease_us) = (config.penalties.clone(), config.lease_us);
     let mut calls = 0;
     let mut admitted = Vec::new();
+    let mut costs: Vec<u64> = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
         let key = Key { account: &a, rule: &rule, offset_us: BEIJING };
@@ -1030,6 +1038,7 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 assert!(!decided.degraded, "{}: decided without Redis", s.name);
                 if let Decision::Admit { at, .. } = decided.decision {
                     admitted.push(at);
+                    costs.push(cost);
                 }
                 Got::Decided(decided.decision)
             }
@@ -1062,9 +1071,9 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 Got::Penalty { until: end.until, now: end.now }
             }
             Inspect => Got::State(store.apply(key, op::Inspect).await.expect("store answered")),
-            Refund(n) => {
-                Got::Refunded(store.apply(key, op::Refund { at: admitted[*n] }).await.expect("store answered"))
-            }
+            Refund(n) => Got::Refunded(
+                store.apply(key, op::Refund { at: admitted[*n], cost: costs[*n] }).await.expect("store answered"),
+            ),
             Learn(token, account, ttl_us) => {
                 let hash = store.tokens().token_hash(format!("{prefix}{token}").as_bytes()).expect("the token key");
                 store

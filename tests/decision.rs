@@ -214,7 +214,7 @@ proptest! {
         }
         now += refund_after;
         for at in failed {
-            refund(&mut real, &r, at, now, BEIJING);
+            refund(&mut real, &r, at, now, BEIJING, 1);
         }
         for gap in later {
             now += gap;
@@ -242,7 +242,7 @@ proptest! {
             now += gap;
             pending.sort();
             while let Some(&(due, at)) = pending.first().filter(|(due, _)| *due <= now) {
-                refund(&mut st, &r, at, due, BEIJING);
+                refund(&mut st, &r, at, due, BEIJING, 1);
                 pending.remove(0);
             }
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
@@ -273,12 +273,12 @@ fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
     assert!(matches!(decide(&mut st, &ask, before, 0), Decision::Admit { hold_us: 0, .. }));
     let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, before, 0) else { panic!("held for tomorrow") };
     assert_eq!((at, hold_us), (MIDNIGHT, SEC));
-    assert!(refund(&mut st, &r, at, before, BEIJING), "tomorrow's reservation given back");
+    assert!(refund(&mut st, &r, at, before, BEIJING, 1), "tomorrow's reservation given back");
     // Tomorrow is whole again; today is still spent.
     assert!(matches!(dec(&r, &mut st, before), Decision::Reject { reason: Reason::Quota, .. }));
     assert!(matches!(dec(&r, &mut st, MIDNIGHT), Decision::Admit { .. }));
     // Today's call, given back after midnight: that day is over, nothing comes back.
-    assert!(!refund(&mut st, &r, before, MIDNIGHT, BEIJING));
+    assert!(!refund(&mut st, &r, before, MIDNIGHT, BEIJING, 1));
     assert!(matches!(dec(&r, &mut st, MIDNIGHT), Decision::Reject { reason: Reason::Quota, .. }));
 }
 
@@ -297,7 +297,7 @@ fn a_refund_never_frees_a_slot_a_held_call_already_took() {
     // held call's slot: two calls in [t + 10 s, t + 20 s).
     let Decision::Admit { at: held, .. } = decide(&mut st, &ask, t, 0) else { panic!("held") };
     assert_eq!(held, t + 10 * SEC);
-    refund(&mut st, &r, failed, t, BEIJING);
+    refund(&mut st, &r, failed, t, BEIJING, 1);
     let Decision::Admit { at: third, .. } = decide(&mut st, &ask, t, 0) else { panic!("held") };
     assert!(third >= held + 10 * SEC, "third call at {} s", (third - t) / SEC);
 }

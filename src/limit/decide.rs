@@ -324,15 +324,19 @@ fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
 /// - Penalties, warm-up and concurrency slots are untouched (a slot is
 ///   freed by [`crate::store::op::Release`]).
 ///
-/// `rule` is the rule the call was admitted under.
-pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offset_us: Micros) -> bool {
+/// `rule` is the rule the call was admitted under; `cost` what it cost
+/// (each of its n units given back as above: at most n intervals of a
+/// window, n counts of a calendar).
+pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offset_us: Micros, cost: u64) -> bool {
     let pinned = now.max(state.last_call + rule.max_wait_us);
+    let cost = cost.max(1);
     let mut given = false;
     for limit in &rule.limits {
         let key = limit.window_key();
         let after = match (*limit, state.get(key)) {
             (Limit::Window(w), Some(LimitState::Tat(tat))) => {
-                let back = (at + w.interval_us - pinned).clamp(0, w.interval_us);
+                let took = (cost as i64).saturating_mul(w.interval_us);
+                let back = (at + took - pinned).clamp(0, took);
                 if back == 0 {
                     continue;
                 }
@@ -343,9 +347,9 @@ pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offse
                 let (used, next) = counts(stored, current);
                 let of_call = period.id(at, offset_us);
                 if of_call == current && used > 0 {
-                    LimitState::Count { period_id: current, used: used - 1, next }
+                    LimitState::Count { period_id: current, used: used.saturating_sub(cost), next }
                 } else if of_call == current + 1 && next > 0 {
-                    LimitState::Count { period_id: current, used, next: next - 1 }
+                    LimitState::Count { period_id: current, used, next: next.saturating_sub(cost) }
                 } else {
                     continue;
                 }

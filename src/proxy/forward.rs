@@ -124,7 +124,7 @@ async fn give_back(app: &App, call: &Call) {
         return;
     }
     let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
-    match app.store.apply(key, Refund { at: admitted.at }).await {
+    match app.store.apply(key, Refund { at: admitted.at, cost: 1 }).await {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.route.metrics {

@@ -225,7 +225,7 @@ impl Ledger {
 
     /// A call of `key` admitted (by Redis) at `at` was given back: it no
     /// longer counts as this instance's.
-    pub fn refunded(&self, key: Key<'_>, at: Micros) {
+    pub fn refunded(&self, key: Key<'_>, at: Micros, cost: u64) {
         if !counts_calendar(key.rule) {
             return;
         }
@@ -233,7 +233,7 @@ impl Ledger {
             for limit in &key.rule.limits {
                 if let Limit::Calendar { period, .. } = *limit {
                     if let Some(t) = e.tally(period, period.id(at, key.offset_us)) {
-                        t.mine = t.mine.saturating_sub(1);
+                        t.mine = t.mine.saturating_sub(cost);
                     }
                 }
             }

@@ -147,7 +147,7 @@ async fn own_call(
             if let (true, Some(rule), Some(a)) = (e.never_sent(), &rule, &admitted) {
                 if !a.degraded && a.shadow_refusal.is_none() && !rule.limits.is_empty() {
                     let key = Key { account: &account.name, rule, offset_us: config.server.quota_offset_us };
-                    let _ = app.store.apply(key, Refund { at: a.at }).await;
+                    let _ = app.store.apply(key, Refund { at: a.at, cost: 1 }).await;
                 }
             }
             let e = ProxyError::from(e);

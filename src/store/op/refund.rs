@@ -21,6 +21,8 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(script!("refund.l
 pub struct Refund {
     /// When the call was admitted (store time).
     pub at: Micros,
+    /// What it cost ([`crate::limit::Ask::cost`]).
+    pub cost: u64,
 }
 
 /// In Redis only: refunds are for calls Redis admitted (the proxy gives
@@ -36,7 +38,7 @@ impl Operation for Refund {
     const FORGETS_REFUSALS: bool = true;
 
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> bool {
-        refund(state, key.rule, self.at, now, key.offset_us)
+        refund(state, key.rule, self.at, now, key.offset_us, self.cost)
     }
 
     fn script() -> Option<&'static Script> {
@@ -46,7 +48,7 @@ impl Operation for Refund {
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = SCRIPT.key(keys.state(key.account, key.rule));
         inv.arg(now);
-        refund_args(&mut inv, key.rule, key.offset_us, self.at);
+        refund_args(&mut inv, key.rule, key.offset_us, self.at, self.cost);
         Command::Script(inv)
     }
 
@@ -56,14 +58,15 @@ impl Operation for Refund {
 
     async fn after(&self, key: Key<'_>, given: &bool, _: Answered<'_>, wrapper: &dyn Wrapper) {
         if *given {
-            wrapper.ledger().refunded(key, self.at);
+            wrapper.ledger().refunded(key, self.at, self.cost);
         }
     }
 }
 
 /// refund.lua's arguments after the clock: offset, the call's admission
-/// time, the rule's max wait, then its limits as acquire.lua takes them.
-fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Micros, at: Micros) {
+/// time, the rule's max wait, its limits as acquire.lua takes them, then
+/// the call's cost.
+fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Micros, at: Micros, cost: u64) {
     inv.arg(offset_us).arg(at).arg(rule.max_wait_us).arg(rule.limits.len());
     for limit in &rule.limits {
         let field = limit.window_key().label();
@@ -72,4 +75,5 @@ fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Mi
             Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(*count as i64).arg(0),
         };
     }
+    inv.arg(cost.max(1));
 }
