@@ -40,19 +40,7 @@ fn account(dir: &TempDir, id: &str, kind: &str, secret: &str, extra: &str) -> St
 
 /// A mock WeChat issuing tokens, its token endpoints answering after `delay_ms`.
 async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
-    let mock = MockWeChat::start().await;
-    let tokens = WeChatTokens::new();
-    let reply = tokens.responder();
-    mock.respond(move |rec| {
-        let r = reply(rec);
-        let path = rec.path_and_query.split('?').next().unwrap_or("");
-        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
-            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
-        } else {
-            r
-        }
-    });
-    (mock, tokens)
+    support::tokens::mock_wechat(delay_ms).await
 }
 
 /// The `access_token` each recorded call to `path` carried, in order.
@@ -633,4 +621,50 @@ async fn a_failing_renewal_backs_off_so_a_wrong_secret_spends_little_of_the_toke
     eventually_async("third try after 60 s", PATIENCE, async || gate.metric(errors).await == Some(3.0)).await;
     assert_eq!(tokens.fetches("stable"), 3);
     drop(mock);
+}
+
+#[tokio::test]
+async fn a_ticket_request_that_could_be_read_two_ways_is_refused() {
+    let (mock, _tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-ambiguous-ticket");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    // WeChat might read the second type: the jsapi slot must never get a wx_card ticket.
+    for query in ["type=jsapi&type=wx_card", "ty%70e=jsapi", "TYPE=jsapi&type=wx_card", "type=jsapi;type=wx_card"] {
+        let answer = gate.get_as(APPID, &format!("/cgi-bin/ticket/getticket?{query}")).await;
+        assert_eq!(
+            (answer.status.as_u16(), answer.json()["errcode"].as_i64()),
+            (400, Some(40097)),
+            "{query}: {}",
+            answer.text()
+        );
+    }
+    assert_eq!(mock.count(), 0, "never forwarded, no token fetched for them");
+}
+
+#[tokio::test]
+async fn a_chunked_injected_call_is_not_kept_so_a_rejection_reaches_the_caller_once() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-chunked");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    tokens.invalidate(&tokens_sent(&mock, INFO).remove(0));
+    // No Content-Length: streamed to WeChat as it comes, so not kept for a
+    // resend; WeChat's 40001 reaches the caller, and the token is renewed.
+    let body = r#"{"touser":"o1"}"#;
+    let raw = format!(
+        "POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let answers = support::exchange(gate.addr, raw.as_bytes()).await.responses();
+    assert_eq!(answers.len(), 1);
+    let json: serde_json::Value = serde_json::from_slice(&answers[0].body).expect("json");
+    assert_eq!(json["errcode"], 40001, "{json}");
+    let sends: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
+    assert_eq!(sends.len(), 1, "sent once, never again");
+    assert_eq!(sends[0].body, body.as_bytes(), "forwarded byte-identical");
+    // The next call gets a new token.
+    assert_eq!(gate.post_as(APPID, SEND, body).await.json()["errcode"], 0);
+    assert_eq!(tokens.fetches("stable"), 2);
 }

@@ -59,22 +59,9 @@ fn rules() -> String {
     format!("{token}\n{send}")
 }
 
-/// A mock WeChat issuing tokens; its token endpoints answer after
-/// `delay_ms`, so concurrent askers arrive while a fetch is in flight.
+/// A mock WeChat issuing tokens, its token endpoints answering after `delay_ms`.
 async fn wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
-    let mock = MockWeChat::start().await;
-    let tokens = WeChatTokens::new();
-    let reply = tokens.responder();
-    mock.respond(move |rec| {
-        let r = reply(rec);
-        let path = rec.path_and_query.split('?').next().unwrap_or("");
-        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
-            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
-        } else {
-            r
-        }
-    });
-    (mock, tokens)
+    support::tokens::mock_wechat(delay_ms).await
 }
 
 fn token_of(a: &Answer) -> String {

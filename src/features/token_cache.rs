@@ -73,8 +73,10 @@ impl Feature for TokenCacheFeature {
         if asking.token_request {
             return serve(app, asking).await;
         }
-        if let Some(ticket) = ask::ticket(asking.method, asking.path, asking.target.query()) {
-            return serve_ticket(app, asking, ticket).await;
+        match ask::ticket(asking.method, asking.path, asking.target.query()) {
+            Ok(Some(ticket)) => return serve_ticket(app, asking, ticket).await,
+            Ok(None) => {}
+            Err(why) => return Err(ProxyError::BadRequest(why).into()),
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{Recorded, Reply};
+use super::{MockWeChat, Recorded, Reply};
 
 /// The appid, secret and WeCom corpid, corpsecret every test uses.
 pub const APPID: &str = "wxTOKENAPP00001";
@@ -225,4 +225,22 @@ fn json(body: &str) -> Reply {
 /// A scrambled number, so tokens look random.
 fn rand_ish(n: u64) -> u64 {
     (n ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(31)
+}
+
+/// A mock WeChat issuing tokens; its token endpoints answer after
+/// `delay_ms`, so concurrent askers arrive while a fetch is in flight.
+pub async fn mock_wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        let path = rec.path_and_query.split('?').next().unwrap_or("");
+        if ["/cgi-bin/token", "/cgi-bin/stable_token", "/cgi-bin/gettoken"].contains(&path) {
+            Reply::Delayed { ms: delay_ms, then: Box::new(r) }
+        } else {
+            r
+        }
+    });
+    (mock, tokens)
 }

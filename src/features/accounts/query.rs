@@ -16,6 +16,28 @@ pub fn param<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
     Some(Cow::Owned(percent_decode(raw.as_bytes())))
 }
 
+/// The value of `name` in `query` when wxgate and WeChat can only read it
+/// one way: `Err` if it is given more than once (even empty), or spelled
+/// percent-encoded or in other letter case ([`scan`]'s rule, for a name
+/// only some APIs read, such as a ticket's `type`).
+pub fn once<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, String> {
+    let mut found = None;
+    for pair in query.split(['&', ';']) {
+        let raw_name = pair.split('=').next().unwrap_or("");
+        let decoded = percent_decode(raw_name.as_bytes());
+        if !decoded.eq_ignore_ascii_case(name.as_bytes()) {
+            continue;
+        }
+        if raw_name != name || found.is_some() {
+            return Err(format!(
+                "the query gives \"{name}\" more than once or spelled otherwise: refused as ambiguous"
+            ));
+        }
+        found = Some(pair.split_once('=').map_or("", |(_, v)| v));
+    }
+    Ok(found.filter(|v| !v.is_empty()).map(decoded))
+}
+
 /// The parameters that say whose quota a call spends or whose token it
 /// gets: wxgate reads them, and so does WeChat. A query that gives one of
 /// them twice, or spells its name other than plainly, might be read one

@@ -58,24 +58,26 @@ impl Ticket {
     }
 }
 
-/// The ticket request at `path` (GET, with this `query`), if this is one.
-/// Cheap for every other call: one prefix test.
-pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Option<Ticket> {
+/// The ticket request at `path` (GET, with this `query`), if this is one;
+/// `Err` for one whose `type` could be read two ways (given twice, or
+/// encoded): which ticket it asks for must be what WeChat reads. Cheap for
+/// every other call: one prefix test.
+pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Result<Option<Ticket>, String> {
     if method != Method::GET || !path.starts_with("/cgi-bin/") {
-        return None;
+        return Ok(None);
     }
     let path = path.strip_suffix('/').unwrap_or(path);
-    let kind = || query.and_then(|q| query::param(q, "type"));
-    match path {
-        "/cgi-bin/ticket/getticket" => match kind()?.as_ref() {
-            b"jsapi" => Some(Ticket::Jsapi),
-            b"wx_card" => Some(Ticket::WxCard),
+    let kind = || query.map_or(Ok(None), |q| query::once(q, "type"));
+    Ok(match path {
+        "/cgi-bin/ticket/getticket" => match kind()?.as_deref() {
+            Some(b"jsapi") => Some(Ticket::Jsapi),
+            Some(b"wx_card") => Some(Ticket::WxCard),
             _ => None,
         },
         "/cgi-bin/get_jsapi_ticket" => Some(Ticket::CorpJsapi),
-        "/cgi-bin/ticket/get" => (kind()?.as_ref() == b"agent_config").then_some(Ticket::AgentConfig),
+        "/cgi-bin/ticket/get" => (kind()?.as_deref() == Some(b"agent_config")).then_some(Ticket::AgentConfig),
         _ => None,
-    }
+    })
 }
 
 impl Kind {
