@@ -51,8 +51,16 @@ async fn measure(store: Arc<dyn Store>, rule: Arc<Rule>, callers: usize, total: 
             for _ in 0..per_caller {
                 let t = Instant::now();
                 let key = Key { account: &account, rule: &rule, offset_us: BEIJING };
-                let ask =
-                    Ask { key, max_wait_us: 0, holder: "", lease_us: 30_000_000, normal: false, share: None, cost: 1 };
+                let ask = Ask {
+                    key,
+                    max_wait_us: 0,
+                    holder: "",
+                    lease_us: 30_000_000,
+                    normal: false,
+                    share: None,
+                    cost: 1,
+                    recipients: &[],
+                };
                 let d = store.acquire(&ask).await.expect("decision").decision;
                 lat.push(t.elapsed());
                 admitted += usize::from(matches!(d, Decision::Admit { .. }));

@@ -48,7 +48,16 @@ async fn main() {
         let account = format!("wx{:016x}", i);
         let key = Key { account: &account, rule: &config.rules[0], offset_us: config.server.quota_offset_us };
         store
-            .acquire(&Ask { key, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost: 1 })
+            .acquire(&Ask {
+                key,
+                max_wait_us: 0,
+                holder: "",
+                lease_us: 0,
+                normal: false,
+                share: None,
+                cost: 1,
+                recipients: &[],
+            })
             .await
             .unwrap();
     }

@@ -11,10 +11,12 @@
 -- while a batch is in flight as the next batch, so a busy instance runs one
 -- script per round trip instead of one per call.
 --
--- KEYS     three per call, in call order:
+-- KEYS     per call, in call order, three and then one per recipient:
 --            state hash:         <prefix>:{<account>}:<rule>
 --            account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
 --            concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
+--            each recipient's windows (per_recipient): <prefix>:{<account>}:<rule>#r:<id>
+--              (a hash: field -> TAT, ex; R of them, R given in ARGV)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (production always
 --          passes ""; only tests pass a time, for determinism)
 -- ARGV[2]  quota_timezone offset from UTC, µs
@@ -44,6 +46,10 @@
 --          the call's cost n (1 for a call): decided as n calls at the same
 --            moment, all or none; refused whatever the wait when a window's
 --            tolerance cannot hold n at once (or a calendar quota n)
+--          the number P of per-recipient windows, then P × (field, T, τ)
+--          the number R of recipient keys of this call (0 without P); each
+--            recipient costs 1 against its own windows (no warm-up), all or
+--            nothing with the rule's limits
 --
 -- Returns one string: per call, in order, separated by ",", integers
 -- separated by spaces (one bulk reply parses far cheaper in the client than
@@ -53,9 +59,11 @@
 --             room left: qr calls, whole again / reset in qt µs; ci, cr, ct
 --             the same among the calendar quotas only (left out for a
 --             rule without calendar quotas)
---         "0 wait_us reason"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
+--         "0 wait_us reason j…"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
 --             5 reserve (refused only because what is left is the reserve),
---             6 share (the caller's max_share of a limit is what refuses)
+--             6 share (the caller's max_share of a limit is what refuses),
+--             7 recipient (a recipient's own window is what refuses); j…:
+--             the 0-based indices of the recipients over their own windows
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -135,7 +143,7 @@ end
 -- can make room for it (earliest in decide.rs). Each limit carries its code
 -- (1 rate, 2 quota, 6 share) and, for a window, its emission interval now
 -- (l.t: warm-up's for the rule's, T for a share's).
-local function earliest(all, now, off, keep, cost)
+local function earliest(all, now, off, keep, cost, rwaits)
   local worst, reason, fits = 0, 1, true
   local extra = cost - 1
   for i = 1, #all do
@@ -158,6 +166,13 @@ local function earliest(all, now, off, keep, cost)
     if wait > worst then
       worst = wait
       reason = l.code
+    end
+  end
+  -- Each recipient's own windows, after the rule's (whose reason wins a tie).
+  for i = 1, #rwaits do
+    if rwaits[i] > worst then
+      worst = rwaits[i]
+      reason = 7
     end
   end
   -- A hold can cross midnight: the next period must have room too.
@@ -204,7 +219,7 @@ local function tightest(qi, qr, qt, i, room, reset)
 end
 
 -- Decides the call whose keys start at KEYS[k] and whose values start at
--- ARGV[a]. Returns its answer and where the next call's values start.
+-- ARGV[a]. Returns its answer and where the next call's values and keys start.
 local function acquire(k, a)
   local key, warm_key, conc_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
   local max_wait = tonumber(ARGV[a])
@@ -243,6 +258,18 @@ local function acquire(k, a)
   end
   local cost = tonumber(ARGV[next_a]) or 1
   next_a = next_a + 1
+  -- Per-recipient windows and the number of recipient keys.
+  local np = tonumber(ARGV[next_a]) or 0
+  local pr, rfields = {}, {'ex'}
+  for i = 1, np do
+    local j = next_a + 1 + 3 * (i - 1)
+    pr[i] = {f = ARGV[j], t = tonumber(ARGV[j + 1]), b = tonumber(ARGV[j + 2])}
+    rfields[#rfields + 1] = ARGV[j]
+  end
+  next_a = next_a + 1 + 3 * np
+  local nr = tonumber(ARGV[next_a]) or 0
+  next_a = next_a + 1
+  local next_k = k + 3 + nr
   for i = 1, #all do
     local l = all[i]
     if l.kind == 'w' then
@@ -268,14 +295,14 @@ local function acquire(k, a)
 
   -- 1. A penalty refuses at once and consumes nothing.
   if pu > now then
-    return string.format('0 %d 3', pu - now), next_a
+    return string.format('0 %d 3', pu - now), next_a, next_k
   end
   -- 2. Concurrency: expired leases (a crashed instance's) free their slots.
   if conc > 0 then
     redis.call('ZREMRANGEBYSCORE', conc_key, '-inf', fmt(now))
     if redis.call('ZCARD', conc_key) >= conc then
       local first = redis.call('ZRANGE', conc_key, 0, 0, 'WITHSCORES')
-      return string.format('0 %d 4', tonumber(first[2]) - now), next_a
+      return string.format('0 %d 4', tonumber(first[2]) - now), next_a, next_k
     end
   end
   -- 3. Warm-up restarts when the pair was idle for a whole warm-up period.
@@ -302,18 +329,38 @@ local function acquire(k, a)
     end
   end
 
+  -- Each recipient's state and own wait (the largest of its windows').
+  local rsts, rwaits = {}, {}
+  for r = 1, nr do
+    local rst = load(KEYS[k + 2 + r], rfields)
+    local w = 0
+    for i = 1, np do
+      local p = pr[i]
+      local tat = rst.v[p.f] or now
+      if tat < now then tat = now end
+      if tat - p.b - now > w then w = tat - p.b - now end
+    end
+    rsts[r], rwaits[r] = rst, w
+  end
+
   -- 4. Each limit's own wait from now; the largest decides (first on ties).
   --    A normal call of a rule with a reserve must leave it (r); whether a
   --    high call would be admitted tells a reserve refusal apart. A call
   --    costing n needs room for n at once.
-  local at, reason, fits = earliest(all, now, off, normal, cost)
+  local at, reason, fits = earliest(all, now, off, normal, cost, rwaits)
   local wait = at - now
   if wait > max_wait or not fits then
     if normal then
-      local plain, plain_reason, plain_fits = earliest(all, now, off, false, cost)
+      local plain, plain_reason, plain_fits = earliest(all, now, off, false, cost, rwaits)
       if plain_fits and plain - now <= max_wait then reason = 5 else reason = plain_reason end
     end
-    return string.format('0 %d %d', wait, reason), next_a
+    local answer = string.format('0 %d %d', wait, reason)
+    local over = {}
+    for r = 1, nr do
+      if rwaits[r] > max_wait then over[#over + 1] = tostring(r - 1) end
+    end
+    if #over > 0 then answer = answer .. ' ' .. table.concat(over, ' ') end
+    return answer, next_a, next_k
   end
 
   -- 5. Admit at `at`: debit everything (written when the run ends).
@@ -351,6 +398,26 @@ local function acquire(k, a)
       if keep - now > ttl then ttl = keep - now end
     end
   end
+  -- Each recipient's windows, each key kept as long as its last TAT.
+  for r = 1, nr do
+    local rst = rsts[r]
+    local rttl = 0
+    for i = 1, np do
+      local p = pr[i]
+      local tat = rst.v[p.f] or at
+      if tat < at then tat = at end
+      put(rst, p.f, tat + p.t)
+      if tat + p.t - now > rttl then rttl = tat + p.t - now end
+    end
+    local rms = math.floor(rttl / 1000) + 1000
+    local rlives = -1
+    if rst.v.ex then rlives = rst.v.ex - now end
+    if rlives < rms * 1000 then
+      local extend = rms + 10000
+      put(rst, 'ex', now + extend * 1000)
+      if not rst.extend or extend > rst.extend then rst.extend = extend end
+    end
+  end
   if cold then put(st, 'ws', now) end
   put(st, 'lc', now)
   if pu + pn - now > ttl then ttl = pu + pn - now end
@@ -382,16 +449,16 @@ local function acquire(k, a)
   local escalated = 0
   if pn > 0 and now < pu + pn then escalated = 1 end
   if ci == 0 then
-    return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a
+    return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a, next_k
   end
-  return string.format('1 %d %d %d %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt, ci, cr, ct), next_a
+  return string.format('1 %d %d %d %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt, ci, cr, ct), next_a, next_k
 end
 
 local answers = {}
-local a = 4
-for k = 1, nkeys, 3 do
+local a, k = 4, 1
+while k <= nkeys do
   local answer
-  answer, a = acquire(k, a)
+  answer, a, k = acquire(k, a)
   answers[#answers + 1] = answer
 end
 -- Write what the admissions changed: one HSET per key, then its TTL.

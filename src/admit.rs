@@ -54,10 +54,25 @@ pub struct Admitted {
     pub shadow_refusal: Option<(Reason, Micros)>,
 }
 
+/// What a call costs against its rule, and whom it is to: what
+/// `crate::proxy::meter` read from its body (`Meter::ONE` for a call of a
+/// rule that counts calls).
+#[derive(Debug, Clone, Copy)]
+pub struct Meter<'a> {
+    pub cost: u64,
+    /// Each recipient once, when the rule has `per_recipient` limits.
+    pub recipients: &'a [String],
+}
+
+impl Meter<'_> {
+    pub const ONE: Meter<'static> = Meter { cost: 1, recipients: &[] };
+}
+
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
 /// `normal`: the call's caller is not of high priority (the rule's
 /// `reserve` is not for it); `caller`: its label (declared name or
 /// `other`), whose share a rule's `max_share` checks.
+#[allow(clippy::too_many_arguments)]
 pub async fn admit(
     app: &Core,
     config: &Config,
@@ -65,6 +80,7 @@ pub async fn admit(
     rule: &Arc<Rule>,
     normal: bool,
     caller: &str,
+    meter: Meter<'_>,
     client: Option<&Client>,
 ) -> Result<Admitted, ProxyError> {
     let offset_us = config.server.quota_offset_us;
@@ -84,7 +100,8 @@ pub async fn admit(
             lease_us: config.lease_us,
             normal,
             share: rule.caller_matters().then_some(caller),
-            cost: 1,
+            cost: meter.cost,
+            recipients: if rule.recipients_matter() { meter.recipients } else { &[] },
         };
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;
@@ -121,7 +138,7 @@ pub async fn admit(
                     shadow_refusal: None,
                 });
             }
-            Decision::Reject { reason, wait_us } if rule.shadow => {
+            Decision::Reject { reason, wait_us, .. } if rule.shadow => {
                 return Ok(Admitted {
                     at: app.clock.now_us(),
                     escalated: false,
@@ -133,7 +150,7 @@ pub async fn admit(
                     shadow_refusal: Some((reason, wait_us)),
                 });
             }
-            Decision::Reject { reason: Reason::Concurrency, wait_us } if remaining > 0 => {
+            Decision::Reject { reason: Reason::Concurrency, wait_us, .. } if remaining > 0 => {
                 let step = remaining.min(CONCURRENCY_POLL_US).min(wait_us.max(1));
                 let freed = app.slots.freed.notified();
                 tokio::select! {
@@ -142,8 +159,9 @@ pub async fn admit(
                     _ = closed(client) => return Err(gone(rule, Reason::Concurrency, wait_us)),
                 }
             }
-            Decision::Reject { wait_us, reason } => {
-                return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us })
+            Decision::Reject { wait_us, reason, over } => {
+                let over = over.iter().filter_map(|i| ask.recipients.get(*i as usize).cloned()).collect();
+                return Err(ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us, over });
             }
         }
     }
@@ -162,5 +180,5 @@ async fn closed(client: Option<&Client>) {
 /// call waited: never sent.
 fn gone(rule: &Rule, reason: Reason, wait_us: Micros) -> ProxyError {
     tracing::debug!(rule = %rule.name, "the client closed its sending side while its call waited: refused, never sent");
-    ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us }
+    ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us, over: Vec::new() }
 }

@@ -79,9 +79,10 @@ pub struct Config {
     pub accounts: accounts::SecretAccounts,
 }
 
-/// What the answers to a rule's calls show, which the decision never reads:
-/// kept apart from the [`Rule`] so that the decision layer names no HTTP
-/// type, and built once at compile so a call validates no header.
+/// What the layers above the decision need of a rule, which the decision
+/// never reads (what its answers show, how a call's cost is read): kept
+/// apart from the [`Rule`] so that the decision layer names no HTTP type,
+/// and built once at compile so a call validates no header.
 #[derive(Debug, Clone)]
 pub struct RuleAnswer {
     /// The HTTP status of the rule's refusals and of WeChat's penalised
@@ -90,6 +91,75 @@ pub struct RuleAnswer {
     pub throttle_status: http::StatusCode,
     /// Its `RateLimit-Policy` and `RateLimit` prefixes.
     pub policy: crate::telemetry::ratelimit_headers::Policy,
+    /// `recipients`: how a call's recipients are read from its body
+    /// (`None`: the rule counts calls and reads no body).
+    pub meter: Option<Arc<Metering>>,
+}
+
+/// A rule's `recipients`, compiled: where a call's body names whom it is
+/// to, and what that costs (`crate::proxy::meter` reads it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metering {
+    /// The rule's name (its 400s name it).
+    pub rule: String,
+    /// The field's path in the JSON body (`"touser"`, `"a.b"`: `["a", "b"]`).
+    pub field: Vec<String>,
+    /// What separates ids in a string field (`None`: the string is one id;
+    /// an array of strings is read whatever this is).
+    pub separator: Option<String>,
+    /// The field's value meaning every member (`"@all"`), which wxgate
+    /// cannot count: costs `unseen_cost`.
+    pub all: Option<String>,
+    /// Fields naming members wxgate cannot see (`toparty`, `totag`): when
+    /// any is present and not empty, the call costs `unseen_cost` more.
+    pub unseen: Vec<Vec<String>>,
+    /// What members wxgate cannot see cost (`None`: such a call is refused
+    /// with 400).
+    pub unseen_cost: Option<u64>,
+    /// Most recipients one call may name (WeCom takes 1000).
+    pub max: usize,
+    /// `cost = "recipients"`: the rule's limits count recipients.
+    pub by_recipients: bool,
+}
+
+impl Metering {
+    /// Longest recipient id read (WeCom userids are at most 64 bytes).
+    pub const MAX_ID: usize = 256;
+
+    fn compile(rule: &str, raw: rule::RawRecipients, by_recipients: bool) -> Result<Metering, String> {
+        let path = |text: &str| -> Result<Vec<String>, String> {
+            let parts: Vec<String> = text.split('.').map(str::to_owned).collect();
+            if parts.iter().any(|p| p.is_empty()) {
+                return Err(format!("\"{text}\" is not a field path (names separated by \".\")"));
+            }
+            Ok(parts)
+        };
+        let field = path(&raw.field)?;
+        if raw.separator.as_deref() == Some("") {
+            return Err("separator: must not be empty (leave it out for a field that is an array)".into());
+        }
+        let unseen = raw.unseen.iter().map(|u| path(u)).collect::<Result<Vec<_>, _>>()?;
+        if unseen.contains(&field) {
+            return Err(format!("unseen: lists the recipients field \"{}\" itself", raw.field));
+        }
+        if raw.unseen_cost == Some(0) {
+            return Err("unseen_cost: must be at least 1 (leave it out to refuse such calls)".into());
+        }
+        let max = raw.max.unwrap_or(1000);
+        if max == 0 || max > 100_000 {
+            return Err("max: between 1 and 100000 recipients".into());
+        }
+        Ok(Metering {
+            rule: rule.to_owned(),
+            field,
+            separator: raw.separator,
+            all: raw.all,
+            unseen,
+            unseen_cost: raw.unseen_cost,
+            max,
+            by_recipients,
+        })
+    }
 }
 
 impl Config {

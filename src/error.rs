@@ -44,8 +44,10 @@ pub const REASON_CALLER_RATE: &str = "caller_rate";
 pub enum ProxyError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("rule \"{rule}\" throttled this call ({reason}); retry after {secs}s", reason = .reason.as_str(), secs = retry_after_secs(*.wait_us))]
-    Throttled { rule: String, reason: Reason, wait_us: Micros },
+    /// `over`: the recipients over their own `per_recipient` limits (the
+    /// errmsg lists them so the caller can send to the others).
+    #[error("rule \"{rule}\" throttled this call ({reason}); retry after {secs}s{over}", reason = .reason.as_str(), secs = retry_after_secs(*.wait_us), over = over_text(.over))]
+    Throttled { rule: String, reason: Reason, wait_us: Micros, over: Vec<String> },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     /// The store could not decide and `[store] fallback = "deny"`.
@@ -103,6 +105,19 @@ impl From<UpstreamError> for Early {
     fn from(e: UpstreamError) -> Early {
         Early::Refused(ProxyError::Upstream(e))
     }
+}
+
+/// The errmsg's list of the recipients over their own limits ("" if none).
+fn over_text(over: &[String]) -> String {
+    if over.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; {} recipient(s) over their per_recipient limits, the message was sent to no one: {} (send to the \
+         others without them, or retry after the wait)",
+        over.len(),
+        over.join("|")
+    )
 }
 
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
@@ -275,7 +290,7 @@ impl ProxyError {
 /// (429, or WeChat's own status when the rule's `throttle_status` is 200;
 /// `Retry-After` and the refusal headers), with WeChat's body unchanged.
 pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, config: &Config, wait_us: Micros) -> Outcome {
-    let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us }.row();
+    let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us, over: Vec::new() }.row();
     if row.status == Status::Throttle && config.answer(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
         parts.status = StatusCode::TOO_MANY_REQUESTS;
     }
@@ -304,7 +319,8 @@ mod tests {
                     limits = [{ count = 1, per = \"1s\" }]\nthrottle_status = 200\n";
         let config = crate::config::Config::parse(text, std::path::Path::new("t.toml")).expect("config");
         let rule = config.rule_for("/x").expect("rule").clone();
-        let throttled = || ProxyError::Throttled { rule: "r".into(), reason: Reason::Rate, wait_us: 1 };
+        let throttled =
+            || ProxyError::Throttled { rule: "r".into(), reason: Reason::Rate, wait_us: 1, over: Vec::new() };
         let caller = || ProxyError::CallerRate {
             caller: "c".into(),
             rate: crate::config::CallerRate { count: std::num::NonZeroU32::MIN, per: crate::config::RatePer::Second },
@@ -320,7 +336,7 @@ mod tests {
             ProxyError::Upstream(UpstreamError::ClientStalled(std::time::Duration::ZERO)).outcome(),
             Outcome::rejected_bad_request
         );
-        let penalty = ProxyError::Throttled { rule: "r".into(), reason: Reason::Penalty, wait_us: 1 };
+        let penalty = ProxyError::Throttled { rule: "r".into(), reason: Reason::Penalty, wait_us: 1, over: Vec::new() };
         assert_eq!(penalty.outcome(), Outcome::penalised);
     }
 }

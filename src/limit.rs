@@ -78,6 +78,9 @@ pub enum Reason {
     /// The caller used its `max_share` of a limit of the rule (other
     /// callers may still get through).
     Share,
+    /// A recipient of the message used its `per_recipient` limit (the
+    /// others may still be sent to).
+    Recipient,
 }
 
 impl Reason {
@@ -89,11 +92,12 @@ impl Reason {
             Reason::Concurrency => "concurrency",
             Reason::Reserve => "reserve",
             Reason::Share => "share",
+            Reason::Recipient => "recipient",
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Forward at `at` (store time), i.e. after holding the call `hold_us`
     /// (0: at once). `at` tells answers to calls sent before a penalty from
@@ -105,8 +109,18 @@ pub enum Decision {
     /// rule has none): what an instance last saw of the day's shared count,
     /// which its fallback starts from while Redis is away.
     Admit { at: Micros, hold_us: Micros, escalated: bool, quota: Option<Quota>, calendar: Option<Quota> },
-    /// Refuse; every limit admits after `wait_us` at the earliest.
-    Reject { wait_us: Micros, reason: Reason },
+    /// Refuse; every limit admits after `wait_us` at the earliest. `over`:
+    /// the indices (in [`Ask::recipients`]) of the recipients whose own
+    /// `per_recipient` limits refuse them (empty for a call without
+    /// recipients, or when none is over).
+    Reject { wait_us: Micros, reason: Reason, over: Box<[u32]> },
+}
+
+impl Decision {
+    /// A refusal naming no recipient.
+    pub fn reject(wait_us: Micros, reason: Reason) -> Decision {
+        Decision::Reject { wait_us, reason, over: Box::default() }
+    }
 }
 
 /// Room left in one limit of a rule after an admission.
@@ -146,6 +160,102 @@ pub struct RuleState {
     pub holders: Vec<(String, Micros)>,
     /// `max_share`: each caller's use of its own sub-limits, by caller label.
     pub shares: Vec<ShareState>,
+    /// `per_recipient`: each recipient's use of its own limits.
+    pub recipients: Recipients,
+}
+
+/// How many `per_recipient` windows a rule may have (a recipient's state is
+/// kept inline, without an allocation of its own).
+pub const MAX_RECIPIENT_WINDOWS: usize = 3;
+
+/// One recipient's windows: (window length, GCRA theoretical arrival time),
+/// unused slots with a length of 0. About 65 bytes per recipient in the map.
+pub type RecipientState = [(Micros, Micros); MAX_RECIPIENT_WINDOWS];
+
+/// Every recipient's state of a pair, keyed by [`recipient_key`] of its id
+/// (no id is kept: nothing personal in memory dumps or the state file).
+/// `None` until a rule with `per_recipient` admits a call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recipients(pub Option<Box<hashbrown::HashMap<u64, RecipientState, RecipientHasher>>>);
+
+/// The recipients' map hasher: the keys are hashes already.
+pub type RecipientHasher = std::hash::BuildHasherDefault<KeyHasher>;
+
+/// Passes a `u64` key through (a [`recipient_key`] is a hash already).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Spread the bits hashbrown reads (its top 7 for the control byte).
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A recipient id's key in [`Recipients`]: its 64-bit FNV-1a hash, stable
+/// across versions (the state file keeps it). Two ids that collide share
+/// their limits, which is stricter, never looser; a caller able to make a
+/// collision could as well message the recipient.
+pub fn recipient_key(id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+impl Recipients {
+    /// How many recipients have state.
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The state of the recipient `key`, if any.
+    pub fn get(&self, key: u64) -> Option<&RecipientState> {
+        self.0.as_ref()?.get(&key)
+    }
+
+    /// The state of the recipient `key`, created empty if absent.
+    pub fn entry(&mut self, key: u64) -> &mut RecipientState {
+        self.0.get_or_insert_with(Box::default).entry(key).or_insert([(0, 0); MAX_RECIPIENT_WINDOWS])
+    }
+
+    /// Drops the recipients whose every window is whole again at `now`
+    /// (forgetting them changes no decision); returns how many.
+    pub fn prune(&mut self, now: Micros) -> usize {
+        let Some(map) = self.0.as_mut() else { return 0 };
+        let before = map.len();
+        map.retain(|_, s| s.iter().any(|(per, tat)| *per > 0 && *tat > now));
+        let dropped = before - map.len();
+        if map.is_empty() {
+            self.0 = None;
+        } else if map.capacity() > 4 * map.len().max(64) {
+            map.shrink_to_fit();
+        }
+        dropped
+    }
+
+    /// Whether every recipient's windows are whole again at `now`.
+    pub fn idle(&self, now: Micros) -> bool {
+        self.0.as_ref().is_none_or(|m| m.values().all(|s| s.iter().all(|(per, tat)| *per == 0 || *tat <= now)))
+    }
+}
+
+/// The TAT of the window of length `per_us` in a recipient's state.
+pub fn recipient_tat(state: Option<&RecipientState>, per_us: Micros) -> Option<Micros> {
+    state?.iter().find(|(per, _)| *per == per_us).map(|(_, tat)| *tat)
 }
 
 /// One caller's use of its share of a rule ([`Rule::share`]).
@@ -205,7 +315,9 @@ impl RuleState {
             .filter(|s| !s.limits.is_empty())
             .collect();
         shares.sort_by(|a, b| a.caller.cmp(&b.caller));
-        RuleState { limits, holders, shares, ..self.clone() }
+        // Recipients are not read back from Redis (one key each): their
+        // decisions are compared instead.
+        RuleState { limits, holders, shares, recipients: Recipients::default(), ..self.clone() }
     }
 
     /// The share state of `caller`, if it has one.
@@ -226,6 +338,7 @@ impl RuleState {
         };
         self.limits.iter().all(idle)
             && self.shares.iter().all(|s| s.limits.iter().all(idle))
+            && self.recipients.idle(now)
             && self.penalty.until <= now
             && !self.penalty.is_recent(now)
             && self.holders.iter().all(|(_, exp)| *exp <= now)
@@ -265,4 +378,16 @@ pub struct Ask<'a> {
     /// recipients for a rule that counts them): decided as that many calls
     /// at the same moment, all or none.
     pub cost: u64,
+    /// Whom the call is addressed to, each id once, when the rule has
+    /// `per_recipient` limits (empty else): each recipient's own limits are
+    /// checked and debited too, all or nothing with the rule's.
+    pub recipients: &'a [String],
+}
+
+impl<'a> Ask<'a> {
+    /// A call of cost 1 to `key`, refused at once if not admitted, of a
+    /// high-priority caller with no share and no recipients.
+    pub fn one(key: Key<'a>) -> Ask<'a> {
+        Ask { key, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost: 1, recipients: &[] }
+    }
 }

@@ -11,7 +11,10 @@
 //!    the call is for ([`crate::features::accounts`]: `X-Wx-Account` or an `@account`
 //!    first path segment, else the account its access token was issued to,
 //!    else a token request's appid, else `default`).
-//! 3. [`route`]: path → rule ([`crate::config::routes`]).
+//! 3. [`route`]: path → rule ([`crate::config::routes`]); then [`meter`]:
+//!    for a rule with `recipients`, the body is read whole (64 KiB at
+//!    most) and whom the call is to is read from it: its cost, and the
+//!    recipients whose own limits the decision checks.
 //! 4. **token cache**: the features' [`Feature::before_decide`] hooks
 //!    ([`crate::features`]): a token request may be answered from the cache
 //!    here, never decided nor forwarded.
@@ -53,6 +56,7 @@ pub mod call;
 pub mod decide;
 pub mod forward;
 pub mod identify;
+pub mod meter;
 pub mod resend;
 pub mod respond;
 pub mod route;
@@ -119,6 +123,7 @@ async fn phases(
     let target = accept::accept(call, &req)?;
     identify::identify(app, call, &mut req, &target).await?;
     route::route(app, call);
+    meter::meter(call, &mut req).await?;
     // The account is proven by the call's token, or by wxgate adding its own.
     let config = &call.arrived.config;
     let proven = call.who.owned

@@ -40,6 +40,9 @@ enum Expect {
     /// Admitted, held this long for its reserved slot.
     Hold(i64),
     No(i64, Reason),
+    /// Refused, naming these recipients (indices in the call's) as over
+    /// their own limits.
+    Over(i64, Reason, &'static [u32]),
     /// The penalty now ends this long after now (0: none).
     Until(i64),
     /// The inspected state satisfies this (named) check.
@@ -100,6 +103,9 @@ enum Op {
     NormalCost(u64),
     /// One call of account "a" costing n, by this (normal-priority) caller.
     ByCost(&'static str, u64),
+    /// A message of account "a" to these recipients ("|"-separated),
+    /// costing one per recipient, of a high-priority caller.
+    To(&'static str),
     /// WeChat answered `errcode` to the n-th admitted call.
     Penalise(i64, usize),
     /// WeChat answered the n-th admitted call successfully.
@@ -151,6 +157,11 @@ struct Scenario {
 
 use Expect::*;
 use Op::*;
+
+/// A rule counting a message's recipients (`touser`, "|"-separated), each
+/// of whom gets 3 messages a minute, all at once.
+const RECIPIENTS: &str = "cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\n\
+                          per_recipient = [{ count = 3, per = \"1m\", burst = 3 }]";
 
 fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
@@ -637,6 +648,85 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "a_recipient_over_its_own_limit_is_refused_while_others_pass",
+            start: T0,
+            limits: r#"[{ count = 100, per = "day" }]"#,
+            // Each member: 3 a minute, all at once (T = 60 s, tolerance 120 s).
+            extra: RECIPIENTS,
+            steps: vec![
+                (To("u1"), Ok),
+                (To("u1"), Ok),
+                (To("u1"), Ok),
+                // The 4th message to u1 in a minute: refused, naming u1.
+                (To("u1"), Over(60 * SEC, Reason::Recipient, &[0])),
+                // Another member passes.
+                (To("u2"), Ok),
+                // A message to u1 among others is refused whole, naming u1 wherever it is.
+                (To("u2|u1"), Over(60 * SEC, Reason::Recipient, &[1])),
+                (To("u1|u2"), Over(60 * SEC, Reason::Recipient, &[0])),
+                // Refused messages took nothing: 4 of the day's 100.
+                (Inspect, State("4 counted", |s| day_used(s) == 4)),
+                (Wait(60 * SEC), Any),
+                (To("u1"), Ok),
+                (To("u1"), Over(60 * SEC, Reason::Recipient, &[0])),
+            ],
+        },
+        Scenario {
+            name: "a_message_with_a_spent_recipient_is_refused_whole_and_the_others_keep_theirs",
+            start: T0,
+            limits: r#"[{ count = 100, per = "day" }]"#,
+            extra: RECIPIENTS,
+            steps: vec![
+                (To("u1"), Ok),
+                (To("u1"), Ok),
+                (To("u1"), Ok),
+                (To("u1|u3"), Over(60 * SEC, Reason::Recipient, &[0])),
+                // u3 took nothing from the refused message: it has its 3.
+                (To("u3"), Ok),
+                (To("u3"), Ok),
+                (To("u3"), Ok),
+                (To("u3"), Over(60 * SEC, Reason::Recipient, &[0])),
+                (Inspect, State("6 counted", |s| day_used(s) == 6)),
+            ],
+        },
+        Scenario {
+            name: "a_rule_limit_refuses_a_message_whose_recipients_have_room",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 3, per = "day" }]"#,
+            extra: RECIPIENTS,
+            steps: vec![
+                (To("a|b"), Ok),
+                // 2 more recipients do not fit in the 1 left: refused for the
+                // day's quota, no recipient named.
+                (To("c|d"), No(SEC, Reason::Quota)),
+                (To("c"), Ok),
+                // The day is spent; a has room of its own: no recipient named.
+                (To("a"), No(SEC, Reason::Quota)),
+                (Wait(SEC), Any),
+                (To("a|b|c"), Ok),
+            ],
+        },
+        Scenario {
+            name: "per_recipient_windows_both_count",
+            start: T0,
+            limits: r#"[{ count = 1000, per = "1m", burst = 1000 }]"#,
+            // 2 a second (burst 2) and 3 a minute (burst 3).
+            extra: "cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\n\
+                    per_recipient = [{ count = 2, per = \"1s\", burst = 2 }, { count = 3, per = \"1m\", burst = 3 }]",
+            steps: vec![
+                (To("u1|u2"), Ok),
+                (To("u1"), Ok),
+                // The second's window is full: 1 s (T of 1 s, tolerance 1 s).
+                (To("u2|u1"), Over(SEC, Reason::Recipient, &[1])),
+                (Wait(SEC), Any),
+                (To("u1"), Ok),
+                // Now the minute's: 3 used; whole again 60 s after the first.
+                (Wait(SEC), Any),
+                (To("u1"), Over(58 * SEC, Reason::Recipient, &[0])),
+                (To("u2"), Ok),
+            ],
+        },
+        Scenario {
             name: "a_call_costing_n_leaves_the_reserve",
             start: T0,
             limits: r#"[{ count = 10, per = "10s", burst = 5 }]"#,
@@ -937,7 +1027,12 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         (Ok, Got::Decided(Decision::Admit { hold_us: 0, escalated: false, at, .. })) => *at == now,
         (OkEscalated, Got::Decided(Decision::Admit { hold_us: 0, escalated: true, at, .. })) => *at == now,
         (Hold(h), Got::Decided(Decision::Admit { hold_us, at, .. })) => *hold_us == h && *at == now + h,
-        (No(w, r), Got::Decided(Decision::Reject { wait_us, reason })) => *wait_us == w && *reason == r,
+        (No(w, r), Got::Decided(Decision::Reject { wait_us, reason, over })) => {
+            *wait_us == w && *reason == r && over.is_empty()
+        }
+        (Over(w, r, want), Got::Decided(Decision::Reject { wait_us, reason, over })) => {
+            *wait_us == w && *reason == r && **over == *want
+        }
         (Until(left), Got::Penalty { until, now }) => (until - now).max(0) == left,
         (State(_, check), Got::State(snapshot)) => snapshot.now == now && check(snapshot),
         (Gave(want), Got::Refunded(given)) => *given == want,
@@ -965,6 +1060,7 @@ fn describe(expect: Expect) -> String {
         OkEscalated => "admitted now, escalated".into(),
         Hold(h) => format!("held {h} us"),
         No(w, r) => format!("refused for {w} us ({})", r.as_str()),
+        Over(w, r, over) => format!("refused for {w} us ({}), recipients {over:?} over", r.as_str()),
         Until(left) => format!("penalty of {left} us"),
         State(what, _) => format!("state: {what}"),
         Gave(true) => "something given back".into(),
@@ -1019,21 +1115,36 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.clear(&keys).await.expect("store answered");
                 Got::Done
             }
-            Call(_) | Normal(_) | By(_) | Cost(_) | NormalCost(_) | ByCost(..) => {
+            Call(_) | Normal(_) | By(_) | Cost(_) | NormalCost(_) | ByCost(..) | To(_) => {
                 let holder = format!("h{calls}");
                 calls += 1;
+                let recipients: Vec<String> = match op {
+                    To(ids) => ids.split('|').map(str::to_owned).collect(),
+                    _ => Vec::new(),
+                };
                 let (account, caller, cost) = match op {
                     Call(account) | Normal(account) => (*account, "other", 1),
                     By(caller) => ("a", *caller, 1),
                     Cost(n) | NormalCost(n) => ("a", "other", *n),
                     ByCost(caller, n) => ("a", *caller, *n),
+                    To(_) => ("a", "other", recipients.len() as u64),
                     _ => unreachable!(),
                 };
                 let account = format!("{prefix}{account}");
                 let key = Key { account: &account, ..key };
                 let normal = !matches!(op, Call(_) | Cost(_));
                 let share = (!rule.share.is_empty()).then_some(caller);
-                let ask = Ask { key, max_wait_us: rule.max_wait_us, holder: &holder, lease_us, normal, share, cost };
+                let normal = normal && !matches!(op, To(_));
+                let ask = Ask {
+                    key,
+                    max_wait_us: rule.max_wait_us,
+                    holder: &holder,
+                    lease_us,
+                    normal,
+                    share,
+                    cost,
+                    recipients: &recipients,
+                };
                 let decided = store.acquire(&ask).await.expect("store answered");
                 assert!(!decided.degraded, "{}: decided without Redis", s.name);
                 if let Decision::Admit { at, .. } = decided.decision {
@@ -1181,7 +1292,8 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
     let (rule, _) = compile(r#"[{ count = 10, per = "1m" }, { count = 100, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
+    let ask =
+        Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1, recipients: &[] };
     assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
     let keys = redis.command("KEYS *");
     assert!(keys.contains("wxgate:{wxAPPID}:r"), "{keys}");
@@ -1226,7 +1338,8 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
     let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
+    let ask =
+        Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1, recipients: &[] };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for _ in 0..12 {
@@ -1243,7 +1356,16 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
             let (store, rule) = (store.clone(), rule.clone());
             tokio::spawn(async move {
                 let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-                let ask = Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1 };
+                let ask = Ask {
+                    key,
+                    max_wait_us: 0,
+                    holder: "h",
+                    lease_us: SEC,
+                    normal: false,
+                    share: None,
+                    cost: 1,
+                    recipients: &[],
+                };
                 store.acquire(&ask).await.expect("decided").decision
             })
         })
@@ -1259,4 +1381,88 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 calls in 2 script runs: {stats}");
     let count = redis.command("HGET batch:{wxAPPID}:r day.n");
     assert!(count.contains("\r\n3\r\n"), "one write per run carries every admission: {count}");
+}
+
+/// A recipient's windows (`per_recipient`) live in a key of their own under
+/// the account's hash tag (so every key of a message sits in its account's
+/// Cluster slot), which expires with its longest window.
+#[tokio::test]
+async fn recipient_keys_are_hash_tagged_and_expire_with_their_longest_window() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.store_config("wxgate")).await.expect("connect");
+    let (rule, _) = compile(r#"[{ count = 100, per = "day" }]"#, RECIPIENTS);
+    let key = Key { account: "wxCORP", rule: &rule, offset_us: BEIJING };
+    let ids = vec!["u1".to_owned(), "{evil}".to_owned()];
+    let ask =
+        Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 2, recipients: &ids };
+    assert!(matches!(store.acquire(&ask).await.map(|d| d.decision), std::result::Result::Ok(Decision::Admit { .. })));
+    let keys = redis.command("KEYS *");
+    for k in ["wxgate:{wxCORP}:r#r:u1", "wxgate:{wxCORP}:r#r:{evil}"] {
+        assert!(keys.contains(k), "{keys}");
+        let ttl: i64 = redis.command(&format!("PTTL {k}")).trim_start_matches(':').trim().parse().expect("PTTL");
+        // One message: the minute window's TAT is 60 s ahead; kept with
+        // about 11 s of slack, never for the day.
+        assert!(ttl > 60_000 && ttl <= 72_000, "{k}: {ttl}");
+    }
+    // Redis hashes the first {…} of a key: an id holding braces cannot move
+    // its key out of the account's slot (the Cluster table above runs the
+    // recipient scenarios: a key in another slot would fail CROSSSLOT).
+}
+
+/// Messages to overlapping recipients decided in one script run answer
+/// exactly as one by one (the run's state cache carries each recipient's
+/// debit to the next message).
+#[tokio::test]
+async fn messages_decided_in_one_batch_match_one_by_one() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let (rule, _) = compile(r#"[{ count = 20, per = "day" }]"#, RECIPIENTS);
+    let messages: Vec<Vec<String>> =
+        (0..12).map(|i| ["u1", "u2", "u3"].iter().take(1 + i % 3).map(|s| (*s).to_owned()).collect()).collect();
+    let memory = MemoryStore::new(Arc::new(clock.clone()));
+    let mut one_by_one = Vec::new();
+    for ids in &messages {
+        let key = Key { account: "wxCORP", rule: &rule, offset_us: BEIJING };
+        let ask = Ask {
+            key,
+            max_wait_us: 0,
+            holder: "h",
+            lease_us: SEC,
+            normal: false,
+            share: None,
+            cost: ids.len() as u64,
+            recipients: ids,
+        };
+        one_by_one.push(memory.acquire(&ask).await.expect("decided").decision);
+    }
+    let store: Arc<dyn Store> = resilient(redis_store(&redis.store_config("batch"), &clock).await, &clock);
+    assert!(redis.command("CONFIG RESETSTAT").starts_with("+OK"));
+    let tasks: Vec<_> = messages
+        .into_iter()
+        .map(|ids| {
+            let (store, rule) = (store.clone(), rule.clone());
+            tokio::spawn(async move {
+                let key = Key { account: "wxCORP", rule: &rule, offset_us: BEIJING };
+                let ask = Ask {
+                    key,
+                    max_wait_us: 0,
+                    holder: "h",
+                    lease_us: SEC,
+                    normal: false,
+                    share: None,
+                    cost: ids.len() as u64,
+                    recipients: &ids,
+                };
+                store.acquire(&ask).await.expect("decided").decision
+            })
+        })
+        .collect();
+    let mut batched = Vec::new();
+    for t in tasks {
+        batched.push(t.await.expect("task"));
+    }
+    assert_eq!(batched, one_by_one);
+    assert!(batched.iter().any(|d| matches!(d, Decision::Reject { reason: Reason::Recipient, .. })), "{batched:?}");
+    let stats = redis.command("INFO commandstats");
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 messages in 2 script runs: {stats}");
 }

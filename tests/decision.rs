@@ -25,6 +25,7 @@ fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
         normal: false,
         share: None,
         cost: 1,
+        recipients: &[],
     };
     decide(state, &ask, now, 0)
 }
@@ -72,7 +73,7 @@ proptest! {
             // Every 50th call, a token refresh restarts the warm-up.
             let account_warm = if i % 50 == 49 { now } else { 0 };
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1, recipients: &[] };
             if let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, now, account_warm) {
                 prop_assert!(hold_us <= r.max_wait_us);
                 sent.push(at);
@@ -116,7 +117,7 @@ fn burst_after_idle_then_sustained_rate() {
     let t = 1_700_000_000 * SEC;
     let admitted = (0..40).filter(|_| matches!(dec(&r, &mut st, t), Decision::Admit { .. })).count();
     assert_eq!(admitted, 30);
-    let Decision::Reject { wait_us, reason } = dec(&r, &mut st, t) else { panic!("admitted a 31st") };
+    let Decision::Reject { wait_us, reason, .. } = dec(&r, &mut st, t) else { panic!("admitted a 31st") };
     assert_eq!(reason, Reason::Rate);
     assert_eq!(wait_us, (60 * SEC + 270) / 271);
 }
@@ -246,7 +247,7 @@ proptest! {
                 pending.remove(0);
             }
             let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
+            let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1, recipients: &[] };
             if let Decision::Admit { at, .. } = decide(&mut st, &ask, now, 0) {
                 match fate {
                     // It never reached WeChat: given back right after its
@@ -268,7 +269,16 @@ fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
     r.max_wait_us = 5 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
+    let ask = Ask {
+        key,
+        max_wait_us: r.max_wait_us,
+        holder: "",
+        lease_us: 0,
+        normal: false,
+        share: None,
+        cost: 1,
+        recipients: &[],
+    };
     let before = MIDNIGHT - SEC;
     assert!(matches!(decide(&mut st, &ask, before, 0), Decision::Admit { hold_us: 0, .. }));
     let Decision::Admit { at, hold_us, .. } = decide(&mut st, &ask, before, 0) else { panic!("held for tomorrow") };
@@ -289,7 +299,16 @@ fn a_refund_never_frees_a_slot_a_held_call_already_took() {
     r.max_wait_us = 20 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
-    let ask = Ask { key, max_wait_us: r.max_wait_us, holder: "", lease_us: 0, normal: false, share: None, cost: 1 };
+    let ask = Ask {
+        key,
+        max_wait_us: r.max_wait_us,
+        holder: "",
+        lease_us: 0,
+        normal: false,
+        share: None,
+        cost: 1,
+        recipients: &[],
+    };
     let t = 1_700_000_000 * SEC;
     let Decision::Admit { at: failed, .. } = decide(&mut st, &ask, t, 0) else { panic!("admitted") };
     // A second call is held for the next slot, t + 10 s; then the first one
@@ -322,7 +341,7 @@ proptest! {
         let mut total = 0u64;
         for (gap, cost) in calls {
             now += gap;
-            let ask = Ask { key: Key { account: "a", rule: &r, offset_us: BEIJING }, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost };
+            let ask = Ask { key: Key { account: "a", rule: &r, offset_us: BEIJING }, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost, recipients: &[] };
             if let Decision::Admit { .. } = decide(&mut st, &ask, now, 0) {
                 prop_assert!(cost <= burst, "cost {cost} admitted past a burst of {burst}");
                 units.extend(std::iter::repeat_n(now, cost as usize));
@@ -331,5 +350,58 @@ proptest! {
         }
         prop_assert!(max_in_window(&units, per_s * SEC) as u64 <= count);
         prop_assert!(max_in_window(&units, 86_400 * SEC) as u64 <= day || total <= day);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Messages to random sets of members under per-recipient windows: no
+    /// member gets more than a window's count in any window of its length,
+    /// a message is admitted for all its recipients or none (the rule's
+    /// window counts exactly the recipients of the admitted ones), and a
+    /// refusal names exactly the members whose own windows are full.
+    #[test]
+    fn no_recipient_gets_more_than_its_own_windows(count in 1u64..6, burst_frac in 0u64..=100, per_s in 1i64..30,
+                                                   hour in 3u64..20,
+                                                   calls in prop::collection::vec((0i64..2_000_000, 1u8..16), 1..300)) {
+        let burst = (count * burst_frac / 100).max(1);
+        let mut r = rule(vec![window(10_000, 60, 10_000)]);
+        r.per_recipient = vec![
+            wxgate::limit::WindowLimit::new(count, per_s * SEC, burst),
+            wxgate::limit::WindowLimit::new(hour, 3600 * SEC, hour),
+        ];
+        let members = ["u1", "u2", "u3", "u4"];
+        let mut st = RuleState::default();
+        let mut now = 1_700_000_000 * SEC;
+        let mut got: Vec<Vec<i64>> = vec![Vec::new(); members.len()];
+        for (gap, set) in calls {
+            now += gap;
+            let to: Vec<usize> = (0..members.len()).filter(|i| set & (1 << i) != 0).collect();
+            let ids: Vec<String> = to.iter().map(|i| members[*i].to_owned()).collect();
+            let ask = Ask { key: Key { account: "a", rule: &r, offset_us: BEIJING }, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost: ids.len() as u64, recipients: &ids };
+            match decide(&mut st, &ask, now, 0) {
+                Decision::Admit { .. } => {
+                    for i in &to {
+                        got[*i].push(now);
+                    }
+                }
+                Decision::Reject { reason, over, .. } => {
+                    prop_assert_eq!(reason, Reason::Recipient);
+                    prop_assert!(!over.is_empty());
+                    // Each member alone now: refused exactly when named over.
+                    for (j, id) in ids.iter().enumerate() {
+                        let alone = std::slice::from_ref(id);
+                        let ask = Ask { cost: 1, recipients: alone, ..ask };
+                        let admitted = matches!(decide(&mut st.clone(), &ask, now, 0), Decision::Admit { .. });
+                        prop_assert_eq!(admitted, !over.contains(&(j as u32)), "{} named over: {:?}", id, over);
+                    }
+                }
+            }
+        }
+        for times in &got {
+            prop_assert!(max_in_window(times, per_s * SEC) as u64 <= count);
+            prop_assert!(max_in_window(times, 3600 * SEC) as u64 <= hour);
+        }
     }
 }

@@ -334,7 +334,16 @@ fn open(clock: &ManualClock, max_entries: usize) -> (Arc<MemoryStore>, MemorySto
 async fn acquire(store: &MemoryStore, config: &Config, account: &str, rule: usize) -> Result<Decision, StoreError> {
     let key = Key { account, rule: &config.rules[rule], offset_us: config.server.quota_offset_us };
     store
-        .acquire(&Ask { key, max_wait_us: 0, holder: "", lease_us: 0, normal: false, share: None, cost: 1 })
+        .acquire(&Ask {
+            key,
+            max_wait_us: 0,
+            holder: "",
+            lease_us: 0,
+            normal: false,
+            share: None,
+            cost: 1,
+            recipients: &[],
+        })
         .await
         .map(|d| d.decision)
 }

@@ -33,6 +33,8 @@ enum By {
     Normal,
     High,
     Caller(&'static str),
+    /// A message to this recipient (a high-priority caller's).
+    To(&'static str),
 }
 
 struct Row {
@@ -101,6 +103,19 @@ reserve = "50%""#,
             admitted: 1,
             refused: Reason::Rate,
         },
+        Row {
+            name: "a_recipients_own_limit",
+            // A member messaged through three instances must not get 9 from each.
+            whole: r#"limits = [{ count = 900, per = "day" }]
+recipients = { field = "touser" }
+per_recipient = [{ count = 9, per = "1m", burst = 9 }]"#,
+            third: r#"limits = [{ count = 300, per = "day" }]
+recipients = { field = "touser" }
+per_recipient = [{ count = 3, per = "1m", burst = 3 }]"#,
+            calls: [vec![To("u1"); 4], vec![To("u2"); 3]].concat(),
+            admitted: 6,
+            refused: Reason::Recipient,
+        },
     ]
 }
 
@@ -119,10 +134,16 @@ async fn decide_all(store: &dyn Store, rule: &Rule, calls: &[By], clock: &Manual
             By::Normal => (true, "other"),
             By::High => (false, "other"),
             By::Caller(c) => (true, c),
+            By::To(_) => (false, "other"),
+        };
+        let recipients: Vec<String> = match *by {
+            By::To(id) => vec![id.to_owned()],
+            _ => Vec::new(),
         };
         let share = (!rule.share.is_empty()).then_some(caller);
         let key = Key { account: "a", rule, offset_us: BEIJING };
-        let ask = Ask { key, max_wait_us: 0, holder: "", lease_us: SEC, normal, share, cost: 1 };
+        let ask =
+            Ask { key, max_wait_us: 0, holder: "", lease_us: SEC, normal, share, cost: 1, recipients: &recipients };
         let decided = store.acquire(&ask).await.expect("decided");
         out.push((decided.decision, decided.degraded));
     }
@@ -146,7 +167,7 @@ async fn the_local_fallback_decides_as_one_instance_configured_with_its_part() {
         let alone = decide_all(&memory, &compile(row.third), &row.calls, &clock).await;
         let scaled = decide_all(&**fallback, &compile(row.whole), &row.calls, &clock).await;
         assert!(scaled.iter().all(|(_, degraded)| *degraded), "{}: decided without the fallback", row.name);
-        let decisions = |v: &[(Decision, bool)]| v.iter().map(|(d, _)| *d).collect::<Vec<_>>();
+        let decisions = |v: &[(Decision, bool)]| v.iter().map(|(d, _)| d.clone()).collect::<Vec<_>>();
         assert_eq!(decisions(&scaled), decisions(&alone), "{}: the fallback and one third disagree", row.name);
         let admitted = scaled.iter().filter(|(d, _)| matches!(d, Decision::Admit { .. })).count();
         assert_eq!(admitted, row.admitted, "{}: {scaled:?}", row.name);

@@ -188,7 +188,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             return Err(ctx.at(span, format!("[[account]] \"{}\" is not on [server] accounts", a.name)));
         }
     }
-    let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default() };
+    let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default(), meter: None };
     Ok(Config {
         source: ctx.path.to_path_buf(),
         answers,

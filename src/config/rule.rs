@@ -35,6 +35,22 @@ pub(super) struct RawRule {
     pub reserve: Option<String>,
     pub max_share: Option<String>,
     pub quota_sync: Option<String>,
+    pub cost: Option<String>,
+    pub recipients: Option<RawRecipients>,
+    pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
+}
+
+/// `recipients = { field = "touser", separator = "|", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRecipients {
+    pub field: String,
+    pub separator: Option<String>,
+    pub all: Option<String>,
+    #[serde(default)]
+    pub unseen: Vec<String>,
+    pub unseen_cost: Option<u64>,
+    pub max: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +143,54 @@ pub(super) fn compile_rule(
     };
     let (reserve_percent, share_percent) =
         (percent(r.reserve.as_deref(), "reserve")?, percent(r.max_share.as_deref(), "max_share")?);
+    let by_recipients = match r.cost.as_deref() {
+        None | Some("call") => false,
+        Some("recipients") => true,
+        Some(other) => return Err(err(format!("cost: \"{other}\" is unknown (expected \"call\" or \"recipients\")"))),
+    };
+    let mut per_recipient = Vec::new();
+    for (i, l) in r.per_recipient.iter().flatten().enumerate() {
+        let at = |m: String| {
+            ctx.at_field(l.span(), leading_key(&m), format!("rule \"{}\": per_recipient[{i}]: {m}", r.name))
+        };
+        match compile_limit(l.get_ref()).map_err(at)? {
+            Limit::Window(w) if per_recipient.iter().any(|p: &WindowLimit| p.per_us == w.per_us) => {
+                return Err(at(format!("another per_recipient limit has per = \"{}\"", l.get_ref().per)));
+            }
+            Limit::Window(w) => per_recipient.push(w),
+            Limit::Calendar { .. } => {
+                return Err(at(
+                    "per_recipient limits are windows (\"1m\", \"1h\"): a recipient's calendar count is not kept"
+                        .into(),
+                ))
+            }
+        }
+    }
+    if per_recipient.len() > crate::limit::MAX_RECIPIENT_WINDOWS {
+        return Err(err(format!("per_recipient: at most {} limits", crate::limit::MAX_RECIPIENT_WINDOWS)));
+    }
+    let meter = match r.recipients {
+        None if by_recipients => {
+            return Err(err("cost = \"recipients\": needs recipients = { field = \"...\" } to count them".into()))
+        }
+        None if !per_recipient.is_empty() => {
+            return Err(err("per_recipient: needs recipients = { field = \"...\" } to know whom a call is to".into()))
+        }
+        None => None,
+        Some(_) if !by_recipients && per_recipient.is_empty() => {
+            return Err(err(
+                "recipients: read only for cost = \"recipients\" or per_recipient; give one of them, or leave \
+                 recipients out"
+                    .into(),
+            ))
+        }
+        Some(raw) => Some(std::sync::Arc::new(
+            super::Metering::compile(&r.name, raw, by_recipients).map_err(|m| err(format!("recipients: {m}")))?,
+        )),
+    };
+    if meter.is_some() && scope == Scope::Path {
+        return Err(err("recipients: not with scope = \"path\" (give the API a rule of its own)".into()));
+    }
     let rule = Rule {
         id,
         scope,
@@ -135,11 +199,12 @@ pub(super) fn compile_rule(
         warmup_us,
         concurrency,
         shadow,
+        per_recipient,
         ..Rule::new(&r.name, limits)
     }
     .with_percents(reserve_percent, share_percent)
     .map_err(|e| err(e.to_string()))?;
-    let answer = RuleAnswer { throttle_status, policy: Policy::of(&rule) };
+    let answer = RuleAnswer { throttle_status, policy: Policy::of(&rule), meter };
     Ok((rule, answer, patterns))
 }
 

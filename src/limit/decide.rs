@@ -4,7 +4,10 @@
 //! and writes each state hash once). Change both together: the conformance
 //! table (`tests/conformance.rs`) holds them to identical results.
 
-use super::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState, WindowKey, WindowLimit};
+use super::{
+    recipient_key, recipient_tat, Ask, Decision, Limit, LimitState, Quota, Reason, RecipientState, Rule, RuleState,
+    ShareState, WindowKey, WindowLimit,
+};
 use crate::limit::calendar::Period;
 use crate::limit::clock::Micros;
 
@@ -16,14 +19,14 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     let offset_us = ask.key.offset_us;
     // 1. A penalty refuses at once and consumes nothing.
     if let Some(wait_us) = state.penalty.remaining(now) {
-        return Decision::Reject { wait_us, reason: Reason::Penalty };
+        return Decision::reject(wait_us, Reason::Penalty);
     }
     // 2. Concurrency: expired leases (a crashed instance's) free their slots.
     if rule.concurrency > 0 {
         state.holders.retain(|(_, exp)| *exp > now);
         if state.holders.len() >= rule.concurrency as usize {
             let free_at = state.holders.iter().map(|(_, exp)| *exp).min().unwrap_or(now);
-            return Decision::Reject { wait_us: free_at - now, reason: Reason::Concurrency };
+            return Decision::reject(free_at - now, Reason::Concurrency);
         }
     }
     // 3. Warm-up restarts when the pair was idle for a whole warm-up period.
@@ -41,7 +44,14 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     //    A call costing n must find room for n at once: one that no wait
     //    can make room for (more than a window's burst) is refused.
     let cost = ask.cost.max(1);
-    let terms = Terms { rule, share: share.map(|_| mine), now, offset_us, cost, warm_start };
+    //    With `per_recipient`, each recipient's own windows count too
+    //    (after the shares), each recipient costing 1.
+    let recipients: Vec<(u64, Option<&RecipientState>)> = if rule.recipients_matter() {
+        ask.recipients.iter().map(|id| recipient_key(id)).map(|k| (k, state.recipients.get(k))).collect()
+    } else {
+        Vec::new()
+    };
+    let terms = Terms { rule, share: share.map(|_| mine), now, offset_us, cost, warm_start, recipients: &recipients };
     let (at, reason, fits) = earliest(state, &terms, normal);
     let wait = at - now;
     if wait > ask.max_wait_us || !fits {
@@ -52,8 +62,18 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
             Some((_, plain_reason, _)) => plain_reason,
             None => reason,
         };
-        return Decision::Reject { wait_us: wait, reason };
+        // Every recipient whose own limits refuse it, so the caller can
+        // leave them out (WeChat has no partial send: the whole is refused).
+        let over = terms
+            .recipients
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, s))| recipient_wait(rule, *s, now) > ask.max_wait_us)
+            .map(|(i, _)| i as u32)
+            .collect();
+        return Decision::Reject { wait_us: wait, reason, over };
     }
+    let keys: Vec<u64> = recipients.iter().map(|(k, _)| *k).collect();
 
     // 5. Admit at `at`: debit everything, noting the limit with least room.
     let mut quota: Option<Quota> = None;
@@ -92,6 +112,9 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     if let Some(caller) = share {
         debit_share(state, rule, caller, at, now, offset_us, cost);
     }
+    for key in keys {
+        debit_recipient(state.recipients.entry(key), rule, at);
+    }
     if cold {
         state.warm_start = now;
     }
@@ -112,6 +135,8 @@ struct Terms<'a> {
     offset_us: Micros,
     cost: u64,
     warm_start: Micros,
+    /// Each recipient's key and state (`per_recipient`; empty: none).
+    recipients: &'a [(u64, Option<&'a RecipientState>)],
 }
 
 /// The earliest moment every limit admits a call of `t.cost` (keeping the
@@ -168,6 +193,15 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
             reason = why;
         }
     }
+    // Each recipient's own windows: 1 each, no warm-up (the rule's windows
+    // slow the call already), after the rule's (whose reason wins a tie).
+    for (_, stored) in t.recipients {
+        let wait = recipient_wait(rule, *stored, now);
+        if wait > worst {
+            worst = wait;
+            reason = Reason::Recipient;
+        }
+    }
     // A hold can cross midnight: the call then counts in the next period,
     // which must have room too. (max_wait is far shorter than a day, so one
     // pass over the calendars settles it.)
@@ -221,6 +255,27 @@ fn debit_share(
         };
         mine.set(key, after);
     }
+}
+
+/// How long from `now` until every `per_recipient` window of `rule` admits
+/// one more message to the recipient whose state is `stored` (≤ 0: at once).
+fn recipient_wait(rule: &Rule, stored: Option<&RecipientState>, now: Micros) -> Micros {
+    rule.per_recipient
+        .iter()
+        .map(|w| recipient_tat(stored, w.per_us).unwrap_or(now).max(now) - w.tolerance_us - now)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Debits a recipient's windows for a message admitted at `at`, keeping
+/// only the windows `rule` has (a window dropped by a reload is forgotten).
+fn debit_recipient(state: &mut RecipientState, rule: &Rule, at: Micros) {
+    let mut after = [(0, 0); super::MAX_RECIPIENT_WINDOWS];
+    for (slot, w) in after.iter_mut().zip(&rule.per_recipient) {
+        let tat = recipient_tat(Some(state), w.per_us).unwrap_or(at).max(at);
+        *slot = (w.per_us, tat + w.interval_us);
+    }
+    *state = after;
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.

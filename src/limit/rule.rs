@@ -58,6 +58,11 @@ pub struct Rule {
     /// a calendar quota of ⌊P·count⌋. Empty without a share.
     pub share_percent: u32,
     pub share: Vec<Limit>,
+    /// `per_recipient`: each recipient's own windows (at most
+    /// [`crate::limit::MAX_RECIPIENT_WINDOWS`], distinct lengths), checked
+    /// all-or-nothing with the rule's limits; each recipient costs 1 against
+    /// them. Empty: recipients are not limited one by one.
+    pub per_recipient: Vec<WindowLimit>,
 }
 
 /// Whose calls a rule's limits count together.
@@ -196,6 +201,7 @@ impl Rule {
             reserve: Vec::new(),
             share_percent: 0,
             share: Vec::new(),
+            per_recipient: Vec::new(),
         }
     }
 
@@ -233,6 +239,16 @@ impl Rule {
         if self.concurrency > 0 {
             scaled.concurrency = (self.concurrency / instances.max(1)).max(1);
         }
+        // A recipient messaged through every instance must not get its
+        // limit from each.
+        scaled.per_recipient = self
+            .per_recipient
+            .iter()
+            .map(|w| {
+                let count = (w.count / n).max(1);
+                WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count))
+            })
+            .collect();
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled
@@ -264,6 +280,36 @@ impl Rule {
     /// rule gives each a `max_share`): else every caller's is decided alike.
     pub fn caller_matters(&self) -> bool {
         !self.share.is_empty()
+    }
+
+    /// Whether the decision reads a call's recipients (the rule has
+    /// `per_recipient` limits).
+    pub fn recipients_matter(&self) -> bool {
+        !self.per_recipient.is_empty()
+    }
+
+    /// The largest cost a call of this rule can ever be admitted at, and
+    /// the limit that caps it (`None`: no cap): a window takes at most its
+    /// burst at once, a calendar quota its count, less what a normal
+    /// caller must leave (`normal`) and, with `share`, the caller's share.
+    /// A call costing more is refused whatever it waits.
+    pub fn max_cost(&self, normal: bool, share: bool) -> Option<(u64, String)> {
+        let own = self.limits.iter().enumerate().map(|(i, l)| {
+            let kept = if normal { self.reserve.get(i).copied().unwrap_or(0) } else { 0 };
+            (l, kept, format!("limits[{i}] ({})", describe(l)))
+        });
+        let shared =
+            self.share.iter().filter(|_| share).map(|l| (l, 0, format!("the caller's max_share ({})", describe(l))));
+        own.chain(shared)
+            .map(|(l, kept, name)| {
+                let most = match *l {
+                    // n at once need (n − 1)·T + kept ≤ τ.
+                    Limit::Window(w) => ((w.tolerance_us - kept).max(0) / w.interval_us.max(1)) as u64 + 1,
+                    Limit::Calendar { count, .. } => count.saturating_sub(kept.max(0) as u64),
+                };
+                (most, name)
+            })
+            .min_by_key(|(most, _)| *most)
     }
 }
 
@@ -330,6 +376,19 @@ impl Rule {
                 value: set(self.concurrency > 0, json!(self.concurrency)),
                 says: (self.concurrency > 0)
                     .then(|| format!("concurrency {}: at most that many calls in flight at WeChat", self.concurrency)),
+            },
+            Shown {
+                key: "per_recipient",
+                value: set(
+                    !self.per_recipient.is_empty(),
+                    json!(self.per_recipient.iter().map(|w| describe(&Limit::Window(*w))).collect::<Vec<_>>()),
+                ),
+                says: (!self.per_recipient.is_empty()).then(|| {
+                    format!(
+                        "per_recipient: each recipient at most {}",
+                        self.per_recipient.iter().map(|w| describe(&Limit::Window(*w))).collect::<Vec<_>>().join(", ")
+                    )
+                }),
             },
             Shown {
                 key: "mode",

@@ -35,6 +35,9 @@ pub struct Call {
     /// call (`crate::features::broker`), which the answer phase replaces
     /// once if WeChat rejects it.
     pub injected: Option<Injected>,
+    /// meter: what the call costs and whom it is to, read from its body
+    /// (`None`: its rule counts calls).
+    pub meter: Option<super::meter::Metered>,
     /// decide: the admission.
     pub decided: Decided,
     /// forward: where it went.
@@ -119,6 +122,7 @@ impl Call {
             route: Routed::default(),
             token_fetch: None,
             injected: None,
+            meter: None,
             decided: Decided::default(),
             sent: Sent::default(),
             errcode: None,

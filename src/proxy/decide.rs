@@ -16,9 +16,13 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
     let started = Stopwatch::start();
     let normal = call.who.caller.priority() != crate::config::Priority::High;
+    let meter = match &call.meter {
+        Some(m) => crate::admit::Meter { cost: m.cost, recipients: &m.recipients },
+        None => crate::admit::Meter::ONE,
+    };
+    let caller = call.who.caller.entry.label();
     let admitted =
-        admit(app, &call.arrived.config, &call.who.account, &rule, normal, call.who.caller.entry.label(), Some(client))
-            .await;
+        admit(app, &call.arrived.config, &call.who.account, &rule, normal, caller, meter, Some(client)).await;
     call.decided.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),

@@ -124,7 +124,8 @@ async fn give_back(app: &App, call: &Call) {
         return;
     }
     let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
-    match app.store.apply(key, Refund { at: admitted.at, cost: 1 }).await {
+    let cost = call.meter.as_ref().map_or(1, |m| m.cost);
+    match app.store.apply(key, Refund { at: admitted.at, cost }).await {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.route.metrics {

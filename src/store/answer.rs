@@ -9,7 +9,7 @@ use crate::limit::clock::Micros;
 use crate::limit::{Decision, RuleState};
 
 /// A decision, and how it was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
     pub decision: Decision,
     /// Made without the shared store (by the fallback, Redis being away).

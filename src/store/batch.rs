@@ -122,7 +122,7 @@ pub struct Leader<'a, C> {
 impl<C> Leader<'_, C> {
     /// Takes queued calls, oldest first, up to `max` calls in all, while
     /// `fits(first, next)`. Calls whose caller has gone are dropped.
-    pub fn take(&mut self, max: usize, fits: impl Fn(&C, &C) -> bool) {
+    pub fn take(&mut self, max: usize, mut fits: impl FnMut(&C, &C) -> bool) {
         let mut queues = self.batcher.queues();
         let Some(q) = queues.get_mut(&self.account) else { return };
         while self.calls.len() < max {

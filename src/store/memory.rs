@@ -299,7 +299,16 @@ impl MemoryStore {
         let dropped = self
             .shards
             .iter()
-            .map(|m| self.drop_from(&mut lock(m), |s, w| s.is_idle(now, offset, if pressed { 0 } else { w })))
+            .map(|m| {
+                let mut shard = lock(m);
+                // Recipients whose windows are whole again (`per_recipient`):
+                // what bounds them is the rule's own limits over the longest
+                // of those windows.
+                for (state, _) in shard.states.values_mut() {
+                    state.recipients.prune(now);
+                }
+                self.drop_from(&mut shard, |s, w| s.is_idle(now, offset, if pressed { 0 } else { w }))
+            })
             .sum();
         let keep = self.warm_keep_us.load(Ordering::Relaxed);
         let mut warm = lock(&self.warm);

@@ -49,6 +49,10 @@ use crate::limit::{Ask, Decision, Key};
 /// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 64;
 
+/// Keys one acquire.lua run takes calls for, recipients' included: a run
+/// blocks Redis while it lasts, so a batch of broadcasts is split.
+const MAX_RUN_KEYS: usize = 1024;
+
 pub struct RedisStore {
     conns: Connections,
     /// Decisions queued per lane: the shared connection's, then each
@@ -297,7 +301,13 @@ impl RedisStore {
                     Err(_) => return Err(self.timed_out()),
                 },
             };
-            leader.take(MAX_BATCH, |first, next| first.offset_us == next.offset_us);
+            // Recipient keys count too: a run touches at most about
+            // MAX_RUN_KEYS keys (a message's own recipients always go).
+            let mut keys = leader.calls[0].key_count();
+            leader.take(MAX_BATCH, |first, next| {
+                keys += next.key_count();
+                first.offset_us == next.offset_us && keys <= MAX_RUN_KEYS
+            });
             let results = self.run_acquire(lane, &leader.calls, deadline).await;
             return leader.finish(results);
         }

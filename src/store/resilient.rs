@@ -335,7 +335,7 @@ impl Resilient {
             Decision::Reject { reason: Reason::Quota, .. } if cost <= 1 => {
                 self.ledger.quota_spent(key, self.local.now())
             }
-            Decision::Reject { reason: Reason::Penalty, wait_us } => {
+            Decision::Reject { reason: Reason::Penalty, wait_us, .. } => {
                 let now = self.local.now();
                 let penalty = PenaltyState { until: now + wait_us, started: now, level: 0, last_len: wait_us };
                 self.ledger.penalised(key, penalty, false);
@@ -512,13 +512,14 @@ impl Store for Resilient {
         let Key { account, rule, .. } = ask.key;
         // The known refusals are of calls costing 1: a costlier call always
         // asks (its own wait is longer, and a refusal of it says nothing of
-        // a cheaper one).
-        let cache = self.resilience.refusal_cache && ask.cost <= 1;
+        // a cheaper one), and never of a rule whose recipients count (a
+        // refusal is of those recipients).
+        let cache = self.resilience.refusal_cache && ask.cost <= 1 && !rule.recipients_matter();
         let now = self.local.now();
         if let Some((wait_us, reason)) =
             cache.then(|| self.refusals().get(account, rule, ask.normal, ask.share, now)).flatten()
         {
-            let decision = Decision::Reject { wait_us, reason };
+            let decision = Decision::reject(wait_us, reason);
             return Ok(Decided { decision, degraded: false });
         }
         let mut result = if self.in_grace() { Err(StoreError::Settling) } else { self.decide_shared(ask).await };
@@ -534,7 +535,7 @@ impl Store for Resilient {
             Ok(decision) => {
                 self.learn(ask.key, &decision, ask.cost);
                 match decision {
-                    Decision::Reject { wait_us, reason } if cache => {
+                    Decision::Reject { wait_us, reason, .. } if cache => {
                         self.refusals().put(account, rule, ask.normal, ask.share, wait_us, reason, now)
                     }
                     // A high caller's admission (it may use the reserve)
@@ -552,7 +553,7 @@ impl Store for Resilient {
         // while Redis is away too.
         let known = (self.resilience.fallback == Fallback::Local).then(|| self.ledger.penalty(ask.key, now)).flatten();
         if let Some(p) = known {
-            let decision = Decision::Reject { wait_us: p.until - now, reason: Reason::Penalty };
+            let decision = Decision::reject(p.until - now, Reason::Penalty);
             return Ok(Decided { decision, degraded: true });
         }
         let decision = match self.resilience.fallback {

@@ -173,6 +173,11 @@ struct FilePair<'a> {
     last_call: Micros,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     shares: BTreeMap<Cow<'a, str>, Vec<FileLimit>>,
+    /// `per_recipient`: each recipient's key (a hash of its id, never the
+    /// id) and its windows' (length, TAT). Absent in files of wxgate before
+    /// it, which read back with no recipient state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    recipients: Vec<(u64, Vec<(Micros, Micros)>)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -276,6 +281,13 @@ fn file_pair(p: &Pair) -> FilePair<'_> {
         warm_start: s.warm_start,
         last_call: s.last_call,
         shares: s.shares.iter().map(|sh| (Cow::Borrowed(&*sh.caller), file_limits(&sh.limits))).collect(),
+        recipients: s
+            .recipients
+            .0
+            .iter()
+            .flat_map(|m| m.iter())
+            .map(|(k, r)| (*k, r.iter().filter(|(per, _)| *per > 0).copied().collect()))
+            .collect(),
     }
 }
 
@@ -339,6 +351,13 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                 level: f.level,
                 last_len: f.last_len,
             });
+            let mut recipients = crate::limit::Recipients::default();
+            for (key, windows) in p.recipients {
+                let state = recipients.entry(key);
+                for (slot, w) in state.iter_mut().zip(windows) {
+                    *slot = w;
+                }
+            }
             let state = RuleState {
                 limits,
                 penalty,
@@ -346,6 +365,7 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                 last_call: p.last_call,
                 holders: Vec::new(),
                 shares,
+                recipients,
             };
             Pair { account: p.account.into_owned(), rule: Arc::from(&*p.rule), state, warmup_us: p.warmup_us }
         })

@@ -89,7 +89,7 @@ pub fn refused(headers: &mut HeaderMap, rule: &Rule, policy: &Policy, reason: Re
     let limit = rule.limits.iter().position(|l| match reason {
         Reason::Rate => matches!(l, Limit::Window(_)),
         Reason::Quota => matches!(l, Limit::Calendar { .. }),
-        Reason::Penalty | Reason::Concurrency | Reason::Reserve | Reason::Share => false,
+        Reason::Penalty | Reason::Concurrency | Reason::Reserve | Reason::Share | Reason::Recipient => false,
     });
     if let Some(i) = limit {
         policy.current(headers, i, 0, wait_us);

@@ -187,19 +187,27 @@ pub async fn prepare(
 /// cannot know WeChat reads as it does); 400 if it does not arrive within
 /// `within`. `None` for a request without a body.
 pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
-    let too_large = || {
-        ProxyError::TooLarge(format!(
-            "this request's body is larger than the {BODY_CAP} bytes wxgate reads of a token or clear_quota request"
-        ))
-    };
+    read_body_upto(req, within, BODY_CAP, "a token or clear_quota request").await
+}
+
+/// [`read_body`] with a cap of `cap` bytes; `what` names what wxgate reads
+/// it for in the 413.
+pub(crate) async fn read_body_upto(
+    req: &mut Request<Incoming>,
+    within: Duration,
+    cap: u64,
+    what: &str,
+) -> Result<Option<Bytes>, ProxyError> {
+    let too_large =
+        || ProxyError::TooLarge(format!("this request's body is larger than the {cap} bytes wxgate reads of {what}"));
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > BODY_CAP) {
+    if declared.is_some_and(|n| n > cap) {
         return Err(too_large());
     }
     if http_body::Body::is_end_stream(req.body()) {
         return Ok(None);
     }
-    let limited = http_body_util::Limited::new(req.body_mut(), BODY_CAP as usize);
+    let limited = http_body_util::Limited::new(req.body_mut(), cap as usize);
     match tokio::time::timeout(within, limited.collect()).await {
         Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),

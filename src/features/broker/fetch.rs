@@ -116,13 +116,15 @@ async fn own_call(
     // A token is what every call of the account waits on: the rule's
     // reserve is for it (high priority).
     let admitted = match &rule {
-        Some(r) => match admit(&app.core, config, &account.name, r, false, CALLER, None).await {
-            Ok(a) => Some(a),
-            Err(e) => {
-                metrics.call(e.outcome());
-                return Err(e);
+        Some(r) => {
+            match admit(&app.core, config, &account.name, r, false, CALLER, crate::admit::Meter::ONE, None).await {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    metrics.call(e.outcome());
+                    return Err(e);
+                }
             }
-        },
+        }
         None => None,
     };
     let upstream = app.upstream.load_full();

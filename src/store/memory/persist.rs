@@ -227,6 +227,7 @@ impl MemoryStore {
                         last_call: s.last_call,
                         holders: Vec::new(),
                         shares: s.shares.clone(),
+                        recipients: s.recipients.clone(),
                     },
                     warmup_us: *warmup,
                 },

@@ -106,6 +106,14 @@ impl Keys {
         self.account_key(account, &[&rule.state, ":c"])
     }
 
+    /// `<prefix>:{<account>}:<state>#r:<id>`: one recipient's windows
+    /// (`per_recipient`), a hash of `w<ms>` → TAT and `ex`. The account's
+    /// hash tag comes first, so an id cannot move the key to another
+    /// Cluster slot; a rule name never holds `#`.
+    pub fn recipient(&self, account: &str, rule: &Rule, id: &str) -> String {
+        self.account_key(account, &[&rule.state, "#r:", id])
+    }
+
     /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
     pub fn warm(&self, account: &str) -> String {
         self.account_key(account, &["#warm"])
@@ -162,6 +170,9 @@ pub struct Call {
     share: (String, Vec<(i64, i64)>),
     /// What the call costs (acquire.lua: decided as that many calls).
     cost: u64,
+    /// `per_recipient`: field, T, τ of each window, and each recipient's key.
+    per_recipient: Vec<(String, i64, i64)>,
+    recipients: Vec<String>,
 }
 
 impl Call {
@@ -198,7 +209,25 @@ impl Call {
                 Some(caller) => (caller.to_owned(), rule.share.iter().map(share_args).collect()),
             },
             cost: ask.cost.max(1),
+            per_recipient: if rule.recipients_matter() {
+                rule.per_recipient
+                    .iter()
+                    .map(|w| (crate::limit::WindowKey::Window(w.per_us).label(), w.interval_us, w.tolerance_us))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            recipients: if rule.recipients_matter() {
+                ask.recipients.iter().map(|id| keys.recipient(account, rule, id)).collect()
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    /// How many keys this call adds to a run.
+    pub fn key_count(&self) -> usize {
+        self.keys.len() + self.recipients.len()
     }
 
     /// This call's values, in acquire.lua's order.
@@ -212,7 +241,11 @@ impl Call {
         for (a, b) in &self.share.1 {
             cmd.arg(*a).arg(*b);
         }
-        cmd.arg(self.cost);
+        cmd.arg(self.cost).arg(self.per_recipient.len());
+        for (field, t, tau) in &self.per_recipient {
+            cmd.arg(field.as_str()).arg(*t).arg(*tau);
+        }
+        cmd.arg(self.recipients.len());
     }
 }
 
@@ -230,9 +263,9 @@ fn share_args(limit: &Limit) -> (i64, i64) {
 /// key holds `epoch`, if given (key, value).
 pub fn acquire_command(script: &Script, calls: &[Call], now: &str, epoch: Option<(&str, &str)>) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(calls.len() * 3 + usize::from(epoch.is_some()));
+    cmd.arg(script.get_hash()).arg(calls.iter().map(Call::key_count).sum::<usize>() + usize::from(epoch.is_some()));
     for call in calls {
-        for key in &call.keys {
+        for key in call.keys.iter().chain(&call.recipients) {
             cmd.arg(key.as_str());
         }
     }
@@ -255,9 +288,25 @@ pub fn parse_decisions(reply: &str) -> Result<Vec<Result<Decision, StoreError>>,
     Ok(reply.split(',').map(parse_decision).collect())
 }
 
-/// One decision: "1 at escalated hold qi qr qt [ci cr ct]" or "0 wait reason".
+/// One decision: "1 at escalated hold qi qr qt [ci cr ct]" or "0 wait
+/// reason [j…]" (j: the 0-based indices of the recipients over their limits).
 fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
     let bad = || StoreError::BadReply { script: "acquire.lua", reply: answer.to_owned() };
+    if let Some(rest) = answer.strip_prefix("0 ") {
+        let mut words = rest.split(' ');
+        let wait_us = words.next().and_then(|w| w.parse::<i64>().ok()).ok_or_else(bad)?;
+        let reason = match words.next().and_then(|w| w.parse::<u8>().ok()).ok_or_else(bad)? {
+            1 => Reason::Rate,
+            2 => Reason::Quota,
+            4 => Reason::Concurrency,
+            5 => Reason::Reserve,
+            6 => Reason::Share,
+            7 => Reason::Recipient,
+            _ => Reason::Penalty,
+        };
+        let over = words.map(|w| w.parse::<u32>().map_err(|_| bad())).collect::<Result<Box<[u32]>, _>>()?;
+        return Ok(Decision::Reject { wait_us, reason, over });
+    }
     let mut numbers = [0i64; 10];
     let mut n = 0;
     for word in answer.split(' ') {
@@ -279,17 +328,6 @@ fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
                     _ => None,
                 },
             })
-        }
-        [0, wait_us, reason] => {
-            let reason = match reason {
-                1 => Reason::Rate,
-                2 => Reason::Quota,
-                4 => Reason::Concurrency,
-                5 => Reason::Reserve,
-                6 => Reason::Share,
-                _ => Reason::Penalty,
-            };
-            Ok(Decision::Reject { wait_us: *wait_us, reason })
         }
         _ => Err(bad()),
     }

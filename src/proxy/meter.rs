@@ -1,0 +1,247 @@
+//! Phase 3b, meter: for a rule with `recipients`, what a call costs and
+//! whom it is to, read from its body before the decision.
+//!
+//! - The body is read whole, at most [`BODY_CAP`] bytes (413 naming the
+//!   rule past it; 400 if it stalls or breaks), and forwarded byte-identical
+//!   afterwards: a body not read whole is never forwarded.
+//! - It must be JSON without a key given twice, and name its recipients in
+//!   the rule's field: a string split by the separator, or an array of
+//!   strings. Else 400 saying what the rule expected.
+//! - A recipient named twice is refused (400): whether WeCom counts it
+//!   once or twice is not documented, and wxgate does not guess.
+//! - `@all` and the `unseen` fields (`toparty`, `totag`) name members wxgate
+//!   cannot see: they cost `unseen_cost`, or the call is refused (400).
+//! - With `cost = "recipients"`, a call costing more than the rule can
+//!   ever admit at once (a window's burst, a day's count) is refused with
+//!   400 naming the limit: no wait would let it through.
+
+use std::collections::HashSet;
+
+use http::Request;
+use hyper::body::Incoming;
+use serde_json::Value;
+
+use super::call::Call;
+use crate::config::{Metering, Priority};
+use crate::error::{Early, ProxyError};
+use crate::features::accounts::learn::{read_body_upto, request_json};
+
+/// Most bytes of a body read to count its recipients.
+pub const BODY_CAP: u64 = 64 * 1024;
+
+/// What a call costs and whom it is to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metered {
+    /// Against each of the rule's limits (1 unless `cost = "recipients"`).
+    pub cost: u64,
+    /// The recipients the body names, each once, in its order.
+    pub recipients: Vec<String>,
+}
+
+/// Reads the call's recipients if its rule has `recipients`.
+pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
+    let Some(rule) = call.route.rule.clone() else { return Ok(()) };
+    let Some(metering) = call.config().answer(Some(&rule)).meter.clone() else { return Ok(()) };
+    let body = match call.who.body.clone() {
+        Some(body) => Some(body),
+        None => {
+            let within = call.config().server.header_timeout;
+            let what = format!("a call of rule \"{}\" (it counts the recipients in the body)", metering.rule);
+            read_body_upto(req, within, BODY_CAP, &what).await?
+        }
+    };
+    let metered = read(&metering, body.as_deref()).map_err(|why| {
+        ProxyError::BadRequest(format!("rule \"{}\" counts this call's recipients: {why}", metering.rule))
+    })?;
+    if metering.by_recipients {
+        let normal = call.who.caller.priority() != Priority::High;
+        if let Some((most, limit)) = rule.max_cost(normal && rule.priority_matters(), rule.caller_matters()) {
+            if metered.cost > most {
+                return Err(ProxyError::BadRequest(format!(
+                    "rule \"{}\" counts recipients: this call costs {}, but {limit} admits at most {most} at once, \
+                     so no wait would let it through; split the message, or raise the limit's burst",
+                    metering.rule, metered.cost
+                ))
+                .into());
+            }
+        }
+    }
+    call.who.body = body;
+    call.meter = Some(metered);
+    Ok(())
+}
+
+/// What `body` costs under `m`, and its recipients; `Err` says why it
+/// cannot be counted (the 400's text, naming no recipient's id).
+pub fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
+    let field = m.field.join(".");
+    let expected = match &m.separator {
+        Some(sep) => {
+            format!("a JSON body whose \"{field}\" is a string of ids separated by \"{sep}\", or an array of strings")
+        }
+        None => format!("a JSON body whose \"{field}\" is an array of strings or one id"),
+    };
+    let Some(body) = body else { return Err(format!("the request has no body; expected {expected}")) };
+    let json = match request_json(Some(body)) {
+        Ok(Some(json)) => json,
+        Ok(None) => return Err(format!("the body is not JSON; expected {expected}")),
+        Err(ProxyError::BadRequest(why)) => return Err(why),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut unseen = m.unseen.iter().any(|path| at(&json, path).is_some_and(names_someone));
+    let mut ids: Vec<String> = Vec::new();
+    match at(&json, &m.field) {
+        None | Some(Value::Null) if unseen => {}
+        None | Some(Value::Null) => return Err(format!("the body has no \"{field}\"; expected {expected}")),
+        Some(Value::String(text)) => {
+            let parts: Vec<&str> = match &m.separator {
+                Some(sep) => text.split(sep.as_str()).collect(),
+                None => vec![text.as_str()],
+            };
+            ids.extend(parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned));
+        }
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::String(id) if !id.trim().is_empty() => ids.push(id.trim().to_owned()),
+                    Value::String(_) => {}
+                    _ => return Err(format!("\"{field}\" holds something other than strings; expected {expected}")),
+                }
+            }
+        }
+        Some(_) => return Err(format!("\"{field}\" is neither a string nor an array; expected {expected}")),
+    }
+    if let Some(all) = &m.all {
+        if ids.iter().any(|id| id == all) {
+            if ids.len() > 1 {
+                return Err(format!("\"{field}\" names \"{all}\" and other recipients too"));
+            }
+            ids.clear();
+            unseen = true;
+        }
+    }
+    if ids.len() > m.max {
+        return Err(format!("\"{field}\" names {} recipients, more than the {} one call may", ids.len(), m.max));
+    }
+    let mut seen = HashSet::with_capacity(ids.len());
+    for id in &ids {
+        if id.len() > Metering::MAX_ID || id.chars().any(char::is_control) {
+            return Err(format!(
+                "\"{field}\" holds an id longer than {} bytes or with control characters",
+                Metering::MAX_ID
+            ));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(format!(
+                "\"{field}\" names a recipient twice; wxgate does not guess whether WeChat counts it once or twice"
+            ));
+        }
+    }
+    let extra = match (unseen, m.unseen_cost) {
+        (false, _) => 0,
+        (true, Some(cost)) => cost,
+        (true, None) => {
+            let which: Vec<String> = m
+                .all
+                .iter()
+                .map(|a| format!("\"{a}\""))
+                .chain(m.unseen.iter().map(|p| format!("\"{}\"", p.join("."))))
+                .collect();
+            return Err(format!(
+                "the body names members wxgate cannot count ({}); give them as ids in \"{field}\", or set the rule's \
+                 recipients.unseen_cost",
+                which.join(", ")
+            ));
+        }
+    };
+    if ids.is_empty() && extra == 0 {
+        return Err(format!("\"{field}\" names no recipient; expected {expected}"));
+    }
+    let cost = if m.by_recipients { ids.len() as u64 + extra } else { 1 };
+    Ok(Metered { cost, recipients: ids })
+}
+
+/// The value at `path` in `json` (`None`: absent).
+fn at<'v>(json: &'v Value, path: &[String]) -> Option<&'v Value> {
+    path.iter().try_fold(json, |v, name| v.as_object()?.get(name))
+}
+
+/// Whether an `unseen` field names anyone: a non-empty string or array, or
+/// a number (a tag or party id).
+fn names_someone(v: &Value) -> bool {
+    match v {
+        Value::String(s) => !s.trim().is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Number(_) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wecom(unseen_cost: Option<u64>) -> Metering {
+        Metering {
+            rule: "message_send".into(),
+            field: vec!["touser".into()],
+            separator: Some("|".into()),
+            all: Some("@all".into()),
+            unseen: vec![vec!["toparty".into()], vec!["totag".into()]],
+            unseen_cost,
+            max: 1000,
+            by_recipients: true,
+        }
+    }
+
+    fn cost(m: &Metering, body: &str) -> Result<(u64, Vec<String>), String> {
+        read(m, Some(body.as_bytes())).map(|r| (r.cost, r.recipients))
+    }
+
+    #[test]
+    fn recipients_are_read_from_a_string_or_an_array() {
+        let m = wecom(None);
+        assert_eq!(cost(&m, r#"{"touser":"a|b | c|"}"#), Ok((3, vec!["a".into(), "b".into(), "c".into()])));
+        assert_eq!(cost(&m, r#"{"touser":["a","b"]}"#), Ok((2, vec!["a".into(), "b".into()])));
+        let nested = Metering { field: vec!["data".into(), "to".into()], ..wecom(None) };
+        assert_eq!(cost(&nested, r#"{"data":{"to":"x"}}"#), Ok((1, vec!["x".into()])));
+    }
+
+    #[test]
+    fn what_cannot_be_counted_is_refused_or_costs_unseen_cost() {
+        let refused = wecom(None);
+        for body in [r#"{"touser":"@all"}"#, r#"{"touser":"a","toparty":"1"}"#, r#"{"totag":[2]}"#] {
+            assert!(cost(&refused, body).is_err_and(|e| e.contains("cannot count")), "{body}");
+        }
+        let priced = wecom(Some(500));
+        assert_eq!(cost(&priced, r#"{"touser":"@all"}"#), Ok((500, vec![])));
+        assert_eq!(cost(&priced, r#"{"touser":"a|b","toparty":"1|2"}"#), Ok((502, vec!["a".into(), "b".into()])));
+        assert_eq!(cost(&priced, r#"{"touser":"a","toparty":""}"#), Ok((1, vec!["a".into()])));
+    }
+
+    #[test]
+    fn ambiguous_or_malformed_bodies_are_refused() {
+        let m = wecom(None);
+        for (body, says) in [
+            ("not json", "not JSON"),
+            (r#"{"msgtype":"text"}"#, "has no \"touser\""),
+            (r#"{"touser":"a","touser":"b"}"#, "twice"),
+            (r#"{"touser":"a|a"}"#, "recipient twice"),
+            (r#"{"touser":7}"#, "neither"),
+            (r#"{"touser":["a",1]}"#, "other than strings"),
+            (r#"{"touser":"|"}"#, "no recipient"),
+            (r#"{"touser":"a|@all"}"#, "other recipients"),
+        ] {
+            assert!(cost(&m, body).is_err_and(|e| e.contains(says)), "{body}: {:?}", cost(&m, body));
+        }
+        assert!(read(&m, None).is_err_and(|e| e.contains("no body")));
+        let many = (0..1001).map(|i| format!("u{i}")).collect::<Vec<_>>().join("|");
+        assert!(cost(&m, &format!(r#"{{"touser":"{many}"}}"#)).is_err_and(|e| e.contains("more than the 1000")));
+    }
+
+    #[test]
+    fn a_rule_counting_calls_costs_one_whatever_the_recipients() {
+        let m = Metering { by_recipients: false, ..wecom(None) };
+        assert_eq!(cost(&m, r#"{"touser":"a|b|c"}"#), Ok((1, vec!["a".into(), "b".into(), "c".into()])));
+    }
+}
