@@ -491,8 +491,6 @@ async fn a_platforms_component_and_authorizer_tokens_are_cached_and_its_secret_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() {
-    use std::sync::Arc;
-    use wxgate::limit::clock::ManualClock;
     let redis = RedisServer::start();
     let (mock, tokens) = wechat(0).await;
     let dir = TempDir::new("broker-redis-renew");
@@ -504,15 +502,7 @@ async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() 
         .with(rules())
         .with(held)
         .to_string();
-    let config = wxgate::config::Config::parse(&text, std::path::Path::new("test.toml")).expect("config");
-    let clock = ManualClock::new(support::T0);
-    let wxgate::config::StoreConfig::Redis(redis_config) = &config.store else { panic!("a Redis store") };
-    let store = wxgate::store::redis::RedisStore::connect(redis_config)
-        .await
-        .expect("connect")
-        .with_fixed_clock(Arc::new(clock.clone()));
-    let running = wxgate::start_with_store(config, Arc::new(store), Arc::new(clock.clone())).await.expect("start");
-    let gate = Gate { addr: running.addr, clock: clock.clone(), running: Some(running) };
+    let gate = Gate::start_redis_on_manual_clock(text).await;
     assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
     assert_eq!(tokens.fetches("token"), 1);
     gate.advance(Duration::from_secs(7200 - 280));

@@ -183,3 +183,99 @@ async fn a_flood_keeps_to_its_share_and_another_normal_caller_gets_through() {
     assert!(marketing <= 60, "marketing had {marketing} calls in one window (its share: 60)");
     assert!(all <= COUNT, "{all} calls in one window (limit {COUNT})");
 }
+
+/// Issue 32's campaign: marketing broadcasts to 1,000 members of the corp
+/// while HR sends its punch-in notice to 3 of them 40 times a minute. WeCom
+/// takes 30 messages a minute per member and drops the rest without an
+/// errcode; wxgate, counting each member (`per_recipient`), lets no member
+/// get more than 30 in any minute at WeChat, refuses every message it
+/// cannot send whole and names the members over, so nothing is dropped
+/// silently. On an injected clock (minutes of traffic, decided at once), on
+/// the embedded store, Redis and a Redis Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_campaign_never_takes_a_member_past_30_a_minute_and_every_refusal_names_whom() {
+    use std::collections::HashMap;
+    use support::redis_server::RedisCluster;
+    use support::Gate;
+
+    const STEP: Duration = Duration::from_millis(1500); // HR: 40 a minute
+    const STEPS: usize = 160; // 4 minutes
+    let rules = "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+                 limits = [{ count = 1000000, per = \"day\" }]\ncost = \"recipients\"\n\
+                 recipients = { field = \"touser\", separator = \"|\", all = \"@all\", unseen = [\"toparty\", \"totag\"] }\n\
+                 per_recipient = [{ count = 30, per = \"1m\", burst = 30 }, { count = 1000, per = \"1h\", burst = 1000 }]\n";
+    let everyone: String = (0..1000).map(|i| format!("m{i}")).collect::<Vec<_>>().join("|");
+    let hr_members = "m0|m1|m2";
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start(3);
+    for store in ["memory", "redis", "cluster"] {
+        let mock = MockWeChat::start().await;
+        let text = ConfigToml::new(&mock.url()).with(rules);
+        let gate = match store {
+            "memory" => Gate::start_text(text).await,
+            "redis" => {
+                Gate::start_redis_on_manual_clock(text.with(StoreToml::redis(&redis.url()).set("key_prefix", "c32")))
+                    .await
+            }
+            _ => Gate::start_redis_on_manual_clock(text.with(StoreToml::redis_cluster(cluster.urls()))).await,
+        };
+        // Each forwarded message's members and its (manual) time.
+        let mut sent: Vec<(Duration, Vec<String>)> = Vec::new();
+        let (mut hr_ok, mut hr_refused, mut marketing_ok, mut marketing_refused) = (0, 0, 0, 0);
+        for step in 0..STEPS {
+            let now = STEP * step as u32;
+            for (who, to) in [("hr", hr_members), ("marketing", everyone.as_str())] {
+                let body = format!(r#"{{"touser":"{to}","msgtype":"text","agentid":1,"text":{{"content":"{who}"}}}}"#);
+                let a = gate.post("/cgi-bin/message/send?access_token=T", &body).await;
+                match a.status.as_u16() {
+                    200 => {
+                        sent.push((now, to.split('|').map(str::to_owned).collect()));
+                        if who == "hr" {
+                            hr_ok += 1
+                        } else {
+                            marketing_ok += 1
+                        }
+                    }
+                    429 => {
+                        assert_eq!(a.header("x-wxgate-reason"), Some("recipient"), "{store}: {}", a.text());
+                        let errmsg = a.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+                        let named = errmsg
+                            .split("sent to no one: ")
+                            .nth(1)
+                            .and_then(|rest| rest.split(" (send").next())
+                            .unwrap_or_default();
+                        assert!(!named.is_empty(), "{store}: a refusal names whom: {errmsg}");
+                        assert!(
+                            named.split('|').all(|m| to.split('|').any(|t| t == m)),
+                            "{store}: only members of the message: {errmsg}"
+                        );
+                        if who == "hr" {
+                            hr_refused += 1;
+                            assert!(named.split('|').all(|m| hr_members.contains(m)), "{store}: {errmsg}");
+                        } else {
+                            marketing_refused += 1;
+                        }
+                    }
+                    other => panic!("{store}: {who} got {other}: {}", a.text()),
+                }
+            }
+            gate.advance(STEP);
+        }
+        // Nothing dropped silently: every message was forwarded whole or refused by name.
+        assert_eq!(mock.count(), sent.len(), "{store}");
+        assert_eq!(hr_ok + hr_refused + marketing_ok + marketing_refused, 2 * STEPS, "{store}");
+        // At WeChat, no member got more than 30 in any minute.
+        let mut times: HashMap<&str, Vec<Duration>> = HashMap::new();
+        for (at, members) in &sent {
+            for m in members {
+                times.entry(m.as_str()).or_default().push(*at);
+            }
+        }
+        let worst = times.values().map(|t| max_in_window(t, Duration::from_secs(60))).max().unwrap_or(0);
+        eprintln!("{store}: hr {hr_ok} sent, {hr_refused} refused; marketing {marketing_ok} sent, {marketing_refused} refused; worst member-minute {worst}");
+        assert!(worst <= 30, "{store}: a member got {worst} messages in a minute");
+        // The members' minutes were used, not wasted: m0 got 30 in its busiest minute.
+        assert_eq!(max_in_window(&times["m0"], Duration::from_secs(60)), 30, "{store}");
+        assert!(hr_ok > 0 && hr_refused > 0 && marketing_ok > 0 && marketing_refused > 0, "{store}");
+    }
+}

@@ -390,6 +390,21 @@ impl Gate {
         Gate::serve(parse(text), Some(Arc::new(wxgate::limit::clock::SystemClock))).await
     }
 
+    /// A gate on this whole config text, whose `[store]` is Redis (single
+    /// or Cluster) deciding on the gate's [`ManualClock`] instead of Redis
+    /// `TIME`: time-dependent scenarios on Redis, without waiting.
+    pub async fn start_redis_on_manual_clock(text: impl Display) -> Gate {
+        let config = parse(text);
+        let clock = ManualClock::new(T0);
+        let wxgate::config::StoreConfig::Redis(redis) = &config.store else { panic!("a Redis store") };
+        let store = wxgate::store::redis::RedisStore::connect(redis)
+            .await
+            .expect("connect")
+            .with_fixed_clock(Arc::new(clock.clone()));
+        let running = wxgate::start_with_store(config, Arc::new(store), Arc::new(clock.clone())).await.expect("start");
+        Gate { addr: running.addr, clock, running: Some(running) }
+    }
+
     /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
     async fn serve(config: Config, clock: Option<Arc<dyn wxgate::limit::clock::Clock>>) -> Gate {
         let manual = ManualClock::new(T0);
