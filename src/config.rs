@@ -126,6 +126,34 @@ impl Metering {
     /// Longest recipient id read (WeCom userids are at most 64 bytes).
     pub const MAX_ID: usize = 256;
 
+    /// What `wxgate check` says of it.
+    pub fn says(&self) -> String {
+        let field = self.field.join(".");
+        let split = self.separator.as_ref().map_or(String::new(), |s| format!(" split by \"{s}\""));
+        let cost = if self.by_recipients { "each call costs its recipients" } else { "each call costs 1" };
+        let unseen: Vec<String> =
+            self.all.iter().map(|a| format!("\"{a}\"")).chain(self.unseen.iter().map(|u| u.join("."))).collect();
+        let unseen = match (unseen.is_empty(), self.unseen_cost) {
+            (true, _) => String::new(),
+            (false, Some(c)) => format!("; {} cost {c} more", unseen.join(", ")),
+            (false, None) => format!("; calls naming {} are refused (400)", unseen.join(", ")),
+        };
+        format!("recipients: read from the body's \"{field}\"{split} (at most {}); {cost}{unseen}", self.max)
+    }
+
+    /// The admin API's view.
+    pub fn shown(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cost": if self.by_recipients { "recipients" } else { "call" },
+            "field": self.field.join("."),
+            "separator": self.separator,
+            "all": self.all,
+            "unseen": self.unseen.iter().map(|u| u.join(".")).collect::<Vec<_>>(),
+            "unseen_cost": self.unseen_cost,
+            "max": self.max,
+        })
+    }
+
     fn compile(rule: &str, raw: rule::RawRecipients, by_recipients: bool) -> Result<Metering, String> {
         let path = |text: &str| -> Result<Vec<String>, String> {
             let parts: Vec<String> = text.split('.').map(str::to_owned).collect();

@@ -400,7 +400,7 @@ fn print_rules(config: &Config) {
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
     say_server(&mut out, config, &tz);
     for rule in &config.rules {
-        say_rule(&mut out, rule, &tz);
+        say_rule(&mut out, rule, config.answer(Some(rule)).meter.as_deref(), &tz);
     }
     say_features(&mut out, config);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
@@ -468,8 +468,11 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
 
 /// The report's lines for one rule: its patterns, its options
 /// ([`Rule::shown`]), its scope and limits.
-fn say_rule(out: &mut String, rule: &Rule, tz: &str) {
+fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Metering>, tz: &str) {
     say!(out, "rule {} [{}]", rule.name, rule.patterns.join(", "));
+    if let Some(m) = meter {
+        say!(out, "  {}", m.says());
+    }
     for line in rule.shown().into_iter().filter_map(|option| option.says) {
         say!(out, "  {line}");
     }

@@ -407,3 +407,63 @@ fn caller_auth_needs_keys_and_grants_and_check_shows_grants_without_keys() {
     assert_eq!(code, 2);
     assert!(stderr.contains("shorter than 16 bytes"), "{stderr}");
 }
+
+/// The recipients keys (issue 32) refuse what could not be counted as
+/// written, naming the rule and the key.
+#[test]
+fn recipient_metering_configs_that_cannot_work_are_refused() {
+    let rule = |more: &str| {
+        format!(
+            "[server]\nupstream = \"http://127.0.0.1:9\"\n[[rule]]\nname = \"m\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+             limits = [{{ count = 100, per = \"day\" }}]\n{more}\n"
+        )
+    };
+    let fields = "recipients = { field = \"touser\", separator = \"|\" }";
+    let cases = [
+        ("cost = \"recipients\"".to_owned(), "cost = \"recipients\": needs recipients"),
+        ("cost = \"people\"".to_owned(), "cost: \"people\" is unknown"),
+        ("per_recipient = [{ count = 3, per = \"1m\" }]".to_owned(), "per_recipient: needs recipients"),
+        (fields.to_owned(), "recipients: read only for cost = \"recipients\" or per_recipient"),
+        (
+            format!("{fields}\nper_recipient = [{{ count = 3, per = \"day\" }}]"),
+            "per_recipient[0]: per_recipient limits are windows",
+        ),
+        (
+            format!("{fields}\nper_recipient = [{{ count = 3, per = \"1m\" }}, {{ count = 5, per = \"1m\" }}]"),
+            "per_recipient[1]: another per_recipient limit has per = \"1m\"",
+        ),
+        (
+            format!(
+                "{fields}\nper_recipient = [{{ count = 3, per = \"1s\" }}, {{ count = 5, per = \"1m\" }}, \
+                 {{ count = 9, per = \"1h\" }}, {{ count = 99, per = \"2h\" }}]"
+            ),
+            "per_recipient: at most 3 limits",
+        ),
+        (
+            "cost = \"recipients\"\nrecipients = { field = \"a..b\" }".to_owned(),
+            "recipients: \"a..b\" is not a field path",
+        ),
+        (
+            "cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"\" }".to_owned(),
+            "separator: must not be empty",
+        ),
+        (
+            "cost = \"recipients\"\nrecipients = { field = \"touser\", unseen_cost = 0 }".to_owned(),
+            "unseen_cost: must be at least 1",
+        ),
+        (
+            "cost = \"recipients\"\nrecipients = { field = \"touser\", unseen = [\"touser\"] }".to_owned(),
+            "lists the recipients field",
+        ),
+        ("cost = \"recipients\"\nrecipients = { field = \"touser\", who = 1 }".to_owned(), "unknown"),
+        (format!("cost = \"recipients\"\n{fields}\nscope = \"path\""), "not with scope = \"path\""),
+    ];
+    for (more, says) in cases {
+        let err =
+            wxgate::config::Config::parse(&rule(&more), std::path::Path::new("m.toml")).map(|_| ()).expect_err(&more);
+        assert!(err.0.contains("rule \"m\"") || err.0.contains("rule"), "{more}: {}", err.0);
+        assert!(err.0.contains(says), "{more}: expected {says:?} in: {}", err.0);
+    }
+    let ok = format!("cost = \"recipients\"\n{fields}\nper_recipient = [{{ count = 30, per = \"1m\", burst = 10 }}]");
+    assert!(wxgate::config::Config::parse(&rule(&ok), std::path::Path::new("m.toml")).is_ok());
+}

@@ -215,3 +215,21 @@ fn every_limit_has_a_source_or_says_it_is_an_estimate() {
         }
     }
 }
+
+/// WeCom app messages are metered in person-times with limits per member
+/// (shared/WECHAT.md, "Who counts what"): the shipped rule counts a
+/// message's recipients, keeps each member under 30 a minute and 1,000 an
+/// hour, and can take a message to 1,000 members (touser's most) at once.
+#[test]
+fn the_wecom_message_rule_counts_recipients_and_keeps_each_member_under_its_limits() {
+    let config = load(WECOM);
+    let rule = config.rule_for("/cgi-bin/message/send").expect("message_send").clone();
+    let meter = config.answer(Some(&rule)).meter.clone().expect("it reads recipients");
+    assert!(meter.by_recipients && meter.field == ["touser"] && meter.separator.as_deref() == Some("|"));
+    assert_eq!(meter.all.as_deref(), Some("@all"));
+    assert_eq!(meter.unseen, [vec!["toparty".to_owned()], vec!["totag".to_owned()]]);
+    let per_member: Vec<(u64, i64)> = rule.per_recipient.iter().map(|w| (w.count, w.per_us / 1_000_000)).collect();
+    assert_eq!(per_member, [(30, 60), (1000, 3600)]);
+    let (most, _) = rule.max_cost(false, false).expect("a cap");
+    assert!(most >= 1000, "a 1,000-member message must fit at once: {most}");
+}

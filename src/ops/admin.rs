@@ -320,6 +320,7 @@ fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
         shown[option.key] = option.value;
     }
     shown["throttle_status"] = json!(answer.throttle_status.as_u16());
+    shown["recipients"] = answer.meter.as_ref().map_or(Value::Null, |m| m.shown());
     shown
 }
 
