@@ -414,3 +414,31 @@ async fn the_state_file_is_private_and_a_planted_symlink_is_not_followed() {
     }
     assert_eq!(support::state_file::used(&dir.join("wxgate-state.json"), "default", "send"), Some(3));
 }
+
+/// A member's own windows (`per_recipient`) outlive a restart of the
+/// embedded store: the state file keeps them (by a hash of the id, never
+/// the id), so a restart does not give a member its minute again.
+#[tokio::test]
+async fn a_members_own_windows_outlive_a_restart_without_its_id_in_the_file() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("recipients-restart");
+    let rule = "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+                limits = [{ count = 1000, per = \"day\" }]\ncost = \"recipients\"\n\
+                recipients = { field = \"touser\", separator = \"|\" }\n\
+                per_recipient = [{ count = 3, per = \"1m\", burst = 3 }]\n";
+    let path = config_in(&dir, &mock, &[rule.to_owned()]);
+    let mut gate = Gate::start_file(&path).await;
+    let send = "/cgi-bin/message/send?access_token=T";
+    for _ in 0..3 {
+        assert_eq!(gate.post(send, r#"{"touser":"zhangsan"}"#).await.status, 200);
+    }
+    gate = gate.restart().await;
+    let fourth = gate.post(send, r#"{"touser":"zhangsan|lisi"}"#).await;
+    assert_eq!(fourth.status, 429, "{}", fourth.text());
+    assert_eq!(fourth.header("x-wxgate-reason"), Some("recipient"));
+    assert!(fourth.text().contains(": zhangsan ("), "{}", fourth.text());
+    assert_eq!(gate.post(send, r#"{"touser":"lisi"}"#).await.status, 200);
+    assert_eq!(mock.count(), 4);
+    let file = std::fs::read_to_string(dir.path().join("wxgate-state.json")).expect("state file");
+    assert!(file.contains("\"recipients\"") && !file.contains("zhangsan"), "{file}");
+}

@@ -136,3 +136,33 @@ async fn a_tls_handshake_unfinished_within_upstream_timeout_gives_the_day_quota_
     assert_eq!(day_quota(&gate).await, (0, 3));
     assert_eq!(refunds(&gate).await, 1.0);
 }
+
+/// A message counted by its recipients that never reached WeChat gives back
+/// all it cost: a refused connection leaves the day's person-times whole,
+/// on the memory store and on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_never_reached_wechat_gives_back_every_recipient_it_cost() {
+    let redis = RedisServer::start();
+    let rule = "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+                limits = [{ count = 5, per = \"day\" }]\ncost = \"recipients\"\n\
+                recipients = { field = \"touser\", separator = \"|\" }\n";
+    for redis_store in [false, true] {
+        let port = ClosedPort::new();
+        let config = ConfigToml::new(&port.url()).with(rule);
+        let gate = if redis_store {
+            Gate::start_real_text(config.with(StoreToml::redis(&redis.url()).set("key_prefix", "refund32"))).await
+        } else {
+            Gate::start_text(config).await
+        };
+        let send = "/cgi-bin/message/send?access_token=T";
+        for _ in 0..3 {
+            assert_eq!(gate.post(send, r#"{"touser":"a|b|c|d"}"#).await.status, 502);
+        }
+        let mock = port.open();
+        // All 5 person-times are left: 4, then 1, then none.
+        assert_eq!(gate.post(send, r#"{"touser":"a|b|c|d"}"#).await.status, 200, "redis: {redis_store}");
+        assert_eq!(gate.post(send, r#"{"touser":"e"}"#).await.status, 200, "redis: {redis_store}");
+        assert_eq!(gate.post(send, r#"{"touser":"f"}"#).await.header("x-wxgate-reason"), Some("quota"));
+        assert_eq!(mock.count(), 2);
+    }
+}
