@@ -151,6 +151,12 @@ async fn a_member_over_its_own_limit_is_refused_by_name_and_the_others_keep_thei
             "{store}: the refusals are counted: {}",
             metrics.lines().filter(|l| l.contains("message_send")).collect::<Vec<_>>().join("\n")
         );
+        assert_eq!(
+            support::sample(&metrics, r#"wxgate_recipient_refusals_total{rule="message_send"}"#),
+            Some(3.0),
+            "{store}"
+        );
+        assert_eq!(support::sample(&metrics, r#"wxgate_recipients_total{rule="message_send"}"#), Some(7.0), "{store}");
     }
 }
 

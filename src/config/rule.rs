@@ -8,6 +8,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::errors::{leading_key, Ctx};
+use super::meter::RawRecipients;
 use super::routes::Pattern;
 use super::units::{micros, parse_duration, throttle_status as parse_throttle_status};
 use super::{ConfigError, RuleAnswer};
@@ -38,19 +39,6 @@ pub(super) struct RawRule {
     pub cost: Option<String>,
     pub recipients: Option<RawRecipients>,
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
-}
-
-/// `recipients = { field = "touser", separator = "|", ... }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRecipients {
-    pub field: String,
-    pub separator: Option<String>,
-    pub all: Option<String>,
-    #[serde(default)]
-    pub unseen: Vec<String>,
-    pub unseen_cost: Option<u64>,
-    pub max: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,7 +173,8 @@ pub(super) fn compile_rule(
             ))
         }
         Some(raw) => Some(std::sync::Arc::new(
-            super::Metering::compile(&r.name, raw, by_recipients).map_err(|m| err(format!("recipients: {m}")))?,
+            super::meter::Metering::compile(&r.name, raw, by_recipients)
+                .map_err(|m| err(format!("recipients: {m}")))?,
         )),
     };
     if meter.is_some() && scope == Scope::Path {

@@ -37,7 +37,7 @@ pub struct Call {
     pub injected: Option<Injected>,
     /// meter: what the call costs and whom it is to, read from its body
     /// (`None`: its rule counts calls).
-    pub meter: Option<super::meter::Metered>,
+    pub meter: Option<Metered>,
     /// decide: the admission.
     pub decided: Decided,
     /// forward: where it went.
@@ -68,6 +68,16 @@ pub struct Arrived {
     /// accept: the account an `@account` first path segment names; taken
     /// by identify.
     pub named: Option<String>,
+}
+
+/// What a call costs and whom it is to: set by meter
+/// (`crate::proxy::meter`) for a rule with `recipients`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metered {
+    /// Against each of the rule's limits (1 unless `cost = "recipients"`).
+    pub cost: u64,
+    /// The recipients the body names, each once, in its order.
+    pub recipients: Vec<String>,
 }
 
 /// Set by identify.

@@ -30,7 +30,17 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
     if let Some(m) = &call.route.metrics {
         m.decision.observe(call.decided.decision_us as f64 / 1e6);
     }
+    if let (Some(m), Err(crate::error::ProxyError::Throttled { reason: crate::limit::Reason::Recipient, .. })) =
+        (&call.route.metrics, &admitted)
+    {
+        m.recipient_refusals.inc();
+    }
     let admitted = admitted?;
+    if let (Some(m), Some(metered)) = (&call.route.metrics, &call.meter) {
+        if call.config().answer(Some(&rule)).meter.as_ref().is_some_and(|c| c.by_recipients) {
+            m.recipients.inc_by(metered.cost);
+        }
+    }
     call.decided.held_us = admitted.held_us;
     if admitted.held_us > 0 {
         call.outcome = Outcome::held;

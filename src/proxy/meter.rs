@@ -21,22 +21,13 @@ use http::Request;
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::call::Call;
+use super::call::{Call, Metered};
 use crate::config::{Metering, Priority};
 use crate::error::{Early, ProxyError};
 use crate::features::accounts::learn::{read_body_upto, request_json};
 
 /// Most bytes of a body read to count its recipients.
 pub const BODY_CAP: u64 = 64 * 1024;
-
-/// What a call costs and whom it is to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Metered {
-    /// Against each of the rule's limits (1 unless `cost = "recipients"`).
-    pub cost: u64,
-    /// The recipients the body names, each once, in its order.
-    pub recipients: Vec<String>,
-}
 
 /// Reads the call's recipients if its rule has `recipients`.
 pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {

@@ -39,6 +39,8 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,
+    pub recipients: Family<RuleLabel, Counter>,
+    pub recipient_refusals: Family<RuleLabel, Counter>,
     /// Calls that named no account and carried an access token wxgate did
     /// not know: counted against `default`.
     pub unknown_token_calls: Counter,
@@ -86,6 +88,7 @@ impl Metrics {
         } = register::store(&mut registry);
         let reloads = register::config_reloads(&mut registry);
         let refunds = register::refunds(&mut registry);
+        let (recipients, recipient_refusals) = register::recipients(&mut registry);
         let AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full } =
             register::accounts(&mut registry);
         let memory_store = register::memory_store(&mut registry);
@@ -113,6 +116,8 @@ impl Metrics {
             breaker_opened,
             reloads,
             refunds,
+            recipients,
+            recipient_refusals,
             unknown_token_calls,
             tokens_learned,
             quota_clears,
@@ -177,6 +182,8 @@ impl Metrics {
             hold: self.hold_seconds.get_or_create(&rule()).clone(),
             in_flight: self.in_flight.get_or_create(&rule()).clone(),
             refunds: self.refunds.get_or_create(&rule()).clone(),
+            recipients: self.recipients.get_or_create(&rule()).clone(),
+            recipient_refusals: self.recipient_refusals.get_or_create(&rule()).clone(),
         });
         self.rules.write().unwrap_or_else(|e| e.into_inner()).entry(name.into()).or_insert(m).clone()
     }

@@ -119,6 +119,22 @@ pub(super) fn config_reloads(registry: &mut Registry) -> Family<ResultLabel, Cou
 }
 
 /// Refunds, by rule.
+pub(super) fn recipients(registry: &mut Registry) -> (Family<RuleLabel, Counter>, Family<RuleLabel, Counter>) {
+    let recipients = Family::<RuleLabel, Counter>::default();
+    registry.register(
+        "recipients",
+        "Recipients of the calls admitted under rules with cost = \"recipients\" (person-times)",
+        recipients.clone(),
+    );
+    let refusals = Family::<RuleLabel, Counter>::default();
+    registry.register(
+        "recipient_refusals",
+        "Calls refused whole because a recipient was over its per_recipient limits",
+        refusals.clone(),
+    );
+    (recipients, refusals)
+}
+
 pub(super) fn refunds(registry: &mut Registry) -> Family<RuleLabel, Counter> {
     let refunds = Family::<RuleLabel, Counter>::default();
     registry.register(

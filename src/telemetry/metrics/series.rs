@@ -100,6 +100,10 @@ pub struct RuleMetrics {
     pub in_flight: Gauge,
     /// Calls that never reached WeChat and gave back what they took.
     pub refunds: Counter,
+    /// `cost = "recipients"`: recipients of the admitted calls (person-times).
+    pub recipients: Counter,
+    /// Calls refused because a recipient was over its `per_recipient` limits.
+    pub recipient_refusals: Counter,
 }
 
 impl RuleMetrics {

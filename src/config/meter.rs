@@ -1,0 +1,111 @@
+//! A rule's `recipients`: the table as serde reads it, and what it
+//! compiles to ([`Metering`], read by `crate::proxy::meter`).
+
+use serde::Deserialize;
+
+/// `recipients = { field = "touser", separator = "|", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRecipients {
+    pub field: String,
+    pub separator: Option<String>,
+    pub all: Option<String>,
+    #[serde(default)]
+    pub unseen: Vec<String>,
+    pub unseen_cost: Option<u64>,
+    pub max: Option<usize>,
+}
+
+/// A rule's `recipients`, compiled: where a call's body names whom it is
+/// to, and what that costs (`crate::proxy::meter` reads it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metering {
+    /// The rule's name (its 400s name it).
+    pub rule: String,
+    /// The field's path in the JSON body (`"touser"`, `"a.b"`: `["a", "b"]`).
+    pub field: Vec<String>,
+    /// What separates ids in a string field (`None`: the string is one id;
+    /// an array of strings is read whatever this is).
+    pub separator: Option<String>,
+    /// The field's value meaning every member (`"@all"`), which wxgate
+    /// cannot count: costs `unseen_cost`.
+    pub all: Option<String>,
+    /// Fields naming members wxgate cannot see (`toparty`, `totag`): when
+    /// any is present and not empty, the call costs `unseen_cost` more.
+    pub unseen: Vec<Vec<String>>,
+    /// What members wxgate cannot see cost (`None`: such a call is refused
+    /// with 400).
+    pub unseen_cost: Option<u64>,
+    /// Most recipients one call may name (WeCom takes 1000).
+    pub max: usize,
+    /// `cost = "recipients"`: the rule's limits count recipients.
+    pub by_recipients: bool,
+}
+
+impl Metering {
+    /// Longest recipient id read (WeCom userids are at most 64 bytes).
+    pub const MAX_ID: usize = 256;
+
+    /// What `wxgate check` says of it.
+    pub fn says(&self) -> String {
+        let field = self.field.join(".");
+        let split = self.separator.as_ref().map_or(String::new(), |s| format!(" split by \"{s}\""));
+        let cost = if self.by_recipients { "each call costs its recipients" } else { "each call costs 1" };
+        let unseen: Vec<String> =
+            self.all.iter().map(|a| format!("\"{a}\"")).chain(self.unseen.iter().map(|u| u.join("."))).collect();
+        let unseen = match (unseen.is_empty(), self.unseen_cost) {
+            (true, _) => String::new(),
+            (false, Some(c)) => format!("; {} cost {c} more", unseen.join(", ")),
+            (false, None) => format!("; calls naming {} are refused (400)", unseen.join(", ")),
+        };
+        format!("recipients: read from the body's \"{field}\"{split} (at most {}); {cost}{unseen}", self.max)
+    }
+
+    /// The admin API's view.
+    pub fn shown(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cost": if self.by_recipients { "recipients" } else { "call" },
+            "field": self.field.join("."),
+            "separator": self.separator,
+            "all": self.all,
+            "unseen": self.unseen.iter().map(|u| u.join(".")).collect::<Vec<_>>(),
+            "unseen_cost": self.unseen_cost,
+            "max": self.max,
+        })
+    }
+
+    pub(super) fn compile(rule: &str, raw: RawRecipients, by_recipients: bool) -> Result<Metering, String> {
+        let path = |text: &str| -> Result<Vec<String>, String> {
+            let parts: Vec<String> = text.split('.').map(str::to_owned).collect();
+            if parts.iter().any(|p| p.is_empty()) {
+                return Err(format!("\"{text}\" is not a field path (names separated by \".\")"));
+            }
+            Ok(parts)
+        };
+        let field = path(&raw.field)?;
+        if raw.separator.as_deref() == Some("") {
+            return Err("separator: must not be empty (leave it out for a field that is an array)".into());
+        }
+        let unseen = raw.unseen.iter().map(|u| path(u)).collect::<Result<Vec<_>, _>>()?;
+        if unseen.contains(&field) {
+            return Err(format!("unseen: lists the recipients field \"{}\" itself", raw.field));
+        }
+        if raw.unseen_cost == Some(0) {
+            return Err("unseen_cost: must be at least 1 (leave it out to refuse such calls)".into());
+        }
+        let max = raw.max.unwrap_or(1000);
+        if max == 0 || max > 100_000 {
+            return Err("max: between 1 and 100000 recipients".into());
+        }
+        Ok(Metering {
+            rule: rule.to_owned(),
+            field,
+            separator: raw.separator,
+            all: raw.all,
+            unseen,
+            unseen_cost: raw.unseen_cost,
+            max,
+            by_recipients,
+        })
+    }
+}
