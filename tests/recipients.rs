@@ -257,3 +257,28 @@ async fn a_body_that_stalls_before_its_recipients_are_read_is_refused_and_never_
     assert!(ex.text().contains("did not arrive within"), "{}", ex.text());
     assert_eq!(mock.count(), 0, "nothing half-read reaches WeChat");
 }
+
+/// Rolled out in shadow mode first, a rule counting recipients refuses
+/// nothing: a body it cannot count is forwarded (at cost 1), and a message
+/// to a member over its limits is forwarded and counted as
+/// `shadow_throttled`.
+#[tokio::test]
+async fn in_shadow_mode_nothing_is_refused_and_the_would_be_refusals_are_counted() {
+    let mock = MockWeChat::start().await;
+    let rules = message_rule(
+        r#"[{ count = 1000, per = "day" }]"#,
+        "per_recipient = [{ count = 1, per = \"1m\", burst = 1 }]\nmode = \"shadow\"",
+    );
+    let gate = Gate::start(&mock, rules).await;
+    for body in ["touser=a".to_owned(), message("a|a"), message("u1"), message("u1")] {
+        let a = gate.post(SEND, &body).await;
+        assert_eq!(a.status, 200, "{body}: {}", a.text());
+    }
+    assert_eq!(mock.count(), 4, "everything forwarded");
+    let metrics = support::get_at(gate.admin_addr(), "/metrics").await.text();
+    assert_eq!(
+        support::sample(&metrics, r#"wxgate_calls_total{rule="message_send",outcome="shadow_throttled"}"#),
+        Some(1.0),
+        "the second message to u1 would have been refused"
+    );
+}

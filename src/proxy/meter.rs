@@ -14,6 +14,11 @@
 //! - With `cost = "recipients"`, a call costing more than the rule can
 //!   ever admit at once (a window's burst, a day's count) is refused with
 //!   400 naming the limit: no wait would let it through.
+//! - A rule in shadow mode refuses nothing here either: a call whose
+//!   recipients cannot be read is forwarded, decided at cost 1, and logged
+//!   (a body over the cap is forwarded unread when its Content-Length
+//!   says so; a chunked one that passes the cap has been read in part and
+//!   is refused, 413, as it cannot be forwarded whole).
 
 use std::collections::HashSet;
 
@@ -33,6 +38,11 @@ pub const BODY_CAP: u64 = 64 * 1024;
 pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
     let Some(metering) = call.config().answer(Some(&rule)).meter.clone() else { return Ok(()) };
+    let shadow = rule.shadow;
+    if shadow && call.who.body.is_none() && declared_over_cap(req) {
+        tracing::info!(rule = %rule.name, "shadow mode: a body over 64 KiB would have been refused (413); forwarded unread, at cost 1");
+        return Ok(());
+    }
     let body = match call.who.body.clone() {
         Some(body) => Some(body),
         None => {
@@ -41,10 +51,22 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
             read_body_upto(req, within, BODY_CAP, &what).await?
         }
     };
-    let metered = read(&metering, body.as_deref()).map_err(|why| {
-        ProxyError::BadRequest(format!("rule \"{}\" counts this call's recipients: {why}", metering.rule))
-    })?;
-    if metering.by_recipients {
+    let metered = match read(&metering, body.as_deref()) {
+        Ok(metered) => metered,
+        Err(why) if shadow => {
+            tracing::info!(rule = %rule.name, why = %why, "shadow mode: would have refused this call (400); forwarded at cost 1");
+            call.who.body = body;
+            return Ok(());
+        }
+        Err(why) => {
+            return Err(ProxyError::BadRequest(format!(
+                "rule \"{}\" counts this call's recipients: {why}",
+                metering.rule
+            ))
+            .into())
+        }
+    };
+    if metering.by_recipients && !shadow {
         let normal = call.who.caller.priority() != Priority::High;
         if let Some((most, limit)) = rule.max_cost(normal && rule.priority_matters(), rule.caller_matters()) {
             if metered.cost > most {
@@ -60,6 +82,15 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
     call.who.body = body;
     call.meter = Some(metered);
     Ok(())
+}
+
+/// Whether the request declares a body longer than [`BODY_CAP`].
+fn declared_over_cap(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > BODY_CAP)
 }
 
 /// What `body` costs under `m`, and its recipients; `Err` says why it
