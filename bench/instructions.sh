@@ -40,6 +40,16 @@
 # BENCH_INJECT=1 gives wxgate an [[account]] and sends every call without
 # an access_token, naming the account (`/@wxbench.../`): the cost of adding
 # the account's token to a call (the credential broker).
+# BENCH_RECIPIENTS=N gives wxgate a second rule, "message_send", that
+# counts a message's recipients (cost = "recipients", recipients = { field
+# = "touser", separator = "|" }, per_recipient windows of 1m and 1h, and a
+# day quota: limits that never refuse), and every call is `POST
+# /cgi-bin/message/send` with the JSON body {"touser":"u0|u1|...|u(N-1)",
+# "msgtype":"text",...} (the same N recipients every call, Content-Length
+# set): the cost of reading the body and of N recipients' own windows
+# (in Redis one key each). BENCH_RECIPIENTS="0 1 100" runs each in turn,
+# with a recipients column (0: the plain calls above, as without it).
+# With it, every call must be admitted (the mock's 200) or the run fails.
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -93,7 +103,8 @@ for _ in $(seq 100); do
 done
 redis-cli -p "$RP" ping >/dev/null || { echo "bench: redis-server did not start" >&2; exit 1; }
 
-URL="http://127.0.0.1:$WP/cgi-bin/message/template/send?access_token=BENCH"
+ENDPOINT=/cgi-bin/message/template/send
+URL="http://127.0.0.1:$WP$ENDPOINT?access_token=BENCH"
 AUTH=${BENCH_AUTH:-0}
 BENCH_KEY=bench-caller-key-0123456789abcdef
 HDR=()
@@ -111,73 +122,129 @@ if [ "${BENCH_INJECT:-0}" = 1 ]; then
   export WXGATE_TOKEN_KEY=5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a  # Redis: the shared token cache
   printf 'BENCHSECRET\n' >"$TMP/bench.secret"
   chmod 600 "$TMP/bench.secret"
-  URL="http://127.0.0.1:$WP/@wxbench00000001/cgi-bin/message/template/send"
+  URL="http://127.0.0.1:$WP/@wxbench00000001$ENDPOINT"
   RULE_MORE="$RULE_MORE$(printf '\n[[account]]\nid = "wxbench00000001"\nkind = "official_account"\nsecret_file = "%s"' "$TMP/bench.secret")"
 fi
+# BENCH_RECIPIENTS: the recipient counts to run (unset: plain calls only,
+# without the recipients column).
+RCPTS=${BENCH_RECIPIENTS:-}
+RCPTS=(${RCPTS//,/ })
+WITH_RCPT=$((${#RCPTS[@]} > 0))
+((WITH_RCPT)) || RCPTS=(0)
+for r in "${RCPTS[@]}"; do
+  [[ $r =~ ^[0-9]+$ ]] && ((r <= 1000)) || { echo "bench: BENCH_RECIPIENTS: numbers from 0 to 1000 (a call names at most 1000)" >&2; exit 2; }
+done
+PLAIN_URL=$URL
+PLAIN_RULE_MORE=$RULE_MORE
+BODY=()   # curl's arguments for the call's body (none: a GET)
+RCPT_LIMITS='[{ count = 1000000000, per = "day" }]'   # message_send's own (BENCH_LIMITS: both rules')
+recipients() { # recipients N: URL, BODY and RULE_MORE for calls to N recipients (0: plain calls)
+  URL=$PLAIN_URL
+  RULE_MORE=$PLAIN_RULE_MORE
+  BODY=()
+  rm -f "$TMP/post.lua"
+  (($1)) || return 0
+  URL=${PLAIN_URL/$ENDPOINT//cgi-bin/message/send}
+  local touser=u0 i
+  for ((i = 1; i < $1; i++)); do touser+="|u$i"; done
+  local body='{"touser":"'"$touser"'","msgtype":"text","agentid":1,"text":{"content":"hi"}}'
+  # --data-binary: the body as is, with its Content-Length; no
+  # `Expect: 100-continue` (curl's for bodies over 1 KiB).
+  BODY=(-H 'Content-Type: application/json' -H 'Expect:' --data-binary "$body")
+  printf 'wrk.method = "POST"\nwrk.body = [[%s]]\nwrk.headers["Content-Type"] = "application/json"\n' "$body" \
+    >"$TMP/post.lua"
+  RULE_MORE="$RULE_MORE$(printf '\n[[rule]]\nname = "message_send"\nmatch = ["/cgi-bin/message/send"]\nlimits = %s\ncost = "recipients"\nrecipients = { field = "touser", separator = "|" }\nper_recipient = %s' \
+    "${BENCH_LIMITS:-$RCPT_LIMITS}" \
+    '[{ count = 1000000000, per = "1m", burst = 1000000000 }, { count = 1000000000, per = "1h", burst = 1000000000 }]')"
+}
 calls() { # calls N: N sequential calls on one connection
   local urls=()
   for ((i = 0; i < $1; i++)); do urls+=("$URL"); done
-  curl -s "${HDR[@]}" "${urls[@]}" >/dev/null
+  if ((WITH_RCPT)); then   # each call's status, after its answer: all 200
+    local ok
+    ok=$(curl -s "${HDR[@]}" "${BODY[@]}" -w ' %{http_code}\n' "${urls[@]}" | grep -c ' 200$' || true)
+    ((ok == $1)) || { echo "bench: $(( $1 - ok )) of $1 calls not admitted (not the mock's 200)" >&2; exit 1; }
+  else
+    curl -s "${HDR[@]}" "${urls[@]}" >/dev/null
+  fi
 }
 
-printf '| binary | store | instructions per call |\n|---|---|---:|\n'
-for bin in "${BINS[@]}"; do
-  stores=(memory redis)
-  floor=0
-  # The bare hyper proxy (examples/hyper_floor.rs) and nginx have no store
-  # and no wxgate config.
-  [ "$(basename "$bin")" = hyper_floor ] && { floor=1; stores=(none); }
-  [ "$bin" = nginx ] && { floor=1; stores=(none); }
-  for store in "${stores[@]}"; do
-    if [ "$store" = memory ]; then
-      store_toml='kind = "memory"'
-    else
-      store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
-    fi
-    bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "${BENCH_LIMITS:-$BENCH_NEVER}" "$RULE_MORE" \
-      >"$TMP/wxgate.toml"
-    redis-cli -p "$RP" flushall >/dev/null
-    args=(--config "$TMP/wxgate.toml")
-    ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")
-    exe=$bin
-    if [ "$bin" = nginx ]; then   # bench/floor.sh's nginx proxy_pass, in one process
-      mkdir -p "$TMP/px"
-      bench_nginx_proxy "127.0.0.1:$WP" "127.0.0.1:$UP" "$TMP/px/nginx.pid" "$TMP/px/error.log" \
-        'master_process off;' >"$TMP/px/nginx.conf"
-      exe=$(command -v nginx)
-      args=(-c "$TMP/px/nginx.conf" -p "$TMP/px/")
-    fi
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$exe" "${args[@]}" 2>"$TMP/valgrind.log" &
-    vg=$!
-    ok=0
-    for _ in $(seq 150); do
-      if curl -s -o /dev/null "${HDR[@]}" "$URL"; then ok=1; break; fi
-      sleep 0.2
+if ((WITH_RCPT)); then
+  printf '| binary | store | recipients | instructions per call |\n|---|---|---:|---:|\n'
+else
+  printf '| binary | store | instructions per call |\n|---|---|---:|\n'
+fi
+for rcpt in "${RCPTS[@]}"; do
+  recipients "$rcpt"
+  for bin in "${BINS[@]}"; do
+    stores=(memory redis)
+    floor=0
+    # The bare hyper proxy (examples/hyper_floor.rs) and nginx have no store
+    # and no wxgate config.
+    [ "$(basename "$bin")" = hyper_floor ] && { floor=1; stores=(none); }
+    [ "$bin" = nginx ] && { floor=1; stores=(none); }
+    for store in "${stores[@]}"; do
+      if [ "$store" = memory ]; then
+        store_toml='kind = "memory"'
+      else
+        store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
+      fi
+      bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "${BENCH_LIMITS:-$BENCH_NEVER}" "$RULE_MORE" \
+        >"$TMP/wxgate.toml"
+      redis-cli -p "$RP" flushall >/dev/null
+      args=(--config "$TMP/wxgate.toml")
+      ((floor)) && args=("127.0.0.1:$WP" "127.0.0.1:$UP")
+      exe=$bin
+      if [ "$bin" = nginx ]; then   # bench/floor.sh's nginx proxy_pass, in one process
+        mkdir -p "$TMP/px"
+        bench_nginx_proxy "127.0.0.1:$WP" "127.0.0.1:$UP" "$TMP/px/nginx.pid" "$TMP/px/error.log" \
+          'master_process off;' >"$TMP/px/nginx.conf"
+        exe=$(command -v nginx)
+        args=(-c "$TMP/px/nginx.conf" -p "$TMP/px/")
+      fi
+      valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$exe" "${args[@]}" 2>"$TMP/valgrind.log" &
+      vg=$!
+      ok=0
+      for _ in $(seq 150); do
+        if curl -s -o /dev/null "${HDR[@]}" "${BODY[@]}" "$URL"; then ok=1; break; fi
+        sleep 0.2
+      done
+      ((ok)) || { cat "$TMP/valgrind.log" >&2; echo "bench: $bin did not start" >&2; exit 1; }
+      calls 200
+      callgrind_control -z "$vg" >/dev/null 2>&1
+      n=$CALLS
+      if ((LOAD)); then
+        script=()
+        [ -f "$TMP/post.lua" ] && script=(-s "$TMP/post.lua")
+        wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "${HDR[@]}" "${script[@]}" "$URL" >"$TMP/wrk.out"
+        if ((WITH_RCPT)) && grep -q 'Non-2xx' "$TMP/wrk.out"; then
+          cat "$TMP/wrk.out" >&2; echo "bench: calls not admitted under load" >&2; exit 1
+        fi
+        n=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+        [[ $n =~ ^[0-9]+$ ]] && ((n > 0)) || { cat "$TMP/wrk.out" >&2; echo "bench: wrk made no calls" >&2; exit 1; }
+      else
+        calls "$CALLS"
+      fi
+      callgrind_control -d "$vg" >/dev/null 2>&1
+      # SIGINT: wxgate's graceful stop. The floor has no handler, and a
+      # background job ignores SIGINT: it gets SIGTERM.
+      if ((floor)); then kill -TERM "$vg"; else kill -INT "$vg"; fi
+      wait "$vg" 2>/dev/null || true
+      dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+      total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
+      if [ -n "${BENCH_PROFILES:-}" ]; then   # keep the profile, for callgrind_annotate
+        mkdir -p "$BENCH_PROFILES"
+        name=$((++KEPT))-$store
+        ((WITH_RCPT)) && name+=-r$rcpt
+        cp "$dump" "$BENCH_PROFILES/$name.callgrind.out"
+      fi
+      rm -f "$TMP"/cg.*
+      if ((WITH_RCPT)); then
+        printf '| %s | %s | %d | %d |\n' "$bin" "$store" "$rcpt" $((total / n))
+      else
+        printf '| %s | %s | %d |\n' "$bin" "$store" $((total / n))
+      fi
     done
-    ((ok)) || { cat "$TMP/valgrind.log" >&2; echo "bench: $bin did not start" >&2; exit 1; }
-    calls 200
-    callgrind_control -z "$vg" >/dev/null 2>&1
-    n=$CALLS
-    if ((LOAD)); then
-      wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "${HDR[@]}" "$URL" >"$TMP/wrk.out"
-      n=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
-      [[ $n =~ ^[0-9]+$ ]] && ((n > 0)) || { cat "$TMP/wrk.out" >&2; echo "bench: wrk made no calls" >&2; exit 1; }
-    else
-      calls "$CALLS"
-    fi
-    callgrind_control -d "$vg" >/dev/null 2>&1
-    # SIGINT: wxgate's graceful stop. The floor has no handler, and a
-    # background job ignores SIGINT: it gets SIGTERM.
-    if ((floor)); then kill -TERM "$vg"; else kill -INT "$vg"; fi
-    wait "$vg" 2>/dev/null || true
-    dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
-    total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
-    if [ -n "${BENCH_PROFILES:-}" ]; then   # keep the profile, for callgrind_annotate
-      mkdir -p "$BENCH_PROFILES"
-      cp "$dump" "$BENCH_PROFILES/$((++KEPT))-$store.callgrind.out"
-    fi
-    rm -f "$TMP"/cg.*
-    printf '| %s | %s | %d |\n' "$bin" "$store" $((total / n))
   done
 done
 echo

@@ -36,8 +36,12 @@ pub const BODY_CAP: u64 = 64 * 1024;
 
 /// Reads the call's recipients if its rule has `recipients`.
 pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
+    // Most rules read no body: nothing is cloned for them.
+    let config = call.config();
+    let Some(metering) = call.route.rule.as_deref().and_then(|r| config.answer(Some(r)).meter.clone()) else {
+        return Ok(());
+    };
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
-    let Some(metering) = call.config().answer(Some(&rule)).meter.clone() else { return Ok(()) };
     let shadow = rule.shadow;
     if shadow && call.who.body.is_none() && declared_over_cap(req) {
         tracing::info!(rule = %rule.name, "shadow mode: a body over 64 KiB would have been refused (413); forwarded unread, at cost 1");
