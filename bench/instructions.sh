@@ -204,6 +204,7 @@ for rcpt in "${RCPTS[@]}"; do
       fi
       valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p.out" "$exe" "${args[@]}" 2>"$TMP/valgrind.log" &
       vg=$!
+      PIDS+=("$vg")   # stopped by the cleanup if the run fails
       ok=0
       for _ in $(seq 150); do
         if curl -s -o /dev/null "${HDR[@]}" "${BODY[@]}" "$URL"; then ok=1; break; fi
@@ -230,6 +231,7 @@ for rcpt in "${RCPTS[@]}"; do
       # background job ignores SIGINT: it gets SIGTERM.
       if ((floor)); then kill -TERM "$vg"; else kill -INT "$vg"; fi
       wait "$vg" 2>/dev/null || true
+      unset 'PIDS[-1]'
       dump=$(find "$TMP" -name "cg.$vg.out.*" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
       total=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
       if [ -n "${BENCH_PROFILES:-}" ]; then   # keep the profile, for callgrind_annotate
