@@ -73,7 +73,9 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
             .collect();
         return Decision::Reject { wait_us: wait, reason, over };
     }
-    let keys: Vec<u64> = recipients.iter().map(|(k, _)| *k).collect();
+    // The keys only: the states borrowed above are written below.
+    let keys: Vec<u64> = if recipients.is_empty() { Vec::new() } else { recipients.iter().map(|(k, _)| *k).collect() };
+    drop(recipients);
 
     // 5. Admit at `at`: debit everything, noting the limit with least room.
     let mut quota: Option<Quota> = None;
@@ -112,8 +114,10 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     if let Some(caller) = share {
         debit_share(state, rule, caller, at, now, offset_us, cost);
     }
-    for key in keys {
-        debit_recipient(state.recipients.entry(key), rule, at);
+    if !keys.is_empty() {
+        for key in keys {
+            debit_recipient(state.recipients.entry(key), rule, at);
+        }
     }
     if cold {
         state.warm_start = now;
