@@ -103,7 +103,9 @@ async fn main() {
     let rule = config.rule_for("/cgi-bin/message/send").expect("the rule matches").clone();
     let rc = RedisConfig {
         url: url.clone(),
+        username: None,
         password: None,
+        tls_ca: None,
         key_prefix: "wxgate".into(),
         timeout: Duration::from_secs(10),
         nodes: vec![],

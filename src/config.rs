@@ -466,8 +466,13 @@ impl MemoryConfig {
 pub struct RedisConfig {
     /// `redis://` or `rediss://` (TLS with rustls) URL, password possibly inside.
     pub url: String,
+    /// `[store] username`: the ACL user, used when the URL names none.
+    pub username: Option<String>,
     /// Used when the URL has no password.
     pub password: Option<String>,
+    /// `[store] tls_ca`: the PEM certificates a `rediss://` server's chain
+    /// must end in (a private CA), instead of the public roots.
+    pub tls_ca: Option<Vec<u8>>,
     pub key_prefix: String,
     /// Budget for one decision, round trip included.
     pub timeout: Duration,

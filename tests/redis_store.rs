@@ -193,3 +193,97 @@ async fn clients_leaving_mid_decision_never_stall_the_account() {
         }
     }
 }
+
+/// An ACL user with a password (`[store] username`, the password from
+/// `WXGATE_REDIS_PASSWORD` or the URL) on a Redis whose default user is
+/// off: wxgate decides with that user's rights; a wrong password or a user
+/// without the rights wxgate needs is refused at start, clearly, and no
+/// password reaches the log.
+#[tokio::test]
+async fn an_acl_user_with_a_password_decides_and_a_wrong_one_is_refused_at_start() {
+    let redis = RedisServer::start();
+    // The user may touch wxgate's keys and run its scripts; nothing else.
+    let set = redis.command("ACL SETUSER wxgate on >pa55word ~wxgate:* resetchannels +@all -@dangerous +info");
+    assert!(set.starts_with("+OK"), "{set}");
+    assert!(redis.command("ACL SETUSER nokeys on >pa55word ~other:* +@all").starts_with("+OK"));
+    let mock = MockWeChat::start().await;
+    let url = |user: &str, pw: &str| format!("redis://{user}:{pw}@127.0.0.1:{}", redis.port);
+    let with_user = |url: String| {
+        ConfigToml::new(&mock.url())
+            .with(StoreToml::redis(&url).set("username", "wxgate"))
+            .with(tpl().limit(2, "day"))
+            .to_string()
+    };
+    // The user from [store] username, the password from the URL.
+    let gate = Gate::start_real_text(with_user(format!("redis://:pa55word@127.0.0.1:{}", redis.port))).await;
+    let path = "/cgi-bin/message/template/send?access_token=T";
+    assert_eq!(gate.get(path).await.status, 200);
+    assert_eq!(gate.get(path).await.status, 200);
+    let third = gate.get(path).await;
+    assert_eq!((third.status.as_u16(), third.header("x-wxgate-reason")), (429, Some("quota")), "decided in Redis");
+    assert!(redis.command("HGET wxgate:{default}:tpl day.n").contains("\r\n2\r\n"), "counted as user wxgate");
+    // The default user off: only wxgate's user gets in.
+    assert!(redis.command("ACL SETUSER default off").starts_with("+OK"));
+    let (ok, log) = serve_binary(&with_user(format!("redis://:wrong@127.0.0.1:{}", redis.port)), None);
+    assert!(!ok, "a wrong password must refuse to start\n{log}");
+    assert!(log.contains("cannot use Redis at") && !log.contains("wrong@") && !log.contains(":wrong"), "{log}");
+    let (ok, log) = serve_binary(&with_user(format!("redis://127.0.0.1:{}", redis.port)), Some("pa55word"));
+    assert!(ok, "username from the config, password from WXGATE_REDIS_PASSWORD\n{log}");
+    // A user that may not touch wxgate's keys: refused at start, saying why.
+    let (ok, log) = serve_binary(
+        &ConfigToml::new(&mock.url())
+            .with(StoreToml::redis(&url("nokeys", "pa55word")))
+            .with(tpl().limit(2, "day"))
+            .to_string(),
+        None,
+    );
+    assert!(!ok, "a user without rights on wxgate's keys must refuse to start");
+    assert!(log.contains("NOPERM") || log.contains("permission"), "{log}");
+    assert!(!log.contains("pa55word"), "{log}");
+}
+
+/// TLS to Redis (`rediss://`) with a private CA given as `[store] tls_ca`:
+/// calls are decided over TLS; without the CA the server is not trusted and
+/// wxgate refuses to start.
+#[tokio::test]
+async fn redis_over_tls_with_a_private_ca_decides_and_an_untrusted_server_is_refused() {
+    let pki = support::pki::pki(&["127.0.0.1"]);
+    let dir = TempDir::new("redis-tls");
+    let ca = dir.write("ca.pem", &pki.ca_pem);
+    let cert = dir.write("redis.pem", &pki.cert_pem);
+    let key = dir.write("redis.key", &pki.key_pem);
+    let tls_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("addr").port()
+    };
+    let s = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_owned();
+    let args = [
+        "--tls-port".to_owned(),
+        tls_port.to_string(),
+        "--tls-cert-file".to_owned(),
+        s(&cert),
+        "--tls-key-file".to_owned(),
+        s(&key),
+        "--tls-ca-cert-file".to_owned(),
+        s(&ca),
+        "--tls-auth-clients".to_owned(),
+        "no".to_owned(),
+    ];
+    let redis = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mock = MockWeChat::start().await;
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let config = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&url).set("tls_ca", s(&ca)).set("key_prefix", "tls"))
+        .with(tpl().limit(2, "day"));
+    let gate = Gate::start_real_text(&config).await;
+    let path = "/cgi-bin/message/template/send?access_token=T";
+    assert_eq!(gate.get(path).await.status, 200);
+    assert_eq!(gate.get(path).await.status, 200);
+    assert_eq!(gate.get(path).await.header("x-wxgate-reason"), Some("quota"));
+    let count = redis.command("HGET tls:{default}:tpl day.n");
+    assert!(count.contains("\r\n2\r\n"), "counted in Redis, reached over TLS: {count}");
+    let untrusted = ConfigToml::new(&mock.url()).with(StoreToml::redis(&url)).with(tpl().limit(2, "day")).to_string();
+    let (ok, log) = serve_binary(&untrusted, None);
+    assert!(!ok, "a server from an unknown CA must refuse to start\n{log}");
+    assert!(log.contains("cannot use Redis at"), "{log}");
+}

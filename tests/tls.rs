@@ -7,43 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::ServerConfig;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use support::pki::{pki, Pki};
 use support::*;
-
-/// A private CA and a server certificate it signed.
-struct Pki {
-    ca_pem: String,
-    cert: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
-}
-
-/// A CA, and a server certificate from it for `names` (DNS names or IPs).
-fn pki(names: &[&str]) -> Pki {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "wxgate test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca_key = KeyPair::generate().expect("CA key");
-    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
-    let issuer = Issuer::new(ca, ca_key);
-
-    let mut server =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("server params");
-    server.distinguished_name.push(DnType::CommonName, names[0]);
-    server.use_authority_key_identifier_extension = true;
-    let server_key = KeyPair::generate().expect("server key");
-    let server_cert = server.signed_by(&server_key, &issuer).expect("server certificate");
-    Pki {
-        ca_pem: ca_cert.pem(),
-        cert: server_cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
-    }
-}
 
 /// A [`MockWeChat`] that speaks TLS with `pki`'s server certificate on its own
 /// loopback port. (The clone shares the recorded calls and the responder; the

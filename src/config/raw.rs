@@ -133,6 +133,8 @@ pub(super) struct RawStore {
     pub refusal_cache: Option<bool>,
     pub batch: Option<bool>,
     pub url: Option<String>,
+    pub username: Option<String>,
+    pub tls_ca: Option<String>,
     pub key_prefix: Option<String>,
     pub timeout: Option<String>,
     pub state_file: Option<String>,

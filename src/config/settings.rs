@@ -182,6 +182,8 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
         None | Some("memory") => {
             for (key, given) in [
                 ("url", raw.url.is_some()),
+                ("username", raw.username.is_some()),
+                ("tls_ca", raw.tls_ca.is_some()),
                 ("nodes", raw.nodes.is_some()),
                 ("key_prefix", raw.key_prefix.is_some()),
                 ("timeout", raw.timeout.is_some()),
@@ -248,6 +250,31 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 return Err("[store] timeout: must be more than 0".into());
             }
             let password = std::env::var("WXGATE_REDIS_PASSWORD").ok().filter(|p| !p.is_empty());
+            let username = match raw.username {
+                Some(u) if u.is_empty() || u.contains([' ', '@', ':', '/']) => {
+                    return Err("[store] username: a Redis ACL user name, without spaces, '@', ':' or '/'".into())
+                }
+                other => other,
+            };
+            let tls_ca = match raw.tls_ca.as_deref() {
+                None => None,
+                Some(path) => {
+                    let path = match config_dir {
+                        Some(dir) if Path::new(path).is_relative() => dir.join(path),
+                        _ => PathBuf::from(path),
+                    };
+                    let pem = std::fs::read(&path)
+                        .map_err(|e| format!("[store] tls_ca: cannot read {}: {e}", path.display()))?;
+                    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                        return Err(format!("[store] tls_ca: {} holds no PEM certificate", path.display()));
+                    }
+                    let tls = url.starts_with("rediss://") && nodes.iter().all(|n| n.starts_with("rediss://"));
+                    if !tls {
+                        return Err("[store] tls_ca: only for rediss:// (TLS) URLs".into());
+                    }
+                    Some(pem)
+                }
+            };
             let fallback = match raw.fallback.as_deref() {
                 None | Some("local") => Fallback::Local,
                 Some("allow") => Fallback::Allow,
@@ -281,7 +308,17 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 refusal_cache: raw.refusal_cache.unwrap_or(true),
             };
             let batch = raw.batch.unwrap_or(true);
-            Ok(StoreConfig::Redis(RedisConfig { url, password, key_prefix, timeout, nodes, resilience, batch }))
+            Ok(StoreConfig::Redis(RedisConfig {
+                url,
+                username,
+                password,
+                tls_ca,
+                key_prefix,
+                timeout,
+                nodes,
+                resilience,
+                batch,
+            }))
         }
         Some(other) => Err(format!(
             "[store] kind: unknown store \"{other}\" (expected \"memory\", \"redis\" or \"redis-cluster\")"

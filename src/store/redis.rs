@@ -122,6 +122,18 @@ impl RedisStore {
                     }
                 };
             }
+            // A user whose ACL denies wxgate's keys or scripts is a
+            // configuration error; a read-only or full Redis is not (the
+            // fallback decides until it takes writes).
+            if let Err(StoreError::Redis(text) | StoreError::BadKey(text)) = store.probe().await {
+                if text.to_ascii_uppercase().contains("NOPERM") || text.contains("no permissions") {
+                    return Err(StoreError::Refused(format!(
+                        "cannot use Redis at {}: {text} (the user needs every command on keys {}:* and scripts)",
+                        store.conns.at(),
+                        cfg.key_prefix
+                    )));
+                }
+            }
             // Not a reason to refuse to start (a read-only Redis takes no
             // SET): the resilient wrapper asks again until it has it.
             if let Err(e) = store.load_token_key().await {

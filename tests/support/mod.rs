@@ -18,6 +18,7 @@ pub mod bodies;
 pub mod config;
 pub mod deploy;
 pub mod intercept;
+pub mod pki;
 pub mod poll;
 pub mod ports;
 pub mod process;

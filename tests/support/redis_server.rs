@@ -20,7 +20,9 @@ pub struct RedisServer {
 fn store_config(url: String, nodes: Vec<String>, prefix: &str) -> wxgate::config::RedisConfig {
     wxgate::config::RedisConfig {
         url,
+        username: None,
         password: None,
+        tls_ca: None,
         key_prefix: prefix.to_owned(),
         timeout: Duration::from_secs(5),
         nodes,

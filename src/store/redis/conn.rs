@@ -185,9 +185,19 @@ impl Connections {
                 info = info.set_redis_settings(settings);
             }
         }
+        if let Some(user) = &cfg.username {
+            if info.redis_settings().username().is_none() {
+                let settings = info.redis_settings().clone().set_username(user);
+                info = info.set_redis_settings(settings);
+            }
+        }
         let at = info.addr().to_string();
         let (shared, opener) = if cfg.nodes.is_empty() {
-            let client = redis::Client::open(info).map_err(|e| cannot_use(&at, e))?;
+            let client = match &cfg.tls_ca {
+                None => redis::Client::open(info),
+                Some(ca) => redis::Client::build_with_tls(info, certificates(ca)),
+            }
+            .map_err(|e| cannot_use(&at, e))?;
             let manager_config = manager_config(cfg);
             let conn = single(client.clone(), manager_config.clone(), lazy, &at).await?;
             (Conn::Single(conn), Opener::Single(client, manager_config))
@@ -372,7 +382,12 @@ fn lazy(client: &redis::Client, config: &ConnectionManagerConfig) -> redis::Redi
 /// when Redis could not be reached, `Refused` (a configuration error) else.
 pub fn cannot_use(at: &str, e: redis::RedisError) -> StoreError {
     let msg = format!("cannot use Redis at {at}: {e}");
-    if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
+    // A server whose certificate is not trusted ([store] tls_ca) is a
+    // configuration error: retrying will not fix it.
+    let untrusted = msg.contains("certificate") || msg.contains("UnknownIssuer");
+    if untrusted {
+        StoreError::Refused(format!("{msg} (a private CA? give it as [store] tls_ca)"))
+    } else if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
         StoreError::Unreachable(msg)
     } else {
         StoreError::Refused(msg)
@@ -387,7 +402,18 @@ fn cluster_client(cfg: &RedisConfig) -> redis::RedisResult<ClusterClient> {
     if let Some(pw) = &cfg.password {
         builder = builder.password(pw.clone());
     }
+    if let Some(user) = &cfg.username {
+        builder = builder.username(user);
+    }
+    if let Some(ca) = &cfg.tls_ca {
+        builder = builder.certs(certificates(ca));
+    }
     builder.build()
+}
+
+/// `[store] tls_ca` as the crate takes it: the CA to trust, no client certificate.
+fn certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) }
 }
 
 fn manager_config(cfg: &RedisConfig) -> ConnectionManagerConfig {
