@@ -109,6 +109,7 @@ async fn main() {
         key_prefix: "wxgate".into(),
         timeout: Duration::from_secs(10),
         nodes: vec![],
+        sentinel: None,
         resilience: Resilience::strict(),
         batch: true,
     };

@@ -461,8 +461,9 @@ impl MemoryConfig {
     }
 }
 
-/// `[store] kind = "redis"` / `"redis-cluster"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `[store] kind = "redis"` / `"redis-cluster"` / `"redis-sentinel"`.
+/// `Debug` shows no password and no URL (either may hold one).
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` (TLS with rustls) URL, password possibly inside.
     pub url: String,
@@ -478,11 +479,52 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Redis Cluster seed nodes (`kind = "redis-cluster"`); empty for one server.
     pub nodes: Vec<String>,
+    /// `kind = "redis-sentinel"`: the sentinels that name the master (`url`
+    /// is then only its scheme).
+    pub sentinel: Option<Box<SentinelConfig>>,
     /// What to do while Redis cannot answer.
     pub resilience: Resilience,
     /// Decide an account's concurrent calls together, one script run per
     /// round trip (`crate::store::batch`); `false`: one run per call.
     pub batch: bool,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("tls", &self.url.starts_with("rediss://"))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("nodes", &self.nodes.len())
+            .field("sentinel", &self.sentinel)
+            .field("resilience", &self.resilience)
+            .field("batch", &self.batch)
+            .finish()
+    }
+}
+
+/// `[store] kind = "redis-sentinel"`: where the master is found.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelConfig {
+    /// `redis://host:26379` (or `rediss://`), a password possibly inside.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the master as.
+    pub master: String,
+    /// The sentinels' password (`WXGATE_REDIS_SENTINEL_PASSWORD`), when their URLs hold none.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URLs may hold a password: only how many, and the name.
+        f.debug_struct("SentinelConfig")
+            .field("sentinels", &self.sentinels.len())
+            .field("master", &self.master)
+            .finish()
+    }
 }
 
 /// What to do when Redis cannot decide.

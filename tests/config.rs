@@ -25,7 +25,7 @@ fn bad_configs_are_refused_with_file_line_rule_and_field() {
         ("bad_workers", "bad_workers.toml:2: [server] workers: 0: must be 1 to 256"),
         ("burst_on_day", "burst_on_day.toml:4: rule \"tpl\": limits[0]: burst does not apply to per = \"day\" (a calendar quota)"),
         ("day_as_window", "day_as_window.toml:4: rule \"tpl\": limits[0]: per = \"1d\" is a sliding window of 1 x 24 hours, not a calendar day: WeChat's daily quotas start again at midnight, so write per = \"day\""),
-        ("unknown_store", "unknown_store.toml:2: [store] kind: unknown store \"etcd\" (expected \"memory\", \"redis\" or \"redis-cluster\")"),
+        ("unknown_store", "unknown_store.toml:2: [store] kind: unknown store \"etcd\" (expected \"memory\", \"redis\", \"redis-cluster\" or \"redis-sentinel\")"),
         ("admin_on_listen", "admin_on_listen.toml:3: [server] admin_listen: 127.0.0.1:8080 is also listen"),
         ("bad_throttle_status", "bad_throttle_status.toml:2: [server] throttle_status: 503: must be 429 (HTTP's \"too many requests\") or 200"),
         ("bad_rule_throttle_status", "bad_rule_throttle_status.toml:4: rule \"send\": throttle_status: 404: must be 429"),
@@ -466,4 +466,41 @@ fn recipient_metering_configs_that_cannot_work_are_refused() {
     }
     let ok = format!("cost = \"recipients\"\n{fields}\nper_recipient = [{{ count = 30, per = \"1m\", burst = 10 }}]");
     assert!(wxgate::config::Config::parse(&rule(&ok), std::path::Path::new("m.toml")).is_ok());
+}
+
+/// `kind = "redis-sentinel"` needs its sentinels and the master's name, and
+/// takes no `url` or `nodes`; the Sentinel keys belong to it alone; the
+/// sentinels' URLs (which may hold a password) never print.
+#[test]
+fn a_sentinel_store_needs_its_sentinels_and_master_and_never_prints_their_urls() {
+    use std::path::Path;
+    use wxgate::config::{Config, StoreConfig};
+    let parse = |store: &str| {
+        Config::parse(&format!("[store]\n{store}\n"), Path::new("t.toml")).map(|c| c.store).map_err(|e| e.to_string())
+    };
+    let sentinel =
+        "kind = \"redis-sentinel\"\nsentinels = [\"redis://:pw@10.0.0.1:26379\", \"redis://10.0.0.2:26379\"]";
+    for (store, error) in [
+        ("kind = \"redis-sentinel\"".to_owned(), "[store] sentinels: kind = \"redis-sentinel\" needs the sentinels"),
+        (sentinel.to_owned(), "[store] master: the name the sentinels monitor the master as"),
+        (
+            format!("{sentinel}\nmaster = \"wxm\"\nurl = \"redis://x:6379\""),
+            "[store] url, nodes: with kind = \"redis-sentinel\"",
+        ),
+        (
+            "kind = \"redis-sentinel\"\nsentinels = [\"http://x\"]\nmaster = \"m\"".to_owned(),
+            "must start with redis://",
+        ),
+        ("kind = \"redis\"\nmaster = \"m\"".to_owned(), "[store] master: only used with kind = \"redis-sentinel\""),
+        ("sentinels = [\"redis://x:26379\"]".to_owned(), "[store] sentinels: only used with kind = \"redis\""),
+    ] {
+        let got = parse(&store);
+        assert!(got.as_ref().is_err_and(|e| e.contains(error)), "{store}: {got:?}");
+    }
+    let Ok(StoreConfig::Redis(redis)) = parse(&format!("{sentinel}\nmaster = \"wxm\"")) else {
+        panic!("a Sentinel store")
+    };
+    let s = redis.sentinel.as_ref().expect("sentinel settings");
+    assert_eq!((s.sentinels.len(), s.master.as_str()), (2, "wxm"));
+    assert!(!format!("{redis:?}").contains("pw@"), "no sentinel URL in Debug: {redis:?}");
 }

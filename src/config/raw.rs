@@ -125,6 +125,8 @@ impl<'de> Deserialize<'de> for RawUpstream {
 pub(super) struct RawStore {
     pub kind: Option<String>,
     pub nodes: Option<Vec<String>>,
+    pub sentinels: Option<Vec<String>>,
+    pub master: Option<String>,
     pub lease: Option<String>,
     pub fallback: Option<String>,
     pub instances: Option<u32>,

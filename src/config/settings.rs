@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::raw::{RawServer, RawStore, RawUpstream};
 use super::units::{parse_duration, parse_offset, parse_size, throttle_status};
 use super::{
-    valid_account, CallerAuth, Fallback, MemoryConfig, RedisConfig, Resilience, Server, StoreConfig, Upstreams,
+    valid_account, CallerAuth, Fallback, MemoryConfig, RedisConfig, Resilience, SentinelConfig, Server, StoreConfig,
+    Upstreams,
 };
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -177,7 +178,7 @@ fn check_admin_exposure(admin_listen: Option<SocketAddr>, has_token: bool) -> Re
 
 /// `[store]`. `config_dir` is the config file's directory (where the
 /// memory store's state file goes by default), if it was read from a file.
-pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreConfig, String> {
+pub(super) fn store(mut raw: RawStore, config_dir: Option<&Path>) -> Result<StoreConfig, String> {
     match raw.kind.as_deref() {
         None | Some("memory") => {
             for (key, given) in [
@@ -185,6 +186,8 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 ("username", raw.username.is_some()),
                 ("tls_ca", raw.tls_ca.is_some()),
                 ("nodes", raw.nodes.is_some()),
+                ("sentinels", raw.sentinels.is_some()),
+                ("master", raw.master.is_some()),
                 ("key_prefix", raw.key_prefix.is_some()),
                 ("timeout", raw.timeout.is_some()),
                 ("fallback", raw.fallback.is_some()),
@@ -200,7 +203,7 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
             }
             memory(raw, config_dir).map(StoreConfig::Memory)
         }
-        Some(kind @ ("redis" | "redis-cluster")) => {
+        Some(kind @ ("redis" | "redis-cluster" | "redis-sentinel")) => {
             for (key, given) in [
                 ("state_file", raw.state_file.is_some()),
                 ("flush_interval", raw.flush_interval.is_some()),
@@ -211,6 +214,33 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 }
             }
             let redis_url = |u: &str| u.starts_with("redis://") || u.starts_with("rediss://");
+            let sentinel = if kind == "redis-sentinel" {
+                if raw.url.is_some() || raw.nodes.is_some() {
+                    return Err("[store] url, nodes: with kind = \"redis-sentinel\" the sentinels name the master".into());
+                }
+                let sentinels = raw.sentinels.take().unwrap_or_default();
+                if sentinels.is_empty() {
+                    return Err("[store] sentinels: kind = \"redis-sentinel\" needs the sentinels, such as \
+                                [\"redis://10.0.0.1:26379\", ...] (three, for a quorum)"
+                        .into());
+                }
+                if let Some(bad) = sentinels.iter().find(|n| !redis_url(n)) {
+                    return Err(format!("[store] sentinels: \"{bad}\" must start with redis:// or rediss://"));
+                }
+                let master = raw.master.take().filter(|m| !m.is_empty() && !m.contains(' ')).ok_or(
+                    "[store] master: the name the sentinels monitor the master as (SENTINEL MONITOR <name> ...), \
+                     such as \"mymaster\"",
+                )?;
+                let password = std::env::var("WXGATE_REDIS_SENTINEL_PASSWORD").ok().filter(|p| !p.is_empty());
+                Some(Box::new(SentinelConfig { sentinels, master, password }))
+            } else {
+                for (key, given) in [("sentinels", raw.sentinels.is_some()), ("master", raw.master.is_some())] {
+                    if given {
+                        return Err(format!("[store] {key}: only used with kind = \"redis-sentinel\""));
+                    }
+                }
+                None
+            };
             let nodes = if kind == "redis-cluster" {
                 if raw.url.is_some() {
                     return Err("[store] url: use nodes = [...] with kind = \"redis-cluster\"".into());
@@ -232,9 +262,15 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 }
                 Vec::new()
             };
-            let url = raw
-                .url
-                .unwrap_or_else(|| nodes.first().cloned().unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned()));
+            let url = match &sentinel {
+                // Where the master is known only once the sentinels say; its
+                // scheme (TLS or not) is the sentinels'.
+                Some(s) if s.sentinels.iter().all(|u| u.starts_with("rediss://")) => "rediss://sentinel-master".to_owned(),
+                Some(_) => "redis://sentinel-master".to_owned(),
+                None => raw
+                    .url
+                    .unwrap_or_else(|| nodes.first().cloned().unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned())),
+            };
             if !(redis_url(&url) || url.starts_with("redis+unix://")) {
                 return Err("[store] url: must start with redis:// or rediss://".into());
             }
@@ -316,12 +352,13 @@ pub(super) fn store(raw: RawStore, config_dir: Option<&Path>) -> Result<StoreCon
                 key_prefix,
                 timeout,
                 nodes,
+                sentinel,
                 resilience,
                 batch,
             }))
         }
         Some(other) => Err(format!(
-            "[store] kind: unknown store \"{other}\" (expected \"memory\", \"redis\" or \"redis-cluster\")"
+            "[store] kind: unknown store \"{other}\" (expected \"memory\", \"redis\", \"redis-cluster\" or \"redis-sentinel\")"
         )),
     }
 }

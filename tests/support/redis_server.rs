@@ -26,6 +26,7 @@ fn store_config(url: String, nodes: Vec<String>, prefix: &str) -> wxgate::config
         key_prefix: prefix.to_owned(),
         timeout: Duration::from_secs(5),
         nodes,
+        sentinel: None,
         resilience: wxgate::config::Resilience::strict(),
         batch: true,
     }
@@ -363,4 +364,123 @@ impl RedisCluster {
         }
         panic!("no node owns slot {slot}");
     }
+}
+
+/// A Sentinel-managed Redis on loopback: a master, a replica and three
+/// sentinels (`redis-server --sentinel`, quorum 2, down-after 500 ms), all
+/// killed on drop. The sentinels' ids and peers are declared up front, so
+/// the set is ready in about a second instead of waiting for discovery.
+pub struct RedisSentinelSet {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<(u16, Child)>,
+    dir: std::path::PathBuf,
+}
+
+/// The name the sentinels monitor the master as.
+pub const SENTINEL_MASTER: &str = "wxm";
+
+impl RedisSentinelSet {
+    pub fn start() -> RedisSentinelSet {
+        let fast_sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"];
+        let master = RedisServer::start_with(&fast_sync);
+        let mut replica_args: Vec<String> = fast_sync.iter().map(|s| s.to_string()).collect();
+        replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master.port.to_string()]);
+        let replica = RedisServer::start_with(&replica_args.iter().map(String::as_str).collect::<Vec<_>>());
+        let dir = std::env::temp_dir().join(format!("wxgate-sentinel-{}-{}", std::process::id(), master.port));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("sentinel dir");
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let id = |i: usize| format!("{:040x}", 0xa11ce000 + i + master.port as usize * 8);
+        let mut sentinels = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let mut conf = format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel myid {}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+                 sentinel known-replica {SENTINEL_MASTER} 127.0.0.1 {}\n",
+                dir.display(),
+                id(i),
+                master.port,
+                replica.port
+            );
+            for (j, other) in ports.iter().enumerate().filter(|(j, _)| *j != i) {
+                conf.push_str(&format!("sentinel known-sentinel {SENTINEL_MASTER} 127.0.0.1 {other} {}\n", id(j)));
+            }
+            let path = dir.join(format!("sentinel-{port}.conf"));
+            std::fs::write(&path, conf).expect("sentinel conf");
+            let bin = std::env::var("WXGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+            let child = Command::new(&bin)
+                .arg(&path)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {bin} --sentinel: {e}"));
+            sentinels.push((*port, child));
+        }
+        let set = RedisSentinelSet { master, replica, sentinels, dir };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            let ready = set.sentinels.iter().all(|(port, _)| {
+                let info = raw_command(*port, &format!("SENTINEL MASTER {SENTINEL_MASTER}"));
+                info.contains("num-other-sentinels\r\n$1\r\n2") && info.contains("num-slaves\r\n$1\r\n1")
+            }) && set.replica.command("INFO replication").contains("master_link_status:up");
+            if ready {
+                return set;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the sentinel set did not become ready within 15 s");
+    }
+
+    /// The sentinels' URLs.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(|(port, _)| format!("redis://127.0.0.1:{port}")).collect()
+    }
+
+    /// The port of the master the first sentinel that answers names.
+    pub fn master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|(port, _)| {
+            let reply = raw_command(*port, &format!("SENTINEL get-master-addr-by-name {SENTINEL_MASTER}"));
+            reply.lines().filter(|l| !l.starts_with('*') && !l.starts_with('$')).nth(1)?.trim().parse().ok()
+        })
+    }
+
+    /// SIGKILLs the master (a crash), and waits until the sentinels name the
+    /// replica; returns how long that took.
+    pub fn kill_master_and_wait_promotion(&mut self, limit: Duration) -> Duration {
+        self.master.stop();
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.master_port() == Some(self.replica.port) && self.replica.command("ROLE").contains("master") {
+                return started.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the sentinels promoted no replica within {limit:?}");
+    }
+}
+
+impl Drop for RedisSentinelSet {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One command to the Redis (or sentinel) on `port`; its raw answer.
+fn raw_command(port: u16, line: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(format!("{line}\r\n").as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut buf = vec![0u8; 65536];
+    let n = s.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }

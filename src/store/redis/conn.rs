@@ -15,7 +15,8 @@
 //! `[store] breaker_open` per lane, made lazily on that lane's own thread,
 //! and nothing is done on success.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -24,7 +25,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ServerErrorKind};
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, SentinelConfig};
 use crate::limit::clock::Stopwatch;
 use crate::store::answer::StoreError;
 
@@ -78,6 +79,125 @@ impl ConnectionLike for Conn {
 enum Opener {
     Single(redis::Client, ConnectionManagerConfig),
     Cluster(ClusterClient),
+    /// A Sentinel-managed master: a single server whose address the
+    /// sentinels give, followed by [`Sentinel::watch`].
+    Sentinel(Arc<Sentinel>, ConnectionManagerConfig),
+}
+
+/// How often the sentinels are asked where the master is. A failover
+/// takes the sentinels about 1.5 s (down-after 500 ms); calls are decided
+/// on the new master this long after they name it, at most.
+pub const SENTINEL_EVERY: Duration = Duration::from_millis(250);
+
+/// The master the sentinels name now, and how many times it moved.
+pub struct Sentinel {
+    cfg: SentinelConfig,
+    /// The master's connection settings but its address (user, password,
+    /// database, TLS), from `[store]`.
+    info: redis::ConnectionInfo,
+    tls_ca: Option<Vec<u8>>,
+    current: ArcSwap<(String, redis::Client)>,
+    /// Bumped each time the master moves: every lane that saw an older
+    /// one gets a new connection on its next call.
+    generation: AtomicU64,
+}
+
+impl Sentinel {
+    /// The current master's client.
+    fn client(&self) -> redis::Client {
+        self.current.load().1.clone()
+    }
+
+    /// A client for the master at `host:port`.
+    fn client_at(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        master_client(&self.info, self.tls_ca.as_deref(), host, port)
+    }
+}
+
+/// A client for a Sentinel master at `host:port` with `info`'s settings.
+fn master_client(
+    info: &redis::ConnectionInfo,
+    tls_ca: Option<&[u8]>,
+    host: &str,
+    port: u16,
+) -> redis::RedisResult<redis::Client> {
+    let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    let addr = if tls {
+        redis::ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: false, tls_params: None }
+    } else {
+        redis::ConnectionAddr::Tcp(host.to_owned(), port)
+    };
+    let info = info.clone().set_addr(addr);
+    match tls_ca {
+        None => redis::Client::open(info),
+        Some(ca) => redis::Client::build_with_tls(info, certificates(ca)),
+    }
+}
+
+impl Sentinel {
+    /// Where the sentinels say the master is: the first sentinel that
+    /// answers, each asked within [`CONNECT_TIMEOUT`] / 4.
+    async fn ask(cfg: &SentinelConfig) -> Result<(String, u16), String> {
+        let mut why = String::from("no sentinel configured");
+        for url in &cfg.sentinels {
+            let mut info = match redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+                Ok(info) => info,
+                Err(e) => {
+                    why = format!("[store] sentinels: {e}");
+                    continue;
+                }
+            };
+            if let (Some(pw), None) = (&cfg.password, info.redis_settings().password()) {
+                let settings = info.redis_settings().clone().set_password(pw.clone());
+                info = info.set_redis_settings(settings);
+            }
+            let at = info.addr().to_string();
+            let asked = async {
+                let client = redis::Client::open(info)?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&cfg.master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            match tokio::time::timeout(CONNECT_TIMEOUT / 4, asked).await {
+                Ok(Ok(Some(addr))) => return Ok(addr),
+                Ok(Ok(None)) => why = format!("sentinel {at} monitors no master named \"{}\"", cfg.master),
+                Ok(Err(e)) => why = format!("sentinel {at}: {e}"),
+                Err(_) => why = format!("sentinel {at}: no answer"),
+            }
+        }
+        Err(why)
+    }
+
+    /// Asks the sentinels every [`SENTINEL_EVERY`] where the master is, and
+    /// moves every connection to it when it moved (a failover), for as long
+    /// as the store lives.
+    fn watch(me: Weak<Sentinel>) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SENTINEL_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(s) = me.upgrade() else { return };
+                let Ok((host, port)) = Sentinel::ask(&s.cfg).await else { continue };
+                let addr = format!("{host}:{port}");
+                if s.current.load().0 == addr {
+                    continue;
+                }
+                match s.client_at(&host, port) {
+                    Ok(client) => {
+                        let was = s.current.load().0.clone();
+                        s.current.store(Arc::new((addr.clone(), client)));
+                        s.generation.fetch_add(1, Ordering::Release);
+                        tracing::warn!(master = %s.cfg.master, from = %was, to = %addr, "the sentinels name a new Redis master: connections move to it");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot use the master the sentinels name"),
+                }
+            }
+        });
+    }
 }
 
 /// Which connection a piece of code uses: a serving thread's own, or the shared one.
@@ -144,6 +264,8 @@ struct Health {
 struct Own {
     conn: Arc<ArcSwapOption<Conn>>,
     health: Mutex<Health>,
+    /// The Sentinel master generation its connection is to.
+    seen: AtomicU64,
 }
 
 /// Where a replacement goes.
@@ -164,6 +286,7 @@ impl Place {
 pub struct Connections {
     shared: Arc<ArcSwap<Conn>>,
     shared_health: Mutex<Health>,
+    shared_seen: AtomicU64,
     own: Box<[Own]>,
     opener: Opener,
     /// The server's address, for messages (never the URL: it may hold the password).
@@ -191,8 +314,31 @@ impl Connections {
                 info = info.set_redis_settings(settings);
             }
         }
-        let at = info.addr().to_string();
-        let (shared, opener) = if cfg.nodes.is_empty() {
+        let mut at = info.addr().to_string();
+        let (shared, opener) = if let Some(sc) = &cfg.sentinel {
+            let (host, port) = match Sentinel::ask(sc).await {
+                Ok(addr) => addr,
+                Err(e) if !lazy => {
+                    return Err(StoreError::Unreachable(format!("cannot find the Redis master \"{}\": {e}", sc.master)))
+                }
+                // Starting degraded: the watch finds the master later.
+                Err(_) => ("127.0.0.1".to_owned(), 0),
+            };
+            let client = master_client(&info, cfg.tls_ca.as_deref(), &host, port)
+                .map_err(|e| cannot_use(&format!("{host}:{port}"), e))?;
+            let sentinel = Arc::new(Sentinel {
+                cfg: SentinelConfig::clone(sc),
+                info,
+                tls_ca: cfg.tls_ca.clone(),
+                current: ArcSwap::from_pointee((format!("{host}:{port}"), client.clone())),
+                generation: AtomicU64::new(0),
+            });
+            at = format!("sentinel master \"{}\"", sc.master);
+            let manager_config = manager_config(cfg);
+            let conn = single(client, manager_config.clone(), lazy, &at).await?;
+            Sentinel::watch(Arc::downgrade(&sentinel));
+            (Conn::Single(conn), Opener::Sentinel(sentinel, manager_config))
+        } else if cfg.nodes.is_empty() {
             let client = match &cfg.tls_ca {
                 None => redis::Client::open(info),
                 Some(ca) => redis::Client::build_with_tls(info, certificates(ca)),
@@ -216,6 +362,7 @@ impl Connections {
         Ok(Connections {
             shared: Arc::new(ArcSwap::from_pointee(shared)),
             shared_health: Mutex::default(),
+            shared_seen: AtomicU64::new(0),
             own: Box::new([]),
             opener,
             at,
@@ -226,7 +373,9 @@ impl Connections {
 
     /// Makes room for `workers` serving threads' own connections.
     pub fn with_workers(mut self, workers: usize) -> Self {
-        self.own = (0..workers).map(|_| Own { conn: Arc::default(), health: Mutex::default() }).collect();
+        self.own = (0..workers)
+            .map(|_| Own { conn: Arc::default(), health: Mutex::default(), seen: AtomicU64::new(0) })
+            .collect();
         self
     }
 
@@ -253,6 +402,16 @@ impl Connections {
                     return;
                 }
             },
+            Opener::Sentinel(s, config) => {
+                own.seen.store(s.generation.load(Ordering::Acquire), Ordering::Relaxed);
+                match lazy(&s.client(), config) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a serving thread uses the shared Redis connection");
+                        return;
+                    }
+                }
+            }
             Opener::Cluster(client) => match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection()).await
             {
                 Ok(Ok(c)) => Conn::Cluster(c),
@@ -280,12 +439,35 @@ impl Connections {
     /// The connection of `lane` (the shared one for a serving thread
     /// without its own). One atomic load and a reference count.
     pub fn conn(&self, lane: Lane) -> Conn {
+        if let Opener::Sentinel(s, config) = &self.opener {
+            self.follow(lane, s, config);
+        }
         if let Lane::Own(i) = lane {
             if let Some(conn) = self.own.get(i).and_then(|o| o.conn.load().as_deref().cloned()) {
                 return conn;
             }
         }
         Conn::clone(&self.shared.load())
+    }
+
+    /// A Sentinel master moved since `lane`'s connection was made: gives
+    /// the lane a connection to the new one (made on first use).
+    fn follow(&self, lane: Lane, s: &Sentinel, config: &ConnectionManagerConfig) {
+        let now = s.generation.load(Ordering::Acquire);
+        let (seen, place) = match lane {
+            Lane::Own(i) => match self.own.get(i).filter(|o| o.conn.load().is_some()) {
+                Some(o) => (&o.seen, Place::Own(o.conn.clone())),
+                None => (&self.shared_seen, Place::Shared(self.shared.clone())),
+            },
+            Lane::Shared => (&self.shared_seen, Place::Shared(self.shared.clone())),
+        };
+        if seen.load(Ordering::Relaxed) == now || seen.swap(now, Ordering::AcqRel) == now {
+            return;
+        }
+        match lazy(&s.client(), config) {
+            Ok(conn) => place.put(conn),
+            Err(e) => tracing::warn!(error = %e, "cannot connect to the new Redis master"),
+        }
     }
 
     /// Notes that a call on `lane` failed with `e` (`None`: it timed out).
@@ -342,6 +524,10 @@ impl Connections {
                 Ok(conn) => place.put(conn),
                 Err(e) => tracing::warn!(error = %e, "cannot replace a Redis connection"),
             },
+            Opener::Sentinel(s, config) => match lazy(&s.client(), config) {
+                Ok(conn) => place.put(conn),
+                Err(e) => tracing::warn!(error = %e, "cannot replace a Redis connection"),
+            },
             Opener::Cluster(client) => {
                 let client = client.clone();
                 tokio::spawn(async move {
@@ -361,9 +547,13 @@ impl Connections {
     /// that opened it. A cluster's are left alone (they are replaced on
     /// their own thread when they fail: making one needs I/O).
     pub fn renew_own(&self) {
-        let Opener::Single(client, config) = &self.opener else { return };
+        let (client, config) = match &self.opener {
+            Opener::Single(client, config) => (client.clone(), config),
+            Opener::Sentinel(s, config) => (s.client(), config),
+            Opener::Cluster(_) => return,
+        };
         for own in self.own.iter().filter(|o| o.conn.load().is_some()) {
-            match lazy(client, config) {
+            match lazy(&client, config) {
                 Ok(conn) => own.conn.store(Some(Arc::new(conn))),
                 Err(e) => tracing::warn!(error = %e, "cannot replace a Redis connection"),
             }

@@ -1,0 +1,64 @@
+//! A Sentinel-managed Redis (issue 33) with real processes: a master, a
+//! replica and three `redis-server --sentinel` on loopback (down-after
+//! 500 ms). wxgate finds the master through the sentinels and follows a
+//! failover without a restart: the master SIGKILLed mid-traffic, calls go
+//! on (by the local fallback while there is no master), and are decided on
+//! the promoted replica again within seconds, with no day quota granted twice.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::redis_server::{RedisSentinelSet, SENTINEL_MASTER};
+use support::*;
+
+const SEND: &str = "/cgi-bin/message/template/send?access_token=T";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_twice() {
+    let mut set = RedisSentinelSet::start();
+    let mock = MockWeChat::start().await;
+    let sentinels: Vec<toml::Value> = set.sentinel_urls().into_iter().map(toml::Value::from).collect();
+    let store = format!(
+        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\ntimeout = \"100ms\"\n\
+         breaker_failures = 2\nbreaker_open = \"200ms\"\ninstances = 1\n",
+        toml::Value::Array(sentinels)
+    );
+    let config = ConfigToml::new(&mock.url())
+        .with(store)
+        .with(rule("tpl").matching("/cgi-bin/message/template/send").limit(20, "day"));
+    let gate = Gate::start_real_text(config).await;
+    for i in 0..10 {
+        assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
+    }
+    let on_master = set.master.command("HGET wxgate:{default}:tpl day.n");
+    assert!(on_master.contains("\r\n10\r\n"), "decided on the master the sentinels name: {on_master}");
+    let killed = Instant::now();
+    let promoted = set.kill_master_and_wait_promotion(Duration::from_secs(10));
+    // 20 more calls, 100 ms apart, through the failover and after it;
+    // noting when the first call was decided on Redis again (not degraded).
+    let degraded = r#"wxgate_calls_total{rule="tpl",outcome="degraded"}"#;
+    let mut statuses = Vec::new();
+    let mut back = None;
+    for _ in 0..20 {
+        let before = gate.metric(degraded).await.unwrap_or(0.0);
+        statuses.push(gate.get(SEND).await.status.as_u16());
+        let shared = gate.metric(degraded).await.unwrap_or(0.0) == before
+            && gate.metric("wxgate_breaker_open").await == Some(0.0);
+        if back.is_none() && shared && killed.elapsed() > promoted {
+            back = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let back = back.unwrap_or_else(|| panic!("no call was decided on the new master within 20 calls: {statuses:?}"));
+    assert!(back <= Duration::from_secs(8), "decided on the new master {back:?} after the SIGKILL");
+    // The new master holds every call WeChat got (what the fallback admitted
+    // meanwhile was added when it answered).
+    let count = set.replica.command("HGET wxgate:{default}:tpl day.n");
+    assert!(count.contains(&format!("\r\n{}\r\n", mock.count())), "new master {count:?}, mock {}", mock.count());
+    eprintln!("sentinels promoted the replica {promoted:?} after the SIGKILL; wxgate decided on it {back:?} after it");
+    assert_eq!(mock.count(), 20, "WeChat saw the day quota exactly, never more: {statuses:?}");
+    let after = gate.get(SEND).await;
+    assert_eq!((after.status.as_u16(), after.header("x-wxgate-reason")), (429, Some("quota")));
+    assert_eq!(mock.count(), 20);
+}
