@@ -110,6 +110,7 @@ async fn main() {
         timeout: Duration::from_secs(10),
         nodes: vec![],
         sentinel: None,
+        wait_replicas: 0,
         resilience: Resilience::strict(),
         batch: true,
     };

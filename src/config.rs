@@ -482,6 +482,10 @@ pub struct RedisConfig {
     /// `kind = "redis-sentinel"`: the sentinels that name the master (`url`
     /// is then only its scheme).
     pub sentinel: Option<Box<SentinelConfig>>,
+    /// `[store] wait_replicas = N`: after a run that counted a calendar
+    /// admission, `WAIT N` for that many replicas to have it before the
+    /// calls go on (0: don't wait).
+    pub wait_replicas: u32,
     /// What to do while Redis cannot answer.
     pub resilience: Resilience,
     /// Decide an account's concurrent calls together, one script run per
@@ -500,6 +504,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("nodes", &self.nodes.len())
             .field("sentinel", &self.sentinel)
+            .field("wait_replicas", &self.wait_replicas)
             .field("resilience", &self.resilience)
             .field("batch", &self.batch)
             .finish()

@@ -14,6 +14,15 @@ use support::*;
 
 const SEND: &str = "/cgi-bin/message/template/send?access_token=T";
 
+/// `[store]` for `set`'s sentinels, with these more keys.
+fn sentinel_store(set: &RedisSentinelSet, more: &str) -> String {
+    let sentinels: Vec<toml::Value> = set.sentinel_urls().into_iter().map(toml::Value::from).collect();
+    format!(
+        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\n{more}\n",
+        toml::Value::Array(sentinels)
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_twice() {
     let mut set = RedisSentinelSet::start();
@@ -61,4 +70,33 @@ async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_tw
     let after = gate.get(SEND).await;
     assert_eq!((after.status.as_u16(), after.header("x-wxgate-reason")), (429, Some("quota")));
     assert_eq!(mock.count(), 20);
+}
+
+/// `[store] wait_replicas = 1`: every call that counted against a day quota
+/// is on the replica before it goes to WeChat, so a failover right after
+/// cannot lose it; with the replica frozen, WAIT gives up at the store's
+/// timeout and the call goes on all the same (the decision stands).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_each_counted_call_is_on_the_replica_before_it_is_forwarded() {
+    let set = RedisSentinelSet::start();
+    let mock = MockWeChat::start().await;
+    let store = sentinel_store(&set, "timeout = \"300ms\"\nwait_replicas = 1");
+    let config = ConfigToml::new(&mock.url())
+        .with(store)
+        .with(rule("tpl").matching("/cgi-bin/message/template/send").limit(20, "day"));
+    let gate = Gate::start_real_text(config).await;
+    for i in 1..=5 {
+        assert_eq!(gate.get(SEND).await.status, 200);
+        // Checked the moment the answer is back: already on the replica.
+        let on_replica = set.replica.command("HGET wxgate:{default}:tpl day.n");
+        assert!(on_replica.contains(&format!("\r\n{i}\r\n")), "call {i}: replica {on_replica:?}");
+    }
+    set.replica.pause();
+    let started = Instant::now();
+    let frozen = gate.get(SEND).await;
+    let took = started.elapsed();
+    set.replica.resume();
+    assert_eq!(frozen.status, 200, "the decision stands when WAIT times out: {}", frozen.text());
+    assert!(took >= Duration::from_millis(150), "WAIT waited for the frozen replica: {took:?}");
+    assert_eq!(mock.count(), 6);
 }

@@ -126,6 +126,7 @@ pub(super) struct RawStore {
     pub kind: Option<String>,
     pub nodes: Option<Vec<String>>,
     pub sentinels: Option<Vec<String>>,
+    pub wait_replicas: Option<u32>,
     pub master: Option<String>,
     pub lease: Option<String>,
     pub fallback: Option<String>,

@@ -188,6 +188,7 @@ pub(super) fn store(mut raw: RawStore, config_dir: Option<&Path>) -> Result<Stor
                 ("nodes", raw.nodes.is_some()),
                 ("sentinels", raw.sentinels.is_some()),
                 ("master", raw.master.is_some()),
+                ("wait_replicas", raw.wait_replicas.is_some()),
                 ("key_prefix", raw.key_prefix.is_some()),
                 ("timeout", raw.timeout.is_some()),
                 ("fallback", raw.fallback.is_some()),
@@ -344,6 +345,10 @@ pub(super) fn store(mut raw: RawStore, config_dir: Option<&Path>) -> Result<Stor
                 refusal_cache: raw.refusal_cache.unwrap_or(true),
             };
             let batch = raw.batch.unwrap_or(true);
+            let wait_replicas = raw.wait_replicas.unwrap_or(0);
+            if wait_replicas > 0 && kind == "redis-cluster" {
+                return Err("[store] wait_replicas: not with kind = \"redis-cluster\" (each node replicates on its own)".into());
+            }
             Ok(StoreConfig::Redis(RedisConfig {
                 url,
                 username,
@@ -353,6 +358,7 @@ pub(super) fn store(mut raw: RawStore, config_dir: Option<&Path>) -> Result<Stor
                 timeout,
                 nodes,
                 sentinel,
+                wait_replicas,
                 resilience,
                 batch,
             }))

@@ -77,6 +77,11 @@ pub struct RedisStore {
     cluster: bool,
     /// Tests only: pass this clock's time to the scripts instead of `TIME`.
     fixed_clock: Option<Arc<dyn Clock>>,
+    /// `[store] wait_replicas` (0: off).
+    wait_replicas: u32,
+    /// WAITs that found too few replicas in time, and when that was last logged.
+    short_waits: std::sync::atomic::AtomicU64,
+    short_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl RedisStore {
@@ -96,6 +101,9 @@ impl RedisStore {
             token_key: ArcSwapOption::empty(),
             cluster: !cfg.nodes.is_empty(),
             fixed_clock: None,
+            wait_replicas: cfg.wait_replicas,
+            short_waits: std::sync::atomic::AtomicU64::new(0),
+            short_logged: std::sync::Mutex::new(None),
         };
         if !lazy {
             let mut conn = store.conns.conn(Lane::Shared);
@@ -350,7 +358,48 @@ impl RedisStore {
             }
         })
         .await;
-        self.outcome(lane, reply).and_then(|r| protocol::parse_decisions(&r))
+        let decisions = self.outcome(lane, reply).and_then(|r| protocol::parse_decisions(&r))?;
+        let counted = |d: &Result<Decision, StoreError>| matches!(d, Ok(Decision::Admit { calendar: Some(_), .. }));
+        if self.wait_replicas > 0 && decisions.iter().any(counted) {
+            self.wait_for_replicas(&mut conn, deadline).await;
+        }
+        Ok(decisions)
+    }
+
+    /// `[store] wait_replicas`: waits (until `deadline`) for that many
+    /// replicas to hold every write made so far on `conn`, the admissions
+    /// just counted among them, so that a failover cannot lose them. The
+    /// decision stands if fewer answer in time: that is counted and logged
+    /// (at most every 10 s), and the calls go on.
+    async fn wait_for_replicas(&self, conn: &mut conn::Conn, deadline: tokio::time::Instant) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.wait_replicas).arg(ms);
+        let acked =
+            tokio::time::timeout(left + std::time::Duration::from_millis(50), cmd.query_async::<i64>(conn)).await;
+        let short = match acked {
+            Ok(Ok(n)) => n < i64::from(self.wait_replicas),
+            _ => true,
+        };
+        if short {
+            let total = self.short_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let mut last = self.short_logged.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_none_or(|t: std::time::Instant| t.elapsed() >= std::time::Duration::from_secs(10)) {
+                *last = Some(std::time::Instant::now());
+                tracing::warn!(
+                    wait_replicas = self.wait_replicas,
+                    short_so_far = total,
+                    "fewer replicas than [store] wait_replicas acknowledged admissions in time: a failover now could lose them"
+                );
+            }
+        }
+    }
+
+    /// How many `WAIT`s ([`RedisStore::wait_for_replicas`]) found fewer
+    /// replicas than `wait_replicas` in time.
+    pub fn short_waits(&self) -> u64 {
+        self.short_waits.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -27,6 +27,7 @@ fn store_config(url: String, nodes: Vec<String>, prefix: &str) -> wxgate::config
         timeout: Duration::from_secs(5),
         nodes,
         sentinel: None,
+        wait_replicas: 0,
         resilience: wxgate::config::Resilience::strict(),
         batch: true,
     }
