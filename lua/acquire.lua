@@ -26,6 +26,10 @@
 --          without persistence, an empty replica, FLUSHALL) decides nothing
 --          and answers "E": the instance re-seeds what it knows first
 --          (src/store/ledger.rs).
+-- ARGV[4]  this instance's id ("" = none): each calendar quota of the rule
+--          also counts this instance's own calls of the current period in
+--          <field>.m.<id> (for period <field>.mp.<id>), which a top-up after
+--          a failover reads (lua/reconcile.lua)
 -- then, per call:
 --          max wait: hold the call up to this long for its slot (0 = refuse instead)
 --          warm-up period, µs (0 = none)
@@ -91,6 +95,7 @@ end
 
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
+local inst = ARGV[4]
 local nkeys = #KEYS
 if ARGV[3] ~= '' then
   nkeys = nkeys - 1
@@ -195,8 +200,10 @@ local function earliest(all, now, off, keep, cost, rwaits)
 end
 
 -- Debits a calendar limit `l` for a call admitted at `at`: its period's
--- count, or the next period's. Returns the counts and the period's end.
-local function count_call(st, l, now, at, off, cost)
+-- count, or the next period's; `mine`: the rule's own limit (not a share),
+-- whose count of this instance's calls goes up too. Returns the counts and
+-- the period's end.
+local function count_call(st, l, now, at, off, cost, mine)
   local current, nxt = period(l.kind, now, off)
   local used, next = counts(l.p, l.n, l.q, current)
   local at_id = period(l.kind, at, off)
@@ -204,6 +211,17 @@ local function count_call(st, l, now, at, off, cost)
   put(st, l.f .. '.p', current)
   put(st, l.f .. '.n', used)
   put(st, l.f .. '.q', next)
+  if mine and inst ~= '' then
+    local mf, pf = l.f .. '.m.' .. inst, l.f .. '.mp.' .. inst
+    local m = 0
+    if st.v[pf] == current then
+      m = st.v[mf] or 0
+    else
+      put(st, pf, current)
+      put(st, mf, 0)
+    end
+    if at_id == current then put(st, mf, m + cost) end
+  end
   local keep = nxt
   if next > 0 then
     local _, after = period(l.kind, nxt, off)
@@ -278,6 +296,15 @@ local function acquire(k, a)
       fields[#fields + 1] = l.f .. '.p'
       fields[#fields + 1] = l.f .. '.n'
       fields[#fields + 1] = l.f .. '.q'
+    end
+  end
+  if inst ~= '' then
+    for i = 1, #limits do
+      local l = limits[i]
+      if l.kind ~= 'w' then
+        fields[#fields + 1] = l.f .. '.m.' .. inst
+        fields[#fields + 1] = l.f .. '.mp.' .. inst
+      end
     end
   end
   local st = load(key, fields)
@@ -378,7 +405,7 @@ local function acquire(k, a)
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, tat + t - now)
     else
-      local used, nxt, keep = count_call(st, l, now, at, off, cost)
+      local used, nxt, keep = count_call(st, l, now, at, off, cost, true)
       local room = l.a - used
       if room < 0 then room = 0 end
       qi, qr, qt = tightest(qi, qr, qt, i, room, nxt - now)
@@ -394,7 +421,7 @@ local function acquire(k, a)
       put(st, l.f, tat + cost * l.a)
       if tat + cost * l.a - now > ttl then ttl = tat + cost * l.a - now end
     else
-      local _, _, keep = count_call(st, l, now, at, off, cost)
+      local _, _, keep = count_call(st, l, now, at, off, cost, false)
       if keep - now > ttl then ttl = keep - now end
     end
   end
@@ -455,7 +482,7 @@ local function acquire(k, a)
 end
 
 local answers = {}
-local a, k = 4, 1
+local a, k = 5, 1
 while k <= nkeys do
   local answer
   answer, a, k = acquire(k, a)

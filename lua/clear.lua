@@ -21,6 +21,12 @@ for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     found = found + 1
     local all = redis.call('HGETALL', key)
+    -- Each instance's own count of the day (lua/acquire.lua) starts again too.
+    local own = {}
+    for i = 1, #all, 2 do
+      if string.match(all[i], '^day%.mp?%.') then own[#own + 1] = all[i] end
+    end
+    if #own > 0 then redis.call('HDEL', key, unpack(own)) end
     for i = 1, #all, 2 do
       local day = string.match(all[i], '^(day)%.p$') or string.match(all[i], '^(day~[%w_%-]+)%.p$')
       if day then

@@ -14,11 +14,22 @@
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3..6]  penalty: until, started, level, last length (until 0: none);
 --             written if it ends later than the stored one
--- ARGV[7]  number of counts C, then per count four values:
---            kind ("day" | "month"), field, period id, calls to add
---          a count for the current period is added to its calls, one for
---          the next period to its reservations; one for a period already
---          over is dropped
+-- ARGV[7]  this instance's id ("" = none): its own count of each quota's
+--          current period is in <field>.m.<id> (period <field>.mp.<id>), as
+--          acquire.lua keeps it
+-- ARGV[8]  number of counts C, then per count five values:
+--            kind ("day" | "month"), field, period id, calls, mode
+--          mode "a" (add): a count for the current period is added to its
+--          calls (and to this instance's own count), one for the next period
+--          to its reservations; one for a period already over is dropped.
+--          mode "t" (top-up, after Redis lost data or a failover to a
+--          replica that missed the last writes): `calls` is everything this
+--          instance admitted in the current period; only what Redis does not
+--          already count as this instance's (calls - its own count) is
+--          added, and its own count becomes `calls`: sent twice, or by every
+--          instance at once, nothing is counted twice, and nothing this
+--          instance admitted is missing after it. A top-up for the next
+--          period adds (reservations are not counted per instance).
 --
 -- Returns now, or -1 if the epoch differs. Hash fields as in acquire.lua.
 
@@ -31,15 +42,32 @@ local off = tonumber(ARGV[2])
 local pu_new, ps_new, pl_new, pn_new = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep = now
 
-local a = 8
-for _ = 1, tonumber(ARGV[7]) do
-  local kind, f, id, add = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  a = a + 4
+local inst = ARGV[7]
+local a = 9
+for _ = 1, tonumber(ARGV[8]) do
+  local kind, f, id, add, mode = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
+  a = a + 5
   local current, nxt = period(kind, now, off)
   if id == current or id == current + 1 then
-    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q')
+    local mf, pf = f .. '.m.' .. inst, f .. '.mp.' .. inst
+    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q', mf, pf)
     local used, next = counts(tonumber(v[1]) or -1e18, tonumber(v[2]) or 0, tonumber(v[3]) or 0, current)
-    if id == current then used = used + add else next = next + add end
+    local mine = 0
+    if tonumber(v[5]) == current then mine = tonumber(v[4]) or 0 end
+    if id == current then
+      if mode == 't' then
+        if add > mine then
+          used = used + add - mine
+          mine = add
+        end
+      else
+        used = used + add
+        mine = mine + add
+      end
+      if inst ~= '' then redis.call('HSET', key, mf, fmt(mine), pf, fmt(current)) end
+    else
+      next = next + add
+    end
     redis.call('HSET', key, f .. '.p', fmt(current), f .. '.n', fmt(used), f .. '.q', fmt(next))
     local k = nxt
     if next > 0 then

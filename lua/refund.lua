@@ -12,7 +12,9 @@
 --          acquire.lua takes them: kind, field, a, b
 --            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
 --            kind "day" | "month"  calendar quota: a = count, b = 0
--- then     the call's cost n (each of its n units given back as below)
+-- then     the call's cost n (each of its n units given back as below),
+--          then this instance's id ("" = none): its own count of a calendar
+--          quota (<field>.m.<id>, lua/acquire.lua) goes down with the count
 --
 -- Returns 1 if anything was given back, 0 if not.
 --
@@ -33,6 +35,7 @@ local at = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local last = 5 + 4 * tonumber(ARGV[5])
 local cost = tonumber(ARGV[last + 1]) or 1
+local inst = ARGV[last + 2] or ''
 
 -- Calls counted in period `current` and reserved for the one after it, from
 -- what was written in period p (as acquire.lua's counts).
@@ -67,6 +70,16 @@ for i = 6, last, 4 do
         used = used - cost
         if used < 0 then used = 0 end
         changed = true
+        if inst ~= '' then
+          local m = redis.call('HMGET', key, f .. '.m.' .. inst, f .. '.mp.' .. inst)
+          local mine = tonumber(m[1] or '')
+          if mine and tonumber(m[2] or '') == current then
+            mine = mine - cost
+            if mine < 0 then mine = 0 end
+            writes[#writes + 1] = f .. '.m.' .. inst
+            writes[#writes + 1] = fmt(mine)
+          end
+        end
       elseif of_call == current + 1 and next > 0 then
         next = next - cost
         if next < 0 then next = 0 end

@@ -80,7 +80,7 @@ async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_tw
 async fn with_wait_replicas_each_counted_call_is_on_the_replica_before_it_is_forwarded() {
     let set = RedisSentinelSet::start();
     let mock = MockWeChat::start().await;
-    let store = sentinel_store(&set, "timeout = \"300ms\"\nwait_replicas = 1");
+    let store = sentinel_store(&set, "timeout = \"2s\"\nwait_replicas = 1");
     let config = ConfigToml::new(&mock.url())
         .with(store)
         .with(rule("tpl").matching("/cgi-bin/message/template/send").limit(20, "day"));
@@ -99,4 +99,51 @@ async fn with_wait_replicas_each_counted_call_is_on_the_replica_before_it_is_for
     assert_eq!(frozen.status, 200, "the decision stands when WAIT times out: {}", frozen.text());
     assert!(took >= Duration::from_millis(150), "WAIT waited for the frozen replica: {took:?}");
     assert_eq!(mock.count(), 6);
+}
+
+/// The replica misses the last writes (replication is asynchronous): the
+/// master is killed while the replica is 3 counted calls behind. The
+/// sentinels promote the replica with those calls missing; wxgate sees
+/// another server process there (the epoch follows Redis's run_id), tops up
+/// what it admitted that the new master does not count, and WeChat still
+/// sees the day quota of 20 exactly, never 23.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_missed_the_last_writes_grants_no_day_quota_twice() {
+    let mut set = RedisSentinelSet::start_lagging();
+    let mock = MockWeChat::start().await;
+    let store =
+        sentinel_store(&set, "timeout = \"100ms\"\nbreaker_failures = 2\nbreaker_open = \"200ms\"\ninstances = 1");
+    let config = ConfigToml::new(&mock.url())
+        .with(store)
+        .with(rule("tpl").matching("/cgi-bin/message/template/send").limit(20, "day"));
+    let gate = Gate::start_real_text(config).await;
+    let count = "HGET wxgate:{default}:tpl day.n";
+    for i in 0..10 {
+        assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
+    }
+    let replicated = Instant::now();
+    while !set.replica.command(count).contains("\r\n10\r\n") {
+        assert!(replicated.elapsed() < Duration::from_secs(10), "the replica never got the first 10 calls");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let link = set.link.as_ref().expect("a lagging set has a link");
+    link.hold();
+    for i in 10..13 {
+        assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
+    }
+    assert!(set.master.command(count).contains("\r\n13\r\n"), "master: {}", set.master.command(count));
+    assert!(link.held_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0, "the master's stream was held");
+    assert!(set.replica.command(count).contains("\r\n10\r\n"), "replica behind: {}", set.replica.command(count));
+    set.kill_master_and_wait_promotion(Duration::from_secs(10));
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(gate.get(SEND).await.status.as_u16());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(mock.count(), 20, "WeChat saw the day quota exactly, not the 3 lost calls again: {statuses:?}");
+    let on_new = set.replica.command(count);
+    assert!(on_new.contains("\r\n20\r\n"), "the new master counts every call WeChat got: {on_new:?}");
+    assert_eq!(gate.metric("wxgate_store_lost_total").await, Some(1.0), "one top-up round");
+    let after = gate.get(SEND).await;
+    assert_eq!((after.status.as_u16(), after.header("x-wxgate-reason")), (429, Some("quota")));
 }

@@ -59,6 +59,10 @@ struct Entry {
     penalty: PenaltyState,
     /// The penalty must be written to Redis (it came back empty).
     penalty_unsynced: bool,
+    /// Redis may have lost some of this pair's counts (it came back empty,
+    /// or a replica that missed the last writes took over): every count of
+    /// the current periods is to be topped up ([`Pending::top_up`]).
+    top_up: bool,
     /// When this instance last admitted a call of the pair.
     used_at: Micros,
 }
@@ -81,7 +85,7 @@ impl Entry {
     }
 
     fn pending(&self) -> bool {
-        self.penalty_unsynced || self.tallies.iter().any(|t| t.unsynced > 0)
+        self.penalty_unsynced || self.top_up || self.tallies.iter().any(|t| t.unsynced > 0)
     }
 }
 
@@ -102,6 +106,10 @@ pub struct Pending {
     pub rule: Arc<str>,
     pub offset_us: Micros,
     pub adds: Vec<(Period, i64, u64)>,
+    /// `adds` are everything this instance admitted in those periods, to be
+    /// topped up (lua/reconcile.lua: only what Redis does not count as this
+    /// instance's is added), not added.
+    pub top_up: bool,
     pub penalty: Option<PenaltyState>,
 }
 
@@ -164,6 +172,7 @@ impl Ledger {
                     tallies: Vec::new(),
                     penalty: PenaltyState::default(),
                     penalty_unsynced: false,
+                    top_up: false,
                     used_at: 0,
                 });
                 entries.len() - 1
@@ -377,7 +386,10 @@ impl Ledger {
             return;
         };
         let was = e.pending();
-        {
+        if pending.top_up {
+            // The top-up covers what was unsynced too: it is sent again whole.
+            e.top_up = true;
+        } else {
             for (period, id, n) in &pending.adds {
                 if let Some(t) = e.tally(*period, *id) {
                     t.unsynced += n;
@@ -392,19 +404,20 @@ impl Ledger {
         }
     }
 
-    /// Redis lost its data: everything this instance admitted in the current
-    /// periods, and every penalty it knows that still matters, is to be
-    /// written again. Returns how many (account, rule) pairs that is.
+    /// Redis lost its data, or some of it (a failover to a replica that
+    /// missed the last writes): everything this instance admitted in the
+    /// current periods is to be topped up, and every penalty it knows that
+    /// still matters written again. Returns how many (account, rule) pairs
+    /// that is.
     pub fn lost(&self, now: Micros) -> usize {
         let mut n = 0;
         for shard in &self.shards {
             let mut shard = lock(shard);
             for entry in shard.values_mut().flatten() {
                 let was = entry.pending();
-                for t in &mut entry.tallies {
-                    if t.period_id >= t.period.id(now, entry.offset_us) {
-                        t.unsynced = t.mine;
-                    }
+                let offset = entry.offset_us;
+                if entry.tallies.iter().any(|t| t.mine > 0 && t.period_id >= t.period.id(now, offset)) {
+                    entry.top_up = true;
                 }
                 entry.penalty_unsynced = entry.penalty.until > now || entry.penalty.is_recent(now);
                 if !was && entry.pending() {
@@ -439,12 +452,16 @@ fn take_entry(account: &str, entry: &mut Entry) -> Option<Pending> {
         return None;
     }
     let rule = entry.state.clone();
+    let top_up = std::mem::take(&mut entry.top_up);
     let adds = entry
         .tallies
         .iter_mut()
-        .filter(|t| t.unsynced > 0)
-        .map(|t| (t.period, t.period_id, std::mem::take(&mut t.unsynced)))
+        .filter(|t| if top_up { t.mine > 0 } else { t.unsynced > 0 })
+        .map(|t| {
+            let unsynced = std::mem::take(&mut t.unsynced);
+            (t.period, t.period_id, if top_up { t.mine } else { unsynced })
+        })
         .collect();
     let penalty = std::mem::take(&mut entry.penalty_unsynced).then_some(entry.penalty);
-    Some(Pending { account: account.to_owned(), rule, offset_us: entry.offset_us, adds, penalty })
+    Some(Pending { account: account.to_owned(), rule, offset_us: entry.offset_us, adds, top_up, penalty })
 }

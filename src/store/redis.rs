@@ -43,7 +43,7 @@ use super::op::{Command, Operation, PairOp, PairReply, Runs};
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Status, Store, StoreError, TokenStore};
 use crate::config::RedisConfig;
-use crate::limit::clock::{deadline_after, Clock, Micros};
+use crate::limit::clock::{deadline_after, Clock, Micros, Stopwatch};
 use crate::limit::{Ask, Decision, Key};
 
 /// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).
@@ -81,7 +81,7 @@ pub struct RedisStore {
     wait_replicas: u32,
     /// WAITs that found too few replicas in time, and when that was last logged.
     short_waits: std::sync::atomic::AtomicU64,
-    short_logged: std::sync::Mutex<Option<std::time::Instant>>,
+    short_logged: std::sync::Mutex<Option<Stopwatch>>,
 }
 
 impl RedisStore {
@@ -344,7 +344,7 @@ impl RedisStore {
         let script: &Script = &protocol::ACQUIRE;
         let epoch = self.epoch.load();
         let check = epoch.as_deref().map(|e| (self.epoch_key.as_str(), e.as_str()));
-        let cmd = protocol::acquire_command(script, calls, &self.now_arg(), check);
+        let cmd = protocol::acquire_command(script, calls, &self.now_arg(), check, self.keys.inst());
         let mut conn = self.conns.conn(lane);
         let reply = tokio::time::timeout_at(deadline, async {
             match cmd.query_async::<String>(&mut conn).await {
@@ -372,7 +372,7 @@ impl RedisStore {
     /// decision stands if fewer answer in time: that is counted and logged
     /// (at most every 10 s), and the calls go on.
     async fn wait_for_replicas(&self, conn: &mut conn::Conn, deadline: tokio::time::Instant) {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let left = deadline.saturating_duration_since(deadline_after(Duration::ZERO));
         let ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.wait_replicas).arg(ms);
@@ -385,8 +385,8 @@ impl RedisStore {
         if short {
             let total = self.short_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             let mut last = self.short_logged.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_none_or(|t: std::time::Instant| t.elapsed() >= std::time::Duration::from_secs(10)) {
-                *last = Some(std::time::Instant::now());
+            if last.as_ref().is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                *last = Some(Stopwatch::start());
                 tracing::warn!(
                     wait_replicas = self.wait_replicas,
                     short_so_far = total,
@@ -418,6 +418,9 @@ impl RedisStore {
     /// has none (an empty Redis).
     pub async fn epoch_now(&self, candidate: &str) -> Result<Epoch, StoreError> {
         let mut inv = protocol::EPOCH.key(&self.epoch_key);
+        if !self.cluster {
+            inv.key(self.keys.epoch_run());
+        }
         inv.arg(self.now_arg()).arg(candidate);
         let (value, created, now): EpochReply = self.run(inv).await?;
         Ok(Epoch { value, created, now })
@@ -426,6 +429,19 @@ impl RedisStore {
     /// The epoch Redis holds now, if any (a plain GET).
     pub async fn epoch_value(&self) -> Result<Option<String>, StoreError> {
         self.query(redis::cmd("GET").arg(&self.epoch_key).clone()).await
+    }
+
+    /// The `run_id` of the Redis server process that answers (`INFO
+    /// server`): another one than before means a restart or a failover, and
+    /// lua/epoch.lua then rotates the epoch. `None` in a Cluster (each node
+    /// has its own), or if the server does not tell (an ACL without INFO,
+    /// some managed proxies).
+    pub async fn run_id(&self) -> Result<Option<String>, StoreError> {
+        if self.cluster {
+            return Ok(None);
+        }
+        let info: String = self.query(redis::cmd("INFO").arg("server").clone()).await?;
+        Ok(info.lines().find_map(|l| l.strip_prefix("run_id:")).map(|id| id.trim().to_owned()))
     }
 
     /// Reads the deployment's access-token key (`<prefix>:#tokenkey`),
@@ -452,6 +468,16 @@ impl RedisStore {
         self.token_key.load().is_some()
     }
 
+    /// `[store] timeout`: how long one command may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How many times the sentinels named another master ([`Connections::master_generation`]).
+    pub fn master_generation(&self) -> u64 {
+        self.conns.master_generation()
+    }
+
     /// Decide under `epoch` from now on: a decision that finds another one
     /// in Redis fails with [`StoreError::Lost`]. Ignored in a cluster.
     pub fn decide_under(&self, epoch: &str) {
@@ -465,7 +491,7 @@ impl RedisStore {
     pub async fn reconcile(&self, pending: &Pending) -> Result<Micros, StoreError> {
         let mut inv = protocol::RECONCILE.key(self.keys.state_named(&pending.account, &pending.rule));
         inv.arg(self.now_arg());
-        protocol::reconcile_args(&mut inv, pending);
+        protocol::reconcile_args(&mut inv, pending, self.keys.inst());
         let epoch = self.epoch.load();
         if let Some(e) = epoch.as_deref() {
             inv.key(&self.epoch_key).arg(e.as_str());

@@ -41,7 +41,7 @@
 pub mod breaker;
 pub mod refusals;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -104,6 +104,17 @@ pub struct Resilient {
     adopted: Mutex<Option<String>>,
     /// One re-seed at a time.
     reseeding: tokio::sync::Mutex<()>,
+    /// The Sentinel master generation the epoch was last read under
+    /// ([`RedisStore::master_generation`]): another one (a failover) has the
+    /// epoch read again before the next decision.
+    epoch_generation: AtomicU64,
+    /// Decisions on Redis whose answer this instance has not noted yet
+    /// ([`Resilient::decide_noted`]): a top-up waits for them.
+    in_flight: AtomicUsize,
+    /// The Redis server process ([`RedisStore::run_id`]) the epoch was
+    /// last read on: another one has it read again by epoch.lua (which
+    /// rotates it).
+    adopted_run: Mutex<Option<String>>,
     /// Deciding by the fallback since then, for this long, although Redis
     /// answers: the other instances are adding what they admitted.
     grace: Mutex<Option<(Stopwatch, Duration)>>,
@@ -135,6 +146,9 @@ impl Resilient {
             ledger: Ledger::default(),
             adopted: Mutex::new(None),
             reseeding: tokio::sync::Mutex::new(()),
+            epoch_generation: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            adopted_run: Mutex::new(None),
             grace: Mutex::new(None),
             in_grace: AtomicBool::new(false),
             bad_key_said: Mutex::new(None),
@@ -220,16 +234,27 @@ impl Resilient {
         }
     }
 
-    /// Reads the epoch; if it is not `known` (Redis lost its data since, or
-    /// this instance never read it), re-seeds what this instance knows and
-    /// decides under the new one. `known` None at start.
+    /// Reads the epoch (lua/epoch.lua: a new one when Redis lost its data
+    /// or is another server process than when it was last read, e.g. a
+    /// promoted replica); if it is not `known` (or this instance never read
+    /// it), tops up what this instance knows and decides under the new one.
+    /// `known` None at start.
     async fn check_epoch(&self, known: Option<&str>) -> Result<(), StoreError> {
-        if known.is_some() && self.try_redis(|| self.redis.epoch_value()).await?.as_deref() == known {
-            return Ok(());
+        let generation = self.redis.master_generation();
+        // Outside the breaker: a server that will not tell is no failure.
+        let run = if self.breaker.is_open() { None } else { self.redis.run_id().await.ok().flatten() };
+        if let Some(known) = known {
+            let same_server = run.is_none() || *lock(&self.adopted_run) == run;
+            if same_server && self.try_redis(|| self.redis.epoch_value()).await?.as_deref() == Some(known) {
+                self.epoch_generation.store(generation, Ordering::Release);
+                return Ok(());
+            }
         }
         let candidate = candidate_epoch();
         let epoch = self.try_redis(|| self.redis.epoch_now(&candidate)).await?;
         if known == Some(epoch.value.as_str()) {
+            self.epoch_generation.store(generation, Ordering::Release);
+            *lock(&self.adopted_run) = run;
             return Ok(());
         }
         let _one = self.reseeding.lock().await;
@@ -238,18 +263,28 @@ impl Resilient {
             return Ok(()); // another task re-seeded meanwhile
         }
         if adopted.is_some() {
+            // Decisions made before the epoch moved count in Redis as this
+            // instance's: the top-up must see them in the ledger too, or it
+            // would add less than is missing. Those made after it answer
+            // "epoch changed" and wait on `reseeding`.
+            self.wait_noted().await;
             let pairs = self.ledger.lost(epoch.now);
             self.counters.lost.inc();
             tracing::error!(
                 pairs,
-                "Redis lost wxgate's state (restart without persistence, failover to an empty replica, \
-                 FLUSHALL?): re-seeding this instance's counts and penalties"
+                "Redis lost wxgate's state, or some of it (restart without persistence, a failover to a replica \
+                 that missed the last writes, FLUSHALL?): topping up this instance's counts and penalties"
             );
             // The other instances re-seed within the grace of the epoch's
-            // creation; decide by the fallback until then.
+            // creation; decide by the fallback until then. Not when Redis
+            // kept its data (a new server process over it: a restart with
+            // persistence, a promoted replica): what it may lack is only
+            // what did not replicate, which each instance tops up before its
+            // next decision there, while fallback decisions mixed with the
+            // others' shared ones would over-admit.
             let grace = self.grace_length().as_micros() as Micros;
             let left = epoch.created + grace - epoch.now;
-            if left > 0 {
+            if left > 0 && !epoch.value.ends_with(":run") {
                 self.start_grace(Duration::from_micros(left.min(grace) as u64));
             }
             self.write_pending().await;
@@ -259,7 +294,35 @@ impl Resilient {
         }
         self.redis.decide_under(&epoch.value);
         *lock(&self.adopted) = Some(epoch.value);
+        self.epoch_generation.store(generation, Ordering::Release);
+        *lock(&self.adopted_run) = run;
         Ok(())
+    }
+
+    /// Waits (at most the store's timeout and a tick) until every decision
+    /// on Redis in flight has been noted in the ledger.
+    async fn wait_noted(&self) {
+        let limit = Stopwatch::start();
+        let most = self.redis.timeout() + TICK;
+        while self.in_flight.load(Ordering::Acquire) > 0 && limit.elapsed() < most {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Decides on Redis and notes what the decision tells
+    /// ([`Resilient::learn`]), counted in flight meanwhile.
+    async fn decide_noted(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
+        struct InFlight<'a>(&'a AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _noting = InFlight(&self.in_flight);
+        let decision = self.decide_shared(ask).await?;
+        self.learn(ask.key, &decision, ask.cost);
+        Ok(decision)
     }
 
     /// How long the others may take to find Redis again: a probe period
@@ -522,18 +585,26 @@ impl Store for Resilient {
             let decision = Decision::reject(wait_us, reason);
             return Ok(Decided { decision, degraded: false });
         }
-        let mut result = if self.in_grace() { Err(StoreError::Settling) } else { self.decide_shared(ask).await };
+        // The sentinels named another master: read the epoch there first
+        // (a promoted replica rotates it, and this instance tops up).
+        let moved = self.redis.master_generation() != self.epoch_generation.load(Ordering::Acquire);
+        let mut result = if moved {
+            Err(StoreError::Lost)
+        } else if self.in_grace() {
+            Err(StoreError::Settling)
+        } else {
+            self.decide_noted(ask).await
+        };
         if let Err(StoreError::Lost) = result {
             let adopted = lock(&self.adopted).clone();
             result = match Box::pin(self.check_epoch(adopted.as_deref())).await {
                 Ok(()) if self.in_grace() => Err(StoreError::Settling),
-                Ok(()) => self.decide_shared(ask).await,
+                Ok(()) => self.decide_noted(ask).await,
                 Err(e) => Err(e),
             };
         }
         let e = match result {
             Ok(decision) => {
-                self.learn(ask.key, &decision, ask.cost);
                 match decision {
                     Decision::Reject { wait_us, reason, .. } if cache => {
                         self.refusals().put(account, rule, ask.normal, ask.share, wait_us, reason, now)

@@ -374,8 +374,77 @@ impl RedisCluster {
 pub struct RedisSentinelSet {
     pub master: RedisServer,
     pub replica: RedisServer,
+    /// [`RedisSentinelSet::start_lagging`]: the replica's link to the master.
+    pub link: Option<LaggingLink>,
     sentinels: Vec<(u16, Child)>,
     dir: std::path::PathBuf,
+}
+
+/// A TCP relay between a replica and its master that can hold back what
+/// the master sends ([`LaggingLink::hold`]) while the link stays up: the
+/// replica falls behind, as over a slow link, and what was held is never
+/// delivered if the master dies (the relay then closes the replica's side).
+/// Bytes from the replica to the master (its acks) always pass.
+pub struct LaggingLink {
+    pub port: u16,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Bytes of the master's stream held back so far.
+    pub held_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LaggingLink {
+    /// Relays every connection made to it to `127.0.0.1:<to>`.
+    pub fn start(to: u16) -> LaggingLink {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let port = listener.local_addr().expect("relay addr").port();
+        let held = Arc::new(AtomicBool::new(false));
+        let held_bytes = Arc::new(AtomicUsize::new(0));
+        let (h, hb) = (held.clone(), held_bytes.clone());
+        std::thread::spawn(move || {
+            for down in listener.incoming() {
+                let Ok(down) = down else { return };
+                let Ok(up) = TcpStream::connect(("127.0.0.1", to)) else { continue };
+                let (mut down_r, mut up_w) = (down.try_clone().expect("clone"), up.try_clone().expect("clone"));
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n @ 1..) = down_r.read(&mut buf) {
+                        if up_w.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = up_w.shutdown(std::net::Shutdown::Both);
+                });
+                let (h, hb) = (h.clone(), hb.clone());
+                let (mut up_r, mut down_w) = (up, down);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    // What the master sent and the replica has not been given.
+                    let mut kept = Vec::new();
+                    while let Ok(n @ 1..) = up_r.read(&mut buf) {
+                        if h.load(Ordering::Acquire) {
+                            kept.extend_from_slice(&buf[..n]);
+                            hb.fetch_add(n, Ordering::Relaxed);
+                            continue;
+                        }
+                        if down_w.write_all(&kept).is_err() || down_w.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        kept.clear();
+                    }
+                    // The master is gone: what was held is lost with it.
+                    let _ = down_w.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        LaggingLink { port, held, held_bytes }
+    }
+
+    /// From now on, what the master sends is held back.
+    pub fn hold(&self) {
+        self.held.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// The name the sentinels monitor the master as.
@@ -383,10 +452,23 @@ pub const SENTINEL_MASTER: &str = "wxm";
 
 impl RedisSentinelSet {
     pub fn start() -> RedisSentinelSet {
+        Self::start_linked(false)
+    }
+
+    /// A set whose replica reaches the master through a [`LaggingLink`]
+    /// (`link`); the sentinels' failover timeout is long enough that they
+    /// do not point the replica straight at the master during a test.
+    pub fn start_lagging() -> RedisSentinelSet {
+        Self::start_linked(true)
+    }
+
+    fn start_linked(lagging: bool) -> RedisSentinelSet {
         let fast_sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"];
         let master = RedisServer::start_with(&fast_sync);
+        let link = lagging.then(|| LaggingLink::start(master.port));
+        let upstream = link.as_ref().map_or(master.port, |l| l.port);
         let mut replica_args: Vec<String> = fast_sync.iter().map(|s| s.to_string()).collect();
-        replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master.port.to_string()]);
+        replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), upstream.to_string()]);
         let replica = RedisServer::start_with(&replica_args.iter().map(String::as_str).collect::<Vec<_>>());
         let dir = std::env::temp_dir().join(format!("wxgate-sentinel-{}-{}", std::process::id(), master.port));
         let _ = std::fs::remove_dir_all(&dir);
@@ -399,11 +481,12 @@ impl RedisSentinelSet {
                 "port {port}\nbind 127.0.0.1\ndir {}\nsentinel myid {}\n\
                  sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
                  sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
-                 sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} {}\n\
                  sentinel known-replica {SENTINEL_MASTER} 127.0.0.1 {}\n",
                 dir.display(),
                 id(i),
                 master.port,
+                if lagging { 60_000 } else { 5_000 },
                 replica.port
             );
             for (j, other) in ports.iter().enumerate().filter(|(j, _)| *j != i) {
@@ -421,7 +504,7 @@ impl RedisSentinelSet {
                 .unwrap_or_else(|e| panic!("cannot run {bin} --sentinel: {e}"));
             sentinels.push((*port, child));
         }
-        let set = RedisSentinelSet { master, replica, sentinels, dir };
+        let set = RedisSentinelSet { master, replica, link, sentinels, dir };
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(15) {
             let ready = set.sentinels.iter().all(|(port, _)| {

@@ -49,6 +49,7 @@ impl Operation for Refund {
         let mut inv = SCRIPT.key(keys.state(key.account, key.rule));
         inv.arg(now);
         refund_args(&mut inv, key.rule, key.offset_us, self.at, self.cost);
+        inv.arg(keys.inst());
         Command::Script(inv)
     }
 

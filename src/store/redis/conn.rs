@@ -384,6 +384,15 @@ impl Connections {
         self.own.len()
     }
 
+    /// How many times the sentinels named another master since the start
+    /// (0 without Sentinel).
+    pub fn master_generation(&self) -> u64 {
+        match &self.opener {
+            Opener::Sentinel(s, _) => s.generation.load(Ordering::Acquire),
+            _ => 0,
+        }
+    }
+
     /// Where messages say Redis is.
     pub fn at(&self) -> &str {
         &self.at

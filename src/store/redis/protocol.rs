@@ -65,14 +65,32 @@ scripts! {
     TOKEN_DROP = "token_drop.lua",
 }
 
-/// Key names under one prefix.
+/// Key names under one prefix, and this store's instance id.
 pub struct Keys {
     prefix: String,
+    /// This process's id among the instances sharing Redis (random at
+    /// start, 16 hex digits): names its own count of each calendar quota in
+    /// the state hashes (`<field>.m.<inst>`, lua/acquire.lua), which a
+    /// top-up after a failover reads (lua/reconcile.lua).
+    inst: String,
 }
 
 impl Keys {
     pub fn new(prefix: &str) -> Keys {
-        Keys { prefix: prefix.to_owned() }
+        use std::hash::BuildHasher;
+        let inst = format!("{:016x}", std::hash::RandomState::new().hash_one((std::process::id(), prefix)));
+        Keys { prefix: prefix.to_owned(), inst }
+    }
+
+    /// This store's instance id ([`Keys::inst`]).
+    pub fn inst(&self) -> &str {
+        &self.inst
+    }
+
+    /// `<prefix>:#epoch-run`: the run_id of the Redis server process the
+    /// epoch was last read on (lua/epoch.lua: another one rotates it).
+    pub fn epoch_run(&self) -> String {
+        format!("{}:#epoch-run", self.prefix)
     }
 
     /// `<prefix>:{<account>}:<tail>`, built without the formatting machinery
@@ -261,7 +279,13 @@ fn share_args(limit: &Limit) -> (i64, i64) {
 /// The EVALSHA of one acquire.lua run deciding `calls` (one account's, same
 /// offset), at `now` ("" = Redis `TIME`); checking first that the epoch
 /// key holds `epoch`, if given (key, value).
-pub fn acquire_command(script: &Script, calls: &[Call], now: &str, epoch: Option<(&str, &str)>) -> redis::Cmd {
+pub fn acquire_command(
+    script: &Script,
+    calls: &[Call],
+    now: &str,
+    epoch: Option<(&str, &str)>,
+    inst: &str,
+) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(calls.iter().map(Call::key_count).sum::<usize>() + usize::from(epoch.is_some()));
     for call in calls {
@@ -272,7 +296,7 @@ pub fn acquire_command(script: &Script, calls: &[Call], now: &str, epoch: Option
     if let Some((key, _)) = epoch {
         cmd.arg(key);
     }
-    cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us)).arg(epoch.map_or("", |(_, value)| value));
+    cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us)).arg(epoch.map_or("", |(_, value)| value)).arg(inst);
     for call in calls {
         call.write_args(&mut cmd);
     }
@@ -367,12 +391,16 @@ pub fn parse_claim((kind, bytes, until, now): TokenClaimReply) -> Result<crate::
     })
 }
 
-/// The arguments of reconcile.lua after now: offset, penalty, counts.
-pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::store::ledger::Pending) {
+/// The arguments of reconcile.lua after now: offset, penalty, this
+/// instance's id, counts (added, or topped up:
+/// [`crate::store::ledger::Pending::top_up`]).
+pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::store::ledger::Pending, inst: &str) {
     let p = pending.penalty.unwrap_or_default();
-    inv.arg(pending.offset_us).arg(p.until).arg(p.started).arg(p.level).arg(p.last_len).arg(pending.adds.len());
+    inv.arg(pending.offset_us).arg(p.until).arg(p.started).arg(p.level).arg(p.last_len);
+    inv.arg(inst).arg(pending.adds.len());
+    let mode = if pending.top_up { "t" } else { "a" };
     for (period, id, n) in &pending.adds {
-        inv.arg(period.as_str()).arg(period.as_str()).arg(*id).arg(*n);
+        inv.arg(period.as_str()).arg(period.as_str()).arg(*id).arg(*n).arg(mode);
     }
 }
 
