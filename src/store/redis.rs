@@ -87,17 +87,18 @@ pub struct RedisStore {
 impl RedisStore {
     async fn open(cfg: &RedisConfig, lazy: bool) -> Result<RedisStore, StoreError> {
         let conns = Connections::open(cfg, lazy).await?;
+        let keys = Keys::new(&cfg.key_prefix);
         let store = RedisStore {
             conns,
             shared_batcher: Batcher::default(),
             batchers: Box::new([]),
             batch: cfg.batch,
-            keys: Keys::new(&cfg.key_prefix),
+            epoch_key: keys.epoch(),
+            keys,
             probe: Script::new(include_str!("../../lua/probe.lua")),
             probe_key: format!("{}:probe", cfg.key_prefix),
             timeout: cfg.timeout,
             epoch: ArcSwapOption::empty(),
-            epoch_key: Keys::new(&cfg.key_prefix).epoch(),
             token_key: ArcSwapOption::empty(),
             cluster: !cfg.nodes.is_empty(),
             fixed_clock: None,
@@ -376,8 +377,7 @@ impl RedisStore {
         let ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.wait_replicas).arg(ms);
-        let acked =
-            tokio::time::timeout(left + std::time::Duration::from_millis(50), cmd.query_async::<i64>(conn)).await;
+        let acked = tokio::time::timeout(left + Duration::from_millis(50), cmd.query_async::<i64>(conn)).await;
         let short = match acked {
             Ok(Ok(n)) => n < i64::from(self.wait_replicas),
             _ => true,
@@ -394,12 +394,6 @@ impl RedisStore {
                 );
             }
         }
-    }
-
-    /// How many `WAIT`s ([`RedisStore::wait_for_replicas`]) found fewer
-    /// replicas than `wait_replicas` in time.
-    pub fn short_waits(&self) -> u64 {
-        self.short_waits.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
