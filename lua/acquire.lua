@@ -1,12 +1,13 @@
--- acquire.lua: decide calls of one account, atomically and in order.
+-- acquire.lua: decide a batch of calls, atomically and in order.
 -- Computes what src/limit/decide.rs (decide) computes, in the same numbered
 -- steps and with the same integer arithmetic; only its shape differs (a
 -- batch of calls per run, each state hash read and written once). The
 -- conformance tests run one scenario table against both and compare whole
 -- decisions. Change them together. Calendar helpers: lua/prelude.lua.
 --
--- One run decides a batch of calls (1 to 64, all of one account: its keys
--- share a Redis Cluster slot), each exactly as if it had run alone, one after
+-- One run decides a batch of calls (1 to 64; of any accounts on one server,
+-- of one account in a Redis Cluster, whose keys must share a slot; each call
+-- names its own keys), each exactly as if it had run alone, one after
 -- the other, at the same store time: wxgate sends the calls that arrive
 -- while a batch is in flight as the next batch, so a busy instance runs one
 -- script per round trip instead of one per call.

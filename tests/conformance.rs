@@ -1383,6 +1383,70 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     assert!(count.contains("\r\n3\r\n"), "one write per run carries every admission: {count}");
 }
 
+/// On one Redis server a run takes the queued calls of any accounts (a
+/// platform's calls are each another account's): 12 calls of 4 accounts,
+/// interleaved, go in 2 script runs, and each account's answers are exactly
+/// those of deciding its calls one by one.
+#[tokio::test]
+async fn calls_of_many_accounts_are_decided_in_one_batch_on_one_server() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 2 }, { count = 7, per = "day" }]"#, "");
+    let accounts = ["wxA", "wxB", "wxC", "wxD"];
+    let ask_of = |account| Ask {
+        key: Key { account, rule: &rule, offset_us: BEIJING },
+        max_wait_us: 0,
+        holder: "h",
+        lease_us: SEC,
+        normal: false,
+        share: None,
+        cost: 1,
+        recipients: &[],
+    };
+    let memory = MemoryStore::new(Arc::new(clock.clone()));
+    let mut one_by_one = Vec::new();
+    for i in 0..12 {
+        one_by_one.push(memory.acquire(&ask_of(accounts[i % 4])).await.expect("decided").decision);
+    }
+
+    let store = redis_store(&redis.store_config("many"), &clock).await;
+    let store: Arc<dyn Store> = resilient(store, &clock);
+    assert!(redis.command("CONFIG RESETSTAT").starts_with("+OK"));
+    // Single-threaded test runtime: the first call runs alone, the eleven
+    // others (of all four accounts) queue behind it and go in one run.
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let (store, rule) = (store.clone(), rule.clone());
+            tokio::spawn(async move {
+                let ask = Ask {
+                    key: Key { account: accounts[i % 4], rule: &rule, offset_us: BEIJING },
+                    max_wait_us: 0,
+                    holder: "h",
+                    lease_us: SEC,
+                    normal: false,
+                    share: None,
+                    cost: 1,
+                    recipients: &[],
+                };
+                store.acquire(&ask).await.expect("decided").decision
+            })
+        })
+        .collect();
+    let mut batched = Vec::new();
+    for t in tasks {
+        batched.push(t.await.expect("task"));
+    }
+    assert_eq!(batched, one_by_one);
+    let admitted = batched.iter().filter(|d| matches!(d, Decision::Admit { .. })).count();
+    assert_eq!(admitted, 8, "each account's burst of 2, then the rate refuses: {batched:?}");
+    let stats = redis.command("INFO commandstats");
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 calls of 4 accounts in 2 script runs: {stats}");
+    for account in accounts {
+        let count = redis.command(&format!("HGET many:{{{account}}}:r day.n"));
+        assert!(count.contains("\r\n2\r\n"), "{account}: its own key counts its own admissions: {count}");
+    }
+}
+
 /// A recipient's windows (`per_recipient`) live in a key of their own under
 /// the account's hash tag (so every key of a message sits in its account's
 /// Cluster slot), which expires with its longest window.

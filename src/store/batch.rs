@@ -1,4 +1,8 @@
-//! Coalescing concurrent decisions of one account into one script run.
+//! Coalescing concurrent decisions into one script run.
+//!
+//! Calls queue by a key: on one Redis server one key for the whole
+//! connection (a run decides any accounts' calls), in a Cluster the account
+//! (a run's keys must share a slot); "account" below is that key.
 //!
 //! The first call of an account with nothing in flight *leads*: it runs its
 //! decision at once, alone (so an idle instance adds no delay). Calls that

@@ -10,11 +10,12 @@
 //!
 //! - Each serving thread has its own connection ([`conn`]); a round trip
 //!   never crosses threads.
-//! - With `[store] batch` (the default), calls of one account that arrive
-//!   while a decision of it is in flight on a connection are decided
-//!   together in the next acquire.lua run ([`super::batch`]): a busy account
-//!   costs one round trip per run, not per call. An idle one decides alone,
-//!   at once.
+//! - With `[store] batch` (the default), calls that arrive while a decision
+//!   is in flight on a connection are decided together in the next
+//!   acquire.lua run ([`super::batch`]): a busy connection costs one round
+//!   trip per run, not per call, whatever accounts its calls are for (in a
+//!   Cluster, per account: a run's keys must share a slot). An idle one
+//!   decides alone, at once.
 //! - Each key carries a TTL covering the longest time any of its state
 //!   matters, so idle accounts and retired rules vanish by themselves.
 //! - A script Redis no longer knows (restart, failover, `SCRIPT FLUSH`) is
@@ -292,9 +293,11 @@ impl RedisStore {
         }
     }
 
-    /// Decides `ask` alone, or with the calls of its account queued on the
-    /// same lane (`[store] batch`): [`Store::acquire`], without boxing its
-    /// future (the wrapper calls it on every decision).
+    /// Decides `ask` alone, or with the calls queued on the same lane
+    /// (`[store] batch`): [`Store::acquire`], without boxing its future (the
+    /// wrapper calls it on every decision). On one server a run takes calls
+    /// of any accounts (each call names its own keys); in a Cluster only of
+    /// one account, whose keys share a slot.
     pub(super) async fn decide(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         let lane = self.conns.lane();
         let deadline = deadline_after(self.timeout);
@@ -306,7 +309,7 @@ impl RedisStore {
                 .unwrap_or_else(|| Err(StoreError::BadReply { script: "acquire.lua", reply: String::new() }));
         }
         let batcher = self.batcher(lane);
-        let account = ask.key.account;
+        let account = if self.cluster { ask.key.account } else { "" };
         loop {
             let mut leader = match batcher.join(account, call) {
                 Joined::Lead(leader) => leader,
@@ -334,7 +337,7 @@ impl RedisStore {
         }
     }
 
-    /// Runs acquire.lua once for `calls` (one account's, same offset) on
+    /// Runs acquire.lua once for `calls` (same offset; in a Cluster, one account's) on
     /// `lane`'s connection, giving up at `deadline` (the first call's budget).
     async fn run_acquire(
         &self,
