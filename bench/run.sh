@@ -116,12 +116,12 @@ COMPARE=" ${BENCH_COMPARE:-3 4 5 6 7 8 9} "; COMPARE=${COMPARE//,/ }
 TARGETS=" ${BENCH_TARGETS:-standard} "; TARGETS=${TARGETS//,/ }
 FLOOD_LIMIT=${BENCH_FLOOD_LIMIT:-1000}
 FLOOD_RATE=${BENCH_FLOOD_RATE:-500}
-want() { [[ $TARGETS == *" $1 "* ]]; } # want standard|flood: is it in BENCH_TARGETS?
+want() { [[ $TARGETS == *" $1 "* ]]; } # want standard|flood|peers|accounts: is it in BENCH_TARGETS?
 REQ_PATH='/cgi-bin/message/template/send?access_token=BENCH'
 BODY='{"errcode":0,"errmsg":"ok"}'
 
-[[ $TARGETS =~ ^(\ +(standard|flood))+\ +$ ]] ||
-  { echo "bench: BENCH_TARGETS must list standard and/or flood, got '${BENCH_TARGETS:-}'" >&2; exit 2; }
+[[ $TARGETS =~ ^(\ +(standard|flood|peers|accounts))+\ +$ ]] ||
+  { echo "bench: BENCH_TARGETS must list standard, flood, peers and/or accounts, got '${BENCH_TARGETS:-}'" >&2; exit 2; }
 [[ $PIN =~ ^[01]$ ]] || { echo "bench: BENCH_PIN must be 0 or 1, got '$PIN'" >&2; exit 2; }
 for v in DURATION WARMUP CONNS THREADS PORT_BASE ROUNDS FLOOD_LIMIT FLOOD_RATE PROXY_CPU; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
@@ -147,6 +147,11 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
+# peers/accounts: OpenResty's parts as Debian packages them (bench/peers.sh)
+if want peers || want accounts; then
+  [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing+=(libnginx-mod-http-lua)
+  [ -f /usr/share/lua/5.1/nginx/redis.lua ] || missing+=(lua-nginx-redis)
+fi
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]}"
@@ -331,6 +336,12 @@ http {
       types { }
       default_type application/json;
       return 200 '$BODY';
+    }
+    # A fresh 128-character token per call (BENCH_TARGETS=accounts, bench/peers.sh).
+    location = /cgi-bin/token {
+      types { }
+      default_type application/json;
+      return 200 '{"access_token":"\$request_id\$request_id\$request_id\$request_id","expires_in":7200}';
     }
   }
 }
@@ -518,6 +529,20 @@ fmt_us() { awk -v u="$1" 'BEGIN { if (u < 0) { s = "-"; u = -u } else s = "";
   if (u >= 1000) printf "%s%.2f ms", s, u / 1000; else printf "%s%d µs", s, u }'; }
 fmt_add() { if awk -v u="$1" 'BEGIN { exit !(u >= 0) }'; then echo "+$(fmt_us "$1")"; else fmt_us "$1"; fi; }
 
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+summ() { # summ FMT UNIT: "median UNIT (min–max)" of the numbers on stdin; "–" for none
+  sort -g | awk -v f="$1" -v u="$2" '{ v[NR] = $1 } END { if (!NR) { printf "–"; exit }
+    printf f u, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    if (NR > 1) printf " (" f "–" f ")", v[1], v[NR] }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) printf "–"; else printf "%.2f×", a / b }'; }
+# per_run KEY GROUP: "rps p50 p99 cpu% cpu_us_per_call calls_per_core_s" of one run; GROUP: the proxy's
+per_run() {
+  awk -v g="$2" -v f="$TMP/$1.parsed" 'BEGIN { getline l < f; split(l, a, " ") }
+    $1 == g { c = $2 } END { printf "%s %s %s %s %.3f %.0f\n", a[1], a[2], a[3], c, c / 100 * 1e6 / a[1], (c > 0 ? a[1] * 100 / c : 0) }' "$TMP/$1.cpuv"
+}
+ms() { awk '{ print $1 / 1000 }'; } # µs on stdin -> ms
+
 # --- targets ------------------------------------------------------------------------
 
 alloc_port WX_MEM_PORT
@@ -675,10 +700,43 @@ flood_results() {
   { if [ -n "$2" ]; then echo "$2"; echo; fi; cat "$TMP/flood.md"; echo; } >>"$1"
   log "flood results saved to $1"
 }
+. bench/peers.sh
+# extra_results FILE HEADER: the peers/accounts report (bench/peers.sh) into FILE
+extra_results() {
+  echo
+  cat "$TMP/peers.md"
+  mkdir -p "$REPO/bench/results"
+  { if [ -n "$2" ]; then echo "$2"; echo; fi; cat "$TMP/peers.md"; echo; } >>"$1"
+  log "peers/accounts results saved to $1"
+}
+machine() { # machine: the machine and tool versions, a markdown table
+  echo "| | |"
+  echo "|---|---|"
+  echo "| date | $(date -u) |"
+  echo "| host | $(hostname -s) |"
+  echo "| nproc | $(nproc) |"
+  echo "| memory | $(free -h | awk '/^Mem:/ { print $2 }') |"
+  echo "| CPU | $(lscpu | sed -n 's/^Model name: *//p' | head -1) |"
+  echo "| kernel | $(uname -r) |"
+  echo "| nginx | $(nginx -v 2>&1 | sed 's/^nginx version: //') |"
+  if want peers || want accounts; then
+    echo "| ngx_http_lua, lua-resty-redis, LuaJIT | $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null || echo '?'), $(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null || echo '?'), $(dpkg-query -W -f='${Version}' libluajit2-5.1-2 2>/dev/null || echo '?') (Debian packages) |"
+  fi
+  echo "| wrk | $(wrk -v 2>&1 | head -1 | awk '{ print $1, $2 }')${WRK2:+; wrk2 $WRK2} |"
+  echo "| redis-server | $(redis-server --version | head -1) |"
+  echo "| wxgate | $COMMIT |"
+}
 if ! want standard; then
-  flood_section
-  flood_results "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
-    "# wxgate flood guard benchmark, $(date -u) ($(hostname -s), \`$CMD\`)"
+  if want peers || want accounts; then
+    OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-peers.md"
+    peers_section
+    extra_results "$OUT" "# wxgate against its peers, $(date -u) ($(hostname -s), \`$CMD\`)"$'\n\n'"$(machine)"
+  fi
+  if want flood; then
+    flood_section
+    flood_results "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
+      "# wxgate flood guard benchmark, $(date -u) ($(hostname -s), \`$CMD\`)"
+  fi
   exit 0
 fi
 
@@ -805,13 +863,6 @@ series() {
     fi
   done
 }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-summ() { # summ FMT UNIT: "median UNIT (min–max)" of the numbers on stdin; "–" for none
-  sort -g | awk -v f="$1" -v u="$2" '{ v[NR] = $1 } END { if (!NR) { printf "–"; exit }
-    printf f u, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    if (NR > 1) printf " (" f "–" f ")", v[1], v[NR] }'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) printf "–"; else printf "%.2f×", a / b }'; }
 # per_round KEY WHAT: each round's current/baseline of WHAT (as for series)
 per_round() {
   paste -d' ' <(series base "$1" "$2") <(series cur "$1" "$2") |
@@ -905,12 +956,6 @@ runs() {
     if [ -f "$TMP/r${r}_$1_$2.parsed" ]; then echo "r${r}_$1_$2"; fi
   done; else echo "p1_$2"; fi
 }
-# per_run KEY GROUP: "rps p50 p99 cpu% cpu_us_per_call calls_per_core_s" of one run; GROUP: the proxy's
-per_run() {
-  awk -v g="$2" -v f="$TMP/$1.parsed" 'BEGIN { getline l < f; split(l, a, " ") }
-    $1 == g { c = $2 } END { printf "%s %s %s %s %.3f %.0f\n", a[1], a[2], a[3], c, c / 100 * 1e6 / a[1], (c > 0 ? a[1] * 100 / c : 0) }' "$TMP/$1.cpuv"
-}
-ms() { awk '{ print $1 / 1000 }'; } # µs on stdin -> ms
 # pinned_report: per target (its proxy alone on one core), median and range over the rounds
 pinned_report() {
   local n k who w key rows col med ngx=""
@@ -1100,6 +1145,10 @@ OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
   echo "</details>"
 } >"$OUT"
 log "results saved to $OUT"
+if want peers || want accounts; then
+  peers_section
+  extra_results "$OUT" ""
+fi
 if want flood; then
   flood_section
   flood_results "$OUT" ""
