@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use crate::limit::clock::Micros;
 use crate::store::tokens::{Claim, Fetched, TokenHash};
 
-/// Entries past this many are swept of expired ones on the next write.
+/// Entries (slots, locks, token hashes) held before the first sweep of
+/// expired ones; after a sweep the next comes when what is held has doubled,
+/// so a sweep costs O(1) per claim however many live tokens are held (a
+/// platform holds one per authorizer account).
 const SWEEP_AT: usize = 4096;
 
 struct Entry {
@@ -29,6 +32,11 @@ pub(super) struct TokenSlots {
     entries: HashMap<String, Entry>,
     locks: HashMap<String, (Lock, Micros)>,
     by_hash: HashMap<TokenHash, (String, Micros)>,
+    /// Entries held at which the next write sweeps (0: [`SWEEP_AT`]).
+    sweep_at: usize,
+    /// Sweeps run (tests).
+    #[cfg(test)]
+    sweeps: usize,
 }
 
 impl TokenSlots {
@@ -100,13 +108,25 @@ impl TokenSlots {
         }
     }
 
+    fn held(&self) -> usize {
+        self.entries.len() + self.locks.len() + self.by_hash.len()
+    }
+
+    /// Drops expired entries once what is held reached `sweep_at`: a pass
+    /// over every entry per doubling, not per claim (where a thousand
+    /// accounts' live tokens made each new claim scan them all).
     fn sweep(&mut self, now: Micros) {
-        if self.entries.len() + self.locks.len() + self.by_hash.len() < SWEEP_AT {
+        if self.held() < self.sweep_at.max(SWEEP_AT) {
             return;
         }
         self.entries.retain(|_, e| e.until > now);
         self.locks.retain(|_, (_, until)| *until > now);
         self.by_hash.retain(|_, (_, until)| *until > now);
+        self.sweep_at = self.held().saturating_mul(2);
+        #[cfg(test)]
+        {
+            self.sweeps += 1;
+        }
     }
 }
 
@@ -114,4 +134,40 @@ impl TokenSlots {
 /// Mirrored by lua/token_drop.lua.
 pub fn of_kind(slot: &str, kinds: &[&str]) -> bool {
     kinds.is_empty() || slot.split_once(':').is_some_and(|(kind, _)| kinds.contains(&kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Micros = 1_000_000;
+
+    fn fetch(slots: &mut TokenSlots, i: usize, now: Micros) {
+        let slot = format!("token:wx{i}:h");
+        assert!(matches!(slots.claim(&slot, "me", 0, 0, SEC, now), Claim::Won { .. }));
+        let mut hash = TokenHash([0; 16]);
+        hash.0[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        slots.fetched(&slot, "me", Fetched::Token { entry: b"sealed", hash, ttl_us: 7200 * SEC }, now);
+    }
+
+    /// Many accounts' tokens, all live: a new slot's claim must not scan
+    /// them all (it did once more than SWEEP_AT entries were held: 4,000
+    /// claims, 4,000 full passes).
+    #[test]
+    fn live_tokens_of_many_accounts_are_swept_once_per_doubling_not_per_claim() {
+        let mut slots = TokenSlots::default();
+        for i in 0..6000 {
+            fetch(&mut slots, i, i as Micros);
+        }
+        assert_eq!(slots.entries.len(), 6000, "every token is live");
+        // Held: a slot and a hash per token; swept at 4,096 and 8,192 held.
+        assert!(slots.sweeps <= 3, "{} sweeps for 6,000 claims", slots.sweeps);
+        // Expired ones still go, at the next doubling.
+        let later = 7201 * SEC;
+        for i in 6000..20_000 {
+            fetch(&mut slots, i, later + i as Micros);
+        }
+        assert!(slots.entries.len() < 20_000, "the first 6,000 expired and were swept");
+        assert!(slots.sweeps <= 10, "{} sweeps for 20,000 claims", slots.sweeps);
+    }
 }
