@@ -97,6 +97,18 @@ end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local inst = ARGV[4]
+-- A calendar quota's field names (count, period, reservations; this
+-- instance's count and its period), made once per field per run: the calls
+-- of a batch share them.
+local calendar_names = {}
+local function names(f)
+  local nm = calendar_names[f]
+  if not nm then
+    nm = {p = f .. '.p', n = f .. '.n', q = f .. '.q', m = f .. '.m.' .. inst, mp = f .. '.mp.' .. inst}
+    calendar_names[f] = nm
+  end
+  return nm
+end
 local nkeys = #KEYS
 if ARGV[3] ~= '' then
   nkeys = nkeys - 1
@@ -181,9 +193,10 @@ local function earliest(all, now, off, keep, cost, rwaits)
       reason = 7
     end
   end
-  -- A hold can cross midnight: the next period must have room too.
+  -- A hold can cross midnight: the next period must have room too (with
+  -- no wait, the loop above has checked this moment already).
   local at = now + worst
-  for i = 1, #all do
+  for i = 1, worst > 0 and #all or 0 do
     local l = all[i]
     if l.kind ~= 'w' then
       local kept = 0
@@ -207,13 +220,15 @@ end
 local function count_call(st, l, now, at, off, cost, mine)
   local current, nxt = period(l.kind, now, off)
   local used, next = counts(l.p, l.n, l.q, current)
-  local at_id = period(l.kind, at, off)
+  local at_id = current
+  if at ~= now then at_id = period(l.kind, at, off) end
   if at_id == current then used = used + cost else next = next + cost end
-  put(st, l.f .. '.p', current)
-  put(st, l.f .. '.n', used)
-  put(st, l.f .. '.q', next)
+  local nm = l.nm
+  put(st, nm.p, current)
+  put(st, nm.n, used)
+  put(st, nm.q, next)
   if mine and inst ~= '' then
-    local mf, pf = l.f .. '.m.' .. inst, l.f .. '.mp.' .. inst
+    local mf, pf = nm.m, nm.mp
     local m = 0
     if st.v[pf] == current then
       m = st.v[mf] or 0
@@ -294,17 +309,19 @@ local function acquire(k, a)
     if l.kind == 'w' then
       fields[#fields + 1] = l.f
     else
-      fields[#fields + 1] = l.f .. '.p'
-      fields[#fields + 1] = l.f .. '.n'
-      fields[#fields + 1] = l.f .. '.q'
+      local nm = names(l.f)
+      l.nm = nm
+      fields[#fields + 1] = nm.p
+      fields[#fields + 1] = nm.n
+      fields[#fields + 1] = nm.q
     end
   end
   if inst ~= '' then
     for i = 1, #limits do
       local l = limits[i]
       if l.kind ~= 'w' then
-        fields[#fields + 1] = l.f .. '.m.' .. inst
-        fields[#fields + 1] = l.f .. '.mp.' .. inst
+        fields[#fields + 1] = l.nm.m
+        fields[#fields + 1] = l.nm.mp
       end
     end
   end
@@ -317,7 +334,8 @@ local function acquire(k, a)
     if l.kind == 'w' then
       l.tat = sv[l.f] or nil
     else
-      l.p, l.n, l.q = sv[l.f .. '.p'] or -1e18, sv[l.f .. '.n'] or 0, sv[l.f .. '.q'] or 0
+      local nm = l.nm
+      l.p, l.n, l.q = sv[nm.p] or -1e18, sv[nm.n] or 0, sv[nm.q] or 0
     end
   end
 
