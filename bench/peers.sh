@@ -261,6 +261,7 @@ declare -A PEER_LABEL=([proxy_pass]="nginx proxy_pass (no limiting)" [limitreq]=
 PEER_ROWS=$(with_base proxy_pass limitreq openresty memory redis)
 ACC_LAST=${ACCOUNTS% }; ACC_LAST=${ACC_LAST##* }
 ACC_ROWS=$(with_base acc_memory acc_redis openresty limitreq)
+TOK_ROWS=$(with_base tok_memory tok_redis)
 
 peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report goes to $TMP/peers.md
   local r w n k g
@@ -276,9 +277,10 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
         for w in $ACC_ROWS; do peer_run "r${r}_acc${n}_$w" "$w" "$n"; done
       done
       # The most accounts once more, as token requests: a token learned per account.
-      for w in tok_memory tok_redis; do peer_run "r${r}_acc${ACC_LAST}_$w" "$w" "$ACC_LAST"; done
+      for w in $TOK_ROWS; do peer_run "r${r}_acc${ACC_LAST}_$w" "$w" "$ACC_LAST"; done
     done
   fi
+  if [ "$PERF" = 1 ]; then peers_perf; fi
   {
     echo "### The peers and the cost per account (pinned: each proxy alone on CPU $PROXY_CPU; wrk, the mock and Redis on CPU $OTHER_CPUS)"
     echo
@@ -314,7 +316,7 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
       echo
       echo "| accounts | target | requests/s | calls/s per proxy core | vs $first account(s) | proxy CPU per call | Redis CPU per call | proxy RSS after | Redis memory added (keys) | non-2xx |"
       echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-      for w in $ACC_ROWS tok_memory tok_redis; do
+      for w in $ACC_ROWS $TOK_ROWS; do
         g=$(group_of "$w")
         local base=""; [[ $w == tok_* ]] || base=$(pmed "acc${first}_$w" "$g" 3)
         local counts=$ACCOUNTS; [[ $w == tok_* ]] && counts=$ACC_LAST
@@ -350,7 +352,60 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
         echo
       fi
     fi
+    if [ -f "$TMP/peers-perf.txt" ]; then
+      echo "perf (BENCH_PERF=1): an extra, unreported run of each, \`perf record -F 499\` of the proxy and of Redis;"
+      echo "self time by symbol (cpu-clock samples), the top 25 of each:"
+      echo
+      echo '```'
+      cat "$TMP/peers-perf.txt"
+      echo '```'
+      echo
+    fi
   } >"$TMP/peers.md"
+}
+
+# peers_perf: BENCH_PERF=1: profiles of wxgate (Redis, 1 account; both stores at
+# the most accounts) and of Redis under the same load, into $TMP/peers-perf.txt
+peers_perf() {
+  local row n pid rp
+  : >"$TMP/peers-perf.txt"
+  for row in redis:1 openresty:1 acc_memory:$ACC_LAST acc_redis:$ACC_LAST tok_memory:$ACC_LAST; do
+    n=${row#*:}; row=${row%:*}
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    case $row in
+      openresty) pid=${OR_WORKERS%%,*} ;;
+      redis) start_wxgate redis "$WX_REDIS_PORT"; pid=$WX_PID ;;
+      acc_memory) start_wxgate acc_memory "$WX_ACC_MEM_PORT"; pid=$WX_PID ;;
+      acc_redis) start_wxgate acc_redis "$WX_ACC_REDIS_PORT"; pid=$WX_PID ;;
+      tok_memory) start_wxgate tok_memory "$WX_ACC_MEM_PORT"; pid=$WX_PID ;;
+    esac
+    local port; port=$(case $row in openresty) echo "$OR_PORT" ;; redis) echo "$WX_REDIS_PORT" ;;
+      acc_memory | tok_memory) echo "$WX_ACC_MEM_PORT" ;; acc_redis) echo "$WX_ACC_REDIS_PORT" ;; esac)
+    log "perf: $row, $n account(s)"
+    local tok=0; [[ $row == tok_* ]] && tok=1
+    BENCH_TOKENS=$tok BENCH_NACCT=$n BENCH_NTHREADS=$THREADS wrk -t"$THREADS" -c"$CONNS" -d"$((DURATION + 1))s" -s "$TMP/accounts.lua" \
+      "http://127.0.0.1:$port$REQ_PATH" >/dev/null 2>&1 &
+    local wpid=$!
+    PIDS+=("$wpid")
+    sleep 1
+    perf record -q -F 499 -o "$TMP/perf-$row.data" -p "$pid" -- sleep $((DURATION - 1)) >"$TMP/perf-$row.log" 2>&1 &
+    rp=$!
+    if [[ $row != *_memory ]]; then
+      perf record -q -F 499 -o "$TMP/perf-$row.redis-server.data" -p "$REDIS_PID" -- sleep $((DURATION - 1)) \
+        >"$TMP/perf-$row.redis-server.log" 2>&1 || log "perf record (Redis) failed: $(tail -1 "$TMP/perf-$row.redis-server.log")"
+    fi
+    wait "$rp" || log "perf record failed: $(tail -1 "$TMP/perf-$row.log")"
+    wait "$wpid" || true
+    local f
+    for f in "$TMP/perf-$row.data" "$TMP/perf-$row.redis-server.data"; do
+      [ -f "$f" ] || continue
+      { echo "== $(label "$row")$([[ $f == *.redis-server.data ]] && echo ": redis-server"), $n account(s)"
+        perf report -i "$f" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25 || true
+        echo
+      } >>"$TMP/peers-perf.txt"
+    done
+    case $row in openresty) ;; *) stop_pid "$WX_PID" ;; esac
+  done
 }
 # memcol KEY COL: per round, column COL of KEY.mem in MB (1: RSS kB, 2: bytes) or as is (3: keys)
 memcol() {

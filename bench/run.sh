@@ -430,6 +430,10 @@ start_wxgate() { # start_wxgate NAME PORT [BINARY]: start, wait until it answers
   local bin=${3:-$WXGATE} log=$1
   [ "$bin" = "$WXGATE" ] || log=$1.base
   check_free "$2"
+  # Every start begins empty, as every Redis target does (flushed): the
+  # memory store's state file (beside the config files, shared by them) and
+  # its journal would otherwise carry one run's accounts and tokens into the next.
+  rm -rf "$TMP/wxgate-state.json" "$TMP/wxgate-state.json.journal"
   WXGATE_LOG=warn start "$log" "${PROXY_PIN[@]}" "$bin" --config "$TMP/$1.toml"
   WX_PID=$LAST_PID
   wait_up "$log" "$WX_PID" "http://127.0.0.1:$2$REQ_PATH"
