@@ -237,7 +237,7 @@ pget() {
 pmed() { local r; for ((r = 1; r <= ROUNDS; r++)); do pget "r${r}_$1" "$2" | awk -v c="$3" '{ print $c }'; done | median; }
 prange() { local r; for ((r = 1; r <= ROUNDS; r++)); do pget "r${r}_$1" "$2" | awk -v c="$3" '{ print $c }'; done | summ "$4" "$5"; }
 group_of() { case $1 in proxy_pass | limitreq | openresty) echo nginx-proxy ;; *) echo wxgate ;; esac; }
-uses_redis() { [[ $1 == openresty || $1 == redis* || $1 == acc_redis* || $1 == tok_redis ]]; }
+uses_redis() { [[ $1 == openresty || $1 == redis* || $1 == acc_redis* || $1 == tok_redis* ]]; }
 # with_base ROW...: the rows, each wxgate one preceded by its baseline run (BENCH_BASELINE*)
 with_base() {
   local w
