@@ -179,6 +179,8 @@ function init(args)
   hdr = { ["X-Wx-Account"] = "" }
 end
 local tokens = os.getenv("BENCH_TOKENS") == "1"
+local pace = tonumber(os.getenv("BENCH_PACE_MS") or "")
+if pace then function delay() return pace end end -- moderate load: a pause after each answer
 function request()
   i = i + 1
   if i > n then i = 1 end
@@ -215,7 +217,7 @@ peer_run() {
   log "$key: $2, $3 account(s) (-c$CONNS)"
   redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
   local tok=0; [[ $what == tok_* ]] && tok=1
-  BENCH_TOKENS=$tok BENCH_NACCT=$3 BENCH_NTHREADS=$THREADS run_wrk "$key" "$url" "$CONNS" "$watch upstream=$UP_WORKERS redis=$REDIS_PID" \
+  BENCH_PACE_MS=${PEER_PACE:-} BENCH_TOKENS=$tok BENCH_NACCT=$3 BENCH_NTHREADS=$THREADS run_wrk "$key" "$url" "$CONNS" "$watch upstream=$UP_WORKERS redis=$REDIS_PID" \
     -s "$TMP/accounts.lua"
   local rss=0
   if [ -n "$pid" ]; then rss=$(rss_kb "$pid"); else
@@ -262,6 +264,9 @@ PEER_ROWS=$(with_base proxy_pass limitreq openresty memory redis)
 ACC_LAST=${ACCOUNTS% }; ACC_LAST=${ACC_LAST##* }
 ACC_ROWS=$(with_base acc_memory acc_redis openresty limitreq)
 TOK_ROWS=$(with_base tok_memory tok_redis)
+HALF_ROWS=$(with_base acc_memory acc_redis openresty)
+HALF_PACE=${BENCH_HALF_PACE_MS:-10}
+[[ $HALF_PACE =~ ^[1-9][0-9]*$ ]] || die "BENCH_HALF_PACE_MS must be a whole number of ms ≥ 1, got '$HALF_PACE'"
 
 peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report goes to $TMP/peers.md
   local r w n k g
@@ -278,6 +283,8 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
       done
       # The most accounts once more, as token requests: a token learned per account.
       for w in $TOK_ROWS; do peer_run "r${r}_acc${ACC_LAST}_$w" "$w" "$ACC_LAST"; done
+      # And at moderate load: each connection pauses HALF_PACE ms after every answer.
+      for w in $HALF_ROWS; do PEER_PACE=$HALF_PACE peer_run "r${r}_half${ACC_LAST}_$w" "$w" "$ACC_LAST"; done
     done
   fi
   if [ "$PERF" = 1 ]; then peers_perf; fi
@@ -330,6 +337,18 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
             "$(if uses_redis "$w"; then echo "$(memcol "$k" 2 | summ %.1f ' MB') ($(memcol "$k" 3 | median))"; else echo –; fi)" \
             "$(pmed "$k" "$g" 7)"
         done
+      done
+      echo
+      echo "Moderate load at $ACC_LAST accounts: $CONNS connections, each pausing $HALF_PACE ms after every answer"
+      echo "(wrk's delay(), not in the latency; closed loop, so a slower proxy is offered a little less):"
+      echo
+      echo "| target | requests/s | p50 | p99 | proxy CPU per call | Redis CPU per call | non-2xx |"
+      echo "|---|---:|---:|---:|---:|---:|---:|"
+      for w in $HALF_ROWS; do
+        k=half${ACC_LAST}_$w; g=$(group_of "$w")
+        printf '| %s | %s | %s | %s | %s | %s | %s %% |\n' "$(label "$w")" "$(prange "$k" "$g" 1 %.0f '')" \
+          "$(prange "$k" "$g" 5 '%.0f' ' µs')" "$(prange "$k" "$g" 6 '%.0f' ' µs')" "$(prange "$k" "$g" 2 %.1f ' µs')" \
+          "$(if uses_redis "$w"; then prange "$k" "$g" 8 %.1f ' µs'; else echo –; fi)" "$(pmed "$k" "$g" 7)"
       done
       echo
       local last=$ACC_LAST
