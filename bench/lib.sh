@@ -27,6 +27,21 @@ ${6:-}
 EOF2
 }
 
+# The GCRA a team would write on Redis (bench/peers.sh's OpenResty peer,
+# bench/script-cost.sh): one key per account holding the theoretical arrival
+# time (µs, on Redis TIME); ARGV[1] the emission interval (µs), ARGV[2] the
+# burst tolerance (µs). Answers 0 (admit) or the wait in µs.
+BENCH_GCRA_LUA='local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call("GET", KEYS[1])) or now
+if tat < now then tat = now end
+local wait = tat - tolerance - now
+if wait > 0 then return wait end
+local new = tat + interval
+redis.call("SET", KEYS[1], new, "PX", math.floor((new - now) / 1000) + 1)
+return 0'
+
 # bench_tmp NAME: a scratch directory in TMP, and PIDS, the processes to
 # stop on exit (with the directory removed).
 bench_tmp() {

@@ -27,19 +27,8 @@ ACCOUNTS=" ${BENCH_ACCOUNTS:-1 1000 100000} "; ACCOUNTS=${ACCOUNTS//,/ }
 [[ $ACCOUNTS =~ ^(\ +[1-9][0-9]*)+\ +$ ]] ||
   die "BENCH_ACCOUNTS must list account counts (whole numbers ≥ 1), got '${BENCH_ACCOUNTS:-}'"
 
-# The GCRA a team would write: one key per account holding the theoretical
-# arrival time (µs, on Redis TIME); ARGV[1] the emission interval (µs),
-# ARGV[2] the burst tolerance (µs). Answers 0 (admit) or the wait in µs.
-GCRA_LUA='local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call("GET", KEYS[1])) or now
-if tat < now then tat = now end
-local wait = tat - tolerance - now
-if wait > 0 then return wait end
-local new = tat + interval
-redis.call("SET", KEYS[1], new, "PX", math.floor((new - now) / 1000) + 1)
-return 0'
+# The GCRA a team would write: BENCH_GCRA_LUA (bench/lib.sh).
+GCRA_LUA=$BENCH_GCRA_LUA
 # 1,000,000 calls/s with a burst of 1,000,000: never throttles (as BENCH_NEVER).
 GCRA_ARGS='1, 1000000'
 # The accounts mode's wxgate rule: a window and a day quota, neither throttling.
@@ -58,32 +47,13 @@ peers_start() { # the OpenResty and limit_req nginx, pinned like the proxy_pass 
   local sha
   sha=$(redis-cli -p "$REDIS_PORT" script load "$GCRA_LUA") || die "redis-cli script load (the GCRA) failed"
   mkdir -p "$TMP/openresty" "$TMP/limitreq"
-  cat >"$TMP/openresty/nginx.conf" <<EOF
-load_module $NDK_MOD;
-load_module $LUA_MOD;
-worker_processes 1;
-daemon off;
-pid nginx.pid;
-error_log error.log warn;
-events { worker_connections $WC; }
-http {
-  access_log off;
-  keepalive_timeout 75s;
-  keepalive_requests 1000000;
-  lua_package_path "/usr/share/lua/5.1/?.lua;;";
+  proxy_conf "$OR_PORT" "load_module $NDK_MOD;
+load_module $LUA_MOD;" "  lua_package_path \"/usr/share/lua/5.1/?.lua;;\";
   init_by_lua_block {
-    GCRA_SHA = "$sha"
+    GCRA_SHA = \"$sha\"
     GCRA_SRC = [==[$GCRA_LUA]==]
-    redis = require "nginx.redis"
-  }
-  upstream wechat {
-    server 127.0.0.1:$UP_PORT;
-    keepalive 64;
-    keepalive_requests 1000000;
-  }
-  server {
-    listen 127.0.0.1:$OR_PORT;
-    location / {
+    redis = require \"nginx.redis\"
+  }" "$(cat <<EOF
       access_by_lua_block {
         local r = redis:new()
         r:set_timeouts(1000, 1000, 1000)
@@ -105,43 +75,12 @@ http {
           return ngx.exit(429)
         end
       }
-      proxy_pass http://wechat;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
 EOF
-  cat >"$TMP/limitreq/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid nginx.pid;
-error_log error.log warn;
-events { worker_connections $WC; }
-http {
-  access_log off;
-  keepalive_timeout 75s;
-  keepalive_requests 1000000;
+)" >"$TMP/openresty/nginx.conf"
   # An empty key is not limited at all: a call without the header is "default".
-  map \$http_x_wx_account \$wx_account { "" default; default \$http_x_wx_account; }
-  limit_req_zone \$wx_account zone=bench:64m rate=1000000r/s;
-  upstream wechat {
-    server 127.0.0.1:$UP_PORT;
-    keepalive 64;
-    keepalive_requests 1000000;
-  }
-  server {
-    listen 127.0.0.1:$LR_PORT;
-    location / {
-      limit_req zone=bench burst=1000000 nodelay;
-      limit_req_status 429;
-      proxy_pass http://wechat;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-EOF
+  proxy_conf "$LR_PORT" "" '  map $http_x_wx_account $wx_account { "" default; default $http_x_wx_account; }
+  limit_req_zone $wx_account zone=bench:64m rate=1000000r/s;' '      limit_req zone=bench burst=1000000 nodelay;
+      limit_req_status 429;' >"$TMP/limitreq/nginx.conf"
   local n port
   for n in openresty limitreq; do
     nginx -t -q -c "$TMP/$n/nginx.conf" -p "$TMP/$n/" -e "$TMP/$n/error.log" ||

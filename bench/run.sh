@@ -346,7 +346,13 @@ http {
   }
 }
 EOF
-cat >"$TMP/proxy/nginx.conf" <<EOF
+# proxy_conf PORT [MAIN] [HTTP] [LOCATION]: an nginx proxy on PORT in front of
+# the mock (one worker, keep-alive upstream, access log off), with more
+# main-context, http-context and `location /` directives (bench/peers.sh's
+# OpenResty and limit_req are this proxy plus their limiter).
+proxy_conf() {
+  cat <<EOF
+${2:-}
 worker_processes 1;
 daemon off;
 pid nginx.pid;
@@ -356,14 +362,16 @@ http {
   access_log off;
   keepalive_timeout 75s;
   keepalive_requests 1000000;
+${3:-}
   upstream wechat {
     server 127.0.0.1:$UP_PORT;
     keepalive 64;
     keepalive_requests 1000000;
   }
   server {
-    listen 127.0.0.1:$NGX_PORT;
+    listen 127.0.0.1:$1;
     location / {
+${4:-}
       proxy_pass http://wechat;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
@@ -371,6 +379,8 @@ http {
   }
 }
 EOF
+}
+proxy_conf "$NGX_PORT" >"$TMP/proxy/nginx.conf"
 for n in upstream proxy; do
   nginx -t -q -c "$TMP/$n/nginx.conf" -p "$TMP/$n/" -e "$TMP/$n/error.log" ||
     die "nginx refused the $n config ($TMP/$n/nginx.conf)"
@@ -696,23 +706,16 @@ flood_section() { # runs both flood runs; the markdown report goes to $TMP/flood
   } >"$TMP/flood.md"
 }
 
-# flood_results FILE HEADER: the flood report into FILE (after HEADER lines, if any)
-flood_results() {
+# section_results NAME FILE HEADER: the report $TMP/NAME.md (flood, peers),
+# printed and appended to FILE (after HEADER lines, if any)
+section_results() {
   echo
-  cat "$TMP/flood.md"
+  cat "$TMP/$1.md"
   mkdir -p "$REPO/bench/results"
-  { if [ -n "$2" ]; then echo "$2"; echo; fi; cat "$TMP/flood.md"; echo; } >>"$1"
-  log "flood results saved to $1"
+  { if [ -n "$3" ]; then echo "$3"; echo; fi; cat "$TMP/$1.md"; echo; } >>"$2"
+  log "$1 results saved to $2"
 }
 . bench/peers.sh
-# extra_results FILE HEADER: the peers/accounts report (bench/peers.sh) into FILE
-extra_results() {
-  echo
-  cat "$TMP/peers.md"
-  mkdir -p "$REPO/bench/results"
-  { if [ -n "$2" ]; then echo "$2"; echo; fi; cat "$TMP/peers.md"; echo; } >>"$1"
-  log "peers/accounts results saved to $1"
-}
 machine() { # machine: the machine and tool versions, a markdown table
   echo "| | |"
   echo "|---|---|"
@@ -734,11 +737,11 @@ if ! want standard; then
   if want peers || want accounts; then
     OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-peers.md"
     peers_section
-    extra_results "$OUT" "# wxgate against its peers, $(date -u) ($(hostname -s), \`$CMD\`)"$'\n\n'"$(machine)"
+    section_results peers "$OUT" "# wxgate against its peers, $(date -u) ($(hostname -s), \`$CMD\`)"$'\n\n'"$(machine)"
   fi
   if want flood; then
     flood_section
-    flood_results "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
+    section_results flood "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
       "# wxgate flood guard benchmark, $(date -u) ($(hostname -s), \`$CMD\`)"
   fi
   exit 0
@@ -1103,18 +1106,7 @@ OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
   echo
   echo "Produced by \`bench/run.sh\` (BENCH_DURATION=$DURATION BENCH_CONNECTIONS=$CONNS BENCH_THREADS=$THREADS BENCH_PIN=$PIN)."
   echo
-  echo "| | |"
-  echo "|---|---|"
-  echo "| date | $(date -u) |"
-  echo "| host | $(hostname -s) |"
-  echo "| nproc | $(nproc) |"
-  echo "| memory | $(free -h | awk '/^Mem:/ { print $2 }') |"
-  echo "| CPU | $(lscpu | sed -n 's/^Model name: *//p' | head -1) |"
-  echo "| kernel | $(uname -r) |"
-  echo "| nginx | $(nginx -v 2>&1 | sed 's/^nginx version: //') |"
-  echo "| wrk | $(wrk -v 2>&1 | head -1 | awk '{ print $1, $2 }')${WRK2:+; wrk2 $WRK2} |"
-  echo "| redis-server | $(redis-server --version | head -1) |"
-  echo "| wxgate | $COMMIT |"
+  machine
   [ -z "$BASE_BIN" ] || echo "| baseline | $BASE_LABEL |"
   ((MULTI == 0)) || echo "| command | \`$CMD\` |"
   echo
@@ -1151,9 +1143,9 @@ OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
 log "results saved to $OUT"
 if want peers || want accounts; then
   peers_section
-  extra_results "$OUT" ""
+  section_results peers "$OUT" ""
 fi
 if want flood; then
   flood_section
-  flood_results "$OUT" ""
+  section_results flood "$OUT" ""
 fi

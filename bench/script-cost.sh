@@ -41,16 +41,7 @@ PIDS+=("$!")
 for _ in $(seq 100); do redis-cli -p "$PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 rc() { redis-cli -p "$PORT" "$@"; }
 ACQ=$(cat lua/prelude.lua lua/acquire.lua | rc -x script load)
-GCRA=$(rc script load 'local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call("GET", KEYS[1])) or now
-if tat < now then tat = now end
-local wait = tat - tolerance - now
-if wait > 0 then return wait end
-local new = tat + interval
-redis.call("SET", KEYS[1], new, "PX", math.floor((new - now) / 1000) + 1)
-return 0')
+GCRA=$(rc script load "$BENCH_GCRA_LUA")
 
 # One call's keys and values for acquire.lua (see its header): account A.
 keys() { echo "b:{$1}:r b:{$1}:#warm b:{$1}:r:c"; }

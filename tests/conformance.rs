@@ -1253,6 +1253,20 @@ async fn redis_store(config: &RedisConfig, clock: &ManualClock) -> RedisStore {
 }
 
 /// The Redis store behind its safety net, as production runs it.
+/// A high-priority call of `account` costing 1, that waits for nothing.
+fn plain_ask<'a>(account: &'a str, rule: &'a Rule) -> Ask<'a> {
+    Ask {
+        key: Key { account, rule, offset_us: BEIJING },
+        max_wait_us: 0,
+        holder: "h",
+        lease_us: SEC,
+        normal: false,
+        share: None,
+        cost: 1,
+        recipients: &[],
+    }
+}
+
 fn resilient(redis: RedisStore, clock: &ManualClock) -> Arc<Resilient> {
     Resilient::new(redis, Arc::new(clock.clone()), Resilience::strict(), true, StoreCounters::default())
 }
@@ -1337,9 +1351,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 3 }, { count = 7, per = "day" }]"#, "");
-    let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-    let ask =
-        Ask { key, max_wait_us: 0, holder: "h", lease_us: SEC, normal: false, share: None, cost: 1, recipients: &[] };
+    let ask = plain_ask("wxAPPID", &rule);
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for _ in 0..12 {
@@ -1354,20 +1366,7 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     let tasks: Vec<_> = (0..12)
         .map(|_| {
             let (store, rule) = (store.clone(), rule.clone());
-            tokio::spawn(async move {
-                let key = Key { account: "wxAPPID", rule: &rule, offset_us: BEIJING };
-                let ask = Ask {
-                    key,
-                    max_wait_us: 0,
-                    holder: "h",
-                    lease_us: SEC,
-                    normal: false,
-                    share: None,
-                    cost: 1,
-                    recipients: &[],
-                };
-                store.acquire(&ask).await.expect("decided").decision
-            })
+            tokio::spawn(async move { store.acquire(&plain_ask("wxAPPID", &rule)).await.expect("decided").decision })
         })
         .collect();
     let mut batched = Vec::new();
@@ -1393,20 +1392,10 @@ async fn calls_of_many_accounts_are_decided_in_one_batch_on_one_server() {
     let clock = ManualClock::new(T0);
     let (rule, _) = compile(r#"[{ count = 5, per = "1s", burst = 2 }, { count = 7, per = "day" }]"#, "");
     let accounts = ["wxA", "wxB", "wxC", "wxD"];
-    let ask_of = |account| Ask {
-        key: Key { account, rule: &rule, offset_us: BEIJING },
-        max_wait_us: 0,
-        holder: "h",
-        lease_us: SEC,
-        normal: false,
-        share: None,
-        cost: 1,
-        recipients: &[],
-    };
     let memory = MemoryStore::new(Arc::new(clock.clone()));
     let mut one_by_one = Vec::new();
     for i in 0..12 {
-        one_by_one.push(memory.acquire(&ask_of(accounts[i % 4])).await.expect("decided").decision);
+        one_by_one.push(memory.acquire(&plain_ask(accounts[i % 4], &rule)).await.expect("decided").decision);
     }
 
     let store = redis_store(&redis.store_config("many"), &clock).await;
@@ -1417,19 +1406,9 @@ async fn calls_of_many_accounts_are_decided_in_one_batch_on_one_server() {
     let tasks: Vec<_> = (0..12)
         .map(|i| {
             let (store, rule) = (store.clone(), rule.clone());
-            tokio::spawn(async move {
-                let ask = Ask {
-                    key: Key { account: accounts[i % 4], rule: &rule, offset_us: BEIJING },
-                    max_wait_us: 0,
-                    holder: "h",
-                    lease_us: SEC,
-                    normal: false,
-                    share: None,
-                    cost: 1,
-                    recipients: &[],
-                };
-                store.acquire(&ask).await.expect("decided").decision
-            })
+            tokio::spawn(
+                async move { store.acquire(&plain_ask(accounts[i % 4], &rule)).await.expect("decided").decision },
+            )
         })
         .collect();
     let mut batched = Vec::new();
