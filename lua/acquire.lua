@@ -72,11 +72,12 @@
 --
 -- Hash fields: <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
--- the period after it (calendar quotas); ws / lc = warm-up start / last call;
+-- the period after it (calendar quotas); ws / lc = warm-up start (only with
+-- a warm-up) / last call;
 -- pu, ps, pl, pn = penalty until, started, level, last length; ex = when the
 -- key expires (µs, as last set by a script; saves a PTTL per call).
 -- A refusal writes nothing (but expired concurrency leases are purged). An
--- admission writes every limit and sets the key's TTL to the longest time
+-- admission writes what it changed and sets the key's TTL to the longest time
 -- any of its state still matters.
 
 local function num(s, default)
@@ -150,9 +151,14 @@ end
 -- The share limits of a call without one (never written to).
 local NONE = {}
 
+-- Sets field f of st to x; a field that keeps its value is not written
+-- (a calendar quota's period and reservations change once a day at most).
 local function put(st, f, x)
-  st.v[f] = x
-  st.dirty[f] = true
+  local v = st.v
+  if v[f] ~= x then
+    v[f] = x
+    st.dirty[f] = true
+  end
 end
 
 -- The earliest moment every limit of `all` (the rule's, then the caller's
@@ -265,8 +271,10 @@ local function acquire(k, a)
   local caller = ARGV[last + 1]
   local next_a = last + 2
 
-  -- Read everything in one HMGET: pu, pn, ws, lc, ex, then each limit's fields.
-  local fields = {'pu', 'pn', 'ws', 'lc', 'ex'}
+  -- Read everything in one HMGET: pu, pn, lc, ex, ws (only with a warm-up),
+  -- then each limit's fields.
+  local fields = {'pu', 'pn', 'lc', 'ex'}
+  if warmup > 0 then fields[5] = 'ws' end
   local limits = {}
   local normal = false
   for i = a + 6, last, 5 do
@@ -464,7 +472,7 @@ local function acquire(k, a)
       if not rst.extend or extend > rst.extend then rst.extend = extend end
     end
   end
-  if cold then put(st, 'ws', now) end
+  if cold and warmup > 0 then put(st, 'ws', now) end
   put(st, 'lc', now)
   if pu + pn - now > ttl then ttl = pu + pn - now end
   if warmup > ttl then ttl = warmup end

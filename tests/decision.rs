@@ -123,6 +123,25 @@ fn burst_after_idle_then_sustained_rate() {
 }
 
 #[test]
+fn a_warm_up_added_by_a_reload_finds_a_busy_pair_warm() {
+    // One call a second, no warm-up, called every second; then a reload adds
+    // a 10 s warm-up. The pair was never idle: it is warm, one a second goes
+    // on (not the half rate of a cold start).
+    let plain = rule(vec![window(1, 1, 1)]);
+    let mut warming = rule(vec![window(1, 1, 1)]);
+    warming.warmup_us = 10 * SEC;
+    let mut st = RuleState::default();
+    let t = 1_700_000_000 * SEC;
+    for i in 0..3 {
+        assert!(matches!(dec(&plain, &mut st, t + i * SEC), Decision::Admit { .. }), "call {i} refused");
+    }
+    for i in 3..6 {
+        let d = dec(&warming, &mut st, t + i * SEC);
+        assert!(matches!(d, Decision::Admit { .. }), "after the reload, call {i} refused: {d:?}");
+    }
+}
+
+#[test]
 fn all_or_nothing_across_limits() {
     // The day quota is spent; the minute window must not be debited by refusals.
     let r = rule(vec![window(5, 60, 5), Limit::Calendar { count: 2, period: Period::Day }]);

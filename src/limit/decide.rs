@@ -119,7 +119,10 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
             debit_recipient(state.recipients.entry(key), rule, at);
         }
     }
-    if cold {
+    // Without a warm-up its start is never read: not written either (one
+    // field less per call on Redis). A warm-up added by a reload then finds
+    // a busy pair warm, as it is.
+    if cold && rule.warmup_us > 0 {
         state.warm_start = now;
     }
     state.last_call = now;
