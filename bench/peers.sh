@@ -13,9 +13,12 @@
 # accounts: each of BENCH_ACCOUNTS (default "1 1000 100000") accounts, every
 # call another account's (round-robin: no two consecutive calls of a wrk thread
 # share one, so batching per account cannot help), against wxgate (memory and
-# Redis; a rule with a window and a day quota), OpenResty + Redis and nginx
-# limit_req (their one key per account); with the proxy's RSS and Redis'
-# used_memory after the run.
+# Redis; a rule with a window and a day quota), wxgate on a Redis Cluster of
+# three masters (BENCH_CLUSTER=1, the default; 0 leaves it out), OpenResty +
+# Redis and nginx limit_req (their one key per account); with the proxy's RSS
+# and Redis' used_memory after the run, and for each row on Redis the calls per
+# script run and the script runs per socket read Redis made (INFO stats
+# total_reads_processed: above 1, the client pipelines runs on its connection).
 #
 # Uses run.sh's functions and variables (start, run_wrk, per_run, alloc_port,
 # wxgate_config, TMP, PROXY_PIN, REDIS_PORT, UP_PORT, ...).
@@ -42,6 +45,48 @@ alloc_port OR_PORT
 alloc_port LR_PORT
 alloc_port WX_ACC_MEM_PORT
 alloc_port WX_ACC_REDIS_PORT
+alloc_port WX_ACC_CLUSTER_PORT
+CLUSTER=${BENCH_CLUSTER:-1}
+[[ $CLUSTER == [01] ]] || die "BENCH_CLUSTER must be 0 or 1, got '$CLUSTER'"
+CLUSTER_PORTS=(); CLUSTER_PIDS=""
+# cluster_start: three masters (no replicas) on loopback, pinned with Redis, all slots assigned
+cluster_start() {
+  local i p nodes=() toml=""
+  for i in 1 2 3; do
+    alloc_port p; check_free "$p"; CLUSTER_PORTS+=("$p")
+    mkdir -p "$TMP/cluster-$p"
+    start "cluster-$p" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
+      --cluster-config-file "$TMP/cluster-$p/nodes.conf" --dir "$TMP/cluster-$p"
+    CLUSTER_PIDS+="${CLUSTER_PIDS:+,}$LAST_PID"
+    nodes+=("127.0.0.1:$p"); toml+="${toml:+, }\"redis://127.0.0.1:$p\""
+  done
+  for p in "${CLUSTER_PORTS[@]}"; do
+    for i in $(seq 100); do
+      redis-cli -p "$p" ping 2>/dev/null | grep -q PONG && break
+      ((i < 100)) || die "cluster node $p did not answer PING within 10 s"
+      sleep 0.1
+    done
+  done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$TMP/cluster-create.log" 2>&1 ||
+    { cat "$TMP/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+  for i in $(seq 100); do
+    redis-cli -p "${CLUSTER_PORTS[0]}" cluster info | tr -d '\r' | grep -q '^cluster_state:ok' && break
+    ((i < 100)) || die "the bench's Redis Cluster did not reach cluster_state:ok within 10 s"
+    sleep 0.1
+  done
+  wxgate_config acc_cluster "$WX_ACC_CLUSTER_PORT" "$(printf 'kind = "redis-cluster"\nnodes = [%s]\ntimeout = "1s"\nkey_prefix = "benchc"' "$toml")" "$ACCOUNT_LIMITS"
+}
+# redis_ports ROW: the Redis ports a row uses (the Cluster's three, else the one server)
+redis_ports() { if [[ $1 == acc_cluster* ]]; then echo "${CLUSTER_PORTS[*]}"; else echo "$REDIS_PORT"; fi; }
+# redis_sum ROW SECTION FIELD: FIELD of INFO SECTION summed over the row's Redis ports
+redis_sum() {
+  local p t=0 v
+  for p in $(redis_ports "$1"); do
+    v=$(redis-cli -p "$p" info "$2" | tr -d '\r' | awk -F'[:=,]' -v f="$3" '$1 == f { print ($2 ~ /^[0-9]+$/ ? $2 : $3); x = 1 } END { if (!x) print 0 }')
+    t=$((t + v))
+  done
+  echo "$t"
+}
 
 peers_start() { # the OpenResty and limit_req nginx, pinned like the proxy_pass one
   local sha
@@ -132,37 +177,41 @@ end
 EOF
 
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; } # rss_kb PID
-redis_used() { redis-cli -p "$REDIS_PORT" info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }'; }
+redis_used() { redis_sum "${1:-}" memory used_memory; } # redis_used [ROW]
+redis_keys() { local p t=0; for p in $(redis_ports "${1:-}"); do t=$((t + $(redis-cli -p "$p" dbsize))); done; echo "$t"; }
 
 # peer_run KEY ROW ACCOUNTS: one measured run of ROW (proxy_pass, limitreq,
 # openresty, memory, redis, acc_memory, acc_redis; a wxgate one with ".base":
 # the baseline binary) with ACCOUNTS accounts; figures in $TMP/KEY.* (and
-# KEY.mem: "proxy_rss_kB redis_used_bytes redis_keys")
+# KEY.mem: "proxy_rss_kB redis_used_bytes redis_keys"; KEY.runs: "script_runs
+# socket_reads" at Redis, warm-up included)
 peer_run() {
-  local key=$1 what=${2%.base} bin=$WXGATE url port watch pid="" used0
+  local key=$1 what=${2%.base} bin=$WXGATE url port watch pid="" used0 p rw=redis=$REDIS_PID
   [[ $2 == *.base ]] && bin=$BASE_BIN
-  redis-cli -p "$REDIS_PORT" flushall >/dev/null
+  for p in $(redis_ports "$what"); do redis-cli -p "$p" flushall >/dev/null; done
   redis-cli -p "$REDIS_PORT" script load "$GCRA_LUA" >/dev/null
-  used0=$(redis_used)
+  used0=$(redis_used "$what")
   case $what in
     proxy_pass) port=$NGX_PORT; watch="nginx-proxy=$NGX_WORKERS" ;;
     limitreq) port=$LR_PORT; watch="nginx-proxy=$LR_WORKERS" ;;
     openresty) port=$OR_PORT; watch="nginx-proxy=$OR_WORKERS" ;;
     memory) port=$WX_MEM_PORT ;;& redis) port=$WX_REDIS_PORT ;;&
     acc_memory | tok_memory) port=$WX_ACC_MEM_PORT ;;& acc_redis | tok_redis) port=$WX_ACC_REDIS_PORT ;;&
+    acc_cluster) port=$WX_ACC_CLUSTER_PORT; rw=redis=$CLUSTER_PIDS ;;&
     *) start_wxgate "$what" "$port" "$bin"; pid=$WX_PID; watch="wxgate=$WX_PID" ;;
   esac
   url="http://127.0.0.1:$port$REQ_PATH"
   log "$key: $2, $3 account(s) (-c$CONNS)"
-  redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+  for p in $(redis_ports "$what"); do redis-cli -p "$p" config resetstat >/dev/null; done
   local tok=0; [[ $what == tok_* ]] && tok=1
-  BENCH_PACE_MS=${PEER_PACE:-} BENCH_TOKENS=$tok BENCH_NACCT=$3 BENCH_NTHREADS=$THREADS run_wrk "$key" "$url" "$CONNS" "$watch upstream=$UP_WORKERS redis=$REDIS_PID" \
+  BENCH_PACE_MS=${PEER_PACE:-} BENCH_TOKENS=$tok BENCH_NACCT=$3 BENCH_NTHREADS=$THREADS run_wrk "$key" "$url" "$CONNS" "$watch upstream=$UP_WORKERS $rw" \
     -s "$TMP/accounts.lua"
   local rss=0
   if [ -n "$pid" ]; then rss=$(rss_kb "$pid"); else
     local w; for w in ${watch#*=}; do rss=$(rss_kb "${w%%,*}"); done
   fi
-  echo "$rss $(($(redis_used) - used0)) $(redis-cli -p "$REDIS_PORT" dbsize)" >"$TMP/$key.mem"
+  echo "$rss $(($(redis_used "$what") - used0)) $(redis_keys "$what")" >"$TMP/$key.mem"
+  echo "$(redis_sum "$what" commandstats cmdstat_evalsha) $(redis_sum "$what" stats total_reads_processed)" >"$TMP/$key.runs"
   if [ -n "$pid" ]; then stop_pid "$pid"; fi
 }
 
@@ -178,7 +227,7 @@ pget() {
 pmed() { local r; for ((r = 1; r <= ROUNDS; r++)); do pget "r${r}_$1" "$2" | awk -v c="$3" '{ print $c }'; done | median; }
 prange() { local r; for ((r = 1; r <= ROUNDS; r++)); do pget "r${r}_$1" "$2" | awk -v c="$3" '{ print $c }'; done | summ "$4" "$5"; }
 group_of() { case $1 in proxy_pass | limitreq | openresty) echo nginx-proxy ;; *) echo wxgate ;; esac; }
-uses_redis() { [[ $1 == openresty || $1 == redis* || $1 == acc_redis* || $1 == tok_redis* ]]; }
+uses_redis() { [[ $1 == openresty || $1 == redis* || $1 == acc_redis* || $1 == acc_cluster* || $1 == tok_redis* ]]; }
 # with_base ROW...: the rows, each wxgate one preceded by its baseline run (BENCH_BASELINE*)
 with_base() {
   local w
@@ -197,11 +246,11 @@ label() { # label ROW
 
 declare -A PEER_LABEL=([proxy_pass]="nginx proxy_pass (no limiting)" [limitreq]="nginx limit_req (local only)"
   [openresty]="OpenResty + Redis (one EVALSHA of a GCRA per call)" [memory]="wxgate, memory store"
-  [redis]="wxgate, Redis store" [acc_memory]="wxgate, memory store" [acc_redis]="wxgate, Redis store"
+  [redis]="wxgate, Redis store" [acc_memory]="wxgate, memory store" [acc_redis]="wxgate, Redis store" [acc_cluster]="wxgate, Redis Cluster (3 masters)"
   [tok_memory]="wxgate, memory store, token requests" [tok_redis]="wxgate, Redis store, token requests")
 PEER_ROWS=$(with_base proxy_pass limitreq openresty memory redis)
 ACC_LAST=${ACCOUNTS% }; ACC_LAST=${ACC_LAST##* }
-ACC_ROWS=$(with_base acc_memory acc_redis openresty limitreq)
+ACC_ROWS=$(with_base acc_memory acc_redis $( ((CLUSTER)) && echo acc_cluster) openresty limitreq)
 TOK_ROWS=$(with_base tok_memory tok_redis)
 HALF_ROWS=$(with_base acc_memory acc_redis openresty)
 HALF_PACE=${BENCH_HALF_PACE_MS:-10}
@@ -210,6 +259,7 @@ HALF_PACE=${BENCH_HALF_PACE_MS:-10}
 peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report goes to $TMP/peers.md
   local r w n k g
   peers_start
+  if want accounts && ((CLUSTER)); then cluster_start; fi
   if want peers; then
     for ((r = 1; r <= ROUNDS; r++)); do
       for w in $PEER_ROWS; do peer_run "r${r}_peer_$w" "$w" 1; done
@@ -260,18 +310,20 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
       echo "Many accounts: every call another account's (round-robin over N accounts per wrk thread). wxgate's rule:"
       echo "\`$ACCOUNT_LIMITS\`; OpenResty and limit_req keep one key per account (a window only)."
       echo
-      echo "| accounts | target | requests/s | calls/s per proxy core | vs $first account(s) | proxy CPU per call | Redis CPU per call | proxy RSS after | Redis memory added (keys) | non-2xx |"
-      echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+      echo "| accounts | target | requests/s | calls/s per proxy core | vs $first account(s) | proxy CPU per call | Redis CPU per call | calls per script run | script runs per read | proxy RSS after | Redis memory added (keys) | non-2xx |"
+      echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
       for w in $ACC_ROWS $TOK_ROWS; do
         g=$(group_of "$w")
         local base=""; [[ $w == tok_* ]] || base=$(pmed "acc${first}_$w" "$g" 3)
         local counts=$ACCOUNTS; [[ $w == tok_* ]] && counts=$ACC_LAST
         for n in $counts; do
           k=acc${n}_$w
-          printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s %% |\n' "$n" "$(label "$w")" \
+          printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s %% |\n' "$n" "$(label "$w")" \
             "$(prange "$k" "$g" 1 %.0f '')" "$(prange "$k" "$g" 3 %.0f '')" "$(ratio "$(pmed "$k" "$g" 3)" "$base")" \
             "$(prange "$k" "$g" 2 %.1f ' µs')" \
             "$(if uses_redis "$w"; then prange "$k" "$g" 8 %.1f ' µs'; else echo –; fi)" \
+            "$(if uses_redis "$w"; then runs "$k" 1 | summ %.1f ''; else echo –; fi)" \
+            "$(if uses_redis "$w"; then runs "$k" 2 | summ %.2f ''; else echo –; fi)" \
             "$(memcol "$k" 1 | summ %.1f ' MB')" \
             "$(if uses_redis "$w"; then echo "$(memcol "$k" 2 | summ %.1f ' MB') ($(memcol "$k" 3 | median))"; else echo –; fi)" \
             "$(pmed "$k" "$g" 7)"
@@ -370,6 +422,15 @@ memcol() {
   local r
   for ((r = 1; r <= ROUNDS; r++)); do
     awk -v c="$2" '{ if (c == 1) printf "%.3f\n", $1 / 1024; else if (c == 2) printf "%.3f\n", $2 / 1048576; else print $3 }' "$TMP/r${r}_$1.mem"
+  done
+}
+# runs KEY COL: per round, calls per script run (COL 1) or script runs per socket read at Redis (2), warm-up included
+runs() {
+  local r
+  for ((r = 1; r <= ROUNDS; r++)); do
+    [ -f "$TMP/r${r}_$1.runs" ] || continue
+    awk -v c="$2" -v calls="$(called "r${r}_$1" 1000000000000)" '$1 > 0 && $2 > 0 {
+      if (c == 1) printf "%.3f\n", calls / $1; else printf "%.3f\n", $1 / $2 }' "$TMP/r${r}_$1.runs"
   done
 }
 # called KEY N: the accounts a run with N accounts called (its warm-up's and its own calls, at most N)
