@@ -322,8 +322,8 @@ peers_section() { # runs what BENCH_TARGETS asks of peers/accounts; the report g
             "$(prange "$k" "$g" 1 %.0f '')" "$(prange "$k" "$g" 3 %.0f '')" "$(ratio "$(pmed "$k" "$g" 3)" "$base")" \
             "$(prange "$k" "$g" 2 %.1f ' µs')" \
             "$(if uses_redis "$w"; then prange "$k" "$g" 8 %.1f ' µs'; else echo –; fi)" \
-            "$(if uses_redis "$w"; then runs "$k" 1 | summ %.1f ''; else echo –; fi)" \
-            "$(if uses_redis "$w"; then runs "$k" 2 | summ %.2f ''; else echo –; fi)" \
+            "$(if uses_redis "$w"; then script_runs "$k" 1 | summ %.1f ''; else echo –; fi)" \
+            "$(if uses_redis "$w"; then script_runs "$k" 2 | summ %.2f ''; else echo –; fi)" \
             "$(memcol "$k" 1 | summ %.1f ' MB')" \
             "$(if uses_redis "$w"; then echo "$(memcol "$k" 2 | summ %.1f ' MB') ($(memcol "$k" 3 | median))"; else echo –; fi)" \
             "$(pmed "$k" "$g" 7)"
@@ -424,8 +424,8 @@ memcol() {
     awk -v c="$2" '{ if (c == 1) printf "%.3f\n", $1 / 1024; else if (c == 2) printf "%.3f\n", $2 / 1048576; else print $3 }' "$TMP/r${r}_$1.mem"
   done
 }
-# runs KEY COL: per round, calls per script run (COL 1) or script runs per socket read at Redis (2), warm-up included
-runs() {
+# script_runs KEY COL: per round, calls per script run (COL 1) or script runs per socket read at Redis (2), warm-up included
+script_runs() {
   local r
   for ((r = 1; r <= ROUNDS; r++)); do
     [ -f "$TMP/r${r}_$1.runs" ] || continue

@@ -62,6 +62,8 @@
 #                      building this tree (to compare two old commits: build each,
 #                      then BENCH_BASELINE_BIN=old BENCH_BIN=new; BENCH_BIN_NAME
 #                      names it in the report, as BENCH_BASELINE does the baseline)
+#   BENCH_NAME         a suffix of the results file's name (bench/results/<date>-<host>[-peers|-flood]
+#                      [-BENCH_NAME].md); a file of that name already there is kept: -2, -3, ... is added
 #   BENCH_ROUNDS       rounds of pass 1 (default 3 with a baseline, 1 without). Each
 #                      round runs targets 1-9; each compared target is run with the
 #                      baseline and at once after it with the current binary (same
@@ -201,6 +203,7 @@ trap remove_worktree EXIT   # until cleanup (below) takes over
 trap 'exit 130' INT TERM
 subject() { git -C "$REPO" log -1 --format='%<(64,trunc)%s' "$1" 2>/dev/null | sed 's/ *$//'; } # its subject, cut to 64
 BASE_LABEL=""
+[[ ${BENCH_NAME:-} =~ ^[A-Za-z0-9._-]*$ ]] || die "BENCH_NAME may hold letters, digits, . _ - only, got '${BENCH_NAME:-}'"
 if [ -n "$BASE_BIN" ]; then
   [ -x "$BASE_BIN" ] || die "BENCH_BASELINE_BIN=$BASE_BIN is not executable"
   BASE_LABEL="${BASELINE:+$BASELINE: }binary \`$BASE_BIN\` (sha256 $(sha256sum "$BASE_BIN" | cut -c1-12))"
@@ -733,15 +736,25 @@ machine() { # machine: the machine and tool versions, a markdown table
   echo "| redis-server | $(redis-server --version | head -1) |"
   echo "| wxgate | $COMMIT |"
 }
+# results_path [SUFFIX]: bench/results/<date>-<host>[-SUFFIX][-BENCH_NAME].md, or with -2, -3, ...
+# before .md when that file exists already (a second run the same day never overwrites the first)
+results_path() {
+  local base p n=2
+  base="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)${1:+-$1}${BENCH_NAME:+-$BENCH_NAME}"
+  p="$base.md"
+  while [ -e "$p" ]; do p="$base-$n.md"; n=$((n + 1)); done
+  echo "$p"
+}
+mkdir -p "$REPO/bench/results"
 if ! want standard; then
   if want peers || want accounts; then
-    OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-peers.md"
+    OUT=$(results_path peers)
     peers_section
     section_results peers "$OUT" "# wxgate against its peers, $(date -u) ($(hostname -s), \`$CMD\`)"$'\n\n'"$(machine)"
   fi
   if want flood; then
     flood_section
-    section_results flood "$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s)-flood.md" \
+    section_results flood "$(results_path flood)" \
       "# wxgate flood guard benchmark, $(date -u) ($(hostname -s), \`$CMD\`)"
   fi
   exit 0
@@ -1099,8 +1112,7 @@ echo "$TABLE"
 
 # --- results file -------------------------------------------------------------------
 
-mkdir -p "$REPO/bench/results"
-OUT="$REPO/bench/results/$(date -u +%Y-%m-%d)-$(hostname -s).md"
+OUT=$(results_path)
 {
   echo "# wxgate benchmark, $(date -u)"
   echo
