@@ -112,6 +112,9 @@ enum Op {
     Success(usize),
     /// Switch to the rule in this TOML `limits = [...]` value.
     Limits(&'static str),
+    /// A reload to this `limits` value with these other keys of the rule
+    /// (in place of the scenario's `extra`).
+    Reload(&'static str, &'static str),
     /// The n-th call ended: its concurrency slot is freed.
     Release(usize),
     /// The slots of these calls are renewed for the rule's lease.
@@ -401,6 +404,26 @@ fn scenarios() -> Vec<Scenario> {
                 vec![(Wait(2 * SEC), Any), (Call("a"), No(86_400 * SEC, Reason::Quota))],
             ]
             .concat(),
+        },
+        Scenario {
+            name: "a_warm_up_added_by_a_reload_finds_a_busy_pair_warm",
+            start: T0,
+            limits: r#"[{ count = 10, per = "10s", burst = 1 }]"#,
+            extra: "",
+            steps: vec![
+                (Call("a"), Ok),
+                (Wait(SEC), Any),
+                (Call("a"), Ok),
+                (Wait(SEC), Any),
+                (Call("a"), Ok),
+                // Called every second: not idle, so warm when a reload adds a
+                // warm-up; one a second goes on (not T / 0.55 = 1.818182 s).
+                (Reload(r#"[{ count = 10, per = "10s", burst = 1 }]"#, r#"warmup = "10s""#), Any),
+                (Wait(SEC), Any),
+                (Call("a"), Ok),
+                (Call("a"), No(SEC, Reason::Rate)),
+                (Inspect, Any),
+            ],
         },
         Scenario {
             name: "warm_up_starts_at_half_rate_and_again_after_a_token_refresh",
@@ -1104,6 +1127,10 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             }
             Limits(l) => {
                 (rule, config) = compile(l, s.extra);
+                Got::Done
+            }
+            Reload(l, extra) => {
+                (rule, config) = compile(l, extra);
                 Got::Done
             }
             On(path) => {
