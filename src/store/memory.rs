@@ -19,6 +19,7 @@
 //! no file, no cap, no background task.
 
 mod journal;
+mod learned;
 mod persist;
 mod token_slots;
 
@@ -29,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use async_trait::async_trait;
 
+use self::learned::LearnedTokens;
 use self::token_slots::TokenSlots;
 use super::op::{Inspect, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
@@ -66,8 +68,8 @@ pub struct MemoryStore {
     warm_dirty: AtomicBool,
     /// What learned access tokens are hashed under: random per state file.
     token_key: TokenKey,
-    /// Learned access tokens: hash → (account, until).
-    tokens: Mutex<rustc_hash::FxHashMap<TokenHash, (String, Micros)>>,
+    /// Learned access tokens: hash → (account, until), at most [`MAX_TOKENS`].
+    tokens: Mutex<LearnedTokens>,
     /// `tokens` changed since the last write of the state file.
     tokens_dirty: AtomicBool,
     /// The token cache's slots (`crate::features::token_cache`); not persisted.
@@ -148,7 +150,7 @@ impl MemoryStore {
             warm_keep_us: AtomicI64::new(0),
             warm_dirty: AtomicBool::new(false),
             token_key: token_key.unwrap_or_else(TokenKey::random),
-            tokens: Mutex::default(),
+            tokens: Mutex::new(LearnedTokens::new(MAX_TOKENS)),
             tokens_dirty: AtomicBool::new(false),
             token_slots: Mutex::default(),
             entries: AtomicUsize::new(0),
@@ -325,10 +327,7 @@ impl MemoryStore {
 
     /// Drops the learned tokens expired at `now`.
     fn drop_expired_tokens(&self, now: Micros) {
-        let mut tokens = lock(&self.tokens);
-        let before = tokens.len();
-        tokens.retain(|_, (_, until)| *until > now);
-        if tokens.len() != before {
+        if lock(&self.tokens).drop_expired(now) {
             self.tokens_dirty.store(true, Ordering::Relaxed);
         }
     }
@@ -491,21 +490,16 @@ impl TokenStore for MemoryStore {
 
     async fn learn_token(&self, hash: &TokenHash, account: &str, ttl_us: Micros) -> Result<(), StoreError> {
         let now = self.now();
-        let mut tokens = lock(&self.tokens);
-        if tokens.len() >= MAX_TOKENS && !tokens.contains_key(hash) {
-            tokens.retain(|_, (_, until)| *until > now);
-            if tokens.len() >= MAX_TOKENS {
-                return Err(StoreError::TokensFull(MAX_TOKENS));
-            }
-        }
-        tokens.insert(*hash, (account.to_owned(), now.saturating_add(ttl_us)));
+        lock(&self.tokens)
+            .learn(*hash, account, now.saturating_add(ttl_us), now)
+            .map_err(|_| StoreError::TokensFull(MAX_TOKENS))?;
         self.tokens_dirty.store(true, Ordering::Relaxed);
         Ok(())
     }
 
     async fn token_owner(&self, hash: &TokenHash) -> Result<Option<TokenOwner>, StoreError> {
         let now = self.now();
-        Ok(lock(&self.tokens).get(hash).filter(|(_, until)| *until > now).map(|(account, until)| TokenOwner {
+        Ok(lock(&self.tokens).get(hash, now).map(|(account, until)| TokenOwner {
             account: account.clone(),
             until: *until,
             now,

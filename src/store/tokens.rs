@@ -94,7 +94,7 @@ impl fmt::Debug for TokenKey {
 }
 
 /// What a store knows an access token by ([`TokenKey::hash`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TokenHash(pub [u8; HASH_LEN]);
 
 impl TokenHash {

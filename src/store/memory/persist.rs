@@ -116,7 +116,7 @@ impl MemoryStore {
             }
         }
         lock(&self.warm).extend(saved.token_refreshed);
-        lock(&self.tokens).extend(saved.tokens.into_iter().map(|t| (t.hash, (t.account, t.until))));
+        lock(&self.tokens).load(saved.tokens.into_iter().map(|t| (t.hash, t.account, t.until)));
         self.warm_keep_us.fetch_max(keep_warm_us, Ordering::Relaxed);
         if n > self.max_entries {
             tracing::warn!(
@@ -238,9 +238,8 @@ impl MemoryStore {
         let token_refreshed = lock(&self.warm).iter().map(|(a, t)| (a.clone(), *t)).collect();
         self.tokens_dirty.store(false, Ordering::Relaxed);
         let tokens = lock(&self.tokens)
-            .iter()
-            .filter(|(_, (_, until))| *until > now)
-            .map(|(hash, (account, until))| Learned { hash: *hash, account: account.clone(), until: *until })
+            .live(now)
+            .map(|(hash, account, until)| Learned { hash: *hash, account: account.clone(), until })
             .collect();
         Some(Saved { saved_at_us: now, pairs, token_refreshed, token_key: Some(self.token_key.clone()), tokens })
     }
