@@ -37,10 +37,16 @@ GCRA_ARGS='1, 1000000'
 # The accounts mode's wxgate rule: a window and a day quota, neither throttling.
 ACCOUNT_LIMITS='[{ count = 1000000000, per = "1s", burst = 1000000 }, { count = 1000000000, per = "day" }]'
 
+# With the token cache off (the memory store's default is on), so that each
+# token request is forwarded and learns the fresh token the mock answers: a
+# cached token would answer all but an account's first request from the cache.
 TOKEN_RULE="[[rule]]
 name = \"token\"
 match = [\"/cgi-bin/token\"]
-limits = $ACCOUNT_LIMITS"
+limits = $ACCOUNT_LIMITS
+
+[tokens]
+cache = false"
 alloc_port OR_PORT
 alloc_port LR_PORT
 alloc_port WX_ACC_MEM_PORT
