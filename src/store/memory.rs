@@ -50,7 +50,7 @@ const SWEEP_EVERY: u32 = 4096;
 const PRESSURE_EVERY_US: Micros = 1_000_000;
 /// "Store full" is logged at most this often.
 const FULL_LOG_EVERY_US: Micros = 10_000_000;
-/// Most learned access tokens held (about 130 bytes each, measured by
+/// Most learned access tokens held (about 120 bytes each, measured by
 /// bench/peers.sh's token-request rows). Tokens live two
 /// hours and an account has one or two at a time: room for a platform of
 /// several hundred thousand authorised accounts.

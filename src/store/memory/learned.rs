@@ -1,4 +1,4 @@
-//! The memory store's learned access tokens (`super::super::tokens`):
+//! The memory store's learned access tokens (`crate::store::tokens`):
 //! hash → (account, until), at most `cap` of them. What
 //! `lua/learn_token.lua` keeps in Redis, under one mutex.
 //!
