@@ -321,6 +321,10 @@ pub struct LogConfig {
 #[derive(Debug, Clone)]
 pub struct Server {
     pub listen: SocketAddr,
+    /// `window_margin`: how much two calls' trips from decision to WeChat
+    /// may differ with every window still exact where WeChat counts
+    /// ([`crate::limit::WindowLimit::with_margin`]).
+    pub window_margin_us: Micros,
     /// Base URL(s) of WeChat (or a test mock), tried in order
     /// ([`crate::transport::upstream`]); every forwarded call goes to one of them and
     /// nowhere else.

@@ -11,6 +11,16 @@
 //!   idle, and the sustained rate is `(N − B + 1) / W`. (A bucket of capacity N
 //!   refilled at N/W would admit 2N in one window after idle: the bug this
 //!   product exists to avoid.)
+//! - **Window-exact at WeChat's door.** WeChat counts a call when it
+//!   arrives, some time `d ∈ [0, J]` after its decision (the hold's wake-up,
+//!   the store's answer, the forward). With the arrival margin `M`
+//!   (`[server] window_margin`), `T = ⌈(W + M) / (N − B + 1)⌉`: the same
+//!   argument gives no `N + 1` admissions within `W + M`, so `N + 1`
+//!   arrivals `rᵢ = aᵢ + dᵢ` span `r_{N+1} − r₁ ≥ (a_{N+1} − a₁) − J ≥
+//!   W + M − J ≥ W` whenever the trips differ by at most `J ≤ M`: no
+//!   window `[t, t + W)` at WeChat holds more than N. The cost is the
+//!   sustained rate, `(N − B + 1) / (W + M)`: `M / W` of it (20 ms of a
+//!   minute: 0.03 %).
 //! - **Calendar quotas** (`per = "day"` / `"month"`) count admitted calls in
 //!   the current period of `quota_timezone` and start again at its midnight.
 //! - **All-or-nothing.** Every limit of the rule is checked first; a call that

@@ -486,14 +486,21 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
         match limit {
             Limit::Window(w) => say!(
                 out,
-                "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}",
+                "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}{}",
                 w.count,
                 humantime::format_duration(Duration::from_micros(w.per_us as u64)),
                 w.burst,
                 w.refill_per_second(),
                 w.interval_us,
                 humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                w.count
+                w.count,
+                match w.margin_us {
+                    0 => String::new(),
+                    m => format!(
+                        ", at WeChat too for trips that differ by up to {} (window_margin)",
+                        humantime::format_duration(Duration::from_micros(m as u64))
+                    ),
+                }
             ),
             Limit::Calendar { count, period } => {
                 say!(out, "  {count} per calendar {} (resets at 00:00 {tz})", period.as_str())

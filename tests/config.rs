@@ -59,7 +59,7 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
             "unknown_server_key.toml:3: [server] worker: unknown key; expected one of `listen`, `upstream`, \
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
-             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`",
+             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`",
         ),
         (
             "match_string",
@@ -98,8 +98,13 @@ fn shipped_rules_compile_and_print_each_rule() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("rule template_send [/cgi-bin/message/template/send]"), "{stdout}");
     assert!(stdout.contains("100000 per calendar day (resets at 00:00 +08:00)"), "{stdout}");
-    // 5000/min with the default burst of 5 % = 250: refill (5000-250+1)/60 s.
-    assert!(stdout.contains("5000 per 1m: capacity 250 + refill 79.1828/s"), "{stdout}");
+    // 5000/min with the default burst of 5 % = 250: refill (5000-250+1)
+    // per 60 s + the default window_margin of 20 ms (79.1828/s without it).
+    assert!(stdout.contains("5000 per 1m: capacity 250 + refill 79.1515/s"), "{stdout}");
+    assert!(
+        stdout.contains("no 1m-window admits more than 5000, at WeChat too for trips that differ by up to 20ms"),
+        "{stdout}"
+    );
     assert!(stdout.contains("unmatched paths: rule default"), "{stdout}");
 }
 
@@ -503,4 +508,18 @@ fn a_sentinel_store_needs_its_sentinels_and_master_and_never_prints_their_urls()
     let s = redis.sentinel.as_ref().expect("sentinel settings");
     assert_eq!((s.sentinels.len(), s.master.as_str()), (2, "wxm"));
     assert!(!format!("{redis:?}").contains("pw@"), "no sentinel URL in Debug: {redis:?}");
+}
+
+/// Issue 44, item 18: WeCom's per-member window (30 a minute, burst 10)
+/// was exact where wxgate decided, and a member's 31st message reached the
+/// upstream 59.998 s after its first. The shipped rule's member windows,
+/// like every window, are decided with the default arrival margin of
+/// 20 ms: ⌈(60 s + 20 ms) / (30 − 10 + 1)⌉ between a member's messages.
+#[test]
+fn member_windows_of_the_shipped_wecom_rules_keep_the_arrival_margin() {
+    let config = wxgate::config::Config::load(std::path::Path::new("deploy/rules-wecom.toml")).expect("shipped");
+    let rule = config.rule_for("/cgi-bin/message/send").expect("message/send has a rule");
+    let minute = rule.per_recipient.iter().find(|w| w.per_us == 60_000_000).expect("a member's minute window");
+    assert_eq!((minute.count, minute.burst, minute.margin_us), (30, 10, 20_000));
+    assert_eq!(minute.interval_us, 2_858_096, "60,020,000 µs / 21, rounded up");
 }

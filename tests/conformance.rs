@@ -229,6 +229,22 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            // 2 per 1 s, burst 1, decided as if 1.1 s long: T = 550 ms on
+            // every store (Lua and Rust take the same derived interval).
+            name: "window_margin_spaces_calls_for_their_arrival",
+            start: T0,
+            limits: r#"[{ count = 2, per = "1s", burst = 1 }]"#,
+            extra: "[server]\nwindow_margin = \"100ms\"",
+            steps: vec![
+                (Call("a"), Ok),
+                (Call("a"), No(550 * MS, Reason::Rate)),
+                (Wait(549 * MS), Any),
+                (Call("a"), No(MS, Reason::Rate)),
+                (Wait(MS), Any),
+                (Call("a"), Ok),
+            ],
+        },
+        Scenario {
             name: "day_quota_at_beijing_midnight",
             start: BEFORE_MIDNIGHT,
             limits: r#"[{ count = 2, per = "day" }]"#,
@@ -1038,7 +1054,10 @@ fn random_scenario() -> Scenario {
 /// The scenario's rule (matching `/x` and `/y`), as `/x` counts against
 /// it, and the config.
 fn compile(limits: &str, extra: &str) -> (Arc<Rule>, Config) {
-    let text = format!("[[rule]]\nname = \"r\"\nmatch = [\"/x\", \"/y\"]\nlimits = {limits}\n{extra}\n");
+    // Windows exact at the decision (`window_margin = "0s"`), unless the
+    // scenario sets a margin in a `[server]` table of its own.
+    let server = if extra.contains("[server]") { "" } else { "[server]\nwindow_margin = \"0s\"\n" };
+    let text = format!("{server}[[rule]]\nname = \"r\"\nmatch = [\"/x\", \"/y\"]\nlimits = {limits}\n{extra}\n");
     let config = Config::parse(&text, Path::new("scenario.toml")).expect("scenario config");
     (config.rule_for("/x").expect("/x has a rule").clone(), config)
 }

@@ -22,6 +22,44 @@ fn held_now(gate: &Gate) -> u32 {
     gate.held("default", "tpl")
 }
 
+/// Issue 44, item 18: held calls were released at exactly their window's
+/// edge, and the few milliseconds from decision to WeChat, different for
+/// each call, then put six calls of a 5-per-second window within less than
+/// a second where WeChat counts (996.8 ms at the shortest). With the
+/// arrival margin no window at the upstream's door holds more than its
+/// count. (Real time: the jitter is the point. 100 ms here, far above the
+/// spread of a loaded test machine; with `window_margin = "0s"`, the code
+/// before the margin, this test fails.)
+#[tokio::test]
+async fn held_calls_reach_wechat_no_closer_together_than_their_window_allows() {
+    let mock = MockWeChat::start().await;
+    let path = "/cgi-bin/message/template/send?access_token=T";
+    let rule = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(5, "1s", 1).max_wait("5s");
+    let config = ConfigToml::new(&mock.url()).server("window_margin", "100ms").with(rule);
+    let gate = Arc::new(Gate::start_real_text(config).await);
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let g = gate.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..4 {
+                    statuses.push(g.get(path).await.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    for caller in callers {
+        assert_eq!(caller.await.expect("caller"), vec![200; 4], "every call is held, then forwarded");
+    }
+    let mut arrivals: Vec<std::time::Instant> = mock.calls().iter().map(|c| c.arrived).collect();
+    arrivals.sort();
+    assert_eq!(arrivals.len(), 16);
+    let (most, from) = busiest_window(&arrivals, Duration::from_secs(1));
+    let gaps: Vec<u128> = arrivals.windows(2).map(|p| (p[1] - p[0]).as_millis()).collect();
+    assert!(most <= 5, "{most} calls reached WeChat within 1 s (from {from:?}); gaps in ms: {gaps:?}");
+}
+
 #[tokio::test]
 async fn a_held_call_is_forwarded_exactly_at_its_reserved_time() {
     let mock = MockWeChat::start().await;

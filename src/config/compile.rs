@@ -103,7 +103,15 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             return Err(ctx.at_field(span, "name", format!("rule \"{}\": another rule has the same name", r.name)));
         }
         let sync = r.quota_sync.clone();
-        let (rule, answer, own) = compile_rule(r, rules.len(), span.clone(), all_shadow, server.throttle_status, ctx)?;
+        let (rule, answer, own) = compile_rule(
+            r,
+            rules.len(),
+            span.clone(),
+            all_shadow,
+            server.throttle_status,
+            server.window_margin_us,
+            ctx,
+        )?;
         answers.push(answer);
         let rule = Arc::new(rule);
         let first_sync = routed.len();

@@ -88,6 +88,7 @@ pub(super) struct RawServer {
     pub caller: Option<String>,
     pub caller_auth: Option<String>,
     pub max_accounts: Option<usize>,
+    pub window_margin: Option<String>,
 }
 
 /// `[server] upstream`: one base URL, or a list of them tried in order.

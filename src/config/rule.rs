@@ -56,6 +56,7 @@ pub(super) fn compile_rule(
     span: std::ops::Range<usize>,
     all_shadow: bool,
     throttle_status: http::StatusCode,
+    margin_us: crate::limit::clock::Micros,
     ctx: &Ctx<'_>,
 ) -> Result<(Rule, RuleAnswer, Vec<Pattern>), ConfigError> {
     let err = |m: String| ctx.at_field(span.clone(), leading_key(&m), format!("rule \"{}\": {m}", r.name));
@@ -70,7 +71,7 @@ pub(super) fn compile_rule(
     let mut windows = HashSet::new();
     for (i, l) in r.limits.iter().enumerate() {
         let at = |m: String| ctx.at_field(l.span(), leading_key(&m), format!("rule \"{}\": limits[{i}]: {m}", r.name));
-        let limit = compile_limit(l.get_ref()).map_err(at)?;
+        let limit = compile_limit(l.get_ref(), margin_us).map_err(at)?;
         if !windows.insert(limit.window_key()) {
             return Err(at(format!("another limit of this rule has per = \"{}\"", l.get_ref().per)));
         }
@@ -141,7 +142,7 @@ pub(super) fn compile_rule(
         let at = |m: String| {
             ctx.at_field(l.span(), leading_key(&m), format!("rule \"{}\": per_recipient[{i}]: {m}", r.name))
         };
-        match compile_limit(l.get_ref()).map_err(at)? {
+        match compile_limit(l.get_ref(), margin_us).map_err(at)? {
             Limit::Window(w) if per_recipient.iter().any(|p: &WindowLimit| p.per_us == w.per_us) => {
                 return Err(at(format!("another per_recipient limit has per = \"{}\"", l.get_ref().per)));
             }
@@ -205,7 +206,8 @@ fn percent_of(text: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("\"{text}\": expected a share such as \"20%\" (1% to 99%)"))
 }
 
-fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
+/// One limit; a window gets the arrival margin `margin_us` (`[server] window_margin`).
+fn compile_limit(l: &RawLimit, margin_us: crate::limit::clock::Micros) -> Result<Limit, String> {
     if l.count == 0 {
         return Err("count must be at least 1".into());
     }
@@ -248,7 +250,7 @@ fn compile_limit(l: &RawLimit) -> Result<Limit, String> {
             if burst > l.count {
                 return Err(format!("burst {burst} exceeds count {}", l.count));
             }
-            Ok(Limit::Window(WindowLimit::new(l.count, per_us, burst)))
+            Ok(Limit::Window(WindowLimit::with_margin(l.count, per_us, burst, margin_us)))
         }
     }
 }

@@ -147,25 +147,44 @@ impl WindowKey {
     }
 }
 
-/// `{count N, per W, burst B}` compiled to GCRA parameters.
+/// `{count N, per W, burst B}` compiled to GCRA parameters, with the
+/// arrival margin `M` (`[server] window_margin`) that keeps the window
+/// exact where WeChat counts, not only where wxgate decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WindowLimit {
     pub count: u64,
     pub per_us: Micros,
     pub burst: u64,
-    /// Emission interval `T = ⌈W / (N − B + 1)⌉` (rounded up: never faster).
+    /// Emission interval `T = ⌈(W + M) / (N − B + 1)⌉` (rounded up: never faster).
     pub interval_us: Micros,
     /// Tolerance `τ = (B − 1)·T`.
     pub tolerance_us: Micros,
+    /// The arrival margin `M`: no `N + 1` admissions within `W + M`, so
+    /// calls whose trips from decision to WeChat differ by up to `M` still
+    /// arrive at most `N` in any `W` ([`crate::limit`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub margin_us: Micros,
+}
+
+fn is_zero(us: &Micros) -> bool {
+    *us == 0
 }
 
 impl WindowLimit {
-    /// Callers validate `1 ≤ burst ≤ count` and `per_us > 0` first.
+    /// A window exact at the decision (no arrival margin). Callers validate
+    /// `1 ≤ burst ≤ count` and `per_us > 0` first.
     pub fn new(count: u64, per_us: Micros, burst: u64) -> Self {
+        WindowLimit::with_margin(count, per_us, burst, 0)
+    }
+
+    /// A window exact at WeChat's door for trips that differ by up to
+    /// `margin_us` (≥ 0).
+    pub fn with_margin(count: u64, per_us: Micros, burst: u64, margin_us: Micros) -> Self {
         let slots = i64::try_from(count - burst + 1).unwrap_or(i64::MAX);
-        let interval_us = (per_us + slots - 1) / slots;
+        let span = per_us.saturating_add(margin_us.max(0));
+        let interval_us = (span + slots - 1) / slots;
         let tolerance_us = i64::try_from(burst - 1).unwrap_or(0).saturating_mul(interval_us);
-        WindowLimit { count, per_us, burst, interval_us, tolerance_us }
+        WindowLimit { count, per_us, burst, interval_us, tolerance_us, margin_us: margin_us.max(0) }
     }
 
     /// Burst when the config gives none: 5 % of the count, at least 1. Small,
@@ -231,7 +250,7 @@ impl Rule {
             .map(|l| match *l {
                 Limit::Window(w) => {
                     let count = (w.count / n).max(1);
-                    Limit::Window(WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count)))
+                    Limit::Window(WindowLimit::with_margin(count, w.per_us, (w.burst / n).clamp(1, count), w.margin_us))
                 }
                 Limit::Calendar { count, period } => Limit::Calendar { count: (count / n).max(1), period },
             })
@@ -246,7 +265,7 @@ impl Rule {
             .iter()
             .map(|w| {
                 let count = (w.count / n).max(1);
-                WindowLimit::new(count, w.per_us, (w.burst / n).clamp(1, count))
+                WindowLimit::with_margin(count, w.per_us, (w.burst / n).clamp(1, count), w.margin_us)
             })
             .collect();
         // Clamped: no error to give.
@@ -491,7 +510,7 @@ fn shares_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<Limit>, Per
         share.push(match *limit {
             Limit::Window(w) => {
                 let burst = w.burst.saturating_mul(u64::from(percent)).div_ceil(100).clamp(1, count);
-                Limit::Window(WindowLimit::new(count, w.per_us, burst))
+                Limit::Window(WindowLimit::with_margin(count, w.per_us, burst, w.margin_us))
             }
             Limit::Calendar { period, .. } => Limit::Calendar { count, period },
         });

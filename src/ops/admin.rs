@@ -306,6 +306,7 @@ fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
                 "per_seconds": w.per_us as f64 / 1e6,
                 "burst": w.burst,
                 "refill_per_second": w.refill_per_second(),
+                "margin_ms": w.margin_us as f64 / 1e3,
             }),
             Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
         })

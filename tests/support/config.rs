@@ -207,6 +207,10 @@ impl ConfigToml {
         server.set("admin_listen", value("127.0.0.1:0"));
         server.set("upstream", value(upstream));
         server.set("upstream_timeout", value("2s"));
+        // Windows exact at the decision, so that tests can state exact
+        // moments; the arrival margin has tests of its own (tests/shaping.rs),
+        // which set it or leave this key out for the default.
+        server.set("window_margin", value("0s"));
         ConfigToml { server, sections: Vec::new() }
     }
 
