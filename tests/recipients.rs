@@ -282,3 +282,76 @@ async fn in_shadow_mode_nothing_is_refused_and_the_would_be_refusals_are_counted
         "the second message to u1 would have been refused"
     );
 }
+
+/// `message_send` with WeCom's shipped recipients (`@all`, `toparty`,
+/// `totag`) and this `per_recipient`, counting `cost` ("call" or
+/// "recipients") against a roomy day.
+fn wecom_rule(cost: &str, per_recipient: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+         limits = [{{ count = 1000000, per = \"day\" }}]\ncost = \"{cost}\"\n\
+         recipients = {{ field = \"touser\", separator = \"|\", all = \"@all\", unseen = [\"toparty\", \"totag\"], \
+         unseen_cost = 1000 }}\nper_recipient = {per_recipient}\n"
+    )
+}
+
+/// WeCom userids are case-insensitive (doc 90236 answers them "统一转为小写";
+/// the member's uniqueness "忽略大小写"): `alice`, `ALICE` and `Alice` are one
+/// member, whose 4th message in a minute WeCom would drop silently. Each
+/// spelling used to get its own windows (8 spellings: 8 times the limit)
+/// and `alice|ALICE` passed the "named twice" check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_spelled_in_eight_cases_gets_no_more_than_its_own_limit() {
+    for backing in [Backing::Memory, Backing::Redis(RedisServer::start())] {
+        let store = backing.name();
+        let mock = MockWeChat::start().await;
+        let gate = backing.gate(&mock, &wecom_rule("recipients", r#"[{ count = 3, per = "1m", burst = 3 }]"#)).await;
+        let spellings = ["alice", "ALICE", "Alice", "aLICE", "alIce", "ALice", "alicE", "AlIcE"];
+        let mut through = 0;
+        for to in spellings.iter().chain(&spellings) {
+            let a = gate.post(SEND, &message(to)).await;
+            match a.status.as_u16() {
+                200 => through += 1,
+                429 => assert_eq!(a.header("x-wxgate-reason"), Some("recipient"), "{store}: {}", a.text()),
+                other => panic!("{store}: {to}: {other} {}", a.text()),
+            }
+        }
+        assert_eq!(through, 3, "{store}: 16 messages to one member in 8 spellings: its 3 a minute, no more");
+        assert_eq!(mock.count(), 3, "{store}");
+        // One member named twice in one call, in two cases: refused (400)
+        // like "alice|alice", never forwarded.
+        for to in ["bob|BOB", "bob|bob"] {
+            let twice = gate.post(SEND, &message(to)).await;
+            assert_eq!(twice.status, 400, "{store}: {to}: {}", twice.text());
+            assert!(twice.text().contains("names a recipient twice"), "{store}: {}", twice.text());
+        }
+        assert_eq!(mock.count(), 3, "{store}: nothing named twice reached WeCom");
+        if let Backing::Redis(redis) = &backing {
+            // One key for the member, under its folded id, kept no longer
+            // than its longest window.
+            let keys = redis.command("KEYS *#r:*");
+            assert!(keys.contains("#r:alice") && !keys.contains("#r:A") && !keys.contains("#r:aL"), "{keys}");
+        }
+    }
+}
+
+/// WeCom documents `touser = "@all"` (lower case) for every member of the
+/// app; whether `@ALL` means them too is not documented (a userid cannot
+/// start with "@"). It used to be metered as a member named "@ALL" (cost
+/// 1, sent to WeCom); it is refused, naming the spelling wxgate reads.
+#[tokio::test]
+async fn every_member_written_in_another_case_is_refused_rather_than_counted_as_one_member() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, wecom_rule("recipients", r#"[{ count = 3, per = "1m", burst = 3 }]"#)).await;
+    for to in ["@ALL", "@All", "a|@aLL"] {
+        let a = gate.post(SEND, &message(to)).await;
+        assert_eq!(a.status, 400, "{to}: {}", a.text());
+        let errmsg = a.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+        assert!(errmsg.contains("write \"@all\"") && errmsg.contains("rule \"message_send\""), "{to}: {errmsg}");
+    }
+    assert_eq!(mock.count(), 0, "none reached WeCom");
+    // "@all" itself costs unseen_cost (1000 of the day).
+    assert_eq!(gate.post(SEND, &message("@all")).await.status, 200);
+    let state = support::get_at(gate.admin_addr(), "/v1/buckets/default/message_send").await.text();
+    assert!(state.contains("\"used\":1000"), "{state}");
+}
