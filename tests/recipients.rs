@@ -355,3 +355,48 @@ async fn every_member_written_in_another_case_is_refused_rather_than_counted_as_
     let state = support::get_at(gate.admin_addr(), "/v1/buckets/default/message_send").await.text();
     assert!(state.contains("\"used\":1000"), "{state}");
 }
+
+/// A rule counting calls (`cost = "call"`) with `per_recipient` keeps one
+/// state per member named, for up to its longest window: one call naming
+/// thousands used to create thousands (20 calls of a 60 KB `touser`:
+/// ~240k states, ~60 MB, counted nowhere). A call names at most WeCom's
+/// own 1000 (400 past it, saying so), and the members held by the store
+/// stay within `[store] max_recipients`: a call that would add members
+/// past it is refused (503) until members' windows are whole again.
+#[tokio::test]
+async fn calls_naming_many_members_cannot_grow_the_members_held_past_the_bound() {
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url()).with(StoreToml::memory().set("max_recipients", 2500)).with(wecom_rule(
+        "call",
+        r#"[{ count = 30, per = "1m", burst = 10 }, { count = 1000, per = "1h", burst = 100 }]"#,
+    ));
+    let gate = Gate::start_text(config).await;
+    let members = |from: usize, n: usize| (from..from + n).map(|i| format!("m{i}")).collect::<Vec<_>>().join("|");
+    let held = || async { gate.metric("wxgate_store_recipients").await };
+    // More than WeCom takes in one touser: 400, naming where 1000 comes from.
+    let over = gate.post(SEND, &message(&members(0, 1001))).await;
+    assert_eq!(over.status, 400, "{}", over.text());
+    assert!(over.text().contains("more than the 1000") && over.text().contains("WeCom's own limit"), "{}", over.text());
+    assert_eq!(held().await, Some(0.0), "a refused call holds nothing");
+    // 1000 + 1000 members held; 1000 more would pass 2500.
+    for from in [0, 1000] {
+        let a = gate.post(SEND, &message(&members(from, 1000))).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(held().await, Some(2000.0));
+    let full = gate.post(SEND, &message(&members(2000, 1000))).await;
+    assert_eq!(full.status, 503, "{}", full.text());
+    assert!(full.text().contains("max_recipients"), "{}", full.text());
+    // 500 fit exactly; then not one more, while members already held
+    // still get their messages.
+    assert_eq!(gate.post(SEND, &message(&members(2000, 500))).await.status, 200);
+    assert_eq!(gate.post(SEND, &message(&members(2500, 1))).await.status, 503);
+    assert_eq!(gate.post(SEND, &message(&members(0, 1000))).await.status, 200, "members held: no new state");
+    assert_eq!(held().await, Some(2500.0), "the bound holds");
+    assert_eq!(mock.count(), 4);
+    // An hour on, every member's windows are whole again: their states go
+    // and new members find room.
+    gate.advance(std::time::Duration::from_secs(3601));
+    assert_eq!(gate.post(SEND, &message(&members(5000, 1000))).await.status, 200);
+    assert!(held().await.is_some_and(|n| n <= 2500.0), "{:?}", held().await);
+}
