@@ -622,3 +622,54 @@ impl TokenStore for MemoryStore {
         Ok(lock(&self.token_slots).drop_token(hash, kinds, now))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::limit::clock::ManualClock;
+    use crate::limit::Decision;
+
+    const RULE: &str = r#"[[rule]]
+name = "message_send"
+match = ["/cgi-bin/message/send"]
+limits = [{ count = 1000000, per = "day" }]
+recipients = { field = "touser", separator = "|" }
+per_recipient = [{ count = 30, per = "1m", burst = 10 }, { count = 1000, per = "1h", burst = 100 }]
+"#;
+
+    /// The count of recipients held follows every state added and dropped
+    /// (what `max_recipients` is checked against, so it must not drift).
+    #[tokio::test]
+    async fn recipients_held_are_counted_as_they_come_and_go() {
+        let config = Config::parse(RULE, Path::new("t.toml")).expect("the rule");
+        let rule = config.rule_for("/cgi-bin/message/send").expect("the rule matches").clone();
+        let clock = ManualClock::new(1_795_924_800_000_000);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let held = || store.recipients.load(Ordering::Relaxed);
+        let key = Key { account: "wx1", rule: &rule, offset_us: 0 };
+        let other = Key { account: "wx2", ..key };
+        let ids: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+        for (k, ids) in [(key, &ids[..]), (key, &ids[5..]), (other, &ids[..3])] {
+            let decided = store.acquire(&Ask { cost: 1, recipients: ids, ..Ask::one(k) }).await.expect("acquire");
+            assert!(matches!(decided.decision, Decision::Admit { .. }), "{:?}", decided.decision);
+        }
+        assert_eq!(held(), 13, "10 of wx1 (5 named twice), 3 of wx2");
+        assert_eq!(
+            held(),
+            store
+                .shards
+                .iter()
+                .map(|s| lock(s).states.values().map(|(s, _)| s.recipients.len()).sum::<usize>())
+                .sum::<usize>()
+        );
+        // Every member's windows whole again: the sweep drops them (the
+        // pairs stay, holding the day's count).
+        clock.advance(Duration::from_secs(3601));
+        store.sweep();
+        assert_eq!((held(), store.len()), (0, 2));
+    }
+}
