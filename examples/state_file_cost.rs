@@ -39,6 +39,7 @@ async fn main() {
         state_file: Some(dir.join("state.json")),
         flush_interval: Duration::from_secs(3600),
         max_entries: 10_000_000,
+        max_recipients: 100_000_000,
     };
     let store = MemoryStore::open(Arc::new(clock.clone()), &mc, 8 * 3600 * 1_000_000, 0, MemoryStoreMetrics::default())
         .unwrap();

@@ -446,6 +446,9 @@ pub struct MemoryConfig {
     pub flush_interval: Duration,
     /// Most (account, rule) states held; a new pair past it is refused (503).
     pub max_entries: usize,
+    /// Most recipients' states held (`per_recipient`), all pairs together;
+    /// a call that would add one past it is refused (503).
+    pub max_recipients: usize,
 }
 
 impl MemoryConfig {
@@ -454,6 +457,12 @@ impl MemoryConfig {
     pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
     /// About 0.5-0.65 GB of state at most (measured: 500-650 bytes per (account, rule) state).
     pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+    /// About 65-130 MB of heap at most (65-130 bytes per recipient with
+    /// two windows, by how full the map is), up to ~260 MB resident (the
+    /// allocator keeps the pages of the tables freed as the map grew);
+    /// examples/recipient_memory.rs. The Redis store's local fallback holds
+    /// at most this many too.
+    pub const DEFAULT_MAX_RECIPIENTS: usize = 1_000_000;
 
     /// No state file; the default bounds (tests, embedding).
     pub fn in_memory() -> MemoryConfig {
@@ -461,6 +470,7 @@ impl MemoryConfig {
             state_file: None,
             flush_interval: Self::DEFAULT_FLUSH_INTERVAL,
             max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_recipients: Self::DEFAULT_MAX_RECIPIENTS,
         }
     }
 }

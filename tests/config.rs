@@ -125,16 +125,22 @@ fn the_memory_store_keeps_its_state_beside_the_config_file_unless_told_otherwise
     };
     // Text that is not read from a file has no directory: no state file.
     assert_eq!(parse(r#"kind = "memory""#), Ok(StoreConfig::Memory(MemoryConfig::in_memory())));
-    let set = parse("state_file = \"/var/lib/wxgate/state.json\"\nflush_interval = \"250ms\"\nmax_entries = 5000");
+    let set = parse(
+        "state_file = \"/var/lib/wxgate/state.json\"\nflush_interval = \"250ms\"\nmax_entries = 5000\n\
+         max_recipients = 20000",
+    );
     let want = MemoryConfig {
         state_file: Some("/var/lib/wxgate/state.json".into()),
         flush_interval: Duration::from_millis(250),
         max_entries: 5000,
+        max_recipients: 20000,
     };
     assert_eq!(set, Ok(StoreConfig::Memory(want)));
     for (store, error) in [
         ("kind = \"redis\"\nstate_file = \"s.json\"", "3: [store] state_file: only used with kind = \"memory\""),
         ("kind = \"redis-cluster\"\nmax_entries = 5", "3: [store] max_entries: only used with kind = \"memory\""),
+        ("kind = \"redis\"\nmax_recipients = 5000", "3: [store] max_recipients: only used with kind = \"memory\""),
+        ("max_recipients = 999", "2: [store] max_recipients: must be at least 1000 (the recipients one call may name)"),
         ("kind = \"redis\"\nflush_interval = \"1s\"", "3: [store] flush_interval: only used with kind = \"memory\""),
         ("state_file = \"\"", "2: [store] state_file: give a file path, or \"off\""),
         ("flush_interval = \"5ms\"", "2: [store] flush_interval: must be 10ms to 1h"),

@@ -282,3 +282,121 @@ async fn in_shadow_mode_nothing_is_refused_and_the_would_be_refusals_are_counted
         "the second message to u1 would have been refused"
     );
 }
+
+/// `message_send` with WeCom's shipped recipients (`@all`, `toparty`,
+/// `totag`) and this `per_recipient`, counting `cost` ("call" or
+/// "recipients") against a roomy day.
+fn wecom_rule(cost: &str, per_recipient: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+         limits = [{{ count = 1000000, per = \"day\" }}]\ncost = \"{cost}\"\n\
+         recipients = {{ field = \"touser\", separator = \"|\", all = \"@all\", unseen = [\"toparty\", \"totag\"], \
+         unseen_cost = 1000 }}\nper_recipient = {per_recipient}\n"
+    )
+}
+
+/// WeCom userids are case-insensitive (doc 90236 answers them "统一转为小写";
+/// the member's uniqueness "忽略大小写"): `alice`, `ALICE` and `Alice` are one
+/// member, whose 4th message in a minute WeCom would drop silently. Each
+/// spelling used to get its own windows (8 spellings: 8 times the limit)
+/// and `alice|ALICE` passed the "named twice" check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_spelled_in_eight_cases_gets_no_more_than_its_own_limit() {
+    for backing in [Backing::Memory, Backing::Redis(RedisServer::start())] {
+        let store = backing.name();
+        let mock = MockWeChat::start().await;
+        let gate = backing.gate(&mock, &wecom_rule("recipients", r#"[{ count = 3, per = "1m", burst = 3 }]"#)).await;
+        let spellings = ["alice", "ALICE", "Alice", "aLICE", "alIce", "ALice", "alicE", "AlIcE"];
+        let mut through = 0;
+        for to in spellings.iter().chain(&spellings) {
+            let a = gate.post(SEND, &message(to)).await;
+            match a.status.as_u16() {
+                200 => through += 1,
+                429 => assert_eq!(a.header("x-wxgate-reason"), Some("recipient"), "{store}: {}", a.text()),
+                other => panic!("{store}: {to}: {other} {}", a.text()),
+            }
+        }
+        assert_eq!(through, 3, "{store}: 16 messages to one member in 8 spellings: its 3 a minute, no more");
+        assert_eq!(mock.count(), 3, "{store}");
+        // One member named twice in one call, in two cases: refused (400)
+        // like "alice|alice", never forwarded.
+        for to in ["bob|BOB", "bob|bob"] {
+            let twice = gate.post(SEND, &message(to)).await;
+            assert_eq!(twice.status, 400, "{store}: {to}: {}", twice.text());
+            assert!(twice.text().contains("names a recipient twice"), "{store}: {}", twice.text());
+        }
+        assert_eq!(mock.count(), 3, "{store}: nothing named twice reached WeCom");
+        if let Backing::Redis(redis) = &backing {
+            // One key for the member, under its folded id, kept no longer
+            // than its longest window.
+            let keys = redis.command("KEYS *#r:*");
+            assert!(keys.contains("#r:alice") && !keys.contains("#r:A") && !keys.contains("#r:aL"), "{keys}");
+        }
+    }
+}
+
+/// WeCom documents `touser = "@all"` (lower case) for every member of the
+/// app; whether `@ALL` means them too is not documented (a userid cannot
+/// start with "@"). It used to be metered as a member named "@ALL" (cost
+/// 1, sent to WeCom); it is refused, naming the spelling wxgate reads.
+#[tokio::test]
+async fn every_member_written_in_another_case_is_refused_rather_than_counted_as_one_member() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, wecom_rule("recipients", r#"[{ count = 3, per = "1m", burst = 3 }]"#)).await;
+    for to in ["@ALL", "@All", "a|@aLL"] {
+        let a = gate.post(SEND, &message(to)).await;
+        assert_eq!(a.status, 400, "{to}: {}", a.text());
+        let errmsg = a.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+        assert!(errmsg.contains("write \"@all\"") && errmsg.contains("rule \"message_send\""), "{to}: {errmsg}");
+    }
+    assert_eq!(mock.count(), 0, "none reached WeCom");
+    // "@all" itself costs unseen_cost (1000 of the day).
+    assert_eq!(gate.post(SEND, &message("@all")).await.status, 200);
+    let state = support::get_at(gate.admin_addr(), "/v1/buckets/default/message_send").await.text();
+    assert!(state.contains("\"used\":1000"), "{state}");
+}
+
+/// A rule counting calls (`cost = "call"`) with `per_recipient` keeps one
+/// state per member named, for up to its longest window: one call naming
+/// thousands used to create thousands (20 calls of a 60 KB `touser`:
+/// ~240k states, ~60 MB, counted nowhere). A call names at most WeCom's
+/// own 1000 (400 past it, saying so), and the members held by the store
+/// stay within `[store] max_recipients`: a call that would add members
+/// past it is refused (503) until members' windows are whole again.
+#[tokio::test]
+async fn calls_naming_many_members_cannot_grow_the_members_held_past_the_bound() {
+    let mock = MockWeChat::start().await;
+    let config = ConfigToml::new(&mock.url()).with(StoreToml::memory().set("max_recipients", 2500)).with(wecom_rule(
+        "call",
+        r#"[{ count = 30, per = "1m", burst = 10 }, { count = 1000, per = "1h", burst = 100 }]"#,
+    ));
+    let gate = Gate::start_text(config).await;
+    let members = |from: usize, n: usize| (from..from + n).map(|i| format!("m{i}")).collect::<Vec<_>>().join("|");
+    let held = || async { gate.metric("wxgate_store_recipients").await };
+    // More than WeCom takes in one touser: 400, naming where 1000 comes from.
+    let over = gate.post(SEND, &message(&members(0, 1001))).await;
+    assert_eq!(over.status, 400, "{}", over.text());
+    assert!(over.text().contains("more than the 1000") && over.text().contains("WeCom's own limit"), "{}", over.text());
+    assert_eq!(held().await, Some(0.0), "a refused call holds nothing");
+    // 1000 + 1000 members held; 1000 more would pass 2500.
+    for from in [0, 1000] {
+        let a = gate.post(SEND, &message(&members(from, 1000))).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(held().await, Some(2000.0));
+    let full = gate.post(SEND, &message(&members(2000, 1000))).await;
+    assert_eq!(full.status, 503, "{}", full.text());
+    assert!(full.text().contains("max_recipients"), "{}", full.text());
+    // 500 fit exactly; then not one more, while members already held
+    // still get their messages.
+    assert_eq!(gate.post(SEND, &message(&members(2000, 500))).await.status, 200);
+    assert_eq!(gate.post(SEND, &message(&members(2500, 1))).await.status, 503);
+    assert_eq!(gate.post(SEND, &message(&members(0, 1000))).await.status, 200, "members held: no new state");
+    assert_eq!(held().await, Some(2500.0), "the bound holds");
+    assert_eq!(mock.count(), 4);
+    // An hour on, every member's windows are whole again: their states go
+    // and new members find room.
+    gate.advance(std::time::Duration::from_secs(3601));
+    assert_eq!(gate.post(SEND, &message(&members(5000, 1000))).await.status, 200);
+    assert_eq!(held().await, Some(1000.0), "the 2500 whose windows were whole again were dropped");
+}

@@ -36,7 +36,8 @@ pub struct Metering {
     /// What members wxgate cannot see cost (`None`: such a call is refused
     /// with 400).
     pub unseen_cost: Option<u64>,
-    /// Most recipients one call may name (WeCom takes 1000).
+    /// Most recipients one call may name: at most [`Metering::MAX`]
+    /// (WeCom's own limit for `touser`), the default.
     pub max: usize,
     /// `cost = "recipients"`: the rule's limits count recipients.
     pub by_recipients: bool,
@@ -45,6 +46,21 @@ pub struct Metering {
 impl Metering {
     /// Longest recipient id read (WeCom userids are at most 64 bytes).
     pub const MAX_ID: usize = 256;
+
+    /// Most recipients one call may ever name, and the default `max`:
+    /// WeCom's own limit for `touser` ("最多支持1000个", doc 90236, "发送应用
+    /// 消息"). Each recipient of a `per_recipient` rule is state wxgate
+    /// holds for up to its longest window: one call must not bring more.
+    pub const MAX: usize = 1000;
+
+    /// Where [`Metering::max`] comes from, for the 400 past it.
+    pub fn max_from(&self) -> &'static str {
+        if self.max == Self::MAX {
+            "WeCom's own limit for touser, doc 90236"
+        } else {
+            "the rule's recipients.max"
+        }
+    }
 
     /// What `wxgate check` says of it.
     pub fn says(&self) -> String {
@@ -93,9 +109,12 @@ impl Metering {
         if raw.unseen_cost == Some(0) {
             return Err("unseen_cost: must be at least 1 (leave it out to refuse such calls)".into());
         }
-        let max = raw.max.unwrap_or(1000);
-        if max == 0 || max > 100_000 {
-            return Err("max: between 1 and 100000 recipients".into());
+        let max = raw.max.unwrap_or(Self::MAX);
+        if max == 0 || max > Self::MAX {
+            return Err(format!(
+                "max: between 1 and {} recipients (WeCom's own limit for touser; each recipient is state wxgate holds)",
+                Self::MAX
+            ));
         }
         Ok(Metering {
             rule: rule.to_owned(),

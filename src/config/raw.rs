@@ -144,6 +144,7 @@ pub(super) struct RawStore {
     pub state_file: Option<String>,
     pub flush_interval: Option<String>,
     pub max_entries: Option<usize>,
+    pub max_recipients: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -227,6 +227,7 @@ pub(super) fn store(mut raw: RawStore, config_dir: Option<&Path>) -> Result<Stor
                 ("state_file", raw.state_file.is_some()),
                 ("flush_interval", raw.flush_interval.is_some()),
                 ("max_entries", raw.max_entries.is_some()),
+                ("max_recipients", raw.max_recipients.is_some()),
             ] {
                 if given {
                     return Err(format!("[store] {key}: only used with kind = \"memory\""));
@@ -411,7 +412,14 @@ fn memory(raw: RawStore, config_dir: Option<&Path>) -> Result<MemoryConfig, Stri
     if max_entries == 0 {
         return Err("[store] max_entries: must be at least 1".into());
     }
-    Ok(MemoryConfig { state_file, flush_interval, max_entries })
+    let max_recipients = raw.max_recipients.unwrap_or(MemoryConfig::DEFAULT_MAX_RECIPIENTS);
+    if max_recipients < crate::config::Metering::MAX {
+        return Err(format!(
+            "[store] max_recipients: must be at least {} (the recipients one call may name)",
+            crate::config::Metering::MAX
+        ));
+    }
+    Ok(MemoryConfig { state_file, flush_interval, max_entries, max_recipients })
 }
 
 /// `[server] upstream`: a URL (the default: WeChat's), or a list tried in

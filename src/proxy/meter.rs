@@ -115,51 +115,75 @@ pub fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
         Err(e) => return Err(e.to_string()),
     };
     let mut unseen = m.unseen.iter().any(|path| at(&json, path).is_some_and(names_someone));
+    // Each id trimmed and folded to ASCII lower case as it is read (the
+    // one copy the call keeps of it): WeCom userids are case-insensitive,
+    // so `alice` and `ALICE` are one member, named twice.
     let mut ids: Vec<String> = Vec::new();
-    match at(&json, &m.field) {
-        None | Some(Value::Null) if unseen => {}
-        None | Some(Value::Null) => return Err(format!("the body has no \"{field}\"; expected {expected}")),
-        Some(Value::String(text)) => {
-            let parts: Vec<&str> = match &m.separator {
-                Some(sep) => text.split(sep.as_str()).collect(),
-                None => vec![text.as_str()],
-            };
-            ids.extend(parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned));
+    let mut all_named = 0usize;
+    let mut push = |raw: &str| -> Result<(), String> {
+        let id = raw.trim();
+        if id.is_empty() {
+            return Ok(());
         }
-        Some(Value::Array(items)) => {
-            for item in items {
-                match item {
-                    Value::String(id) if !id.trim().is_empty() => ids.push(id.trim().to_owned()),
-                    Value::String(_) => {}
-                    _ => return Err(format!("\"{field}\" holds something other than strings; expected {expected}")),
-                }
+        if let Some(all) = &m.all {
+            if id == all {
+                all_named += 1;
+                return Ok(());
+            }
+            if id.eq_ignore_ascii_case(all) {
+                return Err(format!(
+                    "\"{field}\" names \"{id}\": WeCom documents \"{all}\" (this spelling) for every member, and \
+                     wxgate does not guess whether \"{id}\" means them too (a userid cannot start with \"@\"); \
+                     write \"{all}\""
+                ));
             }
         }
-        Some(_) => return Err(format!("\"{field}\" is neither a string nor an array; expected {expected}")),
-    }
-    if let Some(all) = &m.all {
-        if ids.iter().any(|id| id == all) {
-            if ids.len() > 1 {
-                return Err(format!("\"{field}\" names \"{all}\" and other recipients too"));
-            }
-            ids.clear();
-            unseen = true;
+        if ids.len() == m.max {
+            return Err(format!(
+                "\"{field}\" names more than the {} recipients one call may ({})",
+                m.max,
+                m.max_from()
+            ));
         }
-    }
-    if ids.len() > m.max {
-        return Err(format!("\"{field}\" names {} recipients, more than the {} one call may", ids.len(), m.max));
-    }
-    let mut seen = HashSet::with_capacity(ids.len());
-    for id in &ids {
         if id.len() > Metering::MAX_ID || id.chars().any(char::is_control) {
             return Err(format!(
                 "\"{field}\" holds an id longer than {} bytes or with control characters",
                 Metering::MAX_ID
             ));
         }
+        ids.push(id.to_ascii_lowercase());
+        Ok(())
+    };
+    match at(&json, &m.field) {
+        None | Some(Value::Null) if unseen => {}
+        None | Some(Value::Null) => return Err(format!("the body has no \"{field}\"; expected {expected}")),
+        Some(Value::String(text)) => match &m.separator {
+            Some(sep) => text.split(sep.as_str()).try_for_each(&mut push)?,
+            None => push(text)?,
+        },
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::String(id) => push(id)?,
+                    _ => return Err(format!("\"{field}\" holds something other than strings; expected {expected}")),
+                }
+            }
+        }
+        Some(_) => return Err(format!("\"{field}\" is neither a string nor an array; expected {expected}")),
+    }
+    if all_named > 0 {
+        if all_named > 1 || !ids.is_empty() {
+            let all = m.all.as_deref().unwrap_or_default();
+            return Err(format!("\"{field}\" names \"{all}\" and other recipients too"));
+        }
+        unseen = true;
+    }
+    let mut seen = HashSet::with_capacity(ids.len());
+    for id in &ids {
         if !seen.insert(id.as_str()) {
             return Err(format!(
-                "\"{field}\" names a recipient twice; wxgate does not guess whether WeChat counts it once or twice"
+                "\"{field}\" names a recipient twice (ids are compared ignoring ASCII case, as WeCom compares \
+                 userids); wxgate does not guess whether WeChat counts it once or twice"
             ));
         }
     }
@@ -262,7 +286,26 @@ mod tests {
         }
         assert!(read(&m, None).is_err_and(|e| e.contains("no body")));
         let many = (0..1001).map(|i| format!("u{i}")).collect::<Vec<_>>().join("|");
-        assert!(cost(&m, &format!(r#"{{"touser":"{many}"}}"#)).is_err_and(|e| e.contains("more than the 1000")));
+        assert!(cost(&m, &format!(r#"{{"touser":"{many}"}}"#))
+            .is_err_and(|e| e.contains("more than the 1000") && e.contains("WeCom's own limit for touser")));
+        let fewer = Metering { max: 2, ..wecom(None) };
+        assert!(cost(&fewer, r#"{"touser":"a|b|c"}"#).is_err_and(|e| e.contains("the rule's recipients.max")));
+    }
+
+    #[test]
+    fn ids_differing_only_in_case_are_one_member() {
+        let m = wecom(Some(10));
+        assert_eq!(cost(&m, r#"{"touser":"Alice|BOB"}"#), Ok((2, vec!["alice".into(), "bob".into()])));
+        for body in [r#"{"touser":"alice|ALICE"}"#, r#"{"touser":["Bob"," bob "]}"#] {
+            assert!(cost(&m, body).is_err_and(|e| e.contains("recipient twice")), "{body}");
+        }
+        // Only "@all" as WeCom documents it means everyone; other cases are
+        // refused rather than guessed (a userid cannot start with "@").
+        assert_eq!(cost(&m, r#"{"touser":"@all"}"#), Ok((10, vec![])));
+        for body in [r#"{"touser":"@ALL"}"#, r#"{"touser":"@All|a"}"#, r#"{"touser":["@aLL"]}"#] {
+            assert!(cost(&m, body).is_err_and(|e| e.contains("does not guess") && e.contains("\"@all\"")), "{body}");
+        }
+        assert!(cost(&m, r#"{"touser":"@all|@all"}"#).is_err_and(|e| e.contains("other recipients")));
     }
 
     #[test]

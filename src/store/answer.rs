@@ -99,6 +99,11 @@ pub enum StoreError {
     /// rule) pair is refused until some state goes idle.
     #[error("the embedded store is full ([store] max_entries = {0}): new account/rule pairs are refused until state goes idle")]
     Full(usize),
+    /// The embedded store holds `[store] max_recipients` recipients'
+    /// states, none of whose windows is whole again: a call naming a
+    /// recipient without state is refused until some are.
+    #[error("the embedded store is full ([store] max_recipients = {0}): calls naming new recipients are refused until members' windows are whole again")]
+    RecipientsFull(usize),
     /// The embedded store holds this many learned access tokens, none
     /// expired: a new one is not kept.
     #[error("the embedded store holds {0} learned access tokens, none expired: this one is not kept")]

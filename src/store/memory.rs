@@ -36,10 +36,11 @@ use super::op::{Inspect, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
+use crate::config::MemoryConfig;
 use crate::limit::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide};
 use crate::limit::pair::PairRef;
-use crate::limit::{Ask, Key, LimitState, RuleState, WindowKey};
+use crate::limit::{recipient_key, Ask, Key, LimitState, RuleState, WindowKey};
 use crate::store::ledger::counts_calendar;
 use crate::telemetry::metrics::MemoryStoreMetrics;
 
@@ -79,6 +80,13 @@ pub struct MemoryStore {
     /// created at once, and by penalties, which always find room.
     entries: AtomicUsize,
     max_entries: usize,
+    /// Recipients' states held (`per_recipient`, all pairs); may pass
+    /// `max_recipients` by the recipients of the calls decided at once on
+    /// other shards (at most [`crate::config::Metering::MAX`] each).
+    recipients: AtomicUsize,
+    max_recipients: usize,
+    /// When the store was last searched for recipients to drop (store time).
+    recipients_pressed_at: AtomicI64,
     /// The quota offset last seen by an operation, for sweeps without one.
     offset_us: AtomicI64,
     /// When "store full" was last logged (store time).
@@ -129,14 +137,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryStore {
-    /// The bare store: no state file, no cap, no background sweep.
+    /// The bare store (the Redis store's fallback, tests): no state file,
+    /// no cap on pairs, no background sweep; at most
+    /// [`MemoryConfig::DEFAULT_MAX_RECIPIENTS`] recipients' states.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        MemoryStore::build(clock, usize::MAX, 0, MemoryStoreMetrics::default(), None, Weak::new(), None)
+        let bounds = MemoryConfig { max_entries: usize::MAX, ..MemoryConfig::in_memory() };
+        MemoryStore::build(clock, &bounds, 0, MemoryStoreMetrics::default(), None, Weak::new(), None)
     }
 
     fn build(
         clock: Arc<dyn Clock>,
-        max_entries: usize,
+        bounds: &MemoryConfig,
         offset_us: Micros,
         metrics: MemoryStoreMetrics,
         file: Option<Durable>,
@@ -155,7 +166,10 @@ impl MemoryStore {
             tokens_dirty: AtomicBool::new(false),
             token_slots: Mutex::default(),
             entries: AtomicUsize::new(0),
-            max_entries,
+            max_entries: bounds.max_entries,
+            recipients: AtomicUsize::new(0),
+            max_recipients: bounds.max_recipients,
+            recipients_pressed_at: AtomicI64::new(Micros::MIN),
             offset_us: AtomicI64::new(offset_us),
             full_logged: AtomicI64::new(Micros::MIN),
             pressed_at: AtomicI64::new(Micros::MIN),
@@ -231,7 +245,15 @@ impl MemoryStore {
     /// Drops the shard's states for which `idle(state, warm-up)` holds.
     fn drop_from(&self, shard: &mut Shard, idle: impl Fn(&RuleState, Micros) -> bool) -> usize {
         let before = shard.states.len();
-        shard.states.retain(|_, (s, warmup)| !idle(s, *warmup));
+        let mut members = 0;
+        shard.states.retain(|_, (s, warmup)| {
+            let keep = !idle(s, *warmup);
+            if !keep {
+                members += s.recipients.len();
+            }
+            keep
+        });
+        self.forget_recipients(members);
         let dropped = before - shard.states.len();
         if dropped > 0 {
             self.entries.fetch_sub(dropped, Ordering::Relaxed);
@@ -291,6 +313,69 @@ impl MemoryStore {
         StoreError::Full(self.max_entries)
     }
 
+    /// `n` recipients' states were dropped.
+    fn forget_recipients(&self, n: usize) {
+        if n > 0 {
+            let held = self.recipients.fetch_sub(n, Ordering::Relaxed).saturating_sub(n);
+            self.metrics.recipients.set(held as i64);
+        }
+    }
+
+    /// Whether `ask` may add the states of the recipients it names that
+    /// `state` (its pair's) holds none of: refused with
+    /// [`StoreError::RecipientsFull`] when that would pass
+    /// `max_recipients` even after dropping the recipients whose windows
+    /// are whole again (those of this pair, and at most once a second
+    /// those of every pair not locked at the moment). Far from the bound
+    /// (the store holds fewer than `max_recipients` less the call's
+    /// recipients) nothing is looked up.
+    fn room_for_recipients(&self, state: &mut RuleState, ask: &Ask<'_>, now: Micros) -> Result<(), StoreError> {
+        let asked = ask.recipients.len();
+        if asked == 0 || self.recipients.load(Ordering::Relaxed).saturating_add(asked) <= self.max_recipients {
+            return Ok(());
+        }
+        let new = |state: &RuleState| {
+            ask.recipients.iter().filter(|id| state.recipients.get(recipient_key(id)).is_none()).count()
+        };
+        let fits =
+            |n: usize| n == 0 || self.recipients.load(Ordering::Relaxed).saturating_add(n) <= self.max_recipients;
+        if fits(new(state)) {
+            return Ok(());
+        }
+        self.forget_recipients(state.recipients.prune(now));
+        let last = self.recipients_pressed_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= PRESSURE_EVERY_US
+            && self.recipients_pressed_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            // Only shards free right now (this call's own is locked).
+            for other in &self.shards {
+                if let Ok(mut other) = other.try_lock() {
+                    let pruned: usize = other.states.values_mut().map(|(s, _)| s.recipients.prune(now)).sum();
+                    if pruned > 0 {
+                        other.dirty = true;
+                    }
+                    self.forget_recipients(pruned);
+                }
+            }
+        }
+        if fits(new(state)) {
+            return Ok(());
+        }
+        self.metrics.full.inc();
+        let logged = self.full_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(logged) >= FULL_LOG_EVERY_US
+            && self.full_logged.compare_exchange(logged, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            tracing::error!(
+                max_recipients = self.max_recipients,
+                refused_so_far = self.metrics.full.get(),
+                "the embedded store holds [store] max_recipients recipients' states: calls naming new recipients get \
+                 503 until members' windows are whole again; raise [store] max_recipients"
+            );
+        }
+        Err(StoreError::RecipientsFull(self.max_recipients))
+    }
+
     /// Drops idle state from every shard, one at a time, each lock held
     /// for one pass over its shard: what keeps memory following live
     /// accounts without traffic. While the store is full, also drops what
@@ -307,9 +392,8 @@ impl MemoryStore {
                 // Recipients whose windows are whole again (`per_recipient`):
                 // what bounds them is the rule's own limits over the longest
                 // of those windows.
-                for (state, _) in shard.states.values_mut() {
-                    state.recipients.prune(now);
-                }
+                let pruned: usize = shard.states.values_mut().map(|(state, _)| state.recipients.prune(now)).sum();
+                self.forget_recipients(pruned);
                 self.drop_from(&mut shard, |s, w| s.is_idle(now, offset, if pressed { 0 } else { w }))
             })
             .sum();
@@ -435,12 +519,20 @@ impl Store for MemoryStore {
             if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
         let journal = self.file.as_ref().and_then(|d| d.journal.as_ref()).filter(|_| counts_calendar(key.rule));
         let (decision, counts) = self.with_new_state(key, |state, now| {
+            self.room_for_recipients(state, ask, now)?;
+            let members = state.recipients.len();
             let decision = decide(state, ask, now, account_warm);
+            // A decision only adds recipients (never drops one).
+            let added = state.recipients.len().saturating_sub(members);
+            if added > 0 {
+                let held = self.recipients.fetch_add(added, Ordering::Relaxed) + added;
+                self.metrics.recipients.set(held as i64);
+            }
             let admitted = matches!(decision, crate::limit::Decision::Admit { .. });
             let counts =
                 if admitted && journal.is_some() { calendar_counts(state, key) } else { [None; journal::MAX_COUNTS] };
-            (decision, counts)
-        })?;
+            Ok((decision, counts))
+        })??;
         // In the kernel before the call goes on: a crash loses no admission.
         if let (Some(journal), true) = (journal, counts[0].is_some()) {
             if let Err(e) = journal.append(key.account, &key.rule.state, &counts) {
@@ -528,5 +620,56 @@ impl TokenStore for MemoryStore {
     async fn drop_token(&self, hash: &TokenHash, kinds: &[&str]) -> Result<bool, StoreError> {
         let now = self.now();
         Ok(lock(&self.token_slots).drop_token(hash, kinds, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::limit::clock::ManualClock;
+    use crate::limit::Decision;
+
+    const RULE: &str = r#"[[rule]]
+name = "message_send"
+match = ["/cgi-bin/message/send"]
+limits = [{ count = 1000000, per = "day" }]
+recipients = { field = "touser", separator = "|" }
+per_recipient = [{ count = 30, per = "1m", burst = 10 }, { count = 1000, per = "1h", burst = 100 }]
+"#;
+
+    /// The count of recipients held follows every state added and dropped
+    /// (what `max_recipients` is checked against, so it must not drift).
+    #[tokio::test]
+    async fn recipients_held_are_counted_as_they_come_and_go() {
+        let config = Config::parse(RULE, Path::new("t.toml")).expect("the rule");
+        let rule = config.rule_for("/cgi-bin/message/send").expect("the rule matches").clone();
+        let clock = ManualClock::new(1_795_924_800_000_000);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let held = || store.recipients.load(Ordering::Relaxed);
+        let key = Key { account: "wx1", rule: &rule, offset_us: 0 };
+        let other = Key { account: "wx2", ..key };
+        let ids: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+        for (k, ids) in [(key, &ids[..]), (key, &ids[5..]), (other, &ids[..3])] {
+            let decided = store.acquire(&Ask { cost: 1, recipients: ids, ..Ask::one(k) }).await.expect("acquire");
+            assert!(matches!(decided.decision, Decision::Admit { .. }), "{:?}", decided.decision);
+        }
+        assert_eq!(held(), 13, "10 of wx1 (5 named twice), 3 of wx2");
+        assert_eq!(
+            held(),
+            store
+                .shards
+                .iter()
+                .map(|s| lock(s).states.values().map(|(s, _)| s.recipients.len()).sum::<usize>())
+                .sum::<usize>()
+        );
+        // Every member's windows whole again: the sweep drops them (the
+        // pairs stay, holding the day's count).
+        clock.advance(Duration::from_secs(3601));
+        store.sweep();
+        assert_eq!((held(), store.len()), (0, 2));
     }
 }

@@ -70,9 +70,8 @@ impl MemoryStore {
         });
         let persists = durable.is_some();
         let token_key = saved.as_ref().and_then(|s| s.token_key.clone());
-        let store = Arc::new_cyclic(|me| {
-            MemoryStore::build(clock, config.max_entries, offset_us, metrics, durable, me.clone(), token_key)
-        });
+        let store =
+            Arc::new_cyclic(|me| MemoryStore::build(clock, config, offset_us, metrics, durable, me.clone(), token_key));
         if let Some(saved) = saved {
             store.restore(saved, keep_warm_us);
         }
@@ -109,12 +108,21 @@ impl MemoryStore {
         use std::hash::BuildHasher;
         use std::sync::atomic::Ordering;
         let n = saved.pairs.len();
+        let mut members = 0;
         for p in saved.pairs {
             let i = (self.hasher.hash_one((p.account.as_str(), &*p.rule)) as usize) % super::SHARDS;
-            if lock(&self.shards[i]).states.insert((p.account, p.rule), (p.state, p.warmup_us)).is_none() {
-                self.entries.fetch_add(1, Ordering::Relaxed);
+            members += p.state.recipients.len();
+            match lock(&self.shards[i]).states.insert((p.account, p.rule), (p.state, p.warmup_us)) {
+                None => {
+                    self.entries.fetch_add(1, Ordering::Relaxed);
+                }
+                Some((replaced, _)) => members -= replaced.recipients.len(),
             }
         }
+        // More than max_recipients may be loaded: new recipients are then
+        // refused until members' windows are whole again.
+        let held = self.recipients.fetch_add(members, Ordering::Relaxed) + members;
+        self.metrics.recipients.set(held as i64);
         lock(&self.warm).extend(saved.token_refreshed);
         lock(&self.tokens).load(saved.tokens.into_iter().map(|t| (t.hash, t.account, t.until)));
         self.warm_keep_us.fetch_max(keep_warm_us, Ordering::Relaxed);

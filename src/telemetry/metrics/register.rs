@@ -195,8 +195,14 @@ pub(super) fn memory_store(registry: &mut Registry) -> MemoryStoreMetrics {
     );
     registry.register(
         "store_full",
-        "Calls of a new X-Wx-Account and rule pair refused with 503: the embedded store held [store] max_entries",
+        "Calls refused with 503 for want of room: of a new X-Wx-Account and rule pair past [store] max_entries, \
+         or naming new recipients past [store] max_recipients",
         m.full.clone(),
+    );
+    registry.register(
+        "store_recipients",
+        "Recipients' states held by the embedded store (per_recipient), all pairs together",
+        m.recipients.clone(),
     );
     registry.register(
         "state_file_errors",

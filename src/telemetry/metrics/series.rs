@@ -51,8 +51,11 @@ impl TokenMetrics {
 pub struct MemoryStoreMetrics {
     /// (account, rule) states held.
     pub entries: Gauge,
-    /// New (account, rule) pairs refused for want of room (`max_entries`).
+    /// New (account, rule) pairs refused for want of room (`max_entries`),
+    /// and calls that would add recipients past `max_recipients`.
     pub full: Counter,
+    /// Recipients' states held (`per_recipient`), all pairs together.
+    pub recipients: Gauge,
     /// State file reads and writes that failed.
     pub file_errors: Family<OpLabel, Counter>,
     /// State file writes that succeeded.
