@@ -147,3 +147,31 @@ async fn a_refused_reload_logs_what_check_says_about_the_file() {
     let refused = log.lines().find(|l| l.contains("config reload refused")).expect("a refused reload is logged");
     assert!(refused.contains(message), "the log names the place as check does:\n{refused}\n{message}");
 }
+
+/// With `WXGATE_LOG=trace` and stderr written to a file beside the config
+/// file, each log line is a file event in the watched directory: wxgate
+/// must not log those events (it did, at trace: each logged event was
+/// another event, ~40 MB/s of log from an idle process). The watcher still
+/// sees them; the log stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_logging_beside_the_config_file_does_not_log_its_own_writes() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("reload-trace-log");
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, rules(&mock, 1, "")).expect("write");
+    let log = dir.join("wxgate.log");
+    let instance =
+        support::process::spawn_path_logging_to(&path, &[("WXGATE_LOG", "trace")], &log).await.expect("serving");
+    let size = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let events = async || instance.admin_get("/readyz").await.json()["config_watch"]["events"].as_u64();
+    let (seen, start) = (events().await.expect("config_watch"), size());
+    // An unrelated write in the directory; once the watcher counted its
+    // event, it had seen every event before it (the log's own writes).
+    std::fs::write(dir.join("unrelated.txt"), "x").expect("write");
+    eventually_async("the watcher seeing the write", PATIENCE, async || events().await > Some(seen)).await;
+    // Idle now: nothing may keep the log growing (bounded look, 1 s).
+    let grown =
+        support::poll::within(std::time::Duration::from_secs(1), || (size() > start + 8 * 1024).then(size)).await;
+    assert_eq!(grown, None, "the log grew from {start} to {} bytes while idle", size());
+    assert!(size() > 0, "it logs at all");
+}

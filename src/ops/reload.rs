@@ -141,6 +141,9 @@ fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Re
         // also sees whether it, or any before it, named the config file.
         let names_config = event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
         if names_config {
+            // Only the config file's events are logged (never the
+            // directory's others: a log file there would log itself).
+            tracing::debug!(kind = ?event.kind, "config file event");
             watched.of_config.fetch_add(1, Ordering::Release);
         }
         watched.events.fetch_add(1, Ordering::Release);

@@ -503,12 +503,14 @@ fn owned_alone(_path: &Path, _meta: &std::fs::Metadata) -> Result<(), NotPrivate
 /// but a regular file.
 pub fn open_private(path: &Path, options: &mut OpenOptions) -> Result<File, PrivateError> {
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.is_file() => return Err(NotPrivate(format!(
+        Ok(meta) if !meta.is_file() => {
+            return Err(NotPrivate(format!(
             "{} is not a regular file (a symbolic link, or another kind of file; wxgate never follows a link there): \
                  remove it",
             path.display()
         ))
-        .into()),
+            .into())
+        }
         _ => {}
     }
     // O_NOFOLLOW: a link planted since the look above fails the open.
