@@ -175,3 +175,43 @@ async fn trace_logging_beside_the_config_file_does_not_log_its_own_writes() {
     assert_eq!(grown, None, "the log grew from {start} to {} bytes while idle", size());
     assert!(size() > 0, "it logs at all");
 }
+
+/// A reload cannot move the listener, so it cannot be checked against the
+/// address the file names: a file that says loopback and adds an
+/// `[[account]]` (whose token wxgate adds to calls without one) is refused
+/// while wxgate still listens beyond loopback with caller_auth off, and no
+/// call gets the account's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_saying_loopback_cannot_add_an_account_to_a_listener_beyond_it() {
+    use support::tokens::{APPID, SECRET};
+    const INFO: &str = "/cgi-bin/user/info";
+    let (mock, tokens) = support::tokens::mock_wechat(0).await;
+    let dir = TempDir::new("reload-listen");
+    let path = dir.join("rules.toml");
+    let open = ConfigToml::new(&mock.url())
+        .server("listen", "0.0.0.0:0")
+        .server("caller_auth", "off")
+        .with(rule("info").matching(INFO));
+    std::fs::write(&path, open.to_string()).expect("write");
+    let mut instance = support::process::spawn_path(&path, &[]).expect("serving");
+    // Bound beyond loopback; the test reaches it over loopback only.
+    instance.addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    let secret = dir.write_secret("app.secret", &format!("{SECRET}\n"));
+    let narrowed = open.server("listen", "127.0.0.1:0").with(format!(
+        "[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n",
+        secret.display()
+    ));
+    replace(&path, &narrowed.to_string());
+    instance.signal("-HUP");
+    let reloads = eventually_some_async("the reload", PATIENCE, async || {
+        let r = instance.admin_get("/readyz").await.json()["config_reloads"].clone();
+        (r["ok"].as_u64()? + r["failed"].as_u64()? > 0).then_some(r)
+    })
+    .await;
+    assert_eq!(reloads["ok"], 0, "refused: {reloads}\n{}", instance.logged());
+    assert!(instance.logged().contains("a reload cannot move it"), "{}", instance.logged());
+    let a = instance.get_as(APPID, &format!("{INFO}?openid=o1")).await;
+    let sent: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
+    assert!(sent.iter().all(|p| !p.contains("access_token=")), "no token added: {sent:?} ({})", a.text());
+    assert_eq!((tokens.fetches("stable"), tokens.fetches("token")), (0, 0), "no token fetched");
+}
