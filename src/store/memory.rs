@@ -348,27 +348,37 @@ impl MemoryStore {
     /// What of its change a crash must keep ([`Operation::KEPT`]) goes to
     /// the journal first, under the same lock.
     pub fn apply_now<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
-        let journal = if O::KEPT == Kept::Nothing { None } else { self.journal() };
+        let journal = match O::KEPT {
+            // Most operations (a slot's release, a call's success without a
+            // penalty to end): exactly the bare path.
+            Kept::Nothing => None,
+            _ => self.journal(),
+        };
+        let Some(journal) = journal else {
+            return if O::MAY_BE_REFUSED {
+                self.with_new_state(key, |state, now| op.apply(state, key, now))
+            } else {
+                Ok(self.with_state(key, |state, now| op.apply(state, key, now)))
+            };
+        };
         let run = |state: &mut RuleState, now| {
             let before = state.penalty;
             let out = op.apply(state, key, now);
-            if let Some(journal) = journal {
-                let written = match O::KEPT {
-                    Kept::Penalty if state.penalty != before => {
-                        journal.append_penalty(key.account, &key.rule.state, &state.penalty)
+            let written = match O::KEPT {
+                Kept::Penalty if state.penalty != before => {
+                    journal.append_penalty(key.account, &key.rule.state, &state.penalty)
+                }
+                Kept::Counts => {
+                    let counts = calendar_counts(state, key);
+                    if counts[0].is_some() {
+                        journal.append(key.account, &key.rule.state, &counts)
+                    } else {
+                        Ok(())
                     }
-                    Kept::Counts => {
-                        let counts = calendar_counts(state, key);
-                        if counts[0].is_some() {
-                            journal.append(key.account, &key.rule.state, &counts)
-                        } else {
-                            Ok(())
-                        }
-                    }
-                    _ => Ok(()),
-                };
-                self.journal_failed(written);
-            }
+                }
+                _ => Ok(()),
+            };
+            self.journal_failed(written);
             out
         };
         if O::MAY_BE_REFUSED {
