@@ -739,6 +739,41 @@ mod tests {
         assert_eq!(tokens, ["live"]);
     }
 
+    /// The journal's directory must be wxgate's alone: another user's
+    /// directory is refused (as root: one given to uid 65534; otherwise
+    /// `/`, root's), and so are a link and a directory others may write.
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_of_another_user_a_link_or_one_others_may_write_is_not_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("wxgate-private-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mine = dir.join("mine");
+        private_dir(&mine).expect("created 0700, mine");
+        let mode = std::fs::metadata(&mine).expect("dir").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let refused = |path: &Path| match private_dir(path) {
+            Err(PrivateError::NotPrivate(e)) => e.0,
+            other => panic!("{}: {other:?}", path.display()),
+        };
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o770)).expect("chmod");
+        assert!(refused(&mine).contains("has mode 0770"));
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&mine, &link).expect("symlink");
+        assert!(refused(&link).contains("is not a directory"));
+        let (other, owner) = if rustix::process::geteuid().is_root() {
+            let theirs = dir.join("theirs");
+            private_dir(&theirs).expect("created");
+            std::os::unix::fs::chown(&theirs, Some(65_534), None).expect("chown");
+            (theirs, 65_534)
+        } else {
+            (PathBuf::from("/"), 0)
+        };
+        assert!(refused(&other).contains(&format!("is owned by user id {owner}")), "{}", other.display());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_write_replaces_the_file_and_leaves_no_temporary() {
         let dir = std::env::temp_dir().join(format!("wxgate-state-unit-{}", std::process::id()));
