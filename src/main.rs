@@ -279,9 +279,8 @@ fn sim(args: &SimArgs) -> ExitCode {
     };
     config.listen = args.listen;
     // Logs to stderr like the server (`WXGATE_LOG`, default info).
-    let filter = EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -310,9 +309,24 @@ fn sim(args: &SimArgs) -> ExitCode {
     })
 }
 
-fn run(config: Config) -> ExitCode {
+/// What is logged: `WXGATE_LOG` (default `info`), with the `notify` crate
+/// (the config watcher's) at most at `info` unless `WXGATE_LOG` names it.
+/// At `trace` it logs every inotify event of the config file's directory,
+/// and the watcher must watch the directory (editors and config maps
+/// replace the file): with stderr written to a file there, each log line
+/// was an event logged as another line, without end (~40 MB/s idle). The
+/// watcher logs the config file's own events itself, at debug.
+fn log_filter() -> EnvFilter {
     let filter = EnvFilter::try_from_env("WXGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let names_notify = std::env::var("WXGATE_LOG").is_ok_and(|v| v.contains("notify"));
+    match "notify=info".parse() {
+        Ok(quiet) if !names_notify => filter.add_directive(quiet),
+        _ => filter,
+    }
+}
+
+fn run(config: Config) -> ExitCode {
+    let builder = tracing_subscriber::fmt().with_env_filter(log_filter()).with_writer(std::io::stderr);
     if config.log.json {
         builder.json().flatten_event(true).init();
     } else {

@@ -129,9 +129,116 @@ async fn a_sigkill_before_any_state_file_write_forgets_no_admission() {
     gate.kill();
     assert!(support::state_file::used(&dir.join("wxgate-state.json"), "default", "send").is_none(), "no write yet");
     let gate = process::spawn_path(&path, &[]).expect("serving after the crash");
-    assert!(gate.logged().contains("replayed the admissions journal"), "{}", gate.logged());
+    assert!(gate.logged().contains("replayed the journal"), "{}", gate.logged());
     assert_eq!(call(&gate, SEND, 20).await, split(8, 12));
     assert_eq!(mock.count(), 20, "WeChat saw the day quota once, not 12 + 20");
+}
+
+/// A penalty reaches the journal before any call sees it: a SIGKILL (an
+/// OOM kill) long before the next state-file write keeps it, so the
+/// restarted wxgate sends nothing to the punished account, and keeps its
+/// escalation (WeChat's next 45009 gives the doubled penalty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_and_its_escalation_survive_a_sigkill_before_any_state_file_write() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| errcode_reply(45009));
+    let dir = TempDir::new("sigkill-penalty");
+    let store = StoreToml::memory().set("flush_interval", "1h");
+    let path = config_in(&dir, &mock, &[store.to_string(), penalty(45009, 5), send().to_string()]);
+    let mut gate = process::spawn_path(&path, &[]).expect("serving");
+    let first = gate.get(SEND).await;
+    assert_eq!(
+        (first.status.as_u16(), first.header("x-wxgate-reason"), first.retry_after()),
+        (429, Some("penalty"), 5)
+    );
+    gate.kill();
+    assert!(support::state_file::read(&dir.join("wxgate-state.json")).is_none(), "no state-file write yet");
+
+    let gate = process::spawn_path(&path, &[]).expect("serving after the crash");
+    let a = gate.get(SEND).await;
+    assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("penalty")), "{}", a.text());
+    assert_eq!(mock.count(), 1, "the punished account got no call after the crash");
+    let bucket = gate.admin_get("/v1/buckets/default/send").await.json();
+    assert_eq!((&bucket["penalty"]["active"], &bucket["penalty"]["level"]), (&true.into(), &0.into()), "{bucket}");
+    // Once it ends, the next call goes to WeChat, whose 45009 escalates: 10 s, not 5 again.
+    let next = eventually_some_async("the penalty's end", PATIENCE, async || {
+        let a = gate.get(SEND).await;
+        (mock.count() == 2).then_some(a)
+    })
+    .await;
+    assert_eq!((next.status.as_u16(), next.retry_after()), (429, 10), "escalated from the level before the crash");
+}
+
+/// A clear WeChat accepted (`clear_quota`) reaches the journal in order
+/// with the admissions around it: a SIGKILL before the next state-file
+/// write does not bring the spent count back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleared_day_stays_cleared_after_a_sigkill_before_any_state_file_write() {
+    const CLEAR: &str = "/cgi-bin/clear_quota";
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("sigkill-clear");
+    let store = StoreToml::memory().set("flush_interval", "1h");
+    let rules =
+        [store.to_string(), rule("send").matching(SEND).limit(2, "day").to_string(), rule("default").to_string()];
+    let path = config_in(&dir, &mock, &rules);
+    let mut gate = process::spawn_path(&path, &[]).expect("serving");
+    let statuses = |gate: &Instance| {
+        let gate = gate.addr;
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                out.push(get_as_at(gate, "wxA", SEND).await.status.as_u16());
+            }
+            out
+        }
+    };
+    assert_eq!(statuses(&gate).await, [200, 200, 429], "the day spent");
+    assert_eq!(gate.post(CLEAR, r#"{"appid":"wxA"}"#).await.status, 200);
+    assert_eq!(get_as_at(gate.addr, "wxA", SEND).await.status, 200, "cleared: one of two used again");
+    gate.kill();
+    assert!(support::state_file::read(&dir.join("wxgate-state.json")).is_none(), "no state-file write yet");
+
+    let gate = process::spawn_path(&path, &[]).expect("serving after the crash");
+    assert_eq!(statuses(&gate).await, [200, 429, 429], "the clear outlived the SIGKILL; the call after it too");
+    assert_eq!(mock.count(), 5);
+}
+
+/// The journal beside the state file is wxgate's alone: a link planted in
+/// it is never followed (the file it points to is not written) and a
+/// journal directory others may write is refused; wxgate says why and does
+/// not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_journal_link_or_a_journal_dir_others_may_write_stops_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("journal-private");
+    let path = config_in(&dir, &mock, &[send().to_string()]);
+    let journal = dir.join("wxgate-state.json.journal");
+    std::fs::create_dir(&journal).expect("journal dir");
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let victim = dir.write("victim.txt", "do not overwrite\n");
+    for name in ["current", "old"] {
+        let link = journal.join(name);
+        std::os::unix::fs::symlink(&victim, &link).expect("plant a symlink");
+        let log = match process::spawn_path(&path, &[]) {
+            Ok(gate) => {
+                let _ = gate.get(SEND).await;
+                panic!("started with a link at {name}: {}", gate.stop().await)
+            }
+            Err(log) => log,
+        };
+        assert!(log.contains("is not a regular file") && log.contains(&link.display().to_string()), "{log}");
+        assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "do not overwrite\n", "not followed");
+        std::fs::remove_file(&link).expect("remove the link");
+    }
+
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let log = process::spawn_path(&path, &[]).err().expect("a journal dir anyone may write is refused");
+    assert!(log.contains("has mode 0777") && log.contains("chmod 700"), "{log}");
+
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let gate = process::spawn_path(&path, &[]).expect("serving once the directory is private");
+    assert_eq!(gate.get(SEND).await.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -286,3 +286,32 @@ async fn one_bad_key_fails_its_own_calls_and_never_opens_the_breaker() {
     let b = get_at(gate.admin_addr(), "/v1/buckets/wxGOOD/send").await.json();
     assert_eq!(b["limits"][0]["used"], 5, "counted in Redis: {b}");
 }
+
+/// The log says what happened when one pair's key holds the wrong type:
+/// that pair's calls are decided by the fallback, Redis is not
+/// unavailable (it said "Redis unavailable: deciding without it").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_key_is_logged_as_that_pairs_key_not_as_redis_unavailable() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let gate = start(&mock, &redis, "bad-key-log", None);
+    assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "the state key exists now");
+    let keys = match redis.run_as(None, &["KEYS", "*{wxBAD}*"]) {
+        redis::Value::Array(keys) => keys,
+        other => panic!("KEYS: {other:?}"),
+    };
+    for key in keys {
+        let redis::Value::BulkString(key) = key else { continue };
+        let key = String::from_utf8_lossy(&key).into_owned();
+        redis.run_as(None, &["DEL", &key]);
+        redis.run_as(None, &["SET", &key, "not a hash"]);
+    }
+    assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "decided by the fallback");
+    let said = "one pair's Redis key has the wrong type";
+    eventually("the fallback decision logged", PATIENCE, || gate.logged().contains(said)).await;
+    let log = gate.logged();
+    let line = log.lines().find(|l| l.contains(said)).expect("the line");
+    assert!(line.contains("account=wxBAD") && line.contains("rule=send"), "{line}");
+    assert!(!log.contains("Redis unavailable"), "{log}");
+    assert_eq!(metric(&gate, "wxgate_store_breaker_opened_total").await, 0.0);
+}

@@ -147,3 +147,71 @@ async fn a_refused_reload_logs_what_check_says_about_the_file() {
     let refused = log.lines().find(|l| l.contains("config reload refused")).expect("a refused reload is logged");
     assert!(refused.contains(message), "the log names the place as check does:\n{refused}\n{message}");
 }
+
+/// With `WXGATE_LOG=trace` and stderr written to a file beside the config
+/// file, each log line is a file event in the watched directory: wxgate
+/// must not log those events (it did, at trace: each logged event was
+/// another event, ~40 MB/s of log from an idle process). The watcher still
+/// sees them; the log stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_logging_beside_the_config_file_does_not_log_its_own_writes() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("reload-trace-log");
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, rules(&mock, 1, "")).expect("write");
+    let log = dir.join("wxgate.log");
+    let instance =
+        support::process::spawn_path_logging_to(&path, &[("WXGATE_LOG", "trace")], &log).await.expect("serving");
+    let size = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let events = async || instance.admin_get("/readyz").await.json()["config_watch"]["events"].as_u64();
+    let (seen, start) = (events().await.expect("config_watch"), size());
+    // An unrelated write in the directory; once the watcher counted its
+    // event, it had seen every event before it (the log's own writes).
+    std::fs::write(dir.join("unrelated.txt"), "x").expect("write");
+    eventually_async("the watcher seeing the write", PATIENCE, async || events().await > Some(seen)).await;
+    // Idle now: nothing may keep the log growing (bounded look, 1 s).
+    let grown =
+        support::poll::within(std::time::Duration::from_secs(1), || (size() > start + 8 * 1024).then(size)).await;
+    assert_eq!(grown, None, "the log grew from {start} to {} bytes while idle", size());
+    assert!(size() > 0, "it logs at all");
+}
+
+/// A reload cannot move the listener, so it cannot be checked against the
+/// address the file names: a file that says loopback and adds an
+/// `[[account]]` (whose token wxgate adds to calls without one) is refused
+/// while wxgate still listens beyond loopback with caller_auth off, and no
+/// call gets the account's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_saying_loopback_cannot_add_an_account_to_a_listener_beyond_it() {
+    use support::tokens::{APPID, SECRET};
+    const INFO: &str = "/cgi-bin/user/info";
+    let (mock, tokens) = support::tokens::mock_wechat(0).await;
+    let dir = TempDir::new("reload-listen");
+    let path = dir.join("rules.toml");
+    let open = ConfigToml::new(&mock.url())
+        .server("listen", "0.0.0.0:0")
+        .server("caller_auth", "off")
+        .with(rule("info").matching(INFO));
+    std::fs::write(&path, open.to_string()).expect("write");
+    let mut instance = support::process::spawn_path(&path, &[]).expect("serving");
+    // Bound beyond loopback; the test reaches it over loopback only.
+    instance.addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    let secret = dir.write_secret("app.secret", &format!("{SECRET}\n"));
+    let narrowed = open.server("listen", "127.0.0.1:0").with(format!(
+        "[[account]]\nid = \"{APPID}\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n",
+        secret.display()
+    ));
+    replace(&path, &narrowed.to_string());
+    instance.signal("-HUP");
+    let reloads = eventually_some_async("the reload", PATIENCE, async || {
+        let r = instance.admin_get("/readyz").await.json()["config_reloads"].clone();
+        (r["ok"].as_u64()? + r["failed"].as_u64()? > 0).then_some(r)
+    })
+    .await;
+    assert_eq!(reloads["ok"], 0, "refused: {reloads}\n{}", instance.logged());
+    assert!(instance.logged().contains("a reload cannot move it"), "{}", instance.logged());
+    let a = instance.get_as(APPID, &format!("{INFO}?openid=o1")).await;
+    let sent: Vec<String> = mock.calls().into_iter().map(|c| c.path_and_query).collect();
+    assert!(sent.iter().all(|p| !p.contains("access_token=")), "no token added: {sent:?} ({})", a.text());
+    assert_eq!((tokens.fetches("stable"), tokens.fetches("token")), (0, 0), "no token fetched");
+}

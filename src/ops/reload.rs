@@ -4,8 +4,11 @@
 //! A new config is fully loaded and validated before anything changes; it is
 //! then swapped in atomically, so each call runs under exactly one config:
 //! the one it started with. An invalid file is refused with its error logged,
-//! and the old rules stay. `listen`, `[store]` and `[intercept]` need a
-//! restart: a reload that changes them keeps the running ones and says so.
+//! and the old rules stay. `[store]`, `[intercept]`, `workers` and the
+//! admin listener need a restart: a reload that changes them keeps the
+//! running ones and says so. A reload that changes `listen` is refused
+//! whole: the file's callers and accounts are checked against the address
+//! it names, which the running listener is not.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -60,9 +63,18 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
         next.server.admin_listen = running.server.admin_listen;
         next.server.admin_token = running.server.admin_token.clone();
     }
+    // The file was checked against the address it names (caller_auth
+    // beyond loopback, `[[account]]` tokens added only on loopback), but
+    // the running listener stays bound where it is: a file that says
+    // loopback while wxgate listens beyond it would pass those checks and
+    // widen access. Refused whole, so what runs is what the file says.
     if next.server.listen != running.server.listen {
-        tracing::warn!(running = %running.server.listen, "[server] listen changes need a restart; still listening on the old address");
-        next.server.listen = running.server.listen;
+        return Err(format!(
+            "[server] listen: wxgate listens on {} and a reload cannot move it (the file says {}); the file's \
+             callers and accounts are checked against the address it names, so the whole reload is refused: \
+             restart wxgate to listen elsewhere, or put listen back",
+            running.server.listen, next.server.listen
+        ));
     }
     if next.server.workers != running.server.workers {
         tracing::warn!(
@@ -141,6 +153,9 @@ fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Re
         // also sees whether it, or any before it, named the config file.
         let names_config = event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
         if names_config {
+            // Only the config file's events are logged (never the
+            // directory's others: a log file there would log itself).
+            tracing::debug!(kind = ?event.kind, "config file event");
             watched.of_config.fetch_add(1, Ordering::Release);
         }
         watched.events.fetch_add(1, Ordering::Release);

@@ -32,7 +32,7 @@ use async_trait::async_trait;
 
 use self::learned::LearnedTokens;
 use self::token_slots::TokenSlots;
-use super::op::{Inspect, Operation, PairOp, PairReply, Runs};
+use super::op::{Inspect, Kept, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
@@ -105,8 +105,9 @@ struct Durable {
     file: StateFile,
     /// Held while writing: one write at a time, none after the last.
     writing: Mutex<Writer>,
-    /// Every calendar admission, written before its call goes on
-    /// ([`journal`]); `None` when it cannot be opened (said at start).
+    /// Every change a crash must keep (calendar admissions, penalties,
+    /// clears), written before it takes effect ([`journal`]); `None` when
+    /// it cannot be opened (said at start).
     journal: Option<journal::Journal>,
 }
 
@@ -428,11 +429,59 @@ impl MemoryStore {
 
     /// Runs `op` on `key`'s state ([`Operation::apply`]) under its shard's
     /// lock; refused only when `op` may be ([`Operation::MAY_BE_REFUSED`]).
+    /// What of its change a crash must keep ([`Operation::KEPT`]) goes to
+    /// the journal first, under the same lock.
     pub fn apply_now<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
+        let journal = match O::KEPT {
+            // Most operations (a slot's release, a call's success without a
+            // penalty to end): exactly the bare path.
+            Kept::Nothing => None,
+            _ => self.journal(),
+        };
+        let Some(journal) = journal else {
+            return if O::MAY_BE_REFUSED {
+                self.with_new_state(key, |state, now| op.apply(state, key, now))
+            } else {
+                Ok(self.with_state(key, |state, now| op.apply(state, key, now)))
+            };
+        };
+        let run = |state: &mut RuleState, now| {
+            let before = state.penalty;
+            let out = op.apply(state, key, now);
+            let written = match O::KEPT {
+                Kept::Penalty if state.penalty != before => {
+                    journal.append_penalty(key.account, &key.rule.state, &state.penalty)
+                }
+                Kept::Counts => {
+                    let counts = calendar_counts(state, key);
+                    if counts[0].is_some() {
+                        journal.append(key.account, &key.rule.state, &counts)
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => Ok(()),
+            };
+            self.journal_failed(written);
+            out
+        };
         if O::MAY_BE_REFUSED {
-            self.with_new_state(key, |state, now| op.apply(state, key, now))
+            self.with_new_state(key, run)
         } else {
-            Ok(self.with_state(key, |state, now| op.apply(state, key, now)))
+            Ok(self.with_state(key, run))
+        }
+    }
+
+    /// The journal of changes a crash must keep, when the store persists.
+    fn journal(&self) -> Option<&journal::Journal> {
+        self.file.as_ref().and_then(|d| d.journal.as_ref())
+    }
+
+    /// Counts and logs a journal write that failed.
+    fn journal_failed(&self, written: std::io::Result<()>) {
+        if let Err(e) = written {
+            self.metrics.file_error(crate::telemetry::metrics::FileOp::save);
+            tracing::warn!(error = %e, "cannot append to the journal beside the state file: a crash now would forget this change");
         }
     }
 
@@ -448,21 +497,23 @@ impl MemoryStore {
         self.with_state(key, |state, _| raise(state, window, period_id, used));
     }
 
-    /// [`MemoryStore::raise_count`] for a pair known by its account and
-    /// state name only (the journal's replay, before any call).
-    fn raise_raw(&self, account: &str, state_name: &str, window: WindowKey, period_id: i64, used: u64) {
+    /// Runs `f` on the state of a pair known by its account and state name
+    /// only (the journal's replay, before any call); creates it when
+    /// `create`, else does nothing when it is absent.
+    fn with_raw(&self, account: &str, state_name: &str, create: bool, f: impl FnOnce(&mut RuleState)) {
         let state_name: Arc<str> = state_name.into();
         let i = (self.hasher.hash_one((account, &*state_name)) as usize) % SHARDS;
         let mut shard = lock(&self.shards[i]);
         shard.dirty = true;
         let entry = match shard.states.get_mut(&PairRef(account, &state_name)) {
             Some(entry) => entry,
-            None => {
+            None if create => {
                 self.entries.fetch_add(1, Ordering::Relaxed);
                 shard.states.entry((account.to_owned(), state_name.clone())).or_default()
             }
+            None => return,
         };
-        raise(&mut entry.0, window, period_id, used);
+        f(&mut entry.0);
     }
 }
 
@@ -517,8 +568,8 @@ impl Store for MemoryStore {
         let key = ask.key;
         let account_warm =
             if key.rule.warmup_us > 0 { lock(&self.warm).get(key.account).copied().unwrap_or(0) } else { 0 };
-        let journal = self.file.as_ref().and_then(|d| d.journal.as_ref()).filter(|_| counts_calendar(key.rule));
-        let (decision, counts) = self.with_new_state(key, |state, now| {
+        let journal = self.journal().filter(|_| counts_calendar(key.rule));
+        let decision = self.with_new_state(key, |state, now| {
             self.room_for_recipients(state, ask, now)?;
             let members = state.recipients.len();
             let decision = decide(state, ask, now, account_warm);
@@ -528,18 +579,17 @@ impl Store for MemoryStore {
                 let held = self.recipients.fetch_add(added, Ordering::Relaxed) + added;
                 self.metrics.recipients.set(held as i64);
             }
-            let admitted = matches!(decision, crate::limit::Decision::Admit { .. });
-            let counts =
-                if admitted && journal.is_some() { calendar_counts(state, key) } else { [None; journal::MAX_COUNTS] };
-            Ok((decision, counts))
-        })??;
-        // In the kernel before the call goes on: a crash loses no admission.
-        if let (Some(journal), true) = (journal, counts[0].is_some()) {
-            if let Err(e) = journal.append(key.account, &key.rule.state, &counts) {
-                self.metrics.file_error(crate::telemetry::metrics::FileOp::save);
-                tracing::warn!(error = %e, "cannot append to the admissions journal: a crash now would forget this admission");
+            // In the kernel before the call goes on (a crash loses no
+            // admission), and under the pair's lock: the journal holds the
+            // pair's changes in the order they were made (a clear between).
+            if let (Some(journal), crate::limit::Decision::Admit { .. }) = (journal, &decision) {
+                let counts = calendar_counts(state, key);
+                if counts[0].is_some() {
+                    self.journal_failed(journal.append(key.account, &key.rule.state, &counts));
+                }
             }
-        }
+            Ok(decision)
+        })??;
         Ok(Decided { decision, degraded: false })
     }
 
@@ -547,6 +597,11 @@ impl Store for MemoryStore {
         for &key in keys {
             let (mut shard, now) = self.shard(key);
             if let Some((state, _)) = shard.states.get_mut(&PairRef(key.account, &key.rule.state)) {
+                // Journalled first, under the pair's lock: a crash keeps the
+                // clear, in order with the admissions around it.
+                if let Some(journal) = self.journal() {
+                    self.journal_failed(journal.append_clear(key.account, &key.rule.state, now));
+                }
                 clear(state, now, key.offset_us);
             }
         }

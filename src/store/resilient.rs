@@ -618,7 +618,7 @@ impl Store for Resilient {
             }
             Err(e) => e,
         };
-        self.breaker.degraded(&e, self.resilience.fallback);
+        self.breaker.degraded(&e, self.resilience.fallback, ask.key);
         self.counters.degraded.inc();
         // A penalty this instance knows of (Redis has it, or had it) holds
         // while Redis is away too.

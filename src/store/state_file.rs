@@ -417,6 +417,106 @@ fn private_new(path: &Path) -> io::Result<File> {
     private(OpenOptions::new().write(true).create_new(true)).open(path)
 }
 
+/// Options that never follow a symbolic link at the path's last component
+/// (`O_NOFOLLOW`: opening a link fails) and create a file 0600: for every
+/// file wxgate opens, rather than creates anew, beside the state file (its
+/// lock, the admissions journal).
+pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(options, rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    private(options)
+}
+
+/// A path beside the state file that someone else could have written,
+/// or a link: wxgate refuses to start rather than use it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotPrivate(pub String);
+
+/// Creating or checking a path beside the state file failed: an I/O error
+/// (go on without it, saying so), or the path is not wxgate's own.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    NotPrivate(#[from] NotPrivate),
+}
+
+/// Creates `dir` (0700) if it is absent, and checks that it is wxgate's
+/// alone: a directory, not a symbolic link, owned by this process's user,
+/// not writable by its group or others. Nobody else can then plant a file
+/// or a link in it.
+pub fn private_dir(dir: &Path) -> Result<(), PrivateError> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => builder.create(dir)?,
+        Err(e) => return Err(e.into()),
+        Ok(_) => {}
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(NotPrivate(format!(
+            "{} is not a directory (a symbolic link or a file is there; wxgate never follows one there): remove it",
+            dir.display()
+        ))
+        .into());
+    }
+    owned_alone(dir, &meta).map_err(PrivateError::from)
+}
+
+/// `path` (as `meta`, read without following a link) belongs to this
+/// process's user and neither its group nor others may write it.
+#[cfg(unix)]
+fn owned_alone(path: &Path, meta: &std::fs::Metadata) -> Result<(), NotPrivate> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(NotPrivate(format!(
+            "{} is owned by user id {}, not by wxgate's user (id {me}): someone else could plant files there; \
+             remove it, or give it to wxgate's user (chown)",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(NotPrivate(format!(
+            "{} has mode {:04o}: its group or others can write it, and so plant files or links there: chmod 700 {}",
+            path.display(),
+            meta.mode() & 0o7777,
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn owned_alone(_path: &Path, _meta: &std::fs::Metadata) -> Result<(), NotPrivate> {
+    Ok(())
+}
+
+/// Opens `path` in a [`private_dir`] with `options` ([`no_follow`]): a link
+/// there is refused ([`NotPrivate`]), never followed, and so is anything
+/// but a regular file.
+pub fn open_private(path: &Path, options: &mut OpenOptions) -> Result<File, PrivateError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            return Err(NotPrivate(format!(
+            "{} is not a regular file (a symbolic link, or another kind of file; wxgate never follows a link there): \
+                 remove it",
+            path.display()
+        ))
+            .into())
+        }
+        _ => {}
+    }
+    // O_NOFOLLOW: a link planted since the look above fails the open.
+    Ok(no_follow(options).open(path)?)
+}
+
 impl StateFile {
     /// Takes `<path>.lock` (creating the directory if need be). `Err` when
     /// another process holds it. When the lock file cannot even be created
@@ -424,8 +524,9 @@ impl StateFile {
     /// reading, with [`StateFile::unwritable`] saying why writes will fail.
     pub fn open(path: PathBuf) -> Result<StateFile, Busy> {
         let lock_path = sibling(&path, ".lock");
+        // Never through a link planted at the lock's path.
         let lock = std::fs::create_dir_all(dir_of(&path)).and_then(|_| {
-            private(OpenOptions::new().read(true).write(true).create(true).truncate(false)).open(&lock_path)
+            no_follow(OpenOptions::new().read(true).write(true).create(true).truncate(false)).open(&lock_path)
         });
         let (lock, unwritable) = match lock {
             Err(e) => (None, Some(format!("cannot create {}: {e}", lock_path.display()))),
@@ -636,6 +737,41 @@ mod tests {
         assert_eq!(saved.token_refreshed, vec![("fresh".to_owned(), NOW - 10 * S)]);
         let tokens: Vec<&str> = saved.tokens.iter().map(|t| t.account.as_str()).collect();
         assert_eq!(tokens, ["live"]);
+    }
+
+    /// The journal's directory must be wxgate's alone: another user's
+    /// directory is refused (as root: one given to uid 65534; otherwise
+    /// `/`, root's), and so are a link and a directory others may write.
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_of_another_user_a_link_or_one_others_may_write_is_not_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("wxgate-private-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mine = dir.join("mine");
+        private_dir(&mine).expect("created 0700, mine");
+        let mode = std::fs::metadata(&mine).expect("dir").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let refused = |path: &Path| match private_dir(path) {
+            Err(PrivateError::NotPrivate(e)) => e.0,
+            other => panic!("{}: {other:?}", path.display()),
+        };
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o770)).expect("chmod");
+        assert!(refused(&mine).contains("has mode 0770"));
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&mine, &link).expect("symlink");
+        assert!(refused(&link).contains("is not a directory"));
+        let (other, owner) = if rustix::process::geteuid().is_root() {
+            let theirs = dir.join("theirs");
+            private_dir(&theirs).expect("created");
+            std::os::unix::fs::chown(&theirs, Some(65_534), None).expect("chown");
+            (theirs, 65_534)
+        } else {
+            (PathBuf::from("/"), 0)
+        };
+        assert!(refused(&other).contains(&format!("is owned by user id {owner}")), "{}", other.display());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

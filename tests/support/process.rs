@@ -90,6 +90,46 @@ pub fn spawn_args(args: &[&str], env: &[(&str, &str)]) -> Result<Instance, Strin
     }
 }
 
+/// Like [`spawn_path`], with the process's stderr written to the file
+/// `log` (created or appended to; not collected by [`Instance::logged`]):
+/// ready once `log` holds the line with the address it serves on.
+pub async fn spawn_path_logging_to(path: &Path, env: &[(&str, &str)], log: &Path) -> Result<Instance, String> {
+    let mut cmd = command();
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+    cmd.args(["--config", path.to_str().expect("utf-8 path")])
+        .env("WXGATE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(file);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn wxgate");
+    let out = Arc::new(Mutex::new(String::new()));
+    let readers = vec![collect(child.stdout.take().expect("stdout"), out.clone(), None)];
+    let mut instance = Instance { child, addr: ([0, 0, 0, 0], 0).into(), admin: None, log: out, readers, _dir: None };
+    let serving = within(GUARD, || {
+        let text = std::fs::read_to_string(log).ok()?;
+        let line = text.lines().find(|l| field(l, "listen").is_some())?.to_owned();
+        Some(line)
+    })
+    .await;
+    match serving {
+        Some(line) => {
+            instance.addr = field(&line, "listen").and_then(|a| a.parse().ok()).expect("listen address");
+            instance.admin = field(&line, "admin").and_then(|a| a.parse().ok());
+            Ok(instance)
+        }
+        None => {
+            instance.kill();
+            Err(format!(
+                "wxgate did not start serving within {GUARD:?}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ))
+        }
+    }
+}
+
 /// Appends everything `from` yields to `log`, as lossy UTF-8 line by line (a
 /// line is never lost to a decoding error), passing each line on to `lines`
 /// while someone listens.

@@ -6,12 +6,16 @@
 //! **What a crash loses.** Writes start every `flush_interval` (on a fixed
 //! beat), but never sooner than 10 times the last write's duration after
 //! it started (so that writing a large store takes at most about a tenth
-//! of a core); each holds the state as it was when it started. A process
-//! killed just before a write completes leaves the previous file, which
-//! holds everything up to the start of the previous write: at most the
-//! calls admitted during `max(flush_interval, 10 × write time)` plus one
-//! write time are lost (their counts restart lower; nothing is counted
-//! twice). A clean stop (SIGTERM, SIGINT) loses nothing.
+//! of a core); each holds the state as it was when it started. What a
+//! decision after a restart must know was also written to the journal
+//! ([`super::journal`]) before it took effect: calendar admissions, counts
+//! raised to WeChat's, penalties and their escalation, clears. A SIGKILL,
+//! an OOM kill or a panic loses none of them (replayed at start); what it
+//! loses is window state (TATs, which refill within their window), warm-up
+//! timing, `max_share` use and per-recipient windows since the last write:
+//! at most `max(flush_interval, 10 × write time)` plus one write time of
+//! them. A power loss also loses the journal lines since the last write.
+//! A clean stop (SIGTERM, SIGINT) loses nothing.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -20,7 +24,7 @@ use super::{lock, Durable, MemoryStore, Writer};
 use crate::config::MemoryConfig;
 use crate::limit::clock::{Clock, Micros, Stopwatch};
 use crate::limit::RuleState;
-use crate::store::state_file::{decode, encode_to, Learned, Pair, Saved, StateFile};
+use crate::store::state_file::{decode, encode_to, Learned, Pair, PrivateError, Saved, StateFile};
 use crate::telemetry::metrics::{FileOp, MemoryStoreMetrics};
 
 /// How often idle state is dropped without traffic.
@@ -58,16 +62,23 @@ impl MemoryStore {
         }
         let now = clock.now_us();
         let saved = file.as_ref().and_then(|f| load(f, now, offset_us, keep_warm_us, &metrics));
-        let durable = file.map(|file| {
-            let journal = match super::journal::Journal::open(file.path()) {
-                Ok(j) => Some(j),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot open the admissions journal beside the state file: a crash would lose the admissions since the last write");
-                    None
-                }
-            };
-            Durable { file, writing: Mutex::new(Writer::default()), journal }
-        });
+        let durable = match file {
+            None => None,
+            Some(file) => {
+                let journal = match super::journal::Journal::open(file.path()) {
+                    Ok(j) => Some(j),
+                    // Someone else could have written it: not to be replayed, nor written through.
+                    Err(PrivateError::NotPrivate(e)) => {
+                        return Err(format!("the journal beside the state file is not wxgate's alone: {e}"))
+                    }
+                    Err(PrivateError::Io(e)) => {
+                        tracing::error!(error = %e, "cannot open the journal beside the state file: a crash would lose the admissions, penalties and clears since the last write");
+                        None
+                    }
+                };
+                Some(Durable { file, writing: Mutex::new(Writer::default()), journal })
+            }
+        };
         let persists = durable.is_some();
         let token_key = saved.as_ref().and_then(|s| s.token_key.clone());
         let store =
@@ -81,24 +92,33 @@ impl MemoryStore {
         Ok(store)
     }
 
-    /// Raises the loaded counts to what the admissions journal recorded
-    /// since the last write (before any call): what a crash would have lost.
+    /// Replays the journal over the loaded state, in order (before any
+    /// call): the changes since the last write, which a crash would have lost.
     fn replay_journal(&self, now: Micros, offset_us: Micros) {
-        let Some(journal) = self.file.as_ref().and_then(|d| d.journal.as_ref()) else { return };
+        use super::journal::Change;
+        let Some(journal) = self.journal() else { return };
         let records = journal.records();
         let mut replayed = 0;
         for r in &records {
-            // A record of a period already over counts for nothing.
-            if r.period.id(now, offset_us) != r.period_id {
-                continue;
+            match r.change {
+                // A count of a period already over counts for nothing.
+                Change::Count { period, period_id, .. } if period.id(now, offset_us) != period_id => continue,
+                Change::Count { period, period_id, used } => {
+                    self.with_raw(&r.account, &r.state, true, |s| {
+                        super::raise(s, crate::limit::WindowKey::Calendar(period), period_id, used)
+                    });
+                }
+                Change::Penalty(p) => self.with_raw(&r.account, &r.state, true, |s| s.penalty = p),
+                Change::Clear { at } => {
+                    self.with_raw(&r.account, &r.state, false, |s| crate::limit::decide::clear(s, at, offset_us))
+                }
             }
-            self.raise_raw(&r.account, &r.state, crate::limit::WindowKey::Calendar(r.period), r.period_id, r.used);
             replayed += 1;
         }
         if replayed > 0 {
             tracing::info!(
-                admissions = replayed,
-                "replayed the admissions journal over the state file (the last stop was not clean)"
+                changes = replayed,
+                "replayed the journal over the state file (admissions, penalties, clears; the last stop was not clean)"
             );
         }
     }

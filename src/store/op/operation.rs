@@ -32,6 +32,19 @@ pub enum Route {
     RedisOrLocalFallback,
 }
 
+/// What of a pair's state an operation changes that a crash must keep: the
+/// memory store writes it to its journal (`src/store/memory/journal.rs`)
+/// under the pair's lock, before any call sees the change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Nothing a restart must know (slots, lost refunds err on the safe side).
+    Nothing,
+    /// The penalty and its escalation (journalled when they changed).
+    Penalty,
+    /// Calendar counts, only ever raised.
+    Counts,
+}
+
 /// Which store gave an operation's answer (for [`Operation::after`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Answered<'e> {
@@ -63,6 +76,8 @@ pub trait Operation: Send + Sync {
     /// It may bring a new pair: the memory store refuses it when full
     /// ([`StoreError::Full`]). Otherwise a pair is always found room for.
     const MAY_BE_REFUSED: bool = false;
+    /// What of its change a crash must keep ([`Kept`]).
+    const KEPT: Kept = Kept::Nothing;
 
     /// What it does to `state` at the store's `now`.
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Self::Out;

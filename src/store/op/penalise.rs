@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Answered, Command, Operation, Route, Wrapper};
+use super::operation::{Kept, Answered, Command, Operation, Route, Wrapper};
 use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
@@ -30,6 +30,7 @@ impl Operation for Penalise<'_> {
     const NAME: &'static str = "penalise.lua";
     const ROUTE: Route = Route::RedisOrLocal;
     const FORGETS_REFUSALS: bool = true;
+    const KEPT: Kept = Kept::Penalty;
 
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> PenaltyEnd {
         let until = state.penalty.penalise(self.policy, self.sent_at, now, key.offset_us);

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Command, Operation, Route};
+use super::operation::{Kept, Command, Operation, Route};
 use crate::limit::clock::Micros;
 use crate::limit::decide::raise_day;
 use crate::limit::{Key, RuleState};
@@ -29,6 +29,7 @@ impl Operation for RaiseDay {
     const NAME: &'static str = "raise_day.lua";
     const ROUTE: Route = Route::LocalThenRedis;
     const MAY_BE_REFUSED: bool = true;
+    const KEPT: Kept = Kept::Counts;
 
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> u64 {
         raise_day(state, self.used, now, key.offset_us)

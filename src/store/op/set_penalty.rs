@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Answered, Command, Operation, Route, Wrapper};
+use super::operation::{Kept, Answered, Command, Operation, Route, Wrapper};
 use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::PenaltyState;
@@ -27,6 +27,7 @@ impl Operation for SetPenalty {
     const NAME: &'static str = "set_penalty.lua";
     const ROUTE: Route = Route::LocalThenRedisOrLocal;
     const FORGETS_REFUSALS: bool = true;
+    const KEPT: Kept = Kept::Penalty;
 
     fn apply(&self, state: &mut RuleState, _: Key<'_>, now: Micros) -> PenaltyEnd {
         state.penalty.set_by_hand(self.len_us, now);

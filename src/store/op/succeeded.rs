@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Command, Operation, Route};
+use super::operation::{Kept, Command, Operation, Route};
 use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::StoreError;
@@ -25,6 +25,7 @@ impl Operation for Succeeded {
     type Reply = i64;
     const NAME: &'static str = "succeeded.lua";
     const ROUTE: Route = Route::LocalThenRedis;
+    const KEPT: Kept = Kept::Penalty;
 
     fn apply(&self, state: &mut RuleState, _: Key<'_>, _: Micros) {
         state.penalty.succeeded(self.sent_at);

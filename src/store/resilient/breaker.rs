@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::Fallback;
 use crate::limit::clock::Stopwatch;
+use crate::limit::Key;
 use crate::store::StoreError;
 
 /// Degraded decisions are logged at most once per this long.
@@ -20,7 +21,11 @@ pub struct Breaker {
     open: AtomicBool,
     /// Decisions made without Redis since start.
     pub degraded: AtomicU64,
+    /// Decisions made without Redis because Redis was unavailable.
     log: Mutex<LogState>,
+    /// Decisions made without Redis because one pair's keys were refused
+    /// ([`StoreError::BadKey`]): logged apart, so that neither hides the other.
+    bad_key_log: Mutex<LogState>,
 }
 
 #[derive(Default)]
@@ -54,15 +59,32 @@ impl Breaker {
         self.open.store(false, Ordering::Release);
     }
 
-    /// Counts one degraded decision; logs the first of a run at once and then
-    /// at most one summary line per [`LOG_EVERY`].
-    pub fn degraded(&self, why: &StoreError, fallback: Fallback) {
+    /// Counts one degraded decision (of `key`'s pair); logs the first of a
+    /// run at once and then at most one summary line per [`LOG_EVERY`],
+    /// saying what happened: Redis unavailable, or only this pair's keys
+    /// refused (`WRONGTYPE`, a script failing on the key's data), Redis
+    /// deciding every other pair.
+    pub fn degraded(&self, why: &StoreError, fallback: Fallback, key: Key<'_>) {
         self.degraded.fetch_add(1, Ordering::Relaxed);
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let bad_key = matches!(why, StoreError::BadKey(_));
+        let mut log = if bad_key { &self.bad_key_log } else { &self.log }.lock().unwrap_or_else(|e| e.into_inner());
         log.unlogged += 1;
         let due = log.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
         if due {
-            tracing::warn!(error = %why, ?fallback, decisions = log.unlogged, "Redis unavailable: deciding without it");
+            if bad_key {
+                tracing::warn!(
+                    account = %key.account,
+                    rule = %key.rule.name,
+                    error = %why,
+                    ?fallback,
+                    decisions = log.unlogged,
+                    "one pair's Redis key has the wrong type (or its script failed on the key's data): that pair \
+                     is decided without Redis, by the fallback; Redis is available and decides every other pair \
+                     (fix or delete the key)"
+                );
+            } else {
+                tracing::warn!(error = %why, ?fallback, decisions = log.unlogged, "Redis unavailable: deciding without it");
+            }
             log.last = Some(Stopwatch::start());
             log.unlogged = 0;
         }
