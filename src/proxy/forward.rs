@@ -17,7 +17,7 @@ use crate::limit::Key;
 use crate::store::op::Refund;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::transport::request_body::RequestBody;
-use crate::transport::upstream::strip_hop_by_hop;
+use crate::transport::upstream::to_upstream;
 
 /// Sends the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
@@ -36,15 +36,10 @@ pub async fn forward(
     parts.uri =
         upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     parts.version = Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
+    // Each header wxgate takes off or rewrites, every field of it:
+    // hop-by-hop ones, `Authorization`, `Accept-Encoding` (`identity`).
+    to_upstream(&mut parts.headers);
     parts.headers.remove(ACCOUNT);
-    // WeChat's answer is read (errcode, tokens): a client's wish for a
-    // compressed answer becomes `identity` (WeChat's answers are small JSON
-    // or already compressed media). Without the header servers send
-    // identity; an answer encoded anyway is read as unknown (`sniff`).
-    if let Some(asked) = parts.headers.get_mut(http::header::ACCEPT_ENCODING) {
-        *asked = http::HeaderValue::from_static("identity");
-    }
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.
