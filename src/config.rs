@@ -333,8 +333,9 @@ pub struct Server {
     /// upstream may take to start its answer once the whole request (body
     /// included) has been handed to the connection.
     pub upstream_timeout: Duration,
-    /// Longest time without progress while a request body is being sent:
-    /// the client sending nothing (408) or the upstream taking nothing (504).
+    /// Longest time without progress on a request body, streamed upstream
+    /// or read whole first (never a total deadline): the client sending
+    /// nothing (408) or the upstream taking nothing (504).
     pub body_timeout: Duration,
     /// Extra PEM roots trusted for the upstream, on top of the public web roots.
     pub upstream_ca: Option<PathBuf>,
@@ -345,7 +346,8 @@ pub struct Server {
     pub max_held: usize,
     /// On SIGTERM/SIGINT, how long calls in flight may take to finish.
     pub shutdown_timeout: Duration,
-    /// How long a client may take to send a request head.
+    /// How long a client may take to send a request head (never a body:
+    /// [`Server::body_timeout`]).
     pub header_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_body: u64,

@@ -25,8 +25,10 @@
 //!    an `[[account]]`'s token to a call that carries none
 //!    ([`crate::features::broker`]).
 //! 6. [`forward`]: method, path, query, headers and body unchanged but for
-//!    hop-by-hop headers, `Host`, `X-Wx-Account` and `X-Wx-Caller` (the
-//!    latter taken off by identify); sent exactly once ([`crate::transport::upstream`]:
+//!    hop-by-hop headers, `Authorization` (never forwarded), `Accept-Encoding`
+//!    (one `identity`), `Host`, `X-Wx-Account` and `X-Wx-Caller` (the latter
+//!    taken off by identify), each handled whole, every field of its name
+//!    ([`crate::transport::upstream::to_upstream`]); sent exactly once ([`crate::transport::upstream`]:
 //!    connecting within `upstream_timeout`; the body for as long as it keeps
 //!    moving, `body_timeout` without progress ends it; then the answer's
 //!    head within `upstream_timeout`). A call that provably never reached an

@@ -134,6 +134,37 @@ async fn a_proven_caller_spends_only_its_granted_accounts_and_its_key_never_reac
     assert_eq!(call(&gate, "wxC", Some(&bearer(APPROVALS_KEY)), &[]).await.status, 503, "the store is full now");
 }
 
+/// Issue 44 item 15: with `caller_auth` off, `Authorization` was forwarded,
+/// so a `caller:KEY@` base URL (docs/callers.md) handed the key to WeChat.
+/// WeChat's API reads no credential from a header: neither `Authorization`
+/// nor `Proxy-Authorization` ever reaches it, with authentication off or on.
+#[tokio::test]
+async fn a_callers_key_never_reaches_wechat_with_caller_auth_off_or_on() {
+    let (mock, dir) = (MockWeChat::start().await, TempDir::new("auth-never-forwarded"));
+    let off = Gate::start(&mock, rule("send").matching(SEND).limit(100, "day")).await;
+    let on = Gate::start_text(config(&mock, &dir)).await;
+    let (orders, proxy) = (basic("orders", ORDERS_KEY), basic("proxy", "proxy-secret"));
+    let path = format!("{SEND}?access_token=T");
+    let off_calls = [
+        vec![("authorization", orders.as_str())],
+        vec![("authorization", orders.as_str()), ("authorization", "Bearer second")],
+        vec![("proxy-authorization", proxy.as_str()), ("proxy-authorization", "Basic again")],
+    ];
+    for headers in &off_calls {
+        assert_eq!(off.get_with(&path, headers).await.status, 200, "caller_auth off: {headers:?}");
+    }
+    let on_headers =
+        [("x-wx-account", "wxA"), ("authorization", orders.as_str()), ("proxy-authorization", proxy.as_str())];
+    assert_eq!(on.get_with(&path, &on_headers).await.status, 200, "caller_auth on");
+    let sent = mock.calls();
+    assert_eq!(sent.len(), 4);
+    for c in &sent {
+        let given: Vec<_> =
+            ["authorization", "proxy-authorization"].into_iter().filter(|h| c.headers.contains_key(*h)).collect();
+        assert!(given.is_empty(), "WeChat got {given:?}: {:?}", c.headers);
+    }
+}
+
 #[tokio::test]
 async fn priority_comes_from_the_proven_caller_never_from_a_header() {
     let (mock, dir) = (MockWeChat::start().await, TempDir::new("auth-priority"));

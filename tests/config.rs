@@ -529,3 +529,51 @@ fn member_windows_of_the_shipped_wecom_rules_keep_the_arrival_margin() {
     assert_eq!((minute.count, minute.burst, minute.margin_us), (30, 10, 20_000));
     assert_eq!(minute.interval_us, 2_858_096, "60,020,000 µs / 21, rounded up");
 }
+
+/// Issue 44 item 13: `[server] upstream = "http://user:pass@host"` was
+/// accepted: the user info was never sent, but `/readyz`, the start-up log
+/// and `wxgate check` printed it. `check`, start-up and a reload refuse it,
+/// naming the key, and the password is printed nowhere.
+#[tokio::test]
+async fn an_upstream_with_user_info_is_refused_by_check_start_and_reload_and_never_printed() {
+    const PASSWORD: &str = "SEKRIT_PW_9";
+    let mock = support::MockWeChat::start().await;
+    let dir = support::TempDir::new("upstream-user-info");
+    let good = support::ConfigToml::new(&mock.url()).with(support::rule("send").matching("/cgi-bin/send"));
+    let with_user = mock.url().replace("http://", &format!("http://wxuser:{PASSWORD}@"));
+    let listed = format!("[\"{with_user}\"]");
+    for (label, bad) in [
+        ("one URL", good.clone().server("upstream", with_user.as_str()).to_string()),
+        ("a list", good.to_string().replace(&format!("\"{}\"", mock.url()), &listed)),
+        ("a user only", good.to_string().replace("http://", "http://wxuser@")),
+    ] {
+        let path = dir.write(&format!("{}.toml", label.replace(' ', "-")), &bad);
+        let path = path.to_str().expect("utf-8");
+        let (code, out, stderr) = wxgate(&["check", "--config", path]);
+        assert_eq!(code, 2, "{label}: check refuses it: {out}{stderr}");
+        assert!(stderr.contains("[server] upstream") && stderr.contains("user info"), "{label}: {stderr}");
+        let (code, out, serve_err) = wxgate(&["--config", path]);
+        assert_eq!((code, &serve_err), (2, &stderr), "{label}: start-up refuses it as check does");
+        for text in [&out, &stderr, &serve_err] {
+            assert!(!text.contains(PASSWORD) && !text.contains("wxuser"), "{label}: printed: {text}");
+        }
+    }
+    // A reload to it is refused too: the running config stays, and neither
+    // the log nor /readyz shows the password.
+    let path = dir.write("running.toml", &good.to_string());
+    let instance = process::spawn_path(&path, &[]).expect("serving");
+    std::fs::write(dir.join("next.toml"), good.clone().server("upstream", with_user.as_str()).to_string())
+        .expect("write");
+    std::fs::rename(dir.join("next.toml"), &path).expect("rename");
+    instance.signal("-HUP");
+    support::eventually_async("the refused reload", support::PATIENCE, async || {
+        instance.admin_get("/readyz").await.json()["config_reloads"]["failed"].as_u64() >= Some(1)
+    })
+    .await;
+    let ready = instance.admin_get("/readyz").await.text();
+    assert!(!ready.contains(PASSWORD) && !ready.contains("wxuser"), "{ready}");
+    assert_eq!(instance.get("/cgi-bin/send?access_token=T").await.status, 200, "the running config serves on");
+    let log = instance.stop().await;
+    assert!(log.contains("config reload refused") && log.contains("user info"), "{log}");
+    assert!(!log.contains(PASSWORD) && !log.contains("wxuser"), "{log}");
+}

@@ -41,6 +41,25 @@ async fn a_client_accepting_gzip_still_gets_wechats_45009_read_and_penalised() {
     assert_eq!(asked.as_deref(), Some(&b"identity"[..]), "wxgate asked WeChat for identity");
 }
 
+/// Issue 44 item 2: a client giving `Accept-Encoding` twice (`identity`,
+/// then `gzip`) had only its first field rewritten: `identity, gzip`
+/// reached WeChat, whose gzipped 45009 was read as unknown (no penalty).
+#[tokio::test]
+async fn a_doubled_accept_encoding_still_gets_wechats_45009_read_and_penalised() {
+    let mock = MockWeChat::start().await;
+    mock.respond(|rec| compressing(rec, r#"{"errcode":45009,"errmsg":"api freq out of limit"}"#));
+    let gate = Gate::start(&mock, rule("send").matching(SEND).limit(100, "day")).await;
+    let twice = [("accept-encoding", "identity"), ("accept-encoding", "gzip")];
+    let first = gate.get_with(&format!("{SEND}?access_token=T"), &twice).await;
+    let asked: Vec<_> =
+        mock.calls()[0].headers.get_all("accept-encoding").iter().map(|v| v.as_bytes().to_vec()).collect();
+    assert_eq!(asked, [b"identity".to_vec()], "WeChat saw one Accept-Encoding: identity");
+    assert_eq!(first.header("x-wxgate-reason"), Some("penalty"), "WeChat's 45009 was read: {}", first.text());
+    let second = gate.get_with(&format!("{SEND}?access_token=T"), &twice).await;
+    assert_eq!((second.status.as_u16(), second.header("x-wxgate-reason")), (429, Some("penalty")));
+    assert_eq!(mock.count(), 1, "the penalty kept the second call from WeChat");
+}
+
 #[tokio::test]
 async fn tokens_fetched_by_a_client_accepting_gzip_are_learned_and_cached() {
     let mock = MockWeChat::start().await;

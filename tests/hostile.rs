@@ -458,7 +458,7 @@ async fn a_half_closed_connection_with_a_complete_request_is_served() {
 /// Paths no WeChat API has: the variants of issue 13 item 5 and the classic
 /// traversal tricks. Each slipped past `send`'s limit to the limit-less
 /// `default` rule (or was matched after decoding) before.
-const NOT_API_PATHS: [&str; 17] = [
+const NOT_API_PATHS: [&str; 22] = [
     "/CGI-BIN/message/custom/send",
     "/cgi-bin/message/custom/Send",
     "/cgi-bin/message/custom/send;x",
@@ -476,6 +476,12 @@ const NOT_API_PATHS: [&str; 17] = [
     "/../../cgi-bin/message/custom/send",
     "/cgi-bin/message/custom/send/../../../token",
     "/cgi-bin/message/custom/send~",
+    // Issue 44: a segment ending in `.`, which some servers read without it.
+    "/cgi-bin/message/custom/send.",
+    "/cgi-bin/message/custom/send./",
+    "/cgi-bin/message/custom/send..",
+    "/cgi-bin/message/custom./send",
+    "/cgi-bin./message/custom/send",
 ];
 
 #[tokio::test]
@@ -520,4 +526,35 @@ async fn paths_no_wechat_api_has_are_400_and_never_forwarded() {
     let metrics = get_at(gate.admin_addr(), "/metrics").await.text();
     let refused = sample(&metrics, "wxgate_calls_total{rule=\"_none\",outcome=\"rejected_bad_request\"}");
     assert_eq!(refused, Some(NOT_API_PATHS.len() as f64), "{metrics}");
+}
+
+/// Issue 44: a query parameter name with a `%` escape or a `+`
+/// (`access_token%00=`, `access%5Ftoken=`) was not read as the name it may
+/// be to WeChat: the call counted on the `default` account while WeChat
+/// may have read the token. wxgate cannot read such a name one way, so it
+/// refuses it (400) and never forwards it; escapes in values stay fine.
+#[tokio::test]
+async fn a_query_parameter_name_with_an_escape_is_400_and_never_forwarded() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, send_rule().limit(1, "1h")).await;
+    for query in [
+        "access_token%00=T",
+        "access_token%00=T&access_token=U",
+        "x=1&access%5Ftoken=T",
+        "access_token+=T",
+        "lang%5B%5D=zh&access_token=T",
+        "access_token=T;appid%00=wx1",
+    ] {
+        let a = gate.get(&format!("{SEND}?{query}")).await;
+        assert_eq!(a.status, 400, "{query}: {}", a.text());
+        let errmsg = a.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+        assert!(errmsg.contains("parameter name in the query has a %-escape"), "{query}: {errmsg}");
+        assert!(
+            !errmsg.contains("access_token%00") && !errmsg.contains("=T"),
+            "{query}: the name is not quoted: {errmsg}"
+        );
+    }
+    assert_eq!(mock.count(), 0, "none was forwarded");
+    let fine = gate.get(&format!("{SEND}?access_token=T%00%2B&lang=zh_CN")).await;
+    assert_eq!(fine.status, 200, "escapes in a value: {}", fine.text());
 }

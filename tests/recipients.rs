@@ -238,13 +238,14 @@ async fn what_cannot_be_counted_is_refused_naming_the_rule_and_never_forwarded()
     assert_eq!(mock.count(), 2);
 }
 
-/// A body that stops arriving before it is whole is refused (400) once
-/// `[server] header_timeout` has passed, and never forwarded half-read.
+/// A body that stops arriving before it is whole is refused (408) once
+/// `[server] body_timeout` has passed without progress, and never
+/// forwarded half-read.
 #[tokio::test]
 async fn a_body_that_stalls_before_its_recipients_are_read_is_refused_and_never_forwarded() {
     let mock = MockWeChat::start().await;
     let config = ConfigToml::new(&mock.url())
-        .server("header_timeout", "300ms")
+        .server("body_timeout", "300ms")
         .with(message_rule(r#"[{ count = 10, per = "day" }]"#, ""));
     let gate = Gate::start_text(config).await;
     let body = message("a|b");
@@ -253,8 +254,8 @@ async fn a_body_that_stalls_before_its_recipients_are_read_is_refused_and_never_
         format!("POST {SEND} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
     let ex = exchange(gate.addr, &[head.as_bytes(), half].concat()).await;
     let answer = ex.only();
-    assert_eq!(answer.status, 400, "{}", ex.text());
-    assert!(ex.text().contains("did not arrive within"), "{}", ex.text());
+    assert_eq!(answer.status, 408, "{}", ex.text());
+    assert!(ex.text().contains("nothing for 300ms ([server] body_timeout)"), "{}", ex.text());
     assert_eq!(mock.count(), 0, "nothing half-read reaches WeChat");
 }
 

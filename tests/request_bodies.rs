@@ -262,3 +262,138 @@ fn body_timeout_is_a_duration_above_zero() {
         assert!(e.contains("[server] body_timeout"), "{bad}: {e}");
     }
 }
+
+// --- bodies wxgate reads whole: one no-progress timer ---------------------------
+
+/// The paths a body takes: streamed with the caller's own token; read
+/// whole because the broker adds a token (resent if WeChat rejects it),
+/// because its rule counts recipients, or because it is a token request.
+/// `body_timeout` and `header_timeout` are 1 s.
+async fn every_body_path() -> (MockWeChat, Gate, support::TempDir) {
+    use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let issuing = tokens.responder();
+    mock.respond(move |rec| {
+        let path = rec.path_and_query.split('?').next().unwrap_or("");
+        if path == "/cgi-bin/token" || path == "/cgi-bin/stable_token" {
+            issuing(rec)
+        } else {
+            ok_reply()
+        }
+    });
+    let dir = support::TempDir::new("bodies-every-path");
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "5s")
+        .server("body_timeout", "1s")
+        .server("header_timeout", "1s")
+        .with(upload_rule())
+        .with(rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token"))
+        .with(rule("custom").matching("/cgi-bin/message/custom/send"))
+        .with(
+            "[[rule]]\nname = \"message\"\nmatch = [\"/cgi-bin/message/send\"]\nlimits = [{ count = 100, per = \"day\" }]\n\
+             cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\n",
+        )
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""));
+    (mock, Gate::start_text(config).await, dir)
+}
+
+/// One request on each path of [`every_body_path`]: label, head (without
+/// its framing header and blank line) and body, each body its own per
+/// `tag` (the token request asks for an appid of its own: no answer is
+/// shared between them).
+fn on_every_path(tag: usize) -> Vec<(&'static str, String, Vec<u8>)> {
+    let head = |target: &str, more: &str| format!("POST {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{more}");
+    let account = format!("X-Wx-Account: {}\r\n", support::tokens::APPID);
+    let json = |s: String| s.into_bytes();
+    vec![
+        ("own token", head(&format!("{UPLOAD}?access_token=T&type=image"), ""), vec![b'u'; 4000 + tag]),
+        (
+            "broker-added token",
+            head("/cgi-bin/message/custom/send", &account),
+            json(serde_json::json!({"touser": "o1", "msgtype": "text", "text": {"content": "x".repeat(200 + tag)}}).to_string()),
+        ),
+        (
+            "counted recipients",
+            head("/cgi-bin/message/send?access_token=T", ""),
+            json(serde_json::json!({"touser": "a|b|c", "msgtype": "text", "text": {"content": "x".repeat(200 + tag)}}).to_string()),
+        ),
+        (
+            "token request",
+            head("/cgi-bin/stable_token", ""),
+            json(
+                serde_json::json!({"grant_type": "client_credential", "appid": format!("wxNOTHELD00000{tag}"), "secret": "s".repeat(200)})
+                    .to_string(),
+            ),
+        ),
+    ]
+}
+
+/// Issue 44 item 12: `body_timeout` and `header_timeout` acted as total
+/// deadlines on a body wxgate reads whole: one the broker adds a token to
+/// got 408 ("nothing for 1s" though a piece came every 300 ms), one counted
+/// for its recipients or a token request's 400, while the same body with
+/// the caller's own token streamed. Every body now has one no-progress
+/// timer: 10 pieces 300 ms apart (2.7 s, over both timeouts) go through
+/// whole on every path, in either framing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_that_keeps_moving_is_forwarded_whole_on_every_path() {
+    let (mock, gate, _dir) = every_body_path().await;
+    let mut sends = Vec::new();
+    for (tag, framing) in ["Content-Length", "chunked"].into_iter().enumerate() {
+        for (label, head, body) in on_every_path(tag) {
+            let (head, wire) = if framing == "chunked" {
+                let pieces: Vec<&[u8]> = body.chunks(body.len().div_ceil(10)).collect();
+                (format!("{head}Transfer-Encoding: chunked\r\n\r\n"), chunked_body(&pieces))
+            } else {
+                (format!("{head}Content-Length: {}\r\n\r\n", body.len()), body.clone())
+            };
+            let addr = gate.addr;
+            sends.push(async move {
+                let started = Instant::now();
+                let ex = send_paced(addr, &head, &wire, 10, Duration::from_millis(300)).await;
+                (format!("{label}, {framing}"), ex, started.elapsed(), body)
+            });
+        }
+    }
+    let done = futures_util::future::join_all(sends).await;
+    let calls = mock.calls();
+    for (label, ex, took, body) in done {
+        assert_eq!(ex.only().status, 200, "{label}: {}", ex.text());
+        assert!(took >= Duration::from_millis(2700), "{label}: the body took {took:?}, over both timeouts");
+        assert_eq!(calls.iter().filter(|c| c.body == body).count(), 1, "{label}: forwarded whole, once");
+    }
+}
+
+/// A body that stops arriving for longer than `body_timeout` is refused
+/// 408 on every path a body takes, once `body_timeout` has passed, and
+/// never forwarded half-read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_408_after_body_timeout_on_every_path() {
+    let (mock, gate, _dir) = every_body_path().await;
+    let mut sends = Vec::new();
+    let bodies = on_every_path(0);
+    for (label, head, body) in bodies.clone() {
+        let half = &body[..body.len() / 2];
+        let wire = [format!("{head}Content-Length: {}\r\n\r\n", body.len()).as_bytes(), half].concat();
+        let addr = gate.addr;
+        sends.push(async move {
+            let started = Instant::now();
+            let ex = exchange(addr, &wire).await;
+            (label, ex, started.elapsed())
+        });
+    }
+    for (label, ex, waited) in futures_util::future::join_all(sends).await {
+        let resp = ex.only();
+        assert_eq!(resp.status, 408, "{label}: {}", ex.text());
+        let errmsg = resp.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+        assert!(errmsg.contains("body_timeout"), "{label}: {errmsg}");
+        assert!(waited >= Duration::from_millis(950), "{label}: not before body_timeout: {waited:?}");
+    }
+    // Nothing read whole reached WeChat; the streamed upload never whole.
+    for c in mock.calls() {
+        assert!(!c.path_and_query.starts_with("/cgi-bin/message/"), "{}", c.path_and_query);
+        assert!(!bodies.iter().any(|(_, _, body)| c.body == *body), "{} got a whole body", c.path_and_query);
+        assert!(!String::from_utf8_lossy(&c.body).contains("wxNOTHELD"), "{}", c.path_and_query);
+    }
+}

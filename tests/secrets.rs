@@ -168,6 +168,28 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
             format!("GET /cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nBad Header: SEKRIT_S_2\r\n{HEADERS}\r\n"),
             400,
         ),
+        // Issue 44 item 14: a refused path is logged as "<refused path>",
+        // never as written (it may carry a secret where a query belongs).
+        raw_call(
+            "a query hidden in the path as %3F",
+            format!("GET {send}%3Faccess_token=SEKRIT_AT_1&secret=SEKRIT_S_2 HTTP/1.1\r\nHost: wxgate\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        raw_call(
+            "path parameters after ;",
+            format!("GET {send};corpsecret=SEKRIT_CS_3 HTTP/1.1\r\nHost: wxgate\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        raw_call(
+            "a secret as a path segment",
+            "GET /cgi-bin/token/code=SEKRIT_C_4 HTTP/1.1\r\nHost: wxgate\r\nConnection: close\r\n\r\n".to_owned(),
+            400,
+        ),
+        raw_call(
+            "a secret in an invalid @account prefix",
+            format!("GET /@SEKRIT_JS_5=x/{send} HTTP/1.1\r\nHost: wxgate\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
         raw_call(
             "conflicting Content-Lengths",
             format!("POST /cgi-bin/token?{QUERY} HTTP/1.1\r\nHost: wxgate\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n{BODY}"),
@@ -192,7 +214,7 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
             }
         }
     }
-    assert_eq!(checked, 13);
+    assert_eq!(checked, 17);
     // The calls did carry the secrets: WeChat got them (so a clean log means something).
     let first = &mock.calls()[0];
     assert!(first.path_and_query.contains("SEKRIT_AT_1"), "{first:?}");
@@ -221,6 +243,7 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     // The logs did record these calls (so an empty capture cannot pass) ...
     assert!(gate_log.contains("penalised"), "the penalty is logged:\n{gate_log}");
     assert!(gate_log.contains("/cgi-bin/hang"), "the 504 is logged:\n{gate_log}");
+    assert!(gate_log.contains("<refused path>"), "the refused paths are logged:\n{gate_log}");
     assert!(dead_log.contains("/cgi-bin/token"), "the 502 is logged:\n{dead_log}");
     // ... and never a secret.
     for (name, log) in [("main", &gate_log), ("dead upstream", &dead_log)] {

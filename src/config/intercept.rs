@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::raw::RawIntercept;
-use super::settings::parse_upstream;
+use super::settings::{parse_upstream, shown};
 use super::Intercept;
 
 /// WeChat's API hosts that SDKs hard-code: the general host, its
@@ -64,7 +64,8 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
         let Some(listed) = hosts.iter().find(|h| h.eq_ignore_ascii_case(&host)) else {
             return Err(format!("[intercept] upstream: \"{host}\" is not in [intercept] hosts"));
         };
-        let uri = parse_upstream(&url).map_err(|m| format!("[intercept] upstream: \"{host}\" = \"{url}\": {m}"))?;
+        let uri =
+            parse_upstream(&url).map_err(|m| format!("[intercept] upstream: \"{host}\" = \"{}\": {m}", shown(&url)))?;
         if uri.path() != "/" && !uri.path().is_empty() {
             return Err(format!(
                 "[intercept] upstream: \"{host}\" = \"{url}\": no path (an intercepted call keeps its own whole path)"

@@ -9,12 +9,13 @@
 //! Only paths a WeChat API can have are routed at all ([`refusal`]): every
 //! WeChat and WeCom server API path is lowercase ASCII letters, digits and
 //! `_ - . /`, so anything else (uppercase, `;params`, `%` escapes, `\`,
-//! spaces, control bytes) and any empty, `.` or `..` segment is refused with
+//! spaces, control bytes), any empty segment and any segment ending in `.`
+//! (`.`, `..`, `send.`, which some servers read as `send`) is refused with
 //! 400 before a rule is looked up, never forwarded. Whether WeChat would treat
-//! `/CGI-BIN/...` or `.../send%00` as a throttled API is unknown; refusing them
-//! means none of them can get around a limit either way. A trailing `/` is
-//! the same API (`.../send/` is matched as `.../send`); a suffix such as
-//! `.../send.json` is another path (the `default` rule, if any).
+//! `/CGI-BIN/...`, `.../send%00` or `.../send.` as a throttled API is unknown;
+//! refusing them means none of them can get around a limit either way. A
+//! trailing `/` is the same API (`.../send/` is matched as `.../send`); a
+//! suffix such as `.../send.json` is another path (the `default` rule, if any).
 //!
 //! Recovery APIs ([`RECOVERY`]: `clear_quota`, `clear_quota/v2`,
 //! `openapi/quota/get`, `openapi/rid/get`) are matched by exact patterns
@@ -154,31 +155,33 @@ static PATH_BYTES: [u8; 256] = {
 
 /// Why `path` (the request path, without its query) cannot be a WeChat API
 /// path, or `None` when it can: a byte scan for anything outside
-/// `a-z 0-9 _ - . /`, and for empty (`//`), `.` and `..` segments.
+/// `a-z 0-9 _ - . /`, and for empty (`//`) segments and segments ending in
+/// `.` (`.`, `..`, `send.`: servers differ on whether `send.` is `send`).
 /// A single trailing `/` is allowed. Costs one pass over the path's bytes.
 pub fn refusal(path: &str) -> Option<&'static str> {
     const ALPHABET: &str =
         "this path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)";
-    const SEGMENT: &str = "this path is not a WeChat API path: it has an empty, . or .. segment";
+    const SEGMENT: &str =
+        "this path is not a WeChat API path: it has an empty segment, or one ending in . (., .., send.)";
     let bytes = path.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Some("this path is not a WeChat API path: it must start with /");
     }
     // One pass over a byte-class table (this runs for every call): the
-    // current segment's length and how many of its bytes are dots.
-    let (mut len, mut dots) = (0usize, 0usize);
-    let dot_segment = |len: usize, dots: usize| len > 0 && len <= 2 && dots == len;
+    // class of the byte before, a `/` at the start.
+    let mut before = SLASH;
     for &c in &bytes[1..] {
-        match PATH_BYTES[c as usize] {
-            NAME => len += 1,
-            DOT => (len, dots) = (len + 1, dots + 1),
-            SLASH if len == 0 || dot_segment(len, dots) => return Some(SEGMENT),
-            SLASH => (len, dots) = (0, 0),
+        let class = PATH_BYTES[c as usize];
+        match class {
+            NAME | DOT => {}
+            SLASH if matches!(before, SLASH | DOT) => return Some(SEGMENT),
+            SLASH => {}
             _ => return Some(ALPHABET),
         }
+        before = class;
     }
     // A trailing `/` (an empty last segment) is the same API.
-    dot_segment(len, dots).then_some(SEGMENT)
+    (before == DOT).then_some(SEGMENT)
 }
 
 /// Like [`normalise`], without a copy when the path is normal already
@@ -326,6 +329,10 @@ mod tests {
             "/cgi-bin/x/../token",
             "/cgi-bin/token/.",
             "/cgi-bin/token//",
+            "/cgi-bin/token.",
+            "/cgi-bin/token./",
+            "/cgi-bin./token",
+            "/cgi-bin/token...",
             "cgi-bin/token",
             "",
         ] {

@@ -431,7 +431,7 @@ fn upstreams(raw: Option<RawUpstream>) -> Result<Upstreams, String> {
     let list = match raw {
         None => return parse_upstream(DEFAULT_UPSTREAM).map(|u| Upstreams(vec![u])),
         Some(RawUpstream::One(text)) => {
-            let uri = parse_upstream(&text).map_err(|m| format!("[server] upstream: \"{text}\": {m}"))?;
+            let uri = parse_upstream(&text).map_err(|m| format!("[server] upstream: \"{}\": {m}", shown(&text)))?;
             return Ok(Upstreams(vec![uri]));
         }
         Some(RawUpstream::List(list)) => list,
@@ -446,7 +446,7 @@ fn upstreams(raw: Option<RawUpstream>) -> Result<Upstreams, String> {
     }
     let mut uris: Vec<http::Uri> = Vec::with_capacity(list.len());
     for (i, text) in list.iter().enumerate() {
-        let uri = parse_upstream(text).map_err(|m| format!("[server] upstream[{i}]: \"{text}\": {m}"))?;
+        let uri = parse_upstream(text).map_err(|m| format!("[server] upstream[{i}]: \"{}\": {m}", shown(text)))?;
         if let Some(j) = uris.iter().position(|u| same_host(u, &uri)) {
             return Err(format!("[server] upstream[{i}]: \"{text}\": the same host and port as upstream[{j}]"));
         }
@@ -463,13 +463,46 @@ fn upstreams(raw: Option<RawUpstream>) -> Result<Upstreams, String> {
     Ok(Upstreams(uris))
 }
 
+/// Whether a URL's authority (what follows `scheme://` up to the first
+/// `/`, `?` or `#`) has an `@`: user info, whatever else is wrong with it.
+fn has_user_info(text: &str) -> bool {
+    authority_of(text).contains('@')
+}
+
+fn authority_of(text: &str) -> &str {
+    let rest = text.split_once("://").map_or(text, |(_, rest)| rest);
+    rest.split(['/', '?', '#']).next().unwrap_or(rest)
+}
+
+/// An upstream URL as an error may quote it: its user info, if any, cut
+/// out (`https://…@host/path`).
+pub(super) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let authority = authority_of(text);
+    match authority.rfind('@') {
+        None => std::borrow::Cow::Borrowed(text),
+        Some(at) => {
+            let start = authority.as_ptr() as usize - text.as_ptr() as usize;
+            std::borrow::Cow::Owned(format!("{}…{}", &text[..start], &text[start + at..]))
+        }
+    }
+}
+
 /// Whether two upstream URLs reach the same host and port.
 fn same_host(a: &http::Uri, b: &http::Uri) -> bool {
     let port = |u: &http::Uri| u.port_u16().unwrap_or(if u.scheme_str() == Some("https") { 443 } else { 80 });
     a.host().map(str::to_ascii_lowercase) == b.host().map(str::to_ascii_lowercase) && port(a) == port(b)
 }
 
+/// An upstream URL: `http://` or `https://`, a host, no query, and no
+/// user info (`user:password@`): wxgate never sends it (WeChat takes no
+/// credential there), and a URL is shown in `/readyz`, `wxgate check` and
+/// the start-up log, where a password must never be.
 pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, String> {
+    if has_user_info(text) {
+        return Err("must not carry user info (user:password@): wxgate never sends it to WeChat, and a URL is \
+                    shown in /readyz, `wxgate check` and the logs; give scheme://host[:port][/path] only"
+            .into());
+    }
     let uri: http::Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}

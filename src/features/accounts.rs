@@ -172,7 +172,7 @@ pub async fn identify(
     }
     let caller = match TokenRequest::at(path) {
         Some(request) => {
-            let within = config.server.header_timeout;
+            let within = config.server.body_timeout;
             let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
             out.body = body;
             out.learn = Some(learn);
@@ -180,7 +180,7 @@ pub async fn identify(
         }
         // A clear_quota counts as the appid it clears, like a token request.
         None if crate::features::quota_clear::request::at(path) => {
-            let within = config.server.header_timeout;
+            let within = config.server.body_timeout;
             let (body, clearing) = crate::features::quota_clear::request::prepare(req, target.query(), within).await?;
             out.body = body;
             let caller = clearing.appid.clone();

@@ -10,37 +10,27 @@ use crate::config::routes;
 use crate::error::{Early, ProxyError};
 use crate::features::accounts;
 
+/// What the access log (and every other log line) shows as the path of a
+/// call whose request target was refused before it was read as a WeChat
+/// API path ([`routes::refusal`], an `@account` prefix, `CONNECT`,
+/// absolute-form): a fixed text. Such a path may be anything a client
+/// wrote, a secret included (`…/send%3Faccess_token=…`, `;secret=…`); no
+/// cut of it is safe (an appsecret is 32 lowercase hex digits, which any
+/// path may carry before the refused byte), and the refusal's reason is
+/// logged beside it.
+pub const REFUSED_PATH: &str = "<refused path>";
+
 /// Only origin-form requests to this proxy, with a body it may
 /// forward. Returns the path and query to send upstream, bytes unchanged
 /// but for an `@account` first segment, which goes to `call.arrived.named`.
 pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
-    if req.method() == Method::CONNECT {
-        return Err(ProxyError::BadRequest(connect_refusal(call, req)).into());
-    }
-    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
-        return Err(ProxyError::BadRequest(
-            "absolute-form request targets are not served: send origin-form (/cgi-bin/...) to wxgate".into(),
-        )
-        .into());
-    }
-    let target = match req.uri().path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
-        _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into()).into()),
-    };
-    let target = match accounts::split_prefix(&target) {
-        Ok(None) => target,
-        Ok(Some((account, rest))) => {
-            rest.path().clone_into(&mut call.arrived.path);
-            call.arrived.named = Some(account);
-            rest
+    let target = match target(call, req) {
+        Ok(target) => target,
+        Err(e) => {
+            REFUSED_PATH.clone_into(&mut call.arrived.path);
+            return Err(e.into());
         }
-        Err(why) => return Err(ProxyError::BadRequest(why).into()),
     };
-    // Before any rule is looked up: a path no WeChat API has never reaches
-    // the limits nor WeChat (see `crate::config::routes`).
-    if let Some(why) = routes::refusal(target.path()) {
-        return Err(ProxyError::BadRequest(why.into()).into());
-    }
     // Counted before anything is decided or forwarded; a streamed body that
     // grows past the cap is cut off on the way (413 as well).
     let max_body = call.arrived.config.server.max_body;
@@ -54,6 +44,37 @@ pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, 
             "the request body is larger than {max_body} bytes ([server] max_body)"
         ))
         .into());
+    }
+    Ok(target)
+}
+
+/// The request target, when it is a path a WeChat API can have.
+fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, ProxyError> {
+    if req.method() == Method::CONNECT {
+        return Err(ProxyError::BadRequest(connect_refusal(call, req)));
+    }
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        return Err(ProxyError::BadRequest(
+            "absolute-form request targets are not served: send origin-form (/cgi-bin/...) to wxgate".into(),
+        ));
+    }
+    let target = match req.uri().path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
+        _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
+    };
+    let target = match accounts::split_prefix(&target) {
+        Ok(None) => target,
+        Ok(Some((account, rest))) => {
+            rest.path().clone_into(&mut call.arrived.path);
+            call.arrived.named = Some(account);
+            rest
+        }
+        Err(why) => return Err(ProxyError::BadRequest(why)),
+    };
+    // Before any rule is looked up: a path no WeChat API has never reaches
+    // the limits nor WeChat (see `crate::config::routes`).
+    if let Some(why) = routes::refusal(target.path()) {
+        return Err(ProxyError::BadRequest(why.into()));
     }
     Ok(target)
 }

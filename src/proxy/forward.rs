@@ -16,8 +16,8 @@ use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
 use crate::store::op::Refund;
 use crate::telemetry::metrics::InFlightGuard;
-use crate::transport::request_body::RequestBody;
-use crate::transport::upstream::strip_hop_by_hop;
+use crate::transport::request_body::{read_whole, RequestBody};
+use crate::transport::upstream::{to_upstream, UpstreamError};
 
 /// Sends the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
@@ -36,15 +36,10 @@ pub async fn forward(
     parts.uri =
         upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     parts.version = Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
+    // Each header wxgate takes off or rewrites, every field of it:
+    // hop-by-hop ones, `Authorization`, `Accept-Encoding` (`identity`).
+    to_upstream(&mut parts.headers);
     parts.headers.remove(ACCOUNT);
-    // WeChat's answer is read (errcode, tokens): a client's wish for a
-    // compressed answer becomes `identity` (WeChat's answers are small JSON
-    // or already compressed media). Without the header servers send
-    // identity; an answer encoded anyway is read as unknown (`sniff`).
-    if let Some(asked) = parts.headers.get_mut(http::header::ACCEPT_ENCODING) {
-        *asked = http::HeaderValue::from_static("identity");
-    }
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
     // A token request's body was read whole by identify: sent as it came.
@@ -90,24 +85,20 @@ pub async fn forward(
 pub const RESEND_MAX: u64 = 1 << 20;
 
 /// The body of an injected call, read whole if it declares a length up to
-/// [`RESEND_MAX`] (or has none): `None` leaves it to be streamed. A body
-/// that does not arrive within `[server] body_timeout` is the client's fault.
+/// [`RESEND_MAX`] (or has none): `None` leaves it to be streamed. Read as
+/// every body is ([`read_whole`]): a client that stops sending it for
+/// `[server] body_timeout` is at fault (408), one that keeps sending is not.
 async fn read_for_resend(body: &mut Incoming, config: &crate::config::Config) -> Result<Option<bytes::Bytes>, Early> {
     use http_body::Body as _;
-    use http_body_util::BodyExt as _;
     if body.is_end_stream() {
         return Ok(Some(bytes::Bytes::new()));
     }
-    match body.size_hint().exact() {
-        Some(n) if n <= RESEND_MAX && n <= config.server.max_body => {}
+    let declared = match body.size_hint().exact() {
+        Some(n) if n <= RESEND_MAX && n <= config.server.max_body => n,
         _ => return Ok(None),
-    }
-    let within = config.server.body_timeout;
-    match tokio::time::timeout(within, body.collect()).await {
-        Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
-        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}")).into()),
-        Err(_) => Err(ProxyError::Upstream(crate::transport::upstream::UpstreamError::ClientStalled(within)).into()),
-    }
+    };
+    let read = read_whole(body, declared, config.server.body_timeout).await.map_err(UpstreamError::from)?;
+    Ok(Some(read))
 }
 
 /// The call provably never reached WeChat

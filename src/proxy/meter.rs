@@ -50,7 +50,7 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
     let body = match call.who.body.clone() {
         Some(body) => Some(body),
         None => {
-            let within = call.config().server.header_timeout;
+            let within = call.config().server.body_timeout;
             let what = format!("a call of rule \"{}\" (it counts the recipients in the body)", metering.rule);
             read_body_upto(req, within, BODY_CAP, &what).await?
         }

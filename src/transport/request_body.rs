@@ -14,6 +14,11 @@
 //!   when it was handed over whole. Nothing wakes the sender: it looks at
 //!   the progress when its own timer fires. A request without a body (GET,
 //!   `Content-Length: 0`) has no progress and costs nothing more.
+//! - A body wxgate reads whole before it forwards the call (a token
+//!   request's, a clear_quota's, one counted for its recipients, one it
+//!   added a token to: [`read_whole`]) is read with the same rule: at most
+//!   `body_timeout` without progress, never a total deadline. A slow
+//!   upload that keeps moving is read whole, whichever path it takes.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,6 +42,68 @@ pub enum BodyError {
     /// The client's body could not be read: malformed or cut short.
     #[error("the request body is {0}")]
     Broken(String),
+}
+
+/// Why a body read whole ([`read_whole`]) was not: the client's fault.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The body is larger than the reader's cap.
+    #[error("the request body is larger than the {0} bytes wxgate reads of it")]
+    TooLarge(u64),
+    /// Malformed or cut short.
+    #[error("{0}")]
+    Broken(BodyError),
+    /// Nothing more of it arrived for this long (`[server] body_timeout`).
+    #[error("the client stopped sending the request body: nothing for {0:?} ([server] body_timeout)")]
+    Stalled(Duration),
+}
+
+/// Reads `body` whole, up to `cap` bytes: the one reader of every request
+/// body wxgate reads before forwarding. `stall` (`[server] body_timeout`)
+/// is the longest time without a byte of progress, as for a streamed body
+/// ([`crate::transport::upstream`]): a body may take as long as it keeps
+/// moving. One timer, moved on at each frame; a body that came in one
+/// frame is not copied.
+pub async fn read_whole(body: &mut Incoming, cap: u64, stall: Duration) -> Result<Bytes, ReadError> {
+    use http_body_util::BodyExt as _;
+    let timer = tokio::time::sleep(stall);
+    tokio::pin!(timer);
+    let (mut first, mut more): (Option<Bytes>, Vec<u8>) = (None, Vec::new());
+    let mut len = 0u64;
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = &mut timer => return Err(ReadError::Stalled(stall)),
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(e)) => return Err(ReadError::Broken(broken(&e))),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                // Trailers: not part of the body WeChat reads.
+                Err(_) => continue,
+            },
+        };
+        if data.is_empty() {
+            continue;
+        }
+        len += data.len() as u64;
+        if len > cap {
+            return Err(ReadError::TooLarge(cap));
+        }
+        timer.as_mut().reset(deadline_after(stall));
+        match first.take() {
+            None if more.is_empty() => first = Some(data),
+            None => more.extend_from_slice(&data),
+            Some(one) => {
+                more.reserve(one.len() + data.len());
+                more.extend_from_slice(&one);
+                more.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(more)))
 }
 
 /// How far a request body has been sent; shared by the body (which the

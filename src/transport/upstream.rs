@@ -49,7 +49,8 @@
 //! connections, `failover` picks the upstream a call tries and keeps each
 //! one's health, `exchange` makes one try (connecting, sending, the
 //! timers), `error` says how a try failed, and `hop_by_hop` strips the
-//! headers no message passes on. Their log lines keep the target
+//! headers no message passes on and sets those WeChat gets ([`to_upstream`],
+//! [`replace`]: every field of a header handled whole). Their log lines keep the target
 //! `wxgate::transport::upstream`, as before the split.
 
 mod error;
@@ -70,7 +71,7 @@ pub use error::UpstreamError;
 use exchange::{Failure, Link};
 pub use failover::UpstreamStatus;
 use failover::{Failover, Target, Why};
-pub use hop_by_hop::strip_hop_by_hop;
+pub use hop_by_hop::{replace, strip_hop_by_hop, to_upstream};
 
 use crate::config::Server;
 use crate::limit::clock::Clock;
@@ -180,7 +181,7 @@ impl Upstream {
             let Some(target) = self.failover.targets.get(i) else {
                 return (i, Err(UpstreamError::Connect("no upstream".into())));
             };
-            req.headers_mut().insert(HOST, target.host.clone());
+            replace(req.headers_mut(), HOST, target.host.clone());
             match self.link.send_to(target, req, progress.as_deref()).await {
                 Ok(resp) => {
                     target.count(Tried::answered);

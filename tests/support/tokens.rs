@@ -244,3 +244,9 @@ pub async fn mock_wechat(delay_ms: u64) -> (MockWeChat, WeChatTokens) {
     });
     (mock, tokens)
 }
+
+/// An `[[account]]` whose secret is in a file of `dir` (`extra`: more keys).
+pub fn account_toml(dir: &super::TempDir, id: &str, kind: &str, secret: &str, extra: &str) -> String {
+    let file = dir.write_secret(&format!("{id}.secret"), &format!("{secret}\n"));
+    format!("[[account]]\nid = \"{id}\"\nkind = \"{kind}\"\nsecret_file = \"{}\"\n{extra}\n", file.display())
+}

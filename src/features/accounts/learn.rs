@@ -20,7 +20,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::Request;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::query;
@@ -28,6 +27,7 @@ use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
 use crate::features::base::Base;
 use crate::limit::clock::Micros;
+use crate::transport::request_body::{read_whole, ReadError};
 
 /// Largest token request body read before forwarding.
 pub const BODY_CAP: u64 = 4096;
@@ -153,9 +153,9 @@ pub async fn prepare(
     request: &'static TokenRequest,
     req: &mut Request<Incoming>,
     query: Option<&str>,
-    within: Duration,
+    stall: Duration,
 ) -> Result<Prepared, ProxyError> {
-    let body = if request.reads_body() { read_body(req, within).await? } else { None };
+    let body = if request.reads_body() { read_body(req, stall).await? } else { None };
     let json = request_json(body.as_deref())?;
     // A name the body gives must not be given differently in the query.
     for n in [request.caller, request.owner] {
@@ -184,17 +184,18 @@ pub async fn prepare(
 /// The request's whole body, read before it goes on (forwarded as it is),
 /// whatever its framing: declared with `Content-Length` or chunked, up to
 /// [`BODY_CAP`] bytes. 413 past the cap (what wxgate has not read, it
-/// cannot know WeChat reads as it does); 400 if it does not arrive within
-/// `within`. `None` for a request without a body.
-pub(crate) async fn read_body(req: &mut Request<Incoming>, within: Duration) -> Result<Option<Bytes>, ProxyError> {
-    read_body_upto(req, within, BODY_CAP, "a token or clear_quota request").await
+/// cannot know WeChat reads as it does); 408 if nothing more of it arrives
+/// for `stall` (`[server] body_timeout`, a no-progress timer:
+/// [`read_whole`]). `None` for a request without a body.
+pub(crate) async fn read_body(req: &mut Request<Incoming>, stall: Duration) -> Result<Option<Bytes>, ProxyError> {
+    read_body_upto(req, stall, BODY_CAP, "a token or clear_quota request").await
 }
 
 /// [`read_body`] with a cap of `cap` bytes; `what` names what wxgate reads
 /// it for in the 413.
 pub(crate) async fn read_body_upto(
     req: &mut Request<Incoming>,
-    within: Duration,
+    stall: Duration,
     cap: u64,
     what: &str,
 ) -> Result<Option<Bytes>, ProxyError> {
@@ -207,14 +208,10 @@ pub(crate) async fn read_body_upto(
     if http_body::Body::is_end_stream(req.body()) {
         return Ok(None);
     }
-    let limited = http_body_util::Limited::new(req.body_mut(), cap as usize);
-    match tokio::time::timeout(within, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(Some(collected.to_bytes())),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("cannot read the request body: {e}"))),
-        Err(_) => Err(ProxyError::BadRequest(format!(
-            "the request body did not arrive within {within:?} ([server] header_timeout)"
-        ))),
+    match read_whole(req.body_mut(), cap, stall).await {
+        Ok(read) => Ok(Some(read)),
+        Err(ReadError::TooLarge(_)) => Err(too_large()),
+        Err(e) => Err(ProxyError::Upstream(e.into())),
     }
 }
 

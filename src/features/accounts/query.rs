@@ -63,10 +63,11 @@ pub struct Scanned<'q> {
 
 /// Reads `query` (a URL query, or a form body) in one pass: its tokens, or
 /// why it could be read two ways: one of [`NAMES_READ`] given more than
-/// once (even empty), spelled percent-encoded or in other letter case
-/// (`access%5Ftoken`, `Access_Token`), or hidden after a `;` (which some
-/// servers take as a separator). Allocates nothing unless a name has `%`
-/// escapes.
+/// once (even empty), spelled in other letter case (`Access_Token`), or
+/// hidden after a `;` (which some servers take as a separator); or any
+/// parameter name with a `%` escape or a `+` (`access%5Ftoken`,
+/// `access_token%00`: parsers differ on what such a name is). Allocates
+/// nothing unless a name has uppercase letters.
 pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
     let bytes = query.as_bytes();
     let mut out = Scanned::default();
@@ -79,7 +80,16 @@ pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
             Some(i) => (&part[..i], &part[i + 1..]),
             None => (part, ""),
         };
-        if let Some(k) = read_name(name) {
+        let read = match read_name(name) {
+            Name::Escaped => {
+                return Err("a parameter name in the query has a %-escape or a +: names are read one way only \
+                            when written plainly (WeChat's are a-z and _)"
+                    .into())
+            }
+            Name::Read(k) => Some(k),
+            Name::Other => None,
+        };
+        if let Some(k) = read {
             let plain = NAMES_READ[k];
             if after_semicolon {
                 return Err(format!("the query names {plain} after a \";\"; separate parameters with \"&\" only"));
@@ -141,19 +151,37 @@ pub fn decoded(raw: &str) -> Cow<'_, [u8]> {
     }
 }
 
-/// Which of [`NAMES_READ`] a parameter name is, or would be once decoded
-/// and lower-cased.
-fn read_name(name: &str) -> Option<usize> {
+/// What a parameter name is to [`scan`].
+enum Name {
+    /// One of [`NAMES_READ`], or one once decoded and lower-cased.
+    Read(usize),
+    /// A name with a `%` escape or a `+` (a space in a form): parsers
+    /// differ on what such a name is (`access_token%00` may be
+    /// `access_token`, `access_token\0` or refused), so none is guessed.
+    Escaped,
+    Other,
+}
+
+/// Which of [`NAMES_READ`] a parameter name is, or would be once
+/// lower-cased; or that it is written with escapes. One pass over the
+/// name's bytes, only for a name that is not plainly one of them.
+fn read_name(name: &str) -> Name {
     if let Some(k) = NAMES_READ.iter().position(|n| *n == name) {
-        return Some(k);
+        return Name::Read(k);
     }
-    // Only a name that could decode or fold into one is looked at further.
-    if name.len() < 5 || !name.bytes().any(|b| b == b'%' || b == b'+' || b.is_ascii_uppercase()) {
-        return None;
+    let mut upper = false;
+    for b in name.bytes() {
+        match b {
+            b'%' | b'+' => return Name::Escaped,
+            b'A'..=b'Z' => upper = true,
+            _ => {}
+        }
     }
-    let decoded = percent_decode(name.as_bytes());
-    let folded = String::from_utf8_lossy(&decoded).to_ascii_lowercase();
-    NAMES_READ.iter().position(|n| *n == folded.trim())
+    if !upper || name.len() < 5 {
+        return Name::Other;
+    }
+    let folded = name.to_ascii_lowercase();
+    NAMES_READ.iter().position(|n| *n == folded.trim()).map_or(Name::Other, Name::Read)
 }
 
 /// `%XX` escapes decoded; a `%` not followed by two hex digits stays as it is.
@@ -199,9 +227,12 @@ mod tests {
             ("access_token=JUNK&access_token=T", "gives access_token more than once"),
             ("appid=a&secret=s&appid=b", "gives appid more than once"),
             ("appid&appid=b", "gives appid more than once"),
-            ("access%5Ftoken=T", "spells access_token as \"access%5Ftoken\""),
+            ("access%5Ftoken=T", "has a %-escape"),
+            ("access_token%00=T", "has a %-escape"),
+            ("x%5B%5D=1&access_token=T", "has a %-escape"),
+            ("access_token+=T", "has a %-escape or a +"),
             ("x=1&Access_Token=T", "spells access_token as \"Access_Token\""),
-            ("%61ppid=b", "spells appid"),
+            ("%61ppid=b", "has a %-escape"),
             ("x=1;access_token=T", "names access_token after a \";\""),
         ] {
             let found = ambiguity(bad).unwrap_or_default();

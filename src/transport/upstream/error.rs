@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::transport::request_body::BodyError;
+use crate::transport::request_body::{BodyError, ReadError};
 
 /// Why a call could not be relayed: the upstream's fault (502, 504) or the
 /// client's body ([`UpstreamError::client_fault`]: 400, 408, 413); mapped
@@ -56,6 +56,18 @@ impl UpstreamError {
     /// the upstream may have had the head and part of the body.
     pub fn client_fault(&self) -> bool {
         matches!(self, UpstreamError::BodyTooLarge | UpstreamError::BadBody(_) | UpstreamError::ClientStalled(_))
+    }
+}
+
+/// A body read whole before forwarding failed: the client's fault, as
+/// for a body streamed (400, 408, 413).
+impl From<ReadError> for UpstreamError {
+    fn from(e: ReadError) -> UpstreamError {
+        match e {
+            ReadError::TooLarge(_) => UpstreamError::BodyTooLarge,
+            ReadError::Broken(broken) => UpstreamError::BadBody(broken.to_string()),
+            ReadError::Stalled(within) => UpstreamError::ClientStalled(within),
+        }
     }
 }
 

@@ -1,7 +1,13 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1): what no message passes on, both
-//! ways. This runs for every header of every call.
+//! ways; and the request headers as wxgate sends them to WeChat
+//! ([`to_upstream`]). This runs for every header of every call.
+//!
+//! Every header wxgate sets, rewrites or takes off on the way to WeChat is
+//! handled whole: all its fields go ([`HeaderMap::remove`]), then at most
+//! one is set ([`replace`]). A client that gives a header twice cannot
+//! slip its second field past a rewrite of the first.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// The hop-by-hop headers every message loses, besides those `Connection`
 /// names (RFC 9110 §7.6.1). Bit `i` of a mask stands for `HOP_BY_HOP[i]`.
@@ -43,17 +49,74 @@ fn hop_by_hop_bit_any_case(token: &str) -> u16 {
     HOP_BY_HOP.iter().position(|h| h.as_str().eq_ignore_ascii_case(token)).map_or(0, |i| 1 << i)
 }
 
+/// Bits after `HOP_BY_HOP`'s: the request headers [`to_upstream`] handles.
+const AUTHORIZATION_BIT: u16 = 1 << 9;
+const ACCEPT_ENCODING_BIT: u16 = 1 << 10;
+const REQUEST_BITS: u16 = AUTHORIZATION_BIT | ACCEPT_ENCODING_BIT;
+
+/// [`hop_by_hop_bit`], and the bits of the request headers
+/// [`to_upstream`] takes off or rewrites.
+fn request_bit(name: &str) -> u16 {
+    match name {
+        "authorization" => AUTHORIZATION_BIT,
+        "accept-encoding" => ACCEPT_ENCODING_BIT,
+        other => hop_by_hop_bit(other),
+    }
+}
+
+/// Sets `name` to `value` alone: every field of that name the message had
+/// goes first (however many a client gave, none is left beside it).
+pub fn replace(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    // `insert` removes every previous value of the name; `get_mut` would
+    // reach only the first field.
+    headers.insert(name, value);
+}
+
+/// The client's request headers as wxgate sends them to WeChat, each
+/// handled whole (every field of its name):
+/// - hop-by-hop headers go ([`strip_hop_by_hop`]), `Proxy-Authorization`
+///   among them;
+/// - `Authorization` goes, whatever `caller_auth` says: WeChat's API reads
+///   no credential from a header, and the one a caller sends is its key
+///   for wxgate (a `caller:KEY@` base URL sends it even with `caller_auth`
+///   off);
+/// - `Accept-Encoding`, when given, becomes one `identity`: WeChat's answer
+///   is read (errcode, tokens), so it must come unencoded (its answers are
+///   small JSON or media already compressed). Without the header servers
+///   send identity; an answer encoded anyway is read as unknown (`sniff`).
+///
+/// `Host` is set per upstream ([`replace`]); wxgate's own `X-Wx-Account`
+/// and `X-Wx-Caller` are taken off by the call's phases (whole too). One pass over the names,
+/// which hop-by-hop stripping made anyway; nothing more for a call that
+/// has none of these.
+pub fn to_upstream(headers: &mut HeaderMap) {
+    let present = strip(headers, request_bit);
+    if present & AUTHORIZATION_BIT != 0 {
+        headers.remove(header::AUTHORIZATION);
+    }
+    if present & ACCEPT_ENCODING_BIT != 0 {
+        replace(headers, header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named by
 /// `Connection`. Allocates nothing unless `Connection` names a header
 /// outside the fixed list that the message has (most messages have none,
 /// or `Connection: keep-alive` / `close`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let mut present = 0u16;
+    strip(headers, hop_by_hop_bit);
+}
+
+/// [`strip_hop_by_hop`], the names read by `bit`: returns the bits of
+/// every name the message had (before stripping), hop-by-hop or not.
+fn strip(headers: &mut HeaderMap, bit: fn(&str) -> u16) -> u16 {
+    let mut seen = 0u16;
     for name in headers.keys() {
-        present |= hop_by_hop_bit(name.as_str());
+        seen |= bit(name.as_str());
     }
+    let mut present = seen & !REQUEST_BITS;
     if present == 0 {
-        return;
+        return seen;
     }
     let mut listed: Vec<HeaderName> = Vec::new();
     if present & CONNECTION_BIT != 0 {
@@ -83,6 +146,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
+    seen
 }
 
 #[cfg(test)]
@@ -130,5 +194,24 @@ mod tests {
         let mut plain = headers(&[("host", "a"), ("content-length", "3")]);
         strip_hop_by_hop(&mut plain);
         assert_eq!(plain.len(), 2, "nothing hop-by-hop: untouched");
+    }
+
+    #[test]
+    fn every_field_of_a_rewritten_header_goes_to_upstream_at_most_once() {
+        let mut h = headers(&[
+            ("accept-encoding", "identity"),
+            ("accept-encoding", "gzip"),
+            ("authorization", "Basic b3JkZXJzOktFWQ=="),
+            ("authorization", "Bearer KEY"),
+            ("proxy-authorization", "Basic a"),
+            ("proxy-authorization", "Basic b"),
+            ("content-type", "application/json"),
+        ]);
+        to_upstream(&mut h);
+        let left: Vec<_> = h.iter().map(|(k, v)| (k.as_str(), v.to_str().unwrap_or("?"))).collect();
+        assert_eq!(left, [("accept-encoding", "identity"), ("content-type", "application/json")]);
+        let mut none = headers(&[("content-type", "application/json")]);
+        to_upstream(&mut none);
+        assert_eq!(none.len(), 1, "no Accept-Encoding is added");
     }
 }
