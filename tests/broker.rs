@@ -233,6 +233,40 @@ async fn callers_get_a_token_only_for_the_accounts_they_are_granted() {
     assert_eq!(tokens_sent(&mock, INFO).len(), 1, "only hr's call was forwarded");
 }
 
+/// Issue 44 item 3: a caller granted one account named it (`@wxOTHER`) and
+/// asked a token for a held account it is not granted (`appid=` that
+/// account, with its secret): the broker answered with that account's
+/// token, counted on the account named. The appid is the account: refused.
+#[tokio::test]
+async fn a_token_request_for_an_appid_the_caller_is_not_granted_gets_no_token_whatever_it_names() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-grant-appid");
+    let ops = dir.write_secret("ops.key", "key-of-ops-0123456789");
+    let callers = format!("[[caller]]\nname = \"ops\"\nkey_file = \"{}\"\naccounts = [\"wxOTHER\"]\n", ops.display());
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(rules())
+        .with(callers)
+        .with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let auth = ("authorization", "Bearer key-of-ops-0123456789");
+    let query = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let stable = format!(r#"{{"grant_type":"client_credential","appid":"{APPID}","secret":"{SECRET}"}}"#);
+    let named = [
+        gate.get_with(&format!("/@wxOTHER/cgi-bin/token?{query}"), &[auth]).await,
+        gate.get_with(&format!("/cgi-bin/token?{query}"), &[auth, ("x-wx-account", "wxOTHER")]).await,
+        gate.post_with("/@wxOTHER/cgi-bin/stable_token", &stable, &[auth]).await,
+    ];
+    for a in &named {
+        assert_eq!(a.status, 400, "{}", a.text());
+        assert!(a.json()["access_token"].is_null(), "no token: {}", a.text());
+    }
+    // Naming nothing: the appid is the account, not granted.
+    let unnamed = gate.get_with(&format!("/cgi-bin/token?{query}"), &[auth]).await;
+    assert_eq!(unnamed.status, 403, "{}", unnamed.text());
+    assert_eq!((mock.count(), tokens.fetches("stable")), (0, 0), "nothing fetched, nothing forwarded");
+}
+
 #[test]
 fn accounts_are_checked_and_their_secrets_never_printed() {
     let dir = TempDir::new("broker-check");
@@ -657,4 +691,31 @@ async fn a_chunked_injected_call_is_not_kept_so_a_rejection_reaches_the_caller_o
     // The next call gets a new token.
     assert_eq!(gate.post_as(APPID, SEND, body).await.json()["errcode"], 0);
     assert_eq!(tokens.fetches("stable"), 2);
+}
+
+/// Issue 44 (suspicion, confirmed): with `token_api = "token"`, a token
+/// request wxgate did not recognise (here a POST to `/cgi-bin/token` with
+/// the account's secret) went to WeChat, which issued a new token and so
+/// invalidated the one wxgate adds to calls. Refused (400), never sent.
+#[tokio::test]
+async fn a_token_request_wxgate_cannot_read_never_replaces_the_brokers_token() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-post-token");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(
+        &dir,
+        APPID,
+        "official_account",
+        SECRET,
+        "token_api = \"token\"",
+    ));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let query = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let posted = gate.post(&format!("/cgi-bin/token?{query}"), "").await;
+    assert_eq!(posted.status, 400, "{}", posted.text());
+    assert_eq!(tokens.fetches("token"), 1, "only the broker's own fetch reached WeChat");
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
+    let sent = tokens_sent(&mock, INFO);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0], sent[1], "the broker's token still is the one");
 }

@@ -442,3 +442,55 @@ async fn a_stalled_quota_get_fails_its_round_and_the_next_round_syncs() {
     assert!(stalled.load(Ordering::SeqCst) >= 2, "the stalled one came first");
     gate.stop().await;
 }
+
+/// Issue 44 (suspicion, confirmed): token requests wxgate did not read the
+/// way WeChat may (a POST to `/cgi-bin/token`, a form-encoded stable_token,
+/// `grant_type` in other letters, a padded appid, a `force_refresh` that is
+/// not a boolean) went to WeChat unchecked and uncached. Each is refused
+/// (400) and never sent; the plain forms are served as before.
+#[tokio::test]
+async fn token_requests_wxgate_cannot_read_one_way_are_refused_and_never_sent() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let plain = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let json = |grant: &str, appid: &str, extra: &str| {
+        format!(r#"{{"grant_type":"{grant}","appid":"{appid}","secret":"{SECRET}"{extra}}}"#)
+    };
+    let refused = [
+        ("POST /cgi-bin/token", gate.post(&format!("/cgi-bin/token?{plain}"), "").await),
+        (
+            "grant_type in capitals",
+            gate.get(&format!("/cgi-bin/token?grant_type=Client_Credential&appid={APPID}&secret={SECRET}")).await,
+        ),
+        ("no grant_type", gate.get(&format!("/cgi-bin/token?appid={APPID}&secret={SECRET}")).await),
+        (
+            "a padded appid",
+            gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid=%20{APPID}&secret={SECRET}")).await,
+        ),
+        ("a form stable_token", gate.post("/cgi-bin/stable_token", &plain).await),
+        ("stable_token by GET", gate.get(&format!("/cgi-bin/stable_token?{plain}")).await),
+        (
+            "stable grant_type in capitals",
+            gate.post("/cgi-bin/stable_token", &json("CLIENT_CREDENTIAL", APPID, "")).await,
+        ),
+        (
+            "a padded stable appid",
+            gate.post("/cgi-bin/stable_token", &json("client_credential", &format!("{APPID} "), "")).await,
+        ),
+        (
+            "force_refresh as a string",
+            gate.post("/cgi-bin/stable_token", &json("client_credential", APPID, r#","force_refresh":"true""#)).await,
+        ),
+        ("POST gettoken", gate.post(&format!("/cgi-bin/gettoken?corpid={CORPID}&corpsecret={CORPSECRET}"), "").await),
+    ];
+    for (what, a) in &refused {
+        assert_eq!(a.status, 400, "{what}: {}", a.text());
+        assert!(!a.text().contains(SECRET), "{what}: the secret is not repeated");
+    }
+    assert_eq!(mock.count(), 0, "none reached WeChat");
+    assert!(!token_of(&gate.get(&format!("/cgi-bin/token?{plain}")).await).is_empty());
+    let stable =
+        gate.post("/cgi-bin/stable_token", &json("client_credential", APPID, r#","force_refresh":false"#)).await;
+    assert!(!token_of(&stable).is_empty());
+    assert_eq!((tokens.fetches("token"), tokens.fetches("stable")), (1, 1));
+}
