@@ -719,3 +719,76 @@ async fn a_token_request_wxgate_cannot_read_never_replaces_the_brokers_token() {
     assert_eq!(sent.len(), 2);
     assert_eq!(sent[0], sent[1], "the broker's token still is the one");
 }
+
+/// A gate holding the platform's `[[account]]` (and `extra`), and the
+/// component token it fetched through the gate.
+async fn platform_gate(mock: &MockWeChat, dir: &TempDir, extra: &str) -> (Gate, String) {
+    use support::tokens::{PLATFORM, PLATFORM_SECRET};
+    let platform_rule = rule("platform")
+        .matching("/cgi-bin/component/api_component_token")
+        .matching("/cgi-bin/component/api_authorizer_token")
+        .limit(2000, "day");
+    let config = ConfigToml::new(&mock.url())
+        .with(rules())
+        .with(platform_rule)
+        .with(account(dir, PLATFORM, "platform", PLATFORM_SECRET, ""))
+        .with(extra);
+    let gate = Gate::start_text(config).await;
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","component_appsecret":"{PLATFORM_SECRET}","component_verify_ticket":"t@@@1"}}"#
+    );
+    let answer = gate.post("/cgi-bin/component/api_component_token", &body).await;
+    let token = answer.json()["component_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!token.is_empty(), "{}", answer.text());
+    (gate, token)
+}
+
+/// An `api_authorizer_token` request with this component token.
+async fn authorizer_token(gate: &Gate, component_token: &str) -> support::Answer {
+    use support::tokens::{AUTHORIZER, PLATFORM, REFRESH};
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","authorizer_appid":"{AUTHORIZER}","authorizer_refresh_token":"{REFRESH}"}}"#
+    );
+    gate.post(&format!("/cgi-bin/component/api_authorizer_token?component_access_token={component_token}"), &body).await
+}
+
+/// Issue 44 item 9: a platform asking the authorizer token of an account
+/// whose appid is also an `[[account]]` got 403/40125: its refresh token was
+/// compared with the account's appsecret. The authorizer token is the
+/// platform's to ask for.
+#[tokio::test]
+async fn a_platform_gets_the_authorizer_token_of_an_appid_wxgate_also_holds() {
+    use support::tokens::AUTHORIZER;
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-authorizer-held");
+    let own = account(&dir, AUTHORIZER, "official_account", "SEKRIT_AUTHORIZER_OWN", "");
+    let (gate, component) = platform_gate(&mock, &dir, &own).await;
+    let a = authorizer_token(&gate, &component).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(a.json()["authorizer_access_token"].as_str().is_some_and(|t| !t.is_empty()), "{}", a.text());
+    assert_eq!(tokens.fetches("authorizer"), 1);
+}
+
+/// Issue 44 item 10: the authorizer-token slot ignored the request's
+/// `component_access_token`: after one good fetch a bogus component token
+/// got the cached authorizer token, and a bogus one reaching WeChat first
+/// had its 40001 served to the platform's valid request for 2 s. The
+/// component token is part of what names the slot.
+#[tokio::test]
+async fn an_authorizer_token_is_served_only_to_the_component_token_that_proved_it() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-authorizer-proof");
+    let (gate, component) = platform_gate(&mock, &dir, "").await;
+    // A bogus component token first: WeChat's 40001 is its own.
+    let bogus = authorizer_token(&gate, "BOGUS_COMPONENT_TOKEN").await;
+    assert_eq!(bogus.json()["errcode"], 40001, "{}", bogus.text());
+    let good = authorizer_token(&gate, &component).await;
+    let token = good.json()["authorizer_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!token.is_empty(), "the valid request is not given the bogus one's refusal: {}", good.text());
+    // After the good fetch, another bogus token is not given the cached token.
+    let again = authorizer_token(&gate, "ANOTHER_BOGUS_TOKEN").await;
+    assert_eq!(again.json()["errcode"], 40001, "{}", again.text());
+    assert!(!again.text().contains(&token), "the cached authorizer token reached a bogus component token");
+    assert_eq!(authorizer_token(&gate, &component).await.json()["authorizer_access_token"].as_str(), Some(&*token));
+    assert_eq!(tokens.fetches("authorizer"), 3, "two bogus ones went to WeChat, the good one once");
+}

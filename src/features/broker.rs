@@ -108,12 +108,16 @@ impl Feature for Broker {
 }
 
 /// The `[[account]]` a token request is for, if wxgate holds one of that
-/// id and kind: `Err` (403) unless the request gives its secret.
+/// id whose token API issues that kind of token ([`issues`]): `Err` (403)
+/// unless the request gives its secret. A platform's authorizer token is
+/// never an `[[account]]`'s: an authorizer whose appid is also an
+/// `[[account]]` is asked for with the platform's credentials, not the
+/// account's secret.
 fn held_for(config: &Config, asked: &ask::Ask) -> Result<Option<Arc<SecretAccount>>, ProxyError> {
     let platform = asked.kind == Kind::Component;
     let mut any = false;
     for a in config.accounts.by_id(&asked.id, platform) {
-        if (a.token_api == TokenApi::GetToken) != (asked.kind == Kind::WeCom) {
+        if !issues(a.token_api, asked.kind) {
             continue;
         }
         if a.secret.is(&asked.secret) {
@@ -191,6 +195,18 @@ pub fn kind(api: TokenApi) -> Kind {
         TokenApi::Token => Kind::Token,
         TokenApi::GetToken => Kind::WeCom,
         TokenApi::ComponentToken => Kind::Component,
+    }
+}
+
+/// Whether an account of token API `api` answers a token request of
+/// `kind`: its own API, or the other of an official account's two token
+/// APIs (the same secret gets either); never an authorizer token or a ticket.
+pub fn issues(api: TokenApi, kind: Kind) -> bool {
+    match kind {
+        Kind::Token | Kind::Stable => matches!(api, TokenApi::StableToken | TokenApi::Token),
+        Kind::WeCom => api == TokenApi::GetToken,
+        Kind::Component => api == TokenApi::ComponentToken,
+        Kind::Authorizer | Kind::Ticket(_) => false,
     }
 }
 
