@@ -41,7 +41,7 @@ use crate::error::{Early, ProxyError};
 use crate::features::base::Base;
 use crate::features::hooks::{Asking, Feature, Sending};
 use crate::features::token_cache::ask::Kind;
-use crate::features::token_cache::cache::{Fetch, HeldToken, TokenCache};
+use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};
 use crate::features::token_cache::POLL;
 use crate::features::token_cache::{ask, json_answer};
 use crate::limit::clock::{deadline_after, Micros};
@@ -300,7 +300,7 @@ async fn obtain(
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     let held_us = config.rule_for(account.token_api.path()).map_or(0, |r| r.max_wait_us);
-    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
+    let lock_us = cache.lock_us(&config.server, held_us);
     loop {
         let woken = cache.done.notified();
         match cache.store.tokens().claim_token(&slot, &holder, min_left_us, newer_than, lock_us).await {
@@ -414,7 +414,10 @@ async fn renew_tickets(
         }
         let slot = format!("{}:{}", ticket.as_str(), account.name);
         let holder = cache.holder();
-        let lock_us = crate::config::units::micros(cache.wait);
+        // The ticket's fetch may first obtain the account's token (a fetch
+        // of its own), then fetches the ticket: its lock outlasts both.
+        let held_us = config.rule_for(account.token_api.path()).map_or(0, |r| r.max_wait_us);
+        let lock_us = cache.lock_us(&config.server, held_us).saturating_add(fetch_us(&config.server));
         let next = match cache.store.tokens().claim_token(&slot, &holder, RENEW_AHEAD_US, -1, lock_us).await {
             Ok(Claim::Cached { until, now: at, .. }) => {
                 // Renewed elsewhere: seen cached until then.
