@@ -792,3 +792,42 @@ async fn an_authorizer_token_is_served_only_to_the_component_token_that_proved_i
     assert_eq!(authorizer_token(&gate, &component).await.json()["authorizer_access_token"].as_str(), Some(&*token));
     assert_eq!(tokens.fetches("authorizer"), 3, "two bogus ones went to WeChat, the good one once");
 }
+
+/// Issue 44 (suspicion, confirmed by WeChat's docs: rid/get answers
+/// `"request_url":"access_token=50_Im7xxxx"`): wxgate added the account's
+/// token to `rid/get`, whose answer shows the token of the call a rid names,
+/// so a caller that is never given the token could read it. wxgate no
+/// longer adds it there: such a call is refused (400) before it is sent;
+/// one with a token of the caller's own goes on.
+#[tokio::test]
+async fn rid_get_never_shows_a_caller_the_token_wxgate_adds() {
+    let (mock, tokens) = wechat(0).await;
+    let (reply, seen) = (tokens.responder(), mock.clone());
+    mock.respond(move |rec| {
+        if !rec.path_and_query.to_ascii_lowercase().starts_with("/cgi-bin/openapi/rid/get") {
+            return reply(rec);
+        }
+        // WeChat: the query of the call the rid names (here: the last one).
+        let last = seen.calls().into_iter().rev().nth(1).map(|c| c.path_and_query).unwrap_or_default();
+        let url = last.split_once('?').map_or("", |(_, q)| q).to_owned();
+        Reply::Json {
+            body: serde_json::json!({"errcode": 0, "errmsg": "ok", "request": {"request_url": url}}).to_string(),
+            content_type: "application/json",
+        }
+    });
+    let dir = TempDir::new("broker-rid-get");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let token = tokens.issued().pop().expect("the broker's token");
+    let before = mock.count();
+    for path in ["/cgi-bin/openapi/rid/get", "/cgi-bin/OpenAPI/rid/get", "/cgi-bin/openapi/rid/get/"] {
+        let a = gate.post_as(APPID, path, r#"{"rid":"6740e5a1-0b3c7d2e-1f2a3b4c"}"#).await;
+        assert!(!a.text().contains(&token), "{path}: the token reached the caller: {}", a.text());
+        assert_eq!(a.status, 400, "{path}: {}", a.text());
+    }
+    assert_eq!(mock.count(), before, "none was sent");
+    // A caller's own token: its rid/get goes on, and shows it only its own.
+    let own = gate.post_as(APPID, &format!("/cgi-bin/openapi/rid/get?access_token={token}"), r#"{"rid":"r"}"#).await;
+    assert_eq!(own.json()["errcode"], 0, "{}", own.text());
+}
