@@ -34,7 +34,7 @@ const LOCK_MARGIN_US: Micros = 1_000_000;
 /// connecting to each upstream in turn (`upstream_timeout` each: a call goes
 /// to the next only when it never reached one), the request (its body is
 /// read whole before; `body_timeout` without progress), the answer's head
-/// (`upstream_timeout`), the answer's body (`body_timeout`). 60 s with the
+/// (`upstream_timeout`), the answer's body (`body_timeout`). 80 s with the
 /// defaults and one upstream.
 pub fn fetch_us(server: &crate::config::Server) -> Micros {
     let upstreams = i64::try_from(server.upstream.iter().count().max(1)).unwrap_or(i64::MAX);
