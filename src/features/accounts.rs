@@ -18,7 +18,7 @@
 //! A call that names an account but carries a token learned for another is
 //! refused (400): nobody may spend or penalise another account's quota by
 //! naming it. A token request or clear_quota is the account of the appid
-//! WeChat reads in it: one without a valid appid, or naming another
+//! WeChat reads in it: one whose appid is not valid, or naming another
 //! account, or carrying a token learned for another, is refused (400).
 //! With `[server] accounts`, a call whose account (from any source) is not
 //! listed is refused too. Under `caller_auth = "required"` the grant of a
@@ -155,9 +155,10 @@ pub const MAX_TOKEN_LEN: usize = 1024;
 /// will teach.
 ///
 /// A token request or clear_quota is about the appid WeChat reads in it:
-/// one that names no valid appid, or names an account other than its
-/// appid, is refused (400), so that it is counted, granted and answered as
-/// the account WeChat acts on.
+/// one that gives an appid that is not valid, or names an account other
+/// than its appid, or carries a token of another, is refused (400), so that
+/// it is counted, granted and answered as the account WeChat acts on. One
+/// that gives no appid at all (WeChat acts on none) counts as any call.
 pub async fn identify(
     app: &Base,
     config: &Config,
@@ -221,13 +222,6 @@ pub async fn identify(
         None => None,
     };
     let caller = match about {
-        Some((None, name)) => {
-            return Err(ProxyError::BadRequest(format!(
-                "this request names no valid {} (1-64 characters of A-Z a-z 0-9 _ -, given once): wxgate cannot tell \
-                 which account WeChat will read it as",
-                name.field()
-            )))
-        }
         Some((Some(appid), name)) if named && appid != out.account => {
             return Err(ProxyError::BadRequest(format!(
                 "this request is for {} \"{appid}\" but names account \"{}\": name the account WeChat will read \

@@ -166,7 +166,20 @@ pub async fn prepare(
 ) -> Result<Prepared, ProxyError> {
     let body = if request.reads_body() { read_body(req, within).await? } else { None };
     let json = request_json(body.as_deref())?;
-    one_way(request, req.method(), query, json.as_ref()).map_err(ProxyError::BadRequest)?;
+    // A request that names no account anywhere (no appid in its query, no
+    // body) cannot get a token from WeChat: it goes on as it is. One that
+    // names one is read one way or refused.
+    let gives = |n: Name| match n {
+        Name::Query(f) => query.is_some_and(|q| {
+            q.split('&').any(|p| p.strip_prefix(f).is_some_and(|rest| rest.is_empty() || rest.starts_with('=')))
+        }),
+        Name::Body(_) => body.as_ref().is_some_and(|b| !b.is_empty()),
+        Name::Answer(_) => false,
+    };
+    let names_one = gives(request.caller) || gives(request.owner);
+    if names_one {
+        one_way(request, req.method(), query, json.as_ref()).map_err(ProxyError::BadRequest)?;
+    }
     // A name the body gives must not be given differently in the query.
     for n in [request.caller, request.owner] {
         if let (Name::Body(f), Some(q)) = (n, query) {
@@ -188,14 +201,17 @@ pub async fn prepare(
         };
         valid_account(&text).then_some(text)
     };
-    let owner = name(request.owner);
-    if owner.is_none() && matches!(request.owner, Name::Body(_) | Name::Query(_)) {
-        return Err(ProxyError::BadRequest(format!(
-            "this token request names no valid {} (1-64 characters of A-Z a-z 0-9 _ -)",
-            request.owner.field()
-        )));
+    let (caller, owner) = (name(request.caller), name(request.owner));
+    for (n, valid) in [(request.caller, caller.is_some()), (request.owner, owner.is_some())] {
+        if names_one && !valid && !matches!(n, Name::Answer(_)) {
+            return Err(ProxyError::BadRequest(format!(
+                "this token request names no valid {} (1-64 characters of A-Z a-z 0-9 _ -, given once): wxgate \
+                 cannot tell which account WeChat will read it as",
+                n.field()
+            )));
+        }
     }
-    Ok(Prepared { caller: name(request.caller), learn: Learn { request, owner }, body })
+    Ok(Prepared { caller, learn: Learn { request, owner }, body })
 }
 
 /// Whether WeChat can read `request` only one way, as wxgate reads it:
@@ -217,9 +233,11 @@ fn one_way(
     if *method != wanted {
         return Err(format!("{} is asked with {wanted}, not {method}", request.path));
     }
+    // Without a grant_type WeChat issues nothing (40002); any other than
+    // exactly `client_credential` might be read as it.
     let grant_type = |text: Option<&[u8]>| match text {
-        Some(b"client_credential") => Ok(()),
-        _ => Err(format!("{} needs grant_type \"client_credential\", written exactly so", request.path)),
+        None | Some(b"client_credential") => Ok(()),
+        _ => Err(format!("{} takes grant_type \"client_credential\", written exactly so", request.path)),
     };
     if request.reads_body() {
         let Some(object) = json.and_then(|j| j.as_object()) else {
