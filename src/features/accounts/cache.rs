@@ -47,7 +47,7 @@ pub const UNKNOWN_ENTRY_BYTES: usize = std::mem::size_of::<(Digest, Micros)>() +
 /// Most bytes one cache's tables take, whatever callers send: the tables
 /// at their largest (a hash table of `n` entries has at most the next power
 /// of two above `n × 8/7` slots). 65,536 known × 41 B in 131,072 slots and
-/// 16,384 unknown × 25 B in 32,768 slots: about 6.2 MiB per serving thread
+/// 16,384 unknown × 25 B in 32,768 slots: about 5.9 MiB (6.2 MB) per serving thread
 /// (plus one `Arc<str>` per account).
 pub const MAX_BYTES: usize = slots(MAX_KNOWN) * KNOWN_ENTRY_BYTES + slots(MAX_UNKNOWN) * UNKNOWN_ENTRY_BYTES;
 
