@@ -217,10 +217,36 @@ async fn a_token_request_counts_against_the_appid_it_names() {
     assert_eq!(gate.get("/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await.status, 200);
     let body = r#"{"grant_type":"client_credential","appid":"wxA","secret":"S"}"#;
     assert_eq!(post_json(&gate, "/cgi-bin/stable_token", body).await.status, 200);
-    assert_eq!(gate.get_as("wxB", "/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await.status, 200);
-    assert_eq!(used(&gate, "wxA", "token").await, 2);
-    assert_eq!(used(&gate, "wxB", "token").await, 1, "a named account comes first");
+    assert_eq!(gate.get_as("wxA", "/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await.status, 200);
+    assert_eq!(used(&gate, "wxA", "token").await, 3);
     assert_eq!(used(&gate, "default", "token").await, 0);
+}
+
+/// Issue 44 item 3: a token request or clear_quota naming one account
+/// (`@wxA`, `X-Wx-Account`) and carrying another appid was counted on the
+/// named account and forwarded: WeChat acts on the appid. Refused (400),
+/// never forwarded, nothing counted.
+#[tokio::test]
+async fn a_token_request_naming_another_account_than_its_appid_is_refused() {
+    let mock = wechat().await;
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let gate = Gate::start(&mock, format!("{token}\n[tokens]\ncache = false\n")).await;
+    let stable = r#"{"grant_type":"client_credential","appid":"wxA","secret":"S"}"#;
+    let clear = r#"{"appid":"wxA"}"#;
+    for a in [
+        gate.get_as("wxB", "/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await,
+        gate.get("/@wxB/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await,
+        gate.post_as("wxB", "/cgi-bin/stable_token", stable).await,
+        gate.post_as("wxB", "/cgi-bin/clear_quota?access_token=T", clear).await,
+        gate.post_as("wxB", "/cgi-bin/clear_quota/v2?appid=wxA&appsecret=S", "").await,
+    ] {
+        assert_eq!(a.status, 400, "{}", a.text());
+        let says = a.json()["errmsg"].as_str().unwrap_or_default().to_owned();
+        assert!(says.contains("is for appid \"wxA\" but names account \"wxB\""), "{says}");
+    }
+    assert_eq!(mock.count(), 0, "nothing forwarded");
+    assert_eq!(used(&gate, "wxB", "token").await, 0);
+    assert_eq!(used(&gate, "wxA", "token").await, 0);
 }
 
 #[tokio::test]
@@ -252,9 +278,10 @@ async fn the_allow_list_refuses_other_accounts_and_learns_no_unlisted_appid() {
     assert_refused(&gate.get(&format!("/@wxB{SEND}")).await, "unlisted prefix");
     assert_refused(&gate.get("/cgi-bin/token?grant_type=client_credential&appid=wxZ&secret=S").await, "unlisted appid");
     assert_eq!(mock.count(), 2);
-    // Asked for by a listed account, the token of an unlisted appid is passed on but not learned.
+    // Naming a listed account does not make the token of an unlisted appid asked for.
     let z = gate.get_as("wxA", "/cgi-bin/token?grant_type=client_credential&appid=wxZ&secret=S").await;
-    assert_eq!(z.json()["access_token"], "TOKEN_wxZ");
+    assert_refused(&z, "a listed account named, an unlisted appid asked for");
+    assert_eq!(mock.count(), 2);
     assert_eq!(metric(&gate, "wxgate_tokens_learned_total").await, 0.0);
     assert_eq!(gate.get(&format!("{SEND}?access_token=TOKEN_wxZ")).await.status, 200);
     assert_eq!(used(&gate, "default", "send").await, 2);

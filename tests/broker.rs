@@ -233,6 +233,40 @@ async fn callers_get_a_token_only_for_the_accounts_they_are_granted() {
     assert_eq!(tokens_sent(&mock, INFO).len(), 1, "only hr's call was forwarded");
 }
 
+/// Issue 44 item 3: a caller granted one account named it (`@wxOTHER`) and
+/// asked a token for a held account it is not granted (`appid=` that
+/// account, with its secret): the broker answered with that account's
+/// token, counted on the account named. The appid is the account: refused.
+#[tokio::test]
+async fn a_token_request_for_an_appid_the_caller_is_not_granted_gets_no_token_whatever_it_names() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-grant-appid");
+    let ops = dir.write_secret("ops.key", "key-of-ops-0123456789");
+    let callers = format!("[[caller]]\nname = \"ops\"\nkey_file = \"{}\"\naccounts = [\"wxOTHER\"]\n", ops.display());
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(rules())
+        .with(callers)
+        .with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    let auth = ("authorization", "Bearer key-of-ops-0123456789");
+    let query = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let stable = format!(r#"{{"grant_type":"client_credential","appid":"{APPID}","secret":"{SECRET}"}}"#);
+    let named = [
+        gate.get_with(&format!("/@wxOTHER/cgi-bin/token?{query}"), &[auth]).await,
+        gate.get_with(&format!("/cgi-bin/token?{query}"), &[auth, ("x-wx-account", "wxOTHER")]).await,
+        gate.post_with("/@wxOTHER/cgi-bin/stable_token", &stable, &[auth]).await,
+    ];
+    for a in &named {
+        assert_eq!(a.status, 400, "{}", a.text());
+        assert!(a.json()["access_token"].is_null(), "no token: {}", a.text());
+    }
+    // Naming nothing: the appid is the account, not granted.
+    let unnamed = gate.get_with(&format!("/cgi-bin/token?{query}"), &[auth]).await;
+    assert_eq!(unnamed.status, 403, "{}", unnamed.text());
+    assert_eq!((mock.count(), tokens.fetches("stable")), (0, 0), "nothing fetched, nothing forwarded");
+}
+
 #[test]
 fn accounts_are_checked_and_their_secrets_never_printed() {
     let dir = TempDir::new("broker-check");
@@ -657,4 +691,143 @@ async fn a_chunked_injected_call_is_not_kept_so_a_rejection_reaches_the_caller_o
     // The next call gets a new token.
     assert_eq!(gate.post_as(APPID, SEND, body).await.json()["errcode"], 0);
     assert_eq!(tokens.fetches("stable"), 2);
+}
+
+/// Issue 44 (suspicion, confirmed): with `token_api = "token"`, a token
+/// request wxgate did not recognise (here a POST to `/cgi-bin/token` with
+/// the account's secret) went to WeChat, which issued a new token and so
+/// invalidated the one wxgate adds to calls. Refused (400), never sent.
+#[tokio::test]
+async fn a_token_request_wxgate_cannot_read_never_replaces_the_brokers_token() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-post-token");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(
+        &dir,
+        APPID,
+        "official_account",
+        SECRET,
+        "token_api = \"token\"",
+    ));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let query = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let posted = gate.post(&format!("/cgi-bin/token?{query}"), "").await;
+    assert_eq!(posted.status, 400, "{}", posted.text());
+    assert_eq!(tokens.fetches("token"), 1, "only the broker's own fetch reached WeChat");
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o2")).await.json()["errcode"], 0);
+    let sent = tokens_sent(&mock, INFO);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0], sent[1], "the broker's token still is the one");
+}
+
+/// A gate holding the platform's `[[account]]` (and `extra`), and the
+/// component token it fetched through the gate.
+async fn platform_gate(mock: &MockWeChat, dir: &TempDir, extra: &str) -> (Gate, String) {
+    use support::tokens::{PLATFORM, PLATFORM_SECRET};
+    let platform_rule = rule("platform")
+        .matching("/cgi-bin/component/api_component_token")
+        .matching("/cgi-bin/component/api_authorizer_token")
+        .limit(2000, "day");
+    let config = ConfigToml::new(&mock.url())
+        .with(rules())
+        .with(platform_rule)
+        .with(account(dir, PLATFORM, "platform", PLATFORM_SECRET, ""))
+        .with(extra);
+    let gate = Gate::start_text(config).await;
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","component_appsecret":"{PLATFORM_SECRET}","component_verify_ticket":"t@@@1"}}"#
+    );
+    let answer = gate.post("/cgi-bin/component/api_component_token", &body).await;
+    let token = answer.json()["component_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!token.is_empty(), "{}", answer.text());
+    (gate, token)
+}
+
+/// An `api_authorizer_token` request with this component token.
+async fn authorizer_token(gate: &Gate, component_token: &str) -> support::Answer {
+    use support::tokens::{AUTHORIZER, PLATFORM, REFRESH};
+    let body = format!(
+        r#"{{"component_appid":"{PLATFORM}","authorizer_appid":"{AUTHORIZER}","authorizer_refresh_token":"{REFRESH}"}}"#
+    );
+    gate.post(&format!("/cgi-bin/component/api_authorizer_token?component_access_token={component_token}"), &body).await
+}
+
+/// Issue 44 item 9: a platform asking the authorizer token of an account
+/// whose appid is also an `[[account]]` got 403/40125: its refresh token was
+/// compared with the account's appsecret. The authorizer token is the
+/// platform's to ask for.
+#[tokio::test]
+async fn a_platform_gets_the_authorizer_token_of_an_appid_wxgate_also_holds() {
+    use support::tokens::AUTHORIZER;
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-authorizer-held");
+    let own = account(&dir, AUTHORIZER, "official_account", "SEKRIT_AUTHORIZER_OWN", "");
+    let (gate, component) = platform_gate(&mock, &dir, &own).await;
+    let a = authorizer_token(&gate, &component).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(a.json()["authorizer_access_token"].as_str().is_some_and(|t| !t.is_empty()), "{}", a.text());
+    assert_eq!(tokens.fetches("authorizer"), 1);
+}
+
+/// Issue 44 item 10: the authorizer-token slot ignored the request's
+/// `component_access_token`: after one good fetch a bogus component token
+/// got the cached authorizer token, and a bogus one reaching WeChat first
+/// had its 40001 served to the platform's valid request for 2 s. The
+/// component token is part of what names the slot.
+#[tokio::test]
+async fn an_authorizer_token_is_served_only_to_the_component_token_that_proved_it() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-authorizer-proof");
+    let (gate, component) = platform_gate(&mock, &dir, "").await;
+    // A bogus component token first: WeChat's 40001 is its own.
+    let bogus = authorizer_token(&gate, "BOGUS_COMPONENT_TOKEN").await;
+    assert_eq!(bogus.json()["errcode"], 40001, "{}", bogus.text());
+    let good = authorizer_token(&gate, &component).await;
+    let token = good.json()["authorizer_access_token"].as_str().unwrap_or_default().to_owned();
+    assert!(!token.is_empty(), "the valid request is not given the bogus one's refusal: {}", good.text());
+    // After the good fetch, another bogus token is not given the cached token.
+    let again = authorizer_token(&gate, "ANOTHER_BOGUS_TOKEN").await;
+    assert_eq!(again.json()["errcode"], 40001, "{}", again.text());
+    assert!(!again.text().contains(&token), "the cached authorizer token reached a bogus component token");
+    assert_eq!(authorizer_token(&gate, &component).await.json()["authorizer_access_token"].as_str(), Some(&*token));
+    assert_eq!(tokens.fetches("authorizer"), 3, "two bogus ones went to WeChat, the good one once");
+}
+
+/// Issue 44 (suspicion, confirmed by WeChat's docs: rid/get answers
+/// `"request_url":"access_token=50_Im7xxxx"`): wxgate added the account's
+/// token to `rid/get`, whose answer shows the token of the call a rid names,
+/// so a caller that is never given the token could read it. wxgate no
+/// longer adds it there: such a call is refused (400) before it is sent;
+/// one with a token of the caller's own goes on.
+#[tokio::test]
+async fn rid_get_never_shows_a_caller_the_token_wxgate_adds() {
+    let (mock, tokens) = wechat(0).await;
+    let (reply, seen) = (tokens.responder(), mock.clone());
+    mock.respond(move |rec| {
+        if !rec.path_and_query.to_ascii_lowercase().starts_with("/cgi-bin/openapi/rid/get") {
+            return reply(rec);
+        }
+        // WeChat: the query of the call the rid names (here: the last one).
+        let last = seen.calls().into_iter().rev().nth(1).map(|c| c.path_and_query).unwrap_or_default();
+        let url = last.split_once('?').map_or("", |(_, q)| q).to_owned();
+        Reply::Json {
+            body: serde_json::json!({"errcode": 0, "errmsg": "ok", "request": {"request_url": url}}).to_string(),
+            content_type: "application/json",
+        }
+    });
+    let dir = TempDir::new("broker-rid-get");
+    let config = ConfigToml::new(&mock.url()).with(rules()).with(account(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    let token = tokens.issued().pop().expect("the broker's token");
+    let before = mock.count();
+    for path in ["/cgi-bin/openapi/rid/get", "/cgi-bin/OpenAPI/rid/get", "/cgi-bin/openapi/rid/get/"] {
+        let a = gate.post_as(APPID, path, r#"{"rid":"6740e5a1-0b3c7d2e-1f2a3b4c"}"#).await;
+        assert!(!a.text().contains(&token), "{path}: the token reached the caller: {}", a.text());
+        assert_eq!(a.status, 400, "{path}: {}", a.text());
+    }
+    assert_eq!(mock.count(), before, "none was sent");
+    // A caller's own token: its rid/get goes on, and shows it only its own.
+    let own = gate.post_as(APPID, &format!("/cgi-bin/openapi/rid/get?access_token={token}"), r#"{"rid":"r"}"#).await;
+    assert_eq!(own.json()["errcode"], 0, "{}", own.text());
 }

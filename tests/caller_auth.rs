@@ -209,3 +209,43 @@ async fn a_reload_cannot_turn_authentication_off_but_may_change_keys_and_grants(
     assert_denied(&call(&gate, "wxA", Some(&bearer(ORDERS_KEY)), &[]).await, 401, "unauthenticated", "old key");
     assert_eq!(call(&gate, "wxA", Some(&bearer("orders-new-key-5555555555")), &[]).await.status, 200, "new key");
 }
+
+/// Issue 44 item 1: every distinct access_token a call carried was kept
+/// whole in the serving thread's token cache, even when the call was then
+/// refused: one caller with any key could grow the shared egress by the
+/// size of its tokens (16,384 entries × up to 64 KiB per thread). A call
+/// naming an account its caller is not granted is refused before its
+/// token is looked at, an absurdly long token is refused before it is
+/// looked up, and what is kept of any other token is a fixed-size digest.
+#[tokio::test]
+async fn refused_calls_with_large_distinct_tokens_leave_nothing_in_the_token_cache() {
+    let (mock, dir) = (MockWeChat::start().await, TempDir::new("auth-token-flood"));
+    let gate = Gate::start_text(config(&mock, &dir)).await;
+    let token = |i: usize, len: usize| format!("{i:08}{}", "T".repeat(len - 8));
+    for i in 0..40 {
+        // Not granted wxVICTIM: 403 before the token is looked up.
+        let path = format!("{SEND}?access_token={}", token(i, 16_000));
+        let a = gate.get_with(&path, &[("x-wx-account", "wxVICTIM"), ("authorization", &bearer(ORDERS_KEY))]).await;
+        assert_denied(&a, 403, "forbidden", "not granted");
+        let prefixed = format!("/@wxVICTIM{SEND}?access_token={}", token(100 + i, 16_000));
+        let a = gate.get_with(&prefixed, &[("authorization", &bearer(ORDERS_KEY))]).await;
+        assert_denied(&a, 403, "forbidden", "@wxVICTIM");
+    }
+    assert_eq!(gate.app().token_owners.held(), (0, 0), "nothing of the refused calls' tokens is kept");
+    for i in 0..40 {
+        // Granted, but a token no WeChat token is near: 400 before the lookup.
+        let path = format!("{SEND}?access_token={}", token(200 + i, 16_000));
+        let a = gate.get_with(&path, &[("authorization", &bearer(APPROVALS_KEY))]).await;
+        assert_eq!(a.status, 400, "{}", a.text());
+        assert!(a.text().contains("longer than the 1024 characters"), "{}", a.text());
+    }
+    assert_eq!(gate.app().token_owners.held(), (0, 0), "nor of the overlong tokens");
+    assert_eq!(mock.count(), 0);
+    // A granted call with a token of an ordinary size is looked up and
+    // remembered (as unknown) by its digest.
+    let a = gate
+        .get_with(&format!("{SEND}?access_token={}", token(1, 200)), &[("authorization", &bearer(APPROVALS_KEY))])
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(gate.app().token_owners.held(), (0, 1));
+}

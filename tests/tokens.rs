@@ -442,3 +442,115 @@ async fn a_stalled_quota_get_fails_its_round_and_the_next_round_syncs() {
     assert!(stalled.load(Ordering::SeqCst) >= 2, "the stalled one came first");
     gate.stop().await;
 }
+
+/// Issue 44 (suspicion, confirmed): token requests wxgate did not read the
+/// way WeChat may (a POST to `/cgi-bin/token`, a form-encoded stable_token,
+/// `grant_type` in other letters, a padded appid, a `force_refresh` that is
+/// not a boolean) went to WeChat unchecked and uncached. Each is refused
+/// (400) and never sent; the plain forms are served as before.
+#[tokio::test]
+async fn token_requests_wxgate_cannot_read_one_way_are_refused_and_never_sent() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, rules()).await;
+    let plain = format!("grant_type=client_credential&appid={APPID}&secret={SECRET}");
+    let json = |grant: &str, appid: &str, extra: &str| {
+        format!(r#"{{"grant_type":"{grant}","appid":"{appid}","secret":"{SECRET}"{extra}}}"#)
+    };
+    let refused = [
+        ("POST /cgi-bin/token", gate.post(&format!("/cgi-bin/token?{plain}"), "").await),
+        (
+            "grant_type in capitals",
+            gate.get(&format!("/cgi-bin/token?grant_type=Client_Credential&appid={APPID}&secret={SECRET}")).await,
+        ),
+        (
+            "a padded appid",
+            gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid=%20{APPID}&secret={SECRET}")).await,
+        ),
+        ("a form stable_token", gate.post("/cgi-bin/stable_token", &plain).await),
+        ("stable_token by GET", gate.get(&format!("/cgi-bin/stable_token?{plain}")).await),
+        (
+            "stable grant_type in capitals",
+            gate.post("/cgi-bin/stable_token", &json("CLIENT_CREDENTIAL", APPID, "")).await,
+        ),
+        (
+            "a padded stable appid",
+            gate.post("/cgi-bin/stable_token", &json("client_credential", &format!("{APPID} "), "")).await,
+        ),
+        (
+            "force_refresh as a string",
+            gate.post("/cgi-bin/stable_token", &json("client_credential", APPID, r#","force_refresh":"true""#)).await,
+        ),
+        ("POST gettoken", gate.post(&format!("/cgi-bin/gettoken?corpid={CORPID}&corpsecret={CORPSECRET}"), "").await),
+    ];
+    for (what, a) in &refused {
+        assert_eq!(a.status, 400, "{what}: {}", a.text());
+        assert!(!a.text().contains(SECRET), "{what}: the secret is not repeated");
+    }
+    assert_eq!(mock.count(), 0, "none reached WeChat");
+    assert!(!token_of(&gate.get(&format!("/cgi-bin/token?{plain}")).await).is_empty());
+    let stable =
+        gate.post("/cgi-bin/stable_token", &json("client_credential", APPID, r#","force_refresh":false"#)).await;
+    assert!(!token_of(&stable).is_empty());
+    assert_eq!((tokens.fetches("token"), tokens.fetches("stable")), (1, 1));
+}
+
+/// Issue 44 item 7: the fetch lock lasted `[tokens] wait` (+ `max_wait`),
+/// but a fetch may take the upstream timeouts (connect, answer, body): a
+/// second asker after `wait` took the expired lock and sent a second
+/// `/cgi-bin/token` while the first was in flight, and the two askers got
+/// different tokens. The lock outlasts the longest fetch, on both stores
+/// (its expiry is on the injected clock).
+async fn a_slow_token_answer_is_fetched_once_for_every_asker(gate: Gate, mock: &MockWeChat, tokens: &WeChatTokens) {
+    let answered = tokio::sync::Semaphore::new(0);
+    let answered = std::sync::Arc::new(answered);
+    let (gated, reply) = (answered.clone(), tokens.responder());
+    mock.respond(move |rec| {
+        let then = Box::new(reply(rec));
+        if rec.path_and_query.starts_with("/cgi-bin/token") {
+            Reply::Gated { gate: gated.clone(), then }
+        } else {
+            *then
+        }
+    });
+    let path = token_path(SECRET);
+    let (first, second) = tokio::join!(gate.get(&path), async {
+        support::eventually("the first fetch at WeChat", PATIENCE, || mock.count() == 1).await;
+        // Longer than `[tokens] wait` (2 s) later, well inside the upstream timeouts.
+        gate.advance(Duration::from_secs(20));
+        let cache = gate.app().token_cache.as_ref().expect("the token cache");
+        let slot = cache.slot(wxgate::features::token_cache::ask::Kind::Token, APPID, SECRET.as_bytes());
+        let claim = cache.store.tokens().claim_token(&slot, "another-asker", cache.min_ttl_us, -1, 1_000_000).await;
+        assert!(
+            matches!(claim, Ok(wxgate::store::tokens::Claim::Busy { .. })),
+            "the first fetch still holds the lock: {claim:?}"
+        );
+        let (second, ()) = tokio::join!(gate.get(&path), async {
+            answered.add_permits(2);
+        });
+        second
+    });
+    assert_eq!(token_of(&first), token_of(&second), "both askers get the one token");
+    assert_eq!(tokens.fetches("token"), 1, "one /cgi-bin/token reached WeChat");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_token_answer_is_fetched_once_for_every_asker_on_the_embedded_store() {
+    let (mock, tokens) = wechat(0).await;
+    let gate = Gate::start(&mock, format!("{}\n[tokens]\nwait = \"2s\"\n", rules())).await;
+    a_slow_token_answer_is_fetched_once_for_every_asker(gate, &mock, &tokens).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_token_answer_is_fetched_once_for_every_asker_on_redis() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(0).await;
+    let dir = support::temp::TempDir::new("tokens-slow-fetch");
+    let key = dir.write_secret("token.key", KEY);
+    let text = ConfigToml::new(&mock.url())
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "slow"))
+        .with(format!("[tokens]\nwait = \"2s\"\nkey_file = \"{}\"\n", key.display()))
+        .with(rules())
+        .to_string();
+    let gate = Gate::start_redis_on_manual_clock(text).await;
+    a_slow_token_answer_is_fetched_once_for_every_asker(gate, &mock, &tokens).await;
+}

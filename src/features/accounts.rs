@@ -17,13 +17,19 @@
 //!
 //! A call that names an account but carries a token learned for another is
 //! refused (400): nobody may spend or penalise another account's quota by
-//! naming it. With `[server] accounts`, a call whose account (from any
-//! source) is not listed is refused too.
+//! naming it. A token request or clear_quota is the account of the appid
+//! WeChat reads in it: one whose appid is not valid, or naming another
+//! account, or carrying a token learned for another, is refused (400).
+//! With `[server] accounts`, a call whose account (from any source) is not
+//! listed is refused too. Under `caller_auth = "required"` the grant of a
+//! named account is checked before any of this ([`crate::proxy::identify`]).
 //!
-//! Cost: a call without a token looks up nothing; a call with one looks it
-//! up in its serving thread's cache ([`cache`]). Only when the cache has no
-//! answer is it hashed (HMAC, [`crate::store::tokens`]) and the store asked.
-//! The token never leaves the process: not in logs, answers or the store.
+//! Cost: a call without a token looks up nothing; a call with one (at most
+//! [`MAX_TOKEN_LEN`] characters, else 400) takes its keyed digest (SipHash,
+//! [`cache`]) and looks that up in its serving thread's cache. Only when
+//! the cache has no answer is it hashed (HMAC, [`crate::store::tokens`]) and
+//! the store asked. The token never leaves the process: not in logs,
+//! answers or the store, and no cache keeps it.
 
 pub mod cache;
 pub mod in_use;
@@ -121,11 +127,38 @@ pub struct Identified {
     pub owned: bool,
 }
 
-/// The identify phase's account: from the header or the prefix accept
-/// split off (`named`), the token in `target`'s query, a token request's
-/// appid, or the one account the authenticated caller is granted
-/// (`granted`), or `default`, in that order (see the module docs); and, for a
-/// token request or clear_quota, its body and what its answer will teach.
+/// The account a call names, if it names one: `X-Wx-Account` or the
+/// `@account` prefix accept split off (`prefix`); 400 if both are given and
+/// differ. The identify phase checks the caller's grant of it before
+/// anything is looked up ([`identify`]).
+pub fn named(headers: &HeaderMap, prefix: Option<String>) -> Result<Option<String>, ProxyError> {
+    match (header(headers)?, prefix) {
+        (Some(h), Some(p)) if h != p => Err(ProxyError::BadRequest(format!(
+            "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
+        ))),
+        (Some(h), _) => Ok(Some(h.to_owned())),
+        (None, p) => Ok(p),
+    }
+}
+
+/// Longest access token (`access_token`, `component_access_token`, as
+/// written in the query) wxgate reads: WeChat's are under 200 characters
+/// and it tells clients to keep room for 512; twice that is refused (400)
+/// before anything is looked up or kept.
+pub const MAX_TOKEN_LEN: usize = 1024;
+
+/// The identify phase's account: the one the call names (`named`, from
+/// [`named`]: its grant is already checked), the token in `target`'s query,
+/// a token request's appid, or the one account the authenticated caller is
+/// granted (`granted`), or `default`, in that order (see the module docs);
+/// and, for a token request or clear_quota, its body and what its answer
+/// will teach.
+///
+/// A token request or clear_quota is about the appid WeChat reads in it:
+/// one that gives an appid that is not valid, or names an account other
+/// than its appid, or carries a token of another, is refused (400), so that
+/// it is counted, granted and answered as the account WeChat acts on. One
+/// that gives no appid at all (WeChat acts on none) counts as any call.
 pub async fn identify(
     app: &Base,
     config: &Config,
@@ -140,25 +173,24 @@ pub async fn identify(
         Some(q) => query::scan(q).map_err(ProxyError::BadRequest)?,
         None => query::Scanned::default(),
     };
-    let named = match (header(req.headers())?, named) {
-        (Some(h), Some(p)) if h != p => {
+    let tokens = [("access_token", scanned.access_token), ("component_access_token", scanned.component_access_token)];
+    for (name, token) in tokens {
+        if token.is_some_and(|t| t.len() > MAX_TOKEN_LEN) {
             return Err(ProxyError::BadRequest(format!(
-                "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
-            )))
+                "this call's {name} is longer than the {MAX_TOKEN_LEN} characters wxgate reads (WeChat's are under 200)"
+            )));
         }
-        (Some(h), _) => {
-            h.clone_into(&mut out.account);
+    }
+    let named = match named {
+        Some(account) => {
+            out.account = account;
             true
         }
-        (None, Some(p)) => {
-            out.account = p;
-            true
-        }
-        (None, None) => false,
+        None => false,
     };
     // Every token the call carries is looked up: WeChat may read either.
     let mut owner: Option<Option<Arc<str>>> = None;
-    for token in [scanned.access_token, scanned.component_access_token].into_iter().flatten() {
+    for token in tokens.into_iter().filter_map(|(_, t)| t) {
         let found = self::owner(app, &query::decoded(token)).await;
         match (&owner, &found) {
             (Some(Some(a)), Some(b)) if a != b => {
@@ -170,13 +202,13 @@ pub async fn identify(
             _ => owner = Some(found),
         }
     }
-    let caller = match TokenRequest::at(path) {
+    let about = match TokenRequest::at(path) {
         Some(request) => {
             let within = config.server.body_timeout;
             let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
             out.body = body;
             out.learn = Some(learn);
-            caller
+            Some((caller, request.caller))
         }
         // A clear_quota counts as the appid it clears, like a token request.
         None if crate::features::quota_clear::request::at(path) => {
@@ -185,8 +217,26 @@ pub async fn identify(
             out.body = body;
             let caller = clearing.appid.clone();
             out.clearing = Some(clearing);
-            caller
+            Some((caller, learn::Name::Body("appid")))
         }
+        None => None,
+    };
+    let caller = match about {
+        Some((Some(appid), name)) if named && appid != out.account => {
+            return Err(ProxyError::BadRequest(format!(
+                "this request is for {} \"{appid}\" but names account \"{}\": name the account WeChat will read \
+                 (or none)",
+                name.field(),
+                out.account
+            )))
+        }
+        Some((Some(appid), name)) if owner.as_ref().is_some_and(|o| o.as_ref().is_some_and(|o| **o != *appid)) => {
+            return Err(ProxyError::BadRequest(format!(
+                "this request is for {} \"{appid}\" but carries an access token of another account",
+                name.field()
+            )))
+        }
+        Some((caller, _)) => caller,
         None => None,
     };
     match owner {
@@ -224,12 +274,14 @@ pub async fn identify(
     Ok(out)
 }
 
-/// The account `token` was issued to, if known: from this thread's cache,
-/// else from the store (then cached, known or not).
+/// The account `token` was issued to, if known: from this thread's cache
+/// (by the token's [`cache::Digest`]), else from the store (then cached,
+/// known or not).
 async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
     let now = app.clock.now_us();
+    let digest = app.token_owners.digest(token);
     let cache = app.token_owners.here();
-    match cache.get(token, now) {
+    match cache.get(&digest, now) {
         Cached::Owner(account) => return Some(account),
         Cached::Unknown => return None,
         Cached::Miss => {}
@@ -238,16 +290,16 @@ async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
     match app.store.tokens().token_owner(&hash).await {
         Ok(Some(owner)) => {
             let account: Arc<str> = Arc::from(owner.account.as_str());
-            cache.known(token, account.clone(), now.saturating_add(owner.remaining_us()), now);
+            cache.known(&digest, account.clone(), now.saturating_add(owner.remaining_us()), now);
             Some(account)
         }
         Ok(None) => {
-            cache.unknown(token, now);
+            cache.unknown(&digest, now);
             None
         }
         Err(e) => {
             tracing::debug!(error = %e, "cannot look up an access token: counted as unknown");
-            cache.unknown(token, now);
+            cache.unknown(&digest, now);
             None
         }
     }

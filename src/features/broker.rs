@@ -6,7 +6,9 @@
 //!   such an account whose query has no `access_token` (or an empty one)
 //!   gets the account's current token added to its query. Not on `/sns/`
 //!   (user tokens and secrets of their own) nor `/cgi-bin/component/` (the
-//!   platform's `component_access_token`), nor on token requests. Who may:
+//!   platform's `component_access_token`), nor on token requests, nor on
+//!   `rid/get`, whose answer shows the token of the call it describes (a
+//!   `rid/get` that would get it is refused, [`RID_GET`]). Who may:
 //!   identify has already checked the caller's grant of the account under
 //!   `caller_auth = "required"`; without authentication (allowed with
 //!   `[[account]]` only on a loopback listener) any caller.
@@ -41,7 +43,7 @@ use crate::error::{Early, ProxyError};
 use crate::features::base::Base;
 use crate::features::hooks::{Asking, Feature, Sending};
 use crate::features::token_cache::ask::Kind;
-use crate::features::token_cache::cache::{Fetch, HeldToken, TokenCache};
+use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};
 use crate::features::token_cache::POLL;
 use crate::features::token_cache::{ask, json_answer};
 use crate::limit::clock::{deadline_after, Micros};
@@ -65,8 +67,11 @@ impl Feature for Broker {
     /// (a platform's goes on to the token cache, which fetches it with the
     /// request's own verify ticket).
     async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
-        if !asking.token_request || asking.config.accounts.is_empty() {
+        if asking.config.accounts.is_empty() {
             return Ok(());
+        }
+        if !asking.token_request {
+            return shows_token(asking).map_err(Early::from);
         }
         let body = asking.body.map(|b| &b[..]);
         let Some(asked) = ask::ask(asking.method, asking.path, asking.target.query(), body) else { return Ok(()) };
@@ -108,12 +113,16 @@ impl Feature for Broker {
 }
 
 /// The `[[account]]` a token request is for, if wxgate holds one of that
-/// id and kind: `Err` (403) unless the request gives its secret.
+/// id whose token API issues that kind of token ([`issues`]): `Err` (403)
+/// unless the request gives its secret. A platform's authorizer token is
+/// never an `[[account]]`'s: an authorizer whose appid is also an
+/// `[[account]]` is asked for with the platform's credentials, not the
+/// account's secret.
 fn held_for(config: &Config, asked: &ask::Ask) -> Result<Option<Arc<SecretAccount>>, ProxyError> {
     let platform = asked.kind == Kind::Component;
     let mut any = false;
     for a in config.accounts.by_id(&asked.id, platform) {
-        if (a.token_api == TokenApi::GetToken) != (asked.kind == Kind::WeCom) {
+        if !issues(a.token_api, asked.kind) {
             continue;
         }
         if a.secret.is(&asked.secret) {
@@ -131,13 +140,48 @@ fn held_for(config: &Config, asked: &ask::Ask) -> Result<Option<Arc<SecretAccoun
     )))
 }
 
+/// WeChat's `rid/get`: its answer's `request.request_url` is the query of
+/// the call the rid names, `access_token=…` included (WeChat's own example:
+/// `"request_url":"access_token=50_Im7xxxx"`), for any call of the account
+/// in the last 7 days, so for calls wxgate added the token to as well.
+pub const RID_GET: &str = "/cgi-bin/openapi/rid/get";
+
+/// Whether `path` is [`RID_GET`] (in any letter case: WeChat's English
+/// docs write `/cgi-bin/OpenAPI/rid/get`; a trailing `/` too).
+pub fn is_rid_get(path: &str) -> bool {
+    path.strip_suffix('/').unwrap_or(path).eq_ignore_ascii_case(RID_GET)
+}
+
+/// A `rid/get` for an `[[account]]` wxgate would add the token to is
+/// refused (400) before it is counted: its answer would show the caller
+/// the account's token, which wxgate keeps from callers. A caller with a
+/// token of its own sends it, and learns nothing it did not hold.
+fn shows_token(asking: &Asking<'_>) -> Result<(), ProxyError> {
+    if !is_rid_get(asking.path) || !wants_token_of_any(asking.target.query()) {
+        return Ok(());
+    }
+    match asking.config.accounts.get(asking.account) {
+        Some(account) if account.injects() => Err(ProxyError::BadRequest(format!(
+            "wxgate does not add the token of \"{}\" to rid/get: WeChat's answer shows the token of the call \
+             it describes (request_url); send rid/get with an access_token of your own",
+            account.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a call to `path` with `query` takes an account's token from
 /// wxgate: it carries no `access_token` (or an empty one), and its API
-/// takes the account's access token.
+/// takes the account's access token (never `rid/get`: [`RID_GET`]).
 pub fn wants_token(path: &str, query: Option<&str>) -> bool {
-    if path.starts_with("/sns/") || path.starts_with("/cgi-bin/component/") {
+    if path.starts_with("/sns/") || path.starts_with("/cgi-bin/component/") || is_rid_get(path) {
         return false;
     }
+    wants_token_of_any(query)
+}
+
+/// Whether `query` carries no token (none, or empty).
+fn wants_token_of_any(query: Option<&str>) -> bool {
     let Some(query) = query else { return true };
     !query.split('&').any(|pair| {
         pair.strip_prefix("access_token=").is_some_and(|v| !v.is_empty())
@@ -191,6 +235,18 @@ pub fn kind(api: TokenApi) -> Kind {
         TokenApi::Token => Kind::Token,
         TokenApi::GetToken => Kind::WeCom,
         TokenApi::ComponentToken => Kind::Component,
+    }
+}
+
+/// Whether an account of token API `api` answers a token request of
+/// `kind`: its own API, or the other of an official account's two token
+/// APIs (the same secret gets either); never an authorizer token or a ticket.
+pub fn issues(api: TokenApi, kind: Kind) -> bool {
+    match kind {
+        Kind::Token | Kind::Stable => matches!(api, TokenApi::StableToken | TokenApi::Token),
+        Kind::WeCom => api == TokenApi::GetToken,
+        Kind::Component => api == TokenApi::ComponentToken,
+        Kind::Authorizer | Kind::Ticket(_) => false,
     }
 }
 
@@ -284,7 +340,7 @@ async fn obtain(
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     let held_us = config.rule_for(account.token_api.path()).map_or(0, |r| r.max_wait_us);
-    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
+    let lock_us = cache.lock_us(&config.server, held_us);
     loop {
         let woken = cache.done.notified();
         match cache.store.tokens().claim_token(&slot, &holder, min_left_us, newer_than, lock_us).await {
@@ -398,7 +454,10 @@ async fn renew_tickets(
         }
         let slot = format!("{}:{}", ticket.as_str(), account.name);
         let holder = cache.holder();
-        let lock_us = crate::config::units::micros(cache.wait);
+        // The ticket's fetch may first obtain the account's token (a fetch
+        // of its own), then fetches the ticket: its lock outlasts both.
+        let held_us = config.rule_for(account.token_api.path()).map_or(0, |r| r.max_wait_us);
+        let lock_us = cache.lock_us(&config.server, held_us).saturating_add(fetch_us(&config.server));
         let next = match cache.store.tokens().claim_token(&slot, &holder, RENEW_AHEAD_US, -1, lock_us).await {
             Ok(Claim::Cached { until, now: at, .. }) => {
                 // Renewed elsewhere: seen cached until then.

@@ -8,13 +8,13 @@
 //! outside wxgate.
 //!
 //! Whose counters: the appid the call's body names (`{"appid": ...}`, or
-//! `appid=` in a form body or the query). When the call's account is known
-//! otherwise (`X-Wx-Account`, an `@account` prefix, a learned token) it
-//! must be that appid: if not, wxgate clears nothing and says so in the log
-//! (the call still goes to WeChat: a recovery API is never blocked), since
-//! clearing another account's counts could let its calls past WeChat's
-//! real limits. Nothing is cleared when WeChat refuses the clear (48006:
-//! ten clears a month used up) or its answer is not a plain success.
+//! `appid=` in a form body or the query): the call is that account's. A
+//! clear_quota without a valid appid, or whose account is named otherwise
+//! (`X-Wx-Account`, an `@account` prefix) or known by its token as another,
+//! is refused in the identify phase (400, [`crate::features::accounts`]):
+//! WeChat clears the appid, so the call must be counted and granted as it.
+//! Nothing is cleared when WeChat refuses the clear (48006: ten clears a
+//! month used up) or its answer is not a plain success.
 
 use crate::config::Config;
 use crate::features::base::Base;

@@ -143,10 +143,10 @@ async fn serve_slot(
 ) -> Result<(), Early> {
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
-    // The fetch may be held by its rule's max_wait before it is sent: its
-    // lock lasts that much longer, so no second fetch starts meanwhile.
+    // The lock outlasts the longest the fetch may take, held by its rule's
+    // max_wait and then sent: no second fetch starts meanwhile.
     let held_us = call.rule.map_or(0, |r| r.max_wait_us);
-    let lock_us = crate::config::units::micros(cache.wait).saturating_add(held_us);
+    let lock_us = cache.lock_us(&call.config.server, held_us);
     // A forced refresh skips the cached token, and takes only one stored
     // after the entry cached when it found a fetch in flight.
     let mut newer_than = if force { i64::MAX } else { -1 };

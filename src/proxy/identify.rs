@@ -14,7 +14,10 @@ use crate::error::{Early, ProxyError};
 use crate::features::accounts::{self, Identified};
 use crate::features::callers;
 
-/// Sets `call.who`. A call the caller's guard refuses is routed first, so
+/// Sets `call.who`. Under `caller_auth = "required"` the caller's grant of
+/// the account a call names is checked before the account phase looks at
+/// its token or body; of an account it does not name, once that is known.
+/// A call the caller's guard refuses is routed first, so
 /// that it is counted under its rule and answered with the rule's
 /// `throttle_status`; it never reaches the account lookup (no token
 /// lookup) nor the store. The guard holds for calls without a rule too: it
@@ -55,13 +58,19 @@ pub async fn identify(
         super::route::route(app, call);
         return Err(refused.into());
     }
+    let named = accounts::named(req.headers(), call.arrived.named.take())?;
+    // The grant of a named account is checked before anything of the call
+    // is looked up or kept (its token, its body).
+    if let (true, Some(account)) = (authenticated, &named) {
+        call.who.caller.check_grant(account).inspect_err(|_| super::route::route(app, call))?;
+    }
     let arrived = &mut call.arrived;
-    let named = arrived.named.take();
     // An authenticated caller granted one account: its calls that name none are for it.
     let granted = if authenticated { call.who.caller.policy().and_then(|p| p.grants.single()) } else { None };
+    let checked = named.is_some();
     let Identified { account, learn, body, clearing, owned } =
         accounts::identify(app, &arrived.config, &arrived.path, named, granted.map(|g| &**g), req, target).await?;
-    if authenticated {
+    if authenticated && !checked {
         call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
     }
     if let Some(max) = call.arrived.config.server.max_accounts {

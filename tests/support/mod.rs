@@ -512,6 +512,15 @@ impl Gate {
     }
 
     /// A POST naming `account` in `X-Wx-Account`.
+    /// A POST with these headers.
+    pub async fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = Request::post(self.url(path));
+        for (name, v) in headers {
+            req = req.header(*name, *v);
+        }
+        send(req.body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await
+    }
+
     pub async fn post_as(&self, account: &str, path: &str, body: &str) -> Answer {
         let req = Request::post(self.url(path)).header("x-wx-account", account);
         send(req.body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await

@@ -45,6 +45,15 @@ pub enum Name {
     Answer(&'static str),
 }
 
+impl Name {
+    /// The parameter or field it names.
+    pub fn field(self) -> &'static str {
+        match self {
+            Name::Query(f) | Name::Body(f) | Name::Answer(f) => f,
+        }
+    }
+}
+
 /// A call whose successful answer is an access token.
 #[derive(Debug)]
 pub struct TokenRequest {
@@ -157,6 +166,20 @@ pub async fn prepare(
 ) -> Result<Prepared, ProxyError> {
     let body = if request.reads_body() { read_body(req, stall).await? } else { None };
     let json = request_json(body.as_deref())?;
+    // A request that names no account anywhere (no appid in its query, no
+    // body) cannot get a token from WeChat: it goes on as it is. One that
+    // names one is read one way or refused.
+    let gives = |n: Name| match n {
+        Name::Query(f) => query.is_some_and(|q| {
+            q.split('&').any(|p| p.strip_prefix(f).is_some_and(|rest| rest.is_empty() || rest.starts_with('=')))
+        }),
+        Name::Body(_) => body.as_ref().is_some_and(|b| !b.is_empty()),
+        Name::Answer(_) => false,
+    };
+    let names_one = gives(request.caller) || gives(request.owner);
+    if names_one {
+        one_way(request, req.method(), query, json.as_ref()).map_err(ProxyError::BadRequest)?;
+    }
     // A name the body gives must not be given differently in the query.
     for n in [request.caller, request.owner] {
         if let (Name::Body(f), Some(q)) = (n, query) {
@@ -178,7 +201,58 @@ pub async fn prepare(
         };
         valid_account(&text).then_some(text)
     };
-    Ok(Prepared { caller: name(request.caller), learn: Learn { request, owner: name(request.owner) }, body })
+    let (caller, owner) = (name(request.caller), name(request.owner));
+    for (n, valid) in [(request.caller, caller.is_some()), (request.owner, owner.is_some())] {
+        if names_one && !valid && !matches!(n, Name::Answer(_)) {
+            return Err(ProxyError::BadRequest(format!(
+                "this token request names no valid {} (1-64 characters of A-Z a-z 0-9 _ -, given once): wxgate \
+                 cannot tell which account WeChat will read it as",
+                n.field()
+            )));
+        }
+    }
+    Ok(Prepared { caller, learn: Learn { request, owner }, body })
+}
+
+/// Whether WeChat can read `request` only one way, as wxgate reads it:
+/// `Err` says why not. A token request of another method than its API's
+/// (a `POST /cgi-bin/token` WeChat may read), a body that is not a JSON
+/// object where the API reads JSON (a form-encoded `stable_token`), a
+/// `grant_type` other than exactly `client_credential` (WeChat may read
+/// `Client_Credential` as it), a `force_refresh` that is not a boolean:
+/// wxgate could not tell which account, secret or token it is about, so it
+/// could neither check nor cache it, and such a request reaching WeChat
+/// may still issue a token (invalidating the one wxgate holds).
+fn one_way(
+    request: &TokenRequest,
+    method: &http::Method,
+    query: Option<&str>,
+    json: Option<&serde_json::Value>,
+) -> Result<(), String> {
+    let wanted = if request.reads_body() { http::Method::POST } else { http::Method::GET };
+    if *method != wanted {
+        return Err(format!("{} is asked with {wanted}, not {method}", request.path));
+    }
+    // Without a grant_type WeChat issues nothing (40002); any other than
+    // exactly `client_credential` might be read as it.
+    let grant_type = |text: Option<&[u8]>| match text {
+        None | Some(b"client_credential") => Ok(()),
+        _ => Err(format!("{} takes grant_type \"client_credential\", written exactly so", request.path)),
+    };
+    if request.reads_body() {
+        let Some(object) = json.and_then(|j| j.as_object()) else {
+            return Err(format!("{} takes a JSON object as its body (not a form, not empty)", request.path));
+        };
+        if request.path == "/cgi-bin/stable_token" {
+            grant_type(object.get("grant_type").and_then(|g| g.as_str()).map(str::as_bytes))?;
+            if object.get("force_refresh").is_some_and(|f| !f.is_boolean() && !f.is_null()) {
+                return Err("stable_token's force_refresh must be true or false".into());
+            }
+        }
+    } else if request.path == "/cgi-bin/token" {
+        grant_type(query.and_then(|q| query::param(q, "grant_type")).as_deref())?;
+    }
+    Ok(())
 }
 
 /// The request's whole body, read before it goes on (forwarded as it is),

@@ -24,6 +24,11 @@ use crate::error::ProxyError;
 
 /// Credentials remembered per serving thread (a handful of services each).
 pub const MAX_VERIFIED: usize = 32;
+/// Longest credential (the whole header value) remembered: a longer one is
+/// still accepted if its key is right, but hashed on each call, so what a
+/// thread remembers stays under [`MAX_VERIFIED`] × this many bytes (16 KiB)
+/// whatever a caller sends.
+pub const MAX_REMEMBERED_LEN: usize = 512;
 
 /// What a refusal says: the same for a missing, malformed or wrong
 /// credential, so that a prober learns nothing of which part was wrong.
@@ -83,6 +88,9 @@ pub fn prove<C: Named>(
     let caller = by_key(&KeyDigest::of(&key)).ok_or_else(|| ProxyError::Unauthenticated(REFUSAL.into()))?;
     if name.is_some_and(|n| !same(&n, caller.name().as_bytes())) {
         return Err(ProxyError::Unauthenticated(REFUSAL.into()));
+    }
+    if bytes.len() > MAX_REMEMBERED_LEN {
+        return Ok(caller);
     }
     let mut known = verified.0.lock().unwrap_or_else(|e| e.into_inner());
     if known.len() >= MAX_VERIFIED {

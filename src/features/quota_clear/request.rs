@@ -51,6 +51,13 @@ pub async fn prepare(
             ));
         }
     }
-    let appid = from_json().or_else(|| from_form(form)).or_else(|| from_form(query)).filter(|a| valid_account(a));
-    Ok((body, Clearing { appid }))
+    let given = from_json().or_else(|| from_form(form)).or_else(|| from_form(query));
+    // WeChat clears the appid it reads: one wxgate cannot read as an
+    // account (padded, encoded into something else) is refused.
+    if given.as_ref().is_some_and(|a| !valid_account(a)) {
+        return Err(ProxyError::BadRequest(
+            "this clear_quota names an appid that is not 1-64 characters of A-Z a-z 0-9 _ -".into(),
+        ));
+    }
+    Ok((body, Clearing { appid: given }))
 }

@@ -26,7 +26,7 @@ pub enum Kind {
     /// A platform's `component_access_token` (`api_component_token`).
     Component,
     /// An authorizer's `authorizer_access_token` (`api_authorizer_token`),
-    /// per (authorizer, platform, refresh token).
+    /// per (authorizer, platform, refresh token, component token).
     Authorizer,
     /// An account's ticket (keyed by the account, not the token).
     Ticket(Ticket),
@@ -165,16 +165,24 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
             json.get("component_verify_ticket")?.as_str().filter(|t| !t.is_empty())?;
             Some(Ask { kind: Kind::Component, id, secret, force: false, refresh: None })
         }
-        // One authorizer token per (authorizer, platform, refresh token):
-        // the slot's secret is the platform's appid and the refresh token.
+        // One authorizer token per (authorizer, platform, refresh token,
+        // component token): the slot's secret is all three credentials, so
+        // a request with a bogus component_access_token never gets the
+        // token cached for the platform's own, nor the platform WeChat's
+        // answer to a bogus one. A new component token (every two hours)
+        // names a new slot: one fetch of the authorizer token each time.
         (&Method::POST, "/cgi-bin/component/api_authorizer_token") => {
             let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
             let id = json.get("authorizer_appid")?.as_str().filter(|id| valid_account(id))?.to_owned();
             let platform = json.get("component_appid")?.as_str().filter(|id| valid_account(id))?;
             let refresh = json.get("authorizer_refresh_token")?.as_str().filter(|s| !s.is_empty())?.to_owned();
-            let mut secret = platform.as_bytes().to_vec();
-            secret.push(0);
-            secret.extend_from_slice(refresh.as_bytes());
+            let component = param("component_access_token").filter(|t| !t.is_empty())?;
+            // Each part after its length: no two triples give the same bytes.
+            let mut secret = Vec::with_capacity(platform.len() + refresh.len() + component.len() + 24);
+            for part in [platform.as_bytes(), refresh.as_bytes(), &component] {
+                secret.extend_from_slice(&(part.len() as u64).to_be_bytes());
+                secret.extend_from_slice(part);
+            }
             Some(Ask { kind: Kind::Authorizer, id, secret, force: false, refresh: Some(refresh) })
         }
         _ => None,

@@ -27,6 +27,22 @@ pub const KEY_ENV: &str = "WXGATE_TOKEN_KEY";
 /// How long waiters see the answer of a fetch WeChat refused.
 pub const FAILED_HOLD_US: Micros = 2_000_000;
 
+/// What a fetch lock lasts beyond the fetch itself: the store's answers.
+const LOCK_MARGIN_US: Micros = 1_000_000;
+
+/// The longest a token fetch takes once sent, by `[server]`'s timeouts:
+/// connecting to each upstream in turn (`upstream_timeout` each: a call goes
+/// to the next only when it never reached one), the request (its body is
+/// read whole before; `body_timeout` without progress), the answer's head
+/// (`upstream_timeout`), the answer's body (`body_timeout`). 80 s with the
+/// defaults and one upstream.
+pub fn fetch_us(server: &crate::config::Server) -> Micros {
+    let upstreams = i64::try_from(server.upstream.iter().count().max(1)).unwrap_or(i64::MAX);
+    let each = crate::config::units::micros(server.upstream_timeout);
+    let body = crate::config::units::micros(server.body_timeout);
+    each.saturating_mul(upstreams.saturating_add(1)).saturating_add(body.saturating_mul(2))
+}
+
 /// The token cache of this instance.
 pub struct TokenCache {
     /// Where the slots are: the app's store when shared, else in-process.
@@ -123,6 +139,20 @@ impl TokenCache {
     /// another secret names another slot ([`Sealer::secret_hash`]).
     pub fn slot(&self, kind: super::ask::Kind, id: &str, secret: &[u8]) -> String {
         format!("{}:{id}:{}", kind.as_str(), self.sealer.secret_hash(kind.as_str(), id, secret))
+    }
+
+    /// How long a slot's fetch lock lasts, so that no second fetch starts
+    /// while one may still be in flight: `[tokens] wait`, plus `held_us`
+    /// (the token rule's `max_wait`: the fetch may be held that long before
+    /// it is sent), plus the longest the fetch may take once sent
+    /// ([`fetch_us`]), plus a second for the store. An instance that dies
+    /// mid-fetch blocks its slot that long at most (its waiters get 503
+    /// after `wait`, as when a fetch is slow).
+    pub fn lock_us(&self, server: &crate::config::Server, held_us: Micros) -> Micros {
+        crate::config::units::micros(self.wait)
+            .saturating_add(held_us)
+            .saturating_add(fetch_us(server))
+            .saturating_add(LOCK_MARGIN_US)
     }
 
     /// A fresh id for one asker.
