@@ -229,7 +229,7 @@ async fn a_token_refresh_through_wxgate_restarts_the_warm_up() {
     assert_eq!(gate.get_as("appA", PATH).await.retry_after(), 1);
     gate.advance(Duration::from_secs(1));
     // The account's token is refreshed through wxgate...
-    let t = gate.get_as("appA", "/cgi-bin/token?grant_type=client_credential&appid=A&secret=S").await;
+    let t = gate.get_as("appA", "/cgi-bin/token?grant_type=client_credential&appid=appA&secret=S").await;
     assert_eq!(t.status, 200);
     // ...so its rules ramp up again: one every 2 s right after it.
     assert_eq!(gate.get_as("appA", PATH).await.status, 200);
