@@ -262,16 +262,7 @@ async fn one_bad_key_fails_its_own_calls_and_never_opens_the_breaker() {
     );
     let gate = Gate::start_real(&mock, config).await;
     assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "the state key exists now");
-    let keys = match redis.run_as(None, &["KEYS", "*{wxBAD}*"]) {
-        redis::Value::Array(keys) => keys,
-        other => panic!("KEYS: {other:?}"),
-    };
-    for key in keys {
-        let redis::Value::BulkString(key) = key else { continue };
-        let key = String::from_utf8_lossy(&key).into_owned();
-        redis.run_as(None, &["DEL", &key]);
-        redis.run_as(None, &["SET", &key, "not a hash"]);
-    }
+    break_keys_of(&redis, "wxBAD");
     for _ in 0..5 {
         assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "decided by the fallback");
     }
@@ -287,16 +278,10 @@ async fn one_bad_key_fails_its_own_calls_and_never_opens_the_breaker() {
     assert_eq!(b["limits"][0]["used"], 5, "counted in Redis: {b}");
 }
 
-/// The log says what happened when one pair's key holds the wrong type:
-/// that pair's calls are decided by the fallback, Redis is not
-/// unavailable (it said "Redis unavailable: deciding without it").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_bad_key_is_logged_as_that_pairs_key_not_as_redis_unavailable() {
-    let redis = RedisServer::start();
-    let mock = MockWeChat::start().await;
-    let gate = start(&mock, &redis, "bad-key-log", None);
-    assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "the state key exists now");
-    let keys = match redis.run_as(None, &["KEYS", "*{wxBAD}*"]) {
+/// Every Redis key of `account` replaced by a string: its pairs' scripts
+/// then fail with WRONGTYPE.
+fn break_keys_of(redis: &RedisServer, account: &str) {
+    let keys = match redis.run_as(None, &["KEYS", &format!("*{{{account}}}*")]) {
         redis::Value::Array(keys) => keys,
         other => panic!("KEYS: {other:?}"),
     };
@@ -306,6 +291,18 @@ async fn one_bad_key_is_logged_as_that_pairs_key_not_as_redis_unavailable() {
         redis.run_as(None, &["DEL", &key]);
         redis.run_as(None, &["SET", &key, "not a hash"]);
     }
+}
+
+/// The log says what happened when one pair's key holds the wrong type:
+/// that pair's calls are decided by the fallback, Redis is not
+/// unavailable (it said "Redis unavailable: deciding without it").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_key_is_logged_as_that_pairs_key_not_as_redis_unavailable() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let gate = start(&mock, &redis, "bad-key-log", None);
+    assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "the state key exists now");
+    break_keys_of(&redis, "wxBAD");
     assert_eq!(gate.get_as("wxBAD", PATH).await.status, 200, "decided by the fallback");
     let said = "one pair's Redis key has the wrong type";
     eventually("the fallback decision logged", PATIENCE, || gate.logged().contains(said)).await;

@@ -299,11 +299,7 @@ impl MemoryStore {
 
     /// Counts (and logs, at most every 10 s) a new pair refused for room.
     fn refuse_new(&self, now: Micros) -> StoreError {
-        self.metrics.full.inc();
-        let last = self.full_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= FULL_LOG_EVERY_US
-            && self.full_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-        {
+        if self.count_full(now) {
             tracing::error!(
                 max_entries = self.max_entries,
                 refused_so_far = self.metrics.full.get(),
@@ -312,6 +308,14 @@ impl MemoryStore {
             );
         }
         StoreError::Full(self.max_entries)
+    }
+
+    /// Counts a refusal for room; whether to log it (at most every 10 s).
+    fn count_full(&self, now: Micros) -> bool {
+        self.metrics.full.inc();
+        let last = self.full_logged.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= FULL_LOG_EVERY_US
+            && self.full_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
     /// `n` recipients' states were dropped.
@@ -362,11 +366,7 @@ impl MemoryStore {
         if fits(new(state)) {
             return Ok(());
         }
-        self.metrics.full.inc();
-        let logged = self.full_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(logged) >= FULL_LOG_EVERY_US
-            && self.full_logged.compare_exchange(logged, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-        {
+        if self.count_full(now) {
             tracing::error!(
                 max_recipients = self.max_recipients,
                 refused_so_far = self.metrics.full.get(),
