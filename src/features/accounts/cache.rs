@@ -98,70 +98,16 @@ impl DigestKey {
 
     /// The digest of `token`: SipHash-2-4 with its 128-bit output.
     pub fn digest(&self, token: &[u8]) -> Digest {
-        let mut s = Sip {
-            v0: self.k0 ^ 0x736f_6d65_7073_6575,
-            v1: self.k1 ^ 0x646f_7261_6e64_6f6d ^ 0xee,
-            v2: self.k0 ^ 0x6c79_6765_6e65_7261,
-            v3: self.k1 ^ 0x7465_6462_7974_6573,
-        };
-        let mut blocks = token.chunks_exact(8);
-        for block in &mut blocks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(block);
-            s.compress(u64::from_le_bytes(word));
-        }
-        let mut last = [0u8; 8];
-        let rest = blocks.remainder();
-        last[..rest.len()].copy_from_slice(rest);
-        last[7] = token.len() as u8;
-        s.compress(u64::from_le_bytes(last));
-        s.v2 ^= 0xee;
-        s.rounds(4);
-        let first = s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
-        s.v1 ^= 0xdd;
-        s.rounds(4);
-        let second = s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&first.to_le_bytes());
-        out[8..].copy_from_slice(&second.to_le_bytes());
-        out
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.k0, self.k1);
+        h.write(token);
+        siphasher::sip128::Hasher128::finish128(&h).as_bytes()
     }
 }
 
 impl std::fmt::Debug for DigestKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DigestKey(..)")
-    }
-}
-
-/// SipHash's state.
-struct Sip {
-    v0: u64,
-    v1: u64,
-    v2: u64,
-    v3: u64,
-}
-
-impl Sip {
-    fn compress(&mut self, m: u64) {
-        self.v3 ^= m;
-        self.rounds(2);
-        self.v0 ^= m;
-    }
-
-    fn rounds(&mut self, n: usize) {
-        for _ in 0..n {
-            self.v0 = self.v0.wrapping_add(self.v1);
-            self.v1 = self.v1.rotate_left(13) ^ self.v0;
-            self.v0 = self.v0.rotate_left(32);
-            self.v2 = self.v2.wrapping_add(self.v3);
-            self.v3 = self.v3.rotate_left(16) ^ self.v2;
-            self.v0 = self.v0.wrapping_add(self.v3);
-            self.v3 = self.v3.rotate_left(21) ^ self.v0;
-            self.v2 = self.v2.wrapping_add(self.v1);
-            self.v1 = self.v1.rotate_left(17) ^ self.v2;
-            self.v2 = self.v2.rotate_left(32);
-        }
     }
 }
 
