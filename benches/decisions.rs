@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use wxgate::config::Config;
 use wxgate::config::{RedisConfig, Resilience};
-use wxgate::limit::clock::SystemClock;
 use wxgate::limit::{Ask, Decision, Key, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
 use wxgate::store::Store;
+use wxgate::time::SystemClock;
 
 const BEIJING: i64 = 8 * 3_600_000_000;
 

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wxgate::config::{Config, MemoryConfig};
-use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Decision, Key};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::Store;
 use wxgate::telemetry::metrics::MemoryStoreMetrics;
+use wxgate::time::ManualClock;
 
 /// mimalloc (wxgate's allocator), counting the bytes allocated and not freed.
 struct Counting;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wxgate::config::{Config, MemoryConfig};
-use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Key};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::Store;
 use wxgate::telemetry::metrics::MemoryStoreMetrics;
+use wxgate::time::ManualClock;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

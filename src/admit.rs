@@ -28,9 +28,9 @@ use crate::admit::core::Core;
 use crate::admit::slots::SlotGuard;
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::limit::clock::{Micros, Stopwatch};
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
 use crate::telemetry::metrics::InFlightGuard;
+use crate::time::{Micros, Stopwatch};
 use crate::transport::downstream::Client;
 
 /// How often a call waiting for a concurrency slot asks the store again.

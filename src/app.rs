@@ -22,12 +22,12 @@ use crate::features::accounts::cache::TokenCaches;
 use crate::features::base::Base;
 use crate::features::callers::Callers;
 use crate::features::token_cache::cache::TokenCache;
-use crate::limit::clock::Clock;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
 use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::{MemoryStoreMetrics, Metrics};
+use crate::time::Clock;
 use crate::transport::intercept::Interceptor;
 use crate::transport::upstream::Upstream;
 

@@ -35,9 +35,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::routes::Routes;
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyPolicy;
 use crate::limit::Rule;
+use crate::time::Micros;
 
 /// A config that failed to load, with a message fit to show a user as is.
 #[derive(Debug, thiserror::Error)]

@@ -13,10 +13,10 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::config::Config;
-use crate::limit::clock::Micros;
 use crate::limit::{Reason, Rule};
 use crate::store::StoreError;
 use crate::telemetry::metrics::Outcome;
+use crate::time::Micros;
 use crate::transport::body::RelayBody;
 use crate::transport::upstream::UpstreamError;
 

@@ -28,6 +28,7 @@ pub mod proxy;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod time;
 pub mod tools;
 pub mod transport;
 
@@ -35,11 +36,11 @@ use std::sync::Arc;
 
 use crate::app::App;
 use crate::config::Config;
-use crate::limit::clock::Clock;
 use crate::server::{Running, Threads};
 use crate::store::resilient::StoreCounters;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
+use crate::time::Clock;
 
 /// Binds `[server] listen` and serves on the calling Tokio runtime.
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {

@@ -58,11 +58,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
+use crate::time::Micros;
 
 pub mod calendar;
-pub mod clock;
 pub mod decide;
 pub mod pair;
 pub mod penalty;

@@ -12,10 +12,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use wxgate::config::Config;
-use wxgate::limit::clock::SystemClock;
 use wxgate::limit::penalty::PenaltyLength;
 use wxgate::limit::{Limit, Rule};
 use wxgate::server::Threads;
+use wxgate::time::SystemClock;
 
 /// mimalloc instead of glibc malloc: a proxy allocates and frees small
 /// buffers on one thread and drops them on another all the time, which glibc
@@ -126,7 +126,7 @@ fn main() -> ExitCode {
 /// `[intercept]`'s CA as start-up checks it: the files load, the key is
 /// the certificate's, and a certificate for each host verifies now.
 fn check_intercept(config: &Config) -> Result<(), String> {
-    use wxgate::limit::clock::Clock as _;
+    use wxgate::time::Clock as _;
     let Some(ic) = &config.intercept else { return Ok(()) };
     let ca = wxgate::transport::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
     for host in &ic.hosts {
@@ -180,7 +180,7 @@ fn ca_init(args: &CaInitArgs) -> ExitCode {
 }
 
 fn write_ca(args: &CaInitArgs) -> Result<String, String> {
-    use wxgate::limit::clock::Clock as _;
+    use wxgate::time::Clock as _;
     use wxgate::transport::intercept::ca;
     let label = args.name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -40,8 +40,8 @@ use async_trait::async_trait;
 pub use self::answer::{Decided, PenaltyEnd, Snapshot, Status, StoreError};
 use self::op::{Listed, PairOp, PairReply};
 use self::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use crate::limit::clock::Micros;
 use crate::limit::{Ask, Key};
+use crate::time::Micros;
 
 /// What every store offers: decisions ([`Store::acquire`]), the operations
 /// of [`op`] on one (account, rule) pair ([`Store::run`], typed as

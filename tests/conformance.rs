@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use support::redis_server::RedisServer;
 use wxgate::config::{Config, RedisConfig, Resilience};
-use wxgate::limit::clock::{Clock, ManualClock};
 use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
 use wxgate::store::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use wxgate::store::{op, Snapshot, Store};
+use wxgate::time::{Clock, ManualClock};
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;

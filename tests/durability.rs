@@ -14,11 +14,11 @@ use std::time::Duration;
 use support::process::{self, Instance};
 use support::*;
 use wxgate::config::{Config, MemoryConfig};
-use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Decision, Key, Reason};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::{Store, StoreError};
 use wxgate::telemetry::metrics::MemoryStoreMetrics;
+use wxgate::time::ManualClock;
 
 const SEND: &str = "/cgi-bin/message/custom/send";
 const MENU: &str = "/cgi-bin/menu/create";

@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use support::redis_server::RedisServer;
 use wxgate::config::{Config, Fallback, Resilience};
-use wxgate::limit::clock::ManualClock;
 use wxgate::limit::{Ask, Decision, Key, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
 use wxgate::store::Store;
+use wxgate::time::ManualClock;
 
 const SEC: i64 = 1_000_000;
 const BEIJING: i64 = 8 * 3600 * SEC;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use crate::admit::activity::{Activity, Held};
 use crate::admit::slots::Slots;
-use crate::limit::clock::Clock;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
+use crate::time::Clock;
 
 /// The shared state below the features; built once by `App::new`.
 pub struct Core {

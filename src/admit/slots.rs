@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::limit::clock::Micros;
 use crate::limit::{Key, Rule};
 use crate::store::op::{Release, Renew};
 use crate::store::Store;
+use crate::time::Micros;
 
 /// A live slot: its account, rule and quota offset.
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// Longest back-off after errors.
 pub const MAX_BACKOFF_US: Micros = 6 * 3_600_000_000;

@@ -56,7 +56,7 @@ pub(super) fn compile_rule(
     span: std::ops::Range<usize>,
     all_shadow: bool,
     throttle_status: http::StatusCode,
-    margin_us: crate::limit::clock::Micros,
+    margin_us: crate::time::Micros,
     ctx: &Ctx<'_>,
 ) -> Result<(Rule, RuleAnswer, Vec<Pattern>), ConfigError> {
     let err = |m: String| ctx.at_field(span.clone(), leading_key(&m), format!("rule \"{}\": {m}", r.name));
@@ -207,7 +207,7 @@ fn percent_of(text: &str) -> Result<u32, String> {
 }
 
 /// One limit; a window gets the arrival margin `margin_us` (`[server] window_margin`).
-fn compile_limit(l: &RawLimit, margin_us: crate::limit::clock::Micros) -> Result<Limit, String> {
+fn compile_limit(l: &RawLimit, margin_us: crate::time::Micros) -> Result<Limit, String> {
     if l.count == 0 {
         return Err("count must be at least 1".into());
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// A duration in whole microseconds, saturating.
 pub fn micros(d: Duration) -> Micros {

@@ -46,9 +46,9 @@ use crate::features::token_cache::ask::Kind;
 use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};
 use crate::features::token_cache::POLL;
 use crate::features::token_cache::{ask, json_answer};
-use crate::limit::clock::{deadline_after, Micros};
 use crate::store::tokens::Claim;
 use crate::telemetry::metrics::Outcome;
+use crate::time::{deadline_after, Micros};
 
 /// A cached token with less left than this is not added to a call: the
 /// call fetches a new one (renewal normally has, long before).

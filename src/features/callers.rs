@@ -34,8 +34,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use self::guard::Guard;
 use crate::config::{valid_account, CallerPolicy, Config, Priority};
 use crate::error::ProxyError;
-use crate::limit::clock::Clock;
 use crate::telemetry::metrics::{CallerMetrics, Metrics};
+use crate::time::Clock;
 
 /// Header naming the service a call is from.
 pub const CALLER_HEADER: &str = "x-wx-caller";

@@ -27,8 +27,8 @@ use crate::features::base::Base;
 use crate::features::broker::injected::Injected;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
-use crate::limit::clock::Micros;
 use crate::limit::Rule;
+use crate::time::Micros;
 use crate::transport::sniff::Verdict;
 
 /// What a feature sees of a call before it is decided.

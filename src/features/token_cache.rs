@@ -49,9 +49,9 @@ use crate::error::{Early, ProxyError};
 use crate::features::accounts::query;
 use crate::features::base::Base;
 use crate::features::hooks::{Answered, Asking, Feature};
-use crate::limit::clock::deadline_after;
 use crate::store::tokens::{Claim, Fetched};
 use crate::telemetry::metrics::Outcome;
+use crate::time::deadline_after;
 use crate::transport::body::RelayBody;
 use crate::transport::sniff::Verdict;
 

@@ -7,7 +7,7 @@
 //! the Lua side needs the identical algorithm (Howard Hinnant's
 //! `days_from_civil`) anyway.
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 pub const MINUTE_US: Micros = 60_000_000;
 pub const DAY_US: Micros = 86_400_000_000;

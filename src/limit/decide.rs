@@ -9,7 +9,7 @@ use super::{
     ShareState, WindowKey, WindowLimit,
 };
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// Decides `ask` at store time `now` and, if it is admitted, debits `state`:
 /// every limit of the rule or none. `account_warm` is the account's last

@@ -15,7 +15,7 @@
 use serde::Serialize;
 
 use crate::limit::calendar::{next_midnight, next_minute};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// How one errcode is punished (`[[penalty]]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

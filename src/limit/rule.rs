@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// A named rule: its limits, and whose state they count in.
 ///

@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use crate::limit::calendar::{civil_from_days, DAY_US};
-use crate::limit::clock::Micros;
 use crate::limit::{Limit, LimitState, Rule, RuleState, ShareState, WindowLimit};
+use crate::time::Micros;
 
 /// Activity of this instance for the pair.
 pub struct Here {

@@ -18,7 +18,7 @@
 //! - Errors (a WeChat errcode, no answer) back off: the interval doubles
 //!   with each error in a row, up to 6 hours ([`crate::app::sync_status::Sync::failed`]);
 //!   45009 (quota/get's own quota spent) waits for the next quota day.
-//! - Timing is the injected clock's ([`crate::limit::clock::Clock`]); the task
+//! - Timing is the injected clock's ([`crate::time::Clock`]); the task
 //!   looks every [`TICK`].
 //! - The token is sent to WeChat only: never logged (errors name the
 //!   errcode, never the request).

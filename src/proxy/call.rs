@@ -14,9 +14,9 @@ use crate::features::broker::injected::Injected;
 use crate::features::callers::Caller;
 use crate::features::quota_clear::request::Clearing;
 use crate::features::token_cache::cache::Fetch;
-use crate::limit::clock::Micros;
 use crate::limit::Rule;
 use crate::telemetry::metrics::{Outcome, RuleMetrics};
+use crate::time::Micros;
 use crate::transport::upstream::Upstream;
 
 /// What the phases know of one call.

@@ -6,8 +6,8 @@ use super::call::Call;
 use crate::admit::admit;
 use crate::app::App;
 use crate::error::{retry_after_secs, Early};
-use crate::limit::clock::Stopwatch;
 use crate::telemetry::metrics::Outcome;
+use crate::time::Stopwatch;
 use crate::transport::downstream::Client;
 
 /// Admits the call (holding it or waiting for a slot as its rule

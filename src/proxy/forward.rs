@@ -12,10 +12,10 @@ use crate::admit::activity::Kind;
 use crate::app::App;
 use crate::error::{Early, ProxyError};
 use crate::features::accounts::ACCOUNT;
-use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
 use crate::store::op::Refund;
 use crate::telemetry::metrics::InFlightGuard;
+use crate::time::Stopwatch;
 use crate::transport::request_body::{read_whole, RequestBody};
 use crate::transport::upstream::{to_upstream, UpstreamError};
 

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 
 use super::call::Call;
 use crate::error::{Early, ProxyError};
-use crate::limit::clock::Stopwatch;
+use crate::time::Stopwatch;
 use crate::transport::request_body::RequestBody;
 
 /// What a call wxgate added a token to keeps, to be sent once more with a

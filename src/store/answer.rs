@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::config::Fallback;
-use crate::limit::clock::Micros;
 use crate::limit::{Decision, RuleState};
+use crate::time::Micros;
 
 /// A decision, and how it was made.
 #[derive(Debug, Clone, PartialEq, Eq)]

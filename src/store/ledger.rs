@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Decision, Key, Limit, Rule, WindowKey};
+use crate::time::Micros;
 
 const SHARDS: usize = 16;
 

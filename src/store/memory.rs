@@ -37,12 +37,12 @@ use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::config::MemoryConfig;
-use crate::limit::clock::{Clock, Micros};
 use crate::limit::decide::{clear, decide};
 use crate::limit::pair::PairRef;
 use crate::limit::{recipient_key, Ask, Key, LimitState, RuleState, WindowKey};
 use crate::store::ledger::counts_calendar;
 use crate::telemetry::metrics::MemoryStoreMetrics;
+use crate::time::{Clock, Micros};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, its idle entries are dropped.
@@ -685,8 +685,8 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::limit::clock::ManualClock;
     use crate::limit::Decision;
+    use crate::time::ManualClock;
 
     const RULE: &str = r#"[[rule]]
 name = "message_send"

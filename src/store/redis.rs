@@ -44,8 +44,8 @@ use super::op::{Command, Operation, PairOp, PairReply, Runs};
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Status, Store, StoreError, TokenStore};
 use crate::config::RedisConfig;
-use crate::limit::clock::{deadline_after, Clock, Micros, Stopwatch};
 use crate::limit::{Ask, Decision, Key};
+use crate::time::{deadline_after, Clock, Micros, Stopwatch};
 
 /// Most calls one acquire.lua run decides (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 64;

@@ -57,9 +57,9 @@ use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
 use crate::config::{Fallback, Resilience};
-use crate::limit::clock::{Clock, Micros, Stopwatch};
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Key, Limit, Reason};
+use crate::time::{Clock, Micros, Stopwatch};
 
 /// How often the background task writes what Redis is missing and checks
 /// that Redis still holds the deployment's epoch.

@@ -73,10 +73,10 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{LimitState, RuleState, ShareState, WindowKey};
 use crate::store::tokens::{TokenHash, TokenKey};
+use crate::time::Micros;
 
 const FORMAT: &str = "wxgate-state";
 /// The format this wxgate writes and reads.

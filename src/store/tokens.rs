@@ -23,7 +23,7 @@ use std::fmt;
 use ring::hmac;
 use ring::rand::SecureRandom;
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// Bytes of a [`TokenKey`].
 const KEY_LEN: usize = 32;

@@ -7,8 +7,8 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::limit::clock::Micros;
 use crate::limit::{Limit, Quota, Reason, Rule};
+use crate::time::Micros;
 
 pub const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

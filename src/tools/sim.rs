@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 pub use config::SimConfig;
 use handler::Sim;
 
-use crate::limit::clock::Clock;
+use crate::time::Clock;
 
 /// A running simulator. Dropping it (or [`SimHandle::stop`]) stops accepting
 /// connections; connections already open are served until their clients close them.

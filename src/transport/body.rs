@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::limit::clock::deadline_after;
+use crate::time::deadline_after;
 
 /// Why a relayed body ended early.
 #[derive(Debug, thiserror::Error)]

@@ -26,8 +26,8 @@ use prometheus_client::metrics::counter::Counter;
 use rustls::server::ServerConfig;
 
 use crate::config::{Config, Upstreams};
-use crate::limit::clock::{Clock, Micros, SystemClock};
 use crate::telemetry::metrics::{HostLabel, Metrics, Tunnel, TunnelLabels};
+use crate::time::{Clock, Micros, SystemClock};
 use crate::transport::upstream::Upstream;
 
 use self::ca::Ca;
@@ -146,7 +146,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::limit::clock::ManualClock;
+    use crate::time::ManualClock;
 
     /// Where each host's calls go: its `[intercept] upstream`, the main pool
     /// for the host of `[server] upstream`'s first URL, else `https://<host>`.

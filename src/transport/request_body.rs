@@ -31,7 +31,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::limit::clock::deadline_after;
+use crate::time::deadline_after;
 
 /// Why a request body did not reach the upstream whole: the client's fault.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 
 use std::time::Duration;
 
-use crate::limit::clock::deadline_after;
+use crate::time::deadline_after;
 use crate::transport::body::RelayBody;
 
 /// Largest body buffered to look for an errcode.

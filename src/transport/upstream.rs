@@ -74,8 +74,8 @@ use failover::{Failover, Target, Why};
 pub use hop_by_hop::{replace, strip_hop_by_hop, to_upstream};
 
 use crate::config::Server;
-use crate::limit::clock::Clock;
 use crate::telemetry::metrics::{FailoverLabels, Tried, UpstreamLabel, UpstreamMetrics};
+use crate::time::Clock;
 use crate::transport::request_body::RequestBody;
 
 /// The client to the configured upstreams, tried in order.

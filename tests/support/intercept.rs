@@ -26,10 +26,10 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn new() -> TestCa {
-        use wxgate::limit::clock::Clock as _;
+        use wxgate::time::Clock as _;
         let dir = TempDir::new("ca");
-        let ca = wxgate::transport::intercept::ca::generate("test", wxgate::limit::clock::SystemClock.now_us())
-            .expect("make a CA");
+        let ca =
+            wxgate::transport::intercept::ca::generate("test", wxgate::time::SystemClock.now_us()).expect("make a CA");
         let cert = dir.write("ca.pem", &ca.cert_pem);
         let key = dir.write("ca-key.pem", &ca.key_pem);
         set_mode(&key, 0o600);

@@ -61,8 +61,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use wxgate::config::Config;
-use wxgate::limit::clock::ManualClock;
 use wxgate::server::Running;
+use wxgate::time::ManualClock;
 
 /// 2026-11-29 10:00:00 Beijing (02:00 UTC), in microseconds.
 pub const T0: i64 = (20_786 * 86_400 + 2 * 3600) * 1_000_000;
@@ -388,7 +388,7 @@ impl Gate {
 
     /// Like [`Gate::start_real`], on a whole config text (or [`ConfigToml`]).
     pub async fn start_real_text(text: impl Display) -> Gate {
-        Gate::serve(parse(text), Some(Arc::new(wxgate::limit::clock::SystemClock))).await
+        Gate::serve(parse(text), Some(Arc::new(wxgate::time::SystemClock))).await
     }
 
     /// A gate on this whole config text, whose `[store]` is Redis (single
@@ -407,7 +407,7 @@ impl Gate {
     }
 
     /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
-    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::limit::clock::Clock>>) -> Gate {
+    async fn serve(config: Config, clock: Option<Arc<dyn wxgate::time::Clock>>) -> Gate {
         let manual = ManualClock::new(T0);
         let clock = clock.unwrap_or_else(|| Arc::new(manual.clone()));
         let running = wxgate::start(config, clock).await.expect("start wxgate");

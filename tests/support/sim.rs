@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
-use wxgate::limit::clock::ManualClock;
+use wxgate::time::ManualClock;
 use wxgate::tools::sim::{SimConfig, SimHandle};
 
 use super::{get_at, send, Answer, T0};

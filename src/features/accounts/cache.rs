@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// How long "this token is unknown" is believed without asking again.
 pub const UNKNOWN_FOR_US: Micros = 5_000_000;

@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::ProxyError;
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// The accounts that had calls today on this instance.
 #[derive(Default)]

@@ -26,7 +26,7 @@ use super::query;
 use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
 use crate::features::base::Base;
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::transport::request_body::{read_whole, ReadError};
 
 /// Largest token request body read before forwarding.

@@ -24,10 +24,10 @@ use crate::features::token_cache::ask::{token_of, Ticket};
 use crate::features::token_cache::cache::Fetch;
 use crate::features::token_cache::TokenCacheFeature;
 use crate::features::warmup::Warmup;
-use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
 use crate::store::op::Refund;
 use crate::telemetry::metrics::{Outcome, NO_RULE};
+use crate::time::Stopwatch;
 use crate::transport::request_body::RequestBody;
 use crate::transport::sniff::{sniff, Verdict};
 

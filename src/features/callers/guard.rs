@@ -1,6 +1,6 @@
 //! The flood guard of a declared caller with a `rate`: a `governor` GCRA
 //! limiter in this process, on wxgate's [`Clock`] (so tests move its time
-//! with a `ManualClock`, and only `crate::limit::clock` reads a clock). Checking it
+//! with a `ManualClock`, and only `crate::time` reads a clock). Checking it
 //! touches no store: a caller over its rate costs one atomic
 //! compare-and-swap, never a Redis round trip.
 
@@ -13,7 +13,7 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
 use crate::config::{CallerRate, RatePer};
-use crate::limit::clock::{Clock, Micros};
+use crate::time::{Clock, Micros};
 
 /// wxgate's clock as `governor` reads it: nanoseconds since the Unix epoch.
 #[derive(Clone)]
@@ -62,7 +62,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::clock::ManualClock;
+    use crate::time::ManualClock;
 
     fn rate(count: u32, per: RatePer) -> CallerRate {
         CallerRate { count: NonZeroU32::new(count).expect("count"), per }

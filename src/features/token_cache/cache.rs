@@ -15,11 +15,11 @@ use tokio::sync::Notify;
 
 use super::seal::{parse_key, Sealer, KEY_LEN};
 use crate::config::{StoreConfig, TokensConfig};
-use crate::limit::clock::{Clock, Micros};
 use crate::store::memory::MemoryStore;
 use crate::store::tokens::Fetched;
 use crate::store::Store;
 use crate::telemetry::metrics::TokenMetrics;
+use crate::time::{Clock, Micros};
 
 /// The environment variable holding the token key.
 pub const KEY_ENV: &str = "WXGATE_TOKEN_KEY";

@@ -44,9 +44,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::limit::calendar::Period;
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
 use crate::store::state_file::{open_private, private_dir, PrivateError};
+use crate::time::Micros;
 
 pub struct Journal {
     path: PathBuf,

@@ -12,8 +12,8 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
-use crate::limit::clock::Micros;
 use crate::store::tokens::TokenHash;
+use crate::time::Micros;
 
 pub struct LearnedTokens {
     map: FxHashMap<TokenHash, (String, Micros)>,

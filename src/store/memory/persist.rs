@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use super::{lock, Durable, MemoryStore, Writer};
 use crate::config::MemoryConfig;
-use crate::limit::clock::{Clock, Micros, Stopwatch};
 use crate::limit::RuleState;
 use crate::store::state_file::{decode, encode_to, Learned, Pair, PrivateError, Saved, StateFile};
 use crate::telemetry::metrics::{FileOp, MemoryStoreMetrics};
+use crate::time::{Clock, Micros, Stopwatch};
 
 /// How often idle state is dropped without traffic.
 const SWEEP_PERIOD: Duration = Duration::from_secs(10);

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use crate::limit::clock::Micros;
 use crate::store::tokens::{Claim, Fetched, TokenHash};
+use crate::time::Micros;
 
 /// Entries (slots, locks, token hashes) held before the first sweep of
 /// expired ones; after a sweep the next comes when what is held has doubled,

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Command, Operation, Route};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::{Snapshot, StoreError};
 use crate::store::redis::protocol::{parse_state, script, InspectReply, Keys};

@@ -6,11 +6,11 @@ use std::future::Future;
 use async_trait::async_trait;
 use redis::Script;
 
-use crate::limit::clock::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::{Snapshot, StoreError};
 use crate::store::ledger::Ledger;
 use crate::store::redis::protocol::Keys;
+use crate::time::Micros;
 
 /// How the resilient wrapper ([`crate::store::resilient`]) runs an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Kept, Command, Operation, Route};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::decide::raise_day;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::StoreError;

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Answered, Command, Operation, Route, Wrapper};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::decide::refund;
 use crate::limit::{Key, Limit, Rule, RuleState};
 use crate::store::answer::StoreError;

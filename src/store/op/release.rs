@@ -3,7 +3,7 @@
 //! rule with a concurrency cap.
 
 use super::operation::{Command, Operation, Route};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::Keys;

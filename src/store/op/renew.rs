@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Command, Operation, Route};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::{Key, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};

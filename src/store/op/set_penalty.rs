@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Kept, Answered, Command, Operation, Route, Wrapper};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::PenaltyState;
 use crate::store::answer::{PenaltyEnd, StoreError};

@@ -26,8 +26,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ServerErrorKind};
 
 use crate::config::{RedisConfig, SentinelConfig};
-use crate::limit::clock::Stopwatch;
 use crate::store::answer::StoreError;
+use crate::time::Stopwatch;
 
 /// How long start-up waits for Redis before starting degraded.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -15,11 +15,11 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::limit::clock::Micros;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
 use crate::store::answer::StoreError;
 use crate::store::tokens::TokenHash;
+use crate::time::Micros;
 
 /// A script's text: the shared prelude (`lua/prelude.lua`: the store
 /// clock, integer printing, calendar arithmetic) in front of `lua/<file>`;

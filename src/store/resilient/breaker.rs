@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::config::Fallback;
-use crate::limit::clock::Stopwatch;
 use crate::limit::Key;
 use crate::store::StoreError;
+use crate::time::Stopwatch;
 
 /// Degraded decisions are logged at most once per this long.
 const LOG_EVERY: Duration = Duration::from_secs(10);

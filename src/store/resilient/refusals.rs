@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::limit::clock::Micros;
 use crate::limit::{Reason, Rule};
+use crate::time::Micros;
 
 /// Longest a refusal is answered locally.
 pub const REFUSAL_CACHE_MAX_US: Micros = 1_000_000;

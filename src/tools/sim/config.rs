@@ -10,7 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::config::units::{micros, parse_duration, parse_offset};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// The built-in demo limits, served when no `--limits` is given. The same
 /// text ships as `deploy/sim.toml` (a test keeps the two equal).

@@ -17,7 +17,7 @@ use super::config::SimConfig;
 use super::meter::Meter;
 use super::tokens::{Kind, Tokens};
 use crate::features::accounts::query::param;
-use crate::limit::clock::Clock;
+use crate::time::Clock;
 
 /// Largest request body the simulator reads (media uploads included).
 pub const MAX_BODY: usize = 64 << 20;

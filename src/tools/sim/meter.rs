@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::config::{Api, SimConfig};
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// Timestamps of arrivals kept per account and window (8 bytes each).
 pub const MAX_ARRIVALS: usize = 1 << 20;

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// How long a replaced token stays valid (WeChat: 5 minutes).
 pub const OVERLAP_US: Micros = 300_000_000;

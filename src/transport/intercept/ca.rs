@@ -24,7 +24,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::server::ServerConfig;
 use time::OffsetDateTime;
 
-use crate::limit::clock::Micros;
+use crate::time::Micros;
 
 /// The CA's validity.
 pub const CA_DAYS: i64 = 730;

@@ -15,7 +15,7 @@ use tokio::time::Sleep;
 use super::error::{error_chain, exchange_error, UpstreamError};
 use super::failover::Target;
 use super::pool::Conn;
-use crate::limit::clock::deadline_after;
+use crate::time::deadline_after;
 use crate::transport::request_body::{Progress, RequestBody};
 
 /// Aborts a connection's task when dropped, unless disarmed: a given-up

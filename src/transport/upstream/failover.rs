@@ -11,8 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::error::UpstreamError;
 use super::pool::Pool;
-use crate::limit::clock::{Clock, Micros};
 use crate::telemetry::metrics::{Tried, TriedLabels, UpstreamLabel, UpstreamMetrics};
+use crate::time::{Clock, Micros};
 
 /// An upstream's first back-off after a failure.
 const BACKOFF_FIRST_US: Micros = 10_000_000;

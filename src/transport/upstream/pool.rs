@@ -7,7 +7,7 @@ use std::time::Duration;
 use hyper::client::conn::http1::SendRequest;
 use tokio::task::AbortHandle;
 
-use crate::limit::clock::Stopwatch;
+use crate::time::Stopwatch;
 use crate::transport::request_body::RequestBody;
 
 /// One connection to the upstream: hyper's sender, and the task driving the
