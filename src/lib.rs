@@ -2,7 +2,7 @@
 //! service and replica of an account inside WeChat's quotas.
 //!
 //! A call goes through the phases in [`proxy`]: accept → identify → route →
-//! token cache → decide → forward → answer → respond, each a function over
+//! meter → token cache → decide → forward → answer → respond, each a function over
 //! the call's context ([`proxy::Call`]), any of which may answer early; the
 //! features ([`features`]) plug into the phases through named hooks. The decision
 //! ([`limit`]) is pure maths over state held by a [`store`]; the listeners
@@ -16,7 +16,7 @@
 
 // The layers, highest first (each imports only those below it; the order
 // is the table in tests/architecture.rs): tools, server, ops, proxy, app,
-// features, admit, error, store, transport, config, telemetry, limit.
+// features, admit, error, store, transport, config, telemetry, limit, time.
 pub mod admit;
 pub mod app;
 pub mod config;
