@@ -29,7 +29,9 @@ use std::time::Duration;
 use support::process::{self, Instance};
 use support::redis_server::RedisServer;
 use support::tokens::{WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
-use support::{eventually_async, get_at, rule, Answer, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+use support::{
+    eventually, eventually_async, get_at, rule, Answer, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE,
+};
 
 const SEND: &str = "/cgi-bin/message/custom/send";
 
@@ -553,4 +555,53 @@ async fn a_slow_token_answer_is_fetched_once_for_every_asker_on_redis() {
         .to_string();
     let gate = Gate::start_redis_on_manual_clock(text).await;
     a_slow_token_answer_is_fetched_once_for_every_asker(gate, &mock, &tokens).await;
+}
+
+/// A wxgate SIGKILLed while its token fetch is out at WeChat: that request
+/// may still be answered (and each fetch invalidates the token before it),
+/// so no other instance fetches while it could be; the lock outlives the
+/// longest fetch (issue 44, item 7: it lasted `[tokens] wait`, and the next
+/// asker fetched a second token a second later). Then one asker fetches once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_fetch_leaves_no_second_fetch_while_its_request_may_be_answered() {
+    let redis = RedisServer::start();
+    let (mock, tokens) = wechat(2000).await;
+    // The longest fetch: upstream_timeout per upstream and once more for the
+    // answer's head (2 × 3 s), and body_timeout both ways (2 × 1 s): 8 s.
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "3s")
+        .server("body_timeout", "1s")
+        .with(StoreToml::redis(&redis.url()).set("key_prefix", "killed"))
+        .with("[tokens]\nwait = \"1s\"\n")
+        .with(rule("token").matching("/cgi-bin/token").limit(2000, "day"))
+        .to_string();
+    let env = [("WXGATE_TOKEN_KEY", KEY)];
+    let mut a = process::spawn(&config, "killed-fetch-a", &env).unwrap_or_else(|log| panic!("start:\n{log}"));
+    let b = process::spawn(&config, "killed-fetch-b", &env).unwrap_or_else(|log| panic!("start:\n{log}"));
+    let a_addr = a.addr;
+    let asking = tokio::spawn(async move { get_at(a_addr, &token_path(SECRET)).await });
+    eventually("A's fetch at WeChat", PATIENCE, || tokens.fetches("token") == 1).await;
+    a.kill();
+    asking.abort();
+    // B's asker finds the dead fetch's lock: it waits `[tokens] wait`, then
+    // 503, and sends nothing.
+    let waited = b.get(&token_path(SECRET)).await;
+    assert_eq!(waited.status, 503, "{}", waited.text());
+    assert_eq!(tokens.fetches("token"), 1, "no second fetch while the first may be answered");
+    let fresh =
+        support::eventually_some_async("a token after the dead fetch's lock", Duration::from_secs(30), async || {
+            let answer = b.get(&token_path(SECRET)).await;
+            (answer.status == 200).then(|| token_of(&answer))
+        })
+        .await;
+    assert!(!fresh.is_empty());
+    assert_eq!(tokens.fetches("token"), 2, "one fetch after the lock");
+    let sent: Vec<std::time::Instant> =
+        mock.calls().iter().filter(|c| c.path_and_query.starts_with("/cgi-bin/token")).map(|c| c.arrived).collect();
+    let apart = sent[1] - sent[0];
+    assert!(
+        apart >= Duration::from_secs(8),
+        "the second fetch came {apart:?} after the first, within its longest life"
+    );
+    b.stop().await;
 }
