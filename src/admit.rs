@@ -18,6 +18,7 @@
 //!   that half-closes is thus served as if `max_wait` were 0.
 
 pub mod activity;
+pub mod callers;
 pub mod core;
 pub mod slots;
 
@@ -68,21 +69,25 @@ impl Meter<'_> {
     pub const ONE: Meter<'static> = Meter { cost: 1, recipients: &[] };
 }
 
+/// A call asking to be admitted.
+pub struct ToAdmit<'a> {
+    /// The config it runs under.
+    pub config: &'a Config,
+    pub account: &'a str,
+    pub rule: &'a Arc<Rule>,
+    /// Its caller is not of high priority (the rule's `reserve` is not for it).
+    pub normal: bool,
+    /// Its caller's label (declared name, `other`, or wxgate's own), whose
+    /// share a rule's `max_share` checks.
+    pub caller: &'a str,
+    pub meter: Meter<'a>,
+    /// Its client, whose leaving ends a hold (`None`: a call wxgate makes itself).
+    pub client: Option<&'a Client>,
+}
+
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
-/// `normal`: the call's caller is not of high priority (the rule's
-/// `reserve` is not for it); `caller`: its label (declared name or
-/// `other`), whose share a rule's `max_share` checks.
-#[allow(clippy::too_many_arguments)]
-pub async fn admit(
-    app: &Core,
-    config: &Config,
-    account: &str,
-    rule: &Arc<Rule>,
-    normal: bool,
-    caller: &str,
-    meter: Meter<'_>,
-    client: Option<&Client>,
-) -> Result<Admitted, ProxyError> {
+pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError> {
+    let ToAdmit { config, account, rule, normal, caller, meter, client } = call;
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.

@@ -165,7 +165,7 @@ impl Intercept {
 
 /// A `[[caller]]`: a service calling through wxgate, named by the
 /// `X-Wx-Caller` header of its calls or by `[server] caller` (see
-/// `crate::features::callers`).
+/// `crate::admit::callers`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerPolicy {
     pub name: Arc<str>,

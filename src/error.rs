@@ -232,6 +232,21 @@ impl ProxyError {
     }
 
     /// The outcome this error is counted and logged as.
+    /// A refusal of the caller rather than of its request (its key, its
+    /// rate, its grant, the account table, a reload settling): counted
+    /// under the call's rule. A request wxgate could not read is counted
+    /// under none.
+    pub fn refuses_the_caller(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Unauthenticated(_)
+                | ProxyError::Forbidden(_)
+                | ProxyError::CallerRate { .. }
+                | ProxyError::AccountsFull { .. }
+                | ProxyError::Unavailable(_)
+        )
+    }
+
     pub fn outcome(&self) -> Outcome {
         self.row().outcome
     }
