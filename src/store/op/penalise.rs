@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{Kept, AnsweredBy, Command, Operation, Route, Wrapper};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
 use crate::store::answer::{PenaltyEnd, StoreError};
@@ -72,8 +72,8 @@ impl Operation for Penalise<'_> {
 /// minute), base length, cap (0: the next midnight).
 fn penalty_args(policy: &PenaltyPolicy) -> (&'static str, Micros, Micros) {
     let (kind, base) = match policy.length {
-        PenaltyLength::Escalating { base_us } => ("e", base_us),
+        PenaltyLength::Escalating { base } => ("e", base.as_micros()),
         PenaltyLength::NextMinute => ("m", 0),
     };
-    (kind, base, policy.max_us.unwrap_or(0))
+    (kind, base, policy.max.map_or(0, Span::as_micros))
 }

@@ -17,7 +17,7 @@ use super::config::SimConfig;
 use super::tally::Tally;
 use super::tokens::{Endpoint, Tokens};
 use crate::features::accounts::query::param;
-use crate::time::Clock;
+use crate::time::{Clock, Span};
 
 /// Largest request body the simulator reads (media uploads included).
 pub const MAX_BODY: usize = 64 << 20;
@@ -116,8 +116,8 @@ impl Sim {
         }
         // In flight from here until dropped, even if the client goes away.
         let _in_flight = InFlight { sim: &self, account: &account, path: &path };
-        let latency = self.tally().api(&path).map_or(0, |a| a.latency_us);
-        if latency > 0 {
+        let latency = self.tally().api(&path).map_or(Span::ZERO, |a| a.latency);
+        if latency > Span::ZERO {
             self.clock.sleep(latency).await;
         }
         self.answer(&account, wanted)
