@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::config::SimConfig;
-use super::tally::Tally;
+use super::scoreboard::Scoreboard;
 use super::tokens::{Endpoint, Tokens};
 use crate::features::accounts::query::param;
 use crate::time::{Clock, Span};
@@ -28,7 +28,7 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 pub struct Sim {
     pub config: Arc<SimConfig>,
     pub clock: Arc<dyn Clock>,
-    tally: Mutex<Tally>,
+    scoreboard: Mutex<Scoreboard>,
     tokens: Mutex<Tokens>,
     random: SystemRandom,
     rids: AtomicU32,
@@ -54,7 +54,7 @@ impl Sim {
     pub fn new(config: SimConfig, clock: Arc<dyn Clock>) -> Sim {
         let config = Arc::new(config);
         Sim {
-            tally: Mutex::new(Tally::new(config.clone())),
+            scoreboard: Mutex::new(Scoreboard::new(config.clone())),
             tokens: Mutex::new(Tokens::default()),
             config,
             clock,
@@ -63,9 +63,9 @@ impl Sim {
         }
     }
 
-    fn tally(&self) -> MutexGuard<'_, Tally> {
+    fn scoreboard(&self) -> MutexGuard<'_, Scoreboard> {
         // A panic while holding the lock leaves plain counters: keep serving them.
-        self.tally.lock().unwrap_or_else(|p| p.into_inner())
+        self.scoreboard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn tokens(&self) -> MutexGuard<'_, Tokens> {
@@ -79,11 +79,11 @@ impl Sim {
         let query = parts.uri.query().unwrap_or("").to_owned();
         match (path.as_str(), &parts.method) {
             ("/__stats", &Method::GET) => {
-                let stats = self.tally().stats(self.clock.now_us());
+                let stats = self.scoreboard().stats(self.clock.now_us());
                 return json_response(StatusCode::OK, serde_json::to_vec(&stats).unwrap_or_default());
             }
             ("/__reset", &Method::POST) => {
-                self.tally().reset();
+                self.scoreboard().reset();
                 return self.wechat(0, "ok");
             }
             ("/__stats" | "/__reset", _) => {
@@ -104,19 +104,19 @@ impl Sim {
         let (account, token_ok, wanted) = match self.read(&path, &query, &body) {
             Ok(read) => read,
             Err((code, msg)) => {
-                self.tally().other(&path);
+                self.scoreboard().other(&path);
                 tracing::debug!(%path, errcode = code, "sim refused a malformed call");
                 return self.wechat(code, msg);
             }
         };
-        let verdict = self.tally().admit(&account, &path, token_ok, self.clock.now_us());
+        let verdict = self.scoreboard().admit(&account, &path, token_ok, self.clock.now_us());
         if let Err(refusal) = verdict {
             tracing::debug!(%path, %account, errcode = refusal.errcode(), "sim refused");
             return self.wechat(refusal.errcode(), refusal.errmsg());
         }
         // In flight from here until dropped, even if the client goes away.
         let _in_flight = InFlight { sim: &self, account: &account, path: &path };
-        let latency = self.tally().api(&path).map_or(Span::ZERO, |a| a.latency);
+        let latency = self.scoreboard().api(&path).map_or(Span::ZERO, |a| a.latency);
         if latency > Span::ZERO {
             self.clock.sleep(latency).await;
         }
@@ -162,7 +162,7 @@ impl Sim {
                     "/cgi-bin/openapi/quota/get" => {
                         let b: QuotaBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
                         let cgi_path = b.cgi_path.ok_or((47001, "data format error"))?;
-                        if self.tally().api(&cgi_path).and_then(|a| a.daily).is_none() {
+                        if self.scoreboard().api(&cgi_path).and_then(|a| a.daily).is_none() {
                             return Err((76021, "cgi_path not found, please check"));
                         }
                         Wanted::Quota(cgi_path)
@@ -212,7 +212,7 @@ impl Sim {
                 json_response(StatusCode::OK, body.into_bytes())
             }
             Wanted::Quota(path) => {
-                let (limit, used) = self.tally().quota(account, &path, self.clock.now_us()).unwrap_or((0, 0));
+                let (limit, used) = self.scoreboard().quota(account, &path, self.clock.now_us()).unwrap_or((0, 0));
                 let remain = limit.saturating_sub(used);
                 let body = format!(
                     r#"{{"errcode":0,"errmsg":"ok","quota":{{"daily_limit":{limit},"used":{used},"remain":{remain}}}}}"#
@@ -220,7 +220,7 @@ impl Sim {
                 json_response(StatusCode::OK, body.into_bytes())
             }
             Wanted::Clear(appid) => {
-                self.tally().clear(&appid);
+                self.scoreboard().clear(&appid);
                 tracing::info!(%appid, "sim: clear_quota");
                 self.wechat(0, "ok")
             }
@@ -259,7 +259,7 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.sim.tally().finish(self.account, self.path);
+        self.sim.scoreboard().finish(self.account, self.path);
     }
 }
 
