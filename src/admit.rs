@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
 use crate::telemetry::metrics::InFlightGuard;
-use crate::time::{Micros, Stopwatch};
+use crate::time::{Micros, Span, Stopwatch};
 use crate::transport::downstream::Client;
 
 /// How often a call waiting for a concurrency slot asks the store again.
@@ -123,7 +123,7 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
                     let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {
-                        _ = app.clock.sleep(hold_us) => {}
+                        _ = app.clock.sleep(Span::from_micros(hold_us)) => {}
                         _ = closed(client) => {
                             let wait_us = (until - app.clock.now_us()).max(0);
                             return Err(gone(rule, Reason::Rate, wait_us));
@@ -160,7 +160,7 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
                 let freed = app.slots.freed.notified();
                 tokio::select! {
                     _ = freed => {}
-                    _ = app.clock.sleep(step) => {}
+                    _ = app.clock.sleep(Span::from_micros(step)) => {}
                     _ = closed(client) => return Err(gone(rule, Reason::Concurrency, wait_us)),
                 }
             }

@@ -20,6 +20,7 @@ mod compile;
 mod errors;
 mod intercept;
 mod meter;
+pub mod ratelimit;
 mod raw;
 pub mod routes;
 mod rule;
@@ -93,7 +94,7 @@ pub struct RuleAnswer {
     /// WeChat's own answers pass with the status WeChat sent).
     pub throttle_status: http::StatusCode,
     /// Its `RateLimit-Policy` and `RateLimit` prefixes.
-    pub policy: crate::telemetry::ratelimit_headers::Policy,
+    pub policy: ratelimit::Policy,
     /// `recipients`: how a call's recipients are read from its body
     /// (`None`: the rule counts calls and reads no body).
     pub meter: Option<Arc<Metering>>,

@@ -7,7 +7,11 @@
 //! refusals HTTP 200 with the same body and headers.
 //!
 //! [`ProxyError::row`] is the one table from an error to status, errcode,
-//! outcome label and headers; nothing else chooses a status.
+//! outcome label and headers; nothing else chooses a status. The
+//! RateLimit headers, on refusals and on forwarded answers alike, are
+//! written by [`ratelimit`].
+
+pub mod ratelimit;
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
@@ -273,7 +277,7 @@ impl ProxyError {
                 };
                 mark_throttled(h, name, reason, wait_us);
                 if let (Some(rule), true) = (rule, config.server.ratelimit_headers) {
-                    crate::telemetry::ratelimit_headers::refused(h, rule, &answer.policy, reason, wait_us);
+                    ratelimit::refused(h, rule, &answer.policy, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {

@@ -136,8 +136,8 @@ impl Features {
 
 /// The RateLimit headers as a feature: on every admitted call's answer,
 /// the rule's policies and the room left in its tightest limit
-/// ([`crate::telemetry::ratelimit_headers::admitted`]). Refusals get theirs from the one table
-/// ([`crate::error`], [`crate::telemetry::ratelimit_headers::refused`]).
+/// ([`crate::error::ratelimit::admitted`]). Refusals get theirs from the one table
+/// ([`crate::error`], [`crate::error::ratelimit::refused`]).
 pub struct RateLimitHeaders;
 
 impl Feature for RateLimitHeaders {
@@ -148,7 +148,7 @@ impl Feature for RateLimitHeaders {
             (answered.rule, answered.admitted, answered.config.server.ratelimit_headers)
         {
             let policy = &answered.config.answer(Some(rule)).policy;
-            crate::telemetry::ratelimit_headers::admitted(headers, rule, policy, a.quota);
+            crate::error::ratelimit::admitted(headers, rule, policy, a.quota);
         }
     }
 }

@@ -310,7 +310,7 @@ const LAYERS: &[&str] = &[
     "store",     // where decisions are kept: memory, Redis, resilient
     "transport", // downstream connection, bodies, upstream, intercept, workers
     "config",    // raw -> compiled, validated values; the path matcher
-    "telemetry", // metrics, RateLimit headers
+    "telemetry", // metrics
     "limit",     // decision types and pure maths, calendar
     "time",      // the clock: decision time, stopwatches, I/O deadlines
 ];

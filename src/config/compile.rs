@@ -14,12 +14,13 @@ use toml::Spanned;
 use super::errors::{leading_key, Ctx};
 use super::raw::{RawConfig, RawLog, RawPenalty, RawTokens};
 use super::rule::compile_rule;
-use super::units::{micros, parse_duration, secs_us, valid_name};
+use super::units::{micros, parse_duration, valid_name};
 use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, RuleAnswer, TokensConfig};
 use crate::config::routes::{Pattern, Routes};
 use crate::limit::calendar::Period;
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::limit::{Limit, Rule, Scope};
+use crate::time::Span;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -299,7 +300,7 @@ fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Ve
 fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
     let length = match (p.seconds, p.until.as_deref()) {
         (Some(0), None) => return Err(format!("[[penalty]] errcode {}: seconds must be at least 1", p.errcode)),
-        (Some(s), None) => PenaltyLength::Escalating { base_us: secs_us(s) },
+        (Some(s), None) => PenaltyLength::Escalating { base: Span::from_secs(s) },
         (None, Some("next_minute")) => PenaltyLength::NextMinute,
         (None, Some(other)) => {
             return Err(format!(
@@ -312,10 +313,10 @@ fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
         }
         (None, None) => return Err(format!("[[penalty]] errcode {}: needs seconds or until", p.errcode)),
     };
-    let max_us = match p.max_seconds {
+    let max = match p.max_seconds {
         Some(0) => return Err(format!("[[penalty]] errcode {}: max_seconds must be at least 1", p.errcode)),
-        Some(s) => Some(secs_us(s)),
+        Some(s) => Some(Span::from_secs(s)),
         None => None,
     };
-    Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
+    Ok(PenaltyPolicy { errcode: p.errcode, length, max })
 }

@@ -9,12 +9,12 @@ use toml::Spanned;
 
 use super::errors::{leading_key, Ctx};
 use super::meter::RawRecipients;
+use super::ratelimit::Policy;
 use super::routes::Pattern;
 use super::units::{micros, parse_duration, throttle_status as parse_throttle_status};
 use super::{ConfigError, RuleAnswer};
 use crate::limit::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
-use crate::telemetry::ratelimit_headers::Policy;
 
 /// Longest `max_wait`: a held call keeps its client's connection open.
 const MAX_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
