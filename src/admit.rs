@@ -24,7 +24,7 @@ pub mod slots;
 
 use std::sync::Arc;
 
-use crate::admit::activity::Kind;
+use crate::admit::activity::Stage;
 use crate::admit::core::Core;
 use crate::admit::slots::SlotGuard;
 use crate::config::Config;
@@ -119,7 +119,7 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
                 // Shadow mode debits as if enforcing but never delays a call.
                 if hold_us > 0 && !rule.shadow {
-                    let _held = app.activity.enter(account, &rule.state, Kind::Held);
+                    let _held = app.activity.enter(account, &rule.state, Stage::Held);
                     let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {

@@ -456,17 +456,19 @@ fn the_decision_names_no_http_type() {
     assert!(transport_names_in(&code_of("// an http::StatusCode\nlet s = \"hyper\";\n")).is_empty());
 }
 
-/// The modules of `features` a phase may name: the list ([`Features`], the
-/// contexts) and the hooks with what they see. Any other is a feature.
-const FEATURE_FRAMEWORK: &[&str] = &["features", "features::hooks"];
+/// The modules of `features` a phase may name: the list (`Features`, the
+/// contexts) and the hooks with what they see (and its modules). Any other
+/// is a feature's.
+fn feature_framework(module: &str) -> bool {
+    module == "features" || module == "features::hooks" || module.starts_with("features::hooks::")
+}
 
 /// Every import of a phase (`proxy` and its modules) of a feature's module,
 /// as `from -> to`.
 fn phases_naming_features(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    let framework = |m: &str| FEATURE_FRAMEWORK.iter().any(|f| m == *f || m.starts_with(&format!("{f}::")));
     let mut out = Vec::new();
     for (from, targets) in edges.iter().filter(|(m, _)| *m == "proxy" || m.starts_with("proxy::")) {
-        for to in targets.iter().filter(|t| part(t) == "features" && !framework(t)) {
+        for to in targets.iter().filter(|t| part(t) == "features" && !feature_framework(t)) {
             out.push(format!("{from} -> {to}"));
         }
     }

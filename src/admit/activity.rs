@@ -37,13 +37,13 @@ impl Drop for HeldPermit<'_> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum Stage {
     Held = 0,
     InFlight = 1,
 }
 
 /// One (account, rule state)'s calls on this instance: held, in flight
-/// (indexed by [`Kind`]).
+/// (indexed by [`Stage`]).
 type Counts = [AtomicU32; 2];
 
 /// The counts of every (account, rule state) with a call since the last
@@ -79,7 +79,7 @@ impl Activity {
     }
 
     /// Counts one call of `kind` until the guard drops.
-    pub fn enter(&self, account: &str, rule: &Arc<str>, kind: Kind) -> ActivityGuard {
+    pub fn enter(&self, account: &str, rule: &Arc<str>, kind: Stage) -> ActivityGuard {
         let counts = {
             let mut table = self.table();
             match table.counts.get(&PairRef(account, rule)) {
@@ -112,7 +112,7 @@ impl Activity {
 /// One call counted by [`Activity::enter`], until dropped.
 pub struct ActivityGuard {
     counts: Arc<Counts>,
-    kind: Kind,
+    kind: Stage,
 }
 
 impl Drop for ActivityGuard {
@@ -129,16 +129,16 @@ mod tests {
     fn counts_calls_until_their_guards_drop_and_prunes_only_idle_pairs() {
         let activity = Activity::default();
         let rule: Arc<str> = Arc::from("send");
-        let held = activity.enter("wx1", &rule, Kind::Held);
-        let flying = activity.enter("wx1", &rule, Kind::InFlight);
-        let other = activity.enter("wx2", &rule, Kind::InFlight);
+        let held = activity.enter("wx1", &rule, Stage::Held);
+        let flying = activity.enter("wx1", &rule, Stage::InFlight);
+        let other = activity.enter("wx2", &rule, Stage::InFlight);
         assert_eq!(activity.get("wx1", &rule), (1, 1));
         drop(held);
         assert_eq!(activity.get("wx1", &rule), (0, 1));
         assert_eq!(activity.get("wx3", &rule), (0, 0));
         // Enough idle pairs to prune: the active ones keep their counts.
         for i in 0..2 * PRUNE_AT_LEAST {
-            drop(activity.enter(&format!("idle{i}"), &rule, Kind::InFlight));
+            drop(activity.enter(&format!("idle{i}"), &rule, Stage::InFlight));
         }
         assert!(activity.table().counts.len() <= PRUNE_AT_LEAST + 2, "idle pairs pruned");
         assert_eq!(activity.get("wx1", &rule), (0, 1));

@@ -38,7 +38,7 @@ pub mod query;
 
 use std::sync::Arc;
 
-use self::cache::{Cached, TokenCaches};
+use self::cache::{Cached, OwnerCaches};
 use self::in_use::InUse;
 use self::learn::{Learn, Prepared, TokenRequest};
 use crate::admit::core::Core;
@@ -54,7 +54,7 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 /// owner of a token a token request got ([`learn::learn`]).
 pub struct Accounts {
     /// Access tokens this instance knows the account of, or knows unknown.
-    pub owners: TokenCaches,
+    pub owners: OwnerCaches,
     /// The accounts with calls today (`[server] max_accounts`).
     pub in_use: InUse,
 }
@@ -62,7 +62,7 @@ pub struct Accounts {
 impl Accounts {
     /// With a token cache for each of `workers` serving threads.
     pub fn new(workers: usize) -> Accounts {
-        Accounts { owners: TokenCaches::new(workers), in_use: InUse::default() }
+        Accounts { owners: OwnerCaches::new(workers), in_use: InUse::default() }
     }
 }
 
@@ -88,7 +88,7 @@ impl Feature for Accounts {
 
     async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Learn>, answered: &mut Answered<'_>) {
         if let (Some(request), Verdict::Success, Some(body)) = (cx.take(), answered.verdict, answered.body) {
-            learn::learn(env.core, self, answered.config, request, body).await;
+            learn::learn(env.core, &self.owners, answered.config, request, body).await;
         }
     }
 }

@@ -43,7 +43,7 @@ use crate::config::Config;
 use crate::error::{Early, ProxyError};
 use crate::features::accounts::learn::TokenRequest;
 use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
-use crate::features::token_cache::ask::Kind;
+use crate::features::token_cache::ask::SlotKind;
 use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};
 use crate::features::token_cache::{ask, json_answer, POLL, REJECTED};
 use crate::store::tokens::Claim;
@@ -173,8 +173,8 @@ impl Broker {
 /// never an `[[account]]`'s: an authorizer whose appid is also an
 /// `[[account]]` is asked for with the platform's credentials, not the
 /// account's secret.
-fn held_for(config: &Config, asked: &ask::Ask) -> Result<Option<Arc<SecretAccount>>, ProxyError> {
-    let platform = asked.kind == Kind::Component;
+fn held_for(config: &Config, asked: &ask::TokenAsk) -> Result<Option<Arc<SecretAccount>>, ProxyError> {
+    let platform = asked.kind == SlotKind::Component;
     let mut any = false;
     for a in config.accounts.by_id(&asked.id, platform) {
         if !issues(a.token_api, asked.kind) {
@@ -284,24 +284,24 @@ pub fn check(config: &Config, cache: Option<&TokenCache>, redis: bool) -> Result
 }
 
 /// The kind of token-cache slot an account's token API fills.
-pub fn kind(api: TokenApi) -> Kind {
+pub fn kind(api: TokenApi) -> SlotKind {
     match api {
-        TokenApi::StableToken => Kind::Stable,
-        TokenApi::Token => Kind::Token,
-        TokenApi::GetToken => Kind::WeCom,
-        TokenApi::ComponentToken => Kind::Component,
+        TokenApi::StableToken => SlotKind::Stable,
+        TokenApi::Token => SlotKind::Token,
+        TokenApi::GetToken => SlotKind::WeCom,
+        TokenApi::ComponentToken => SlotKind::Component,
     }
 }
 
 /// Whether an account of token API `api` answers a token request of
 /// `kind`: its own API, or the other of an official account's two token
 /// APIs (the same secret gets either); never an authorizer token or a ticket.
-pub fn issues(api: TokenApi, kind: Kind) -> bool {
+pub fn issues(api: TokenApi, kind: SlotKind) -> bool {
     match kind {
-        Kind::Token | Kind::Stable => matches!(api, TokenApi::StableToken | TokenApi::Token),
-        Kind::WeCom => api == TokenApi::GetToken,
-        Kind::Component => api == TokenApi::ComponentToken,
-        Kind::Authorizer | Kind::Ticket(_) => false,
+        SlotKind::Token | SlotKind::Stable => matches!(api, TokenApi::StableToken | TokenApi::Token),
+        SlotKind::WeCom => api == TokenApi::GetToken,
+        SlotKind::Component => api == TokenApi::ComponentToken,
+        SlotKind::Authorizer | SlotKind::Ticket(_) => false,
     }
 }
 
@@ -524,7 +524,7 @@ async fn renew_tickets(
                 now + 1_000_000
             }
             Ok(Claim::Won { .. }) => {
-                let won = Fetch::new(cache.clone(), slot, holder, Kind::Ticket(ticket), account.name.to_string());
+                let won = Fetch::new(cache.clone(), slot, holder, SlotKind::Ticket(ticket), account.name.to_string());
                 // The token from the store, not this process's copy: another
                 // instance may have replaced a rejected one.
                 let fetched = match obtain(env, cache, config, account, CALL_MIN_LEFT_US, -1, true).await {

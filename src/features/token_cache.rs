@@ -43,7 +43,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::Response;
 
-use self::ask::{answer, credential_of, Kind};
+use self::ask::{answer, credential_of, SlotKind};
 use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
 use crate::admit::core::Core;
 use crate::error::{Early, ProxyError};
@@ -136,7 +136,7 @@ async fn serve(
 /// A token-cache slot a request asks for.
 struct Slot<'a> {
     name: String,
-    kind: Kind,
+    kind: SlotKind,
     /// The account (appid) whose credential it holds.
     account: String,
     /// A forced refresh (`stable_token`'s `force_refresh`).
@@ -164,7 +164,7 @@ async fn serve_ticket(
     let name = format!("{}:{}", ticket.as_str(), call.who.account);
     let account = call.who.account.clone();
     cache.ticket_used(&account, ticket, core.clock.now_us());
-    let slot = Slot { name, kind: Kind::Ticket(ticket), account, force: false, refresh: None };
+    let slot = Slot { name, kind: SlotKind::Ticket(ticket), account, force: false, refresh: None };
     serve_slot(core, cache, fetch, call, slot).await
 }
 
@@ -206,8 +206,8 @@ async fn serve_slot(
                 let left_s = (until - now) / 1_000_000;
                 let local_until = core.clock.now_us().saturating_add(until - now);
                 match kind {
-                    Kind::Token | Kind::Stable => cache.remember(&account, &token, local_until),
-                    Kind::Ticket(t) => cache.ticket_until(&account, t, local_until),
+                    SlotKind::Token | SlotKind::Stable => cache.remember(&account, &token, local_until),
+                    SlotKind::Ticket(t) => cache.ticket_until(&account, t, local_until),
                     _ => {}
                 }
                 cache.metrics.from_cache.inc();
@@ -256,8 +256,8 @@ pub async fn fetched(core: &Core, fetch: Fetch, errcode: Option<i64>, body: Opti
                 // A ticket is known by the token it was fetched with, so that
                 // WeChat rejecting that token drops it too ([`rejected`]).
                 let hash = match (fetch.kind, sent) {
-                    (Kind::Ticket(t), Some(sent)) => ticket_hash(&cache, t, sent),
-                    (Kind::Ticket(_), None) => {
+                    (SlotKind::Ticket(t), Some(sent)) => ticket_hash(&cache, t, sent),
+                    (SlotKind::Ticket(_), None) => {
                         fetch.finish(Fetched::Abandoned).await;
                         return;
                     }
@@ -265,11 +265,11 @@ pub async fn fetched(core: &Core, fetch: Fetch, errcode: Option<i64>, body: Opti
                 };
                 let local_until = core.clock.now_us().saturating_add(ttl_us);
                 match fetch.kind {
-                    Kind::Token | Kind::Stable => cache.remember(&fetch.account, &token, local_until),
-                    Kind::Ticket(t) => cache.ticket_until(&fetch.account, t, local_until),
+                    SlotKind::Token | SlotKind::Stable => cache.remember(&fetch.account, &token, local_until),
+                    SlotKind::Ticket(t) => cache.ticket_until(&fetch.account, t, local_until),
                     _ => {}
                 }
-                tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched {} for the token cache", if matches!(fetch.kind, Kind::Ticket(_)) { "a ticket" } else { "an access token" });
+                tracing::info!(account = %fetch.account, kind = fetch.kind.as_str(), expires_in_s = expires_in, "fetched {} for the token cache", if matches!(fetch.kind, SlotKind::Ticket(_)) { "a ticket" } else { "an access token" });
                 fetch.finish(Fetched::Token { entry: &entry, hash, ttl_us }).await;
             }
             None => fetch.finish(Fetched::Abandoned).await,

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use super::answer::Forwarded;
 use super::call::Call;
 use super::resend::Resend;
-use crate::admit::activity::Kind;
+use crate::admit::activity::Stage;
 use crate::app::App;
 use crate::error::{Early, ProxyError};
 use crate::limit::Key;
@@ -46,7 +46,7 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     };
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity =
-        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Kind::InFlight));
+        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
     let sent = Stopwatch::start();
     let (tried, resp) = upstream.send(req).await;
     call.sent.upstream_us = sent.elapsed_us();

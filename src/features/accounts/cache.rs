@@ -123,19 +123,19 @@ pub enum Cached {
 }
 
 /// The caches of every serving thread, and one for everything else.
-pub struct TokenCaches {
+pub struct OwnerCaches {
     key: DigestKey,
-    per_worker: Box<[TokenCache]>,
-    shared: TokenCache,
+    per_worker: Box<[OwnerCache]>,
+    shared: OwnerCache,
 }
 
-impl TokenCaches {
+impl OwnerCaches {
     /// Caches for `workers` serving threads.
-    pub fn new(workers: usize) -> TokenCaches {
-        TokenCaches {
+    pub fn new(workers: usize) -> OwnerCaches {
+        OwnerCaches {
             key: DigestKey::random(),
-            per_worker: (0..workers).map(|_| TokenCache::default()).collect(),
-            shared: TokenCache::default(),
+            per_worker: (0..workers).map(|_| OwnerCache::default()).collect(),
+            shared: OwnerCache::default(),
         }
     }
 
@@ -145,7 +145,7 @@ impl TokenCaches {
     }
 
     /// This thread's cache.
-    pub fn here(&self) -> &TokenCache {
+    pub fn here(&self) -> &OwnerCache {
         crate::transport::worker::pick(&self.per_worker, &self.shared)
     }
 
@@ -178,11 +178,11 @@ struct Maps {
 
 /// One thread's cache.
 #[derive(Default)]
-pub struct TokenCache {
+pub struct OwnerCache {
     maps: Mutex<Maps>,
 }
 
-impl TokenCache {
+impl OwnerCache {
     fn maps(&self) -> MutexGuard<'_, Maps> {
         // Every update is one map operation: a panic cannot leave one half done.
         self.maps.lock().unwrap_or_else(|e| e.into_inner())
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn known_until_the_token_expires_unknown_for_a_few_seconds() {
-        let caches = TokenCaches::new(2);
+        let caches = OwnerCaches::new(2);
         let cache = caches.here();
         let t = caches.digest(b"T1");
         assert_eq!(cache.get(&t, 0), Cached::Miss);

@@ -15,8 +15,8 @@
 //! what wxgate learns is what WeChat reads. Every other call streams as
 //! before.
 
+use super::cache::OwnerCaches;
 use super::query;
-use super::Accounts;
 use crate::admit::core::Core;
 use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
@@ -255,7 +255,7 @@ pub const BODY_WHAT: &str = "a token or clear_quota request";
 /// (of `config`, the call's),
 /// nor from an answer without a token or a positive `expires_in`.
 /// Failures are logged, never the call's: the client gets its token anyway.
-pub async fn learn(core: &Core, accounts: &Accounts, config: &Config, learn: Learn, answer: &[u8]) {
+pub async fn learn(core: &Core, owners: &OwnerCaches, config: &Config, learn: Learn, answer: &[u8]) {
     let request = learn.request;
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(answer) else { return };
     let object = match request.within {
@@ -288,7 +288,7 @@ pub async fn learn(core: &Core, accounts: &Accounts, config: &Config, learn: Lea
         return;
     };
     let now = core.clock.now_us();
-    accounts.owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
+    owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
     match core.store.tokens().learn_token(&hash, &owner, ttl_us).await {
         Ok(()) => {
             core.metrics.tokens_learned.inc();

@@ -3,7 +3,7 @@
 //! - `GET /cgi-bin/token?grant_type=client_credential&appid=..&secret=..`
 //! - `POST /cgi-bin/stable_token` with a JSON body `{grant_type:
 //!   "client_credential", appid, secret, force_refresh}`; `force_refresh:
-//!   true` always fetches (single-flighted, [`Ask::force`])
+//!   true` always fetches (single-flighted, [`TokenAsk::force`])
 //! - WeCom `GET /cgi-bin/gettoken?corpid=..&corpsecret=..`
 //!
 //! Anything else (another grant type, a missing or invalid appid, an empty
@@ -19,7 +19,7 @@ use crate::features::accounts::query;
 /// The token APIs the cache answers; each has slots of its own (a stable
 /// token and a `/cgi-bin/token` token of one appid are different tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum SlotKind {
     Token,
     Stable,
     WeCom,
@@ -80,32 +80,32 @@ pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Result<Option
     })
 }
 
-impl Kind {
+impl SlotKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::Token => "token",
-            Kind::Stable => "stable",
-            Kind::WeCom => "wecom",
-            Kind::Component => "component",
-            Kind::Authorizer => "authorizer",
-            Kind::Ticket(t) => t.as_str(),
+            SlotKind::Token => "token",
+            SlotKind::Stable => "stable",
+            SlotKind::WeCom => "wecom",
+            SlotKind::Component => "component",
+            SlotKind::Authorizer => "authorizer",
+            SlotKind::Ticket(t) => t.as_str(),
         }
     }
 
     /// The answer's field that holds the token.
     pub fn field(self) -> &'static str {
         match self {
-            Kind::Token | Kind::Stable | Kind::WeCom => "access_token",
-            Kind::Component => "component_access_token",
-            Kind::Authorizer => "authorizer_access_token",
-            Kind::Ticket(_) => "ticket",
+            SlotKind::Token | SlotKind::Stable | SlotKind::WeCom => "access_token",
+            SlotKind::Component => "component_access_token",
+            SlotKind::Authorizer => "authorizer_access_token",
+            SlotKind::Ticket(_) => "ticket",
         }
     }
 }
 
 /// A token request the cache can answer.
-pub struct Ask {
-    pub kind: Kind,
+pub struct TokenAsk {
+    pub kind: SlotKind,
     /// The appid (corpid for WeCom).
     pub id: String,
     /// The secret, only ever hashed ([`super::seal::Sealer::secret_hash`]).
@@ -117,15 +117,15 @@ pub struct Ask {
     pub refresh: Option<String>,
 }
 
-impl std::fmt::Debug for Ask {
+impl std::fmt::Debug for TokenAsk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ask").field("kind", &self.kind).field("id", &self.id).field("force", &self.force).finish()
+        f.debug_struct("TokenAsk").field("kind", &self.kind).field("id", &self.id).field("force", &self.force).finish()
     }
 }
 
 /// The cacheable token request at `path` (as accepted: normal but for a
 /// trailing `/`), if this is one.
-pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>) -> Option<Ask> {
+pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>) -> Option<TokenAsk> {
     let path = path.strip_suffix('/').unwrap_or(path);
     let param = |name: &str| query.and_then(|q| query::param(q, name)).map(|v| v.into_owned());
     let valid_id = |id: Vec<u8>| String::from_utf8(id).ok().filter(|id| valid_account(id));
@@ -136,12 +136,12 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
             }
             let id = valid_id(param("appid")?)?;
             let secret = param("secret").filter(|s| !s.is_empty())?;
-            Some(Ask { kind: Kind::Token, id, secret, force: false, refresh: None })
+            Some(TokenAsk { kind: SlotKind::Token, id, secret, force: false, refresh: None })
         }
         (&Method::GET, "/cgi-bin/gettoken") => {
             let id = valid_id(param("corpid")?)?;
             let secret = param("corpsecret").filter(|s| !s.is_empty())?;
-            Some(Ask { kind: Kind::WeCom, id, secret, force: false, refresh: None })
+            Some(TokenAsk { kind: SlotKind::WeCom, id, secret, force: false, refresh: None })
         }
         (&Method::POST, "/cgi-bin/stable_token") => {
             let json: serde_json::Value = serde_json::from_slice(body?).ok()?;
@@ -154,7 +154,7 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
                 None | Some(serde_json::Value::Null) => false,
                 Some(v) => v.as_bool()?,
             };
-            Some(Ask { kind: Kind::Stable, id, secret, force, refresh: None })
+            Some(TokenAsk { kind: SlotKind::Stable, id, secret, force, refresh: None })
         }
         // The verify ticket changes every 10 minutes and is not part of the
         // slot: one component token per (platform, appsecret).
@@ -163,7 +163,7 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
             let id = json.get("component_appid")?.as_str().filter(|id| valid_account(id))?.to_owned();
             let secret = json.get("component_appsecret")?.as_str().filter(|s| !s.is_empty())?.as_bytes().to_vec();
             json.get("component_verify_ticket")?.as_str().filter(|t| !t.is_empty())?;
-            Some(Ask { kind: Kind::Component, id, secret, force: false, refresh: None })
+            Some(TokenAsk { kind: SlotKind::Component, id, secret, force: false, refresh: None })
         }
         // One authorizer token per (authorizer, platform, refresh token,
         // component token): the slot's secret is all three credentials, so
@@ -183,7 +183,7 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
                 secret.extend_from_slice(&(part.len() as u64).to_be_bytes());
                 secret.extend_from_slice(part);
             }
-            Some(Ask { kind: Kind::Authorizer, id, secret, force: false, refresh: Some(refresh) })
+            Some(TokenAsk { kind: SlotKind::Authorizer, id, secret, force: false, refresh: Some(refresh) })
         }
         _ => None,
     }
@@ -192,20 +192,20 @@ pub fn ask(method: &Method, path: &str, query: Option<&str>, body: Option<&[u8]>
 /// The body WeChat sends for a token of `kind` with `expires_in` seconds
 /// left (WeCom adds `errcode` 0 and `errmsg` "ok"; an authorizer token
 /// repeats the refresh token asked with, as WeChat does).
-pub fn answer(kind: Kind, token: &str, expires_in: i64, refresh: Option<&str>) -> String {
+pub fn answer(kind: SlotKind, token: &str, expires_in: i64, refresh: Option<&str>) -> String {
     match kind {
-        Kind::Token | Kind::Stable => json!({ "access_token": token, "expires_in": expires_in }).to_string(),
-        Kind::WeCom => {
+        SlotKind::Token | SlotKind::Stable => json!({ "access_token": token, "expires_in": expires_in }).to_string(),
+        SlotKind::WeCom => {
             json!({ "errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": expires_in }).to_string()
         }
-        Kind::Component => json!({ "component_access_token": token, "expires_in": expires_in }).to_string(),
-        Kind::Authorizer => json!({
+        SlotKind::Component => json!({ "component_access_token": token, "expires_in": expires_in }).to_string(),
+        SlotKind::Authorizer => json!({
             "authorizer_access_token": token,
             "expires_in": expires_in,
             "authorizer_refresh_token": refresh.unwrap_or_default(),
         })
         .to_string(),
-        Kind::Ticket(_) => {
+        SlotKind::Ticket(_) => {
             json!({ "errcode": 0, "errmsg": "ok", "ticket": token, "expires_in": expires_in }).to_string()
         }
     }
@@ -213,12 +213,12 @@ pub fn answer(kind: Kind, token: &str, expires_in: i64, refresh: Option<&str>) -
 
 /// A token answer read: the token and its `expires_in` (seconds, > 0).
 pub fn token_of(answer: &[u8]) -> Option<(String, i64)> {
-    credential_of(Kind::Token, answer)
+    credential_of(SlotKind::Token, answer)
 }
 
 /// An answer of `kind`'s API read: its token (or ticket) and `expires_in`
 /// (seconds, > 0); `None` for an answer with a non-zero errcode.
-pub fn credential_of(kind: Kind, answer: &[u8]) -> Option<(String, i64)> {
+pub fn credential_of(kind: SlotKind, answer: &[u8]) -> Option<(String, i64)> {
     let json: serde_json::Value = serde_json::from_slice(answer).ok()?;
     if json.get("errcode").and_then(|c| c.as_i64()).is_some_and(|c| c != 0) {
         return None;
@@ -240,16 +240,16 @@ mod tests {
     fn only_well_formed_token_requests_are_cacheable() {
         let get = |path: &str, q: &str| ask(&Method::GET, path, Some(q), None);
         let t = get("/cgi-bin/token", "grant_type=client_credential&appid=wxA&secret=s%3D1").expect("token");
-        assert_eq!((t.kind, t.id.as_str(), t.secret.as_slice(), t.force), (Kind::Token, "wxA", &b"s=1"[..], false));
+        assert_eq!((t.kind, t.id.as_str(), t.secret.as_slice(), t.force), (SlotKind::Token, "wxA", &b"s=1"[..], false));
         assert!(get("/cgi-bin/token", "grant_type=other&appid=wxA&secret=s").is_none());
         assert!(get("/cgi-bin/token", "grant_type=client_credential&appid=wx.A&secret=s").is_none());
         assert!(get("/cgi-bin/token", "grant_type=client_credential&appid=wxA&secret=").is_none());
         assert!(ask(&Method::POST, "/cgi-bin/token", Some("grant_type=client_credential&appid=wxA&secret=s"), None)
             .is_none());
-        assert_eq!(get("/cgi-bin/gettoken", "corpid=ww1&corpsecret=c").map(|a| a.kind), Some(Kind::WeCom));
+        assert_eq!(get("/cgi-bin/gettoken", "corpid=ww1&corpsecret=c").map(|a| a.kind), Some(SlotKind::WeCom));
         let stable = |b: &str| ask(&Method::POST, "/cgi-bin/stable_token", None, Some(b.as_bytes()));
         let s = stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s"}"#).expect("stable");
-        assert_eq!((s.kind, s.force), (Kind::Stable, false));
+        assert_eq!((s.kind, s.force), (SlotKind::Stable, false));
         let f = stable(r#"{"grant_type":"client_credential","appid":"wxA","secret":"s","force_refresh":true}"#);
         assert!(f.expect("forced").force);
         assert!(
@@ -260,10 +260,10 @@ mod tests {
 
     #[test]
     fn answers_are_shaped_as_wechat_sends_them() {
-        assert_eq!(answer(Kind::Token, "T", 60, None), r#"{"access_token":"T","expires_in":60}"#);
+        assert_eq!(answer(SlotKind::Token, "T", 60, None), r#"{"access_token":"T","expires_in":60}"#);
         assert_eq!(token_of(br#"{"access_token":"T","expires_in":7200}"#), Some(("T".into(), 7200)));
         assert_eq!(token_of(br#"{"errcode":40125,"errmsg":"invalid appsecret"}"#), None);
-        let wecom: serde_json::Value = serde_json::from_str(&answer(Kind::WeCom, "T", 5, None)).expect("json");
+        let wecom: serde_json::Value = serde_json::from_str(&answer(SlotKind::WeCom, "T", 5, None)).expect("json");
         assert_eq!(wecom["errcode"], 0);
     }
 }

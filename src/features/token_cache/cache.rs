@@ -137,7 +137,7 @@ impl TokenCache {
 
     /// The slot of the tokens of `kind` for (`id`, `secret`): a request with
     /// another secret names another slot ([`Sealer::secret_hash`]).
-    pub fn slot(&self, kind: super::ask::Kind, id: &str, secret: &[u8]) -> String {
+    pub fn slot(&self, kind: super::ask::SlotKind, id: &str, secret: &[u8]) -> String {
         format!("{}:{id}:{}", kind.as_str(), self.sealer.secret_hash(kind.as_str(), id, secret))
     }
 
@@ -274,13 +274,19 @@ pub struct Fetch {
     pub cache: Arc<TokenCache>,
     pub slot: String,
     pub holder: String,
-    pub kind: super::ask::Kind,
+    pub kind: super::ask::SlotKind,
     pub account: String,
     finished: bool,
 }
 
 impl Fetch {
-    pub fn new(cache: Arc<TokenCache>, slot: String, holder: String, kind: super::ask::Kind, account: String) -> Fetch {
+    pub fn new(
+        cache: Arc<TokenCache>,
+        slot: String,
+        holder: String,
+        kind: super::ask::SlotKind,
+        account: String,
+    ) -> Fetch {
         Fetch { cache, slot, holder, kind, account, finished: false }
     }
 
