@@ -15,7 +15,7 @@
 use http::Response;
 use hyper::body::Incoming;
 
-use super::call::Call;
+use super::call::{Arrived, Call, Routed};
 use crate::admit::activity::ActivityGuard;
 use crate::app::App;
 use crate::error::Early;
@@ -47,24 +47,27 @@ pub async fn read(
     })?)
 }
 
-/// The answer's view for the features' hooks.
+/// The answer's view for the features' hooks (from the call's fields, so
+/// that its features' contexts stay free to lend).
 fn answered<'a>(
-    call: &'a Call,
+    arrived: &'a Arrived,
+    route: &'a Routed,
+    account: &'a str,
     target: &'a http::uri::PathAndQuery,
     verdict: Verdict,
     body: Option<&'a bytes::Bytes>,
     admitted: Option<&'a crate::admit::Admitted>,
 ) -> Answered<'a> {
     Answered {
-        config: &call.arrived.config,
-        account: &call.who.account,
-        path: &call.arrived.path,
+        config: &arrived.config,
+        account,
+        path: &arrived.path,
         target,
-        intercepted: call.arrived.intercepted.as_ref().map(|h| &*h.name),
+        intercepted: arrived.intercepted.as_ref().map(|h| &*h.name),
         verdict,
         errcode: errcode(verdict),
         body,
-        rule: call.route.rule.as_deref(),
+        rule: route.rule.as_deref(),
         admitted,
         penalty: None,
     }
@@ -86,12 +89,11 @@ fn errcode(verdict: Verdict) -> Option<i64> {
 pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
     let stall = call.arrived.config.server.body_timeout;
     let env = app.env();
-    // Answer is the last phase: the features' contexts end with it.
-    let mut features = std::mem::take(&mut call.features);
     let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall).await?;
     if let Some(resend) = forwarded.resend.take() {
-        let view = answered(call, &forwarded.target, verdict, body.whole(), None);
-        if let Some(target) = app.features.resend(env, &mut features, &view).await {
+        let view =
+            answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, body.whole(), None);
+        if let Some(target) = app.features.resend(env, &mut call.features, &view).await {
             // Boxed: rare, and a whole call of its own.
             let resp = Box::pin(super::resend::resend(call, &resend, &target)).await?;
             forwarded.target = target;
@@ -105,16 +107,17 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
         m.errcode(code);
     }
     let admitted = call.admission.admitted.take();
-    let mut view = answered(call, &forwarded.target, verdict, body.whole(), admitted.as_ref());
-    app.features.on_answer(env, &mut features, &mut view).await;
+    let whole = body.whole();
+    let mut view =
+        answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, whole, admitted.as_ref());
+    app.features.on_answer(env, &mut call.features, &mut view).await;
     let Some(rule) = view.rule else {
         return Ok(Response::from_parts(parts, body));
     };
-    let penalised = view.penalty.map(|wait_us| crate::error::penalised(&mut parts, rule, view.config, wait_us));
-    app.features.on_response(&features, &view, &mut parts.headers);
-    if let Some(outcome) = penalised {
-        call.outcome = outcome;
+    if let Some(wait_us) = view.penalty {
+        call.outcome = crate::error::penalised(&mut parts, rule, view.config, wait_us);
     }
+    app.features.on_response(&call.features, &view, &mut parts.headers);
     let slot = admitted.and_then(|a| a.slot);
     Ok(Response::from_parts(parts, body.holding(slot)))
 }

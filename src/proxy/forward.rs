@@ -22,28 +22,54 @@ use crate::time::Stopwatch;
 use crate::transport::request_body::{read_whole, RequestBody};
 use crate::transport::upstream::{to_upstream, Upstream, UpstreamError};
 
-/// What is sent: a client's request, or a call wxgate makes itself (its
-/// method; its body is `call.body`). Matched at once, never kept: boxing
-/// the request would cost every call an allocation.
-#[allow(clippy::large_enum_variant)]
-pub enum Outgoing {
-    Live(Request<Incoming>),
-    Own(http::Method),
-}
-
 /// Sends the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
 /// reached one upstream on to the next: [`crate::transport::upstream`]).
-pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: PathAndQuery) -> Result<Forwarded, Early> {
+pub async fn forward(
+    app: &App,
+    call: &mut Call,
+    req: Request<Incoming>,
+    target: PathAndQuery,
+) -> Result<Forwarded, Early> {
+    let (upstream, uri) = upstream_of(app, call, &target)?;
+    let (req, resend) = live(app, call, req, uri, &upstream).await?;
+    Ok(send(app, call, upstream, req, target, resend).await?)
+}
+
+/// [`forward`] for a call wxgate makes itself: `method`, its body
+/// (`call.body`), on `[server] upstream`.
+pub async fn forward_own(
+    app: &App,
+    call: &mut Call,
+    method: http::Method,
+    target: PathAndQuery,
+) -> Result<Forwarded, Early> {
+    let (upstream, uri) = upstream_of(app, call, &target)?;
+    let req = own(call, method, uri);
+    Ok(send(app, call, upstream, req, target, None).await?)
+}
+
+/// Where the call goes: its upstream (an intercepted host's, else
+/// `[server] upstream`) and the URI there.
+fn upstream_of(app: &App, call: &Call, target: &PathAndQuery) -> Result<(Arc<Upstream>, http::Uri), ProxyError> {
     let upstream = match &call.arrived.intercepted {
         None => app.core.upstream.load_full(),
         Some(host) => host.upstream(app.core.upstream.load_full()),
     };
-    let uri = upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
-    let (req, resend) = match outgoing {
-        Outgoing::Live(req) => live(app, call, req, uri, &upstream).await?,
-        Outgoing::Own(method) => (own(call, method, uri), None),
-    };
+    let uri = upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    Ok((upstream, uri))
+}
+
+/// Sends `req` once; a call that provably never reached WeChat gives
+/// back its admission.
+async fn send(
+    app: &App,
+    call: &mut Call,
+    upstream: Arc<Upstream>,
+    req: Request<RequestBody>,
+    target: PathAndQuery,
+    resend: Option<Box<Resend>>,
+) -> Result<Forwarded, ProxyError> {
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
     let activity =
         call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));

@@ -10,7 +10,6 @@ use http::uri::PathAndQuery;
 use http::{Method, StatusCode};
 
 use super::call::Call;
-use super::forward::Outgoing;
 use super::{answer, decide, forward, respond, route};
 use crate::app::App;
 use crate::error::{Early, ProxyError};
@@ -83,7 +82,7 @@ async fn phases(
     let mut sending =
         Sending { config: &call.arrived.config, who: &call.who, path: &call.arrived.path, target: &mut target };
     app.features.before_forward(env, &mut call.features, &mut sending).await.map_err(|e| refused(call, e))?;
-    let forwarded = forward::forward(app, call, Outgoing::Own(method), target).await.map_err(|e| refused(call, e))?;
+    let forwarded = forward::forward_own(app, call, method, target).await.map_err(|e| refused(call, e))?;
     let answered = answer::answer(app, call, forwarded).await.map_err(|e| refused(call, e))?;
     Ok(OwnAnswer { errcode: call.errcode, body: answered.body().whole().cloned() })
 }
