@@ -240,12 +240,12 @@ impl ProxyError {
     /// of `rule` (`None`: no rule matched, or none was looked up yet).
     pub fn into_response(self, rule: Option<&Rule>, config: &Config) -> Response<RelayBody> {
         let row = self.row();
-        let answer = config.answer(rule);
+        let http = config.rule_http(rule);
         let body = serde_json::json!({ "errcode": row.errcode, "errmsg": format!("wxgate: {self}") });
         let mut resp = Response::new(RelayBody::full(body.to_string()));
         *resp.status_mut() = match row.status {
             Status::Fixed(status) => status,
-            Status::Throttle => answer.throttle_status,
+            Status::Throttle => http.throttle_status,
         };
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -258,7 +258,7 @@ impl ProxyError {
                 };
                 mark_throttled(h, name, reason, wait_us);
                 if let (Some(rule), true) = (rule, config.server.ratelimit_headers) {
-                    crate::telemetry::ratelimit_headers::refused(h, rule, &answer.policy, reason, wait_us);
+                    crate::telemetry::ratelimit_headers::refused(h, rule, &http.policy, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {
@@ -291,7 +291,7 @@ impl ProxyError {
 /// `Retry-After` and the refusal headers), with WeChat's body unchanged.
 pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, config: &Config, wait_us: Micros) -> Outcome {
     let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us, over: Vec::new() }.row();
-    if row.status == Status::Throttle && config.answer(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
+    if row.status == Status::Throttle && config.rule_http(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
         parts.status = StatusCode::TOO_MANY_REQUESTS;
     }
     mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);

@@ -414,7 +414,7 @@ fn print_rules(config: &Config) {
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
     say_server(&mut out, config, &tz);
     for rule in &config.rules {
-        say_rule(&mut out, rule, config.answer(Some(rule)).meter.as_deref(), &tz);
+        say_rule(&mut out, rule, config.rule_http(Some(rule)).recipients.as_deref(), &tz);
     }
     say_features(&mut out, config);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());

@@ -223,7 +223,7 @@ fn double_encoding_is_decoded_once() {
 const LABEL: &str = "x.toml";
 
 fn parse(text: &str) -> Result<Config, String> {
-    Config::parse(text, Path::new(LABEL)).map_err(|e| e.0)
+    Config::parse(text, Path::new(LABEL)).map_err(|e| e.to_string())
 }
 
 fn shipped_rules() -> String {

@@ -295,7 +295,7 @@ fn state_file(app: &App, memory: &MemoryConfig) -> Value {
     })
 }
 
-fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
+fn rule_json(rule: &Rule, http: &crate::config::RuleHttp) -> Value {
     let limits: Vec<Value> = rule
         .limits
         .iter()
@@ -320,8 +320,8 @@ fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
     for option in rule.shown() {
         shown[option.key] = option.value;
     }
-    shown["throttle_status"] = json!(answer.throttle_status.as_u16());
-    shown["recipients"] = answer.meter.as_ref().map_or(Value::Null, |m| m.shown());
+    shown["throttle_status"] = json!(http.throttle_status.as_u16());
+    shown["recipients"] = http.recipients.as_ref().map_or(Value::Null, |m| m.shown());
     shown
 }
 
@@ -329,7 +329,7 @@ fn rules(app: &App) -> Answer {
     let config = app.config.load();
     json_answer(
         StatusCode::OK,
-        Value::Array(config.rules.iter().map(|r| rule_json(r, config.answer(Some(r)))).collect()),
+        Value::Array(config.rules.iter().map(|r| rule_json(r, config.rule_http(Some(r)))).collect()),
     )
 }
 
