@@ -18,6 +18,7 @@ use crate::admit::core::Core;
 use crate::admit::slots::Slots;
 use crate::app::sync_status::SyncStatus;
 use crate::config::{Config, StoreConfig};
+use crate::error::StartError;
 use crate::features::accounts::cache::TokenCaches;
 use crate::features::base::Base;
 use crate::features::callers::Callers;
@@ -85,19 +86,23 @@ impl App {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
-    ) -> Result<Arc<App>, String> {
-        let upstream = Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None)?;
+    ) -> Result<Arc<App>, StartError> {
+        let upstream =
+            Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None).map_err(StartError::Upstream)?;
         let lease_us = config.lease_us;
         let workers = config.server.workers;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
         let token_cache =
-            TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())?;
+            TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())
+                .map_err(StartError::Tokens)?;
         if token_cache.is_none() && !config.quota_syncs.is_empty() {
             tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
         }
-        crate::features::broker::check(&config, token_cache.as_deref(), matches!(config.store, StoreConfig::Redis(_)))?;
-        let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
+        crate::features::broker::check(&config, token_cache.as_deref(), matches!(config.store, StoreConfig::Redis(_)))
+            .map_err(StartError::Accounts)?;
+        let intercept =
+            Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let app = Arc::new(App {
             base: Base {
                 core: Core {
@@ -132,10 +137,11 @@ pub async fn open_store(
     clock: Arc<dyn Clock>,
     counters: StoreCounters,
     memory: MemoryStoreMetrics,
-) -> Result<Arc<dyn Store>, String> {
+) -> Result<Arc<dyn Store>, StartError> {
     Ok(match &config.store {
         StoreConfig::Memory(m) => {
-            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)?
+            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)
+                .map_err(StartError::StateFile)?
         }
         StoreConfig::Redis(r) => {
             let (redis, healthy) = match RedisStore::connect(r).await {
@@ -145,9 +151,9 @@ pub async fn open_store(
                 // password, a bad URL) is a configuration error.
                 Err(StoreError::Unreachable(e)) => {
                     tracing::warn!(error = %e, fallback = ?r.resilience.fallback, "starting without Redis");
-                    (RedisStore::connect_later(r).await.map_err(|e| e.to_string())?, false)
+                    (RedisStore::connect_later(r).await.map_err(StartError::Redis)?, false)
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(StartError::Redis(e)),
             };
             let redis = redis.with_workers(config.server.workers);
             let store = Resilient::new(redis, clock, r.resilience.clone(), healthy, counters);

@@ -8,6 +8,12 @@
 //!
 //! [`ProxyError::row`] is the one table from an error to status, errcode,
 //! outcome label and headers; nothing else chooses a status.
+//!
+//! Why wxgate cannot start at all is a [`StartError`] ([`start`]).
+
+pub mod start;
+
+pub use start::StartError;
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};

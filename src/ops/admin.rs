@@ -76,10 +76,12 @@ pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<boo
 }
 
 /// Binds the admin address, if one is configured.
-pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, String> {
+pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate::error::StartError> {
     match addr {
         None => Ok(None),
-        Some(a) => TcpListener::bind(a).await.map(Some).map_err(|e| format!("cannot listen on {a} (admin): {e}")),
+        Some(addr) => {
+            TcpListener::bind(addr).await.map(Some).map_err(|source| crate::error::StartError::Admin { addr, source })
+        }
     }
 }
 
