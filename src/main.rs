@@ -501,14 +501,14 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
             Limit::Window(w) => say!(
                 out,
                 "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}{}",
-                w.count,
-                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                w.burst,
+                w.count(),
+                humantime::format_duration(Duration::from_micros(w.per_us() as u64)),
+                w.burst(),
                 w.refill_per_second(),
-                w.interval_us,
-                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                w.count,
-                match w.margin_us {
+                w.interval_us(),
+                humantime::format_duration(Duration::from_micros(w.per_us() as u64)),
+                w.count(),
+                match w.margin_us() {
                     0 => String::new(),
                     m => format!(
                         ", at WeChat too for trips that differ by up to {} (window_margin)",

@@ -529,9 +529,9 @@ fn a_sentinel_store_needs_its_sentinels_and_master_and_never_prints_their_urls()
 fn member_windows_of_the_shipped_wecom_rules_keep_the_arrival_margin() {
     let config = wxgate::config::Config::load(std::path::Path::new("deploy/rules-wecom.toml")).expect("shipped");
     let rule = config.rule_for("/cgi-bin/message/send").expect("message/send has a rule");
-    let minute = rule.per_recipient.iter().find(|w| w.per_us == 60_000_000).expect("a member's minute window");
-    assert_eq!((minute.count, minute.burst, minute.margin_us), (30, 10, 20_000));
-    assert_eq!(minute.interval_us, 2_858_096, "60,020,000 µs / 21, rounded up");
+    let minute = rule.per_recipient.iter().find(|w| w.per_us() == 60_000_000).expect("a member's minute window");
+    assert_eq!((minute.count(), minute.burst(), minute.margin_us()), (30, 10, 20_000));
+    assert_eq!(minute.interval_us(), 2_858_096, "60,020,000 µs / 21, rounded up");
 }
 
 /// Issue 44 item 13: `[server] upstream = "http://user:pass@host"` was

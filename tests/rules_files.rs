@@ -228,7 +228,7 @@ fn the_wecom_message_rule_counts_recipients_and_keeps_each_member_under_its_limi
     assert!(meter.by_recipients && meter.field == ["touser"] && meter.separator.as_deref() == Some("|"));
     assert_eq!(meter.all.as_deref(), Some("@all"));
     assert_eq!(meter.unseen, [vec!["toparty".to_owned()], vec!["totag".to_owned()]]);
-    let per_member: Vec<(u64, i64)> = rule.per_recipient.iter().map(|w| (w.count, w.per_us / 1_000_000)).collect();
+    let per_member: Vec<(u64, i64)> = rule.per_recipient.iter().map(|w| (w.count(), w.per_us() / 1_000_000)).collect();
     assert_eq!(per_member, [(30, 60), (1000, 3600)]);
     let (most, _) = rule.max_cost(false, false).expect("a cap");
     assert!(most >= 1000, "a 1,000-member message must fit at once: {most}");

@@ -3,6 +3,7 @@
 //! answers show ([`RuleAnswer`]). A new rule field is read and checked here.
 
 use std::collections::HashSet;
+use std::num::NonZeroU64;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -290,9 +291,7 @@ fn percent_of(text: &str) -> Result<u32, Invalid> {
 
 /// One limit; a window gets the arrival margin `margin_us` (`[server] window_margin`).
 fn compile_limit(l: &RawLimit, margin_us: Micros) -> Result<Limit, Invalid> {
-    if l.count == 0 {
-        return Err(Invalid::new("count must be at least 1"));
-    }
+    let Some(count) = NonZeroU64::new(l.count) else { return Err(Invalid::new("count must be at least 1")) };
     if l.count > 1_000_000_000 {
         return Err(Invalid::new(format!("count {} is too large (at most 1000000000)", l.count)));
     }
@@ -302,7 +301,7 @@ fn compile_limit(l: &RawLimit, margin_us: Micros) -> Result<Limit, Invalid> {
                 return Err(Invalid::new(format!("burst does not apply to per = \"{}\" (a calendar quota)", l.per)));
             }
             let period = if l.per == "day" { Period::Day } else { Period::Month };
-            Ok(Limit::Calendar { count: l.count, period })
+            Ok(Limit::Calendar { count, period })
         }
         per => {
             let window = parse_duration(per).map_err(|e| e.field("per"))?;
@@ -325,14 +324,10 @@ fn compile_limit(l: &RawLimit, margin_us: Micros) -> Result<Limit, Invalid> {
                     per_us / DAY_US
                 )));
             }
+            // `burst must be at least 1`, `burst 40 exceeds count 30`.
             let burst = l.burst.unwrap_or_else(|| WindowLimit::default_burst(l.count));
-            if burst == 0 {
-                return Err(Invalid::new("burst must be at least 1"));
-            }
-            if burst > l.count {
-                return Err(Invalid::new(format!("burst {burst} exceeds count {}", l.count)));
-            }
-            Ok(Limit::Window(WindowLimit::with_margin(l.count, per_us, burst, margin_us)))
+            let window = WindowLimit::with_margin(l.count, per_us, burst, margin_us);
+            Ok(Limit::Window(window.map_err(|e| Invalid::new(e.to_string()))?))
         }
     }
 }

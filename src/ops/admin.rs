@@ -304,11 +304,11 @@ fn rule_json(rule: &Rule, http: &crate::config::RuleHttp) -> Value {
         .map(|l| match l {
             Limit::Window(w) => json!({
                 "kind": "window",
-                "count": w.count,
-                "per_seconds": w.per_us as f64 / 1e6,
-                "burst": w.burst,
+                "count": w.count(),
+                "per_seconds": w.per_us() as f64 / 1e6,
+                "burst": w.burst(),
                 "refill_per_second": w.refill_per_second(),
-                "margin_ms": w.margin_us as f64 / 1e3,
+                "margin_ms": w.margin_us() as f64 / 1e3,
             }),
             Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
         })
