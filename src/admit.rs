@@ -18,6 +18,7 @@
 //!   that half-closes is thus served as if `max_wait` were 0.
 
 pub mod activity;
+pub mod callers;
 pub mod core;
 pub mod slots;
 
@@ -30,7 +31,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::limit::{Ask, Decision, Key, Quota, Reason, Rule};
 use crate::telemetry::metrics::InFlightGuard;
-use crate::time::{Micros, Stopwatch};
+use crate::time::{Micros, Span, Stopwatch};
 use crate::transport::downstream::Client;
 
 /// How often a call waiting for a concurrency slot asks the store again.
@@ -68,21 +69,25 @@ impl Meter<'_> {
     pub const ONE: Meter<'static> = Meter { cost: 1, recipients: &[] };
 }
 
+/// A call asking to be admitted.
+pub struct ToAdmit<'a> {
+    /// The config it runs under.
+    pub config: &'a Config,
+    pub account: &'a str,
+    pub rule: &'a Arc<Rule>,
+    /// Its caller is not of high priority (the rule's `reserve` is not for it).
+    pub normal: bool,
+    /// Its caller's label (declared name, `other`, or wxgate's own), whose
+    /// share a rule's `max_share` checks.
+    pub caller: &'a str,
+    pub meter: Meter<'a>,
+    /// Its client, whose leaving ends a hold (`None`: a call wxgate makes itself).
+    pub client: Option<&'a Client>,
+}
+
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
-/// `normal`: the call's caller is not of high priority (the rule's
-/// `reserve` is not for it); `caller`: its label (declared name or
-/// `other`), whose share a rule's `max_share` checks.
-#[allow(clippy::too_many_arguments)]
-pub async fn admit(
-    app: &Core,
-    config: &Config,
-    account: &str,
-    rule: &Arc<Rule>,
-    normal: bool,
-    caller: &str,
-    meter: Meter<'_>,
-    client: Option<&Client>,
-) -> Result<Admitted, ProxyError> {
+pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError> {
+    let ToAdmit { config, account, rule, normal, caller, meter, client } = call;
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
@@ -118,7 +123,7 @@ pub async fn admit(
                     let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {
-                        _ = app.clock.sleep(hold_us) => {}
+                        _ = app.clock.sleep(Span::from_micros(hold_us)) => {}
                         _ = closed(client) => {
                             let wait_us = (until - app.clock.now_us()).max(0);
                             return Err(gone(rule, Reason::Rate, wait_us));
@@ -155,7 +160,7 @@ pub async fn admit(
                 let freed = app.slots.freed.notified();
                 tokio::select! {
                     _ = freed => {}
-                    _ = app.clock.sleep(step) => {}
+                    _ = app.clock.sleep(Span::from_micros(step)) => {}
                     _ = closed(client) => return Err(gone(rule, Reason::Concurrency, wait_us)),
                 }
             }

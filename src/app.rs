@@ -1,28 +1,26 @@
-//! The state every call and every listener shares, and how it is built.
-//! The shared state is layered: the [`Core`] (store, clock, metrics, slots;
-//! what admitting a call needs) inside the [`Base`] (the features' own
-//! state; what their hooks are given) inside the [`App`] (config, callers,
-//! upstream, reloads, intercept). The phases ([`crate::proxy`]), the admin
-//! API and reloads all read and swap what is here.
+//! The state every call and every listener shares, and how it is built:
+//! the [`Core`] (store, clock, metrics, upstream, slots: what the phases
+//! and every hook read), the [`Features`] (each with its own state), the
+//! running config and its callers, reloads, intercept. The phases
+//! ([`crate::proxy`]), the admin API and reloads all read and swap what is
+//! here.
 
 pub mod sync_status;
 
-use std::ops::Deref;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
 use crate::admit::activity::Held;
+use crate::admit::callers::Callers;
 use crate::admit::core::Core;
 use crate::admit::slots::Slots;
 use crate::app::sync_status::SyncStatus;
 use crate::config::{Config, StoreConfig};
 use crate::error::StartError;
-use crate::features::accounts::cache::TokenCaches;
-use crate::features::base::Base;
-use crate::features::callers::Callers;
-use crate::features::token_cache::cache::TokenCache;
+use crate::features::hooks::Env;
+use crate::features::Features;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
@@ -32,19 +30,17 @@ use crate::time::Clock;
 use crate::transport::intercept::Interceptor;
 use crate::transport::upstream::Upstream;
 
-/// Everything a call needs; shared by every connection. Derefs to the
-/// [`Base`] the features see (and through it to the [`Core`]), so
-/// `app.store`, `app.clock`, `app.token_cache`, ... read the same fields.
+/// Everything a call needs; shared by every connection.
 pub struct App {
-    /// The store, clock, metrics, the features' own state.
-    pub base: Base,
+    /// The store, clock, metrics, upstream, slots.
+    pub core: Core,
+    /// The features, each with its shared state.
+    pub features: Features,
     /// The running config; a call keeps the one it started with.
     pub config: ArcSwap<Config>,
     /// The running config's callers, their flood guards and series:
     /// rebuilt with the config on reload (`Callers::new`).
     pub callers: ArcSwap<Callers>,
-    /// Swapped by a reload that changes the upstream settings (keeping
-    /// the health of the upstreams it keeps).
     /// What quota_sync found, per (account, rule state), on this instance.
     pub syncs: SyncStatus,
     pub reloads: Reloads,
@@ -53,11 +49,11 @@ pub struct App {
     pub intercept: Option<Arc<Interceptor>>,
 }
 
-impl Deref for App {
-    type Target = Base;
-
-    fn deref(&self) -> &Base {
-        &self.base
+impl App {
+    /// What the features' hooks are given: the core, and this app to run
+    /// calls wxgate makes itself through the phases.
+    pub fn env(&self) -> Env<'_> {
+        Env { core: &self.core, calls: self }
     }
 }
 
@@ -90,45 +86,32 @@ impl App {
         let upstream =
             Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None).map_err(StartError::Upstream)?;
         let lease_us = config.lease_us;
-        let workers = config.server.workers;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
-        let token_cache =
-            TokenCache::open(&config.tokens, &config.store, &store, clock.clone(), metrics.tokens.clone())
-                .map_err(StartError::Tokens)?;
-        if token_cache.is_none() && !config.quota_syncs.is_empty() {
-            tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
-        }
-        crate::features::broker::check(&config, token_cache.as_deref(), matches!(config.store, StoreConfig::Redis(_)))
-            .map_err(StartError::Accounts)?;
+        let features = Features::new(&config, &store, &clock, &metrics).map_err(StartError::Features)?;
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let app = Arc::new(App {
-            base: Base {
-                core: Core {
-                    store,
-                    clock,
-                    metrics,
-                    slots: Arc::new(Slots::new()),
-                    held: Held::default(),
-                    activity: Arc::default(),
-                },
-                token_owners: TokenCaches::new(workers),
-                accounts_in_use: Default::default(),
-                token_cache,
+            core: Core {
+                store,
+                clock,
+                metrics,
+                slots: Arc::new(Slots::new()),
+                held: Held::default(),
+                activity: Arc::default(),
                 upstream: ArcSwap::from_pointee(upstream),
             },
+            features,
             config: ArcSwap::from_pointee(config),
             callers: ArcSwap::from_pointee(callers),
             syncs: SyncStatus::default(),
             reloads: Reloads::default(),
             intercept,
         });
-        Slots::spawn_renewal(Arc::downgrade(&app.slots), Arc::downgrade(&app.store), lease_us);
+        Slots::spawn_renewal(Arc::downgrade(&app.core.slots), Arc::downgrade(&app.core.store), lease_us);
         Ok(app)
     }
 }
-
 /// Builds the store `config` asks for. `clock` drives the memory store (and
 /// the Redis store's local fallback); the Redis store decides on Redis `TIME`.
 /// `memory` are the memory store's metrics.

@@ -20,6 +20,7 @@ mod compile;
 mod errors;
 mod intercept;
 mod meter;
+pub mod ratelimit;
 mod raw;
 pub mod routes;
 mod rule;
@@ -91,7 +92,7 @@ pub struct RuleHttp {
     /// WeChat's own answers pass with the status WeChat sent).
     pub throttle_status: http::StatusCode,
     /// Its `RateLimit-Policy` and `RateLimit` prefixes.
-    pub policy: crate::telemetry::ratelimit_headers::Policy,
+    pub policy: ratelimit::Policy,
     /// `recipients`: how a call's recipients are read from its body
     /// (`None`: the rule counts calls and reads no body).
     pub recipients: Option<Arc<Metering>>,
@@ -163,7 +164,7 @@ impl Intercept {
 
 /// A `[[caller]]`: a service calling through wxgate, named by the
 /// `X-Wx-Caller` header of its calls or by `[server] caller` (see
-/// `crate::features::callers`).
+/// `crate::admit::callers`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerPolicy {
     pub name: Arc<str>,

@@ -7,10 +7,13 @@
 //! refusals HTTP 200 with the same body and headers.
 //!
 //! [`ProxyError::row`] is the one table from an error to status, errcode,
-//! outcome label and headers; nothing else chooses a status.
+//! outcome label and headers; nothing else chooses a status. The
+//! RateLimit headers, on refusals and on forwarded answers alike, are
+//! written by [`ratelimit`].
 //!
 //! Why wxgate cannot start at all is a [`StartError`] ([`start`]).
 
+pub mod ratelimit;
 pub mod start;
 
 pub use start::StartError;
@@ -238,6 +241,21 @@ impl ProxyError {
     }
 
     /// The outcome this error is counted and logged as.
+    /// A refusal of the caller rather than of its request (its key, its
+    /// rate, its grant, the account table, a reload settling): counted
+    /// under the call's rule. A request wxgate could not read is counted
+    /// under none.
+    pub fn refuses_the_caller(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Unauthenticated(_)
+                | ProxyError::Forbidden(_)
+                | ProxyError::CallerRate { .. }
+                | ProxyError::AccountsFull { .. }
+                | ProxyError::Unavailable(_)
+        )
+    }
+
     pub fn outcome(&self) -> Outcome {
         self.row().outcome
     }
@@ -264,7 +282,7 @@ impl ProxyError {
                 };
                 mark_throttled(h, name, reason, wait_us);
                 if let (Some(rule), true) = (rule, config.server.ratelimit_headers) {
-                    crate::telemetry::ratelimit_headers::refused(h, rule, &http.policy, reason, wait_us);
+                    ratelimit::refused(h, rule, &http.policy, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {

@@ -1,57 +1,154 @@
 //! The features of a call, in the order their hooks ([`crate::features::hooks`])
-//! run; the phases of [`crate::proxy`] run them without knowing which they
-//! are. Adding a feature: its module, an `impl Feature` with the hooks it
-//! needs, and its place in the `features!` list below.
+//! run; the phases of [`crate::proxy`] run them through [`Features`]
+//! without naming any. A feature owns its shared state (its value, built in
+//! [`Features::new`]) and its per-call context ([`Feature::Ctx`], a field of
+//! [`Contexts`]).
+//!
+//! Adding a feature: its module, an `impl Feature` with the hooks it needs,
+//! its line in the `features!` list below and its value in
+//! [`Features::new`].
 
 pub mod accounts;
-pub mod base;
 pub mod broker;
-pub mod callers;
 pub mod hooks;
 pub mod penalties;
 pub mod quota_clear;
 pub mod token_cache;
 pub mod warmup;
 
+use std::sync::Arc;
+
+use http::uri::PathAndQuery;
 use http::HeaderMap;
 
-use crate::features::hooks::{Answered, Feature};
+use crate::config::{Config, StoreConfig};
+use crate::error::Early;
+use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
+use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
+use crate::time::Clock;
 
-/// `Features` (the type) and `FEATURES` (its value) from one list of unit
-/// features, so the two cannot disagree.
+/// [`Features`] (every feature's value) and [`Contexts`] (every feature's
+/// per-call context) from one list, and the hooks of all of them run in
+/// its order, so the three cannot disagree. Any number of features.
 macro_rules! features {
-    ($($feature:path),+ $(,)?) => {
-        pub type Features = ($($feature,)+);
-        pub const FEATURES: Features = ($($feature,)+);
+    ($($name:ident: $feature:ty),+ $(,)?) => {
+        /// Every feature, with its shared state, in the order their hooks run.
+        pub struct Features {
+            $(pub $name: $feature,)+
+        }
+
+        /// Every feature's context of one call.
+        #[derive(Default)]
+        pub struct Contexts {
+            $(pub $name: <$feature as Feature>::Ctx,)+
+        }
+
+        impl Features {
+            /// Every feature's [`Feature::on_request`]; the first `Err` ends the call.
+            pub async fn on_request(&self, env: Env<'_>, cx: &mut Contexts, req: &mut Requesting<'_>) -> Result<(), Early> {
+                $(self.$name.on_request(env, &mut cx.$name, req).await?;)+
+                Ok(())
+            }
+
+            /// Every feature's [`Feature::before_decide`]; the first `Err` ends the call.
+            pub async fn before_decide(&self, env: Env<'_>, cx: &mut Contexts, asking: &mut Asking<'_>) -> Result<(), Early> {
+                $(self.$name.before_decide(env, &mut cx.$name, asking).await?;)+
+                Ok(())
+            }
+
+            /// Every feature's [`Feature::before_forward`]; the first `Err` ends the call.
+            pub async fn before_forward(&self, env: Env<'_>, cx: &mut Contexts, sending: &mut Sending<'_>) -> Result<(), Early> {
+                $(self.$name.before_forward(env, &mut cx.$name, sending).await?;)+
+                Ok(())
+            }
+
+            /// Whether any feature keeps the call's body ([`Feature::keep_body`]).
+            pub fn keep_body(&self, cx: &Contexts) -> bool {
+                false $(|| self.$name.keep_body(&cx.$name))+
+            }
+
+            /// The first feature's resend target ([`Feature::resend`]), if any asks.
+            pub async fn resend(&self, env: Env<'_>, cx: &mut Contexts, answered: &Answered<'_>) -> Option<PathAndQuery> {
+                $(if let Some(target) = self.$name.resend(env, &mut cx.$name, answered).await {
+                    return Some(target);
+                })+
+                None
+            }
+
+            /// Every feature's [`Feature::on_answer`].
+            pub async fn on_answer(&self, env: Env<'_>, cx: &mut Contexts, answered: &mut Answered<'_>) {
+                $(self.$name.on_answer(env, &mut cx.$name, answered).await;)+
+            }
+
+            /// Every feature's [`Feature::on_response`].
+            pub fn on_response(&self, cx: &Contexts, answered: &Answered<'_>, headers: &mut HeaderMap) {
+                $(self.$name.on_response(&cx.$name, answered, headers);)+
+            }
+        }
     };
 }
 
-// The features, in the order their hooks run. The penalties' hook runs
-// after the token and account features', as WeChat's answer is reported to
-// the store last.
+// The features, in the order their hooks run. clear_quota recognises its
+// calls before the account is found (it is the appid cleared); the broker
+// after it (it adds the account's token); penalties last of the answer
+// hooks, as WeChat's answer is reported to the store last.
 features!(
-    broker::Broker,
-    token_cache::TokenCacheFeature,
-    accounts::Learning,
-    quota_clear::QuotaClear,
-    warmup::Warmup,
-    penalties::Penalties,
-    RateLimitHeaders,
+    quota_clear: quota_clear::QuotaClear,
+    accounts: accounts::Accounts,
+    broker: broker::Broker,
+    token_cache: token_cache::TokenCacheFeature,
+    warmup: warmup::Warmup,
+    penalties: penalties::Penalties,
+    ratelimit_headers: RateLimitHeaders,
 );
+
+impl Features {
+    /// Every feature, its state built from `config`.
+    pub fn new(
+        config: &Config,
+        store: &Arc<dyn Store>,
+        clock: &Arc<dyn Clock>,
+        metrics: &Metrics,
+    ) -> Result<Features, String> {
+        let cache = token_cache::cache::TokenCache::open(
+            &config.tokens,
+            &config.store,
+            store,
+            clock.clone(),
+            metrics.tokens.clone(),
+        )?;
+        if cache.is_none() && !config.quota_syncs.is_empty() {
+            tracing::warn!("quota_sync needs the token cache ([tokens]): no rule's day count will be synced");
+        }
+        broker::check(config, cache.as_deref(), matches!(config.store, StoreConfig::Redis(_)))?;
+        Ok(Features {
+            quota_clear: quota_clear::QuotaClear,
+            accounts: accounts::Accounts::new(config.server.workers),
+            broker: broker::Broker { cache: cache.clone() },
+            token_cache: token_cache::TokenCacheFeature { cache },
+            warmup: warmup::Warmup,
+            penalties: penalties::Penalties,
+            ratelimit_headers: RateLimitHeaders,
+        })
+    }
+}
 
 /// The RateLimit headers as a feature: on every admitted call's answer,
 /// the rule's policies and the room left in its tightest limit
-/// ([`crate::telemetry::ratelimit_headers::admitted`]). Refusals get theirs from the one table
-/// ([`crate::error`], [`crate::telemetry::ratelimit_headers::refused`]).
+/// ([`crate::error::ratelimit::admitted`]). Refusals get theirs from the one table
+/// ([`crate::error`], [`crate::error::ratelimit::refused`]).
 pub struct RateLimitHeaders;
 
 impl Feature for RateLimitHeaders {
-    fn on_response(&self, answered: &Answered<'_>, headers: &mut HeaderMap) {
+    type Ctx = ();
+
+    fn on_response(&self, _: &(), answered: &Answered<'_>, headers: &mut HeaderMap) {
         if let (Some(rule), Some(a), true) =
             (answered.rule, answered.admitted, answered.config.server.ratelimit_headers)
         {
             let policy = &answered.config.rule_http(Some(rule)).policy;
-            crate::telemetry::ratelimit_headers::admitted(headers, rule, policy, a.quota);
+            crate::error::ratelimit::admitted(headers, rule, policy, a.quota);
         }
     }
 }

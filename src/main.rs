@@ -433,13 +433,15 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
     }
     for p in &config.penalties {
         let length = match p.length {
-            PenaltyLength::Escalating { base_us } => format!("{}s, doubling while it recurs", base_us / 1_000_000),
+            PenaltyLength::Escalating { base } => {
+                format!("{}s, doubling while it recurs", base.as_micros() / 1_000_000)
+            }
             PenaltyLength::NextMinute => "until the next minute".to_owned(),
         };
-        let cap = p.max_us.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m / 1_000_000));
+        let cap = p.max.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m.as_micros() / 1_000_000));
         say!(out, "penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
-    let fallback = s.caller.as_deref().unwrap_or(wxgate::features::callers::DEFAULT_CALLER);
+    let fallback = s.caller.as_deref().unwrap_or(wxgate::admit::callers::DEFAULT_CALLER);
     say!(out, "caller of calls without X-Wx-Caller: {fallback}");
     let auth = s.caller_auth;
     match auth {

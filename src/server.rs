@@ -48,10 +48,10 @@ impl Running {
         if !finished {
             tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
         }
-        if !self.app.slots.wait_released(Duration::from_secs(2)).await {
+        if !self.app.core.slots.wait_released(Duration::from_secs(2)).await {
             tracing::warn!("some concurrency slots were not released; their leases will run out");
         }
-        self.app.store.close().await;
+        self.app.core.store.close().await;
         finished
     }
 
@@ -126,10 +126,10 @@ fn spawn_workers(
                         return;
                     }
                 };
-                app.store.attach_worker().await;
+                app.core.store.attach_worker().await;
                 accept_loop(listener, app.clone(), stopped).await;
                 // Slot releases run as tasks on this runtime: let them finish.
-                app.slots.wait_released(Duration::from_secs(2)).await;
+                app.core.slots.wait_released(Duration::from_secs(2)).await;
             });
             drop(done);
         })?;

@@ -1,5 +1,3 @@
-//! What an instance reports: its metrics ([`metrics`]) and the RateLimit
-//! response headers ([`ratelimit_headers`]).
+//! What an instance reports: its metrics ([`metrics`]).
 
 pub mod metrics;
-pub mod ratelimit_headers;

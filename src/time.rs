@@ -8,6 +8,22 @@
 //! - **Elapsed time** for metrics, logs and idle connections is a
 //!   [`Stopwatch`] (monotonic); **deadlines** for I/O are Tokio instants from
 //!   [`deadline_after`]. Neither ever decides a call.
+//!
+//! Two kinds of decision time:
+//!
+//! - [`Micros`]: an instant (microseconds since the Unix epoch) or a signed
+//!   difference of two. It stays a bare `i64` in the decision's state and
+//!   answers (`crate::limit`: `RuleState`, `Ask`, `Decision`, a rule's
+//!   numbers) and in the store operations: that is integer maths which
+//!   `lua/*.lua` mirrors step for step and `tests/conformance.rs` holds
+//!   equal, where instants and differences meet in every line (a TAT less
+//!   the tolerance less now), so a type there would be unwrapped at each
+//!   step and check nothing.
+//! - [`Span`]: a length of time that is never negative, by construction:
+//!   what a clock is asked to sleep, and a length the configuration gives
+//!   (a penalty's base and cap, built once at load). A negative length is
+//!   the bug it rules out: a sleep of -5 s, a penalty that ends before it
+//!   starts.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,16 +33,58 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
-/// Microseconds since the Unix epoch.
+/// Microseconds since the Unix epoch, or a signed difference of two.
 pub type Micros = i64;
+
+/// A length of time in whole microseconds, never negative (see the module
+/// documentation for where [`Micros`] stays bare instead). Serialised as
+/// its microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct Span(Micros);
+
+impl Span {
+    pub const ZERO: Span = Span(0);
+
+    /// `us` microseconds; a negative `us` (a moment already past) is zero.
+    pub const fn from_micros(us: Micros) -> Span {
+        Span(if us > 0 { us } else { 0 })
+    }
+
+    /// `s` seconds, saturating.
+    pub const fn from_secs(s: u64) -> Span {
+        let us = if s > (i64::MAX / 1_000_000) as u64 { i64::MAX } else { s as i64 * 1_000_000 };
+        Span(us)
+    }
+
+    /// `d` in whole microseconds, saturating.
+    pub fn from_duration(d: Duration) -> Span {
+        Span(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+
+    /// Its microseconds (never negative).
+    pub const fn as_micros(self) -> Micros {
+        self.0
+    }
+
+    pub const fn as_duration(self) -> Duration {
+        Duration::from_micros(self.0 as u64)
+    }
+}
+
+impl From<Duration> for Span {
+    fn from(d: Duration) -> Span {
+        Span::from_duration(d)
+    }
+}
 
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A source of the current time, in microseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
     fn now_us(&self) -> Micros;
-    /// Completes once this clock has moved on by `us`.
-    fn sleep(&self, us: Micros) -> Sleep;
+    /// Completes once this clock has moved on by `span`.
+    fn sleep(&self, span: Span) -> Sleep;
 }
 
 /// The system's wall clock.
@@ -42,8 +100,8 @@ impl Clock for SystemClock {
         }
     }
 
-    fn sleep(&self, us: Micros) -> Sleep {
-        Box::pin(tokio::time::sleep(Duration::from_micros(us.max(0) as u64)))
+    fn sleep(&self, span: Span) -> Sleep {
+        Box::pin(tokio::time::sleep(span.as_duration()))
     }
 }
 
@@ -79,9 +137,9 @@ impl Clock for ManualClock {
         self.0.now.load(Ordering::SeqCst)
     }
 
-    fn sleep(&self, us: Micros) -> Sleep {
+    fn sleep(&self, span: Span) -> Sleep {
         let inner = self.0.clone();
-        let until = self.now_us().saturating_add(us);
+        let until = self.now_us().saturating_add(span.as_micros());
         Box::pin(async move {
             loop {
                 let moved = inner.moved.notified();
@@ -125,4 +183,20 @@ impl Stopwatch {
 /// (`tokio::time::timeout_at`), on Tokio's clock so tests can pause it.
 pub fn deadline_after(after: Duration) -> tokio::time::Instant {
     tokio::time::Instant::now() + after
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_span_is_never_negative_and_saturates() {
+        assert_eq!(Span::from_micros(-5), Span::ZERO);
+        assert_eq!(Span::from_micros(7).as_micros(), 7);
+        assert_eq!(Span::from_secs(2).as_micros(), 2_000_000);
+        assert_eq!(Span::from_secs(u64::MAX).as_micros(), i64::MAX);
+        assert_eq!(Span::from_duration(Duration::MAX).as_micros(), i64::MAX);
+        assert_eq!(Span::from(Duration::from_millis(3)).as_duration(), Duration::from_millis(3));
+        assert_eq!(serde_json::to_string(&Span::from_secs(1)).ok().as_deref(), Some("1000000"));
+    }
 }

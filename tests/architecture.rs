@@ -310,7 +310,7 @@ const LAYERS: &[&str] = &[
     "store",     // where decisions are kept: memory, Redis, resilient
     "transport", // downstream connection, bodies, upstream, intercept, workers
     "config",    // raw -> compiled, validated values; the path matcher
-    "telemetry", // metrics, RateLimit headers
+    "telemetry", // metrics
     "limit",     // decision types and pure maths, calendar
     "time",      // the clock: decision time, stopwatches, I/O deadlines
 ];
@@ -454,4 +454,50 @@ fn the_decision_names_no_http_type() {
     // The check sees a name in code, and not in a comment or a string.
     assert_eq!(transport_names_in(&code_of("pub status: http::StatusCode,\n")), vec!["http::", "StatusCode"]);
     assert!(transport_names_in(&code_of("// an http::StatusCode\nlet s = \"hyper\";\n")).is_empty());
+}
+
+/// The modules of `features` a phase may name: the list ([`Features`], the
+/// contexts) and the hooks with what they see. Any other is a feature.
+const FEATURE_FRAMEWORK: &[&str] = &["features", "features::hooks"];
+
+/// Every import of a phase (`proxy` and its modules) of a feature's module,
+/// as `from -> to`.
+fn phases_naming_features(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let framework = |m: &str| FEATURE_FRAMEWORK.iter().any(|f| m == *f || m.starts_with(&format!("{f}::")));
+    let mut out = Vec::new();
+    for (from, targets) in edges.iter().filter(|(m, _)| *m == "proxy" || m.starts_with("proxy::")) {
+        for to in targets.iter().filter(|t| part(t) == "features" && !framework(t)) {
+            out.push(format!("{from} -> {to}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_phase_names_a_feature() {
+    let edges = graph();
+    assert!(edges["proxy::answer"].contains("features::hooks"), "the phases' imports are read");
+    let named = phases_naming_features(&edges);
+    assert!(named.is_empty(), "phases name features (they must reach them through their hooks): {named:?}");
+}
+
+#[test]
+fn the_checker_finds_a_phase_naming_a_feature() {
+    let mut edges = graph();
+    edges.entry("proxy::forward".into()).or_default().insert("features::broker::injected".into());
+    edges.entry("proxy::identify".into()).or_default().insert("features::hooks::body".into());
+    assert_eq!(phases_naming_features(&edges), vec!["proxy::forward -> features::broker::injected"]);
+}
+
+#[test]
+fn the_features_import_each_other_without_cycles() {
+    let edges = graph();
+    let inside: BTreeMap<String, BTreeSet<String>> = edges
+        .iter()
+        .filter(|(m, _)| part(m) == "features")
+        .map(|(m, t)| (m.clone(), t.iter().filter(|t| part(t) == "features").cloned().collect()))
+        .collect();
+    assert!(inside.len() > 10, "the features' modules are read: {:?}", inside.keys());
+    let found = cycles(&inside);
+    assert!(found.is_empty(), "import cycles inside src/features: {found:?}");
 }

@@ -231,7 +231,7 @@ async fn refused_calls_with_large_distinct_tokens_leave_nothing_in_the_token_cac
         let a = gate.get_with(&prefixed, &[("authorization", &bearer(ORDERS_KEY))]).await;
         assert_denied(&a, 403, "forbidden", "@wxVICTIM");
     }
-    assert_eq!(gate.app().token_owners.held(), (0, 0), "nothing of the refused calls' tokens is kept");
+    assert_eq!(gate.app().features.accounts.owners.held(), (0, 0), "nothing of the refused calls' tokens is kept");
     for i in 0..40 {
         // Granted, but a token no WeChat token is near: 400 before the lookup.
         let path = format!("{SEND}?access_token={}", token(200 + i, 16_000));
@@ -239,7 +239,7 @@ async fn refused_calls_with_large_distinct_tokens_leave_nothing_in_the_token_cac
         assert_eq!(a.status, 400, "{}", a.text());
         assert!(a.text().contains("longer than the 1024 characters"), "{}", a.text());
     }
-    assert_eq!(gate.app().token_owners.held(), (0, 0), "nor of the overlong tokens");
+    assert_eq!(gate.app().features.accounts.owners.held(), (0, 0), "nor of the overlong tokens");
     assert_eq!(mock.count(), 0);
     // A granted call with a token of an ordinary size is looked up and
     // remembered (as unknown) by its digest.
@@ -247,5 +247,5 @@ async fn refused_calls_with_large_distinct_tokens_leave_nothing_in_the_token_cac
         .get_with(&format!("{SEND}?access_token={}", token(1, 200)), &[("authorization", &bearer(APPROVALS_KEY))])
         .await;
     assert_eq!(a.status, 200, "{}", a.text());
-    assert_eq!(gate.app().token_owners.held(), (0, 1));
+    assert_eq!(gate.app().features.accounts.owners.held(), (0, 1));
 }

@@ -519,7 +519,7 @@ async fn a_slow_token_answer_is_fetched_once_for_every_asker(gate: Gate, mock: &
         support::eventually("the first fetch at WeChat", PATIENCE, || mock.count() == 1).await;
         // Longer than `[tokens] wait` (2 s) later, well inside the upstream timeouts.
         gate.advance(Duration::from_secs(20));
-        let cache = gate.app().token_cache.as_ref().expect("the token cache");
+        let cache = gate.app().features.token_cache.cache.as_ref().expect("the token cache");
         let slot = cache.slot(wxgate::features::token_cache::ask::Kind::Token, APPID, SECRET.as_bytes());
         let claim = cache.store.tokens().claim_token(&slot, "another-asker", cache.min_ttl_us, -1, 1_000_000).await;
         assert!(

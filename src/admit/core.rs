@@ -1,7 +1,7 @@
-//! What admitting a call needs of the shared state, and what every feature
-//! reads too: the store, the clock, the metrics and this instance's slots,
-//! held calls and activity. Below the features and the [`crate::app::App`],
-//! which hold it ([`crate::features::base::Base`] derefs to it).
+//! The shared state below the features, which every phase and every
+//! feature's hooks read: the store, the clock, the metrics, where calls go,
+//! and this instance's slots, held calls and activity. Held by the
+//! [`crate::app::App`], handed to hooks in their [`crate::features::hooks::Env`].
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use crate::admit::slots::Slots;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
+use crate::transport::upstream::Upstream;
 
 /// The shared state below the features; built once by `App::new`.
 pub struct Core {
@@ -22,4 +23,7 @@ pub struct Core {
     pub held: Held,
     /// Held and in-flight calls per (account, rule), on this instance.
     pub activity: Arc<Activity>,
+    /// Where calls go (`[server] upstream`; swapped by a reload): wxgate's
+    /// own calls too.
+    pub upstream: arc_swap::ArcSwap<Upstream>,
 }

@@ -17,7 +17,7 @@ use super::errors::{leading_key, Ctx, Invalid};
 use super::raw::{RawConfig, RawLog, RawPenalty, RawTokens};
 use super::rule::{compile_rule, RawRule, RuleDefaults};
 use super::store::{self, RawStore};
-use super::units::{micros, parse_duration, secs_us, valid_name};
+use super::units::{micros, parse_duration, valid_name};
 use super::{
     callers, intercept, settings, CallerPolicy, Config, ConfigError, LogConfig, QuotaSync, RuleHttp, Server,
     TokensConfig,
@@ -26,6 +26,7 @@ use crate::config::routes::{Pattern, Routes};
 use crate::limit::calendar::Period;
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
 use crate::limit::{Limit, Rule, Scope};
+use crate::time::Span;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -388,7 +389,7 @@ fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Ve
 fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, Invalid> {
     let length = match (p.seconds, p.until.as_deref()) {
         (Some(0), None) => return Err(Invalid::new("seconds must be at least 1")),
-        (Some(s), None) => PenaltyLength::Escalating { base_us: secs_us(s) },
+        (Some(s), None) => PenaltyLength::Escalating { base: Span::from_secs(s) },
         (None, Some("next_minute")) => PenaltyLength::NextMinute,
         (None, Some(other)) => {
             return Err(Invalid::new(format!("until = \"{other}\" is unknown (expected \"next_minute\")")))
@@ -396,10 +397,10 @@ fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, Invalid> {
         (Some(_), Some(_)) => return Err(Invalid::new("give seconds or until, not both")),
         (None, None) => return Err(Invalid::new("needs seconds or until")),
     };
-    let max_us = match p.max_seconds {
+    let max = match p.max_seconds {
         Some(0) => return Err(Invalid::new("max_seconds must be at least 1")),
-        Some(s) => Some(secs_us(s)),
+        Some(s) => Some(Span::from_secs(s)),
         None => None,
     };
-    Ok(PenaltyPolicy { errcode: p.errcode, length, max_us })
+    Ok(PenaltyPolicy { errcode: p.errcode, length, max })
 }

@@ -1,6 +1,6 @@
 //! One `[[rule]]`: the table as serde reads it, and its compilation into
-//! a [`Rule`] (its numbers derived by [`Rule::with_percents`]) and what its
-//! answers show ([`RuleAnswer`]). A new rule field is read and checked here.
+//! a [`Rule`] (its numbers derived by [`Rule::with_percents`]) and its HTTP
+//! side ([`RuleHttp`]). A new rule field is read and checked here.
 
 use std::collections::HashSet;
 use std::num::NonZeroU64;
@@ -12,12 +12,12 @@ use toml::Spanned;
 
 use super::errors::{leading_key, ConfigError, Ctx, Invalid};
 use super::meter::{Metering, RawRecipients};
+use super::ratelimit::Policy;
 use super::routes::Pattern;
 use super::units::{micros, parse_duration, throttle_status as parse_throttle_status};
 use super::RuleHttp;
 use crate::limit::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
-use crate::telemetry::ratelimit_headers::Policy;
 use crate::time::Micros;
 
 /// Longest `max_wait`: a held call keeps its client's connection open.

@@ -11,12 +11,10 @@ pub enum StartError {
     /// The upstream client cannot be built (`[server] upstream_ca`).
     #[error("{0}")]
     Upstream(String),
-    /// The token cache cannot open (`[tokens]`: its key).
+    /// A feature's state cannot be built: the token cache (`[tokens]`: its
+    /// key), or an `[[account]]` without the token cache it needs.
     #[error("{0}")]
-    Tokens(String),
-    /// An `[[account]]` needs a token cache this start has not got.
-    #[error("{0}")]
-    Accounts(String),
+    Features(String),
     /// `[intercept]`'s CA cannot serve its hosts.
     #[error("{0}")]
     Intercept(String),

@@ -38,106 +38,58 @@ pub mod query;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderName, Request};
-use hyper::body::Incoming;
-
-use self::cache::Cached;
+use self::cache::{Cached, TokenCaches};
+use self::in_use::InUse;
 use self::learn::{Learn, Prepared, TokenRequest};
-use crate::config::{valid_account, Config};
-use crate::error::ProxyError;
-use crate::features::base::Base;
-use crate::features::hooks::{Answered, Feature};
+use crate::admit::core::Core;
+use crate::error::{Early, ProxyError};
+use crate::features::hooks::{Answered, Env, Feature, Requesting};
 use crate::transport::sniff::Verdict;
 
 /// Account used when a call names none.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
-/// Header naming the WeChat account (appid / corpid alias) a call is for.
-pub const ACCOUNT_HEADER: &str = "x-wx-account";
-pub const ACCOUNT: HeaderName = HeaderName::from_static(ACCOUNT_HEADER);
-
-const ALPHABET: &str = "1-64 characters of A-Z a-z 0-9 _ -";
-
-/// Splits an `@account` first segment off a request target: the account
-/// and the target without it (query unchanged), or `None` if the target
-/// has no such segment. `Err` (400) for an invalid account or nothing
-/// after it.
-pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuery)>, String> {
-    let path = target.path();
-    let Some(rest) = path.strip_prefix("/@").or_else(|| path.strip_prefix("/%40")) else {
-        return Ok(None);
-    };
-    let Some(slash) = rest.find('/') else {
-        return Err("an @account prefix must be followed by the API path: /@account/cgi-bin/...".into());
-    };
-    let account = &rest[..slash];
-    if !valid_account(account) {
-        return Err(format!("the @account prefix must be {ALPHABET}"));
-    }
-    let mut stripped = String::with_capacity(target.as_str().len());
-    stripped.push_str(&rest[slash..]);
-    if let Some(q) = target.query() {
-        stripped.push('?');
-        stripped.push_str(q);
-    }
-    let stripped = PathAndQuery::from_maybe_shared(Bytes::from(stripped))
-        .map_err(|e| format!("the path after the @account prefix is not a request target: {e}"))?;
-    Ok(Some((account.to_owned(), stripped)))
+/// Accounts as a feature ([`crate::features`]): its request hook finds the
+/// account a call counts against ([`identify`]); its answer hook learns the
+/// owner of a token a token request got ([`learn::learn`]).
+pub struct Accounts {
+    /// Access tokens this instance knows the account of, or knows unknown.
+    pub owners: TokenCaches,
+    /// The accounts with calls today (`[server] max_accounts`).
+    pub in_use: InUse,
 }
 
-/// The account `X-Wx-Account` names, if given (once, and valid).
-fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
-    let mut values = headers.get_all(ACCOUNT).iter();
-    let Some(value) = values.next() else { return Ok(None) };
-    if values.next().is_some() {
-        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()));
-    }
-    match value.to_str() {
-        Ok(v) if valid_account(v) => Ok(Some(v)),
-        _ => Err(ProxyError::BadRequest(format!("X-Wx-Account must be {ALPHABET}"))),
+impl Accounts {
+    /// With a token cache for each of `workers` serving threads.
+    pub fn new(workers: usize) -> Accounts {
+        Accounts { owners: TokenCaches::new(workers), in_use: InUse::default() }
     }
 }
 
-/// Learning as a feature ([`crate::features`]): the answer hook of a token
-/// request ([`learn::learn`]).
-pub struct Learning;
+impl Feature for Accounts {
+    /// A token request on its way: what its answer will teach.
+    type Ctx = Option<Learn>;
 
-impl Feature for Learning {
-    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
-        if let (Some(request), Verdict::Success, Some(body)) = (answered.learn.take(), answered.verdict, answered.body)
-        {
-            learn::learn(app, answered.config, request, body).await;
+    async fn on_request(&self, env: Env<'_>, cx: &mut Option<Learn>, req: &mut Requesting<'_>) -> Result<(), Early> {
+        if req.own() {
+            // wxgate's own token request: it names its account.
+            *cx = req.seeds.take::<Learn>();
+            return Ok(());
         }
+        identify(env.core, self, cx, req).await?;
+        if let Some(max) = req.config.server.max_accounts {
+            let (now, offset) = (env.core.clock.now_us(), req.config.server.quota_offset_us);
+            self.in_use.admit(&req.who.account, max, now, offset).inspect_err(|_| {
+                env.core.metrics.accounts_full.inc();
+            })?;
+        }
+        Ok(())
     }
-}
 
-/// What identify learns of a call from its request.
-pub struct Identified {
-    /// The WeChat account (appid / corpid alias) the call is for.
-    pub account: String,
-    /// What a token request's answer will teach.
-    pub learn: Option<Learn>,
-    /// A token request's or clear_quota's body, read whole.
-    pub body: Option<Bytes>,
-    /// A `clear_quota` call, and the appid its body names.
-    pub clearing: Option<crate::features::quota_clear::request::Clearing>,
-    /// The account is the one the call's access token was issued to.
-    pub owned: bool,
-}
-
-/// The account a call names, if it names one: `X-Wx-Account` or the
-/// `@account` prefix accept split off (`prefix`); 400 if both are given and
-/// differ. The identify phase checks the caller's grant of it before
-/// anything is looked up ([`identify`]).
-pub fn named(headers: &HeaderMap, prefix: Option<String>) -> Result<Option<String>, ProxyError> {
-    match (header(headers)?, prefix) {
-        (Some(h), Some(p)) if h != p => Err(ProxyError::BadRequest(format!(
-            "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
-        ))),
-        (Some(h), _) => Ok(Some(h.to_owned())),
-        (None, p) => Ok(p),
+    async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Learn>, answered: &mut Answered<'_>) {
+        if let (Some(request), Verdict::Success, Some(body)) = (cx.take(), answered.verdict, answered.body) {
+            learn::learn(env.core, self, answered.config, request, body).await;
+        }
     }
 }
 
@@ -147,29 +99,27 @@ pub fn named(headers: &HeaderMap, prefix: Option<String>) -> Result<Option<Strin
 /// before anything is looked up or kept.
 pub const MAX_TOKEN_LEN: usize = 1024;
 
-/// The identify phase's account: the one the call names (`named`, from
-/// [`named`]: its grant is already checked), the token in `target`'s query,
-/// a token request's appid, or the one account the authenticated caller is
-/// granted (`granted`), or `default`, in that order (see the module docs);
-/// and, for a token request or clear_quota, its body and what its answer
-/// will teach.
+/// The call's account (`req.who`): the one it names (`req.named`: its
+/// grant is already checked), the token in its query, a token request's or
+/// clear_quota's appid, or the one account the authenticated caller is
+/// granted, or `default`, in that order (see the module docs); for a token
+/// request, what its answer will teach (`learning`). Under
+/// `caller_auth = "required"`, the caller's grant of an account it does
+/// not name is checked once the account is known.
 ///
 /// A token request or clear_quota is about the appid WeChat reads in it:
 /// one that gives an appid that is not valid, or names an account other
 /// than its appid, or carries a token of another, is refused (400), so that
 /// it is counted, granted and answered as the account WeChat acts on. One
 /// that gives no appid at all (WeChat acts on none) counts as any call.
-pub async fn identify(
-    app: &Base,
-    config: &Config,
-    path: &str,
-    named: Option<String>,
-    granted: Option<&str>,
-    req: &mut Request<Incoming>,
-    target: &PathAndQuery,
-) -> Result<Identified, ProxyError> {
-    let mut out = Identified { account: String::new(), learn: None, body: None, clearing: None, owned: false };
-    let scanned = match target.query() {
+async fn identify(
+    core: &Core,
+    accounts: &Accounts,
+    learning: &mut Option<Learn>,
+    req: &mut Requesting<'_>,
+) -> Result<(), ProxyError> {
+    let config = req.config;
+    let scanned = match req.target.query() {
         Some(q) => query::scan(q).map_err(ProxyError::BadRequest)?,
         None => query::Scanned::default(),
     };
@@ -181,9 +131,9 @@ pub async fn identify(
             )));
         }
     }
-    let named = match named {
+    let named = match req.named.take() {
         Some(account) => {
-            out.account = account;
+            req.who.account = account;
             true
         }
         None => false,
@@ -191,7 +141,7 @@ pub async fn identify(
     // Every token the call carries is looked up: WeChat may read either.
     let mut owner: Option<Option<Arc<str>>> = None;
     for token in tokens.into_iter().filter_map(|(_, t)| t) {
-        let found = self::owner(app, &query::decoded(token)).await;
+        let found = self::owner(core, accounts, &query::decoded(token)).await;
         match (&owner, &found) {
             (Some(Some(a)), Some(b)) if a != b => {
                 return Err(ProxyError::BadRequest(format!(
@@ -202,92 +152,90 @@ pub async fn identify(
             _ => owner = Some(found),
         }
     }
-    let about = match TokenRequest::at(path) {
+    let about = match TokenRequest::at(req.path) {
         Some(request) => {
-            let within = config.server.body_timeout;
-            let Prepared { body, caller, learn } = learn::prepare(request, req, target.query(), within).await?;
-            out.body = body;
-            out.learn = Some(learn);
-            Some((caller, request.caller))
+            let Prepared { caller, learn } = learn::prepare(request, req).await?;
+            *learning = Some(learn);
+            Some((caller, request.caller.field()))
         }
-        // A clear_quota counts as the appid it clears, like a token request.
-        None if crate::features::quota_clear::request::at(path) => {
-            let within = config.server.body_timeout;
-            let (body, clearing) = crate::features::quota_clear::request::prepare(req, target.query(), within).await?;
-            out.body = body;
-            let caller = clearing.appid.clone();
-            out.clearing = Some(clearing);
-            Some((caller, learn::Name::Body("appid")))
-        }
-        None => None,
+        // A clear_quota counts as the appid it clears, like a token request
+        // (the feature that recognised it said which).
+        None => req.appid.take().map(|appid| (appid.id, appid.field)),
     };
     let caller = match about {
-        Some((Some(appid), name)) if named && appid != out.account => {
+        Some((Some(appid), field)) if named && appid != req.who.account => {
             return Err(ProxyError::BadRequest(format!(
-                "this request is for {} \"{appid}\" but names account \"{}\": name the account WeChat will read \
+                "this request is for {field} \"{appid}\" but names account \"{}\": name the account WeChat will read \
                  (or none)",
-                name.field(),
-                out.account
+                req.who.account
             )))
         }
-        Some((Some(appid), name)) if owner.as_ref().is_some_and(|o| o.as_ref().is_some_and(|o| **o != *appid)) => {
+        Some((Some(appid), field)) if owner.as_ref().is_some_and(|o| o.as_ref().is_some_and(|o| **o != *appid)) => {
             return Err(ProxyError::BadRequest(format!(
-                "this request is for {} \"{appid}\" but carries an access token of another account",
-                name.field()
+                "this request is for {field} \"{appid}\" but carries an access token of another account"
             )))
         }
         Some((caller, _)) => caller,
         None => None,
     };
+    let who = &mut *req.who;
     match owner {
-        Some(Some(owner)) if named && *owner != *out.account => {
+        Some(Some(owner)) if named && *owner != *who.account => {
             return Err(ProxyError::BadRequest(format!(
                 "this call's access token was issued to account \"{owner}\", not to \"{}\" (the account it names)",
-                out.account
+                who.account
             )));
         }
-        Some(Some(_)) if named => out.owned = true,
+        Some(Some(_)) if named => who.proven = true,
         _ if named => {}
         Some(Some(owner)) => {
-            out.account.clear();
-            out.account.push_str(&owner);
-            out.owned = true;
+            who.account.clear();
+            who.account.push_str(&owner);
+            who.proven = true;
         }
         unknown => match caller {
-            Some(caller) => out.account = caller,
+            Some(caller) => who.account = caller,
             None => {
                 if unknown.is_some() {
-                    app.metrics.unknown_token_calls.inc();
+                    core.metrics.unknown_token_calls.inc();
                 }
-                granted.unwrap_or(DEFAULT_ACCOUNT).clone_into(&mut out.account);
+                // An authenticated caller granted one account: its calls
+                // that name none are for it.
+                let granted =
+                    if req.authenticated { who.caller.policy().and_then(|p| p.grants.single()) } else { None };
+                let account = granted.map_or(DEFAULT_ACCOUNT, |g| &**g).to_owned();
+                who.account = account;
             }
         },
     }
     if let Some(list) = &config.server.accounts {
-        if !list.contains(&out.account) {
+        if !list.contains(&who.account) {
             return Err(ProxyError::BadRequest(format!(
                 "account \"{}\" is not one of this wxgate's accounts ([server] accounts)",
-                out.account
+                who.account
             )));
         }
     }
-    Ok(out)
+    if req.authenticated && !named {
+        who.caller.check_grant(&who.account)?;
+    }
+    Ok(())
 }
 
 /// The account `token` was issued to, if known: from this thread's cache
 /// (by the token's [`cache::Digest`]), else from the store (then cached,
 /// known or not).
-async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
-    let now = app.clock.now_us();
-    let digest = app.token_owners.digest(token);
-    let cache = app.token_owners.here();
+async fn owner(core: &Core, accounts: &Accounts, token: &[u8]) -> Option<Arc<str>> {
+    let now = core.clock.now_us();
+    let digest = accounts.owners.digest(token);
+    let cache = accounts.owners.here();
     match cache.get(&digest, now) {
         Cached::Owner(account) => return Some(account),
         Cached::Unknown => return None,
         Cached::Miss => {}
     }
-    let hash = app.store.tokens().token_hash(token)?;
-    match app.store.tokens().token_owner(&hash).await {
+    let hash = core.store.tokens().token_hash(token)?;
+    match core.store.tokens().token_owner(&hash).await {
         Ok(Some(owner)) => {
             let account: Arc<str> = Arc::from(owner.account.as_str());
             cache.known(&digest, account.clone(), now.saturating_add(owner.remaining_us()), now);
@@ -302,30 +250,5 @@ async fn owner(app: &Base, token: &[u8]) -> Option<Arc<str>> {
             cache.unknown(&digest, now);
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(target: &str) -> Result<Option<(String, String)>, String> {
-        let pq = PathAndQuery::from_maybe_shared(Bytes::from(target.to_owned())).expect("target");
-        split_prefix(&pq).map(|o| o.map(|(a, rest)| (a, rest.as_str().to_owned())))
-    }
-
-    #[test]
-    fn the_prefix_is_split_off_and_the_query_kept() {
-        let ok = |a: &str, rest: &str| Ok(Some((a.to_owned(), rest.to_owned())));
-        assert_eq!(split("/@wxA/cgi-bin/token?appid=x&y=%2F"), ok("wxA", "/cgi-bin/token?appid=x&y=%2F"));
-        assert_eq!(split("/%40ww_1-2/cgi-bin/gettoken"), ok("ww_1-2", "/cgi-bin/gettoken"));
-        assert_eq!(split("/@wxA/"), ok("wxA", "/"));
-        assert_eq!(split("/cgi-bin/token?x=@wxA"), Ok(None));
-        assert_eq!(split("/cgi-bin/@wxA/token"), Ok(None), "only the first segment");
-        for bad in ["/@wxA", "/@wxA?x=1", "/@/cgi-bin/token", "/%40/cgi-bin/token", "/@wx%41/x", "/@wx.A/x"] {
-            assert!(split(bad).is_err(), "{bad}");
-        }
-        assert!(split(&format!("/@{}/x", "a".repeat(65))).is_err());
-        assert!(split(&format!("/@{}/x", "a".repeat(64))).is_ok());
     }
 }

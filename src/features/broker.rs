@@ -37,18 +37,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 
+use crate::admit::core::Core;
 use crate::config::accounts::{SecretAccount, TokenApi};
 use crate::config::Config;
 use crate::error::{Early, ProxyError};
-use crate::features::base::Base;
-use crate::features::hooks::{Asking, Feature, Sending};
+use crate::features::accounts::learn::TokenRequest;
+use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
 use crate::features::token_cache::ask::Kind;
 use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};
-use crate::features::token_cache::POLL;
-use crate::features::token_cache::{ask, json_answer};
+use crate::features::token_cache::{ask, json_answer, POLL, REJECTED};
 use crate::store::tokens::Claim;
 use crate::telemetry::metrics::Outcome;
 use crate::time::{deadline_after, Micros};
+use crate::transport::sniff::Verdict;
 
 /// A cached token with less left than this is not added to a call: the
 /// call fetches a new one (renewal normally has, long before).
@@ -57,20 +58,45 @@ pub const CALL_MIN_LEFT_US: Micros = 30_000_000;
 /// lifetime, if that is less).
 pub const RENEW_AHEAD_US: Micros = 300_000_000;
 
-/// The broker as a feature ([`crate::features`]): its `before_forward`
-/// hook adds the token.
-pub struct Broker;
+/// The broker as a feature ([`crate::features`]): it proves the account
+/// of a call it will add the token to (`on_request`), answers a token
+/// request for an `[[account]]` (`before_decide`), adds the token
+/// (`before_forward`), keeps such a call's body, and has it sent once more
+/// with a new token when WeChat rejects the one added (`resend`).
+pub struct Broker {
+    /// The token cache its tokens live in (`None`: `[tokens] cache` off).
+    pub cache: Option<Arc<TokenCache>>,
+}
+
+/// What the broker keeps of one call: the token it added, if any.
+pub type Ctx = Option<Injected>;
 
 impl Feature for Broker {
+    type Ctx = Ctx;
+
+    /// A call wxgate will add its account's own token to has its account
+    /// proven (a ticket is served from the account's cache only then).
+    async fn on_request(&self, _: Env<'_>, _: &mut Ctx, req: &mut Requesting<'_>) -> Result<(), Early> {
+        let config = req.config;
+        if !req.who.proven
+            && !config.accounts.is_empty()
+            && config.accounts.get(&req.who.account).is_some_and(|a| a.injects())
+            && wants_token(req.path, req.target.query())
+        {
+            req.who.proven = true;
+        }
+        Ok(())
+    }
+
     /// A token request for an `[[account]]`: refused unless it gives the
     /// secret wxgate holds; with it, answered with the account's one token
     /// (a platform's goes on to the token cache, which fetches it with the
     /// request's own verify ticket).
-    async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
-        if asking.config.accounts.is_empty() {
+    async fn before_decide(&self, env: Env<'_>, _: &mut Ctx, asking: &mut Asking<'_>) -> Result<(), Early> {
+        if asking.config.accounts.is_empty() || asking.who.own {
             return Ok(());
         }
-        if !asking.token_request {
+        if TokenRequest::at(asking.path).is_none() {
             return shows_token(asking).map_err(Early::from);
         }
         let body = asking.body.map(|b| &b[..]);
@@ -79,36 +105,65 @@ impl Feature for Broker {
         if !account.injects() {
             return Ok(());
         }
-        let got = match Box::pin(obtain(app, asking.config, &account, CALL_MIN_LEFT_US, -1, true)).await? {
+        let cache = self.cache()?;
+        let got = match Box::pin(obtain(env, cache, asking.config, &account, CALL_MIN_LEFT_US, -1, true)).await? {
             Some(got) => got,
-            None => return Err(ProxyError::TokenWait(cache_of(app)?.wait).into()),
+            None => return Err(ProxyError::TokenWait(cache.wait).into()),
         };
-        if let Some(cache) = &app.token_cache {
-            cache.metrics.from_cache.inc();
-        }
+        cache.metrics.from_cache.inc();
         let body = ask::answer(asked.kind, &got.token, got.left_us / 1_000_000, None);
         Err(Early::Answered(Box::new(json_answer(body.into())), Outcome::cached))
     }
 
-    async fn before_forward(&self, app: &Base, sending: &mut Sending<'_>) -> Result<(), Early> {
+    async fn before_forward(&self, env: Env<'_>, cx: &mut Ctx, sending: &mut Sending<'_>) -> Result<(), Early> {
         let config = sending.config;
-        if config.accounts.is_empty() || sending.token_request {
+        if config.accounts.is_empty() || TokenRequest::at(sending.path).is_some() {
             return Ok(());
         }
-        let Some(account) = config.accounts.get(sending.account) else { return Ok(()) };
+        let Some(account) = config.accounts.get(&sending.who.account) else { return Ok(()) };
         if !account.injects() || !wants_token(sending.path, sending.target.query()) {
             return Ok(());
         }
         // Boxed: the fetch behind it is a whole call of its own, and every
         // call's future would otherwise carry its state.
-        let token = Box::pin(current(app, config, account)).await?;
+        let cache = self.cache()?;
+        let token = Box::pin(current(env, cache, config, account)).await?;
         let with = with_token(sending.target, &token)?;
         let original = std::mem::replace(sending.target, with);
-        if let Some(cache) = &app.token_cache {
-            cache.metrics.injected.inc();
-        }
-        *sending.injected = Some(Injected { account: account.clone(), token, original });
+        cache.metrics.injected.inc();
+        *cx = Some(Injected { account: account.clone(), token, original });
         Ok(())
+    }
+
+    /// A call wxgate added a token to is kept, to be sent once more if
+    /// WeChat rejects that token.
+    fn keep_body(&self, cx: &Ctx) -> bool {
+        cx.is_some()
+    }
+
+    /// WeChat rejected the token wxgate added (it did not act on the
+    /// call): one new token, and the call once more with it; `None` when no
+    /// other token could be had (the first answer stands).
+    async fn resend(&self, env: Env<'_>, cx: &mut Ctx, answered: &Answered<'_>) -> Option<PathAndQuery> {
+        let (Verdict::Errcode(code), Some(injected), Some(cache)) = (answered.verdict, cx.as_mut(), &self.cache) else {
+            return None;
+        };
+        if !REJECTED.contains(&code) {
+            return None;
+        }
+        let token = after_rejection(env, cache, answered.config, injected).await?;
+        let target = with_token(&injected.original, &token).ok()?;
+        injected.token = token;
+        cache.metrics.resent.inc();
+        tracing::info!(account = %answered.account, path = %answered.path, errcode = code, "WeChat rejected the token wxgate added: sent once more with a new one");
+        Some(target)
+    }
+}
+
+impl Broker {
+    /// The token cache, which every `[[account]]` needs ([`check`]).
+    fn cache(&self) -> Result<&Arc<TokenCache>, ProxyError> {
+        self.cache.as_ref().ok_or(ProxyError::Unavailable(crate::store::StoreError::Settling))
     }
 }
 
@@ -160,7 +215,7 @@ fn shows_token(asking: &Asking<'_>) -> Result<(), ProxyError> {
     if !is_rid_get(asking.path) || !wants_token_of_any(asking.target.query()) {
         return Ok(());
     }
-    match asking.config.accounts.get(asking.account) {
+    match asking.config.accounts.get(&asking.who.account) {
         Some(account) if account.injects() => Err(ProxyError::BadRequest(format!(
             "wxgate does not add the token of \"{}\" to rid/get: WeChat's answer shows the token of the call \
              it describes (request_url); send rid/get with an access_token of your own",
@@ -263,15 +318,19 @@ pub fn slot(cache: &TokenCache, account: &SecretAccount) -> String {
 /// end, so a call asks the store only then: a token another instance
 /// renewed meanwhile is still valid (WeChat keeps the old one until its
 /// end), and one WeChat rejected is replaced by the resend path.
-pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) -> Result<String, ProxyError> {
-    let cache = cache_of(app)?;
-    let now = app.clock.now_us();
+pub async fn current(
+    env: Env<'_>,
+    cache: &Arc<TokenCache>,
+    config: &Arc<Config>,
+    account: &Arc<SecretAccount>,
+) -> Result<String, ProxyError> {
+    let now = env.core.clock.now_us();
     if let Some(held) = cache.held.read().unwrap_or_else(|e| e.into_inner()).get(&account.name) {
         if held.until > now && held.secret.same_read(&account.secret) {
             return Ok(held.token.clone());
         }
     }
-    match obtain(app, config, account, CALL_MIN_LEFT_US, -1, true).await? {
+    match obtain(env, cache, config, account, CALL_MIN_LEFT_US, -1, true).await? {
         Some(got) => Ok(got.token),
         None => Err(ProxyError::TokenWait(cache.wait)),
     }
@@ -279,8 +338,8 @@ pub async fn current(app: &Base, config: &Config, account: &Arc<SecretAccount>) 
 
 /// Keeps `token` of `account` in this process while it has more than
 /// [`CALL_MIN_LEFT_US`] left (`left_us` from now).
-fn hold(app: &Base, cache: &TokenCache, account: &SecretAccount, token: &str, left_us: Micros) {
-    let until = app.clock.now_us().saturating_add(left_us - CALL_MIN_LEFT_US);
+fn hold(core: &Core, cache: &TokenCache, account: &SecretAccount, token: &str, left_us: Micros) {
+    let until = core.clock.now_us().saturating_add(left_us - CALL_MIN_LEFT_US);
     let held = HeldToken { secret: account.secret.clone(), token: token.to_owned(), until };
     cache.held.write().unwrap_or_else(|e| e.into_inner()).insert(account.name.clone(), held);
 }
@@ -290,8 +349,12 @@ fn hold(app: &Base, cache: &TokenCache, account: &SecretAccount, token: &str, le
 /// the account's token, new. `None` when no other token can be had (the
 /// slot's is still the one rejected, or the fetch failed): the call is not
 /// sent again.
-pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -> Option<String> {
-    let cache = app.token_cache.as_ref()?;
+async fn after_rejection(
+    env: Env<'_>,
+    cache: &Arc<TokenCache>,
+    config: &Arc<Config>,
+    injected: &Injected,
+) -> Option<String> {
     {
         let mut held = cache.held.write().unwrap_or_else(|e| e.into_inner());
         if held.get(&injected.account.name).is_some_and(|h| h.token == injected.token) {
@@ -300,7 +363,7 @@ pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -
     }
     // The token is the one wxgate added, whatever host answered.
     crate::features::token_cache::rejected_token(cache, injected.token.as_bytes(), None).await;
-    match obtain(app, config, &injected.account, CALL_MIN_LEFT_US, -1, true).await {
+    match obtain(env, cache, config, &injected.account, CALL_MIN_LEFT_US, -1, true).await {
         Ok(Some(got)) if got.token != injected.token => Some(got.token),
         Ok(_) => None,
         Err(e) => {
@@ -308,10 +371,6 @@ pub async fn after_rejection(app: &Base, config: &Config, injected: &Injected) -
             None
         }
     }
-}
-
-fn cache_of(app: &Base) -> Result<&Arc<TokenCache>, ProxyError> {
-    app.token_cache.as_ref().ok_or(ProxyError::Unavailable(crate::store::StoreError::Settling))
 }
 
 /// A token [`obtain`] got.
@@ -328,14 +387,14 @@ struct Got {
 /// slot's lock, or another asker's fetch waited for (`wait`; without it,
 /// `Ok(None)` when another asker is fetching).
 async fn obtain(
-    app: &Base,
-    config: &Config,
+    env: Env<'_>,
+    cache: &Arc<TokenCache>,
+    config: &Arc<Config>,
     account: &Arc<SecretAccount>,
     min_left_us: Micros,
     newer_than: Micros,
     wait: bool,
 ) -> Result<Option<Got>, ProxyError> {
-    let cache = cache_of(app)?;
     let slot = slot(cache, account);
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
@@ -348,7 +407,7 @@ async fn obtain(
             Ok(Claim::Cached { entry, until, now }) => {
                 return match cache.sealer.open(&slot, &entry) {
                     Some(token) => {
-                        hold(app, cache, account, &token, until - now);
+                        hold(env.core, cache, account, &token, until - now);
                         Ok(Some(Got { token, left_us: until - now, fetched: false }))
                     }
                     None => Err(ProxyError::NoToken {
@@ -369,9 +428,9 @@ async fn obtain(
                     });
                 }
                 let won = Fetch::new(cache.clone(), slot, holder, kind(account.token_api), account.name.to_string());
-                let (token, expires_in) = fetch::fetch(app, config, account, won).await?;
+                let (token, expires_in) = fetch::fetch(env, config, account, won).await?;
                 let left_us = expires_in.saturating_mul(1_000_000);
-                hold(app, cache, account, &token, left_us);
+                hold(env.core, cache, account, &token, left_us);
                 return Ok(Some(Got { token, left_us, fetched: true }));
             }
             Ok(Claim::Failed { answer }) => return Err(fetch::refused(account, &answer)),
@@ -394,16 +453,16 @@ async fn obtain(
 /// its renewal is due by what this instance last saw, and at least every
 /// [`RENEW_LOOK_US`] (another instance, or a rejection, may have changed
 /// it): a store operation per account a minute, not per round.
-pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
-    let Some(cache) = &app.token_cache else { return };
+pub async fn renew(broker: &Broker, env: Env<'_>, config: &Arc<Config>, state: &mut RenewState) {
+    let Some(cache) = &broker.cache else { return };
     for account in config.accounts.list.iter().filter(|a| a.injects()) {
-        let now = app.clock.now_us();
+        let now = env.core.clock.now_us();
         let due = state.due.get(&account.name).copied().unwrap_or(0);
         if due > now {
             continue;
         }
         let ahead = state.lifetime.get(&account.name).map_or(RENEW_AHEAD_US, |l| (l / 10).min(RENEW_AHEAD_US));
-        let next = match obtain(app, config, account, ahead, -1, false).await {
+        let next = match obtain(env, cache, config, account, ahead, -1, false).await {
             Ok(Some(got)) => {
                 state.errors.remove(&account.name);
                 if got.fetched {
@@ -431,7 +490,7 @@ pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
             }
         };
         state.due.insert(account.name.clone(), next);
-        renew_tickets(app, config, cache, account, state).await;
+        renew_tickets(env, config, cache, account, state).await;
     }
 }
 
@@ -440,13 +499,13 @@ pub async fn renew(app: &Base, config: &Config, state: &mut RenewState) {
 /// slot when less than [`RENEW_AHEAD_US`] is left fetches it with the
 /// account's current token.
 async fn renew_tickets(
-    app: &Base,
-    config: &Config,
+    env: Env<'_>,
+    config: &Arc<Config>,
     cache: &Arc<TokenCache>,
     account: &Arc<SecretAccount>,
     state: &mut RenewState,
 ) {
-    let now = app.clock.now_us();
+    let now = env.core.clock.now_us();
     for ticket in cache.tickets_due(&account.name, now - TICKETS_KEPT_US, now, now + RENEW_AHEAD_US) {
         let key = (account.name.clone(), ticket);
         if state.ticket_due.get(&key).is_some_and(|due| *due > now) {
@@ -468,8 +527,8 @@ async fn renew_tickets(
                 let won = Fetch::new(cache.clone(), slot, holder, Kind::Ticket(ticket), account.name.to_string());
                 // The token from the store, not this process's copy: another
                 // instance may have replaced a rejected one.
-                let fetched = match obtain(app, config, account, CALL_MIN_LEFT_US, -1, true).await {
-                    Ok(Some(got)) => fetch::fetch_ticket(app, config, account, ticket, &got.token, won).await,
+                let fetched = match obtain(env, cache, config, account, CALL_MIN_LEFT_US, -1, true).await {
+                    Ok(Some(got)) => fetch::fetch_ticket(env, config, account, ticket, &got.token, won).await,
                     Ok(None) => Err(ProxyError::TokenWait(cache.wait)),
                     Err(e) => Err(e),
                 };

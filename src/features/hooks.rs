@@ -1,77 +1,205 @@
 //! The hooks features plug into (pingora's `ProxyHttp` is the model): the
-//! phases of [`crate::proxy`] call each hook of the features
-//! ([`crate::features::FEATURES`]) in their order, and no phase function
-//! knows which features there are.
+//! phases of [`crate::proxy`] call each hook of every feature, in the order
+//! of the list in [`crate::features`], and no phase names a feature.
+//!
+//! A feature is a value that holds its shared state (built once, by
+//! [`crate::features::Features::new`]), and has a per-call context of its
+//! own ([`Feature::Ctx`], created empty for every call and handed to each
+//! of its hooks): what it learns of a call in one phase and uses in a
+//! later one stays in its context, never in the phases' types.
 //!
 //! | hook | when it runs | what it sees and may set | an early answer |
 //! |---|---|---|---|
-//! | [`Feature::before_decide`] | the token-cache phase: after route, before the store decides | the request as identify read it ([`Asking`]); may set `token_fetch` | `Err(Early::Answered)` answers the call without deciding or forwarding it; `Err(Early::Refused)` refuses it |
-//! | [`Feature::before_forward`] | after decide, before the call is sent: the call was admitted | the target about to be sent ([`Sending`]); may change its query (the broker adds a token) | `Err(Early::Refused)` answers the call instead of sending it (its admission stays counted) |
-//! | [`Feature::on_answer`] | the answer phase: WeChat's answer head and, when small, its body were read; before the client's answer is built | the call and WeChat's verdict ([`Answered`]); may take what it owns (`learn`, `token_fetch`) and set `penalty` | none: WeChat has answered, and the client gets that answer |
-//! | [`Feature::on_response`] | the answer phase, building the client's answer to a forwarded call | the call ([`Answered`]); may add headers | none; a status is never set here (the one table in [`crate::error`] chooses it) |
+//! | [`Feature::on_request`] | identify: after route, once the caller is known and the grant of a named account checked | the request ([`Requesting`]): its headers, its body (a hook may read it whole), the call's account; may set the account and whether it is proven | `Err` refuses the call (or answers it) before anything is decided |
+//! | [`Feature::before_decide`] | after identify and meter, before the store decides | the request as identify read it ([`Asking`]) | `Err(Early::Answered)` answers the call without deciding or forwarding it; `Err(Early::Refused)` refuses it |
+//! | [`Feature::before_forward`] | after decide, before the call is sent: the call was admitted | the target about to be sent ([`Sending`]); may change its query | `Err(Early::Refused)` answers the call instead of sending it (its admission stays counted) |
+//! | [`Feature::keep_body`] | forward, before the body is sent | its context | none: `true` keeps a small body for one resend |
+//! | [`Feature::resend`] | answer: WeChat's answer was read, before any other answer hook | the answer ([`Answered`]) | none: `Some(target)` sends the call once more to `target` (its body kept), and the second answer is the one the client gets |
+//! | [`Feature::on_answer`] | answer: WeChat's answer head and, when small, its body were read; before the client's answer is built | the call and WeChat's verdict ([`Answered`]); may set `penalty` | none: WeChat has answered, and the client gets that answer |
+//! | [`Feature::on_response`] | answer, building the client's answer to a forwarded call | the call ([`Answered`]); may add headers | none; a status is never set here (the one table in [`crate::error`] chooses it) |
 //!
-//! Every hook's default does nothing. Identify (accounts, callers) and
-//! decide are phases of their own: every call runs them. Hooks run with
-//! static dispatch (a tuple of features), so they cost what the code in
-//! them costs.
+//! Every hook's default does nothing. A call wxgate makes itself
+//! ([`OwnCall`], sent through [`Env::calls`]) runs the same hooks from
+//! `on_request` on, with no client: its request carries what its maker
+//! left for the features in its extensions. Hooks run with static dispatch
+//! (one field per feature), so they cost what the code in them costs.
+
+pub mod body;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Method};
+use http::{HeaderMap, Method, Request};
+use hyper::body::Incoming;
 
+use crate::admit::callers::Caller;
+use crate::admit::core::Core;
 use crate::admit::Admitted;
 use crate::config::Config;
-use crate::error::Early;
-use crate::features::accounts::learn::Learn;
-use crate::features::base::Base;
-use crate::features::broker::injected::Injected;
-use crate::features::quota_clear::request::Clearing;
-use crate::features::token_cache::cache::Fetch;
+use crate::error::{Early, ProxyError};
 use crate::limit::Rule;
 use crate::time::Micros;
 use crate::transport::sniff::Verdict;
 
-/// What a feature sees of a call before it is decided.
-pub struct Asking<'a> {
-    pub config: &'a Config,
+/// What every hook is given of the shared state: the [`Core`] (store,
+/// clock, metrics, upstream, ...) and the way to make a call of one's own.
+#[derive(Clone, Copy)]
+pub struct Env<'a> {
+    pub core: &'a Core,
+    /// Runs a call wxgate makes itself through the phases ([`OwnCall`]).
+    pub calls: &'a dyn Calls,
+}
+
+/// A call wxgate makes itself (a token fetch; a delivery made later on a
+/// caller's behalf): no client, an account already known.
+pub struct OwnCall {
+    /// The config it runs under.
+    pub config: Arc<Config>,
+    /// The account it counts against.
+    pub account: String,
+    pub method: Method,
+    /// The path and query to send.
+    pub target: PathAndQuery,
+    /// Its whole body.
+    pub body: Bytes,
+    /// What its maker leaves for the features' `on_request` hooks (a token
+    /// cache slot's fetch, what its answer teaches).
+    pub seeds: Seeds,
+}
+
+/// Values of any type, each taken once by the hook that knows its type
+/// (`http::Extensions` would want them `Clone`; a slot's fetch is not).
+#[derive(Default)]
+pub struct Seeds(Vec<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Seeds {
+    pub fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+        self.0.push(Box::new(value));
+    }
+
+    /// The value of type `T`, taken out (`None`: none was left).
+    pub fn take<T: 'static>(&mut self) -> Option<T> {
+        let at = self.0.iter().position(|v| v.is::<T>())?;
+        self.0.swap_remove(at).downcast::<T>().ok().map(|v| *v)
+    }
+}
+
+/// The caller label wxgate's own calls are decided and counted under.
+pub const OWN_CALLER: &str = "wxgate";
+
+/// What WeChat answered to a call wxgate made itself.
+pub struct OwnAnswer {
+    /// Its errcode (0: success; `None`: not a WeChat JSON answer).
+    pub errcode: Option<i64>,
+    /// Its body, when small enough to be read whole.
+    pub body: Option<Bytes>,
+}
+
+/// The future of an own call.
+pub type OwnFuture<'a> = Pin<Box<dyn Future<Output = Result<OwnAnswer, ProxyError>> + Send + 'a>>;
+
+/// Runs calls wxgate makes itself through the phases (decide, forward,
+/// answer, with every feature's hooks): [`crate::proxy::own`]. A trait
+/// object, so that the features below the phases can make one.
+pub trait Calls: Send + Sync {
+    fn call(&self, own: OwnCall) -> OwnFuture<'_>;
+}
+
+/// Who a call is from and for: set by identify and its hooks.
+pub struct Who {
+    /// Who the call is from (`X-Wx-Caller`, else `[server] caller`, else
+    /// `default`; [`OWN_CALLER`] for wxgate's own calls).
+    pub caller: Caller,
+    /// The WeChat account (appid / corpid alias) the call is for.
+    pub account: String,
+    /// The account is proven, not only named: the call's token was issued
+    /// to it, or wxgate adds the account's own token.
+    pub proven: bool,
+    /// A call wxgate makes itself ([`OwnCall`]): no client.
+    pub own: bool,
+}
+
+/// The appid WeChat reads in a request (a token request's, a clear_quota's):
+/// set by the hook that recognises the request, read by the account's.
+pub struct Appid {
+    /// The appid, if the request gives a valid one.
+    pub id: Option<String>,
+    /// The parameter or field that gives it (for refusals).
+    pub field: &'static str,
+}
+
+/// What a feature sees of a request being identified.
+pub struct Requesting<'a> {
+    pub config: &'a Arc<Config>,
     pub method: &'a Method,
     /// The path (without an `@account` prefix).
     pub path: &'a str,
     /// The path and query to be sent.
     pub target: &'a PathAndQuery,
-    /// The request's body, when identify read it whole (token requests, clear_quota).
+    /// What a call wxgate makes itself carries for the features.
+    pub seeds: &'a mut Seeds,
+    /// The body, when read whole (by a hook, [`Requesting::read_body`]; an
+    /// own call's always): forwarded as it is.
+    pub body: &'a mut Option<Bytes>,
+    /// The live request (`None`: an own call); its body unread unless `body` is set.
+    pub incoming: Option<&'a mut Request<Incoming>>,
+    /// The account the call names (`X-Wx-Account`, `@account`), its grant checked.
+    pub named: Option<String>,
+    pub who: &'a mut Who,
+    /// The appid WeChat reads in this request, when a hook recognised one.
+    pub appid: Option<Appid>,
+    /// Under `caller_auth = "required"`: the caller is proven by its key.
+    pub authenticated: bool,
+}
+
+impl Requesting<'_> {
+    /// A call wxgate makes itself (its account and caller are set; nothing
+    /// is read from a client).
+    pub fn own(&self) -> bool {
+        self.incoming.is_none()
+    }
+
+    /// The whole body (read now if it was not: see [`body::read_body_upto`]).
+    pub async fn read_body(&mut self, cap: u64, what: &str) -> Result<Option<&Bytes>, ProxyError> {
+        if self.body.is_none() {
+            if let Some(req) = self.incoming.as_deref_mut() {
+                *self.body = body::read_body_upto(req, self.config.server.body_timeout, cap, what).await?;
+            }
+        }
+        Ok(self.body.as_ref())
+    }
+}
+
+/// What a feature sees of a call before it is decided.
+pub struct Asking<'a> {
+    pub config: &'a Arc<Config>,
+    pub method: &'a Method,
+    /// The path (without an `@account` prefix).
+    pub path: &'a str,
+    /// The path and query to be sent.
+    pub target: &'a PathAndQuery,
+    /// The request's body, when it was read whole.
     pub body: Option<&'a Bytes>,
-    /// A token request (identify will learn from its answer).
-    pub token_request: bool,
-    /// The account the call counts against (identify's).
-    pub account: &'a str,
-    /// The account is proven, not only named: the call's token was issued
-    /// to it, or wxgate adds the account's own token (a ticket is served
-    /// from the account's cache only then).
-    pub proven: bool,
+    pub who: &'a Who,
     pub rule: Option<&'a Rule>,
-    /// token cache: this call is its token slot's one fetch.
-    pub token_fetch: &'a mut Option<Fetch>,
 }
 
 /// What a feature sees of an admitted call about to be sent.
 pub struct Sending<'a> {
-    pub config: &'a Config,
-    /// The account the call counts against (identify's).
-    pub account: &'a str,
+    pub config: &'a Arc<Config>,
+    pub who: &'a Who,
     /// The path (without an `@account` prefix).
     pub path: &'a str,
     /// The path and query to be sent; a hook may replace it.
     pub target: &'a mut PathAndQuery,
-    /// A token request (identify will learn from its answer).
-    pub token_request: bool,
-    /// broker: the token wxgate added to this call.
-    pub injected: &'a mut Option<Injected>,
 }
 
 /// What a feature sees of a call WeChat answered.
 pub struct Answered<'a> {
-    pub config: &'a Config,
+    pub config: &'a Arc<Config>,
     pub account: &'a str,
     pub path: &'a str,
     /// The path and query that were sent.
@@ -89,82 +217,83 @@ pub struct Answered<'a> {
     pub rule: Option<&'a Rule>,
     /// The call's admission (`None` without a rule).
     pub admitted: Option<&'a Admitted>,
-    /// identify: what a token request's answer teaches (taken by learning).
-    pub learn: Option<Learn>,
-    /// identify: a clear_quota call and the appid it names.
-    pub clearing: Option<&'a Clearing>,
-    /// token cache: this call's fetch for its slot (taken by the token cache).
-    pub token_fetch: Option<Fetch>,
-    /// penalties: WeChat penalised the call; the client's answer is a
-    /// penalty refusal for this long (made by the one table).
+    /// WeChat penalised the call; the client's answer is a penalty
+    /// refusal for this long (made by the one table). Set by a hook.
     pub penalty: Option<Micros>,
 }
 
 /// A feature's hooks; see the module docs for when each runs.
-pub trait Feature {
-    /// The token-cache phase; `Err` ends the call early.
+pub trait Feature: Send + Sync {
+    /// What the feature keeps of one call, from its request to its answer.
+    type Ctx: Default + Send + Sync;
+
+    /// Identify: the request, once the caller is known.
+    fn on_request(
+        &self,
+        env: Env<'_>,
+        cx: &mut Self::Ctx,
+        req: &mut Requesting<'_>,
+    ) -> impl Future<Output = Result<(), Early>> + Send {
+        let _ = (env, cx, req);
+        async { Ok(()) }
+    }
+
+    /// Before the store decides; `Err` ends the call early.
     fn before_decide(
         &self,
-        app: &Base,
+        env: Env<'_>,
+        cx: &mut Self::Ctx,
         asking: &mut Asking<'_>,
-    ) -> impl std::future::Future<Output = Result<(), Early>> + Send {
-        let _ = (app, asking);
+    ) -> impl Future<Output = Result<(), Early>> + Send {
+        let _ = (env, cx, asking);
         async { Ok(()) }
     }
 
     /// The call was admitted and is about to be sent; `Err` answers it instead.
     fn before_forward(
         &self,
-        app: &Base,
+        env: Env<'_>,
+        cx: &mut Self::Ctx,
         sending: &mut Sending<'_>,
-    ) -> impl std::future::Future<Output = Result<(), Early>> + Send {
-        let _ = (app, sending);
+    ) -> impl Future<Output = Result<(), Early>> + Send {
+        let _ = (env, cx, sending);
         async { Ok(()) }
     }
 
+    /// Whether the call's body must be kept to be sent once more.
+    fn keep_body(&self, cx: &Self::Ctx) -> bool {
+        let _ = cx;
+        false
+    }
+
+    /// WeChat's answer was read: `Some(target)` asks for the call to be
+    /// sent once more, to `target` (at most once a call, the first asking).
+    fn resend(
+        &self,
+        env: Env<'_>,
+        cx: &mut Self::Ctx,
+        answered: &Answered<'_>,
+    ) -> impl Future<Output = Option<PathAndQuery>> + Send {
+        let _ = (env, cx, answered);
+        async { None }
+    }
+
     /// WeChat's answer was read.
-    fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) -> impl std::future::Future<Output = ()> + Send {
-        let _ = (app, answered);
+    fn on_answer(
+        &self,
+        env: Env<'_>,
+        cx: &mut Self::Ctx,
+        answered: &mut Answered<'_>,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (env, cx, answered);
         async {}
     }
 
     /// The client's answer to a forwarded call is being built.
-    fn on_response(&self, answered: &Answered<'_>, headers: &mut HeaderMap) {
-        let _ = (answered, headers);
+    fn on_response(&self, cx: &Self::Ctx, answered: &Answered<'_>, headers: &mut HeaderMap) {
+        let _ = (cx, answered, headers);
     }
 }
-
-macro_rules! feature_tuple {
-    ($($f:ident),+) => {
-        #[allow(non_snake_case)]
-        impl<$($f: Feature + Sync),+> Feature for ($($f,)+) {
-            async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
-                let ($($f,)+) = self;
-                $($f.before_decide(app, asking).await?;)+
-                Ok(())
-            }
-
-            async fn before_forward(&self, app: &Base, sending: &mut Sending<'_>) -> Result<(), Early> {
-                let ($($f,)+) = self;
-                $($f.before_forward(app, sending).await?;)+
-                Ok(())
-            }
-
-            async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
-                let ($($f,)+) = self;
-                $($f.on_answer(app, answered).await;)+
-            }
-
-            fn on_response(&self, answered: &Answered<'_>, headers: &mut HeaderMap) {
-                let ($($f,)+) = self;
-                $($f.on_response(answered, headers);)+
-            }
-        }
-    };
-}
-
-feature_tuple!(A, B, C, D);
-feature_tuple!(A, B, C, D, E, F, G);
 
 impl Answered<'_> {
     /// The WeChat host the call went to: an intercepted call's, else the

@@ -8,8 +8,7 @@
 //! logged, and the answer is still turned into a refusal.
 
 use crate::error::retry_after_secs;
-use crate::features::base::Base;
-use crate::features::hooks::{Answered, Feature};
+use crate::features::hooks::{Answered, Env, Feature};
 use crate::limit::Key;
 use crate::store::op::{Penalise, Succeeded};
 use crate::transport::sniff::Verdict;
@@ -17,7 +16,9 @@ use crate::transport::sniff::Verdict;
 pub struct Penalties;
 
 impl Feature for Penalties {
-    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
+    type Ctx = ();
+
+    async fn on_answer(&self, env: Env<'_>, _: &mut (), answered: &mut Answered<'_>) {
         let (Some(rule), Some(admitted)) = (answered.rule, answered.admitted) else { return };
         let config = answered.config;
         let key = Key { account: answered.account, rule, offset_us: config.server.quota_offset_us };
@@ -25,7 +26,7 @@ impl Feature for Penalties {
         match answered.verdict {
             Verdict::Errcode(code) => {
                 let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) else { return };
-                let wait_us = match app.store.apply(key, Penalise { policy, sent_at }).await {
+                let wait_us = match env.core.store.apply(key, Penalise { policy, sent_at }).await {
                     Ok(end) => end.remaining_us(),
                     Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
@@ -38,7 +39,7 @@ impl Feature for Penalties {
                 }
             }
             Verdict::Success if admitted.escalated => {
-                if let Err(e) = app.store.apply(key, Succeeded { sent_at }).await {
+                if let Err(e) = env.core.store.apply(key, Succeeded { sent_at }).await {
                     tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
                 }
             }

@@ -16,9 +16,11 @@
 //! Nothing is cleared when WeChat refuses the clear (48006: ten clears a
 //! month used up) or its answer is not a plain success.
 
+use crate::admit::core::Core;
 use crate::config::Config;
-use crate::features::base::Base;
-use crate::features::hooks::{Answered, Feature};
+use crate::error::Early;
+use crate::features::accounts::learn::{BODY_CAP, BODY_WHAT};
+use crate::features::hooks::{Answered, Appid, Env, Feature, Requesting};
 use crate::limit::Key;
 use crate::store::StoreError;
 use crate::transport::sniff::Verdict;
@@ -27,23 +29,38 @@ pub mod request;
 
 pub use self::request::{at, Clearing, PATHS};
 
-/// clear_quota as a feature ([`crate::features`]): the answer hook of a
-/// clear_quota WeChat accepted ([`cleared`]).
+/// clear_quota as a feature ([`crate::features`]): its request hook reads
+/// the appid a clear_quota names (the call is that account's); its answer
+/// hook resets that account's counts when WeChat accepted it ([`cleared`]).
 pub struct QuotaClear;
 
 impl Feature for QuotaClear {
-    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
-        if let (Verdict::Success, Some(clearing)) = (answered.verdict, answered.clearing) {
-            cleared(app, answered.config, answered.account, clearing).await;
+    /// A clear_quota on its way: the appid it names.
+    type Ctx = Option<Clearing>;
+
+    async fn on_request(&self, _: Env<'_>, cx: &mut Option<Clearing>, req: &mut Requesting<'_>) -> Result<(), Early> {
+        if req.own() || !at(req.path) {
+            return Ok(());
+        }
+        let body = req.read_body(BODY_CAP, BODY_WHAT).await?.cloned();
+        let clearing = request::read(body.as_deref(), req.target.query())?;
+        req.appid = Some(Appid { id: clearing.appid.clone(), field: "appid" });
+        *cx = Some(clearing);
+        Ok(())
+    }
+
+    async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Clearing>, answered: &mut Answered<'_>) {
+        if let (Verdict::Success, Some(clearing)) = (answered.verdict, cx.take()) {
+            cleared(env.core, answered.config, answered.account, &clearing).await;
         }
     }
 }
 
 /// The answer hook's part, after WeChat accepted the clear: resets the
 /// counts of `account` (the call's) if it is the appid WeChat cleared.
-pub async fn cleared(app: &Base, config: &Config, account: &str, clearing: &Clearing) {
+pub async fn cleared(core: &Core, config: &Config, account: &str, clearing: &Clearing) {
     match clearing.appid.as_deref() {
-        Some(appid) if appid == account => match clear_account(app, config, appid).await {
+        Some(appid) if appid == account => match clear_account(core, config, appid).await {
             Ok(()) => {
                 tracing::info!(account = %appid, "WeChat cleared this account's quota: its day counts and penalties start again")
             }
@@ -71,10 +88,10 @@ pub async fn cleared(app: &Base, config: &Config, account: &str, clearing: &Clea
 /// Resets `account`'s day counts and penalties for every rule of `config`
 /// (each path's state for `scope = "path"`), in the store: every instance
 /// sees it.
-pub async fn clear_account(app: &Base, config: &Config, account: &str) -> Result<(), StoreError> {
+pub async fn clear_account(core: &Core, config: &Config, account: &str) -> Result<(), StoreError> {
     let offset_us = config.server.quota_offset_us;
     let keys: Vec<Key<'_>> = config.routed.iter().map(|rule| Key { account, rule, offset_us }).collect();
-    app.store.clear(&keys).await?;
-    app.metrics.quota_clears.inc();
+    core.store.clear(&keys).await?;
+    core.metrics.quota_clears.inc();
     Ok(())
 }

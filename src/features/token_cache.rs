@@ -45,10 +45,11 @@ use http::Response;
 
 use self::ask::{answer, credential_of, Kind};
 use self::cache::{Fetch, TokenCache, FAILED_HOLD_US};
+use crate::admit::core::Core;
 use crate::error::{Early, ProxyError};
+use crate::features::accounts::learn::TokenRequest;
 use crate::features::accounts::query;
-use crate::features::base::Base;
-use crate::features::hooks::{Answered, Asking, Feature};
+use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting};
 use crate::store::tokens::{Claim, Fetched};
 use crate::telemetry::metrics::Outcome;
 use crate::time::deadline_after;
@@ -66,27 +67,46 @@ const MAX_TTL_S: i64 = 86_400;
 /// `before_decide` hook answers token requests from the cache ([`serve`]),
 /// its `on_answer` hook seals a fetched token ([`fetched`]) and drops a
 /// token WeChat rejected ([`rejected`]).
-pub struct TokenCacheFeature;
+pub struct TokenCacheFeature {
+    /// The access-token cache (`[tokens]`); `None` when off.
+    pub cache: Option<Arc<TokenCache>>,
+}
 
 impl Feature for TokenCacheFeature {
-    async fn before_decide(&self, app: &Base, asking: &mut Asking<'_>) -> Result<(), Early> {
-        if asking.token_request {
-            return serve(app, asking).await;
+    /// This call is its token slot's one fetch: reported by the answer
+    /// hook (or released when the call ends).
+    type Ctx = Option<Fetch>;
+
+    async fn on_request(&self, _: Env<'_>, cx: &mut Option<Fetch>, req: &mut Requesting<'_>) -> Result<(), Early> {
+        if req.own() {
+            // wxgate's own fetch: its maker won the slot.
+            *cx = req.seeds.take::<Fetch>();
+        }
+        Ok(())
+    }
+
+    async fn before_decide(&self, env: Env<'_>, cx: &mut Option<Fetch>, asking: &mut Asking<'_>) -> Result<(), Early> {
+        let Some(cache) = &self.cache else { return Ok(()) };
+        if cx.is_some() {
+            return Ok(());
+        }
+        if TokenRequest::at(asking.path).is_some() {
+            return serve(env.core, cache, cx, asking).await;
         }
         match ask::ticket(asking.method, asking.path, asking.target.query()) {
-            Ok(Some(ticket)) => return serve_ticket(app, asking, ticket).await,
+            Ok(Some(ticket)) => return serve_ticket(env.core, cache, cx, asking, ticket).await,
             Ok(None) => {}
             Err(why) => return Err(ProxyError::BadRequest(why).into()),
         }
         Ok(())
     }
 
-    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
-        if let Some(fetch) = answered.token_fetch.take() {
+    async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Fetch>, answered: &mut Answered<'_>) {
+        if let Some(fetch) = cx.take() {
             let sent = answered.target.query().and_then(|q| query::param(q, "access_token"));
-            fetched(app, fetch, answered.errcode, answered.body, sent.as_deref()).await;
+            fetched(env.core, fetch, answered.errcode, answered.body, sent.as_deref()).await;
         }
-        if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &app.token_cache) {
+        if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &self.cache) {
             if REJECTED.contains(&code) {
                 rejected(cache, answered.target.query(), answered.host()).await;
             }
@@ -94,20 +114,35 @@ impl Feature for TokenCacheFeature {
     }
 }
 
-/// The token-cache hook (after route, before decide), for token requests
-/// (identify set `learn`; it is called for no other): answers a cacheable
-/// token request from the cache or from another request's fetch, or lets
-/// it go on as its slot's one fetch (`asking.token_fetch`). Anything else
-/// goes on untouched.
-async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
-    let Some(cache) = &app.token_cache else { return Ok(()) };
+/// A token request (after identify, before decide): answered from the
+/// cache or from another request's fetch, or let go on as its slot's one
+/// fetch (`fetch`). One that is not cacheable goes on untouched.
+async fn serve(
+    core: &Core,
+    cache: &Arc<TokenCache>,
+    fetch: &mut Option<Fetch>,
+    call: &Asking<'_>,
+) -> Result<(), Early> {
     let Some(asked) = ask::ask(call.method, call.path, call.target.query(), call.body.map(|b| &b[..])) else {
         cache.metrics.passed.inc();
         return Ok(());
     };
-    let slot = cache.slot(asked.kind, &asked.id, &asked.secret);
-    let force = asked.force;
-    serve_slot(app, call, cache, slot, asked.kind, asked.id, force, asked.refresh.as_deref()).await
+    let name = cache.slot(asked.kind, &asked.id, &asked.secret);
+    let slot =
+        Slot { name, kind: asked.kind, account: asked.id, force: asked.force, refresh: asked.refresh.as_deref() };
+    serve_slot(core, cache, fetch, call, slot).await
+}
+
+/// A token-cache slot a request asks for.
+struct Slot<'a> {
+    name: String,
+    kind: Kind,
+    /// The account (appid) whose credential it holds.
+    account: String,
+    /// A forced refresh (`stable_token`'s `force_refresh`).
+    force: bool,
+    /// The `refresh` an answer echoes (a platform's).
+    refresh: Option<&'a str>,
 }
 
 /// A ticket request (after route, before decide): answered from the slot
@@ -116,31 +151,34 @@ async fn serve(app: &Base, call: &mut Asking<'_>) -> Result<(), Early> {
 /// token's owner is known to be it, or wxgate adds the account's token):
 /// otherwise the ticket of the account it names could be read with any
 /// token. Any other ticket request goes to WeChat as it came.
-async fn serve_ticket(app: &Base, call: &mut Asking<'_>, ticket: ask::Ticket) -> Result<(), Early> {
-    let Some(cache) = &app.token_cache else { return Ok(()) };
-    if !call.proven {
+async fn serve_ticket(
+    core: &Core,
+    cache: &Arc<TokenCache>,
+    fetch: &mut Option<Fetch>,
+    call: &Asking<'_>,
+    ticket: ask::Ticket,
+) -> Result<(), Early> {
+    if !call.who.proven {
         return Ok(());
     }
-    let slot = format!("{}:{}", ticket.as_str(), call.account);
-    let account = call.account.to_owned();
-    cache.ticket_used(&account, ticket, app.clock.now_us());
-    serve_slot(app, call, cache, slot, Kind::Ticket(ticket), account, false, None).await
+    let name = format!("{}:{}", ticket.as_str(), call.who.account);
+    let account = call.who.account.clone();
+    cache.ticket_used(&account, ticket, core.clock.now_us());
+    let slot = Slot { name, kind: Kind::Ticket(ticket), account, force: false, refresh: None };
+    serve_slot(core, cache, fetch, call, slot).await
 }
 
 /// Answers a request for `slot`'s credential (a token, a ticket) from the
 /// cache or from another request's fetch, or lets it go on as the slot's
-/// one fetch (`asking.token_fetch`).
-#[allow(clippy::too_many_arguments)]
+/// one fetch (`fetch`).
 async fn serve_slot(
-    app: &Base,
-    call: &mut Asking<'_>,
+    core: &Core,
     cache: &Arc<TokenCache>,
-    slot: String,
-    kind: Kind,
-    account: String,
-    force: bool,
-    refresh: Option<&str>,
+    fetch: &mut Option<Fetch>,
+    call: &Asking<'_>,
+    slot: Slot<'_>,
 ) -> Result<(), Early> {
+    let Slot { name: slot, kind, account, force, refresh } = slot;
     let holder = cache.holder();
     let deadline = deadline_after(cache.wait);
     // The lock outlasts the longest the fetch may take, held by its rule's
@@ -166,7 +204,7 @@ async fn serve_slot(
                     return Ok(());
                 };
                 let left_s = (until - now) / 1_000_000;
-                let local_until = app.clock.now_us().saturating_add(until - now);
+                let local_until = core.clock.now_us().saturating_add(until - now);
                 match kind {
                     Kind::Token | Kind::Stable => cache.remember(&account, &token, local_until),
                     Kind::Ticket(t) => cache.ticket_until(&account, t, local_until),
@@ -178,7 +216,7 @@ async fn serve_slot(
             }
             Ok(Claim::Won { .. }) => {
                 cache.metrics.fetched.inc();
-                *call.token_fetch = Some(Fetch::new(cache.clone(), slot, holder, kind, account));
+                *fetch = Some(Fetch::new(cache.clone(), slot, holder, kind, account));
                 return Ok(());
             }
             Ok(Claim::Failed { answer }) => {
@@ -205,7 +243,7 @@ async fn serve_slot(
 /// a token answer is sealed into the slot; WeChat's refusal is shown to the
 /// waiters for a moment; anything else releases the lock.
 /// `errcode` is the answer's (0: success; `None`: not a WeChat JSON answer).
-pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>, sent: Option<&[u8]>) {
+pub async fn fetched(core: &Core, fetch: Fetch, errcode: Option<i64>, body: Option<&Bytes>, sent: Option<&[u8]>) {
     let cache = fetch.cache.clone();
     match (errcode, body) {
         (Some(0), Some(body)) => match credential_of(fetch.kind, body) {
@@ -225,7 +263,7 @@ pub async fn fetched(app: &Base, fetch: Fetch, errcode: Option<i64>, body: Optio
                     }
                     _ => cache.sealer.token_hash(token.as_bytes()),
                 };
-                let local_until = app.clock.now_us().saturating_add(ttl_us);
+                let local_until = core.clock.now_us().saturating_add(ttl_us);
                 match fetch.kind {
                     Kind::Token | Kind::Stable => cache.remember(&fetch.account, &token, local_until),
                     Kind::Ticket(t) => cache.ticket_until(&fetch.account, t, local_until),

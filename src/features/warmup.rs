@@ -6,14 +6,15 @@
 //! over that time ([`crate::limit`]).
 
 use crate::features::accounts::learn::TokenRequest;
-use crate::features::base::Base;
-use crate::features::hooks::{Answered, Feature};
+use crate::features::hooks::{Answered, Env, Feature};
 use crate::transport::sniff::Verdict;
 
 pub struct Warmup;
 
 impl Feature for Warmup {
-    async fn on_answer(&self, app: &Base, answered: &mut Answered<'_>) {
+    type Ctx = ();
+
+    async fn on_answer(&self, env: Env<'_>, _: &mut (), answered: &mut Answered<'_>) {
         let config = answered.config;
         if answered.verdict != Verdict::Success || config.max_warmup_us == 0 {
             return;
@@ -21,7 +22,7 @@ impl Feature for Warmup {
         if !TokenRequest::at(answered.path).is_some_and(TokenRequest::refreshes_access_token) {
             return;
         }
-        if let Err(e) = app.store.token_refreshed(answered.account, config.max_warmup_us).await {
+        if let Err(e) = env.core.store.token_refreshed(answered.account, config.max_warmup_us).await {
             tracing::warn!(error = %e, "could not restart warm-up after a token refresh");
         }
     }

@@ -15,7 +15,7 @@
 use serde::Serialize;
 
 use crate::limit::calendar::{next_midnight, next_minute};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 
 /// How one errcode is punished (`[[penalty]]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,13 +23,13 @@ pub struct PenaltyPolicy {
     pub errcode: i64,
     pub length: PenaltyLength,
     /// Cap on one penalty; `None` = until the next `quota_timezone` midnight.
-    pub max_us: Option<Micros>,
+    pub max: Option<Span>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum PenaltyLength {
     /// `base`, doubled for each recent repeat, up to the cap.
-    Escalating { base_us: Micros },
+    Escalating { base: Span },
     /// Until the next whole minute (45011: "retry next minute"). Does not escalate.
     NextMinute,
 }
@@ -43,22 +43,26 @@ impl PenaltyPolicy {
     /// - 45033 (too many concurrent calls): 2 s; in-flight calls finish fast.
     pub fn defaults() -> Vec<PenaltyPolicy> {
         vec![
-            PenaltyPolicy { errcode: 45009, length: PenaltyLength::Escalating { base_us: 60_000_000 }, max_us: None },
-            PenaltyPolicy { errcode: 45011, length: PenaltyLength::NextMinute, max_us: None },
-            PenaltyPolicy { errcode: 45033, length: PenaltyLength::Escalating { base_us: 2_000_000 }, max_us: None },
+            PenaltyPolicy {
+                errcode: 45009,
+                length: PenaltyLength::Escalating { base: Span::from_secs(60) },
+                max: None,
+            },
+            PenaltyPolicy { errcode: 45011, length: PenaltyLength::NextMinute, max: None },
+            PenaltyPolicy { errcode: 45033, length: PenaltyLength::Escalating { base: Span::from_secs(2) }, max: None },
         ]
     }
 
     /// The penalty's end if it starts at `now` at escalation `level` (0 = base).
     pub fn until(&self, level: u32, now: Micros, offset_us: Micros) -> Micros {
-        let cap = match self.max_us {
-            Some(max) => now.saturating_add(max),
+        let cap = match self.max {
+            Some(max) => now.saturating_add(max.as_micros()),
             None => next_midnight(now, offset_us),
         };
         match self.length {
             PenaltyLength::NextMinute => next_minute(now, offset_us).min(cap),
-            PenaltyLength::Escalating { base_us } => {
-                let len = base_us.saturating_mul(1_i64.checked_shl(level.min(40)).unwrap_or(i64::MAX));
+            PenaltyLength::Escalating { base } => {
+                let len = base.as_micros().saturating_mul(1_i64.checked_shl(level.min(40)).unwrap_or(i64::MAX));
                 now.saturating_add(len).min(cap)
             }
         }

@@ -2,8 +2,8 @@
 //! `[[rule]]` configures (its limits' counts and bursts, `concurrency`,
 //! `reserve`, `max_share`) is computed here, for the compiled config and for
 //! the local fallback's scaling by `[store] instances` alike. A value derived
-//! anywhere else drifts: the fallback once scaled the limits but kept the
-//! unscaled reserve, and refused every normal-priority caller during an
+//! anywhere else drifts: a fallback that scaled the limits but kept the
+//! unscaled reserve would refuse every normal-priority caller during an
 //! outage.
 
 use std::num::NonZeroU64;

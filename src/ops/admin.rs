@@ -37,9 +37,9 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admit::callers::OTHER;
 use crate::app::App;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
-use crate::features::callers::OTHER;
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::ops::pair_view::{describe, Here};
 use crate::store::op::{Inspect, SetPenalty};
@@ -218,16 +218,16 @@ fn host_names_an_address(host: &str) -> bool {
 }
 
 fn metrics(app: &App) -> Answer {
-    let status = app.store.status();
+    let status = app.core.store.status();
     if status != Status::InProcess {
-        app.metrics.breaker_open.set(i64::from(matches!(status, Status::Degraded(_))));
+        app.core.metrics.breaker_open.set(i64::from(matches!(status, Status::Degraded(_))));
     }
-    answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.metrics.encode())
+    answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.core.metrics.encode())
 }
 
 fn ready(app: &App) -> Answer {
     let config = app.config.load();
-    let status = app.store.status();
+    let status = app.core.store.status();
     let (ready, decisions) = match status {
         Status::InProcess => (true, "in-process".to_owned()),
         Status::Shared => (true, "shared (Redis reachable)".to_owned()),
@@ -265,7 +265,7 @@ fn ready(app: &App) -> Answer {
 /// does not make wxgate unready: calls go to the next, and when every one
 /// is down that is WeChat's outage, which restarting wxgate cannot mend.
 fn upstreams(app: &App) -> Value {
-    let list = app.upstream.load().status();
+    let list = app.core.upstream.load().status();
     Value::Array(
         list.into_iter()
             .map(|u| {
@@ -285,7 +285,7 @@ fn upstreams(app: &App) -> Value {
 /// decides as well as ever, it would only forget more on a restart.
 fn state_file(app: &App, memory: &MemoryConfig) -> Value {
     let Some(path) = &memory.state_file else { return Value::Null };
-    let m = &app.metrics.memory_store;
+    let m = &app.core.metrics.memory_store;
     let last = m.last_save.get();
     json!({
         "path": path.display().to_string(),
@@ -421,9 +421,9 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
     let offset = app.config.load().server.quota_offset_us;
     let mut pictures = Vec::with_capacity(states.len());
     for state in &states {
-        match app.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
+        match app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
             Ok(snapshot) => {
-                let (held, in_flight) = app.activity.get(account, &state.state);
+                let (held, in_flight) = app.core.activity.get(account, &state.state);
                 let here = Here { held, in_flight };
                 let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
                 add_quota_sync(app, account, state, &mut picture);
@@ -446,7 +446,7 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
 fn add_quota_sync(app: &App, account: &str, state: &crate::limit::Rule, picture: &mut Value) {
     let config = app.config.load();
     let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state.state) else { return };
-    let now = app.clock.now_us();
+    let now = app.core.clock.now_us();
     let found = app.syncs.get(account, &state.state).unwrap_or_default();
     let mut shown = found.describe(now, &sync.path);
     shown["every_seconds"] = json!(sync.every.as_secs_f64());
@@ -462,7 +462,7 @@ async fn clear(app: &App, account: &str) -> Answer {
         return error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -");
     }
     let config = app.config.load_full();
-    match crate::features::quota_clear::clear_account(app, &config, account).await {
+    match crate::features::quota_clear::clear_account(&app.core, &config, account).await {
         Ok(()) => {
             tracing::info!(%account, "quota cleared by hand: day counts and penalties start again");
             let rules: Vec<&str> = config.rules.iter().map(|r| &*r.name).collect();
@@ -483,7 +483,7 @@ async fn penalty(app: &App, account: &str, rule: &str, path: Option<&str>, len_u
     let len = len_us.unwrap_or(0);
     let mut remaining_us = 0;
     for state in &states {
-        match app.store.apply(Key { account, rule: state, offset_us: offset }, SetPenalty { len_us: len }).await {
+        match app.core.store.apply(Key { account, rule: state, offset_us: offset }, SetPenalty { len_us: len }).await {
             Ok(end) => remaining_us = remaining_us.max(end.remaining_us()),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }

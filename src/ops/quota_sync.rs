@@ -63,9 +63,9 @@ pub async fn round(app: &App) {
     if config.quota_syncs.is_empty() {
         return;
     }
-    let Some(cache) = &app.token_cache else { return };
+    let Some(cache) = &app.features.token_cache.cache else { return };
     let _one_round = app.syncs.round.lock().await;
-    let now = app.clock.now_us();
+    let now = app.core.clock.now_us();
     for (account, token) in cache.known(now) {
         if config.server.accounts.as_ref().is_some_and(|list| !list.contains(&account)) {
             continue;
@@ -81,10 +81,10 @@ pub async fn round(app: &App) {
 
 /// One sync of (account, sync's state).
 async fn one(app: &App, config: &crate::config::Config, account: &str, token: &str, sync: &QuotaSync) {
-    let Some(cache) = &app.token_cache else { return };
+    let Some(cache) = &app.features.token_cache.cache else { return };
     let state = &sync.rule.state;
     let every_us = micros(sync.every);
-    let now = app.clock.now_us();
+    let now = app.core.clock.now_us();
     let slot = format!("sync:{account}:{state}");
     match cache.store.tokens().claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, every_us).await {
         Ok(Claim::Won { .. }) => {}
@@ -102,7 +102,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     match quota_get(app, token, &sync.path).await {
         Ok(used) => {
             let key = Key { account, rule: &sync.rule, offset_us };
-            match app.store.apply(key, RaiseDay { used }).await {
+            match app.core.store.apply(key, RaiseDay { used }).await {
                 Ok(before) => {
                     let raised = used > before;
                     cache.metrics.sync(if raised { "raised" } else { "unchanged" });
@@ -130,7 +130,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
 /// WeChat's `used` for `path` today, or (errcode, why).
 async fn quota_get(app: &App, token: &str, path: &str) -> Result<u64, (Option<i64>, String)> {
     let fail = |why: String| (None, why);
-    let upstream = app.upstream.load_full();
+    let upstream = app.core.upstream.load_full();
     let target = PathAndQuery::try_from(format!(
         "{QUOTA_GET}?access_token={}",
         crate::features::accounts::query::encoded(token)

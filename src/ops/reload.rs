@@ -18,9 +18,9 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+use crate::admit::callers::Callers;
 use crate::app::{App, Watched};
 use crate::config::{Config, ConfigError};
-use crate::features::callers::Callers;
 use crate::transport::upstream::Upstream;
 
 /// Events closer together than this are one edit (editors write in steps).
@@ -59,12 +59,12 @@ pub fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
     match &result {
         Ok(()) => {
             app.reloads.ok.fetch_add(1, Ordering::Relaxed);
-            app.metrics.reload(true);
+            app.core.metrics.reload(true);
             tracing::info!(config = %path.display(), "config reloaded");
         }
         Err(e) => {
             app.reloads.failed.fetch_add(1, Ordering::Relaxed);
-            app.metrics.reload(false);
+            app.core.metrics.reload(false);
             tracing::error!(config = %path.display(), error = %e, "config reload refused; keeping the running rules");
         }
     }
@@ -117,22 +117,23 @@ fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
         || s.0.upstream_timeout != s.1.upstream_timeout
         || s.0.body_timeout != s.1.body_timeout
     {
-        let previous = app.upstream.load();
-        let upstream = Upstream::new(&next.server, app.clock.clone(), &app.metrics.upstreams, Some(&previous))
-            .map_err(ReloadError::Upstream)?;
-        app.upstream.store(Arc::new(upstream));
+        let previous = app.core.upstream.load();
+        let upstream =
+            Upstream::new(&next.server, app.core.clock.clone(), &app.core.metrics.upstreams, Some(&previous))
+                .map_err(ReloadError::Upstream)?;
+        app.core.upstream.store(Arc::new(upstream));
     }
     crate::features::broker::check(
         &next,
-        app.token_cache.as_deref(),
+        app.features.token_cache.cache.as_deref(),
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
     )
     .map_err(ReloadError::Accounts)?;
-    let callers = Callers::new(&next, &app.clock, &app.metrics, Some(&app.callers.load()));
+    let callers = Callers::new(&next, &app.core.clock, &app.core.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
-    app.metrics.rules(next.rules.iter().map(|r| &*r.name));
+    app.core.metrics.rules(next.rules.iter().map(|r| &*r.name));
     app.config.store(Arc::new(next));
-    app.store.rules_changed();
+    app.core.store.rules_changed();
     Ok(())
 }
 

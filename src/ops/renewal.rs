@@ -20,7 +20,7 @@ pub fn spawn(app: Weak<App>) {
             let Some(app) = app.upgrade() else { return };
             let config = app.config.load_full();
             if !config.accounts.is_empty() {
-                renew(&app.base, &config, &mut state).await;
+                renew(&app.features.broker, app.env(), &config, &mut state).await;
             }
         }
     });

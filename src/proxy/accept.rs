@@ -8,7 +8,6 @@ use hyper::body::Incoming;
 use super::call::Call;
 use crate::config::routes;
 use crate::error::{Early, ProxyError};
-use crate::features::accounts;
 
 /// What the access log (and every other log line) shows as the path of a
 /// call whose request target was refused before it was read as a WeChat
@@ -62,7 +61,7 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
     };
-    let target = match accounts::split_prefix(&target) {
+    let target = match super::identify::split_prefix(&target) {
         Ok(None) => target,
         Ok(Some((account, rest))) => {
             rest.path().clone_into(&mut call.arrived.path);

@@ -1,11 +1,16 @@
 //! Phase 7, answer: WeChat's answer, read for its `errcode` without getting
-//! in its way ([`crate::transport::sniff`]), handed to the features' hooks
-//! ([`Feature::on_answer`]: the token cache, learning, clear_quota,
-//! warm-up, penalties), and turned into what the client gets: WeChat's
-//! answer as it came but for hop-by-hop headers, or, when WeChat penalised
-//! the call, a penalty refusal with WeChat's body unchanged (the one table,
+//! in its way ([`crate::transport::sniff`]); sent once more if a feature
+//! asks ([`Feature::resend`]: the client gets only the second answer);
+//! handed to the features' [`Feature::on_answer`] hooks; and turned into
+//! what the client gets: WeChat's answer as it came but for hop-by-hop
+//! headers, or, when a hook found WeChat penalised the call, a penalty
+//! refusal with WeChat's body unchanged (the one table,
 //! [`crate::error::penalised`]), with the headers of
-//! [`Feature::on_response`] (RateLimit).
+//! [`Feature::on_response`].
+//!
+//! [`Feature::resend`]: crate::features::hooks::Feature::resend
+//! [`Feature::on_answer`]: crate::features::hooks::Feature::on_answer
+//! [`Feature::on_response`]: crate::features::hooks::Feature::on_response
 
 use http::Response;
 use hyper::body::Incoming;
@@ -14,10 +19,7 @@ use super::call::Call;
 use crate::admit::activity::ActivityGuard;
 use crate::app::App;
 use crate::error::Early;
-use crate::features::broker;
-use crate::features::hooks::{Answered, Feature};
-use crate::features::token_cache::REJECTED;
-use crate::features::FEATURES;
+use crate::features::hooks::Answered;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::transport::body::RelayBody;
 use crate::transport::sniff::{sniff, SniffError, Verdict};
@@ -30,36 +32,12 @@ pub struct Forwarded {
     pub guards: (Option<InFlightGuard>, Option<ActivityGuard>),
     /// The path and query sent (the token cache reads a rejected call's token).
     pub target: http::uri::PathAndQuery,
-    /// A call wxgate added a token to: what it needs to be sent once more.
+    /// A call whose body a feature kept: what it needs to be sent once more.
     pub resend: Option<Box<super::resend::Resend>>,
 }
 
-/// WeChat rejected the token wxgate added to `call` (it did not act on the
-/// call): one new token, and the call once more with it; its answer, or
-/// `None` when no other token could be had (the first answer stands). The
-/// caller sees only the answer it gets.
-async fn once_more(
-    app: &App,
-    call: &mut Call,
-    resend: &super::resend::Resend,
-    sent: &mut http::uri::PathAndQuery,
-    code: i64,
-) -> Result<Option<(http::response::Parts, RelayBody, Verdict)>, Early> {
-    let Some(injected) = &mut call.injected else { return Ok(None) };
-    let Some(token) = broker::after_rejection(app, &call.arrived.config, injected).await else { return Ok(None) };
-    let target = broker::with_token(&injected.original, &token)?;
-    injected.token = token;
-    let resp = super::resend::resend(call, resend, &target).await?;
-    if let Some(cache) = &app.token_cache {
-        cache.metrics.resent.inc();
-    }
-    tracing::info!(account = %call.who.account, path = %call.arrived.path, errcode = code, "WeChat rejected the token wxgate added: sent once more with a new one");
-    *sent = target;
-    read(resp, call.arrived.config.server.body_timeout).await.map(Some)
-}
-
 /// An answer's head, its body (read whole when small) and its verdict.
-async fn read(
+pub async fn read(
     resp: Response<Incoming>,
     stall: std::time::Duration,
 ) -> Result<(http::response::Parts, RelayBody, Verdict), Early> {
@@ -69,57 +47,74 @@ async fn read(
     })?)
 }
 
+/// The answer's view for the features' hooks.
+fn answered<'a>(
+    call: &'a Call,
+    target: &'a http::uri::PathAndQuery,
+    verdict: Verdict,
+    body: Option<&'a bytes::Bytes>,
+    admitted: Option<&'a crate::admit::Admitted>,
+) -> Answered<'a> {
+    Answered {
+        config: &call.arrived.config,
+        account: &call.who.account,
+        path: &call.arrived.path,
+        target,
+        intercepted: call.arrived.intercepted.as_ref().map(|h| &*h.name),
+        verdict,
+        errcode: errcode(verdict),
+        body,
+        rule: call.route.rule.as_deref(),
+        admitted,
+        penalty: None,
+    }
+}
+
+/// The errcode a verdict reports (0: success; `None`: not a WeChat JSON answer).
+fn errcode(verdict: Verdict) -> Option<i64> {
+    match verdict {
+        Verdict::Errcode(code) => Some(code),
+        Verdict::Success => Some(0),
+        Verdict::Unknown => None,
+    }
+}
+
 /// Reads the answer, runs the features' hooks on it, and builds what the
-/// client gets.
+/// client gets. A feature may first have the call sent once more
+/// ([`crate::features::hooks::Feature::resend`]): the client gets only the
+/// second answer.
 pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
     let stall = call.arrived.config.server.body_timeout;
+    let env = app.env();
+    // Answer is the last phase: the features' contexts end with it.
+    let mut features = std::mem::take(&mut call.features);
     let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall).await?;
-    // WeChat rejected the token wxgate added (it did not act on the call):
-    // one new token, and the call once more with it. The caller sees only
-    // the second answer.
-    if let (Verdict::Errcode(code), Some(resend)) = (verdict, &forwarded.resend) {
-        if REJECTED.contains(&code) && call.injected.is_some() {
-            // Boxed: rare, and a whole fetch and call of its own.
-            if let Some(again) = Box::pin(once_more(app, call, resend, &mut forwarded.target, code)).await? {
-                (parts, body, verdict) = again;
-            }
+    if let Some(resend) = forwarded.resend.take() {
+        let view = answered(call, &forwarded.target, verdict, body.whole(), None);
+        if let Some(target) = app.features.resend(env, &mut features, &view).await {
+            // Boxed: rare, and a whole call of its own.
+            let resp = Box::pin(super::resend::resend(call, &resend, &target)).await?;
+            forwarded.target = target;
+            (parts, body, verdict) = read(resp, stall).await?;
         }
     }
     strip_hop_by_hop(&mut parts.headers);
     let body = body.holding(forwarded.guards);
-    call.errcode = match verdict {
-        Verdict::Errcode(code) => Some(code),
-        Verdict::Success => Some(0),
-        Verdict::Unknown => None,
-    };
+    call.errcode = errcode(verdict);
     if let (Some(code), Some(m)) = (call.errcode, &call.route.metrics) {
         m.errcode(code);
     }
-    let admitted = call.decided.admitted.take();
-    let mut answered = Answered {
-        config: &call.arrived.config,
-        account: &call.who.account,
-        path: &call.arrived.path,
-        target: &forwarded.target,
-        intercepted: call.arrived.intercepted.as_ref().map(|h| &*h.name),
-        verdict,
-        errcode: call.errcode,
-        body: body.whole(),
-        rule: call.route.rule.as_deref(),
-        admitted: admitted.as_ref(),
-        learn: call.who.learn.take(),
-        clearing: call.who.clearing.as_ref(),
-        token_fetch: call.token_fetch.take(),
-        penalty: None,
-    };
-    FEATURES.on_answer(app, &mut answered).await;
-    let Some(rule) = answered.rule else {
+    let admitted = call.admission.admitted.take();
+    let mut view = answered(call, &forwarded.target, verdict, body.whole(), admitted.as_ref());
+    app.features.on_answer(env, &mut features, &mut view).await;
+    let Some(rule) = view.rule else {
         return Ok(Response::from_parts(parts, body));
     };
-    if let Some(wait_us) = answered.penalty {
-        call.outcome = crate::error::penalised(&mut parts, rule, &call.arrived.config, wait_us);
+    let penalised = view.penalty.map(|wait_us| crate::error::penalised(&mut parts, rule, view.config, wait_us));
+    app.features.on_response(&features, &view, &mut parts.headers);
+    if let Some(outcome) = penalised {
+        call.outcome = outcome;
     }
-    FEATURES.on_response(&answered, &mut parts.headers);
     let slot = admitted.and_then(|a| a.slot);
     Ok(Response::from_parts(parts, body.holding(slot)))
 }

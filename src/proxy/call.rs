@@ -1,19 +1,18 @@
 //! One call's context: what the phases of [`crate::proxy`] learn about a
 //! call and hand on, from its request line to its access-log line. Fields
-//! are grouped by the phase that sets them; a later phase reads them.
+//! are grouped by the phase that sets them; a later phase reads them. What
+//! a feature keeps of a call is in its own context ([`Call::features`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::Method;
 
+use crate::admit::callers::Caller;
 use crate::admit::Admitted;
 use crate::config::Config;
-use crate::features::accounts::learn::Learn;
-use crate::features::broker::injected::Injected;
-use crate::features::callers::Caller;
-use crate::features::quota_clear::request::Clearing;
-use crate::features::token_cache::cache::Fetch;
+use crate::features::hooks::Who;
+use crate::features::Contexts;
 use crate::limit::Rule;
 use crate::telemetry::metrics::{Outcome, RuleMetrics};
 use crate::time::Micros;
@@ -23,29 +22,25 @@ use crate::transport::upstream::Upstream;
 pub struct Call {
     /// The request as it came, set when it arrives and by accept.
     pub arrived: Arrived,
-    /// identify: who the call is from and for.
-    pub who: Who,
     /// route: the call's rule.
     pub route: Routed,
-    /// The token-cache hook: the fetch this call makes for every asker of
-    /// its token (`crate::features::token_cache`), reported by the answer phase (or
-    /// released on drop).
-    pub token_fetch: Option<Fetch>,
-    /// The broker's hook (before forward): the token wxgate added to this
-    /// call (`crate::features::broker`), which the answer phase replaces
-    /// once if WeChat rejects it.
-    pub injected: Option<Injected>,
+    /// identify (and its hooks): who the call is from and for.
+    pub who: Who,
+    /// Each feature's context of this call ([`crate::features::hooks::Feature::Ctx`]).
+    pub features: Contexts,
+    /// The request's body, when a hook or meter read it whole: forwarded as it is.
+    pub body: Option<Bytes>,
     /// meter: what the call costs and whom it is to, read from its body
     /// (`None`: its rule counts calls).
     pub meter: Option<Metered>,
     /// decide: the admission.
-    pub decided: Decided,
+    pub admission: Admission,
     /// forward: where it went.
     pub sent: Sent,
     /// answer: WeChat's errcode, when its answer had one (0: success).
     pub errcode: Option<i64>,
     /// What became of the call, for metrics and the access log; set by the
-    /// phase that ends it (decide, the token cache, answer, respond).
+    /// phase that ends it (decide, a hook's early answer, answer, respond).
     pub outcome: Outcome,
     /// respond: why wxgate refused the client's request (400, 408, 413),
     /// for the access log: the errmsg the client got, which never quotes
@@ -80,23 +75,6 @@ pub struct Metered {
     pub recipients: Vec<String>,
 }
 
-/// Set by identify.
-pub struct Who {
-    /// Who the call is from (`X-Wx-Caller`, else `[server] caller`, else
-    /// `default`); until identify, the fallback of `[server] caller`.
-    pub caller: Caller,
-    /// The WeChat account (appid / corpid alias) the call is for.
-    pub account: String,
-    /// What a token request's answer will teach (`crate::features::accounts::learn`).
-    pub learn: Option<Learn>,
-    /// A token request's or clear_quota's body, read whole; forwarded as it is.
-    pub body: Option<Bytes>,
-    /// A `clear_quota` call, and the appid its body names (`crate::features::quota_clear`).
-    pub clearing: Option<Clearing>,
-    /// `account` is the one the call's access token was issued to.
-    pub owned: bool,
-}
-
 /// Set by route.
 #[derive(Default)]
 pub struct Routed {
@@ -108,7 +86,7 @@ pub struct Routed {
 
 /// Set by decide.
 #[derive(Default)]
-pub struct Decided {
+pub struct Admission {
     /// The admission (`None` without a rule, or refused).
     pub admitted: Option<Admitted>,
     pub decision_us: Micros,
@@ -128,12 +106,12 @@ impl Call {
     pub fn new(method: Method, path: &str, config: Arc<Config>, caller: Caller) -> Call {
         Call {
             arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None },
-            who: Who { caller, account: String::new(), learn: None, body: None, clearing: None, owned: false },
             route: Routed::default(),
-            token_fetch: None,
-            injected: None,
+            who: Who { caller, account: String::new(), proven: false, own: false },
+            features: Contexts::default(),
+            body: None,
             meter: None,
-            decided: Decided::default(),
+            admission: Admission::default(),
             sent: Sent::default(),
             errcode: None,
             outcome: Outcome::forwarded,

@@ -3,16 +3,18 @@
 //! or is refused here and never reaches WeChat.
 
 use super::call::Call;
-use crate::admit::admit;
+use crate::admit::{admit, ToAdmit};
 use crate::app::App;
 use crate::error::{retry_after_secs, Early};
+use crate::features::hooks::OWN_CALLER;
 use crate::telemetry::metrics::Outcome;
 use crate::time::Stopwatch;
 use crate::transport::downstream::Client;
 
 /// Admits the call (holding it or waiting for a slot as its rule
-/// says) or refuse it. A call without a rule goes on undecided.
-pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), Early> {
+/// says) or refuses it. A call without a rule goes on undecided. `client`:
+/// the call's client (`None`: a call wxgate makes itself).
+pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Result<(), Early> {
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
     let started = Stopwatch::start();
     let normal = call.who.caller.priority() != crate::config::Priority::High;
@@ -20,15 +22,28 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
         Some(m) => crate::admit::Meter { cost: m.cost, recipients: &m.recipients },
         None => crate::admit::Meter::ONE,
     };
-    let caller = call.who.caller.entry.label();
-    let admitted =
-        admit(app, &call.arrived.config, &call.who.account, &rule, normal, caller, meter, Some(client)).await;
-    call.decided.decision_us = match &admitted {
+    let (caller, normal) = match call.who.own {
+        // wxgate's own call (a token is what every call of the account
+        // waits on): the rule's reserve is for it.
+        true => (OWN_CALLER, false),
+        false => (call.who.caller.entry.label(), normal),
+    };
+    let asked = ToAdmit {
+        config: &call.arrived.config,
+        account: &call.who.account,
+        rule: &rule,
+        normal,
+        caller,
+        meter,
+        client,
+    };
+    let admitted = admit(&app.core, asked).await;
+    call.admission.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),
     };
     if let Some(m) = &call.route.metrics {
-        m.decision.observe(call.decided.decision_us as f64 / 1e6);
+        m.decision.observe(call.admission.decision_us as f64 / 1e6);
     }
     if let (Some(m), Err(crate::error::ProxyError::Throttled { reason: crate::limit::Reason::Recipient, .. })) =
         (&call.route.metrics, &admitted)
@@ -41,7 +56,7 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
             m.recipients.inc_by(metered.cost);
         }
     }
-    call.decided.held_us = admitted.held_us;
+    call.admission.held_us = admitted.held_us;
     if admitted.held_us > 0 {
         call.outcome = Outcome::held;
         if let Some(m) = &call.route.metrics {
@@ -55,6 +70,6 @@ pub async fn decide(app: &App, call: &mut Call, client: &Client) -> Result<(), E
         call.outcome = Outcome::shadow_throttled;
         tracing::info!(rule = %rule.name, account = %call.who.account, reason = reason.as_str(), wait_s = retry_after_secs(wait_us), "shadow mode: would have refused this call");
     }
-    call.decided.admitted = Some(admitted);
+    call.admission.admitted = Some(admitted);
     Ok(())
 }

@@ -2,70 +2,53 @@
 //! head of its answer; a call that provably never reached WeChat gives
 //! back what its admission took.
 
+use std::sync::Arc;
+
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::uri::PathAndQuery;
 use http::{Request, Version};
 use hyper::body::Incoming;
 
 use super::answer::Forwarded;
 use super::call::Call;
+use super::resend::Resend;
 use crate::admit::activity::Kind;
 use crate::app::App;
 use crate::error::{Early, ProxyError};
-use crate::features::accounts::ACCOUNT;
 use crate::limit::Key;
 use crate::store::op::Refund;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::time::Stopwatch;
 use crate::transport::request_body::{read_whole, RequestBody};
-use crate::transport::upstream::{to_upstream, UpstreamError};
+use crate::transport::upstream::{to_upstream, Upstream, UpstreamError};
+
+/// What is sent: a client's request, or a call wxgate makes itself (its
+/// method; its body is `call.body`). Matched at once, never kept: boxing
+/// the request would cost every call an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Outgoing {
+    Live(Request<Incoming>),
+    Own(http::Method),
+}
 
 /// Sends the call to an upstream, once, and wait for its answer's
 /// head (the upstream sets its own `Host`, and moves a call that never
 /// reached one upstream on to the next: [`crate::transport::upstream`]).
-pub async fn forward(
-    app: &App,
-    call: &mut Call,
-    req: Request<Incoming>,
-    target: PathAndQuery,
-) -> Result<Forwarded, Early> {
+pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: PathAndQuery) -> Result<Forwarded, Early> {
     let upstream = match &call.arrived.intercepted {
-        None => app.upstream.load_full(),
-        Some(host) => host.upstream(app.upstream.load_full()),
+        None => app.core.upstream.load_full(),
+        Some(host) => host.upstream(app.core.upstream.load_full()),
     };
-    let (mut parts, body) = req.into_parts();
-    parts.uri =
-        upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
-    parts.version = Version::HTTP_11;
-    // Each header wxgate takes off or rewrites, every field of it:
-    // hop-by-hop ones, `Authorization`, `Accept-Encoding` (`identity`).
-    to_upstream(&mut parts.headers);
-    parts.headers.remove(ACCOUNT);
+    let uri = upstream.target(&target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    let (req, resend) = match outgoing {
+        Outgoing::Live(req) => live(app, call, req, uri, &upstream).await?,
+        Outgoing::Own(method) => (own(call, method, uri), None),
+    };
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
-    let activity = call.route.rule.as_ref().map(|r| app.activity.enter(&call.who.account, &r.state, Kind::InFlight));
-    // A token request's body was read whole by identify: sent as it came.
-    // A call wxgate added a token to is read whole first when it is small
-    // enough to be sent once more (WeChat may reject the token).
-    let mut body = body;
-    let read = match call.who.body.take() {
-        Some(read) => Some(read),
-        None if call.injected.is_some() => Box::pin(read_for_resend(&mut body, &call.arrived.config)).await?,
-        None => None,
-    };
-    let resend = match (&read, &call.injected) {
-        (Some(read), Some(_)) => Some(Box::new(super::resend::Resend {
-            method: parts.method.clone(),
-            headers: parts.headers.clone(),
-            body: read.clone(),
-            upstream: upstream.clone(),
-        })),
-        _ => None,
-    };
-    let body = match read {
-        Some(read) => RequestBody::already_read(body, read),
-        None => RequestBody::new(body, call.arrived.config.server.max_body),
-    };
+    let activity =
+        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Kind::InFlight));
     let sent = Stopwatch::start();
-    let (tried, resp) = upstream.send(Request::from_parts(parts, body)).await;
+    let (tried, resp) = upstream.send(req).await;
     call.sent.upstream_us = sent.elapsed_us();
     call.sent.upstream = Some((upstream, tried));
     if let Some(m) = &call.route.metrics {
@@ -77,6 +60,63 @@ pub async fn forward(
         }
     }
     Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target, resend })
+}
+
+/// A client's request as it goes upstream, and what a resend needs when a
+/// feature keeps its body.
+async fn live(
+    app: &App,
+    call: &mut Call,
+    req: Request<Incoming>,
+    uri: http::Uri,
+    upstream: &Arc<Upstream>,
+) -> Result<(Request<RequestBody>, Option<Box<Resend>>), Early> {
+    let (mut parts, mut body) = req.into_parts();
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    // Each header wxgate takes off or rewrites, every field of it:
+    // hop-by-hop ones, `Authorization`, `Accept-Encoding` (`identity`).
+    to_upstream(&mut parts.headers);
+    // A body a hook or meter read whole is sent as it came. One a feature
+    // keeps ([`crate::features::hooks::Feature::keep_body`]: WeChat may
+    // make it send the call once more) is read whole first when it is
+    // small enough.
+    let keep = app.features.keep_body(&call.features);
+    let read = match call.body.take() {
+        Some(read) => Some(read),
+        None if keep => Box::pin(read_for_resend(&mut body, &call.arrived.config)).await?,
+        None => None,
+    };
+    let resend = match &read {
+        Some(read) if keep => Some(Box::new(Resend {
+            method: parts.method.clone(),
+            headers: parts.headers.clone(),
+            body: read.clone(),
+            upstream: upstream.clone(),
+        })),
+        _ => None,
+    };
+    let body = match read {
+        Some(read) => RequestBody::already_read(body, read),
+        None => RequestBody::new(body, call.arrived.config.server.max_body),
+    };
+    Ok((Request::from_parts(parts, body), resend))
+}
+
+/// A call wxgate makes itself as it goes upstream: `method`, `call.body`,
+/// a JSON content type when it has a body.
+fn own(call: &mut Call, method: http::Method, uri: http::Uri) -> Request<RequestBody> {
+    let body = call.body.take().unwrap_or_default();
+    let length = body.len();
+    let json = !body.is_empty();
+    let mut req = Request::new(RequestBody::bytes(body));
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    if json {
+        req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    req.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(length));
+    req
 }
 
 /// Largest body of a call wxgate added a token to that is kept to be sent
@@ -110,13 +150,13 @@ async fn read_for_resend(body: &mut Incoming, config: &crate::config::Config) ->
 /// count stays, on the safe side). Its concurrency slot is freed when the
 /// call ends, as for every call.
 async fn give_back(app: &App, call: &Call) {
-    let (Some(rule), Some(admitted)) = (&call.route.rule, &call.decided.admitted) else { return };
+    let (Some(rule), Some(admitted)) = (&call.route.rule, &call.admission.admitted) else { return };
     if rule.limits.is_empty() || admitted.degraded || admitted.shadow_refusal.is_some() {
         return;
     }
     let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
     let cost = call.meter.as_ref().map_or(1, |m| m.cost);
-    match app.store.apply(key, Refund { at: admitted.at, cost }).await {
+    match app.core.store.apply(key, Refund { at: admitted.at, cost }).await {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.route.metrics {

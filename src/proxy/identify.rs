@@ -1,27 +1,30 @@
-//! Phase 2, identify: who the call is from ([`crate::features::callers`]) and that
-//! caller's flood guard, then the account it is for ([`crate::features::accounts`]:
-//! header or `@account` prefix, learned token, token request's appid,
-//! `default`). A token request's or clear_quota's body is read here (it
-//! names the account).
+//! Phase 3, identify: who the call is from ([`crate::admit::callers`]:
+//! `X-Wx-Caller`, else `[server] caller`, else `default`; under
+//! `caller_auth = "required"` the caller its key proves) and that caller's
+//! flood guard; the account the call names (`X-Wx-Account` or an
+//! `@account` first path segment), whose grant is checked before anything
+//! of the call is looked up or kept; then the features' `on_request` hooks
+//! ([`crate::features::hooks::Feature::on_request`]), which find the
+//! account the call counts against and read what they must of its request.
 
+use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::Request;
+use http::{HeaderMap, HeaderName, Request};
 use hyper::body::Incoming;
 
 use super::call::Call;
+use crate::admit::callers;
 use crate::app::App;
+use crate::config::valid_account;
 use crate::error::{Early, ProxyError};
-use crate::features::accounts::{self, Identified};
-use crate::features::callers;
+use crate::features::hooks::{Requesting, Seeds};
 
 /// Sets `call.who`. Under `caller_auth = "required"` the caller's grant of
-/// the account a call names is checked before the account phase looks at
-/// its token or body; of an account it does not name, once that is known.
-/// A call the caller's guard refuses is routed first, so
-/// that it is counted under its rule and answered with the rule's
-/// `throttle_status`; it never reaches the account lookup (no token
-/// lookup) nor the store. The guard holds for calls without a rule too: it
-/// limits the caller, not a rule.
+/// the account a call names is checked before the hooks look at its token
+/// or body; of an account it does not name, once that is known (by the
+/// hook that finds it). A call the caller's guard refuses never reaches
+/// the account lookup (no token lookup) nor the store. The guard holds for
+/// calls without a rule too: it limits the caller, not a rule.
 pub async fn identify(
     app: &App,
     call: &mut Call,
@@ -39,7 +42,7 @@ pub async fn identify(
             // A reload is turning authentication on: its callers are not in yet.
             None => Err(ProxyError::Unavailable(crate::store::StoreError::Settling)),
         };
-        let proven = proven.inspect_err(|_| super::route::route(app, call))?;
+        let proven = proven?;
         if let Some(name) = callers::take_header(req.headers_mut())? {
             if name.as_bytes() != proven.name.as_bytes() {
                 return Err(ProxyError::BadRequest(format!(
@@ -54,36 +57,113 @@ pub async fn identify(
         // Without the header, the caller is the fallback `Call::new` was given.
         call.who.caller = app.callers.load().named(&name)?;
     }
-    if let Err(refused) = call.who.caller.check() {
-        super::route::route(app, call);
-        return Err(refused.into());
-    }
-    let named = accounts::named(req.headers(), call.arrived.named.take())?;
+    call.who.caller.check()?;
+    let named = named(req.headers(), call.arrived.named.take())?;
+    req.headers_mut().remove(ACCOUNT);
     // The grant of a named account is checked before anything of the call
     // is looked up or kept (its token, its body).
     if let (true, Some(account)) = (authenticated, &named) {
-        call.who.caller.check_grant(account).inspect_err(|_| super::route::route(app, call))?;
+        call.who.caller.check_grant(account)?;
     }
-    let arrived = &mut call.arrived;
-    // An authenticated caller granted one account: its calls that name none are for it.
-    let granted = if authenticated { call.who.caller.policy().and_then(|p| p.grants.single()) } else { None };
-    let checked = named.is_some();
-    let Identified { account, learn, body, clearing, owned } =
-        accounts::identify(app, &arrived.config, &arrived.path, named, granted.map(|g| &**g), req, target).await?;
-    if authenticated && !checked {
-        call.who.caller.check_grant(&account).inspect_err(|_| super::route::route(app, call))?;
+    let mut seeds = Seeds::default();
+    let arrived = &call.arrived;
+    let mut requesting = Requesting {
+        config: &arrived.config,
+        method: &arrived.method,
+        path: &arrived.path,
+        target,
+        seeds: &mut seeds,
+        body: &mut call.body,
+        incoming: Some(req),
+        named,
+        who: &mut call.who,
+        appid: None,
+        authenticated,
+    };
+    app.features.on_request(app.env(), &mut call.features, &mut requesting).await
+}
+
+/// Header naming the WeChat account (appid / corpid alias) a call is for.
+pub const ACCOUNT_HEADER: &str = "x-wx-account";
+pub const ACCOUNT: HeaderName = HeaderName::from_static(ACCOUNT_HEADER);
+
+const ALPHABET: &str = "1-64 characters of A-Z a-z 0-9 _ -";
+
+/// Splits an `@account` first segment off a request target: the account
+/// and the target without it (query unchanged), or `None` if the target
+/// has no such segment. `Err` (400) for an invalid account or nothing
+/// after it.
+pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuery)>, String> {
+    let path = target.path();
+    let Some(rest) = path.strip_prefix("/@").or_else(|| path.strip_prefix("/%40")) else {
+        return Ok(None);
+    };
+    let Some(slash) = rest.find('/') else {
+        return Err("an @account prefix must be followed by the API path: /@account/cgi-bin/...".into());
+    };
+    let account = &rest[..slash];
+    if !valid_account(account) {
+        return Err(format!("the @account prefix must be {ALPHABET}"));
     }
-    if let Some(max) = call.arrived.config.server.max_accounts {
-        let (now, offset) = (app.clock.now_us(), call.arrived.config.server.quota_offset_us);
-        app.accounts_in_use.admit(&account, max, now, offset).inspect_err(|_| {
-            app.metrics.accounts_full.inc();
-            super::route::route(app, call);
-        })?;
+    let mut stripped = String::with_capacity(target.as_str().len());
+    stripped.push_str(&rest[slash..]);
+    if let Some(q) = target.query() {
+        stripped.push('?');
+        stripped.push_str(q);
     }
-    call.who.account = account;
-    call.who.learn = learn;
-    call.who.body = body;
-    call.who.clearing = clearing;
-    call.who.owned = owned;
-    Ok(())
+    let stripped = PathAndQuery::from_maybe_shared(Bytes::from(stripped))
+        .map_err(|e| format!("the path after the @account prefix is not a request target: {e}"))?;
+    Ok(Some((account.to_owned(), stripped)))
+}
+
+/// The account `X-Wx-Account` names, if given (once, and valid).
+fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
+    let mut values = headers.get_all(ACCOUNT).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()));
+    }
+    match value.to_str() {
+        Ok(v) if valid_account(v) => Ok(Some(v)),
+        _ => Err(ProxyError::BadRequest(format!("X-Wx-Account must be {ALPHABET}"))),
+    }
+}
+
+/// The account a call names, if it names one: `X-Wx-Account` or the
+/// `@account` prefix accept split off (`prefix`); 400 if both are given and
+/// differ. The identify phase checks the caller's grant of it before
+/// anything is looked up ([`identify`]).
+pub fn named(headers: &HeaderMap, prefix: Option<String>) -> Result<Option<String>, ProxyError> {
+    match (header(headers)?, prefix) {
+        (Some(h), Some(p)) if h != p => Err(ProxyError::BadRequest(format!(
+            "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
+        ))),
+        (Some(h), _) => Ok(Some(h.to_owned())),
+        (None, p) => Ok(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(target: &str) -> Result<Option<(String, String)>, String> {
+        let pq = PathAndQuery::from_maybe_shared(Bytes::from(target.to_owned())).expect("target");
+        split_prefix(&pq).map(|o| o.map(|(a, rest)| (a, rest.as_str().to_owned())))
+    }
+
+    #[test]
+    fn the_prefix_is_split_off_and_the_query_kept() {
+        let ok = |a: &str, rest: &str| Ok(Some((a.to_owned(), rest.to_owned())));
+        assert_eq!(split("/@wxA/cgi-bin/token?appid=x&y=%2F"), ok("wxA", "/cgi-bin/token?appid=x&y=%2F"));
+        assert_eq!(split("/%40ww_1-2/cgi-bin/gettoken"), ok("ww_1-2", "/cgi-bin/gettoken"));
+        assert_eq!(split("/@wxA/"), ok("wxA", "/"));
+        assert_eq!(split("/cgi-bin/token?x=@wxA"), Ok(None));
+        assert_eq!(split("/cgi-bin/@wxA/token"), Ok(None), "only the first segment");
+        for bad in ["/@wxA", "/@wxA?x=1", "/@/cgi-bin/token", "/%40/cgi-bin/token", "/@wx%41/x", "/@wx.A/x"] {
+            assert!(split(bad).is_err(), "{bad}");
+        }
+        assert!(split(&format!("/@{}/x", "a".repeat(65))).is_err());
+        assert!(split(&format!("/@{}/x", "a".repeat(64))).is_ok());
+    }
 }

@@ -29,7 +29,7 @@ use serde_json::Value;
 use super::call::{Call, Metered};
 use crate::config::{Metering, Priority};
 use crate::error::{Early, ProxyError};
-use crate::features::accounts::learn::{read_body_upto, request_json};
+use crate::features::hooks::body::{read_body_upto, request_json};
 
 /// Most bytes of a body read to count its recipients.
 pub const BODY_CAP: u64 = 64 * 1024;
@@ -43,11 +43,11 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
     };
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
     let shadow = rule.shadow;
-    if shadow && call.who.body.is_none() && declared_over_cap(req) {
+    if shadow && call.body.is_none() && declared_over_cap(req) {
         tracing::info!(rule = %rule.name, "shadow mode: a body over 64 KiB would have been refused (413); forwarded unread, at cost 1");
         return Ok(());
     }
-    let body = match call.who.body.clone() {
+    let body = match call.body.clone() {
         Some(body) => Some(body),
         None => {
             let within = call.config().server.body_timeout;
@@ -59,7 +59,7 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
         Ok(metered) => metered,
         Err(why) if shadow => {
             tracing::info!(rule = %rule.name, why = %why, "shadow mode: would have refused this call (400); forwarded at cost 1");
-            call.who.body = body;
+            call.body = body;
             return Ok(());
         }
         Err(why) => {
@@ -83,7 +83,7 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
             }
         }
     }
-    call.who.body = body;
+    call.body = body;
     call.meter = Some(metered);
     Ok(())
 }

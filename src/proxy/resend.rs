@@ -1,6 +1,7 @@
-//! The one resend: a call wxgate added an `[[account]]`'s token to, which
-//! WeChat refused for that token (40001/40014/42001, before acting on it),
-//! sent once more with a new one (`crate::features::broker`).
+//! The one resend: a call whose body a feature kept, sent once more to the
+//! target that feature asked for ([`crate::features::hooks::Feature::resend`]:
+//! e.g. with a new token, after WeChat refused the one wxgate added,
+//! before acting on the call).
 
 use http::uri::PathAndQuery;
 use http::Request;
@@ -11,8 +12,7 @@ use crate::error::{Early, ProxyError};
 use crate::time::Stopwatch;
 use crate::transport::request_body::RequestBody;
 
-/// What a call wxgate added a token to keeps, to be sent once more with a
-/// new token if WeChat rejects the first (`crate::features::broker`).
+/// What a call whose body a feature kept needs to be sent once more.
 pub struct Resend {
     pub method: http::Method,
     pub headers: http::HeaderMap,
@@ -20,8 +20,8 @@ pub struct Resend {
     pub upstream: std::sync::Arc<crate::transport::upstream::Upstream>,
 }
 
-/// Sends a call wxgate added a token to once more, to `target` (the same
-/// call with a new token), on the upstream that answered the first time.
+/// Sends the call once more, to `target`, on the upstream that answered
+/// the first time.
 pub async fn resend(
     call: &mut Call,
     resend: &Resend,

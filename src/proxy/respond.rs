@@ -1,5 +1,6 @@
 //! Phase 8, respond: a call stopped early becomes its answer by the one
-//! table ([`crate::error`]); every call is counted once and logged once.
+//! table ([`crate::error`]); every call is counted once, and a client's
+//! call logged once.
 
 use http::Response;
 
@@ -22,12 +23,16 @@ pub fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     e.into_response(call.route.rule.as_deref(), &call.arrived.config)
 }
 
-/// Counts the call once and writes its access-log line.
-pub fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
+/// Counts the call once (under its rule; a client's call under its
+/// caller too) and writes a client's call's access-log line.
+pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
     let rule = call.route.rule.as_ref().map_or(NO_RULE, |r| &*r.name);
     match &call.route.metrics {
         Some(m) => m.call(call.outcome),
-        None => app.metrics.rule(rule).call(call.outcome),
+        None => app.core.metrics.rule(rule).call(call.outcome),
+    }
+    if call.who.own {
+        return;
     }
     call.who.caller.entry.metrics.call(call.outcome);
     if let Some(host) = &call.arrived.intercepted {
@@ -42,14 +47,14 @@ pub fn respond(app: &App, call: &Call, resp: &Response<RelayBody>) {
             account = %call.who.account,
             caller = %call.who.caller.name,
             outcome = call.outcome.as_str(),
-            status = resp.status().as_u16(),
+            status = status.as_u16(),
             errcode = call.errcode,
             upstream = call.sent.upstream.as_ref().map(|(u, i)| u.name(*i)),
             intercepted = call.arrived.intercepted.as_ref().map(|h| &*h.name),
             error = call.refusal.as_deref(),
-            decision_ms = call.decided.decision_us as f64 / 1000.0,
+            decision_ms = call.admission.decision_us as f64 / 1000.0,
             upstream_ms = call.sent.upstream_us as f64 / 1000.0,
-            held_ms = call.decided.held_us as f64 / 1000.0,
+            held_ms = call.admission.held_us as f64 / 1000.0,
         );
     }
 }

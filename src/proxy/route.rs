@@ -8,6 +8,6 @@ use crate::telemetry::metrics::NO_RULE;
 /// `_none` series).
 pub fn route(app: &App, call: &mut Call) {
     let rule = call.arrived.config.rule_for(&call.arrived.path).cloned();
-    call.route.metrics = Some(app.metrics.rule(rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
+    call.route.metrics = Some(app.core.metrics.rule(rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
     call.route.rule = rule;
 }

@@ -130,5 +130,5 @@ async fn serve(
 }
 
 fn count(app: &App, result: Tunnel) {
-    app.metrics.intercept_tunnels.get_or_create(&TunnelLabels { result }).inc();
+    app.core.metrics.intercept_tunnels.get_or_create(&TunnelLabels { result }).inc();
 }

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use redis::Script;
 
 use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
-use self::protocol::{Call, EpochReply, Keys, TokenOwnerReply};
+use self::protocol::{AcquireArgs, EpochReply, Keys, TokenOwnerReply};
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
 use super::op;
@@ -58,8 +58,8 @@ pub struct RedisStore {
     conns: Connections,
     /// Decisions queued per lane: the shared connection's, then each
     /// serving thread's.
-    shared_batcher: Batcher<Call>,
-    batchers: Box<[Batcher<Call>]>,
+    shared_batcher: Batcher<AcquireArgs>,
+    batchers: Box<[Batcher<AcquireArgs>]>,
     /// Coalesce concurrent decisions of an account ([`super::batch`]).
     batch: bool,
     keys: Keys,
@@ -203,7 +203,7 @@ impl RedisStore {
     }
 
     /// The queue of `lane`'s connection.
-    fn batcher(&self, lane: Lane) -> &Batcher<Call> {
+    fn batcher(&self, lane: Lane) -> &Batcher<AcquireArgs> {
         match lane {
             Lane::Own(i) => self.batchers.get(i).unwrap_or(&self.shared_batcher),
             Lane::Shared => &self.shared_batcher,
@@ -301,7 +301,7 @@ impl RedisStore {
     pub(super) async fn decide(&self, ask: &Ask<'_>) -> Result<Decision, StoreError> {
         let lane = self.conns.lane();
         let deadline = deadline_after(self.timeout);
-        let mut call = Call::new(&self.keys, ask);
+        let mut call = AcquireArgs::new(&self.keys, ask);
         if !self.batch {
             let mut results = self.run_acquire(lane, &[call], deadline).await?;
             return results
@@ -319,7 +319,7 @@ impl RedisStore {
                     // The run this call was taken into was abandoned (its
                     // leader's client left): decide again.
                     Ok(Err(_)) => {
-                        call = Call::new(&self.keys, ask);
+                        call = AcquireArgs::new(&self.keys, ask);
                         continue;
                     }
                     Err(_) => return Err(self.timed_out()),
@@ -342,7 +342,7 @@ impl RedisStore {
     async fn run_acquire(
         &self,
         lane: Lane,
-        calls: &[Call],
+        calls: &[AcquireArgs],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
         let script: &Script = &protocol::ACQUIRE;

@@ -52,7 +52,7 @@ use self::breaker::Breaker;
 use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
-use super::op::{Answered, Inspect, Operation, PairOp, PairReply, Route, Runs, Wrapper};
+use super::op::{AnsweredBy, Inspect, Operation, PairOp, PairReply, Route, Runs, Wrapper};
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
@@ -536,8 +536,8 @@ impl Runs for Resilient {
             },
         };
         let by = match &error {
-            None => Answered::Redis,
-            Some(e) => Answered::Local(e),
+            None => AnsweredBy::Redis,
+            Some(e) => AnsweredBy::Local(e),
         };
         op.after(key, &out, by, self).await;
         Ok(out)

@@ -7,7 +7,7 @@
 //! WeCom's `/cgi-bin/gettoken`), answers `/cgi-bin/openapi/quota/get` and
 //! `/cgi-bin/clear_quota`, and counts what it saw at `GET /__stats`
 //! (`POST /__reset` starts again). Limits come from a small TOML file
-//! ([`config`]; reference: `docs/sim.md`); the counting is [`meter`], the
+//! ([`config`]; reference: `docs/sim.md`); the counting is [`scoreboard`], the
 //! tokens [`tokens`], one request [`handler`].
 //!
 //! Decisions read the injected [`Clock`], so tests drive the simulator with a
@@ -15,7 +15,7 @@
 
 pub mod config;
 pub mod handler;
-pub mod meter;
+pub mod scoreboard;
 pub mod tokens;
 
 use std::convert::Infallible;

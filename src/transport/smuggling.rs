@@ -502,7 +502,8 @@ mod tests {
         g.feed(&[&head[..], &tls[..]].concat());
         assert_eq!(g.state, State::Tunnel);
         assert_eq!(g.out, [&head[..], &tls[..]].concat(), "the tunnel's bytes pass unfollowed");
-        // Not listed, another port, a body, or no list: followed (and refused) as before.
+        // Not listed, another port, a body, or no list: not a tunnel, so
+        // followed (and refused) like any other request.
         for (head, tunnels) in [
             (&b"CONNECT example.com:443 HTTP/1.1\r\n\r\n"[..], true),
             (b"CONNECT api.weixin.qq.com:80 HTTP/1.1\r\n\r\n", true),

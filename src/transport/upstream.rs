@@ -50,8 +50,10 @@
 //! one's health, `exchange` makes one try (connecting, sending, the
 //! timers), `error` says how a try failed, and `hop_by_hop` strips the
 //! headers no message passes on and sets those WeChat gets ([`to_upstream`],
-//! [`replace`]: every field of a header handled whole). Their log lines keep the target
-//! `wxgate::transport::upstream`, as before the split.
+//! [`replace`]: every field of a header handled whole). Their log lines
+//! name the target `wxgate::transport::upstream`, so that one filter
+//! (`WXGATE_LOG=wxgate::transport::upstream=debug`) shows every upstream's
+//! health, whichever part logs it.
 
 mod error;
 mod exchange;

@@ -439,14 +439,14 @@ impl Gate {
     /// Calls of `account` on `rule` being held for their reserved slot right
     /// now (wxgate's own count: `App::activity`).
     pub fn held(&self, account: &str, rule: &str) -> u32 {
-        self.app().activity.get(account, &Arc::from(rule)).0
+        self.app().core.activity.get(account, &Arc::from(rule)).0
     }
 
     /// Places taken among this instance's held calls, `[server] max_held`
     /// (`App::held`): a call on a rule with `max_wait` takes one while it is
     /// decided and held, and gives it back when it goes or its client leaves.
     pub fn held_places(&self) -> usize {
-        self.app().held.count()
+        self.app().core.held.count()
     }
 
     /// Reloads applied and refused so far (`App::reloads`).

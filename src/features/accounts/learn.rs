@@ -7,7 +7,7 @@
 //! its query (`/cgi-bin/token`, WeCom `/cgi-bin/gettoken`), in its JSON body
 //! (`stable_token`, the platform's `api_component_token` and
 //! `api_authorizer_token`), or in the answer (`api_query_auth`). A body is
-//! read whole before the call goes on ([`read_body`]) only on these paths,
+//! read whole before the call goes on ([`Requesting::read_body`]) only on these paths,
 //! whatever its framing, up to [`BODY_CAP`] bytes (a token request is a few
 //! dozen; a larger one is refused, 413); WeChat gets exactly the bytes
 //! sent. A body whose JSON gives a key twice is refused (400), as is a
@@ -15,19 +15,14 @@
 //! what wxgate learns is what WeChat reads. Every other call streams as
 //! before.
 
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
-use http::Request;
-use hyper::body::Incoming;
-
 use super::query;
+use super::Accounts;
+use crate::admit::core::Core;
 use crate::config::{valid_account, Config};
 use crate::error::ProxyError;
-use crate::features::base::Base;
+use crate::features::hooks::body::request_json;
+use crate::features::hooks::Requesting;
 use crate::time::Micros;
-use crate::transport::request_body::{read_whole, ReadError};
 
 /// Largest token request body read before forwarding.
 pub const BODY_CAP: u64 = 4096;
@@ -148,23 +143,18 @@ pub struct Learn {
     pub owner: Option<String>,
 }
 
-/// A token request on its way: its body (if read, for forwarding as it
-/// is), the account it is for, and what its answer will teach.
+/// A token request on its way: the account it is for, and what its answer
+/// will teach.
 pub struct Prepared {
-    pub body: Option<Bytes>,
     pub caller: Option<String>,
     pub learn: Learn,
 }
 
 /// Reads what `request` names before it goes on: its body (see the module
 /// docs), the account it is for, the account its token will belong to.
-pub async fn prepare(
-    request: &'static TokenRequest,
-    req: &mut Request<Incoming>,
-    query: Option<&str>,
-    stall: Duration,
-) -> Result<Prepared, ProxyError> {
-    let body = if request.reads_body() { read_body(req, stall).await? } else { None };
+pub async fn prepare(request: &'static TokenRequest, req: &mut Requesting<'_>) -> Result<Prepared, ProxyError> {
+    let query = req.target.query();
+    let body = if request.reads_body() { req.read_body(BODY_CAP, BODY_WHAT).await?.cloned() } else { None };
     let json = request_json(body.as_deref())?;
     // A request that names no account anywhere (no appid in its query, no
     // body) cannot get a token from WeChat: it goes on as it is. One that
@@ -178,7 +168,7 @@ pub async fn prepare(
     };
     let names_one = gives(request.caller) || gives(request.owner);
     if names_one {
-        one_way(request, req.method(), query, json.as_ref()).map_err(ProxyError::BadRequest)?;
+        one_way(request, req.method, query, json.as_ref()).map_err(ProxyError::BadRequest)?;
     }
     // A name the body gives must not be given differently in the query.
     for n in [request.caller, request.owner] {
@@ -211,7 +201,7 @@ pub async fn prepare(
             )));
         }
     }
-    Ok(Prepared { caller, learn: Learn { request, owner }, body })
+    Ok(Prepared { caller, learn: Learn { request, owner } })
 }
 
 /// Whether WeChat can read `request` only one way, as wxgate reads it:
@@ -255,116 +245,8 @@ fn one_way(
     Ok(())
 }
 
-/// The request's whole body, read before it goes on (forwarded as it is),
-/// whatever its framing: declared with `Content-Length` or chunked, up to
-/// [`BODY_CAP`] bytes. 413 past the cap (what wxgate has not read, it
-/// cannot know WeChat reads as it does); 408 if nothing more of it arrives
-/// for `stall` (`[server] body_timeout`, a no-progress timer:
-/// [`read_whole`]). `None` for a request without a body.
-pub(crate) async fn read_body(req: &mut Request<Incoming>, stall: Duration) -> Result<Option<Bytes>, ProxyError> {
-    read_body_upto(req, stall, BODY_CAP, "a token or clear_quota request").await
-}
-
-/// [`read_body`] with a cap of `cap` bytes; `what` names what wxgate reads
-/// it for in the 413.
-pub(crate) async fn read_body_upto(
-    req: &mut Request<Incoming>,
-    stall: Duration,
-    cap: u64,
-    what: &str,
-) -> Result<Option<Bytes>, ProxyError> {
-    let too_large =
-        || ProxyError::TooLarge(format!("this request's body is larger than the {cap} bytes wxgate reads of {what}"));
-    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > cap) {
-        return Err(too_large());
-    }
-    if http_body::Body::is_end_stream(req.body()) {
-        return Ok(None);
-    }
-    match read_whole(req.body_mut(), cap, stall).await {
-        Ok(read) => Ok(Some(read)),
-        Err(ReadError::TooLarge(_)) => Err(too_large()),
-        Err(e) => Err(ProxyError::Upstream(e.into())),
-    }
-}
-
-/// A request body's JSON, read as WeChat would have to: `Ok(None)` for a
-/// body that is not JSON (WeChat refuses it too; nothing is learned from
-/// it), 400 for JSON that gives a key twice in any object (parsers differ
-/// on which one counts).
-pub(crate) fn request_json(body: Option<&[u8]>) -> Result<Option<serde_json::Value>, ProxyError> {
-    let Some(body) = body else { return Ok(None) };
-    match serde_json::from_slice::<Unique>(body) {
-        Ok(Unique(value)) => Ok(Some(value)),
-        Err(e) if e.to_string().starts_with(DUPLICATE) => Err(ProxyError::BadRequest(format!(
-            "the request body {}: wxgate and WeChat might read different values",
-            e.to_string().split(" at line").next().unwrap_or(DUPLICATE)
-        ))),
-        Err(_) => Ok(None),
-    }
-}
-
-const DUPLICATE: &str = "gives key";
-
-/// A JSON value in which no object gives a key twice (`serde_json::Value`
-/// keeps the last one silently).
-struct Unique(serde_json::Value);
-
-impl<'de> serde::Deserialize<'de> for Unique {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
-        d.deserialize_any(UniqueVisitor).map(Unique)
-    }
-}
-
-struct UniqueVisitor;
-
-impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
-    type Value = serde_json::Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<serde_json::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<serde_json::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<serde_json::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<serde_json::Value, E> {
-        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<serde_json::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_string<E>(self, v: String) -> Result<serde_json::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_unit<E>(self) -> Result<serde_json::Value, E> {
-        Ok(serde_json::Value::Null)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<serde_json::Value, A::Error> {
-        let mut out = Vec::new();
-        while let Some(Unique(v)) = seq.next_element()? {
-            out.push(v);
-        }
-        Ok(out.into())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<serde_json::Value, A::Error> {
-        let mut out = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
-                return Err(serde::de::Error::custom(format!("{DUPLICATE} \"{key}\" twice")));
-            }
-            let Unique(v) = map.next_value()?;
-            out.insert(key, v);
-        }
-        Ok(out.into())
-    }
-}
+/// What [`BODY_CAP`] is read for, in its 413.
+pub const BODY_WHAT: &str = "a token or clear_quota request";
 
 /// A successful answer to a token request passed through: remembers its
 /// token for its account (in this instance's cache at once, and in the
@@ -373,7 +255,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
 /// (of `config`, the call's),
 /// nor from an answer without a token or a positive `expires_in`.
 /// Failures are logged, never the call's: the client gets its token anyway.
-pub async fn learn(app: &Base, config: &Config, learn: Learn, answer: &[u8]) {
+pub async fn learn(core: &Core, accounts: &Accounts, config: &Config, learn: Learn, answer: &[u8]) {
     let request = learn.request;
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(answer) else { return };
     let object = match request.within {
@@ -401,15 +283,15 @@ pub async fn learn(app: &Base, config: &Config, learn: Learn, answer: &[u8]) {
         tracing::info!(account = %owner, path = request.path, "not learning a token for an account not on [server] accounts");
         return;
     }
-    let Some(hash) = app.store.tokens().token_hash(token.as_bytes()) else {
+    let Some(hash) = core.store.tokens().token_hash(token.as_bytes()) else {
         tracing::warn!(account = %owner, "cannot learn an access token yet: the store's token key is not read (Redis not reached since start)");
         return;
     };
-    let now = app.clock.now_us();
-    app.token_owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
-    match app.store.tokens().learn_token(&hash, &owner, ttl_us).await {
+    let now = core.clock.now_us();
+    accounts.owners.learned(token.as_bytes(), &owner, now.saturating_add(ttl_us), now);
+    match core.store.tokens().learn_token(&hash, &owner, ttl_us).await {
         Ok(()) => {
-            app.metrics.tokens_learned.inc();
+            core.metrics.tokens_learned.inc();
             tracing::debug!(account = %owner, path = request.path, expires_in_s = ttl_us / 1_000_000, "learned an access token");
         }
         Err(e) => tracing::warn!(

@@ -1,14 +1,10 @@
 //! The request side of clear_quota: which paths it is at, and the appid a
 //! call's body (or query) names, read by the identify phase.
 
-use bytes::Bytes;
-use http::Request;
-use hyper::body::Incoming;
-
 use crate::config::valid_account;
 use crate::error::ProxyError;
-use crate::features::accounts::learn::{read_body, request_json};
 use crate::features::accounts::query;
+use crate::features::hooks::body::request_json;
 
 /// The APIs that reset an account's counters at WeChat.
 pub const PATHS: [&str; 2] = ["/cgi-bin/clear_quota", "/cgi-bin/clear_quota/v2"];
@@ -25,17 +21,12 @@ pub fn at(path: &str) -> bool {
     PATHS.contains(&path.strip_suffix('/').unwrap_or(path))
 }
 
-/// The identify phase's part: reads the body (when it declares at most
-/// [`crate::features::accounts::learn::BODY_CAP`] bytes; forwarded as it is) and the
-/// appid the call names.
-pub async fn prepare(
-    req: &mut Request<Incoming>,
-    query: Option<&str>,
-    within: std::time::Duration,
-) -> Result<(Option<Bytes>, Clearing), ProxyError> {
-    let body = read_body(req, within).await?;
-    let json = request_json(body.as_deref())?;
-    let form = body.as_deref().and_then(|b| std::str::from_utf8(b).ok()).filter(|_| json.is_none());
+/// The appid a clear_quota names, from its `body` (read whole, at most
+/// [`crate::features::accounts::learn::BODY_CAP`] bytes; forwarded as it
+/// is) or its query.
+pub fn read(body: Option<&[u8]>, query: Option<&str>) -> Result<Clearing, ProxyError> {
+    let json = request_json(body)?;
+    let form = body.and_then(|b| std::str::from_utf8(b).ok()).filter(|_| json.is_none());
     if let Some(why) = form.and_then(query::ambiguity) {
         return Err(ProxyError::BadRequest(format!("the body: {why}")));
     }
@@ -59,5 +50,5 @@ pub async fn prepare(
             "this clear_quota names an appid that is not 1-64 characters of A-Z a-z 0-9 _ -".into(),
         ));
     }
-    Ok((body, Clearing { appid: given }))
+    Ok(Clearing { appid: given })
 }

@@ -128,8 +128,9 @@ mod tests {
 
     /// A platform whose map is full of live tokens (a token flood, or more
     /// authorised accounts than the cap): each refused token must not scan
-    /// every held one (it did: 1,000 refusals at a cap of 1,000 looked at
-    /// 1,000,000 entries; at the real cap, a million per token response).
+    /// every held one (a scan per refusal makes 1,000 refusals at a cap of
+    /// 1,000 look at 1,000,000 entries; at the real cap, a million per
+    /// token response).
     #[test]
     fn a_full_map_of_live_tokens_refuses_a_new_one_without_scanning_them_all() {
         let mut learned = LearnedTokens::new(1000);

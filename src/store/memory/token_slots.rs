@@ -151,8 +151,8 @@ mod tests {
     }
 
     /// Many accounts' tokens, all live: a new slot's claim must not scan
-    /// them all (it did once more than SWEEP_AT entries were held: 4,000
-    /// claims, 4,000 full passes).
+    /// them all (a sweep per claim past SWEEP_AT entries would make 4,000
+    /// claims 4,000 full passes).
     #[test]
     fn live_tokens_of_many_accounts_are_swept_once_per_doubling_not_per_claim() {
         let mut slots = TokenSlots::default();

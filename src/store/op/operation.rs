@@ -47,7 +47,7 @@ pub enum Kept {
 
 /// Which store gave an operation's answer (for [`Operation::after`]).
 #[derive(Debug, Clone, Copy)]
-pub enum Answered<'e> {
+pub enum AnsweredBy<'e> {
     Redis,
     /// The local fallback store, Redis having failed so.
     Local(&'e StoreError),
@@ -100,7 +100,7 @@ pub trait Operation: Send + Sync {
         &self,
         key: Key<'_>,
         out: &Self::Out,
-        by: Answered<'_>,
+        by: AnsweredBy<'_>,
         wrapper: &dyn Wrapper,
     ) -> impl Future<Output = ()> + Send {
         let _ = (key, out, by, wrapper);

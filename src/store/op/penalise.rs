@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Kept, Answered, Command, Operation, Route, Wrapper};
-use crate::time::Micros;
+use super::operation::{Kept, AnsweredBy, Command, Operation, Route, Wrapper};
+use crate::time::{Micros, Span};
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
 use crate::store::answer::{PenaltyEnd, StoreError};
@@ -53,17 +53,17 @@ impl Operation for Penalise<'_> {
         Ok(PenaltyEnd { until, now })
     }
 
-    async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: Answered<'_>, wrapper: &dyn Wrapper) {
+    async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: AnsweredBy<'_>, wrapper: &dyn Wrapper) {
         match by {
             // Penalties are rare: one more round trip reads the level.
-            Answered::Redis => match wrapper.shared_state(key).await {
+            AnsweredBy::Redis => match wrapper.shared_state(key).await {
                 Ok(snapshot) => wrapper.ledger().penalised(key, snapshot.state.penalty, false),
                 Err(_) => {
                     let p = PenaltyState { until: end.until, started: end.now, level: 0, last_len: end.remaining_us() };
                     wrapper.ledger().penalised(key, p, false);
                 }
             },
-            Answered::Local(_) => wrapper.ledger().penalised(key, wrapper.local_state(key).state.penalty, true),
+            AnsweredBy::Local(_) => wrapper.ledger().penalised(key, wrapper.local_state(key).state.penalty, true),
         }
     }
 }
@@ -72,8 +72,8 @@ impl Operation for Penalise<'_> {
 /// minute), base length, cap (0: the next midnight).
 fn penalty_args(policy: &PenaltyPolicy) -> (&'static str, Micros, Micros) {
     let (kind, base) = match policy.length {
-        PenaltyLength::Escalating { base_us } => ("e", base_us),
+        PenaltyLength::Escalating { base } => ("e", base.as_micros()),
         PenaltyLength::NextMinute => ("m", 0),
     };
-    (kind, base, policy.max_us.unwrap_or(0))
+    (kind, base, policy.max.map_or(0, Span::as_micros))
 }

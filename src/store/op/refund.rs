@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Answered, Command, Operation, Route, Wrapper};
+use super::operation::{AnsweredBy, Command, Operation, Route, Wrapper};
 use crate::time::Micros;
 use crate::limit::decide::refund;
 use crate::limit::{Key, Limit, Rule, RuleState};
@@ -57,7 +57,7 @@ impl Operation for Refund {
         Ok(given == 1)
     }
 
-    async fn after(&self, key: Key<'_>, given: &bool, _: Answered<'_>, wrapper: &dyn Wrapper) {
+    async fn after(&self, key: Key<'_>, given: &bool, _: AnsweredBy<'_>, wrapper: &dyn Wrapper) {
         if *given {
             wrapper.ledger().refunded(key, self.at, self.cost);
         }

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Kept, Answered, Command, Operation, Route, Wrapper};
+use super::operation::{Kept, AnsweredBy, Command, Operation, Route, Wrapper};
 use crate::time::Micros;
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::PenaltyState;
@@ -49,10 +49,10 @@ impl Operation for SetPenalty {
         Ok(PenaltyEnd { until, now })
     }
 
-    async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: Answered<'_>, wrapper: &dyn Wrapper) {
+    async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: AnsweredBy<'_>, wrapper: &dyn Wrapper) {
         let unsynced = match by {
-            Answered::Redis => false,
-            Answered::Local(e) => {
+            AnsweredBy::Redis => false,
+            AnsweredBy::Local(e) => {
                 tracing::warn!(error = %e, "penalty changed on this instance only: Redis is unavailable");
                 true
             }

@@ -10,7 +10,7 @@
 //! Neither recovers from everything: a `ConnectionManager` whose reconnect
 //! failed authentication (a password changed for a moment) keeps answering
 //! that error for good. So a lane whose call fails with an error the
-//! connection will not get over by itself ([`verdict`]), or that keeps
+//! connection will not get over by itself ([`fault_of`]), or that keeps
 //! failing, gets a new connection ([`Connections::failed`]): at most once per
 //! `[store] breaker_open` per lane, made lazily on that lane's own thread,
 //! and nothing is done on success.
@@ -207,11 +207,11 @@ pub enum Lane {
     Shared,
 }
 
-/// What an error says about the connection it came on.
+/// What an error says about the connection it came on ([`fault_of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ConnFault {
     /// It will not recover by itself: replace it.
-    Rebuild,
+    Broken,
     /// Redis answered (a full memory, still loading, a busy script), or the
     /// connection's own reconnecting handles it, or a call timed out:
     /// replaced only when failures repeat.
@@ -230,18 +230,18 @@ pub enum Verdict {
 /// Everything else is transient: `OOM`, `LOADING` (heals by waiting),
 /// `BUSY`, script errors, cluster redirections, and I/O errors (the manager
 /// reconnects after those by itself).
-pub fn verdict(e: &redis::RedisError) -> Verdict {
-    let rebuild = match e.kind() {
+pub fn fault_of(e: &redis::RedisError) -> ConnFault {
+    let broken = match e.kind() {
         ErrorKind::AuthenticationFailed | ErrorKind::Parse | ErrorKind::Client => true,
         ErrorKind::ClusterConnectionNotFound => true,
         ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown) => true,
         ErrorKind::Extension => matches!(e.code(), Some("NOAUTH" | "WRONGPASS")),
         _ => false,
     };
-    if rebuild {
-        Verdict::Rebuild
+    if broken {
+        ConnFault::Broken
     } else {
-        Verdict::Transient
+        ConnFault::Transient
     }
 }
 
@@ -481,7 +481,7 @@ impl Connections {
 
     /// Notes that a call on `lane` failed with `e` (`None`: it timed out).
     /// Replaces the connection the call used when `e` says it will not
-    /// recover by itself ([`verdict`]) or after [`REPEATED`] failures, at
+    /// recover by itself ([`fault_of`]) or after [`REPEATED`] failures, at
     /// most once per `breaker_open`. Calls already under way finish on the
     /// old one.
     pub fn failed(&self, lane: Lane, e: Option<&redis::RedisError>) {
@@ -493,7 +493,7 @@ impl Connections {
         {
             let mut h = health.lock().unwrap_or_else(|p| p.into_inner());
             h.failures = h.failures.saturating_add(1);
-            let due = e.map(verdict) == Some(Verdict::Rebuild) || h.failures >= REPEATED;
+            let due = e.map(fault_of) == Some(ConnFault::Broken) || h.failures >= REPEATED;
             let allowed = h.rebuilt.is_none_or(|t| t.elapsed() >= self.rebuild_every);
             if !(due && allowed) {
                 return;
@@ -642,7 +642,7 @@ async fn single(
 
 #[cfg(test)]
 mod tests {
-    use super::{verdict, Verdict};
+    use super::{fault_of, ConnFault};
 
     /// The error Redis answers with `line` (RESP, e.g. `-OOM ...`).
     fn answered(line: &str) -> redis::RedisError {
@@ -660,10 +660,10 @@ mod tests {
             "-READONLY You can't write against a read only replica.",
             "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
         ] {
-            assert_eq!(verdict(&answered(line)), Verdict::Rebuild, "{line}");
+            assert_eq!(fault_of(&answered(line)), ConnFault::Broken, "{line}");
         }
         let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "Password authentication failed"));
-        assert_eq!(verdict(&auth), Verdict::Rebuild);
+        assert_eq!(fault_of(&auth), ConnFault::Broken);
     }
 
     #[test]
@@ -675,9 +675,9 @@ mod tests {
             "-ERR Error running script",
             "-NOSCRIPT No matching script.",
         ] {
-            assert_eq!(verdict(&answered(line)), Verdict::Transient, "{line}");
+            assert_eq!(fault_of(&answered(line)), ConnFault::Transient, "{line}");
         }
         let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(verdict(&io), Verdict::Transient, "the connection manager reconnects after I/O errors");
+        assert_eq!(fault_of(&io), ConnFault::Transient, "the connection manager reconnects after I/O errors");
     }
 }

@@ -175,7 +175,7 @@ impl Keys {
 
 /// One call's part of an acquire.lua run, taken when the call arrives and
 /// written straight into the EVALSHA command (no intermediate strings).
-pub struct Call {
+pub struct AcquireArgs {
     keys: [String; 3],
     pub offset_us: Micros,
     /// max wait, warm-up, concurrency cap, lease, number of limits.
@@ -193,9 +193,9 @@ pub struct Call {
     recipients: Vec<String>,
 }
 
-impl Call {
+impl AcquireArgs {
     /// `ask`'s keys and values for acquire.lua.
-    pub fn new(keys: &Keys, ask: &Ask<'_>) -> Call {
+    pub fn new(keys: &Keys, ask: &Ask<'_>) -> AcquireArgs {
         let (account, rule) = (ask.key.account, ask.key.rule);
         let kept = |i: usize| if ask.normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
         let limits = rule
@@ -210,7 +210,7 @@ impl Call {
                 }
             })
             .collect();
-        Call {
+        AcquireArgs {
             keys: [keys.state(account, rule), keys.warm(account), keys.slots(account, rule)],
             offset_us: ask.key.offset_us,
             numbers: [
@@ -281,13 +281,14 @@ fn share_args(limit: &Limit) -> (i64, i64) {
 /// key holds `epoch`, if given (key, value).
 pub fn acquire_command(
     script: &Script,
-    calls: &[Call],
+    calls: &[AcquireArgs],
     now: &str,
     epoch: Option<(&str, &str)>,
     inst: &str,
 ) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(calls.iter().map(Call::key_count).sum::<usize>() + usize::from(epoch.is_some()));
+    cmd.arg(script.get_hash())
+        .arg(calls.iter().map(AcquireArgs::key_count).sum::<usize>() + usize::from(epoch.is_some()));
     for call in calls {
         for key in call.keys.iter().chain(&call.recipients) {
             cmd.arg(key.as_str());

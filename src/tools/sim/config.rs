@@ -10,7 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::config::units::{micros, parse_duration, parse_offset};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 
 /// The built-in demo limits, served when no `--limits` is given. The same
 /// text ships as `deploy/sim.toml` (a test keeps the two equal).
@@ -50,7 +50,7 @@ pub struct Api {
     /// Calls in flight at once (45033 beyond).
     pub concurrency: Option<u32>,
     /// Simulated processing time of each admitted call.
-    pub latency_us: Micros,
+    pub latency: Span,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,17 +158,17 @@ fn compile_api(raw: RawApi) -> Result<Api, String> {
     if raw.concurrency == Some(0) {
         return Err(format!("{name}: concurrency must be at least 1 (leave it out for no cap)"));
     }
-    let latency_us = match &raw.latency {
-        None => 0,
+    let latency = match &raw.latency {
+        None => Span::ZERO,
         Some(t) => {
             let d = parse_duration(t).map_err(|m| format!("{name}: latency: {m}"))?;
             if d > Duration::from_secs(60) {
                 return Err(format!("{name}: latency: at most 60s"));
             }
-            micros(d)
+            Span::from_duration(d)
         }
     };
-    Ok(Api { path: raw.path, windows, daily, concurrency: raw.concurrency, latency_us })
+    Ok(Api { path: raw.path, windows, daily, concurrency: raw.concurrency, latency })
 }
 
 #[derive(Deserialize)]

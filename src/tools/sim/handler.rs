@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::config::SimConfig;
-use super::meter::Meter;
-use super::tokens::{Kind, Tokens};
+use super::scoreboard::Scoreboard;
+use super::tokens::{Endpoint, Tokens};
 use crate::features::accounts::query::param;
-use crate::time::Clock;
+use crate::time::{Clock, Span};
 
 /// Largest request body the simulator reads (media uploads included).
 pub const MAX_BODY: usize = 64 << 20;
@@ -28,16 +28,16 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 pub struct Sim {
     pub config: Arc<SimConfig>,
     pub clock: Arc<dyn Clock>,
-    meter: Mutex<Meter>,
+    scoreboard: Mutex<Scoreboard>,
     tokens: Mutex<Tokens>,
     random: SystemRandom,
     rids: AtomicU32,
 }
 
 /// What a request asks for, once its body and parameters are read.
-enum Ask {
-    /// A token for the account: `(kind, force_refresh)`.
-    Token(Kind, bool),
+enum Wanted {
+    /// A token for the account: `(endpoint, force_refresh)`.
+    Token(Endpoint, bool),
     /// `quota/get` of this path.
     Quota(String),
     /// `clear_quota` of this account.
@@ -48,13 +48,13 @@ enum Ask {
 
 /// The result of reading a request: the account it counts against and what
 /// it asks, or WeChat's error for it (counted, against no limit).
-type Reading = Result<(String, bool, Ask), (i64, &'static str)>;
+type Reading = Result<(String, bool, Wanted), (i64, &'static str)>;
 
 impl Sim {
     pub fn new(config: SimConfig, clock: Arc<dyn Clock>) -> Sim {
         let config = Arc::new(config);
         Sim {
-            meter: Mutex::new(Meter::new(config.clone())),
+            scoreboard: Mutex::new(Scoreboard::new(config.clone())),
             tokens: Mutex::new(Tokens::default()),
             config,
             clock,
@@ -63,9 +63,9 @@ impl Sim {
         }
     }
 
-    fn meter(&self) -> MutexGuard<'_, Meter> {
+    fn scoreboard(&self) -> MutexGuard<'_, Scoreboard> {
         // A panic while holding the lock leaves plain counters: keep serving them.
-        self.meter.lock().unwrap_or_else(|p| p.into_inner())
+        self.scoreboard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn tokens(&self) -> MutexGuard<'_, Tokens> {
@@ -79,11 +79,11 @@ impl Sim {
         let query = parts.uri.query().unwrap_or("").to_owned();
         match (path.as_str(), &parts.method) {
             ("/__stats", &Method::GET) => {
-                let stats = self.meter().stats(self.clock.now_us());
+                let stats = self.scoreboard().stats(self.clock.now_us());
                 return json_response(StatusCode::OK, serde_json::to_vec(&stats).unwrap_or_default());
             }
             ("/__reset", &Method::POST) => {
-                self.meter().reset();
+                self.scoreboard().reset();
                 return self.wechat(0, "ok");
             }
             ("/__stats" | "/__reset", _) => {
@@ -101,26 +101,26 @@ impl Sim {
             // The client went away or broke its framing: nobody reads an answer.
             Err(_) => return json_response(StatusCode::BAD_REQUEST, b"{}".to_vec()),
         };
-        let (account, token_ok, ask) = match self.read(&path, &query, &body) {
+        let (account, token_ok, wanted) = match self.read(&path, &query, &body) {
             Ok(read) => read,
             Err((code, msg)) => {
-                self.meter().other(&path);
+                self.scoreboard().other(&path);
                 tracing::debug!(%path, errcode = code, "sim refused a malformed call");
                 return self.wechat(code, msg);
             }
         };
-        let verdict = self.meter().admit(&account, &path, token_ok, self.clock.now_us());
+        let verdict = self.scoreboard().admit(&account, &path, token_ok, self.clock.now_us());
         if let Err(refusal) = verdict {
             tracing::debug!(%path, %account, errcode = refusal.errcode(), "sim refused");
             return self.wechat(refusal.errcode(), refusal.errmsg());
         }
         // In flight from here until dropped, even if the client goes away.
         let _in_flight = InFlight { sim: &self, account: &account, path: &path };
-        let latency = self.meter().api(&path).map_or(0, |a| a.latency_us);
-        if latency > 0 {
+        let latency = self.scoreboard().api(&path).map_or(Span::ZERO, |a| a.latency);
+        if latency > Span::ZERO {
             self.clock.sleep(latency).await;
         }
-        self.answer(&account, ask)
+        self.answer(&account, wanted)
     }
 
     /// The account and what the call asks; WeChat's error for a call that
@@ -134,7 +134,7 @@ impl Sim {
                 }
                 let appid = text("appid").ok_or((41002, "appid missing"))?;
                 text("secret").ok_or((41004, "appsecret missing"))?;
-                Ok((appid, true, Ask::Token(Kind::Token, false)))
+                Ok((appid, true, Wanted::Token(Endpoint::Token, false)))
             }
             "/cgi-bin/stable_token" => {
                 let b: StableBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
@@ -143,37 +143,37 @@ impl Sim {
                 }
                 let appid = b.appid.filter(|a| !a.is_empty()).ok_or((41002, "appid missing"))?;
                 b.secret.filter(|s| !s.is_empty()).ok_or((41004, "appsecret missing"))?;
-                Ok((appid, true, Ask::Token(Kind::Stable, b.force_refresh.unwrap_or(false))))
+                Ok((appid, true, Wanted::Token(Endpoint::Stable, b.force_refresh.unwrap_or(false))))
             }
             "/cgi-bin/gettoken" => {
                 let corpid = text("corpid").ok_or((41002, "corpid missing"))?;
                 text("corpsecret").ok_or((41004, "corpsecret missing"))?;
-                Ok((corpid, true, Ask::Token(Kind::Corp, false)))
+                Ok((corpid, true, Wanted::Token(Endpoint::Corp, false)))
             }
             "/cgi-bin/clear_quota/v2" => {
                 let b: ClearBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
                 let appid = b.appid.filter(|a| !a.is_empty()).ok_or((41002, "appid missing"))?;
                 b.appsecret.filter(|s| !s.is_empty()).ok_or((41004, "appsecret missing"))?;
-                Ok((appid.clone(), true, Ask::Clear(appid)))
+                Ok((appid.clone(), true, Wanted::Clear(appid)))
             }
             _ => {
                 let (account, token_ok) = self.caller(query, &text);
-                let ask = match path {
+                let wanted = match path {
                     "/cgi-bin/openapi/quota/get" => {
                         let b: QuotaBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
                         let cgi_path = b.cgi_path.ok_or((47001, "data format error"))?;
-                        if self.meter().api(&cgi_path).and_then(|a| a.daily).is_none() {
+                        if self.scoreboard().api(&cgi_path).and_then(|a| a.daily).is_none() {
                             return Err((76021, "cgi_path not found, please check"));
                         }
-                        Ask::Quota(cgi_path)
+                        Wanted::Quota(cgi_path)
                     }
                     "/cgi-bin/clear_quota" => {
                         let b: ClearBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
-                        Ask::Clear(b.appid.filter(|a| !a.is_empty()).ok_or((41002, "appid missing"))?)
+                        Wanted::Clear(b.appid.filter(|a| !a.is_empty()).ok_or((41002, "appid missing"))?)
                     }
-                    _ => Ask::Plain,
+                    _ => Wanted::Plain,
                 };
-                Ok((account, token_ok, ask))
+                Ok((account, token_ok, wanted))
             }
         }
     }
@@ -192,33 +192,35 @@ impl Sim {
     }
 
     /// The answer of an admitted call.
-    fn answer(&self, account: &str, ask: Ask) -> Response<Full<Bytes>> {
-        match ask {
-            Ask::Plain => self.wechat(0, "ok"),
-            Ask::Token(kind, force) => {
+    fn answer(&self, account: &str, wanted: Wanted) -> Response<Full<Bytes>> {
+        match wanted {
+            Wanted::Plain => self.wechat(0, "ok"),
+            Wanted::Token(endpoint, force) => {
                 let now = self.clock.now_us();
                 let issued =
-                    self.tokens().issue(kind, account, force, self.config.token_ttl_us, now, || self.fresh_token());
+                    self.tokens().issue(endpoint, account, force, self.config.token_ttl_us, now, || self.fresh_token());
                 let Some((token, expires_in)) = issued else { return self.wechat(-1, "system error") };
                 // Field order as WeChat's (the token is of [A-Za-z0-9_-]).
-                let body = match kind {
-                    Kind::Corp => {
+                let body = match endpoint {
+                    Endpoint::Corp => {
                         format!(r#"{{"errcode":0,"errmsg":"ok","access_token":"{token}","expires_in":{expires_in}}}"#)
                     }
-                    Kind::Token | Kind::Stable => format!(r#"{{"access_token":"{token}","expires_in":{expires_in}}}"#),
+                    Endpoint::Token | Endpoint::Stable => {
+                        format!(r#"{{"access_token":"{token}","expires_in":{expires_in}}}"#)
+                    }
                 };
                 json_response(StatusCode::OK, body.into_bytes())
             }
-            Ask::Quota(path) => {
-                let (limit, used) = self.meter().quota(account, &path, self.clock.now_us()).unwrap_or((0, 0));
+            Wanted::Quota(path) => {
+                let (limit, used) = self.scoreboard().quota(account, &path, self.clock.now_us()).unwrap_or((0, 0));
                 let remain = limit.saturating_sub(used);
                 let body = format!(
                     r#"{{"errcode":0,"errmsg":"ok","quota":{{"daily_limit":{limit},"used":{used},"remain":{remain}}}}}"#
                 );
                 json_response(StatusCode::OK, body.into_bytes())
             }
-            Ask::Clear(appid) => {
-                self.meter().clear(&appid);
+            Wanted::Clear(appid) => {
+                self.scoreboard().clear(&appid);
                 tracing::info!(%appid, "sim: clear_quota");
                 self.wechat(0, "ok")
             }
@@ -257,7 +259,7 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.sim.meter().finish(self.account, self.path);
+        self.sim.scoreboard().finish(self.account, self.path);
     }
 }
 

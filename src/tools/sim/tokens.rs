@@ -14,9 +14,9 @@ use crate::time::Micros;
 /// How long a replaced token stays valid (WeChat: 5 minutes).
 pub const OVERLAP_US: Micros = 300_000_000;
 
-/// The kinds of token endpoints; each keeps its own current token per account.
+/// The token endpoints; each keeps its own current token per account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub enum Endpoint {
     /// `/cgi-bin/token`: always a new token.
     Token,
     /// `/cgi-bin/stable_token`.
@@ -33,27 +33,27 @@ struct Issued {
 #[derive(Default)]
 pub struct Tokens {
     issued: HashMap<String, Issued>,
-    current: HashMap<(Kind, String), String>,
+    current: HashMap<(Endpoint, String), String>,
     /// Tokens held after the last sweep of expired ones.
     swept: usize,
 }
 
 impl Tokens {
-    /// A token for `account` from a `kind` endpoint at `now`, and its
+    /// A token for `account` from the `endpoint` at `now`, and its
     /// `expires_in` in seconds. `fresh` makes a new token's text.
     pub fn issue(
         &mut self,
-        kind: Kind,
+        endpoint: Endpoint,
         account: &str,
         force: bool,
         ttl_us: Micros,
         now: Micros,
         fresh: impl FnOnce() -> Option<String>,
     ) -> Option<(String, i64)> {
-        let key = (kind, account.to_owned());
+        let key = (endpoint, account.to_owned());
         let renew_before = OVERLAP_US.min(ttl_us / 2);
         if let Some(old) = self.current.get(&key).and_then(|t| self.issued.get_mut(t)) {
-            if kind != Kind::Token && !force && old.expires - now > renew_before {
+            if endpoint != Endpoint::Token && !force && old.expires - now > renew_before {
                 let token = self.current.get(&key).cloned().unwrap_or_default();
                 return Some((token, (old.expires - now) / 1_000_000));
             }
@@ -98,20 +98,20 @@ mod tests {
             n += 1;
             Some(format!("t{n}"))
         };
-        let (a, ttl) = t.issue(Kind::Token, "wx1", false, 7200 * S, 0, &mut fresh).expect("issued");
+        let (a, ttl) = t.issue(Endpoint::Token, "wx1", false, 7200 * S, 0, &mut fresh).expect("issued");
         assert_eq!((a.as_str(), ttl), ("t1", 7200));
         assert_eq!(t.account_of("t1", 7200 * S - 1), Some("wx1"));
         assert_eq!(t.account_of("t1", 7200 * S), None, "expired");
-        let (b, _) = t.issue(Kind::Token, "wx1", false, 7200 * S, 100 * S, &mut fresh).expect("issued");
+        let (b, _) = t.issue(Endpoint::Token, "wx1", false, 7200 * S, 100 * S, &mut fresh).expect("issued");
         assert_eq!(b, "t2");
         assert_eq!(t.account_of("t1", 400 * S - 1), Some("wx1"), "5 minutes of overlap");
         assert_eq!(t.account_of("t1", 400 * S), None);
-        let (s1, _) = t.issue(Kind::Stable, "wx1", false, 7200 * S, 0, &mut fresh).expect("issued");
-        let (s2, left) = t.issue(Kind::Stable, "wx1", false, 7200 * S, 1000 * S, &mut fresh).expect("issued");
+        let (s1, _) = t.issue(Endpoint::Stable, "wx1", false, 7200 * S, 0, &mut fresh).expect("issued");
+        let (s2, left) = t.issue(Endpoint::Stable, "wx1", false, 7200 * S, 1000 * S, &mut fresh).expect("issued");
         assert_eq!((s1.as_str(), s2.as_str(), left), ("t3", "t3", 6200), "stable_token gives the same token");
-        let (s3, _) = t.issue(Kind::Stable, "wx1", true, 7200 * S, 1000 * S, &mut fresh).expect("issued");
+        let (s3, _) = t.issue(Endpoint::Stable, "wx1", true, 7200 * S, 1000 * S, &mut fresh).expect("issued");
         assert_eq!(s3, "t4", "force_refresh");
-        let (s4, _) = t.issue(Kind::Stable, "wx1", false, 7200 * S, 7900 * S, &mut fresh).expect("issued");
+        let (s4, _) = t.issue(Endpoint::Stable, "wx1", false, 7200 * S, 7900 * S, &mut fresh).expect("issued");
         assert_eq!(s4, "t5", "renewed in its last 5 minutes");
     }
 }

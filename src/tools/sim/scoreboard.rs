@@ -116,7 +116,7 @@ struct PathStats {
 }
 
 /// Everything the simulator counts. Serve it behind one lock.
-pub struct Meter {
+pub struct Scoreboard {
     config: Arc<SimConfig>,
     index: HashMap<String, usize>,
     accounts: HashMap<String, Vec<Usage>>,
@@ -124,12 +124,13 @@ pub struct Meter {
     latest: Micros,
 }
 
-impl Meter {
-    pub fn new(config: Arc<SimConfig>) -> Meter {
+impl Scoreboard {
+    pub fn new(config: Arc<SimConfig>) -> Scoreboard {
         let index = config.apis.iter().enumerate().map(|(i, a)| (a.path.clone(), i)).collect();
-        let mut meter = Meter { config, index, accounts: HashMap::new(), paths: HashMap::new(), latest: Micros::MIN };
-        meter.reset();
-        meter
+        let mut scoreboard =
+            Scoreboard { config, index, accounts: HashMap::new(), paths: HashMap::new(), latest: Micros::MIN };
+        scoreboard.reset();
+        scoreboard
     }
 
     /// The listed API of `path`, if any.
@@ -151,7 +152,7 @@ impl Meter {
 
     /// Decides a call of `account` on `path` at `now` and counts it. A call
     /// whose token was refused (`token_ok` false) is counted as a 40001. An
-    /// admitted call is in flight until [`Meter::finish`].
+    /// admitted call is in flight until [`Scoreboard::finish`].
     pub fn admit(&mut self, account: &str, path: &str, token_ok: bool, now: Micros) -> Result<(), Refusal> {
         let now = self.tick(now);
         let (today, _) = self.day(now);
@@ -425,15 +426,15 @@ mod tests {
 
     const S: Micros = 1_000_000;
 
-    fn meter(text: &str) -> Meter {
-        Meter::new(Arc::new(SimConfig::parse(text, "sim.toml").expect("config")))
+    fn scoreboard(text: &str) -> Scoreboard {
+        Scoreboard::new(Arc::new(SimConfig::parse(text, "sim.toml").expect("config")))
     }
 
     const WINDOW: &str = "[[api]]\npath = \"/w\"\nlimits = [{ count = 3, per = \"10s\" }]\n";
 
     #[test]
     fn a_window_admits_its_count_and_slides_exactly() {
-        let mut m = meter(WINDOW);
+        let mut m = scoreboard(WINDOW);
         let t = 1_000 * S;
         for at in [t, t + S, t + 2 * S] {
             assert_eq!(m.admit("a", "/w", true, at), Ok(()));
@@ -452,7 +453,7 @@ mod tests {
     #[test]
     fn a_day_quota_resets_with_the_short_day() {
         let mut m =
-            meter("[sim]\nday_length = \"1m\"\n[[api]]\npath = \"/d\"\nlimits = [{ count = 2, per = \"day\" }]\n");
+            scoreboard("[sim]\nday_length = \"1m\"\n[[api]]\npath = \"/d\"\nlimits = [{ count = 2, per = \"day\" }]\n");
         let start = 1_000 * 60 * S - 8 * 3600 * S; // a day boundary at +08:00
         assert_eq!(m.day(start).1, start + 60 * S);
         assert_eq!(m.admit("a", "/d", true, start), Ok(()));
@@ -465,7 +466,7 @@ mod tests {
 
     #[test]
     fn refused_calls_take_nothing_and_time_never_runs_back() {
-        let mut m = meter("[[api]]\npath = \"/c\"\nlimits = [{ count = 1, per = \"day\" }]\nconcurrency = 1\n");
+        let mut m = scoreboard("[[api]]\npath = \"/c\"\nlimits = [{ count = 1, per = \"day\" }]\nconcurrency = 1\n");
         assert_eq!(m.admit("a", "/c", false, 10 * S), Err(Refusal::Token));
         assert_eq!(m.admit("a", "/c", true, 10 * S), Ok(()));
         assert_eq!(m.admit("a", "/c", true, 10 * S), Err(Refusal::Concurrency));
