@@ -18,6 +18,7 @@ use crate::admit::core::Core;
 use crate::admit::slots::Slots;
 use crate::app::sync_status::SyncStatus;
 use crate::config::{Config, StoreConfig};
+use crate::error::StartError;
 use crate::features::hooks::Env;
 use crate::features::Features;
 use crate::store::memory::MemoryStore;
@@ -81,13 +82,15 @@ impl App {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
-    ) -> Result<Arc<App>, String> {
-        let upstream = Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None)?;
+    ) -> Result<Arc<App>, StartError> {
+        let upstream =
+            Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None).map_err(StartError::Upstream)?;
         let lease_us = config.lease_us;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
-        let features = Features::new(&config, &store, &clock, &metrics)?;
-        let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
+        let features = Features::new(&config, &store, &clock, &metrics).map_err(StartError::Features)?;
+        let intercept =
+            Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let app = Arc::new(App {
             core: Core {
                 store,
@@ -117,10 +120,11 @@ pub async fn open_store(
     clock: Arc<dyn Clock>,
     counters: StoreCounters,
     memory: MemoryStoreMetrics,
-) -> Result<Arc<dyn Store>, String> {
+) -> Result<Arc<dyn Store>, StartError> {
     Ok(match &config.store {
         StoreConfig::Memory(m) => {
-            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)?
+            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)
+                .map_err(StartError::StateFile)?
         }
         StoreConfig::Redis(r) => {
             let (redis, healthy) = match RedisStore::connect(r).await {
@@ -130,9 +134,9 @@ pub async fn open_store(
                 // password, a bad URL) is a configuration error.
                 Err(StoreError::Unreachable(e)) => {
                     tracing::warn!(error = %e, fallback = ?r.resilience.fallback, "starting without Redis");
-                    (RedisStore::connect_later(r).await.map_err(|e| e.to_string())?, false)
+                    (RedisStore::connect_later(r).await.map_err(StartError::Redis)?, false)
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(StartError::Redis(e)),
             };
             let redis = redis.with_workers(config.server.workers);
             let store = Resilient::new(redis, clock, r.resilience.clone(), healthy, counters);

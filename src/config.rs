@@ -25,8 +25,10 @@ mod raw;
 pub mod routes;
 mod rule;
 mod settings;
+mod store;
 pub mod units;
 
+pub use errors::{ConfigError, Invalid};
 pub use meter::Metering;
 
 use std::collections::HashSet;
@@ -39,11 +41,6 @@ use crate::config::routes::Routes;
 use crate::limit::penalty::PenaltyPolicy;
 use crate::limit::Rule;
 use crate::time::Micros;
-
-/// A config that failed to load, with a message fit to show a user as is.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
 
 /// The validated, compiled configuration.
 #[derive(Debug, Clone)]
@@ -58,10 +55,10 @@ pub struct Config {
     /// `Arc` as in `rules`), and one variant per listed path of each rule
     /// with `scope = "path"` ([`Rule::state`]).
     pub routed: Vec<Arc<Rule>>,
-    /// What the answers to each rule's calls show (by [`Rule::id`]).
-    pub answers: Vec<RuleAnswer>,
+    /// The HTTP side of each rule (by [`Rule::id`]): [`Config::rule_http`].
+    pub rules_http: Vec<RuleHttp>,
     /// The same for calls without a rule.
-    pub unruled: RuleAnswer,
+    pub unruled_http: RuleHttp,
     pub routes: Routes,
     /// Lease of a concurrency slot (`[store] lease`), renewed while the call lives.
     pub lease_us: Micros,
@@ -83,12 +80,13 @@ pub struct Config {
     pub accounts: accounts::SecretAccounts,
 }
 
-/// What the layers above the decision need of a rule, which the decision
-/// never reads (what its answers show, how a call's cost is read): kept
-/// apart from the [`Rule`] so that the decision layer names no HTTP type,
-/// and built once at compile so a call validates no header.
+/// The HTTP side of a rule: what the layers above the decision need of it
+/// and the decision never reads (the status and headers of its answers, how
+/// a call's recipients are read from its body). Kept apart from the
+/// [`Rule`] so that the decision layer names no HTTP type, and built once at
+/// compile so a call validates no header.
 #[derive(Debug, Clone)]
-pub struct RuleAnswer {
+pub struct RuleHttp {
     /// The HTTP status of the rule's refusals and of WeChat's penalised
     /// answers (429; or 200: refusals keep their 45009 body and headers, and
     /// WeChat's own answers pass with the status WeChat sent).
@@ -97,13 +95,13 @@ pub struct RuleAnswer {
     pub policy: ratelimit::Policy,
     /// `recipients`: how a call's recipients are read from its body
     /// (`None`: the rule counts calls and reads no body).
-    pub meter: Option<Arc<Metering>>,
+    pub recipients: Option<Arc<Metering>>,
 }
 
 impl Config {
-    /// What the answers to calls of `rule` show (`None`: no rule).
-    pub fn answer(&self, rule: Option<&Rule>) -> &RuleAnswer {
-        rule.and_then(|r| self.answers.get(r.id)).unwrap_or(&self.unruled)
+    /// The HTTP side of `rule` (`None`: calls without a rule).
+    pub fn rule_http(&self, rule: Option<&Rule>) -> &RuleHttp {
+        rule.and_then(|r| self.rules_http.get(r.id)).unwrap_or(&self.unruled_http)
     }
 }
 

@@ -10,8 +10,13 @@
 //! outcome label and headers; nothing else chooses a status. The
 //! RateLimit headers, on refusals and on forwarded answers alike, are
 //! written by [`ratelimit`].
+//!
+//! Why wxgate cannot start at all is a [`StartError`] ([`start`]).
 
 pub mod ratelimit;
+pub mod start;
+
+pub use start::StartError;
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
@@ -259,12 +264,12 @@ impl ProxyError {
     /// of `rule` (`None`: no rule matched, or none was looked up yet).
     pub fn into_response(self, rule: Option<&Rule>, config: &Config) -> Response<RelayBody> {
         let row = self.row();
-        let answer = config.answer(rule);
+        let http = config.rule_http(rule);
         let body = serde_json::json!({ "errcode": row.errcode, "errmsg": format!("wxgate: {self}") });
         let mut resp = Response::new(RelayBody::full(body.to_string()));
         *resp.status_mut() = match row.status {
             Status::Fixed(status) => status,
-            Status::Throttle => answer.throttle_status,
+            Status::Throttle => http.throttle_status,
         };
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -277,7 +282,7 @@ impl ProxyError {
                 };
                 mark_throttled(h, name, reason, wait_us);
                 if let (Some(rule), true) = (rule, config.server.ratelimit_headers) {
-                    ratelimit::refused(h, rule, &answer.policy, reason, wait_us);
+                    ratelimit::refused(h, rule, &http.policy, reason, wait_us);
                 }
             }
             Marks::CallerRate { wait_us } => {
@@ -310,7 +315,7 @@ impl ProxyError {
 /// `Retry-After` and the refusal headers), with WeChat's body unchanged.
 pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, config: &Config, wait_us: Micros) -> Outcome {
     let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us, over: Vec::new() }.row();
-    if row.status == Status::Throttle && config.answer(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
+    if row.status == Status::Throttle && config.rule_http(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
         parts.status = StatusCode::TOO_MANY_REQUESTS;
     }
     mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);

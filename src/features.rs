@@ -147,7 +147,7 @@ impl Feature for RateLimitHeaders {
         if let (Some(rule), Some(a), true) =
             (answered.rule, answered.admitted, answered.config.server.ratelimit_headers)
         {
-            let policy = &answered.config.answer(Some(rule)).policy;
+            let policy = &answered.config.rule_http(Some(rule)).policy;
             crate::error::ratelimit::admitted(headers, rule, policy, a.quota);
         }
     }

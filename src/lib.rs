@@ -36,6 +36,7 @@ use std::sync::Arc;
 
 use crate::app::App;
 use crate::config::Config;
+pub use crate::error::StartError;
 use crate::server::{Running, Threads};
 use crate::store::resilient::StoreCounters;
 use crate::store::Store;
@@ -43,13 +44,13 @@ use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
 
 /// Binds `[server] listen` and serves on the calling Tokio runtime.
-pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, String> {
+pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     start_on(config, clock, Threads::Caller).await
 }
 
 /// Binds `[server] listen` and serves on `threads`. Must run inside a Tokio
 /// runtime, which also runs the admin API and background tasks.
-pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, String> {
+pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, StartError> {
     let metrics = Metrics::new();
     let counters = StoreCounters {
         errors: metrics.store_errors.clone(),
@@ -64,7 +65,11 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
 
 /// Like [`start`], with a store built by the caller (tests pass a Redis store
 /// driven by a manual clock).
-pub async fn start_with_store(config: Config, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Result<Running, String> {
+pub async fn start_with_store(
+    config: Config,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+) -> Result<Running, StartError> {
     start_parts(config, store, clock, Metrics::new(), Threads::Caller).await
 }
 
@@ -74,7 +79,7 @@ async fn start_parts(
     clock: Arc<dyn Clock>,
     metrics: Metrics,
     threads: Threads,
-) -> Result<Running, String> {
+) -> Result<Running, StartError> {
     let listen = config.server.listen;
     let source = config.source.clone();
     let app = App::new(config, store, clock, metrics)?;
@@ -84,7 +89,7 @@ async fn start_parts(
         ops::reload::spawn(Arc::downgrade(&app), source);
     }
     let listener =
-        tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        tokio::net::TcpListener::bind(listen).await.map_err(|source| StartError::Listen { addr: listen, source })?;
     let admin = ops::admin::bind(app.config.load().server.admin_listen).await?;
-    server::serve(listener, admin, app, threads).map_err(|e| e.to_string())
+    server::serve(listener, admin, app, threads).map_err(StartError::Serve)
 }

@@ -67,7 +67,7 @@ pub mod pair;
 pub mod penalty;
 pub mod rule;
 
-pub use rule::{Limit, PercentError, Rule, Scope, WindowKey, WindowLimit};
+pub use rule::{Limit, PercentError, Rule, Scope, WindowError, WindowKey, WindowLimit};
 
 /// Why a call was refused; shown to clients in `X-Wxgate-Reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -414,7 +414,7 @@ fn print_rules(config: &Config) {
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
     say_server(&mut out, config, &tz);
     for rule in &config.rules {
-        say_rule(&mut out, rule, config.answer(Some(rule)).meter.as_deref(), &tz);
+        say_rule(&mut out, rule, config.rule_http(Some(rule)).recipients.as_deref(), &tz);
     }
     say_features(&mut out, config);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
@@ -503,14 +503,14 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
             Limit::Window(w) => say!(
                 out,
                 "  {} per {}: capacity {} + refill {:.4}/s (one every {}us); no {}-window admits more than {}{}",
-                w.count,
-                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                w.burst,
+                w.count(),
+                humantime::format_duration(Duration::from_micros(w.per_us() as u64)),
+                w.burst(),
                 w.refill_per_second(),
-                w.interval_us,
-                humantime::format_duration(Duration::from_micros(w.per_us as u64)),
-                w.count,
-                match w.margin_us {
+                w.interval_us(),
+                humantime::format_duration(Duration::from_micros(w.per_us() as u64)),
+                w.count(),
+                match w.margin_us() {
                     0 => String::new(),
                     m => format!(
                         ", at WeChat too for trips that differ by up to {} (window_margin)",

@@ -197,7 +197,7 @@ async fn a_reload_cannot_turn_authentication_off_but_may_change_keys_and_grants(
     let open = ConfigToml::new(&mock.url()).with(rule("send").matching(SEND).limit(4, "day"));
     std::fs::write(&path, open.to_string()).expect("write");
     let refused = wxgate::ops::reload::reload(gate.app(), &path);
-    assert!(refused.is_err_and(|e| e.contains("cannot turn caller authentication off")));
+    assert!(refused.is_err_and(|e| e.to_string().contains("cannot turn caller authentication off")));
     assert_denied(&call(&gate, "wxA", None, &[]).await, 401, "unauthenticated", "still required");
     // A new key for orders takes effect at once; the old one is refused.
     let rotated = config(&mock, &dir).with(String::new());

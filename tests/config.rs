@@ -470,10 +470,12 @@ fn recipient_metering_configs_that_cannot_work_are_refused() {
         (format!("cost = \"recipients\"\n{fields}\nscope = \"path\""), "not with scope = \"path\""),
     ];
     for (more, says) in cases {
-        let err =
-            wxgate::config::Config::parse(&rule(&more), std::path::Path::new("m.toml")).map(|_| ()).expect_err(&more);
-        assert!(err.0.contains("rule \"m\"") || err.0.contains("rule"), "{more}: {}", err.0);
-        assert!(err.0.contains(says), "{more}: expected {says:?} in: {}", err.0);
+        let err = wxgate::config::Config::parse(&rule(&more), std::path::Path::new("m.toml"))
+            .map(|_| ())
+            .expect_err(&more)
+            .to_string();
+        assert!(err.contains("rule \"m\"") || err.contains("rule"), "{more}: {}", err);
+        assert!(err.contains(says), "{more}: expected {says:?} in: {}", err);
     }
     let ok = format!("cost = \"recipients\"\n{fields}\nper_recipient = [{{ count = 30, per = \"1m\", burst = 10 }}]");
     assert!(wxgate::config::Config::parse(&rule(&ok), std::path::Path::new("m.toml")).is_ok());
@@ -496,14 +498,16 @@ fn a_sentinel_store_needs_its_sentinels_and_master_and_never_prints_their_urls()
         (sentinel.to_owned(), "[store] master: the name the sentinels monitor the master as"),
         (
             format!("{sentinel}\nmaster = \"wxm\"\nurl = \"redis://x:6379\""),
-            "[store] url, nodes: with kind = \"redis-sentinel\"",
+            // Names the key given (was `url, nodes` whichever was).
+            "[store] url: with kind = \"redis-sentinel\" the sentinels name the master",
         ),
         (
             "kind = \"redis-sentinel\"\nsentinels = [\"http://x\"]\nmaster = \"m\"".to_owned(),
             "must start with redis://",
         ),
         ("kind = \"redis\"\nmaster = \"m\"".to_owned(), "[store] master: only used with kind = \"redis-sentinel\""),
-        ("sentinels = [\"redis://x:26379\"]".to_owned(), "[store] sentinels: only used with kind = \"redis\""),
+        // Names the one kind that takes it (was `kind = "redis"`, which does not).
+        ("sentinels = [\"redis://x:26379\"]".to_owned(), "[store] sentinels: only used with kind = \"redis-sentinel\""),
     ] {
         let got = parse(&store);
         assert!(got.as_ref().is_err_and(|e| e.contains(error)), "{store}: {got:?}");
@@ -525,9 +529,9 @@ fn a_sentinel_store_needs_its_sentinels_and_master_and_never_prints_their_urls()
 fn member_windows_of_the_shipped_wecom_rules_keep_the_arrival_margin() {
     let config = wxgate::config::Config::load(std::path::Path::new("deploy/rules-wecom.toml")).expect("shipped");
     let rule = config.rule_for("/cgi-bin/message/send").expect("message/send has a rule");
-    let minute = rule.per_recipient.iter().find(|w| w.per_us == 60_000_000).expect("a member's minute window");
-    assert_eq!((minute.count, minute.burst, minute.margin_us), (30, 10, 20_000));
-    assert_eq!(minute.interval_us, 2_858_096, "60,020,000 µs / 21, rounded up");
+    let minute = rule.per_recipient.iter().find(|w| w.per_us() == 60_000_000).expect("a member's minute window");
+    assert_eq!((minute.count(), minute.burst(), minute.margin_us()), (30, 10, 20_000));
+    assert_eq!(minute.interval_us(), 2_858_096, "60,020,000 µs / 21, rounded up");
 }
 
 /// Issue 44 item 13: `[server] upstream = "http://user:pass@host"` was
@@ -576,4 +580,37 @@ async fn an_upstream_with_user_info_is_refused_by_check_start_and_reload_and_nev
     let log = instance.stop().await;
     assert!(log.contains("config reload refused") && log.contains("user info"), "{log}");
     assert!(!log.contains(PASSWORD) && !log.contains("wxuser"), "{log}");
+}
+
+/// Issue 45: a config error is typed: the file, the line, the table and the
+/// field are fields of its own (a tool can point at them), and its text is
+/// still `file:line: table field: message`.
+#[test]
+fn a_config_error_gives_its_file_line_table_and_field_as_fields() {
+    use wxgate::config::{Config, ConfigError};
+    let dir = support::TempDir::new("typed-config-error");
+    let load = |text: &str| Config::load(&dir.write("rules.toml", text)).expect_err(text);
+    let file = dir.join("rules.toml");
+    let at = |line, table: &str, field: &str, message: &str| ConfigError {
+        file: file.clone(),
+        line: Some(line),
+        table: Some(table.to_owned()),
+        field: Some(field.to_owned()),
+        message: message.to_owned(),
+    };
+    // A key of another store kind.
+    let e = load("[store]\nkind = \"redis\"\ntimeout = \"10ms\"\nstate_file = \"s.json\"\n");
+    assert_eq!(e, at(4, "[store]", "state_file", "only used with kind = \"memory\""));
+    assert_eq!(e.to_string(), format!("{}:4: [store] state_file: only used with kind = \"memory\"", file.display()));
+    // A value serde cannot read, in a rule.
+    let e = load("[[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{ count = \"3\", per = \"1m\" }]\n");
+    assert_eq!(e, at(4, "rule \"send\"", "limits[0].count", "expected an integer, got the string \"3\""));
+    // A value a check refuses.
+    let e = load("[server]\nworkers = 1\nheader_timeout = \"0s\"\n");
+    assert_eq!(e, at(3, "[server]", "header_timeout", "must be more than 0"));
+    // A file that cannot be read has neither line nor place.
+    let missing = dir.join("nope.toml");
+    let e = Config::load(&missing).expect_err("no file");
+    assert_eq!((e.file, e.line, e.table, e.field), (missing, None, None, None));
+    assert!(e.message.starts_with("cannot read: "), "{}", e.message);
 }

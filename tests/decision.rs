@@ -31,7 +31,11 @@ fn dec(rule: &Rule, state: &mut RuleState, now: i64) -> Decision {
 }
 
 fn window(count: u64, per_s: i64, burst: u64) -> Limit {
-    Limit::Window(WindowLimit::new(count, per_s * SEC, burst))
+    Limit::Window(WindowLimit::new(count, per_s * SEC, burst).expect("a valid window"))
+}
+
+fn quota(count: u64, period: Period) -> Limit {
+    Limit::Calendar { count: std::num::NonZeroU64::new(count).expect("a count"), period }
 }
 
 proptest! {
@@ -88,7 +92,7 @@ proptest! {
     #[test]
     fn wait_is_the_earliest_admission(count in 2u64..20, per_s in 1i64..60, day_quota in 1u64..50,
                                       gaps in prop::collection::vec(0i64..2_000_000, 1..100)) {
-        let r = rule(vec![window(count, per_s, 1), Limit::Calendar { count: day_quota, period: Period::Day }]);
+        let r = rule(vec![window(count, per_s, 1), quota(day_quota, Period::Day)]);
         let mut st = RuleState::default();
         let mut now = 1_700_000_000 * SEC;
         for g in gaps {
@@ -144,7 +148,7 @@ fn a_warm_up_added_by_a_reload_finds_a_busy_pair_warm() {
 #[test]
 fn all_or_nothing_across_limits() {
     // The day quota is spent; the minute window must not be debited by refusals.
-    let r = rule(vec![window(5, 60, 5), Limit::Calendar { count: 2, period: Period::Day }]);
+    let r = rule(vec![window(5, 60, 5), quota(2, Period::Day)]);
     let mut st = RuleState::default();
     let t = 1_700_000_000 * SEC;
     for _ in 0..2 {
@@ -155,7 +159,7 @@ fn all_or_nothing_across_limits() {
         assert!(matches!(d, Decision::Reject { reason: Reason::Quota, .. }), "{d:?}");
     }
     // Same state under a rule with a larger day quota: the window still has 3 of 5.
-    let bigger = rule(vec![window(5, 60, 5), Limit::Calendar { count: 100, period: Period::Day }]);
+    let bigger = rule(vec![window(5, 60, 5), quota(100, Period::Day)]);
     let admitted = (0..10).filter(|_| matches!(dec(&bigger, &mut st, t), Decision::Admit { .. })).count();
     assert_eq!(admitted, 3);
 }
@@ -176,17 +180,17 @@ fn lowering_a_limit_clamps_existing_state() {
     assert_eq!(admitted, 3);
     // And a lowered day quota below what was used refuses at once.
     let mut st = RuleState::default();
-    let day10 = rule(vec![Limit::Calendar { count: 10, period: Period::Day }]);
+    let day10 = rule(vec![quota(10, Period::Day)]);
     for _ in 0..8 {
         dec(&day10, &mut st, t);
     }
-    let day5 = rule(vec![Limit::Calendar { count: 5, period: Period::Day }]);
+    let day5 = rule(vec![quota(5, Period::Day)]);
     assert!(matches!(dec(&day5, &mut st, t), Decision::Reject { reason: Reason::Quota, .. }));
 }
 
 #[test]
 fn admissions_report_the_limit_with_least_room() {
-    let r = rule(vec![window(300, 60, 30), Limit::Calendar { count: 10, period: Period::Day }]);
+    let r = rule(vec![window(300, 60, 30), quota(10, Period::Day)]);
     let mut st = RuleState::default();
     let t = 1_700_000_000 * SEC;
     let Decision::Admit { quota: Some(q), .. } = dec(&r, &mut st, t) else { panic!("admitted") };
@@ -215,8 +219,8 @@ proptest! {
                                               later in prop::collection::vec(0i64..3 * 3600 * SEC, 1..30)) {
         let k = calls.len() as u64;
         let r = rule(vec![
-            Limit::Calendar { count: k + extra, period: Period::Day },
-            Limit::Calendar { count: 2 * k + extra, period: Period::Month },
+            quota(k + extra, Period::Day),
+            quota(2 * k + extra, Period::Month),
         ]);
         let (mut real, mut twin) = (RuleState::default(), RuleState::default());
         let mut now = MIDNIGHT - before_midnight;
@@ -250,7 +254,7 @@ proptest! {
                                   max_wait_ms in prop::sample::select(vec![0i64, 0, 500, 3_000]), warmup_s in 0i64..20,
                                   steps in prop::collection::vec((0i64..2_000_000, 0u8..3, 0i64..3_000_000), 1..300)) {
         let burst = (count * burst_frac / 100).max(1);
-        let mut r = rule(vec![window(count, per_s, burst), Limit::Calendar { count: 10_000, period: Period::Day }]);
+        let mut r = rule(vec![window(count, per_s, burst), quota(10_000, Period::Day)]);
         r.max_wait_us = max_wait_ms * 1000;
         r.warmup_us = warmup_s * SEC;
         let mut st = RuleState::default();
@@ -284,7 +288,7 @@ proptest! {
 
 #[test]
 fn a_call_reserved_for_the_next_day_is_given_back_to_that_day() {
-    let mut r = rule(vec![Limit::Calendar { count: 1, period: Period::Day }]);
+    let mut r = rule(vec![quota(1, Period::Day)]);
     r.max_wait_us = 5 * SEC;
     let mut st = RuleState::default();
     let key = Key { account: "a", rule: &r, offset_us: BEIJING };
@@ -353,7 +357,7 @@ proptest! {
                                             day in 5u64..200,
                                             calls in prop::collection::vec((0i64..3_000_000, 1u64..8), 1..300)) {
         let burst = (count * burst_frac / 100).max(1);
-        let r = rule(vec![window(count, per_s, burst), Limit::Calendar { count: day, period: Period::Day }]);
+        let r = rule(vec![window(count, per_s, burst), quota(day, Period::Day)]);
         let mut st = RuleState::default();
         let mut now = 1_700_000_000 * SEC;
         let mut units = Vec::new();
@@ -387,8 +391,8 @@ proptest! {
         let burst = (count * burst_frac / 100).max(1);
         let mut r = rule(vec![window(10_000, 60, 10_000)]);
         r.per_recipient = vec![
-            wxgate::limit::WindowLimit::new(count, per_s * SEC, burst),
-            wxgate::limit::WindowLimit::new(hour, 3600 * SEC, hour),
+            WindowLimit::new(count, per_s * SEC, burst).expect("a valid window"),
+            WindowLimit::new(hour, 3600 * SEC, hour).expect("a valid window"),
         ];
         let members = ["u1", "u2", "u3", "u4"];
         let mut st = RuleState::default();

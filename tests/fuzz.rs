@@ -223,7 +223,7 @@ fn double_encoding_is_decoded_once() {
 const LABEL: &str = "x.toml";
 
 fn parse(text: &str) -> Result<Config, String> {
-    Config::parse(text, Path::new(LABEL)).map_err(|e| e.0)
+    Config::parse(text, Path::new(LABEL)).map_err(|e| e.to_string())
 }
 
 fn shipped_rules() -> String {
@@ -391,19 +391,19 @@ fn check_invariants(c: &Config) -> Result<(), TestCaseError> {
             match limit {
                 Limit::Window(w) => {
                     prop_assert!(
-                        w.burst >= 1 && w.burst <= w.count,
+                        w.burst() >= 1 && w.burst() <= w.count(),
                         "{}: burst {} count {}",
                         rule.name,
-                        w.burst,
-                        w.count
+                        w.burst(),
+                        w.count()
                     );
-                    prop_assert!(w.count <= 1_000_000_000);
-                    prop_assert!(w.per_us >= 1_000_000);
-                    prop_assert!(w.interval_us >= 1, "{}: interval", rule.name);
-                    prop_assert!(w.tolerance_us >= 0, "{}: tolerance", rule.name);
+                    prop_assert!(w.count() <= 1_000_000_000);
+                    prop_assert!(w.per_us() >= 1_000_000);
+                    prop_assert!(w.interval_us() >= 1, "{}: interval", rule.name);
+                    prop_assert!(w.tolerance_us() >= 0, "{}: tolerance", rule.name);
                     prop_assert!(w.refill_per_second().is_finite());
                 }
-                Limit::Calendar { count, .. } => prop_assert!(*count >= 1 && *count <= 1_000_000_000),
+                Limit::Calendar { count, .. } => prop_assert!(count.get() >= 1 && count.get() <= 1_000_000_000),
             }
         }
     }
@@ -628,15 +628,15 @@ proptest! {
             prop_assert_eq!(got.limits.len(), want.windows.len() + want.calendars.len());
             for (limit, w) in got.limits.iter().zip(&want.windows) {
                 let Limit::Window(got_w) = limit else { return Err(TestCaseError::fail("window limit expected")) };
-                prop_assert_eq!(got_w.count, w.count);
-                prop_assert_eq!(got_w.per_us, w.per_us);
-                prop_assert_eq!(got_w.burst, w.burst.unwrap_or_else(|| WindowLimit::default_burst(w.count)));
+                prop_assert_eq!(got_w.count(), w.count);
+                prop_assert_eq!(got_w.per_us(), w.per_us);
+                prop_assert_eq!(got_w.burst(), w.burst.unwrap_or_else(|| WindowLimit::default_burst(w.count)));
             }
             for (limit, (_, count)) in got.limits.iter().skip(want.windows.len()).zip(&want.calendars) {
                 let Limit::Calendar { count: got_count, .. } = limit else {
                     return Err(TestCaseError::fail("calendar limit expected"));
                 };
-                prop_assert_eq!(got_count, count);
+                prop_assert_eq!(got_count.get(), *count);
             }
             prop_assert_eq!(got.concurrency, want.concurrency.unwrap_or(0));
             // Each exact pattern routes to its own rule.

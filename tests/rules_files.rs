@@ -135,7 +135,7 @@ const WECOM_SHARED: &[(&str, &str)] = &[
 
 fn load(file: &str) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-    Config::load(&path).unwrap_or_else(|e| panic!("{file}: {}", e.0))
+    Config::load(&path).unwrap_or_else(|e| panic!("{file}: {}", e))
 }
 
 fn rule_of(config: &Config, path: &str) -> Option<String> {
@@ -224,11 +224,11 @@ fn every_limit_has_a_source_or_says_it_is_an_estimate() {
 fn the_wecom_message_rule_counts_recipients_and_keeps_each_member_under_its_limits() {
     let config = load(WECOM);
     let rule = config.rule_for("/cgi-bin/message/send").expect("message_send").clone();
-    let meter = config.answer(Some(&rule)).meter.clone().expect("it reads recipients");
+    let meter = config.rule_http(Some(&rule)).recipients.clone().expect("it reads recipients");
     assert!(meter.by_recipients && meter.field == ["touser"] && meter.separator.as_deref() == Some("|"));
     assert_eq!(meter.all.as_deref(), Some("@all"));
     assert_eq!(meter.unseen, [vec!["toparty".to_owned()], vec!["totag".to_owned()]]);
-    let per_member: Vec<(u64, i64)> = rule.per_recipient.iter().map(|w| (w.count, w.per_us / 1_000_000)).collect();
+    let per_member: Vec<(u64, i64)> = rule.per_recipient.iter().map(|w| (w.count(), w.per_us() / 1_000_000)).collect();
     assert_eq!(per_member, [(30, 60), (1000, 3600)]);
     let (most, _) = rule.max_cost(false, false).expect("a cap");
     assert!(most >= 1000, "a 1,000-member message must fit at once: {most}");

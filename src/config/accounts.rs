@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::errors::Invalid;
 use super::units::{check_secret_mode, valid_name};
 
 /// `[[account]]` as written.
@@ -187,15 +188,16 @@ impl SecretAccounts {
 pub(super) fn compile(
     list: Vec<Spanned<RawAccount>>,
     dir: Option<&Path>,
-) -> Result<SecretAccounts, (Range<usize>, String)> {
+) -> Result<SecretAccounts, (Range<usize>, Invalid)> {
     let mut out = SecretAccounts::default();
     let mut secrets: HashMap<(String, Vec<u8>), Arc<str>> = HashMap::new();
     for a in list {
         let span = a.span();
         let a = a.into_inner();
-        let err = |m: String| (span.clone(), format!("[[account]] \"{}\": {m}", a.id));
+        let table = format!("[[account]] \"{}\"", a.id);
+        let err = |e: Invalid| (span.clone(), e.table(table.clone()));
         if !valid_name(&a.id) {
-            return Err((span, format!("[[account]] id \"{}\" must be 1-64 of [A-Za-z0-9_-]", a.id)));
+            return Err((span, Invalid::new(format!("[[account]] id \"{}\" must be 1-64 of [A-Za-z0-9_-]", a.id))));
         }
         let kind = match a.kind.as_str() {
             "official_account" => AccountKind::OfficialAccount,
@@ -203,8 +205,12 @@ pub(super) fn compile(
             "wecom" => AccountKind::WeCom,
             "platform" => AccountKind::Platform,
             other => {
-                return Err(err(format!(
-                    "kind: \"{other}\" is unknown (expected \"official_account\", \"mini_program\", \"wecom\" or \"platform\")"
+                return Err(err(Invalid::at_field(
+                    "kind",
+                    format!(
+                        "\"{other}\" is unknown (expected \"official_account\", \"mini_program\", \"wecom\" or \
+                         \"platform\")"
+                    ),
                 )))
             }
         };
@@ -221,9 +227,9 @@ pub(super) fn compile(
                     AccountKind::Platform => "\"api_component_token\"",
                     _ => "\"stable_token\" or \"token\"",
                 };
-                return Err(err(format!(
-                    "token_api: \"{other}\" is not a token API of a {} account (expected {expected})",
-                    kind.as_str()
+                return Err(err(Invalid::at_field(
+                    "token_api",
+                    format!("\"{other}\" is not a token API of a {} account (expected {expected})", kind.as_str()),
                 )));
             }
         };
@@ -232,23 +238,30 @@ pub(super) fn compile(
                 Some(agent)
             }
             (AccountKind::WeCom, Some(agent)) => {
-                return Err(err(format!("agent: \"{agent}\" is not an AgentId (digits, e.g. \"1000002\")")))
+                return Err(err(Invalid::at_field(
+                    "agent",
+                    format!("\"{agent}\" is not an AgentId (digits, e.g. \"1000002\")"),
+                )))
             }
             (AccountKind::WeCom, None) => {
-                return Err(err("agent: a wecom account needs its app's AgentId (its secret is the app's)".into()))
+                return Err(err(Invalid::at_field(
+                    "agent",
+                    "a wecom account needs its app's AgentId (its secret is the app's)",
+                )))
             }
-            (_, Some(_)) => return Err(err("agent: only a wecom account has an AgentId".into())),
+            (_, Some(_)) => return Err(err(Invalid::at_field("agent", "only a wecom account has an AgentId"))),
             (_, None) => None,
         };
         let name: Arc<str> = match a.name {
             None => a.id.as_str().into(),
             Some(n) if valid_name(&n) => n.into(),
-            Some(n) => return Err(err(format!("name: \"{n}\" must be 1-64 of [A-Za-z0-9_-]"))),
+            Some(n) => return Err(err(Invalid::at_field("name", format!("\"{n}\" must be 1-64 of [A-Za-z0-9_-]")))),
         };
         if out.by_name.contains_key(&name) {
-            return Err(err(format!(
-                "another [[account]] is also named \"{name}\": give each its own name (two apps of one corpid need one each)"
-            )));
+            return Err(err(Invalid::new(format!(
+                "another [[account]] is also named \"{name}\": give each its own name (two apps of one corpid need \
+                 one each)"
+            ))));
         }
         let (secret, source) = match (a.secret_file, a.secret_env) {
             (Some(file), None) => {
@@ -260,17 +273,21 @@ pub(super) fn compile(
             }
             (None, Some(var)) => {
                 let value = std::env::var(&var).map_err(|_| {
-                    err(format!("secret_env: the environment variable {var} is not set (or not UTF-8)"))
+                    err(Invalid::at_field(
+                        "secret_env",
+                        format!("the environment variable {var} is not set (or not UTF-8)"),
+                    ))
                 })?;
-                (secret_text(&value).map_err(|m| err(format!("secret_env {var}: {m}")))?, SecretSource::Env(var))
+                let secret = secret_text(&value).map_err(|e| err(e.field(format!("secret_env {var}"))))?;
+                (secret, SecretSource::Env(var))
             }
-            (Some(_), Some(_)) => return Err(err("give secret_file or secret_env, not both".into())),
-            (None, None) => return Err(err("needs its secret: secret_file or secret_env".into())),
+            (Some(_), Some(_)) => return Err(err(Invalid::new("give secret_file or secret_env, not both"))),
+            (None, None) => return Err(err(Invalid::new("needs its secret: secret_file or secret_env"))),
         };
         if let Some(other) = secrets.insert((a.id.clone(), secret.expose().to_vec()), name.clone()) {
-            return Err(err(format!(
+            return Err(err(Invalid::new(format!(
                 "[[account]] \"{other}\" has the same id and secret: one app, one entry (its token is one)"
-            )));
+            ))));
         }
         let account = Arc::new(SecretAccount { name: name.clone(), id: a.id, kind, token_api, agent, secret, source });
         out.by_name.insert(name, account.clone());
@@ -279,21 +296,22 @@ pub(super) fn compile(
     Ok(out)
 }
 
-fn read_secret_file(path: &Path) -> Result<Secret, String> {
+fn read_secret_file(path: &Path) -> Result<Secret, Invalid> {
     check_secret_mode(path, "secret_file", "whoever reads it can fetch this account's tokens")?;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("secret_file: {}: {e}", path.display()))?;
-    secret_text(&text).map_err(|m| format!("secret_file {}: {m}", path.display()))
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Invalid::at_field("secret_file", format!("{}: {e}", path.display())))?;
+    secret_text(&text).map_err(|e| e.field(format!("secret_file {}", path.display())))
 }
 
 /// A secret as written: surrounding whitespace (a file's last newline) is
 /// not part of it; it is printable ASCII, as WeChat's secrets are.
-fn secret_text(text: &str) -> Result<Secret, String> {
+fn secret_text(text: &str) -> Result<Secret, Invalid> {
     let text = text.trim();
     if text.is_empty() {
-        return Err("the secret is empty".into());
+        return Err(Invalid::new("the secret is empty"));
     }
     if !text.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("the secret has characters that are not printable ASCII (WeChat's secrets are)".into());
+        return Err(Invalid::new("the secret has characters that are not printable ASCII (WeChat's secrets are)"));
     }
     Ok(Secret(Arc::from(text.as_bytes())))
 }

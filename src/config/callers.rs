@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use std::path::Path;
 
+use super::errors::Invalid;
 use super::raw::RawCaller;
 use super::units::{check_secret_mode, valid_name};
 use super::{valid_account, CallerPolicy, CallerRate, Grants, KeyDigest, Priority, RatePer};
@@ -24,7 +25,7 @@ const MAX_RATE_COUNT: u32 = 1_000_000;
 pub(super) fn compile(
     list: Vec<Spanned<RawCaller>>,
     dir: Option<&Path>,
-) -> Result<Vec<Arc<CallerPolicy>>, (Range<usize>, String)> {
+) -> Result<Vec<Arc<CallerPolicy>>, (Range<usize>, Invalid)> {
     let mut names = HashSet::with_capacity(list.len());
     let mut keys = HashSet::with_capacity(list.len());
     let mut out = Vec::with_capacity(list.len());
@@ -32,62 +33,72 @@ pub(super) fn compile(
         let span = c.span();
         let c = c.into_inner();
         if !valid_name(&c.name) {
-            return Err((span, format!("[[caller]] name \"{}\" must be 1-64 of [A-Za-z0-9_-]", c.name)));
+            return Err((span, Invalid::new(format!("[[caller]] name \"{}\" must be 1-64 of [A-Za-z0-9_-]", c.name))));
         }
         if c.name == RESERVED {
             return Err((
                 span,
-                format!(
+                Invalid::new(format!(
                     "[[caller]] name \"{RESERVED}\" is taken: it is the metrics label of every caller not declared"
-                ),
+                )),
             ));
         }
+        let table = format!("caller \"{}\"", c.name);
         if !names.insert(c.name.clone()) {
-            return Err((span, format!("caller \"{}\": another [[caller]] has the same name", c.name)));
+            return Err((span, Invalid::new("another [[caller]] has the same name").table(table)));
         }
-        let err = |m: String| (span.clone(), format!("caller \"{}\": {m}", c.name));
+        let err = |e: Invalid| (span.clone(), e.table(table.clone()));
         let priority = match c.priority.as_deref() {
             None | Some("normal") => Priority::Normal,
             Some("high") => Priority::High,
             Some(other) => {
-                return Err(err(format!("priority: \"{other}\" is unknown (expected \"high\" or \"normal\")")))
+                return Err(err(Invalid::at_field(
+                    "priority",
+                    format!("\"{other}\" is unknown (expected \"high\" or \"normal\")"),
+                )))
             }
         };
         let rate = match c.rate.as_deref() {
             None => None,
-            Some(text) => Some(parse_rate(text).map_err(|m| err(format!("rate: \"{text}\": {m}")))?),
+            Some(text) => Some(parse_rate(text).map_err(|e| err(e.field(format!("\"{text}\"")).field("rate")))?),
         };
         let key = match (c.key_sha256.as_deref(), c.key_file.as_deref()) {
-            (Some(_), Some(_)) => return Err(err("give key_sha256 or key_file, not both".into())),
-            (Some(hex), None) => Some(parse_digest(hex).map_err(|m| err(format!("key_sha256: {m}")))?),
+            (Some(_), Some(_)) => return Err(err(Invalid::new("give key_sha256 or key_file, not both"))),
+            (Some(hex), None) => Some(parse_digest(hex).map_err(|e| err(e.field("key_sha256")))?),
             (None, Some(path)) => {
                 let path = match dir {
                     Some(dir) if path.is_relative() => dir.join(path),
                     _ => path.to_path_buf(),
                 };
-                Some(read_key_file(&path).map_err(|m| err(format!("key_file: {m}")))?)
+                Some(read_key_file(&path).map_err(|e| err(e.field("key_file")))?)
             }
             (None, None) => None,
         };
         if let Some(k) = key {
             if !keys.insert(k) {
-                return Err(err("another [[caller]] has the same key: a key must name one caller".into()));
+                return Err(err(Invalid::new("another [[caller]] has the same key: a key must name one caller")));
             }
         }
         let grants = match c.accounts {
             None => Grants::Unset,
             Some(list) if list.iter().any(|a| a == "*") => {
                 if list.len() > 1 {
-                    return Err(err("accounts: \"*\" grants every account; give it alone".into()));
+                    return Err(err(Invalid::at_field("accounts", "\"*\" grants every account; give it alone")));
                 }
                 Grants::All
             }
             Some(list) if list.is_empty() => {
-                return Err(err("accounts: an empty list grants nothing; leave the caller out instead".into()))
+                return Err(err(Invalid::at_field(
+                    "accounts",
+                    "an empty list grants nothing; leave the caller out instead",
+                )))
             }
             Some(list) => match list.iter().find(|a| !valid_account(a)) {
                 Some(bad) => {
-                    return Err(err(format!("accounts: \"{bad}\" is not an account name (1-64 of A-Z a-z 0-9 _ -)")))
+                    return Err(err(Invalid::at_field(
+                        "accounts",
+                        format!("\"{bad}\" is not an account name (1-64 of A-Z a-z 0-9 _ -)"),
+                    )))
                 }
                 None => Grants::Listed(list.into_iter().map(Arc::from).collect()),
             },
@@ -102,11 +113,11 @@ pub(super) fn compile(
 const MIN_KEY_LEN: usize = 16;
 
 /// `key_sha256`: 64 hex digits.
-fn parse_digest(hex: &str) -> Result<KeyDigest, String> {
+fn parse_digest(hex: &str) -> Result<KeyDigest, Invalid> {
     let hex = hex.trim();
     let bytes = hex.as_bytes();
     if bytes.len() != 64 || !bytes.iter().all(u8::is_ascii_hexdigit) {
-        return Err("expected the 64 hex digits of the key's SHA-256 (printf %s \"$KEY\" | sha256sum)".into());
+        return Err(Invalid::new("expected the 64 hex digits of the key's SHA-256 (printf %s \"$KEY\" | sha256sum)"));
     }
     let mut out = [0u8; 32];
     for (i, pair) in bytes.chunks(2).enumerate() {
@@ -118,33 +129,33 @@ fn parse_digest(hex: &str) -> Result<KeyDigest, String> {
 
 /// A `key_file`: the key itself (surrounding whitespace ignored), at least
 /// [`MIN_KEY_LEN`] bytes, in a file only its owner (and group) may read.
-fn read_key_file(path: &Path) -> Result<KeyDigest, String> {
-    check_secret_mode(path, &path.display().to_string(), "whoever reads it can call as this caller")?;
-    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn read_key_file(path: &Path) -> Result<KeyDigest, Invalid> {
+    let shown = path.display().to_string();
+    check_secret_mode(path, &shown, "whoever reads it can call as this caller")?;
+    let text = std::fs::read(path).map_err(|e| Invalid::new(e.to_string()).field(shown.as_str()))?;
     let key = text.trim_ascii();
     if key.len() < MIN_KEY_LEN {
-        return Err(format!(
-            "{}: the key is shorter than {MIN_KEY_LEN} bytes (make one with: openssl rand -hex 32)",
-            path.display()
-        ));
+        let e = format!("the key is shorter than {MIN_KEY_LEN} bytes (make one with: openssl rand -hex 32)");
+        return Err(Invalid::new(e).field(shown));
     }
     Ok(KeyDigest::of(key))
 }
 
 /// `"N/s"`, `"N/min"` (or `"N/m"`), `"N/h"`; N from 1 to 1000000.
-fn parse_rate(text: &str) -> Result<CallerRate, String> {
-    let usage = "write calls per period: \"200/s\", \"600/min\" or \"5000/h\"";
-    let Some((count, per)) = text.split_once('/') else { return Err(usage.into()) };
+fn parse_rate(text: &str) -> Result<CallerRate, Invalid> {
+    let usage = || Invalid::new("write calls per period: \"200/s\", \"600/min\" or \"5000/h\"");
+    let Some((count, per)) = text.split_once('/') else { return Err(usage()) };
     let per = match per.trim() {
         "s" => RatePer::Second,
         "m" | "min" => RatePer::Minute,
         "h" => RatePer::Hour,
-        _ => return Err(usage.into()),
+        _ => return Err(usage()),
     };
-    let count: u32 = count.trim().parse().map_err(|_| usage.to_owned())?;
-    let count = NonZeroU32::new(count).ok_or("the count must be at least 1 (leave rate out for no guard)")?;
+    let count: u32 = count.trim().parse().map_err(|_| usage())?;
+    let count = NonZeroU32::new(count)
+        .ok_or_else(|| Invalid::new("the count must be at least 1 (leave rate out for no guard)"))?;
     if count.get() > MAX_RATE_COUNT {
-        return Err(format!("the count must be at most {MAX_RATE_COUNT}"));
+        return Err(Invalid::new(format!("the count must be at most {MAX_RATE_COUNT}")));
     }
     Ok(CallerRate { count, per })
 }

@@ -5,17 +5,23 @@
 //! ([`super::errors`] finds the lines).
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
 
-use super::errors::{leading_key, Ctx};
+use super::accounts::SecretAccounts;
+use super::errors::{leading_key, Ctx, Invalid};
 use super::raw::{RawConfig, RawLog, RawPenalty, RawTokens};
-use super::rule::compile_rule;
+use super::rule::{compile_rule, RawRule, RuleDefaults};
+use super::store::{self, RawStore};
 use super::units::{micros, parse_duration, valid_name};
-use super::{callers, intercept, settings, Config, ConfigError, LogConfig, QuotaSync, RuleAnswer, TokensConfig};
+use super::{
+    callers, intercept, settings, CallerPolicy, Config, ConfigError, LogConfig, QuotaSync, RuleHttp, Server,
+    TokensConfig,
+};
 use crate::config::routes::{Pattern, Routes};
 use crate::limit::calendar::Period;
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
@@ -28,8 +34,13 @@ impl Config {
     /// Reads, parses and validates a config file.
     /// The memory store's default `state_file` is in the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: None,
+            table: None,
+            field: None,
+            message: format!("cannot read: {e}"),
+        })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         Config::compile_text(&text, path, Some(dir))
     }
@@ -56,7 +67,7 @@ impl Config {
     fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let ctx = Ctx { text, path, dir };
         let de = toml::Deserializer::parse(text).map_err(|e| ctx.toml_error(&e))?;
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&e))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&[], &e))?;
         compile(raw, &ctx)
     }
 }
@@ -66,157 +77,225 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         None | Some("enforce") => false,
         Some("shadow") => true,
         Some(other) => {
-            return Err(
-                ctx.in_table(format!("[server] mode: \"{other}\" is unknown (expected \"enforce\" or \"shadow\")"))
-            )
+            return Err(ctx.in_table(Invalid::at(
+                "[server]",
+                "mode",
+                format!("\"{other}\" is unknown (expected \"enforce\" or \"shadow\")"),
+            )))
         }
     };
-    let log = compile_log(&raw.log).map_err(|m| ctx.in_table(m))?;
-    let server = settings::server(raw.server).map_err(|m| ctx.in_table(m))?;
-    let lease = match raw.store.lease.as_deref() {
+    let log = compile_log(&raw.log).map_err(|e| ctx.in_table(e))?;
+    let server = settings::server(raw.server).map_err(|e| ctx.in_table(e))?;
+    let store = RawStore::read(raw.store, ctx)?;
+    let lease = match store.lease() {
         None => DEFAULT_LEASE,
-        Some(t) => parse_duration(t).map_err(|m| ctx.in_table(format!("[store] lease: {m}")))?,
+        Some(t) => parse_duration(t).map_err(|e| ctx.in_table(e.field("lease").table("[store]")))?,
     };
     if lease < Duration::from_secs(1) {
-        return Err(ctx.in_table("[store] lease: must be at least 1s"));
+        return Err(ctx.in_table(Invalid::at("[store]", "lease", "must be at least 1s")));
     }
-    let store = settings::store(raw.store, ctx.dir).map_err(|m| ctx.in_table(m))?;
+    let store = store::compile(store, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,
     };
-    let mut rules = Vec::with_capacity(raw.rule.len());
-    let mut names = HashSet::new();
-    let mut spans = Vec::with_capacity(raw.rule.len());
-    let mut patterns: Vec<(Pattern, usize)> = Vec::new();
-    let mut routed: Vec<Arc<Rule>> = Vec::with_capacity(raw.rule.len());
-    let mut answers = Vec::with_capacity(raw.rule.len());
-    let mut quota_syncs = Vec::new();
-    let tokens = compile_tokens(&raw.tokens).map_err(|m| ctx.in_table(m))?;
-    for r in raw.rule.into_iter() {
-        let span = r.span();
-        spans.push(span.clone());
-        let r = r.into_inner();
-        if !valid_name(&r.name) {
-            return Err(ctx.at_field(span, "name", format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name)));
-        }
-        if !names.insert(r.name.clone()) {
-            return Err(ctx.at_field(span, "name", format!("rule \"{}\": another rule has the same name", r.name)));
-        }
-        let sync = r.quota_sync.clone();
-        let (rule, answer, own) = compile_rule(
-            r,
-            rules.len(),
-            span.clone(),
-            all_shadow,
-            server.throttle_status,
-            server.window_margin_us,
-            ctx,
-        )?;
-        answers.push(answer);
-        let rule = Arc::new(rule);
-        let first_sync = routed.len();
-        let sync = match sync {
-            None => None,
-            Some(text) => Some((
-                quota_sync(&text, &rule, &own).map_err(|m| {
-                    ctx.at_field(span.clone(), "quota_sync", format!("rule \"{}\": quota_sync: {m}", rule.name))
-                })?,
-                first_exact(&own),
-            )),
+    let tokens = compile_tokens(&raw.tokens).map_err(|e| ctx.in_table(e))?;
+    let rules = Rules::compile(raw.rule, all_shadow, &server, ctx)?;
+    let caller_spans: Vec<Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
+    let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
+    check_caller_auth(&server, &callers, caller_spans, ctx)?;
+    let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|e| ctx.in_table(e))?;
+    let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
+    let accounts = super::accounts::compile(raw.account, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
+    check_accounts(&server, &accounts, account_spans, ctx)?;
+    let unruled_http =
+        RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None };
+    let max_warmup_us = rules.rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
+    Ok(Config {
+        source: ctx.path.to_path_buf(),
+        rules_http: rules.http,
+        unruled_http,
+        server,
+        store,
+        penalties,
+        rules: rules.rules,
+        routed: rules.routed,
+        routes: rules.routes,
+        lease_us: micros(lease),
+        max_warmup_us,
+        log,
+        callers,
+        tokens,
+        quota_syncs: rules.quota_syncs,
+        intercept,
+        accounts,
+    })
+}
+
+/// Every `[[rule]]`, and what calls find them by.
+struct Rules {
+    rules: Vec<Arc<Rule>>,
+    routed: Vec<Arc<Rule>>,
+    http: Vec<RuleHttp>,
+    quota_syncs: Vec<QuotaSync>,
+    routes: Routes,
+}
+
+impl Rules {
+    fn compile(
+        raw: Vec<Spanned<RawRule>>,
+        all_shadow: bool,
+        server: &Server,
+        ctx: &Ctx<'_>,
+    ) -> Result<Rules, ConfigError> {
+        let mut out = Rules {
+            rules: Vec::with_capacity(raw.len()),
+            routed: Vec::with_capacity(raw.len()),
+            http: Vec::with_capacity(raw.len()),
+            quota_syncs: Vec::new(),
+            routes: Routes::default(),
         };
+        let mut names = HashSet::new();
+        let mut spans = Vec::with_capacity(raw.len());
+        let mut patterns: Vec<(Pattern, usize)> = Vec::new();
+        for r in raw {
+            let span = r.span();
+            spans.push(span.clone());
+            let r = r.into_inner();
+            let table = format!("rule \"{}\"", r.name);
+            if !valid_name(&r.name) {
+                let e = Invalid::new(format!("rule name \"{}\" must be 1-64 of [A-Za-z0-9_-]", r.name));
+                return Err(ctx.at_field(span, "name", e));
+            }
+            if !names.insert(r.name.clone()) {
+                return Err(ctx.at_field(span, "name", Invalid::new("another rule has the same name").table(table)));
+            }
+            let sync = r.quota_sync.clone();
+            let (rule, http, own) = compile_rule(
+                r,
+                out.rules.len(),
+                span.clone(),
+                RuleDefaults {
+                    all_shadow,
+                    throttle_status: server.throttle_status,
+                    margin_us: server.window_margin_us,
+                },
+                ctx,
+            )?;
+            out.http.push(http);
+            let rule = Arc::new(rule);
+            let sync = match sync {
+                None => None,
+                Some(text) => Some((
+                    quota_sync(&text, &rule, &own)
+                        .map_err(|e| ctx.at_field(span.clone(), "quota_sync", e.field("quota_sync").table(table)))?,
+                    first_exact(&own),
+                )),
+            };
+            out.route(&rule, own, &mut patterns, sync);
+            out.rules.push(rule);
+        }
+        let default = out.routed.iter().position(|r| &*r.name == "default");
+        out.routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
+            let (a, b) = (&out.routed[a].name, &out.routed[b].name);
+            let b_index = out.rules.iter().position(|r| r.name == *b).unwrap_or(0);
+            let e = format!("rules \"{a}\" and \"{b}\" both claim the path pattern \"{p}\"");
+            ctx.at_field(spans[b_index].clone(), "match", e)
+        })?;
+        Ok(out)
+    }
+
+    /// The states `rule` is routed to (itself, or its per-path variants)
+    /// for its patterns `own`, and its quota syncs (every `sync`, and the
+    /// path of a `scope = "rule"` rule's).
+    fn route(
+        &mut self,
+        rule: &Arc<Rule>,
+        own: Vec<Pattern>,
+        patterns: &mut Vec<(Pattern, usize)>,
+        sync: Option<(Duration, Option<String>)>,
+    ) {
+        let first_state = self.routed.len();
         match rule.scope {
             Scope::Rule => {
-                patterns.extend(own.into_iter().map(|p| (p, routed.len())));
-                routed.push(rule.clone());
+                patterns.extend(own.into_iter().map(|p| (p, self.routed.len())));
+                self.routed.push(rule.clone());
             }
             Scope::Path => {
                 for p in own {
                     let Pattern::Exact(path) = &p else { continue };
                     let path: Arc<str> = path.as_str().into();
                     let state = format!("{}{path}", rule.name).into();
-                    patterns.push((p, routed.len()));
-                    routed.push(Arc::new(Rule { state, path: Some(path), ..(*rule).clone() }));
+                    patterns.push((p, self.routed.len()));
+                    self.routed.push(Arc::new(Rule { state, path: Some(path), ..(**rule).clone() }));
                 }
             }
         }
-        if let Some((every, first)) = sync {
-            match rule.scope {
-                Scope::Rule => quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every })),
-                Scope::Path => quota_syncs.extend(routed[first_sync..].iter().filter_map(|v| {
-                    let path = v.path.as_deref().filter(|p| !p.starts_with("/sns/"))?;
-                    Some(QuotaSync { rule: v.clone(), path: path.to_owned(), every })
-                })),
+        let Some((every, first)) = sync else { return };
+        match rule.scope {
+            Scope::Rule => {
+                self.quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every }));
             }
-        }
-        rules.push(rule);
-    }
-    let default = routed.iter().position(|r| &*r.name == "default");
-    let routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
-        let b_index = rules.iter().position(|r| r.name == routed[b].name).unwrap_or(0);
-        ctx.at_field(
-            spans[b_index].clone(),
-            "match",
-            format!("rules \"{}\" and \"{}\" both claim the path pattern \"{p}\"", routed[a].name, routed[b].name),
-        )
-    })?;
-    let max_warmup_us = rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
-    let caller_spans: Vec<std::ops::Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
-    let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, m)| ctx.at(span, m))?;
-    if server.caller_auth.required() {
-        if callers.is_empty() {
-            return Err(ctx.in_table(
-                "[server] caller_auth: \"required\" needs at least one [[caller]] with a key and its accounts",
-            ));
-        }
-        for (c, span) in callers.iter().zip(caller_spans) {
-            let missing = match (c.key.is_some(), c.grants != crate::config::Grants::Unset) {
-                (true, true) => continue,
-                (false, _) => "a key (key_sha256 or key_file)",
-                (true, false) => "accounts (the accounts it may spend, or [\"*\"])",
-            };
-            return Err(ctx.at(span, format!("caller \"{}\": caller_auth = \"required\" needs {missing}", c.name)));
+            Scope::Path => self.quota_syncs.extend(self.routed[first_state..].iter().filter_map(|v| {
+                let path = v.path.as_deref().filter(|p| !p.starts_with("/sns/"))?;
+                Some(QuotaSync { rule: v.clone(), path: path.to_owned(), every })
+            })),
         }
     }
-    let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|m| ctx.in_table(m))?;
-    let account_spans: Vec<std::ops::Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
-    let accounts = super::accounts::compile(raw.account, ctx.dir).map_err(|(span, m)| ctx.at(span, m))?;
-    for (a, span) in accounts.list.iter().zip(account_spans) {
+}
+
+/// `caller_auth = "required"` needs callers, each with a key and accounts.
+fn check_caller_auth(
+    server: &Server,
+    callers: &[Arc<CallerPolicy>],
+    spans: Vec<Range<usize>>,
+    ctx: &Ctx<'_>,
+) -> Result<(), ConfigError> {
+    if !server.caller_auth.required() {
+        return Ok(());
+    }
+    if callers.is_empty() {
+        return Err(ctx.in_table(Invalid::at(
+            "[server]",
+            "caller_auth",
+            "\"required\" needs at least one [[caller]] with a key and its accounts",
+        )));
+    }
+    for (c, span) in callers.iter().zip(spans) {
+        let missing = match (c.key.is_some(), c.grants != crate::config::Grants::Unset) {
+            (true, true) => continue,
+            (false, _) => "a key (key_sha256 or key_file)",
+            (true, false) => "accounts (the accounts it may spend, or [\"*\"])",
+        };
+        let e = Invalid::new(format!("caller_auth = \"required\" needs {missing}"));
+        return Err(ctx.at(span, e.table(format!("caller \"{}\"", c.name))));
+    }
+    Ok(())
+}
+
+/// An `[[account]]` gets wxgate's token only where callers are known, and
+/// only when `[server] accounts` (if given) lists it.
+fn check_accounts(
+    server: &Server,
+    accounts: &SecretAccounts,
+    spans: Vec<Range<usize>>,
+    ctx: &Ctx<'_>,
+) -> Result<(), ConfigError> {
+    for (a, span) in accounts.list.iter().zip(spans) {
         if !server.caller_auth.required() && !server.listen.ip().is_loopback() {
-            return Err(ctx.at(
-                span,
-                format!(
-                    "[[account]] \"{}\": wxgate adds its token to calls that carry none, and listen {} is beyond \
-                     loopback with caller_auth off, so any service that reaches it could spend the account: set \
-                     [server] caller_auth = \"required\" and grant the account to its callers",
-                    a.name, server.listen
-                ),
+            let e = Invalid::new(format!(
+                "wxgate adds its token to calls that carry none, and listen {} is beyond loopback with caller_auth \
+                 off, so any service that reaches it could spend the account: set [server] caller_auth = \
+                 \"required\" and grant the account to its callers",
+                server.listen
             ));
+            return Err(ctx.at(span, e.table(format!("[[account]] \"{}\"", a.name))));
         }
         if server.accounts.as_ref().is_some_and(|list| !list.contains(&*a.name)) {
             return Err(ctx.at(span, format!("[[account]] \"{}\" is not on [server] accounts", a.name)));
         }
     }
-    let unruled = RuleAnswer { throttle_status: server.throttle_status, policy: Default::default(), meter: None };
-    Ok(Config {
-        source: ctx.path.to_path_buf(),
-        answers,
-        unruled,
-        server,
-        store,
-        penalties,
-        rules,
-        routed,
-        routes,
-        lease_us: micros(lease),
-        max_warmup_us,
-        log,
-        callers,
-        tokens,
-        quota_syncs,
-        intercept,
-        accounts,
-    })
+    Ok(())
 }
 
 /// Shortest `quota_sync`: each sync is a WeChat call (quota/get has its
@@ -225,18 +304,20 @@ const MIN_QUOTA_SYNC: Duration = Duration::from_secs(1);
 
 /// A rule's `quota_sync` checked: a duration of at least 1s, on a rule
 /// with a day quota and an exact path quota/get can answer for.
-fn quota_sync(text: &str, rule: &Rule, patterns: &[Pattern]) -> Result<Duration, String> {
+fn quota_sync(text: &str, rule: &Rule, patterns: &[Pattern]) -> Result<Duration, Invalid> {
     let every = parse_duration(text)?;
     if every < MIN_QUOTA_SYNC {
-        return Err(format!("\"{text}\" is shorter than 1s (each sync is a call to WeChat; \"10m\" is typical)"));
+        return Err(Invalid::new(format!(
+            "\"{text}\" is shorter than 1s (each sync is a call to WeChat; \"10m\" is typical)"
+        )));
     }
     if !rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. })) {
-        return Err("the rule has no per = \"day\" limit to keep in step with WeChat's count".into());
+        return Err(Invalid::new("the rule has no per = \"day\" limit to keep in step with WeChat's count"));
     }
     match patterns.iter().find(|p| matches!(p, Pattern::Exact(_))) {
-        None => Err("needs an exact path in match (quota/get answers for one API path, not a prefix)".into()),
+        None => Err(Invalid::new("needs an exact path in match (quota/get answers for one API path, not a prefix)")),
         Some(Pattern::Exact(path)) if path.starts_with("/sns/") => {
-            Err(format!("\"{path}\": WeChat's quota/get does not answer for /sns/ APIs (76022)"))
+            Err(Invalid::new(format!("\"{path}\": WeChat's quota/get does not answer for /sns/ APIs (76022)")))
         }
         Some(_) => Ok(every),
     }
@@ -251,30 +332,36 @@ fn first_exact(patterns: &[Pattern]) -> Option<String> {
 }
 
 /// `[tokens]`.
-fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, String> {
+fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, Invalid> {
     let defaults = TokensConfig::default();
     let min_ttl = match raw.min_ttl.as_deref() {
         None => defaults.min_ttl,
-        Some(t) => parse_duration(t).map_err(|m| format!("[tokens] min_ttl: {m}"))?,
+        Some(t) => parse_duration(t).map_err(|e| e.field("min_ttl").table("[tokens]"))?,
     };
     if min_ttl >= Duration::from_secs(7200) {
-        return Err("[tokens] min_ttl: must be shorter than a token's 2 hours".into());
+        return Err(Invalid::at("[tokens]", "min_ttl", "must be shorter than a token's 2 hours"));
     }
     let wait = match raw.wait.as_deref() {
         None => defaults.wait,
-        Some(t) => parse_duration(t).map_err(|m| format!("[tokens] wait: {m}"))?,
+        Some(t) => parse_duration(t).map_err(|e| e.field("wait").table("[tokens]"))?,
     };
     if wait < Duration::from_secs(1) || wait > Duration::from_secs(120) {
-        return Err("[tokens] wait: must be between 1s and 2m".into());
+        return Err(Invalid::at("[tokens]", "wait", "must be between 1s and 2m"));
     }
     Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file: raw.key_file.clone() })
 }
 
-fn compile_log(raw: &RawLog) -> Result<LogConfig, String> {
+fn compile_log(raw: &RawLog) -> Result<LogConfig, Invalid> {
     let json = match raw.format.as_deref() {
         None | Some("text") => false,
         Some("json") => true,
-        Some(other) => return Err(format!("[log] format: \"{other}\" is unknown (expected \"text\" or \"json\")")),
+        Some(other) => {
+            return Err(Invalid::at(
+                "[log]",
+                "format",
+                format!("\"{other}\" is unknown (expected \"text\" or \"json\")"),
+            ))
+        }
     };
     Ok(LogConfig { json, access: raw.access.unwrap_or(true) })
 }
@@ -289,32 +376,29 @@ fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Ve
             return Err(ctx.at_field(span, "errcode", format!("[[penalty]] errcode {} is listed twice", p.errcode)));
         }
         // "[[penalty]] errcode 45009: seconds must be ...": at `seconds`.
-        out.push(
-            compile_penalty(p)
-                .map_err(|m| ctx.at_field(span.clone(), m.split_once(": ").map_or("", |(_, f)| leading_key(f)), &m))?,
-        );
+        let table = format!("[[penalty]] errcode {}", p.errcode);
+        out.push(compile_penalty(p).map_err(|e| {
+            let key = leading_key(&e.message).to_owned();
+            ctx.at_field(span.clone(), &key, e.table(table))
+        })?);
     }
     Ok(out)
 }
 
-fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, String> {
+/// One `[[penalty]]`; an error names the field first (`seconds must be at least 1`).
+fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, Invalid> {
     let length = match (p.seconds, p.until.as_deref()) {
-        (Some(0), None) => return Err(format!("[[penalty]] errcode {}: seconds must be at least 1", p.errcode)),
+        (Some(0), None) => return Err(Invalid::new("seconds must be at least 1")),
         (Some(s), None) => PenaltyLength::Escalating { base: Span::from_secs(s) },
         (None, Some("next_minute")) => PenaltyLength::NextMinute,
         (None, Some(other)) => {
-            return Err(format!(
-                "[[penalty]] errcode {}: until = \"{other}\" is unknown (expected \"next_minute\")",
-                p.errcode
-            ))
+            return Err(Invalid::new(format!("until = \"{other}\" is unknown (expected \"next_minute\")")))
         }
-        (Some(_), Some(_)) => {
-            return Err(format!("[[penalty]] errcode {}: give seconds or until, not both", p.errcode))
-        }
-        (None, None) => return Err(format!("[[penalty]] errcode {}: needs seconds or until", p.errcode)),
+        (Some(_), Some(_)) => return Err(Invalid::new("give seconds or until, not both")),
+        (None, None) => return Err(Invalid::new("needs seconds or until")),
     };
     let max = match p.max_seconds {
-        Some(0) => return Err(format!("[[penalty]] errcode {}: max_seconds must be at least 1", p.errcode)),
+        Some(0) => return Err(Invalid::new("max_seconds must be at least 1")),
         Some(s) => Some(Span::from_secs(s)),
         None => None,
     };

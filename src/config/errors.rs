@@ -9,14 +9,127 @@
 //!   (`[server] workers: ...`, `match "...": ...`), and the line is that
 //!   field's, found in the document ([`Doc`]), else its table's.
 
+use std::fmt;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_path_to_error::Segment;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::ConfigError;
+/// A config that failed to load: where (the file, the line when known, the
+/// table and the field) and why. Displays as users read it, the file and
+/// line first, then the table, the field and the message:
+/// `rules.toml:4: rule "send": limits[0].count: expected an integer, got the string "3"`,
+/// `rules.toml:3: [store] timeout: must be more than 0`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// The config file (as given: the path wxgate was told).
+    pub file: PathBuf,
+    /// The line of the field (else of its table or rule), when the error
+    /// is at a place in the file (`None`: the file cannot be read, or the
+    /// table is not in it).
+    pub line: Option<usize>,
+    /// The table or entry the field is in, as the message names it:
+    /// `[server]`, `rule "send"`, `[[penalty]] errcode 45009`, `caller "crm"`.
+    pub table: Option<String>,
+    /// The field, as the message names it: `workers`, `limits[0].count`,
+    /// `limits[0]` (where the message goes on to name a key of it).
+    pub field: Option<String>,
+    /// Why: what follows the table and field.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        f.write_str(": ")?;
+        place(f, self.table.as_deref(), self.field.as_deref(), &self.message)
+    }
+}
+
+/// A value a check refused, before the file and line are known: the table
+/// and the field when the check knows them, and why. Displays as the part of
+/// a [`ConfigError`] after the line (`[store] timeout: must be more than 0`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Invalid {
+    pub table: Option<String>,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        place(f, self.table.as_deref(), self.field.as_deref(), &self.message)
+    }
+}
+
+/// `[server] workers: m` (a table's header is followed by its key), `rule
+/// "send": limits[0]: m` (an entry by a colon), `[server]: m`, `workers: m`, `m`.
+fn place(f: &mut fmt::Formatter<'_>, table: Option<&str>, field: Option<&str>, message: &str) -> fmt::Result {
+    match (table, field) {
+        (Some(t), Some(k)) if t.starts_with('[') && t.ends_with(']') && !t.contains(' ') => {
+            write!(f, "{t} {k}: {message}")
+        }
+        (Some(t), Some(k)) => write!(f, "{t}: {k}: {message}"),
+        (Some(p), None) | (None, Some(p)) => write!(f, "{p}: {message}"),
+        (None, None) => f.write_str(message),
+    }
+}
+
+impl Invalid {
+    /// A message alone: the caller names the field ([`Invalid::field`]).
+    pub fn new(message: impl Into<String>) -> Invalid {
+        Invalid { table: None, field: None, message: message.into() }
+    }
+
+    /// `[table] field: message`.
+    pub fn at(table: &str, field: impl Into<String>, message: impl fmt::Display) -> Invalid {
+        Invalid { table: Some(table.to_owned()), field: Some(field.into()), message: message.to_string() }
+    }
+
+    /// `field: message`, in a table the caller names ([`Invalid::table`]).
+    pub fn at_field(field: impl Into<String>, message: impl fmt::Display) -> Invalid {
+        Invalid { table: None, field: Some(field.into()), message: message.to_string() }
+    }
+
+    /// This, about `field`: what it said so far becomes the message
+    /// (`per: "x" is not a duration` about `limits[0]`).
+    pub fn field(self, field: impl Into<String>) -> Invalid {
+        Invalid { table: None, field: Some(field.into()), message: self.to_string() }
+    }
+
+    /// This, in `table` (`[server]`, `rule "send"`).
+    pub fn table(self, table: impl Into<String>) -> Invalid {
+        match self.table {
+            None => Invalid { table: Some(table.into()), ..self },
+            Some(_) => Invalid { table: Some(table.into()), field: None, message: self.to_string() },
+        }
+    }
+}
+
+impl From<String> for Invalid {
+    fn from(message: String) -> Invalid {
+        Invalid::new(message)
+    }
+}
+
+impl From<&str> for Invalid {
+    fn from(message: &str) -> Invalid {
+        Invalid::new(message)
+    }
+}
+
+/// For the callers outside the config that still pass a message on
+/// (`[tokens] key_file`'s mode check).
+impl From<Invalid> for String {
+    fn from(e: Invalid) -> String {
+        e.to_string()
+    }
+}
 
 /// The document parsed again, to find fields, rule names and spans in.
 /// Errors only: parsing twice costs nothing there.
@@ -92,18 +205,19 @@ fn find_table<'t, 'a>(table: &'t DeTable<'a>, span: &Range<usize>) -> Option<&'t
 
 /// The parser's `duplicate key` at `span`, named: `[server] workers: this
 /// key is given twice`, `[server]: this table is given twice`.
-pub(super) fn duplicate_key(text: &str, span: &Range<usize>) -> String {
+pub(super) fn duplicate_key(text: &str, span: &Range<usize>) -> Invalid {
     let key = text.get(span.clone()).unwrap_or_default();
     let line_start = text.get(..span.start).and_then(|t| t.rfind('\n')).map_or(0, |i| i + 1);
     let line = text.get(line_start..).and_then(|t| t.lines().next()).unwrap_or_default();
     if let Some(table) = header(line) {
-        return format!("{table}: this table is given twice");
+        return Invalid::new("this table is given twice").table(table);
     }
     // The table the key is in: the header above it (a parse error has no
     // document to look in).
+    let twice = Invalid::new("this key is given twice").field(key);
     match text.get(..line_start).and_then(|t| t.lines().rev().find_map(header)) {
-        Some(table) => format!("{table} {key}: this key is given twice"),
-        None => format!("{key}: this key is given twice"),
+        Some(table) => Invalid { table: Some(table.to_owned()), ..twice },
+        None => twice,
     }
 }
 
@@ -123,10 +237,10 @@ pub(super) fn leading_key(msg: &str) -> &str {
     &msg[..end]
 }
 
-/// A `[server] key: ...` / `[store] key: ...` message's table and key.
-pub(super) fn table_and_key(msg: &str) -> Option<(&str, &str)> {
-    let (table, rest) = msg.strip_prefix('[')?.split_once("] ")?;
-    Some((table, leading_key(rest)))
+/// An error's `[server]` / `[store]` table and the key of its field (`upstream` of `upstream[1]`).
+fn table_and_key(e: &Invalid) -> Option<(&str, &str)> {
+    let table = e.table.as_deref()?.strip_prefix('[')?.strip_suffix(']')?;
+    Some((table, leading_key(e.field.as_deref()?)))
 }
 
 /// A serde error as a message without the file (`rule "send":
@@ -134,36 +248,39 @@ pub(super) fn table_and_key(msg: &str) -> Option<(&str, &str)> {
 /// is in the text, when known.
 pub(super) fn serde_error(
     doc: &Doc<'_>,
+    within: &[&str],
     e: &serde_path_to_error::Error<toml::de::Error>,
-) -> (String, Option<Range<usize>>) {
-    let path: Vec<Step> = e
-        .path()
+) -> (Invalid, Option<Range<usize>>) {
+    let path: Vec<Step> = within
         .iter()
-        .filter_map(|s| match s {
+        .map(|k| Step::Key((*k).to_owned()))
+        .chain(e.path().iter().filter_map(|s| match s {
             Segment::Seq { index } => Some(Step::Index(*index)),
             // `toml::Spanned` reads its value through private keys.
             Segment::Map { key } if !key.starts_with("$__") => Some(Step::Key(key.clone())),
             _ => None,
-        })
+        }))
         .collect();
+    serde_error_at(doc, path, e.inner())
+}
+
+fn serde_error_at(doc: &Doc<'_>, path: Vec<Step>, e: &toml::de::Error) -> (Invalid, Option<Range<usize>>) {
     let value = doc.value_at(&path);
-    let span = e.inner().span().or_else(|| value.map(Spanned::span));
+    let span = e.span().or_else(|| value.map(Spanned::span));
     let key = path.iter().rev().find_map(|s| match s {
         Step::Key(k) => Some(k.as_str()),
         Step::Index(_) => None,
     });
     let got = value.map(|v| describe(v.get_ref()));
-    let (problem, missing) = problem(e.inner().message().trim_end(), key, got.as_deref());
+    let (problem, missing) = problem(e.message().trim_end(), key, got.as_deref());
 
     // `[server] workers`, `rule "send": limits[0].count`, `[[penalty]] errcode 45009: seconds`.
-    let (place, sep, skip) = match path.as_slice() {
-        [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log" | "tokens") => {
-            (format!("[{t}]"), " ", 1)
-        }
+    let (place, skip) = match path.as_slice() {
+        [Step::Key(t), _, ..] if matches!(t.as_str(), "server" | "store" | "log" | "tokens") => (format!("[{t}]"), 1),
         [Step::Key(t), Step::Index(i), ..] if t == "rule" || t == "caller" => {
             let name =
                 doc.value_at(&path[..2]).and_then(|r| r.get_ref().get("name")).and_then(|n| n.get_ref().as_str());
-            (name.map_or_else(|| format!("{t}[{i}]"), |n| format!("{t} \"{n}\"")), ": ", 2)
+            (name.map_or_else(|| format!("{t}[{i}]"), |n| format!("{t} \"{n}\"")), 2)
         }
         [Step::Key(t), Step::Index(i), ..] if t == "penalty" => {
             let code = doc
@@ -171,9 +288,9 @@ pub(super) fn serde_error(
                 .and_then(|p| p.get_ref().get("errcode"))
                 .and_then(|c| c.get_ref().as_integer());
             let code = code.and_then(|c| i64::from_str_radix(c.as_str(), c.radix()).ok());
-            (code.map_or_else(|| format!("penalty[{i}]"), |c| format!("[[penalty]] errcode {c}")), ": ", 2)
+            (code.map_or_else(|| format!("penalty[{i}]"), |c| format!("[[penalty]] errcode {c}")), 2)
         }
-        _ => (String::new(), ": ", 0),
+        _ => (String::new(), 0),
     };
     let mut field = String::new();
     for step in &path[skip..] {
@@ -185,13 +302,8 @@ pub(super) fn serde_error(
     if let Some(k) = missing {
         push_key(&mut field, k);
     }
-    let msg = match (place.is_empty(), field.is_empty()) {
-        (true, true) => problem,
-        (false, true) => format!("{place}: {problem}"),
-        (true, false) => format!("{field}: {problem}"),
-        (false, false) => format!("{place}{sep}{field}: {problem}"),
-    };
-    (msg, span)
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    (Invalid { table: some(place), field: some(field), message: problem }, span)
 }
 
 fn push_key(field: &mut String, key: &str) {
@@ -294,11 +406,15 @@ impl Ctx<'_> {
     fn line_of(&self, offset: usize) -> usize {
         self.text[..offset.min(self.text.len())].matches('\n').count() + 1
     }
-    pub(super) fn at(&self, span: std::ops::Range<usize>, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError(format!("{}:{}: {msg}", self.path.display(), self.line_of(span.start)))
+    fn error(&self, line: Option<usize>, e: impl Into<Invalid>) -> ConfigError {
+        let Invalid { table, field, message } = e.into();
+        ConfigError { file: self.path.to_path_buf(), line, table, field, message }
     }
-    pub(super) fn plain(&self, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError(format!("{}: {msg}", self.path.display()))
+    pub(super) fn at(&self, span: Range<usize>, e: impl Into<Invalid>) -> ConfigError {
+        self.error(Some(self.line_of(span.start)), e)
+    }
+    pub(super) fn plain(&self, e: impl Into<Invalid>) -> ConfigError {
+        self.error(None, e)
     }
     pub(super) fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
         let msg = e.message().trim_end();
@@ -309,31 +425,28 @@ impl Ctx<'_> {
             None => self.plain(msg),
         }
     }
-    /// A value serde could not read, with its key path in words.
-    pub(super) fn serde_error(&self, e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
-        match serde_error(&Doc::parse(self.text), e) {
-            (msg, Some(span)) => self.at(span, msg),
-            (msg, None) => self.plain(msg),
+    /// A value serde could not read, with its key path in words; `within`:
+    /// the keys of the table it was read from (`["store"]`; none: the file).
+    pub(super) fn serde_error(&self, within: &[&str], e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+        match serde_error(&Doc::parse(self.text), within, e) {
+            (e, Some(span)) => self.at(span, e),
+            (e, None) => self.plain(e),
         }
     }
-    /// A message about `key` of the table spanning `table`: at the key's
+    /// An error about `key` of the table spanning `table`: at the key's
     /// line when it is written there, else at the table's.
-    pub(super) fn at_field(
-        &self,
-        table: std::ops::Range<usize>,
-        key: &str,
-        msg: impl std::fmt::Display,
-    ) -> ConfigError {
+    pub(super) fn at_field(&self, table: Range<usize>, key: &str, e: impl Into<Invalid>) -> ConfigError {
         let span = Doc::parse(self.text).key_in(&table, key).unwrap_or(table);
-        self.at(span, msg)
+        self.at(span, e)
     }
-    /// A message that starts with `[table] key:`: at that key's line, else
-    /// at its table's, else (the table is not in the file) without a line.
-    pub(super) fn in_table(&self, msg: impl std::fmt::Display) -> ConfigError {
-        let msg = msg.to_string();
-        match table_and_key(&msg).and_then(|(table, key)| Doc::parse(self.text).table_key(table, key)) {
-            Some(span) => self.at(span, msg),
-            None => self.plain(msg),
+    /// An error in a `[table]` (`[server]`, `[store]`): at its field's
+    /// line, else at its table's, else (the table is not in the file)
+    /// without a line.
+    pub(super) fn in_table(&self, e: impl Into<Invalid>) -> ConfigError {
+        let e = e.into();
+        match table_and_key(&e).and_then(|(table, key)| Doc::parse(self.text).table_key(table, key)) {
+            Some(span) => self.at(span, e),
+            None => self.plain(e),
         }
     }
 }

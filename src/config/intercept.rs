@@ -5,16 +5,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::errors::Invalid;
 use super::raw::RawIntercept;
 use super::settings::{parse_upstream, shown};
 use super::Intercept;
 
 /// WeChat's API hosts that SDKs hard-code: the general host, its
 /// disaster-recovery twin, and WeCom's.
+const INTERCEPT: &str = "[intercept]";
+
 pub(super) const DEFAULT_HOSTS: [&str; 3] = ["api.weixin.qq.com", "api2.weixin.qq.com", "qyapi.weixin.qq.com"];
 
 /// `[intercept]`; `None` when absent or `enabled = false`.
-pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<Option<Intercept>, String> {
+pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<Option<Intercept>, Invalid> {
     let Some(raw) = raw else { return Ok(None) };
     if raw.enabled == Some(false) {
         return Ok(None);
@@ -23,32 +26,41 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
         None => DEFAULT_HOSTS.iter().map(|h| Arc::from(*h)).collect(),
         Some(list) => {
             if list.is_empty() {
-                return Err("[intercept] hosts: an empty list: name the WeChat hosts to intercept, e.g. [\"api.weixin.qq.com\"] (or set enabled = false)".into());
+                return Err(Invalid::at(
+                    INTERCEPT,
+                    "hosts",
+                    "an empty list: name the WeChat hosts to intercept, e.g. [\"api.weixin.qq.com\"] (or set enabled \
+                     = false)",
+                ));
             }
             let mut hosts: Vec<Arc<str>> = Vec::with_capacity(list.len());
             for (i, h) in list.iter().enumerate() {
                 let host = h.to_ascii_lowercase();
                 if !valid_host(&host) {
-                    return Err(format!("[intercept] hosts[{i}]: \"{h}\" is not a DNS name (such as api.weixin.qq.com; no scheme, no port)"));
+                    return Err(Invalid::at(
+                        INTERCEPT,
+                        format!("hosts[{i}]"),
+                        format!("\"{h}\" is not a DNS name (such as api.weixin.qq.com; no scheme, no port)"),
+                    ));
                 }
                 if hosts.iter().any(|x| **x == *host) {
-                    return Err(format!("[intercept] hosts[{i}]: \"{h}\" is listed twice"));
+                    return Err(Invalid::at(INTERCEPT, format!("hosts[{i}]"), format!("\"{h}\" is listed twice")));
                 }
                 hosts.push(host.into());
             }
             hosts
         }
     };
-    let file = |key: &str, given: Option<PathBuf>| -> Result<PathBuf, String> {
+    let file = |key: &str, given: Option<PathBuf>| -> Result<PathBuf, Invalid> {
         let given = given.ok_or_else(|| {
-            format!("[intercept] {key}: missing: `wxgate ca init --out DIR` makes the CA (ca.pem, ca-key.pem)")
+            Invalid::at(INTERCEPT, key, "missing: `wxgate ca init --out DIR` makes the CA (ca.pem, ca-key.pem)")
         })?;
         let path = match dir {
             Some(d) if given.is_relative() => d.join(given),
             _ => given,
         };
         if !path.is_file() {
-            return Err(format!("[intercept] {key}: {} is not a readable file", path.display()));
+            return Err(Invalid::at(INTERCEPT, key, format!("{} is not a readable file", path.display())));
         }
         Ok(path)
     };
@@ -56,19 +68,22 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
     let ca_key = file("ca_key", raw.ca_key)?;
     super::units::check_secret_mode(
         &ca_key,
-        "[intercept] ca_key",
+        "ca_key",
         "whoever reads it can impersonate WeChat's hosts to every service that trusts the CA",
-    )?;
+    )
+    .map_err(|e| e.table(INTERCEPT))?;
     let mut upstream = Vec::new();
     for (host, url) in raw.upstream.unwrap_or_default() {
         let Some(listed) = hosts.iter().find(|h| h.eq_ignore_ascii_case(&host)) else {
-            return Err(format!("[intercept] upstream: \"{host}\" is not in [intercept] hosts"));
+            return Err(Invalid::at(INTERCEPT, "upstream", format!("\"{host}\" is not in [intercept] hosts")));
         };
-        let uri =
-            parse_upstream(&url).map_err(|m| format!("[intercept] upstream: \"{host}\" = \"{}\": {m}", shown(&url)))?;
+        let uri = parse_upstream(&url)
+            .map_err(|e| e.field(format!("\"{host}\" = \"{}\"", shown(&url))).field("upstream").table(INTERCEPT))?;
         if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(format!(
-                "[intercept] upstream: \"{host}\" = \"{url}\": no path (an intercepted call keeps its own whole path)"
+            return Err(Invalid::at(
+                INTERCEPT,
+                "upstream",
+                format!("\"{host}\" = \"{url}\": no path (an intercepted call keeps its own whole path)"),
             ));
         }
         upstream.push((listed.clone(), uri));

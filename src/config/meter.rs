@@ -3,6 +3,8 @@
 
 use serde::Deserialize;
 
+use super::errors::Invalid;
+
 /// `recipients = { field = "touser", separator = "|", ... }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,31 +92,34 @@ impl Metering {
         })
     }
 
-    pub(super) fn compile(rule: &str, raw: RawRecipients, by_recipients: bool) -> Result<Metering, String> {
-        let path = |text: &str| -> Result<Vec<String>, String> {
+    pub(super) fn compile(rule: &str, raw: RawRecipients, by_recipients: bool) -> Result<Metering, Invalid> {
+        let path = |text: &str| -> Result<Vec<String>, Invalid> {
             let parts: Vec<String> = text.split('.').map(str::to_owned).collect();
             if parts.iter().any(|p| p.is_empty()) {
-                return Err(format!("\"{text}\" is not a field path (names separated by \".\")"));
+                return Err(Invalid::new(format!("\"{text}\" is not a field path (names separated by \".\")")));
             }
             Ok(parts)
         };
         let field = path(&raw.field)?;
         if raw.separator.as_deref() == Some("") {
-            return Err("separator: must not be empty (leave it out for a field that is an array)".into());
+            return Err(
+                Invalid::new("must not be empty (leave it out for a field that is an array)").field("separator")
+            );
         }
         let unseen = raw.unseen.iter().map(|u| path(u)).collect::<Result<Vec<_>, _>>()?;
         if unseen.contains(&field) {
-            return Err(format!("unseen: lists the recipients field \"{}\" itself", raw.field));
+            return Err(Invalid::new(format!("lists the recipients field \"{}\" itself", raw.field)).field("unseen"));
         }
         if raw.unseen_cost == Some(0) {
-            return Err("unseen_cost: must be at least 1 (leave it out to refuse such calls)".into());
+            return Err(Invalid::new("must be at least 1 (leave it out to refuse such calls)").field("unseen_cost"));
         }
         let max = raw.max.unwrap_or(Self::MAX);
         if max == 0 || max > Self::MAX {
-            return Err(format!(
-                "max: between 1 and {} recipients (WeCom's own limit for touser; each recipient is state wxgate holds)",
+            return Err(Invalid::new(format!(
+                "between 1 and {} recipients (WeCom's own limit for touser; each recipient is state wxgate holds)",
                 Self::MAX
-            ));
+            ))
+            .field("max"));
         }
         Ok(Metering {
             rule: rule.to_owned(),

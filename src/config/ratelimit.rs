@@ -1,5 +1,5 @@
 //! A rule's RateLimit header text, built once with the rule
-//! ([`super::RuleAnswer::policy`]): the `RateLimit-Policy` value, and each
+//! ([`super::RuleHttp::policy`]): the `RateLimit-Policy` value, and each
 //! limit's `"<policy>";r=` prefix of `RateLimit`, the same for every call.
 //! The headers are written onto answers by [`crate::error::ratelimit`].
 //!

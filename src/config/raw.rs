@@ -11,8 +11,9 @@ use toml::Spanned;
 pub(super) struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
+    /// Read by its `kind` ([`super::store::RawStore::read`]).
     #[serde(default)]
-    pub store: RawStore,
+    pub store: toml::Table,
     pub penalty: Option<Vec<Spanned<RawPenalty>>>,
     #[serde(default)]
     pub rule: Vec<Spanned<super::rule::RawRule>>,
@@ -119,32 +120,6 @@ impl<'de> Deserialize<'de> for RawUpstream {
         }
         d.deserialize_any(Visitor)
     }
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawStore {
-    pub kind: Option<String>,
-    pub nodes: Option<Vec<String>>,
-    pub sentinels: Option<Vec<String>>,
-    pub wait_replicas: Option<u32>,
-    pub master: Option<String>,
-    pub lease: Option<String>,
-    pub fallback: Option<String>,
-    pub instances: Option<u32>,
-    pub breaker_failures: Option<u32>,
-    pub breaker_open: Option<String>,
-    pub refusal_cache: Option<bool>,
-    pub batch: Option<bool>,
-    pub url: Option<String>,
-    pub username: Option<String>,
-    pub tls_ca: Option<String>,
-    pub key_prefix: Option<String>,
-    pub timeout: Option<String>,
-    pub state_file: Option<String>,
-    pub flush_interval: Option<String>,
-    pub max_entries: Option<usize>,
-    pub max_recipients: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

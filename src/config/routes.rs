@@ -32,6 +32,8 @@
 
 use std::borrow::Cow;
 
+use super::errors::Invalid;
+
 // Keys are the config's patterns, never a client's, so a fast unkeyed hash is safe.
 use rustc_hash::FxHashMap as HashMap;
 
@@ -50,23 +52,23 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub fn parse(text: &str) -> Result<Pattern, String> {
+    pub fn parse(text: &str) -> Result<Pattern, Invalid> {
         if !text.starts_with('/') {
-            return Err("must start with /".into());
+            return Err(Invalid::new("must start with /"));
         }
         let (body, prefix) = match text.strip_suffix("/*") {
             Some(body) => (body, true),
             None => (text, false),
         };
         if body.contains('*') {
-            return Err("* is only allowed as a final /* segment".into());
+            return Err(Invalid::new("* is only allowed as a final /* segment"));
         }
         if body.contains('?') || body.contains('%') {
-            return Err("give the plain path, without ? or % escapes".into());
+            return Err(Invalid::new("give the plain path, without ? or % escapes"));
         }
         let norm = normalise(body);
         if norm != body || (body.is_empty() && !prefix) {
-            return Err(format!("is not a normalised path (did you mean \"{norm}\"?)"));
+            return Err(Invalid::new(format!("is not a normalised path (did you mean \"{norm}\"?)")));
         }
         Ok(if prefix { Pattern::Prefix(norm) } else { Pattern::Exact(norm) })
     }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::errors::Invalid;
 use crate::time::Micros;
 
 /// A duration in whole microseconds, saturating.
@@ -17,11 +18,11 @@ pub fn secs_us(s: u64) -> Micros {
 }
 
 /// Parses a size: `"64MiB"`, `"10MB"`, `"512KiB"`, `"1048576"` (bytes).
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, Invalid> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| "expected a size such as \"64MiB\"".to_string())?;
+    let n: u64 = digits.parse().map_err(|_| Invalid::new("expected a size such as \"64MiB\""))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "KB" | "kB" => 1000,
@@ -30,19 +31,20 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "MiB" => 1 << 20,
         "GB" => 1_000_000_000,
         "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit \"{other}\" (use B, KB, KiB, MB, MiB, GB, GiB)")),
+        other => return Err(Invalid::new(format!("unknown unit \"{other}\" (use B, KB, KiB, MB, MiB, GB, GiB)"))),
     };
-    n.checked_mul(mult).filter(|&b| b > 0).ok_or_else(|| "must be more than 0 and fit in 64 bits".to_string())
+    n.checked_mul(mult).filter(|&b| b > 0).ok_or_else(|| Invalid::new("must be more than 0 and fit in 64 bits"))
 }
 
 /// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1h"` (humantime syntax).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("\"{text}\" is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" ({e})"))
+pub fn parse_duration(text: &str) -> Result<Duration, Invalid> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        Invalid::new(format!("\"{text}\" is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" ({e})"))
+    })
 }
 
 /// Parses a fixed UTC offset: `+08:00`, `-05:30`, `Z`, `UTC`, `Asia/Shanghai`.
-pub fn parse_offset(text: &str) -> Result<Micros, String> {
+pub fn parse_offset(text: &str) -> Result<Micros, Invalid> {
     let t = text.trim();
     if t.eq_ignore_ascii_case("z") || t.eq_ignore_ascii_case("utc") {
         return Ok(0);
@@ -51,7 +53,7 @@ pub fn parse_offset(text: &str) -> Result<Micros, String> {
     if t == "Asia/Shanghai" || t == "Asia/Chongqing" || t == "PRC" {
         return Ok(8 * 3_600_000_000);
     }
-    let bad = || "expected a fixed offset such as \"+08:00\" or \"UTC\"".to_string();
+    let bad = || Invalid::new("expected a fixed offset such as \"+08:00\" or \"UTC\"");
     let (sign, rest) = match t.as_bytes().first() {
         Some(b'+') => (1, &t[1..]),
         Some(b'-') => (-1, &t[1..]),
@@ -85,14 +87,16 @@ pub fn valid_name(s: &str) -> bool {
 }
 
 /// `throttle_status`: 429 or 200 (`None` when not given).
-pub fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, String> {
+pub fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, Invalid> {
     match given {
         None => Ok(None),
         Some(429) => Ok(Some(http::StatusCode::TOO_MANY_REQUESTS)),
         Some(200) => Ok(Some(http::StatusCode::OK)),
-        Some(n) => Err(format!(
-            "throttle_status: {n}: must be 429 (HTTP's \"too many requests\") or 200 (for SDKs that drop the body of a non-2xx answer, e.g. wechatpy)"
-        )),
+        Some(n) => Err(Invalid::new(format!(
+            "{n}: must be 429 (HTTP's \"too many requests\") or 200 (for SDKs that drop the body of a non-2xx \
+             answer, e.g. wechatpy)"
+        ))
+        .field("throttle_status")),
     }
 }
 
@@ -101,21 +105,25 @@ pub fn throttle_status(given: Option<u16>) -> Result<Option<http::StatusCode>, S
 /// read is allowed: Kubernetes gives Secret files to the pod's `fsGroup`
 /// that way (0440).
 #[cfg(unix)]
-pub fn check_secret_mode(path: &std::path::Path, what: &str, risk: &str) -> Result<(), String> {
+pub fn check_secret_mode(path: &std::path::Path, what: &str, risk: &str) -> Result<(), Invalid> {
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path).map_err(|e| format!("{what}: {}: {e}", path.display()))?.permissions().mode();
+    let mode = std::fs::metadata(path)
+        .map_err(|e| Invalid::new(format!("{}: {e}", path.display())).field(what))?
+        .permissions()
+        .mode();
     if mode & 0o026 != 0 {
-        return Err(format!(
-            "{what}: {} has mode {:04o}: others can read it, or group or others can write it; {risk}: chmod 600 {}",
+        return Err(Invalid::new(format!(
+            "{} has mode {:04o}: others can read it, or group or others can write it; {risk}: chmod 600 {}",
             path.display(),
             mode & 0o7777,
             path.display()
-        ));
+        ))
+        .field(what));
     }
     Ok(())
 }
 
 #[cfg(not(unix))]
-pub fn check_secret_mode(_path: &std::path::Path, _what: &str, _risk: &str) -> Result<(), String> {
+pub fn check_secret_mode(_path: &std::path::Path, _what: &str, _risk: &str) -> Result<(), Invalid> {
     Ok(())
 }

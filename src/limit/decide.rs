@@ -85,7 +85,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         let (after, remaining, reset_us) = match *limit {
             Limit::Window(w) => {
                 let tat = tat_of(state.get(key), at) + cost as i64 * interval(&w, rule, warm_start, now);
-                let room = (now + w.tolerance_us + w.interval_us - tat).div_euclid(w.interval_us).max(0);
+                let room = (now + w.tolerance_us() + w.interval_us() - tat).div_euclid(w.interval_us()).max(0);
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
             Limit::Calendar { count, period } => {
@@ -100,7 +100,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
                     LimitState::Count { used, .. } => used,
                     LimitState::Tat(_) => 0,
                 };
-                (after, count.saturating_sub(used_now), period.next_start(now, offset_us) - now)
+                (after, count.get().saturating_sub(used_now), period.next_start(now, offset_us) - now)
             }
         };
         if quota.is_none_or(|q| remaining < q.remaining) {
@@ -168,7 +168,7 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     let shared = t.share.into_iter().flat_map(|mine| {
         rule.share.iter().map(move |l| {
             let step = match l {
-                Limit::Window(w) => w.interval_us,
+                Limit::Window(w) => w.interval_us(),
                 Limit::Calendar { .. } => 0,
             };
             (*l, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
@@ -182,13 +182,13 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
         let wait = match limit {
             Limit::Window(w) => {
                 let more = (extra as i64).saturating_mul(step);
-                if more > 0 && more.saturating_add(kept) > w.tolerance_us {
+                if more > 0 && more.saturating_add(kept) > w.tolerance_us() {
                     fits = false;
                 }
-                tat_of(stored, now) - w.tolerance_us + kept + more - now
+                tat_of(stored, now) - w.tolerance_us() + kept + more - now
             }
             Limit::Calendar { count, period } => {
-                let room = count.saturating_sub(kept as u64).saturating_sub(extra);
+                let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
                 if extra > 0 && room == 0 {
                     fits = false;
                 }
@@ -215,7 +215,7 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     let mut at = now + worst;
     for (limit, stored, kept, _, why) in terms {
         if let Limit::Calendar { count, period } = limit {
-            let room = count.saturating_sub(kept as u64).saturating_sub(extra);
+            let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
             let free = calendar_free_at(stored, room, period, at, offset_us);
             if free > at {
                 at = free;
@@ -249,7 +249,7 @@ fn debit_share(
     for limit in &rule.share {
         let key = limit.window_key();
         let after = match *limit {
-            Limit::Window(w) => LimitState::Tat(tat_of(mine.get(key), at) + cost as i64 * w.interval_us),
+            Limit::Window(w) => LimitState::Tat(tat_of(mine.get(key), at) + cost as i64 * w.interval_us()),
             Limit::Calendar { period, .. } => {
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(mine.get(key), current);
@@ -269,7 +269,7 @@ fn debit_share(
 fn recipient_wait(rule: &Rule, stored: Option<&RecipientState>, now: Micros) -> Micros {
     rule.per_recipient
         .iter()
-        .map(|w| recipient_tat(stored, w.per_us).unwrap_or(now).max(now) - w.tolerance_us - now)
+        .map(|w| recipient_tat(stored, w.per_us()).unwrap_or(now).max(now) - w.tolerance_us() - now)
         .max()
         .unwrap_or(0)
 }
@@ -279,8 +279,8 @@ fn recipient_wait(rule: &Rule, stored: Option<&RecipientState>, now: Micros) -> 
 fn debit_recipient(state: &mut RecipientState, rule: &Rule, at: Micros) {
     let mut after = [(0, 0); super::MAX_RECIPIENT_WINDOWS];
     for (slot, w) in after.iter_mut().zip(&rule.per_recipient) {
-        let tat = recipient_tat(Some(state), w.per_us).unwrap_or(at).max(at);
-        *slot = (w.per_us, tat + w.interval_us);
+        let tat = recipient_tat(Some(state), w.per_us()).unwrap_or(at).max(at);
+        *slot = (w.per_us(), tat + w.interval_us());
     }
     *state = after;
 }
@@ -298,11 +298,11 @@ fn tat_of(stored: Option<LimitState>, floor: Micros) -> Micros {
 /// Never shorter than `T`, so the window guarantee holds throughout.
 fn interval(w: &WindowLimit, rule: &Rule, warm_start: Micros, now: Micros) -> Micros {
     if rule.warmup_us <= 0 {
-        return w.interval_us;
+        return w.interval_us();
     }
     let elapsed = (now - warm_start).clamp(0, rule.warmup_us);
     let up = rule.warmup_us as f64;
-    (w.interval_us as f64 * (2.0 * up) / (up + elapsed as f64)).ceil() as Micros
+    (w.interval_us() as f64 * (2.0 * up) / (up + elapsed as f64)).ceil() as Micros
 }
 
 /// Calls counted in period `current` and reserved for `current + 1`.
@@ -397,7 +397,7 @@ pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offse
         let key = limit.window_key();
         let after = match (*limit, state.get(key)) {
             (Limit::Window(w), Some(LimitState::Tat(tat))) => {
-                let took = (cost as i64).saturating_mul(w.interval_us);
+                let took = (cost as i64).saturating_mul(w.interval_us());
                 let back = (at + took - pinned).clamp(0, took);
                 if back == 0 {
                     continue;

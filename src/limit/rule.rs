@@ -6,6 +6,7 @@
 //! unscaled reserve would refuse every normal-priority caller during an
 //! outage.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -98,7 +99,11 @@ enum Fit {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Limit {
     Window(WindowLimit),
-    Calendar { count: u64, period: Period },
+    /// At most `count` calls in each calendar `period`.
+    Calendar {
+        count: NonZeroU64,
+        period: Period,
+    },
 }
 
 /// Identifies a limit's state within its rule, so that changing a count keeps
@@ -115,11 +120,11 @@ impl Limit {
     pub fn policy(&self) -> (String, u64, u64) {
         match self {
             Limit::Window(w) if w.per_us % 1_000_000 == 0 => {
-                (format!("{}s", w.per_us / 1_000_000), w.count, (w.per_us / 1_000_000) as u64)
+                (format!("{}s", w.per_us / 1_000_000), w.count(), (w.per_us / 1_000_000) as u64)
             }
-            Limit::Window(w) => (format!("{}ms", w.per_us / 1000), w.count, (w.per_us as u64).div_ceil(1_000_000)),
-            Limit::Calendar { count, period: Period::Day } => ("day".into(), *count, 86_400),
-            Limit::Calendar { count, period: Period::Month } => ("month".into(), *count, 31 * 86_400),
+            Limit::Window(w) => (format!("{}ms", w.per_us / 1000), w.count(), (w.per_us as u64).div_ceil(1_000_000)),
+            Limit::Calendar { count, period: Period::Day } => ("day".into(), count.get(), 86_400),
+            Limit::Calendar { count, period: Period::Month } => ("month".into(), count.get(), 31 * 86_400),
         }
     }
 
@@ -150,47 +155,115 @@ impl WindowKey {
 /// `{count N, per W, burst B}` compiled to GCRA parameters, with the
 /// arrival margin `M` (`[server] window_margin`) that keeps the window
 /// exact where WeChat counts, not only where wxgate decides.
+///
+/// Valid by construction: `1 ≤ B ≤ N` and `W > 0` are checked once, when
+/// it is made ([`WindowLimit::new`]), so the decision never checks them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WindowLimit {
-    pub count: u64,
-    pub per_us: Micros,
-    pub burst: u64,
-    /// Emission interval `T = ⌈(W + M) / (N − B + 1)⌉` (rounded up: never faster).
-    pub interval_us: Micros,
-    /// Tolerance `τ = (B − 1)·T`.
-    pub tolerance_us: Micros,
-    /// The arrival margin `M`: no `N + 1` admissions within `W + M`, so
-    /// calls whose trips from decision to WeChat differ by up to `M` still
-    /// arrive at most `N` in any `W` ([`crate::limit`]).
+    count: NonZeroU64,
+    per_us: Micros,
+    burst: NonZeroU64,
+    interval_us: Micros,
+    tolerance_us: Micros,
     #[serde(skip_serializing_if = "is_zero")]
-    pub margin_us: Micros,
+    margin_us: Micros,
 }
 
 fn is_zero(us: &Micros) -> bool {
     *us == 0
 }
 
+/// Why `{count, per, burst}` is not a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    #[error("count must be at least 1")]
+    NoCount,
+    #[error("burst must be at least 1")]
+    NoBurst,
+    #[error("burst {burst} exceeds count {count}")]
+    BurstOverCount { burst: u64, count: u64 },
+    #[error("the window must be longer than 0")]
+    Empty,
+}
+
 impl WindowLimit {
-    /// A window exact at the decision (no arrival margin). Callers validate
-    /// `1 ≤ burst ≤ count` and `per_us > 0` first.
-    pub fn new(count: u64, per_us: Micros, burst: u64) -> Self {
+    /// A window exact at the decision (no arrival margin).
+    pub fn new(count: u64, per_us: Micros, burst: u64) -> Result<Self, WindowError> {
         WindowLimit::with_margin(count, per_us, burst, 0)
     }
 
     /// A window exact at WeChat's door for trips that differ by up to
-    /// `margin_us` (≥ 0).
-    pub fn with_margin(count: u64, per_us: Micros, burst: u64, margin_us: Micros) -> Self {
-        let slots = i64::try_from(count - burst + 1).unwrap_or(i64::MAX);
+    /// `margin_us` (a negative one is 0); `Err` unless `1 ≤ burst ≤ count`
+    /// and `per_us > 0`.
+    pub fn with_margin(count: u64, per_us: Micros, burst: u64, margin_us: Micros) -> Result<Self, WindowError> {
+        let count = NonZeroU64::new(count).ok_or(WindowError::NoCount)?;
+        let burst = NonZeroU64::new(burst).ok_or(WindowError::NoBurst)?;
+        if burst > count {
+            return Err(WindowError::BurstOverCount { burst: burst.get(), count: count.get() });
+        }
+        if per_us <= 0 {
+            return Err(WindowError::Empty);
+        }
+        Ok(WindowLimit::derived(count, per_us, burst, margin_us))
+    }
+
+    /// A window from numbers valid by derivation (a scaled or shared
+    /// window of a valid one): `burst` is at most `count` (clamped), `per_us`
+    /// positive (at least 1).
+    fn derived(count: NonZeroU64, per_us: Micros, burst: NonZeroU64, margin_us: Micros) -> Self {
+        let burst = burst.min(count);
+        let per_us = per_us.max(1);
+        let slots = i64::try_from(count.get() - burst.get() + 1).unwrap_or(i64::MAX);
         let span = per_us.saturating_add(margin_us.max(0));
-        let interval_us = (span + slots - 1) / slots;
-        let tolerance_us = i64::try_from(burst - 1).unwrap_or(0).saturating_mul(interval_us);
+        let interval_us = (span.saturating_add(slots - 1) / slots).max(1);
+        let tolerance_us = i64::try_from(burst.get() - 1).unwrap_or(0).saturating_mul(interval_us);
         WindowLimit { count, per_us, burst, interval_us, tolerance_us, margin_us: margin_us.max(0) }
+    }
+
+    /// `N`: calls per window.
+    pub fn count(&self) -> u64 {
+        self.count.get()
+    }
+
+    /// `W`, the window's length.
+    pub fn per_us(&self) -> Micros {
+        self.per_us
+    }
+
+    /// `B`: calls at once.
+    pub fn burst(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// Emission interval `T = ⌈(W + M) / (N − B + 1)⌉` (rounded up: never
+    /// faster); at least 1.
+    pub fn interval_us(&self) -> Micros {
+        self.interval_us
+    }
+
+    /// Tolerance `τ = (B − 1)·T`.
+    pub fn tolerance_us(&self) -> Micros {
+        self.tolerance_us
+    }
+
+    /// The arrival margin `M`: no `N + 1` admissions within `W + M`, so
+    /// calls whose trips from decision to WeChat differ by up to `M` still
+    /// arrive at most `N` in any `W` ([`crate::limit`]).
+    pub fn margin_us(&self) -> Micros {
+        self.margin_us
     }
 
     /// Burst when the config gives none: 5 % of the count, at least 1. Small,
     /// so the sustained rate stays at ≥ 95 % of the quota.
     pub fn default_burst(count: u64) -> u64 {
         count.div_ceil(20).max(1)
+    }
+
+    /// This window for one of `n` instances: count and burst divided by `n`
+    /// (rounded down, at least 1).
+    fn divided(&self, n: u64) -> WindowLimit {
+        let part = |x: NonZeroU64| NonZeroU64::new(x.get() / n).unwrap_or(NonZeroU64::MIN);
+        WindowLimit::derived(part(self.count), self.per_us, part(self.burst), self.margin_us)
     }
 
     /// Capacity and refill in token-bucket terms, for `wxgate check`.
@@ -248,11 +321,10 @@ impl Rule {
             .limits
             .iter()
             .map(|l| match *l {
-                Limit::Window(w) => {
-                    let count = (w.count / n).max(1);
-                    Limit::Window(WindowLimit::with_margin(count, w.per_us, (w.burst / n).clamp(1, count), w.margin_us))
+                Limit::Window(w) => Limit::Window(w.divided(n)),
+                Limit::Calendar { count, period } => {
+                    Limit::Calendar { count: NonZeroU64::new(count.get() / n).unwrap_or(NonZeroU64::MIN), period }
                 }
-                Limit::Calendar { count, period } => Limit::Calendar { count: (count / n).max(1), period },
             })
             .collect();
         if self.concurrency > 0 {
@@ -260,14 +332,7 @@ impl Rule {
         }
         // A recipient messaged through every instance must not get its
         // limit from each.
-        scaled.per_recipient = self
-            .per_recipient
-            .iter()
-            .map(|w| {
-                let count = (w.count / n).max(1);
-                WindowLimit::with_margin(count, w.per_us, (w.burst / n).clamp(1, count), w.margin_us)
-            })
-            .collect();
+        scaled.per_recipient = self.per_recipient.iter().map(|w| w.divided(n)).collect();
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled
@@ -324,7 +389,7 @@ impl Rule {
                 let most = match *l {
                     // n at once need (n − 1)·T + kept ≤ τ.
                     Limit::Window(w) => ((w.tolerance_us - kept).max(0) / w.interval_us.max(1)) as u64 + 1,
-                    Limit::Calendar { count, .. } => count.saturating_sub(kept.max(0) as u64),
+                    Limit::Calendar { count, .. } => count.get().saturating_sub(kept.max(0) as u64),
                 };
                 (most, name)
             })
@@ -460,17 +525,19 @@ fn reserve_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<i64>, Perc
     for (i, limit) in limits.iter().enumerate() {
         reserve.push(match *limit {
             Limit::Window(w) => {
-                let mut kept = part(w.burst);
-                if kept >= w.burst {
+                let burst = w.burst();
+                let mut kept = part(burst);
+                if kept >= burst {
                     if fit == Fit::Refuse {
                         let needed = 100u64.div_ceil(100 - u64::from(percent)).max(2);
-                        return Err(PercentError::ReserveTakesBurst { percent, limit: i, burst: w.burst, needed });
+                        return Err(PercentError::ReserveTakesBurst { percent, limit: i, burst, needed });
                     }
-                    kept = w.burst - 1;
+                    kept = burst - 1;
                 }
                 kept as i64 * w.interval_us
             }
             Limit::Calendar { count, .. } => {
+                let count = count.get();
                 let mut kept = part(count);
                 if kept >= count {
                     if fit == Fit::Refuse {
@@ -500,17 +567,18 @@ fn shares_of(limits: &[Limit], percent: u32, fit: Fit) -> Result<Vec<Limit>, Per
             Limit::Window(w) => w.count,
             Limit::Calendar { count, .. } => count,
         };
-        let mut count = part(whole);
-        if count == 0 {
-            if fit == Fit::Refuse {
-                return Err(PercentError::ShareBelowOne { percent, limit: i, count: whole });
+        let count = match NonZeroU64::new(part(whole.get())) {
+            Some(count) => count,
+            None if fit == Fit::Refuse => {
+                return Err(PercentError::ShareBelowOne { percent, limit: i, count: whole.get() })
             }
-            count = 1;
-        }
+            None => NonZeroU64::MIN,
+        };
         share.push(match *limit {
             Limit::Window(w) => {
-                let burst = w.burst.saturating_mul(u64::from(percent)).div_ceil(100).clamp(1, count);
-                Limit::Window(WindowLimit::with_margin(count, w.per_us, burst, w.margin_us))
+                let burst = w.burst.get().saturating_mul(u64::from(percent)).div_ceil(100);
+                let burst = NonZeroU64::new(burst).unwrap_or(NonZeroU64::MIN);
+                Limit::Window(WindowLimit::derived(count, w.per_us, burst, w.margin_us))
             }
             Limit::Calendar { period, .. } => Limit::Calendar { count, period },
         });
@@ -524,7 +592,23 @@ mod tests {
     use crate::limit::calendar::Period;
 
     fn day(count: u64) -> Limit {
-        Limit::Calendar { count, period: Period::Day }
+        Limit::Calendar { count: NonZeroU64::new(count).expect("a count"), period: Period::Day }
+    }
+
+    /// Issue 45: a window is valid by construction (it was built from
+    /// public fields by callers who were to check them first).
+    #[test]
+    fn a_window_is_made_valid_or_not_at_all() {
+        assert_eq!(WindowLimit::new(3, 60_000_000, 5), Err(WindowError::BurstOverCount { burst: 5, count: 3 }));
+        assert_eq!(WindowLimit::new(0, 60_000_000, 1), Err(WindowError::NoCount));
+        assert_eq!(WindowLimit::new(3, 60_000_000, 0), Err(WindowError::NoBurst));
+        assert_eq!(WindowLimit::new(3, 0, 1), Err(WindowError::Empty));
+        let w = WindowLimit::with_margin(5, 60_000_000, 2, 20_000).expect("valid");
+        assert_eq!((w.count(), w.burst(), w.per_us(), w.margin_us()), (5, 2, 60_000_000, 20_000));
+        assert_eq!((w.interval_us(), w.tolerance_us()), (15_005_000, 15_005_000));
+        // Scaled for 4 instances: count and burst divided, at least 1.
+        let quarter = w.divided(4);
+        assert_eq!((quarter.count(), quarter.burst(), quarter.interval_us()), (1, 1, 60_020_000));
     }
 
     #[test]

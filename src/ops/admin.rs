@@ -76,10 +76,12 @@ pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<boo
 }
 
 /// Binds the admin address, if one is configured.
-pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, String> {
+pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate::error::StartError> {
     match addr {
         None => Ok(None),
-        Some(a) => TcpListener::bind(a).await.map(Some).map_err(|e| format!("cannot listen on {a} (admin): {e}")),
+        Some(addr) => {
+            TcpListener::bind(addr).await.map(Some).map_err(|source| crate::error::StartError::Admin { addr, source })
+        }
     }
 }
 
@@ -295,18 +297,18 @@ fn state_file(app: &App, memory: &MemoryConfig) -> Value {
     })
 }
 
-fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
+fn rule_json(rule: &Rule, http: &crate::config::RuleHttp) -> Value {
     let limits: Vec<Value> = rule
         .limits
         .iter()
         .map(|l| match l {
             Limit::Window(w) => json!({
                 "kind": "window",
-                "count": w.count,
-                "per_seconds": w.per_us as f64 / 1e6,
-                "burst": w.burst,
+                "count": w.count(),
+                "per_seconds": w.per_us() as f64 / 1e6,
+                "burst": w.burst(),
                 "refill_per_second": w.refill_per_second(),
-                "margin_ms": w.margin_us as f64 / 1e3,
+                "margin_ms": w.margin_us() as f64 / 1e3,
             }),
             Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
         })
@@ -320,8 +322,8 @@ fn rule_json(rule: &Rule, answer: &crate::config::RuleAnswer) -> Value {
     for option in rule.shown() {
         shown[option.key] = option.value;
     }
-    shown["throttle_status"] = json!(answer.throttle_status.as_u16());
-    shown["recipients"] = answer.meter.as_ref().map_or(Value::Null, |m| m.shown());
+    shown["throttle_status"] = json!(http.throttle_status.as_u16());
+    shown["recipients"] = http.recipients.as_ref().map_or(Value::Null, |m| m.shown());
     shown
 }
 
@@ -329,7 +331,7 @@ fn rules(app: &App) -> Answer {
     let config = app.config.load();
     json_answer(
         StatusCode::OK,
-        Value::Array(config.rules.iter().map(|r| rule_json(r, config.answer(Some(r)))).collect()),
+        Value::Array(config.rules.iter().map(|r| rule_json(r, config.rule_http(Some(r)))).collect()),
     )
 }
 

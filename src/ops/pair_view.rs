@@ -62,12 +62,12 @@ fn reserve(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros) -> Va
             let (name, _, _) = limit.policy();
             let (kept, left) = match *limit {
                 Limit::Window(w) => {
-                    let kept = kept / w.interval_us;
+                    let kept = kept / w.interval_us();
                     (kept, window_tokens(&w, state.get(limit.window_key()), now) - kept)
                 }
                 Limit::Calendar { count, period } => {
                     let (used, _) = calendar_counts(state.get(limit.window_key()), period.id(now, offset_us));
-                    (*kept, count as i64 - used as i64 - kept)
+                    (*kept, count.get() as i64 - used as i64 - kept)
                 }
             };
             json!({ "limit": name, "kept_for_high_priority": kept, "normal_callers_can_use_now": left.max(0) })
@@ -104,12 +104,12 @@ fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us:
             json!({
                 "limit": name,
                 "kind": "window",
-                "count": w.count,
-                "per_seconds": w.per_us as f64 / 1e6,
-                "burst": w.burst,
+                "count": w.count(),
+                "per_seconds": w.per_us() as f64 / 1e6,
+                "burst": w.burst(),
                 "tokens": window_tokens(&w, stored, now),
                 "refill_per_second": w.refill_per_second(),
-                "next_admission_in_ms": ((tat - w.tolerance_us - now).max(0) as f64 / 1e3),
+                "next_admission_in_ms": ((tat - w.tolerance_us() - now).max(0) as f64 / 1e3),
                 "full_in_ms": ((tat - now).max(0) as f64 / 1e3),
             })
         }
@@ -121,7 +121,7 @@ fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us:
                 "kind": "calendar",
                 "count": count,
                 "used": used,
-                "remaining": count.saturating_sub(used),
+                "remaining": count.get().saturating_sub(used),
                 "reserved_for_next_period": next,
                 "resets_at": local_time(reset, offset_us),
                 "resets_in_seconds": (reset - now) as f64 / 1e6,
@@ -136,7 +136,7 @@ fn window_tokens(w: &WindowLimit, stored: Option<LimitState>, now: Micros) -> i6
         Some(LimitState::Tat(t)) => t.max(now),
         _ => now,
     };
-    (now + w.tolerance_us + w.interval_us - tat).div_euclid(w.interval_us).clamp(0, w.burst as i64)
+    (now + w.tolerance_us() + w.interval_us() - tat).div_euclid(w.interval_us()).clamp(0, w.burst() as i64)
 }
 
 /// A calendar quota's calls counted in period `current` and reserved for the next.

@@ -20,14 +20,41 @@ use tokio::sync::mpsc;
 
 use crate::admit::callers::Callers;
 use crate::app::{App, Watched};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::transport::upstream::Upstream;
 
 /// Events closer together than this are one edit (editors write in steps).
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// Why a reload was refused (the running config stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file does not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The file turns caller authentication off.
+    #[error(
+        "[server] caller_auth: a reload cannot turn caller authentication off (that would let any caller spend any \
+         account); restart wxgate to do so"
+    )]
+    CallerAuthOff,
+    /// The file names another `listen` than the running listener's.
+    #[error(
+        "[server] listen: wxgate listens on {running} and a reload cannot move it (the file says {file}); the file's \
+         callers and accounts are checked against the address it names, so the whole reload is refused: restart \
+         wxgate to listen elsewhere, or put listen back"
+    )]
+    ListenMoved { running: std::net::SocketAddr, file: std::net::SocketAddr },
+    /// The new upstream client cannot be built.
+    #[error("{0}")]
+    Upstream(String),
+    /// An `[[account]]` needs a token cache the running wxgate has not got.
+    #[error("{0}")]
+    Accounts(String),
+}
+
 /// Loads `path` and swaps it in, or keeps the running config.
-pub fn reload(app: &App, path: &Path) -> Result<(), String> {
+pub fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
     let result = load(app, path);
     match &result {
         Ok(()) => {
@@ -44,15 +71,13 @@ pub fn reload(app: &App, path: &Path) -> Result<(), String> {
     result
 }
 
-fn load(app: &App, path: &Path) -> Result<(), String> {
-    let mut next = Config::load(path).map_err(|e| e.to_string())?;
+fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
+    let mut next = Config::load(path)?;
     let running = app.config.load_full();
     // A reload never widens who may call: turning caller authentication
     // off is refused (the running callers and their keys stay).
     if running.server.caller_auth.required() && !next.server.caller_auth.required() {
-        return Err("[server] caller_auth: a reload cannot turn caller authentication off (that would let any \
-                    caller spend any account); restart wxgate to do so"
-            .into());
+        return Err(ReloadError::CallerAuthOff);
     }
     // The admin listener and the token guarding it change together, at a
     // restart: a reload that drops the token while the listener stays up
@@ -69,12 +94,7 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
     // loopback while wxgate listens beyond it would pass those checks and
     // widen access. Refused whole, so what runs is what the file says.
     if next.server.listen != running.server.listen {
-        return Err(format!(
-            "[server] listen: wxgate listens on {} and a reload cannot move it (the file says {}); the file's \
-             callers and accounts are checked against the address it names, so the whole reload is refused: \
-             restart wxgate to listen elsewhere, or put listen back",
-            running.server.listen, next.server.listen
-        ));
+        return Err(ReloadError::ListenMoved { running: running.server.listen, file: next.server.listen });
     }
     if next.server.workers != running.server.workers {
         tracing::warn!(
@@ -99,14 +119,16 @@ fn load(app: &App, path: &Path) -> Result<(), String> {
     {
         let previous = app.core.upstream.load();
         let upstream =
-            Upstream::new(&next.server, app.core.clock.clone(), &app.core.metrics.upstreams, Some(&previous))?;
+            Upstream::new(&next.server, app.core.clock.clone(), &app.core.metrics.upstreams, Some(&previous))
+                .map_err(ReloadError::Upstream)?;
         app.core.upstream.store(Arc::new(upstream));
     }
     crate::features::broker::check(
         &next,
         app.features.token_cache.cache.as_deref(),
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
-    )?;
+    )
+    .map_err(ReloadError::Accounts)?;
     let callers = Callers::new(&next, &app.core.clock, &app.core.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
     app.core.metrics.rules(next.rules.iter().map(|r| &*r.name));

@@ -52,7 +52,7 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
     }
     let admitted = admitted?;
     if let (Some(m), Some(metered)) = (&call.route.metrics, &call.meter) {
-        if call.config().answer(Some(&rule)).meter.as_ref().is_some_and(|c| c.by_recipients) {
+        if call.config().rule_http(Some(&rule)).recipients.as_ref().is_some_and(|c| c.by_recipients) {
             m.recipients.inc_by(metered.cost);
         }
     }

@@ -38,7 +38,7 @@ pub const BODY_CAP: u64 = 64 * 1024;
 pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
     // Most rules read no body: nothing is cloned for them.
     let config = call.config();
-    let Some(metering) = call.route.rule.as_deref().and_then(|r| config.answer(Some(r)).meter.clone()) else {
+    let Some(metering) = call.route.rule.as_deref().and_then(|r| config.rule_http(Some(r)).recipients.clone()) else {
         return Ok(());
     };
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };

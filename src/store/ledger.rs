@@ -224,7 +224,7 @@ impl Ledger {
                     let now_id = period.id(now, key.offset_us);
                     if q.limit == i && now_id == at_id {
                         if let Some(t) = e.tally(period, now_id) {
-                            t.seen = Some(count.saturating_sub(q.remaining));
+                            t.seen = Some(count.get().saturating_sub(q.remaining));
                         }
                     }
                 }
@@ -253,7 +253,7 @@ impl Ledger {
     /// shared count of a rule with one calendar quota is the whole quota.
     pub fn quota_spent(&self, key: Key<'_>, now: Micros) {
         let mut calendars = key.rule.limits.iter().filter_map(|l| match *l {
-            Limit::Calendar { count, period } => Some((count, period)),
+            Limit::Calendar { count, period } => Some((count.get(), period)),
             Limit::Window(_) => None,
         });
         let (Some((count, period)), None) = (calendars.next(), calendars.next()) else { return };

@@ -72,8 +72,8 @@ fn refund_args(inv: &mut redis::ScriptInvocation<'_>, rule: &Rule, offset_us: Mi
     for limit in &rule.limits {
         let field = limit.window_key().label();
         match limit {
-            Limit::Window(w) => inv.arg("w").arg(field).arg(w.interval_us).arg(w.tolerance_us),
-            Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(*count as i64).arg(0),
+            Limit::Window(w) => inv.arg("w").arg(field).arg(w.interval_us()).arg(w.tolerance_us()),
+            Limit::Calendar { count, period } => inv.arg(period.as_str()).arg(field).arg(count.get() as i64).arg(0),
         };
     }
     inv.arg(cost.max(1));

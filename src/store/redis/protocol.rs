@@ -205,8 +205,8 @@ impl AcquireArgs {
             .map(|(i, limit)| {
                 let label = limit.window_key().label();
                 match limit {
-                    Limit::Window(w) => ("w", label, w.interval_us, w.tolerance_us, kept(i)),
-                    Limit::Calendar { count, period } => (period.as_str(), label, *count as i64, 0, kept(i)),
+                    Limit::Window(w) => ("w", label, w.interval_us(), w.tolerance_us(), kept(i)),
+                    Limit::Calendar { count, period } => (period.as_str(), label, count.get() as i64, 0, kept(i)),
                 }
             })
             .collect();
@@ -230,7 +230,7 @@ impl AcquireArgs {
             per_recipient: if rule.recipients_matter() {
                 rule.per_recipient
                     .iter()
-                    .map(|w| (crate::limit::WindowKey::Window(w.per_us).label(), w.interval_us, w.tolerance_us))
+                    .map(|w| (crate::limit::WindowKey::Window(w.per_us()).label(), w.interval_us(), w.tolerance_us()))
                     .collect()
             } else {
                 Vec::new()
@@ -271,8 +271,8 @@ impl AcquireArgs {
 /// the rule limit's at the same index).
 fn share_args(limit: &Limit) -> (i64, i64) {
     match limit {
-        Limit::Window(w) => (w.interval_us, w.tolerance_us),
-        Limit::Calendar { count, .. } => (*count as i64, 0),
+        Limit::Window(w) => (w.interval_us(), w.tolerance_us()),
+        Limit::Calendar { count, .. } => (count.get() as i64, 0),
     }
 }
 
