@@ -1,13 +1,15 @@
 //! wxgate: an outbound proxy for the WeChat server API that keeps every
 //! service and replica of an account inside WeChat's quotas.
 //!
-//! A call goes through the phases in [`proxy`]: accept → identify → route →
-//! meter → token cache → decide → forward → answer → respond, each a function over
-//! the call's context ([`proxy::Call`]), any of which may answer early; the
-//! features ([`features`]) plug into the phases through named hooks. The decision
-//! ([`limit`]) is pure maths over state held by a [`store`]; the listeners
-//! are in [`server`], the bytes on the wire in [`transport`], the admin API
-//! and reloads in [`ops`]; the shared state is the [`app::App`].
+//! A call goes through the phases in [`proxy`]: accept → route → identify →
+//! meter → decide → forward → answer → respond, each a function over the
+//! call's context ([`proxy::Call`]), any of which may answer early; the
+//! features ([`features`]) plug into the phases through named hooks, each
+//! with its own state and per-call context; wxgate's own calls run the same
+//! phases ([`proxy::own`]). The decision ([`limit`]) is pure maths over
+//! state held by a [`store`]; the listeners are in [`server`], the bytes on
+//! the wire in [`transport`], the admin API, reloads and the command-line
+//! tools in [`ops`]; the shared state is the [`proxy::app::App`].
 //!
 //! Failure semantics: every accepted request gets exactly one response; a
 //! call is sent upstream at most once; when Redis cannot decide, `[store]
@@ -15,10 +17,9 @@
 #![forbid(unsafe_code)]
 
 // The layers, highest first (each imports only those below it; the order
-// is the table in tests/architecture.rs): tools, server, ops, proxy, app,
-// features, admit, error, store, transport, config, telemetry, limit, time.
+// is the table in tests/architecture.rs): server, ops, proxy, features,
+// admit, error, store, transport, config, telemetry, limit, time.
 pub mod admit;
-pub mod app;
 pub mod config;
 pub mod error;
 pub mod features;
@@ -29,14 +30,13 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod time;
-pub mod tools;
 pub mod transport;
 
 use std::sync::Arc;
 
-use crate::app::App;
 use crate::config::Config;
 pub use crate::error::StartError;
+use crate::proxy::app::App;
 use crate::server::{Running, Threads};
 use crate::store::resilient::StoreCounters;
 use crate::store::Store;
@@ -59,7 +59,7 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
         reconciled: metrics.store_reconciled.clone(),
         breaker_opened: metrics.breaker_opened.clone(),
     };
-    let store = app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
+    let store = proxy::app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
     start_parts(config, store, clock, metrics, threads).await
 }
 

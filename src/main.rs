@@ -141,7 +141,7 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
     let url = match &args.url {
         Some(url) => url.clone(),
         None => match Config::load(config).map(|c| c.server.admin_listen) {
-            Ok(Some(admin)) => wxgate::tools::healthcheck::admin_url(admin, "/readyz"),
+            Ok(Some(admin)) => wxgate::ops::tools::healthcheck::admin_url(admin, "/readyz"),
             Ok(None) => {
                 eprintln!("wxgate probe: {}: admin_listen is off; give --url", config.display());
                 return ExitCode::FAILURE;
@@ -152,7 +152,7 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
             }
         },
     };
-    match wxgate::tools::healthcheck::probe(&url, args.timeout) {
+    match wxgate::ops::tools::healthcheck::probe(&url, args.timeout) {
         Ok(status) => {
             println!("{url}: {status}");
             ExitCode::SUCCESS
@@ -269,7 +269,7 @@ fn sim(args: &SimArgs) -> ExitCode {
     let mut config = match args
         .limits
         .as_deref()
-        .map_or_else(wxgate::tools::sim::SimConfig::demo, wxgate::tools::sim::SimConfig::load)
+        .map_or_else(wxgate::ops::tools::sim::SimConfig::demo, wxgate::ops::tools::sim::SimConfig::load)
     {
         Ok(c) => c,
         Err(e) => {
@@ -294,7 +294,7 @@ fn sim(args: &SimArgs) -> ExitCode {
     runtime.block_on(async move {
         let source = config.source.clone();
         let apis = config.apis.len();
-        let (addr, handle) = match wxgate::tools::sim::serve(config, Arc::new(SystemClock)).await {
+        let (addr, handle) = match wxgate::ops::tools::sim::serve(config, Arc::new(SystemClock)).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("wxgate sim: {e}");

@@ -57,6 +57,7 @@
 
 pub mod accept;
 pub mod answer;
+pub mod app;
 pub mod call;
 pub mod decide;
 pub mod forward;
@@ -74,9 +75,9 @@ use hyper::body::Incoming;
 
 pub use self::call::Call;
 pub use self::identify::ACCOUNT_HEADER;
-use crate::app::App;
 use crate::error::Early;
 use crate::features::hooks::{Asking, Sending};
+use crate::proxy::app::App;
 use crate::transport::body::RelayBody;
 use crate::transport::downstream::Client;
 

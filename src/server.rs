@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::App;
+use crate::proxy::app::App;
 use crate::proxy::handle;
 use crate::transport::downstream::Client;
 use crate::transport::smuggling::SmuggleGuard;

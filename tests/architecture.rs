@@ -274,7 +274,7 @@ fn src_modules_import_each_other_without_cycles() {
     }
     assert!(edges.len() > 30, "read the whole of src/: {:?}", edges.keys());
     // The checker sees what it must: a known edge is found.
-    assert!(edges["proxy"].contains("app") && edges["store::resilient"].contains("store::redis"), "{edges:?}");
+    assert!(edges["proxy"].contains("proxy::app") && edges["store::resilient"].contains("store::redis"), "{edges:?}");
     let found = cycles(&edges);
     assert!(found.is_empty(), "import cycles among src/ modules: {found:?}");
 }
@@ -299,14 +299,12 @@ fn the_checker_finds_a_cycle() {
 /// imports only the parts below it. `crate` (lib.rs, which starts
 /// everything) is above them all.
 const LAYERS: &[&str] = &[
-    "tools",     // sim, healthcheck: built on the library, off the call path
     "server",    // the listeners (and the tunnel), wiring them to proxy and admin
-    "ops",       // admin API, reload, quota_sync, the admin view of a pair
-    "proxy",     // the phases of a call
-    "app",       // App: the config, callers, upstream around the Base
-    "features",  // the hooks, the features, the Base their hooks are given
-    "admit",     // admitting a call: Core, slots, activity
-    "error",     // the call's errors and the one table that answers them
+    "ops",       // admin API, reload, quota_sync, renewal, the admin view of a pair; tools (sim, probe)
+    "proxy",     // the phases of a call, wxgate's own calls, the App they share
+    "features",  // the hooks, and the features with their state and contexts
+    "admit",     // admitting a call: Core, callers, slots, activity
+    "error",     // the call's errors and the one table that answers them; start-up errors
     "store",     // where decisions are kept: memory, Redis, resilient
     "transport", // downstream connection, bodies, upstream, intercept, workers
     "config",    // raw -> compiled, validated values; the path matcher
@@ -401,17 +399,8 @@ fn the_configuration_depends_on_nothing_that_runs() {
             }
         }
     }
-    let running = [
-        "store",
-        "app",
-        "proxy",
-        "server",
-        "transport::upstream",
-        "transport::sniff",
-        "ops::admin",
-        "ops::reload",
-        "admit",
-    ];
+    let running =
+        ["store", "proxy", "server", "transport::upstream", "transport::sniff", "ops::admin", "ops::reload", "admit"];
     let bad: Vec<&String> =
         seen.iter().filter(|m| running.iter().any(|r| *m == r || m.starts_with(&format!("{r}::")))).collect();
     assert!(bad.is_empty(), "config reaches {bad:?}");

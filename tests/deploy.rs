@@ -216,7 +216,7 @@ fn the_health_check_probes_the_admin_listener_of_the_container_config() {
 
     // The URL reaches the config's admin listener from inside the container.
     let admin = listeners(&read("deploy/container.toml"), "deploy/container.toml").admin;
-    assert_eq!(url, wxgate::tools::healthcheck::admin_url(admin, "/readyz"));
+    assert_eq!(url, wxgate::ops::tools::healthcheck::admin_url(admin, "/readyz"));
 
     // Docker kills a check that outlives its --timeout; the probe gives up first, with its reason.
     let probe_timeout = humantime::parse_duration(&flag("--timeout").expect("probe --timeout")).expect("duration");

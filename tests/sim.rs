@@ -285,7 +285,7 @@ fn deploy_sim_toml_is_the_built_in_demo() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sim.toml")).expect("deploy/sim.toml");
     assert_eq!(
         shipped,
-        wxgate::tools::sim::config::DEMO,
+        wxgate::ops::tools::sim::config::DEMO,
         "deploy/sim.toml and src/tools/sim/demo.toml must stay the same"
     );
 }

@@ -1,7 +1,7 @@
 //! The shared state below the features, which every phase and every
 //! feature's hooks read: the store, the clock, the metrics, where calls go,
 //! and this instance's slots, held calls and activity. Held by the
-//! [`crate::app::App`], handed to hooks in their [`crate::features::hooks::Env`].
+//! [`crate::proxy::app::App`], handed to hooks in their [`crate::features::hooks::Env`].
 
 use std::sync::Arc;
 

@@ -38,10 +38,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admit::callers::OTHER;
-use crate::app::App;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::ops::pair_view::{describe, Here};
+use crate::proxy::app::App;
 use crate::store::op::{Inspect, SetPenalty};
 use crate::store::Status;
 use crate::telemetry::metrics::FileOp;

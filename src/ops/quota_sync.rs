@@ -16,7 +16,7 @@
 //!   (shared through Redis with a token key); an instance that finds it
 //!   taken skips the interval (`skipped`).
 //! - Errors (a WeChat errcode, no answer) back off: the interval doubles
-//!   with each error in a row, up to 6 hours ([`crate::app::sync_status::Sync::failed`]);
+//!   with each error in a row, up to 6 hours ([`crate::proxy::app::sync_status::Sync::failed`]);
 //!   45009 (quota/get's own quota spent) waits for the next quota day.
 //! - Timing is the injected clock's ([`crate::time::Clock`]); the task
 //!   looks every [`TICK`].
@@ -31,11 +31,11 @@ use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
 
-use crate::app::App;
 use crate::config::units::micros;
 use crate::config::QuotaSync;
 use crate::limit::calendar::Period;
 use crate::limit::Key;
+use crate::proxy::app::App;
 use crate::store::op::RaiseDay;
 use crate::store::tokens::Claim;
 use crate::transport::request_body::RequestBody;

@@ -19,8 +19,8 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::admit::callers::Callers;
-use crate::app::{App, Watched};
 use crate::config::{Config, ConfigError};
+use crate::proxy::app::{App, Watched};
 use crate::transport::upstream::Upstream;
 
 /// Events closer together than this are one edit (editors write in steps).

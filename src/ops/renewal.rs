@@ -5,8 +5,8 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use crate::app::App;
 use crate::features::broker::{renew, RenewState};
+use crate::proxy::app::App;
 
 /// How often the task looks (each account is asked about only when due).
 pub const TICK: Duration = Duration::from_millis(500);

@@ -17,9 +17,9 @@ use hyper::body::Incoming;
 
 use super::call::{Arrived, Call, Routed};
 use crate::admit::activity::ActivityGuard;
-use crate::app::App;
 use crate::error::Early;
 use crate::features::hooks::Answered;
+use crate::proxy::app::App;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::transport::body::RelayBody;
 use crate::transport::sniff::{sniff, SniffError, Verdict};

@@ -4,9 +4,9 @@
 
 use super::call::Call;
 use crate::admit::{admit, ToAdmit};
-use crate::app::App;
 use crate::error::{retry_after_secs, Early};
 use crate::features::hooks::OWN_CALLER;
+use crate::proxy::app::App;
 use crate::telemetry::metrics::Outcome;
 use crate::time::Stopwatch;
 use crate::transport::downstream::Client;

@@ -14,10 +14,10 @@ use hyper::body::Incoming;
 
 use super::call::Call;
 use crate::admit::callers;
-use crate::app::App;
 use crate::config::valid_account;
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Requesting, Seeds};
+use crate::proxy::app::App;
 
 /// Sets `call.who`. Under `caller_auth = "required"` the caller's grant of
 /// the account a call names is checked before the hooks look at its token

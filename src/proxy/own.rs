@@ -11,9 +11,9 @@ use http::{Method, StatusCode};
 
 use super::call::Call;
 use super::{answer, decide, forward, respond, route};
-use crate::app::App;
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Asking, Calls, OwnAnswer, OwnCall, OwnFuture, Requesting, Seeds, Sending};
+use crate::proxy::app::App;
 
 impl Calls for App {
     fn call(&self, own: OwnCall) -> OwnFuture<'_> {

@@ -5,8 +5,8 @@
 use http::Response;
 
 use super::call::Call;
-use crate::app::App;
 use crate::error::ProxyError;
+use crate::proxy::app::App;
 use crate::telemetry::metrics::{Outcome, NO_RULE};
 use crate::transport::body::RelayBody;
 

@@ -1,7 +1,7 @@
 //! Phase 3, route: the rule of the call's path ([`crate::config::routes`]), and its metrics.
 
 use super::call::Call;
-use crate::app::App;
+use crate::proxy::app::App;
 use crate::telemetry::metrics::NO_RULE;
 
 /// Sets `call.route`. Every call is routed (a call without a rule gets the

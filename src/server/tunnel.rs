@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::Watcher;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::app::App;
+use crate::proxy::app::App;
 use crate::proxy::{handle, handle_intercepted};
 use crate::telemetry::metrics::{Tunnel, TunnelLabels};
 use crate::transport::body::RelayBody;

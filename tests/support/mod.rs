@@ -427,7 +427,7 @@ impl Gate {
     }
 
     /// The running app (config, store, counters).
-    pub fn app(&self) -> &wxgate::app::App {
+    pub fn app(&self) -> &wxgate::proxy::app::App {
         &self.running.as_ref().expect("running").app
     }
 

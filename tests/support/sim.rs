@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
+use wxgate::ops::tools::sim::{SimConfig, SimHandle};
 use wxgate::time::ManualClock;
-use wxgate::tools::sim::{SimConfig, SimHandle};
 
 use super::{get_at, send, Answer, T0};
 
@@ -26,7 +26,7 @@ impl SimServer {
         let mut config = SimConfig::parse(limits, "sim.toml").expect("sim limits");
         config.listen = ([127, 0, 0, 1], 0).into();
         let clock = ManualClock::new(T0);
-        let (addr, handle) = wxgate::tools::sim::serve(config, Arc::new(clock.clone())).await.expect("start sim");
+        let (addr, handle) = wxgate::ops::tools::sim::serve(config, Arc::new(clock.clone())).await.expect("start sim");
         SimServer { addr, clock, _handle: handle }
     }
 
