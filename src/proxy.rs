@@ -152,6 +152,7 @@ async fn phases(
     let mut sending =
         Sending { config: &call.arrived.config, who: &call.who, path: &call.arrived.path, target: &mut target };
     app.features.before_forward(app.env(), &mut call.features, &mut sending).await?;
-    let forwarded = forward::forward(app, call, req, target).await?;
+    let outgoing = forward::prepare(app, call, req, &target).await?;
+    let forwarded = forward::forward(app, call, outgoing, target).await?;
     answer::answer(app, call, forwarded).await
 }

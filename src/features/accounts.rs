@@ -88,7 +88,9 @@ impl Feature for Accounts {
 
     async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Learn>, answered: &mut Answered<'_>) {
         if let (Some(request), Verdict::Success, Some(body)) = (cx.take(), answered.verdict, answered.body) {
-            learn::learn(env.core, &self.owners, answered.config, request, body).await;
+            // Boxed: a token request's answer is rare; every call's future
+            // would otherwise carry this one.
+            Box::pin(learn::learn(env.core, &self.owners, answered.config, request, body)).await;
         }
     }
 }
@@ -154,7 +156,7 @@ async fn identify(
     }
     let about = match TokenRequest::at(req.path) {
         Some(request) => {
-            let Prepared { caller, learn } = learn::prepare(request, req).await?;
+            let Prepared { caller, learn } = Box::pin(learn::prepare(request, req)).await?;
             *learning = Some(learn);
             Some((caller, request.caller.field()))
         }

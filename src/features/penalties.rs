@@ -26,7 +26,7 @@ impl Feature for Penalties {
         match answered.verdict {
             Verdict::Errcode(code) => {
                 let Some(policy) = config.penalties.iter().find(|p| p.errcode == code) else { return };
-                let wait_us = match env.core.store.apply(key, Penalise { policy, sent_at }).await {
+                let wait_us = match Box::pin(env.core.store.apply(key, Penalise { policy, sent_at })).await {
                     Ok(end) => end.remaining_us(),
                     Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "could not store a penalty");
@@ -39,7 +39,7 @@ impl Feature for Penalties {
                 }
             }
             Verdict::Success if admitted.escalated => {
-                if let Err(e) = env.core.store.apply(key, Succeeded { sent_at }).await {
+                if let Err(e) = Box::pin(env.core.store.apply(key, Succeeded { sent_at })).await {
                     tracing::warn!(rule = %rule.name, error = %e, "could not end a penalty escalation");
                 }
             }

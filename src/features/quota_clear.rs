@@ -42,7 +42,7 @@ impl Feature for QuotaClear {
         if req.own() || !at(req.path) {
             return Ok(());
         }
-        let body = req.read_body(BODY_CAP, BODY_WHAT).await?.cloned();
+        let body = Box::pin(req.read_body(BODY_CAP, BODY_WHAT)).await?.cloned();
         let clearing = request::read(body.as_deref(), req.target.query())?;
         req.appid = Some(Appid { id: clearing.appid.clone(), field: "appid" });
         *cx = Some(clearing);
@@ -51,7 +51,7 @@ impl Feature for QuotaClear {
 
     async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Clearing>, answered: &mut Answered<'_>) {
         if let (Verdict::Success, Some(clearing)) = (answered.verdict, cx.take()) {
-            cleared(env.core, answered.config, answered.account, &clearing).await;
+            Box::pin(cleared(env.core, answered.config, answered.account, &clearing)).await;
         }
     }
 }

@@ -91,10 +91,10 @@ impl Feature for TokenCacheFeature {
             return Ok(());
         }
         if TokenRequest::at(asking.path).is_some() {
-            return serve(env.core, cache, cx, asking).await;
+            return Box::pin(serve(env.core, cache, cx, asking)).await;
         }
         match ask::ticket(asking.method, asking.path, asking.target.query()) {
-            Ok(Some(ticket)) => return serve_ticket(env.core, cache, cx, asking, ticket).await,
+            Ok(Some(ticket)) => return Box::pin(serve_ticket(env.core, cache, cx, asking, ticket)).await,
             Ok(None) => {}
             Err(why) => return Err(ProxyError::BadRequest(why).into()),
         }
@@ -104,11 +104,11 @@ impl Feature for TokenCacheFeature {
     async fn on_answer(&self, env: Env<'_>, cx: &mut Option<Fetch>, answered: &mut Answered<'_>) {
         if let Some(fetch) = cx.take() {
             let sent = answered.target.query().and_then(|q| query::param(q, "access_token"));
-            fetched(env.core, fetch, answered.errcode, answered.body, sent.as_deref()).await;
+            Box::pin(fetched(env.core, fetch, answered.errcode, answered.body, sent.as_deref())).await;
         }
         if let (Verdict::Errcode(code), Some(cache)) = (answered.verdict, &self.cache) {
             if REJECTED.contains(&code) {
-                rejected(cache, answered.target.query(), answered.host()).await;
+                Box::pin(rejected(cache, answered.target.query(), answered.host())).await;
             }
         }
     }

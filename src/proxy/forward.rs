@@ -22,91 +22,32 @@ use crate::time::Stopwatch;
 use crate::transport::request_body::{read_whole, RequestBody};
 use crate::transport::upstream::{to_upstream, Upstream, UpstreamError};
 
-/// Sends the call to an upstream, once, and wait for its answer's
-/// head (the upstream sets its own `Host`, and moves a call that never
-/// reached one upstream on to the next: [`crate::transport::upstream`]).
-pub async fn forward(
-    app: &App,
-    call: &mut Call,
-    req: Request<Incoming>,
-    target: PathAndQuery,
-) -> Result<Forwarded, Early> {
-    let (upstream, uri) = upstream_of(app, call, &target)?;
-    let (req, resend) = live(app, call, req, uri, &upstream).await?;
-    Ok(send(app, call, upstream, req, target, resend).await?)
-}
-
-/// [`forward`] for a call wxgate makes itself: `method`, its body
-/// (`call.body`), on `[server] upstream`.
-pub async fn forward_own(
-    app: &App,
-    call: &mut Call,
-    method: http::Method,
-    target: PathAndQuery,
-) -> Result<Forwarded, Early> {
-    let (upstream, uri) = upstream_of(app, call, &target)?;
-    let req = own(call, method, uri);
-    Ok(send(app, call, upstream, req, target, None).await?)
-}
-
-/// Where the call goes: its upstream (an intercepted host's, else
-/// `[server] upstream`) and the URI there.
-fn upstream_of(app: &App, call: &Call, target: &PathAndQuery) -> Result<(Arc<Upstream>, http::Uri), ProxyError> {
-    let upstream = match &call.arrived.intercepted {
-        None => app.core.upstream.load_full(),
-        Some(host) => host.upstream(app.core.upstream.load_full()),
-    };
-    let uri = upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
-    Ok((upstream, uri))
-}
-
-/// Sends `req` once; a call that provably never reached WeChat gives
-/// back its admission.
-async fn send(
-    app: &App,
-    call: &mut Call,
+/// A call ready to go upstream: where, the request, and what a resend
+/// needs when a feature keeps its body.
+pub struct Outgoing {
     upstream: Arc<Upstream>,
     req: Request<RequestBody>,
-    target: PathAndQuery,
     resend: Option<Box<Resend>>,
-) -> Result<Forwarded, ProxyError> {
-    let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
-    let activity =
-        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
-    let sent = Stopwatch::start();
-    let (tried, resp) = upstream.send(req).await;
-    call.sent.upstream_us = sent.elapsed_us();
-    call.sent.upstream = Some((upstream, tried));
-    if let Some(m) = &call.route.metrics {
-        m.upstream.observe(call.sent.upstream_us as f64 / 1e6);
-    }
-    if let Err(e) = &resp {
-        if e.never_sent() {
-            give_back(app, call).await;
-        }
-    }
-    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target, resend })
 }
 
-/// A client's request as it goes upstream, and what a resend needs when a
-/// feature keeps its body.
-async fn live(
+/// A client's request made ready to go upstream: its head rewritten (every
+/// field of each header wxgate takes off or rewrites: hop-by-hop ones,
+/// `Authorization`, `Accept-Encoding` → `identity`), its body as read or to
+/// be streamed. A body a hook or meter read whole is sent as it came; one a
+/// feature keeps ([`crate::features::hooks::Feature::keep_body`]: WeChat may
+/// make it send the call once more) is read whole first when it is small
+/// enough.
+pub async fn prepare(
     app: &App,
     call: &mut Call,
     req: Request<Incoming>,
-    uri: http::Uri,
-    upstream: &Arc<Upstream>,
-) -> Result<(Request<RequestBody>, Option<Box<Resend>>), Early> {
+    target: &PathAndQuery,
+) -> Result<Outgoing, Early> {
+    let (upstream, uri) = upstream_of(app, call, target)?;
     let (mut parts, mut body) = req.into_parts();
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    // Each header wxgate takes off or rewrites, every field of it:
-    // hop-by-hop ones, `Authorization`, `Accept-Encoding` (`identity`).
     to_upstream(&mut parts.headers);
-    // A body a hook or meter read whole is sent as it came. One a feature
-    // keeps ([`crate::features::hooks::Feature::keep_body`]: WeChat may
-    // make it send the call once more) is read whole first when it is
-    // small enough.
     let keep = app.features.keep_body(&call.features);
     let read = match call.body.take() {
         Some(read) => Some(read),
@@ -126,12 +67,19 @@ async fn live(
         Some(read) => RequestBody::already_read(body, read),
         None => RequestBody::new(body, call.arrived.config.server.max_body),
     };
-    Ok((Request::from_parts(parts, body), resend))
+    Ok(Outgoing { upstream, req: Request::from_parts(parts, body), resend })
 }
 
-/// A call wxgate makes itself as it goes upstream: `method`, `call.body`,
-/// a JSON content type when it has a body.
-fn own(call: &mut Call, method: http::Method, uri: http::Uri) -> Request<RequestBody> {
+/// A call wxgate makes itself made ready to go upstream: `method`, its
+/// body (`call.body`), a JSON content type when it has one, on `[server]
+/// upstream`.
+pub fn prepare_own(
+    app: &App,
+    call: &mut Call,
+    method: http::Method,
+    target: &PathAndQuery,
+) -> Result<Outgoing, ProxyError> {
+    let (upstream, uri) = upstream_of(app, call, target)?;
     let body = call.body.take().unwrap_or_default();
     let length = body.len();
     let json = !body.is_empty();
@@ -142,7 +90,42 @@ fn own(call: &mut Call, method: http::Method, uri: http::Uri) -> Request<Request
         req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     req.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(length));
-    req
+    Ok(Outgoing { upstream, req, resend: None })
+}
+
+/// Where the call goes: its upstream (an intercepted host's, else
+/// `[server] upstream`) and the URI there.
+fn upstream_of(app: &App, call: &Call, target: &PathAndQuery) -> Result<(Arc<Upstream>, http::Uri), ProxyError> {
+    let upstream = match &call.arrived.intercepted {
+        None => app.core.upstream.load_full(),
+        Some(host) => host.upstream(app.core.upstream.load_full()),
+    };
+    let uri = upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
+    Ok((upstream, uri))
+}
+
+/// Sends the call to its upstream, once, and waits for its answer's head
+/// (the upstream sets its own `Host`, and moves a call that never reached
+/// one upstream on to the next: [`crate::transport::upstream`]); a call that
+/// provably never reached WeChat gives back its admission.
+pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: PathAndQuery) -> Result<Forwarded, Early> {
+    let Outgoing { upstream, req, resend } = outgoing;
+    let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
+    let activity =
+        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
+    let sent = Stopwatch::start();
+    let (tried, resp) = upstream.send(req).await;
+    call.sent.upstream_us = sent.elapsed_us();
+    call.sent.upstream = Some((upstream, tried));
+    if let Some(m) = &call.route.metrics {
+        m.upstream.observe(call.sent.upstream_us as f64 / 1e6);
+    }
+    if let Err(e) = &resp {
+        if e.never_sent() {
+            give_back(app, call).await;
+        }
+    }
+    Ok(Forwarded { resp: resp?, guards: (in_flight, activity), target, resend })
 }
 
 /// Largest body of a call wxgate added a token to that is kept to be sent

@@ -82,7 +82,8 @@ async fn phases(
     let mut sending =
         Sending { config: &call.arrived.config, who: &call.who, path: &call.arrived.path, target: &mut target };
     app.features.before_forward(env, &mut call.features, &mut sending).await.map_err(|e| refused(call, e))?;
-    let forwarded = forward::forward_own(app, call, method, target).await.map_err(|e| refused(call, e))?;
+    let outgoing = forward::prepare_own(app, call, method, &target)?;
+    let forwarded = forward::forward(app, call, outgoing, target).await.map_err(|e| refused(call, e))?;
     let answered = answer::answer(app, call, forwarded).await.map_err(|e| refused(call, e))?;
     Ok(OwnAnswer { errcode: call.errcode, body: answered.body().whole().cloned() })
 }
