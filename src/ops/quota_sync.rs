@@ -26,20 +26,20 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::uri::PathAndQuery;
-use http::{Method, Request};
+use http::Method;
 
 use crate::config::units::micros;
-use crate::config::QuotaSync;
+use crate::config::{Config, QuotaSync};
+use crate::features::hooks::{Calls, OwnCall, Seeds};
 use crate::limit::calendar::Period;
 use crate::limit::Key;
 use crate::proxy::app::App;
 use crate::store::op::RaiseDay;
 use crate::store::tokens::Claim;
-use crate::transport::request_body::RequestBody;
-use crate::transport::sniff::{sniff, Verdict};
 
 /// How often the task looks for syncs that are due.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -80,7 +80,7 @@ pub async fn round(app: &App) {
 }
 
 /// One sync of (account, sync's state).
-async fn one(app: &App, config: &crate::config::Config, account: &str, token: &str, sync: &QuotaSync) {
+async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: &QuotaSync) {
     let Some(cache) = &app.features.token_cache.cache else { return };
     let state = &sync.rule.state;
     let every_us = micros(sync.every);
@@ -99,7 +99,7 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
         }
     }
     let offset_us = config.server.quota_offset_us;
-    match quota_get(app, token, &sync.path).await {
+    match quota_get(app, config, account, token, &sync.path).await {
         Ok(used) => {
             let key = Key { account, rule: &sync.rule, offset_us };
             match app.core.store.apply(key, RaiseDay { used }).await {
@@ -127,32 +127,41 @@ async fn one(app: &App, config: &crate::config::Config, account: &str, token: &s
     }
 }
 
-/// WeChat's `used` for `path` today, or (errcode, why).
-async fn quota_get(app: &App, token: &str, path: &str) -> Result<u64, (Option<i64>, String)> {
+/// WeChat's `used` for `path` today, or (errcode, why). A call wxgate
+/// makes itself, through the phases like any ([`crate::proxy::own`]):
+/// decided against quota/get's rule if it has one, its answer handed to
+/// every feature's hooks (a 45009 penalises that rule).
+async fn quota_get(
+    app: &App,
+    config: &Arc<Config>,
+    account: &str,
+    token: &str,
+    path: &str,
+) -> Result<u64, (Option<i64>, String)> {
     let fail = |why: String| (None, why);
-    let upstream = app.core.upstream.load_full();
     let target = PathAndQuery::try_from(format!(
         "{QUOTA_GET}?access_token={}",
         crate::features::accounts::query::encoded(token)
     ))
     .map_err(|_| fail("the token cannot be sent in a query".into()))?;
-    let uri = upstream.target(&target).map_err(|e| fail(format!("cannot address the upstream: {e}")))?;
     let body = Bytes::from(serde_json::json!({ "cgi_path": path }).to_string());
-    let mut req = Request::new(RequestBody::bytes(body.clone()));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = uri;
-    req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    req.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let (_, resp) = upstream.send(req).await;
-    let resp = resp.map_err(|e| fail(e.to_string()))?;
-    let stall = app.config.load().server.body_timeout;
-    let (_, body, verdict) = sniff(resp, stall).await.map_err(|e| fail(format!("reading the answer: {e}")))?;
-    if let Verdict::Errcode(code) = verdict {
-        return Err((Some(code), format!("WeChat answered errcode {code}")));
+    let own = OwnCall {
+        config: config.clone(),
+        account: account.to_owned(),
+        method: Method::POST,
+        target,
+        body,
+        seeds: Seeds::default(),
+    };
+    let answered = app.call(own).await.map_err(|e| fail(e.to_string()))?;
+    match answered.errcode {
+        Some(0) => {}
+        Some(code) => return Err((Some(code), format!("WeChat answered errcode {code}"))),
+        None => return Err(fail("the answer is not WeChat's JSON".into())),
     }
-    let json = body
-        .whole()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+    let json = answered
+        .body
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .ok_or_else(|| fail("the answer is not JSON".into()))?;
     json["quota"]["used"].as_u64().ok_or_else(|| fail("the answer has no quota.used".into()))
 }
