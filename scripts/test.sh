@@ -22,6 +22,17 @@ fi
 # without it). It comes from Debian's `prometheus` package, unpacked into
 # target/tools/prometheus/ rather than installed: no Prometheus service, no
 # user, none of its dependencies (promtool is one static Go binary).
+# tests/quickstart.rs runs the README's quick start, which uses curl.
+if ! command -v curl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing curl"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+  else
+    echo "curl is missing: install it (e.g. apt-get install curl) and rerun" >&2
+    exit 1
+  fi
+fi
+
 if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/prometheus/usr/bin/promtool ]; then
   if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
     echo "== unpacking promtool (Debian package prometheus) into target/tools/prometheus"

@@ -419,6 +419,14 @@ impl Upstreams {
     }
 }
 
+impl Server {
+    /// Sends every call to `http://<addr>` (`wxgate try`: the simulator).
+    pub fn upstream_at(&mut self, addr: SocketAddr) -> Result<(), http::uri::InvalidUri> {
+        self.upstream = Upstreams::one(format!("http://{addr}/").parse()?);
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for Upstreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, u) in self.0.iter().enumerate() {

@@ -37,6 +37,10 @@ struct Cli {
 enum Command {
     /// Validate the config, print each compiled rule, exit non-zero on any error.
     Check,
+    /// Try wxgate on this machine with nothing else: the WeChat simulator
+    /// (`wxgate sim`'s demo) and wxgate with deploy/try.toml (or --config),
+    /// in one process, until Ctrl-C. Not for production.
+    Try(TryArgs),
     /// Serve a WeChat API simulator (quotas, 45009/45033, tokens, /__stats) for
     /// local tries and load tests. Needs no rules config. Reference: docs/sim.md.
     Sim(SimArgs),
@@ -81,6 +85,22 @@ struct SimArgs {
 }
 
 #[derive(clap::Args)]
+struct TryArgs {
+    /// Where the simulator listens; the config's `[server] upstream` is set to it.
+    #[arg(long, default_value = "127.0.0.1:9999")]
+    sim: std::net::SocketAddr,
+    /// Where wxgate listens (default: the config's `[server] listen`).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Where its admin API listens (default: the config's `[server] admin_listen`).
+    #[arg(long)]
+    admin: Option<std::net::SocketAddr>,
+}
+
+/// The config `wxgate try` serves when `--config` names none.
+const TRY_CONFIG: &str = "deploy/try.toml";
+
+#[derive(clap::Args)]
 struct ProbeArgs {
     /// What to GET, e.g. http://127.0.0.1:9090/readyz. Without it: /readyz on
     /// the config's admin_listen (0.0.0.0 and :: probed on loopback).
@@ -103,6 +123,7 @@ fn main() -> ExitCode {
         // A CA is made before any config names it.
         Some(Command::Ca(CaCommand::Init(args))) => return ca_init(args),
         Some(Command::Check) => true,
+        Some(Command::Try(args)) => return try_it(args, &cli.config),
         None => false,
     };
     let config = match Config::load(&cli.config) {
@@ -325,7 +346,42 @@ fn log_filter() -> EnvFilter {
     }
 }
 
+/// `wxgate try`: the simulator on `--sim`, then wxgate with `config` (the
+/// global `--config`; `deploy/try.toml` when it is the default `rules.toml`)
+/// pointed at it.
+fn try_it(args: &TryArgs, config: &std::path::Path) -> ExitCode {
+    let path = if config == std::path::Path::new("rules.toml") { std::path::Path::new(TRY_CONFIG) } else { config };
+    let mut config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("wxgate try: invalid config: {e} (run it from the repository's directory, or give --config)");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if let Some(admin) = args.admin {
+        config.server.admin_listen = Some(admin);
+    }
+    let mut sim = match wxgate::ops::tools::sim::SimConfig::demo() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("wxgate try: the simulator's demo limits: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    sim.listen = args.sim;
+    serve(config, Some(sim))
+}
+
 fn run(config: Config) -> ExitCode {
+    serve(config, None)
+}
+
+/// Serves `config` until SIGTERM or Ctrl-C; with `sim`, first the simulator,
+/// and `[server] upstream` is where it listens.
+fn serve(mut config: Config, sim: Option<wxgate::ops::tools::sim::SimConfig>) -> ExitCode {
     let builder = tracing_subscriber::fmt().with_env_filter(log_filter()).with_writer(std::io::stderr);
     if config.log.json {
         builder.json().flatten_event(true).init();
@@ -342,6 +398,25 @@ fn run(config: Config) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        let _sim = match sim {
+            Some(sim) => match wxgate::ops::tools::sim::serve(sim, Arc::new(SystemClock)).await {
+                Ok((addr, handle)) => {
+                    tracing::info!(sim = %addr, "wxgate try: the WeChat simulator serving (GET /__stats)");
+                    match config.server.upstream_at(addr) {
+                        Ok(()) => Some(handle),
+                        Err(e) => {
+                            eprintln!("wxgate try: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("wxgate try: the simulator: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
+        };
         let upstream = config.server.upstream.clone();
         let shutdown_timeout = config.server.shutdown_timeout;
         let rules = config.rules.len();
