@@ -90,6 +90,12 @@ pub trait Store: Send + Sync + 'static {
     /// The rules were reloaded: drop anything derived from the old ones.
     fn rules_changed(&self) {}
 
+    /// How many instances the fallback divides each limit by (`None`: a
+    /// store that does not share its limits).
+    fn instances(&self) -> Option<u32> {
+        None
+    }
+
     /// Called once when wxgate stops, after calls in flight finished: write
     /// what must outlive the process.
     async fn close(&self) {}

@@ -244,6 +244,8 @@ fn ready(app: &App) -> Answer {
             "rules": config.rules.len(),
             "store": store,
             "decisions": decisions,
+            // What the local fallback divides each limit by (Redis stores).
+            "instances": app.core.store.instances(),
             "config_reloads": {
                 "ok": app.reloads.ok.load(Ordering::Relaxed),
                 "failed": app.reloads.failed.load(Ordering::Relaxed),

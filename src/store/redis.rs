@@ -423,6 +423,15 @@ impl RedisStore {
         Ok(Epoch { value, created, now })
     }
 
+    /// This instance's heartbeat (lua/heartbeat.lua): the number of
+    /// instances heard from within `ttl_us`, this one included.
+    pub async fn heartbeat(&self, ttl_us: Micros) -> Result<u32, StoreError> {
+        let mut inv = protocol::HEARTBEAT.key(self.keys.instances());
+        inv.arg(self.now_arg()).arg(self.keys.inst()).arg(ttl_us);
+        let live: i64 = self.run(inv).await?;
+        Ok(u32::try_from(live).unwrap_or(u32::MAX).max(1))
+    }
+
     /// The epoch Redis holds now, if any (a plain GET).
     pub async fn epoch_value(&self) -> Result<Option<String>, StoreError> {
         self.query(redis::cmd("GET").arg(&self.epoch_key).clone()).await

@@ -41,7 +41,7 @@
 pub mod breaker;
 pub mod refusals;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -72,6 +72,11 @@ const RECENT_MAX: usize = 256;
 const PRUNE_EVERY: u32 = 100;
 /// How often (in ticks) the access-token key is asked for until it is read.
 const KEY_EVERY: u32 = 10;
+/// Ticks between two heartbeats (lua/heartbeat.lua): 2 s.
+const HEARTBEAT_EVERY: u32 = 20;
+/// How long a heartbeat counts an instance: an instance gone (scaled down,
+/// killed) stops counting after this long.
+pub const HEARTBEAT_TTL_US: Micros = 10_000_000;
 
 /// Counters the wrapper feeds (clones of the app's metrics).
 #[derive(Clone, Default)]
@@ -121,6 +126,9 @@ pub struct Resilient {
     in_grace: AtomicBool,
     /// When a refused key was last logged.
     bad_key_said: Mutex<Option<Stopwatch>>,
+    /// The instances last heard from in Redis (0: not heard yet); kept
+    /// while Redis is away, which is when it is used.
+    heard: AtomicU32,
 }
 
 impl Resilient {
@@ -149,6 +157,7 @@ impl Resilient {
             epoch_generation: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             adopted_run: Mutex::new(None),
+            heard: AtomicU32::new(0),
             grace: Mutex::new(None),
             in_grace: AtomicBool::new(false),
             bad_key_said: Mutex::new(None),
@@ -207,11 +216,39 @@ impl Resilient {
                 if s.resilience.fallback == Fallback::Local {
                     s.refresh_seen().await;
                 }
+                if ticks % HEARTBEAT_EVERY == 1 {
+                    s.heartbeat().await;
+                }
                 if ticks % KEY_EVERY == 0 && !s.redis.has_token_key() {
                     let _ = s.load_token_key().await;
                 }
             }
         });
+    }
+
+    /// This instance's heartbeat, and the instances heard from: what the
+    /// fallback divides each limit by when Redis goes away.
+    async fn heartbeat(&self) {
+        match self.try_redis(|| self.redis.heartbeat(HEARTBEAT_TTL_US)).await {
+            Ok(live) => {
+                let before = self.heard.swap(live, Ordering::Relaxed);
+                if before != live {
+                    tracing::info!(
+                        heard = live,
+                        configured = self.resilience.instances,
+                        fallback_divides_by = live.max(self.resilience.instances),
+                        "wxgate instances sharing Redis"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "no heartbeat this time"),
+        }
+    }
+
+    /// The number of instances the local fallback divides each limit by:
+    /// the most of `[store] instances` (a floor) and those last heard from.
+    fn fallback_instances(&self) -> u32 {
+        self.heard.load(Ordering::Relaxed).max(self.resilience.instances).max(1)
     }
 
     /// Reads back the shared calendar counts of the pairs this instance used
@@ -629,7 +666,7 @@ impl Store for Resilient {
         }
         let decision = match self.resilience.fallback {
             Fallback::Local => {
-                let n = self.resilience.instances.max(1);
+                let n = self.fallback_instances();
                 let scaled = rule.scaled(n);
                 let local_key = Key { rule: &scaled, ..ask.key };
                 // Start from this instance's share of what was left when
@@ -700,6 +737,10 @@ impl Store for Resilient {
     /// Known refusals were computed under the old rules.
     fn rules_changed(&self) {
         self.all_refusals().for_each(RefusalCache::clear);
+    }
+
+    fn instances(&self) -> Option<u32> {
+        Some(self.fallback_instances())
     }
 }
 

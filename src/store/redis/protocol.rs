@@ -57,6 +57,7 @@ scripts! {
     WARM = "warm.lua",
     CLEAR = "clear.lua",
     EPOCH = "epoch.lua",
+    HEARTBEAT = "heartbeat.lua",
     RECONCILE = "reconcile.lua",
     LEARN_TOKEN = "learn_token.lua",
     TOKEN_OWNER = "token_owner.lua",
@@ -135,6 +136,11 @@ impl Keys {
     /// `<prefix>:{<account>}:#warm`: last token refresh (`#` never appears in a rule name).
     pub fn warm(&self, account: &str) -> String {
         self.account_key(account, &["#warm"])
+    }
+
+    /// `<prefix>:#instances`: the instances heard from (lua/heartbeat.lua).
+    pub fn instances(&self) -> String {
+        format!("{}:#instances", self.prefix)
     }
 
     /// `<prefix>:#epoch`: the deployment's epoch (lua/epoch.lua).
