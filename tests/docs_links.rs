@@ -407,3 +407,37 @@ fn slugs_follow_githubs_rules() {
     assert_eq!(twice, ["a", "a-1", "b"].map(String::from).into_iter().collect());
     assert_eq!(without_code_spans("a `[x](y)` b"), "a x b");
 }
+
+/// The files documented curl commands send (`-d @body.json`, `--data-binary
+/// @x`, `-F media=@x`) are shipped (relative to the repository), or the
+/// command fails as written.
+#[test]
+fn every_file_a_documented_command_sends_is_shipped() {
+    let mut missing = Vec::new();
+    for file in markdown_files() {
+        let text = read(&file);
+        for (i, line) in text.lines().enumerate() {
+            if !line.contains("curl") && !line.trim_start().starts_with("-") {
+                continue;
+            }
+            let mut rest = line;
+            while let Some(at) = rest.find('@') {
+                let before = rest[..at].trim_end();
+                let sends = before.ends_with("-d")
+                    || before.ends_with("--data")
+                    || before.ends_with("--data-binary")
+                    || before.ends_with("--data-raw")
+                    || rest[..at].ends_with('=') && before.contains("-F");
+                let name: String = rest[at + 1..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && !matches!(c, '\'' | '"' | '`'))
+                    .collect();
+                if sends && !name.is_empty() && name != "-" && !repo().join(&name).exists() {
+                    missing.push(format!("{}:{}: @{name} is not a shipped file", file.display(), i + 1));
+                }
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
