@@ -394,8 +394,8 @@ fn documented_admin_commands() -> Vec<(String, String, String)> {
             let here = format!("{file}:{}", i + 1);
             // The header as the docs send it: inline, or `-H "$auth"` set once in the block.
             let inline = line.contains("-H \"Authorization: Bearer $WXGATE_ADMIN_TOKEN\"");
-            let by_name = line.contains("-H \"$auth\"")
-                && text.contains("auth=\"Authorization: Bearer $WXGATE_ADMIN_TOKEN\"");
+            let by_name =
+                line.contains("-H \"$auth\"") && text.contains("auth=\"Authorization: Bearer $WXGATE_ADMIN_TOKEN\"");
             assert!(inline || by_name, "{here}: an admin command without the bearer token: {line}");
             let words: Vec<&str> = line.split_whitespace().collect();
             let method = words.iter().position(|w| *w == "-X").and_then(|i| words.get(i + 1)).unwrap_or(&"GET");

@@ -345,9 +345,8 @@ async fn the_access_log_shows_the_metrics_label_of_each_caller() {
             .filter(|l| l.contains("wxgate::access"))
             .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
             .collect();
-        (lines.len() == 3).then(|| {
-            lines.iter().map(|v| (v["caller"].clone(), v["caller_label"].clone())).collect::<Vec<_>>()
-        })
+        (lines.len() == 3)
+            .then(|| lines.iter().map(|v| (v["caller"].clone(), v["caller_label"].clone())).collect::<Vec<_>>())
     })
     .await;
     let want = [("hr", "hr"), ("marketing", "other"), ("default", "other")]

@@ -4,9 +4,10 @@
 //! it points into (by GitHub's slug rules); every section the shipped
 //! configs, deploy files and docs name in words (`README, "Penalties"`,
 //! `README's "Tokens"`, `("Upstream failover")` in the README) is a heading
-//! of the README, and every `docs/….md` a shipped config or deploy file
-//! names exists. A renamed heading or a moved file fails here, not in a
-//! reader's browser.
+//! of the README, every `docs/….md` a shipped config or deploy file names
+//! exists, and every file a documented curl command sends (`-d @x`) is
+//! shipped. A renamed heading or a moved file fails here, not in a reader's
+//! browser or shell.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
