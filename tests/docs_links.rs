@@ -61,7 +61,7 @@ fn collect_all(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
         let kind = entry.file_type().expect("file type");
         if kind.is_dir() {
             collect_all(root, &path, out);
-        } else if kind.is_file() && !path.extension().is_some_and(|e| e == "md") {
+        } else if kind.is_file() && path.extension().is_none_or(|e| e != "md") {
             out.push(path);
         }
     }
@@ -268,7 +268,7 @@ fn check_link(from: &Path, target: &str) -> Option<String> {
         return Some(format!("{target}: no file {}", file.display()));
     }
     let anchor = anchor?;
-    if !file.extension().is_some_and(|e| e == "md") {
+    if file.extension().is_none_or(|e| e != "md") {
         return None;
     }
     let known = anchors(&read(&file));
