@@ -23,11 +23,14 @@ use wxgate::time::SystemClock;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The config read when neither `--config` nor `WXGATE_CONFIG` names one.
+const DEFAULT_CONFIG: &str = "rules.toml";
+
 #[derive(Parser)]
 #[command(version, about = "Outbound proxy for the WeChat server API: shared quotas, no 45009")]
 struct Cli {
     /// Config file.
-    #[arg(long, short, global = true, env = "WXGATE_CONFIG", default_value = "rules.toml")]
+    #[arg(long, short, global = true, env = "WXGATE_CONFIG", default_value = DEFAULT_CONFIG)]
     config: PathBuf,
     #[command(subcommand)]
     command: Option<Command>,
@@ -103,7 +106,9 @@ const TRY_CONFIG: &str = "deploy/try.toml";
 #[derive(clap::Args)]
 struct ProbeArgs {
     /// What to GET, e.g. http://127.0.0.1:9090/readyz. Without it: /readyz on
-    /// the config's admin_listen (0.0.0.0 and :: probed on loopback).
+    /// the config's admin_listen (0.0.0.0 and :: probed on loopback), or on the
+    /// default admin_listen (127.0.0.1:9090) when no config is named and there
+    /// is no rules.toml in this directory.
     #[arg(long)]
     url: Option<String>,
     /// Longest wait to connect, and for each read and write.
@@ -159,9 +164,14 @@ fn check_intercept(config: &Config) -> Result<(), String> {
 /// `wxgate probe`: exit 0 on a 2xx answer, 1 on anything else, never 2
 /// (Docker reserves it in `HEALTHCHECK`), with one line saying why.
 fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
+    // No config named and none here: the admin listener of an empty config
+    // (wxgate's defaults), so `wxgate probe` works from any directory. A
+    // config that is named (--config, WXGATE_CONFIG) must exist.
+    let defaults = args.url.is_none() && config == std::path::Path::new(DEFAULT_CONFIG) && !config.exists();
+    let load = || if defaults { Config::parse("", config) } else { Config::load(config) };
     let url = match &args.url {
         Some(url) => url.clone(),
-        None => match Config::load(config).map(|c| c.server.admin_listen) {
+        None => match load().map(|c| c.server.admin_listen) {
             Ok(Some(admin)) => wxgate::ops::tools::healthcheck::admin_url(admin, "/readyz"),
             Ok(None) => {
                 eprintln!("wxgate probe: {}: admin_listen is off; give --url", config.display());
@@ -177,6 +187,12 @@ fn probe(args: &ProbeArgs, config: &std::path::Path) -> ExitCode {
         Ok(status) => {
             println!("{url}: {status}");
             ExitCode::SUCCESS
+        }
+        Err(why) if defaults => {
+            eprintln!(
+                "wxgate probe: {why} (no {DEFAULT_CONFIG} here: the default admin_listen; give --url or --config)"
+            );
+            ExitCode::FAILURE
         }
         Err(why) => {
             eprintln!("wxgate probe: {why}");

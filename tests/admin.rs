@@ -5,6 +5,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -378,4 +379,53 @@ async fn every_series_an_alert_counts_exists_at_zero_from_the_start_and_after_a_
     wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
     let series = "wxgate_upstream_errcodes_total{rule=\"menu\",errcode=\"45009\"}";
     assert_eq!(gate.metric(series).await, Some(0.0), "a reloaded rule's series");
+}
+
+/// An admin command the docs show: (file:line, method, path).
+fn documented_admin_commands() -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for file in ["README.md", "docs/admin.md", "docs/semantics.md"] {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).expect(file);
+        for (i, line) in text.lines().enumerate() {
+            let Some(at) = line.find("localhost:9090/v1/") else { continue };
+            if !line.contains("curl ") {
+                continue;
+            }
+            let here = format!("{file}:{}", i + 1);
+            // The header as the docs send it: inline, or `-H "$auth"` set once in the block.
+            let inline = line.contains("-H \"Authorization: Bearer $WXGATE_ADMIN_TOKEN\"");
+            let by_name =
+                line.contains("-H \"$auth\"") && text.contains("auth=\"Authorization: Bearer $WXGATE_ADMIN_TOKEN\"");
+            assert!(inline || by_name, "{here}: an admin command without the bearer token: {line}");
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let method = words.iter().position(|w| *w == "-X").and_then(|i| words.get(i + 1)).unwrap_or(&"GET");
+            let path: String = line[at + "localhost:9090".len()..]
+                .chars()
+                .take_while(|c| !c.is_whitespace() && !matches!(c, '`' | '"' | '\''))
+                .collect();
+            out.push((here, method.to_string(), path));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_documented_admin_commands_carry_the_token_and_work_with_and_without_one() {
+    let commands = documented_admin_commands();
+    assert!(commands.len() >= 6, "{commands:?}");
+    let template = rule("template_send").matching("/cgi-bin/message/template/send").limit(100, "day");
+    let mock = MockWeChat::start().await;
+    // With a token (a container's or a pod's config), the header as the docs
+    // expand it; without one (loopback), the same header, empty, is ignored.
+    for (token, header) in [(Some("tok-docs"), "Bearer tok-docs"), (None, "Bearer")] {
+        let mut config = ConfigToml::new(&mock.url()).with(template.clone());
+        if let Some(token) = token {
+            config = config.server("admin_token", token);
+        }
+        let gate = Gate::start_text(config).await;
+        for (here, method, path) in &commands {
+            let a = admin_as(gate.admin_addr(), method, path, &[("authorization", header)]).await;
+            assert_eq!(a.status, 200, "{here}: {method} {path} with token {token:?}: {}", a.text());
+        }
+    }
 }

@@ -322,6 +322,42 @@ async fn the_access_log_names_the_caller() {
     assert_eq!(callers, ["hr", "default"]);
 }
 
+#[tokio::test]
+async fn the_access_log_shows_the_metrics_label_of_each_caller() {
+    // A declared caller, an undeclared one and none: the log keeps the name
+    // a call gave and adds the label its metrics carry (`other` for every
+    // undeclared caller), so a log line leads to its series.
+    let mock = MockWeChat::start().await;
+    let text = ConfigToml::new(&mock.url()).with("[log]\nformat = \"json\"\n").with(send_rule()).with(caller("hr"));
+    let gate = support::process::spawn(&text.to_string(), "callers-label", &[]).expect("serving");
+    let url = format!("http://{}{SEND}", gate.addr);
+    for name in [Some("hr"), Some("marketing"), None] {
+        let mut req = http::Request::get(&url);
+        if let Some(name) = name {
+            req = req.header("x-wx-caller", name);
+        }
+        assert_eq!(send(req.body(Default::default()).expect("request")).await.status, 200);
+    }
+    let logged = eventually_some("three access log lines", Duration::from_secs(5), || {
+        let lines: Vec<serde_json::Value> = gate
+            .logged()
+            .lines()
+            .filter(|l| l.contains("wxgate::access"))
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        (lines.len() == 3)
+            .then(|| lines.iter().map(|v| (v["caller"].clone(), v["caller_label"].clone())).collect::<Vec<_>>())
+    })
+    .await;
+    let want = [("hr", "hr"), ("marketing", "other"), ("default", "other")]
+        .map(|(c, l)| (serde_json::Value::from(c), serde_json::Value::from(l)));
+    assert_eq!(logged, want);
+    for (label, calls) in [("hr", 1.0), ("other", 2.0)] {
+        let series = caller_calls(label, "forwarded");
+        assert_eq!(gate.metric(&series).await, Some(calls), "{series}");
+    }
+}
+
 /// The same through a real wxgate process (the binary as deployed): its
 /// guard refuses a flood in the process, and Redis runs nothing for it.
 #[tokio::test]

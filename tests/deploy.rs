@@ -632,6 +632,30 @@ fn probe_without_url_asks_the_configs_admin_listener_and_never_exits_2() {
     assert!(said.contains("admin_listen is off"), "{said}");
 }
 
+#[test]
+fn probe_works_in_a_directory_without_a_config() {
+    // No rules.toml here and none named: wxgate's default admin listener,
+    // not "invalid config". Whether something answers on 127.0.0.1:9090 on
+    // this machine is not this test's business: the URL asked is.
+    let dir = TempDir::new("probe-anywhere");
+    let (code, out, err) = process::run_in(dir.path(), &["probe", "--timeout", "1s"], &[]);
+    let said = format!("{out}{err}");
+    assert_eq!(said.trim_end().lines().count(), 1, "one line: {said:?}");
+    assert!(said.contains("http://127.0.0.1:9090/readyz"), "{said}");
+    assert!(!said.contains("invalid config"), "{said}");
+    assert!(code == 0 || said.contains("give --url or --config"), "{code}: {said}");
+
+    // A config that is named must exist: the probe says which one it missed.
+    for (args, env) in [
+        (vec!["probe", "--config", "wxgate.toml"], vec![]),
+        (vec!["probe"], vec![("WXGATE_CONFIG", "/etc/wxgate/no-such.toml")]),
+    ] {
+        let (code, out, err) = process::run_in(dir.path(), &args, &env);
+        assert_eq!(code, 1, "{args:?} {env:?}: {out}{err}");
+        assert!(err.contains("invalid config") && err.contains("cannot read"), "{args:?} {env:?}: {err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_says_1_while_wxgate_cannot_decide() {
     // Redis away and fallback = "deny": /readyz is 503, so the container is unhealthy.

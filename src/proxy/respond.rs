@@ -46,6 +46,9 @@ pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
             rule,
             account = %call.who.account,
             caller = %call.who.caller.name,
+            // Its metrics label: the declared name, or `other` (so a log
+            // line of `caller=default` is found under `caller="other"`).
+            caller_label = call.who.caller.entry.label(),
             outcome = call.outcome.as_str(),
             status = status.as_u16(),
             errcode = call.errcode,

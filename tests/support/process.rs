@@ -249,8 +249,13 @@ fn command() -> Command {
 
 /// Runs `wxgate <args>` to completion in the crate's directory: exit code, stdout, stderr.
 pub fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    run_in(Path::new(env!("CARGO_MANIFEST_DIR")), args, env)
+}
+
+/// [`run`] in the directory `dir` (e.g. one without a rules.toml).
+pub fn run_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = command();
-    cmd.args(args).stdin(Stdio::null());
+    cmd.current_dir(dir).args(args).stdin(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
