@@ -1,5 +1,5 @@
 //! `[store] instances` from heartbeats: the wxgate instances sharing one
-//! Redis count each other (lua/heartbeat.lua), so that when Redis goes away
+//! Redis count each other (heartbeats in Redis), so that when Redis goes away
 //! the local fallback of each decides with its share of every limit
 //! without a hand-kept number; `instances` is a floor. Real wxgate
 //! processes and a real redis-server.

@@ -423,12 +423,33 @@ impl RedisStore {
         Ok(Epoch { value, created, now })
     }
 
-    /// This instance's heartbeat (lua/heartbeat.lua): the number of
-    /// instances heard from within `ttl_us`, this one included.
+    /// This instance's heartbeat: its id and Redis `TIME` (µs) in the
+    /// sorted set `<prefix>:#instances`, those older than `ttl_us` taken
+    /// out, in one MULTI; the number of instances heard from within
+    /// `ttl_us`, this one included. Plain commands, not a script: a
+    /// background chore, never a decision.
     pub async fn heartbeat(&self, ttl_us: Micros) -> Result<u32, StoreError> {
-        let mut inv = protocol::HEARTBEAT.key(self.keys.instances());
-        inv.arg(self.now_arg()).arg(self.keys.inst()).arg(ttl_us);
-        let live: i64 = self.run(inv).await?;
+        let now: Micros = match &self.fixed_clock {
+            Some(clock) => clock.now_us(),
+            None => {
+                let (secs, micros): (i64, i64) = self.query(redis::cmd("TIME")).await?;
+                secs.saturating_mul(1_000_000).saturating_add(micros)
+            }
+        };
+        let key = self.keys.instances();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .zadd(&key, self.keys.inst(), now)
+            .ignore()
+            .zrembyscore(&key, "-inf", format!("({}", now.saturating_sub(ttl_us)))
+            .ignore()
+            .pexpire(&key, ttl_us.div_euclid(1000).saturating_mul(2))
+            .ignore()
+            .zcard(&key);
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, pipe.query_async::<(i64,)>(&mut conn)).await;
+        let (live,) = self.outcome(lane, result)?;
         Ok(u32::try_from(live).unwrap_or(u32::MAX).max(1))
     }
 

@@ -72,7 +72,7 @@ const RECENT_MAX: usize = 256;
 const PRUNE_EVERY: u32 = 100;
 /// How often (in ticks) the access-token key is asked for until it is read.
 const KEY_EVERY: u32 = 10;
-/// Ticks between two heartbeats (lua/heartbeat.lua): 2 s.
+/// Ticks between two heartbeats (`RedisStore::heartbeat`): 2 s.
 const HEARTBEAT_EVERY: u32 = 20;
 /// How long a heartbeat counts an instance: an instance gone (scaled down,
 /// killed) stops counting after this long.

@@ -57,7 +57,6 @@ scripts! {
     WARM = "warm.lua",
     CLEAR = "clear.lua",
     EPOCH = "epoch.lua",
-    HEARTBEAT = "heartbeat.lua",
     RECONCILE = "reconcile.lua",
     LEARN_TOKEN = "learn_token.lua",
     TOKEN_OWNER = "token_owner.lua",
@@ -138,7 +137,8 @@ impl Keys {
         self.account_key(account, &["#warm"])
     }
 
-    /// `<prefix>:#instances`: the instances heard from (lua/heartbeat.lua).
+    /// `<prefix>:#instances`: the instances heard from, by id, scored by
+    /// when (`RedisStore::heartbeat`).
     pub fn instances(&self) -> String {
         format!("{}:#instances", self.prefix)
     }
