@@ -452,8 +452,11 @@ fn objects<'a>(docs: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
 }
 
 /// Checks every wxgate container of `path` against the config its ConfigMap
-/// holds: the config passes `wxgate check`; ports, probes, mount, token,
-/// `[store] instances` and the Redis Service agree with it.
+/// holds: the config passes `wxgate check` and has a `default` rule; ports,
+/// probes, mount, the admin token and the token key (both from a Secret),
+/// and the Redis Service agree with it; `[store] instances` is left to the
+/// heartbeats; a wxgate beside another container is a native sidecar
+/// (an init container with `restartPolicy: Always` and a startup probe).
 fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
     let docs = yaml(path);
     let config_path = image_config_path();
@@ -462,11 +465,20 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
     for deployment in objects(&docs, "Deployment") {
         let pod = &deployment["spec"]["template"]["spec"];
         let replicas = deployment["spec"]["replicas"].as_i64().expect("replicas");
-        for c in pod["containers"].as_vec().expect("containers") {
+        let init = pod["initContainers"].as_vec().map_or(&[][..], |v| &v[..]);
+        let main = pod["containers"].as_vec().expect("containers");
+        for c in init.iter().chain(main) {
             if c["image"].as_str() != Some(IMAGE) {
                 continue;
             }
             containers += 1;
+            if main.iter().any(|m| m["image"].as_str() != Some(IMAGE)) {
+                assert!(
+                    init.iter().any(|i| std::ptr::eq(i, c)) && c["restartPolicy"].as_str() == Some("Always"),
+                    "{path}: wxgate beside a service is a native sidecar (initContainers, restartPolicy: Always)"
+                );
+                assert_eq!(c["startupProbe"]["httpGet"]["path"].as_str(), Some("/readyz"), "{path}: startupProbe");
+            }
             let args = strings(&c["args"], "args");
             assert!(args.is_empty() || args == ["--config", config_path.as_str()], "{path}: args {args:?}");
             // The ConfigMap mounted over the image's config directory.
@@ -523,10 +535,21 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
                 );
             }
             assert_eq!(c["securityContext"]["runAsNonRoot"].as_bool(), Some(true), "{path}");
-            assert_eq!(
-                config["store"]["instances"].as_integer(),
-                Some(replicas),
-                "{path}: [store] instances = replicas"
+            assert!(replicas >= 1, "{path}: replicas");
+            assert!(
+                config["store"].get("instances").is_none(),
+                "{path}: [store] instances is counted from heartbeats, not kept by hand"
+            );
+            let env = c["env"].as_vec().expect("env");
+            assert!(
+                env.iter().any(|e| e["name"].as_str() == Some("WXGATE_TOKEN_KEY")
+                    && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
+                "{path}: WXGATE_TOKEN_KEY from a Secret (the shared token cache)"
+            );
+            let rules = config["rule"].as_array().expect("[[rule]]");
+            assert!(
+                rules.iter().any(|r| r["name"].as_str() == Some("default")),
+                "{path}: a `default` rule (every other API: penalties only)"
             );
             let url: http::Uri = config["store"]["url"].as_str().expect("[store] url").parse().expect("URL");
             assert!(redis_services.contains(url.host().expect("host")), "{path}: Redis {url} is a Service");
@@ -567,8 +590,16 @@ fn the_kubernetes_files_run_the_image_on_configs_that_pass_check() {
     assert_eq!(redis.len(), 1, "kubernetes-egress.yaml has one Redis Service");
     assert_eq!(check_kubernetes("deploy/kubernetes-sidecar.yaml", &redis), 1);
     assert_eq!(check_kubernetes("deploy/kubernetes-egress.yaml", &redis), 1);
-    let replicas = objects(&egress, "Deployment")[0]["spec"]["replicas"].as_i64();
+    let deployment = objects(&egress, "Deployment")[0];
+    let replicas = deployment["spec"]["replicas"].as_i64();
     assert!(replicas >= Some(2), "the shared egress runs 2+ replicas");
+    let proxy = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(!proxy["lifecycle"]["preStop"].is_badvalue(), "the egress drains (preStop) before it stops accepting");
+    let policies = objects(&egress, "NetworkPolicy");
+    assert!(
+        policies.iter().any(|p| p["spec"]["podSelector"]["matchLabels"]["app"].as_str() == Some("wxgate-egress")),
+        "a NetworkPolicy narrows who reaches the shared egress"
+    );
 }
 
 /// Runs `wxgate probe <args>`: exit code and the one line it wrote.
