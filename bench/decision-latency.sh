@@ -12,7 +12,7 @@
 # LAT_CONNECTIONS (64), LAT_PACE_MS (7), LAT_DURATION (10 s), LAT_PORT_BASE
 # (19980) and up, all on 127.0.0.1; BENCH_BIN (default target/profiling/wxgate,
 # built). The decision percentiles are bucket upper bounds (the histogram's
-# buckets double from 50 µs). Needs nginx, redis-server, redis-cli, wrk,
+# buckets: 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 50 ms; docs/metrics.md). Needs nginx, redis-server, redis-cli, wrk,
 # taskset, curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."

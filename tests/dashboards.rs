@@ -233,38 +233,63 @@ fn alerts() -> Vec<Alert> {
     out
 }
 
-/// A live wxgate after calls forwarded, refused by a limit, answered 45009
-/// by WeChat (and then refused by the penalty), and a refused reload: its
-/// `/metrics`.
+/// A live wxgate after a call that reached no upstream (refunded), calls
+/// forwarded (failing over from a closed first upstream), held for their
+/// slot, refused by a limit, answered 45009 by WeChat (and then refused by
+/// the penalty) and token errors, WeCom messages counted by recipient and
+/// one refused for a recipient, and a refused reload: its `/metrics`. A
+/// rule's histograms, its refunds and recipients and the errcodes the
+/// alerts do not count appear with their first event, so each is here.
 async fn live_metrics() -> String {
-    let mock = MockWeChat::start().await;
-    mock.respond(
-        |call| {
-            if call.path_and_query.starts_with("/cgi-bin/user/info") {
-                errcode_reply(45009)
-            } else {
-                ok_reply()
-            }
-        },
-    );
     let dir = TempDir::new("dashboards");
     // [intercept] on: its series exist from the start.
     let ca = support::intercept::TestCa::new();
-    // A closed first upstream: the first call fails over to the mock.
-    let closed = ports::ClosedPort::new();
-    let config = ConfigToml::upstreams(&[&format!("http://127.0.0.1:{}", closed.port), &mock.url()])
+    // A closed first upstream: calls fail over to the second, WeChat, which
+    // opens only after the first call (that one reaches neither).
+    let (closed, wechat) = (ports::ClosedPort::new(), ports::ClosedPort::new());
+    let recipients = "[[rule]]\nname = \"message\"\nmatch = [\"/cgi-bin/message/send\"]\nlimits = [{ count = 100, per = \"day\" }]\n\
+                      cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\n\
+                      per_recipient = [{ count = 1, per = \"1m\", burst = 1 }]\n";
+    let config = ConfigToml::upstreams(&[&closed.url(), &wechat.url()])
         .with(rule("send").matching("/cgi-bin/message/template/send").limit_burst(2, "1m", 2))
+        .with(rule("shaped").matching("/cgi-bin/menu/create").limit_burst(1, "1m", 1).max_wait("2m"))
+        .with(recipients)
         .with(rule("default"))
-        .with(ca.section(&mock.url()))
+        .with(ca.section(&wechat.url()))
         .to_string();
     let path = dir.write("rules.toml", &config);
     let gate = Gate::start_file(&path).await;
     let send = "/cgi-bin/message/template/send?access_token=T";
+    assert_eq!(gate.get_as("wx1", send).await.status, 502, "no upstream answers: refunded");
+    let mock = wechat.open();
+    mock.respond(|call| {
+        let p = &call.path_and_query;
+        match ["40001", "40014", "42001"].iter().find(|c| p.ends_with(&format!("errcode={c}"))) {
+            Some(code) => errcode_reply(code.parse().expect("a number")),
+            None if p.starts_with("/cgi-bin/user/info") => errcode_reply(45009),
+            None => ok_reply(),
+        }
+    });
     assert_eq!(gate.get_as("wx1", send).await.status, 200);
     assert_eq!(gate.get_as("wx1", send).await.status, 200);
     assert_eq!(gate.get_as("wx1", send).await.status, 429, "the third call in a minute is refused");
+    for code in ["40001", "40014", "42001"] {
+        let token_error = gate.get_as("wx2", &format!("/cgi-bin/menu/get?access_token=T&errcode={code}")).await;
+        assert_eq!(token_error.status, 200, "WeChat's {code}, passed on");
+    }
     assert_eq!(gate.get_as("wx1", "/cgi-bin/user/info").await.status, 429, "WeChat's 45009");
     assert_eq!(gate.get_as("wx1", "/cgi-bin/user/info").await.status, 429, "the penalty");
+    let shaped = "/cgi-bin/menu/create?access_token=T";
+    assert_eq!(gate.get_as("wx1", shaped).await.status, 200);
+    let (held, ()) = tokio::join!(gate.get_as("wx1", shaped), async {
+        eventually("the second call is held", PATIENCE, || gate.held("wx1", "shaped") == 1).await;
+        gate.advance(std::time::Duration::from_secs(60));
+    });
+    assert_eq!(held.status, 200, "sent once its slot came");
+    let message = |to: &str| format!(r#"{{"touser":"{to}","msgtype":"text","agentid":1,"text":{{"content":"hi"}}}}"#);
+    let to = "/cgi-bin/message/send?access_token=T";
+    assert_eq!(gate.post_as("wx1", to, &message("a|b")).await.status, 200);
+    assert_eq!(gate.post_as("wx1", to, &message("a")).await.status, 429, "a's second message in a minute");
     dir.write("rules.toml", "[[rule]]\nname = \"broken\"\nlimits = [{ count = 0, per = \"day\" }\n");
     eventually("the refused reload", PATIENCE, || gate.reloads().1 >= 1).await;
     let metrics = get_at(gate.admin_addr(), "/metrics").await;

@@ -43,24 +43,24 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         Err(_) => started.elapsed_us(),
     };
     if let Some(m) = &call.route.metrics {
-        m.decision.observe(call.admission.decision_us as f64 / 1e6);
+        m.observe_decision(call.admission.decision_us as f64 / 1e6);
     }
     if let (Some(m), Err(crate::error::ProxyError::Throttled { reason: crate::limit::Reason::Recipient, .. })) =
         (&call.route.metrics, &admitted)
     {
-        m.recipient_refusals.inc();
+        m.recipient_refused();
     }
     let admitted = admitted?;
     if let (Some(m), Some(metered)) = (&call.route.metrics, &call.meter) {
         if call.config().rule_http(Some(&rule)).recipients.as_ref().is_some_and(|c| c.by_recipients) {
-            m.recipients.inc_by(metered.cost);
+            m.recipients(metered.cost);
         }
     }
     call.admission.held_us = admitted.held_us;
     if admitted.held_us > 0 {
         call.outcome = Outcome::held;
         if let Some(m) = &call.route.metrics {
-            m.hold.observe(admitted.held_us as f64 / 1e6);
+            m.observe_hold(admitted.held_us as f64 / 1e6);
         }
     }
     if admitted.degraded {

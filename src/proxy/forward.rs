@@ -110,7 +110,7 @@ fn upstream_of(app: &App, call: &Call, target: &PathAndQuery) -> Result<(Arc<Ups
 /// provably never reached WeChat gives back its admission.
 pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: PathAndQuery) -> Result<Forwarded, Early> {
     let Outgoing { upstream, req, resend } = outgoing;
-    let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight.clone()));
+    let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight()));
     let activity =
         call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
     let sent = Stopwatch::start();
@@ -118,7 +118,7 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     call.sent.upstream_us = sent.elapsed_us();
     call.sent.upstream = Some((upstream, tried));
     if let Some(m) = &call.route.metrics {
-        m.upstream.observe(call.sent.upstream_us as f64 / 1e6);
+        m.observe_upstream(call.sent.upstream_us as f64 / 1e6);
     }
     if let Err(e) = &resp {
         if e.never_sent() {
@@ -169,7 +169,7 @@ async fn give_back(app: &App, call: &Call) {
         Ok(given) => {
             if given {
                 if let Some(m) = &call.route.metrics {
-                    m.refunds.inc();
+                    m.refunded();
                 }
             }
             tracing::debug!(rule = %rule.name, account = %call.who.account, given, "the call never reached WeChat: its admission is given back");

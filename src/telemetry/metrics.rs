@@ -17,9 +17,9 @@ pub use labels::{
     Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel, TunnelLabels,
     UpstreamLabel, NO_RULE,
 };
-use register::{AccountSeries, CallSeries, CallerSeries, Histograms, InterceptSeries, StoreSeries};
-use series::KNOWN_ERRCODES;
+use register::{AccountSeries, CallSeries, CallerSeries, InterceptSeries, StoreSeries};
 pub use series::{CallerMetrics, MemoryStoreMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics};
+use series::{Histograms, RuleFamilies};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -155,43 +155,32 @@ impl Metrics {
             .clone()
     }
 
-    /// The series of one rule (created on first use, then shared).
+    /// The series of one rule (created on first use, then shared): those
+    /// the alerts count at once, the others on their first use
+    /// ([`RuleMetrics`]).
     pub fn rule(&self, name: &str) -> std::sync::Arc<RuleMetrics> {
         if let Some(m) = self.rules.read().unwrap_or_else(|e| e.into_inner()).get(name) {
             return m.clone();
         }
-        let rule = || RuleLabel { rule: name.to_owned() };
-        let m = std::sync::Arc::new(RuleMetrics {
-            calls: OUTCOMES
-                .iter()
-                .map(|&outcome| self.calls.get_or_create(&OutcomeLabels { rule: name.to_owned(), outcome }).clone())
-                .collect(),
-            errcodes: KNOWN_ERRCODES
-                .iter()
-                .map(|c| {
-                    let labels = ErrcodeLabels { rule: name.to_owned(), errcode: c.to_string() };
-                    self.upstream_errcodes.get_or_create(&labels).clone()
-                })
-                .collect(),
-            other_errcode: self
-                .upstream_errcodes
-                .get_or_create(&ErrcodeLabels { rule: name.to_owned(), errcode: "other".into() })
-                .clone(),
-            decision: self.decision_seconds.get_or_create(&rule()).clone(),
-            upstream: self.upstream_seconds.get_or_create(&rule()).clone(),
-            hold: self.hold_seconds.get_or_create(&rule()).clone(),
-            in_flight: self.in_flight.get_or_create(&rule()).clone(),
-            refunds: self.refunds.get_or_create(&rule()).clone(),
-            recipients: self.recipients.get_or_create(&rule()).clone(),
-            recipient_refusals: self.recipient_refusals.get_or_create(&rule()).clone(),
-        });
+        let families = RuleFamilies {
+            calls: self.calls.clone(),
+            errcodes: self.upstream_errcodes.clone(),
+            decision: self.decision_seconds.clone(),
+            upstream: self.upstream_seconds.clone(),
+            hold: self.hold_seconds.clone(),
+            in_flight: self.in_flight.clone(),
+            refunds: self.refunds.clone(),
+            recipients: self.recipients.clone(),
+            recipient_refusals: self.recipient_refusals.clone(),
+        };
+        let m = std::sync::Arc::new(RuleMetrics::new(name, families));
         self.rules.write().unwrap_or_else(|e| e.into_inner()).entry(name.into()).or_insert(m).clone()
     }
 
-    /// Creates the series of each of `rules` (and of calls without a rule)
-    /// at 0, so that the first 45009 or refusal of a rule is an increase an
-    /// alert sees, not a series that appears at 1. Called at start and on
-    /// each reload.
+    /// Creates the series the alerts count of each of `rules` (and of calls
+    /// without a rule) at 0, so that the first 45009 or refusal of a rule is
+    /// an increase an alert sees, not a series that appears at 1. Called at
+    /// start and on each reload.
     pub fn rules<'a>(&self, rules: impl IntoIterator<Item = &'a str>) {
         let _ = self.rule(NO_RULE);
         for name in rules {
@@ -232,5 +221,71 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::register::{DECISION_BUCKETS, HOLD_BUCKETS, UPSTREAM_BUCKETS};
+    use super::*;
+
+    fn lines_of(m: &Metrics, rule: &str) -> Vec<String> {
+        let needle = format!("rule=\"{rule}\"");
+        m.encode().lines().filter(|l| l.contains(&needle)).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn bucket_bounds_increase_and_reach_the_timeouts() {
+        for bounds in [&UPSTREAM_BUCKETS[..], &DECISION_BUCKETS[..], &HOLD_BUCKETS[..]] {
+            assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{bounds:?}");
+        }
+        // upstream_timeout's default, [store] timeout's default, the longest max_wait.
+        assert_eq!(UPSTREAM_BUCKETS.last(), Some(&10.0));
+        assert_eq!(DECISION_BUCKETS.last(), Some(&0.05));
+        assert_eq!(HOLD_BUCKETS.last(), Some(&300.0));
+    }
+
+    #[test]
+    fn a_rule_without_calls_has_only_the_series_the_alerts_count() {
+        let m = Metrics::new();
+        m.rules(["send"]);
+        let lines = lines_of(&m, "send");
+        assert_eq!(lines.len(), 9, "{lines:#?}");
+        for code in ["45009", "45011", "45033"] {
+            assert!(lines.iter().any(|l| l.contains(&format!("errcode=\"{code}\"")) && l.ends_with(" 0")), "{code}");
+        }
+        assert!(lines.iter().all(|l| !l.contains("_seconds")), "no histogram yet");
+    }
+
+    #[test]
+    fn series_appear_on_first_use_once_and_keep_counting() {
+        let m = Metrics::new();
+        let send = m.rule("send");
+        send.errcode(40001);
+        send.errcode(40001);
+        send.errcode(12345);
+        send.errcode(99999);
+        send.call(Outcome::cached);
+        send.observe_decision(0.000_01);
+        send.observe_upstream(0.2);
+        send.observe_upstream(0.2);
+        send.refunded();
+        let again = m.rule("send");
+        again.errcode(40001);
+        let text = m.encode();
+        let value = |series: &str| {
+            text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok()).unwrap_or(f64::NAN)
+        };
+        assert_eq!(value(r#"wxgate_upstream_errcodes_total{rule="send",errcode="40001"}"#), 3.0, "{text}");
+        assert_eq!(value(r#"wxgate_upstream_errcodes_total{rule="send",errcode="other"}"#), 2.0);
+        assert_eq!(value(r#"wxgate_calls_total{rule="send",outcome="cached"}"#), 1.0);
+        assert_eq!(value(r#"wxgate_upstream_seconds_count{rule="send"}"#), 2.0);
+        assert_eq!(value(r#"wxgate_upstream_seconds_bucket{le="0.25",rule="send"}"#), 2.0);
+        assert_eq!(value(r#"wxgate_upstream_seconds_bucket{le="0.1",rule="send"}"#), 0.0);
+        assert_eq!(value(r#"wxgate_decision_seconds_bucket{le="0.00005",rule="send"}"#), 1.0);
+        assert_eq!(value(r#"wxgate_refunds_total{rule="send"}"#), 1.0);
+        assert!(!text.contains("wxgate_hold_seconds"), "nothing held: {text}");
+        assert!(!text.contains("errcode=\"48001\""), "never answered");
+        assert!(!text.contains("outcome=\"held\""), "never held");
     }
 }
