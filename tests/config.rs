@@ -614,3 +614,72 @@ fn a_config_error_gives_its_file_line_table_and_field_as_fields() {
     assert_eq!((e.file, e.line, e.table, e.field), (missing, None, None, None));
     assert!(e.message.starts_with("cannot read: "), "{}", e.message);
 }
+
+/// `text` written as `rules.toml` in a scratch directory: `wxgate check`'s
+/// exit code, stdout and stderr, with the directory written `DIR`.
+fn check_text(tag: &str, text: &str, env: &[(&str, &str)]) -> (i32, String, String) {
+    let dir = support::TempDir::new(tag);
+    let path = dir.write("rules.toml", text);
+    let (code, stdout, stderr) = process::run(&["check", "--config", &path.display().to_string()], env);
+    let at = dir.path().display().to_string();
+    (code, stdout.replace(&at, "DIR"), stderr.replace(&at, "DIR"))
+}
+
+/// `text` refused by `wxgate check` (exit 2) and by start-up with the same
+/// message: that message's first line, the directory written `DIR`.
+fn refused_text(tag: &str, text: &str) -> String {
+    let dir = support::TempDir::new(tag);
+    let path = dir.write("rules.toml", text);
+    let path = path.display().to_string();
+    let (code, _, stderr) = wxgate(&["check", "--config", &path]);
+    assert_eq!(code, 2, "{tag}: check's exit code ({stderr})");
+    let (code, _, serve_err) = wxgate(&["--config", &path]);
+    assert_eq!((code, &serve_err), (2, &stderr), "{tag}: start-up");
+    stderr.lines().next().unwrap_or_default().replace(&dir.path().display().to_string(), "DIR")
+}
+
+const SEND_RULE: &str = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n";
+
+/// Issue 46: `per = "1M"` was a sliding window of 30.44 days (the parser's
+/// months) where a minute was as likely meant; `"1 week"` was told to
+/// write `per = "month"`; a `"1month"` window passed as if it were WeChat's
+/// calendar month. Every unit the shipped rules use still passes.
+#[test]
+fn window_units_are_unambiguous_and_the_hints_say_what_to_write() {
+    let limit = |per: &str| format!("{SEND_RULE}limits = [{{ count = 10, per = \"{per}\" }}]\n");
+    let cases = [
+        (
+            "1M",
+            "rule \"send\": limits[0]: per = \"1M\": the unit M is ambiguous (minutes or months): write per = \"1min\" \
+             (or \"1m\") for a one-minute window, or per = \"month\" for WeChat's calendar month",
+        ),
+        (
+            "1 week",
+            "rule \"send\": limits[0]: per = \"1 week\" is a sliding window of 7 x 24 hours: WeChat's quotas are per \
+             calendar day (per = \"day\") or month (per = \"month\"), none per 7 days; to mean a sliding window, write \
+             per = \"7d\" and give its burst too",
+        ),
+        (
+            "1month",
+            "rule \"send\": limits[0]: per = \"1month\" is a sliding window of 30.44 days, not a calendar month: \
+             WeChat's monthly quotas start again on the 1st, so write per = \"month\"",
+        ),
+    ];
+    for (per, want) in cases {
+        assert_eq!(
+            refused_text("per", &limit(per)),
+            format!("wxgate: invalid config: DIR/rules.toml:4: {want}"),
+            "{per}"
+        );
+    }
+    // M is ambiguous in every duration, not only a window.
+    assert_eq!(
+        refused_text("per", "[server]\nupstream_timeout = \"1M\"\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream_timeout: \"1M\": the unit M is ambiguous \
+         (minutes or months): write \"1min\" (or \"1m\") for minutes, \"30d\" for days"
+    );
+    for per in ["1s", "10s", "1m", "1min", "2 min", "1h", "2h", "day", "month"] {
+        let (code, _, stderr) = check_text("per-ok", &limit(per), &[]);
+        assert_eq!(code, 0, "{per}: {stderr}");
+    }
+}
