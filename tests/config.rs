@@ -683,3 +683,21 @@ fn window_units_are_unambiguous_and_the_hints_say_what_to_write() {
         assert_eq!(code, 0, "{per}: {stderr}");
     }
 }
+
+/// Issue 46: a pattern with uppercase letters was accepted, though every
+/// call whose path has one is refused (400) before a rule is looked up.
+#[test]
+fn a_match_pattern_no_call_path_can_have_is_refused_saying_why() {
+    let rule = |pattern: &str| format!("[[rule]]\nname = \"send\"\nmatch = [\"{pattern}\"]\n");
+    assert_eq!(
+        refused_text("upper", &rule("/cgi-bin/Message/send")),
+        "wxgate: invalid config: DIR/rules.toml:3: rule \"send\": match \"/cgi-bin/Message/send\": has uppercase \
+         letters, so it can never match: WeChat's API paths are lowercase, and wxgate refuses a call whose path has \
+         uppercase letters (400) before any rule is looked up; write \"/cgi-bin/message/send\""
+    );
+    assert_eq!(
+        refused_text("semicolon", &rule("/cgi-bin/send;x")),
+        "wxgate: invalid config: DIR/rules.toml:3: rule \"send\": match \"/cgi-bin/send;x\": can never match: this \
+         path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)"
+    );
+}
