@@ -701,3 +701,27 @@ fn a_match_pattern_no_call_path_can_have_is_refused_saying_why() {
          path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)"
     );
 }
+
+/// Issue 46: `upstream = "http://127.0.0.1:9999/cgi-bin/"` made WeChat (the
+/// simulator) get `/cgi-bin/cgi-bin/...`. A path prefix of another kind (a
+/// relay's) stays allowed.
+#[test]
+fn an_upstream_holding_wechats_api_path_is_refused_naming_the_field() {
+    assert_eq!(
+        refused_text("upstream", "[server]\nupstream = \"http://127.0.0.1:9999/cgi-bin/\"\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream: \"http://127.0.0.1:9999/cgi-bin/\": the path \
+         \"/cgi-bin/\" is part of WeChat's API paths, which every call's path already starts with (the upstream's \
+         path is put before it: WeChat would get /cgi-bin/cgi-bin/...); give \"http://127.0.0.1:9999\""
+    );
+    assert_eq!(
+        refused_text(
+            "upstream",
+            "[server]\nupstream = [\"https://relay.example/wx\", \"https://relay2.example/sns\"]\n"
+        ),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream[1]: \"https://relay2.example/sns\": the path \
+         \"/sns\" is part of WeChat's API paths, which every call's path already starts with (the upstream's path is \
+         put before it: WeChat would get /sns/sns/...); give \"https://relay2.example\""
+    );
+    let (code, _, stderr) = check_text("relay", "[server]\nupstream = \"https://relay.example/wx\"\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+}

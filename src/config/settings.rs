@@ -372,5 +372,17 @@ pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, Invalid> {
     if uri.query().is_some() {
         return Err(Invalid::new("must not have a query string"));
     }
+    if let Some(root) = uri.path().split('/').find(|segment| API_ROOTS.contains(segment)) {
+        let base = format!("{}://{}", uri.scheme_str().unwrap_or("https"), uri.authority().map_or("", |a| a.as_str()));
+        return Err(Invalid::new(format!(
+            "the path \"{}\" is part of WeChat's API paths, which every call's path already starts with (the \
+             upstream's path is put before it: WeChat would get /{root}/{root}/...); give \"{base}\"",
+            uri.path()
+        )));
+    }
     Ok(uri)
 }
+
+/// The first segments of WeChat's and WeCom's API paths: an upstream
+/// whose path holds one would have it twice in every call's path.
+const API_ROOTS: [&str; 6] = ["cgi-bin", "sns", "wxa", "wxaapi", "customservice", "datacube"];
