@@ -12,7 +12,7 @@ fn wxgate(args: &[&str]) -> (i32, String, String) {
 fn bad_configs_are_refused_with_file_line_rule_and_field() {
     let cases = [
         ("burst_exceeds_count", "burst_exceeds_count.toml:4: rule \"send\": limits[0]: burst 40 exceeds count 30"),
-        ("misspelled_key", "misspelled_key.toml:4: rule \"send\": limit: unknown key; expected one of `name`, `match`, `limits`"),
+        ("misspelled_key", "misspelled_key.toml:4: rule \"send\": limit: unknown key; did you mean `limits`? (expected one of `name`, `match`, `limits`"),
         (
             "duplicate_pattern",
             "duplicate_pattern.toml:7: rules \"a\" and \"b\" both claim the path pattern \"/cgi-bin/message/*\"",
@@ -56,10 +56,10 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
         ("store_batch_string", "store_batch_string.toml:3: [store] batch: expected true or false, got the string \"yes\""),
         (
             "unknown_server_key",
-            "unknown_server_key.toml:3: [server] worker: unknown key; expected one of `listen`, `upstream`, \
+            "unknown_server_key.toml:3: [server] worker: unknown key; did you mean `workers`? (expected one of `listen`, `upstream`, \
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
-             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`",
+             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`)",
         ),
         (
             "match_string",
@@ -724,4 +724,26 @@ fn an_upstream_holding_wechats_api_path_is_refused_naming_the_field() {
     );
     let (code, _, stderr) = check_text("relay", "[server]\nupstream = \"https://relay.example/wx\"\n", &[]);
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// Issue 46: `max_wiat` got the whole key list and no suggestion.
+#[test]
+fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
+    assert_eq!(
+        refused_text("typo", &format!("{SEND_RULE}max_wiat = \"1s\"\n")),
+        "wxgate: invalid config: DIR/rules.toml:4: rule \"send\": max_wiat: unknown key; did you mean `max_wait`? \
+         (expected one of `name`, `match`, `limits`, `max_wait`, `warmup`, `concurrency`, `mode`, `throttle_status`, \
+         `scope`, `reserve`, `max_share`, `quota_sync`, `cost`, `recipients`, `per_recipient`)"
+    );
+    assert_eq!(
+        refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),
+        "wxgate: invalid config: DIR/rules.toml:3: [store] instanses: unknown key; did you mean `instances`? \
+         (expected one of `url`, `lease`, `username`, `tls_ca`, `key_prefix`, `timeout`, `wait_replicas`, \
+         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`)"
+    );
+    // Nothing near: the list alone.
+    assert_eq!(
+        refused_text("typo", "[log]\nverbosity = 3\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [log] verbosity: unknown key; expected `format` or `access`"
+    );
 }
