@@ -747,3 +747,73 @@ fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
         "wxgate: invalid config: DIR/rules.toml:2: [log] verbosity: unknown key; expected `format` or `access`"
     );
 }
+
+/// Issue 46: an account listed twice was told to "give each its own name".
+#[test]
+fn an_account_listed_twice_is_named_with_the_line_of_the_other() {
+    let dir = support::TempDir::new("account-twice");
+    let secret = dir.write_secret("secret", "0123456789abcdef0123456789abcdef");
+    let account = |extra: &str| {
+        format!(
+            "[[account]]\nid = \"wx1234567890abcdef\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n{extra}",
+            secret.display()
+        )
+    };
+    let text = format!("[server]\nlisten = \"127.0.0.1:0\"\n\n{}\n{}", account(""), account(""));
+    let path = dir.write("rules.toml", &text);
+    let (code, _, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "wxgate: invalid config: {}:9: [[account]] \"wx1234567890abcdef\": this account is listed twice: the \
+             [[account]] at line 4 has the same id; keep one of them",
+            path.display()
+        )
+    );
+    // Two accounts given one name: each needs its own.
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n{}\n{}",
+        account("name = \"shop\"\n"),
+        account("name = \"shop\"\n").replace("wx1234567890abcdef", "wxfedcba0987654321")
+    );
+    dir.write("rules.toml", &text);
+    let (code, _, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "wxgate: invalid config: {}:10: [[account]] \"wxfedcba0987654321\": the [[account]] at line 4 is also \
+             named \"shop\": give each its own name (two apps of one corpid need one each)",
+            path.display()
+        )
+    );
+}
+
+/// Issue 46: a caller granted several accounts whose call named none got
+/// `may not spend account "default"`, with no word on how to name one.
+#[tokio::test]
+async fn a_call_naming_no_account_of_a_caller_granted_several_is_told_how_to_name_one() {
+    use support::{caller, rule, ConfigToml, Gate, MockWeChat};
+    const KEY: &str = "orders-key-0123456789abcdef";
+    let digest: String = wxgate::config::KeyDigest::of(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let mock = MockWeChat::start().await;
+    let orders = caller("orders").set("key_sha256", digest).set("accounts", vec!["wxA", "wxB"]);
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(orders)
+        .with(rule("send").matching("/cgi-bin/message/custom/send").limit(10, "day"));
+    let gate = Gate::start_text(config).await;
+    let bearer = format!("Bearer {KEY}");
+    let a = gate.get_with("/cgi-bin/message/custom/send?access_token=T", &[("authorization", &bearer)]).await;
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(
+        a.json()["errmsg"],
+        "wxgate: caller \"orders\" may not spend account \"default\", the account of a call that names none; it is \
+         granted wxA, wxB: name one with the X-Wx-Account header or an @account path prefix (/@wxA/cgi-bin/...)"
+    );
+    // Named, it goes through.
+    let named = [("authorization", bearer.as_str()), ("x-wx-account", "wxB")];
+    assert_eq!(gate.get_with("/cgi-bin/message/custom/send?access_token=T", &named).await.status, 200);
+    assert_eq!(mock.count(), 1);
+}

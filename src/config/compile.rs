@@ -106,7 +106,8 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     check_caller_auth(&server, &callers, caller_spans, ctx)?;
     let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
-    let accounts = super::accounts::compile(raw.account, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
+    let accounts =
+        super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
     let unruled_http =
         RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None };
