@@ -790,6 +790,25 @@ fn an_account_listed_twice_is_named_with_the_line_of_the_other() {
     );
 }
 
+/// Issue 46 item 8: `state_file` (and `[tokens] key_file`, `upstream_ca`)
+/// were relative to the working directory, every other path to the
+/// config file's.
+#[test]
+fn every_path_in_the_config_is_relative_to_its_directory() {
+    use wxgate::config::{Config, StoreConfig};
+    let dir = support::TempDir::new("relative-paths");
+    std::fs::create_dir_all(dir.join("state")).expect("mkdir");
+    dir.write_secret("token.key", &"ab".repeat(32));
+    dir.write("ca.pem", &support::pki::pki(&["127.0.0.1"]).ca_pem);
+    let text = "[server]\nupstream_ca = \"ca.pem\"\n\n[store]\nstate_file = \"state/wx.json\"\n\n[tokens]\nkey_file = \"token.key\"\n";
+    let path = dir.write("rules.toml", text);
+    let config = Config::load(&path).expect("config");
+    let StoreConfig::Memory(m) = &config.store else { panic!("memory") };
+    assert_eq!(m.state_file.as_deref(), Some(dir.join("state/wx.json").as_path()));
+    assert_eq!(config.tokens.key_file.as_deref(), Some(dir.join("token.key").as_path()));
+    assert_eq!(config.server.upstream_ca.as_deref(), Some(dir.join("ca.pem").as_path()));
+}
+
 /// Issue 46: a caller granted several accounts whose call named none got
 /// `may not spend account "default"`, with no word on how to name one.
 #[tokio::test]

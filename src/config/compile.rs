@@ -85,7 +85,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         }
     };
     let log = compile_log(&raw.log).map_err(|e| ctx.in_table(e))?;
-    let server = settings::server(raw.server).map_err(|e| ctx.in_table(e))?;
+    let server = settings::server(raw.server, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let store = RawStore::read(raw.store, ctx)?;
     let lease = match store.lease() {
         None => DEFAULT_LEASE,
@@ -99,7 +99,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,
     };
-    let tokens = compile_tokens(&raw.tokens).map_err(|e| ctx.in_table(e))?;
+    let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let rules = Rules::compile(raw.rule, all_shadow, &server, ctx)?;
     let caller_spans: Vec<Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
     let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
@@ -333,7 +333,7 @@ fn first_exact(patterns: &[Pattern]) -> Option<String> {
 }
 
 /// `[tokens]`.
-fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, Invalid> {
+fn compile_tokens(raw: &RawTokens, dir: Option<&Path>) -> Result<TokensConfig, Invalid> {
     let defaults = TokensConfig::default();
     let min_ttl = match raw.min_ttl.as_deref() {
         None => defaults.min_ttl,
@@ -349,7 +349,8 @@ fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, Invalid> {
     if wait < Duration::from_secs(1) || wait > Duration::from_secs(120) {
         return Err(Invalid::at("[tokens]", "wait", "must be between 1s and 2m"));
     }
-    Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file: raw.key_file.clone() })
+    let key_file = raw.key_file.as_deref().map(|f| super::units::beside_config(dir, f));
+    Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file })
 }
 
 fn compile_log(raw: &RawLog) -> Result<LogConfig, Invalid> {

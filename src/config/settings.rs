@@ -38,10 +38,11 @@ const MAX_WINDOW_MARGIN: Duration = Duration::from_secs(2);
 const SERVER: &str = "[server]";
 
 /// `[server]`.
-pub(super) fn server(raw: RawServer) -> Result<Server, Invalid> {
+pub(super) fn server(raw: RawServer, dir: Option<&std::path::Path>) -> Result<Server, Invalid> {
     let (listen, admin_listen, admin_token) = listeners(&raw)?;
     let upstream = upstreams(raw.upstream.as_ref())?;
-    if let Some(ca) = &raw.upstream_ca {
+    let upstream_ca = raw.upstream_ca.as_deref().map(|ca| super::units::beside_config(dir, ca));
+    if let Some(ca) = &upstream_ca {
         if !ca.is_file() {
             return Err(Invalid::at(SERVER, "upstream_ca", format!("{} is not a readable file", ca.display())));
         }
@@ -67,7 +68,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, Invalid> {
         upstream,
         upstream_timeout: timing.upstream,
         body_timeout: timing.body,
-        upstream_ca: raw.upstream_ca,
+        upstream_ca,
         quota_offset_us,
         max_held: raw.max_held.unwrap_or(DEFAULT_MAX_HELD),
         shutdown_timeout: timing.shutdown,
