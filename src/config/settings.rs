@@ -274,6 +274,7 @@ fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
         None => return parse_upstream(DEFAULT_UPSTREAM).map(|u| Upstreams(vec![u])),
         Some(RawUpstream::One(text)) => {
             let uri = parse_upstream(text)
+                .and_then(not_an_api_path)
                 .map_err(|e| e.field(format!("\"{}\"", shown(text))).field("upstream").table(SERVER))?;
             return Ok(Upstreams(vec![uri]));
         }
@@ -299,6 +300,7 @@ fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
     for (i, text) in list.iter().enumerate() {
         let field = format!("upstream[{i}]");
         let uri = parse_upstream(text)
+            .and_then(not_an_api_path)
             .map_err(|e| e.field(format!("\"{}\"", shown(text))).field(field.as_str()).table(SERVER))?;
         if let Some(j) = uris.iter().position(|u| same_host(u, &uri)) {
             return Err(Invalid::at(SERVER, field, format!("\"{text}\": the same host and port as upstream[{j}]")));
@@ -373,6 +375,13 @@ pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, Invalid> {
     if uri.query().is_some() {
         return Err(Invalid::new("must not have a query string"));
     }
+    Ok(uri)
+}
+
+/// `[server] upstream`'s path, if any, is put before every call's path:
+/// refused when it holds a segment where WeChat's API paths start
+/// (`http://host/cgi-bin/` would send `/cgi-bin/cgi-bin/...`).
+fn not_an_api_path(uri: http::Uri) -> Result<http::Uri, Invalid> {
     if let Some(root) = uri.path().split('/').find(|segment| API_ROOTS.contains(segment)) {
         let base = format!("{}://{}", uri.scheme_str().unwrap_or("https"), uri.authority().map_or("", |a| a.as_str()));
         return Err(Invalid::new(format!(
