@@ -790,9 +790,123 @@ fn an_account_listed_twice_is_named_with_the_line_of_the_other() {
     );
 }
 
+/// An `[[account]]` over Redis (which no test here reaches: port 1), its
+/// secret from `WXGATE_TEST_SECRET`.
+const ACCOUNT_OVER_REDIS: &str = "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nkind = \"redis\"\n\
+    url = \"redis://:hunter2@127.0.0.1:1/0\"\ninstances = 2\n\n[[account]]\nid = \"wx1234567890abcdef\"\n\
+    kind = \"official_account\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
+const TEST_SECRET: (&str, &str) = ("WXGATE_TEST_SECRET", "0123456789abcdef0123456789abcdef");
+const NEEDS_CACHE: &str = "[[account]] needs the token cache: [tokens] cache is off (or, over Redis, no token key: \
+    set WXGATE_TOKEN_KEY or [tokens] key_file, the same on every instance)";
+
+/// Issue 46: an `[[account]]` over Redis without a token key passed
+/// `wxgate check` ("ok") and start-up exited 1. `check` builds what
+/// start-up builds: what fails whatever the environment is an error (exit
+/// 2); the token key, which the serving environment alone usually holds
+/// (a Secret a check in CI cannot see), is a warning naming what start-up
+/// needs. And check prints the effective store and token cache.
+#[test]
+fn check_fails_what_start_up_fails_and_warns_of_what_only_the_serving_environment_can_give() {
+    let (code, stdout, stderr) = check_text("key-elsewhere", ACCOUNT_OVER_REDIS, &[TEST_SECRET]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "wxgate: warning: WXGATE_TOKEN_KEY is not set here and [tokens] key_file is not given, so start-up here \
+             fails (exit 1): \"{NEEDS_CACHE}\"; set WXGATE_TOKEN_KEY (the same on every instance) where wxgate runs\n"
+        )
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    assert!(
+        lines.contains(
+            &"store redis at redis://127.0.0.1:1/0, key prefix \"wxgate\": limits shared by every instance; while \
+              Redis cannot answer, each instance decides alone with 1/2 of each limit (instances 2)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        lines.contains(
+            &"tokens: cache on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set (not set here); \
+              min_ttl 5m, wait 15s"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("hunter2") && !stderr.contains("hunter2"), "no password printed");
+
+    // Start-up here fails as the warning says.
+    let dir = support::TempDir::new("key-elsewhere-start");
+    let path = dir.write("rules.toml", ACCOUNT_OVER_REDIS);
+    let (code, _, stderr) = process::run(&["--config", &path.display().to_string()], &[TEST_SECRET]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.trim_end().ends_with(&format!("wxgate: {NEEDS_CACHE}")), "{stderr}");
+
+    // With the key: no warning; the cache is shared.
+    let key = "ab".repeat(32);
+    let (code, stdout, stderr) =
+        check_text("key-here", ACCOUNT_OVER_REDIS, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(stdout.starts_with("DIR/rules.toml: ok\n"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "tokens: cache on, shared by every instance through Redis (sealed with the token key); min_ttl 5m"
+        ),
+        "{stdout}"
+    );
+
+    // What fails wherever wxgate starts is an error.
+    let (code, _, stderr) =
+        check_text("key-bad", ACCOUNT_OVER_REDIS, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", "not-a-key")]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("wxgate: invalid config: DIR/rules.toml: WXGATE_TOKEN_KEY: "), "{stderr}");
+    let off = format!("{ACCOUNT_OVER_REDIS}\n[tokens]\ncache = false\n");
+    let (code, _, stderr) = check_text("cache-off", &off, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr), (2, format!("wxgate: invalid config: DIR/rules.toml: {NEEDS_CACHE}\n")));
+    let (code, _, stderr) = check_text(
+        "key-file-missing",
+        &format!("{ACCOUNT_OVER_REDIS}\n[tokens]\nkey_file = \"token.key\"\n"),
+        &[TEST_SECRET],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("wxgate: invalid config: DIR/rules.toml: [tokens] key_file: DIR/token.key"), "{stderr}");
+
+    // Without an [[account]], the shared token cache is off where no key is set: said.
+    let no_account = &ACCOUNT_OVER_REDIS[..ACCOUNT_OVER_REDIS.find("[[account]]").unwrap_or(0)];
+    let (code, stdout, stderr) = check_text("cache-elsewhere", no_account, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        "wxgate: warning: [tokens]: the token cache is off over Redis unless WXGATE_TOKEN_KEY is set where wxgate \
+         runs (it is not set here, and [tokens] key_file is not given): without it every instance fetches its own \
+         access tokens, and each fetch invalidates the others' five minutes later\n"
+    );
+    assert!(stdout.contains("tokens: cache on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set"));
+}
+
+/// Issue 46: the docs say in bold to set `[store] instances` with Redis;
+/// `check` said nothing when it was missing.
+#[test]
+fn a_redis_store_without_instances_is_a_warning() {
+    let key = "ab".repeat(32);
+    let text = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+    let (code, stdout, stderr) = check_text("instances", text, &[("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        "wxgate: warning: DIR/rules.toml:1: [store] instances: not set: while Redis cannot answer, each instance \
+         decides alone (fallback = \"local\") with the whole of every limit, as if it were the only one, so N \
+         instances admit up to N times each limit: set it to the number of wxgate instances\n"
+    );
+    assert!(stdout.starts_with("DIR/rules.toml: ok, 1 warning (on stderr)\n"), "{stdout}");
+    // A fallback that does not share limits out needs no count.
+    let (code, _, stderr) =
+        check_text("instances", &format!("{text}fallback = \"deny\"\n"), &[("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+}
+
 /// Issue 46 item 8: `state_file` (and `[tokens] key_file`, `upstream_ca`)
 /// were relative to the working directory, every other path to the
-/// config file's.
+/// config file's. `check` prints where the state is kept.
 #[test]
 fn every_path_in_the_config_is_relative_to_its_directory() {
     use wxgate::config::{Config, StoreConfig};
@@ -807,6 +921,17 @@ fn every_path_in_the_config_is_relative_to_its_directory() {
     assert_eq!(m.state_file.as_deref(), Some(dir.join("state/wx.json").as_path()));
     assert_eq!(config.tokens.key_file.as_deref(), Some(dir.join("token.key").as_path()));
     assert_eq!(config.server.upstream_ca.as_deref(), Some(dir.join("ca.pem").as_path()));
+    // From another working directory (the crate's), check finds them all.
+    let (code, stdout, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let at = dir.path().display();
+    assert!(
+        stdout.contains(&format!(
+            "store memory: in this process, limits not shared with other instances; state file {at}/state/wx.json \
+             (flushed every 1s)"
+        )),
+        "{stdout}"
+    );
 }
 
 /// Issue 46: a caller granted several accounts whose call named none got

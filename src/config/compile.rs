@@ -19,8 +19,8 @@ use super::rule::{compile_rule, RawRule, RuleDefaults};
 use super::store::{self, RawStore};
 use super::units::{micros, parse_duration, valid_name};
 use super::{
-    callers, intercept, settings, CallerPolicy, Config, ConfigError, LogConfig, QuotaSync, RuleHttp, Server,
-    TokensConfig,
+    callers, intercept, settings, CallerPolicy, Config, ConfigError, Fallback, LogConfig, QuotaSync, RuleHttp, Server,
+    StoreConfig, TokensConfig,
 };
 use crate::config::routes::{Pattern, Routes};
 use crate::limit::calendar::Period;
@@ -94,7 +94,20 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     if lease < Duration::from_secs(1) {
         return Err(ctx.in_table(Invalid::at("[store]", "lease", "must be at least 1s")));
     }
+    let instances = store.instances();
     let store = store::compile(store, ctx.dir).map_err(|e| ctx.in_table(e))?;
+    let mut warnings = Vec::new();
+    if let (StoreConfig::Redis(r), None) = (&store, instances) {
+        if r.resilience.fallback == Fallback::Local {
+            warnings.push(ctx.in_table(Invalid::at(
+                "[store]",
+                "instances",
+                "not set: while Redis cannot answer, each instance decides alone (fallback = \"local\") with the \
+                 whole of every limit, as if it were the only one, so N instances admit up to N times each limit: \
+                 set it to the number of wxgate instances",
+            )));
+        }
+    }
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,
@@ -130,6 +143,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         quota_syncs: rules.quota_syncs,
         intercept,
         accounts,
+        warnings,
     })
 }
 

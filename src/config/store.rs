@@ -198,6 +198,16 @@ impl RawStore {
         })
     }
 
+    /// `instances`, which every Redis kind takes (`None`: not given, or memory).
+    pub(super) fn instances(&self) -> Option<u32> {
+        match self {
+            RawStore::Memory(_) => None,
+            RawStore::Redis(r) => r.instances,
+            RawStore::Cluster(r) => r.instances,
+            RawStore::Sentinel(r) => r.instances,
+        }
+    }
+
     /// `lease`, which every kind takes.
     pub(super) fn lease(&self) -> Option<&str> {
         match self {
