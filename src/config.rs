@@ -78,6 +78,9 @@ pub struct Config {
     /// `[[account]]`: the accounts whose secret wxgate holds
     /// (`crate::features::broker`), by name.
     pub accounts: accounts::SecretAccounts,
+    /// What the config leaves to chance without being wrong (a Redis store
+    /// without `instances`): printed by `wxgate check`, logged at start.
+    pub warnings: Vec<ConfigError>,
 }
 
 /// The HTTP side of a rule: what the layers above the decision need of it

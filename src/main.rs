@@ -139,14 +139,93 @@ fn main() -> ExitCode {
         }
     };
     if check {
-        if let Err(e) = check_intercept(&config) {
-            eprintln!("wxgate: invalid config: {e}");
-            return ExitCode::from(2);
+        let started = match check_start(&config) {
+            Ok(started) => started,
+            Err(e) => {
+                eprintln!("wxgate: invalid config: {}: {e}", config.source.display());
+                return ExitCode::from(2);
+            }
+        };
+        for warning in config.warnings.iter().map(ToString::to_string).chain(started.warnings.iter().cloned()) {
+            eprintln!("wxgate: warning: {warning}");
         }
-        print_rules(&config);
+        print_rules(&config, &started);
         return ExitCode::SUCCESS;
     }
     run(config)
+}
+
+/// What `wxgate check` learns by building what start-up builds.
+struct Started {
+    /// The token cache as it starts here: `None`: off; `Some(shared)`.
+    cache: Option<bool>,
+    /// Whether the token key comes from where wxgate runs only (Redis,
+    /// neither `WXGATE_TOKEN_KEY` here nor `[tokens] key_file`): then
+    /// `cache` is as it starts with the key set.
+    key_elsewhere: bool,
+    /// Needs left to the environment at start, in words.
+    warnings: Vec<String>,
+}
+
+/// Builds what start-up builds from `config` (the app: the upstream client
+/// with `upstream_ca`, the token cache with its key, the accounts' needs,
+/// `[intercept]`'s CA), over a stand-in store: only the store (its state
+/// file, Redis) and the listeners are left out. `Err`: start-up fails
+/// here, whatever the environment. A need only the environment at start
+/// can meet is a warning: the token key over Redis, when neither
+/// `WXGATE_TOKEN_KEY` (here) nor `[tokens] key_file` gives it (the key is
+/// usually a secret of the serving environment only, which a check in CI
+/// cannot see); then the app is built again as with the key set.
+fn check_start(config: &Config) -> Result<Started, String> {
+    use wxgate::features::token_cache::cache::KEY_ENV;
+    check_intercept(config)?;
+    let redis = matches!(config.store, wxgate::config::StoreConfig::Redis(_));
+    let key_elsewhere = redis && std::env::var_os(KEY_ENV).is_none() && config.tokens.key_file.is_none();
+    let here = build_app(config);
+    if !key_elsewhere {
+        return Ok(Started { cache: here?, key_elsewhere, warnings: Vec::new() });
+    }
+    // As started where the key is set (a stand-in key, never used).
+    std::env::set_var(KEY_ENV, "00".repeat(32));
+    let with_key = build_app(config);
+    std::env::remove_var(KEY_ENV);
+    let cache = with_key?;
+    let mut warnings = Vec::new();
+    match here {
+        Err(e) => warnings.push(format!(
+            "{KEY_ENV} is not set here and [tokens] key_file is not given, so start-up here fails (exit 1): \
+             \"{e}\"; set {KEY_ENV} (the same on every instance) where wxgate runs"
+        )),
+        Ok(None) if config.tokens.cache.is_none() => warnings.push(format!(
+            "[tokens]: the token cache is off over Redis unless {KEY_ENV} is set where wxgate runs (it is not set \
+             here, and [tokens] key_file is not given): without it every instance fetches its own access tokens, \
+             and each fetch invalidates the others' five minutes later"
+        )),
+        Ok(Some(false)) => warnings.push(format!(
+            "[tokens] cache = true over Redis: unless {KEY_ENV} is set where wxgate runs (it is not set here, and \
+             [tokens] key_file is not given), tokens are cached in each instance only, and each instance's fetch \
+             invalidates the others' five minutes later"
+        )),
+        Ok(_) => {}
+    }
+    Ok(Started { cache, key_elsewhere, warnings })
+}
+
+/// Start-up's app over a stand-in store; `Ok`: the token cache (`None`
+/// off, `Some(shared)`).
+fn build_app(config: &Config) -> Result<Option<bool>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async {
+        let clock: Arc<dyn wxgate::time::Clock> = Arc::new(SystemClock);
+        let store: Arc<dyn wxgate::store::Store> = Arc::new(wxgate::store::memory::MemoryStore::new(clock.clone()));
+        let metrics = wxgate::telemetry::metrics::Metrics::new();
+        let app = wxgate::proxy::app::App::new(config.clone(), store, clock, metrics).map_err(|e| e.to_string())?;
+        let cache = app.features.token_cache.cache.as_ref().map(|c| c.shared);
+        Ok(cache)
+    })
 }
 
 /// `[intercept]`'s CA as start-up checks it: the files load, the key is
@@ -413,6 +492,9 @@ fn serve(mut config: Config, sim: Option<wxgate::ops::tools::sim::SimConfig>) ->
             return ExitCode::FAILURE;
         }
     };
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     runtime.block_on(async move {
         let _sim = match sim {
             Some(sim) => match wxgate::ops::tools::sim::serve(sim, Arc::new(SystemClock)).await {
@@ -497,25 +579,30 @@ macro_rules! say {
 
 /// `wxgate check`'s report. Written in one piece; a reader that stops early
 /// (`wxgate check | head`) ends it quietly rather than with a panic.
-fn print_rules(config: &Config) {
+fn print_rules(config: &Config, started: &Started) {
     use std::io::Write as _;
     let mut out = String::new();
     let s = &config.server;
     let tz = s.quota_offset_us / 60_000_000;
     let tz = format!("{}{:02}:{:02}", if tz < 0 { '-' } else { '+' }, tz.abs() / 60, tz.abs() % 60);
-    say_server(&mut out, config, &tz);
+    say_server(&mut out, config, started, &tz);
+    say_store(&mut out, config);
     for rule in &config.rules {
         say_rule(&mut out, rule, config.rule_http(Some(rule)).recipients.as_deref(), &tz);
     }
-    say_features(&mut out, config);
+    say_features(&mut out, config, started);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
 }
 
 /// The report's server part: the config file, listen and upstream,
 /// accounts, penalties, callers.
-fn say_server(out: &mut String, config: &Config, tz: &str) {
+fn say_server(out: &mut String, config: &Config, started: &Started, tz: &str) {
     let s = &config.server;
-    say!(out, "{}: ok", config.source.display());
+    match started.warnings.len() + config.warnings.len() {
+        0 => say!(out, "{}: ok", config.source.display()),
+        1 => say!(out, "{}: ok, 1 warning (on stderr)", config.source.display()),
+        n => say!(out, "{}: ok, {n} warnings (on stderr)", config.source.display()),
+    }
     say!(out, "listen {}  upstream {}  quota_timezone {tz}  workers {}", s.listen, s.upstream, s.workers);
     if let Some(accounts) = &s.accounts {
         let mut names: Vec<&str> = accounts.iter().map(String::as_str).collect();
@@ -573,6 +660,62 @@ fn say_server(out: &mut String, config: &Config, tz: &str) {
     }
 }
 
+/// The report's `[store]` line: the kind, where (never a password: no
+/// URL's user info, no sentinel URL), and what the instances share.
+fn say_store(out: &mut String, config: &Config) {
+    use wxgate::config::{Fallback, StoreConfig};
+    match &config.store {
+        StoreConfig::Memory(m) => {
+            let file = m.state_file.as_ref().map_or_else(
+                || "no state file (state is lost on restart)".to_owned(),
+                |f| {
+                    format!(
+                        "state file {} (flushed every {})",
+                        f.display(),
+                        humantime::format_duration(m.flush_interval)
+                    )
+                },
+            );
+            say!(out, "store memory: in this process, limits not shared with other instances; {file}");
+        }
+        StoreConfig::Redis(r) => {
+            let (kind, at) = match (&r.sentinel, r.nodes.as_slice()) {
+                (Some(s), _) => {
+                    ("redis-sentinel", format!("master \"{}\" via {} sentinels", s.master, s.sentinels.len()))
+                }
+                (None, []) => ("redis", without_user_info(&r.url)),
+                (None, nodes) => {
+                    ("redis-cluster", nodes.iter().map(|n| without_user_info(n)).collect::<Vec<_>>().join(", "))
+                }
+            };
+            let res = &r.resilience;
+            let fallback = match res.fallback {
+                Fallback::Local => format!(
+                    "each instance decides alone with 1/{} of each limit (instances {})",
+                    res.instances, res.instances
+                ),
+                Fallback::Allow => "calls are forwarded unthrottled (fallback allow)".to_owned(),
+                Fallback::Deny => "calls are refused with 503 (fallback deny)".to_owned(),
+            };
+            say!(
+                out,
+                "store {kind} at {at}, key prefix \"{}\": limits shared by every instance; while Redis cannot answer, {fallback}",
+                r.key_prefix
+            );
+        }
+    }
+}
+
+/// A Redis URL without its user info (`redis://host:6379/0`).
+fn without_user_info(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    // No query either: it may hold a password.
+    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    format!("{scheme}://{host}{path}")
+}
+
 /// The report's lines for one rule: its patterns, its options
 /// ([`Rule::shown`]), its scope and limits.
 fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Metering>, tz: &str) {
@@ -618,7 +761,7 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
 
 /// The report's last part: quota syncs, the token cache, `[intercept]`,
 /// unmatched paths.
-fn say_features(out: &mut String, config: &Config) {
+fn say_features(out: &mut String, config: &Config, started: &Started) {
     for sync in &config.quota_syncs {
         say!(
             out,
@@ -629,13 +772,15 @@ fn say_features(out: &mut String, config: &Config) {
         );
     }
     let t = &config.tokens;
-    let cache = match (t.cache, &config.store) {
-        (Some(false), _) => "off".to_owned(),
-        (Some(true), wxgate::config::StoreConfig::Memory(_)) | (None, wxgate::config::StoreConfig::Memory(_)) => {
-            "on (in-process)".to_owned()
+    let redis = matches!(config.store, wxgate::config::StoreConfig::Redis(_));
+    let cache = match (started.cache, redis) {
+        (None, _) => "off".to_owned(),
+        (Some(_), false) => "on (in-process)".to_owned(),
+        (Some(true), true) if started.key_elsewhere => {
+            "on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set (not set here)".to_owned()
         }
-        (Some(true), _) => "on (in Redis with a token key, else in-process per instance)".to_owned(),
-        (None, _) => "on in Redis when a token key is given (WXGATE_TOKEN_KEY or key_file), else off".to_owned(),
+        (Some(true), true) => "on, shared by every instance through Redis (sealed with the token key)".to_owned(),
+        (Some(false), true) => "on, in each instance only (no token key)".to_owned(),
     };
     say!(
         out,

@@ -263,7 +263,7 @@ async fn caller_config_errors_name_the_file_line_and_caller() {
     let cases = [
         (
             caller("hr").set("rates", "5/s").to_string(),
-            "caller \"hr\": rates: unknown key; expected one of `name`",
+            "caller \"hr\": rates: unknown key; did you mean `rate`? (expected one of `name`",
             "rates =",
         ),
         (

@@ -12,7 +12,7 @@ fn wxgate(args: &[&str]) -> (i32, String, String) {
 fn bad_configs_are_refused_with_file_line_rule_and_field() {
     let cases = [
         ("burst_exceeds_count", "burst_exceeds_count.toml:4: rule \"send\": limits[0]: burst 40 exceeds count 30"),
-        ("misspelled_key", "misspelled_key.toml:4: rule \"send\": limit: unknown key; expected one of `name`, `match`, `limits`"),
+        ("misspelled_key", "misspelled_key.toml:4: rule \"send\": limit: unknown key; did you mean `limits`? (expected one of `name`, `match`, `limits`"),
         (
             "duplicate_pattern",
             "duplicate_pattern.toml:7: rules \"a\" and \"b\" both claim the path pattern \"/cgi-bin/message/*\"",
@@ -56,10 +56,10 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
         ("store_batch_string", "store_batch_string.toml:3: [store] batch: expected true or false, got the string \"yes\""),
         (
             "unknown_server_key",
-            "unknown_server_key.toml:3: [server] worker: unknown key; expected one of `listen`, `upstream`, \
+            "unknown_server_key.toml:3: [server] worker: unknown key; did you mean `workers`? (expected one of `listen`, `upstream`, \
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
-             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`",
+             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`)",
         ),
         (
             "match_string",
@@ -613,4 +613,342 @@ fn a_config_error_gives_its_file_line_table_and_field_as_fields() {
     let e = Config::load(&missing).expect_err("no file");
     assert_eq!((e.file, e.line, e.table, e.field), (missing, None, None, None));
     assert!(e.message.starts_with("cannot read: "), "{}", e.message);
+}
+
+/// `text` written as `rules.toml` in a scratch directory: `wxgate check`'s
+/// exit code, stdout and stderr, with the directory written `DIR`.
+fn check_text(tag: &str, text: &str, env: &[(&str, &str)]) -> (i32, String, String) {
+    let dir = support::TempDir::new(tag);
+    let path = dir.write("rules.toml", text);
+    let (code, stdout, stderr) = process::run(&["check", "--config", &path.display().to_string()], env);
+    let at = dir.path().display().to_string();
+    (code, stdout.replace(&at, "DIR"), stderr.replace(&at, "DIR"))
+}
+
+/// `text` refused by `wxgate check` (exit 2) and by start-up with the same
+/// message: that message's first line, the directory written `DIR`.
+fn refused_text(tag: &str, text: &str) -> String {
+    let dir = support::TempDir::new(tag);
+    let path = dir.write("rules.toml", text);
+    let path = path.display().to_string();
+    let (code, _, stderr) = wxgate(&["check", "--config", &path]);
+    assert_eq!(code, 2, "{tag}: check's exit code ({stderr})");
+    let (code, _, serve_err) = wxgate(&["--config", &path]);
+    assert_eq!((code, &serve_err), (2, &stderr), "{tag}: start-up");
+    stderr.lines().next().unwrap_or_default().replace(&dir.path().display().to_string(), "DIR")
+}
+
+const SEND_RULE: &str = "[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/custom/send\"]\n";
+
+/// Issue 46: `per = "1M"` was a sliding window of 30.44 days (the parser's
+/// months) where a minute was as likely meant; `"1 week"` was told to
+/// write `per = "month"`; a `"1month"` window passed as if it were WeChat's
+/// calendar month. Every unit the shipped rules use still passes.
+#[test]
+fn window_units_are_unambiguous_and_the_hints_say_what_to_write() {
+    let limit = |per: &str| format!("{SEND_RULE}limits = [{{ count = 10, per = \"{per}\" }}]\n");
+    let cases = [
+        (
+            "1M",
+            "rule \"send\": limits[0]: per = \"1M\": the unit M is ambiguous (minutes or months): write per = \"1min\" \
+             (or \"1m\") for a one-minute window, or per = \"month\" for WeChat's calendar month",
+        ),
+        (
+            "1 week",
+            "rule \"send\": limits[0]: per = \"1 week\" is a sliding window of 7 x 24 hours: WeChat's quotas are per \
+             calendar day (per = \"day\") or month (per = \"month\"), none per 7 days; to mean a sliding window, write \
+             per = \"7d\" and give its burst too",
+        ),
+        (
+            "1month",
+            "rule \"send\": limits[0]: per = \"1month\" is a sliding window of 30.44 days, not a calendar month: \
+             WeChat's monthly quotas start again on the 1st, so write per = \"month\"",
+        ),
+    ];
+    for (per, want) in cases {
+        assert_eq!(
+            refused_text("per", &limit(per)),
+            format!("wxgate: invalid config: DIR/rules.toml:4: {want}"),
+            "{per}"
+        );
+    }
+    // M is ambiguous in every duration, not only a window.
+    assert_eq!(
+        refused_text("per", "[server]\nupstream_timeout = \"1M\"\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream_timeout: \"1M\": the unit M is ambiguous \
+         (minutes or months): write \"1min\" (or \"1m\") for minutes, \"30d\" for days"
+    );
+    for per in ["1s", "10s", "1m", "1min", "2 min", "1h", "2h", "day", "month"] {
+        let (code, _, stderr) = check_text("per-ok", &limit(per), &[]);
+        assert_eq!(code, 0, "{per}: {stderr}");
+    }
+}
+
+/// Issue 46: a pattern with uppercase letters was accepted, though every
+/// call whose path has one is refused (400) before a rule is looked up.
+#[test]
+fn a_match_pattern_no_call_path_can_have_is_refused_saying_why() {
+    let rule = |pattern: &str| format!("[[rule]]\nname = \"send\"\nmatch = [\"{pattern}\"]\n");
+    assert_eq!(
+        refused_text("upper", &rule("/cgi-bin/Message/send")),
+        "wxgate: invalid config: DIR/rules.toml:3: rule \"send\": match \"/cgi-bin/Message/send\": has uppercase \
+         letters, so it can never match: WeChat's API paths are lowercase, and wxgate refuses a call whose path has \
+         uppercase letters (400) before any rule is looked up; write \"/cgi-bin/message/send\""
+    );
+    assert_eq!(
+        refused_text("semicolon", &rule("/cgi-bin/send;x")),
+        "wxgate: invalid config: DIR/rules.toml:3: rule \"send\": match \"/cgi-bin/send;x\": can never match: this \
+         path is not a WeChat API path: WeChat's API paths are only a-z 0-9 _ - . / (no uppercase, escapes, ; or \\)"
+    );
+}
+
+/// Issue 46: `upstream = "http://127.0.0.1:9999/cgi-bin/"` made WeChat (the
+/// simulator) get `/cgi-bin/cgi-bin/...`. A path prefix of another kind (a
+/// relay's) stays allowed.
+#[test]
+fn an_upstream_holding_wechats_api_path_is_refused_naming_the_field() {
+    assert_eq!(
+        refused_text("upstream", "[server]\nupstream = \"http://127.0.0.1:9999/cgi-bin/\"\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream: \"http://127.0.0.1:9999/cgi-bin/\": the path \
+         \"/cgi-bin/\" is part of WeChat's API paths, which every call's path already starts with (the upstream's \
+         path is put before it: WeChat would get /cgi-bin/cgi-bin/...); give \"http://127.0.0.1:9999\""
+    );
+    assert_eq!(
+        refused_text(
+            "upstream",
+            "[server]\nupstream = [\"https://relay.example/wx\", \"https://relay2.example/sns\"]\n"
+        ),
+        "wxgate: invalid config: DIR/rules.toml:2: [server] upstream[1]: \"https://relay2.example/sns\": the path \
+         \"/sns\" is part of WeChat's API paths, which every call's path already starts with (the upstream's path is \
+         put before it: WeChat would get /sns/sns/...); give \"https://relay2.example\""
+    );
+    let (code, _, stderr) = check_text("relay", "[server]\nupstream = \"https://relay.example/wx\"\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// Issue 46: `max_wiat` got the whole key list and no suggestion.
+#[test]
+fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
+    assert_eq!(
+        refused_text("typo", &format!("{SEND_RULE}max_wiat = \"1s\"\n")),
+        "wxgate: invalid config: DIR/rules.toml:4: rule \"send\": max_wiat: unknown key; did you mean `max_wait`? \
+         (expected one of `name`, `match`, `limits`, `max_wait`, `warmup`, `concurrency`, `mode`, `throttle_status`, \
+         `scope`, `reserve`, `max_share`, `quota_sync`, `cost`, `recipients`, `per_recipient`)"
+    );
+    assert_eq!(
+        refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),
+        "wxgate: invalid config: DIR/rules.toml:3: [store] instanses: unknown key; did you mean `instances`? \
+         (expected one of `url`, `lease`, `username`, `tls_ca`, `key_prefix`, `timeout`, `wait_replicas`, \
+         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`)"
+    );
+    // Nothing near: the list alone.
+    assert_eq!(
+        refused_text("typo", "[log]\nverbosity = 3\n"),
+        "wxgate: invalid config: DIR/rules.toml:2: [log] verbosity: unknown key; expected `format` or `access`"
+    );
+}
+
+/// Issue 46: an account listed twice was told to "give each its own name".
+#[test]
+fn an_account_listed_twice_is_named_with_the_line_of_the_other() {
+    let dir = support::TempDir::new("account-twice");
+    let secret = dir.write_secret("secret", "0123456789abcdef0123456789abcdef");
+    let account = |extra: &str| {
+        format!(
+            "[[account]]\nid = \"wx1234567890abcdef\"\nkind = \"official_account\"\nsecret_file = \"{}\"\n{extra}",
+            secret.display()
+        )
+    };
+    let text = format!("[server]\nlisten = \"127.0.0.1:0\"\n\n{}\n{}", account(""), account(""));
+    let path = dir.write("rules.toml", &text);
+    let (code, _, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "wxgate: invalid config: {}:9: [[account]] \"wx1234567890abcdef\": this account is listed twice: the \
+             [[account]] at line 4 has the same id; keep one of them",
+            path.display()
+        )
+    );
+    // Two accounts given one name: each needs its own.
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n{}\n{}",
+        account("name = \"shop\"\n"),
+        account("name = \"shop\"\n").replace("wx1234567890abcdef", "wxfedcba0987654321")
+    );
+    dir.write("rules.toml", &text);
+    let (code, _, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "wxgate: invalid config: {}:10: [[account]] \"wxfedcba0987654321\": the [[account]] at line 4 is also \
+             named \"shop\": give each its own name (two apps of one corpid need one each)",
+            path.display()
+        )
+    );
+}
+
+/// An `[[account]]` over Redis (which no test here reaches: port 1), its
+/// secret from `WXGATE_TEST_SECRET`.
+const ACCOUNT_OVER_REDIS: &str = "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nkind = \"redis\"\n\
+    url = \"redis://:hunter2@127.0.0.1:1/0\"\ninstances = 2\n\n[[account]]\nid = \"wx1234567890abcdef\"\n\
+    kind = \"official_account\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
+const TEST_SECRET: (&str, &str) = ("WXGATE_TEST_SECRET", "0123456789abcdef0123456789abcdef");
+const NEEDS_CACHE: &str = "[[account]] needs the token cache: [tokens] cache is off (or, over Redis, no token key: \
+    set WXGATE_TOKEN_KEY or [tokens] key_file, the same on every instance)";
+
+/// Issue 46: an `[[account]]` over Redis without a token key passed
+/// `wxgate check` ("ok") and start-up exited 1. `check` builds what
+/// start-up builds: what fails whatever the environment is an error (exit
+/// 2); the token key, which the serving environment alone usually holds
+/// (a Secret a check in CI cannot see), is a warning naming what start-up
+/// needs. And check prints the effective store and token cache.
+#[test]
+fn check_fails_what_start_up_fails_and_warns_of_what_only_the_serving_environment_can_give() {
+    let (code, stdout, stderr) = check_text("key-elsewhere", ACCOUNT_OVER_REDIS, &[TEST_SECRET]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "wxgate: warning: WXGATE_TOKEN_KEY is not set here and [tokens] key_file is not given, so start-up here \
+             fails (exit 1): \"{NEEDS_CACHE}\"; set WXGATE_TOKEN_KEY (the same on every instance) where wxgate runs\n"
+        )
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    assert!(
+        lines.contains(
+            &"store redis at redis://127.0.0.1:1/0, key prefix \"wxgate\": limits shared by every instance; while \
+              Redis cannot answer, each instance decides alone with 1/2 of each limit (instances 2)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        lines.contains(
+            &"tokens: cache on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set (not set here); \
+              min_ttl 5m, wait 15s"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("hunter2") && !stderr.contains("hunter2"), "no password printed");
+
+    // Start-up here fails as the warning says.
+    let dir = support::TempDir::new("key-elsewhere-start");
+    let path = dir.write("rules.toml", ACCOUNT_OVER_REDIS);
+    let (code, _, stderr) = process::run(&["--config", &path.display().to_string()], &[TEST_SECRET]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.trim_end().ends_with(&format!("wxgate: {NEEDS_CACHE}")), "{stderr}");
+
+    // With the key: no warning; the cache is shared.
+    let key = "ab".repeat(32);
+    let (code, stdout, stderr) =
+        check_text("key-here", ACCOUNT_OVER_REDIS, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(stdout.starts_with("DIR/rules.toml: ok\n"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "tokens: cache on, shared by every instance through Redis (sealed with the token key); min_ttl 5m"
+        ),
+        "{stdout}"
+    );
+
+    // What fails wherever wxgate starts is an error.
+    let (code, _, stderr) =
+        check_text("key-bad", ACCOUNT_OVER_REDIS, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", "not-a-key")]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("wxgate: invalid config: DIR/rules.toml: WXGATE_TOKEN_KEY: "), "{stderr}");
+    let off = format!("{ACCOUNT_OVER_REDIS}\n[tokens]\ncache = false\n");
+    let (code, _, stderr) = check_text("cache-off", &off, &[TEST_SECRET, ("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr), (2, format!("wxgate: invalid config: DIR/rules.toml: {NEEDS_CACHE}\n")));
+    let (code, _, stderr) = check_text(
+        "key-file-missing",
+        &format!("{ACCOUNT_OVER_REDIS}\n[tokens]\nkey_file = \"token.key\"\n"),
+        &[TEST_SECRET],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("wxgate: invalid config: DIR/rules.toml: [tokens] key_file: DIR/token.key"), "{stderr}");
+
+    // Without an [[account]], the shared token cache is off where no key is set: said.
+    let no_account = &ACCOUNT_OVER_REDIS[..ACCOUNT_OVER_REDIS.find("[[account]]").unwrap_or(0)];
+    let (code, stdout, stderr) = check_text("cache-elsewhere", no_account, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        "wxgate: warning: [tokens]: the token cache is off over Redis unless WXGATE_TOKEN_KEY is set where wxgate \
+         runs (it is not set here, and [tokens] key_file is not given): without it every instance fetches its own \
+         access tokens, and each fetch invalidates the others' five minutes later\n"
+    );
+    assert!(stdout.contains("tokens: cache on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set"));
+}
+
+/// Issue 46: `[store] instances` was a number kept by hand (the docs said
+/// in bold to set it); the instances now count each other from heartbeats,
+/// so a Redis store without it is fine as it is: no warning.
+#[test]
+fn a_redis_store_without_instances_needs_no_warning() {
+    let key = "ab".repeat(32);
+    let text = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+    let (code, stdout, stderr) = check_text("instances", text, &[("WXGATE_TOKEN_KEY", key.as_str())]);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{stdout}");
+    assert!(stdout.starts_with("DIR/rules.toml: ok\n"), "{stdout}");
+}
+
+/// Issue 46 item 8: `state_file` (and `[tokens] key_file`, `upstream_ca`)
+/// were relative to the working directory, every other path to the
+/// config file's. `check` prints where the state is kept.
+#[test]
+fn every_path_in_the_config_is_relative_to_its_directory() {
+    use wxgate::config::{Config, StoreConfig};
+    let dir = support::TempDir::new("relative-paths");
+    std::fs::create_dir_all(dir.join("state")).expect("mkdir");
+    dir.write_secret("token.key", &"ab".repeat(32));
+    dir.write("ca.pem", &support::pki::pki(&["127.0.0.1"]).ca_pem);
+    let text = "[server]\nupstream_ca = \"ca.pem\"\n\n[store]\nstate_file = \"state/wx.json\"\n\n[tokens]\nkey_file = \"token.key\"\n";
+    let path = dir.write("rules.toml", text);
+    let config = Config::load(&path).expect("config");
+    let StoreConfig::Memory(m) = &config.store else { panic!("memory") };
+    assert_eq!(m.state_file.as_deref(), Some(dir.join("state/wx.json").as_path()));
+    assert_eq!(config.tokens.key_file.as_deref(), Some(dir.join("token.key").as_path()));
+    assert_eq!(config.server.upstream_ca.as_deref(), Some(dir.join("ca.pem").as_path()));
+    // From another working directory (the crate's), check finds them all.
+    let (code, stdout, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let at = dir.path().display();
+    assert!(
+        stdout.contains(&format!(
+            "store memory: in this process, limits not shared with other instances; state file {at}/state/wx.json \
+             (flushed every 1s)"
+        )),
+        "{stdout}"
+    );
+}
+
+/// Issue 46: a caller granted several accounts whose call named none got
+/// `may not spend account "default"`, with no word on how to name one.
+#[tokio::test]
+async fn a_call_naming_no_account_of_a_caller_granted_several_is_told_how_to_name_one() {
+    use support::{caller, rule, ConfigToml, Gate, MockWeChat};
+    const KEY: &str = "orders-key-0123456789abcdef";
+    let digest: String = wxgate::config::KeyDigest::of(KEY.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect();
+    let mock = MockWeChat::start().await;
+    let orders = caller("orders").set("key_sha256", digest).set("accounts", vec!["wxA", "wxB"]);
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(orders)
+        .with(rule("send").matching("/cgi-bin/message/custom/send").limit(10, "day"));
+    let gate = Gate::start_text(config).await;
+    let bearer = format!("Bearer {KEY}");
+    let a = gate.get_with("/cgi-bin/message/custom/send?access_token=T", &[("authorization", &bearer)]).await;
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(
+        a.json()["errmsg"],
+        "wxgate: caller \"orders\" may not spend account \"default\", the account of a call that names none; it is \
+         granted wxA, wxB: name one with the X-Wx-Account header or an @account path prefix (/@wxA/cgi-bin/...)"
+    );
+    // Named, it goes through.
+    let named = [("authorization", bearer.as_str()), ("x-wx-account", "wxB")];
+    assert_eq!(gate.get_with("/cgi-bin/message/custom/send?access_token=T", &named).await.status, 200);
+    assert_eq!(mock.count(), 1);
 }

@@ -542,8 +542,9 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
             );
             let env = c["env"].as_vec().expect("env");
             assert!(
-                env.iter().any(|e| e["name"].as_str() == Some("WXGATE_TOKEN_KEY")
-                    && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
+                env.iter()
+                    .any(|e| e["name"].as_str() == Some("WXGATE_TOKEN_KEY")
+                        && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
                 "{path}: WXGATE_TOKEN_KEY from a Secret (the shared token cache)"
             );
             let rules = config["rule"].as_array().expect("[[rule]]");

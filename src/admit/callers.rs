@@ -32,7 +32,7 @@ use http::header::Entry as HeaderEntry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use self::guard::Guard;
-use crate::config::{valid_account, CallerPolicy, Config, Priority};
+use crate::config::{valid_account, CallerPolicy, Config, Grants, Priority};
 use crate::error::ProxyError;
 use crate::telemetry::metrics::{CallerMetrics, Metrics};
 use crate::time::Clock;
@@ -92,6 +92,19 @@ impl Caller {
     pub fn check_grant(&self, account: &str) -> Result<(), ProxyError> {
         match self.policy() {
             Some(p) if p.grants.allow(account) => Ok(()),
+            Some(CallerPolicy { grants: Grants::Listed(list), .. }) if account == "default" && list.len() > 1 => {
+                // The account of a call that names none (the accounts
+                // feature's `DEFAULT_ACCOUNT`), for a caller granted several.
+                self.entry.metrics.forbidden.inc();
+                let first = list.first().map_or("account", |a| &**a);
+                Err(ProxyError::Forbidden(format!(
+                    "caller \"{}\" may not spend account \"default\", the account of a call that names none; it is \
+                     granted {}: name one with the X-Wx-Account header or an @account path prefix \
+                     (/@{first}/cgi-bin/...)",
+                    self.name,
+                    list.join(", ")
+                )))
+            }
             _ => {
                 self.entry.metrics.forbidden.inc();
                 Err(ProxyError::Forbidden(format!(

@@ -188,9 +188,12 @@ impl SecretAccounts {
 pub(super) fn compile(
     list: Vec<Spanned<RawAccount>>,
     dir: Option<&Path>,
+    line_of: &dyn Fn(usize) -> usize,
 ) -> Result<SecretAccounts, (Range<usize>, Invalid)> {
     let mut out = SecretAccounts::default();
     let mut secrets: HashMap<(String, Vec<u8>), Arc<str>> = HashMap::new();
+    // Where each name was first given (the line of its `[[account]]`).
+    let mut lines: HashMap<Arc<str>, usize> = HashMap::new();
     for a in list {
         let span = a.span();
         let a = a.into_inner();
@@ -257,12 +260,20 @@ pub(super) fn compile(
             Some(n) if valid_name(&n) => n.into(),
             Some(n) => return Err(err(Invalid::at_field("name", format!("\"{n}\" must be 1-64 of [A-Za-z0-9_-]")))),
         };
-        if out.by_name.contains_key(&name) {
+        if let Some(first) = out.by_name.get(&name) {
+            let line = lines.get(&name).copied().unwrap_or(0);
+            if first.id == a.id && first.agent == agent {
+                let id = if agent.is_some() { "corpid and agent" } else { "id" };
+                return Err(err(Invalid::new(format!(
+                    "this account is listed twice: the [[account]] at line {line} has the same {id}; keep one of them"
+                ))));
+            }
             return Err(err(Invalid::new(format!(
-                "another [[account]] is also named \"{name}\": give each its own name (two apps of one corpid need \
-                 one each)"
+                "the [[account]] at line {line} is also named \"{name}\": give each its own name (two apps of one \
+                 corpid need one each)"
             ))));
         }
+        lines.insert(name.clone(), line_of(span.start));
         let (secret, source) = match (a.secret_file, a.secret_env) {
             (Some(file), None) => {
                 let path = match dir {

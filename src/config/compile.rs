@@ -85,7 +85,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         }
     };
     let log = compile_log(&raw.log).map_err(|e| ctx.in_table(e))?;
-    let server = settings::server(raw.server).map_err(|e| ctx.in_table(e))?;
+    let server = settings::server(raw.server, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let store = RawStore::read(raw.store, ctx)?;
     let lease = match store.lease() {
         None => DEFAULT_LEASE,
@@ -94,19 +94,23 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     if lease < Duration::from_secs(1) {
         return Err(ctx.in_table(Invalid::at("[store]", "lease", "must be at least 1s")));
     }
+    // `[store] instances` needs no warning when unset: the instances count
+    // each other from heartbeats in Redis (it is a floor).
     let store = store::compile(store, ctx.dir).map_err(|e| ctx.in_table(e))?;
+    let warnings = Vec::new();
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => compile_penalties(list, ctx)?,
     };
-    let tokens = compile_tokens(&raw.tokens).map_err(|e| ctx.in_table(e))?;
+    let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let rules = Rules::compile(raw.rule, all_shadow, &server, ctx)?;
     let caller_spans: Vec<Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
     let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
     check_caller_auth(&server, &callers, caller_spans, ctx)?;
     let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
-    let accounts = super::accounts::compile(raw.account, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
+    let accounts =
+        super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
     let unruled_http =
         RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None };
@@ -129,6 +133,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         quota_syncs: rules.quota_syncs,
         intercept,
         accounts,
+        warnings,
     })
 }
 
@@ -332,7 +337,7 @@ fn first_exact(patterns: &[Pattern]) -> Option<String> {
 }
 
 /// `[tokens]`.
-fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, Invalid> {
+fn compile_tokens(raw: &RawTokens, dir: Option<&Path>) -> Result<TokensConfig, Invalid> {
     let defaults = TokensConfig::default();
     let min_ttl = match raw.min_ttl.as_deref() {
         None => defaults.min_ttl,
@@ -348,7 +353,8 @@ fn compile_tokens(raw: &RawTokens) -> Result<TokensConfig, Invalid> {
     if wait < Duration::from_secs(1) || wait > Duration::from_secs(120) {
         return Err(Invalid::at("[tokens]", "wait", "must be between 1s and 2m"));
     }
-    Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file: raw.key_file.clone() })
+    let key_file = raw.key_file.as_deref().map(|f| super::units::beside_config(dir, f));
+    Ok(TokensConfig { cache: raw.cache, min_ttl, wait, key_file })
 }
 
 fn compile_log(raw: &RawLog) -> Result<LogConfig, Invalid> {

@@ -330,9 +330,11 @@ fn problem<'m>(msg: &'m str, key: Option<&str>, got: Option<&str>) -> (String, O
         }
     }
     if let Some(rest) = msg.strip_prefix("unknown field `") {
-        let allowed = rest.split_once("`, expected ").map(|(_, list)| list);
-        return match allowed {
-            Some(list) => (format!("unknown key; expected {list}"), None),
+        return match rest.split_once("`, expected ") {
+            Some((unknown, list)) => match did_you_mean(unknown, list) {
+                Some(near) => (format!("unknown key; did you mean `{near}`? (expected {list})"), None),
+                None => (format!("unknown key; expected {list}"), None),
+            },
             None => ("unknown key; this table takes none".into(), None),
         };
     }
@@ -340,6 +342,46 @@ fn problem<'m>(msg: &'m str, key: Option<&str>, got: Option<&str>) -> (String, O
         return ("required, but not given".into(), Some(k));
     }
     (msg.to_owned(), None)
+}
+
+/// The key of `list` (serde's "one of `a`, `b`") nearest to `unknown`, if
+/// one is near enough to be a slip: at most one edit (a letter added,
+/// dropped, changed, or two swapped) per three letters, two at most.
+fn did_you_mean<'l>(unknown: &str, list: &'l str) -> Option<&'l str> {
+    let limit = (unknown.chars().count() / 3).clamp(1, 2);
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|key| (edits(unknown, key), key))
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, key)| key)
+}
+
+/// The edits (insert, delete, substitute, swap two neighbours) that turn
+/// `a` into `b` (optimal string alignment distance).
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let width = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * width];
+    for (i, row) in d.chunks_mut(width).enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d.iter_mut().take(width).enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best =
+                (d[(i - 1) * width + j] + 1).min(d[i * width + j - 1] + 1).min(d[(i - 1) * width + j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[(i - 2) * width + j - 2] + 1);
+            }
+            d[i * width + j] = best;
+        }
+    }
+    d[a.len() * width + b.len()]
 }
 
 /// What serde expected, in the words of the file: `an integer` for `u64`,
@@ -403,7 +445,7 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn line_of(&self, offset: usize) -> usize {
+    pub(super) fn line_of(&self, offset: usize) -> usize {
         self.text[..offset.min(self.text.len())].matches('\n').count() + 1
     }
     fn error(&self, line: Option<usize>, e: impl Into<Invalid>) -> ConfigError {
@@ -516,12 +558,13 @@ mod tests {
     fn unknown_and_missing_keys_are_named_where_they_belong() {
         assert_eq!(
             error("[rules]\nname = \"x\"\n"),
-            "t.toml:1: rules: unknown key; expected one of `server`, `store`, `penalty`, `rule`, `log`, `caller`, \
-             `tokens`, `intercept`, `account`"
+            "t.toml:1: rules: unknown key; did you mean `rule`? (expected one of `server`, `store`, `penalty`, \
+             `rule`, `log`, `caller`, `tokens`, `intercept`, `account`)"
         );
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),
-            "t.toml:4: rule \"send\": limits[0].brust: unknown key; expected one of `count`, `per`, `burst`"
+            "t.toml:4: rule \"send\": limits[0].brust: unknown key; did you mean `burst`? (expected one of `count`, \
+             `per`, `burst`)"
         );
         assert_eq!(error("[[rule]]\nmatch = [\"/a\"]\n"), "t.toml:1: rule[0]: name: required, but not given");
         assert_eq!(error("[[penalty]]\nseconds = 1\n"), "t.toml:1: penalty[0]: errcode: required, but not given");

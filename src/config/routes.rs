@@ -70,6 +70,18 @@ impl Pattern {
         if norm != body || (body.is_empty() && !prefix) {
             return Err(Invalid::new(format!("is not a normalised path (did you mean \"{norm}\"?)")));
         }
+        // A pattern no call path can have would never match: every call
+        // with such a path is refused (400) before a rule is looked up.
+        if body.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(Invalid::new(format!(
+                "has uppercase letters, so it can never match: WeChat's API paths are lowercase, and wxgate refuses \
+                 a call whose path has uppercase letters (400) before any rule is looked up; write \"{}\"",
+                text.to_ascii_lowercase()
+            )));
+        }
+        if let Some(why) = (!body.is_empty()).then(|| refusal(body)).flatten() {
+            return Err(Invalid::new(format!("can never match: {why}")));
+        }
         Ok(if prefix { Pattern::Prefix(norm) } else { Pattern::Exact(norm) })
     }
 

@@ -14,7 +14,7 @@ use super::errors::{leading_key, ConfigError, Ctx, Invalid};
 use super::meter::{Metering, RawRecipients};
 use super::ratelimit::Policy;
 use super::routes::Pattern;
-use super::units::{micros, parse_duration, throttle_status as parse_throttle_status};
+use super::units::{ambiguous_unit, micros, month_unit, parse_duration, throttle_status as parse_throttle_status};
 use super::RuleHttp;
 use crate::limit::calendar::{Period, DAY_US};
 use crate::limit::{Limit, Rule, Scope, WindowLimit};
@@ -304,6 +304,18 @@ fn compile_limit(l: &RawLimit, margin_us: Micros) -> Result<Limit, Invalid> {
             Ok(Limit::Calendar { count, period })
         }
         per => {
+            if ambiguous_unit(per) {
+                return Err(Invalid::new(format!(
+                    "per = \"{per}\": the unit M is ambiguous (minutes or months): write per = \"1min\" (or \"1m\") \
+                     for a one-minute window, or per = \"month\" for WeChat's calendar month"
+                )));
+            }
+            if month_unit(per) {
+                return Err(Invalid::new(format!(
+                    "per = \"{per}\" is a sliding window of 30.44 days, not a calendar month: WeChat's monthly quotas \
+                     start again on the 1st, so write per = \"month\""
+                )));
+            }
             let window = parse_duration(per).map_err(|e| e.field("per"))?;
             let per_us = i64::try_from(window.as_micros()).map_err(|_| Invalid::new("too long").field("per"))?;
             if per_us < 1_000_000 {
@@ -315,6 +327,14 @@ fn compile_limit(l: &RawLimit, margin_us: Micros) -> Result<Limit, Invalid> {
             // WeChat's daily and monthly quotas are calendar periods. A
             // window of whole days is almost always one of those written
             // as a duration; an explicit burst says a sliding window is meant.
+            let days = per_us / DAY_US;
+            if per_us % DAY_US == 0 && l.burst.is_none() && !(days == 1 || (28..=31).contains(&days)) {
+                return Err(Invalid::new(format!(
+                    "per = \"{per}\" is a sliding window of {days} x 24 hours: WeChat's quotas are per calendar day \
+                     (per = \"day\") or month (per = \"month\"), none per {days} days; to mean a sliding window, \
+                     write per = \"{days}d\" and give its burst too"
+                )));
+            }
             if per_us % DAY_US == 0 && l.burst.is_none() {
                 let calendar = if per_us == DAY_US { "day" } else { "month" };
                 return Err(Invalid::new(format!(

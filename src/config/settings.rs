@@ -38,10 +38,11 @@ const MAX_WINDOW_MARGIN: Duration = Duration::from_secs(2);
 const SERVER: &str = "[server]";
 
 /// `[server]`.
-pub(super) fn server(raw: RawServer) -> Result<Server, Invalid> {
+pub(super) fn server(raw: RawServer, dir: Option<&std::path::Path>) -> Result<Server, Invalid> {
     let (listen, admin_listen, admin_token) = listeners(&raw)?;
     let upstream = upstreams(raw.upstream.as_ref())?;
-    if let Some(ca) = &raw.upstream_ca {
+    let upstream_ca = raw.upstream_ca.as_deref().map(|ca| super::units::beside_config(dir, ca));
+    if let Some(ca) = &upstream_ca {
         if !ca.is_file() {
             return Err(Invalid::at(SERVER, "upstream_ca", format!("{} is not a readable file", ca.display())));
         }
@@ -67,7 +68,7 @@ pub(super) fn server(raw: RawServer) -> Result<Server, Invalid> {
         upstream,
         upstream_timeout: timing.upstream,
         body_timeout: timing.body,
-        upstream_ca: raw.upstream_ca,
+        upstream_ca,
         quota_offset_us,
         max_held: raw.max_held.unwrap_or(DEFAULT_MAX_HELD),
         shutdown_timeout: timing.shutdown,
@@ -273,6 +274,7 @@ fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
         None => return parse_upstream(DEFAULT_UPSTREAM).map(|u| Upstreams(vec![u])),
         Some(RawUpstream::One(text)) => {
             let uri = parse_upstream(text)
+                .and_then(not_an_api_path)
                 .map_err(|e| e.field(format!("\"{}\"", shown(text))).field("upstream").table(SERVER))?;
             return Ok(Upstreams(vec![uri]));
         }
@@ -298,6 +300,7 @@ fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
     for (i, text) in list.iter().enumerate() {
         let field = format!("upstream[{i}]");
         let uri = parse_upstream(text)
+            .and_then(not_an_api_path)
             .map_err(|e| e.field(format!("\"{}\"", shown(text))).field(field.as_str()).table(SERVER))?;
         if let Some(j) = uris.iter().position(|u| same_host(u, &uri)) {
             return Err(Invalid::at(SERVER, field, format!("\"{text}\": the same host and port as upstream[{j}]")));
@@ -374,3 +377,22 @@ pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, Invalid> {
     }
     Ok(uri)
 }
+
+/// `[server] upstream`'s path, if any, is put before every call's path:
+/// refused when it holds a segment where WeChat's API paths start
+/// (`http://host/cgi-bin/` would send `/cgi-bin/cgi-bin/...`).
+fn not_an_api_path(uri: http::Uri) -> Result<http::Uri, Invalid> {
+    if let Some(root) = uri.path().split('/').find(|segment| API_ROOTS.contains(segment)) {
+        let base = format!("{}://{}", uri.scheme_str().unwrap_or("https"), uri.authority().map_or("", |a| a.as_str()));
+        return Err(Invalid::new(format!(
+            "the path \"{}\" is part of WeChat's API paths, which every call's path already starts with (the \
+             upstream's path is put before it: WeChat would get /{root}/{root}/...); give \"{base}\"",
+            uri.path()
+        )));
+    }
+    Ok(uri)
+}
+
+/// The first segments of WeChat's and WeCom's API paths: an upstream
+/// whose path holds one would have it twice in every call's path.
+const API_ROOTS: [&str; 6] = ["cgi-bin", "sns", "wxa", "wxaapi", "customservice", "datacube"];

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::errors::{ConfigError, Ctx, Invalid};
-use super::units::parse_duration;
+use super::units::{beside_config, parse_duration};
 use super::{Fallback, MemoryConfig, RedisConfig, Resilience, SentinelConfig, StoreConfig};
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -265,7 +265,7 @@ fn memory(raw: RawMemory, config_dir: Option<&Path>) -> Result<MemoryConfig, Inv
         None => config_dir.map(|d| d.join(MemoryConfig::DEFAULT_STATE_FILE)),
         Some("off") => None,
         Some("") => return Err(Invalid::at(STORE, "state_file", "give a file path, or \"off\"")),
-        Some(path) => Some(PathBuf::from(path)),
+        Some(path) => Some(beside_config(config_dir, Path::new(path))),
     };
     if let Some(path) = &state_file {
         if path.file_name().is_none() || path.is_dir() {

@@ -36,11 +36,42 @@ pub fn parse_size(text: &str) -> Result<u64, Invalid> {
     n.checked_mul(mult).filter(|&b| b > 0).ok_or_else(|| Invalid::new("must be more than 0 and fit in 64 bits"))
 }
 
-/// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1h"` (humantime syntax).
+/// Parses `"500ms"`, `"1s"`, `"10s"`, `"1m"`, `"1min"`, `"1h"`, `"7d"`
+/// (humantime syntax), but never the unit `M`: humantime reads it as months
+/// (30.44 days) where many read minutes, so `"1M"` is refused rather than
+/// guessed ([`ambiguous_unit`]).
 pub fn parse_duration(text: &str) -> Result<Duration, Invalid> {
+    if ambiguous_unit(text) {
+        return Err(Invalid::new(format!(
+            "\"{text}\": the unit M is ambiguous (minutes or months): write \"1min\" (or \"1m\") for minutes, \"30d\" \
+             for days"
+        )));
+    }
     humantime::parse_duration(text.trim()).map_err(|e| {
         Invalid::new(format!("\"{text}\" is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" ({e})"))
     })
+}
+
+/// Whether a duration names the unit `M` (e.g. `"1M"`, `"2 M"`): months
+/// to the parser, minutes to many readers.
+pub fn ambiguous_unit(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphabetic()).any(|unit| unit == "M")
+}
+
+/// Whether a duration names months (`"1month"`): humantime's 30.44-day
+/// months, never calendar ones.
+pub fn month_unit(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphabetic()).any(|unit| matches!(unit, "month" | "months"))
+}
+
+/// A path from the config: a relative one is relative to the config
+/// file's directory `dir` (when the config was read from a file), like
+/// every path in the config.
+pub fn beside_config(dir: Option<&std::path::Path>, path: &std::path::Path) -> std::path::PathBuf {
+    match dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// Parses a fixed UTC offset: `+08:00`, `-05:30`, `Z`, `UTC`, `Asia/Shanghai`.
