@@ -202,40 +202,7 @@ pub(super) fn compile(
         if !valid_name(&a.id) {
             return Err((span, Invalid::new(format!("[[account]] id \"{}\" must be 1-64 of [A-Za-z0-9_-]", a.id))));
         }
-        let kind = match a.kind.as_str() {
-            "official_account" => AccountKind::OfficialAccount,
-            "mini_program" => AccountKind::MiniProgram,
-            "wecom" => AccountKind::WeCom,
-            "platform" => AccountKind::Platform,
-            other => {
-                return Err(err(Invalid::at_field(
-                    "kind",
-                    format!(
-                        "\"{other}\" is unknown (expected \"official_account\", \"mini_program\", \"wecom\" or \
-                         \"platform\")"
-                    ),
-                )))
-            }
-        };
-        let token_api = match (kind, a.token_api.as_deref()) {
-            (AccountKind::OfficialAccount | AccountKind::MiniProgram, None | Some("stable_token")) => {
-                TokenApi::StableToken
-            }
-            (AccountKind::OfficialAccount | AccountKind::MiniProgram, Some("token")) => TokenApi::Token,
-            (AccountKind::WeCom, None | Some("gettoken")) => TokenApi::GetToken,
-            (AccountKind::Platform, None | Some("api_component_token")) => TokenApi::ComponentToken,
-            (_, Some(other)) => {
-                let expected = match kind {
-                    AccountKind::WeCom => "\"gettoken\"",
-                    AccountKind::Platform => "\"api_component_token\"",
-                    _ => "\"stable_token\" or \"token\"",
-                };
-                return Err(err(Invalid::at_field(
-                    "token_api",
-                    format!("\"{other}\" is not a token API of a {} account (expected {expected})", kind.as_str()),
-                )));
-            }
-        };
+        let (kind, token_api) = kind_and_api(&a.kind, a.token_api.as_deref()).map_err(&err)?;
         let agent = match (kind, a.agent) {
             (AccountKind::WeCom, Some(agent)) if !agent.is_empty() && agent.bytes().all(|b| b.is_ascii_digit()) => {
                 Some(agent)
@@ -305,6 +272,41 @@ pub(super) fn compile(
         out.list.push(account);
     }
     Ok(out)
+}
+
+/// An account's kind and the token API it is fetched with (`token_api`, or
+/// the kind's default).
+fn kind_and_api(kind: &str, token_api: Option<&str>) -> Result<(AccountKind, TokenApi), Invalid> {
+    let kind = match kind {
+        "official_account" => AccountKind::OfficialAccount,
+        "mini_program" => AccountKind::MiniProgram,
+        "wecom" => AccountKind::WeCom,
+        "platform" => AccountKind::Platform,
+        other => return Err(Invalid::at_field(
+            "kind",
+            format!(
+                "\"{other}\" is unknown (expected \"official_account\", \"mini_program\", \"wecom\" or \"platform\")"
+            ),
+        )),
+    };
+    let api = match (kind, token_api) {
+        (AccountKind::OfficialAccount | AccountKind::MiniProgram, None | Some("stable_token")) => TokenApi::StableToken,
+        (AccountKind::OfficialAccount | AccountKind::MiniProgram, Some("token")) => TokenApi::Token,
+        (AccountKind::WeCom, None | Some("gettoken")) => TokenApi::GetToken,
+        (AccountKind::Platform, None | Some("api_component_token")) => TokenApi::ComponentToken,
+        (_, Some(other)) => {
+            let expected = match kind {
+                AccountKind::WeCom => "\"gettoken\"",
+                AccountKind::Platform => "\"api_component_token\"",
+                _ => "\"stable_token\" or \"token\"",
+            };
+            return Err(Invalid::at_field(
+                "token_api",
+                format!("\"{other}\" is not a token API of a {} account (expected {expected})", kind.as_str()),
+            ));
+        }
+    };
+    Ok((kind, api))
 }
 
 fn read_secret_file(path: &Path) -> Result<Secret, Invalid> {
