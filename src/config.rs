@@ -179,6 +179,10 @@ pub struct CallerPolicy {
     pub key: Option<KeyDigest>,
     /// `accounts`: the accounts it may spend under `caller_auth = "required"`.
     pub grants: Grants,
+    /// `throttle_status`: the status of its refused calls, whatever their
+    /// rule says (`None`: the rule's). Its SDK is what decides: 200 for one
+    /// that drops the body of a non-2xx answer.
+    pub throttle_status: Option<http::StatusCode>,
 }
 
 /// The SHA-256 of a caller's key: never the key, and never shown (its

@@ -263,13 +263,24 @@ impl ProxyError {
     /// The one mapping from an error to what the client sees, for a call
     /// of `rule` (`None`: no rule matched, or none was looked up yet).
     pub fn into_response(self, rule: Option<&Rule>, config: &Config) -> Response<RelayBody> {
+        self.into_response_for(rule, config, None)
+    }
+
+    /// [`ProxyError::into_response`] for a caller whose `throttle_status`
+    /// (`Some`) replaces the rule's.
+    pub fn into_response_for(
+        self,
+        rule: Option<&Rule>,
+        config: &Config,
+        caller_status: Option<StatusCode>,
+    ) -> Response<RelayBody> {
         let row = self.row();
         let http = config.rule_http(rule);
         let body = serde_json::json!({ "errcode": row.errcode, "errmsg": format!("wxgate: {self}") });
         let mut resp = Response::new(RelayBody::full(body.to_string()));
         *resp.status_mut() = match row.status {
             Status::Fixed(status) => status,
-            Status::Throttle => http.throttle_status,
+            Status::Throttle => caller_status.unwrap_or(http.throttle_status),
         };
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -311,11 +322,19 @@ impl ProxyError {
 
 /// WeChat answered a penalised errcode to a call of `rule` (not in shadow
 /// mode): its answer reaches the client as a penalty refusal's row says
-/// (429, or WeChat's own status when the rule's `throttle_status` is 200;
-/// `Retry-After` and the refusal headers), with WeChat's body unchanged.
-pub fn penalised(parts: &mut http::response::Parts, rule: &Rule, config: &Config, wait_us: Micros) -> Outcome {
+/// (429, or WeChat's own status when the caller's `throttle_status`, else
+/// the rule's, is 200; `Retry-After` and the refusal headers), with
+/// WeChat's body unchanged.
+pub fn penalised(
+    parts: &mut http::response::Parts,
+    rule: &Rule,
+    config: &Config,
+    caller_status: Option<StatusCode>,
+    wait_us: Micros,
+) -> Outcome {
     let row = ProxyError::Throttled { rule: String::new(), reason: Reason::Penalty, wait_us, over: Vec::new() }.row();
-    if row.status == Status::Throttle && config.rule_http(Some(rule)).throttle_status == StatusCode::TOO_MANY_REQUESTS {
+    let status = caller_status.unwrap_or(config.rule_http(Some(rule)).throttle_status);
+    if row.status == Status::Throttle && status == StatusCode::TOO_MANY_REQUESTS {
         parts.status = StatusCode::TOO_MANY_REQUESTS;
     }
     mark_throttled(&mut parts.headers, &rule.name, Reason::Penalty, wait_us);

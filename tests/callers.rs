@@ -388,3 +388,45 @@ async fn a_wxgate_process_refuses_a_flood_without_touching_redis() {
     assert_eq!(redis.script_runs(), decided, "50 refusals by the guard ran nothing in Redis");
     assert_eq!(mock.count(), 3);
 }
+
+/// Issue 46: the refusal shape is the caller's SDK's business: a caller
+/// whose SDK drops the body of a non-2xx answer (wechatpy, WxJava, ...)
+/// declares `throttle_status = 200` and gets WeChat's own shape (200 +
+/// errcode 45009) for every refusal, whatever its rule says; the others
+/// keep the rule's 429. A penalised WeChat answer keeps WeChat's 200 for it.
+#[tokio::test]
+async fn a_caller_chooses_the_refusal_shape_its_sdk_reads() {
+    let mock = MockWeChat::start().await;
+    let sections = [
+        rule("send").matching(SEND).limit_burst(1, "1h", 1).to_string(),
+        rule("media").matching(MEDIA).to_string(),
+        caller("wechatpy").set("throttle_status", 200).to_string(),
+        caller("go").to_string(),
+    ];
+    let gate = Gate::start(&mock, sections.concat()).await;
+    assert_eq!(gate.get_as_caller("go", SEND).await.status, 200, "the hour's one call");
+    let sdk = gate.get_as_caller("wechatpy", SEND).await;
+    assert_eq!((sdk.status.as_u16(), sdk.json()["errcode"].as_i64()), (200, Some(45009)), "{}", sdk.text());
+    assert!(sdk.retry_after() > 0, "the wait is still told: {}", sdk.text());
+    let other = gate.get_as_caller("go", SEND).await;
+    assert_eq!((other.status.as_u16(), other.json()["errcode"].as_i64()), (429, Some(45009)), "{}", other.text());
+
+    // WeChat penalises a call: the caller choosing 200 gets WeChat's 200.
+    mock.respond(|_| errcode_reply(45009));
+    let penalised = gate.get_as_caller("wechatpy", MEDIA).await;
+    assert_eq!(
+        (penalised.status.as_u16(), penalised.json()["errcode"].as_i64()),
+        (200, Some(45009)),
+        "{}",
+        penalised.text()
+    );
+    let penalised = gate.get_as_caller("go", MEDIA).await;
+    assert_eq!(penalised.status, 429, "{}", penalised.text());
+
+    // Anything else than 200 or 429 is refused at load.
+    let dir = TempDir::new("caller-status");
+    let bad = ConfigToml::new(&mock.url()).with(send_rule()).with(caller("x").set("throttle_status", 503)).to_string();
+    let err = wxgate::config::Config::load(&dir.write("rules.toml", &bad)).expect_err("503 is refused");
+    assert!(err.to_string().contains("[[caller]] \"x\"") || err.to_string().contains("caller"), "{err}");
+    assert!(err.to_string().contains("throttle_status"), "{err}");
+}

@@ -282,12 +282,14 @@ fn kind_and_api(kind: &str, token_api: Option<&str>) -> Result<(AccountKind, Tok
         "mini_program" => AccountKind::MiniProgram,
         "wecom" => AccountKind::WeCom,
         "platform" => AccountKind::Platform,
-        other => return Err(Invalid::at_field(
-            "kind",
-            format!(
+        other => {
+            return Err(Invalid::at_field(
+                "kind",
+                format!(
                 "\"{other}\" is unknown (expected \"official_account\", \"mini_program\", \"wecom\" or \"platform\")"
             ),
-        )),
+            ))
+        }
     };
     let api = match (kind, token_api) {
         (AccountKind::OfficialAccount | AccountKind::MiniProgram, None | Some("stable_token")) => TokenApi::StableToken,

@@ -103,7 +103,8 @@ pub(super) fn compile(
                 None => Grants::Listed(list.into_iter().map(Arc::from).collect()),
             },
         };
-        out.push(Arc::new(CallerPolicy { name: c.name.into(), priority, rate, key, grants }));
+        let throttle_status = super::units::throttle_status(c.throttle_status).map_err(&err)?;
+        out.push(Arc::new(CallerPolicy { name: c.name.into(), priority, rate, key, grants, throttle_status }));
     }
     Ok(out)
 }

@@ -57,6 +57,7 @@ pub(super) struct RawCaller {
     pub key_sha256: Option<String>,
     pub key_file: Option<PathBuf>,
     pub accounts: Option<Vec<String>>,
+    pub throttle_status: Option<u16>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -115,7 +115,8 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
         return Ok(Response::from_parts(parts, body));
     };
     if let Some(wait_us) = view.penalty {
-        call.outcome = crate::error::penalised(&mut parts, rule, view.config, wait_us);
+        let caller_status = call.who.caller.policy().and_then(|p| p.throttle_status);
+        call.outcome = crate::error::penalised(&mut parts, rule, view.config, caller_status, wait_us);
     }
     app.features.on_response(&call.features, &view, &mut parts.headers);
     let slot = admitted.and_then(|a| a.slot);

@@ -20,7 +20,8 @@ pub fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     if call.outcome == Outcome::rejected_bad_request {
         call.refusal = Some(e.to_string());
     }
-    e.into_response(call.route.rule.as_deref(), &call.arrived.config)
+    let caller_status = call.who.caller.policy().and_then(|p| p.throttle_status);
+    e.into_response_for(call.route.rule.as_deref(), &call.arrived.config, caller_status)
 }
 
 /// Counts the call once (under its rule; a client's call under its
