@@ -39,6 +39,9 @@ pub(super) struct RawMemory {
 
 /// A struct of one Redis kind: its own keys, then the keys every Redis
 /// kind takes ([`RawRedisShared`], which [`Self::split`] takes apart).
+/// A macro, not `#[serde(flatten)]` of the shared keys: serde's `flatten`
+/// does not combine with `deny_unknown_fields`, which names a key of
+/// another kind.
 macro_rules! redis_kind {
     ($(#[$meta:meta])* $name:ident { $($key:ident: $ty:ty),* $(,)? }) => {
         $(#[$meta])*
