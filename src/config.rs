@@ -17,9 +17,11 @@
 pub mod accounts;
 mod callers;
 mod compile;
+pub mod domain;
 mod errors;
 mod intercept;
 mod meter;
+mod penalty;
 pub mod ratelimit;
 mod raw;
 pub mod routes;
@@ -33,6 +35,7 @@ pub use meter::Metering;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +52,7 @@ pub struct Config {
     pub server: Server,
     pub store: StoreConfig,
     pub penalties: Vec<PenaltyPolicy>,
-    /// The rules as written, in file order.
+    /// The rules as written, in file order, domain after domain.
     pub rules: Vec<Arc<Rule>>,
     /// What `routes` points into: each rule with `scope = "rule"` (the same
     /// `Arc` as in `rules`), and one variant per listed path of each rule
@@ -59,7 +62,10 @@ pub struct Config {
     pub rules_http: Vec<RuleHttp>,
     /// The same for calls without a rule.
     pub unruled_http: RuleHttp,
-    pub routes: Routes,
+    /// The WeChat domains (domain 0: the file's own rules and `[server]
+    /// upstream`; then each `[[domain]]`): each with its routes into
+    /// `routed` and its upstreams ([`domain`]).
+    pub domains: Vec<Domain>,
     /// Lease of a concurrency slot (`[store] lease`), renewed while the call lives.
     pub lease_us: Micros,
     /// Longest warm-up of any rule (0: no rule warms up).
@@ -140,6 +146,29 @@ pub struct QuotaSync {
     /// The API asked for: the rule's first exact path (or the variant's).
     pub path: String,
     pub every: Duration,
+    /// The rule's domain (where the question goes).
+    pub domain: usize,
+}
+
+/// One WeChat domain's rules and upstreams (compiled in [`domain`]).
+#[derive(Debug, Clone)]
+pub struct Domain {
+    /// Its name: `[[domain]] name`, else its host's first label (`qyapi`).
+    /// A `[[domain]]`'s rules are named `<name>.<rule>`.
+    pub name: Arc<str>,
+    /// Its WeChat host (lower case): the first path segment of a direct
+    /// call for it (`/qyapi.weixin.qq.com/cgi-bin/...`), and what an
+    /// intercepted host maps to ([`domain::WECHAT_HOSTS`]).
+    pub host: Arc<str>,
+    /// Where its calls go (`[server] upstream` for domain 0; `[[domain]]
+    /// upstream`, default `https://<host>`).
+    pub upstream: Upstreams,
+    /// Its paths → its rules (indices into `Config::routed`).
+    pub routes: Routes,
+    /// `[[domain]] rules`: the file its rules are from (`None`: the config's own).
+    pub rules_file: Option<PathBuf>,
+    /// Its rules' ids (`Config::rules[..]`).
+    pub rules: Range<usize>,
 }
 
 /// `[intercept]`, on: wxgate accepts `CONNECT <host>:443` for these hosts

@@ -500,7 +500,7 @@ fn serve(mut config: Config, sim: Option<wxgate::ops::tools::sim::SimConfig>) ->
             Some(sim) => match wxgate::ops::tools::sim::serve(sim, Arc::new(SystemClock)).await {
                 Ok((addr, handle)) => {
                     tracing::info!(sim = %addr, "wxgate try: the WeChat simulator serving (GET /__stats)");
-                    match config.server.upstream_at(addr) {
+                    match config.upstreams_at(addr) {
                         Ok(()) => Some(handle),
                         Err(e) => {
                             eprintln!("wxgate try: {e}");
@@ -792,9 +792,21 @@ fn say_features(out: &mut String, config: &Config, started: &Started) {
         let hosts: Vec<&str> = ic.hosts.iter().map(|h| &**h).collect();
         say!(out, "intercept CONNECT {}, port 443 (CA {})", hosts.join(", "), ic.ca_cert.display());
     }
-    if config.routes.has_default() {
-        say!(out, "unmatched paths: rule default");
-    } else {
-        say!(out, "unmatched paths: forwarded unthrottled");
+    for (i, d) in config.domains.iter().enumerate() {
+        let unmatched = if d.routes.has_default() { "rule default" } else { "forwarded unthrottled" };
+        if config.domains.len() == 1 {
+            say!(out, "unmatched paths: {unmatched}");
+            continue;
+        }
+        let from = d.rules_file.as_ref().map_or_else(|| "this file".to_owned(), |f| f.display().to_string());
+        let how = if i == 0 { "no prefix, or /".to_owned() + &d.host + "/" } else { format!("/{}/", d.host) };
+        say!(
+            out,
+            "domain {} ({how}): {} rules from {from}{}; upstream {}; unmatched paths: {unmatched}",
+            d.host,
+            d.rules.len(),
+            if i == 0 { String::new() } else { format!(", named {}.<rule>", d.name) },
+            d.upstream
+        );
     }
 }

@@ -59,7 +59,8 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
             "unknown_server_key.toml:3: [server] worker: unknown key; did you mean `workers`? (expected one of `listen`, `upstream`, \
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
-             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`)",
+             `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`, \
+             `domain`)",
         ),
         (
             "match_string",

@@ -427,7 +427,7 @@ fn check_invariants(c: &Config) -> Result<(), TestCaseError> {
     for p in &c.penalties {
         prop_assert!(errcodes.insert(p.errcode), "errcode {} twice", p.errcode);
     }
-    prop_assert_eq!(c.routes.has_default(), c.rules.iter().any(|r| &*r.name == "default"));
+    prop_assert_eq!(c.domains[0].routes.has_default(), c.rules.iter().any(|r| &*r.name == "default"));
     prop_assert!(c.server.max_body > 0);
     prop_assert!(!c.server.header_timeout.is_zero());
     prop_assert!(!c.server.body_timeout.is_zero());
@@ -657,7 +657,7 @@ proptest! {
             prop_assert_eq!(got.concurrency, want.concurrency.unwrap_or(0));
             // Each exact pattern routes to its own rule.
             for p in want.patterns.iter().filter(|p| !p.ends_with("/*")) {
-                prop_assert_eq!(c.routes.lookup(p), Some(i), "{}", p);
+                prop_assert_eq!(c.domains[0].routes.lookup(p), Some(i), "{}", p);
             }
         }
         let penalty_count = penalties.matches("[[penalty]]").count();
@@ -671,7 +671,7 @@ proptest! {
 fn shipped_rules_parse_and_keep_the_invariants() {
     let c = parse(&shipped_rules()).expect("the shipped rules.toml is valid");
     check_invariants(&c).expect("invariants");
-    assert!(c.routes.has_default());
+    assert!(c.domains[0].routes.has_default());
 }
 
 // --- the errcode sniffer --------------------------------------------------------

@@ -8,7 +8,7 @@
 
 mod support;
 
-use support::intercept::{connect, set_mode, tls, TestCa};
+use support::intercept::{connect, set_mode, through, tls, TestCa};
 use support::process::run;
 use support::sdk::{wechatpy, wechatpy_intercepted};
 use support::*;
@@ -296,8 +296,8 @@ async fn wxgate_refuses_to_start_with_a_ca_key_others_can_read() {
     let (code, stdout, stderr) = run(&["check", "--config", &config], &[]);
     assert_eq!(code, 0, "mode 0600 is fine: {stderr}");
     assert!(
-        stdout.contains("intercept CONNECT api.weixin.qq.com, api2.weixin.qq.com, qyapi.weixin.qq.com"),
-        "{stdout}"
+        stdout.contains("intercept CONNECT api.weixin.qq.com, api2.weixin.qq.com, port 443"),
+        "the Official Account's hosts (WeCom's only with a [[domain]] for it): {stdout}"
     );
     // Another CA's key with this certificate: `check` finds it as start-up would.
     let good_key = std::fs::read(&ca.key).expect("key");
@@ -375,19 +375,6 @@ async fn sigterm_lets_an_intercepted_call_in_flight_finish() {
     assert_eq!(mock.calls()[0].body.as_ref(), b"{}");
 }
 
-/// `GET path` inside a tunnel to `host`: the answer's status and body.
-async fn through(gate: &Gate, ca: &TestCa, host: &str, path: &str) -> (u16, String) {
-    use tokio::io::AsyncWriteExt as _;
-    let (answer, stream) = connect(gate.addr, &format!("{host}:443")).await;
-    assert_eq!(answer.status, 200, "CONNECT {host}: {}", answer.text());
-    let mut tls = tls(stream, ca.roots(), host).await.expect("TLS inside the tunnel");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    tls.write_all(req.as_bytes()).await.expect("write");
-    let raw = read_until_closed(&mut tls).await;
-    let only = raw.only();
-    (only.status, only.text())
-}
-
 /// A 40001 from a host drops a cached token only if that host issues that
 /// kind of token: an official-account token sent to WeCom's qyapi by
 /// mistake is refused there, but stays the account's token (dropping it
@@ -412,7 +399,12 @@ async fn a_40001_from_another_host_family_keeps_the_cached_token() {
         toml::Value::from(ca.key.display().to_string()),
         url = mock.url(),
     );
-    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(section)).await;
+    let wecom = ca.dir.write("wecom.toml", "");
+    let domain = format!(
+        "[[domain]]\nhost = \"qyapi.weixin.qq.com\"\nrules = {}\n",
+        toml::Value::from(wecom.display().to_string())
+    );
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(section).with(domain)).await;
     let token_path = format!(
         "/cgi-bin/token?grant_type=client_credential&appid={}&secret={}",
         support::tokens::APPID,

@@ -233,3 +233,36 @@ fn the_wecom_message_rule_counts_recipients_and_keeps_each_member_under_its_limi
     let (most, _) = rule.max_cost(false, false).expect("a cap");
     assert!(most >= 1000, "a 1,000-member message must fit at once: {most}");
 }
+
+/// The block at the end of rules.toml, uncommented: both shipped files in
+/// one instance, each path of each domain counted by that domain's rule
+/// (the same path is another API on each), with no warning (the two files'
+/// penalties agree).
+#[test]
+fn both_shipped_rule_files_run_together_in_one_instance() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(OFFICIAL)).expect("rules.toml");
+    let block = "# [[domain]]\n# host = \"qyapi.weixin.qq.com\"\n# rules = \"deploy/rules-wecom.toml\"\n";
+    assert!(text.contains(block), "rules.toml ends with the WeCom block");
+    let both = text.replace(block, &block.replace("# ", ""));
+    let dir = support::TempDir::new("both-domains");
+    std::fs::create_dir_all(dir.join("deploy")).expect("dir");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join(WECOM), dir.join(WECOM)).expect("copy");
+    let path = dir.write("rules.toml", &both);
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let wecom = load(WECOM);
+    for &(path, want) in OFFICIAL_TABLE {
+        assert_eq!(config.rule_in(0, path).map(|r| r.name.to_string()).as_deref(), Some(want), "{path}");
+    }
+    for &(path, want) in WECOM_TABLE {
+        let rule = config.rule_in(1, path).expect("a WeCom rule");
+        assert_eq!(&*rule.name, format!("qyapi.{want}"), "{path}");
+        assert_eq!(rule.limits, wecom.rule_for(path).expect("alone").limits, "{path}: WeCom's own limits");
+    }
+    let oa = config.rule_in(0, "/cgi-bin/user/get").expect("OA");
+    let wc = config.rule_in(1, "/cgi-bin/user/get").expect("WeCom");
+    assert_ne!(oa.state, wc.state, "two counters");
+    let (code, stdout, stderr) = process::run(&["check", "--config", &path.display().to_string()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("domain qyapi.weixin.qq.com (/qyapi.weixin.qq.com/)"), "{stdout}");
+}

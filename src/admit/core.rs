@@ -10,7 +10,7 @@ use crate::admit::slots::Slots;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
-use crate::transport::upstream::Upstream;
+use crate::transport::upstream::DomainUpstreams;
 
 /// The shared state below the features; built once by `App::new`.
 pub struct Core {
@@ -23,7 +23,7 @@ pub struct Core {
     pub held: Held,
     /// Held and in-flight calls per (account, rule), on this instance.
     pub activity: Arc<Activity>,
-    /// Where calls go (`[server] upstream`; swapped by a reload): wxgate's
-    /// own calls too.
-    pub upstream: arc_swap::ArcSwap<Upstream>,
+    /// Where each domain's calls go (`[server] upstream`, `[[domain]]
+    /// upstream`; swapped by a reload): wxgate's own calls too.
+    pub upstreams: arc_swap::ArcSwap<DomainUpstreams>,
 }

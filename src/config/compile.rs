@@ -13,8 +13,8 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::accounts::SecretAccounts;
-use super::errors::{leading_key, Ctx, Invalid};
-use super::raw::{RawConfig, RawLog, RawPenalty, RawTokens};
+use super::errors::{Ctx, Invalid};
+use super::raw::{RawConfig, RawLog, RawTokens};
 use super::rule::{compile_rule, RawRule, RuleDefaults};
 use super::store::{self, RawStore};
 use super::units::{micros, parse_duration, valid_name};
@@ -24,9 +24,8 @@ use super::{
 };
 use crate::config::routes::{Pattern, Routes};
 use crate::limit::calendar::Period;
-use crate::limit::penalty::{PenaltyLength, PenaltyPolicy};
+use crate::limit::penalty::PenaltyPolicy;
 use crate::limit::{Limit, Rule, Scope};
-use crate::time::Span;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -54,8 +53,9 @@ impl Config {
 
     /// The rule (or, for `scope = "path"`, the rule's variant for this API)
     /// a request path counts against; `None`: forwarded unthrottled.
+    /// Domain 0's ([`Config::rule_in`] for the others).
     pub fn rule_for(&self, path: &str) -> Option<&Arc<Rule>> {
-        self.routes.lookup(path).and_then(|i| self.routed.get(i))
+        self.rule_in(0, path)
     }
 
     /// The states of the rule named `name`: the rule itself, or its
@@ -72,7 +72,7 @@ impl Config {
     }
 }
 
-fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
+fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let all_shadow = match raw.server.mode.as_deref() {
         None | Some("enforce") => false,
         Some("shadow") => true,
@@ -85,6 +85,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         }
     };
     let log = compile_log(&raw.log).map_err(|e| ctx.in_table(e))?;
+    let server_domain = raw.server.domain.take();
     let server = settings::server(raw.server, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let store = RawStore::read(raw.store, ctx)?;
     let lease = match store.lease() {
@@ -97,17 +98,29 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     // `[store] instances` needs no warning when unset: the instances count
     // each other from heartbeats in Redis (it is a floor).
     let store = store::compile(store, ctx.dir).map_err(|e| ctx.in_table(e))?;
-    let warnings = Vec::new();
+    let mut warnings = Vec::new();
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
-        Some(list) => compile_penalties(list, ctx)?,
+        Some(list) => super::penalty::compile(list, ctx)?,
     };
     let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
-    let rules = Rules::compile(raw.rule, all_shadow, &server, ctx)?;
+    let mut rules = Rules::new();
+    let own = super::domain::Own {
+        host: super::domain::own_host(server_domain.as_deref()).map_err(|e| ctx.in_table(e))?,
+        routes: rules.add(raw.rule, 0, None, (all_shadow, &server), ctx)?,
+        rules: 0..rules.rules.len(),
+        server: &server,
+        penalties: &penalties,
+    };
+    let domains = super::domain::compile(raw.domain, own, ctx, &mut warnings, &mut |raw, i, name, file_ctx| {
+        let first = rules.rules.len();
+        let routes = rules.add(raw, i, Some(name), (all_shadow, &server), file_ctx)?;
+        Ok((routes, first..rules.rules.len()))
+    })?;
     let caller_spans: Vec<Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
     let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
     check_caller_auth(&server, &callers, caller_spans, ctx)?;
-    let intercept = intercept::compile(raw.intercept, ctx.dir).map_err(|e| ctx.in_table(e))?;
+    let intercept = intercept::compile(raw.intercept, ctx.dir, &domains).map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
     let accounts =
         super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
@@ -124,7 +137,7 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         penalties,
         rules: rules.rules,
         routed: rules.routed,
-        routes: rules.routes,
+        domains,
         lease_us: micros(lease),
         max_warmup_us,
         log,
@@ -137,32 +150,37 @@ fn compile(raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     })
 }
 
-/// Every `[[rule]]`, and what calls find them by.
+/// Every `[[rule]]` of every domain, and what calls find them by.
 struct Rules {
     rules: Vec<Arc<Rule>>,
     routed: Vec<Arc<Rule>>,
     http: Vec<RuleHttp>,
     quota_syncs: Vec<QuotaSync>,
-    routes: Routes,
 }
 
 impl Rules {
-    fn compile(
+    fn new() -> Rules {
+        Rules { rules: Vec::new(), routed: Vec::new(), http: Vec::new(), quota_syncs: Vec::new() }
+    }
+
+    /// Adds one domain's rules (`domain`: its index; `prefix`: its name,
+    /// put before each rule's name with a dot, for a `[[domain]]`'s file)
+    /// and returns the domain's routes. Ids and states continue from the
+    /// domains before, so every rule of the config has its own.
+    fn add(
+        &mut self,
         raw: Vec<Spanned<RawRule>>,
-        all_shadow: bool,
-        server: &Server,
+        domain: usize,
+        prefix: Option<&str>,
+        defaults: (bool, &Server),
         ctx: &Ctx<'_>,
-    ) -> Result<Rules, ConfigError> {
-        let mut out = Rules {
-            rules: Vec::with_capacity(raw.len()),
-            routed: Vec::with_capacity(raw.len()),
-            http: Vec::with_capacity(raw.len()),
-            quota_syncs: Vec::new(),
-            routes: Routes::default(),
-        };
+    ) -> Result<Routes, ConfigError> {
+        let (all_shadow, server) = defaults;
+        let first_rule = self.rules.len();
         let mut names = HashSet::new();
         let mut spans = Vec::with_capacity(raw.len());
         let mut patterns: Vec<(Pattern, usize)> = Vec::new();
+        let mut default = None;
         for r in raw {
             let span = r.span();
             spans.push(span.clone());
@@ -175,19 +193,23 @@ impl Rules {
             if !names.insert(r.name.clone()) {
                 return Err(ctx.at_field(span, "name", Invalid::new("another rule has the same name").table(table)));
             }
+            if r.name == "default" {
+                default = Some(self.routed.len());
+            }
             let sync = r.quota_sync.clone();
             let (rule, http, own) = compile_rule(
                 r,
-                out.rules.len(),
+                self.rules.len(),
                 span.clone(),
                 RuleDefaults {
                     all_shadow,
                     throttle_status: server.throttle_status,
                     margin_us: server.window_margin_us,
+                    prefix,
                 },
                 ctx,
             )?;
-            out.http.push(http);
+            self.http.push(http);
             let rule = Arc::new(rule);
             let sync = match sync {
                 None => None,
@@ -197,17 +219,15 @@ impl Rules {
                     first_exact(&own),
                 )),
             };
-            out.route(&rule, own, &mut patterns, sync);
-            out.rules.push(rule);
+            self.route(&rule, own, &mut patterns, sync, domain);
+            self.rules.push(rule);
         }
-        let default = out.routed.iter().position(|r| &*r.name == "default");
-        out.routes = Routes::new(patterns, default).map_err(|(p, a, b)| {
-            let (a, b) = (&out.routed[a].name, &out.routed[b].name);
-            let b_index = out.rules.iter().position(|r| r.name == *b).unwrap_or(0);
+        Routes::new(patterns, default).map_err(|(p, a, b)| {
+            let (a, b) = (&self.routed[a].name, &self.routed[b].name);
+            let b_index = self.rules[first_rule..].iter().position(|r| r.name == *b).unwrap_or(0);
             let e = format!("rules \"{a}\" and \"{b}\" both claim the path pattern \"{p}\"");
             ctx.at_field(spans[b_index].clone(), "match", e)
-        })?;
-        Ok(out)
+        })
     }
 
     /// The states `rule` is routed to (itself, or its per-path variants)
@@ -219,6 +239,7 @@ impl Rules {
         own: Vec<Pattern>,
         patterns: &mut Vec<(Pattern, usize)>,
         sync: Option<(Duration, Option<String>)>,
+        domain: usize,
     ) {
         let first_state = self.routed.len();
         match rule.scope {
@@ -239,11 +260,11 @@ impl Rules {
         let Some((every, first)) = sync else { return };
         match rule.scope {
             Scope::Rule => {
-                self.quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every }));
+                self.quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every, domain }));
             }
             Scope::Path => self.quota_syncs.extend(self.routed[first_state..].iter().filter_map(|v| {
                 let path = v.path.as_deref().filter(|p| !p.starts_with("/sns/"))?;
-                Some(QuotaSync { rule: v.clone(), path: path.to_owned(), every })
+                Some(QuotaSync { rule: v.clone(), path: path.to_owned(), every, domain })
             })),
         }
     }
@@ -370,43 +391,4 @@ fn compile_log(raw: &RawLog) -> Result<LogConfig, Invalid> {
         }
     };
     Ok(LogConfig { json, access: raw.access.unwrap_or(true) })
-}
-
-fn compile_penalties(list: Vec<Spanned<RawPenalty>>, ctx: &Ctx<'_>) -> Result<Vec<PenaltyPolicy>, ConfigError> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::with_capacity(list.len());
-    for p in list {
-        let span = p.span();
-        let p = p.into_inner();
-        if !seen.insert(p.errcode) {
-            return Err(ctx.at_field(span, "errcode", format!("[[penalty]] errcode {} is listed twice", p.errcode)));
-        }
-        // "[[penalty]] errcode 45009: seconds must be ...": at `seconds`.
-        let table = format!("[[penalty]] errcode {}", p.errcode);
-        out.push(compile_penalty(p).map_err(|e| {
-            let key = leading_key(&e.message).to_owned();
-            ctx.at_field(span.clone(), &key, e.table(table))
-        })?);
-    }
-    Ok(out)
-}
-
-/// One `[[penalty]]`; an error names the field first (`seconds must be at least 1`).
-fn compile_penalty(p: RawPenalty) -> Result<PenaltyPolicy, Invalid> {
-    let length = match (p.seconds, p.until.as_deref()) {
-        (Some(0), None) => return Err(Invalid::new("seconds must be at least 1")),
-        (Some(s), None) => PenaltyLength::Escalating { base: Span::from_secs(s) },
-        (None, Some("next_minute")) => PenaltyLength::NextMinute,
-        (None, Some(other)) => {
-            return Err(Invalid::new(format!("until = \"{other}\" is unknown (expected \"next_minute\")")))
-        }
-        (Some(_), Some(_)) => return Err(Invalid::new("give seconds or until, not both")),
-        (None, None) => return Err(Invalid::new("needs seconds or until")),
-    };
-    let max = match p.max_seconds {
-        Some(0) => return Err(Invalid::new("max_seconds must be at least 1")),
-        Some(s) => Some(Span::from_secs(s)),
-        None => None,
-    };
-    Ok(PenaltyPolicy { errcode: p.errcode, length, max })
 }

@@ -5,25 +5,46 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::domain::{family, valid_host};
 use super::errors::Invalid;
 use super::raw::RawIntercept;
 use super::settings::{parse_upstream, shown};
-use super::Intercept;
+use super::{Domain, Intercept};
 
-/// WeChat's API hosts that SDKs hard-code: the general host, its
-/// disaster-recovery twin, and WeCom's.
 const INTERCEPT: &str = "[intercept]";
 
+/// WeChat's API hosts that SDKs hard-code: the general host, its
+/// disaster-recovery twin, and WeCom's (each when a domain serves it).
 pub(super) const DEFAULT_HOSTS: [&str; 3] = ["api.weixin.qq.com", "api2.weixin.qq.com", "qyapi.weixin.qq.com"];
 
 /// `[intercept]`; `None` when absent or `enabled = false`.
-pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<Option<Intercept>, Invalid> {
+///
+/// A host goes to its domain ([`super::Config::domain_of_host`]): WeChat's
+/// hosts of no domain here are left out of the default list and refused
+/// in a given one (their calls would count by another domain's rules).
+pub(super) fn compile(
+    raw: Option<RawIntercept>,
+    dir: Option<&Path>,
+    domains: &[Domain],
+) -> Result<Option<Intercept>, Invalid> {
     let Some(raw) = raw else { return Ok(None) };
     if raw.enabled == Some(false) {
         return Ok(None);
     }
+    let served = |host: &str| match family(host) {
+        Some(root) => domains.iter().any(|d| family(&d.host) == Some(root) || *d.host == *host),
+        None => true,
+    };
     let hosts: Vec<Arc<str>> = match raw.hosts {
-        None => DEFAULT_HOSTS.iter().map(|h| Arc::from(*h)).collect(),
+        None => {
+            let mut hosts: Vec<Arc<str>> = DEFAULT_HOSTS.iter().filter(|h| served(h)).map(|h| Arc::from(*h)).collect();
+            for d in domains {
+                if !hosts.contains(&d.host) {
+                    hosts.push(d.host.clone());
+                }
+            }
+            hosts
+        }
         Some(list) => {
             if list.is_empty() {
                 return Err(Invalid::at(
@@ -41,6 +62,16 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
                         INTERCEPT,
                         format!("hosts[{i}]"),
                         format!("\"{h}\" is not a DNS name (such as api.weixin.qq.com; no scheme, no port)"),
+                    ));
+                }
+                if !served(&host) {
+                    return Err(Invalid::at(
+                        INTERCEPT,
+                        format!("hosts[{i}]"),
+                        format!(
+                            "\"{h}\" is a WeChat host of no domain here: its calls would count by another domain's \
+                             rules; add a [[domain]] for it (docs/configuration.md#domain) or leave it out"
+                        ),
                     ));
                 }
                 if hosts.iter().any(|x| **x == *host) {
@@ -91,22 +122,9 @@ pub(super) fn compile(raw: Option<RawIntercept>, dir: Option<&Path>) -> Result<O
     Ok(Some(Intercept { hosts, ca_cert, ca_key, upstream }))
 }
 
-/// A lower-case DNS name with at least two labels: letters, digits, `-`.
-fn valid_host(h: &str) -> bool {
-    h.len() <= 253
-        && h.contains('.')
-        && h.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::valid_host;
+    use super::super::domain::valid_host;
 
     #[test]
     fn hosts() {

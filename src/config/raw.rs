@@ -26,6 +26,30 @@ pub(super) struct RawConfig {
     pub intercept: Option<RawIntercept>,
     #[serde(default)]
     pub account: Vec<Spanned<super::accounts::RawAccount>>,
+    #[serde(default)]
+    pub domain: Vec<Spanned<RawDomain>>,
+}
+
+/// `[[domain]]` (src/config/domain.rs).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDomain {
+    pub host: String,
+    pub name: Option<String>,
+    pub upstream: Option<RawUpstream>,
+    pub rules: PathBuf,
+}
+
+/// A `[[domain]]`'s rules file, as a domain reads it: its `[[rule]]`s
+/// (every key checked) and its `[[penalty]]`s (compared with the
+/// config's); the rest of the file (its `[server]`, `[store]`, ...) is for
+/// running it alone.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawRulesFile {
+    #[serde(default)]
+    pub rule: Vec<Spanned<super::rule::RawRule>>,
+    pub penalty: Option<Vec<Spanned<RawPenalty>>>,
+    pub domain: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -91,6 +115,7 @@ pub(super) struct RawServer {
     pub caller_auth: Option<String>,
     pub max_accounts: Option<usize>,
     pub window_margin: Option<String>,
+    pub domain: Option<String>,
 }
 
 /// `[server] upstream`: one base URL, or a list of them tried in order.

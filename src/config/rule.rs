@@ -54,12 +54,14 @@ pub(super) struct RawLimit {
 }
 
 /// What a rule takes from `[server]` unless it says otherwise.
-pub(super) struct RuleDefaults {
+pub(super) struct RuleDefaults<'a> {
     /// `[server] mode = "shadow"`.
     pub all_shadow: bool,
     pub throttle_status: http::StatusCode,
     /// `[server] window_margin`, for every window.
     pub margin_us: Micros,
+    /// Its `[[domain]]`'s name, put before its own (`qyapi.default`).
+    pub prefix: Option<&'a str>,
 }
 
 /// Where a rule's errors go: the rule's table, at the line of the field
@@ -90,10 +92,14 @@ pub(super) fn compile_rule(
     r: RawRule,
     id: usize,
     span: Range<usize>,
-    defaults: RuleDefaults,
+    defaults: RuleDefaults<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<(Rule, RuleHttp, Vec<Pattern>), ConfigError> {
     let at = At { ctx, span, table: format!("rule \"{}\"", r.name) };
+    let qualified = match defaults.prefix {
+        Some(prefix) => format!("{prefix}.{}", r.name),
+        None => r.name.clone(),
+    };
     let patterns = patterns(&r).map_err(|e| at.rule(e))?;
     let limits = limits(&r.limits, "limits", defaults.margin_us, &at)?;
     let (max_wait_us, warmup_us) = timing(&r).map_err(|e| at.rule(e))?;
@@ -133,7 +139,7 @@ pub(super) fn compile_rule(
         concurrency,
         shadow,
         per_recipient,
-        ..Rule::new(&r.name, limits)
+        ..Rule::new(&qualified, limits)
     }
     .with_percents(reserve_percent, share_percent)
     .map_err(|e| at.rule(Invalid::new(e.to_string())))?;

@@ -40,7 +40,7 @@ const SERVER: &str = "[server]";
 /// `[server]`.
 pub(super) fn server(raw: RawServer, dir: Option<&std::path::Path>) -> Result<Server, Invalid> {
     let (listen, admin_listen, admin_token) = listeners(&raw)?;
-    let upstream = upstreams(raw.upstream.as_ref())?;
+    let upstream = upstreams(raw.upstream.as_ref(), SERVER, DEFAULT_UPSTREAM)?;
     let upstream_ca = raw.upstream_ca.as_deref().map(|ca| super::units::beside_config(dir, ca));
     if let Some(ca) = &upstream_ca {
         if !ca.is_file() {
@@ -269,29 +269,28 @@ fn check_admin_exposure(admin_listen: Option<SocketAddr>, has_token: bool) -> Re
 /// at most [`Upstreams::MAX`] elements, no host:port twice (the metrics'
 /// `upstream` label), and one path for all (a call's target does not depend
 /// on which upstream takes it).
-fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
+/// An upstream list (`[server] upstream`, a `[[domain]]`'s): `default` when not given.
+pub(super) fn upstreams(raw: Option<&RawUpstream>, table: &str, default: &str) -> Result<Upstreams, Invalid> {
     let list = match raw {
-        None => return parse_upstream(DEFAULT_UPSTREAM).map(|u| Upstreams(vec![u])),
+        None => return parse_upstream(default).map(|u| Upstreams(vec![u])),
         Some(RawUpstream::One(text)) => {
             let uri = parse_upstream(text)
                 .and_then(not_an_api_path)
-                .map_err(|e| e.field(format!("\"{}\"", shown(text))).field("upstream").table(SERVER))?;
+                .map_err(|e| e.field(format!("\"{}\"", shown(text))).field("upstream").table(table))?;
             return Ok(Upstreams(vec![uri]));
         }
         Some(RawUpstream::List(list)) => list,
     };
     if list.is_empty() {
         return Err(Invalid::at(
-            SERVER,
+            table,
             "upstream",
-            format!(
-                "an empty list: give at least one URL, e.g. [\"{DEFAULT_UPSTREAM}\", \"https://api2.weixin.qq.com\"]"
-            ),
+            format!("an empty list: give at least one URL, e.g. [\"{default}\"]"),
         ));
     }
     if list.len() > Upstreams::MAX {
         return Err(Invalid::at(
-            SERVER,
+            table,
             "upstream",
             format!("{} URLs: at most {} are tried", list.len(), Upstreams::MAX),
         ));
@@ -301,14 +300,14 @@ fn upstreams(raw: Option<&RawUpstream>) -> Result<Upstreams, Invalid> {
         let field = format!("upstream[{i}]");
         let uri = parse_upstream(text)
             .and_then(not_an_api_path)
-            .map_err(|e| e.field(format!("\"{}\"", shown(text))).field(field.as_str()).table(SERVER))?;
+            .map_err(|e| e.field(format!("\"{}\"", shown(text))).field(field.as_str()).table(table))?;
         if let Some(j) = uris.iter().position(|u| same_host(u, &uri)) {
-            return Err(Invalid::at(SERVER, field, format!("\"{text}\": the same host and port as upstream[{j}]")));
+            return Err(Invalid::at(table, field, format!("\"{text}\": the same host and port as upstream[{j}]")));
         }
         if let Some(first) = uris.first() {
             if uri.path().trim_end_matches('/') != first.path().trim_end_matches('/') {
                 return Err(Invalid::at(
-                    SERVER,
+                    table,
                     field,
                     format!(
                         "\"{text}\": its path must be upstream[0]'s (\"{}\"): a call keeps its path whichever \

@@ -60,6 +60,8 @@ pub struct OwnCall {
     pub config: Arc<Config>,
     /// The account it counts against.
     pub account: String,
+    /// Its WeChat domain (index into `Config::domains`): its rules and upstreams.
+    pub domain: usize,
     pub method: Method,
     /// The path and query to send.
     pub target: PathAndQuery,
@@ -205,8 +207,10 @@ pub struct Answered<'a> {
     /// The path and query that were sent.
     pub target: &'a PathAndQuery,
     /// The WeChat host an intercepted call went to (`None`: a direct call,
-    /// which went to `[server] upstream`; see [`Answered::host`]).
+    /// which went to its domain's upstream; see [`Answered::host`]).
     pub intercepted: Option<&'a str>,
+    /// The call's domain (index into `Config::domains`).
+    pub domain: usize,
     /// What the answer said (its errcode read from its body).
     pub verdict: Verdict,
     /// The answer's errcode (0: success; `None`: not a WeChat JSON answer).
@@ -296,10 +300,13 @@ pub trait Feature: Send + Sync {
 }
 
 impl Answered<'_> {
-    /// The WeChat host the call went to: an intercepted call's, else the
-    /// first `[server] upstream`'s (`None`: not known). Computed on demand
+    /// The WeChat host the call went to: an intercepted call's, else its
+    /// domain's first upstream's (`None`: not known). Computed on demand
     /// (it parses a URL).
     pub fn host(&self) -> Option<&str> {
-        self.intercepted.or_else(|| self.config.server.upstream.iter().next().and_then(|u| u.host()))
+        self.intercepted.or_else(|| {
+            let domain = self.config.domains.get(self.domain)?;
+            domain.upstream.iter().next().and_then(|u| u.host())
+        })
     }
 }

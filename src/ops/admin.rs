@@ -267,19 +267,21 @@ fn ready(app: &App) -> Answer {
 /// does not make wxgate unready: calls go to the next, and when every one
 /// is down that is WeChat's outage, which restarting wxgate cannot mend.
 fn upstreams(app: &App) -> Value {
-    let list = app.core.upstream.load().status();
-    Value::Array(
-        list.into_iter()
-            .map(|u| {
-                json!({
-                    "upstream": u.name,
-                    "url": u.url,
-                    "up": u.up,
-                    "skipped_for_s": u.skipped_for_us as f64 / 1e6,
-                })
-            })
-            .collect(),
-    )
+    let config = app.config.load();
+    let upstreams = app.core.upstreams.load();
+    let mut list = Vec::new();
+    for (i, domain) in config.domains.iter().enumerate() {
+        for u in upstreams.get(i).status() {
+            list.push(json!({
+                "upstream": u.name,
+                "url": u.url,
+                "domain": &*domain.host,
+                "up": u.up,
+                "skipped_for_s": u.skipped_for_us as f64 / 1e6,
+            }));
+        }
+    }
+    Value::Array(list)
 }
 
 /// The memory store's state file: where, and how its writes go (`null`

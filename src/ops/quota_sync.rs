@@ -99,7 +99,7 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
         }
     }
     let offset_us = config.server.quota_offset_us;
-    match quota_get(app, config, account, token, &sync.path).await {
+    match quota_get(app, config, account, token, (sync.domain, &sync.path)).await {
         Ok(used) => {
             let key = Key { account, rule: &sync.rule, offset_us };
             match app.core.store.apply(key, RaiseDay { used }).await {
@@ -136,7 +136,7 @@ async fn quota_get(
     config: &Arc<Config>,
     account: &str,
     token: &str,
-    path: &str,
+    (domain, path): (usize, &str),
 ) -> Result<u64, (Option<i64>, String)> {
     let fail = |why: String| (None, why);
     let target = PathAndQuery::try_from(format!(
@@ -148,6 +148,7 @@ async fn quota_get(
     let own = OwnCall {
         config: config.clone(),
         account: account.to_owned(),
+        domain,
         method: Method::POST,
         target,
         body,

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::admit::callers::Callers;
 use crate::config::{Config, ConfigError};
 use crate::proxy::app::{App, Watched};
-use crate::transport::upstream::Upstream;
+use crate::transport::upstream::DomainUpstreams;
 
 /// Events closer together than this are one edit (editors write in steps).
 const SETTLE: Duration = Duration::from_millis(100);
@@ -112,16 +112,18 @@ fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
         next.intercept = running.intercept.clone();
     }
     let s = (&next.server, &running.server);
-    if s.0.upstream != s.1.upstream
+    let domains_moved = next.domains.len() != running.domains.len()
+        || next.domains.iter().zip(&running.domains).any(|(a, b)| a.host != b.host || a.upstream != b.upstream);
+    if domains_moved
         || s.0.upstream_ca != s.1.upstream_ca
         || s.0.upstream_timeout != s.1.upstream_timeout
         || s.0.body_timeout != s.1.body_timeout
     {
-        let previous = app.core.upstream.load();
-        let upstream =
-            Upstream::new(&next.server, app.core.clock.clone(), &app.core.metrics.upstreams, Some(&previous))
+        let previous = app.core.upstreams.load();
+        let upstreams =
+            DomainUpstreams::new(&next, &app.core.clock, &app.core.metrics.upstreams, Some((&running, &previous)))
                 .map_err(ReloadError::Upstream)?;
-        app.core.upstream.store(Arc::new(upstream));
+        app.core.upstreams.store(Arc::new(upstreams));
     }
     crate::features::broker::check(
         &next,

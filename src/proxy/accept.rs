@@ -61,6 +61,10 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         _ => return Err(ProxyError::BadRequest("the request target must be a path starting with /".into())),
     };
+    let target = match split_domain(call, &target)? {
+        None => target,
+        Some(rest) => rest,
+    };
     let target = match super::identify::split_prefix(&target) {
         Ok(None) => target,
         Ok(Some((account, rest))) => {
@@ -70,6 +74,13 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
         }
         Err(why) => return Err(ProxyError::BadRequest(why)),
     };
+    if first_segment(target.path()).contains('.') {
+        return Err(ProxyError::BadRequest(
+            "a domain prefix goes first, once: /qyapi.weixin.qq.com/@account/cgi-bin/... (WeChat's API paths have no \
+             dot in their first segment)"
+                .into(),
+        ));
+    }
     // Before any rule is looked up: a path no WeChat API has never reaches
     // the limits nor WeChat (see `crate::config::routes`).
     if let Some(why) = routes::refusal(target.path()) {
@@ -79,6 +90,70 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
 }
 
 /// Why a `CONNECT` is refused, in words an on-call engineer can act on.
+/// The first segment of a path (`/a/b` → `a`).
+fn first_segment(path: &str) -> &str {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    path.split('/').next().unwrap_or(path)
+}
+
+/// The call's WeChat domain ([`crate::config::domain`]): an intercepted
+/// call's host's; else a first segment that is a domain's host (split off:
+/// the target without it, query unchanged); else domain 0. A WeChat API
+/// path has no dot in its first segment, so one with a dot names a domain
+/// or is refused.
+fn split_domain(call: &mut Call, target: &PathAndQuery) -> Result<Option<PathAndQuery>, ProxyError> {
+    let config = &call.arrived.config;
+    let first = first_segment(target.path());
+    if let Some(host) = &call.arrived.intercepted {
+        if first.contains('.') {
+            return Err(ProxyError::BadRequest(
+                "an intercepted call's host is its domain: send the API path without a domain prefix".into(),
+            ));
+        }
+        call.arrived.domain = config.domain_of_host(&host.name).ok_or_else(|| {
+            ProxyError::BadRequest(format!(
+                "no domain serves {} since a reload: restart wxgate, or put its [[domain]] back",
+                host.name
+            ))
+        })?;
+        return Ok(None);
+    }
+    if !first.contains('.') {
+        return Ok(None);
+    }
+    let Some(domain) = config.domains.iter().position(|d| *d.host == *first) else {
+        let served: Vec<&str> = config.domains.iter().map(|d| &*d.host).collect();
+        // Quoted only when it is a WeChat host: a path may carry anything.
+        let named = match crate::config::domain::family(first) {
+            Some(_) => format!("{first} is a WeChat host no [[domain]] of this wxgate serves"),
+            None => "the first path segment names no domain".to_owned(),
+        };
+        return Err(ProxyError::BadRequest(format!(
+            "{named}; this wxgate serves {} (a prefix /<host>/ picks one; none: {})",
+            served.join(", "),
+            served[0]
+        )));
+    };
+    let rest = &target.path()[1 + first.len()..];
+    if rest.len() < 2 {
+        return Err(ProxyError::BadRequest(format!(
+            "a domain prefix must be followed by the API path: /{first}/cgi-bin/..."
+        )));
+    }
+    let mut stripped = String::with_capacity(target.as_str().len());
+    stripped.push_str(rest);
+    if let Some(q) = target.query() {
+        stripped.push('?');
+        stripped.push_str(q);
+    }
+    let stripped = PathAndQuery::from_maybe_shared(bytes::Bytes::from(stripped)).map_err(|e| {
+        ProxyError::BadRequest(format!("the path after the domain prefix is not a request target: {e}"))
+    })?;
+    rest.clone_into(&mut call.arrived.path);
+    call.arrived.domain = domain;
+    Ok(Some(stripped))
+}
+
 fn connect_refusal(call: &Call, req: &Request<Incoming>) -> String {
     let Some(intercept) = &call.arrived.config.intercept else {
         return "CONNECT is not served: wxgate only forwards to its configured upstream".into();

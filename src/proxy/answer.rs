@@ -64,6 +64,7 @@ fn answered<'a>(
         path: &arrived.path,
         target,
         intercepted: arrived.intercepted.as_ref().map(|h| &*h.name),
+        domain: arrived.domain,
         verdict,
         errcode: errcode(verdict),
         body,

@@ -28,7 +28,7 @@ use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::{MemoryStoreMetrics, Metrics};
 use crate::time::Clock;
 use crate::transport::intercept::Interceptor;
-use crate::transport::upstream::Upstream;
+use crate::transport::upstream::DomainUpstreams;
 
 /// Everything a call needs; shared by every connection.
 pub struct App {
@@ -83,8 +83,8 @@ impl App {
         clock: Arc<dyn Clock>,
         metrics: Metrics,
     ) -> Result<Arc<App>, StartError> {
-        let upstream =
-            Upstream::new(&config.server, clock.clone(), &metrics.upstreams, None).map_err(StartError::Upstream)?;
+        let upstreams =
+            DomainUpstreams::new(&config, &clock, &metrics.upstreams, None).map_err(StartError::Upstream)?;
         let lease_us = config.lease_us;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
@@ -99,7 +99,7 @@ impl App {
                 slots: Arc::new(Slots::new()),
                 held: Held::default(),
                 activity: Arc::default(),
-                upstream: ArcSwap::from_pointee(upstream),
+                upstreams: ArcSwap::from_pointee(upstreams),
             },
             features,
             config: ArcSwap::from_pointee(config),

@@ -63,6 +63,9 @@ pub struct Arrived {
     /// accept: the account an `@account` first path segment names; taken
     /// by identify.
     pub named: Option<String>,
+    /// accept: the call's WeChat domain (index into `Config::domains`):
+    /// an intercepted host's, a `/<host>/` first segment's, else 0.
+    pub domain: usize,
 }
 
 /// What a call costs and whom it is to: set by meter
@@ -105,7 +108,7 @@ pub struct Sent {
 impl Call {
     pub fn new(method: Method, path: &str, config: Arc<Config>, caller: Caller) -> Call {
         Call {
-            arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None },
+            arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None, domain: 0 },
             route: Routed::default(),
             who: Who { caller, account: String::new(), proven: false, own: false },
             features: Contexts::default(),

@@ -97,8 +97,8 @@ pub fn prepare_own(
 /// `[server] upstream`) and the URI there.
 fn upstream_of(app: &App, call: &Call, target: &PathAndQuery) -> Result<(Arc<Upstream>, http::Uri), ProxyError> {
     let upstream = match &call.arrived.intercepted {
-        None => app.core.upstream.load_full(),
-        Some(host) => host.upstream(app.core.upstream.load_full()),
+        None => app.core.upstreams.load().get(call.arrived.domain).clone(),
+        Some(host) => host.upstream(app.core.upstreams.load().get(call.arrived.domain).clone()),
     };
     let uri = upstream.target(target).map_err(|e| ProxyError::BadRequest(format!("cannot forward this path: {e}")))?;
     Ok((upstream, uri))

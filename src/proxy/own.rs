@@ -24,8 +24,9 @@ impl Calls for App {
 /// Runs `own` through the phases: WeChat's errcode and (small) body, or
 /// why it was not sent or not answered.
 pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
-    let OwnCall { config, account, method, target, body, mut seeds } = own;
+    let OwnCall { config, account, domain, method, target, body, mut seeds } = own;
     let mut call = Call::new(method.clone(), target.path(), config, app.callers.load().fallback());
+    call.arrived.domain = domain;
     call.who.account = account;
     call.who.own = true;
     call.body = Some(body);

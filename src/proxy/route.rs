@@ -7,7 +7,7 @@ use crate::telemetry::metrics::NO_RULE;
 /// Sets `call.route`. Every call is routed (a call without a rule gets the
 /// `_none` series).
 pub fn route(app: &App, call: &mut Call) {
-    let rule = call.arrived.config.rule_for(&call.arrived.path).cloned();
+    let rule = call.arrived.config.rule_in(call.arrived.domain, &call.arrived.path).cloned();
     call.route.metrics = Some(app.core.metrics.rule(rule.as_ref().map_or(NO_RULE, |r| &*r.name)));
     call.route.rule = rule;
 }

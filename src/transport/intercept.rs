@@ -164,10 +164,13 @@ mod tests {
         }
         let text = format!(
             "[server]\nupstream = [\"https://api.weixin.qq.com\", \"https://api2.weixin.qq.com\"]\nadmin_listen = \"off\"\n\n\
-             [intercept]\nca_cert = {:?}\nca_key = {:?}\nupstream = {{ \"qyapi.weixin.qq.com\" = \"http://127.0.0.1:9999\" }}\n",
+             [intercept]\nca_cert = {:?}\nca_key = {:?}\nupstream = {{ \"qyapi.weixin.qq.com\" = \"http://127.0.0.1:9999\" }}\n\n\
+             [[domain]]\nhost = \"qyapi.weixin.qq.com\"\nrules = {:?}\n",
             dir.join("ca.pem").display().to_string(),
             dir.join("ca-key.pem").display().to_string(),
+            dir.join("wecom.toml").display().to_string(),
         );
+        std::fs::write(dir.join("wecom.toml"), "").expect("write");
         let config = Config::parse(&text, std::path::Path::new("t.toml")).expect("config");
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
         let metrics = Metrics::new();

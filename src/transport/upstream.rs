@@ -80,6 +80,60 @@ use crate::telemetry::metrics::{FailoverLabels, Tried, UpstreamLabel, UpstreamMe
 use crate::time::Clock;
 use crate::transport::request_body::RequestBody;
 
+/// Each domain's client (`crate::config::Config::domains`, same order).
+pub struct DomainUpstreams {
+    /// Domain 0's.
+    first: Arc<Upstream>,
+    /// Domain 1's onwards.
+    rest: Vec<Arc<Upstream>>,
+}
+
+impl DomainUpstreams {
+    /// One client per domain of `config`. A domain whose host `previous`
+    /// (the clients a reload replaces, and their config) also had keeps
+    /// its upstreams' health.
+    pub fn new(
+        config: &crate::config::Config,
+        clock: &Arc<dyn Clock>,
+        metrics: &UpstreamMetrics,
+        previous: Option<(&crate::config::Config, &DomainUpstreams)>,
+    ) -> Result<DomainUpstreams, String> {
+        let mut list = Vec::with_capacity(config.domains.len());
+        for d in &config.domains {
+            let server = Server { upstream: d.upstream.clone(), ..config.server.clone() };
+            let before = previous.and_then(|(c, u)| {
+                let i = c.domains.iter().position(|o| o.host == d.host)?;
+                Some(&**u.get(i))
+            });
+            let upstream = Upstream::new(&server, clock.clone(), metrics, before).map_err(|e| {
+                if config.domains.len() > 1 {
+                    format!("{}: {e}", d.host)
+                } else {
+                    e
+                }
+            })?;
+            list.push(Arc::new(upstream));
+        }
+        let mut list = list.into_iter();
+        let first = list.next().ok_or("no domain")?;
+        Ok(DomainUpstreams { first, rest: list.collect() })
+    }
+
+    /// Domain `i`'s client (domain 0's for an index past the end, which a
+    /// call's config never gives).
+    pub fn get(&self, i: usize) -> &Arc<Upstream> {
+        match i.checked_sub(1) {
+            None => &self.first,
+            Some(i) => self.rest.get(i).unwrap_or(&self.first),
+        }
+    }
+
+    /// Every domain's client, in the config's order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        std::iter::once(&self.first).chain(self.rest.iter())
+    }
+}
+
 /// The client to the configured upstreams, tried in order.
 pub struct Upstream {
     /// The connector and the timeouts: how a call reaches an upstream.

@@ -106,3 +106,16 @@ pub async fn tls(stream: TcpStream, roots: RootCertStore, server_name: &str) -> 
         .await
         .expect("the TLS handshake ends in time")
 }
+
+/// One `GET path` to `host` through a tunnel of `gate` (trusting `ca`):
+/// the answer's status and body.
+pub async fn through(gate: &super::Gate, ca: &TestCa, host: &str, path: &str) -> (u16, String) {
+    let (answer, stream) = connect(gate.addr, &format!("{host}:443")).await;
+    assert_eq!(answer.status, 200, "CONNECT {host}: {}", answer.text());
+    let mut tls = tls(stream, ca.roots(), host).await.expect("TLS inside the tunnel");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.expect("write");
+    let raw = super::wire::read_until_closed(&mut tls).await;
+    let only = raw.only();
+    (only.status, only.text())
+}

@@ -35,7 +35,15 @@ pub async fn fetch(
     if let Some(request) = TokenRequest::at(api.path()) {
         seeds.insert(Learn { request, owner: Some(account.name.to_string()) });
     }
-    let own = OwnCall { config: config.clone(), account: account.name.to_string(), method, target, body, seeds };
+    let own = OwnCall {
+        config: config.clone(),
+        account: account.name.to_string(),
+        domain: config.domain_of_kind(account.kind),
+        method,
+        target,
+        body,
+        seeds,
+    };
     let answered = env.calls.call(own).await?;
     let (errcode, answer) = (answered.errcode, answered.body);
     match (errcode, answer.as_deref().and_then(token_of)) {
@@ -79,6 +87,7 @@ pub async fn fetch_ticket(
     let own = OwnCall {
         config: config.clone(),
         account: account_name,
+        domain: config.domain_of_kind(account.kind),
         method: Method::GET,
         target,
         body: Bytes::new(),
