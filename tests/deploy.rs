@@ -3,7 +3,8 @@
 //! compose and Kubernetes configs (each passes `wxgate check`; ports, mounts
 //! and commands match them; the container and Kubernetes ones carry the
 //! shipped rules whole, and answer each SDK's refused calls in the shape that
-//! SDK reads), and `wxgate probe`, which the image's health check
+//! SDK reads), the Kubernetes manifests against the API's schemas
+//! (kubernetes-validate), and `wxgate probe`, which the image's health check
 //! runs, against a live wxgate, a closed port, and a wxgate that cannot
 //! decide.
 //!
@@ -791,6 +792,51 @@ async fn the_shipped_configs_refuse_each_sdks_calls_in_the_shape_that_sdk_reads(
             }
         }
         assert_eq!(mock.count(), 1, "{what}: the refused call never reached WeChat");
+    }
+}
+
+/// The oldest Kubernetes a manifest's comments say it needs (`Kubernetes
+/// 1.N+`), as `1.N.0`.
+fn oldest_kubernetes(path: &str) -> String {
+    let file = read(path);
+    let minor = file.split("Kubernetes 1.").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        (rest[digits.len()..].starts_with('+')).then(|| digits.parse::<u32>().ok()).flatten()
+    });
+    format!("1.{}.0", minor.unwrap_or_else(|| panic!("{path} names the Kubernetes it needs (Kubernetes 1.N+)")))
+}
+
+#[test]
+fn the_kubernetes_files_pass_the_kubernetes_api_schemas() {
+    let Some(tool) = support::deploy::kubernetes_validate() else { return };
+    let validate = |file: &str, version: Option<&str>| {
+        let mut args = vec!["--strict"];
+        if let Some(v) = version {
+            args.extend(["--kubernetes-version", v]);
+        }
+        args.push(file);
+        support::deploy::run_tool(&tool, &args)
+    };
+    // The files, against the oldest Kubernetes they name and the newest the tool knows.
+    for file in ["deploy/kubernetes-sidecar.yaml", "deploy/kubernetes-egress.yaml"] {
+        let oldest = oldest_kubernetes(file);
+        for version in [Some(oldest.as_str()), None] {
+            let (ok, said) = validate(file, version);
+            assert!(ok && said.contains("passed"), "{file} against Kubernetes {version:?}:\n{said}");
+        }
+    }
+
+    // The check is real: a misspelled field and a wrong type are refused.
+    let dir = TempDir::new("kubernetes-validate");
+    let sidecar = read("deploy/kubernetes-sidecar.yaml");
+    for (from, to, named) in [
+        ("  restartPolicy: Always", "  restartPolicyy: Always", "restartPolicyy"),
+        ("containerPort: 9090", "containerPort: \"9090\"", "containerPort"),
+    ] {
+        assert!(sidecar.contains(from), "the sidecar has {from}");
+        let broken = dir.write("broken.yaml", &sidecar.replacen(from, to, 1));
+        let (ok, said) = validate(broken.to_str().expect("utf-8"), None);
+        assert!(!ok && said.contains(named), "{to} passed kubernetes-validate:\n{said}");
     }
 }
 
