@@ -61,6 +61,23 @@ fi
 echo "== SDK environment (scripts/sdk-env.sh)"
 scripts/sdk-env.sh
 
+# tests/deploy.rs checks deploy/kubernetes-*.yaml against the Kubernetes
+# API's JSON schemas with kubernetes-validate (PyPI; the schemas ship inside
+# the package, so it runs offline), pinned with its dependencies in
+# tests/tools/kubernetes-validate.txt, in a venv at
+# target/tools/kubernetes-validate/ (python3 with venv: scripts/sdk-env.sh
+# above installs it when missing). A stamp of the pins skips a second install.
+kv=target/tools/kubernetes-validate
+kv_pins=$(sha256sum tests/tools/kubernetes-validate.txt | cut -d' ' -f1)
+if [ "$(cat "$kv/stamp" 2>/dev/null)" != "$kv_pins" ]; then
+  echo "== installing kubernetes-validate (tests/tools/kubernetes-validate.txt) into $kv"
+  rm -rf "$kv"
+  python3 -m venv "$kv"
+  "$kv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    --only-binary=:all: -r tests/tools/kubernetes-validate.txt
+  echo "$kv_pins" >"$kv/stamp"
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -15,11 +15,6 @@ const SEND: &str = "/cgi-bin/message/custom/send";
 const ORDERS_KEY: &str = "orders-key-0123456789abcdef";
 const APPROVALS_KEY: &str = "approvals-key-fedcba9876543210";
 
-/// The hex SHA-256 of a key, as `key_sha256` takes it.
-fn sha256_hex(key: &str) -> String {
-    wxgate::config::KeyDigest::of(key.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A key file only its owner may read.
 fn key_file(dir: &TempDir, name: &str, key: &str) -> PathBuf {
     let path = dir.write(name, &format!("{key}\n"));
@@ -39,7 +34,7 @@ fn config(mock: &MockWeChat, dir: &TempDir) -> ConfigToml {
     let orders = caller("orders")
         .set("key_file", key_file(dir, "orders.key", ORDERS_KEY).display().to_string())
         .set("accounts", vec!["wxA"]);
-    let approvals = caller("approvals").high().set("key_sha256", sha256_hex(APPROVALS_KEY)).set("accounts", vec!["*"]);
+    let approvals = caller("approvals").high().set("key_sha256", key_sha256(APPROVALS_KEY)).set("accounts", vec!["*"]);
     ConfigToml::new(&mock.url())
         .server("caller_auth", "required")
         .with(orders)

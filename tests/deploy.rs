@@ -1,12 +1,17 @@
 //! The deployment files agree with the binary they deploy: the Dockerfile
 //! (entry point, config path, ports, health check, user), the container,
 //! compose and Kubernetes configs (each passes `wxgate check`; ports, mounts
-//! and commands match them), and `wxgate probe`, which the image's health
-//! check runs, against a live wxgate, a closed port, and a wxgate that
-//! cannot decide.
+//! and commands match them; the container and Kubernetes ones carry the
+//! shipped rules whole, and answer each SDK's refused calls in the shape that
+//! SDK reads), the Kubernetes manifests against the API's schemas
+//! (kubernetes-validate), and `wxgate probe`, which the image's health check
+//! runs, against a live wxgate, a closed port, and a wxgate that cannot
+//! decide.
 //!
-//! No container engine is needed: the files are read as the engines read
-//! them, and everything they ask of wxgate is run against the real binary.
+//! No container engine or cluster is needed: the files are read as the
+//! engines read them (a manifest's ConfigMap as its documented `kubectl
+//! create configmap` makes it), and everything they ask of wxgate is run
+//! against the real binary.
 
 mod support;
 
@@ -17,7 +22,7 @@ use std::path::Path;
 use support::deploy::{entries, read, repo, strings, text, yaml, Yaml};
 use support::ports::ClosedPort;
 use support::process::{self, run};
-use support::{eventually, ConfigToml, StoreToml, TempDir, PATIENCE};
+use support::{eventually, ConfigToml, Gate, MockWeChat, StoreToml, TempDir, PATIENCE};
 
 const IMAGE: &str = "wxgate:local";
 /// A token for configs whose admin listener is beyond loopback.
@@ -190,18 +195,26 @@ fn the_image_runs_the_binary_on_the_config_it_ships() {
     assert!(ports.listen.ip().is_unspecified(), "inside a container the proxy listens on every interface");
 }
 
+/// A config's penalties and rules: everything from its first `[[penalty]]` on.
+fn penalties_and_rules<'a>(config_text: &'a str, what: &str) -> &'a str {
+    let at = config_text.find("\n[[penalty]]").unwrap_or_else(|| panic!("{what} has a [[penalty]]"));
+    &config_text[at..]
+}
+
+/// `config_text` (of `what`) is the shipped rules.toml whole, under a
+/// `[server]`, `[store]` and `[[caller]]`s of its own.
+fn assert_shipped_rules(config_text: &str, what: &str) {
+    let shipped = read("rules.toml");
+    assert!(
+        penalties_and_rules(config_text, what) == penalties_and_rules(&shipped, "rules.toml"),
+        "{what}'s penalties and rules are not rules.toml's: copy rules.toml from its first [[penalty]] on over \
+         {what}'s"
+    );
+}
+
 #[test]
 fn the_container_config_is_the_shipped_rules_with_a_container_server() {
-    let tail = |path: &str| -> String {
-        let text = read(path);
-        let at = text.find("\n[[penalty]]").unwrap_or_else(|| panic!("{path} has a [[penalty]]"));
-        text[at..].to_owned()
-    };
-    assert!(
-        tail("deploy/container.toml") == tail("rules.toml"),
-        "deploy/container.toml's penalties and rules are not rules.toml's: copy rules.toml from its first \
-         [[penalty]] on over deploy/container.toml's"
-    );
+    assert_shipped_rules(&read("deploy/container.toml"), "deploy/container.toml");
 }
 
 #[test]
@@ -451,8 +464,70 @@ fn objects<'a>(docs: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
     docs.iter().filter(|d| d["kind"].as_str() == Some(kind)).collect()
 }
 
+/// The ConfigMaps the header of the manifest `path` says to make, as its
+/// one documented `kubectl create configmap NAME --from-file=KEY=FILE ...
+/// --dry-run=client -o yaml | kubectl apply -f -` (run from the
+/// repository's root, again after each edit) makes them: name → key → text.
+/// The manifest defines no ConfigMap itself, which `kubectl apply -f` would
+/// otherwise put back over the one made from the files.
+fn documented_config_maps(path: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    assert!(
+        objects(&yaml(path), "ConfigMap").is_empty(),
+        "{path} defines a ConfigMap beside the one its documented command makes: one way to supply it"
+    );
+    // Comment lines, with `\` continuations joined.
+    let mut lines = Vec::new();
+    let mut pending = String::new();
+    for line in read(path).lines().filter_map(|l| l.trim_start().strip_prefix('#')) {
+        match line.trim().strip_suffix('\\') {
+            Some(part) => pending.push_str(part),
+            None => lines.push(std::mem::take(&mut pending) + line.trim()),
+        }
+    }
+    let mut maps = BTreeMap::new();
+    for command in lines.iter().filter_map(|l| l.split_once("kubectl create configmap ").map(|(_, c)| c)) {
+        let (create, then) = command.split_once('|').unwrap_or((command, ""));
+        assert_eq!(
+            then.trim(),
+            "kubectl apply -f -",
+            "{path}: `{command}` applies what it makes (again after an edit)"
+        );
+        let mut words = create.split_whitespace();
+        let name = words.next().expect("configmap name").to_owned();
+        let mut data = BTreeMap::new();
+        let mut rest = Vec::new();
+        for word in words {
+            match word.strip_prefix("--from-file=") {
+                Some(source) => {
+                    let (key, file) = source.split_once('=').unwrap_or_else(|| {
+                        (Path::new(source).file_name().and_then(|n| n.to_str()).expect("file name"), source)
+                    });
+                    assert!(data.insert(key.to_owned(), read(file)).is_none(), "{path}: key {key} given twice");
+                }
+                None => rest.push(word),
+            }
+        }
+        assert_eq!(rest, ["--dry-run=client", "-o", "yaml"], "{path}: `{command}`: options this test does not render");
+        let size: usize = data.values().map(String::len).sum();
+        assert!(size < 1 << 20, "{path}: ConfigMap {name} is {size} bytes; Kubernetes takes at most 1 MiB");
+        assert!(maps.insert(name.clone(), data).is_none(), "{path}: ConfigMap {name} is made by two commands");
+    }
+    maps
+}
+
+/// The config file `file_name` of the ConfigMap `map_name` that the manifest
+/// `path` says how to make.
+fn pod_config(path: &str, map_name: &str, file_name: &str) -> String {
+    let maps = documented_config_maps(path);
+    let map = maps.get(map_name).unwrap_or_else(|| {
+        panic!("{path}: its header says how to make ConfigMap {map_name} (kubectl create configmap {map_name} --from-file=...)")
+    });
+    map.get(file_name).cloned().unwrap_or_else(|| panic!("{path}: ConfigMap {map_name} has a key {file_name}"))
+}
+
 /// Checks every wxgate container of `path` against the config its ConfigMap
-/// holds: the config passes `wxgate check` and has a `default` rule; ports,
+/// holds (as the manifest's documented command makes it): the config passes
+/// `wxgate check`, is the shipped rules.toml whole and has a `default` rule; ports,
 /// probes, mount, the admin token and the token key (both from a Secret),
 /// and the Redis Service agree with it; `[store] instances` is left to the
 /// heartbeats; a wxgate beside another container is a native sidecar
@@ -489,21 +564,22 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
                 .find(|m| m["mountPath"].as_str() == Some(&config_dir))
                 .map(|m| text(&m["name"], "volume name").to_owned())
                 .unwrap_or_else(|| panic!("{path}: a volume mounted at {config_dir}"));
-            let map_name = pod["volumes"]
+            let source = pod["volumes"]
                 .as_vec()
                 .expect("volumes")
                 .iter()
                 .find(|v| v["name"].as_str() == Some(volume.as_str()))
-                .and_then(|v| v["configMap"]["name"].as_str())
+                .map(|v| &v["configMap"])
                 .expect("the volume is a ConfigMap");
-            let map = objects(&docs, "ConfigMap")
-                .into_iter()
-                .find(|m| m["metadata"]["name"].as_str() == Some(map_name))
-                .unwrap_or_else(|| panic!("{path}: no ConfigMap {map_name}"));
+            let map_name = text(&source["name"], "configMap name");
+            assert!(source["items"].is_badvalue(), "{path}: every key of ConfigMap {map_name} is mounted");
+            // The ConfigMap the pod sees: what the one documented command makes.
             let file_name = Path::new(&config_path).file_name().expect("name").to_str().expect("utf-8");
-            let config_text = text(&map["data"][file_name], "ConfigMap data");
+            let config_text = pod_config(path, map_name, file_name);
             let dir = TempDir::new("kubernetes");
-            assert_checks(&dir.write(file_name, config_text), &[TOKEN]);
+            assert_checks(&dir.write(file_name, &config_text), &[TOKEN]);
+            assert_shipped_rules(&config_text, &format!("{path}'s ConfigMap {map_name}"));
+            let config_text = config_text.as_str();
 
             let ports = listeners(config_text, path);
             let config = toml_value(config_text, path);
@@ -601,6 +677,167 @@ fn the_kubernetes_files_run_the_image_on_configs_that_pass_check() {
         policies.iter().any(|p| p["spec"]["podSelector"]["matchLabels"]["app"].as_str() == Some("wxgate-egress")),
         "a NetworkPolicy narrows who reaches the shared egress"
     );
+}
+
+/// Who calls through a shipped config, the SDK it calls with, and the HTTP
+/// status its refusals must come as: the shape that SDK reads
+/// (docs/sdks.md). `None`: the config's own `[server] caller` (one service).
+struct SdkCaller {
+    config: &'static str,
+    caller: Option<&'static str>,
+    sdk: &'static str,
+    status: u16,
+}
+
+const SDK_CALLERS: &[SdkCaller] = &[
+    // The image's config: one service, whichever SDK; most read only 200.
+    SdkCaller {
+        config: "deploy/container.toml",
+        caller: None,
+        sdk: "wechatpy, WxJava, EasyWeChat, silenceper",
+        status: 200,
+    },
+    SdkCaller { config: "deploy/kubernetes-sidecar.yaml", caller: None, sdk: "wechatpy", status: 200 },
+    SdkCaller { config: "deploy/kubernetes-egress.yaml", caller: Some("orders"), sdk: "wechatpy", status: 200 },
+    SdkCaller { config: "deploy/kubernetes-egress.yaml", caller: Some("billing"), sdk: "WxJava", status: 200 },
+    SdkCaller { config: "deploy/kubernetes-egress.yaml", caller: Some("shop"), sdk: "EasyWeChat", status: 200 },
+    SdkCaller {
+        config: "deploy/kubernetes-egress.yaml",
+        caller: Some("notify"),
+        sdk: "silenceper/wechat",
+        status: 200,
+    },
+    // Reads the body whatever the status: the default 429 and Retry-After.
+    SdkCaller { config: "deploy/kubernetes-egress.yaml", caller: Some("campaigns"), sdk: "wechat-api", status: 429 },
+];
+
+/// The config a shipped file serves: a `.toml` itself, a manifest's the
+/// ConfigMap its documented command makes.
+fn served_config(path: &str) -> String {
+    if path.ends_with(".toml") {
+        return read(path);
+    }
+    let docs = yaml(path);
+    let volumes = objects(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"].clone();
+    let map_name = text(&volumes[0]["configMap"]["name"], "configMap name").to_owned();
+    pod_config(path, &map_name, "rules.toml")
+}
+
+/// A test key for the shipped caller `name` (the shipped files hold
+/// placeholder hashes no key has).
+fn test_key(name: &str) -> String {
+    format!("deploy-test-key-of-{name}")
+}
+
+/// `config_text` as shipped, on this machine: both listeners on free
+/// loopback ports, `upstream` the mock WeChat, the memory store, and each
+/// keyed caller's `key_sha256` that of [`test_key`]. Everything that shapes
+/// a refusal (`[server] caller`, the callers' `throttle_status`, the
+/// penalties and rules) is left as shipped.
+fn shipped_on_loopback(config_text: &str, what: &str, upstream: &str) -> String {
+    let mut config: toml::Table = toml::from_str(config_text).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let server = config.get_mut("server").and_then(|s| s.as_table_mut()).expect("[server]");
+    server.insert("listen".into(), "127.0.0.1:0".into());
+    server.insert("admin_listen".into(), "127.0.0.1:0".into());
+    server.insert("upstream".into(), upstream.into());
+    config.insert("store".into(), toml::Value::Table(toml::Table::from_iter([("kind".into(), "memory".into())])));
+    for caller in config.get_mut("caller").and_then(|c| c.as_array_mut()).into_iter().flatten() {
+        let caller = caller.as_table_mut().expect("[[caller]]");
+        if caller.contains_key("key_sha256") {
+            let name = caller["name"].as_str().expect("caller name").to_owned();
+            caller.insert("key_sha256".into(), support::key_sha256(&test_key(&name)).into());
+        }
+    }
+    toml::to_string(&config).expect("TOML")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_configs_refuse_each_sdks_calls_in_the_shape_that_sdk_reads() {
+    for case in SDK_CALLERS {
+        let what = format!("{} ({}, {})", case.config, case.caller.unwrap_or("its service"), case.sdk);
+        let shipped = served_config(case.config);
+        let config: toml::Value = toml::from_str(&shipped).unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The caller the config declares for it (a service's own: its
+        // [server] caller, if any), and an account it may spend.
+        let name = case.caller.or(config["server"].get("caller").and_then(|c| c.as_str()));
+        let declared = config
+            .get("caller")
+            .and_then(|c| c.as_array())
+            .and_then(|cs| cs.iter().find(|c| name.is_some() && c["name"].as_str() == name).and_then(|c| c.as_table()));
+        assert!(declared.is_some() || case.caller.is_none(), "{what}: a [[caller]] named {name:?}");
+        let account = declared
+            .and_then(|c| c.get("accounts"))
+            .and_then(|a| a.get(0))
+            .and_then(|a| a.as_str())
+            .unwrap_or("wx0123456789abcdef");
+
+        // WeChat refuses the first call with its own 45009: wxgate answers it
+        // and pauses the account's rule; the second call is wxgate's refusal.
+        let mock = MockWeChat::start().await;
+        mock.respond(|_| support::errcode_reply(45009));
+        let gate = Gate::start_text(shipped_on_loopback(&shipped, &what, &mock.url())).await;
+        let bearer = format!("Bearer {}", test_key(name.unwrap_or_default()));
+        let mut headers = vec![("x-wx-account", account)];
+        if declared.is_some_and(|c| c.contains_key("key_sha256")) {
+            headers.push(("authorization", bearer.as_str()));
+        }
+        let path = "/cgi-bin/message/template/send?access_token=sdk-token";
+        for (turn, reason) in [("WeChat's own 45009", None), ("wxgate's refusal", Some("penalty"))] {
+            let answer = gate.post_with(path, r#"{"touser":"o1"}"#, &headers).await;
+            assert_eq!(answer.status, case.status, "{what}: {turn} came as {}: {}", answer.status, answer.text());
+            assert_eq!(answer.json()["errcode"], 45009, "{what}: {turn}: {}", answer.text());
+            assert!(answer.header("retry-after").is_some(), "{what}: {turn} carries Retry-After");
+            if let Some(reason) = reason {
+                assert_eq!(answer.header("x-wxgate-reason"), Some(reason), "{what}: {turn}");
+            }
+        }
+        assert_eq!(mock.count(), 1, "{what}: the refused call never reached WeChat");
+    }
+}
+
+/// The oldest Kubernetes a manifest's comments say it needs (`Kubernetes
+/// 1.N+`), as `1.N.0`.
+fn oldest_kubernetes(path: &str) -> String {
+    let file = read(path);
+    let minor = file.split("Kubernetes 1.").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        (rest[digits.len()..].starts_with('+')).then(|| digits.parse::<u32>().ok()).flatten()
+    });
+    format!("1.{}.0", minor.unwrap_or_else(|| panic!("{path} names the Kubernetes it needs (Kubernetes 1.N+)")))
+}
+
+#[test]
+fn the_kubernetes_files_pass_the_kubernetes_api_schemas() {
+    let Some(tool) = support::deploy::kubernetes_validate() else { return };
+    let validate = |file: &str, version: Option<&str>| {
+        let mut args = vec!["--strict"];
+        if let Some(v) = version {
+            args.extend(["--kubernetes-version", v]);
+        }
+        args.push(file);
+        support::deploy::run_tool(&tool, &args)
+    };
+    // The files, against the oldest Kubernetes they name and the newest the tool knows.
+    for file in ["deploy/kubernetes-sidecar.yaml", "deploy/kubernetes-egress.yaml"] {
+        let oldest = oldest_kubernetes(file);
+        for version in [Some(oldest.as_str()), None] {
+            let (ok, said) = validate(file, version);
+            assert!(ok && said.contains("passed"), "{file} against Kubernetes {version:?}:\n{said}");
+        }
+    }
+
+    // The check is real: a misspelled field and a wrong type are refused.
+    let dir = TempDir::new("kubernetes-validate");
+    let sidecar = read("deploy/kubernetes-sidecar.yaml");
+    for (from, to, named) in [
+        ("  restartPolicy: Always", "  restartPolicyy: Always", "restartPolicyy"),
+        ("containerPort: 9090", "containerPort: \"9090\"", "containerPort"),
+    ] {
+        assert!(sidecar.contains(from), "the sidecar has {from}");
+        let broken = dir.write("broken.yaml", &sidecar.replacen(from, to, 1));
+        let (ok, said) = validate(broken.to_str().expect("utf-8"), None);
+        assert!(!ok && said.contains(named), "{to} passed kubernetes-validate:\n{said}");
+    }
 }
 
 /// Runs `wxgate probe <args>`: exit code and the one line it wrote.

@@ -141,6 +141,11 @@ impl fmt::Display for CallerToml {
     }
 }
 
+/// The hex SHA-256 of a caller's key, as `key_sha256` takes it.
+pub fn key_sha256(key: &str) -> String {
+    wxgate::config::KeyDigest::of(key.as_bytes()).0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A `[[penalty]]` block: WeChat's `errcode` pauses the (account, rule) for `seconds`.
 pub fn penalty(errcode: i64, seconds: u64) -> String {
     format!("[[penalty]]\nerrcode = {errcode}\nseconds = {seconds}\n")

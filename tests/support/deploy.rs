@@ -1,6 +1,6 @@
 //! The repository's deployment files as tests read them: paths in the
-//! repository, YAML documents (compose, Kubernetes, Prometheus rules) and
-//! `promtool`.
+//! repository, YAML documents (compose, Kubernetes, Prometheus rules),
+//! `promtool` and `kubernetes-validate`.
 
 use std::path::{Path, PathBuf};
 
@@ -49,27 +49,47 @@ pub fn entries<'a>(y: &'a Yaml, what: &str) -> Vec<(&'a str, &'a Yaml)> {
 /// package). Absent: `None` with a loud note on a developer's machine; a
 /// failure in CI (`CI` set), where scripts/test.sh must have provided it.
 pub fn promtool() -> Option<PathBuf> {
+    tool("promtool", "target/tools/prometheus/usr/bin", "the Prometheus rules")
+}
+
+/// `kubernetes-validate` (PyPI, the Kubernetes API's JSON schemas bundled):
+/// on PATH, or where `scripts/test.sh` installs it, pinned
+/// (`target/tools/kubernetes-validate/bin`, from
+/// `tests/tools/kubernetes-validate.txt`). Absent: as [`promtool`].
+pub fn kubernetes_validate() -> Option<PathBuf> {
+    tool("kubernetes-validate", "target/tools/kubernetes-validate/bin", "the Kubernetes manifests' schemas")
+}
+
+/// A tool on PATH or in `dir` of the repository; absent: `None` with a loud
+/// note on a developer's machine, a failure in CI (`CI` set), where
+/// scripts/test.sh must have provided it.
+fn tool(name: &str, dir: &str, checks: &str) -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("promtool"))
+        .map(|d| d.join(name))
         .find(|p| p.is_file());
-    let found = on_path.or_else(|| Some(repo("target/tools/prometheus/usr/bin/promtool")).filter(|p| p.is_file()));
+    let found = on_path.or_else(|| Some(repo(dir).join(name)).filter(|p| p.is_file()));
     if found.is_none() {
-        let why = "promtool not found (on PATH or target/tools/prometheus/usr/bin): scripts/test.sh installs it";
+        let why = format!("{name} not found (on PATH or {dir}): scripts/test.sh installs it");
         assert!(std::env::var_os("CI").is_none(), "{why}; CI must run these checks");
-        eprintln!("\n!!!!! SKIPPED: {why}; the Prometheus rules were NOT checked !!!!!\n");
+        eprintln!("\n!!!!! SKIPPED: {why}; {checks} were NOT checked !!!!!\n");
     }
     found
 }
 
-/// Runs `promtool <args>` in the repository: whether it succeeded, and everything it wrote.
-pub fn run_promtool(promtool: &Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(promtool)
+/// Runs `tool <args>` in the repository: whether it succeeded, and everything it wrote.
+pub fn run_tool(tool: &Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(tool)
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .expect("run promtool");
+        .unwrap_or_else(|e| panic!("run {}: {e}", tool.display()));
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), said)
+}
+
+/// Runs `promtool <args>` in the repository: whether it succeeded, and everything it wrote.
+pub fn run_promtool(promtool: &Path, args: &[&str]) -> (bool, String) {
+    run_tool(promtool, args)
 }

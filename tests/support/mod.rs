@@ -32,7 +32,7 @@ pub mod window;
 pub mod wire;
 
 #[allow(unused_imports)]
-pub use config::{caller, midday_timezone, penalty, rule, CallerToml, ConfigToml, RuleToml, StoreToml};
+pub use config::{caller, key_sha256, midday_timezone, penalty, rule, CallerToml, ConfigToml, RuleToml, StoreToml};
 #[allow(unused_imports)]
 pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
 #[allow(unused_imports)]
