@@ -182,3 +182,21 @@ fn ca_section(ca: &TestCa) -> String {
         toml::Value::from(ca.key.display().to_string())
     )
 }
+
+/// A WeCom-only config written before `[server] domain` existed (upstream
+/// qyapi) is WeCom's: intercepted as qyapi, never as the Official Account.
+#[test]
+fn a_config_without_domain_is_the_domain_of_its_upstream() {
+    let ca = TestCa::new();
+    let parse = |upstream: &str| {
+        let text = format!("[server]\nupstream = \"{upstream}\"\n\n{}", ca_section(&ca));
+        wxgate::config::Config::parse(&text, std::path::Path::new("t.toml")).expect("config")
+    };
+    let wecom = parse("https://qyapi.weixin.qq.com");
+    assert_eq!(&*wecom.domains[0].host, "qyapi.weixin.qq.com");
+    let hosts: Vec<&str> = wecom.intercept.as_ref().expect("on").hosts.iter().map(|h| &**h).collect();
+    assert_eq!(hosts, ["qyapi.weixin.qq.com"]);
+    let mock = parse("http://127.0.0.1:9");
+    assert_eq!(&*mock.domains[0].host, "api.weixin.qq.com");
+    assert_eq!(&*parse("https://api2.weixin.qq.com").domains[0].host, "api.weixin.qq.com");
+}

@@ -106,7 +106,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let mut rules = Rules::new();
     let own = super::domain::Own {
-        host: super::domain::own_host(server_domain.as_deref()).map_err(|e| ctx.in_table(e))?,
+        host: super::domain::own_host(server_domain.as_deref(), &server.upstream).map_err(|e| ctx.in_table(e))?,
         routes: rules.add(raw.rule, 0, None, (all_shadow, &server), ctx)?,
         rules: 0..rules.rules.len(),
         server: &server,

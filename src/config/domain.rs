@@ -24,7 +24,7 @@ use super::routes::Routes;
 use super::rule::RawRule;
 use super::settings::upstreams;
 use super::units::{beside_config, valid_name};
-use super::{ConfigError, Domain, Server};
+use super::{ConfigError, Domain, Server, Upstreams};
 use crate::limit::penalty::PenaltyPolicy;
 
 /// The domain of rules that do not say (`[server] domain`'s default).
@@ -62,9 +62,12 @@ pub(super) fn valid_host(h: &str) -> bool {
         })
 }
 
-/// `[server] domain` (default [`DEFAULT_DOMAIN`]).
-pub(super) fn own_host(raw: Option<&str>) -> Result<Arc<str>, Invalid> {
-    let host = raw.unwrap_or(DEFAULT_DOMAIN);
+/// `[server] domain`; by default the WeChat domain of `[server] upstream`'s
+/// first host (`https://qyapi.weixin.qq.com`: WeCom's), else
+/// [`DEFAULT_DOMAIN`] (a mock, a private mirror).
+pub(super) fn own_host(raw: Option<&str>, upstream: &Upstreams) -> Result<Arc<str>, Invalid> {
+    let inferred = upstream.iter().next().and_then(|u| u.host()).and_then(family);
+    let host = raw.or(inferred).unwrap_or(DEFAULT_DOMAIN);
     if !valid_host(host) {
         return Err(Invalid::at(
             "[server]",
