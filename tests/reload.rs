@@ -216,3 +216,32 @@ async fn a_reload_saying_loopback_cannot_add_an_account_to_a_listener_beyond_it(
     assert!(sent.iter().all(|p| !p.contains("access_token=")), "no token added: {sent:?} ({})", a.text());
     assert_eq!((tokens.fetches("stable"), tokens.fetches("token")), (0, 0), "no token fetched");
 }
+
+/// A `[[domain]]`'s rules file is watched like the config: its edited
+/// limits apply without touching the config itself.
+#[tokio::test]
+async fn an_edited_domain_rules_file_applies() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("reload-domain");
+    let wecom = dir.join("rules-wecom.toml");
+    let wecom_rules = |n: u64| {
+        format!("[[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/send\"]\nlimits = [{{ count = {n}, per = \"day\" }}]\n")
+    };
+    std::fs::write(&wecom, wecom_rules(1)).expect("write");
+    let domain = format!(
+        "[[domain]]\nhost = \"qyapi.weixin.qq.com\"\nrules = \"rules-wecom.toml\"\nupstream = \"{}\"\n",
+        mock.url()
+    );
+    let path = dir.write("rules.toml", &rules(&mock, 2, &domain));
+    let gate = Gate::start_file(&path).await;
+    let send = "/qyapi.weixin.qq.com/cgi-bin/message/send";
+    assert_eq!(gate.post(send, "{}").await.status, 200);
+    assert_eq!(gate.post(send, "{}").await.status, 429);
+
+    replace(&wecom, &wecom_rules(3));
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
+    for _ in 0..2 {
+        assert_eq!(gate.post(send, "{}").await.status, 200, "the day's count (1) carries over; the new quota is 3");
+    }
+    assert_eq!(gate.post(send, "{}").await.status, 429);
+}

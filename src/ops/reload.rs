@@ -139,12 +139,19 @@ fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     Ok(())
 }
 
-/// Watches `path` and listens for SIGHUP, reloading on either, until the app
-/// is dropped. Failing to watch is logged; SIGHUP still works.
+/// Watches `path` (and the rules files of its `[[domain]]`s as it started)
+/// and listens for SIGHUP, reloading on either, until the app is dropped.
+/// Failing to watch is logged; SIGHUP still works.
 pub fn spawn(app: Weak<App>, path: PathBuf) {
     let (tx, mut rx) = mpsc::channel::<()>(16);
-    let Some(watched) = app.upgrade().map(|a| a.reloads.watched.clone()) else { return };
-    let watcher = watch(&path, tx.clone(), watched);
+    let Some((watched, domain_files)) = app.upgrade().map(|a| {
+        let files: Vec<PathBuf> = a.config.load().domains.iter().filter_map(|d| d.rules_file.clone()).collect();
+        (a.reloads.watched.clone(), files)
+    }) else {
+        return;
+    };
+    let files: Vec<PathBuf> = std::iter::once(path.clone()).chain(domain_files).collect();
+    let watcher = watch(&files, tx.clone(), watched);
     if let Err(e) = &watcher {
         tracing::warn!(config = %path.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
     }
@@ -161,14 +168,22 @@ pub fn spawn(app: Weak<App>, path: PathBuf) {
     });
 }
 
-/// Watches the file's directory (editors and config-map updates replace the
-/// file rather than write into it) and signals on events naming the file.
-fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Result<notify::RecommendedWatcher> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_os_string());
+/// Watches the files' directories (editors and config-map updates replace a
+/// file rather than write into it) and signals on events naming one of the
+/// files (by name: another file of that name in a watched directory only
+/// costs a reload that changes nothing).
+fn watch(files: &[PathBuf], tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Result<notify::RecommendedWatcher> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for file in files {
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    let names: Vec<std::ffi::OsString> = files.iter().filter_map(|f| f.file_name().map(|n| n.to_os_string())).collect();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
         if event.kind.is_access() {
@@ -176,7 +191,7 @@ fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Re
         }
         // Counted before `events` (Release): whoever sees an event counted
         // also sees whether it, or any before it, named the config file.
-        let names_config = event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+        let names_config = event.paths.iter().any(|p| p.file_name().is_some_and(|n| names.iter().any(|x| x == n)));
         if names_config {
             // Only the config file's events are logged (never the
             // directory's others: a log file there would log itself).
@@ -188,7 +203,9 @@ fn watch(path: &Path, tx: mpsc::Sender<()>, watched: Arc<Watched>) -> notify::Re
             let _ = tx.try_send(());
         }
     })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    for dir in &dirs {
+        watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    }
     Ok(watcher)
 }
 
