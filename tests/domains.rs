@@ -83,7 +83,8 @@ async fn a_domain_prefix_no_domain_serves_is_refused_and_never_forwarded() {
         ("/qyapi.weixin.qq.com/qyapi.weixin.qq.com/cgi-bin/user/get", "a domain prefix goes first, once"),
         ("/qyapi.weixin.qq.com/", "must be followed by the API path"),
         ("/api3.example.com/cgi-bin/user/get", "the first path segment names no domain"),
-        ("/QYAPI.weixin.qq.com/cgi-bin/user/get", "names no domain"),
+        ("/QYAPI.weixin.qq.com/cgi-bin/user/get", "not a WeChat API path"),
+        ("/a.b_c/cgi-bin/user/get", "no WeChat API path has a dot in its first segment"),
     ] {
         let a = gate.get(path).await;
         assert_eq!(a.status, 400, "{path}: {}", a.text());

@@ -50,7 +50,7 @@ pub fn family(host: &str) -> Option<&'static str> {
 }
 
 /// A lower-case DNS name with at least two labels: letters, digits, `-`.
-pub(super) fn valid_host(h: &str) -> bool {
+pub fn valid_host(h: &str) -> bool {
     h.len() <= 253
         && h.contains('.')
         && h.split('.').all(|l| {

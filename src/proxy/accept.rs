@@ -74,22 +74,21 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
         }
         Err(why) => return Err(ProxyError::BadRequest(why)),
     };
-    if first_segment(target.path()).contains('.') {
-        return Err(ProxyError::BadRequest(
-            "a domain prefix goes first, once: /qyapi.weixin.qq.com/@account/cgi-bin/... (WeChat's API paths have no \
-             dot in their first segment)"
-                .into(),
-        ));
-    }
     // Before any rule is looked up: a path no WeChat API has never reaches
     // the limits nor WeChat (see `crate::config::routes`).
     if let Some(why) = routes::refusal(target.path()) {
         return Err(ProxyError::BadRequest(why.into()));
     }
+    if first_segment(target.path()).contains('.') {
+        return Err(ProxyError::BadRequest(
+            "no WeChat API path has a dot in its first segment; a domain prefix goes first, once: \
+             /qyapi.weixin.qq.com/@account/cgi-bin/..."
+                .into(),
+        ));
+    }
     Ok(target)
 }
 
-/// Why a `CONNECT` is refused, in words an on-call engineer can act on.
 /// The first segment of a path (`/a/b` → `a`).
 fn first_segment(path: &str) -> &str {
     let path = path.strip_prefix('/').unwrap_or(path);
@@ -118,7 +117,9 @@ fn split_domain(call: &mut Call, target: &PathAndQuery) -> Result<Option<PathAnd
         })?;
         return Ok(None);
     }
-    if !first.contains('.') {
+    // A segment no host can be (`..`, `send.`, capitals) is left to the
+    // path's own check (`routes::refusal`), which says why.
+    if !first.contains('.') || !crate::config::domain::valid_host(first) {
         return Ok(None);
     }
     let Some(domain) = config.domains.iter().position(|d| *d.host == *first) else {
@@ -154,6 +155,7 @@ fn split_domain(call: &mut Call, target: &PathAndQuery) -> Result<Option<PathAnd
     Ok(Some(stripped))
 }
 
+/// Why a `CONNECT` is refused, in words an on-call engineer can act on.
 fn connect_refusal(call: &Call, req: &Request<Incoming>) -> String {
     let Some(intercept) = &call.arrived.config.intercept else {
         return "CONNECT is not served: wxgate only forwards to its configured upstream".into();
