@@ -27,6 +27,7 @@
 
 pub mod answer;
 pub mod batch;
+pub mod jobs;
 pub mod ledger;
 pub mod memory;
 pub mod op;

@@ -1,0 +1,329 @@
+//! Queued delivery's jobs (issue 47, docs/plans/queued-delivery.md): where a
+//! message handed to wxgate waits until it is sent. One seam, [`JobStore`],
+//! with two implementations:
+//!
+//! - `jobs::sqlite` (the embedded default): one SQLite file (WAL), every
+//!   write fsync'd before it returns, concurrent submissions group-committed
+//!   by one writer thread;
+//! - `jobs::redis`: the jobs in Redis, each operation one Lua script on the
+//!   keys of one account (`{<prefix>:<account>}`, one Cluster slot), plus an
+//!   index of the accounts with due jobs that any instance's dispatcher reads.
+//!
+//! `tests/jobs_conformance.rs` runs one scenario table on each and compares
+//! the results. Time is always given (`now`, wxgate's clock): no store reads
+//! a clock of its own, so the table runs on an injected clock.
+//!
+//! What a job is never: half stored (a submission is one transaction or one
+//! script), sent twice (a job is `Sending` durably before its request goes
+//! out, and a `Sending` job is never handed out again: [`JobStore::recover`]
+//! ends it as `Unknown`), or holding a secret (the caller's `access_token`
+//! is taken out of the target before [`JobStore::submit`]; the broker
+//! injects the account's token at send time).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::StoreError;
+use crate::time::Micros;
+
+/// A job's id: 16 random bytes, shown as 32 lowercase hex digits (the
+/// `<id>` of `/v1/deliveries/<id>`). Unguessable, and looked up only
+/// within its caller's jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(pub [u8; 16]);
+
+impl JobId {
+    /// A fresh random id (`Err` only if the system's random source fails).
+    pub fn random() -> Result<JobId, ring::error::Unspecified> {
+        let mut bytes = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)?;
+        Ok(JobId(bytes))
+    }
+
+    /// Parses 32 lowercase hex digits (`None` for anything else).
+    pub fn parse(text: &str) -> Option<JobId> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        for (i, chunk) in text.as_bytes().chunks(2).enumerate() {
+            let hex = std::str::from_utf8(chunk).ok()?;
+            bytes[i] = u8::from_str_radix(hex, 16).ok()?;
+        }
+        Some(JobId(bytes))
+    }
+}
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One queue: the jobs of one caller for one account and rule, sent in
+/// the order they were submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueKey {
+    /// The `[[caller]]`'s name (proven, as for a live call).
+    pub caller: Arc<str>,
+    /// The account the job counts against (as for a live call).
+    pub account: Arc<str>,
+    /// The rule's name (`qyapi.message_send` for a `[[domain]]`'s rule).
+    pub rule: Arc<str>,
+}
+
+/// A submission, as the intake read it from the caller's request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub queue: QueueKey,
+    /// The WeChat domain's host (`api.weixin.qq.com`): a reload that
+    /// renumbers domains keeps the job's.
+    pub domain: Arc<str>,
+    /// `POST` for every queueable API; kept as sent.
+    pub method: String,
+    /// The path and query to send, without any `access_token` (the broker
+    /// injects the account's token when it is sent).
+    pub target: String,
+    pub content_type: Option<String>,
+    pub body: Bytes,
+    /// `X-Wxgate-Deadline` (or the rule's default): after it the job ends
+    /// `Expired` instead of being sent.
+    pub deadline_us: Option<Micros>,
+    /// `Idempotency-Key`, within its caller.
+    pub idempotency_key: Option<String>,
+    /// `X-Wxgate-Callback`, checked against the caller's allowed prefixes.
+    pub callback: Option<String>,
+}
+
+/// What a store keeps any caller and any account to; past one, a
+/// submission is refused whole ([`SubmitError::Full`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Unfinished jobs (and their body bytes) of one caller, all accounts.
+    pub caller_jobs: u64,
+    pub caller_bytes: u64,
+    /// Unfinished jobs (and their body bytes) of one account, all callers.
+    pub account_jobs: u64,
+    pub account_bytes: u64,
+    /// How long an `Idempotency-Key` returns its first job's id.
+    pub idempotency_us: Micros,
+}
+
+/// Which bound a refused submission would have passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    CallerJobs,
+    CallerBytes,
+    AccountJobs,
+    AccountBytes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Nothing stored: the caller gets 429 `X-Wxgate-Reason: queue_full`.
+    #[error("the queue is full ({0:?})")]
+    Full(Bound),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A submission stored (durably, when returned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    pub id: JobId,
+    /// `true`: the `Idempotency-Key` named an earlier job, whose id this is;
+    /// nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// Where a job is in its life. `Claimed` is a dispatcher's lease on a job
+/// it is about to send; callers see it as `Queued`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Due now (`due_us <= now`) or since: waiting for its turn and its slot.
+    Queued,
+    /// Not before `due_us` (a back-off, a penalty, the next quota day).
+    Waiting,
+    /// Leased to a dispatcher (`owner`) until `lease_us`; not yet sending.
+    Claimed,
+    /// Its request may be on its way to WeChat: never handed out again.
+    Sending,
+    Sent,
+    Failed,
+    Expired,
+    Cancelled,
+    /// Its request may have reached WeChat without an answer: never resent.
+    Unknown,
+}
+
+impl JobState {
+    /// Whether the job has ended (counts no more against [`Bounds`]).
+    pub fn ended(self) -> bool {
+        matches!(self, JobState::Sent | JobState::Failed | JobState::Expired | JobState::Cancelled | JobState::Unknown)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued | JobState::Claimed => "queued",
+            JobState::Waiting => "waiting",
+            JobState::Sending => "sending",
+            JobState::Sent => "sent",
+            JobState::Failed => "failed",
+            JobState::Expired => "expired",
+            JobState::Cancelled => "cancelled",
+            JobState::Unknown => "unknown",
+        }
+    }
+}
+
+/// What WeChat (or the way to it) answered an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status (0: no answer: the call never reached WeChat, or
+    /// the connection ended before an answer).
+    pub status: u16,
+    pub errcode: Option<i64>,
+    /// The answer's body, at most [`ANSWER_MAX`] bytes (e.g. the `msgid`).
+    pub body: Bytes,
+}
+
+/// Most bytes of WeChat's answer a job keeps.
+pub const ANSWER_MAX: usize = 4096;
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: JobId,
+    pub new: NewJob,
+    /// Its place in its queue (submission order).
+    pub seq: u64,
+    pub state: JobState,
+    pub submitted_us: Micros,
+    /// Not sent before this (`Queued` once it has passed).
+    pub due_us: Micros,
+    /// `Claimed`/`Sending`: whose lease, until when.
+    pub owner: Option<Arc<str>>,
+    pub lease_us: Micros,
+    /// Attempts that went (or may have gone) to WeChat.
+    pub attempts: u32,
+    /// The last attempt's answer.
+    pub answer: Option<Answer>,
+    pub updated_us: Micros,
+}
+
+/// How an attempt ended, for [`JobStore::finish`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// WeChat took it (errcode 0): `Sent`.
+    Sent(Answer),
+    /// WeChat refused the message itself (40003, 43004, ...): `Failed`.
+    Failed(Answer),
+    /// Not now: `Waiting` until `at` (the attempt, if it reached WeChat, counts).
+    Retry { at: Micros, answer: Option<Answer> },
+    /// Handed back unsent (wxgate's own decision said not yet): `Waiting`
+    /// until `at`, no attempt counted.
+    NotYet { at: Micros },
+    /// Its deadline passed unsent: `Expired`.
+    Expired,
+    /// Sent without an answer: `Unknown`.
+    Unknown(Option<Answer>),
+}
+
+/// What [`JobStore::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    Cancelled,
+    /// Too late: the job is sending or has ended (its state).
+    TooLate(JobState),
+    /// No job of this caller has that id.
+    NotFound,
+}
+
+/// What [`JobStore::recover`] did with leases that ran out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// `Claimed` jobs back to `Queued` (never sent: safe to send).
+    pub requeued: u64,
+    /// `Sending` jobs ended `Unknown` (may have reached WeChat).
+    pub unknown: u64,
+}
+
+/// One queue's counts, for the summary and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSummary {
+    pub queue: QueueKey,
+    /// Unfinished: `Queued` + `Claimed`, `Waiting`, `Sending`.
+    pub queued: u64,
+    pub waiting: u64,
+    pub sending: u64,
+    /// Ended, still kept (until purged).
+    pub sent: u64,
+    pub failed: u64,
+    pub expired: u64,
+    pub cancelled: u64,
+    pub unknown: u64,
+    /// The oldest unfinished job's submission time.
+    pub oldest_us: Option<Micros>,
+}
+
+/// Where queued jobs live. Every method is atomic (one transaction, one
+/// script): no other call of any instance sees it half done. A method that
+/// returns `Ok` has made its change durable (SQLite: fsync'd; Redis: as
+/// durable as the Redis deployment is, docs/redis-store.md).
+#[async_trait]
+pub trait JobStore: Send + Sync + 'static {
+    /// Stores `job` as `Queued` (due at `now`) at the end of its queue, or,
+    /// when its `Idempotency-Key` names a job of the same caller submitted
+    /// within `bounds.idempotency_us`, returns that job's id and stores
+    /// nothing. Refused whole ([`SubmitError::Full`]) when the caller's or
+    /// the account's unfinished jobs or bytes would pass `bounds`.
+    async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError>;
+
+    /// Queues whose head (their lowest-`seq` unfinished job) is due
+    /// (`due_us <= now`) and neither claimed nor sending, at most `limit`,
+    /// oldest head first.
+    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError>;
+
+    /// Leases to `owner` until `now + lease_us` the first jobs of `queue`
+    /// in `seq` order, at most `max`, stopping at the first that is not due
+    /// or is claimed or sending (so a queue's jobs go out in order).
+    async fn claim(
+        &self,
+        queue: &QueueKey,
+        owner: &str,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+    ) -> Result<Vec<Job>, StoreError>;
+
+    /// Marks a job `owner` holds as `Sending` (durably) and counts the
+    /// attempt: `Ok(false)` when `owner`'s lease ran out or another holds
+    /// it, and then it must not be sent.
+    async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError>;
+
+    /// Ends an attempt of a job `owner` holds (`Claimed` or `Sending`).
+    /// `Ok(false)`: `owner` no longer holds it (nothing changed).
+    async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError>;
+
+    /// Leases that ran out by `now`: `Claimed` jobs back to `Queued`,
+    /// `Sending` jobs to `Unknown`. Any instance may run it.
+    async fn recover(&self, now: Micros) -> Result<Recovered, StoreError>;
+
+    /// A job of `caller` (`None` for another caller's id).
+    async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError>;
+
+    /// Cancels a job of `caller` that is `Queued`, `Waiting` or `Claimed`.
+    async fn cancel(&self, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError>;
+
+    /// Every queue's counts (of `caller`'s queues only, when given).
+    async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError>;
+
+    /// Deletes jobs that ended before `now - keep_us`, and idempotency keys
+    /// past their time; how many jobs went.
+    async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError>;
+}
