@@ -145,6 +145,7 @@ async fn phases(
         body: call.body.as_ref(),
         who: &call.who,
         rule: call.route.rule.as_deref(),
+        domain: call.arrived.domain,
     };
     app.features.before_decide(app.env(), &mut call.features, &mut asking).await?;
     decide::decide(app, call, Some(client)).await?;

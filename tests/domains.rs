@@ -201,3 +201,39 @@ fn a_config_without_domain_is_the_domain_of_its_upstream() {
     assert_eq!(&*mock.domains[0].host, "api.weixin.qq.com");
     assert_eq!(&*parse("https://api2.weixin.qq.com").domains[0].host, "api.weixin.qq.com");
 }
+
+/// With both domains, a call for an `[[account]]` whose token wxgate
+/// injects goes to the domain of its kind: a WeCom app's calls take the
+/// WeCom prefix (its token fetch goes to WeCom's upstream), and a call on
+/// the other domain is refused before anything is counted or fetched
+/// (that domain would refuse the token, 40001).
+#[tokio::test]
+async fn an_accounts_calls_and_token_fetches_go_to_the_domain_of_its_kind() {
+    use support::tokens::{account_toml, WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
+    let tokens = WeChatTokens::new();
+    let (oa, wecom) = (MockWeChat::start().await, MockWeChat::start().await);
+    oa.respond(tokens.responder());
+    wecom.respond(tokens.responder());
+    let dir = TempDir::new("domains-accounts");
+    let config = configs(&oa, &wecom, &dir)
+        .with(account_toml(&dir, CORPID, "wecom", CORPSECRET, "agent = \"1000002\""))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""));
+    let gate = Gate::start_text(config).await;
+
+    let wrong = gate.get_as(CORPID, "/cgi-bin/user/get?userid=u1").await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text());
+    assert!(wrong.text().contains("whose token only qyapi.weixin.qq.com takes"), "{}", wrong.text());
+    let wrong = gate.get_as(APPID, "/qyapi.weixin.qq.com/cgi-bin/user/get?openid=o1").await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text());
+    assert_eq!(oa.count() + wecom.count(), 0, "nothing fetched, nothing forwarded");
+
+    let right = gate.get_as(CORPID, "/qyapi.weixin.qq.com/cgi-bin/user/get?userid=u1").await;
+    assert_eq!(right.json()["errcode"], 0, "{}", right.text());
+    let right = gate.get_as(APPID, "/cgi-bin/user/get?openid=o1").await;
+    assert_eq!(right.json()["errcode"], 0, "{}", right.text());
+    let paths = |m: &MockWeChat| {
+        m.calls().into_iter().map(|c| c.path_and_query.split('?').next().unwrap_or("").to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(paths(&wecom), ["/cgi-bin/gettoken", "/cgi-bin/user/get"], "WeCom's token from WeCom's host");
+    assert_eq!(paths(&oa), ["/cgi-bin/stable_token", "/cgi-bin/user/get"]);
+}

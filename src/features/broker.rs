@@ -96,6 +96,7 @@ impl Feature for Broker {
         if asking.config.accounts.is_empty() || asking.who.own {
             return Ok(());
         }
+        other_domain(asking)?;
         if TokenRequest::at(asking.path).is_none() {
             return shows_token(asking).map_err(Early::from);
         }
@@ -211,6 +212,26 @@ pub fn is_rid_get(path: &str) -> bool {
 /// refused (400) before it is counted: its answer would show the caller
 /// the account's token, which wxgate keeps from callers. A caller with a
 /// token of its own sends it, and learns nothing it did not hold.
+/// A call for an `[[account]]` whose token wxgate would inject, on another
+/// WeChat domain than its kind's (a WeCom app's call without the
+/// `/qyapi.weixin.qq.com/` prefix): refused, since that domain refuses the
+/// token (40001) and its rules are not the ones the call spends.
+fn other_domain(asking: &Asking<'_>) -> Result<(), ProxyError> {
+    let config = asking.config;
+    let Some(account) = config.accounts.get(&asking.who.account) else { return Ok(()) };
+    let home = config.domain_of_kind(account.kind);
+    if home == asking.domain || !account.injects() || !wants_token(asking.path, asking.target.query()) {
+        return Ok(());
+    }
+    let host = config.domains.get(home).map_or("", |d| &*d.host);
+    Err(ProxyError::BadRequest(format!(
+        "the [[account]] \"{}\" is a {} account, whose token only {host} takes: send its calls with the prefix \
+         /{host}/",
+        account.name,
+        account.kind.as_str()
+    )))
+}
+
 fn shows_token(asking: &Asking<'_>) -> Result<(), ProxyError> {
     if !is_rid_get(asking.path) || !wants_token_of_any(asking.target.query()) {
         return Ok(());

@@ -187,6 +187,8 @@ pub struct Asking<'a> {
     pub body: Option<&'a Bytes>,
     pub who: &'a Who,
     pub rule: Option<&'a Rule>,
+    /// The call's WeChat domain (index into `Config::domains`).
+    pub domain: usize,
 }
 
 /// What a feature sees of an admitted call about to be sent.
