@@ -544,6 +544,19 @@ async fn a_restart_keeps_every_job_as_it_was() {
     assert_eq!(ids(&order), vec![b, c, next], "seq goes on after the restart");
 }
 
+#[cfg(unix)]
+#[tokio::test]
+async fn the_jobs_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("jobs-mode");
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    submit(&s, new_job(&queue("hr", "wx1", "r"), 500), T0).await;
+    for file in ["jobs.db", "jobs.db-wal", "jobs.db-shm"] {
+        let mode = std::fs::metadata(dir.join(file)).expect("the file").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{file} holds message bodies: its owner's only ({mode:o})");
+    }
+}
+
 #[tokio::test]
 async fn a_file_of_a_newer_wxgate_or_another_program_is_refused_clearly() {
     let dir = TempDir::new("jobs-version");

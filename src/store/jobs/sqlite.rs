@@ -47,6 +47,9 @@ pub const VERSION: i64 = 1;
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
 
+/// Bytes of WAL kept on disk after a checkpoint (`journal_size_limit`).
+const WAL_KEEP: i64 = 16 << 20;
+
 /// Most pieces of work one transaction (one fsync) takes.
 pub const BATCH_MAX: usize = 1024;
 
@@ -137,6 +140,7 @@ impl SqliteJobs {
     /// cannot read (a newer schema, not a jobs file, not SQLite).
     pub fn open(path: &Path) -> Result<SqliteJobs, StoreError> {
         let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
+        create_private(path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut write = Connection::open_with_flags(path, flags).map_err(refused)?;
         configure(&write).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))?;
@@ -148,6 +152,8 @@ impl SqliteJobs {
             )));
         }
         write.pragma_update(None, "synchronous", "FULL").map_err(refused)?;
+        // The WAL is reused after each checkpoint; past this it is cut back.
+        write.pragma_update(None, "journal_size_limit", WAL_KEEP).map_err(refused)?;
         migrate(&mut write, path)?;
         let read = Connection::open_with_flags(path, flags).map_err(refused)?;
         configure(&read).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))?;
@@ -270,6 +276,17 @@ fn sql(e: rusqlite::Error) -> StoreError {
 
 fn bad(what: &str) -> StoreError {
     StoreError::Unreachable(format!("jobs store: the file holds {what}"))
+}
+
+/// Creates the jobs file readable by its owner only (0600: it holds the
+/// messages' bodies); SQLite gives its `-wal` and `-shm` files the same
+/// mode. An existing file is left as it is.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    let mut open = std::fs::OpenOptions::new();
+    open.append(true).create(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path).map(drop).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
