@@ -711,4 +711,18 @@ async fn bench_submissions_per_second_and_bytes_per_job() {
     drop(conn);
     let bytes = std::fs::metadata(dir.join("jobs.db")).expect("size").len();
     println!("20000 jobs of 500 bytes: {bytes} bytes on disk, {:.0} per job", bytes as f64 / 20_000.0);
+    let start = Instant::now();
+    let s = open(&dir).await;
+    let opened = start.elapsed();
+    let start = Instant::now();
+    let due = s.due_queues(T0 + DAY, 100).await.expect("due");
+    let listed = start.elapsed();
+    let start = Instant::now();
+    let summary = s.summary(None).await.expect("summary");
+    println!(
+        "  reopen {opened:?}; due_queues ({} queues) {listed:?}; summary ({} queues) {:?}",
+        due.len(),
+        summary.len(),
+        start.elapsed()
+    );
 }

@@ -54,7 +54,8 @@ const WAL_KEEP: i64 = 16 << 20;
 pub const BATCH_MAX: usize = 1024;
 
 /// The whole schema (version [`VERSION`]). States are stored as numbers
-/// ([`state_code`]); below 4 is unfinished.
+/// (Queued 0, Waiting 1, Claimed 2, Sending 3, Sent 4, Failed 5, Expired 6,
+/// Cancelled 7, Unknown 8): below 4 is unfinished.
 pub const SCHEMA: &str = "
 CREATE TABLE queues (
     qid INTEGER PRIMARY KEY,
@@ -397,7 +398,7 @@ fn writer_loop(mut conn: Connection, receiver: mpsc::Receiver<Box<dyn Work>>, st
     }
 }
 
-pub(crate) fn state_code(state: JobState) -> i64 {
+fn state_code(state: JobState) -> i64 {
     match state {
         JobState::Queued => 0,
         JobState::Waiting => 1,
