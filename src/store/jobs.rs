@@ -28,6 +28,8 @@ use bytes::Bytes;
 use super::StoreError;
 use crate::time::Micros;
 
+pub mod sqlite;
+
 /// A job's id: 16 random bytes, shown as 32 lowercase hex digits (the
 /// `<id>` of `/v1/deliveries/<id>`). Unguessable, and looked up only
 /// within its caller's jobs.

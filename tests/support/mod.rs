@@ -8,8 +8,9 @@
 //! or stall connections ([`ports`]), the memory store's state file
 //! ([`state_file`]), request bodies with upstreams that record what became
 //! of them ([`bodies`]), real WeChat SDKs as subprocesses ([`sdk`]) and the
-//! deployment files with promtool ([`deploy`]), and `[intercept]`'s CA
-//! and CONNECT clients ([`intercept`]).
+//! deployment files with promtool ([`deploy`]), `[intercept]`'s CA
+//! and CONNECT clients ([`intercept`]), and queued delivery's jobs
+//! (submissions, and the test binary run again as a child: [`jobs`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
@@ -18,6 +19,7 @@ pub mod bodies;
 pub mod config;
 pub mod deploy;
 pub mod intercept;
+pub mod jobs;
 pub mod pki;
 pub mod poll;
 pub mod ports;

@@ -1,0 +1,908 @@
+//! The embedded [`JobStore`]: one SQLite file (rusqlite, `bundled`), WAL
+//! with `synchronous = FULL`, so every commit is fsync'd before the method
+//! that made it returns.
+//!
+//! One writer thread owns the write connection. Every method that writes
+//! sends its work to that thread over a channel and awaits the answer (a
+//! tokio oneshot). The thread takes what has arrived (at most
+//! [`BATCH_MAX`]), runs each piece inside its own savepoint of one
+//! transaction (a piece that fails is rolled back alone), commits once (one
+//! fsync), and only then answers each: submissions that arrive while a
+//! transaction is open share the next one (group commit). Reads (`get`,
+//! `summary`, `due_queues`) use a second connection, which WAL lets read the
+//! last commit while the writer writes.
+//!
+//! The schema is [`SCHEMA`], versioned by `PRAGMA user_version`
+//! ([`VERSION`]); a file of a newer version, or a non-empty file that is not
+//! a jobs file, is refused at open with a clear error.
+//!
+//! What grows, and its bound: unfinished jobs and their bytes per caller and
+//! per account ([`Bounds`], checked in the submission's transaction); ended
+//! jobs until `purge` (kept `keep`); idempotency keys until `purge` after
+//! their time (one per keyed submission); one row per queue (caller,
+//! account, rule) while it has jobs; one totals row per caller and per
+//! account with unfinished jobs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use super::{
+    Answer, Bound, Bounds, Cancelled, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary, Recovered,
+    SubmitError, Submitted, ANSWER_MAX,
+};
+use crate::store::StoreError;
+use crate::time::Micros;
+
+/// The schema version this wxgate writes (`PRAGMA user_version`).
+pub const VERSION: i64 = 1;
+
+/// `PRAGMA application_id` of a jobs file ("wxgj").
+const APPLICATION_ID: i64 = 0x7778_676a;
+
+/// Bytes of WAL kept on disk after a checkpoint (`journal_size_limit`).
+const WAL_KEEP: i64 = 16 << 20;
+
+/// Most pieces of work one transaction (one fsync) takes.
+pub const BATCH_MAX: usize = 1024;
+
+/// The whole schema (version [`VERSION`]). States are stored as numbers
+/// (Queued 0, Waiting 1, Claimed 2, Sending 3, Sent 4, Failed 5, Expired 6,
+/// Cancelled 7, Unknown 8): below 4 is unfinished.
+pub const SCHEMA: &str = "
+CREATE TABLE queues (
+    qid INTEGER PRIMARY KEY,
+    caller TEXT NOT NULL,
+    account TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    UNIQUE (caller, account, rule)
+);
+CREATE TABLE jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id BLOB NOT NULL UNIQUE,
+    qid INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    domain TEXT NOT NULL,
+    method TEXT NOT NULL,
+    target TEXT NOT NULL,
+    content_type TEXT,
+    body BLOB NOT NULL,
+    deadline_us INTEGER,
+    idempotency_key TEXT,
+    callback TEXT,
+    submitted_us INTEGER NOT NULL,
+    due_us INTEGER NOT NULL,
+    owner TEXT,
+    lease_us INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    answer_status INTEGER,
+    answer_errcode INTEGER,
+    answer_body BLOB,
+    updated_us INTEGER NOT NULL
+);
+CREATE INDEX jobs_open ON jobs (qid, seq) WHERE state < 4;
+CREATE INDEX jobs_queue ON jobs (qid);
+CREATE INDEX jobs_leased ON jobs (lease_us) WHERE state IN (2, 3);
+CREATE INDEX jobs_ended ON jobs (updated_us) WHERE state >= 4;
+CREATE TABLE idempotency (
+    caller TEXT NOT NULL,
+    key TEXT NOT NULL,
+    id BLOB NOT NULL,
+    until_us INTEGER NOT NULL,
+    PRIMARY KEY (caller, key)
+) WITHOUT ROWID;
+CREATE INDEX idempotency_until ON idempotency (until_us);
+CREATE TABLE totals (
+    kind INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    jobs INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+";
+
+/// `totals.kind`.
+const CALLER: i64 = 0;
+const ACCOUNT: i64 = 1;
+
+/// The columns [`job_from`] reads, over `jobs j JOIN queues q`.
+const JOB_COLS: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
+     j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
+     j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us \
+     FROM jobs j JOIN queues q ON q.qid = j.qid";
+
+/// The embedded jobs store (module docs).
+pub struct SqliteJobs {
+    path: PathBuf,
+    sender: Option<mpsc::Sender<Box<dyn Work>>>,
+    writer: Option<JoinHandle<()>>,
+    read: Arc<Mutex<Connection>>,
+    stats: Arc<Stats>,
+}
+
+#[derive(Default)]
+struct Stats {
+    /// Transactions committed by the writer (each one fsync of the WAL).
+    commits: AtomicU64,
+    /// Pieces of work sent to the writer and not yet taken by it.
+    pending: AtomicUsize,
+}
+
+impl SqliteJobs {
+    /// Opens (or creates) the jobs file at `path`: WAL, `synchronous =
+    /// FULL`, the schema created or checked. Refused: a file this wxgate
+    /// cannot read (a newer schema, not a jobs file, not SQLite).
+    pub fn open(path: &Path) -> Result<SqliteJobs, StoreError> {
+        let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
+        create_private(path)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut write = Connection::open_with_flags(path, flags).map_err(refused)?;
+        configure(&write).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))?;
+        let mode: String = write.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(refused)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Refused(format!(
+                "jobs file {}: SQLite would not use WAL (journal_mode is {mode})",
+                path.display()
+            )));
+        }
+        write.pragma_update(None, "synchronous", "FULL").map_err(refused)?;
+        // The WAL is reused after each checkpoint; past this it is cut back.
+        write.pragma_update(None, "journal_size_limit", WAL_KEEP).map_err(refused)?;
+        migrate(&mut write, path)?;
+        let read = Connection::open_with_flags(path, flags).map_err(refused)?;
+        configure(&read).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))?;
+        read.pragma_update(None, "query_only", true).map_err(refused)?;
+        let stats = Arc::new(Stats::default());
+        let (sender, receiver) = mpsc::channel::<Box<dyn Work>>();
+        let writer_stats = stats.clone();
+        let writer = std::thread::Builder::new()
+            .name("wxgate-jobs-writer".into())
+            .spawn(move || writer_loop(write, receiver, &writer_stats))
+            .map_err(|e| StoreError::Refused(format!("jobs file {}: no writer thread: {e}", path.display())))?;
+        Ok(SqliteJobs {
+            path: path.to_path_buf(),
+            sender: Some(sender),
+            writer: Some(writer),
+            read: Arc::new(Mutex::new(read)),
+            stats,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Transactions the writer has committed since open (each one fsync):
+    /// for tests and benchmarks of group commit.
+    pub fn commits(&self) -> u64 {
+        self.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// Pieces of work waiting for the writer to take them.
+    pub fn pending(&self) -> usize {
+        self.stats.pending.load(Ordering::Relaxed)
+    }
+
+    /// Stops the writer until the returned hold is dropped (its own
+    /// transaction, with nothing written, commits then): for tests that
+    /// show what arrives meanwhile shares one transaction. Returns once
+    /// the writer holds.
+    #[doc(hidden)]
+    pub async fn hold_writer(&self) -> Result<WriterHold, StoreError> {
+        let (release, released) = mpsc::channel::<()>();
+        let (entered, is_entered) = oneshot::channel::<()>();
+        let reply = self.write(move |_c| -> Result<(), StoreError> {
+            let _ = entered.send(());
+            let _ = released.recv();
+            Ok(())
+        });
+        let task = tokio::spawn(reply);
+        is_entered.await.map_err(|_| stopped())?;
+        Ok(WriterHold { _release: release, _task: task })
+    }
+
+    /// Runs `op` on the writer thread inside the next transaction; its
+    /// answer once that transaction is committed.
+    fn write<T, E, F>(&self, op: F) -> impl std::future::Future<Output = Result<T, E>> + Send + 'static
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let task: Box<dyn Work> = Box::new(Task { op: Some(Box::new(op)), result: None, reply });
+        let sent = match &self.sender {
+            Some(sender) => {
+                self.stats.pending.fetch_add(1, Ordering::Relaxed);
+                sender.send(task).is_ok()
+            }
+            None => false,
+        };
+        async move {
+            if !sent {
+                return Err(E::from(stopped()));
+            }
+            answer.await.unwrap_or_else(|_| Err(E::from(stopped())))
+        }
+    }
+
+    /// Runs `op` on the read connection (a blocking thread).
+    async fn read<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let read = self.read.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn =
+                read.lock().map_err(|_| StoreError::Unreachable("jobs store: read connection poisoned".into()))?;
+            op(&conn)
+        })
+        .await
+        .map_err(|e| StoreError::Unreachable(format!("jobs store: read task failed: {e}")))?
+    }
+}
+
+impl Drop for SqliteJobs {
+    fn drop(&mut self) {
+        // The writer ends once the channel is closed and what it holds is
+        // committed and answered.
+        self.sender.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// [`SqliteJobs::hold_writer`]'s hold: the writer waits until it is dropped.
+pub struct WriterHold {
+    _release: mpsc::Sender<()>,
+    _task: tokio::task::JoinHandle<Result<(), StoreError>>,
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unreachable("jobs store: the writer has stopped".into())
+}
+
+fn sql(e: rusqlite::Error) -> StoreError {
+    StoreError::Unreachable(format!("jobs store: {e}"))
+}
+
+fn bad(what: &str) -> StoreError {
+    StoreError::Unreachable(format!("jobs store: the file holds {what}"))
+}
+
+/// Creates the jobs file readable by its owner only (0600: it holds the
+/// messages' bodies); SQLite gives its `-wal` and `-shm` files the same
+/// mode. An existing file is left as it is.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    let mut open = std::fs::OpenOptions::new();
+    open.append(true).create(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path).map(drop).map_err(|e| StoreError::Refused(format!("jobs file {}: {e}", path.display())))
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(())
+}
+
+/// Creates the schema in an empty file, or checks the file's version.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(refused)?;
+    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(refused)?;
+    let app: i64 = tx.pragma_query_value(None, "application_id", |r| r.get(0)).map_err(refused)?;
+    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).map_err(refused)?;
+    if version == 0 && app == 0 && objects == 0 {
+        tx.execute_batch(SCHEMA).map_err(refused)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID).map_err(refused)?;
+        tx.pragma_update(None, "user_version", VERSION).map_err(refused)?;
+        return tx.commit().map_err(refused);
+    }
+    if app != APPLICATION_ID {
+        return Err(StoreError::Refused(format!(
+            "jobs file {}: not a wxgate jobs file (an SQLite file with other contents)",
+            path.display()
+        )));
+    }
+    if version > VERSION {
+        return Err(StoreError::Refused(format!(
+            "jobs file {}: written by a newer wxgate (schema version {version}; this wxgate knows up to {VERSION}): \
+             run that version, or move the file away",
+            path.display()
+        )));
+    }
+    if version != VERSION {
+        return Err(StoreError::Refused(format!(
+            "jobs file {}: schema version {version}, which this wxgate cannot read",
+            path.display()
+        )));
+    }
+    tx.commit().map_err(refused)
+}
+
+/// A piece of work for the writer thread.
+trait Work: Send {
+    /// Runs inside the open transaction (in its own savepoint).
+    fn run(&mut self, tx: &mut rusqlite::Transaction<'_>);
+    /// Answers once the transaction is committed (`Err`: it was not).
+    fn answer(self: Box<Self>, commit: Result<(), &str>);
+}
+
+type Op<T, E> = Box<dyn FnOnce(&Connection) -> Result<T, E> + Send>;
+
+struct Task<T, E> {
+    op: Option<Op<T, E>>,
+    result: Option<Result<T, E>>,
+    reply: oneshot::Sender<Result<T, E>>,
+}
+
+impl<T: Send, E: From<StoreError> + Send> Work for Task<T, E> {
+    fn run(&mut self, tx: &mut rusqlite::Transaction<'_>) {
+        let Some(op) = self.op.take() else { return };
+        let result = match tx.savepoint() {
+            Err(e) => Err(E::from(sql(e))),
+            Ok(sp) => match op(&sp) {
+                Ok(v) => sp.commit().map(|()| v).map_err(|e| E::from(sql(e))),
+                // Dropping the savepoint rolls back what the piece wrote.
+                Err(e) => Err(e),
+            },
+        };
+        self.result = Some(result);
+    }
+
+    fn answer(self: Box<Self>, commit: Result<(), &str>) {
+        let result = match (commit, self.result) {
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(E::from(stopped())),
+            (Err(e), _) => Err(E::from(StoreError::Unreachable(format!("jobs store: commit failed: {e}")))),
+        };
+        let _ = self.reply.send(result);
+    }
+}
+
+fn writer_loop(mut conn: Connection, receiver: mpsc::Receiver<Box<dyn Work>>, stats: &Stats) {
+    while let Ok(first) = receiver.recv() {
+        let mut batch = vec![first];
+        while batch.len() < BATCH_MAX {
+            match receiver.try_recv() {
+                Ok(work) => batch.push(work),
+                Err(_) => break,
+            }
+        }
+        stats.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+        let committed = (|| {
+            let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for work in batch.iter_mut() {
+                work.run(&mut tx);
+            }
+            tx.commit()
+        })();
+        let committed = committed.map_err(|e| e.to_string());
+        if committed.is_ok() {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        for work in batch {
+            work.answer(committed.as_ref().map(|_| ()).map_err(|e| e.as_str()));
+        }
+    }
+}
+
+fn state_code(state: JobState) -> i64 {
+    match state {
+        JobState::Queued => 0,
+        JobState::Waiting => 1,
+        JobState::Claimed => 2,
+        JobState::Sending => 3,
+        JobState::Sent => 4,
+        JobState::Failed => 5,
+        JobState::Expired => 6,
+        JobState::Cancelled => 7,
+        JobState::Unknown => 8,
+    }
+}
+
+fn state_from(code: i64) -> Result<JobState, StoreError> {
+    Ok(match code {
+        0 => JobState::Queued,
+        1 => JobState::Waiting,
+        2 => JobState::Claimed,
+        3 => JobState::Sending,
+        4 => JobState::Sent,
+        5 => JobState::Failed,
+        6 => JobState::Expired,
+        7 => JobState::Cancelled,
+        8 => JobState::Unknown,
+        _ => return Err(bad(&format!("a job state {code}"))),
+    })
+}
+
+fn id_from(bytes: &[u8]) -> Result<JobId, StoreError> {
+    <[u8; 16]>::try_from(bytes).map(JobId).map_err(|_| bad("a job id that is not 16 bytes"))
+}
+
+fn job_from(row: &Row<'_>) -> Result<Job, StoreError> {
+    let seq: i64 = row.get(0).map_err(sql)?;
+    let id: Vec<u8> = row.get(1).map_err(sql)?;
+    let caller: String = row.get(2).map_err(sql)?;
+    let account: String = row.get(3).map_err(sql)?;
+    let rule: String = row.get(4).map_err(sql)?;
+    let state: i64 = row.get(5).map_err(sql)?;
+    let body: Vec<u8> = row.get(10).map_err(sql)?;
+    let owner: Option<String> = row.get(16).map_err(sql)?;
+    let attempts: i64 = row.get(18).map_err(sql)?;
+    let status: Option<i64> = row.get(19).map_err(sql)?;
+    let answer = match status {
+        None => None,
+        Some(status) => Some(Answer {
+            status: u16::try_from(status).map_err(|_| bad("an answer status out of range"))?,
+            errcode: row.get(20).map_err(sql)?,
+            body: Bytes::from(row.get::<_, Option<Vec<u8>>>(21).map_err(sql)?.unwrap_or_default()),
+        }),
+    };
+    Ok(Job {
+        id: id_from(&id)?,
+        new: NewJob {
+            queue: QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() },
+            domain: row.get::<_, String>(6).map_err(sql)?.into(),
+            method: row.get(7).map_err(sql)?,
+            target: row.get(8).map_err(sql)?,
+            content_type: row.get(9).map_err(sql)?,
+            body: Bytes::from(body),
+            deadline_us: row.get(11).map_err(sql)?,
+            idempotency_key: row.get(12).map_err(sql)?,
+            callback: row.get(13).map_err(sql)?,
+        },
+        seq: u64::try_from(seq).map_err(|_| bad("a negative seq"))?,
+        state: state_from(state)?,
+        submitted_us: row.get(14).map_err(sql)?,
+        due_us: row.get(15).map_err(sql)?,
+        owner: owner.map(Arc::from),
+        lease_us: row.get(17).map_err(sql)?,
+        attempts: u32::try_from(attempts).map_err(|_| bad("attempts out of range"))?,
+        answer,
+        updated_us: row.get(22).map_err(sql)?,
+    })
+}
+
+/// Adds `jobs` and `bytes` (negative: takes away) to a caller's or an
+/// account's unfinished totals; a row that reaches 0 jobs goes.
+fn add_total(c: &Connection, kind: i64, name: &str, jobs: i64, bytes: i64) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO totals (kind, name, jobs, bytes) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (kind, name) DO UPDATE SET jobs = jobs + excluded.jobs, bytes = bytes + excluded.bytes",
+    )
+    .and_then(|mut s| s.execute(params![kind, name, jobs, bytes]))
+    .map_err(sql)?;
+    if jobs < 0 {
+        c.prepare_cached("DELETE FROM totals WHERE kind = ?1 AND name = ?2 AND jobs <= 0")
+            .and_then(|mut s| s.execute(params![kind, name]))
+            .map_err(sql)?;
+    }
+    Ok(())
+}
+
+/// A job ended: it counts no more against its caller's and account's bounds.
+fn ended(c: &Connection, caller: &str, account: &str, bytes: i64) -> Result<(), StoreError> {
+    add_total(c, CALLER, caller, -1, -bytes)?;
+    add_total(c, ACCOUNT, account, -1, -bytes)
+}
+
+/// Whether one more job of `bytes` stays within `max_jobs`/`max_bytes` of
+/// this caller's or account's unfinished totals.
+fn check_total(
+    c: &Connection,
+    kind: i64,
+    name: &str,
+    bytes: i64,
+    (max_jobs, max_bytes): (u64, u64),
+    (jobs_bound, bytes_bound): (Bound, Bound),
+) -> Result<(), SubmitError> {
+    let (jobs, held): (i64, i64) = c
+        .prepare_cached("SELECT jobs, bytes FROM totals WHERE kind = ?1 AND name = ?2")
+        .and_then(|mut s| s.query_row(params![kind, name], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .map_err(sql)?
+        .unwrap_or((0, 0));
+    if i128::from(jobs) + 1 > i128::from(max_jobs) {
+        return Err(SubmitError::Full(jobs_bound));
+    }
+    if i128::from(held) + i128::from(bytes) > i128::from(max_bytes) {
+        return Err(SubmitError::Full(bytes_bound));
+    }
+    Ok(())
+}
+
+fn body_len(body: &Bytes) -> i64 {
+    i64::try_from(body.len()).unwrap_or(i64::MAX)
+}
+
+fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -> Result<Submitted, SubmitError> {
+    let caller: &str = &job.queue.caller;
+    if let Some(key) = &job.idempotency_key {
+        let first: Option<(Vec<u8>, i64)> = c
+            .prepare_cached("SELECT id, until_us FROM idempotency WHERE caller = ?1 AND key = ?2")
+            .and_then(|mut s| s.query_row(params![caller, key], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(sql)?;
+        if let Some((first, until_us)) = first {
+            if now < until_us {
+                return Ok(Submitted { id: id_from(&first)?, duplicate: true });
+            }
+        }
+    }
+    let bytes = body_len(&job.body);
+    let caller_max = (bounds.caller_jobs, bounds.caller_bytes);
+    check_total(c, CALLER, caller, bytes, caller_max, (Bound::CallerJobs, Bound::CallerBytes))?;
+    let account_max = (bounds.account_jobs, bounds.account_bytes);
+    check_total(c, ACCOUNT, &job.queue.account, bytes, account_max, (Bound::AccountJobs, Bound::AccountBytes))?;
+    let qid = queue_id(c, &job.queue, true)?.ok_or_else(|| bad("no queue row after inserting it"))?;
+    c.prepare_cached(
+        "INSERT INTO jobs (id, qid, state, domain, method, target, content_type, body, deadline_us, \
+         idempotency_key, callback, submitted_us, due_us, owner, lease_us, attempts, updated_us) \
+         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, NULL, 0, 0, ?11)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            &id.0[..],
+            qid,
+            &*job.domain,
+            job.method,
+            job.target,
+            job.content_type,
+            &job.body[..],
+            job.deadline_us,
+            job.idempotency_key,
+            job.callback,
+            now,
+        ])
+    })
+    .map_err(sql)?;
+    if let Some(key) = &job.idempotency_key {
+        c.prepare_cached("INSERT OR REPLACE INTO idempotency (caller, key, id, until_us) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![caller, key, &id.0[..], now.saturating_add(bounds.idempotency_us)]))
+            .map_err(sql)?;
+    }
+    add_total(c, CALLER, caller, 1, bytes)?;
+    add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
+    Ok(Submitted { id, duplicate: false })
+}
+
+/// The queue's row id (created when `create`).
+fn queue_id(c: &Connection, queue: &QueueKey, create: bool) -> Result<Option<i64>, StoreError> {
+    let key = params![&*queue.caller, &*queue.account, &*queue.rule];
+    if create {
+        c.prepare_cached("INSERT INTO queues (caller, account, rule) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
+            .and_then(|mut s| s.execute(key))
+            .map_err(sql)?;
+    }
+    c.prepare_cached("SELECT qid FROM queues WHERE caller = ?1 AND account = ?2 AND rule = ?3")
+        .and_then(|mut s| s.query_row(key, |r| r.get(0)).optional())
+        .map_err(sql)
+}
+
+/// What a state change needs to know of a job.
+struct Held {
+    seq: i64,
+    state: JobState,
+    owner: Option<String>,
+    caller: String,
+    account: String,
+    bytes: i64,
+}
+
+fn held(c: &Connection, id: JobId) -> Result<Option<Held>, StoreError> {
+    let row = c
+        .prepare_cached(
+            "SELECT j.seq, j.state, j.owner, q.caller, q.account, length(j.body) \
+             FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![&id.0[..]], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            })
+            .optional()
+        })
+        .map_err(sql)?;
+    match row {
+        None => Ok(None),
+        Some((seq, state, owner, caller, account, bytes)) => {
+            Ok(Some(Held { seq, state: state_from(state)?, owner, caller, account, bytes }))
+        }
+    }
+}
+
+fn claim(
+    c: &Connection,
+    queue: &QueueKey,
+    owner: &str,
+    now: Micros,
+    lease_us: Micros,
+    max: usize,
+) -> Result<Vec<Job>, StoreError> {
+    if max == 0 {
+        return Ok(Vec::new());
+    }
+    let Some(qid) = queue_id(c, queue, false)? else { return Ok(Vec::new()) };
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let mut heads = Vec::new();
+    {
+        let mut s = c
+            .prepare_cached(&format!("{JOB_COLS} WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"))
+            .map_err(sql)?;
+        let mut rows = s.query(params![qid, limit]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            heads.push(job_from(row)?);
+        }
+    }
+    let until = now.saturating_add(lease_us);
+    let owner_arc: Arc<str> = Arc::from(owner);
+    let mut claimed = Vec::new();
+    for mut job in heads {
+        let claimable = matches!(job.state, JobState::Queued | JobState::Waiting) && job.due_us <= now;
+        if !claimable {
+            break;
+        }
+        let seq = i64::try_from(job.seq).map_err(|_| bad("a seq out of range"))?;
+        c.prepare_cached("UPDATE jobs SET state = 2, owner = ?2, lease_us = ?3, updated_us = ?4 WHERE seq = ?1")
+            .and_then(|mut s| s.execute(params![seq, owner, until, now]))
+            .map_err(sql)?;
+        job.state = JobState::Claimed;
+        job.owner = Some(owner_arc.clone());
+        job.lease_us = until;
+        job.updated_us = now;
+        claimed.push(job);
+    }
+    Ok(claimed)
+}
+
+fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
+    let Some(job) = held(c, id)? else { return Ok(false) };
+    if !matches!(job.state, JobState::Claimed | JobState::Sending) || job.owner.as_deref() != Some(owner) {
+        return Ok(false);
+    }
+    let (state, due, answer) = match end {
+        End::Sent(a) => (JobState::Sent, None, Some(a)),
+        End::Failed(a) => (JobState::Failed, None, Some(a)),
+        End::Retry { at, answer } => (if at <= now { JobState::Queued } else { JobState::Waiting }, Some(at), answer),
+        End::NotYet { at } => (if at <= now { JobState::Queued } else { JobState::Waiting }, Some(at), None),
+        End::Expired => (JobState::Expired, None, None),
+        End::Unknown(a) => (JobState::Unknown, None, a),
+    };
+    let code = state_code(state);
+    c.prepare_cached(
+        "UPDATE jobs SET state = ?2, owner = NULL, lease_us = 0, updated_us = ?3, due_us = coalesce(?4, due_us) \
+         WHERE seq = ?1",
+    )
+    .and_then(|mut s| s.execute(params![job.seq, code, now, due]))
+    .map_err(sql)?;
+    if let Some(a) = answer {
+        let body = &a.body[..a.body.len().min(ANSWER_MAX)];
+        c.prepare_cached("UPDATE jobs SET answer_status = ?2, answer_errcode = ?3, answer_body = ?4 WHERE seq = ?1")
+            .and_then(|mut s| s.execute(params![job.seq, a.status, a.errcode, body]))
+            .map_err(sql)?;
+    }
+    if state.ended() {
+        ended(c, &job.caller, &job.account, job.bytes)?;
+    }
+    Ok(true)
+}
+
+fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
+    let mut out = Vec::new();
+    {
+        let mut s = c
+            .prepare_cached(
+                "SELECT j.seq, j.state, q.caller, q.account, length(j.body) FROM jobs j JOIN queues q ON q.qid = j.qid \
+                 WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
+            )
+            .map_err(sql)?;
+        let mut rows = s.query(params![now]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            let row: (i64, i64, String, String, i64) = (
+                r.get(0).map_err(sql)?,
+                r.get(1).map_err(sql)?,
+                r.get(2).map_err(sql)?,
+                r.get(3).map_err(sql)?,
+                r.get(4).map_err(sql)?,
+            );
+            out.push(row);
+        }
+    }
+    let mut recovered = Recovered::default();
+    for (seq, state, caller, account, bytes) in out {
+        if state == state_code(JobState::Claimed) {
+            c.prepare_cached("UPDATE jobs SET state = 0, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
+                .and_then(|mut s| s.execute(params![seq, now]))
+                .map_err(sql)?;
+            recovered.requeued += 1;
+        } else {
+            c.prepare_cached("UPDATE jobs SET state = 8, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
+                .and_then(|mut s| s.execute(params![seq, now]))
+                .map_err(sql)?;
+            ended(c, &caller, &account, bytes)?;
+            recovered.unknown += 1;
+        }
+    }
+    Ok(recovered)
+}
+
+fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+    let Some(job) = held(c, id)? else { return Ok(Cancelled::NotFound) };
+    if job.caller != caller {
+        return Ok(Cancelled::NotFound);
+    }
+    if !matches!(job.state, JobState::Queued | JobState::Waiting | JobState::Claimed) {
+        return Ok(Cancelled::TooLate(job.state));
+    }
+    c.prepare_cached("UPDATE jobs SET state = 7, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
+        .and_then(|mut s| s.execute(params![job.seq, now]))
+        .map_err(sql)?;
+    ended(c, &job.caller, &job.account, job.bytes)?;
+    Ok(Cancelled::Cancelled)
+}
+
+fn purge(c: &Connection, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
+    let before = now.saturating_sub(keep_us);
+    let jobs = c
+        .prepare_cached("DELETE FROM jobs WHERE state >= 4 AND updated_us < ?1")
+        .and_then(|mut s| s.execute(params![before]))
+        .map_err(sql)?;
+    c.prepare_cached("DELETE FROM idempotency WHERE until_us <= ?1")
+        .and_then(|mut s| s.execute(params![now]))
+        .map_err(sql)?;
+    c.prepare_cached("DELETE FROM queues WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.qid = queues.qid)")
+        .and_then(|mut s| s.execute([]))
+        .map_err(sql)?;
+    Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
+}
+
+fn get(c: &Connection, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
+    let mut s = c.prepare_cached(&format!("{JOB_COLS} WHERE j.id = ?1 AND q.caller = ?2")).map_err(sql)?;
+    let mut rows = s.query(params![&id.0[..], caller]).map_err(sql)?;
+    match rows.next().map_err(sql)? {
+        Some(row) => Ok(Some(job_from(row)?)),
+        None => Ok(None),
+    }
+}
+
+fn due_queues(c: &Connection, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut s = c
+        .prepare_cached(
+            "SELECT q.caller, q.account, q.rule FROM queues q \
+             JOIN jobs h ON h.seq = (SELECT seq FROM jobs WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
+             WHERE h.state < 2 AND h.due_us <= ?1 ORDER BY h.due_us, h.seq LIMIT ?2",
+        )
+        .map_err(sql)?;
+    let mut rows = s.query(params![now, limit]).map_err(sql)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(sql)? {
+        let (caller, account, rule): (String, String, String) =
+            (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?, r.get(2).map_err(sql)?);
+        out.push(QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() });
+    }
+    Ok(out)
+}
+
+fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
+    let mut s = c
+        .prepare_cached(
+            "SELECT q.caller, q.account, q.rule, j.state, count(*), min(j.submitted_us) \
+             FROM jobs j JOIN queues q ON q.qid = j.qid WHERE ?1 IS NULL OR q.caller = ?1 \
+             GROUP BY j.qid, j.state",
+        )
+        .map_err(sql)?;
+    let mut rows = s.query(params![caller]).map_err(sql)?;
+    let mut queues: BTreeMap<QueueKey, QueueSummary> = BTreeMap::new();
+    while let Some(r) = rows.next().map_err(sql)? {
+        let (caller, account, rule): (String, String, String) =
+            (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?, r.get(2).map_err(sql)?);
+        let state = state_from(r.get(3).map_err(sql)?)?;
+        let count = u64::try_from(r.get::<_, i64>(4).map_err(sql)?).unwrap_or(0);
+        let oldest: i64 = r.get(5).map_err(sql)?;
+        let queue = QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() };
+        let entry = queues.entry(queue.clone()).or_insert_with(|| QueueSummary {
+            queue,
+            queued: 0,
+            waiting: 0,
+            sending: 0,
+            sent: 0,
+            failed: 0,
+            expired: 0,
+            cancelled: 0,
+            unknown: 0,
+            oldest_us: None,
+        });
+        let slot = match state {
+            JobState::Queued | JobState::Claimed => &mut entry.queued,
+            JobState::Waiting => &mut entry.waiting,
+            JobState::Sending => &mut entry.sending,
+            JobState::Sent => &mut entry.sent,
+            JobState::Failed => &mut entry.failed,
+            JobState::Expired => &mut entry.expired,
+            JobState::Cancelled => &mut entry.cancelled,
+            JobState::Unknown => &mut entry.unknown,
+        };
+        *slot += count;
+        if !state.ended() {
+            entry.oldest_us = Some(entry.oldest_us.map_or(oldest, |o| o.min(oldest)));
+        }
+    }
+    Ok(queues.into_values().collect())
+}
+
+#[async_trait]
+impl JobStore for SqliteJobs {
+    async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError> {
+        let id = JobId::random().map_err(|_| StoreError::Unreachable("jobs store: no random job id".into()))?;
+        let bounds = *bounds;
+        self.write(move |c| submit(c, id, job, bounds, now)).await
+    }
+
+    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
+        self.read(move |c| due_queues(c, now, limit)).await
+    }
+
+    async fn claim(
+        &self,
+        queue: &QueueKey,
+        owner: &str,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+    ) -> Result<Vec<Job>, StoreError> {
+        let (queue, owner) = (queue.clone(), owner.to_owned());
+        self.write(move |c| claim(c, &queue, &owner, now, lease_us, max)).await
+    }
+
+    async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |c| {
+            c.prepare_cached(
+                "UPDATE jobs SET state = 3, attempts = attempts + 1, updated_us = ?3 \
+                 WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ?3",
+            )
+            .and_then(|mut s| s.execute(params![&id.0[..], owner, now]))
+            .map(|n| n == 1)
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |c| finish(c, id, &owner, end, now)).await
+    }
+
+    async fn recover(&self, now: Micros) -> Result<Recovered, StoreError> {
+        self.write(move |c| recover(c, now)).await
+    }
+
+    async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
+        let caller = caller.to_owned();
+        self.read(move |c| get(c, &caller, id)).await
+    }
+
+    async fn cancel(&self, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+        let caller = caller.to_owned();
+        self.write(move |c| cancel(c, &caller, id, now)).await
+    }
+
+    async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
+        let caller = caller.map(str::to_owned);
+        self.read(move |c| summary(c, caller.as_deref())).await
+    }
+
+    async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
+        self.write(move |c| purge(c, now, keep_us)).await
+    }
+}

@@ -1,0 +1,728 @@
+//! Every queued-delivery jobs store ([`JobStore`], src/store/jobs.rs) keeps
+//! the same promises: one table of scenarios, each run through
+//! `Arc<dyn JobStore>` on every store of [`stores`], on times passed in
+//! (plain microseconds; no store reads a clock). Then the embedded store's
+//! own promises over a real file: a restart keeps everything, a SIGKILL
+//! right after `submit` returned loses nothing, and concurrent submissions
+//! share one transaction (one fsync).
+
+mod support;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::jobs::{answer, new_job, queue, roomy, SelfChild, CHILD_LIFE};
+use support::{TempDir, SEC, T0};
+use wxgate::store::jobs::sqlite::SqliteJobs;
+use wxgate::store::jobs::{
+    Bound, Bounds, Cancelled, End, JobId, JobState, JobStore, NewJob, Recovered, SubmitError, Submitted, ANSWER_MAX,
+};
+
+const DAY: i64 = 86_400 * SEC;
+const LEASE: i64 = 30 * SEC;
+
+/// Every store the table runs on: a name, the store, and what must live as
+/// long as it (its directory, its server). Add a store here in one line.
+async fn stores() -> Vec<(&'static str, Arc<dyn JobStore>, Box<dyn Any + Send>)> {
+    let dir = TempDir::new("jobs-sqlite");
+    let sqlite = SqliteJobs::open(&dir.join("jobs.db")).expect("open the jobs file");
+    vec![("sqlite", Arc::new(sqlite), Box::new(dir))]
+}
+
+/// Runs each named scenario on every store, as one test each.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $name() {
+            for (store_name, store, guard) in stores().await {
+                eprintln!("{} on {store_name}", stringify!($name));
+                scenarios::$name(store).await;
+                drop(guard);
+            }
+        }
+    )*};
+}
+
+on_every_store!(
+    a_submitted_job_is_queued_and_only_its_caller_sees_it,
+    a_repeated_idempotency_key_returns_the_first_job_and_stores_nothing,
+    an_idempotency_key_is_forgotten_after_its_time,
+    each_bound_refuses_a_submission_whole_and_stores_nothing,
+    an_ended_job_frees_its_room,
+    a_queue_goes_out_in_submission_order,
+    a_waiting_or_held_head_holds_its_queue,
+    due_queues_lists_queues_with_a_due_free_head_oldest_first,
+    a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered,
+    a_job_that_may_have_been_sent_ends_unknown_and_is_never_handed_out_again,
+    finish_ends_each_way_with_attempts_counted_only_for_sends,
+    cancel_takes_back_only_jobs_not_yet_sending_and_only_its_callers,
+    summary_counts_each_queue_by_state,
+    purge_deletes_only_jobs_ended_before_keep,
+);
+
+async fn submit(s: &Arc<dyn JobStore>, job: NewJob, now: i64) -> JobId {
+    let done = s.submit(job, &roomy(DAY), now).await.expect("submit");
+    assert!(!done.duplicate);
+    done.id
+}
+
+async fn state(s: &Arc<dyn JobStore>, caller: &str, id: JobId) -> JobState {
+    s.get(caller, id).await.expect("get").expect("the job").state
+}
+
+fn ids(jobs: &[wxgate::store::jobs::Job]) -> Vec<JobId> {
+    jobs.iter().map(|j| j.id).collect()
+}
+
+async fn unfinished(s: &Arc<dyn JobStore>) -> u64 {
+    s.summary(None).await.expect("summary").iter().map(|q| q.queued + q.waiting + q.sending).sum()
+}
+
+mod scenarios {
+    use super::*;
+
+    pub async fn a_submitted_job_is_queued_and_only_its_caller_sees_it(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "template_send");
+        let mut job = new_job(&q, 500);
+        job.deadline_us = Some(T0 + DAY);
+        job.callback = Some("https://hr.example/done".into());
+        let id = submit(&s, job.clone(), T0).await;
+        let got = s.get("hr", id).await.expect("get").expect("the caller's job");
+        assert_eq!(got.id, id);
+        assert_eq!(got.new, job, "stored as submitted");
+        assert_eq!(got.state, JobState::Queued);
+        assert_eq!((got.submitted_us, got.due_us, got.updated_us), (T0, T0, T0));
+        assert_eq!((got.attempts, got.owner.clone(), got.answer.clone()), (0, None, None));
+        assert_eq!(s.get("marketing", id).await.expect("get"), None, "another caller's id is not found");
+        assert_eq!(s.get("hr", JobId([7; 16])).await.expect("get"), None);
+        let second = submit(&s, new_job(&q, 10), T0).await;
+        let second = s.get("hr", second).await.expect("get").expect("job");
+        assert!(second.seq > got.seq, "seq grows with submission");
+    }
+
+    pub async fn a_repeated_idempotency_key_returns_the_first_job_and_stores_nothing(s: Arc<dyn JobStore>) {
+        let q = queue("batch", "wx1", "template_send");
+        let mut job = new_job(&q, 100);
+        job.idempotency_key = Some("run-42/item-7".into());
+        let first = s.submit(job.clone(), &roomy(DAY), T0).await.expect("submit");
+        assert!(!first.duplicate);
+        let again = s.submit(job.clone(), &roomy(DAY), T0 + DAY - 1).await.expect("submit again");
+        assert_eq!(again, Submitted { id: first.id, duplicate: true });
+        assert_eq!(unfinished(&s).await, 1, "nothing more stored");
+        // Even when the caller's room is used up, a repeat gets its id.
+        let full = Bounds { caller_jobs: 1, ..roomy(DAY) };
+        let repeat = s.submit(job.clone(), &full, T0 + 1).await.expect("repeat while full");
+        assert_eq!(repeat.id, first.id);
+        // Keys are per caller.
+        let mut other = job.clone();
+        other.queue = queue("other", "wx1", "template_send");
+        let theirs = s.submit(other, &roomy(DAY), T0 + 2).await.expect("another caller's key");
+        assert!(!theirs.duplicate);
+        assert_ne!(theirs.id, first.id);
+    }
+
+    pub async fn an_idempotency_key_is_forgotten_after_its_time(s: Arc<dyn JobStore>) {
+        let q = queue("batch", "wx1", "template_send");
+        let mut job = new_job(&q, 100);
+        job.idempotency_key = Some("k".into());
+        let first = s.submit(job.clone(), &roomy(DAY), T0).await.expect("submit");
+        let later = s.submit(job.clone(), &roomy(DAY), T0 + DAY).await.expect("after a day");
+        assert!(!later.duplicate, "the key's day is over");
+        assert_ne!(later.id, first.id);
+        let repeat = s.submit(job, &roomy(DAY), T0 + DAY + 1).await.expect("repeat of the new one");
+        assert_eq!(repeat, Submitted { id: later.id, duplicate: true });
+        assert_eq!(unfinished(&s).await, 2);
+    }
+
+    pub async fn each_bound_refuses_a_submission_whole_and_stores_nothing(s: Arc<dyn JobStore>) {
+        let tight = |f: fn(&mut Bounds)| {
+            let mut b = roomy(DAY);
+            f(&mut b);
+            b
+        };
+        // (bound, bounds, what is submitted first, the refused one).
+        let a = |c: &str, acct: &str, n: usize| new_job(&queue(c, acct, "r"), n);
+        let cases: Vec<(Bound, Bounds, Vec<NewJob>, NewJob, NewJob)> = vec![
+            (
+                Bound::CallerJobs,
+                tight(|b| b.caller_jobs = 2),
+                vec![a("c1", "x1", 10), a("c1", "y1", 10)],
+                a("c1", "z1", 10),
+                a("c9", "z1", 10),
+            ),
+            (
+                Bound::CallerBytes,
+                tight(|b| b.caller_bytes = 100),
+                vec![a("c2", "x2", 60)],
+                a("c2", "y2", 41),
+                a("c2", "y2", 40),
+            ),
+            (
+                Bound::AccountJobs,
+                tight(|b| b.account_jobs = 2),
+                vec![a("c3", "x3", 10), a("c4", "x3", 10)],
+                a("c5", "x3", 10),
+                a("c5", "y3", 10),
+            ),
+            (
+                Bound::AccountBytes,
+                tight(|b| b.account_bytes = 100),
+                vec![a("c6", "x4", 50), a("c7", "x4", 50)],
+                a("c8", "x4", 1),
+                a("c8", "y4", 100),
+            ),
+        ];
+        for (bound, bounds, before, mut refused, fits) in cases {
+            for job in before {
+                s.submit(job, &bounds, T0).await.expect("within the bounds");
+            }
+            let count = unfinished(&s).await;
+            refused.idempotency_key = Some(format!("{bound:?}"));
+            match s.submit(refused.clone(), &bounds, T0 + 1).await {
+                Err(SubmitError::Full(b)) => assert_eq!(b, bound),
+                other => panic!("{bound:?}: expected Full, got {other:?}"),
+            }
+            assert_eq!(unfinished(&s).await, count, "{bound:?}: nothing stored");
+            // Its idempotency key was not kept either: with room, it is new.
+            let stored = s.submit(refused, &roomy(DAY), T0 + 2).await.expect("with room");
+            assert!(!stored.duplicate, "{bound:?}: the refused submission's key was not stored");
+            let caller = stored_caller(&s, stored.id).await;
+            assert_eq!(s.cancel(&caller, stored.id, T0 + 3).await.expect("cancel"), Cancelled::Cancelled);
+            // Exactly at the bound, or another caller/account, still fits.
+            s.submit(fits, &bounds, T0 + 4).await.expect("at the bound or elsewhere: fits");
+        }
+    }
+
+    async fn stored_caller(s: &Arc<dyn JobStore>, id: JobId) -> String {
+        for c in ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"] {
+            if s.get(c, id).await.expect("get").is_some() {
+                return c.to_owned();
+            }
+        }
+        panic!("no caller has the job");
+    }
+
+    pub async fn an_ended_job_frees_its_room(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let bounds = Bounds { caller_jobs: 1, account_bytes: 100, ..roomy(DAY) };
+        let first = s.submit(new_job(&q, 100), &bounds, T0).await.expect("first").id;
+        assert!(matches!(s.submit(new_job(&q, 1), &bounds, T0).await, Err(SubmitError::Full(Bound::CallerJobs))));
+        let claimed = s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+        assert_eq!(ids(&claimed), vec![first]);
+        assert!(s.sending(first, "i1", T0).await.expect("sending"));
+        // Sending still counts.
+        assert!(matches!(s.submit(new_job(&q, 1), &bounds, T0).await, Err(SubmitError::Full(_))));
+        let sent = End::Sent(answer(200, 0, r#"{"errcode":0,"msgid":1}"#));
+        assert!(s.finish(first, "i1", sent, T0 + 1).await.expect("finish"));
+        s.submit(new_job(&q, 100), &bounds, T0 + 2).await.expect("room again after Sent");
+    }
+
+    pub async fn a_queue_goes_out_in_submission_order(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let other = queue("hr", "wx1", "other_rule");
+        let mut want = Vec::new();
+        for i in 0..5 {
+            want.push(submit(&s, new_job(&q, 10 + i), T0 + i as i64).await);
+            submit(&s, new_job(&other, 10), T0).await;
+        }
+        let first = s.claim(&q, "i1", T0 + 10, LEASE, 3).await.expect("claim");
+        assert_eq!(ids(&first), want[..3].to_vec(), "the first three, in seq order");
+        assert!(first.windows(2).all(|w| w[0].seq < w[1].seq));
+        for job in &first {
+            assert_eq!(job.state, JobState::Claimed);
+            assert_eq!(job.owner.as_deref(), Some("i1"));
+            assert_eq!(job.lease_us, T0 + 10 + LEASE);
+            assert_eq!(job.new.queue, q, "only this queue's jobs");
+        }
+        for job in &first {
+            let sent = End::Sent(answer(200, 0, "{}"));
+            assert!(s.sending(job.id, "i1", T0 + 11).await.expect("sending"));
+            assert!(s.finish(job.id, "i1", sent, T0 + 12).await.expect("finish"));
+        }
+        let rest = s.claim(&q, "i1", T0 + 13, LEASE, 10).await.expect("claim the rest");
+        assert_eq!(ids(&rest), want[3..].to_vec());
+        assert!(s.claim(&q, "i1", T0 + 13, LEASE, 0).await.expect("claim 0").is_empty());
+        let unknown = queue("nobody", "wx1", "r");
+        assert!(s.claim(&unknown, "i1", T0, LEASE, 10).await.expect("claim of no queue").is_empty());
+    }
+
+    pub async fn a_waiting_or_held_head_holds_its_queue(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let a = submit(&s, new_job(&q, 10), T0).await;
+        let b = submit(&s, new_job(&q, 10), T0).await;
+        // A held head: nothing behind it is handed out.
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![a]);
+        assert!(s.claim(&q, "i2", T0, LEASE, 5).await.expect("claim").is_empty(), "head claimed");
+        assert!(s.sending(a, "i1", T0).await.expect("sending"));
+        assert!(s.claim(&q, "i2", T0, LEASE, 5).await.expect("claim").is_empty(), "head sending");
+        // A waiting head: the same until it is due.
+        let retry = End::Retry { at: T0 + 10 * SEC, answer: Some(answer(200, 45009, "{}")) };
+        assert!(s.finish(a, "i1", retry, T0 + 1).await.expect("finish"));
+        assert_eq!(state(&s, "hr", a).await, JobState::Waiting);
+        assert!(s.claim(&q, "i1", T0 + 10 * SEC - 1, LEASE, 5).await.expect("claim").is_empty(), "head waiting");
+        assert_eq!(state(&s, "hr", b).await, JobState::Queued, "b waits behind a");
+        let both = s.claim(&q, "i1", T0 + 10 * SEC, LEASE, 5).await.expect("claim when due");
+        assert_eq!(ids(&both), vec![a, b]);
+    }
+
+    pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first(s: Arc<dyn JobStore>) {
+        let (q1, q2, q3) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"), queue("hr", "wx2", "r"));
+        assert!(s.due_queues(T0, 10).await.expect("due").is_empty());
+        submit(&s, new_job(&q2, 10), T0 + 2).await;
+        submit(&s, new_job(&q1, 10), T0 + 1).await;
+        let held = submit(&s, new_job(&q3, 10), T0).await;
+        submit(&s, new_job(&q3, 10), T0).await;
+        assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q3.clone(), q1.clone(), q2.clone()]);
+        assert_eq!(s.due_queues(T0 + 5, 2).await.expect("due").len(), 2, "at most limit");
+        assert_eq!(s.due_queues(T0 + 1, 10).await.expect("due"), vec![q3.clone(), q1.clone()], "q2 not yet due");
+        assert_eq!(ids(&s.claim(&q3, "i1", T0 + 5, LEASE, 1).await.expect("claim")), vec![held]);
+        assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3's head is held");
+        let not_yet = End::NotYet { at: T0 + 100 };
+        assert!(s.finish(held, "i1", not_yet, T0 + 6).await.expect("finish"));
+        assert_eq!(s.due_queues(T0 + 99, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3 waits");
+        assert_eq!(s.due_queues(T0 + 100, 10).await.expect("due"), vec![q1, q2, q3], "q3 due again");
+    }
+
+    pub async fn a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered(
+        s: Arc<dyn JobStore>,
+    ) {
+        let q = queue("hr", "wx1", "r");
+        let id = submit(&s, new_job(&q, 10), T0).await;
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 5).await.expect("claim")), vec![id]);
+        assert!(s.claim(&q, "i2", T0 + 1, LEASE, 5).await.expect("claim").is_empty());
+        assert_eq!(s.recover(T0 + LEASE - 1).await.expect("recover"), Recovered::default(), "lease still runs");
+        assert!(s.claim(&q, "i2", T0 + LEASE, LEASE, 5).await.expect("claim").is_empty(), "not recovered yet");
+        let back = s.recover(T0 + LEASE).await.expect("recover");
+        assert_eq!(back, Recovered { requeued: 1, unknown: 0 });
+        assert_eq!(state(&s, "hr", id).await, JobState::Queued);
+        assert_eq!(ids(&s.claim(&q, "i2", T0 + LEASE, LEASE, 5).await.expect("claim")), vec![id]);
+        assert!(!s.sending(id, "i1", T0 + LEASE).await.expect("sending"), "the stale owner must not send");
+        assert!(!s.finish(id, "i1", End::Expired, T0 + LEASE).await.expect("finish"), "nor end it");
+        assert!(s.sending(id, "i2", T0 + LEASE).await.expect("sending"));
+        let job = s.get("hr", id).await.expect("get").expect("job");
+        assert_eq!((job.state, job.owner.as_deref(), job.attempts), (JobState::Sending, Some("i2"), 1));
+        // A lease that ran out before `sending`: too late to send.
+        let late = submit(&s, new_job(&queue("hr", "wx9", "r"), 1), T0).await;
+        assert_eq!(s.claim(&queue("hr", "wx9", "r"), "i3", T0, LEASE, 1).await.expect("claim").len(), 1);
+        assert!(!s.sending(late, "i3", T0 + LEASE).await.expect("sending"), "lease ran out");
+        assert_eq!(state(&s, "hr", late).await, JobState::Claimed);
+    }
+
+    pub async fn a_job_that_may_have_been_sent_ends_unknown_and_is_never_handed_out_again(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let id = submit(&s, new_job(&q, 10), T0).await;
+        let next = submit(&s, new_job(&q, 10), T0).await;
+        s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+        assert!(s.sending(id, "i1", T0 + 1).await.expect("sending"));
+        assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered { requeued: 0, unknown: 1 });
+        let job = s.get("hr", id).await.expect("get").expect("job");
+        assert_eq!((job.state, job.owner, job.attempts), (JobState::Unknown, None, 1));
+        assert!(!s.finish(id, "i1", End::Sent(answer(200, 0, "{}")), T0 + LEASE).await.expect("finish"));
+        let after = s.claim(&q, "i2", T0 + LEASE, LEASE, 5).await.expect("claim");
+        assert_eq!(ids(&after), vec![next], "the queue goes on without it");
+        let back = s.recover(T0 + 10 * LEASE).await.expect("recover");
+        assert_eq!(back, Recovered { requeued: 1, unknown: 0 }, "only `next`, claimed, goes back");
+        assert_eq!(state(&s, "hr", id).await, JobState::Unknown, "ended for good");
+        let again = s.claim(&q, "i3", T0 + 10 * LEASE, LEASE, 5).await.expect("claim");
+        assert_eq!(ids(&again), vec![next], "never the unknown one");
+    }
+
+    pub async fn finish_ends_each_way_with_attempts_counted_only_for_sends(s: Arc<dyn JobStore>) {
+        let long = "y".repeat(ANSWER_MAX + 100);
+        struct Case {
+            end: End,
+            sent_first: bool,
+            state: JobState,
+            attempts: u32,
+            due: Option<i64>,
+        }
+        let now = T0 + 5;
+        let cases = vec![
+            Case {
+                end: End::Sent(answer(200, 0, r#"{"msgid":9}"#)),
+                sent_first: true,
+                state: JobState::Sent,
+                attempts: 1,
+                due: None,
+            },
+            Case {
+                end: End::Failed(answer(200, 40003, "{}")),
+                sent_first: true,
+                state: JobState::Failed,
+                attempts: 1,
+                due: None,
+            },
+            Case {
+                end: End::Retry { at: now + SEC, answer: Some(answer(200, 45009, "{}")) },
+                sent_first: true,
+                state: JobState::Waiting,
+                attempts: 1,
+                due: Some(now + SEC),
+            },
+            Case {
+                end: End::NotYet { at: now + SEC },
+                sent_first: false,
+                state: JobState::Waiting,
+                attempts: 0,
+                due: Some(now + SEC),
+            },
+            Case { end: End::Expired, sent_first: false, state: JobState::Expired, attempts: 0, due: None },
+            Case { end: End::Unknown(None), sent_first: true, state: JobState::Unknown, attempts: 1, due: None },
+            Case {
+                end: End::Unknown(Some(answer(502, -1, &long))),
+                sent_first: true,
+                state: JobState::Unknown,
+                attempts: 1,
+                due: None,
+            },
+        ];
+        for (i, case) in cases.into_iter().enumerate() {
+            let q = queue("hr", &format!("wx{i}"), "r");
+            let id = submit(&s, new_job(&q, 10), T0).await;
+            s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+            if case.sent_first {
+                assert!(s.sending(id, "i1", T0 + 1).await.expect("sending"));
+            }
+            let kept = match &case.end {
+                End::Sent(a) | End::Failed(a) | End::Unknown(Some(a)) | End::Retry { answer: Some(a), .. } => {
+                    Some(a.clone())
+                }
+                _ => None,
+            };
+            assert!(!s.finish(id, "other", case.end.clone(), now).await.expect("finish"), "{i}: not the owner's");
+            assert!(s.finish(id, "i1", case.end.clone(), now).await.expect("finish"), "{i}");
+            let job = s.get("hr", id).await.expect("get").expect("job");
+            assert_eq!(job.state, case.state, "{i}: {:?}", case.end);
+            assert_eq!(job.attempts, case.attempts, "{i}");
+            assert_eq!((job.owner.clone(), job.updated_us), (None, now), "{i}");
+            if let Some(due) = case.due {
+                assert_eq!(job.due_us, due, "{i}");
+            }
+            match kept {
+                Some(mut a) => {
+                    a.body.truncate(ANSWER_MAX);
+                    assert_eq!(job.answer, Some(a), "{i}: the answer is kept (at most ANSWER_MAX bytes)");
+                }
+                None => assert_eq!(job.answer, None, "{i}"),
+            }
+            assert!(!s.finish(id, "i1", End::Expired, now).await.expect("finish twice"), "{i}: no longer held");
+            if case.state == JobState::Waiting {
+                // Sent again when due: its attempts go on counting.
+                assert_eq!(s.claim(&q, "i1", now + SEC, LEASE, 1).await.expect("claim").len(), 1);
+                assert!(s.sending(id, "i1", now + SEC).await.expect("sending"));
+                let again = s.get("hr", id).await.expect("get").expect("job");
+                assert_eq!(again.attempts, case.attempts + 1, "{i}");
+            }
+        }
+    }
+
+    pub async fn cancel_takes_back_only_jobs_not_yet_sending_and_only_its_callers(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let queued = submit(&s, new_job(&q, 10), T0).await;
+        assert_eq!(s.cancel("marketing", queued, T0).await.expect("cancel"), Cancelled::NotFound);
+        assert_eq!(s.cancel("hr", JobId([1; 16]), T0).await.expect("cancel"), Cancelled::NotFound);
+        assert_eq!(state(&s, "hr", queued).await, JobState::Queued, "another caller cancels nothing");
+        assert_eq!(s.cancel("hr", queued, T0 + 1).await.expect("cancel"), Cancelled::Cancelled);
+        let job = s.get("hr", queued).await.expect("get").expect("job");
+        assert_eq!((job.state, job.updated_us), (JobState::Cancelled, T0 + 1));
+        assert_eq!(s.cancel("hr", queued, T0 + 2).await.expect("cancel"), Cancelled::TooLate(JobState::Cancelled));
+        // Claimed: cancelled, and its dispatcher may no longer send it.
+        let claimed = submit(&s, new_job(&q, 10), T0).await;
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![claimed]);
+        assert_eq!(s.cancel("hr", claimed, T0 + 1).await.expect("cancel"), Cancelled::Cancelled);
+        assert!(!s.sending(claimed, "i1", T0 + 1).await.expect("sending"));
+        // Waiting: cancelled.
+        let waiting = submit(&s, new_job(&q, 10), T0).await;
+        s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+        assert!(s.finish(waiting, "i1", End::NotYet { at: T0 + DAY }, T0).await.expect("finish"));
+        assert_eq!(s.cancel("hr", waiting, T0 + 1).await.expect("cancel"), Cancelled::Cancelled);
+        // Sending: too late.
+        let sending = submit(&s, new_job(&q, 10), T0).await;
+        s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+        assert!(s.sending(sending, "i1", T0).await.expect("sending"));
+        assert_eq!(s.cancel("hr", sending, T0 + 1).await.expect("cancel"), Cancelled::TooLate(JobState::Sending));
+        assert!(s.finish(sending, "i1", End::Sent(answer(200, 0, "{}")), T0 + 2).await.expect("finish"));
+        assert_eq!(s.cancel("hr", sending, T0 + 3).await.expect("cancel"), Cancelled::TooLate(JobState::Sent));
+    }
+
+    pub async fn summary_counts_each_queue_by_state(s: Arc<dyn JobStore>) {
+        let (hr, mkt) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"));
+        let mut hr_ids = Vec::new();
+        for i in 0..6 {
+            hr_ids.push(submit(&s, new_job(&hr, 10), T0 + i).await);
+        }
+        for _ in 0..2 {
+            submit(&s, new_job(&mkt, 10), T0 + 100).await;
+        }
+        // hr: sent, failed, waiting, sending, cancelled, queued.
+        let claimed = s.claim(&hr, "i1", T0 + 10, LEASE, 4).await.expect("claim");
+        assert_eq!(claimed.len(), 4);
+        for id in &hr_ids[..4] {
+            assert!(s.sending(*id, "i1", T0 + 10).await.expect("sending"));
+        }
+        assert!(s.finish(hr_ids[0], "i1", End::Sent(answer(200, 0, "{}")), T0 + 11).await.expect("finish"));
+        assert!(s.finish(hr_ids[1], "i1", End::Failed(answer(200, 40003, "{}")), T0 + 11).await.expect("finish"));
+        let retry = End::Retry { at: T0 + DAY, answer: None };
+        assert!(s.finish(hr_ids[2], "i1", retry, T0 + 11).await.expect("finish"));
+        assert_eq!(s.cancel("hr", hr_ids[5], T0 + 11).await.expect("cancel"), Cancelled::Cancelled);
+        let all = s.summary(None).await.expect("summary");
+        assert_eq!(all.len(), 2);
+        let h = all.iter().find(|x| x.queue == hr).expect("hr's queue");
+        assert_eq!(
+            (h.queued, h.waiting, h.sending, h.sent, h.failed, h.expired, h.cancelled, h.unknown),
+            (1, 1, 1, 1, 1, 0, 1, 0)
+        );
+        assert_eq!(h.oldest_us, Some(T0 + 2), "the oldest unfinished job's submission");
+        let m = all.iter().find(|x| x.queue == mkt).expect("mkt's queue");
+        assert_eq!((m.queued, m.oldest_us), (2, Some(T0 + 100)));
+        let only = s.summary(Some("mkt")).await.expect("summary of one caller");
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].queue, mkt);
+        assert!(s.summary(Some("nobody")).await.expect("summary").is_empty());
+    }
+
+    pub async fn purge_deletes_only_jobs_ended_before_keep(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let old = submit(&s, new_job(&q, 10), T0).await;
+        let recent = submit(&s, new_job(&q, 10), T0).await;
+        let open = submit(&s, new_job(&q, 10), T0).await;
+        assert_eq!(s.cancel("hr", old, T0).await.expect("cancel"), Cancelled::Cancelled);
+        assert_eq!(s.cancel("hr", recent, T0 + DAY).await.expect("cancel"), Cancelled::Cancelled);
+        let keep = 7 * DAY;
+        assert_eq!(s.purge(T0 + keep, keep).await.expect("purge"), 0, "ended exactly keep ago: kept");
+        assert_eq!(s.purge(T0 + keep + 1, keep).await.expect("purge"), 1);
+        assert_eq!(s.get("hr", old).await.expect("get"), None);
+        assert_eq!(state(&s, "hr", recent).await, JobState::Cancelled);
+        assert_eq!(state(&s, "hr", open).await, JobState::Queued, "unfinished jobs are never purged");
+        assert_eq!(s.purge(T0 + 100 * DAY, keep).await.expect("purge"), 1);
+        assert_eq!(state(&s, "hr", open).await, JobState::Queued);
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + 100 * DAY, LEASE, 5).await.expect("claim")), vec![open]);
+        // Idempotency keys past their time go too; a later one is new.
+        let mut keyed = new_job(&q, 10);
+        keyed.idempotency_key = Some("k".into());
+        let first = s.submit(keyed.clone(), &roomy(DAY), T0).await.expect("submit");
+        s.purge(T0 + DAY, keep).await.expect("purge");
+        let again = s.submit(keyed, &roomy(DAY), T0 + DAY).await.expect("submit");
+        assert!(!again.duplicate);
+        assert_ne!(again.id, first.id);
+    }
+}
+
+// ---- The embedded store (SQLite) over a real file ----
+
+async fn open(dir: &TempDir) -> SqliteJobs {
+    SqliteJobs::open(&dir.join("jobs.db")).expect("open the jobs file")
+}
+
+#[tokio::test]
+async fn a_restart_keeps_every_job_as_it_was() {
+    let dir = TempDir::new("jobs-restart");
+    let q = queue("hr", "wx1", "r");
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    let mut keyed = new_job(&q, 500);
+    keyed.idempotency_key = Some("k1".into());
+    let a = s.submit(keyed.clone(), &roomy(DAY), T0).await.expect("submit").id;
+    let b = submit(&s, new_job(&q, 500), T0).await;
+    let c = submit(&s, new_job(&q, 500), T0).await;
+    s.claim(&q, "i1", T0, LEASE, 2).await.expect("claim");
+    assert!(s.sending(a, "i1", T0).await.expect("sending"));
+    let mut jobs = Vec::new();
+    for id in [a, b, c] {
+        jobs.push(s.get("hr", id).await.expect("get").expect("job"));
+    }
+    drop(s);
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    for job in &jobs {
+        assert_eq!(s.get("hr", job.id).await.expect("get").as_ref(), Some(job), "kept whole across a restart");
+    }
+    let again = s.submit(keyed, &roomy(DAY), T0 + 1).await.expect("repeat");
+    assert_eq!(again, Submitted { id: a, duplicate: true }, "idempotency keys kept");
+    assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered { requeued: 1, unknown: 1 });
+    let next = submit(&s, new_job(&q, 1), T0 + 2).await;
+    let order = s.claim(&q, "i2", T0 + LEASE, LEASE, 5).await.expect("claim");
+    assert_eq!(ids(&order), vec![b, c, next], "seq goes on after the restart");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_jobs_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("jobs-mode");
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    submit(&s, new_job(&queue("hr", "wx1", "r"), 500), T0).await;
+    for file in ["jobs.db", "jobs.db-wal", "jobs.db-shm"] {
+        let mode = std::fs::metadata(dir.join(file)).expect("the file").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{file} holds message bodies: its owner's only ({mode:o})");
+    }
+}
+
+#[tokio::test]
+async fn a_file_of_a_newer_wxgate_or_another_program_is_refused_clearly() {
+    let dir = TempDir::new("jobs-version");
+    drop(open(&dir).await);
+    let path = dir.join("jobs.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        conn.pragma_update(None, "user_version", 99).expect("set version");
+    }
+    let err = SqliteJobs::open(&path).err().expect("a newer file is refused").to_string();
+    assert!(err.contains("newer wxgate") && err.contains("99"), "{err}");
+    let other = dir.join("other.db");
+    {
+        let conn = rusqlite::Connection::open(&other).expect("open");
+        conn.execute_batch("CREATE TABLE notes (x TEXT)").expect("create");
+    }
+    let err = SqliteJobs::open(&other).err().expect("another program's file is refused").to_string();
+    assert!(err.contains("not a wxgate jobs file"), "{err}");
+    let garbage = dir.write("garbage.db", &"not sqlite at all\n".repeat(400));
+    let err = SqliteJobs::open(&garbage).err().expect("not SQLite is refused").to_string();
+    assert!(err.contains("garbage.db"), "{err}");
+}
+
+const CHILD_ENV: &str = "WXGATE_TEST_JOBS_CHILD";
+const KILLED_JOBS: usize = 20;
+
+/// The child's side of [`a_submission_that_returned_survives_sigkill`]:
+/// submits jobs one by one, printing each id once `submit` returned, then
+/// waits to be killed. Does nothing when run on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_submits_then_waits_to_be_killed() {
+    let Ok(path) = std::env::var(CHILD_ENV) else { return };
+    let s = SqliteJobs::open(std::path::Path::new(&path)).expect("open");
+    let q = queue("hr", "wx1", "r");
+    for i in 0..KILLED_JOBS {
+        let id = s.submit(new_job(&q, 500), &roomy(DAY), T0 + i as i64).await.expect("submit").id;
+        println!("submitted {id}");
+    }
+    // Keep submitting (unanswered ones may be lost) until killed.
+    let deadline = Instant::now() + CHILD_LIFE;
+    while Instant::now() < deadline {
+        let _ = s.submit(new_job(&q, 500), &roomy(DAY), T0).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_submission_that_returned_survives_sigkill() {
+    let dir = TempDir::new("jobs-kill");
+    let path = dir.join("jobs.db");
+    let path_text = path.to_str().expect("utf-8 path");
+    let mut child = SelfChild::spawn("child_submits_then_waits_to_be_killed", &[(CHILD_ENV, path_text)]);
+    let mut answered = Vec::new();
+    for _ in 0..KILLED_JOBS {
+        answered.push(JobId::parse(&child.next("submitted ")).expect("an id"));
+    }
+    child.kill();
+    let s = SqliteJobs::open(&path).expect("reopen after SIGKILL");
+    for id in answered {
+        let job = s.get("hr", id).await.expect("get").expect("every answered submission is kept");
+        assert_eq!((job.state, job.new.body.len()), (JobState::Queued, 500));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_share_one_commit_and_are_all_durable() {
+    const N: usize = 64;
+    let dir = TempDir::new("jobs-group");
+    let s = Arc::new(open(&dir).await);
+    let hold = s.hold_writer().await.expect("hold the writer");
+    let before = s.commits();
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let q = queue(&format!("c{}", i % 4), "wx1", "r");
+            s.submit(new_job(&q, 500), &roomy(DAY), T0).await
+        }));
+    }
+    support::eventually("all submissions wait for the writer", support::PATIENCE, || s.pending() == N).await;
+    drop(hold);
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.expect("task").expect("submit").id);
+    }
+    // The hold's own (empty) transaction, then one for all N.
+    assert_eq!(s.commits() - before, 2, "{N} concurrent submissions: one commit");
+    drop(s);
+    let s = open(&dir).await;
+    for (i, id) in ids.iter().enumerate() {
+        assert!(s.get(&format!("c{}", i % 4), *id).await.expect("get").is_some(), "kept after reopen");
+    }
+}
+
+/// Submissions per second and bytes on disk per job (500-byte bodies):
+/// `cargo test --release --test jobs_conformance -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_submissions_per_second_and_bytes_per_job() {
+    for tasks in [1usize, 16] {
+        let dir = TempDir::new("jobs-bench");
+        let s = Arc::new(open(&dir).await);
+        let per_task = if tasks == 1 { 500 } else { 250 };
+        let (start, commits) = (Instant::now(), s.commits());
+        let mut handles = Vec::new();
+        for t in 0..tasks {
+            let s = s.clone();
+            handles.push(tokio::spawn(async move {
+                let q = queue(&format!("c{t}"), "wx1", "template_send");
+                for i in 0..per_task {
+                    s.submit(new_job(&q, 500), &roomy(DAY), T0 + i as i64).await.expect("submit");
+                }
+            }));
+        }
+        for h in handles {
+            h.await.expect("task");
+        }
+        let took = start.elapsed();
+        let n = tasks * per_task;
+        println!(
+            "{tasks} task(s): {n} submissions in {took:?}: {:.0}/s, {} commits ({:.1} per commit)",
+            n as f64 / took.as_secs_f64(),
+            s.commits() - commits,
+            n as f64 / (s.commits() - commits) as f64
+        );
+        drop(s);
+        let conn = rusqlite::Connection::open(dir.join("jobs.db")).expect("open");
+        conn.pragma_update(None, "wal_checkpoint", "TRUNCATE").expect("checkpoint");
+        drop(conn);
+        let bytes = std::fs::metadata(dir.join("jobs.db")).expect("size").len();
+        println!("  {} bytes on disk: {:.0} per queued job", bytes, bytes as f64 / n as f64);
+    }
+    // Many jobs, for the bytes per job without the file's fixed part.
+    let dir = TempDir::new("jobs-bench-size");
+    let s = Arc::new(open(&dir).await);
+    let mut handles = Vec::new();
+    for t in 0..16 {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let q = queue(&format!("c{t}"), "wx1", "template_send");
+            for i in 0..1250 {
+                s.submit(new_job(&q, 500), &roomy(DAY), T0 + i).await.expect("submit");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("task");
+    }
+    drop(s);
+    let conn = rusqlite::Connection::open(dir.join("jobs.db")).expect("open");
+    conn.pragma_update(None, "wal_checkpoint", "TRUNCATE").expect("checkpoint");
+    drop(conn);
+    let bytes = std::fs::metadata(dir.join("jobs.db")).expect("size").len();
+    println!("20000 jobs of 500 bytes: {bytes} bytes on disk, {:.0} per job", bytes as f64 / 20_000.0);
+    let start = Instant::now();
+    let s = open(&dir).await;
+    let opened = start.elapsed();
+    let start = Instant::now();
+    let due = s.due_queues(T0 + DAY, 100).await.expect("due");
+    let listed = start.elapsed();
+    let start = Instant::now();
+    let summary = s.summary(None).await.expect("summary");
+    println!(
+        "  reopen {opened:?}; due_queues ({} queues) {listed:?}; summary ({} queues) {:?}",
+        due.len(),
+        summary.len(),
+        start.elapsed()
+    );
+}
