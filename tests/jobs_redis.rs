@@ -372,6 +372,27 @@ async fn a_lost_write_to_the_cross_account_keys_is_repaired() {
     assert!(!s.due_queues(T0, 10).await.unwrap().contains(&q), "which takes it out");
 }
 
+/// Redis loses its data (a restart without persistence, FLUSHALL) and
+/// gives an account's number to another: an instance that remembered the
+/// old account still finds, sends and finishes the new account's jobs.
+#[tokio::test]
+async fn after_redis_loses_its_data_account_numbers_are_read_again() {
+    let redis = RedisServer::start();
+    let cfg = redis.store_config("jr");
+    let (one, two) = (store(&cfg).await, store(&cfg).await);
+    let old = submit(&one, job("hr", "wxA", "a"), T0).await;
+    assert!(two.get("hr", old).await.unwrap().is_some(), "two knows wxA's number");
+    redis.run_as(None, &["FLUSHALL"]);
+    let new = submit(&one, job("hr", "wxX", "x"), T0).await;
+    assert_eq!(new.0[..4], old.0[..4], "wxX has the number wxA had");
+    assert_eq!(two.get("hr", new).await.unwrap().map(|j| j.id), Some(new));
+    let q = queue("hr", "wxX", "tpl");
+    assert_eq!(two.claim(&q, "i2", T0, 30 * SEC, 1).await.unwrap()[0].id, new);
+    assert!(two.sending(new, "i2", T0).await.unwrap());
+    assert!(two.finish(new, "i2", End::Sent(answer(0)), T0).await.unwrap());
+    assert_eq!(two.get("hr", old).await.unwrap(), None, "wxA's job went with the data");
+}
+
 /// Keys of `account`'s jobs on `server`.
 fn account_keys(server: &RedisServer, account: &str) -> Vec<String> {
     keys_with(server, &format!("{{{account}}}:#jobs:"))

@@ -12,13 +12,17 @@
 //! the id, find the account's keys without any per-job key outside them.
 //!
 //! What spans accounts cannot be in one slot. It lives under
-//! `<prefix>:{#jobs}:` and is written by this client after each script,
-//! each write setting what the script reported (idempotent, never a count
-//! added to):
+//! `<prefix>:{#jobs}:` (one slot of its own) and is written by this client
+//! after each account script (lua/jobs_note.lua), each write setting what
+//! the script reported (idempotent, never a count added to):
 //!
-//! - `accounts`, `names`, `next`: the account numbers; written *before* an
-//!   account's first job, so the list of accounts `recover`, `summary` and
-//!   `purge` go through is never missing one that has jobs.
+//! - `accounts`, `names`, `next`: the account numbers; written *before*
+//!   each submission (lua/jobs_account.lua, which also reads the caller's
+//!   totals below), so the list of accounts `recover`, `summary` and
+//!   `purge` go through is never missing one that has jobs. After Redis
+//!   lost its data a number may name another account than this instance
+//!   remembers: an operation by id that finds nothing reads it again and
+//!   retries once.
 //! - `due`: the index `due_queues` reads, a zset of
 //!   `<account>\n<caller>\n<rule>` by the queue head's due time (absent when
 //!   the head is claimed or sending, or the queue is empty). It may be stale
@@ -36,7 +40,13 @@
 //!   concurrent submission), or by a total an instance died before writing
 //!   (repaired by the next `recover`). The per-account bound is exact.
 //!
-//! Times are always the `now` given (wxgate's clock), never Redis `TIME`.
+//! Where the trait leaves room (docs/plans/queued-delivery.md "Redis"): an
+//! `Idempotency-Key` counts per (caller, account), the first job being
+//! found in the script that stores the new one; `finish` with `NotYet` or
+//! `Expired` on a `Sending` job changes nothing and answers `false` (both
+//! say "never sent"); `finish` by the owner of a lease that ran out but was
+//! not yet recovered is taken. Times are always the `now` given (wxgate's
+//! clock), never Redis `TIME`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -225,12 +235,25 @@ impl RedisJobs {
         if let Some(name) = lock(&self.names).get(&n) {
             return Ok(Some(name.clone()));
         }
+        self.read_name(n).await
+    }
+
+    async fn read_name(&self, n: u32) -> Result<Option<Arc<str>>, StoreError> {
         let name: Option<String> = self.query(::redis::cmd("HGET").arg(self.global("names")).arg(n)).await?;
         Ok(name.map(|name| {
             let name: Arc<str> = name.into();
             lock(&self.names).insert(n, name.clone());
             name
         }))
+    }
+
+    /// After an operation by id found no job in `seen`'s keys: the account
+    /// Redis names for the id's number now, if another (this instance's
+    /// memory of numbers is stale only after Redis lost its data and gave
+    /// the number again); the caller then tries once more there.
+    async fn renamed(&self, id: JobId, seen: &str) -> Result<Option<Arc<str>>, StoreError> {
+        let n = u32::from_be_bytes([id.0[0], id.0[1], id.0[2], id.0[3]]);
+        Ok(self.read_name(n).await?.filter(|now| &**now != seen))
     }
 
     /// Every account that has (or had) jobs.
@@ -263,6 +286,82 @@ impl RedisJobs {
             None => inv.arg("").arg(""),
         };
         self.run::<i64>(inv).await.map(|_| ())
+    }
+    /// [`JobStore::sending`] in `account`'s keys.
+    async fn sending_in(&self, account: &str, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
+        let mut inv = self.on_account(&self.scripts.sending, account);
+        inv.arg(now).arg(id.to_string()).arg(owner);
+        Ok(self.run::<i64>(inv).await? == 1)
+    }
+
+    /// [`JobStore::finish`] in `account`'s keys.
+    async fn finish_in(
+        &self,
+        account: &str,
+        id: JobId,
+        owner: &str,
+        end: End,
+        now: Micros,
+    ) -> Result<bool, StoreError> {
+        const S: &str = "jobs_finish.lua";
+        let (kind, at, answer) = match end {
+            End::Sent(a) => ("sent", 0, Some(a)),
+            End::Failed(a) => ("failed", 0, Some(a)),
+            End::Retry { at, answer } => ("retry", at, answer),
+            End::NotYet { at } => ("notyet", at, None),
+            End::Expired => ("expired", 0, None),
+            End::Unknown(a) => ("unknown", 0, a),
+        };
+        let mut inv = self.on_account(&self.scripts.finish, account);
+        inv.arg(now).arg(id.to_string()).arg(owner).arg(kind).arg(at);
+        match &answer {
+            Some(a) => {
+                let body = &a.body[..a.body.len().min(super::ANSWER_MAX)];
+                inv.arg("1").arg(a.status).arg(a.errcode.map(|e| e.to_string()).unwrap_or_default()).arg(body)
+            }
+            None => inv.arg("").arg(0).arg("").arg(""),
+        };
+        let reply: Vec<Value> = self.run(inv).await?;
+        match reply.as_slice() {
+            [held] if int(held, S)? == 0 => Ok(false),
+            [_, caller, rule, head, jobs, bytes] => {
+                let (caller, rule) = (text(caller, S)?, text(rule, S)?);
+                let totals = Some((int(jobs, S)?, int(bytes, S)?));
+                self.note(account, &caller, &rule, Some(int(head, S)?), totals).await?;
+                Ok(true)
+            }
+            _ => Err(bad(S, format!("{} items", reply.len()))),
+        }
+    }
+
+    /// [`JobStore::get`] in `account`'s keys.
+    async fn get_in(&self, account: &Arc<str>, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
+        let key = format!("{}j:{id}", self.account_base(account));
+        let fields: Vec<Value> = self.query(::redis::cmd("HGETALL").arg(key)).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let job = job_from(account, Value::Array(fields))?;
+        Ok((&*job.new.queue.caller == caller).then_some(job))
+    }
+
+    /// [`JobStore::cancel`] in `account`'s keys.
+    async fn cancel_in(&self, account: &str, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+        const S: &str = "jobs_cancel.lua";
+        let mut inv = self.on_account(&self.scripts.cancel, account);
+        inv.arg(now).arg(id.to_string()).arg(caller);
+        let reply: Vec<Value> = self.run(inv).await?;
+        let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
+        match (kind.as_str(), reply.as_slice()) {
+            ("none", _) => Ok(Cancelled::NotFound),
+            ("late", [_, state]) => Ok(Cancelled::TooLate(state_from(&text(state, S)?)?)),
+            ("ok", [_, rule, head, jobs, bytes]) => {
+                let totals = Some((int(jobs, S)?, int(bytes, S)?));
+                self.note(account, caller, &text(rule, S)?, Some(int(head, S)?), totals).await?;
+                Ok(Cancelled::Cancelled)
+            }
+            _ => Err(bad(S, kind)),
+        }
     }
 
     /// recover on one account, all its runs; repairs the index and the
@@ -401,41 +500,23 @@ impl JobStore for RedisJobs {
 
     async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
         let Some(account) = self.account_of(id).await? else { return Ok(false) };
-        let mut inv = self.on_account(&self.scripts.sending, &account);
-        inv.arg(now).arg(id.to_string()).arg(owner);
-        Ok(self.run::<i64>(inv).await? == 1)
+        if self.sending_in(&account, id, owner, now).await? {
+            return Ok(true);
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.sending_in(&other, id, owner, now).await,
+            None => Ok(false),
+        }
     }
 
     async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
-        const S: &str = "jobs_finish.lua";
         let Some(account) = self.account_of(id).await? else { return Ok(false) };
-        let (kind, at, answer) = match end {
-            End::Sent(a) => ("sent", 0, Some(a)),
-            End::Failed(a) => ("failed", 0, Some(a)),
-            End::Retry { at, answer } => ("retry", at, answer),
-            End::NotYet { at } => ("notyet", at, None),
-            End::Expired => ("expired", 0, None),
-            End::Unknown(a) => ("unknown", 0, a),
-        };
-        let mut inv = self.on_account(&self.scripts.finish, &account);
-        inv.arg(now).arg(id.to_string()).arg(owner).arg(kind).arg(at);
-        match &answer {
-            Some(a) => {
-                let body = &a.body[..a.body.len().min(super::ANSWER_MAX)];
-                inv.arg("1").arg(a.status).arg(a.errcode.map(|e| e.to_string()).unwrap_or_default()).arg(body)
-            }
-            None => inv.arg("").arg(0).arg("").arg(""),
-        };
-        let reply: Vec<Value> = self.run(inv).await?;
-        match reply.as_slice() {
-            [held] if int(held, S)? == 0 => Ok(false),
-            [_, caller, rule, head, jobs, bytes] => {
-                let (caller, rule) = (text(caller, S)?, text(rule, S)?);
-                let totals = Some((int(jobs, S)?, int(bytes, S)?));
-                self.note(&account, &caller, &rule, Some(int(head, S)?), totals).await?;
-                Ok(true)
-            }
-            _ => Err(bad(S, format!("{} items", reply.len()))),
+        if self.finish_in(&account, id, owner, end.clone(), now).await? {
+            return Ok(true);
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.finish_in(&other, id, owner, end, now).await,
+            None => Ok(false),
         }
     }
 
@@ -451,31 +532,23 @@ impl JobStore for RedisJobs {
 
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
         let Some(account) = self.account_of(id).await? else { return Ok(None) };
-        let key = format!("{}j:{id}", self.account_base(&account));
-        let fields: Vec<Value> = self.query(::redis::cmd("HGETALL").arg(key)).await?;
-        if fields.is_empty() {
-            return Ok(None);
+        if let Some(job) = self.get_in(&account, caller, id).await? {
+            return Ok(Some(job));
         }
-        let job = job_from(&account, Value::Array(fields))?;
-        Ok((&*job.new.queue.caller == caller).then_some(job))
+        match self.renamed(id, &account).await? {
+            Some(other) => self.get_in(&other, caller, id).await,
+            None => Ok(None),
+        }
     }
 
     async fn cancel(&self, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
-        const S: &str = "jobs_cancel.lua";
         let Some(account) = self.account_of(id).await? else { return Ok(Cancelled::NotFound) };
-        let mut inv = self.on_account(&self.scripts.cancel, &account);
-        inv.arg(now).arg(id.to_string()).arg(caller);
-        let reply: Vec<Value> = self.run(inv).await?;
-        let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
-        match (kind.as_str(), reply.as_slice()) {
-            ("none", _) => Ok(Cancelled::NotFound),
-            ("late", [_, state]) => Ok(Cancelled::TooLate(state_from(&text(state, S)?)?)),
-            ("ok", [_, rule, head, jobs, bytes]) => {
-                let totals = Some((int(jobs, S)?, int(bytes, S)?));
-                self.note(&account, caller, &text(rule, S)?, Some(int(head, S)?), totals).await?;
-                Ok(Cancelled::Cancelled)
-            }
-            _ => Err(bad(S, kind)),
+        match self.cancel_in(&account, caller, id, now).await? {
+            Cancelled::NotFound => match self.renamed(id, &account).await? {
+                Some(other) => self.cancel_in(&other, caller, id, now).await,
+                None => Ok(Cancelled::NotFound),
+            },
+            done => Ok(done),
         }
     }
 
