@@ -38,7 +38,10 @@
 //!   written: the bound may be passed by the submissions of that caller to
 //!   other accounts in flight at the same moment (at most one per
 //!   concurrent submission), or by a total an instance died before writing
-//!   (repaired by the next `recover`). The per-account bound is exact.
+//!   or whose write crossed another's (repaired by the next `recover`,
+//!   which notes every caller's totals of every account, as it notes every
+//!   queue's head: one round trip per account and 200 entries). The
+//!   per-account bound is exact.
 //!
 //! Where the trait leaves room (docs/plans/queued-delivery.md "Redis"): an
 //! `Idempotency-Key` counts per (caller, account), the first job being
@@ -275,18 +278,34 @@ impl RedisJobs {
         head: Option<i64>,
         totals: Option<(i64, i64)>,
     ) -> Result<(), StoreError> {
+        let heads: Vec<(String, String, i64)> =
+            head.map(|h| (caller.to_owned(), rule.to_owned(), h)).into_iter().collect();
+        let totals: Vec<(String, i64, i64)> = totals.map(|(j, b)| (caller.to_owned(), j, b)).into_iter().collect();
+        self.note_all(account, &heads, &totals).await
+    }
+
+    /// [`RedisJobs::note`] for many queues and callers of one account, in
+    /// one round trip.
+    async fn note_all(
+        &self,
+        account: &str,
+        heads: &[(String, String, i64)],
+        totals: &[(String, i64, i64)],
+    ) -> Result<(), StoreError> {
+        if heads.is_empty() && totals.is_empty() {
+            return Ok(());
+        }
         let mut inv = self.scripts.note.key(self.global("due"));
-        inv.key(self.caller_key(caller)).arg(account).arg(caller).arg(rule);
-        match head {
-            Some(h) => inv.arg(h),
-            None => inv.arg(""),
-        };
-        match totals {
-            Some((j, b)) => inv.arg(j).arg(b),
-            None => inv.arg("").arg(""),
-        };
+        inv.arg(account).arg(heads.len());
+        for (caller, rule, head) in heads {
+            inv.arg(caller).arg(rule).arg(head);
+        }
+        for (caller, jobs, bytes) in totals {
+            inv.key(self.caller_key(caller)).arg(jobs).arg(bytes);
+        }
         self.run::<i64>(inv).await.map(|_| ())
     }
+
     /// [`JobStore::sending`] in `account`'s keys.
     async fn sending_in(&self, account: &str, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
         let mut inv = self.on_account(&self.scripts.sending, account);
@@ -379,18 +398,25 @@ impl RedisJobs {
             if int(&more, "jobs_recover.lua")? == 1 {
                 continue;
             }
-            for q in list(heads, "jobs_recover.lua")?.chunks(3) {
+            const S: &str = "jobs_recover.lua";
+            let mut all_heads = Vec::new();
+            for q in list(heads, S)?.chunks(3) {
                 if let [caller, rule, head] = q {
-                    let (caller, rule) = (text(caller, "jobs_recover.lua")?, text(rule, "jobs_recover.lua")?);
-                    self.note(account, &caller, &rule, Some(int(head, "jobs_recover.lua")?), None).await?;
+                    all_heads.push((text(caller, S)?, text(rule, S)?, int(head, S)?));
                 }
             }
-            for t in list(totals, "jobs_recover.lua")?.chunks(3) {
+            let mut all_totals = Vec::new();
+            for t in list(totals, S)?.chunks(3) {
                 if let [caller, jobs, bytes] = t {
-                    let caller = text(caller, "jobs_recover.lua")?;
-                    let (j, b) = (int(jobs, "jobs_recover.lua")?, int(bytes, "jobs_recover.lua")?);
-                    self.note(account, &caller, "", None, Some((j, b))).await?;
+                    all_totals.push((text(caller, S)?, int(jobs, S)?, int(bytes, S)?));
                 }
+            }
+            // Bounded: at most a few hundred keys per note.
+            for heads in all_heads.chunks(200) {
+                self.note_all(account, heads, &[]).await?;
+            }
+            for totals in all_totals.chunks(200) {
+                self.note_all(account, &[], totals).await?;
             }
             break;
         }
@@ -600,8 +626,10 @@ impl JobStore for RedisJobs {
                 let reply: Vec<Value> = self.run(inv).await?;
                 let [n, more, gone] = <[Value; 3]>::try_from(reply).map_err(|_| bad(S, "not 3 items"))?;
                 purged += int(&n, S)?.max(0) as u64;
-                for caller in list(gone, S)? {
-                    self.note(&account, &text(&caller, S)?, "", None, Some((0, 0))).await?;
+                let gone =
+                    list(gone, S)?.iter().map(|c| Ok((text(c, S)?, 0, 0))).collect::<Result<Vec<_>, StoreError>>()?;
+                for totals in gone.chunks(200) {
+                    self.note_all(&account, &[], totals).await?;
                 }
                 if int(&more, S)? == 0 {
                     break;
