@@ -6,7 +6,7 @@
 -- ARGV[1]  B     ARGV[2]  now (µs)     ARGV[3]  owner     ARGV[4]  lease (µs)
 -- ARGV[5]  most jobs                   ARGV[6]  caller    ARGV[7]  rule
 --
--- Returns {queue head after, {each claimed job's HGETALL}}.
+-- Returns {queue head after, {each claimed job's HGETALL, then its body}}.
 
 local now = tonumber(ARGV[2])
 local owner, caller, rule = ARGV[3], ARGV[6], ARGV[7]
@@ -26,6 +26,7 @@ if max >= 1 then
     count(caller, rule, f[1], -1)
     count(caller, rule, 'claimed', 1)
     out[#out + 1] = redis.call('HGETALL', k)
+    out[#out + 1] = redis.call('GET', bkey(id))
   end
 end
 return {head(caller, rule), out}

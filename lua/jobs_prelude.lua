@@ -10,7 +10,9 @@
 --   B..'meta'     hash: seq (last seq), n (jobs stored, ended included),
 --                 j, b (unfinished jobs and body bytes of the account),
 --                 j:<caller>, b:<caller> (the same of one caller)
---   B..'j:'..id   hash: one job (src/store/jobs/redis.rs `Field`)
+--   B..'j:'..id   hash: one job but its body (src/store/jobs/redis.rs `job_from`)
+--   B..'b:'..id   string: its body (apart, so the hash of small fields stays
+--                 a compact listpack)
 --   B..'q:'..caller..':'..rule
 --                 zset: a queue's unfinished jobs by seq
 --   B..'qs'       set: caller..'\n'..rule of the queues with unfinished jobs
@@ -28,6 +30,10 @@ local META = B .. 'meta'
 
 local function jkey(id)
   return B .. 'j:' .. id
+end
+
+local function bkey(id)
+  return B .. 'b:' .. id
 end
 
 local function qkey(caller, rule)

@@ -17,7 +17,7 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', k, 'c', 'r', 'st')
   if f[1] then
     count(f[1], f[2], f[3], -1)
-    redis.call('DEL', k)
+    redis.call('DEL', k, bkey(id))
     redis.call('HINCRBY', META, 'n', -1)
   end
   redis.call('ZREM', B .. 'ended', id)

@@ -59,7 +59,7 @@ redis.call('HINCRBY', META, 'b:' .. caller, size)
 local k = jkey(id)
 local t = fmt(now)
 redis.call('HSET', k, 'id_', id, 'c', caller, 'r', rule, 'dom', ARGV[6], 'm', ARGV[7], 'tg', ARGV[8],
-  'body', body, 'sz', size, 'seq', seq, 'st', 'queued', 'sub', t, 'due', t, 'l', '0', 'at', '0', 'up', t)
+  'sz', size, 'seq', seq, 'st', 'queued', 'sub', t, 'due', t, 'l', '0', 'at', '0', 'up', t)
 if ARGV[9] ~= '' then
   redis.call('HSET', k, 'ct', string.sub(ARGV[9], 2))
 end
@@ -74,6 +74,7 @@ end
 if ARGV[13] ~= '' then
   redis.call('HSET', k, 'cb', string.sub(ARGV[13], 2))
 end
+redis.call('SET', bkey(id), body)
 redis.call('ZADD', qkey(caller, rule), seq, id)
 redis.call('SADD', B .. 'qs', caller .. '\n' .. rule)
 count(caller, rule, 'queued', 1)

@@ -62,6 +62,13 @@ async fn submit(s: &RedisJobs, j: NewJob, now: i64) -> JobId {
     done.id
 }
 
+/// Every key on `server` and what it holds (`DUMP`), in key order.
+fn snapshot(server: &RedisServer) -> Vec<(String, redis::Value)> {
+    let mut keys = keys_with(server, "");
+    keys.sort();
+    keys.into_iter().map(|k| (k.clone(), server.run_as(None, &["DUMP", &k]))).collect()
+}
+
 /// Every key on `server` (one node) whose name contains `part`.
 fn keys_with(server: &RedisServer, part: &str) -> Vec<String> {
     let v = server.run_as(None, &["KEYS", &format!("*{part}*")]);
@@ -118,7 +125,7 @@ async fn a_submission_past_a_bound_is_refused_whole_with_nothing_stored() {
     let tight = Bounds { caller_jobs: 2, caller_bytes: 10, account_jobs: 3, account_bytes: 14, idempotency_us: SEC };
     s.submit(job("hr", "wxA", "aaaa"), &tight, T0).await.unwrap();
     s.submit(job("hr", "wxA", "bbbb"), &tight, T0).await.unwrap();
-    let before = redis.dump_all();
+    let before = snapshot(&redis);
     let full = |r: Result<_, SubmitError>| match r {
         Err(SubmitError::Full(b)) => b,
         other => panic!("expected Full, got {other:?}"),
@@ -128,12 +135,12 @@ async fn a_submission_past_a_bound_is_refused_whole_with_nothing_stored() {
     assert_eq!(full(s.submit(keyed.clone(), &tight, T0).await), Bound::CallerJobs);
     assert_eq!(full(s.submit(job("ops", "wxA", "0123456789a"), &tight, T0).await), Bound::CallerBytes);
     s.submit(job("ops", "wxA", "cc"), &tight, T0).await.unwrap();
-    let before_account = redis.dump_all();
+    let before_account = snapshot(&redis);
     assert_eq!(full(s.submit(job("mk", "wxA", "d"), &tight, T0).await), Bound::AccountJobs);
-    assert_eq!(redis.dump_all(), before_account, "a refused submission stores nothing");
+    assert_eq!(snapshot(&redis), before_account, "a refused submission stores nothing");
     let roomier = Bounds { account_jobs: 10, ..tight };
     assert_eq!(full(s.submit(job("mk", "wxA", "0123456"), &roomier, T0).await), Bound::AccountBytes);
-    assert_eq!(redis.dump_all(), before_account);
+    assert_eq!(snapshot(&redis), before_account);
     assert_ne!(before, before_account);
     // The refused keyed submission left no key behind: a later one with
     // room is stored as new.
@@ -551,6 +558,11 @@ async fn bench_memory_per_job_and_submissions_per_second() {
         (after - before) / n as i64
     );
     println!("MEMORY USAGE of one job's hash: {}", usage.trim());
+    let body_usage = redis.command(&format!("MEMORY USAGE jb:{{wxA}}:#jobs:b:{id}"));
+    println!("MEMORY USAGE of its body: {}", body_usage.trim());
+    let queue = redis.command("MEMORY USAGE jb:{wxA}:#jobs:q:mk:tpl");
+    let per: i64 = queue.trim().trim_start_matches(':').parse().unwrap_or(0);
+    println!("MEMORY USAGE of the queue's sorted set, per job: {}", per / n as i64);
     println!("submissions per second, one at a time: {:.0}", n as f64 / serial.as_secs_f64());
     let start = std::time::Instant::now();
     let mut tasks = Vec::new();

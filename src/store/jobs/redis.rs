@@ -360,7 +360,9 @@ impl RedisJobs {
         if fields.is_empty() {
             return Ok(None);
         }
-        let job = job_from(account, Value::Array(fields))?;
+        let body: Option<Vec<u8>> =
+            self.query(::redis::cmd("GET").arg(format!("{}b:{id}", self.account_base(account)))).await?;
+        let job = job_from(account, Value::Array(fields), body.unwrap_or_default())?;
         Ok((&*job.new.queue.caller == caller).then_some(job))
     }
 
@@ -517,8 +519,14 @@ impl JobStore for RedisJobs {
         let reply: Vec<Value> = self.run(inv).await?;
         let [head, jobs] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
         let jobs = list(jobs, S)?
-            .into_iter()
-            .map(|fields| job_from(&queue.account, fields))
+            .chunks_exact(2)
+            .map(|pair| match pair {
+                [fields, body] => {
+                    let body = ::redis::from_redis_value_ref::<Option<Vec<u8>>>(body).map_err(|_| bad(S, "a body"))?;
+                    job_from(&queue.account, fields.clone(), body.unwrap_or_default())
+                }
+                _ => Err(bad(S, "a job")),
+            })
             .collect::<Result<Vec<Job>, StoreError>>()?;
         self.note(&queue.account, &queue.caller, &queue.rule, Some(int(&head, S)?), None).await?;
         Ok(jobs)
@@ -694,8 +702,8 @@ fn state_from(s: &str) -> Result<JobState, StoreError> {
     })
 }
 
-/// A job from its hash's fields (HGETALL), of `account`.
-fn job_from(account: &Arc<str>, fields: Value) -> Result<Job, StoreError> {
+/// A job from its hash's fields (HGETALL) and its body, of `account`.
+fn job_from(account: &Arc<str>, fields: Value, body: Vec<u8>) -> Result<Job, StoreError> {
     const S: &str = "a job's hash";
     let items = list(fields, S)?;
     let mut f: HashMap<String, Vec<u8>> = HashMap::with_capacity(items.len() / 2);
@@ -728,7 +736,7 @@ fn job_from(account: &Arc<str>, fields: Value) -> Result<Job, StoreError> {
             method: need("m")?,
             target: need("tg")?,
             content_type: s("ct"),
-            body: Bytes::from(f.get("body").cloned().unwrap_or_default()),
+            body: Bytes::from(body),
             deadline_us: f.get("dl").map(|_| num("dl")).transpose()?,
             idempotency_key: s("ik"),
             callback: s("cb"),
