@@ -5,7 +5,7 @@
 -- KEYS[1]  B..'meta' (jobs_prelude.lua)
 -- ARGV[1]  B     ARGV[2]  now (µs)     ARGV[3]  the job's id     ARGV[4]  owner
 -- ARGV[5]  sent | failed | retry | notyet | expired | unknown
--- ARGV[6]  retry, notyet: due at (µs)
+-- ARGV[6]  retry, notyet: due at (µs): queued if that is now or past, else waiting
 -- ARGV[7]  '1' with an answer, else ''; ARGV[8] its status, ARGV[9] its
 --          errcode or '', ARGV[10] its body
 --
@@ -37,7 +37,8 @@ if ARGV[7] == '1' then
   end
 end
 if kind == 'retry' or kind == 'notyet' then
-  unlease(id, caller, rule, f[1], 'waiting', tonumber(ARGV[6]), now)
+  local due = tonumber(ARGV[6])
+  unlease(id, caller, rule, f[1], due <= now and 'queued' or 'waiting', due, now)
 else
   end_job(id, caller, rule, f[1], kind, now)
 end

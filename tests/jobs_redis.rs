@@ -278,6 +278,11 @@ async fn finish_ends_each_way_the_trait_says() {
     let j = s.get("c4", id).await.unwrap().unwrap();
     assert_eq!((j.state, j.due_us, j.attempts), (JobState::Waiting, T0 + 2 * SEC, 0), "no attempt counted");
 
+    // Handed back due at once: queued, not waiting.
+    let id = send("c9").await;
+    assert!(s.finish(id, "i1", End::NotYet { at: T0 }, T0).await.unwrap());
+    assert_eq!(s.get("c9", id).await.unwrap().unwrap().state, JobState::Queued);
+
     let id = send("c5").await;
     assert!(s.finish(id, "i1", End::Expired, T0).await.unwrap());
     assert_eq!(s.get("c5", id).await.unwrap().unwrap().state, JobState::Expired);
