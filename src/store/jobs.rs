@@ -20,6 +20,8 @@
 //! is taken out of the target before [`JobStore::submit`]; the broker
 //! injects the account's token at send time).
 
+pub mod redis;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

@@ -646,7 +646,7 @@ impl TokenStore for RedisStore {
 /// A Redis error as the store reports it: [`StoreError::BadKey`] when it is
 /// about the data of the keys the command touched (`WRONGTYPE`, or a script
 /// failing at run time on what it read), else [`StoreError::Redis`].
-fn redis_error(e: redis::RedisError) -> StoreError {
+pub(crate) fn redis_error(e: redis::RedisError) -> StoreError {
     let text = e.to_string();
     // A script fails on its keys' data with a plain ERR; one that fails
     // because of the server's state (full, read-only, loading, ...) says so,

@@ -82,6 +82,11 @@ impl Keys {
         Keys { prefix: prefix.to_owned(), inst }
     }
 
+    /// The key prefix (`[store] key_prefix`).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// This store's instance id ([`Keys::inst`]).
     pub fn inst(&self) -> &str {
         &self.inst
@@ -95,7 +100,7 @@ impl Keys {
 
     /// `<prefix>:{<account>}:<tail>`, built without the formatting machinery
     /// (three of these per decision).
-    fn account_key(&self, account: &str, tail: &[&str]) -> String {
+    pub(crate) fn account_key(&self, account: &str, tail: &[&str]) -> String {
         let len = self.prefix.len() + account.len() + 4 + tail.iter().map(|t| t.len()).sum::<usize>();
         let mut key = String::with_capacity(len);
         key.push_str(&self.prefix);

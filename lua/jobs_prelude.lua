@@ -1,0 +1,108 @@
+-- jobs_prelude.lua: helpers shared by the jobs_*.lua scripts (queued
+-- delivery, src/store/jobs/redis.rs), prepended after prelude.lua.
+--
+-- Every jobs script runs on the keys of one account, all under its hash tag
+-- (one Cluster slot). ARGV[1] is what they start with,
+-- B = <prefix>:{<account>}:#jobs: , and KEYS[1] is B .. 'meta' (declared,
+-- so the script is routed to the account's slot); the others are built
+-- from B (same tag, same slot):
+--
+--   B..'meta'     hash: seq (last seq), n (jobs stored, ended included),
+--                 j, b (unfinished jobs and body bytes of the account),
+--                 j:<caller>, b:<caller> (the same of one caller)
+--   B..'j:'..id   hash: one job but its body (src/store/jobs/redis.rs `job_from`)
+--   B..'b:'..id   string: its body (apart, so the hash of small fields stays
+--                 a compact listpack)
+--   B..'q:'..caller..':'..rule
+--                 zset: a queue's unfinished jobs by seq
+--   B..'qs'       set: caller..'\n'..rule of the queues with unfinished jobs
+--   B..'leases'   zset: claimed and sending jobs by lease end
+--   B..'ended'    zset: ended jobs by the time they ended (for purge)
+--   B..'counts'   hash: caller..'\n'..rule..'\n'..state -> jobs (summary)
+--   B..'idem'     hash: caller..'\n'..key -> the first job's id
+--   B..'idemx'    zset: the same members by when they stop counting
+--
+-- States are stored by name: queued waiting claimed sending sent failed
+-- expired cancelled unknown. Times are wxgate's (given, never Redis TIME).
+
+local B = ARGV[1]
+local META = B .. 'meta'
+
+local function jkey(id)
+  return B .. 'j:' .. id
+end
+
+local function bkey(id)
+  return B .. 'b:' .. id
+end
+
+local function qkey(caller, rule)
+  return B .. 'q:' .. caller .. ':' .. rule
+end
+
+-- Moves `d` jobs of a queue in or out of `state` in the summary's counts.
+local function count(caller, rule, state, d)
+  local f = caller .. '\n' .. rule .. '\n' .. state
+  if redis.call('HINCRBY', B .. 'counts', f, d) <= 0 then
+    redis.call('HDEL', B .. 'counts', f)
+  end
+end
+
+local function unfinished(state)
+  return state == 'queued' or state == 'waiting' or state == 'claimed' or state == 'sending'
+end
+
+-- A queue's head for the index of due queues: its due time, or -1 when it
+-- has none or its head is claimed or sending (not due for anyone).
+local function head(caller, rule)
+  local h = redis.call('ZRANGE', qkey(caller, rule), 0, 0)
+  if #h == 0 then
+    return -1
+  end
+  local f = redis.call('HMGET', jkey(h[1]), 'st', 'due')
+  if f[1] == 'claimed' or f[1] == 'sending' then
+    return -1
+  end
+  return tonumber(f[2])
+end
+
+-- A caller's unfinished jobs and bytes in this account.
+local function caller_totals(caller)
+  local t = redis.call('HMGET', META, 'j:' .. caller, 'b:' .. caller)
+  return tonumber(t[1] or '0'), tonumber(t[2] or '0')
+end
+
+-- Ends job `id` of queue (caller, rule), now in unfinished state `from`,
+-- as `to` at `now`: out of its queue and the leases, into `ended`, its
+-- jobs and bytes no longer counted against the bounds.
+local function end_job(id, caller, rule, from, to, now)
+  local k = jkey(id)
+  local size = tonumber(redis.call('HGET', k, 'sz') or '0')
+  redis.call('HSET', k, 'st', to, 'up', fmt(now), 'l', '0')
+  redis.call('HDEL', k, 'o')
+  local q = qkey(caller, rule)
+  redis.call('ZREM', q, id)
+  if redis.call('EXISTS', q) == 0 then
+    redis.call('SREM', B .. 'qs', caller .. '\n' .. rule)
+  end
+  redis.call('ZREM', B .. 'leases', id)
+  redis.call('ZADD', B .. 'ended', now, id)
+  count(caller, rule, from, -1)
+  count(caller, rule, to, 1)
+  redis.call('HINCRBY', META, 'j', -1)
+  redis.call('HINCRBY', META, 'b', -size)
+  redis.call('HINCRBY', META, 'j:' .. caller, -1)
+  redis.call('HINCRBY', META, 'b:' .. caller, -size)
+end
+
+-- Back to waiting for its turn (`state`: queued or waiting), due at `due`,
+-- no longer leased.
+local function unlease(id, caller, rule, from, state, due, now)
+  local k = jkey(id)
+  redis.call('HSET', k, 'st', state, 'due', fmt(due), 'up', fmt(now), 'l', '0')
+  redis.call('HDEL', k, 'o')
+  redis.call('ZREM', B .. 'leases', id)
+  count(caller, rule, from, -1)
+  count(caller, rule, state, 1)
+end
+

@@ -1,0 +1,754 @@
+//! [`JobStore`] on Redis (single server, Sentinel or Cluster, through the
+//! connections of [`crate::store::redis::conn`]): each operation on jobs is
+//! one Lua script (`lua/jobs_*.lua`, with `lua/prelude.lua` and
+//! `lua/jobs_prelude.lua` in front, run by SHA and loaded again after a
+//! `NOSCRIPT`) on the keys of one account, `<prefix>:{<account>}:#jobs:…`
+//! (the account's hash tag, as the decision state's: one Cluster slot), so
+//! it is atomic on a Cluster too. jobs_prelude.lua lists those keys.
+//!
+//! A job's id names its account: its first 4 bytes are the account's number
+//! (lua/jobs_account.lua, given once per account and never changed), the 12
+//! others random. So `get`, `cancel`, `sending` and `finish`, which have only
+//! the id, find the account's keys without any per-job key outside them.
+//!
+//! What spans accounts cannot be in one slot. It lives under
+//! `<prefix>:{#jobs}:` (one slot of its own) and is written by this client
+//! after each account script (lua/jobs_note.lua), each write setting what
+//! the script reported (idempotent, never a count added to):
+//!
+//! - `accounts`, `names`, `next`: the account numbers; written *before*
+//!   each submission (lua/jobs_account.lua, which also reads the caller's
+//!   totals below), so the list of accounts `recover`, `summary` and
+//!   `purge` go through is never missing one that has jobs. After Redis
+//!   lost its data a number may name another account than this instance
+//!   remembers: an operation by id that finds nothing reads it again and
+//!   retries once.
+//! - `due`: the index `due_queues` reads, a zset of
+//!   `<account>\n<caller>\n<rule>` by the queue head's due time (absent when
+//!   the head is claimed or sending, or the queue is empty). It may be stale
+//!   when two instances' writes for one queue cross, or an instance dies
+//!   between a script and its write: an entry too many costs one `claim`
+//!   that returns nothing (and that claim writes the truth); an entry
+//!   missing delays that queue until the next `recover` (every lease
+//!   period), which writes every queue's head of every account.
+//! - `caller:<caller>`: a hash of `<account>` → `"<jobs> <bytes>"`, the
+//!   caller's unfinished jobs and bytes per account, for the per-caller
+//!   bound. A submission checks the caller's totals of its own account
+//!   exactly (in the script) and adds those of its other accounts as last
+//!   written: the bound may be passed by the submissions of that caller to
+//!   other accounts in flight at the same moment (at most one per
+//!   concurrent submission), or by a total an instance died before writing
+//!   or whose write crossed another's (repaired by the next `recover`,
+//!   which notes every caller's totals of every account, as it notes every
+//!   queue's head: one round trip per account and 200 entries). The
+//!   per-account bound is exact.
+//!
+//! Where the trait leaves room (docs/plans/queued-delivery.md "Redis"): an
+//! `Idempotency-Key` counts per (caller, account), the first job being
+//! found in the script that stores the new one; `finish` with `NotYet` or
+//! `Expired` on a `Sending` job changes nothing and answers `false` (both
+//! say "never sent"); `finish` by the owner of a lease that ran out but was
+//! not yet recovered is taken. Times are always the `now` given (wxgate's
+//! clock), never Redis `TIME`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::{Script, Value};
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{
+    Answer, Bound, Bounds, Cancelled, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary, Recovered,
+    SubmitError, Submitted,
+};
+use crate::config::RedisConfig;
+use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
+use crate::store::redis::protocol::{script, Keys};
+use crate::store::redis::redis_error;
+use crate::store::StoreError;
+use crate::time::Micros;
+
+/// A jobs script: prelude.lua, jobs_prelude.lua, then the file.
+macro_rules! jobs_script {
+    ($file:literal) => {
+        concat!(script!("jobs_prelude.lua"), include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)))
+    };
+}
+
+/// Most leases (or ended jobs) one recover (or purge) run takes: a run
+/// blocks Redis while it lasts, so more are taken in several runs.
+const PER_RUN: usize = 1000;
+
+struct Scripts {
+    account: Script,
+    note: Script,
+    submit: Script,
+    claim: Script,
+    sending: Script,
+    finish: Script,
+    cancel: Script,
+    recover: Script,
+    summary: Script,
+    purge: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            account: Script::new(script!("jobs_account.lua")),
+            note: Script::new(script!("jobs_note.lua")),
+            submit: Script::new(jobs_script!("jobs_submit.lua")),
+            claim: Script::new(jobs_script!("jobs_claim.lua")),
+            sending: Script::new(jobs_script!("jobs_sending.lua")),
+            finish: Script::new(jobs_script!("jobs_finish.lua")),
+            cancel: Script::new(jobs_script!("jobs_cancel.lua")),
+            recover: Script::new(jobs_script!("jobs_recover.lua")),
+            summary: Script::new(jobs_script!("jobs_summary.lua")),
+            purge: Script::new(jobs_script!("jobs_purge.lua")),
+        }
+    }
+
+    fn all(&self) -> [&Script; 10] {
+        [
+            &self.account,
+            &self.note,
+            &self.submit,
+            &self.claim,
+            &self.sending,
+            &self.finish,
+            &self.cancel,
+            &self.recover,
+            &self.summary,
+            &self.purge,
+        ]
+    }
+}
+
+/// Queued jobs in Redis ([module docs](self)).
+pub struct RedisJobs {
+    conns: Connections,
+    keys: Keys,
+    scripts: Scripts,
+    timeout: Duration,
+    /// The accounts of the numbers this instance has seen (a number never
+    /// changes while Redis keeps its data).
+    names: Mutex<HashMap<u32, Arc<str>>>,
+}
+
+impl RedisJobs {
+    /// Connects with `[store]`'s settings (its own connections, the decision
+    /// store's key prefix) and loads the scripts.
+    pub async fn connect(cfg: &RedisConfig) -> Result<RedisJobs, StoreError> {
+        let conns = Connections::open(cfg, false).await?;
+        let jobs = RedisJobs {
+            conns,
+            keys: Keys::new(&cfg.key_prefix),
+            scripts: Scripts::new(),
+            timeout: cfg.timeout,
+            names: Mutex::default(),
+        };
+        let mut conn = jobs.conns.conn(Lane::Shared);
+        for script in jobs.scripts.all() {
+            match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
+                Ok(loaded) => loaded.map_err(|e| crate::store::redis::conn::cannot_use(jobs.conns.at(), e))?,
+                Err(_) => {
+                    return Err(StoreError::Unreachable(format!(
+                        "cannot use Redis at {}: SCRIPT LOAD timed out",
+                        jobs.conns.at()
+                    )))
+                }
+            };
+        }
+        Ok(jobs)
+    }
+
+    /// `<prefix>:{<account>}:#jobs:`: what an account's job keys start with.
+    pub fn account_base(&self, account: &str) -> String {
+        self.keys.account_key(account, &["#jobs:"])
+    }
+
+    /// `<prefix>:{#jobs}:<name>`: a key spanning accounts.
+    fn global(&self, name: &str) -> String {
+        format!("{}:{{#jobs}}:{name}", self.keys.prefix())
+    }
+
+    fn caller_key(&self, caller: &str) -> String {
+        self.global(&format!("caller:{caller}"))
+    }
+
+    async fn run<T: ::redis::FromRedisValue>(&self, inv: ::redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await;
+        self.outcome(lane, result)
+    }
+
+    async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> Result<T, StoreError> {
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
+        self.outcome(lane, result)
+    }
+
+    fn outcome<T>(
+        &self,
+        lane: Lane,
+        result: Result<::redis::RedisResult<T>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.conns.failed(lane, Some(&e));
+                Err(redis_error(e))
+            }
+            Err(_) => {
+                self.conns.failed(lane, None);
+                Err(StoreError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// A script on `account`'s keys: KEYS[1] its meta hash, ARGV[1] its base.
+    fn on_account<'a>(&self, script: &'a Script, account: &str) -> ::redis::ScriptInvocation<'a> {
+        let base = self.account_base(account);
+        let mut inv = script.key(format!("{base}meta"));
+        inv.arg(base);
+        inv
+    }
+
+    /// Before a submission: `account`'s number (given now if it has none;
+    /// asked every time, so an account is listed again even after Redis lost
+    /// its data) and `caller`'s unfinished jobs and bytes in its other
+    /// accounts, as last written (lua/jobs_account.lua).
+    async fn intake(&self, account: &Arc<str>, caller: &str) -> Result<(u32, i64, i64), StoreError> {
+        const S: &str = "jobs_account.lua";
+        let mut inv = self.scripts.account.key(self.global("accounts"));
+        inv.key(self.global("names")).key(self.global("next")).key(self.caller_key(caller)).arg(&**account);
+        let (n, jobs, bytes): (i64, i64, i64) = self.run(inv).await?;
+        let n = u32::try_from(n).map_err(|_| bad(S, n))?;
+        lock(&self.names).insert(n, account.clone());
+        Ok((n, jobs, bytes))
+    }
+
+    /// The account a job id names (`None`: no account has that number).
+    async fn account_of(&self, id: JobId) -> Result<Option<Arc<str>>, StoreError> {
+        let n = u32::from_be_bytes([id.0[0], id.0[1], id.0[2], id.0[3]]);
+        if let Some(name) = lock(&self.names).get(&n) {
+            return Ok(Some(name.clone()));
+        }
+        self.read_name(n).await
+    }
+
+    async fn read_name(&self, n: u32) -> Result<Option<Arc<str>>, StoreError> {
+        let name: Option<String> = self.query(::redis::cmd("HGET").arg(self.global("names")).arg(n)).await?;
+        Ok(name.map(|name| {
+            let name: Arc<str> = name.into();
+            lock(&self.names).insert(n, name.clone());
+            name
+        }))
+    }
+
+    /// After an operation by id found no job in `seen`'s keys: the account
+    /// Redis names for the id's number now, if another (this instance's
+    /// memory of numbers is stale only after Redis lost its data and gave
+    /// the number again); the caller then tries once more there.
+    async fn renamed(&self, id: JobId, seen: &str) -> Result<Option<Arc<str>>, StoreError> {
+        let n = u32::from_be_bytes([id.0[0], id.0[1], id.0[2], id.0[3]]);
+        Ok(self.read_name(n).await?.filter(|now| &**now != seen))
+    }
+
+    /// Every account that has (or had) jobs.
+    async fn accounts(&self) -> Result<Vec<String>, StoreError> {
+        let mut all: Vec<String> = self.query(::redis::cmd("HKEYS").arg(self.global("accounts"))).await?;
+        all.sort();
+        Ok(all)
+    }
+
+    /// Writes what a script reported into the keys spanning accounts
+    /// (lua/jobs_note.lua): the queue's head into the index of due queues
+    /// (`head`: its due time, or -1 for out of it), the caller's unfinished
+    /// jobs and bytes in `account` (`totals`). `None`: left as they are.
+    async fn note(
+        &self,
+        account: &str,
+        caller: &str,
+        rule: &str,
+        head: Option<i64>,
+        totals: Option<(i64, i64)>,
+    ) -> Result<(), StoreError> {
+        let heads: Vec<(String, String, i64)> =
+            head.map(|h| (caller.to_owned(), rule.to_owned(), h)).into_iter().collect();
+        let totals: Vec<(String, i64, i64)> = totals.map(|(j, b)| (caller.to_owned(), j, b)).into_iter().collect();
+        self.note_all(account, &heads, &totals).await
+    }
+
+    /// [`RedisJobs::note`] for many queues and callers of one account, in
+    /// one round trip.
+    async fn note_all(
+        &self,
+        account: &str,
+        heads: &[(String, String, i64)],
+        totals: &[(String, i64, i64)],
+    ) -> Result<(), StoreError> {
+        if heads.is_empty() && totals.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.scripts.note.key(self.global("due"));
+        inv.arg(account).arg(heads.len());
+        for (caller, rule, head) in heads {
+            inv.arg(caller).arg(rule).arg(head);
+        }
+        for (caller, jobs, bytes) in totals {
+            inv.key(self.caller_key(caller)).arg(jobs).arg(bytes);
+        }
+        self.run::<i64>(inv).await.map(|_| ())
+    }
+
+    /// [`JobStore::sending`] in `account`'s keys.
+    async fn sending_in(&self, account: &str, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
+        let mut inv = self.on_account(&self.scripts.sending, account);
+        inv.arg(now).arg(id.to_string()).arg(owner);
+        Ok(self.run::<i64>(inv).await? == 1)
+    }
+
+    /// [`JobStore::finish`] in `account`'s keys.
+    async fn finish_in(
+        &self,
+        account: &str,
+        id: JobId,
+        owner: &str,
+        end: End,
+        now: Micros,
+    ) -> Result<bool, StoreError> {
+        const S: &str = "jobs_finish.lua";
+        let (kind, at, answer) = match end {
+            End::Sent(a) => ("sent", 0, Some(a)),
+            End::Failed(a) => ("failed", 0, Some(a)),
+            End::Retry { at, answer } => ("retry", at, answer),
+            End::NotYet { at } => ("notyet", at, None),
+            End::Expired => ("expired", 0, None),
+            End::Unknown(a) => ("unknown", 0, a),
+        };
+        let mut inv = self.on_account(&self.scripts.finish, account);
+        inv.arg(now).arg(id.to_string()).arg(owner).arg(kind).arg(at);
+        match &answer {
+            Some(a) => {
+                let body = &a.body[..a.body.len().min(super::ANSWER_MAX)];
+                inv.arg("1").arg(a.status).arg(a.errcode.map(|e| e.to_string()).unwrap_or_default()).arg(body)
+            }
+            None => inv.arg("").arg(0).arg("").arg(""),
+        };
+        let reply: Vec<Value> = self.run(inv).await?;
+        match reply.as_slice() {
+            [held] if int(held, S)? == 0 => Ok(false),
+            [_, caller, rule, head, jobs, bytes] => {
+                let (caller, rule) = (text(caller, S)?, text(rule, S)?);
+                let totals = Some((int(jobs, S)?, int(bytes, S)?));
+                self.note(account, &caller, &rule, Some(int(head, S)?), totals).await?;
+                Ok(true)
+            }
+            _ => Err(bad(S, format!("{} items", reply.len()))),
+        }
+    }
+
+    /// [`JobStore::get`] in `account`'s keys.
+    async fn get_in(&self, account: &Arc<str>, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
+        let key = format!("{}j:{id}", self.account_base(account));
+        let fields: Vec<Value> = self.query(::redis::cmd("HGETALL").arg(key)).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let body: Option<Vec<u8>> =
+            self.query(::redis::cmd("GET").arg(format!("{}b:{id}", self.account_base(account)))).await?;
+        let job = job_from(account, Value::Array(fields), body.unwrap_or_default())?;
+        Ok((&*job.new.queue.caller == caller).then_some(job))
+    }
+
+    /// [`JobStore::cancel`] in `account`'s keys.
+    async fn cancel_in(&self, account: &str, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+        const S: &str = "jobs_cancel.lua";
+        let mut inv = self.on_account(&self.scripts.cancel, account);
+        inv.arg(now).arg(id.to_string()).arg(caller);
+        let reply: Vec<Value> = self.run(inv).await?;
+        let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
+        match (kind.as_str(), reply.as_slice()) {
+            ("none", _) => Ok(Cancelled::NotFound),
+            ("late", [_, state]) => Ok(Cancelled::TooLate(state_from(&text(state, S)?)?)),
+            ("ok", [_, rule, head, jobs, bytes]) => {
+                let totals = Some((int(jobs, S)?, int(bytes, S)?));
+                self.note(account, caller, &text(rule, S)?, Some(int(head, S)?), totals).await?;
+                Ok(Cancelled::Cancelled)
+            }
+            _ => Err(bad(S, kind)),
+        }
+    }
+
+    /// recover on one account, all its runs; repairs the index and the
+    /// caller totals from what the last run reports.
+    async fn recover_account(&self, account: &str, now: Micros) -> Result<Recovered, StoreError> {
+        let mut done = Recovered::default();
+        for _ in 0..u16::MAX {
+            let mut inv = self.on_account(&self.scripts.recover, account);
+            inv.arg(now).arg(PER_RUN);
+            let reply: Vec<Value> = self.run(inv).await?;
+            let [requeued, unknown, more, heads, totals] =
+                <[Value; 5]>::try_from(reply).map_err(|r| bad("jobs_recover.lua", format!("{} items", r.len())))?;
+            done.requeued += int(&requeued, "jobs_recover.lua")?.max(0) as u64;
+            done.unknown += int(&unknown, "jobs_recover.lua")?.max(0) as u64;
+            if int(&more, "jobs_recover.lua")? == 1 {
+                continue;
+            }
+            const S: &str = "jobs_recover.lua";
+            let mut all_heads = Vec::new();
+            for q in list(heads, S)?.chunks(3) {
+                if let [caller, rule, head] = q {
+                    all_heads.push((text(caller, S)?, text(rule, S)?, int(head, S)?));
+                }
+            }
+            let mut all_totals = Vec::new();
+            for t in list(totals, S)?.chunks(3) {
+                if let [caller, jobs, bytes] = t {
+                    all_totals.push((text(caller, S)?, int(jobs, S)?, int(bytes, S)?));
+                }
+            }
+            // Bounded: at most a few hundred keys per note.
+            for heads in all_heads.chunks(200) {
+                self.note_all(account, heads, &[]).await?;
+            }
+            for totals in all_totals.chunks(200) {
+                self.note_all(account, &[], totals).await?;
+            }
+            break;
+        }
+        Ok(done)
+    }
+}
+
+#[async_trait]
+impl JobStore for RedisJobs {
+    async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError> {
+        let account = job.queue.account.clone();
+        let (number, other_jobs, other_bytes) = self.intake(&account, &job.queue.caller).await?;
+        let mut bytes = JobId::random().map_err(|_| StoreError::Redis("no random source for a job id".into()))?.0;
+        bytes[..4].copy_from_slice(&number.to_be_bytes());
+        let id = JobId(bytes);
+        let given = |v: &Option<String>| v.as_ref().map(|v| format!("={v}")).unwrap_or_default();
+        let mut inv = self.on_account(&self.scripts.submit, &account);
+        inv.arg(now)
+            .arg(id.to_string())
+            .arg(&*job.queue.caller)
+            .arg(&*job.queue.rule)
+            .arg(&*job.domain)
+            .arg(&job.method)
+            .arg(&job.target)
+            .arg(given(&job.content_type))
+            .arg(&job.body[..])
+            .arg(job.deadline_us.map(|d| d.to_string()).unwrap_or_default())
+            .arg(given(&job.idempotency_key))
+            .arg(given(&job.callback))
+            .arg(bounds.caller_jobs)
+            .arg(bounds.caller_bytes)
+            .arg(bounds.account_jobs)
+            .arg(bounds.account_bytes)
+            .arg(bounds.idempotency_us)
+            .arg(other_jobs)
+            .arg(other_bytes);
+        let reply: Vec<Value> = self.run(inv).await?;
+        const S: &str = "jobs_submit.lua";
+        let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
+        match (kind.as_str(), reply.as_slice()) {
+            ("ok", [_, _, jobs, bytes, head]) => {
+                let q = &job.queue;
+                let totals = Some((int(jobs, S)?, int(bytes, S)?));
+                self.note(&account, &q.caller, &q.rule, Some(int(head, S)?), totals).await?;
+                Ok(Submitted { id, duplicate: false })
+            }
+            ("dup", [_, first]) => {
+                let first = JobId::parse(&text(first, S)?).ok_or_else(|| bad(S, "an id"))?;
+                Ok(Submitted { id: first, duplicate: true })
+            }
+            ("full", [_, bound]) => Err(SubmitError::Full(match text(bound, S)?.as_str() {
+                "caller_jobs" => Bound::CallerJobs,
+                "caller_bytes" => Bound::CallerBytes,
+                "account_jobs" => Bound::AccountJobs,
+                _ => Bound::AccountBytes,
+            })),
+            _ => Err(bad(S, kind).into()),
+        }
+    }
+
+    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let cmd = ::redis::cmd("ZRANGEBYSCORE")
+            .arg(self.global("due"))
+            .arg("-inf")
+            .arg(now)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .clone();
+        let members: Vec<String> = self.query(&cmd).await?;
+        Ok(members
+            .iter()
+            .filter_map(|m| {
+                let mut parts = m.splitn(3, '\n');
+                Some(QueueKey {
+                    account: parts.next()?.into(),
+                    caller: parts.next()?.into(),
+                    rule: parts.next()?.into(),
+                })
+            })
+            .collect())
+    }
+
+    async fn claim(
+        &self,
+        queue: &QueueKey,
+        owner: &str,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+    ) -> Result<Vec<Job>, StoreError> {
+        const S: &str = "jobs_claim.lua";
+        let mut inv = self.on_account(&self.scripts.claim, &queue.account);
+        inv.arg(now).arg(owner).arg(lease_us).arg(max).arg(&*queue.caller).arg(&*queue.rule);
+        let reply: Vec<Value> = self.run(inv).await?;
+        let [head, jobs] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
+        let jobs = list(jobs, S)?
+            .chunks_exact(2)
+            .map(|pair| match pair {
+                [fields, body] => {
+                    let body = ::redis::from_redis_value_ref::<Option<Vec<u8>>>(body).map_err(|_| bad(S, "a body"))?;
+                    job_from(&queue.account, fields.clone(), body.unwrap_or_default())
+                }
+                _ => Err(bad(S, "a job")),
+            })
+            .collect::<Result<Vec<Job>, StoreError>>()?;
+        self.note(&queue.account, &queue.caller, &queue.rule, Some(int(&head, S)?), None).await?;
+        Ok(jobs)
+    }
+
+    async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
+        let Some(account) = self.account_of(id).await? else { return Ok(false) };
+        if self.sending_in(&account, id, owner, now).await? {
+            return Ok(true);
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.sending_in(&other, id, owner, now).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
+        let Some(account) = self.account_of(id).await? else { return Ok(false) };
+        if self.finish_in(&account, id, owner, end.clone(), now).await? {
+            return Ok(true);
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.finish_in(&other, id, owner, end, now).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn recover(&self, now: Micros) -> Result<Recovered, StoreError> {
+        let mut total = Recovered::default();
+        for account in self.accounts().await? {
+            let one = self.recover_account(&account, now).await?;
+            total.requeued += one.requeued;
+            total.unknown += one.unknown;
+        }
+        Ok(total)
+    }
+
+    async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
+        let Some(account) = self.account_of(id).await? else { return Ok(None) };
+        if let Some(job) = self.get_in(&account, caller, id).await? {
+            return Ok(Some(job));
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.get_in(&other, caller, id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn cancel(&self, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+        let Some(account) = self.account_of(id).await? else { return Ok(Cancelled::NotFound) };
+        match self.cancel_in(&account, caller, id, now).await? {
+            Cancelled::NotFound => match self.renamed(id, &account).await? {
+                Some(other) => self.cancel_in(&other, caller, id, now).await,
+                None => Ok(Cancelled::NotFound),
+            },
+            done => Ok(done),
+        }
+    }
+
+    async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
+        const S: &str = "jobs_summary.lua";
+        let mut out: Vec<QueueSummary> = Vec::new();
+        for account in self.accounts().await? {
+            let mut inv = self.on_account(&self.scripts.summary, &account);
+            inv.arg(caller.unwrap_or(""));
+            let reply: Vec<Value> = self.run(inv).await?;
+            let [counts, oldest] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
+            let account: Arc<str> = account.into();
+            let mut queues: HashMap<(String, String), QueueSummary> = HashMap::new();
+            for c in list(counts, S)?.chunks(4) {
+                let [caller, rule, state, n] = c else { continue };
+                let key = (text(caller, S)?, text(rule, S)?);
+                let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
+                let n = int(n, S)?.max(0) as u64;
+                match state_from(&text(state, S)?)? {
+                    JobState::Queued | JobState::Claimed => q.queued += n,
+                    JobState::Waiting => q.waiting += n,
+                    JobState::Sending => q.sending += n,
+                    JobState::Sent => q.sent += n,
+                    JobState::Failed => q.failed += n,
+                    JobState::Expired => q.expired += n,
+                    JobState::Cancelled => q.cancelled += n,
+                    JobState::Unknown => q.unknown += n,
+                }
+            }
+            for o in list(oldest, S)?.chunks(3) {
+                let [caller, rule, sub] = o else { continue };
+                let key = (text(caller, S)?, text(rule, S)?);
+                let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
+                q.oldest_us = Some(int(sub, S)?);
+            }
+            out.extend(queues.into_values());
+        }
+        out.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(out)
+    }
+
+    async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
+        const S: &str = "jobs_purge.lua";
+        let mut purged = 0u64;
+        for account in self.accounts().await? {
+            for _ in 0..u16::MAX {
+                let mut inv = self.on_account(&self.scripts.purge, &account);
+                inv.arg(now).arg(now.saturating_sub(keep_us)).arg(PER_RUN);
+                let reply: Vec<Value> = self.run(inv).await?;
+                let [n, more, gone] = <[Value; 3]>::try_from(reply).map_err(|_| bad(S, "not 3 items"))?;
+                purged += int(&n, S)?.max(0) as u64;
+                let gone =
+                    list(gone, S)?.iter().map(|c| Ok((text(c, S)?, 0, 0))).collect::<Result<Vec<_>, StoreError>>()?;
+                for totals in gone.chunks(200) {
+                    self.note_all(&account, &[], totals).await?;
+                }
+                if int(&more, S)? == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(purged)
+    }
+}
+
+fn empty_summary(account: &Arc<str>, caller: &str, rule: &str) -> QueueSummary {
+    QueueSummary {
+        queue: QueueKey { caller: caller.into(), account: account.clone(), rule: rule.into() },
+        queued: 0,
+        waiting: 0,
+        sending: 0,
+        sent: 0,
+        failed: 0,
+        expired: 0,
+        cancelled: 0,
+        unknown: 0,
+        oldest_us: None,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bad(script: &'static str, reply: impl std::fmt::Display) -> StoreError {
+    StoreError::BadReply { script, reply: reply.to_string() }
+}
+
+fn int(v: &Value, script: &'static str) -> Result<i64, StoreError> {
+    ::redis::from_redis_value_ref::<i64>(v).map_err(|_| bad(script, format!("{v:?}")))
+}
+
+fn text(v: &Value, script: &'static str) -> Result<String, StoreError> {
+    ::redis::from_redis_value_ref::<String>(v).map_err(|_| bad(script, "not text"))
+}
+
+fn list(v: Value, script: &'static str) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        _ => Err(bad(script, "not a list")),
+    }
+}
+
+fn state_from(s: &str) -> Result<JobState, StoreError> {
+    Ok(match s {
+        "queued" => JobState::Queued,
+        "waiting" => JobState::Waiting,
+        "claimed" => JobState::Claimed,
+        "sending" => JobState::Sending,
+        "sent" => JobState::Sent,
+        "failed" => JobState::Failed,
+        "expired" => JobState::Expired,
+        "cancelled" => JobState::Cancelled,
+        "unknown" => JobState::Unknown,
+        other => return Err(bad("a job's state", other)),
+    })
+}
+
+/// A job from its hash's fields (HGETALL) and its body, of `account`.
+fn job_from(account: &Arc<str>, fields: Value, body: Vec<u8>) -> Result<Job, StoreError> {
+    const S: &str = "a job's hash";
+    let items = list(fields, S)?;
+    let mut f: HashMap<String, Vec<u8>> = HashMap::with_capacity(items.len() / 2);
+    for pair in items.chunks(2) {
+        if let [k, v] = pair {
+            let v = ::redis::from_redis_value_ref::<Vec<u8>>(v).map_err(|_| bad(S, "a field"))?;
+            f.insert(text(k, S)?, v);
+        }
+    }
+    let s = |name: &str| f.get(name).map(|v| String::from_utf8_lossy(v).into_owned());
+    let need = |name: &'static str| s(name).ok_or_else(|| bad(S, format!("no {name}")));
+    let num = |name: &'static str| -> Result<i64, StoreError> {
+        need(name)?.parse::<i64>().map_err(|_| bad(S, format!("{name} not a number")))
+    };
+    let id_text = need("id_")?;
+    let id = JobId::parse(&id_text).ok_or_else(|| bad(S, "id"))?;
+    let answer = match f.get("as") {
+        Some(status) => Some(Answer {
+            status: String::from_utf8_lossy(status).parse().map_err(|_| bad(S, "as"))?,
+            errcode: s("ae").map(|e| e.parse().map_err(|_| bad(S, "ae"))).transpose()?,
+            body: Bytes::from(f.get("ab").cloned().unwrap_or_default()),
+        }),
+        None => None,
+    };
+    Ok(Job {
+        id,
+        new: NewJob {
+            queue: QueueKey { caller: need("c")?.into(), account: account.clone(), rule: need("r")?.into() },
+            domain: need("dom")?.into(),
+            method: need("m")?,
+            target: need("tg")?,
+            content_type: s("ct"),
+            body: Bytes::from(body),
+            deadline_us: f.get("dl").map(|_| num("dl")).transpose()?,
+            idempotency_key: s("ik"),
+            callback: s("cb"),
+        },
+        seq: num("seq")?.max(0) as u64,
+        state: state_from(&need("st")?)?,
+        submitted_us: num("sub")?,
+        due_us: num("due")?,
+        owner: s("o").map(Arc::from),
+        lease_us: num("l")?,
+        attempts: u32::try_from(num("at")?).unwrap_or(0),
+        answer,
+        updated_us: num("up")?,
+    })
+}
