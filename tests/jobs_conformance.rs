@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::jobs::{answer, new_job, queue, roomy, SelfChild, CHILD_LIFE};
+use support::redis_server::RedisServer;
 use support::{TempDir, SEC, T0};
+use wxgate::store::jobs::redis::RedisJobs;
 use wxgate::store::jobs::sqlite::SqliteJobs;
 use wxgate::store::jobs::{
     Bound, Bounds, Cancelled, End, JobId, JobState, JobStore, NewJob, Recovered, SubmitError, Submitted, ANSWER_MAX,
@@ -27,7 +29,9 @@ const LEASE: i64 = 30 * SEC;
 async fn stores() -> Vec<(&'static str, Arc<dyn JobStore>, Box<dyn Any + Send>)> {
     let dir = TempDir::new("jobs-sqlite");
     let sqlite = SqliteJobs::open(&dir.join("jobs.db")).expect("open the jobs file");
-    vec![("sqlite", Arc::new(sqlite), Box::new(dir))]
+    let redis = RedisServer::start();
+    let on_redis = RedisJobs::connect(&redis.store_config("jc")).await.expect("connect the jobs store");
+    vec![("sqlite", Arc::new(sqlite), Box::new(dir)), ("redis", Arc::new(on_redis), Box::new(redis))]
 }
 
 /// Runs each named scenario on every store, as one test each.
@@ -120,6 +124,12 @@ mod scenarios {
         let theirs = s.submit(other, &roomy(DAY), T0 + 2).await.expect("another caller's key");
         assert!(!theirs.duplicate);
         assert_ne!(theirs.id, first.id);
+        // And per account: the same key for another account is another message.
+        let mut elsewhere = job.clone();
+        elsewhere.queue = queue("batch", "wx2", "template_send");
+        let second = s.submit(elsewhere, &roomy(DAY), T0 + 3).await.expect("the key for another account");
+        assert!(!second.duplicate);
+        assert_ne!(second.id, first.id);
     }
 
     pub async fn an_idempotency_key_is_forgotten_after_its_time(s: Arc<dyn JobStore>) {
@@ -391,6 +401,13 @@ mod scenarios {
                 _ => None,
             };
             assert!(!s.finish(id, "other", case.end.clone(), now).await.expect("finish"), "{i}: not the owner's");
+            if case.sent_first {
+                // "Never sent" is refused for a job that may have been.
+                for never in [End::NotYet { at: now + SEC }, End::Expired] {
+                    assert!(!s.finish(id, "i1", never.clone(), now).await.expect("finish"), "{i}: {never:?}");
+                }
+                assert_eq!(s.get("hr", id).await.expect("get").expect("job").state, JobState::Sending, "{i}");
+            }
             assert!(s.finish(id, "i1", case.end.clone(), now).await.expect("finish"), "{i}");
             let job = s.get("hr", id).await.expect("get").expect("job");
             assert_eq!(job.state, case.state, "{i}: {:?}", case.end);

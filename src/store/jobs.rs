@@ -98,7 +98,7 @@ pub struct NewJob {
     /// `X-Wxgate-Deadline` (or the rule's default): after it the job ends
     /// `Expired` instead of being sent.
     pub deadline_us: Option<Micros>,
-    /// `Idempotency-Key`, within its caller.
+    /// `Idempotency-Key`, within its caller and account.
     pub idempotency_key: Option<String>,
     /// `X-Wxgate-Callback`, checked against the caller's allowed prefixes.
     pub callback: Option<String>,
@@ -282,9 +282,11 @@ pub struct QueueSummary {
 #[async_trait]
 pub trait JobStore: Send + Sync + 'static {
     /// Stores `job` as `Queued` (due at `now`) at the end of its queue, or,
-    /// when its `Idempotency-Key` names a job of the same caller submitted
-    /// within `bounds.idempotency_us`, returns that job's id and stores
-    /// nothing. Refused whole ([`SubmitError::Full`]) when the caller's or
+    /// when its `Idempotency-Key` names a job of the same caller and account
+    /// submitted within `bounds.idempotency_us`, returns that job's id and
+    /// stores nothing (a key is per caller and account: on Redis the lookup
+    /// runs in the account's slot, and a key reused for another account is
+    /// another message). Refused whole ([`SubmitError::Full`]) when the caller's or
     /// the account's unfinished jobs or bytes would pass `bounds`.
     async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError>;
 
@@ -311,7 +313,9 @@ pub trait JobStore: Send + Sync + 'static {
     async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError>;
 
     /// Ends an attempt of a job `owner` holds (`Claimed` or `Sending`).
-    /// `Ok(false)`: `owner` no longer holds it (nothing changed).
+    /// `Ok(false)`: `owner` no longer holds it, or the end says "never
+    /// sent" (`NotYet`, `Expired`) of a `Sending` job, which may have been
+    /// (nothing changed: `recover` ends it `Unknown`).
     async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError>;
 
     /// Leases that ran out by `now`: `Claimed` jobs back to `Queued`,

@@ -93,10 +93,11 @@ CREATE INDEX jobs_leased ON jobs (lease_us) WHERE state IN (2, 3);
 CREATE INDEX jobs_ended ON jobs (updated_us) WHERE state >= 4;
 CREATE TABLE idempotency (
     caller TEXT NOT NULL,
+    account TEXT NOT NULL,
     key TEXT NOT NULL,
     id BLOB NOT NULL,
     until_us INTEGER NOT NULL,
-    PRIMARY KEY (caller, key)
+    PRIMARY KEY (caller, account, key)
 ) WITHOUT ROWID;
 CREATE INDEX idempotency_until ON idempotency (until_us);
 CREATE TABLE totals (
@@ -530,8 +531,10 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     let caller: &str = &job.queue.caller;
     if let Some(key) = &job.idempotency_key {
         let first: Option<(Vec<u8>, i64)> = c
-            .prepare_cached("SELECT id, until_us FROM idempotency WHERE caller = ?1 AND key = ?2")
-            .and_then(|mut s| s.query_row(params![caller, key], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .prepare_cached("SELECT id, until_us FROM idempotency WHERE caller = ?1 AND account = ?2 AND key = ?3")
+            .and_then(|mut s| {
+                s.query_row(params![caller, &*job.queue.account, key], |r| Ok((r.get(0)?, r.get(1)?))).optional()
+            })
             .map_err(sql)?;
         if let Some((first, until_us)) = first {
             if now < until_us {
@@ -567,9 +570,14 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     })
     .map_err(sql)?;
     if let Some(key) = &job.idempotency_key {
-        c.prepare_cached("INSERT OR REPLACE INTO idempotency (caller, key, id, until_us) VALUES (?1, ?2, ?3, ?4)")
-            .and_then(|mut s| s.execute(params![caller, key, &id.0[..], now.saturating_add(bounds.idempotency_us)]))
-            .map_err(sql)?;
+        c.prepare_cached(
+            "INSERT OR REPLACE INTO idempotency (caller, account, key, id, until_us) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .and_then(|mut s| {
+            let until = now.saturating_add(bounds.idempotency_us);
+            s.execute(params![caller, &*job.queue.account, key, &id.0[..], until])
+        })
+        .map_err(sql)?;
     }
     add_total(c, CALLER, caller, 1, bytes)?;
     add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
@@ -667,6 +675,10 @@ fn claim(
 fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
     let Some(job) = held(c, id)? else { return Ok(false) };
     if !matches!(job.state, JobState::Claimed | JobState::Sending) || job.owner.as_deref() != Some(owner) {
+        return Ok(false);
+    }
+    // "Never sent" is not for a job that may have been.
+    if job.state == JobState::Sending && matches!(end, End::NotYet { .. } | End::Expired) {
         return Ok(false);
     }
     let (state, due, answer) = match end {
