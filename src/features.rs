@@ -12,6 +12,7 @@ pub mod accounts;
 pub mod broker;
 pub mod hooks;
 pub mod penalties;
+pub mod queue;
 pub mod quota_clear;
 pub mod token_cache;
 pub mod warmup;
