@@ -114,17 +114,22 @@ mod tests {
     use crate::store::redis::protocol;
 
     /// Nothing keeps a list of scripts by hand: every script in `lua/` (but
-    /// the prelude, and the breaker's probe, loaded on its own) is loaded
-    /// when the Redis store connects, once.
+    /// the preludes, and the breaker's probe, loaded on its own) is loaded
+    /// when the Redis store (or the jobs store, `jobs_*.lua`) connects, once.
     #[test]
     fn every_script_is_registered_once() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
         let files = std::fs::read_dir(dir)
             .expect("lua/")
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|f| f.ends_with(".lua") && f != "prelude.lua" && f != "probe.lua")
+            .filter(|f| f.ends_with(".lua") && f != "prelude.lua" && f != "probe.lua" && f != "jobs_prelude.lua")
             .count();
-        let loaded: Vec<&str> = protocol::scripts().chain(super::scripts()).map(|s| s.get_hash()).collect();
+        let jobs = crate::store::jobs::redis::script_hashes();
+        let loaded: Vec<&str> = protocol::scripts()
+            .chain(super::scripts())
+            .map(|s| s.get_hash())
+            .chain(jobs.iter().map(String::as_str))
+            .collect();
         let distinct: HashSet<&str> = loaded.iter().copied().collect();
         assert_eq!((loaded.len(), distinct.len()), (files, files));
     }

@@ -126,6 +126,12 @@ impl Scripts {
     }
 }
 
+/// Every jobs script's SHA (the check that each `lua/` file is loaded once).
+#[cfg(test)]
+pub(crate) fn script_hashes() -> Vec<String> {
+    Scripts::new().all().iter().map(|s| s.get_hash().to_owned()).collect()
+}
+
 /// Queued jobs in Redis ([module docs](self)).
 pub struct RedisJobs {
     conns: Connections,
