@@ -619,9 +619,13 @@ fn say_server(out: &mut String, config: &Config, started: &Started, tz: &str) {
         let cap = p.max.map_or_else(|| "the next midnight".to_owned(), |m| format!("{}s", m.as_micros() / 1_000_000));
         say!(out, "penalty errcode {}: {length}, at most until {cap}", p.errcode);
     }
-    let fallback = s.caller.as_deref().unwrap_or(wxgate::admit::callers::DEFAULT_CALLER);
-    say!(out, "caller of calls without X-Wx-Caller: {fallback}");
     let auth = s.caller_auth;
+    // With caller_auth required, a call without its key is refused (401):
+    // no call falls back to a caller.
+    if !auth.required() {
+        let fallback = s.caller.as_deref().unwrap_or(wxgate::admit::callers::DEFAULT_CALLER);
+        say!(out, "caller of calls without X-Wx-Caller: {fallback}");
+    }
     match auth {
         wxgate::config::CallerAuth::Required => say!(
             out,
@@ -641,7 +645,12 @@ fn say_server(out: &mut String, config: &Config, started: &Started, tz: &str) {
             (wxgate::config::Grants::Unset, false) => String::new(),
             (g, _) => format!(", accounts: {}", g.describe()),
         };
-        say!(out, "caller {}: priority {}, {rate}{key}{grants}", c.name, c.priority.as_str());
+        let refusals = match c.throttle_status {
+            Some(status) if status == http::StatusCode::OK => ", refusals as 200 + errcode 45009",
+            Some(_) => ", refusals as 429",
+            None => "",
+        };
+        say!(out, "caller {}: priority {}, {rate}{key}{grants}{refusals}", c.name, c.priority.as_str());
     }
     if !config.callers.is_empty() {
         say!(out, "callers not declared: priority normal, counted together as \"other\"");

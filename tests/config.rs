@@ -249,6 +249,7 @@ fn a_max_share_prints_each_callers_limits_and_says_when_it_leaves_none() {
         let path = dir.path().join("rules.toml");
         let text = format!(
             "[server]\ncaller = \"billing\"\n\n[[caller]]\nname = \"hr\"\npriority = \"high\"\nrate = \"50/s\"\n\n\
+             [[caller]]\nname = \"shop\"\nthrottle_status = 200\n\n\
              [[rule]]\nname = \"send\"\nmatch = [\"/a\"]\nlimits = [{limits}]\nmax_share = \"{share}\"\n"
         );
         std::fs::write(&path, text).expect("write");
@@ -263,7 +264,11 @@ fn a_max_share_prints_each_callers_limits_and_says_when_it_leaves_none() {
     );
     // The callers are listed too.
     assert!(stdout.contains("caller of calls without X-Wx-Caller: billing"), "{stdout}");
-    assert!(stdout.contains("caller hr: priority high, flood guard 50/s per instance"), "{stdout}");
+    assert!(stdout.contains("caller hr: priority high, flood guard 50/s per instance\n"), "{stdout}");
+    assert!(
+        stdout.contains("caller shop: priority normal, no flood guard, refusals as 200 + errcode 45009"),
+        "{stdout}"
+    );
     let (code, _, stderr) = check("{ count = 1, per = \"1m\" }", "60%");
     assert_eq!(code, 2);
     assert!(stderr.contains("max_share: 60% of limits[0]'s count of 1 is less than one call"), "{stderr}");
@@ -952,4 +957,24 @@ async fn a_call_naming_no_account_of_a_caller_granted_several_is_told_how_to_nam
     let named = [("authorization", bearer.as_str()), ("x-wx-account", "wxB")];
     assert_eq!(gate.get_with("/cgi-bin/message/custom/send?access_token=T", &named).await.status, 200);
     assert_eq!(mock.count(), 1);
+}
+
+/// With `caller_auth = "required"` no call falls back to a caller (one
+/// without its key gets 401): `check` does not say one does.
+#[test]
+fn check_names_no_fallback_caller_where_every_call_proves_its_own() {
+    let dir = support::TempDir::new("check-auth");
+    let path = dir.path().join("rules.toml");
+    let text = format!(
+        "[server]\ncaller_auth = \"required\"\n\n[[caller]]\nname = \"orders\"\nkey_sha256 = \"{}\"\naccounts = \
+         [\"wx1\"]\nthrottle_status = 429\n",
+        "ab".repeat(32)
+    );
+    std::fs::write(&path, text).expect("write");
+    let (code, stdout, stderr) = wxgate(&["check", "--config", &path.display().to_string()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("caller of calls without X-Wx-Caller"), "{stdout}");
+    assert!(stdout.contains("caller_auth required"), "{stdout}");
+    assert!(stdout.contains("caller orders: priority normal, no flood guard, a key, accounts: "), "{stdout}");
+    assert!(stdout.contains(", refusals as 429"), "{stdout}");
 }
