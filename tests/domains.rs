@@ -85,6 +85,10 @@ async fn a_domain_prefix_no_domain_serves_is_refused_and_never_forwarded() {
         ("/api3.example.com/cgi-bin/user/get", "the first path segment names no domain"),
         ("/QYAPI.weixin.qq.com/cgi-bin/user/get", "not a WeChat API path"),
         ("/a.b_c/cgi-bin/user/get", "no WeChat API path has a dot in its first segment"),
+        // An encoded prefix is never decoded into a domain: refused as a path.
+        ("/qyapi%2Eweixin.qq.com/cgi-bin/user/get", "not a WeChat API path"),
+        ("/qyapi.weixin.qq.com%2Fcgi-bin/user/get", "not a WeChat API path"),
+        ("/%71yapi.weixin.qq.com/cgi-bin/user/get", "not a WeChat API path"),
     ] {
         let a = gate.get(path).await;
         assert_eq!(a.status, 400, "{path}: {}", a.text());
