@@ -83,15 +83,18 @@ pub struct ToAdmit<'a> {
     pub meter: Meter<'a>,
     /// Its client, whose leaving ends a hold (`None`: a call wxgate makes itself).
     pub client: Option<&'a Client>,
+    /// It may be held or wait for a concurrency slot (`max_wait`); `false`:
+    /// decided as if `max_wait` were 0.
+    pub may_wait: bool,
 }
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
 pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError> {
-    let ToAdmit { config, account, rule, normal, caller, meter, client } = call;
+    let ToAdmit { config, account, rule, normal, caller, meter, client, may_wait } = call;
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
-    let permit = if rule.max_wait_us > 0 { app.held.permit(config.server.max_held) } else { None };
+    let permit = if rule.max_wait_us > 0 && may_wait { app.held.permit(config.server.max_held) } else { None };
     let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
     // The clock is read for the wait only when the call may wait at all.
     let started = if max_wait_us > 0 { app.clock.now_us() } else { 0 };

@@ -22,6 +22,7 @@ mod errors;
 mod intercept;
 mod meter;
 mod penalty;
+pub mod queue;
 pub mod ratelimit;
 mod raw;
 pub mod routes;
@@ -76,6 +77,8 @@ pub struct Config {
     pub callers: Vec<Arc<CallerPolicy>>,
     /// `[tokens]`: the access-token cache (`crate::features::token_cache`).
     pub tokens: TokensConfig,
+    /// `[queue]`: queued delivery (`crate::features::queue`).
+    pub queue: queue::QueueConfig,
     /// Rules with `quota_sync`: each state and the API path asked for.
     pub quota_syncs: Vec<QuotaSync>,
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
@@ -105,6 +108,10 @@ pub struct RuleHttp {
     /// `recipients`: how a call's recipients are read from its body
     /// (`None`: the rule counts calls and reads no body).
     pub recipients: Option<Arc<Metering>>,
+    /// `queue = true`: calls may be queued (`Prefer: respond-async`, a
+    /// caller's `deliver = "queue"`); inside, the rule's `queue_deadline`
+    /// (`None`: `[queue] deadline`). `None`: the rule does not queue.
+    pub queue: Option<Option<Micros>>,
 }
 
 impl Config {
@@ -212,6 +219,13 @@ pub struct CallerPolicy {
     /// rule says (`None`: the rule's). Its SDK is what decides: 200 for one
     /// that drops the body of a non-2xx answer.
     pub throttle_status: Option<http::StatusCode>,
+    /// `deliver = "queue"`: its calls to rules that queue are queued
+    /// without `Prefer: respond-async`.
+    pub queue_default: bool,
+    /// `weight`: its share of the dispatcher's turns (1-1000, default 1).
+    pub weight: u32,
+    /// `callbacks`: the URL prefixes its `X-Wxgate-Callback` may name.
+    pub callbacks: Vec<String>,
 }
 
 /// The SHA-256 of a caller's key: never the key, and never shown (its

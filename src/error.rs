@@ -89,6 +89,14 @@ pub enum ProxyError {
     /// The caller's flood guard (`[[caller]] rate`) refused the call.
     #[error("caller \"{caller}\" is over its rate of {rate} on this instance ([[caller]] rate); retry after {secs}s", secs = retry_after_secs(*.wait_us))]
     CallerRate { caller: std::sync::Arc<str>, rate: crate::config::CallerRate, wait_us: Micros },
+    /// A queued submission would pass a `[queue]` bound: nothing stored
+    /// (429, `X-Wxgate-Reason: queue_full`).
+    #[error("{what}; nothing was queued, retry after {secs}s", secs = retry_after_secs(*.wait_us))]
+    QueueFull { what: String, wait_us: Micros },
+    /// No such thing for this caller (a delivery id: another caller's is
+    /// not found either).
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// A call that ends before its last phase. Each phase (and each feature's
@@ -167,6 +175,10 @@ enum Marks {
     Unauthenticated,
     /// `X-Wxgate-Reason: forbidden`.
     Forbidden,
+    /// `Retry-After` and `X-Wxgate-Reason: queue_full`.
+    QueueFull {
+        wait_us: Micros,
+    },
 }
 
 /// One row of the table: everything the client and the metrics see of a
@@ -213,6 +225,12 @@ impl ProxyError {
             &ProxyError::Throttled { reason, wait_us, .. } => {
                 let outcome = if reason == Reason::Penalty { Outcome::penalised } else { Outcome::throttled };
                 row(Status::Throttle, ERRCODE_THROTTLED, outcome, Marks::Throttled { reason, wait_us })
+            }
+            &ProxyError::QueueFull { wait_us, .. } => {
+                row(Status::Throttle, ERRCODE_THROTTLED, Outcome::throttled, Marks::QueueFull { wait_us })
+            }
+            ProxyError::NotFound(_) => {
+                row(fixed(S::NOT_FOUND), ERRCODE_BAD_REQUEST, Outcome::rejected_bad_request, Marks::None)
             }
             &ProxyError::CallerRate { wait_us, .. } => {
                 row(Status::Throttle, ERRCODE_THROTTLED, Outcome::throttled, Marks::CallerRate { wait_us })
@@ -314,6 +332,10 @@ impl ProxyError {
             }
             Marks::Forbidden => {
                 h.insert(REASON_HEADER, HeaderValue::from_static("forbidden"));
+            }
+            Marks::QueueFull { wait_us } => {
+                h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait_us)));
+                h.insert(REASON_HEADER, HeaderValue::from_static("queue_full"));
             }
         }
         resp

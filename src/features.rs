@@ -25,6 +25,7 @@ use http::HeaderMap;
 use crate::config::{Config, StoreConfig};
 use crate::error::Early;
 use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
+use crate::store::jobs::JobStore;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
@@ -93,7 +94,10 @@ macro_rules! features {
 // The features, in the order their hooks run. clear_quota recognises its
 // calls before the account is found (it is the appid cleared); the broker
 // after it (it adds the account's token); penalties last of the answer
-// hooks, as WeChat's answer is reported to the store last.
+// hooks, as WeChat's answer is reported to the store last. The queue
+// last: its intake answers once every other feature has checked the call
+// (its account, its domain), and a job's send is marked `Sending` after
+// every other `before_forward` (the broker's token) has run.
 features!(
     quota_clear: quota_clear::QuotaClear,
     accounts: accounts::Accounts,
@@ -102,6 +106,7 @@ features!(
     warmup: warmup::Warmup,
     penalties: penalties::Penalties,
     ratelimit_headers: RateLimitHeaders,
+    queue: queue::Queue,
 );
 
 impl Features {
@@ -111,6 +116,7 @@ impl Features {
         store: &Arc<dyn Store>,
         clock: &Arc<dyn Clock>,
         metrics: &Metrics,
+        jobs: Option<Arc<dyn JobStore>>,
     ) -> Result<Features, String> {
         let cache = token_cache::cache::TokenCache::open(
             &config.tokens,
@@ -131,6 +137,7 @@ impl Features {
             warmup: warmup::Warmup,
             penalties: penalties::Penalties,
             ratelimit_headers: RateLimitHeaders,
+            queue: queue::Queue { jobs, wake: Arc::default(), owner: queue::owner_name() },
         })
     }
 }

@@ -82,7 +82,9 @@ async fn start_parts(
 ) -> Result<Running, StartError> {
     let listen = config.server.listen;
     let source = config.source.clone();
-    let app = App::new(config, store, clock, metrics)?;
+    let jobs = proxy::app::open_jobs(&config).await?;
+    let app = App::new(config, store, clock, metrics, jobs)?;
+    ops::dispatch::spawn(Arc::downgrade(&app));
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
     if source.is_file() {

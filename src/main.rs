@@ -222,7 +222,8 @@ fn build_app(config: &Config) -> Result<Option<bool>, String> {
         let clock: Arc<dyn wxgate::time::Clock> = Arc::new(SystemClock);
         let store: Arc<dyn wxgate::store::Store> = Arc::new(wxgate::store::memory::MemoryStore::new(clock.clone()));
         let metrics = wxgate::telemetry::metrics::Metrics::new();
-        let app = wxgate::proxy::app::App::new(config.clone(), store, clock, metrics).map_err(|e| e.to_string())?;
+        let app =
+            wxgate::proxy::app::App::new(config.clone(), store, clock, metrics, None).map_err(|e| e.to_string())?;
         let cache = app.features.token_cache.cache.as_ref().map(|c| c.shared);
         Ok(cache)
     })

@@ -6,6 +6,7 @@
 //! they read and swap.
 
 pub mod admin;
+pub mod dispatch;
 pub mod pair_view;
 pub mod quota_sync;
 pub mod reload;

@@ -60,6 +60,7 @@ pub mod answer;
 pub mod app;
 pub mod call;
 pub mod decide;
+pub mod deliveries;
 pub mod forward;
 pub mod identify;
 pub mod meter;
@@ -106,8 +107,13 @@ async fn serve(
 ) -> Response<RelayBody> {
     let fallback = app.callers.load().fallback();
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
+    let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
     call.arrived.intercepted = intercepted;
-    let resp = match phases(app, &mut call, req, client).await {
+    let answered = match results {
+        true => deliveries::serve(app, &mut call, req).await,
+        false => phases(app, &mut call, req, client).await,
+    };
+    let resp = match answered {
         Ok(resp) => resp,
         Err(Early::Answered(resp, outcome)) => {
             call.outcome = outcome;
@@ -136,7 +142,7 @@ async fn phases(
         }
         return Err(early);
     }
-    meter::meter(call, &mut req).await?;
+    meter::meter(call, Some(&mut req)).await?;
     let mut asking = Asking {
         config: &call.arrived.config,
         method: &call.arrived.method,

@@ -154,6 +154,19 @@ impl Clock for ManualClock {
     }
 }
 
+/// An RFC 3339 time (`2026-12-03T18:00:00Z`, UTC) as wxgate's time
+/// (microseconds since the Unix epoch); `None` for text that is not one.
+pub fn parse_rfc3339(text: &str) -> Option<Micros> {
+    let t = humantime::parse_rfc3339_weak(text).ok()?;
+    i64::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_micros()).ok()
+}
+
+/// wxgate's time `us` as RFC 3339 (UTC, to the millisecond).
+pub fn format_rfc3339(us: Micros) -> String {
+    let t = UNIX_EPOCH + Duration::from_micros(u64::try_from(us).unwrap_or(0));
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 /// Measures how long something took, on the monotonic clock: for metrics,
 /// logs and idle timeouts, never for a decision.
 #[derive(Debug, Clone, Copy)]

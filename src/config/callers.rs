@@ -104,9 +104,52 @@ pub(super) fn compile(
             },
         };
         let throttle_status = super::units::throttle_status(c.throttle_status).map_err(&err)?;
-        out.push(Arc::new(CallerPolicy { name: c.name.into(), priority, rate, key, grants, throttle_status }));
+        let queue_default = match c.deliver.as_deref() {
+            None | Some("live") => false,
+            Some("queue") => true,
+            Some(other) => {
+                return Err(err(Invalid::at_field(
+                    "deliver",
+                    format!("\"{other}\" is unknown (expected \"live\" or \"queue\")"),
+                )))
+            }
+        };
+        let weight = match c.weight {
+            None => 1,
+            Some(w @ 1..=1000) => w,
+            Some(_) => return Err(err(Invalid::at_field("weight", "must be between 1 and 1000"))),
+        };
+        let callbacks = c.callbacks.unwrap_or_default();
+        if let Some(bad) = callbacks.iter().find(|p| !callback_prefix(p)) {
+            return Err(err(Invalid::at_field(
+                "callbacks",
+                format!("\"{bad}\" must be an http:// or https:// URL prefix ending in /, without a query, user or fragment"),
+            )));
+        }
+        out.push(Arc::new(CallerPolicy {
+            name: c.name.into(),
+            priority,
+            rate,
+            key,
+            grants,
+            throttle_status,
+            queue_default,
+            weight,
+            callbacks,
+        }));
     }
     Ok(out)
+}
+
+/// A `callbacks` prefix: an absolute http(s) URL with a host, ending in
+/// `/` (so `https://hr/hooks/` never allows `https://hr/hooks-evil`), with
+/// no user, query or fragment.
+fn callback_prefix(p: &str) -> bool {
+    let Ok(uri) = p.parse::<http::Uri>() else { return false };
+    matches!(uri.scheme_str(), Some("http" | "https"))
+        && uri.host().is_some_and(|h| !h.is_empty())
+        && p.ends_with('/')
+        && !p.contains(['@', '?', '#'])
 }
 
 /// Shortest key read from a `key_file` (a key is a random secret, e.g.

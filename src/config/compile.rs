@@ -104,6 +104,12 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         Some(list) => super::penalty::compile(list, ctx)?,
     };
     let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
+    let (redis, state_dir) = match &store {
+        super::StoreConfig::Redis(_) => (true, None),
+        super::StoreConfig::Memory(m) => (false, m.state_file.as_deref().and_then(|f| f.parent())),
+    };
+    let queue = super::queue::compile(std::mem::take(&mut raw.queue), redis, state_dir, ctx.dir)
+        .map_err(|e| ctx.in_table(e))?;
     let mut rules = Rules::new();
     let own = super::domain::Own {
         host: super::domain::own_host(server_domain.as_deref(), &server.upstream).map_err(|e| ctx.in_table(e))?,
@@ -126,7 +132,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
     let unruled_http =
-        RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None };
+        RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None, queue: None };
     let max_warmup_us = rules.rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
     Ok(Config {
         source: ctx.path.to_path_buf(),
@@ -143,6 +149,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         log,
         callers,
         tokens,
+        queue,
         quota_syncs: rules.quota_syncs,
         intercept,
         accounts,

@@ -28,6 +28,8 @@ pub(super) struct RawConfig {
     pub account: Vec<Spanned<super::accounts::RawAccount>>,
     #[serde(default)]
     pub domain: Vec<Spanned<RawDomain>>,
+    #[serde(default)]
+    pub queue: super::queue::RawQueue,
 }
 
 /// `[[domain]]` (src/config/domain.rs).
@@ -82,6 +84,9 @@ pub(super) struct RawCaller {
     pub key_file: Option<PathBuf>,
     pub accounts: Option<Vec<String>>,
     pub throttle_status: Option<u16>,
+    pub deliver: Option<String>,
+    pub weight: Option<u32>,
+    pub callbacks: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -43,6 +43,8 @@ pub(super) struct RawRule {
     pub cost: Option<String>,
     pub recipients: Option<RawRecipients>,
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
+    pub queue: Option<bool>,
+    pub queue_deadline: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,7 +145,16 @@ pub(super) fn compile_rule(
     }
     .with_percents(reserve_percent, share_percent)
     .map_err(|e| at.rule(Invalid::new(e.to_string())))?;
-    let http = RuleHttp { throttle_status, policy: Policy::of(&rule), recipients };
+    let queue = match (r.queue, r.queue_deadline.as_deref()) {
+        (Some(true), deadline) => {
+            Some(super::queue::deadline(deadline).map_err(|e| at.rule(e.field("queue_deadline")))?)
+        }
+        (_, Some(_)) => {
+            return Err(at.rule(Invalid::new("is for a rule with queue = true").field("queue_deadline")));
+        }
+        _ => None,
+    };
+    let http = RuleHttp { throttle_status, policy: Policy::of(&rule), recipients, queue };
     Ok((rule, http, patterns))
 }
 

@@ -70,6 +70,10 @@ pub struct OwnCall {
     /// What its maker leaves for the features' `on_request` hooks (a token
     /// cache slot's fetch, what its answer teaches).
     pub seeds: Seeds,
+    /// A queued job's send: the caller that queued it (decided and counted
+    /// as that caller's, never held, never from the rule's reserve).
+    /// `None`: wxgate's own call (the rule's reserve is for it).
+    pub queued_by: Option<Caller>,
 }
 
 /// Values of any type, each taken once by the hook that knows its type
@@ -94,6 +98,8 @@ pub const OWN_CALLER: &str = "wxgate";
 
 /// What WeChat answered to a call wxgate made itself.
 pub struct OwnAnswer {
+    /// The HTTP status WeChat answered with.
+    pub status: u16,
     /// Its errcode (0: success; `None`: not a WeChat JSON answer).
     pub errcode: Option<i64>,
     /// Its body, when small enough to be read whole.
@@ -122,6 +128,9 @@ pub struct Who {
     pub proven: bool,
     /// A call wxgate makes itself ([`OwnCall`]): no client.
     pub own: bool,
+    /// A queued job's send ([`OwnCall::queued_by`]): decided as its
+    /// caller's live calls are, but never held and never from the reserve.
+    pub queued: bool,
 }
 
 /// The appid WeChat reads in a request (a token request's, a clear_quota's):
@@ -141,6 +150,8 @@ pub struct Requesting<'a> {
     pub path: &'a str,
     /// The path and query to be sent.
     pub target: &'a PathAndQuery,
+    /// The call's rule (`None`: forwarded unthrottled).
+    pub rule: Option<&'a Arc<Rule>>,
     /// What a call wxgate makes itself carries for the features.
     pub seeds: &'a mut Seeds,
     /// The body, when read whole (by a hook, [`Requesting::read_body`]; an

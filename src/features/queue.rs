@@ -1,10 +1,118 @@
-//! Queued delivery (issue 47, docs/plans/queued-delivery.md): a message a
-//! caller hands wxgate once, sent at the first moment WeChat takes it.
-//! Being built: the jobs are stored by [`crate::store::jobs`]; here, so far,
-//! what becomes of a job after an attempt ([`retry`]) and how a round of
-//! the dispatcher is shared between callers ([`turns`]). The intake (a
-//! feature answering 202) and the dispatcher come next; until then nothing
-//! here is on a call's path.
+//! Queued delivery (issue 47, docs/queued-delivery.md): a message a caller
+//! hands wxgate once, sent at the first moment WeChat takes it.
+//!
+//! - **Intake** (this feature's hooks): a call of a rule with `queue =
+//!   true` that asks for it (`Prefer: respond-async`, or its caller's
+//!   `deliver = "queue"`) has its body read whole in `on_request`
+//!   (`[queue] max_body`), its headers checked ([`intake`]), and once the
+//!   other features have checked it (its account, its domain, its
+//!   recipients) it is stored ([`crate::store::jobs`]) in `before_decide`
+//!   and answered `202 Accepted` there: never decided nor forwarded now.
+//! - **Dispatch** (`crate::ops::dispatch`): a task per instance sends due jobs as
+//!   calls of its own through the same phases, in weighted turns between
+//!   callers ([`turns`]); `before_forward` (the last hook before a job's
+//!   request goes out) marks the job `Sending` durably first; WeChat's
+//!   answer becomes the job's end ([`retry`]).
 
+pub mod intake;
 pub mod retry;
 pub mod turns;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::error::{Early, ProxyError};
+use crate::features::hooks::{Asking, Env, Feature, Requesting, Sending};
+use crate::store::jobs::{JobId, JobStore};
+use crate::telemetry::metrics::Outcome;
+
+/// The queue as a feature: its jobs store (`None`: queued delivery is off)
+/// and the dispatcher's wake-up.
+pub struct Queue {
+    pub jobs: Option<Arc<dyn JobStore>>,
+    /// Notified on each submission: the dispatcher looks at once.
+    pub wake: Arc<Notify>,
+    /// This instance's name as a lease owner (random per process).
+    pub owner: Arc<str>,
+}
+
+/// What the queue keeps of one call.
+#[derive(Default)]
+pub enum Ctx {
+    /// A live call (or one wxgate makes itself that is no job's send).
+    #[default]
+    Live,
+    /// To be queued: what the intake read of its request.
+    Queue(Box<intake::Asked>),
+    /// A queued job's send (the dispatcher's seed): marked `Sending`
+    /// before it goes.
+    Send(Sends),
+}
+
+/// What the dispatcher seeds a job's send with.
+pub struct Sends {
+    pub id: JobId,
+    /// Set when the job was marked `Sending` (its request may go out).
+    pub marked: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// This process's name as a lease owner: random, so two instances (or a
+/// restarted one) never share it.
+pub fn owner_name() -> Arc<str> {
+    let mut bytes = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hex}", std::process::id()).into()
+}
+
+impl Queue {
+    /// The jobs store, or the refusal of a call asking for queued delivery.
+    pub fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
+        intake::jobs_or_off(self.jobs.as_ref())
+    }
+}
+
+impl Feature for Queue {
+    type Ctx = Ctx;
+
+    async fn on_request(&self, env: Env<'_>, cx: &mut Ctx, req: &mut Requesting<'_>) -> Result<(), Early> {
+        if let Some(sends) = req.seeds.take::<Sends>() {
+            *cx = Ctx::Send(sends);
+            return Ok(());
+        }
+        if req.own() {
+            return Ok(());
+        }
+        if let Some(asked) = intake::read(self.jobs.as_ref(), env, req).await? {
+            *cx = Ctx::Queue(Box::new(asked));
+        }
+        Ok(())
+    }
+
+    async fn before_decide(&self, env: Env<'_>, cx: &mut Ctx, asking: &mut Asking<'_>) -> Result<(), Early> {
+        if !matches!(cx, Ctx::Queue(_)) {
+            return Ok(());
+        }
+        let Ctx::Queue(asked) = std::mem::take(cx) else { return Ok(()) };
+        let resp = intake::submit(self.jobs.as_ref(), env, *asked, asking).await?;
+        self.wake.notify_one();
+        Err(Early::Answered(Box::new(resp), Outcome::queued))
+    }
+
+    /// A job's send: `Sending` is written (durably) before its request
+    /// goes; a lease lost meanwhile stops it here, never sent.
+    async fn before_forward(&self, env: Env<'_>, cx: &mut Ctx, _: &mut Sending<'_>) -> Result<(), Early> {
+        let Ctx::Send(sends) = cx else { return Ok(()) };
+        let jobs = self.jobs()?;
+        let now = env.core.clock.now_us();
+        match jobs.sending(sends.id, &self.owner, now).await {
+            Ok(true) => {
+                sends.marked.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+            Ok(false) => Err(ProxyError::Unavailable(crate::store::StoreError::Settling).into()),
+            Err(e) => Err(ProxyError::Unavailable(e).into()),
+        }
+    }
+}

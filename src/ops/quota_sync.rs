@@ -153,6 +153,7 @@ async fn quota_get(
         target,
         body,
         seeds: Seeds::default(),
+        queued_by: None,
     };
     let answered = app.call(own).await.map_err(|e| fail(e.to_string()))?;
     match answered.errcode {

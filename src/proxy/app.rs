@@ -21,6 +21,7 @@ use crate::error::StartError;
 use crate::features::hooks::Env;
 use crate::features::Features;
 use crate::proxy::app::sync_status::SyncStatus;
+use crate::store::jobs::JobStore;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
@@ -82,13 +83,14 @@ impl App {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
+        jobs: Option<Arc<dyn JobStore>>,
     ) -> Result<Arc<App>, StartError> {
         let upstreams =
             DomainUpstreams::new(&config, &clock, &metrics.upstreams, None).map_err(StartError::Upstream)?;
         let lease_us = config.lease_us;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
-        let features = Features::new(&config, &store, &clock, &metrics).map_err(StartError::Features)?;
+        let features = Features::new(&config, &store, &clock, &metrics, jobs).map_err(StartError::Features)?;
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let app = Arc::new(App {
@@ -147,5 +149,33 @@ pub async fn open_store(
             }
             store
         }
+    })
+}
+
+/// Opens queued delivery's jobs store (`None`: off: `[queue] file =
+/// "off"`, no rule with `queue = true`, or Redis unreachable at start,
+/// which is logged: calls asking for queued delivery then get 400 until a
+/// restart finds Redis).
+pub async fn open_jobs(config: &Config) -> Result<Option<Arc<dyn JobStore>>, StartError> {
+    use crate::config::queue::JobsAt;
+    if !config.rules_http.iter().any(|h| h.queue.is_some()) {
+        return Ok(None);
+    }
+    Ok(match (&config.queue.at, &config.store) {
+        (JobsAt::Off, _) => None,
+        (JobsAt::File(path), _) => {
+            let jobs = crate::store::jobs::sqlite::SqliteJobs::open(path)
+                .map_err(|e| StartError::StateFile(format!("[queue] file {}: {e}", path.display())))?;
+            Some(Arc::new(jobs))
+        }
+        (JobsAt::Redis, StoreConfig::Redis(r)) => match crate::store::jobs::redis::RedisJobs::connect(r).await {
+            Ok(jobs) => Some(Arc::new(jobs)),
+            Err(StoreError::Unreachable(e)) => {
+                tracing::warn!(error = %e, "starting without queued delivery: Redis is unreachable for the jobs store");
+                None
+            }
+            Err(e) => return Err(StartError::Redis(e)),
+        },
+        (JobsAt::Redis, StoreConfig::Memory(_)) => None,
     })
 }

@@ -22,11 +22,13 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         Some(m) => crate::admit::Meter { cost: m.cost, recipients: &m.recipients },
         None => crate::admit::Meter::ONE,
     };
-    let (caller, normal) = match call.who.own {
+    let (caller, normal) = match (call.who.own, call.who.queued) {
+        // A queued job's send yields to live calls: never the reserve.
+        (_, true) => (call.who.caller.entry.label(), true),
         // wxgate's own call (a token is what every call of the account
         // waits on): the rule's reserve is for it.
-        true => (OWN_CALLER, false),
-        false => (call.who.caller.entry.label(), normal),
+        (true, false) => (OWN_CALLER, false),
+        (false, false) => (call.who.caller.entry.label(), normal),
     };
     let asked = ToAdmit {
         config: &call.arrived.config,
@@ -36,6 +38,9 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         caller,
         meter,
         client,
+        // A queued job is never held: a refusal hands it back to its queue
+        // until the refusal's wait is over.
+        may_wait: !call.who.queued,
     };
     let admitted = admit(&app.core, asked).await;
     call.admission.decision_us = match &admitted {

@@ -31,6 +31,38 @@ pub async fn identify(
     req: &mut Request<Incoming>,
     target: &PathAndQuery,
 ) -> Result<(), Early> {
+    let authenticated = caller(app, call, req)?;
+    let named = named(req.headers(), call.arrived.named.take())?;
+    req.headers_mut().remove(ACCOUNT);
+    // The grant of a named account is checked before anything of the call
+    // is looked up or kept (its token, its body).
+    if let (true, Some(account)) = (authenticated, &named) {
+        call.who.caller.check_grant(account)?;
+    }
+    let mut seeds = Seeds::default();
+    let arrived = &call.arrived;
+    let mut requesting = Requesting {
+        config: &arrived.config,
+        method: &arrived.method,
+        path: &arrived.path,
+        target,
+        rule: call.route.rule.as_ref(),
+        seeds: &mut seeds,
+        body: &mut call.body,
+        incoming: Some(req),
+        named,
+        who: &mut call.who,
+        appid: None,
+        authenticated,
+    };
+    app.features.on_request(app.env(), &mut call.features, &mut requesting).await
+}
+
+/// Sets `call.who.caller`: under `caller_auth = "required"` the one the
+/// call's key proves (401 without; 400 for an `X-Wx-Caller` naming
+/// another), else `X-Wx-Caller` or the fallback; then its flood guard.
+/// `Ok(true)`: the caller is authenticated.
+pub fn caller(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result<bool, ProxyError> {
     let authenticated = call.arrived.config.server.caller_auth.required();
     if authenticated {
         // caller_auth = "required": the caller is the one its key proves
@@ -48,8 +80,7 @@ pub async fn identify(
                 return Err(ProxyError::BadRequest(format!(
                     "X-Wx-Caller names another caller than the one this call's key proves (\"{}\")",
                     proven.name
-                ))
-                .into());
+                )));
             }
         }
         call.who.caller = proven;
@@ -58,29 +89,7 @@ pub async fn identify(
         call.who.caller = app.callers.load().named(&name)?;
     }
     call.who.caller.check()?;
-    let named = named(req.headers(), call.arrived.named.take())?;
-    req.headers_mut().remove(ACCOUNT);
-    // The grant of a named account is checked before anything of the call
-    // is looked up or kept (its token, its body).
-    if let (true, Some(account)) = (authenticated, &named) {
-        call.who.caller.check_grant(account)?;
-    }
-    let mut seeds = Seeds::default();
-    let arrived = &call.arrived;
-    let mut requesting = Requesting {
-        config: &arrived.config,
-        method: &arrived.method,
-        path: &arrived.path,
-        target,
-        seeds: &mut seeds,
-        body: &mut call.body,
-        incoming: Some(req),
-        named,
-        who: &mut call.who,
-        appid: None,
-        authenticated,
-    };
-    app.features.on_request(app.env(), &mut call.features, &mut requesting).await
+    Ok(authenticated)
 }
 
 /// Header naming the WeChat account (appid / corpid alias) a call is for.

@@ -35,7 +35,9 @@ use crate::features::hooks::body::{read_body_upto, request_json};
 pub const BODY_CAP: u64 = 64 * 1024;
 
 /// Reads the call's recipients if its rule has `recipients`.
-pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), Early> {
+/// `req`: the live request (`None`: a call wxgate makes itself, whose
+/// body is always read whole).
+pub async fn meter(call: &mut Call, req: Option<&mut Request<Incoming>>) -> Result<(), Early> {
     // Most rules read no body: nothing is cloned for them.
     let config = call.config();
     let Some(metering) = call.route.rule.as_deref().and_then(|r| config.rule_http(Some(r)).recipients.clone()) else {
@@ -43,7 +45,7 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
     };
     let Some(rule) = call.route.rule.clone() else { return Ok(()) };
     let shadow = rule.shadow;
-    if shadow && call.body.is_none() && declared_over_cap(req) {
+    if shadow && call.body.is_none() && req.as_deref().is_some_and(declared_over_cap) {
         tracing::info!(rule = %rule.name, "shadow mode: a body over 64 KiB would have been refused (413); forwarded unread, at cost 1");
         return Ok(());
     }
@@ -52,7 +54,10 @@ pub async fn meter(call: &mut Call, req: &mut Request<Incoming>) -> Result<(), E
         None => {
             let within = call.config().server.body_timeout;
             let what = format!("a call of rule \"{}\" (it counts the recipients in the body)", metering.rule);
-            read_body_upto(req, within, BODY_CAP, &what).await?
+            match req {
+                Some(req) => read_body_upto(req, within, BODY_CAP, &what).await?,
+                None => None,
+            }
         }
     };
     let metered = match read(&metering, body.as_deref()) {

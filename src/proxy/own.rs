@@ -10,7 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Method, StatusCode};
 
 use super::call::Call;
-use super::{answer, decide, forward, respond, route};
+use super::{answer, decide, forward, meter, respond, route};
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Asking, Calls, OwnAnswer, OwnCall, OwnFuture, Requesting, Seeds, Sending};
 use crate::proxy::app::App;
@@ -24,11 +24,14 @@ impl Calls for App {
 /// Runs `own` through the phases: WeChat's errcode and (small) body, or
 /// why it was not sent or not answered.
 pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
-    let OwnCall { config, account, domain, method, target, body, mut seeds } = own;
-    let mut call = Call::new(method.clone(), target.path(), config, app.callers.load().fallback());
+    let OwnCall { config, account, domain, method, target, body, mut seeds, queued_by } = own;
+    let queued = queued_by.is_some();
+    let caller = queued_by.unwrap_or_else(|| app.callers.load().fallback());
+    let mut call = Call::new(method.clone(), target.path(), config, caller);
     call.arrived.domain = domain;
     call.who.account = account;
     call.who.own = true;
+    call.who.queued = queued;
     call.body = Some(body);
     route::route(app, &mut call);
     let result = phases(app, &mut call, method, target, &mut seeds).await;
@@ -54,6 +57,7 @@ async fn phases(
         method: &arrived.method,
         path: &arrived.path,
         target: &target,
+        rule: call.route.rule.as_ref(),
         seeds,
         body: &mut call.body,
         incoming: None,
@@ -79,6 +83,7 @@ async fn phases(
         Err(early) => Err(early),
     };
     early.map_err(|e| refused(call, e))?;
+    meter::meter(call, None).await.map_err(|e| refused(call, e))?;
     decide::decide(app, call, None).await.map_err(|e| refused(call, e))?;
     let mut target = target;
     let mut sending =
@@ -87,7 +92,7 @@ async fn phases(
     let outgoing = forward::prepare_own(app, call, method, &target)?;
     let forwarded = forward::forward(app, call, outgoing, target).await.map_err(|e| refused(call, e))?;
     let answered = answer::answer(app, call, forwarded).await.map_err(|e| refused(call, e))?;
-    Ok(OwnAnswer { errcode: call.errcode, body: answered.body().whole().cloned() })
+    Ok(OwnAnswer { status: answered.status().as_u16(), errcode: call.errcode, body: answered.body().whole().cloned() })
 }
 
 /// A phase stopped the call: its refusal (an early answer a hook gave

@@ -104,19 +104,7 @@ pub struct NewJob {
     pub callback: Option<String>,
 }
 
-/// What a store keeps any caller and any account to; past one, a
-/// submission is refused whole ([`SubmitError::Full`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// Unfinished jobs (and their body bytes) of one caller, all accounts.
-    pub caller_jobs: u64,
-    pub caller_bytes: u64,
-    /// Unfinished jobs (and their body bytes) of one account, all callers.
-    pub account_jobs: u64,
-    pub account_bytes: u64,
-    /// How long an `Idempotency-Key` returns its first job's id.
-    pub idempotency_us: Micros,
-}
+pub use crate::config::queue::Bounds;
 
 /// Which bound a refused submission would have passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,6 +43,7 @@ pub async fn fetch(
         target,
         body,
         seeds,
+        queued_by: None,
     };
     let answered = env.calls.call(own).await?;
     let (errcode, answer) = (answered.errcode, answered.body);
@@ -92,6 +93,7 @@ pub async fn fetch_ticket(
         target,
         body: Bytes::new(),
         seeds,
+        queued_by: None,
     };
     match env.calls.call(own).await? {
         answered if answered.errcode == Some(0) => Ok(()),

@@ -59,23 +59,7 @@ pub fn read(status: u16, errcode: Option<i64>) -> Reading {
     }
 }
 
-/// How retries are spread and bounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first retry waits up to this long.
-    pub base_us: Micros,
-    /// No retry waits longer.
-    pub cap_us: Micros,
-    /// After this many attempts that reached (or may have reached) WeChat,
-    /// a "not now" fails the job with the last answer.
-    pub max_attempts: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff { base_us: 1_000_000, cap_us: 300_000_000, max_attempts: 10 }
-    }
-}
+pub use crate::config::queue::Backoff;
 
 impl Backoff {
     /// "Full jitter": uniformly in `[0, min(cap, base · 2^(attempts − 1))]`

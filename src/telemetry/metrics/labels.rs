@@ -32,6 +32,9 @@ pub enum Outcome {
     /// Refused because the call did not prove its caller (401) or its
     /// caller may not spend the account (403), `caller_auth = "required"`.
     unauthorized,
+    /// Stored for queued delivery and answered 202 (sent later, by the
+    /// dispatcher, as a call of its own).
+    queued,
 }
 
 impl Outcome {
@@ -48,6 +51,7 @@ impl Outcome {
             Outcome::upstream_error => "upstream_error",
             Outcome::cached => "cached",
             Outcome::unauthorized => "unauthorized",
+            Outcome::queued => "queued",
         }
     }
 }
@@ -174,7 +178,7 @@ pub const NO_RULE: &str = "_none";
 
 /// Every [`Outcome`], in the order of the per-outcome series a rule or a
 /// caller keeps.
-pub(super) const OUTCOMES: [Outcome; 11] = [
+pub(super) const OUTCOMES: [Outcome; 12] = [
     Outcome::forwarded,
     Outcome::held,
     Outcome::degraded,
@@ -186,4 +190,5 @@ pub(super) const OUTCOMES: [Outcome; 11] = [
     Outcome::upstream_error,
     Outcome::cached,
     Outcome::unauthorized,
+    Outcome::queued,
 ];

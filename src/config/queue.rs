@@ -1,0 +1,217 @@
+//! `[queue]` → [`QueueConfig`]: where queued deliveries (issue 47,
+//! docs/queued-delivery.md) are kept, what any caller or account may keep
+//! there, and how a job is retried. A rule allows queuing with `queue =
+//! true` (its `queue_deadline` the default deadline of its jobs); a
+//! `[[caller]]`'s `deliver`, `weight` and `callbacks` are read with it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::errors::Invalid;
+use super::units::{beside_config, micros, parse_duration, parse_size};
+use crate::time::Micros;
+
+const TABLE: &str = "[queue]";
+
+/// The default jobs file of the embedded store, beside its state file.
+pub const DEFAULT_FILE: &str = "wxgate-queue.db";
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQueue {
+    pub file: Option<String>,
+    pub max_body: Option<String>,
+    pub caller_jobs: Option<u64>,
+    pub caller_bytes: Option<String>,
+    pub account_jobs: Option<u64>,
+    pub account_bytes: Option<String>,
+    pub keep: Option<String>,
+    pub idempotency: Option<String>,
+    pub deadline: Option<String>,
+    pub lease: Option<String>,
+    pub attempts: Option<u32>,
+    pub backoff: Option<String>,
+    pub backoff_max: Option<String>,
+}
+
+/// Where the jobs live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobsAt {
+    /// No queued delivery (`file = "off"` on the memory store, or no
+    /// config directory to put the file in): a call asking for it gets 400.
+    Off,
+    /// The embedded store's SQLite file.
+    File(PathBuf),
+    /// In the Redis deployment of `[store]`.
+    Redis,
+}
+
+/// `[queue]`, compiled. Read at start (a reload keeps the jobs store it
+/// started with; bounds, deadlines and retries follow the reload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub at: JobsAt,
+    /// Most bytes of one queued call's body (413 past it).
+    pub max_body: u64,
+    pub bounds: Bounds,
+    /// How long an ended job is kept (then purged).
+    pub keep_us: Micros,
+    /// A job's deadline when neither the call nor its rule gives one.
+    pub deadline_us: Micros,
+    /// A dispatcher's lease on the jobs it claims.
+    pub lease_us: Micros,
+    pub backoff: Backoff,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            at: JobsAt::Off,
+            max_body: 64 * 1024,
+            bounds: Bounds {
+                caller_jobs: 100_000,
+                caller_bytes: 256 << 20,
+                account_jobs: 200_000,
+                account_bytes: 512 << 20,
+                idempotency_us: 24 * 3_600_000_000,
+            },
+            keep_us: 7 * 24 * 3_600_000_000,
+            deadline_us: 24 * 3_600_000_000,
+            lease_us: 30_000_000,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// What a store keeps any caller and any account to; past one, a
+/// submission is refused whole ([`SubmitError::Full`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Unfinished jobs (and their body bytes) of one caller, all accounts.
+    pub caller_jobs: u64,
+    pub caller_bytes: u64,
+    /// Unfinished jobs (and their body bytes) of one account, all callers.
+    pub account_jobs: u64,
+    pub account_bytes: u64,
+    /// How long an `Idempotency-Key` returns its first job's id.
+    pub idempotency_us: Micros,
+}
+
+/// How retries are spread and bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first retry waits up to this long.
+    pub base_us: Micros,
+    /// No retry waits longer.
+    pub cap_us: Micros,
+    /// After this many attempts that reached (or may have reached) WeChat,
+    /// a "not now" fails the job with the last answer.
+    pub max_attempts: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { base_us: 1_000_000, cap_us: 300_000_000, max_attempts: 10 }
+    }
+}
+
+/// Longest deadline a job may be given (and `keep`, `idempotency`).
+pub const MAX_DEADLINE: Duration = Duration::from_secs(31 * 24 * 3600);
+
+/// `redis`: the store is Redis (the jobs live there). `state_dir`: the
+/// memory store's state file's directory (the jobs file's default place;
+/// `None`: `state_file = "off"`, and queued delivery is off unless `file`
+/// is given). `dir`: the config file's directory (a relative `file`).
+pub(super) fn compile(
+    raw: RawQueue,
+    redis: bool,
+    state_dir: Option<&Path>,
+    dir: Option<&Path>,
+) -> Result<QueueConfig, Invalid> {
+    let d = QueueConfig::default();
+    let at = match (raw.file.as_deref(), redis) {
+        (Some(_), true) => {
+            return Err(Invalid::at(TABLE, "file", "with a Redis [store] the jobs live in Redis: leave file out"))
+        }
+        (None, true) => JobsAt::Redis,
+        (Some("off"), false) => JobsAt::Off,
+        (Some(""), false) => return Err(Invalid::at(TABLE, "file", "give a file path, or \"off\"")),
+        (Some(path), false) => JobsAt::File(beside_config(dir, Path::new(path))),
+        (None, false) => state_dir.map_or(JobsAt::Off, |d| JobsAt::File(d.join(DEFAULT_FILE))),
+    };
+    if let JobsAt::File(path) = &at {
+        if path.file_name().is_none() || path.is_dir() {
+            return Err(Invalid::at(TABLE, "file", format!("{} is not a file name", path.display())));
+        }
+    }
+    let size = |text: Option<&str>, key: &str, default: u64| -> Result<u64, Invalid> {
+        match text {
+            None => Ok(default),
+            Some(t) => match parse_size(t).map_err(|e| e.field(key).table(TABLE))? {
+                0 => Err(Invalid::at(TABLE, key, "must be more than 0")),
+                n => Ok(n),
+            },
+        }
+    };
+    let span = |text: Option<&str>, key: &str, default: Micros, least: Duration, most: Duration| {
+        let Some(t) = text else { return Ok(default) };
+        let got = parse_duration(t).map_err(|e| e.field(key).table(TABLE))?;
+        if got < least || got > most {
+            return Err(Invalid::at(TABLE, key, format!("\"{t}\" must be between {least:?} and {most:?}")));
+        }
+        Ok(micros(got))
+    };
+    let count = |n: Option<u64>, key: &str, default: u64| match n {
+        Some(0) => Err(Invalid::at(TABLE, key, "must be at least 1")),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    let max_body = size(raw.max_body.as_deref(), "max_body", d.max_body)?;
+    if max_body > 1 << 20 {
+        return Err(Invalid::at(TABLE, "max_body", "at most 1MiB: a queued body is kept until it is sent"));
+    }
+    let second = Duration::from_secs(1);
+    let bounds = Bounds {
+        caller_jobs: count(raw.caller_jobs, "caller_jobs", d.bounds.caller_jobs)?,
+        caller_bytes: size(raw.caller_bytes.as_deref(), "caller_bytes", d.bounds.caller_bytes)?,
+        account_jobs: count(raw.account_jobs, "account_jobs", d.bounds.account_jobs)?,
+        account_bytes: size(raw.account_bytes.as_deref(), "account_bytes", d.bounds.account_bytes)?,
+        idempotency_us: span(raw.idempotency.as_deref(), "idempotency", d.bounds.idempotency_us, second, MAX_DEADLINE)?,
+    };
+    let keep_us = span(raw.keep.as_deref(), "keep", d.keep_us, Duration::from_secs(60), MAX_DEADLINE)?;
+    let deadline_us = deadline(raw.deadline.as_deref()).map_err(|e| e.table(TABLE))?.unwrap_or(d.deadline_us);
+    let lease_us = span(raw.lease.as_deref(), "lease", d.lease_us, Duration::from_secs(5), Duration::from_secs(600))?;
+    let max_attempts = match raw.attempts {
+        Some(0) | Some(101..) => return Err(Invalid::at(TABLE, "attempts", "must be between 1 and 100")),
+        Some(n) => n,
+        None => d.backoff.max_attempts,
+    };
+    let hour = Duration::from_secs(3600);
+    let base_us = span(raw.backoff.as_deref(), "backoff", d.backoff.base_us, Duration::from_millis(10), hour)?;
+    let cap_us = span(raw.backoff_max.as_deref(), "backoff_max", d.backoff.cap_us, Duration::from_millis(10), hour)?;
+    if cap_us < base_us {
+        return Err(Invalid::at(TABLE, "backoff_max", "must not be shorter than backoff"));
+    }
+    Ok(QueueConfig {
+        at,
+        max_body,
+        bounds,
+        keep_us,
+        deadline_us,
+        lease_us,
+        backoff: Backoff { base_us, cap_us, max_attempts },
+    })
+}
+
+/// A deadline setting (`[queue] deadline`, a rule's `queue_deadline`): a
+/// duration from submission, 1s to 31 days.
+pub(super) fn deadline(text: Option<&str>) -> Result<Option<Micros>, Invalid> {
+    let Some(t) = text else { return Ok(None) };
+    let got = parse_duration(t).map_err(|e| e.field("deadline"))?;
+    if got < Duration::from_secs(1) || got > MAX_DEADLINE {
+        return Err(Invalid::at_field("deadline", format!("\"{t}\" must be between 1s and 31 days")));
+    }
+    Ok(Some(micros(got)))
+}

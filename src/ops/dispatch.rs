@@ -1,0 +1,246 @@
+//! The dispatcher: one task per instance that sends due jobs.
+//!
+//! Each tick (every [`TICK`], and at once after a submission): `recover`
+//! leases that ran out (every half lease), `purge` jobs past `[queue] keep`
+//! (every minute), then one round: the due queues, [`PER_CALLER`] per
+//! caller ([`crate::store::jobs::JobStore::due_queues`]), planned in
+//! weighted turns ([`super::turns::round`]); each queue of the round claims
+//! its share and sends its jobs one after the other, in order (the queues
+//! of a round concurrently). A round that sent something is followed by
+//! another at once.
+//!
+//! A job is sent as a call of its own ([`OwnCall`] with its caller): the
+//! phases of a live call (rule, meter, decide, the broker's token, forward,
+//! answer, penalties), decided as its caller's call that never waits and
+//! never takes the reserve. What became of it:
+//!
+//! - refused by wxgate's decision (a limit, a penalty, the store away):
+//!   handed back unsent (`NotYet`) until the refusal's wait is over (never
+//!   past the job's deadline); the rest of its claim goes back with it, so
+//!   the queue keeps its order;
+//! - WeChat's answer: [`super::retry::end_of`] (`Sent`, `Failed`, a
+//!   back-off `Retry`);
+//! - marked `Sending` and no answer (a timeout, a cut connection): `Unknown`,
+//!   never resent; marked and provably never sent (no connection): `Retry`;
+//! - its deadline passed before it went: `Expired`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Method};
+
+use crate::error::ProxyError;
+use crate::features::hooks::{OwnCall, Seeds};
+use crate::features::queue::retry::{end_of, Attempt};
+use crate::features::queue::{turns, Sends};
+use crate::proxy::app::App;
+use crate::store::jobs::{Answer, End, Job, JobStore, QueueKey};
+use crate::time::{Micros, Span};
+
+/// How often the dispatcher looks for due jobs when nothing wakes it.
+pub const TICK: Span = Span::from_micros(200_000);
+/// Due queues read per caller in one round.
+pub const PER_CALLER: usize = 8;
+/// Claims per unit of a caller's weight in one round.
+pub const QUANTUM: u32 = 4;
+/// How long a job refused because the store could not decide waits.
+const UNAVAILABLE_US: Micros = 1_000_000;
+/// How often ended jobs are purged.
+const PURGE_EVERY_US: Micros = 60_000_000;
+
+/// Starts the dispatcher if queued delivery is on; it ends when the app is dropped.
+pub fn spawn(app: Weak<App>) {
+    let Some(a) = app.upgrade() else { return };
+    if a.features.queue.jobs.is_none() {
+        return;
+    }
+    let wake = a.features.queue.wake.clone();
+    drop(a);
+    tokio::spawn(async move {
+        let mut marks = Marks { recovered: Micros::MIN, purged: Micros::MIN };
+        loop {
+            let Some(app) = app.upgrade() else { return };
+            let busy = match tick(&app, &mut marks).await {
+                Ok(busy) => busy,
+                Err(e) => {
+                    tracing::warn!(error = %e, "queued delivery: the jobs store failed; trying again");
+                    false
+                }
+            };
+            let clock = app.core.clock.clone();
+            drop(app);
+            if !busy {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = clock.sleep(TICK) => {}
+                }
+            }
+        }
+    });
+}
+
+/// When the periodic chores last ran.
+struct Marks {
+    recovered: Micros,
+    purged: Micros,
+}
+
+/// One tick; `Ok(true)`: it sent (or ended) something, look again at once.
+async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
+    let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(false) };
+    let config = app.config.load_full();
+    let now = app.core.clock.now_us();
+    if now.saturating_sub(marks.recovered) >= config.queue.lease_us / 2 {
+        let r = jobs.recover(now).await?;
+        if r.unknown > 0 {
+            tracing::warn!(unknown = r.unknown, "queued delivery: jobs whose sending instance stopped before WeChat answered ended unknown (never resent)");
+        }
+        marks.recovered = now;
+    }
+    if now.saturating_sub(marks.purged) >= PURGE_EVERY_US {
+        jobs.purge(now, config.queue.keep_us).await?;
+        marks.purged = now;
+    }
+    let due = jobs.due_queues(now, PER_CALLER).await?;
+    if due.is_empty() {
+        return Ok(false);
+    }
+    let weight = |caller: &str| config.callers.iter().find(|c| &*c.name == caller).map_or(1, |c| c.weight);
+    let plan = turns::round(&due, weight, QUANTUM);
+    let mut set = tokio::task::JoinSet::new();
+    for (queue, n) in plan {
+        let (app, jobs) = (app.clone(), jobs.clone());
+        set.spawn(async move { run_queue(&app, &jobs, &queue, n).await });
+    }
+    let mut busy = false;
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(Ok(sent)) => busy |= sent,
+            Ok(Err(e)) => tracing::warn!(error = %e, "queued delivery: a queue's round failed"),
+            Err(e) => tracing::warn!(error = %e, "queued delivery: a queue's round stopped"),
+        }
+    }
+    Ok(busy)
+}
+
+/// Claims up to `n` jobs of `queue` and sends them in order; `Ok(true)`
+/// when one went (or ended) rather than being handed back.
+async fn run_queue(
+    app: &App,
+    jobs: &Arc<dyn JobStore>,
+    queue: &QueueKey,
+    n: usize,
+) -> Result<bool, crate::store::StoreError> {
+    let owner = app.features.queue.owner.clone();
+    let lease_us = app.config.load().queue.lease_us;
+    let claimed = jobs.claim(queue, &owner, app.core.clock.now_us(), lease_us, n).await?;
+    let mut moved = false;
+    let mut rest = claimed.into_iter();
+    while let Some(job) = rest.next() {
+        let id = job.id;
+        let end = send(app, job).await;
+        let stop = matches!(end, End::NotYet { .. } | End::Retry { .. });
+        let now = app.core.clock.now_us();
+        if !jobs.finish(id, &owner, end, now).await? {
+            tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
+        }
+        if stop {
+            // The head waits: the rest of the claim goes back behind it, unsent.
+            for later in rest.by_ref() {
+                jobs.finish(later.id, &owner, End::NotYet { at: now }, now).await?;
+            }
+            break;
+        }
+        moved = true;
+    }
+    Ok(moved)
+}
+
+/// Sends one claimed job; what became of it.
+async fn send(app: &App, job: Job) -> End {
+    let now = app.core.clock.now_us();
+    let deadline = job.new.deadline_us;
+    if deadline.is_some_and(|d| now >= d) {
+        return End::Expired;
+    }
+    let config = app.config.load_full();
+    let failed = |why: String| End::Failed(wxgate_answer(&why));
+    let Some(rule) = config.rules.iter().find(|r| r.name == job.new.queue.rule) else {
+        return failed(format!("rule \"{}\" is no longer in the config", job.new.queue.rule));
+    };
+    if config.rule_http(Some(rule)).queue.is_none() {
+        return failed(format!("rule \"{}\" no longer queues its calls (queue = true)", rule.name));
+    }
+    let Some(domain) = config.domains.iter().position(|d| *d.host == *job.new.domain) else {
+        return failed(format!("domain {} is no longer in the config", job.new.domain));
+    };
+    let caller = match HeaderValue::from_str(&job.new.queue.caller).map(|v| app.callers.load().named(&v)) {
+        Ok(Ok(caller)) => caller,
+        _ => return failed("its caller's name is not valid".into()),
+    };
+    let account = job.new.queue.account.to_string();
+    if config.server.caller_auth.required() {
+        if let Err(e) = caller.check_grant(&account) {
+            return failed(e.to_string());
+        }
+    }
+    let (Ok(method), Ok(target)) =
+        (Method::from_bytes(job.new.method.as_bytes()), PathAndQuery::try_from(job.new.target.as_str()))
+    else {
+        return failed("its method or target cannot be read".into());
+    };
+    let marked = Arc::new(AtomicBool::new(false));
+    let mut seeds = Seeds::default();
+    seeds.insert(Sends { id: job.id, marked: marked.clone() });
+    let own = OwnCall {
+        config: config.clone(),
+        account,
+        domain,
+        method,
+        target,
+        body: job.new.body.clone(),
+        seeds,
+        queued_by: Some(caller),
+    };
+    let result = crate::proxy::own::call(app, own).await;
+    let now = app.core.clock.now_us();
+    let random = random_u64();
+    let backoff = &config.queue.backoff;
+    let attempts = job.attempts.saturating_add(1);
+    let not_yet = |wait_us: Micros| End::NotYet { at: deadline.map_or(now + wait_us, |d| d.min(now + wait_us)) };
+    match (result, marked.load(Ordering::SeqCst)) {
+        (Ok(answer), _) => {
+            let answer =
+                Answer { status: answer.status, errcode: answer.errcode, body: answer.body.unwrap_or_default() };
+            end_of(Attempt::Answered(answer), attempts, deadline, now, backoff, random)
+        }
+        (Err(ProxyError::Upstream(e)), true) if e.never_sent() => {
+            end_of(Attempt::NeverSent, attempts, deadline, now, backoff, random)
+        }
+        (Err(_), true) => end_of(Attempt::NoAnswer, attempts, deadline, now, backoff, random),
+        (Err(e), false) => match e {
+            ProxyError::Throttled { wait_us, .. }
+            | ProxyError::AccountsFull { wait_us, .. }
+            | ProxyError::CallerRate { wait_us, .. } => not_yet(wait_us.max(1)),
+            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) | ProxyError::Upstream(_) => not_yet(UNAVAILABLE_US),
+            // No token could be had for the account: not now, with back-off
+            // (no attempt counted: nothing went to WeChat).
+            ProxyError::NoToken { .. } => not_yet(backoff.delay_us(attempts, random).max(UNAVAILABLE_US)),
+            other => failed(other.to_string()),
+        },
+    }
+}
+
+/// An end's answer written by wxgate (the job never reached WeChat).
+fn wxgate_answer(why: &str) -> Answer {
+    let body = serde_json::json!({ "errcode": -1, "errmsg": format!("wxgate: {why}") });
+    Answer { status: 0, errcode: None, body: Bytes::from(body.to_string()) }
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    u64::from_le_bytes(bytes)
+}

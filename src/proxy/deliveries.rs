@@ -1,0 +1,140 @@
+//! The results of queued delivery, on the proxy listener, for the caller
+//! that queued them (its key under `caller_auth = "required"`; else its
+//! `X-Wx-Caller`, as for its calls):
+//!
+//! - `GET /v1/deliveries/<id>`: the job's state, attempts, times and
+//!   WeChat's last answer. Another caller's id, or an unknown or malformed
+//!   one: 404.
+//! - `DELETE /v1/deliveries/<id>`: cancels a job not yet sending (200 with
+//!   the job; 409 with its state when too late).
+//! - `GET /v1/deliveries`: the caller's queues, counts by state and the
+//!   oldest unfinished job's age.
+//!
+//! No WeChat API path starts with `/v1/`, so these never shadow one.
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use super::call::Call;
+use super::identify;
+use crate::error::{Early, ProxyError};
+use crate::proxy::app::App;
+use crate::store::jobs::{Cancelled, Job, JobId, JobState, QueueSummary};
+use crate::time::Micros;
+use crate::transport::body::RelayBody;
+
+/// The path prefix served here.
+pub const PREFIX: &str = "/v1/deliveries";
+
+/// Whether `path` is one of these endpoints'.
+pub fn is_ours(path: &str) -> bool {
+    path == PREFIX || path.starts_with("/v1/deliveries/")
+}
+
+/// Answers one request to [`PREFIX`].
+pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Result<Response<RelayBody>, Early> {
+    identify::caller(app, call, &mut req)?;
+    let jobs = app.features.queue.jobs()?.clone();
+    let caller = call.who.caller.entry.label().to_owned();
+    let path = req.uri().path();
+    let now = app.core.clock.now_us();
+    let unavailable = ProxyError::Unavailable;
+    if path == PREFIX {
+        if req.method() != Method::GET {
+            return Err(ProxyError::BadRequest(format!("{PREFIX} answers GET only")).into());
+        }
+        let queues = jobs.summary(Some(&caller)).await.map_err(unavailable)?;
+        let list: Vec<Value> = queues.iter().map(|q| summary_json(q, now)).collect();
+        return Ok(answer(StatusCode::OK, &json!({ "errcode": 0, "errmsg": "ok", "queues": list })));
+    }
+    let id = path.strip_prefix("/v1/deliveries/").and_then(JobId::parse);
+    let not_found = || ProxyError::NotFound("no delivery of this caller has this id".into());
+    let Some(id) = id else { return Err(not_found().into()) };
+    match *req.method() {
+        Method::GET => {
+            let job = jobs.get(&caller, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
+            Ok(answer(StatusCode::OK, &job_json(&job, now)))
+        }
+        Method::DELETE => match jobs.cancel(&caller, id, now).await.map_err(unavailable)? {
+            Cancelled::NotFound => Err(not_found().into()),
+            Cancelled::Cancelled => {
+                tracing::info!(caller = %caller, delivery = %id, "queued delivery cancelled by its caller");
+                let job = jobs.get(&caller, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
+                Ok(answer(StatusCode::OK, &job_json(&job, now)))
+            }
+            Cancelled::TooLate(state) => Ok(answer(
+                StatusCode::CONFLICT,
+                &json!({
+                    "errcode": 40000, "errmsg": format!("wxgate: the delivery is {} and can no longer be cancelled", state.as_str()),
+                    "delivery": id.to_string(), "state": state.as_str(),
+                }),
+            )),
+        },
+        _ => Err(ProxyError::BadRequest(format!("{PREFIX}/<id> answers GET and DELETE only")).into()),
+    }
+}
+
+fn answer(status: StatusCode, body: &Value) -> Response<RelayBody> {
+    let mut resp = Response::new(RelayBody::full(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// An RFC 3339 time (UTC, to the millisecond) of wxgate's clock.
+pub fn rfc3339(us: Micros) -> String {
+    crate::time::format_rfc3339(us)
+}
+
+/// A job as its caller sees it (never its body).
+pub fn job_json(job: &Job, now: Micros) -> Value {
+    let state = match job.state {
+        JobState::Waiting if job.due_us <= now => "queued",
+        s => s.as_str(),
+    };
+    let mut v = json!({
+        "errcode": 0,
+        "errmsg": "ok",
+        "delivery": job.id.to_string(),
+        "state": state,
+        "rule": &*job.new.queue.rule,
+        "account": &*job.new.queue.account,
+        "attempts": job.attempts,
+        "submitted": rfc3339(job.submitted_us),
+        "updated": rfc3339(job.updated_us),
+    });
+    if state == "waiting" {
+        v["waiting_until"] = json!(rfc3339(job.due_us));
+    }
+    if let Some(d) = job.new.deadline_us {
+        v["deadline"] = json!(rfc3339(d));
+    }
+    if let Some(a) = &job.answer {
+        let body = match serde_json::from_slice::<Value>(&a.body) {
+            Ok(json) => json,
+            Err(_) => json!(String::from_utf8_lossy(&a.body)),
+        };
+        v["answer"] = json!({ "status": a.status, "errcode": a.errcode, "body": body });
+    }
+    v
+}
+
+fn summary_json(q: &QueueSummary, now: Micros) -> Value {
+    json!({
+        "account": &*q.queue.account,
+        "rule": &*q.queue.rule,
+        "queued": q.queued,
+        "waiting": q.waiting,
+        "sending": q.sending,
+        "sent": q.sent,
+        "failed": q.failed,
+        "expired": q.expired,
+        "cancelled": q.cancelled,
+        "unknown": q.unknown,
+        "oldest_age_seconds": q.oldest_us.map(|o| (now - o).max(0) / 1_000_000),
+    })
+}

@@ -1,0 +1,236 @@
+//! Queued delivery (issue 47, docs/queued-delivery.md) over real sockets:
+//! a call with `Prefer: respond-async` is stored and answered 202, then
+//! sent by the dispatcher through the same phases as a live call (the
+//! account's token added by the broker, the rule's limits and penalties),
+//! once; its result is read back from `/v1/deliveries/<id>`.
+
+mod support;
+
+use std::time::Duration;
+
+use support::temp::TempDir;
+use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
+
+const SEND: &str = "/cgi-bin/message/template/send";
+const ASYNC: (&str, &str) = ("prefer", "respond-async");
+
+/// The token rule and a template rule that queues (`queue = true`), with
+/// `count` calls `per`.
+fn rules(count: u64, per: &str) -> String {
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let send = rule("template_send").matching(SEND);
+    let send = if per == "day" { send.limit(count, per) } else { send.limit_burst(count, per, count) };
+    let send = send.set("queue", true);
+    format!("{token}\n{send}")
+}
+
+/// A mock WeChat issuing tokens; `send` answers template sends (the token
+/// checked first, as WeChat does).
+async fn wechat(send: impl Fn(usize) -> Reply + Send + Sync + 'static) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        if rec.path_and_query.starts_with(SEND)
+            && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
+        {
+            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+        }
+        r
+    });
+    (mock, tokens)
+}
+
+fn msgid(n: usize) -> Reply {
+    Reply::Json {
+        body: format!(r#"{{"errcode":0,"errmsg":"ok","msgid":{}}}"#, 1000 + n),
+        content_type: "application/json; encoding=utf-8",
+    }
+}
+
+/// A gate with the queue's jobs in `dir`.
+async fn gate(mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
+    let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+    let config = ConfigToml::new(&mock.url())
+        .with(rules)
+        .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+        .with(queue)
+        .with(extra.to_owned());
+    Gate::start_text(config).await
+}
+
+/// Polls `/v1/deliveries/<id>` until its state is `state`.
+async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_json::Value {
+    let path = format!("/v1/deliveries/{id}");
+    let mut last = serde_json::Value::Null;
+    eventually_async(&format!("delivery {id} {state}"), PATIENCE, async || {
+        last = gate.get_with(&path, &[("x-wx-caller", caller)]).await.json();
+        last["state"] == state
+    })
+    .await;
+    last
+}
+
+#[tokio::test]
+async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token() {
+    let (mock, tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-basic");
+    let callers = format!("{}\n{}", caller("hr"), caller("marketing"));
+    let gate = gate(&mock, &dir, rules(100, "day"), &callers).await;
+    let body = r#"{"touser":"o1","template_id":"t","data":{}}"#;
+    let a = gate
+        .post_with(&format!("/@{APPID}{SEND}?access_token=CALLERS_OWN"), body, &[ASYNC, ("x-wx-caller", "hr")])
+        .await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    let json = a.json();
+    assert_eq!((json["errcode"].as_i64(), json["errmsg"].as_str()), (Some(0), Some("queued")), "{json}");
+    let id = json["delivery"].as_str().expect("an id").to_owned();
+    assert_eq!(a.header("location"), Some(format!("/v1/deliveries/{id}").as_str()));
+    assert_eq!(a.header("preference-applied"), Some("respond-async"));
+    let done = until_state(&gate, "hr", &id, "sent").await;
+    assert_eq!(done["answer"]["body"]["msgid"], 1000, "{done}");
+    assert_eq!(done["attempts"], 1, "{done}");
+    let sent: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
+    assert_eq!(sent.len(), 1, "sent once");
+    assert_eq!(&sent[0].body[..], body.as_bytes(), "the body as the caller sent it");
+    let token = tokens.issued().pop().expect("a token");
+    assert_eq!(sent[0].path_and_query, format!("{SEND}?access_token={token}"), "the account's token, not the caller's");
+    // Another caller does not see it; an unknown id is 404.
+    let other = gate.get_with(&format!("/v1/deliveries/{id}"), &[("x-wx-caller", "marketing")]).await;
+    assert_eq!(other.status, 404, "{}", other.text());
+    let unknown = gate.get_with(&format!("/v1/deliveries/{}", "0".repeat(32)), &[("x-wx-caller", "hr")]).await;
+    assert_eq!(unknown.status, 404);
+    // The job's store never saw the caller's token.
+    let file = std::fs::read(dir.path().join("queue.db")).unwrap_or_default();
+    let wal = std::fs::read(dir.path().join("queue.db-wal")).unwrap_or_default();
+    for bytes in [file, wal] {
+        assert!(!bytes.windows(11).any(|w| w == b"CALLERS_OWN"), "no caller's token at rest");
+    }
+}
+
+#[tokio::test]
+async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
+    let (mock, _tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-quota");
+    let gate = gate(&mock, &dir, rules(3, "1m"), "").await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let body = format!(r#"{{"touser":"o{i}","template_id":"t"}}"#);
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC]).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+    }
+    for id in &ids[..3] {
+        until_state(&gate, "default", id, "sent").await;
+    }
+    let waiting = until_state(&gate, "default", &ids[3], "waiting").await;
+    assert!(waiting["waiting_until"].is_string(), "the fourth waits for the window: {waiting}");
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 3, "never over the window");
+    for id in &ids[3..] {
+        // The window (aligned minutes: docs/semantics.md) lets one more in each minute after a full one.
+        gate.advance(Duration::from_secs(61));
+        until_state(&gate, "default", id, "sent").await;
+    }
+    let order: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    let want: Vec<String> = (0..5).map(|i| format!(r#"{{"touser":"o{i}","template_id":"t"}}"#)).collect();
+    assert_eq!(order, want, "in the order they were queued, each once");
+}
+
+#[tokio::test]
+async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
+    let (mock, _tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-bad");
+    let info = rule("info").matching("/cgi-bin/user/info").limit(100, "day");
+    let hr = caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"]).to_string();
+    let gate = gate(&mock, &dir, format!("{}\n{info}", rules(100, "day")), &hr).await;
+    let at = format!("/@{APPID}{SEND}");
+    let not_held = format!("/@wxnotheld{SEND}");
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("/@wxapp/cgi-bin/user/info", vec![ASYNC], 400, "does not queue its calls"),
+        (&at, vec![ASYNC, ("x-wxgate-deadline", "2020-01-01T00:00:00Z")], 400, "in the past"),
+        (&at, vec![ASYNC, ("x-wxgate-deadline", "soon")], 400, "X-Wxgate-Deadline must be"),
+        (&at, vec![ASYNC, ("x-wx-caller", "hr"), ("x-wxgate-callback", "https://evil.example/x")], 400, "callbacks"),
+        (&at, vec![ASYNC, ("idempotency-key", "a"), ("idempotency-key", "b")], 400, "more than once"),
+        (&not_held, vec![ASYNC], 400, "not an [[account]]"),
+    ];
+    for (path, headers, status, says) in cases {
+        let a = gate.post_with(path, "{}", &headers).await;
+        assert_eq!(a.status, status, "{path} {headers:?}: {}", a.text());
+        assert!(a.text().contains(says), "{path} {headers:?}: {}", a.text());
+    }
+    let big = "x".repeat(70 * 1024);
+    let a = gate.post_with(&at, &big, &[ASYNC]).await;
+    assert_eq!(a.status, 413, "{}", a.text());
+    let summary = gate.get_with("/v1/deliveries", &[]).await.json();
+    assert_eq!(summary["queues"], serde_json::json!([]), "nothing stored: {summary}");
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 0);
+}
+
+#[tokio::test]
+async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
+    let (mock, _tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-idem");
+    let gate = gate(&mock, &dir, rules(100, "day"), "").await;
+    let headers = [ASYNC, ("idempotency-key", "order-42")];
+    let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
+    let again = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
+    assert_eq!(first["delivery"], again["delivery"], "{first} {again}");
+    let id = first["delivery"].as_str().expect("id").to_owned();
+    until_state(&gate, "default", &id, "sent").await;
+    gate.settle().await;
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1);
+}
+
+#[tokio::test]
+async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
+    let (mock, _tokens) = wechat(|n| match n {
+        0 => support::errcode_reply(40003),
+        1 => support::errcode_reply(-1),
+        _ => msgid(n),
+    })
+    .await;
+    let dir = TempDir::new("queue-retry");
+    let gate = gate(&mock, &dir, rules(100, "day"), "").await;
+    let wrong = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+    let wrong = until_state(&gate, "default", wrong["delivery"].as_str().expect("id"), "failed").await;
+    assert_eq!(wrong["answer"]["errcode"], 40003, "{wrong}");
+    let busy = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+    let id = busy["delivery"].as_str().expect("id").to_owned();
+    let waiting = until_state(&gate, "default", &id, "waiting").await;
+    assert_eq!(waiting["answer"]["errcode"], -1, "{waiting}");
+    gate.advance(Duration::from_secs(2));
+    let sent = until_state(&gate, "default", &id, "sent").await;
+    assert_eq!(sent["attempts"], 2, "{sent}");
+}
+
+#[tokio::test]
+async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
+    let (mock, _tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-cancel");
+    let gate = gate(&mock, &dir, rules(1, "1m"), "").await;
+    let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+    until_state(&gate, "default", first["delivery"].as_str().expect("id"), "sent").await;
+    let second = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+    let id = second["delivery"].as_str().expect("id").to_owned();
+    until_state(&gate, "default", &id, "waiting").await;
+    let cancelled = support::send(
+        http::Request::delete(gate.url(&format!("/v1/deliveries/{id}")))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text());
+    assert_eq!(cancelled.json()["state"], "cancelled");
+    gate.advance(Duration::from_secs(120));
+    gate.settle().await;
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1, "never sent");
+}
