@@ -56,7 +56,9 @@ on_every_store!(
     an_ended_job_frees_its_room,
     a_queue_goes_out_in_submission_order,
     a_waiting_or_held_head_holds_its_queue,
-    due_queues_lists_queues_with_a_due_free_head_oldest_first,
+    due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller,
+    a_caller_with_many_due_queues_never_hides_another_callers_due_queue,
+    due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time,
     a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered,
     a_job_that_may_have_been_sent_ends_unknown_and_is_never_handed_out_again,
     finish_ends_each_way_with_attempts_counted_only_for_sends,
@@ -276,7 +278,7 @@ mod scenarios {
         assert_eq!(ids(&both), vec![a, b]);
     }
 
-    pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first(s: Arc<dyn JobStore>) {
+    pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller(s: Arc<dyn JobStore>) {
         let (q1, q2, q3) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"), queue("hr", "wx2", "r"));
         assert!(s.due_queues(T0, 10).await.expect("due").is_empty());
         submit(&s, new_job(&q2, 10), T0 + 2).await;
@@ -284,14 +286,96 @@ mod scenarios {
         let held = submit(&s, new_job(&q3, 10), T0).await;
         submit(&s, new_job(&q3, 10), T0).await;
         assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q3.clone(), q1.clone(), q2.clone()]);
-        assert_eq!(s.due_queues(T0 + 5, 2).await.expect("due").len(), 2, "at most limit");
+        assert_eq!(s.due_queues(T0 + 5, 1).await.expect("due"), vec![q3.clone(), q2.clone()], "at most 1 per caller");
+        assert!(s.due_queues(T0 + 5, 0).await.expect("due").is_empty(), "0 per caller lists nothing");
         assert_eq!(s.due_queues(T0 + 1, 10).await.expect("due"), vec![q3.clone(), q1.clone()], "q2 not yet due");
         assert_eq!(ids(&s.claim(&q3, "i1", T0 + 5, LEASE, 1).await.expect("claim")), vec![held]);
         assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3's head is held");
         let not_yet = End::NotYet { at: T0 + 100 };
         assert!(s.finish(held, "i1", not_yet, T0 + 6).await.expect("finish"));
         assert_eq!(s.due_queues(T0 + 99, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3 waits");
-        assert_eq!(s.due_queues(T0 + 100, 10).await.expect("due"), vec![q1, q2, q3], "q3 due again");
+        assert_eq!(
+            s.due_queues(T0 + 100, 10).await.expect("due"),
+            vec![q1, q3, q2],
+            "q3 due again, beside its caller's"
+        );
+    }
+
+    /// Marketing's campaign fills many old queues (several accounts and
+    /// rules); HR's one queue is newer. However few queues per caller the
+    /// dispatcher asks for, HR's is listed, marketing's come oldest head
+    /// first and no more than asked.
+    pub async fn a_caller_with_many_due_queues_never_hides_another_callers_due_queue(s: Arc<dyn JobStore>) {
+        // Names sort otherwise than their heads' ages: the order is by age.
+        let mut marketing = Vec::new();
+        for (i, account) in ["wx9", "wx3", "wx7", "wx1", "wx5", "wx2"].into_iter().enumerate() {
+            for (j, rule) in ["template_send", "custom_send"].into_iter().enumerate() {
+                let q = queue("marketing", account, rule);
+                let at = T0 + (2 * i + j) as i64;
+                for _ in 0..3 {
+                    submit(&s, new_job(&q, 10), at).await;
+                }
+                marketing.push(q);
+            }
+        }
+        let hr = queue("hr", "wx1", "template_send");
+        submit(&s, new_job(&hr, 10), T0 + SEC).await;
+        let now = T0 + 2 * SEC;
+        for per_caller in [1, 2, 5, 11, 12, 100] {
+            let due = s.due_queues(now, per_caller).await.expect("due");
+            let shown = per_caller.min(marketing.len());
+            let mut want = marketing[..shown].to_vec();
+            want.push(hr.clone());
+            assert_eq!(due, want, "{per_caller} per caller: marketing's oldest first, then hr (its oldest is newer)");
+        }
+        // HR's head now older than all of marketing's: HR's turn comes first.
+        let earlier = queue("hr", "wx2", "template_send");
+        submit(&s, new_job(&earlier, 10), T0 - 1).await;
+        let due = s.due_queues(now, 3).await.expect("due");
+        assert_eq!(due[..2], [earlier, hr], "callers in the order of their oldest due head");
+        assert_eq!(due[2..], marketing[..3]);
+    }
+
+    /// A head being sent or claimed holds its queue and takes none of its
+    /// caller's room in the list; a head told to wait is listed again at
+    /// its time, in its place by age.
+    pub async fn due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time(
+        s: Arc<dyn JobStore>,
+    ) {
+        let (a, b, c, d) =
+            (queue("mk", "wx1", "r"), queue("mk", "wx2", "r"), queue("mk", "wx3", "r"), queue("mk", "wx4", "r"));
+        let hr = queue("hr", "wx1", "r");
+        for (i, q) in [&a, &b, &c, &d].into_iter().enumerate() {
+            submit(&s, new_job(q, 10), T0 + i as i64).await;
+            submit(&s, new_job(q, 10), T0 + i as i64).await;
+        }
+        submit(&s, new_job(&hr, 10), T0 + 10).await;
+        let now = T0 + 20;
+        assert_eq!(s.due_queues(now, 2).await.expect("due"), vec![a.clone(), b.clone(), hr.clone()]);
+        let claimed = s.claim(&a, "i1", now, LEASE, 1).await.expect("claim");
+        let sending = s.claim(&b, "i1", now, LEASE, 1).await.expect("claim");
+        assert!(s.sending(sending[0].id, "i1", now).await.expect("sending"));
+        assert_eq!(
+            s.due_queues(now, 2).await.expect("due"),
+            vec![c.clone(), d.clone(), hr.clone()],
+            "a claimed head and a sending head are not listed, nor take the caller's room"
+        );
+        let back = T0 + 60 * SEC;
+        assert!(s.finish(claimed[0].id, "i1", End::NotYet { at: back }, now).await.expect("finish"));
+        let retry = End::Retry { at: back + 1, answer: Some(answer(200, 45009, "{}")) };
+        assert!(s.finish(sending[0].id, "i1", retry, now).await.expect("finish"));
+        assert_eq!(s.get("mk", claimed[0].id).await.expect("get").expect("job").state, JobState::Waiting);
+        assert_eq!(s.due_queues(back - 1, 10).await.expect("due"), vec![c.clone(), d.clone(), hr.clone()], "waiting");
+        assert_eq!(
+            s.due_queues(back, 10).await.expect("due"),
+            vec![c.clone(), d.clone(), a.clone(), hr.clone()],
+            "a is due at its time"
+        );
+        assert_eq!(
+            s.due_queues(back + 1, 10).await.expect("due"),
+            vec![c.clone(), d.clone(), a.clone(), b.clone(), hr.clone()]
+        );
+        assert_eq!(s.due_queues(back + 1, 2).await.expect("due"), vec![c, d, hr], "the oldest heads first");
     }
 
     pub async fn a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered(
@@ -742,4 +826,46 @@ async fn bench_submissions_per_second_and_bytes_per_job() {
         summary.len(),
         start.elapsed()
     );
+}
+
+/// What one `due_queues` call costs with many queues, on every store:
+/// 10 callers × 1,000 queues each (500 accounts × 2 rules), one job each,
+/// every head due. Prints numbers; asserts only the answer's shape.
+/// `cargo test --release --test jobs_conformance bench_due -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_due_queues_with_many_callers_and_queues() {
+    const CALLERS: usize = 10;
+    const ACCOUNTS: usize = 500;
+    for (name, s, guard) in stores().await {
+        let start = Instant::now();
+        let mut handles = Vec::new();
+        for c in 0..CALLERS {
+            let s = s.clone();
+            handles.push(tokio::spawn(async move {
+                for a in 0..ACCOUNTS {
+                    for rule in ["template_send", "custom_send"] {
+                        let q = queue(&format!("c{c}"), &format!("wx{a}"), rule);
+                        s.submit(new_job(&q, 100), &roomy(DAY), T0 + a as i64).await.expect("submit");
+                    }
+                }
+            }));
+        }
+        for h in handles {
+            h.await.expect("task");
+        }
+        println!("{name}: {} queues submitted in {:?}", CALLERS * ACCOUNTS * 2, start.elapsed());
+        for per_caller in [1, 16, 256] {
+            let mut took = Vec::new();
+            for _ in 0..5 {
+                let start = Instant::now();
+                let due = s.due_queues(T0 + DAY, per_caller).await.expect("due");
+                took.push(start.elapsed());
+                assert_eq!(due.len(), CALLERS * per_caller);
+            }
+            took.sort();
+            println!("  due_queues({per_caller} per caller): median {:?} (min {:?})", took[2], took[0]);
+        }
+        drop(guard);
+    }
 }

@@ -786,16 +786,31 @@ fn get(c: &Connection, caller: &str, id: JobId) -> Result<Option<Job>, StoreErro
     }
 }
 
-fn due_queues(c: &Connection, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+/// [`JobStore::due_queues`]: one statement on the read connection. It
+/// probes each queue's head (the `jobs_open` index, `(qid, seq)` of
+/// unfinished jobs), keeps the due and free ones, numbers them within their
+/// caller by (head due, account, rule), and keeps the first `per_caller` of
+/// each caller, callers in the order of their oldest due head. Its work is
+/// one index probe per queue row (queues with jobs not yet purged) plus a
+/// sort of the due heads: O(Q log J + D log D) for Q queues, J jobs, D due
+/// queues, whatever `per_caller` is.
+fn due_queues(c: &Connection, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
+    if per_caller == 0 {
+        return Ok(Vec::new());
+    }
+    let per_caller = i64::try_from(per_caller).unwrap_or(i64::MAX);
     let mut s = c
         .prepare_cached(
-            "SELECT q.caller, q.account, q.rule FROM queues q \
+            "WITH due AS (SELECT q.caller, q.account, q.rule, \
+               row_number() OVER (PARTITION BY q.caller ORDER BY h.due_us, q.account, q.rule) AS n, \
+               min(h.due_us) OVER (PARTITION BY q.caller) AS first \
+             FROM queues q \
              JOIN jobs h ON h.seq = (SELECT seq FROM jobs WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
-             WHERE h.state < 2 AND h.due_us <= ?1 ORDER BY h.due_us, h.seq LIMIT ?2",
+             WHERE h.state < 2 AND h.due_us <= ?1) \
+             SELECT caller, account, rule FROM due WHERE n <= ?2 ORDER BY first, caller, n",
         )
         .map_err(sql)?;
-    let mut rows = s.query(params![now, limit]).map_err(sql)?;
+    let mut rows = s.query(params![now, per_caller]).map_err(sql)?;
     let mut out = Vec::new();
     while let Some(r) = rows.next().map_err(sql)? {
         let (caller, account, rule): (String, String, String) =
@@ -860,8 +875,8 @@ impl JobStore for SqliteJobs {
         self.write(move |c| submit(c, id, job, bounds, now)).await
     }
 
-    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
-        self.read(move |c| due_queues(c, now, limit)).await
+    async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
+        self.read(move |c| due_queues(c, now, per_caller)).await
     }
 
     async fn claim(
