@@ -869,3 +869,51 @@ async fn bench_due_queues_with_many_callers_and_queues() {
         drop(guard);
     }
 }
+
+/// `due_queues` and `claim` on the embedded store when a queue keeps many
+/// ended jobs (a campaign's sent jobs, kept until `purge`): 100,000 ended
+/// jobs written straight into the file ahead of one queued job. Prints
+/// numbers; asserts only the answers.
+/// `cargo test --release --test jobs_conformance bench_ended -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_ended_jobs_kept_do_not_slow_due_queues_or_claim() {
+    let dir = TempDir::new("jobs-bench-ended");
+    let q = queue("mk", "wx1", "template_send");
+    let s = open(&dir).await;
+    let first = submit_to(&s, &q).await;
+    let claimed = s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+    assert_eq!(ids(&claimed), vec![first]);
+    assert!(s.finish(first, "i1", End::Sent(answer(200, 0, "{}")), T0).await.expect("finish"));
+    {
+        let mut conn = rusqlite::Connection::open(dir.join("jobs.db")).expect("open");
+        let tx = conn.transaction().expect("transaction");
+        let qid: i64 = tx.query_row("SELECT qid FROM queues", [], |r| r.get(0)).expect("the queue");
+        for i in 0u64..100_000 {
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&i.to_be_bytes());
+            id[8] = 1;
+            tx.execute(
+                "INSERT INTO jobs (id, qid, state, domain, method, target, body, submitted_us, due_us, lease_us, \
+                 attempts, updated_us) VALUES (?1, ?2, 4, 'api.weixin.qq.com', 'POST', '/', x'00', ?3, ?3, 0, 1, ?3)",
+                rusqlite::params![&id[..], qid, T0],
+            )
+            .expect("an ended job");
+        }
+        tx.commit().expect("commit");
+    }
+    let queued = submit_to(&s, &q).await;
+    let start = Instant::now();
+    for _ in 0..10 {
+        assert_eq!(s.due_queues(T0 + SEC, 16).await.expect("due"), vec![q.clone()]);
+    }
+    println!("due_queues beside 100,000 ended jobs: {:?} per call", start.elapsed() / 10);
+    let start = Instant::now();
+    let got = s.claim(&q, "i1", T0 + SEC, LEASE, 8).await.expect("claim");
+    println!("claim beside 100,000 ended jobs: {:?}", start.elapsed());
+    assert_eq!(ids(&got), vec![queued]);
+}
+
+async fn submit_to(s: &SqliteJobs, q: &wxgate::store::jobs::QueueKey) -> JobId {
+    s.submit(new_job(q, 100), &roomy(DAY), T0).await.expect("submit").id
+}

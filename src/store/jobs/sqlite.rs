@@ -113,11 +113,41 @@ CREATE TABLE totals (
 const CALLER: i64 = 0;
 const ACCOUNT: i64 = 1;
 
-/// The columns [`job_from`] reads, over `jobs j JOIN queues q`.
-const JOB_COLS: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
-     j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
-     j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us \
-     FROM jobs j JOIN queues q ON q.qid = j.qid";
+/// The columns [`job_from`] reads, of `jobs j` and `queues q`.
+macro_rules! job_fields {
+    () => {
+        "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
+         j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
+         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us"
+    };
+}
+
+/// [`job_fields`] over `jobs j JOIN queues q`.
+const JOB_COLS: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.qid = j.qid");
+
+// A queue's unfinished jobs are read through `jobs_open` (qid, seq of
+// unfinished jobs), named: left to itself SQLite picks `jobs_queue` (qid,
+// every job, in seq order too) and steps over each of the queue's ended
+// jobs kept until `purge` (a week of a campaign's sent jobs) on every
+// claim and, for every queue, on every `due_queues`.
+
+/// [`claim`]'s first jobs of a queue (`?1` its qid), at most `?2`.
+const CLAIM: &str = concat!(
+    job_fields!(),
+    " FROM jobs j INDEXED BY jobs_open JOIN queues q ON q.qid = j.qid \
+     WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"
+);
+
+/// [`due_queues`]: every caller's due queues whose head (`h`) is free
+/// and due by `?1`, at most `?2` per caller ([`JobStore::due_queues`]).
+const DUE_QUEUES: &str = "WITH due AS (SELECT q.caller, q.account, q.rule, \
+       row_number() OVER (PARTITION BY q.caller ORDER BY h.due_us, q.account, q.rule) AS n, \
+       min(h.due_us) OVER (PARTITION BY q.caller) AS first \
+     FROM queues q \
+     JOIN jobs h ON h.seq = \
+       (SELECT seq FROM jobs INDEXED BY jobs_open WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
+     WHERE h.state < 2 AND h.due_us <= ?1) \
+     SELECT caller, account, rule FROM due WHERE n <= ?2 ORDER BY first, caller, n";
 
 /// The embedded jobs store (module docs).
 pub struct SqliteJobs {
@@ -643,9 +673,7 @@ fn claim(
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut heads = Vec::new();
     {
-        let mut s = c
-            .prepare_cached(&format!("{JOB_COLS} WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"))
-            .map_err(sql)?;
+        let mut s = c.prepare_cached(CLAIM).map_err(sql)?;
         let mut rows = s.query(params![qid, limit]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
             heads.push(job_from(row)?);
@@ -799,17 +827,7 @@ fn due_queues(c: &Connection, now: Micros, per_caller: usize) -> Result<Vec<Queu
         return Ok(Vec::new());
     }
     let per_caller = i64::try_from(per_caller).unwrap_or(i64::MAX);
-    let mut s = c
-        .prepare_cached(
-            "WITH due AS (SELECT q.caller, q.account, q.rule, \
-               row_number() OVER (PARTITION BY q.caller ORDER BY h.due_us, q.account, q.rule) AS n, \
-               min(h.due_us) OVER (PARTITION BY q.caller) AS first \
-             FROM queues q \
-             JOIN jobs h ON h.seq = (SELECT seq FROM jobs WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
-             WHERE h.state < 2 AND h.due_us <= ?1) \
-             SELECT caller, account, rule FROM due WHERE n <= ?2 ORDER BY first, caller, n",
-        )
-        .map_err(sql)?;
+    let mut s = c.prepare_cached(DUE_QUEUES).map_err(sql)?;
     let mut rows = s.query(params![now, per_caller]).map_err(sql)?;
     let mut out = Vec::new();
     while let Some(r) = rows.next().map_err(sql)? {
@@ -931,5 +949,30 @@ impl JobStore for SqliteJobs {
 
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
         self.write(move |c| purge(c, now, keep_us)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan SQLite gives `sql`, one line per step.
+    fn plan(c: &Connection, sql: &str) -> String {
+        let mut s = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("explain");
+        let rows = s.query_map(params![1, 2], |r| r.get::<_, String>(3)).expect("plan");
+        rows.map(|r| r.expect("a step")).collect::<Vec<_>>().join("\n")
+    }
+
+    /// A queue's head is found through the index of unfinished jobs, not by
+    /// stepping over the queue's ended jobs (kept for a week: a campaign's
+    /// 100,000 sent jobs made each probe 13 ms instead of 20 µs).
+    #[test]
+    fn claim_and_due_queues_read_a_queue_through_its_unfinished_jobs_only() {
+        let c = Connection::open_in_memory().expect("open");
+        c.execute_batch(SCHEMA).expect("schema");
+        for sql in [CLAIM, DUE_QUEUES] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
+        }
     }
 }
