@@ -681,6 +681,51 @@ async fn a_file_of_a_newer_wxgate_or_another_program_is_refused_clearly() {
     assert!(err.contains("garbage.db"), "{err}");
 }
 
+/// A jobs file of schema version 1 (written before the index of queue
+/// heads, with jobs in every state) opens, is migrated in place, and its
+/// due queues are listed and claimed as a new file's would be.
+#[tokio::test]
+async fn a_jobs_file_of_version_1_is_migrated_and_its_due_queues_listed() {
+    let dir = TempDir::new("jobs-v1");
+    let path = dir.join("jobs.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("create");
+        conn.execute_batch(wxgate::store::jobs::sqlite::SCHEMA).expect("the version 1 schema");
+        conn.pragma_update(None, "application_id", 0x7778_676a).expect("application id");
+        conn.pragma_update(None, "user_version", 1).expect("version 1");
+        let queues = [(1, "hr", "wx1"), (2, "mk", "wx1"), (3, "mk", "wx2"), (4, "mk", "wx3"), (5, "ops", "wx1")];
+        for (qid, caller, account) in queues {
+            conn.execute("INSERT INTO queues VALUES (?1, ?2, ?3, 'r')", rusqlite::params![qid, caller, account])
+                .expect("a queue");
+        }
+        // (qid, state, due): hr's head waits until T0 + 100; mk wx1's ended
+        // job is followed by a queued one; mk wx2's head is claimed; mk
+        // wx3's queued head is due at T0 + 1; ops has only an ended job.
+        let jobs = [(1, 1, T0 + 100), (2, 4, T0), (2, 0, T0 + 2), (3, 2, T0), (3, 0, T0), (4, 0, T0 + 1), (5, 4, T0)];
+        for (n, (qid, state, due)) in jobs.into_iter().enumerate() {
+            conn.execute(
+                "INSERT INTO jobs (id, qid, state, domain, method, target, body, submitted_us, due_us, lease_us, \
+                 attempts, updated_us) VALUES (?1, ?2, ?3, 'api.weixin.qq.com', 'POST', '/', x'00', ?4, ?5, 0, 0, ?4)",
+                rusqlite::params![&[n as u8; 16][..], qid, state, T0, due],
+            )
+            .expect("a job");
+        }
+    }
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
+        .expect("the version");
+    assert_eq!(version, wxgate::store::jobs::sqlite::VERSION);
+    let (mk1, mk3, hr) = (queue("mk", "wx1", "r"), queue("mk", "wx3", "r"), queue("hr", "wx1", "r"));
+    assert_eq!(s.due_queues(T0 + 99, 5).await.expect("due"), vec![mk3.clone(), mk1.clone()]);
+    assert_eq!(s.due_queues(T0 + 100, 5).await.expect("due"), vec![mk3.clone(), mk1.clone(), hr.clone()]);
+    assert_eq!(ids(&s.claim(&mk3, "i1", T0 + 100, LEASE, 5).await.expect("claim")), vec![JobId([5; 16])]);
+    assert_eq!(s.due_queues(T0 + 100, 5).await.expect("due"), vec![mk1, hr], "claimed: out of the list");
+    drop(s);
+    let again: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    assert_eq!(again.due_queues(T0 + 100, 1).await.expect("due").len(), 2, "reopened: nothing to migrate");
+}
+
 const CHILD_ENV: &str = "WXGATE_TEST_JOBS_CHILD";
 const KILLED_JOBS: usize = 20;
 

@@ -302,11 +302,10 @@ pub trait JobStore: Send + Sync + 'static {
     /// names (and `other`), so at most that many × `per_caller` queues.
     /// `per_caller` 0 lists nothing.
     ///
-    /// Cost: SQLite probes every queue's head (one index probe per queue
-    /// with jobs not yet purged, then a sort of the due ones); Redis reads a
-    /// per-caller index in one script (a range of the callers with due work,
-    /// then at most `per_caller` entries of each), whatever the number of
-    /// queues. The Redis index may be stale (src/store/jobs/redis.rs): a
+    /// Cost: both stores read an index of queue heads by caller (SQLite:
+    /// `queues.head_due`; Redis: `{#jobs}:due:<caller>`), one probe per
+    /// caller and at most `per_caller` entries of each, whatever the number
+    /// of queues or jobs. The Redis index may be stale (src/store/jobs/redis.rs): a
     /// queue listed that is not due costs one `claim` that hands out
     /// nothing; `claim` always checks the queue itself.
     async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError>;

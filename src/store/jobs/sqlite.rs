@@ -12,9 +12,11 @@
 //! `summary`, `due_queues`) use a second connection, which WAL lets read the
 //! last commit while the writer writes.
 //!
-//! The schema is [`SCHEMA`], versioned by `PRAGMA user_version`
-//! ([`VERSION`]); a file of a newer version, or a non-empty file that is not
-//! a jobs file, is refused at open with a clear error.
+//! The schema is [`SCHEMA`] (version 1) and then [`MIGRATIONS`], versioned
+//! by `PRAGMA user_version` ([`VERSION`]): a new file and an older one are
+//! brought to [`VERSION`] the same way, in the transaction that opens them;
+//! a file of a newer version, or a non-empty file that is not a jobs file,
+//! is refused at open with a clear error.
 //!
 //! What grows, and its bound: unfinished jobs and their bytes per caller and
 //! per account ([`Bounds`], checked in the submission's transaction); ended
@@ -41,8 +43,9 @@ use super::{
 use crate::store::StoreError;
 use crate::time::Micros;
 
-/// The schema version this wxgate writes (`PRAGMA user_version`).
-pub const VERSION: i64 = 1;
+/// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
+/// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
+pub const VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -53,7 +56,8 @@ const WAL_KEEP: i64 = 16 << 20;
 /// Most pieces of work one transaction (one fsync) takes.
 pub const BATCH_MAX: usize = 1024;
 
-/// The whole schema (version [`VERSION`]). States are stored as numbers
+/// The schema of version 1 (a new file is created with it, then migrated
+/// to [`VERSION`] like an old one). States are stored as numbers
 /// (Queued 0, Waiting 1, Claimed 2, Sending 3, Sent 4, Failed 5, Expired 6,
 /// Cancelled 7, Unknown 8): below 4 is unfinished.
 pub const SCHEMA: &str = "
@@ -109,6 +113,22 @@ CREATE TABLE totals (
 ) WITHOUT ROWID;
 ";
 
+/// `MIGRATIONS[n - 1]` takes a file from version `n` to `n + 1`, in the
+/// transaction that opens it.
+///
+/// 1 → 2: `queues.head_due`, the due time of the queue's head (its
+/// lowest-`seq` unfinished job) when that head is `Queued` or `Waiting`,
+/// NULL when it is claimed or sending or the queue has none; kept by every
+/// write that can change a head ([`refresh_head`]), and indexed by (caller,
+/// head due, account, rule), so [`due_queues`] reads each caller's oldest
+/// heads without looking at every queue.
+pub const MIGRATIONS: &[&str] = &["
+ALTER TABLE queues ADD COLUMN head_due INTEGER;
+UPDATE queues SET head_due = (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open
+    WHERE jobs.qid = queues.qid AND state < 4 ORDER BY seq LIMIT 1);
+CREATE INDEX queues_due ON queues (caller, head_due, account, rule) WHERE head_due IS NOT NULL;
+"];
+
 /// `totals.kind`.
 const CALLER: i64 = 0;
 const ACCOUNT: i64 = 1;
@@ -138,16 +158,25 @@ const CLAIM: &str = concat!(
      WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"
 );
 
-/// [`due_queues`]: every caller's due queues whose head (`h`) is free
-/// and due by `?1`, at most `?2` per caller ([`JobStore::due_queues`]).
-const DUE_QUEUES: &str = "WITH due AS (SELECT q.caller, q.account, q.rule, \
-       row_number() OVER (PARTITION BY q.caller ORDER BY h.due_us, q.account, q.rule) AS n, \
-       min(h.due_us) OVER (PARTITION BY q.caller) AS first \
-     FROM queues q \
-     JOIN jobs h ON h.seq = \
-       (SELECT seq FROM jobs INDEXED BY jobs_open WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
-     WHERE h.state < 2 AND h.due_us <= ?1) \
-     SELECT caller, account, rule FROM due WHERE n <= ?2 ORDER BY first, caller, n";
+/// [`refresh_head`]: the queue `?1`'s `head_due` from its head.
+const REFRESH_HEAD: &str = "UPDATE queues SET head_due = \
+     (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open \
+      WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT 1) \
+     WHERE qid = ?1";
+
+/// [`due_queues`]: the first caller with a head, and its oldest head.
+const FIRST_CALLER: &str = "SELECT caller, head_due FROM queues INDEXED BY queues_due \
+     WHERE head_due IS NOT NULL ORDER BY caller, head_due LIMIT 1";
+
+/// [`due_queues`]: the next caller after `?1` with a head, and its oldest.
+const NEXT_CALLER: &str = "SELECT caller, head_due FROM queues INDEXED BY queues_due \
+     WHERE head_due IS NOT NULL AND caller > ?1 ORDER BY caller, head_due LIMIT 1";
+
+/// [`due_queues`]: caller `?1`'s queues whose head is due by `?2`, oldest
+/// head first, at most `?3`.
+const CALLER_DUE: &str = "SELECT account, rule FROM queues INDEXED BY queues_due \
+     WHERE caller = ?1 AND head_due IS NOT NULL AND head_due <= ?2 \
+     ORDER BY head_due, account, rule LIMIT ?3";
 
 /// The embedded jobs store (module docs).
 pub struct SqliteJobs {
@@ -327,20 +356,19 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Creates the schema in an empty file, or checks the file's version.
+/// Creates the schema in an empty file, or checks the file's version and
+/// brings an older one to [`VERSION`] ([`MIGRATIONS`]), in one transaction.
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(refused)?;
-    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(refused)?;
+    let mut version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(refused)?;
     let app: i64 = tx.pragma_query_value(None, "application_id", |r| r.get(0)).map_err(refused)?;
     let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).map_err(refused)?;
     if version == 0 && app == 0 && objects == 0 {
         tx.execute_batch(SCHEMA).map_err(refused)?;
         tx.pragma_update(None, "application_id", APPLICATION_ID).map_err(refused)?;
-        tx.pragma_update(None, "user_version", VERSION).map_err(refused)?;
-        return tx.commit().map_err(refused);
-    }
-    if app != APPLICATION_ID {
+        version = 1;
+    } else if app != APPLICATION_ID {
         return Err(StoreError::Refused(format!(
             "jobs file {}: not a wxgate jobs file (an SQLite file with other contents)",
             path.display()
@@ -353,11 +381,19 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             path.display()
         )));
     }
-    if version != VERSION {
+    if version < 1 {
         return Err(StoreError::Refused(format!(
             "jobs file {}: schema version {version}, which this wxgate cannot read",
             path.display()
         )));
+    }
+    while version < VERSION {
+        let step = usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i));
+        let step = step
+            .ok_or_else(|| StoreError::Refused(format!("jobs file {}: no migration from {version}", path.display())))?;
+        tx.execute_batch(step).map_err(refused)?;
+        version += 1;
+        tx.pragma_update(None, "user_version", version).map_err(refused)?;
     }
     tx.commit().map_err(refused)
 }
@@ -611,6 +647,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     }
     add_total(c, CALLER, caller, 1, bytes)?;
     add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
+    refresh_head(c, qid)?;
     Ok(Submitted { id, duplicate: false })
 }
 
@@ -630,6 +667,7 @@ fn queue_id(c: &Connection, queue: &QueueKey, create: bool) -> Result<Option<i64
 /// What a state change needs to know of a job.
 struct Held {
     seq: i64,
+    qid: i64,
     state: JobState,
     owner: Option<String>,
     caller: String,
@@ -640,20 +678,20 @@ struct Held {
 fn held(c: &Connection, id: JobId) -> Result<Option<Held>, StoreError> {
     let row = c
         .prepare_cached(
-            "SELECT j.seq, j.state, j.owner, q.caller, q.account, length(j.body) \
+            "SELECT j.seq, j.state, j.owner, q.caller, q.account, length(j.body), j.qid \
              FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.id = ?1",
         )
         .and_then(|mut s| {
             s.query_row(params![&id.0[..]], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
             })
             .optional()
         })
         .map_err(sql)?;
     match row {
         None => Ok(None),
-        Some((seq, state, owner, caller, account, bytes)) => {
-            Ok(Some(Held { seq, state: state_from(state)?, owner, caller, account, bytes }))
+        Some((seq, state, owner, caller, account, bytes, qid)) => {
+            Ok(Some(Held { seq, qid, state: state_from(state)?, owner, caller, account, bytes }))
         }
     }
 }
@@ -697,6 +735,9 @@ fn claim(
         job.updated_us = now;
         claimed.push(job);
     }
+    if !claimed.is_empty() {
+        refresh_head(c, qid)?;
+    }
     Ok(claimed)
 }
 
@@ -733,6 +774,7 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Resu
     if state.ended() {
         ended(c, &job.caller, &job.account, job.bytes)?;
     }
+    refresh_head(c, job.qid)?;
     Ok(true)
 }
 
@@ -741,24 +783,27 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
     {
         let mut s = c
             .prepare_cached(
-                "SELECT j.seq, j.state, q.caller, q.account, length(j.body) FROM jobs j JOIN queues q ON q.qid = j.qid \
-                 WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
+                "SELECT j.seq, j.state, q.caller, q.account, length(j.body), j.qid \
+                 FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
             )
             .map_err(sql)?;
         let mut rows = s.query(params![now]).map_err(sql)?;
         while let Some(r) = rows.next().map_err(sql)? {
-            let row: (i64, i64, String, String, i64) = (
+            let row: (i64, i64, String, String, i64, i64) = (
                 r.get(0).map_err(sql)?,
                 r.get(1).map_err(sql)?,
                 r.get(2).map_err(sql)?,
                 r.get(3).map_err(sql)?,
                 r.get(4).map_err(sql)?,
+                r.get(5).map_err(sql)?,
             );
             out.push(row);
         }
     }
     let mut recovered = Recovered::default();
-    for (seq, state, caller, account, bytes) in out {
+    let mut queues = std::collections::BTreeSet::new();
+    for (seq, state, caller, account, bytes, qid) in out {
+        queues.insert(qid);
         if state == state_code(JobState::Claimed) {
             c.prepare_cached("UPDATE jobs SET state = 0, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
                 .and_then(|mut s| s.execute(params![seq, now]))
@@ -771,6 +816,9 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
             ended(c, &caller, &account, bytes)?;
             recovered.unknown += 1;
         }
+    }
+    for qid in queues {
+        refresh_head(c, qid)?;
     }
     Ok(recovered)
 }
@@ -787,6 +835,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
         .and_then(|mut s| s.execute(params![job.seq, now]))
         .map_err(sql)?;
     ended(c, &job.caller, &job.account, job.bytes)?;
+    refresh_head(c, job.qid)?;
     Ok(Cancelled::Cancelled)
 }
 
@@ -814,28 +863,56 @@ fn get(c: &Connection, caller: &str, id: JobId) -> Result<Option<Job>, StoreErro
     }
 }
 
-/// [`JobStore::due_queues`]: one statement on the read connection. It
-/// probes each queue's head (the `jobs_open` index, `(qid, seq)` of
-/// unfinished jobs), keeps the due and free ones, numbers them within their
-/// caller by (head due, account, rule), and keeps the first `per_caller` of
-/// each caller, callers in the order of their oldest due head. Its work is
-/// one index probe per queue row (queues with jobs not yet purged) plus a
-/// sort of the due heads: O(Q log J + D log D) for Q queues, J jobs, D due
-/// queues, whatever `per_caller` is.
+/// [`JobStore::due_queues`], on the read connection in one read
+/// transaction (one snapshot): the callers with a head, each found by one
+/// probe of `queues_due` past the previous one (with its oldest head);
+/// those whose oldest head is due, in that order (ties by name); then each
+/// one's first `per_caller` due queues from the same index. Work:
+/// O(C log Q + D) for C callers with a head, Q queues and D queues listed,
+/// however many queues or jobs there are.
 fn due_queues(c: &Connection, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
     if per_caller == 0 {
         return Ok(Vec::new());
     }
     let per_caller = i64::try_from(per_caller).unwrap_or(i64::MAX);
-    let mut s = c.prepare_cached(DUE_QUEUES).map_err(sql)?;
-    let mut rows = s.query(params![now, per_caller]).map_err(sql)?;
+    let tx = c.unchecked_transaction().map_err(sql)?;
+    let mut callers: Vec<(i64, String)> = Vec::new();
+    let mut next = tx
+        .prepare_cached(FIRST_CALLER)
+        .and_then(|mut s| s.query_row([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).optional())
+        .map_err(sql)?;
+    while let Some((caller, oldest)) = next {
+        next = tx
+            .prepare_cached(NEXT_CALLER)
+            .and_then(|mut s| {
+                s.query_row(params![caller], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).optional()
+            })
+            .map_err(sql)?;
+        if oldest <= now {
+            callers.push((oldest, caller));
+        }
+    }
+    callers.sort();
     let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(sql)? {
-        let (caller, account, rule): (String, String, String) =
-            (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?, r.get(2).map_err(sql)?);
-        out.push(QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() });
+    let mut s = tx.prepare_cached(CALLER_DUE).map_err(sql)?;
+    for (_, caller) in callers {
+        let caller: Arc<str> = caller.into();
+        let mut rows = s.query(params![&*caller, now, per_caller]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            let (account, rule): (String, String) = (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?);
+            out.push(QueueKey { caller: caller.clone(), account: account.into(), rule: rule.into() });
+        }
     }
     Ok(out)
+}
+
+/// Sets queue `qid`'s `head_due` from its head (after a write that may
+/// have changed the head or its state or due time: submit, claim, finish,
+/// cancel, recover; `sending` turns a claimed head into a sending one, both
+/// NULL, and `purge` deletes only ended jobs and empty queues).
+fn refresh_head(c: &Connection, qid: i64) -> Result<(), StoreError> {
+    c.prepare_cached(REFRESH_HEAD).and_then(|mut s| s.execute(params![qid])).map_err(sql)?;
+    Ok(())
 }
 
 fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
@@ -959,20 +1036,29 @@ mod tests {
     /// The plan SQLite gives `sql`, one line per step.
     fn plan(c: &Connection, sql: &str) -> String {
         let mut s = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("explain");
-        let rows = s.query_map(params![1, 2], |r| r.get::<_, String>(3)).expect("plan");
+        let args = rusqlite::params_from_iter(1..=s.parameter_count() as i64);
+        let rows = s.query_map(args, |r| r.get::<_, String>(3)).expect("plan");
         rows.map(|r| r.expect("a step")).collect::<Vec<_>>().join("\n")
     }
 
     /// A queue's head is found through the index of unfinished jobs, not by
     /// stepping over the queue's ended jobs (kept for a week: a campaign's
-    /// 100,000 sent jobs made each probe 13 ms instead of 20 µs).
+    /// 100,000 sent jobs made each probe 13 ms instead of 20 µs); the due
+    /// queues are read from the index of heads, never by a scan or a sort.
     #[test]
     fn claim_and_due_queues_read_a_queue_through_its_unfinished_jobs_only() {
         let c = Connection::open_in_memory().expect("open");
         c.execute_batch(SCHEMA).expect("schema");
-        for sql in [CLAIM, DUE_QUEUES] {
+        for step in MIGRATIONS {
+            c.execute_batch(step).expect("migrate");
+        }
+        for sql in [CLAIM, REFRESH_HEAD] {
             let plan = plan(&c, sql);
             assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
+        }
+        for sql in [FIRST_CALLER, NEXT_CALLER, CALLER_DUE] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("queues_due") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
         }
     }
 }
