@@ -59,6 +59,7 @@ on_every_store!(
     due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller,
     a_caller_with_many_due_queues_never_hides_another_callers_due_queue,
     due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time,
+    a_cancelled_or_recovered_head_moves_its_queue_in_or_out_of_the_due_list,
     a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered,
     a_job_that_may_have_been_sent_ends_unknown_and_is_never_handed_out_again,
     finish_ends_each_way_with_attempts_counted_only_for_sends,
@@ -376,6 +377,32 @@ mod scenarios {
             vec![c.clone(), d.clone(), a.clone(), b.clone(), hr.clone()]
         );
         assert_eq!(s.due_queues(back + 1, 2).await.expect("due"), vec![c, d, hr], "the oldest heads first");
+    }
+
+    /// Every write that changes a queue's head changes whether it is due:
+    /// a lease run out (recover), a cancel of a claimed head, a sending head
+    /// ended unknown, the last job gone.
+    pub async fn a_cancelled_or_recovered_head_moves_its_queue_in_or_out_of_the_due_list(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let (a, b, c) = (
+            submit(&s, new_job(&q, 1), T0).await,
+            submit(&s, new_job(&q, 1), T0).await,
+            submit(&s, new_job(&q, 1), T0).await,
+        );
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![a]);
+        assert!(s.due_queues(T0, 4).await.expect("due").is_empty(), "claimed head");
+        assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered { requeued: 1, unknown: 0 });
+        assert_eq!(s.due_queues(T0 + LEASE, 4).await.expect("due"), vec![q.clone()], "requeued head");
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + LEASE, LEASE, 1).await.expect("claim")), vec![a]);
+        assert_eq!(s.cancel("hr", a, T0 + LEASE).await.expect("cancel"), Cancelled::Cancelled);
+        assert_eq!(s.due_queues(T0 + LEASE, 4).await.expect("due"), vec![q.clone()], "b is the head now");
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + LEASE, LEASE, 1).await.expect("claim")), vec![b]);
+        assert!(s.sending(b, "i1", T0 + LEASE).await.expect("sending"));
+        assert!(s.due_queues(T0 + LEASE, 4).await.expect("due").is_empty(), "sending head");
+        assert_eq!(s.recover(T0 + 2 * LEASE).await.expect("recover"), Recovered { requeued: 0, unknown: 1 });
+        assert_eq!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due"), vec![q.clone()], "c is the head now");
+        assert_eq!(s.cancel("hr", c, T0 + 2 * LEASE).await.expect("cancel"), Cancelled::Cancelled);
+        assert!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due").is_empty(), "no job left");
     }
 
     pub async fn a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered(
