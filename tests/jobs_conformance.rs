@@ -56,7 +56,10 @@ on_every_store!(
     an_ended_job_frees_its_room,
     a_queue_goes_out_in_submission_order,
     a_waiting_or_held_head_holds_its_queue,
-    due_queues_lists_queues_with_a_due_free_head_oldest_first,
+    due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller,
+    a_caller_with_many_due_queues_never_hides_another_callers_due_queue,
+    due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time,
+    a_cancelled_or_recovered_head_moves_its_queue_in_or_out_of_the_due_list,
     a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered,
     a_job_that_may_have_been_sent_ends_unknown_and_is_never_handed_out_again,
     finish_ends_each_way_with_attempts_counted_only_for_sends,
@@ -276,7 +279,7 @@ mod scenarios {
         assert_eq!(ids(&both), vec![a, b]);
     }
 
-    pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first(s: Arc<dyn JobStore>) {
+    pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller(s: Arc<dyn JobStore>) {
         let (q1, q2, q3) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"), queue("hr", "wx2", "r"));
         assert!(s.due_queues(T0, 10).await.expect("due").is_empty());
         submit(&s, new_job(&q2, 10), T0 + 2).await;
@@ -284,14 +287,122 @@ mod scenarios {
         let held = submit(&s, new_job(&q3, 10), T0).await;
         submit(&s, new_job(&q3, 10), T0).await;
         assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q3.clone(), q1.clone(), q2.clone()]);
-        assert_eq!(s.due_queues(T0 + 5, 2).await.expect("due").len(), 2, "at most limit");
+        assert_eq!(s.due_queues(T0 + 5, 1).await.expect("due"), vec![q3.clone(), q2.clone()], "at most 1 per caller");
+        assert!(s.due_queues(T0 + 5, 0).await.expect("due").is_empty(), "0 per caller lists nothing");
         assert_eq!(s.due_queues(T0 + 1, 10).await.expect("due"), vec![q3.clone(), q1.clone()], "q2 not yet due");
         assert_eq!(ids(&s.claim(&q3, "i1", T0 + 5, LEASE, 1).await.expect("claim")), vec![held]);
         assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3's head is held");
         let not_yet = End::NotYet { at: T0 + 100 };
         assert!(s.finish(held, "i1", not_yet, T0 + 6).await.expect("finish"));
         assert_eq!(s.due_queues(T0 + 99, 10).await.expect("due"), vec![q1.clone(), q2.clone()], "q3 waits");
-        assert_eq!(s.due_queues(T0 + 100, 10).await.expect("due"), vec![q1, q2, q3], "q3 due again");
+        assert_eq!(
+            s.due_queues(T0 + 100, 10).await.expect("due"),
+            vec![q1, q3, q2],
+            "q3 due again, beside its caller's"
+        );
+    }
+
+    /// Marketing's campaign fills many old queues (several accounts and
+    /// rules); HR's one queue is newer. However few queues per caller the
+    /// dispatcher asks for, HR's is listed, marketing's come oldest head
+    /// first and no more than asked.
+    pub async fn a_caller_with_many_due_queues_never_hides_another_callers_due_queue(s: Arc<dyn JobStore>) {
+        // Names sort otherwise than their heads' ages: the order is by age.
+        let mut marketing = Vec::new();
+        for (i, account) in ["wx9", "wx3", "wx7", "wx1", "wx5", "wx2"].into_iter().enumerate() {
+            for (j, rule) in ["template_send", "custom_send"].into_iter().enumerate() {
+                let q = queue("marketing", account, rule);
+                let at = T0 + (2 * i + j) as i64;
+                for _ in 0..3 {
+                    submit(&s, new_job(&q, 10), at).await;
+                }
+                marketing.push(q);
+            }
+        }
+        let hr = queue("hr", "wx1", "template_send");
+        submit(&s, new_job(&hr, 10), T0 + SEC).await;
+        let now = T0 + 2 * SEC;
+        for per_caller in [1, 2, 5, 11, 12, 100] {
+            let due = s.due_queues(now, per_caller).await.expect("due");
+            let shown = per_caller.min(marketing.len());
+            let mut want = marketing[..shown].to_vec();
+            want.push(hr.clone());
+            assert_eq!(due, want, "{per_caller} per caller: marketing's oldest first, then hr (its oldest is newer)");
+        }
+        // HR's head now older than all of marketing's: HR's turn comes first.
+        let earlier = queue("hr", "wx2", "template_send");
+        submit(&s, new_job(&earlier, 10), T0 - 1).await;
+        let due = s.due_queues(now, 3).await.expect("due");
+        assert_eq!(due[..2], [earlier, hr], "callers in the order of their oldest due head");
+        assert_eq!(due[2..], marketing[..3]);
+    }
+
+    /// A head being sent or claimed holds its queue and takes none of its
+    /// caller's room in the list; a head told to wait is listed again at
+    /// its time, in its place by age.
+    pub async fn due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time(
+        s: Arc<dyn JobStore>,
+    ) {
+        let (a, b, c, d) =
+            (queue("mk", "wx1", "r"), queue("mk", "wx2", "r"), queue("mk", "wx3", "r"), queue("mk", "wx4", "r"));
+        let hr = queue("hr", "wx1", "r");
+        for (i, q) in [&a, &b, &c, &d].into_iter().enumerate() {
+            submit(&s, new_job(q, 10), T0 + i as i64).await;
+            submit(&s, new_job(q, 10), T0 + i as i64).await;
+        }
+        submit(&s, new_job(&hr, 10), T0 + 10).await;
+        let now = T0 + 20;
+        assert_eq!(s.due_queues(now, 2).await.expect("due"), vec![a.clone(), b.clone(), hr.clone()]);
+        let claimed = s.claim(&a, "i1", now, LEASE, 1).await.expect("claim");
+        let sending = s.claim(&b, "i1", now, LEASE, 1).await.expect("claim");
+        assert!(s.sending(sending[0].id, "i1", now).await.expect("sending"));
+        assert_eq!(
+            s.due_queues(now, 2).await.expect("due"),
+            vec![c.clone(), d.clone(), hr.clone()],
+            "a claimed head and a sending head are not listed, nor take the caller's room"
+        );
+        let back = T0 + 60 * SEC;
+        assert!(s.finish(claimed[0].id, "i1", End::NotYet { at: back }, now).await.expect("finish"));
+        let retry = End::Retry { at: back + 1, answer: Some(answer(200, 45009, "{}")) };
+        assert!(s.finish(sending[0].id, "i1", retry, now).await.expect("finish"));
+        assert_eq!(s.get("mk", claimed[0].id).await.expect("get").expect("job").state, JobState::Waiting);
+        assert_eq!(s.due_queues(back - 1, 10).await.expect("due"), vec![c.clone(), d.clone(), hr.clone()], "waiting");
+        assert_eq!(
+            s.due_queues(back, 10).await.expect("due"),
+            vec![c.clone(), d.clone(), a.clone(), hr.clone()],
+            "a is due at its time"
+        );
+        assert_eq!(
+            s.due_queues(back + 1, 10).await.expect("due"),
+            vec![c.clone(), d.clone(), a.clone(), b.clone(), hr.clone()]
+        );
+        assert_eq!(s.due_queues(back + 1, 2).await.expect("due"), vec![c, d, hr], "the oldest heads first");
+    }
+
+    /// Every write that changes a queue's head changes whether it is due:
+    /// a lease run out (recover), a cancel of a claimed head, a sending head
+    /// ended unknown, the last job gone.
+    pub async fn a_cancelled_or_recovered_head_moves_its_queue_in_or_out_of_the_due_list(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let (a, b, c) = (
+            submit(&s, new_job(&q, 1), T0).await,
+            submit(&s, new_job(&q, 1), T0).await,
+            submit(&s, new_job(&q, 1), T0).await,
+        );
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![a]);
+        assert!(s.due_queues(T0, 4).await.expect("due").is_empty(), "claimed head");
+        assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered { requeued: 1, unknown: 0 });
+        assert_eq!(s.due_queues(T0 + LEASE, 4).await.expect("due"), vec![q.clone()], "requeued head");
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + LEASE, LEASE, 1).await.expect("claim")), vec![a]);
+        assert_eq!(s.cancel("hr", a, T0 + LEASE).await.expect("cancel"), Cancelled::Cancelled);
+        assert_eq!(s.due_queues(T0 + LEASE, 4).await.expect("due"), vec![q.clone()], "b is the head now");
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + LEASE, LEASE, 1).await.expect("claim")), vec![b]);
+        assert!(s.sending(b, "i1", T0 + LEASE).await.expect("sending"));
+        assert!(s.due_queues(T0 + LEASE, 4).await.expect("due").is_empty(), "sending head");
+        assert_eq!(s.recover(T0 + 2 * LEASE).await.expect("recover"), Recovered { requeued: 0, unknown: 1 });
+        assert_eq!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due"), vec![q.clone()], "c is the head now");
+        assert_eq!(s.cancel("hr", c, T0 + 2 * LEASE).await.expect("cancel"), Cancelled::Cancelled);
+        assert!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due").is_empty(), "no job left");
     }
 
     pub async fn a_second_dispatcher_gets_nothing_leased_until_the_lease_runs_out_and_is_recovered(
@@ -597,6 +708,51 @@ async fn a_file_of_a_newer_wxgate_or_another_program_is_refused_clearly() {
     assert!(err.contains("garbage.db"), "{err}");
 }
 
+/// A jobs file of schema version 1 (written before the index of queue
+/// heads, with jobs in every state) opens, is migrated in place, and its
+/// due queues are listed and claimed as a new file's would be.
+#[tokio::test]
+async fn a_jobs_file_of_version_1_is_migrated_and_its_due_queues_listed() {
+    let dir = TempDir::new("jobs-v1");
+    let path = dir.join("jobs.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("create");
+        conn.execute_batch(wxgate::store::jobs::sqlite::SCHEMA).expect("the version 1 schema");
+        conn.pragma_update(None, "application_id", 0x7778_676a).expect("application id");
+        conn.pragma_update(None, "user_version", 1).expect("version 1");
+        let queues = [(1, "hr", "wx1"), (2, "mk", "wx1"), (3, "mk", "wx2"), (4, "mk", "wx3"), (5, "ops", "wx1")];
+        for (qid, caller, account) in queues {
+            conn.execute("INSERT INTO queues VALUES (?1, ?2, ?3, 'r')", rusqlite::params![qid, caller, account])
+                .expect("a queue");
+        }
+        // (qid, state, due): hr's head waits until T0 + 100; mk wx1's ended
+        // job is followed by a queued one; mk wx2's head is claimed; mk
+        // wx3's queued head is due at T0 + 1; ops has only an ended job.
+        let jobs = [(1, 1, T0 + 100), (2, 4, T0), (2, 0, T0 + 2), (3, 2, T0), (3, 0, T0), (4, 0, T0 + 1), (5, 4, T0)];
+        for (n, (qid, state, due)) in jobs.into_iter().enumerate() {
+            conn.execute(
+                "INSERT INTO jobs (id, qid, state, domain, method, target, body, submitted_us, due_us, lease_us, \
+                 attempts, updated_us) VALUES (?1, ?2, ?3, 'api.weixin.qq.com', 'POST', '/', x'00', ?4, ?5, 0, 0, ?4)",
+                rusqlite::params![&[n as u8; 16][..], qid, state, T0, due],
+            )
+            .expect("a job");
+        }
+    }
+    let s: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
+        .expect("the version");
+    assert_eq!(version, wxgate::store::jobs::sqlite::VERSION);
+    let (mk1, mk3, hr) = (queue("mk", "wx1", "r"), queue("mk", "wx3", "r"), queue("hr", "wx1", "r"));
+    assert_eq!(s.due_queues(T0 + 99, 5).await.expect("due"), vec![mk3.clone(), mk1.clone()]);
+    assert_eq!(s.due_queues(T0 + 100, 5).await.expect("due"), vec![mk3.clone(), mk1.clone(), hr.clone()]);
+    assert_eq!(ids(&s.claim(&mk3, "i1", T0 + 100, LEASE, 5).await.expect("claim")), vec![JobId([5; 16])]);
+    assert_eq!(s.due_queues(T0 + 100, 5).await.expect("due"), vec![mk1, hr], "claimed: out of the list");
+    drop(s);
+    let again: Arc<dyn JobStore> = Arc::new(open(&dir).await);
+    assert_eq!(again.due_queues(T0 + 100, 1).await.expect("due").len(), 2, "reopened: nothing to migrate");
+}
+
 const CHILD_ENV: &str = "WXGATE_TEST_JOBS_CHILD";
 const KILLED_JOBS: usize = 20;
 
@@ -742,4 +898,94 @@ async fn bench_submissions_per_second_and_bytes_per_job() {
         summary.len(),
         start.elapsed()
     );
+}
+
+/// What one `due_queues` call costs with many queues, on every store:
+/// 10 callers × 1,000 queues each (500 accounts × 2 rules), one job each,
+/// every head due. Prints numbers; asserts only the answer's shape.
+/// `cargo test --release --test jobs_conformance bench_due -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_due_queues_with_many_callers_and_queues() {
+    const CALLERS: usize = 10;
+    const ACCOUNTS: usize = 500;
+    for (name, s, guard) in stores().await {
+        let start = Instant::now();
+        let mut handles = Vec::new();
+        for c in 0..CALLERS {
+            let s = s.clone();
+            handles.push(tokio::spawn(async move {
+                for a in 0..ACCOUNTS {
+                    for rule in ["template_send", "custom_send"] {
+                        let q = queue(&format!("c{c}"), &format!("wx{a}"), rule);
+                        s.submit(new_job(&q, 100), &roomy(DAY), T0 + a as i64).await.expect("submit");
+                    }
+                }
+            }));
+        }
+        for h in handles {
+            h.await.expect("task");
+        }
+        println!("{name}: {} queues submitted in {:?}", CALLERS * ACCOUNTS * 2, start.elapsed());
+        for per_caller in [1, 16, 256] {
+            let mut took = Vec::new();
+            for _ in 0..5 {
+                let start = Instant::now();
+                let due = s.due_queues(T0 + DAY, per_caller).await.expect("due");
+                took.push(start.elapsed());
+                assert_eq!(due.len(), CALLERS * per_caller);
+            }
+            took.sort();
+            println!("  due_queues({per_caller} per caller): median {:?} (min {:?})", took[2], took[0]);
+        }
+        drop(guard);
+    }
+}
+
+/// `due_queues` and `claim` on the embedded store when a queue keeps many
+/// ended jobs (a campaign's sent jobs, kept until `purge`): 100,000 ended
+/// jobs written straight into the file ahead of one queued job. Prints
+/// numbers; asserts only the answers.
+/// `cargo test --release --test jobs_conformance bench_ended -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_ended_jobs_kept_do_not_slow_due_queues_or_claim() {
+    let dir = TempDir::new("jobs-bench-ended");
+    let q = queue("mk", "wx1", "template_send");
+    let s = open(&dir).await;
+    let first = submit_to(&s, &q).await;
+    let claimed = s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim");
+    assert_eq!(ids(&claimed), vec![first]);
+    assert!(s.finish(first, "i1", End::Sent(answer(200, 0, "{}")), T0).await.expect("finish"));
+    {
+        let mut conn = rusqlite::Connection::open(dir.join("jobs.db")).expect("open");
+        let tx = conn.transaction().expect("transaction");
+        let qid: i64 = tx.query_row("SELECT qid FROM queues", [], |r| r.get(0)).expect("the queue");
+        for i in 0u64..100_000 {
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&i.to_be_bytes());
+            id[8] = 1;
+            tx.execute(
+                "INSERT INTO jobs (id, qid, state, domain, method, target, body, submitted_us, due_us, lease_us, \
+                 attempts, updated_us) VALUES (?1, ?2, 4, 'api.weixin.qq.com', 'POST', '/', x'00', ?3, ?3, 0, 1, ?3)",
+                rusqlite::params![&id[..], qid, T0],
+            )
+            .expect("an ended job");
+        }
+        tx.commit().expect("commit");
+    }
+    let queued = submit_to(&s, &q).await;
+    let start = Instant::now();
+    for _ in 0..10 {
+        assert_eq!(s.due_queues(T0 + SEC, 16).await.expect("due"), vec![q.clone()]);
+    }
+    println!("due_queues beside 100,000 ended jobs: {:?} per call", start.elapsed() / 10);
+    let start = Instant::now();
+    let got = s.claim(&q, "i1", T0 + SEC, LEASE, 8).await.expect("claim");
+    println!("claim beside 100,000 ended jobs: {:?}", start.elapsed());
+    assert_eq!(ids(&got), vec![queued]);
+}
+
+async fn submit_to(s: &SqliteJobs, q: &wxgate::store::jobs::QueueKey) -> JobId {
+    s.submit(new_job(q, 100), &roomy(DAY), T0).await.expect("submit").id
 }

@@ -191,19 +191,22 @@ async fn claim_hands_out_a_queue_in_order_and_stops_at_a_job_not_due_or_held() {
 }
 
 #[tokio::test]
-async fn due_queues_lists_due_heads_oldest_first() {
+async fn due_queues_lists_due_heads_oldest_first_per_caller() {
     let redis = RedisServer::start();
     let s = store(&redis.store_config("jr")).await;
     let (a, b, c) = (queue("hr", "wxA", "tpl"), queue("mk", "wxA", "tpl"), queue("hr", "wxB", "tpl"));
     submit(&s, job("mk", "wxA", "x"), T0 + 2).await;
     submit(&s, job("hr", "wxB", "x"), T0 + 3).await;
     submit(&s, job("hr", "wxA", "x"), T0 + 1).await;
-    assert_eq!(s.due_queues(T0 + 5, 10).await.unwrap(), vec![a.clone(), b.clone(), c.clone()]);
-    assert_eq!(s.due_queues(T0 + 5, 2).await.unwrap(), vec![a.clone(), b.clone()]);
+    assert_eq!(s.due_queues(T0 + 5, 10).await.unwrap(), vec![a.clone(), c.clone(), b.clone()], "hr's together");
+    assert_eq!(s.due_queues(T0 + 5, 1).await.unwrap(), vec![a.clone(), b.clone()], "1 per caller");
     assert_eq!(s.due_queues(T0 + 2, 10).await.unwrap(), vec![a.clone(), b.clone()], "not yet due: not listed");
     let got = s.claim(&b, "i1", T0 + 5, SEC, 1).await.unwrap();
     assert!(s.finish(got[0].id, "i1", End::Failed(answer(40003)), T0 + 5).await.unwrap());
     assert_eq!(s.due_queues(T0 + 5, 10).await.unwrap(), vec![a, c], "an emptied queue leaves the index");
+    let mut left = keys_with(&redis, "jr:{#jobs}:due");
+    left.sort();
+    assert_eq!(left, vec!["jr:{#jobs}:due-callers", "jr:{#jobs}:due:hr"], "mk's emptied index is gone with it");
 }
 
 #[tokio::test]
@@ -370,7 +373,7 @@ async fn a_lost_write_to_the_cross_account_keys_is_repaired() {
     let s = store(&redis.store_config("jr")).await;
     let q = queue("hr", "wxA", "tpl");
     submit(&s, job("hr", "wxA", "a"), T0).await;
-    redis.run_as(None, &["DEL", "jr:{#jobs}:due", "jr:{#jobs}:caller:hr"]);
+    redis.run_as(None, &["DEL", "jr:{#jobs}:due:hr", "jr:{#jobs}:due-callers", "jr:{#jobs}:caller:hr"]);
     assert!(s.due_queues(T0, 10).await.unwrap().is_empty(), "the index lost the queue");
     let b = Bounds { caller_jobs: 1, ..roomy() };
     assert!(s.submit(job("hr", "wxB", "b"), &b, T0).await.is_ok(), "the caller bound missed wxA's job");
@@ -378,10 +381,23 @@ async fn a_lost_write_to_the_cross_account_keys_is_repaired() {
     assert_eq!(s.due_queues(T0, 10).await.unwrap(), vec![q.clone(), queue("hr", "wxB", "tpl")]);
     assert!(matches!(s.submit(job("hr", "wxC", "c"), &b, T0).await, Err(SubmitError::Full(Bound::CallerJobs))));
     s.claim(&q, "i1", T0, 30 * SEC, 1).await.unwrap();
-    redis.run_as(None, &["ZADD", "jr:{#jobs}:due", "0", "wxA\nhr\ntpl"]);
+    redis.run_as(None, &["ZADD", "jr:{#jobs}:due:hr", "0", "wxA\ntpl"]);
     assert!(s.due_queues(T0, 10).await.unwrap().contains(&q), "a stale entry");
     assert!(s.claim(&q, "i2", T0, 30 * SEC, 1).await.unwrap().is_empty(), "costs one empty claim");
     assert!(!s.due_queues(T0, 10).await.unwrap().contains(&q), "which takes it out");
+}
+
+/// The single index of due queues an earlier build wrote (`{#jobs}:due`,
+/// every caller in one zset) is read by nothing now, and the first recover
+/// deletes it.
+#[tokio::test]
+async fn an_earlier_builds_single_due_index_is_deleted_by_recover() {
+    let redis = RedisServer::start();
+    let s = store(&redis.store_config("jr")).await;
+    redis.run_as(None, &["ZADD", "jr:{#jobs}:due", "0", "wxA\nhr\ntpl"]);
+    assert!(s.due_queues(T0, 10).await.unwrap().is_empty(), "its entry is not read");
+    assert_eq!(s.recover(T0).await.unwrap(), Recovered::default());
+    assert!(keys_with(&redis, "jr:{#jobs}:due").is_empty(), "and it is gone");
 }
 
 /// Redis loses its data (a restart without persistence, FLUSHALL) and

@@ -7,7 +7,7 @@
 //!   by one writer thread;
 //! - `jobs::redis`: the jobs in Redis, each operation one Lua script on the
 //!   keys of one account (`{<prefix>:<account>}`, one Cluster slot), plus an
-//!   index of the accounts with due jobs that any instance's dispatcher reads.
+//!   index of due queues per caller that any instance's dispatcher reads.
 //!
 //! `tests/jobs_conformance.rs` runs one scenario table on each and compares
 //! the results. Time is always given (`now`, wxgate's clock): no store reads
@@ -279,9 +279,24 @@ pub trait JobStore: Send + Sync + 'static {
     async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError>;
 
     /// Queues whose head (their lowest-`seq` unfinished job) is due
-    /// (`due_us <= now`) and neither claimed nor sending, at most `limit`,
-    /// oldest head first.
-    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError>;
+    /// (`due_us <= now`) and neither claimed nor sending, **per caller**:
+    /// every caller with at least one such queue is listed, with at most
+    /// `per_caller` of its queues, oldest head first (ties by account, then
+    /// rule); callers in the order of their oldest due head (ties by name),
+    /// each caller's queues together. So a caller with many old queues
+    /// never hides another's (the dispatcher's weighted turns,
+    /// src/features/queue/turns.rs, need every caller with due work). There
+    /// is no limit on callers: queue callers are the config's `[[caller]]`
+    /// names (and `other`), so at most that many × `per_caller` queues.
+    /// `per_caller` 0 lists nothing.
+    ///
+    /// Cost: both stores read an index of queue heads by caller (SQLite:
+    /// `queues.head_due`; Redis: `{#jobs}:due:<caller>`), one probe per
+    /// caller and at most `per_caller` entries of each, whatever the number
+    /// of queues or jobs. The Redis index may be stale (src/store/jobs/redis.rs): a
+    /// queue listed that is not due costs one `claim` that hands out
+    /// nothing; `claim` always checks the queue itself.
+    async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError>;
 
     /// Leases to `owner` until `now + lease_us` the first jobs of `queue`
     /// in `seq` order, at most `max`, stopping at the first that is not due

@@ -23,9 +23,16 @@
 //!   lost its data a number may name another account than this instance
 //!   remembers: an operation by id that finds nothing reads it again and
 //!   retries once.
-//! - `due`: the index `due_queues` reads, a zset of
-//!   `<account>\n<caller>\n<rule>` by the queue head's due time (absent when
-//!   the head is claimed or sending, or the queue is empty). It may be stale
+//! - `due:<caller>` and `due-callers`: the index `due_queues` reads
+//!   (lua/jobs_due.lua), per caller so that a caller with many due queues
+//!   never hides another's. `due:<caller>` is a zset of
+//!   `<account>\n<rule>` by the queue head's due time (absent when the head
+//!   is claimed or sending, or the queue is empty); `due-callers` a zset of
+//!   the callers with entries by their lowest (oldest) head, both written
+//!   together by the same note, so `due_queues` reads the callers whose
+//!   oldest head is due and at most N entries of each: one script, work in
+//!   callers × N, whatever the number of queues. (An earlier build's single
+//!   `due` zset is deleted by `recover`.) The index may be stale
 //!   when two instances' writes for one queue cross, or an instance dies
 //!   between a script and its write: an entry too many costs one `claim`
 //!   that returns nothing (and that claim writes the truth); an entry
@@ -84,6 +91,7 @@ const PER_RUN: usize = 1000;
 struct Scripts {
     account: Script,
     note: Script,
+    due: Script,
     submit: Script,
     claim: Script,
     sending: Script,
@@ -99,6 +107,7 @@ impl Scripts {
         Scripts {
             account: Script::new(script!("jobs_account.lua")),
             note: Script::new(script!("jobs_note.lua")),
+            due: Script::new(script!("jobs_due.lua")),
             submit: Script::new(jobs_script!("jobs_submit.lua")),
             claim: Script::new(jobs_script!("jobs_claim.lua")),
             sending: Script::new(jobs_script!("jobs_sending.lua")),
@@ -110,10 +119,11 @@ impl Scripts {
         }
     }
 
-    fn all(&self) -> [&Script; 10] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.account,
             &self.note,
+            &self.due,
             &self.submit,
             &self.claim,
             &self.sending,
@@ -182,6 +192,11 @@ impl RedisJobs {
 
     fn caller_key(&self, caller: &str) -> String {
         self.global(&format!("caller:{caller}"))
+    }
+
+    /// `<prefix>:{#jobs}:due:<caller>`: the caller's due queues' heads.
+    fn due_key(&self, caller: &str) -> String {
+        self.global(&format!("due:{caller}"))
     }
 
     async fn run<T: ::redis::FromRedisValue>(&self, inv: ::redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
@@ -301,10 +316,10 @@ impl RedisJobs {
         if heads.is_empty() && totals.is_empty() {
             return Ok(());
         }
-        let mut inv = self.scripts.note.key(self.global("due"));
+        let mut inv = self.scripts.note.key(self.global("due-callers"));
         inv.arg(account).arg(heads.len());
         for (caller, rule, head) in heads {
-            inv.arg(caller).arg(rule).arg(head);
+            inv.key(self.due_key(caller)).arg(caller).arg(rule).arg(head);
         }
         for (caller, jobs, bytes) in totals {
             inv.key(self.caller_key(caller)).arg(jobs).arg(bytes);
@@ -485,30 +500,21 @@ impl JobStore for RedisJobs {
         }
     }
 
-    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
-        if limit == 0 {
+    async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
+        const S: &str = "jobs_due.lua";
+        if per_caller == 0 {
             return Ok(Vec::new());
         }
-        let cmd = ::redis::cmd("ZRANGEBYSCORE")
-            .arg(self.global("due"))
-            .arg("-inf")
-            .arg(now)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .clone();
-        let members: Vec<String> = self.query(&cmd).await?;
-        Ok(members
-            .iter()
-            .filter_map(|m| {
-                let mut parts = m.splitn(3, '\n');
-                Some(QueueKey {
-                    account: parts.next()?.into(),
-                    caller: parts.next()?.into(),
-                    rule: parts.next()?.into(),
-                })
-            })
-            .collect())
+        let mut inv = self.scripts.due.key(self.global("due-callers"));
+        inv.arg(self.global("due:")).arg(now).arg(per_caller);
+        let reply: Vec<String> = self.run(inv).await?;
+        let mut out = Vec::with_capacity(reply.len() / 2);
+        for pair in reply.chunks_exact(2) {
+            let [caller, queue] = pair else { continue };
+            let (account, rule) = queue.split_once('\n').ok_or_else(|| bad(S, "an entry without account and rule"))?;
+            out.push(QueueKey { caller: caller.as_str().into(), account: account.into(), rule: rule.into() });
+        }
+        Ok(out)
     }
 
     async fn claim(
@@ -561,6 +567,10 @@ impl JobStore for RedisJobs {
     }
 
     async fn recover(&self, now: Micros) -> Result<Recovered, StoreError> {
+        // The one index of an earlier build (`{#jobs}:due`, all callers in
+        // one zset), read and written by nothing now: gone on the first
+        // recover (one DEL per run; nothing when it is absent).
+        self.query::<i64>(::redis::cmd("DEL").arg(self.global("due"))).await?;
         let mut total = Recovered::default();
         for account in self.accounts().await? {
             let one = self.recover_account(&account, now).await?;

@@ -12,9 +12,11 @@
 //! `summary`, `due_queues`) use a second connection, which WAL lets read the
 //! last commit while the writer writes.
 //!
-//! The schema is [`SCHEMA`], versioned by `PRAGMA user_version`
-//! ([`VERSION`]); a file of a newer version, or a non-empty file that is not
-//! a jobs file, is refused at open with a clear error.
+//! The schema is [`SCHEMA`] (version 1) and then [`MIGRATIONS`], versioned
+//! by `PRAGMA user_version` ([`VERSION`]): a new file and an older one are
+//! brought to [`VERSION`] the same way, in the transaction that opens them;
+//! a file of a newer version, or a non-empty file that is not a jobs file,
+//! is refused at open with a clear error.
 //!
 //! What grows, and its bound: unfinished jobs and their bytes per caller and
 //! per account ([`Bounds`], checked in the submission's transaction); ended
@@ -41,8 +43,9 @@ use super::{
 use crate::store::StoreError;
 use crate::time::Micros;
 
-/// The schema version this wxgate writes (`PRAGMA user_version`).
-pub const VERSION: i64 = 1;
+/// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
+/// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
+pub const VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -53,7 +56,8 @@ const WAL_KEEP: i64 = 16 << 20;
 /// Most pieces of work one transaction (one fsync) takes.
 pub const BATCH_MAX: usize = 1024;
 
-/// The whole schema (version [`VERSION`]). States are stored as numbers
+/// The schema of version 1 (a new file is created with it, then migrated
+/// to [`VERSION`] like an old one). States are stored as numbers
 /// (Queued 0, Waiting 1, Claimed 2, Sending 3, Sent 4, Failed 5, Expired 6,
 /// Cancelled 7, Unknown 8): below 4 is unfinished.
 pub const SCHEMA: &str = "
@@ -109,15 +113,70 @@ CREATE TABLE totals (
 ) WITHOUT ROWID;
 ";
 
+/// `MIGRATIONS[n - 1]` takes a file from version `n` to `n + 1`, in the
+/// transaction that opens it.
+///
+/// 1 → 2: `queues.head_due`, the due time of the queue's head (its
+/// lowest-`seq` unfinished job) when that head is `Queued` or `Waiting`,
+/// NULL when it is claimed or sending or the queue has none; kept by every
+/// write that can change a head ([`refresh_head`]), and indexed by (caller,
+/// head due, account, rule), so [`due_queues`] reads each caller's oldest
+/// heads without looking at every queue.
+pub const MIGRATIONS: &[&str] = &["
+ALTER TABLE queues ADD COLUMN head_due INTEGER;
+UPDATE queues SET head_due = (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open
+    WHERE jobs.qid = queues.qid AND state < 4 ORDER BY seq LIMIT 1);
+CREATE INDEX queues_due ON queues (caller, head_due, account, rule) WHERE head_due IS NOT NULL;
+"];
+
 /// `totals.kind`.
 const CALLER: i64 = 0;
 const ACCOUNT: i64 = 1;
 
-/// The columns [`job_from`] reads, over `jobs j JOIN queues q`.
-const JOB_COLS: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
-     j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
-     j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us \
-     FROM jobs j JOIN queues q ON q.qid = j.qid";
+/// The columns [`job_from`] reads, of `jobs j` and `queues q`.
+macro_rules! job_fields {
+    () => {
+        "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
+         j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
+         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us"
+    };
+}
+
+/// [`job_fields`] over `jobs j JOIN queues q`.
+const JOB_COLS: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.qid = j.qid");
+
+// A queue's unfinished jobs are read through `jobs_open` (qid, seq of
+// unfinished jobs), named: left to itself SQLite picks `jobs_queue` (qid,
+// every job, in seq order too) and steps over each of the queue's ended
+// jobs kept until `purge` (a week of a campaign's sent jobs) on every
+// claim and, for every queue, on every `due_queues`.
+
+/// [`claim`]'s first jobs of a queue (`?1` its qid), at most `?2`.
+const CLAIM: &str = concat!(
+    job_fields!(),
+    " FROM jobs j INDEXED BY jobs_open JOIN queues q ON q.qid = j.qid \
+     WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"
+);
+
+/// [`refresh_head`]: the queue `?1`'s `head_due` from its head.
+const REFRESH_HEAD: &str = "UPDATE queues SET head_due = \
+     (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open \
+      WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT 1) \
+     WHERE qid = ?1";
+
+/// [`due_queues`]: the first caller with a head, and its oldest head.
+const FIRST_CALLER: &str = "SELECT caller, head_due FROM queues INDEXED BY queues_due \
+     WHERE head_due IS NOT NULL ORDER BY caller, head_due LIMIT 1";
+
+/// [`due_queues`]: the next caller after `?1` with a head, and its oldest.
+const NEXT_CALLER: &str = "SELECT caller, head_due FROM queues INDEXED BY queues_due \
+     WHERE head_due IS NOT NULL AND caller > ?1 ORDER BY caller, head_due LIMIT 1";
+
+/// [`due_queues`]: caller `?1`'s queues whose head is due by `?2`, oldest
+/// head first, at most `?3`.
+const CALLER_DUE: &str = "SELECT account, rule FROM queues INDEXED BY queues_due \
+     WHERE caller = ?1 AND head_due IS NOT NULL AND head_due <= ?2 \
+     ORDER BY head_due, account, rule LIMIT ?3";
 
 /// The embedded jobs store (module docs).
 pub struct SqliteJobs {
@@ -297,20 +356,19 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Creates the schema in an empty file, or checks the file's version.
+/// Creates the schema in an empty file, or checks the file's version and
+/// brings an older one to [`VERSION`] ([`MIGRATIONS`]), in one transaction.
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(refused)?;
-    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(refused)?;
+    let mut version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(refused)?;
     let app: i64 = tx.pragma_query_value(None, "application_id", |r| r.get(0)).map_err(refused)?;
     let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).map_err(refused)?;
     if version == 0 && app == 0 && objects == 0 {
         tx.execute_batch(SCHEMA).map_err(refused)?;
         tx.pragma_update(None, "application_id", APPLICATION_ID).map_err(refused)?;
-        tx.pragma_update(None, "user_version", VERSION).map_err(refused)?;
-        return tx.commit().map_err(refused);
-    }
-    if app != APPLICATION_ID {
+        version = 1;
+    } else if app != APPLICATION_ID {
         return Err(StoreError::Refused(format!(
             "jobs file {}: not a wxgate jobs file (an SQLite file with other contents)",
             path.display()
@@ -323,11 +381,19 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             path.display()
         )));
     }
-    if version != VERSION {
+    if version < 1 {
         return Err(StoreError::Refused(format!(
             "jobs file {}: schema version {version}, which this wxgate cannot read",
             path.display()
         )));
+    }
+    while version < VERSION {
+        let step = usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i));
+        let step = step
+            .ok_or_else(|| StoreError::Refused(format!("jobs file {}: no migration from {version}", path.display())))?;
+        tx.execute_batch(step).map_err(refused)?;
+        version += 1;
+        tx.pragma_update(None, "user_version", version).map_err(refused)?;
     }
     tx.commit().map_err(refused)
 }
@@ -581,6 +647,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     }
     add_total(c, CALLER, caller, 1, bytes)?;
     add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
+    refresh_head(c, qid)?;
     Ok(Submitted { id, duplicate: false })
 }
 
@@ -600,6 +667,7 @@ fn queue_id(c: &Connection, queue: &QueueKey, create: bool) -> Result<Option<i64
 /// What a state change needs to know of a job.
 struct Held {
     seq: i64,
+    qid: i64,
     state: JobState,
     owner: Option<String>,
     caller: String,
@@ -610,20 +678,20 @@ struct Held {
 fn held(c: &Connection, id: JobId) -> Result<Option<Held>, StoreError> {
     let row = c
         .prepare_cached(
-            "SELECT j.seq, j.state, j.owner, q.caller, q.account, length(j.body) \
+            "SELECT j.seq, j.state, j.owner, q.caller, q.account, length(j.body), j.qid \
              FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.id = ?1",
         )
         .and_then(|mut s| {
             s.query_row(params![&id.0[..]], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
             })
             .optional()
         })
         .map_err(sql)?;
     match row {
         None => Ok(None),
-        Some((seq, state, owner, caller, account, bytes)) => {
-            Ok(Some(Held { seq, state: state_from(state)?, owner, caller, account, bytes }))
+        Some((seq, state, owner, caller, account, bytes, qid)) => {
+            Ok(Some(Held { seq, qid, state: state_from(state)?, owner, caller, account, bytes }))
         }
     }
 }
@@ -643,9 +711,7 @@ fn claim(
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut heads = Vec::new();
     {
-        let mut s = c
-            .prepare_cached(&format!("{JOB_COLS} WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"))
-            .map_err(sql)?;
+        let mut s = c.prepare_cached(CLAIM).map_err(sql)?;
         let mut rows = s.query(params![qid, limit]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
             heads.push(job_from(row)?);
@@ -668,6 +734,9 @@ fn claim(
         job.lease_us = until;
         job.updated_us = now;
         claimed.push(job);
+    }
+    if !claimed.is_empty() {
+        refresh_head(c, qid)?;
     }
     Ok(claimed)
 }
@@ -705,6 +774,7 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Resu
     if state.ended() {
         ended(c, &job.caller, &job.account, job.bytes)?;
     }
+    refresh_head(c, job.qid)?;
     Ok(true)
 }
 
@@ -713,24 +783,27 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
     {
         let mut s = c
             .prepare_cached(
-                "SELECT j.seq, j.state, q.caller, q.account, length(j.body) FROM jobs j JOIN queues q ON q.qid = j.qid \
-                 WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
+                "SELECT j.seq, j.state, q.caller, q.account, length(j.body), j.qid \
+                 FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
             )
             .map_err(sql)?;
         let mut rows = s.query(params![now]).map_err(sql)?;
         while let Some(r) = rows.next().map_err(sql)? {
-            let row: (i64, i64, String, String, i64) = (
+            let row: (i64, i64, String, String, i64, i64) = (
                 r.get(0).map_err(sql)?,
                 r.get(1).map_err(sql)?,
                 r.get(2).map_err(sql)?,
                 r.get(3).map_err(sql)?,
                 r.get(4).map_err(sql)?,
+                r.get(5).map_err(sql)?,
             );
             out.push(row);
         }
     }
     let mut recovered = Recovered::default();
-    for (seq, state, caller, account, bytes) in out {
+    let mut queues = std::collections::BTreeSet::new();
+    for (seq, state, caller, account, bytes, qid) in out {
+        queues.insert(qid);
         if state == state_code(JobState::Claimed) {
             c.prepare_cached("UPDATE jobs SET state = 0, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
                 .and_then(|mut s| s.execute(params![seq, now]))
@@ -743,6 +816,9 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
             ended(c, &caller, &account, bytes)?;
             recovered.unknown += 1;
         }
+    }
+    for qid in queues {
+        refresh_head(c, qid)?;
     }
     Ok(recovered)
 }
@@ -759,6 +835,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
         .and_then(|mut s| s.execute(params![job.seq, now]))
         .map_err(sql)?;
     ended(c, &job.caller, &job.account, job.bytes)?;
+    refresh_head(c, job.qid)?;
     Ok(Cancelled::Cancelled)
 }
 
@@ -786,23 +863,56 @@ fn get(c: &Connection, caller: &str, id: JobId) -> Result<Option<Job>, StoreErro
     }
 }
 
-fn due_queues(c: &Connection, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut s = c
-        .prepare_cached(
-            "SELECT q.caller, q.account, q.rule FROM queues q \
-             JOIN jobs h ON h.seq = (SELECT seq FROM jobs WHERE qid = q.qid AND state < 4 ORDER BY seq LIMIT 1) \
-             WHERE h.state < 2 AND h.due_us <= ?1 ORDER BY h.due_us, h.seq LIMIT ?2",
-        )
+/// [`JobStore::due_queues`], on the read connection in one read
+/// transaction (one snapshot): the callers with a head, each found by one
+/// probe of `queues_due` past the previous one (with its oldest head);
+/// those whose oldest head is due, in that order (ties by name); then each
+/// one's first `per_caller` due queues from the same index. Work:
+/// O(C log Q + D) for C callers with a head, Q queues and D queues listed,
+/// however many queues or jobs there are.
+fn due_queues(c: &Connection, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
+    if per_caller == 0 {
+        return Ok(Vec::new());
+    }
+    let per_caller = i64::try_from(per_caller).unwrap_or(i64::MAX);
+    let tx = c.unchecked_transaction().map_err(sql)?;
+    let mut callers: Vec<(i64, String)> = Vec::new();
+    let mut next = tx
+        .prepare_cached(FIRST_CALLER)
+        .and_then(|mut s| s.query_row([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).optional())
         .map_err(sql)?;
-    let mut rows = s.query(params![now, limit]).map_err(sql)?;
+    while let Some((caller, oldest)) = next {
+        next = tx
+            .prepare_cached(NEXT_CALLER)
+            .and_then(|mut s| {
+                s.query_row(params![caller], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).optional()
+            })
+            .map_err(sql)?;
+        if oldest <= now {
+            callers.push((oldest, caller));
+        }
+    }
+    callers.sort();
     let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(sql)? {
-        let (caller, account, rule): (String, String, String) =
-            (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?, r.get(2).map_err(sql)?);
-        out.push(QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() });
+    let mut s = tx.prepare_cached(CALLER_DUE).map_err(sql)?;
+    for (_, caller) in callers {
+        let caller: Arc<str> = caller.into();
+        let mut rows = s.query(params![&*caller, now, per_caller]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            let (account, rule): (String, String) = (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?);
+            out.push(QueueKey { caller: caller.clone(), account: account.into(), rule: rule.into() });
+        }
     }
     Ok(out)
+}
+
+/// Sets queue `qid`'s `head_due` from its head (after a write that may
+/// have changed the head or its state or due time: submit, claim, finish,
+/// cancel, recover; `sending` turns a claimed head into a sending one, both
+/// NULL, and `purge` deletes only ended jobs and empty queues).
+fn refresh_head(c: &Connection, qid: i64) -> Result<(), StoreError> {
+    c.prepare_cached(REFRESH_HEAD).and_then(|mut s| s.execute(params![qid])).map_err(sql)?;
+    Ok(())
 }
 
 fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
@@ -860,8 +970,8 @@ impl JobStore for SqliteJobs {
         self.write(move |c| submit(c, id, job, bounds, now)).await
     }
 
-    async fn due_queues(&self, now: Micros, limit: usize) -> Result<Vec<QueueKey>, StoreError> {
-        self.read(move |c| due_queues(c, now, limit)).await
+    async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError> {
+        self.read(move |c| due_queues(c, now, per_caller)).await
     }
 
     async fn claim(
@@ -916,5 +1026,39 @@ impl JobStore for SqliteJobs {
 
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
         self.write(move |c| purge(c, now, keep_us)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan SQLite gives `sql`, one line per step.
+    fn plan(c: &Connection, sql: &str) -> String {
+        let mut s = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("explain");
+        let args = rusqlite::params_from_iter(1..=s.parameter_count() as i64);
+        let rows = s.query_map(args, |r| r.get::<_, String>(3)).expect("plan");
+        rows.map(|r| r.expect("a step")).collect::<Vec<_>>().join("\n")
+    }
+
+    /// A queue's head is found through the index of unfinished jobs, not by
+    /// stepping over the queue's ended jobs (kept for a week: a campaign's
+    /// 100,000 sent jobs made each probe 13 ms instead of 20 µs); the due
+    /// queues are read from the index of heads, never by a scan or a sort.
+    #[test]
+    fn claim_and_due_queues_read_a_queue_through_its_unfinished_jobs_only() {
+        let c = Connection::open_in_memory().expect("open");
+        c.execute_batch(SCHEMA).expect("schema");
+        for step in MIGRATIONS {
+            c.execute_batch(step).expect("migrate");
+        }
+        for sql in [CLAIM, REFRESH_HEAD] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
+        }
+        for sql in [FIRST_CALLER, NEXT_CALLER, CALLER_DUE] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("queues_due") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
+        }
     }
 }
