@@ -234,3 +234,74 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
     gate.settle().await;
     assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1, "never sent");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota() {
+    let redis = support::redis_server::RedisServer::start();
+    let (mock, _tokens) = wechat(msgid).await;
+    let dir = TempDir::new("queue-redis");
+    let callers: Vec<String> = ["hr", "marketing", "ops"].iter().map(|c| caller(c).to_string()).collect();
+    let config = ConfigToml::new(&mock.url())
+        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "q2"))
+        .with(rules(30, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(callers.join("\n"))
+        .to_string();
+    let env = [("WXGATE_TOKEN_KEY", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a")];
+    let instances: Vec<support::process::Instance> = (0..2)
+        .map(|i| {
+            support::process::spawn(&config, &format!("queue-redis-{i}"), &env).unwrap_or_else(|log| panic!("{log}"))
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let by = ["hr", "marketing", "ops"][i % 3];
+        let req = http::Request::post(instances[i % 2].url(&format!("/@{APPID}{SEND}")))
+            .header("prefer", "respond-async")
+            .header("x-wx-caller", by)
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"o{i}"}}"#))))
+            .expect("request");
+        let a = support::send(req).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        ids.push((by, a.json()["delivery"].as_str().expect("id").to_owned()));
+    }
+    let sends = || mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
+    eventually_async("30 sent", PATIENCE, async || sends() >= 30).await;
+    // The other ten wait for the next quota day (each queue's head
+    // `waiting`, the jobs behind it `queued`), seen from either instance.
+    let mut states = std::collections::BTreeMap::<String, usize>::new();
+    for (i, (by, id)) in ids.iter().enumerate() {
+        let path = format!("/v1/deliveries/{id}");
+        let mut state = String::new();
+        eventually_async("a state", PATIENCE, async || {
+            let req = http::Request::get(instances[(i + 1) % 2].url(&path)).header("x-wx-caller", *by);
+            let a = support::send(req.body(http_body_util::Full::new(bytes::Bytes::new())).expect("request")).await;
+            state = a.json()["state"].as_str().unwrap_or_default().to_owned();
+            ["sent", "waiting", "queued"].contains(&state.as_str())
+        })
+        .await;
+        *states.entry(state).or_default() += 1;
+    }
+    assert_eq!(states.get("sent"), Some(&30), "{states:?}");
+    let unsent = states.get("waiting").copied().unwrap_or(0) + states.get("queued").copied().unwrap_or(0);
+    assert_eq!(unsent, 10, "{states:?}");
+    assert!(states.get("waiting").is_some_and(|w| *w >= 1), "a queue's head waits for the quota: {states:?}");
+    let mut bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), 30, "never over the day quota");
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 30, "each job sent once");
+    let forwarded = r#"wxgate_calls_total{rule="template_send",outcome="forwarded"}"#;
+    let mut by_instance = Vec::new();
+    for i in &instances {
+        by_instance.push(i.metric(forwarded).await.unwrap_or(0.0));
+    }
+    assert_eq!(by_instance.iter().sum::<f64>(), 30.0, "{by_instance:?}");
+    // Each instance's submissions wake its own dispatcher: both send.
+    assert!(by_instance.iter().all(|n| *n > 0.0), "both instances dispatch: {by_instance:?}");
+}
