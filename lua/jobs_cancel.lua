@@ -6,7 +6,8 @@
 -- ARGV[1]  B     ARGV[2]  now (µs)     ARGV[3]  the job's id     ARGV[4]  caller
 --
 -- Returns {'none'} (no job of this caller), {'late', state}, or
--- {'ok', rule, queue head, caller's jobs, caller's bytes}.
+-- {'ok', rule, queue head, caller's jobs, caller's bytes, earliest pending
+-- callback or -1}.
 
 local now = tonumber(ARGV[2])
 local id, caller = ARGV[3], ARGV[4]
@@ -19,4 +20,4 @@ if f[1] ~= 'queued' and f[1] ~= 'waiting' and f[1] ~= 'claimed' then
 end
 end_job(id, caller, f[3], f[1], 'cancelled', now)
 local cj, cb = caller_totals(caller)
-return {'ok', f[3], head(caller, f[3]), cj, cb}
+return {'ok', f[3], head(caller, f[3]), cj, cb, callback_head()}

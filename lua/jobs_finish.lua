@@ -11,7 +11,7 @@
 --
 -- Returns {0} (owner does not hold it, or notyet / expired for a sending
 -- job: nothing changed), or {1, caller, rule, queue head,
--- caller's jobs, caller's bytes}.
+-- caller's jobs, caller's bytes, earliest pending callback or -1}.
 
 local now = tonumber(ARGV[2])
 local id = ARGV[3]
@@ -43,4 +43,4 @@ else
   end_job(id, caller, rule, f[1], kind, now)
 end
 local cj, cb = caller_totals(caller)
-return {1, caller, rule, head(caller, rule), cj, cb}
+return {1, caller, rule, head(caller, rule), cj, cb, callback_head()}

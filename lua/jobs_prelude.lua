@@ -21,6 +21,10 @@
 --   B..'counts'   hash: caller..'\n'..rule..'\n'..state -> jobs (summary)
 --   B..'idem'     hash: caller..'\n'..key -> the first job's id
 --   B..'idemx'    zset: the same members by when they stop counting
+--   B..'cbs'      zset: ended jobs whose callback is pending, by when it is
+--                 due (such a job is put in 'ended' only once its callback
+--                 is done, so purge keeps it); the job's hash holds 'cbd'
+--                 (that due time) and 'cbn' (times handed out)
 --
 -- States are stored by name: queued waiting claimed sending sent failed
 -- expired cancelled unknown. Times are wxgate's (given, never Redis TIME).
@@ -86,7 +90,13 @@ local function end_job(id, caller, rule, from, to, now)
     redis.call('SREM', B .. 'qs', caller .. '\n' .. rule)
   end
   redis.call('ZREM', B .. 'leases', id)
-  redis.call('ZADD', B .. 'ended', now, id)
+  if redis.call('HEXISTS', k, 'cb') == 1 then
+    -- Its callback pending, due now, in the script that ended it.
+    redis.call('HSET', k, 'cbd', fmt(now), 'cbn', '0')
+    redis.call('ZADD', B .. 'cbs', now, id)
+  else
+    redis.call('ZADD', B .. 'ended', now, id)
+  end
   count(caller, rule, from, -1)
   count(caller, rule, to, 1)
   redis.call('HINCRBY', META, 'j', -1)
@@ -106,3 +116,13 @@ local function unlease(id, caller, rule, from, state, due, now)
   count(caller, rule, state, 1)
 end
 
+
+-- The account's earliest pending callback's due time, or -1 (for the index
+-- of accounts with pending callbacks, `{#jobs}:callbacks`).
+local function callback_head()
+  local h = redis.call('ZRANGE', B .. 'cbs', 0, 0, 'WITHSCORES')
+  if #h == 0 then
+    return -1
+  end
+  return tonumber(h[2])
+end

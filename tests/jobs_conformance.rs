@@ -66,6 +66,9 @@ on_every_store!(
     cancel_takes_back_only_jobs_not_yet_sending_and_only_its_callers,
     summary_counts_each_queue_by_state,
     purge_deletes_only_jobs_ended_before_keep,
+    an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
+    every_way_a_job_ends_makes_its_callback_pending_and_only_then,
+    callbacks_due_hands_out_at_most_max_across_accounts,
 );
 
 async fn submit(s: &Arc<dyn JobStore>, job: NewJob, now: i64) -> JobId {
@@ -87,6 +90,11 @@ async fn unfinished(s: &Arc<dyn JobStore>) -> u64 {
 }
 
 mod scenarios {
+    pub use super::callback_scenarios::{
+        an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
+        callbacks_due_hands_out_at_most_max_across_accounts,
+        every_way_a_job_ends_makes_its_callback_pending_and_only_then,
+    };
     use super::*;
 
     pub async fn a_submitted_job_is_queued_and_only_its_caller_sees_it(s: Arc<dyn JobStore>) {
@@ -634,6 +642,136 @@ mod scenarios {
         let again = s.submit(keyed, &roomy(DAY), T0 + DAY).await.expect("submit");
         assert!(!again.duplicate);
         assert_ne!(again.id, first.id);
+    }
+}
+
+mod callbacks {
+    use super::*;
+    use wxgate::store::jobs::DueCallback;
+
+    pub fn with_callback(q: &wxgate::store::jobs::QueueKey, n: u32) -> NewJob {
+        let mut job = new_job(q, 10);
+        job.callback = Some(format!("https://hr.example/hooks/{n}"));
+        job
+    }
+
+    pub async fn due(s: &Arc<dyn JobStore>, now: i64, max: usize) -> Vec<DueCallback> {
+        s.callbacks_due(now, LEASE, max).await.expect("callbacks_due")
+    }
+
+    pub fn due_ids(due: &[DueCallback]) -> Vec<(JobId, u32)> {
+        due.iter().map(|d| (d.job.id, d.tries)).collect()
+    }
+}
+
+mod callback_scenarios {
+    use super::callbacks::{due, due_ids, with_callback};
+    use super::*;
+
+    pub async fn an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let a = submit(&s, with_callback(&q, 1), T0).await;
+        let b = submit(&s, new_job(&q, 10), T0).await;
+        assert!(due(&s, T0 + DAY, 10).await.is_empty(), "nothing pending before a job ends");
+        assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 2).await.expect("claim")), vec![a, b]);
+        assert!(s.sending(a, "i1", T0).await.expect("sending"));
+        assert!(s.finish(a, "i1", End::Sent(answer(200, 0, r#"{"msgid":7}"#)), T0 + 1).await.expect("finish"));
+        assert!(s.finish(b, "i1", End::Sent(answer(200, 0, "{}")), T0 + 1).await.expect("finish"));
+        assert!(due(&s, T0, 10).await.is_empty(), "due when the job ended, not before");
+        let first = due(&s, T0 + 1, 10).await;
+        assert_eq!(due_ids(&first), vec![(a, 1)], "only the job with a callback");
+        let job = &first[0].job;
+        assert_eq!((job.state, job.attempts, job.updated_us), (JobState::Sent, 1, T0 + 1));
+        assert_eq!(job.answer, Some(answer(200, 0, r#"{"msgid":7}"#)));
+        assert_eq!(job.new.callback.as_deref(), Some("https://hr.example/hooks/1"));
+        assert!(job.new.body.is_empty(), "the job's body is never handed out with its callback");
+        assert!(due(&s, T0 + LEASE, 10).await.is_empty(), "handed out: leased, not to another instance");
+        // The lease ran out before the post was recorded (an instance died):
+        // handed out again (at least once).
+        assert_eq!(due_ids(&due(&s, T0 + 1 + LEASE, 10).await), vec![(a, 2)]);
+        assert!(!s.callback_done(a, 1, None, T0 + 2 + LEASE).await.expect("done"), "a stale post changes nothing");
+        let later = T0 + 10 * LEASE;
+        assert!(s.callback_done(a, 2, Some(later), T0 + 2 + LEASE).await.expect("retry later"));
+        assert!(due(&s, later - 1, 10).await.is_empty());
+        assert_eq!(due_ids(&due(&s, later, 10).await), vec![(a, 3)]);
+        // Purge keeps a job whose callback is pending, and deletes it once done.
+        assert_eq!(s.purge(T0 + 100 * DAY, DAY).await.expect("purge"), 1, "b only");
+        assert_eq!(state(&s, "hr", a).await, JobState::Sent);
+        assert!(s.callback_done(a, 3, None, later).await.expect("delivered"));
+        assert!(!s.callback_done(a, 3, None, later).await.expect("again"), "no longer pending");
+        assert!(due(&s, T0 + 100 * DAY, 10).await.is_empty(), "done: never handed out again");
+        assert_eq!(s.purge(T0 + 100 * DAY, DAY).await.expect("purge"), 1, "a, once its callback is done");
+        assert_eq!(s.get("hr", a).await.expect("get"), None);
+    }
+
+    pub async fn every_way_a_job_ends_makes_its_callback_pending_and_only_then(s: Arc<dyn JobStore>) {
+        let mut ended = Vec::new();
+        // One queue per job, so each is its queue's head.
+        let q = |n: u32| queue("hr", "wx1", &format!("r{n}"));
+        let ends = [
+            End::Failed(answer(200, 40003, "{}")),
+            End::Expired,
+            End::Unknown(None),
+            End::Retry { at: T0 + DAY, answer: Some(answer(200, -1, "{}")) },
+            End::NotYet { at: T0 + DAY },
+        ];
+        for (n, end) in ends.into_iter().enumerate() {
+            let n = n as u32;
+            let id = submit(&s, with_callback(&q(n), n), T0).await;
+            assert_eq!(ids(&s.claim(&q(n), "i1", T0, LEASE, 1).await.expect("claim")), vec![id]);
+            let may_send = matches!(end, End::Unknown(_) | End::Failed(_) | End::Retry { .. });
+            if may_send {
+                assert!(s.sending(id, "i1", T0).await.expect("sending"));
+            }
+            let ends_it = !matches!(end, End::Retry { .. } | End::NotYet { .. });
+            assert!(s.finish(id, "i1", end, T0 + 1).await.expect("finish"));
+            if ends_it {
+                ended.push(id);
+            }
+        }
+        let cancelled = submit(&s, with_callback(&q(10), 10), T0).await;
+        assert_eq!(s.cancel("hr", cancelled, T0 + 1).await.expect("cancel"), Cancelled::Cancelled);
+        ended.push(cancelled);
+        let lost = submit(&s, with_callback(&q(11), 11), T0).await;
+        s.claim(&q(11), "i2", T0, LEASE, 1).await.expect("claim");
+        assert!(s.sending(lost, "i2", T0).await.expect("sending"));
+        assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered { requeued: 0, unknown: 1 });
+        ended.push(lost);
+        let mut got: Vec<(JobId, JobState)> =
+            due(&s, T0 + LEASE, 100).await.into_iter().map(|d| (d.job.id, d.job.state)).collect();
+        got.sort_by_key(|(id, _)| *id);
+        let mut want = Vec::new();
+        for id in ended {
+            want.push((id, state(&s, "hr", id).await));
+        }
+        want.sort_by_key(|(id, _)| *id);
+        assert_eq!(got, want, "each ended job once, a job retried or handed back not at all");
+        let states: Vec<JobState> = want.iter().map(|(_, st)| *st).collect();
+        for st in [JobState::Failed, JobState::Expired, JobState::Unknown, JobState::Cancelled] {
+            assert!(states.contains(&st), "{st:?} among {states:?}");
+        }
+    }
+
+    pub async fn callbacks_due_hands_out_at_most_max_across_accounts(s: Arc<dyn JobStore>) {
+        let mut all = Vec::new();
+        for (n, account) in ["wx1", "wx2", "wx3"].into_iter().enumerate() {
+            let q = queue("hr", account, "r");
+            for k in 0..2 {
+                let id = submit(&s, with_callback(&q, k), T0).await;
+                assert_eq!(s.cancel("hr", id, T0 + n as i64).await.expect("cancel"), Cancelled::Cancelled);
+                all.push(id);
+            }
+        }
+        assert!(s.callbacks_due(T0, LEASE, 0).await.expect("none asked").is_empty());
+        let first = due(&s, T0 + 10, 4).await;
+        assert_eq!(first.len(), 4, "at most max");
+        let rest = due(&s, T0 + 10, 4).await;
+        assert_eq!(rest.len(), 2, "the others, each once");
+        let mut got: Vec<JobId> = first.iter().chain(&rest).map(|d| d.job.id).collect();
+        got.sort();
+        all.sort();
+        assert_eq!(got, all);
+        assert_eq!(first[0].job.new.queue.account.as_ref(), "wx1", "the oldest first");
     }
 }
 

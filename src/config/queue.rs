@@ -34,6 +34,8 @@ pub(super) struct RawQueue {
     pub attempts: Option<u32>,
     pub backoff: Option<String>,
     pub backoff_max: Option<String>,
+    pub callback_key_file: Option<String>,
+    pub callback_for: Option<String>,
 }
 
 /// Where the jobs live.
@@ -63,6 +65,35 @@ pub struct QueueConfig {
     /// A dispatcher's lease on the jobs it claims.
     pub lease_us: Micros,
     pub backoff: Backoff,
+    /// The key callbacks are signed with (`WXGATE_CALLBACK_KEY`, else
+    /// `[queue] callback_key_file`); `None`: no caller may name a callback.
+    pub callback_key: Option<CallbackKey>,
+    /// How long after its job ended a callback is tried (then given up).
+    pub callback_for_us: Micros,
+}
+
+/// The environment variable that gives the callback key (before
+/// `[queue] callback_key_file`).
+pub const CALLBACK_KEY_ENV: &str = "WXGATE_CALLBACK_KEY";
+
+/// Shortest callback key (e.g. `openssl rand -hex 32`).
+const MIN_CALLBACK_KEY: usize = 16;
+
+/// The HMAC-SHA256 key of callbacks' `X-Wxgate-Signature`: its `Debug`
+/// never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CallbackKey(std::sync::Arc<[u8]>);
+
+impl CallbackKey {
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for CallbackKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallbackKey(..)")
+    }
 }
 
 impl Default for QueueConfig {
@@ -81,6 +112,8 @@ impl Default for QueueConfig {
             deadline_us: 24 * 3_600_000_000,
             lease_us: 30_000_000,
             backoff: Backoff::default(),
+            callback_key: None,
+            callback_for_us: 24 * 3_600_000_000,
         }
     }
 }
@@ -194,6 +227,14 @@ pub(super) fn compile(
     if cap_us < base_us {
         return Err(Invalid::at(TABLE, "backoff_max", "must not be shorter than backoff"));
     }
+    let callback_for_us =
+        span(raw.callback_for.as_deref(), "callback_for", d.callback_for_us, Duration::from_secs(60), MAX_DEADLINE)?;
+    let env_key = std::env::var(CALLBACK_KEY_ENV).ok().filter(|k| !k.trim().is_empty());
+    let callback_key = match (env_key, raw.callback_key_file.as_deref()) {
+        (Some(key), _) => Some(callback_key(key.trim().as_bytes()).map_err(|e| e.field(CALLBACK_KEY_ENV))?),
+        (None, None) => None,
+        (None, Some(file)) => Some(read_callback_key(&beside_config(dir, Path::new(file)))?),
+    };
     Ok(QueueConfig {
         at,
         max_body,
@@ -202,7 +243,48 @@ pub(super) fn compile(
         deadline_us,
         lease_us,
         backoff: Backoff { base_us, cap_us, max_attempts },
+        callback_key,
+        callback_for_us,
     })
+}
+
+fn callback_key(key: &[u8]) -> Result<CallbackKey, Invalid> {
+    if key.len() < MIN_CALLBACK_KEY {
+        return Err(Invalid::new(format!(
+            "the callback key is shorter than {MIN_CALLBACK_KEY} bytes (make one with: openssl rand -hex 32)"
+        )));
+    }
+    Ok(CallbackKey(key.into()))
+}
+
+/// `[queue] callback_key_file`: the key (surrounding whitespace ignored),
+/// in a file only its owner (and group) may read.
+fn read_callback_key(path: &Path) -> Result<CallbackKey, Invalid> {
+    let field = "callback_key_file";
+    super::units::check_secret_mode(path, field, "whoever reads it can sign callbacks as wxgate")
+        .map_err(|e| e.table(TABLE))?;
+    let text = std::fs::read(path).map_err(|e| Invalid::at(TABLE, field, format!("{}: {e}", path.display())))?;
+    callback_key(text.trim_ascii()).map_err(|e| e.field(field).table(TABLE))
+}
+
+/// Callers that name callback prefixes need a key to sign callbacks with:
+/// without one the config is refused (naming the first such caller).
+pub fn check_callbacks(queue: &QueueConfig, callers: &[std::sync::Arc<super::CallerPolicy>]) -> Result<(), Invalid> {
+    if queue.callback_key.is_some() {
+        return Ok(());
+    }
+    match callers.iter().find(|c| !c.callbacks.is_empty()) {
+        None => Ok(()),
+        Some(c) => Err(Invalid::at(
+            TABLE,
+            "callback_key_file",
+            format!(
+                "[[caller]] \"{}\" has callbacks, which are signed: give a key in [queue] callback_key_file \
+                 (a file of mode 0600) or the {CALLBACK_KEY_ENV} environment variable",
+                c.name
+            ),
+        )),
+    }
 }
 
 /// A deadline setting (`[queue] deadline`, a rule's `queue_deadline`): a

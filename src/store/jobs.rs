@@ -263,6 +263,16 @@ pub struct QueueSummary {
     pub oldest_us: Option<Micros>,
 }
 
+/// An ended job whose callback ([`NewJob::callback`]) is due, handed out
+/// by [`JobStore::callbacks_due`]: its job (the body left out, never
+/// posted) and how many times its callback was handed out (this one
+/// counted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueCallback {
+    pub job: Job,
+    pub tries: u32,
+}
+
 /// Where queued jobs live. Every method is atomic (one transaction, one
 /// script): no other call of any instance sees it half done. A method that
 /// returns `Ok` has made its change durable (SQLite: fsync'd; Redis: as
@@ -335,6 +345,32 @@ pub trait JobStore: Send + Sync + 'static {
     async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError>;
 
     /// Deletes jobs that ended before `now - keep_us`, and idempotency keys
-    /// past their time; how many jobs went.
+    /// past their time; how many jobs went. A job whose callback is still
+    /// pending is kept until it is done ([`JobStore::callback_done`]).
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError>;
+
+    /// Callbacks (src/ops/callbacks.rs). A job with a callback that ends
+    /// (`finish`, `recover`, `cancel`: every way a job ends) has its
+    /// callback pending, due at once, in the same write: so it is never
+    /// lost across a restart.
+    ///
+    /// Hands out at most `max` pending callbacks due by `now`, oldest due
+    /// first (on Redis: accounts by their oldest, each account's oldest
+    /// first), each made due again at `now + lease_us` (and its `tries`
+    /// counted): another dispatcher (instance) takes it only after that,
+    /// so one posts it unless the lease runs out before the post is
+    /// recorded (an instance that died, or a post slower than the lease).
+    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError>;
+
+    /// Records the post of a callback handed out with `tries`: `retry_at`
+    /// `None`, done (delivered, or given up: no longer pending); `Some`, due
+    /// again then. `Ok(false)`: it was handed out again since (a later
+    /// `tries`) or is no longer pending; nothing changed.
+    async fn callback_done(
+        &self,
+        id: JobId,
+        tries: u32,
+        retry_at: Option<Micros>,
+        now: Micros,
+    ) -> Result<bool, StoreError>;
 }

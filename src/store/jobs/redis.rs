@@ -67,8 +67,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary, Recovered,
-    SubmitError, Submitted,
+    Answer, Bound, Bounds, Cancelled, DueCallback, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary,
+    Recovered, SubmitError, Submitted,
 };
 use crate::config::RedisConfig;
 use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
@@ -100,6 +100,8 @@ struct Scripts {
     recover: Script,
     summary: Script,
     purge: Script,
+    callbacks: Script,
+    callback_done: Script,
 }
 
 impl Scripts {
@@ -116,10 +118,12 @@ impl Scripts {
             recover: Script::new(jobs_script!("jobs_recover.lua")),
             summary: Script::new(jobs_script!("jobs_summary.lua")),
             purge: Script::new(jobs_script!("jobs_purge.lua")),
+            callbacks: Script::new(jobs_script!("jobs_callbacks.lua")),
+            callback_done: Script::new(jobs_script!("jobs_callback_done.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 11] {
+    fn all(&self) -> [&Script; 13] {
         [
             &self.account,
             &self.note,
@@ -132,6 +136,8 @@ impl Scripts {
             &self.recover,
             &self.summary,
             &self.purge,
+            &self.callbacks,
+            &self.callback_done,
         ]
     }
 }
@@ -327,6 +333,46 @@ impl RedisJobs {
         self.run::<i64>(inv).await.map(|_| ())
     }
 
+    /// `<prefix>:{#jobs}:callbacks`: the accounts with pending callbacks,
+    /// by their earliest one's due time.
+    fn callbacks_key(&self) -> String {
+        self.global("callbacks")
+    }
+
+    /// Writes an account's earliest pending callback (`-1`: none) into the
+    /// index [`JobStore::callbacks_due`] reads. Like the index of due
+    /// queues it may be stale when two instances' writes cross or an
+    /// instance dies between a script and this write: an entry too early
+    /// costs one script that hands out nothing (and writes the truth); an
+    /// entry missing waits for the next `recover`, which writes every
+    /// account's.
+    async fn note_callbacks(&self, account: &str, head: i64) -> Result<(), StoreError> {
+        let cmd = if head < 0 {
+            ::redis::cmd("ZREM").arg(self.callbacks_key()).arg(account).clone()
+        } else {
+            ::redis::cmd("ZADD").arg(self.callbacks_key()).arg(head).arg(account).clone()
+        };
+        self.query::<i64>(&cmd).await.map(|_| ())
+    }
+
+    /// [`JobStore::callback_done`] in `account`'s keys.
+    async fn callback_done_in(
+        &self,
+        account: &str,
+        id: JobId,
+        tries: u32,
+        retry_at: Option<Micros>,
+        now: Micros,
+    ) -> Result<bool, StoreError> {
+        const S: &str = "jobs_callback_done.lua";
+        let mut inv = self.on_account(&self.scripts.callback_done, account);
+        inv.arg(now).arg(id.to_string()).arg(tries).arg(retry_at.map(|t| t.to_string()).unwrap_or_default());
+        let reply: Vec<Value> = self.run(inv).await?;
+        let [done, head] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
+        self.note_callbacks(account, int(&head, S)?).await?;
+        Ok(int(&done, S)? == 1)
+    }
+
     /// [`JobStore::sending`] in `account`'s keys.
     async fn sending_in(&self, account: &str, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
         let mut inv = self.on_account(&self.scripts.sending, account);
@@ -364,10 +410,11 @@ impl RedisJobs {
         let reply: Vec<Value> = self.run(inv).await?;
         match reply.as_slice() {
             [held] if int(held, S)? == 0 => Ok(false),
-            [_, caller, rule, head, jobs, bytes] => {
+            [_, caller, rule, head, jobs, bytes, callbacks] => {
                 let (caller, rule) = (text(caller, S)?, text(rule, S)?);
                 let totals = Some((int(jobs, S)?, int(bytes, S)?));
                 self.note(account, &caller, &rule, Some(int(head, S)?), totals).await?;
+                self.note_callbacks(account, int(callbacks, S)?).await?;
                 Ok(true)
             }
             _ => Err(bad(S, format!("{} items", reply.len()))),
@@ -397,9 +444,10 @@ impl RedisJobs {
         match (kind.as_str(), reply.as_slice()) {
             ("none", _) => Ok(Cancelled::NotFound),
             ("late", [_, state]) => Ok(Cancelled::TooLate(state_from(&text(state, S)?)?)),
-            ("ok", [_, rule, head, jobs, bytes]) => {
+            ("ok", [_, rule, head, jobs, bytes, callbacks]) => {
                 let totals = Some((int(jobs, S)?, int(bytes, S)?));
                 self.note(account, caller, &text(rule, S)?, Some(int(head, S)?), totals).await?;
+                self.note_callbacks(account, int(callbacks, S)?).await?;
                 Ok(Cancelled::Cancelled)
             }
             _ => Err(bad(S, kind)),
@@ -414,14 +462,15 @@ impl RedisJobs {
             let mut inv = self.on_account(&self.scripts.recover, account);
             inv.arg(now).arg(PER_RUN);
             let reply: Vec<Value> = self.run(inv).await?;
-            let [requeued, unknown, more, heads, totals] =
-                <[Value; 5]>::try_from(reply).map_err(|r| bad("jobs_recover.lua", format!("{} items", r.len())))?;
+            let [requeued, unknown, more, heads, totals, callbacks] =
+                <[Value; 6]>::try_from(reply).map_err(|r| bad("jobs_recover.lua", format!("{} items", r.len())))?;
             done.requeued += int(&requeued, "jobs_recover.lua")?.max(0) as u64;
             done.unknown += int(&unknown, "jobs_recover.lua")?.max(0) as u64;
             if int(&more, "jobs_recover.lua")? == 1 {
                 continue;
             }
             const S: &str = "jobs_recover.lua";
+            self.note_callbacks(account, int(&callbacks, S)?).await?;
             let mut all_heads = Vec::new();
             for q in list(heads, S)?.chunks(3) {
                 if let [caller, rule, head] = q {
@@ -640,6 +689,61 @@ impl JobStore for RedisJobs {
         Ok(out)
     }
 
+    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+        const S: &str = "jobs_callbacks.lua";
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let accounts: Vec<String> = self
+            .query(
+                ::redis::cmd("ZRANGEBYSCORE")
+                    .arg(self.callbacks_key())
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(max),
+            )
+            .await?;
+        let mut out = Vec::new();
+        for account in accounts {
+            let left = max.saturating_sub(out.len());
+            if left == 0 {
+                break;
+            }
+            let mut inv = self.on_account(&self.scripts.callbacks, &account);
+            inv.arg(now).arg(lease_us).arg(left);
+            let reply: Vec<Value> = self.run(inv).await?;
+            let [jobs, head] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
+            let account: Arc<str> = account.into();
+            for fields in list(jobs, S)? {
+                let tries = field_of(&fields, "cbn")
+                    .and_then(|t| t.parse::<u32>().ok())
+                    .ok_or_else(|| bad(S, "a callback without its tries"))?;
+                out.push(DueCallback { job: job_from(&account, fields, Vec::new())?, tries });
+            }
+            self.note_callbacks(&account, int(&head, S)?).await?;
+        }
+        Ok(out)
+    }
+
+    async fn callback_done(
+        &self,
+        id: JobId,
+        tries: u32,
+        retry_at: Option<Micros>,
+        now: Micros,
+    ) -> Result<bool, StoreError> {
+        let Some(account) = self.account_of(id).await? else { return Ok(false) };
+        if self.callback_done_in(&account, id, tries, retry_at, now).await? {
+            return Ok(true);
+        }
+        match self.renamed(id, &account).await? {
+            Some(other) => self.callback_done_in(&other, id, tries, retry_at, now).await,
+            None => Ok(false),
+        }
+    }
+
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
         const S: &str = "jobs_purge.lua";
         let mut purged = 0u64;
@@ -715,6 +819,17 @@ fn state_from(s: &str) -> Result<JobState, StoreError> {
         "cancelled" => JobState::Cancelled,
         "unknown" => JobState::Unknown,
         other => return Err(bad("a job's state", other)),
+    })
+}
+
+/// One field of a job's hash as HGETALL gave it.
+fn field_of(fields: &Value, name: &str) -> Option<String> {
+    let Value::Array(items) = fields else { return None };
+    items.chunks(2).find_map(|pair| match pair {
+        [k, v] if ::redis::from_redis_value_ref::<String>(k).ok()? == name => {
+            ::redis::from_redis_value_ref::<String>(v).ok()
+        }
+        _ => None,
     })
 }
 

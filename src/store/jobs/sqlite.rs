@@ -37,15 +37,15 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transactio
 use tokio::sync::oneshot;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary, Recovered,
-    SubmitError, Submitted, ANSWER_MAX,
+    Answer, Bound, Bounds, Cancelled, DueCallback, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary,
+    Recovered, SubmitError, Submitted, ANSWER_MAX,
 };
 use crate::store::StoreError;
 use crate::time::Micros;
 
 /// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
 /// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -122,12 +122,25 @@ CREATE TABLE totals (
 /// write that can change a head ([`refresh_head`]), and indexed by (caller,
 /// head due, account, rule), so [`due_queues`] reads each caller's oldest
 /// heads without looking at every queue.
-pub const MIGRATIONS: &[&str] = &["
+///
+/// 2 → 3: pending callbacks. `jobs.cb_due`: when an ended job's callback
+/// is due (NULL: none pending: no callback, or done); `jobs.cb_tries`: how
+/// many times it was handed out; indexed by `cb_due` where pending. Jobs
+/// that ended before version 3 have none pending (no build before it
+/// posted callbacks).
+pub const MIGRATIONS: &[&str] = &[
+    "
 ALTER TABLE queues ADD COLUMN head_due INTEGER;
 UPDATE queues SET head_due = (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open
     WHERE jobs.qid = queues.qid AND state < 4 ORDER BY seq LIMIT 1);
 CREATE INDEX queues_due ON queues (caller, head_due, account, rule) WHERE head_due IS NOT NULL;
-"];
+",
+    "
+ALTER TABLE jobs ADD COLUMN cb_due INTEGER;
+ALTER TABLE jobs ADD COLUMN cb_tries INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_callbacks ON jobs (cb_due) WHERE cb_due IS NOT NULL;
+",
+];
 
 /// `totals.kind`.
 const CALLER: i64 = 0;
@@ -163,6 +176,14 @@ const REFRESH_HEAD: &str = "UPDATE queues SET head_due = \
      (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open \
       WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT 1) \
      WHERE qid = ?1";
+
+/// [`callbacks_due`]: pending callbacks due by `?1`, oldest first, at most
+/// `?2`: the job's fields ([`job_from`], its body left out) and `cb_tries`.
+const CALLBACKS_DUE: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, \
+     j.target, j.content_type, X'', j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, \
+     j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.cb_tries \
+     FROM jobs j INDEXED BY jobs_callbacks JOIN queues q ON q.qid = j.qid \
+     WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due LIMIT ?2";
 
 /// [`due_queues`]: the first caller with a head, and its oldest head.
 const FIRST_CALLER: &str = "SELECT caller, head_due FROM queues INDEXED BY queues_due \
@@ -773,9 +794,51 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Resu
     }
     if state.ended() {
         ended(c, &job.caller, &job.account, job.bytes)?;
+        callback_pending(c, job.seq, now)?;
     }
     refresh_head(c, job.qid)?;
     Ok(true)
+}
+
+/// A job that just ended: its callback, if it has one, pending and due now
+/// (in the write that ended it).
+fn callback_pending(c: &Connection, seq: i64, now: Micros) -> Result<(), StoreError> {
+    c.prepare_cached("UPDATE jobs SET cb_due = ?2, cb_tries = 0 WHERE seq = ?1 AND callback IS NOT NULL")
+        .and_then(|mut s| s.execute(params![seq, now]))
+        .map_err(sql)?;
+    Ok(())
+}
+
+fn callbacks_due(c: &Connection, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+    if max == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    {
+        let mut s = c.prepare_cached(CALLBACKS_DUE).map_err(sql)?;
+        let mut rows = s.query(params![now, limit]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            let tries: i64 = row.get(23).map_err(sql)?;
+            let tries = u32::try_from(tries.saturating_add(1)).map_err(|_| bad("callback tries out of range"))?;
+            out.push(DueCallback { job: job_from(row)?, tries });
+        }
+    }
+    let again = now.saturating_add(lease_us);
+    for due in &out {
+        let seq = i64::try_from(due.job.seq).map_err(|_| bad("a seq out of range"))?;
+        c.prepare_cached("UPDATE jobs SET cb_due = ?2, cb_tries = ?3 WHERE seq = ?1")
+            .and_then(|mut s| s.execute(params![seq, again, due.tries]))
+            .map_err(sql)?;
+    }
+    Ok(out)
+}
+
+fn callback_done(c: &Connection, id: JobId, tries: u32, retry_at: Option<Micros>) -> Result<bool, StoreError> {
+    c.prepare_cached("UPDATE jobs SET cb_due = ?3 WHERE id = ?1 AND cb_tries = ?2 AND cb_due IS NOT NULL")
+        .and_then(|mut s| s.execute(params![&id.0[..], tries, retry_at]))
+        .map(|n| n == 1)
+        .map_err(sql)
 }
 
 fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
@@ -814,6 +877,7 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
                 .and_then(|mut s| s.execute(params![seq, now]))
                 .map_err(sql)?;
             ended(c, &caller, &account, bytes)?;
+            callback_pending(c, seq, now)?;
             recovered.unknown += 1;
         }
     }
@@ -835,6 +899,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
         .and_then(|mut s| s.execute(params![job.seq, now]))
         .map_err(sql)?;
     ended(c, &job.caller, &job.account, job.bytes)?;
+    callback_pending(c, job.seq, now)?;
     refresh_head(c, job.qid)?;
     Ok(Cancelled::Cancelled)
 }
@@ -842,7 +907,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
 fn purge(c: &Connection, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
     let before = now.saturating_sub(keep_us);
     let jobs = c
-        .prepare_cached("DELETE FROM jobs WHERE state >= 4 AND updated_us < ?1")
+        .prepare_cached("DELETE FROM jobs WHERE state >= 4 AND updated_us < ?1 AND cb_due IS NULL")
         .and_then(|mut s| s.execute(params![before]))
         .map_err(sql)?;
     c.prepare_cached("DELETE FROM idempotency WHERE until_us <= ?1")
@@ -1027,6 +1092,20 @@ impl JobStore for SqliteJobs {
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
         self.write(move |c| purge(c, now, keep_us)).await
     }
+
+    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+        self.write(move |c| callbacks_due(c, now, lease_us, max)).await
+    }
+
+    async fn callback_done(
+        &self,
+        id: JobId,
+        tries: u32,
+        retry_at: Option<Micros>,
+        _now: Micros,
+    ) -> Result<bool, StoreError> {
+        self.write(move |c| callback_done(c, id, tries, retry_at)).await
+    }
 }
 
 #[cfg(test)]
@@ -1052,6 +1131,8 @@ mod tests {
         for step in MIGRATIONS {
             c.execute_batch(step).expect("migrate");
         }
+        let plan_of = plan(&c, CALLBACKS_DUE);
+        assert!(plan_of.contains("jobs_callbacks") && !plan_of.contains("TEMP B-TREE"), "{plan_of}");
         for sql in [CLAIM, REFRESH_HEAD] {
             let plan = plan(&c, sql);
             assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
