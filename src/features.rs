@@ -137,7 +137,7 @@ impl Features {
             warmup: warmup::Warmup,
             penalties: penalties::Penalties,
             ratelimit_headers: RateLimitHeaders,
-            queue: queue::Queue { jobs, wake: Arc::default(), owner: queue::owner_name() },
+            queue: queue::Queue { jobs, wake: Arc::default(), ended: Arc::default(), owner: queue::owner_name() },
         })
     }
 }

@@ -149,7 +149,11 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
     let (mock, _tokens) = wechat(msgid).await;
     let dir = TempDir::new("queue-bad");
     let info = rule("info").matching("/cgi-bin/user/info").limit(100, "day");
-    let hr = caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"]).to_string();
+    let hr = format!(
+        "{}{}",
+        support::callbacks::key_file_line(&dir),
+        caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"])
+    );
     let gate = gate(&mock, &dir, format!("{}\n{info}", rules(100, "day")), &hr).await;
     let at = format!("/@{APPID}{SEND}");
     let not_held = format!("/@wxnotheld{SEND}");

@@ -33,6 +33,9 @@ pub struct Queue {
     pub jobs: Option<Arc<dyn JobStore>>,
     /// Notified on each submission: the dispatcher looks at once.
     pub wake: Arc<Notify>,
+    /// Notified when jobs may have ended: the callbacks loop
+    /// (`crate::ops::callbacks`) looks at once.
+    pub ended: Arc<Notify>,
     /// This instance's name as a lease owner (random per process).
     pub owner: Arc<str>,
 }

@@ -122,6 +122,9 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
             Err(e) => tracing::warn!(error = %e, "queued delivery: a queue's round stopped"),
         }
     }
+    if busy {
+        app.features.queue.ended.notify_one();
+    }
     Ok(busy)
 }
 

@@ -61,6 +61,7 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
         Method::DELETE => match jobs.cancel(&caller, id, now).await.map_err(unavailable)? {
             Cancelled::NotFound => Err(not_found().into()),
             Cancelled::Cancelled => {
+                app.features.queue.ended.notify_one();
                 tracing::info!(caller = %caller, delivery = %id, "queued delivery cancelled by its caller");
                 let job = jobs.get(&caller, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
                 Ok(answer(StatusCode::OK, &job_json(&job, now)))

@@ -80,6 +80,15 @@ use crate::telemetry::metrics::{FailoverLabels, Tried, UpstreamLabel, UpstreamMe
 use crate::time::Clock;
 use crate::transport::request_body::RequestBody;
 
+/// The connector of `[server]`'s upstreams (TCP, TLS for https trusting
+/// the web roots and `upstream_ca`), for other clients wxgate runs (the
+/// callbacks of queued delivery, `crate::ops::callbacks`).
+pub fn connector(
+    server: &Server,
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String> {
+    tls::connector(server)
+}
+
 /// Each domain's client (`crate::config::Config::domains`, same order).
 pub struct DomainUpstreams {
     /// Domain 0's.

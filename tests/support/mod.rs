@@ -10,12 +10,14 @@
 //! of them ([`bodies`]), real WeChat SDKs as subprocesses ([`sdk`]) and the
 //! deployment files with promtool ([`deploy`]), `[intercept]`'s CA
 //! and CONNECT clients ([`intercept`]), and queued delivery's jobs
-//! (submissions, and the test binary run again as a child: [`jobs`]).
+//! (submissions, and the test binary run again as a child: [`jobs`]) and
+//! callbacks (a receiver, the signature's check: [`callbacks`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
 pub mod bodies;
+pub mod callbacks;
 pub mod config;
 pub mod deploy;
 pub mod intercept;
@@ -111,6 +113,8 @@ pub enum Reply {
     /// Echo the request back: status 200, body = request body, headers
     /// `x-echo-*` describing the request.
     Echo,
+    /// This status and body (`text/plain`): e.g. a callback receiver that fails.
+    Status { status: u16, body: String },
 }
 
 pub fn errcode_reply(code: i64) -> Reply {
@@ -260,6 +264,11 @@ impl MockWeChat {
             Reply::Json { body, content_type } => {
                 Response::builder().header("content-type", content_type).body(full(body)).expect("response")
             }
+            Reply::Status { status, body } => Response::builder()
+                .status(status)
+                .header("content-type", "text/plain")
+                .body(full(body))
+                .expect("response"),
             Reply::Echo => {
                 let mut b = Response::builder()
                     .header("content-type", "application/octet-stream")
@@ -503,6 +512,15 @@ impl Gate {
     /// A GET with these headers, in order (a name given twice is sent twice).
     pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
         let mut req = Request::get(self.url(path));
+        for (name, v) in headers {
+            req = req.header(*name, *v);
+        }
+        send(req.body(Full::new(Bytes::new())).expect("request")).await
+    }
+
+    /// A DELETE with these headers (e.g. cancelling a queued delivery).
+    pub async fn delete_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = Request::delete(self.url(path));
         for (name, v) in headers {
             req = req.header(*name, *v);
         }

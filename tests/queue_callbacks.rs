@@ -1,0 +1,268 @@
+//! Callbacks of queued delivery (issue 47, deliverable 7;
+//! docs/queued-delivery-callbacks.md) over real sockets: once a job with
+//! `X-Wxgate-Callback` ends, wxgate POSTs its result to a receiver (a
+//! [`MockWeChat`] recording it), signed with HMAC-SHA256
+//! (`X-Wxgate-Signature`), once per end, again later when the receiver
+//! does not answer 2xx, and never lost across a restart. On the embedded
+//! store and on Redis, on the gate's manual clock (no test sleeps).
+
+mod support;
+
+use std::time::Duration;
+
+use support::callbacks::{key_file_line, receiver, status, verify, KEY};
+use support::redis_server::RedisServer;
+use support::temp::TempDir;
+use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+
+const SEND: &str = "/cgi-bin/message/template/send";
+const ASYNC: (&str, &str) = ("prefer", "respond-async");
+
+/// The token rule and a template rule that queues, `count` sends a day.
+fn rules(count: u64) -> String {
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let send = rule("template_send").matching(SEND).limit(count, "day").set("queue", true);
+    format!("{token}\n{send}")
+}
+
+/// A mock WeChat issuing tokens and taking every template send (msgid 1000, 1001, ...).
+async fn wechat() -> MockWeChat {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        if rec.path_and_query.starts_with(SEND)
+            && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
+        {
+            let n = sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Reply::Json {
+                body: format!(r#"{{"errcode":0,"errmsg":"ok","msgid":{}}}"#, 1000 + n),
+                content_type: "application/json",
+            };
+        }
+        r
+    });
+    mock
+}
+
+/// The config of a gate whose caller `hr` may name callbacks under
+/// `<receiver>/hooks/`; `store`: a `[store]` section (Redis) or "" (the
+/// embedded jobs file in `dir`).
+fn config(mock: &MockWeChat, dir: &TempDir, hooks: &str, count: u64, store: &str) -> ConfigToml {
+    let (file, tokens) = if store.is_empty() {
+        (format!("file = \"{}\"\n", dir.path().join("queue.db").display()), String::new())
+    } else {
+        // Over Redis the token cache needs a token key.
+        let key = dir.write_secret("token.key", &"5f0c9a3e7b2d4f6a".repeat(4));
+        (String::new(), format!("[tokens]\nkey_file = \"{}\"\n", key.display()))
+    };
+    let queue = format!("[queue]\n{file}{}backoff = \"1s\"\nbackoff_max = \"4s\"\n", key_file_line(dir));
+    let hr = caller("hr").set("callbacks", vec![format!("{hooks}/hooks/")]);
+    ConfigToml::new(&mock.url())
+        .with(rules(count))
+        .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+        .with(queue)
+        .with(hr)
+        .with(store.to_owned())
+        .with(tokens)
+}
+
+/// Queues a template message of `hr` with a callback to `url`; its id.
+async fn queue_one(gate: &Gate, n: usize, url: &str) -> String {
+    let body = format!(r#"{{"touser":"secret-recipient-{n}","template_id":"t"}}"#);
+    let headers = [ASYNC, ("x-wx-caller", "hr"), ("x-wxgate-callback", url)];
+    let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &headers).await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    a.json()["delivery"].as_str().expect("an id").to_owned()
+}
+
+/// Waits until the receiver got `n` callbacks; they, in order.
+async fn callbacks(receiver: &MockWeChat, n: usize) -> Vec<support::Recorded> {
+    eventually_async(&format!("{n} callbacks"), PATIENCE, async || receiver.count() >= n).await;
+    receiver.calls()
+}
+
+fn json(rec: &support::Recorded) -> serde_json::Value {
+    serde_json::from_slice(&rec.body).expect("a JSON callback")
+}
+
+/// The callback of a sent message arrives once, signed (the HMAC checked
+/// here), with its end: state, attempts, WeChat's answer, rule, account,
+/// when it ended; never the message's body. A job cancelled while it waits
+/// is called back too, `cancelled`.
+async fn called_back_once_signed(gate: &Gate, receiver: &MockWeChat) {
+    let hooks = receiver.url();
+    let id = queue_one(gate, 0, &format!("{hooks}/hooks/order-1")).await;
+    let got = callbacks(receiver, 1).await;
+    let rec = &got[0];
+    assert_eq!((rec.method.as_str(), rec.path_and_query.as_str()), ("POST", "/hooks/order-1"));
+    assert_eq!(rec.headers.get("content-type").map(|v| v.to_str().unwrap_or("")), Some("application/json"));
+    let t = verify(rec, KEY.as_bytes());
+    assert_eq!(t, wxgate::time::Clock::now_us(&gate.clock) / 1_000_000, "t is wxgate's time, in seconds");
+    let body = json(rec);
+    assert_eq!(body["delivery"], id.as_str(), "{body}");
+    assert_eq!(body["state"], "sent", "{body}");
+    assert_eq!(body["attempts"], 1, "{body}");
+    assert_eq!(body["answer"]["status"], 200, "{body}");
+    assert_eq!(body["answer"]["errcode"], 0, "{body}");
+    assert_eq!(body["answer"]["body"]["msgid"], 1000, "{body}");
+    assert_eq!((body["rule"].as_str(), body["account"].as_str()), (Some("template_send"), Some(APPID)), "{body}");
+    assert!(body["ended"].as_str().is_some_and(|e| e.ends_with('Z')), "{body}");
+    assert!(body.get("errcode").is_none(), "no envelope errcode to mistake for WeChat's: {body}");
+    let text = String::from_utf8_lossy(&rec.body);
+    assert!(!text.contains("secret-recipient"), "never the message's body: {text}");
+    assert_eq!(rec.headers.get("x-wxgate-delivery").map(|v| v.to_str().unwrap_or("")), Some(id.as_str()));
+    // The quota (1 a day) is spent: the next job waits, and is cancelled.
+    let waiting = queue_one(gate, 1, &format!("{hooks}/hooks/order-2")).await;
+    eventually_async("the second job waits", PATIENCE, async || {
+        let j = gate.get_with(&format!("/v1/deliveries/{waiting}"), &[("x-wx-caller", "hr")]).await.json();
+        j["state"] == "waiting"
+    })
+    .await;
+    let del = gate.delete_with(&format!("/v1/deliveries/{waiting}"), &[("x-wx-caller", "hr")]).await;
+    assert_eq!(del.status, 200, "{}", del.text());
+    let got = callbacks(receiver, 2).await;
+    verify(&got[1], KEY.as_bytes());
+    let body = json(&got[1]);
+    assert_eq!((body["delivery"].as_str(), body["state"].as_str()), (Some(waiting.as_str()), Some("cancelled")));
+    assert_eq!(body["attempts"], 0, "{body}");
+    // Delivered (2xx): never posted again, however long wxgate runs.
+    gate.advance(Duration::from_secs(3 * 86_400));
+    gate.settle().await;
+    let third = queue_one(gate, 2, &format!("{hooks}/hooks/order-3")).await;
+    let got = callbacks(receiver, 3).await;
+    assert_eq!(json(&got[2])["delivery"], third.as_str(), "the next callback is the next job's");
+    gate.settle().await;
+    assert_eq!(receiver.count(), 3, "each end called back once");
+}
+
+#[tokio::test]
+async fn a_finished_job_is_called_back_once_signed_with_its_end_state() {
+    let mock = wechat().await;
+    let receiver = receiver(|_| status(204)).await;
+    let dir = TempDir::new("callbacks-once");
+    let gate = Gate::start_text(config(&mock, &dir, &receiver.url(), 1, "")).await;
+    called_back_once_signed(&gate, &receiver).await;
+}
+
+#[tokio::test]
+async fn a_finished_job_is_called_back_once_signed_on_redis() {
+    let redis = RedisServer::start();
+    let mock = wechat().await;
+    let receiver = receiver(|_| status(200)).await;
+    let dir = TempDir::new("callbacks-redis");
+    let store = StoreToml::redis(&redis.url()).set("key_prefix", "cb1").to_string();
+    let gate = Gate::start_redis_on_manual_clock(config(&mock, &dir, &receiver.url(), 1, &store)).await;
+    called_back_once_signed(&gate, &receiver).await;
+}
+
+/// A receiver that answers 500 (or redirects, or is down) gets the callback
+/// again after the back-off, until it answers 2xx; then never again.
+async fn retried_until_2xx(gate: &Gate, receiver: &MockWeChat) {
+    let id = queue_one(gate, 0, &format!("{}/hooks/x", receiver.url())).await;
+    let first = callbacks(receiver, 1).await;
+    let t1 = verify(&first[0], KEY.as_bytes());
+    gate.settle().await;
+    assert_eq!(receiver.count(), 1, "not again before the back-off");
+    // `[queue] backoff = "1s"`, `backoff_max = "4s"`: each retry within 4 s
+    // of the failed post being recorded (the clock is moved on until it came).
+    for n in 2..=3 {
+        eventually_async(&format!("callback {n}"), PATIENCE, async || {
+            gate.advance(Duration::from_secs(5));
+            gate.settle().await;
+            receiver.count() >= n
+        })
+        .await;
+    }
+    let got = receiver.calls();
+    let t3 = verify(&got[2], KEY.as_bytes());
+    assert!(t3 >= t1 + 10, "each post signed at its own time ({t1}, {t3})");
+    for rec in &got {
+        let body = json(rec);
+        assert_eq!((body["delivery"].as_str(), body["state"].as_str()), (Some(id.as_str()), Some("sent")));
+    }
+    assert_eq!(got[0].body, got[2].body, "the same result each time");
+    gate.advance(Duration::from_secs(600));
+    gate.settle().await;
+    // A later job's callback arrives after the advance: the loop had its turn.
+    queue_one(gate, 1, &format!("{}/hooks/y", receiver.url())).await;
+    callbacks(receiver, 4).await;
+    gate.settle().await;
+    assert_eq!(receiver.count(), 4, "delivered (the third post's 200): not posted again");
+}
+
+#[tokio::test]
+async fn a_callback_refused_with_500_or_a_redirect_is_posted_again_later_until_2xx() {
+    let mock = wechat().await;
+    let receiver = receiver(|n| match n {
+        0 => status(500),
+        1 => Reply::Status { status: 302, body: String::new() },
+        _ => status(200),
+    })
+    .await;
+    let dir = TempDir::new("callbacks-retry");
+    let gate = Gate::start_text(config(&mock, &dir, &receiver.url(), 10, "")).await;
+    retried_until_2xx(&gate, &receiver).await;
+}
+
+#[tokio::test]
+async fn a_callback_refused_with_500_is_posted_again_later_on_redis() {
+    let redis = RedisServer::start();
+    let mock = wechat().await;
+    let receiver = receiver(|n| if n < 2 { status(500) } else { status(200) }).await;
+    let dir = TempDir::new("callbacks-retry-redis");
+    let store = StoreToml::redis(&redis.url()).set("key_prefix", "cb2").to_string();
+    let gate = Gate::start_redis_on_manual_clock(config(&mock, &dir, &receiver.url(), 10, &store)).await;
+    retried_until_2xx(&gate, &receiver).await;
+}
+
+/// A callback whose receiver is down when the job ends is kept in the jobs
+/// file: after a restart it is posted once the receiver is up.
+#[tokio::test]
+async fn a_pending_callback_survives_a_restart() {
+    let mock = wechat().await;
+    let down = support::ports::ClosedPort::new();
+    let dir = TempDir::new("callbacks-restart");
+    let path = dir.write("wxgate.toml", &config(&mock, &dir, &down.url(), 10, "").to_string());
+    let gate = Gate::start_file(&path).await;
+    let id = queue_one(&gate, 0, &format!("{}/hooks/z", down.url())).await;
+    eventually_async("sent", PATIENCE, async || {
+        let j = gate.get_with(&format!("/v1/deliveries/{id}"), &[("x-wx-caller", "hr")]).await.json();
+        j["state"] == "sent"
+    })
+    .await;
+    gate.settle().await;
+    let gate = gate.restart().await;
+    let receiver = down.open();
+    eventually_async("the callback after the restart", PATIENCE, async || {
+        gate.advance(Duration::from_secs(5));
+        gate.settle().await;
+        receiver.count() >= 1
+    })
+    .await;
+    let got = receiver.calls();
+    verify(&got[0], KEY.as_bytes());
+    assert_eq!(
+        (json(&got[0])["delivery"].as_str(), json(&got[0])["state"].as_str()),
+        (Some(id.as_str()), Some("sent"))
+    );
+}
+
+/// Callbacks are signed, so a caller allowed to name them needs a key: a
+/// config without one is refused, saying where to put it.
+#[test]
+fn a_caller_with_callbacks_and_no_key_is_a_config_error() {
+    let text = format!(
+        "{}\n{}",
+        ConfigToml::new("http://127.0.0.1:9"),
+        caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"])
+    );
+    let Err(err) = wxgate::config::Config::parse(&text, std::path::Path::new("t.toml")) else {
+        panic!("a caller with callbacks and no key is refused")
+    };
+    let err = err.to_string();
+    assert!(err.contains("callback_key_file") && err.contains("WXGATE_CALLBACK_KEY") && err.contains("hr"), "{err}");
+}
