@@ -7,7 +7,7 @@
 --
 -- Returns {'none'} (no job of this caller), {'late', state}, or
 -- {'ok', rule, queue head, caller's jobs, caller's bytes, earliest pending
--- callback or -1}.
+-- callback or -1 (-2: no callback became pending)}.
 
 local now = tonumber(ARGV[2])
 local id, caller = ARGV[3], ARGV[4]
@@ -18,6 +18,6 @@ end
 if f[1] ~= 'queued' and f[1] ~= 'waiting' and f[1] ~= 'claimed' then
   return {'late', f[1]}
 end
-end_job(id, caller, f[3], f[1], 'cancelled', now)
+local called = end_job(id, caller, f[3], f[1], 'cancelled', now)
 local cj, cb = caller_totals(caller)
-return {'ok', f[3], head(caller, f[3]), cj, cb, callback_head()}
+return {'ok', f[3], head(caller, f[3]), cj, cb, callback_note(called)}

@@ -11,7 +11,8 @@
 --
 -- Returns {0} (owner does not hold it, or notyet / expired for a sending
 -- job: nothing changed), or {1, caller, rule, queue head,
--- caller's jobs, caller's bytes, earliest pending callback or -1}.
+-- caller's jobs, caller's bytes, earliest pending callback or -1 (-2: no
+-- callback became pending)}.
 
 local now = tonumber(ARGV[2])
 local id = ARGV[3]
@@ -36,11 +37,12 @@ if ARGV[7] == '1' then
     redis.call('HDEL', k, 'ae')
   end
 end
+local called = false
 if kind == 'retry' or kind == 'notyet' then
   local due = tonumber(ARGV[6])
   unlease(id, caller, rule, f[1], due <= now and 'queued' or 'waiting', due, now)
 else
-  end_job(id, caller, rule, f[1], kind, now)
+  called = end_job(id, caller, rule, f[1], kind, now)
 end
 local cj, cb = caller_totals(caller)
-return {1, caller, rule, head(caller, rule), cj, cb, callback_head()}
+return {1, caller, rule, head(caller, rule), cj, cb, callback_note(called)}

@@ -77,8 +77,9 @@ local function caller_totals(caller)
 end
 
 -- Ends job `id` of queue (caller, rule), now in unfinished state `from`,
--- as `to` at `now`: out of its queue and the leases, into `ended`, its
--- jobs and bytes no longer counted against the bounds.
+-- as `to` at `now`: out of its queue and the leases, into `ended` (or, with
+-- a callback, into 'cbs': its callback pending), its jobs and bytes no
+-- longer counted against the bounds. Returns whether it has a callback.
 local function end_job(id, caller, rule, from, to, now)
   local k = jkey(id)
   local size = tonumber(redis.call('HGET', k, 'sz') or '0')
@@ -103,6 +104,7 @@ local function end_job(id, caller, rule, from, to, now)
   redis.call('HINCRBY', META, 'b', -size)
   redis.call('HINCRBY', META, 'j:' .. caller, -1)
   redis.call('HINCRBY', META, 'b:' .. caller, -size)
+  return redis.call('HEXISTS', k, 'cb') == 1
 end
 
 -- Back to waiting for its turn (`state`: queued or waiting), due at `due`,
@@ -125,4 +127,13 @@ local function callback_head()
     return -1
   end
   return tonumber(h[2])
+end
+
+-- callback_head() when `changed`, else -2: nothing pending changed, the
+-- index is left alone (no write for a job without a callback).
+local function callback_note(changed)
+  if not changed then
+    return -2
+  end
+  return callback_head()
 end

@@ -126,7 +126,8 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let caller_spans: Vec<Range<usize>> = raw.caller.iter().map(|c| c.span()).collect();
     let callers = callers::compile(raw.caller, ctx.dir).map_err(|(span, e)| ctx.at(span, e))?;
     check_caller_auth(&server, &callers, caller_spans, ctx)?;
-    super::queue::check_callbacks(&queue, &callers).map_err(|e| ctx.in_table(e))?;
+    let with_callbacks = callers.iter().find(|c| !c.callbacks.is_empty()).map(|c| &*c.name);
+    super::queue::check_callbacks(&queue, with_callbacks).map_err(|e| ctx.in_table(e))?;
     let intercept = intercept::compile(raw.intercept, ctx.dir, &domains).map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
     let accounts =

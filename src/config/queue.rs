@@ -268,20 +268,17 @@ fn read_callback_key(path: &Path) -> Result<CallbackKey, Invalid> {
 }
 
 /// Callers that name callback prefixes need a key to sign callbacks with:
-/// without one the config is refused (naming the first such caller).
-pub fn check_callbacks(queue: &QueueConfig, callers: &[std::sync::Arc<super::CallerPolicy>]) -> Result<(), Invalid> {
-    if queue.callback_key.is_some() {
-        return Ok(());
-    }
-    match callers.iter().find(|c| !c.callbacks.is_empty()) {
-        None => Ok(()),
-        Some(c) => Err(Invalid::at(
+/// without one the config is refused, naming the first such caller
+/// (`with_callbacks`).
+pub fn check_callbacks(queue: &QueueConfig, with_callbacks: Option<&str>) -> Result<(), Invalid> {
+    match (queue.callback_key.is_some(), with_callbacks) {
+        (true, _) | (false, None) => Ok(()),
+        (false, Some(name)) => Err(Invalid::at(
             TABLE,
             "callback_key_file",
             format!(
-                "[[caller]] \"{}\" has callbacks, which are signed: give a key in [queue] callback_key_file \
-                 (a file of mode 0600) or the {CALLBACK_KEY_ENV} environment variable",
-                c.name
+                "[[caller]] \"{name}\" has callbacks, which are signed: give a key in [queue] callback_key_file \
+                 (a file of mode 0600) or the {CALLBACK_KEY_ENV} environment variable"
             ),
         )),
     }

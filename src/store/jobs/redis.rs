@@ -339,14 +339,18 @@ impl RedisJobs {
         self.global("callbacks")
     }
 
-    /// Writes an account's earliest pending callback (`-1`: none) into the
-    /// index [`JobStore::callbacks_due`] reads. Like the index of due
+    /// Writes an account's earliest pending callback (`-1`: none; `-2`:
+    /// unchanged, nothing written) into the index [`JobStore::callbacks_due`] reads. Like the index of due
     /// queues it may be stale when two instances' writes cross or an
     /// instance dies between a script and this write: an entry too early
     /// costs one script that hands out nothing (and writes the truth); an
     /// entry missing waits for the next `recover`, which writes every
     /// account's.
     async fn note_callbacks(&self, account: &str, head: i64) -> Result<(), StoreError> {
+        if head == -2 {
+            // Nothing pending changed (a job without a callback ended): no write.
+            return Ok(());
+        }
         let cmd = if head < 0 {
             ::redis::cmd("ZREM").arg(self.callbacks_key()).arg(account).clone()
         } else {
