@@ -305,3 +305,72 @@ async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota(
     // Each instance's submissions wake its own dispatcher: both send.
     assert!(by_instance.iter().all(|n| *n > 0.0), "both instances dispatch: {by_instance:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
+    let gate_replies = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate_replies.clone();
+    let (mock, _tokens) = wechat(move |n| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
+    let dir = TempDir::new("queue-kill");
+    let config = ConfigToml::new(&mock.url())
+        .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
+        .with(rules(5000, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .to_string();
+    let path = dir.path().join("wxgate.toml");
+    std::fs::write(&path, &config).expect("config");
+    let mut first = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
+    const JOBS: usize = 1000;
+    let mut submissions = tokio::task::JoinSet::new();
+    for i in 0..JOBS {
+        let url = first.url(&format!("/@{APPID}{SEND}"));
+        submissions.spawn(async move {
+            let req = http::Request::post(url)
+                .header("prefer", "respond-async")
+                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"o{i}"}}"#))))
+                .expect("request");
+            support::send(req).await
+        });
+        if submissions.len() >= 16 {
+            let a = submissions.join_next().await.expect("a task").expect("submitted");
+            assert_eq!(a.status, 202, "{}", a.text());
+        }
+    }
+    while let Some(a) = submissions.join_next().await {
+        let a = a.expect("submitted");
+        assert_eq!(a.status, 202, "{}", a.text());
+    }
+    let sends = || mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
+    // 100 answered; then some more on their way when the process dies.
+    gate_replies.add_permits(100);
+    eventually_async("more than 100 sends reached WeChat", PATIENCE, async || sends() > 100).await;
+    first.kill();
+    let in_flight = sends() - 100;
+    let mut second = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
+    gate_replies.add_permits(JOBS * 2);
+    let mut summary = serde_json::Value::Null;
+    eventually_async("every job ended", PATIENCE, async || {
+        summary = second.get("/v1/deliveries").await.json();
+        let q = &summary["queues"][0];
+        q["queued"] == 0 && q["waiting"] == 0 && q["sending"] == 0
+    })
+    .await;
+    let q = &summary["queues"][0];
+    let (sent, unknown) = (q["sent"].as_u64().unwrap_or(0), q["unknown"].as_u64().unwrap_or(0));
+    assert_eq!(sent + unknown, JOBS as u64, "every job ended once: {summary}");
+    // One queue's jobs go one after another: the one held at WeChat when
+    // the process died was `sending`, and ends unknown; nothing else does.
+    assert_eq!(unknown as usize, in_flight, "unknown = the sends in flight at the kill: {summary}");
+    let mut bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    let total = bodies.len();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), total, "no message sent twice");
+    assert_eq!(total, JOBS, "every message reached WeChat once (the unknown ones too, before the kill)");
+    second.kill();
+}

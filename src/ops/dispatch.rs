@@ -60,8 +60,25 @@ pub fn spawn(app: Weak<App>) {
     drop(a);
     tokio::spawn(async move {
         let mut marks = Marks { recovered: Micros::MIN, purged: Micros::MIN };
+        if let Some(app) = app.upgrade() {
+            if let Some(jobs) = app.features.queue.jobs.clone() {
+                match jobs.recover_at_start(app.core.clock.now_us()).await {
+                    Ok(r) if r.unknown > 0 || r.requeued > 0 => tracing::warn!(
+                        unknown = r.unknown,
+                        requeued = r.requeued,
+                        "queued delivery: jobs a stopped process was sending end unknown (never resent); those it had claimed are queued again"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet"),
+                }
+            }
+        }
         loop {
             let Some(app) = app.upgrade() else { return };
+            // The next look is due a tick after this one's time: a clock
+            // that moved on meanwhile (a manual one in a test, or a slow
+            // tick) makes it due at once, never missed.
+            let started = app.core.clock.now_us();
             let busy = match tick(&app, &mut marks).await {
                 Ok(busy) => busy,
                 Err(e) => {
@@ -74,7 +91,7 @@ pub fn spawn(app: Weak<App>) {
             if !busy {
                 tokio::select! {
                     _ = wake.notified() => {}
-                    _ = clock.sleep(TICK) => {}
+                    _ = clock.sleep(Span::from_micros(started + TICK.as_micros() - clock.now_us())) => {}
                 }
             }
         }
