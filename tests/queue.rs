@@ -27,7 +27,9 @@ fn rules(count: u64, per: &str) -> String {
 
 /// A mock WeChat issuing tokens; `send` answers template sends (the token
 /// checked first, as WeChat does).
-async fn wechat(send: impl Fn(usize) -> Reply + Send + Sync + 'static) -> (MockWeChat, WeChatTokens) {
+async fn wechat(
+    send: impl Fn(usize, &support::Recorded) -> Reply + Send + Sync + 'static,
+) -> (MockWeChat, WeChatTokens) {
     let mock = MockWeChat::start().await;
     let tokens = WeChatTokens::new();
     let reply = tokens.responder();
@@ -37,7 +39,7 @@ async fn wechat(send: impl Fn(usize) -> Reply + Send + Sync + 'static) -> (MockW
         if rec.path_and_query.starts_with(SEND)
             && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
         {
-            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst), rec);
         }
         r
     });
@@ -76,7 +78,7 @@ async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_
 
 #[tokio::test]
 async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token() {
-    let (mock, tokens) = wechat(msgid).await;
+    let (mock, tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-basic");
     let callers = format!("{}\n{}", caller("hr"), caller("marketing"));
     let gate = gate(&mock, &dir, rules(100, "day"), &callers).await;
@@ -113,7 +115,7 @@ async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token(
 
 #[tokio::test]
 async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-quota");
     let gate = gate(&mock, &dir, rules(3, "1m"), "").await;
     let mut ids = Vec::new();
@@ -146,7 +148,7 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
 
 #[tokio::test]
 async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-bad");
     let info = rule("info").matching("/cgi-bin/user/info").limit(100, "day");
     let hr = caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"]).to_string();
@@ -177,7 +179,7 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
 
 #[tokio::test]
 async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-idem");
     let gate = gate(&mock, &dir, rules(100, "day"), "").await;
     let headers = [ASYNC, ("idempotency-key", "order-42")];
@@ -192,7 +194,7 @@ async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
 
 #[tokio::test]
 async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
-    let (mock, _tokens) = wechat(|n| match n {
+    let (mock, _tokens) = wechat(|n, _| match n {
         0 => support::errcode_reply(40003),
         1 => support::errcode_reply(-1),
         _ => msgid(n),
@@ -214,7 +216,7 @@ async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
 
 #[tokio::test]
 async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-cancel");
     let gate = gate(&mock, &dir, rules(1, "1m"), "").await;
     let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
@@ -238,7 +240,7 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota() {
     let redis = support::redis_server::RedisServer::start();
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-redis");
     let callers: Vec<String> = ["hr", "marketing", "ops"].iter().map(|c| caller(c).to_string()).collect();
     let config = ConfigToml::new(&mock.url())
@@ -310,7 +312,7 @@ async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota(
 async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let gate_replies = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let held = gate_replies.clone();
-    let (mock, _tokens) = wechat(move |n| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
+    let (mock, _tokens) = wechat(move |n, _| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
     let dir = TempDir::new("queue-kill");
     let config = ConfigToml::new(&mock.url())
         .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
@@ -373,4 +375,47 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     assert_eq!(bodies.len(), total, "no message sent twice");
     assert_eq!(total, JOBS, "every message reached WeChat once (the unknown ones too, before the kill)");
     second.kill();
+}
+
+#[tokio::test]
+async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
+    let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = slow.clone();
+    let (mock, _tokens) = wechat(move |n, rec| {
+        if rec.body.starts_with(b"{\"slow\"") {
+            Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
+        } else {
+            msgid(n)
+        }
+    })
+    .await;
+    let dir = TempDir::new("queue-slow");
+    // WeChat's answer may take its time: the held send stays `sending`.
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "60s")
+        .with(rules(100, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
+        .with(format!("{}\n{}", caller("hr"), caller("marketing")));
+    let gate = Gate::start_text(config).await;
+    let post = |who: &'static str, body: &'static str| {
+        let path = format!("/@{APPID}{SEND}");
+        let gate = &gate;
+        async move {
+            let a = gate.post_with(&path, body, &[ASYNC, ("x-wx-caller", who)]).await;
+            assert_eq!(a.status, 202, "{}", a.text());
+            a.json()["delivery"].as_str().expect("id").to_owned()
+        }
+    };
+    let stuck = post("marketing", r#"{"slow":1}"#).await;
+    eventually_async("marketing's send at WeChat", PATIENCE, async || mock.in_flight().0 == 1).await;
+    for n in 0..3 {
+        let body: &'static str = [r#"{"hr":0}"#, r#"{"hr":1}"#, r#"{"hr":2}"#][n];
+        let id = post("hr", body).await;
+        until_state(&gate, "hr", &id, "sent").await;
+    }
+    let still = gate.get_with(&format!("/v1/deliveries/{stuck}"), &[("x-wx-caller", "marketing")]).await.json();
+    assert_eq!(still["state"], "sending", "{still}");
+    slow.add_permits(1);
+    until_state(&gate, "marketing", &stuck, "sent").await;
 }
