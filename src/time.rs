@@ -154,11 +154,38 @@ impl Clock for ManualClock {
     }
 }
 
-/// An RFC 3339 time (`2026-12-03T18:00:00Z`, UTC) as wxgate's time
-/// (microseconds since the Unix epoch); `None` for text that is not one.
+/// An RFC 3339 time (`2026-12-03T18:00:00Z`, `2026-12-04T02:00:00.5+08:00`)
+/// as wxgate's time (microseconds since the Unix epoch); `None` for text
+/// that is not one, a time without its zone included (never guessed).
+/// humantime reads the date and time; the offset is applied here (it
+/// reads UTC only).
 pub fn parse_rfc3339(text: &str) -> Option<Micros> {
-    let t = humantime::parse_rfc3339_weak(text).ok()?;
-    i64::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_micros()).ok()
+    let (local, offset_us) = match text.strip_suffix(['Z', 'z']) {
+        Some(local) => (local, 0),
+        None => {
+            let at = text.len().checked_sub(6)?;
+            let (local, zone) = (text.get(..at)?, text.get(at..)?.as_bytes());
+            let sign = match zone[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let digits = |s: &[u8]| -> Option<i64> {
+                s.iter().all(u8::is_ascii_digit).then(|| s.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0')))
+            };
+            let (hours, minutes) = (digits(&zone[1..3])?, digits(&zone[4..6])?);
+            if zone[3] != b':' || hours > 23 || minutes > 59 {
+                return None;
+            }
+            (local, sign * (hours * 3_600 + minutes * 60) * 1_000_000)
+        }
+    };
+    if !local.contains('T') && !local.contains('t') && !local.contains(' ') {
+        return None;
+    }
+    let t = humantime::parse_rfc3339_weak(local).ok()?;
+    let utc = i64::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_micros()).ok()?;
+    utc.checked_sub(offset_us)
 }
 
 /// wxgate's time `us` as RFC 3339 (UTC, to the millisecond).
@@ -201,6 +228,21 @@ pub fn deadline_after(after: Duration) -> tokio::time::Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_times_are_read_with_their_zone_and_never_without_one() {
+        let utc = parse_rfc3339("2026-12-03T18:00:00Z");
+        assert_eq!(utc, Some(1_796_320_800_000_000));
+        assert_eq!(parse_rfc3339("2026-12-04T02:00:00+08:00"), utc);
+        assert_eq!(parse_rfc3339("2026-12-04T02:00:00.0+08:00"), utc);
+        assert_eq!(parse_rfc3339("2026-12-03T13:30:00-04:30"), utc);
+        assert_eq!(parse_rfc3339("2026-12-03T18:00:00.250Z"), utc.map(|u| u + 250_000));
+        for bad in
+            ["2026-12-03T18:00:00", "2026-12-03", "2026-12-03T18:00:00+8:00", "2026-12-03T18:00:00+24:00", "soon", ""]
+        {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_span_is_never_negative_and_saturates() {

@@ -27,7 +27,9 @@ fn rules(count: u64, per: &str) -> String {
 
 /// A mock WeChat issuing tokens; `send` answers template sends (the token
 /// checked first, as WeChat does).
-async fn wechat(send: impl Fn(usize) -> Reply + Send + Sync + 'static) -> (MockWeChat, WeChatTokens) {
+async fn wechat(
+    send: impl Fn(usize, &support::Recorded) -> Reply + Send + Sync + 'static,
+) -> (MockWeChat, WeChatTokens) {
     let mock = MockWeChat::start().await;
     let tokens = WeChatTokens::new();
     let reply = tokens.responder();
@@ -37,7 +39,7 @@ async fn wechat(send: impl Fn(usize) -> Reply + Send + Sync + 'static) -> (MockW
         if rec.path_and_query.starts_with(SEND)
             && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
         {
-            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst), rec);
         }
         r
     });
@@ -76,7 +78,7 @@ async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_
 
 #[tokio::test]
 async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token() {
-    let (mock, tokens) = wechat(msgid).await;
+    let (mock, tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-basic");
     let callers = format!("{}\n{}", caller("hr"), caller("marketing"));
     let gate = gate(&mock, &dir, rules(100, "day"), &callers).await;
@@ -113,7 +115,7 @@ async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token(
 
 #[tokio::test]
 async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-quota");
     let gate = gate(&mock, &dir, rules(3, "1m"), "").await;
     let mut ids = Vec::new();
@@ -146,7 +148,7 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
 
 #[tokio::test]
 async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-bad");
     let info = rule("info").matching("/cgi-bin/user/info").limit(100, "day");
     let hr = format!(
@@ -181,7 +183,7 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
 
 #[tokio::test]
 async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-idem");
     let gate = gate(&mock, &dir, rules(100, "day"), "").await;
     let headers = [ASYNC, ("idempotency-key", "order-42")];
@@ -196,7 +198,7 @@ async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
 
 #[tokio::test]
 async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
-    let (mock, _tokens) = wechat(|n| match n {
+    let (mock, _tokens) = wechat(|n, _| match n {
         0 => support::errcode_reply(40003),
         1 => support::errcode_reply(-1),
         _ => msgid(n),
@@ -218,7 +220,7 @@ async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
 
 #[tokio::test]
 async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-cancel");
     let gate = gate(&mock, &dir, rules(1, "1m"), "").await;
     let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
@@ -242,7 +244,7 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota() {
     let redis = support::redis_server::RedisServer::start();
-    let (mock, _tokens) = wechat(msgid).await;
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
     let dir = TempDir::new("queue-redis");
     let callers: Vec<String> = ["hr", "marketing", "ops"].iter().map(|c| caller(c).to_string()).collect();
     let config = ConfigToml::new(&mock.url())
@@ -308,4 +310,116 @@ async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota(
     assert_eq!(by_instance.iter().sum::<f64>(), 30.0, "{by_instance:?}");
     // Each instance's submissions wake its own dispatcher: both send.
     assert!(by_instance.iter().all(|n| *n > 0.0), "both instances dispatch: {by_instance:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
+    let gate_replies = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate_replies.clone();
+    let (mock, _tokens) = wechat(move |n, _| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
+    let dir = TempDir::new("queue-kill");
+    let config = ConfigToml::new(&mock.url())
+        .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
+        .with(rules(5000, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .to_string();
+    let path = dir.path().join("wxgate.toml");
+    std::fs::write(&path, &config).expect("config");
+    let mut first = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
+    const JOBS: usize = 1000;
+    let mut submissions = tokio::task::JoinSet::new();
+    for i in 0..JOBS {
+        let url = first.url(&format!("/@{APPID}{SEND}"));
+        submissions.spawn(async move {
+            let req = http::Request::post(url)
+                .header("prefer", "respond-async")
+                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"o{i}"}}"#))))
+                .expect("request");
+            support::send(req).await
+        });
+        if submissions.len() >= 16 {
+            let a = submissions.join_next().await.expect("a task").expect("submitted");
+            assert_eq!(a.status, 202, "{}", a.text());
+        }
+    }
+    while let Some(a) = submissions.join_next().await {
+        let a = a.expect("submitted");
+        assert_eq!(a.status, 202, "{}", a.text());
+    }
+    let sends = || mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
+    // 100 answered; then some more on their way when the process dies.
+    gate_replies.add_permits(100);
+    eventually_async("more than 100 sends reached WeChat", PATIENCE, async || sends() > 100).await;
+    first.kill();
+    let in_flight = sends() - 100;
+    let mut second = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
+    gate_replies.add_permits(JOBS * 2);
+    let mut summary = serde_json::Value::Null;
+    eventually_async("every job ended", PATIENCE, async || {
+        summary = second.get("/v1/deliveries").await.json();
+        let q = &summary["queues"][0];
+        q["queued"] == 0 && q["waiting"] == 0 && q["sending"] == 0
+    })
+    .await;
+    let q = &summary["queues"][0];
+    let (sent, unknown) = (q["sent"].as_u64().unwrap_or(0), q["unknown"].as_u64().unwrap_or(0));
+    assert_eq!(sent + unknown, JOBS as u64, "every job ended once: {summary}");
+    // One queue's jobs go one after another: the one held at WeChat when
+    // the process died was `sending`, and ends unknown; nothing else does.
+    assert_eq!(unknown as usize, in_flight, "unknown = the sends in flight at the kill: {summary}");
+    let mut bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    let total = bodies.len();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), total, "no message sent twice");
+    assert_eq!(total, JOBS, "every message reached WeChat once (the unknown ones too, before the kill)");
+    second.kill();
+}
+
+#[tokio::test]
+async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
+    let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = slow.clone();
+    let (mock, _tokens) = wechat(move |n, rec| {
+        if rec.body.starts_with(b"{\"slow\"") {
+            Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
+        } else {
+            msgid(n)
+        }
+    })
+    .await;
+    let dir = TempDir::new("queue-slow");
+    // WeChat's answer may take its time: the held send stays `sending`.
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "60s")
+        .with(rules(100, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
+        .with(format!("{}\n{}", caller("hr"), caller("marketing")));
+    let gate = Gate::start_text(config).await;
+    let post = |who: &'static str, body: &'static str| {
+        let path = format!("/@{APPID}{SEND}");
+        let gate = &gate;
+        async move {
+            let a = gate.post_with(&path, body, &[ASYNC, ("x-wx-caller", who)]).await;
+            assert_eq!(a.status, 202, "{}", a.text());
+            a.json()["delivery"].as_str().expect("id").to_owned()
+        }
+    };
+    let stuck = post("marketing", r#"{"slow":1}"#).await;
+    eventually_async("marketing's send at WeChat", PATIENCE, async || mock.in_flight().0 == 1).await;
+    for n in 0..3 {
+        let body: &'static str = [r#"{"hr":0}"#, r#"{"hr":1}"#, r#"{"hr":2}"#][n];
+        let id = post("hr", body).await;
+        until_state(&gate, "hr", &id, "sent").await;
+    }
+    let still = gate.get_with(&format!("/v1/deliveries/{stuck}"), &[("x-wx-caller", "marketing")]).await.json();
+    assert_eq!(still["state"], "sending", "{still}");
+    slow.add_permits(1);
+    until_state(&gate, "marketing", &stuck, "sent").await;
 }

@@ -45,6 +45,8 @@ pub const TICK: Span = Span::from_micros(200_000);
 pub const PER_CALLER: usize = 8;
 /// Claims per unit of a caller's weight in one round.
 pub const QUANTUM: u32 = 4;
+/// Most queues one instance sends at once.
+pub const MAX_RUNNING: usize = 64;
 /// How long a job refused because the store could not decide waits.
 const UNAVAILABLE_US: Micros = 1_000_000;
 /// How often ended jobs are purged.
@@ -59,35 +61,69 @@ pub fn spawn(app: Weak<App>) {
     let wake = a.features.queue.wake.clone();
     drop(a);
     tokio::spawn(async move {
-        let mut marks = Marks { recovered: Micros::MIN, purged: Micros::MIN };
+        let mut marks =
+            Marks { recovered: Micros::MIN, purged: Micros::MIN, running: Arc::default(), wake: wake.clone() };
+        if let Some(app) = app.upgrade() {
+            if let Some(jobs) = app.features.queue.jobs.clone() {
+                match jobs.recover_at_start(app.core.clock.now_us()).await {
+                    Ok(r) if r.unknown > 0 || r.requeued > 0 => tracing::warn!(
+                        unknown = r.unknown,
+                        requeued = r.requeued,
+                        "queued delivery: jobs a stopped process was sending end unknown (never resent); those it had claimed are queued again"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet"),
+                }
+            }
+        }
         loop {
             let Some(app) = app.upgrade() else { return };
-            let busy = match tick(&app, &mut marks).await {
-                Ok(busy) => busy,
-                Err(e) => {
-                    tracing::warn!(error = %e, "queued delivery: the jobs store failed; trying again");
-                    false
-                }
-            };
+            // The next look is due a tick after this one's time: a clock
+            // that moved on meanwhile (a manual one in a test, or a slow
+            // tick) makes it due at once, never missed.
+            let started = app.core.clock.now_us();
+            if let Err(e) = tick(&app, &mut marks).await {
+                tracing::warn!(error = %e, "queued delivery: the jobs store failed; trying again");
+            }
             let clock = app.core.clock.clone();
             drop(app);
-            if !busy {
-                tokio::select! {
-                    _ = wake.notified() => {}
-                    _ = clock.sleep(TICK) => {}
-                }
+            // A submission or a finished turn wakes it; else the next tick.
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = clock.sleep(Span::from_micros(started + TICK.as_micros() - clock.now_us())) => {}
             }
         }
     });
 }
 
-/// When the periodic chores last ran.
+/// When the periodic chores last ran, and the queues being sent.
 struct Marks {
     recovered: Micros,
     purged: Micros,
+    /// Queues whose claim this instance is sending now: not planned again
+    /// until it is done (each then wakes the loop).
+    running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
-/// One tick; `Ok(true)`: it sent (or ended) something, look again at once.
+/// Takes a queue out of [`Marks::running`] when its turn ends (or its task
+/// stops), and wakes the loop to plan again.
+struct Turn {
+    queue: QueueKey,
+    running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.queue);
+        self.wake.notify_one();
+    }
+}
+
+/// One tick: the chores, then a turn started for each planned queue that
+/// is not running already. Turns run on their own: a slow send holds only
+/// its own queue, never another caller's. `Ok(false)`: nothing started.
 async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
     let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(false) };
     let config = app.config.load_full();
@@ -109,23 +145,25 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
     }
     let weight = |caller: &str| config.callers.iter().find(|c| &*c.name == caller).map_or(1, |c| c.weight);
     let plan = turns::round(&due, weight, QUANTUM);
-    let mut set = tokio::task::JoinSet::new();
+    let mut started = false;
     for (queue, n) in plan {
-        let (app, jobs) = (app.clone(), jobs.clone());
-        set.spawn(async move { run_queue(&app, &jobs, &queue, n).await });
-    }
-    let mut busy = false;
-    while let Some(done) = set.join_next().await {
-        match done {
-            Ok(Ok(sent)) => busy |= sent,
-            Ok(Err(e)) => tracing::warn!(error = %e, "queued delivery: a queue's round failed"),
-            Err(e) => tracing::warn!(error = %e, "queued delivery: a queue's round stopped"),
+        {
+            let mut running = marks.running.lock().unwrap_or_else(|e| e.into_inner());
+            if running.len() >= MAX_RUNNING || !running.insert(queue.clone()) {
+                continue;
+            }
         }
+        let turn = Turn { queue, running: marks.running.clone(), wake: marks.wake.clone() };
+        let (app, jobs) = (app.clone(), jobs.clone());
+        tokio::spawn(async move {
+            if let Err(e) = run_queue(&app, &jobs, &turn.queue, n).await {
+                tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
+            }
+            drop(turn);
+        });
+        started = true;
     }
-    if busy {
-        app.features.queue.ended.notify_one();
-    }
-    Ok(busy)
+    Ok(started)
 }
 
 /// Claims up to `n` jobs of `queue` and sends them in order; `Ok(true)`
@@ -144,19 +182,26 @@ async fn run_queue(
     while let Some(job) = rest.next() {
         let id = job.id;
         let end = send(app, job).await;
-        let stop = matches!(end, End::NotYet { .. } | End::Retry { .. });
+        let waits = match &end {
+            End::NotYet { at } | End::Retry { at, .. } => Some(*at),
+            _ => None,
+        };
         let now = app.core.clock.now_us();
         if !jobs.finish(id, &owner, end, now).await? {
             tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
         }
-        if stop {
-            // The head waits: the rest of the claim goes back behind it, unsent.
+        if let Some(at) = waits {
+            // The head waits: the rest of the claim goes back behind it,
+            // unsent, waiting as long (none may go before it).
             for later in rest.by_ref() {
-                jobs.finish(later.id, &owner, End::NotYet { at: now }, now).await?;
+                jobs.finish(later.id, &owner, End::NotYet { at }, now).await?;
             }
             break;
         }
         moved = true;
+    }
+    if moved {
+        app.features.queue.ended.notify_one();
     }
     Ok(moved)
 }

@@ -69,7 +69,7 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
             Cancelled::TooLate(state) => Ok(answer(
                 StatusCode::CONFLICT,
                 &json!({
-                    "errcode": 40000, "errmsg": format!("wxgate: the delivery is {} and can no longer be cancelled", state.as_str()),
+                    "errcode": crate::error::ERRCODE_BAD_REQUEST, "errmsg": format!("wxgate: the delivery is {} and can no longer be cancelled", state.as_str()),
                     "delivery": id.to_string(), "state": state.as_str(),
                 }),
             )),

@@ -43,6 +43,12 @@ pub enum Reading {
 /// the token and resends once itself; a later attempt gets a fresh one).
 pub const NOT_NOW: [i64; 8] = [45009, 45011, 45033, 45066, -1, 40001, 40014, 42001];
 
+/// WeChat refused the call for a quota or frequency limit (45009, 45011,
+/// 45033; HTTP 429): it did not act on the message.
+pub fn quota_refusal(answer: &Answer) -> bool {
+    answer.status == 429 || matches!(answer.errcode, Some(45009 | 45011 | 45033))
+}
+
 /// Reads one answer. Every other errcode than 0 and [`NOT_NOW`] is the
 /// message's fault (40003 invalid openid, 43004 not subscribed, 40037
 /// invalid template, 47003 bad argument, 45047 the 48-hour window closed,
@@ -107,7 +113,10 @@ pub fn end_of(
         Reading::Sent => End::Sent(answer),
         Reading::Wrong => End::Failed(answer),
         Reading::Unreadable => End::Unknown(Some(answer)),
-        Reading::NotNow if attempts >= backoff.max_attempts => End::Failed(answer),
+        // A quota refusal says WeChat did not act on the message: it waits
+        // for the quota (the penalty it starts holds it, to midnight for a
+        // day quota) as long as its deadline allows, whatever the attempts.
+        Reading::NotNow if attempts >= backoff.max_attempts && !quota_refusal(&answer) => End::Failed(answer),
         Reading::NotNow if deadline_us.is_some_and(|d| at > d) => End::Failed(answer),
         Reading::NotNow => End::Retry { at, answer: Some(answer) },
     }
@@ -168,6 +177,9 @@ mod tests {
         let b = Backoff { max_attempts: 3, ..Backoff::default() };
         assert!(matches!(end_of(answered(200, Some(-1)), 2, None, NOW, &b, 1), End::Retry { .. }));
         assert!(matches!(end_of(answered(200, Some(-1)), 3, None, NOW, &b, 1), End::Failed(_)));
+        // A quota refusal is not the message's fault: only its deadline ends it.
+        assert!(matches!(end_of(answered(200, Some(45009)), 30, None, NOW, &b, 1), End::Retry { .. }));
+        assert!(matches!(end_of(answered(429, None), 30, None, NOW, &b, 1), End::Retry { .. }));
         // The retry would land after the deadline: the job went and was refused.
         let deadline = Some(NOW + 10);
         assert!(matches!(end_of(answered(200, Some(45011)), 1, deadline, NOW, &b, 500_000), End::Failed(_)));

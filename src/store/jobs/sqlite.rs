@@ -206,6 +206,10 @@ pub struct SqliteJobs {
     writer: Option<JoinHandle<()>>,
     read: Arc<Mutex<Connection>>,
     stats: Arc<Stats>,
+    /// `<file>.lock`, locked while this process has the file open: no other
+    /// wxgate uses it, so at start every lease in it is a dead process's
+    /// ([`JobStore::recover_at_start`]). `None` on a file system without locks.
+    _lock: Option<std::fs::File>,
 }
 
 #[derive(Default)]
@@ -222,6 +226,7 @@ impl SqliteJobs {
     /// cannot read (a newer schema, not a jobs file, not SQLite).
     pub fn open(path: &Path) -> Result<SqliteJobs, StoreError> {
         let refused = |e: rusqlite::Error| StoreError::Refused(format!("jobs file {}: {e}", path.display()));
+        let lock = lock(path)?;
         create_private(path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut write = Connection::open_with_flags(path, flags).map_err(refused)?;
@@ -253,6 +258,7 @@ impl SqliteJobs {
             writer: Some(writer),
             read: Arc::new(Mutex::new(read)),
             stats,
+            _lock: lock,
         })
     }
 
@@ -363,6 +369,36 @@ fn bad(what: &str) -> StoreError {
 /// Creates the jobs file readable by its owner only (0600: it holds the
 /// messages' bodies); SQLite gives its `-wal` and `-shm` files the same
 /// mode. An existing file is left as it is.
+/// Takes `<path>.lock` (an advisory lock, as the memory store's state
+/// file has): `Err` when another process holds it. On a file system
+/// without locks, goes on unlocked (and then [`JobStore::recover_at_start`]
+/// only recovers leases that ran out).
+fn lock(path: &Path) -> Result<Option<std::fs::File>, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let file = open
+        .open(&lock_path)
+        .map_err(|e| StoreError::Refused(format!("jobs file lock {}: {e}", lock_path.display())))?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(Some(file)),
+        Err(fs4::TryLockError::WouldBlock) => Err(StoreError::Refused(format!(
+            "another wxgate is using the jobs file {} (its lock {} is held): give each instance its own [queue] file, \
+             or use the Redis store to share a queue",
+            path.display(),
+            lock_path.display()
+        ))),
+        Err(fs4::TryLockError::Error(e)) => {
+            tracing::warn!(lock = %lock_path.display(), error = %e, "cannot lock the jobs file; go on without");
+            Ok(None)
+        }
+    }
+}
+
 fn create_private(path: &Path) -> Result<(), StoreError> {
     let mut open = std::fs::OpenOptions::new();
     open.append(true).create(true);
@@ -841,7 +877,9 @@ fn callback_done(c: &Connection, id: JobId, tries: u32, retry_at: Option<Micros>
         .map_err(sql)
 }
 
-fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
+/// Leases that end by `cutoff` (`now` but at start, when every lease is a
+/// dead process's), ended or requeued at `now`.
+fn recover(c: &Connection, cutoff: Micros, now: Micros) -> Result<Recovered, StoreError> {
     let mut out = Vec::new();
     {
         let mut s = c
@@ -850,7 +888,7 @@ fn recover(c: &Connection, now: Micros) -> Result<Recovered, StoreError> {
                  FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.state IN (2, 3) AND j.lease_us <= ?1",
             )
             .map_err(sql)?;
-        let mut rows = s.query(params![now]).map_err(sql)?;
+        let mut rows = s.query(params![cutoff]).map_err(sql)?;
         while let Some(r) = rows.next().map_err(sql)? {
             let row: (i64, i64, String, String, i64, i64) = (
                 r.get(0).map_err(sql)?,
@@ -1071,7 +1109,14 @@ impl JobStore for SqliteJobs {
     }
 
     async fn recover(&self, now: Micros) -> Result<Recovered, StoreError> {
-        self.write(move |c| recover(c, now)).await
+        self.write(move |c| recover(c, now, now)).await
+    }
+
+    async fn recover_at_start(&self, now: Micros) -> Result<Recovered, StoreError> {
+        match self._lock {
+            Some(_) => self.write(move |c| recover(c, Micros::MAX, now)).await,
+            None => self.recover(now).await,
+        }
     }
 
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
