@@ -219,6 +219,48 @@ async fn a_callback_refused_with_500_is_posted_again_later_on_redis() {
     retried_until_2xx(&gate, &receiver).await;
 }
 
+/// A receiver that never answers 2xx is tried for `[queue] callback_for`
+/// after the job ended, then the callback is given up: never posted again
+/// (while other callbacks still go).
+#[tokio::test]
+async fn a_callback_never_accepted_is_given_up_after_callback_for() {
+    let mock = wechat().await;
+    let receiver = MockWeChat::start().await;
+    receiver.respond(|rec| if rec.path_and_query.starts_with("/hooks/down") { status(503) } else { status(200) });
+    let dir = TempDir::new("callbacks-give-up");
+    let text = config(&mock, &dir, &receiver.url(), 10, "").to_string();
+    let gate = Gate::start_text(text.replace("[queue]\n", "[queue]\ncallback_for = \"1m\"\n")).await;
+    let now = || wxgate::time::Clock::now_us(&gate.clock);
+    let down = || receiver.calls().iter().filter(|c| c.path_and_query == "/hooks/down").count();
+    queue_one(&gate, 0, &format!("{}/hooks/down", receiver.url())).await;
+    callbacks(&receiver, 1).await;
+    let ended = now();
+    // Tried again and again (each within backoff_max = 4 s) for a minute:
+    // the clock moved 2 s per look, so each failed post is recorded first.
+    eventually_async("a minute and more", PATIENCE, async || {
+        gate.advance(Duration::from_secs(2));
+        gate.settle().await;
+        now() >= ended + 70_000_000
+    })
+    .await;
+    // A later job's callback, handed out in a later round: by then every
+    // post of the first was made, and it is given up.
+    let mut tried = 0;
+    for (n, path) in ["up-1", "up-2"].into_iter().enumerate() {
+        gate.advance(Duration::from_secs(600));
+        queue_one(&gate, n + 1, &format!("{}/hooks/{path}", receiver.url())).await;
+        eventually_async(path, PATIENCE, async || {
+            receiver.calls().iter().any(|c| c.path_and_query == format!("/hooks/{path}"))
+        })
+        .await;
+        if n == 0 {
+            tried = down();
+        }
+    }
+    assert!(tried >= 3, "retried within callback_for: {tried}");
+    assert_eq!(down(), tried, "given up after callback_for: never posted again");
+}
+
 /// A callback whose receiver is down when the job ends is kept in the jobs
 /// file: after a restart it is posted once the receiver is up.
 #[tokio::test]
