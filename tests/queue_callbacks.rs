@@ -296,7 +296,7 @@ async fn a_pending_callback_survives_a_restart() {
 /// Callbacks are signed, so a caller allowed to name them needs a key: a
 /// config without one is refused, saying where to put it.
 #[test]
-fn a_caller_with_callbacks_and_no_key_is_a_config_error() {
+fn a_caller_with_callbacks_and_no_key_or_an_unsafe_key_file_is_a_config_error() {
     let text = format!(
         "{}\n{}",
         ConfigToml::new("http://127.0.0.1:9"),
@@ -307,4 +307,24 @@ fn a_caller_with_callbacks_and_no_key_is_a_config_error() {
     };
     let err = err.to_string();
     assert!(err.contains("callback_key_file") && err.contains("WXGATE_CALLBACK_KEY") && err.contains("hr"), "{err}");
+    // A key file others may read, or a short key, is refused too.
+    let dir = TempDir::new("callbacks-key");
+    let open = dir.write("open.key", KEY);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod 644");
+    }
+    let short = dir.write_secret("short.key", "abc");
+    for (file, says) in [(&open, "chmod 600"), (&short, "shorter than 16 bytes")] {
+        let text = format!(
+            "{}\n[queue]\nfile = \"off\"\ncallback_key_file = \"{}\"\n",
+            ConfigToml::new("http://127.0.0.1:9"),
+            file.display()
+        );
+        let Err(err) = wxgate::config::Config::parse(&text, std::path::Path::new("t.toml")) else {
+            panic!("{} is refused", file.display())
+        };
+        let err = err.to_string();
+        assert!(err.contains(says) && err.contains("callback_key_file"), "{err}");
+    }
 }
