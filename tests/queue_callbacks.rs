@@ -261,6 +261,40 @@ async fn a_callback_never_accepted_is_given_up_after_callback_for() {
     assert_eq!(down(), tried, "given up after callback_for: never posted again");
 }
 
+/// A reload that takes a prefix away from a caller stops its pending
+/// callbacks under it: given up, never posted again (a reload never widens
+/// where wxgate posts).
+#[tokio::test]
+async fn a_pending_callback_under_a_prefix_a_reload_took_away_is_never_posted() {
+    let mock = wechat().await;
+    let receiver = MockWeChat::start().await;
+    receiver.respond(|_| status(500));
+    let dir = TempDir::new("callbacks-reload");
+    let text = config(&mock, &dir, &receiver.url(), 10, "").to_string();
+    let path = dir.write("wxgate.toml", &text);
+    let gate = Gate::start_file(&path).await;
+    queue_one(&gate, 0, &format!("{}/hooks/old", receiver.url())).await;
+    callbacks(&receiver, 1).await;
+    // hr's prefix is now <receiver>/other/ only; the receiver would take it.
+    receiver.respond(|_| status(200));
+    let narrowed = text.replace(&format!("{}/hooks/", receiver.url()), &format!("{}/other/", receiver.url()));
+    assert_ne!(narrowed, text);
+    let aside = dir.write("wxgate.toml.tmp", &narrowed);
+    std::fs::rename(&aside, &path).expect("rename over the config");
+    eventually_async("the reload", PATIENCE, async || gate.reloads().0 >= 1).await;
+    for n in 1..=2 {
+        gate.advance(Duration::from_secs(600));
+        let url = format!("{}/other/new-{n}", receiver.url());
+        queue_one(&gate, n, &url).await;
+        eventually_async(&url, PATIENCE, async || {
+            receiver.calls().iter().any(|c| c.path_and_query == format!("/other/new-{n}"))
+        })
+        .await;
+    }
+    let old = receiver.calls().iter().filter(|c| c.path_and_query == "/hooks/old").count();
+    assert_eq!(old, 1, "never posted under the prefix taken away");
+}
+
 /// A callback whose receiver is down when the job ends is kept in the jobs
 /// file: after a restart it is posted once the receiver is up.
 #[tokio::test]
