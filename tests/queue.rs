@@ -132,7 +132,7 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
     assert!(waiting["waiting_until"].is_string(), "the fourth waits for the window: {waiting}");
     assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 3, "never over the window");
     for id in &ids[3..] {
-        // The window (aligned minutes: docs/semantics.md) lets one more in each minute after a full one.
+        // Window-exact (docs/semantics.md): after a full burst of 3, one more a minute.
         gate.advance(Duration::from_secs(61));
         until_state(&gate, "default", id, "sent").await;
     }
@@ -418,4 +418,95 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
     assert_eq!(still["state"], "sending", "{still}");
     slow.add_permits(1);
     until_state(&gate, "marketing", &stuck, "sent").await;
+}
+
+/// Sends of the template API the mock has seen.
+fn sends(mock: &MockWeChat) -> usize {
+    mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let dir = TempDir::new("queue-campaign");
+    // 100 at once (window-exact: never more than 100 in any minute, so
+    // after a full burst they come back one a minute: each step below moves
+    // the clock 100 minutes, a whole burst); 40 % only for high priority
+    // (HR's live calls). Queued sends are never high priority: they share
+    // the other 60.
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let send =
+        rule("template_send").matching(SEND).limit_burst(100, "1m", 100).set("reserve", "40%").set("queue", true);
+    let config = ConfigToml::new(&mock.url())
+        .with(format!("{token}\n{send}"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
+        .with(format!("{}\n{}", caller("hr").high(), caller("marketing")));
+    let gate = Gate::start_text(config).await;
+    let url = gate.url(&format!("/@{APPID}{SEND}"));
+    // Marketing's campaign: 10,000 messages handed over at once.
+    const CAMPAIGN: usize = 10_000;
+    let mut submissions = tokio::task::JoinSet::new();
+    for i in 0..CAMPAIGN {
+        let url = url.clone();
+        submissions.spawn(async move {
+            let req = http::Request::post(url)
+                .header("prefer", "respond-async")
+                .header("x-wx-caller", "marketing")
+                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"m{i}"}}"#))))
+                .expect("request");
+            support::send(req).await.status
+        });
+        if submissions.len() >= 32 {
+            assert_eq!(submissions.join_next().await.expect("task").expect("submitted"), 202);
+        }
+    }
+    while let Some(status) = submissions.join_next().await {
+        assert_eq!(status.expect("submitted"), 202);
+    }
+    let mut seen = 0;
+    let mut hr_queued = Vec::new();
+    for step in 0..6 {
+        // The campaign takes what the step leaves to normal calls.
+        eventually_async("the step's normal share sent", PATIENCE, async || sends(&mock) - seen >= 60).await;
+        gate.settle().await;
+        // HR's live calls, 40 this step: never refused for the queue.
+        for i in 0..40 {
+            let body = format!(r#"{{"touser":"h{step}-{i}"}}"#);
+            let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[("x-wx-caller", "hr")]).await;
+            assert_eq!((a.status.as_u16(), a.json()["errcode"].as_i64()), (200, Some(0)), "step {step}: {}", a.text());
+        }
+        if step == 0 {
+            // And 200 of HR's own messages queued behind the campaign's 9,940.
+            for i in 0..200 {
+                let body = format!(r#"{{"touser":"hq{i}"}}"#);
+                let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", "hr")]).await;
+                assert_eq!(a.status, 202, "{}", a.text());
+                hr_queued.push(a.json()["delivery"].as_str().expect("id").to_owned());
+            }
+        }
+        gate.settle().await;
+        let this_step = sends(&mock) - seen;
+        assert!(this_step <= 100, "step {step}: {this_step} sends, over the window");
+        seen = sends(&mock);
+        gate.advance(Duration::from_secs(100 * 60 + 1));
+        if step == 0 {
+            // HR's queue gets its turn in the first round of the next step.
+            let first = hr_queued[0].clone();
+            until_state(&gate, "hr", &first, "sent").await;
+        }
+    }
+    let bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    let total = bodies.len();
+    let unique: std::collections::HashSet<&String> = bodies.iter().collect();
+    assert_eq!(unique.len(), total, "nothing sent twice");
+    // In the 5 steps after HR queued, HR's queue got about half of the 300
+    // normal sends (equal weights), however many marketing had queued before.
+    let hr_sent = bodies.iter().filter(|b| b.contains("\"hq")).count();
+    assert!(hr_sent >= 100, "HR's queued messages drain in turns with the campaign: {hr_sent} of 200 in 5 steps");
 }
