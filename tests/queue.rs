@@ -510,3 +510,145 @@ async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_
     let hr_sent = bodies.iter().filter(|b| b.contains("\"hq")).count();
     assert!(hr_sent >= 100, "HR's queued messages drain in turns with the campaign: {hr_sent} of 200 in 5 steps");
 }
+
+/// Where a scenario's gate keeps its decisions and its jobs.
+enum Store {
+    /// The memory store, the jobs in SQLite.
+    Memory,
+    Redis(support::redis_server::RedisServer),
+    Cluster(support::redis_server::RedisCluster),
+}
+
+impl Store {
+    fn all() -> Vec<Store> {
+        vec![
+            Store::Memory,
+            Store::Redis(support::redis_server::RedisServer::start()),
+            Store::Cluster(support::redis_server::RedisCluster::start(3)),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Memory => "memory",
+            Store::Redis(_) => "redis",
+            Store::Cluster(_) => "cluster",
+        }
+    }
+
+    /// A gate on this store (a manual clock on each) with `rules`, the
+    /// account and `extra`.
+    async fn gate(&self, mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
+        let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+        let config = ConfigToml::new(&mock.url())
+            .with(rules)
+            .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+            .with(extra.to_owned());
+        match self {
+            Store::Memory => {
+                let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+                Gate::start_text(config.with(queue)).await
+            }
+            Store::Redis(redis) => {
+                let store = support::StoreToml::redis(&redis.url()).set("key_prefix", "qs");
+                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
+                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+            }
+            Store::Cluster(cluster) => {
+                let store = support::StoreToml::redis_cluster(cluster.urls()).set("key_prefix", "qc");
+                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
+                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+            }
+        }
+    }
+}
+
+/// Queues `n` messages (`{"touser":"<prefix><i>"}`) as `caller`; their ids.
+async fn queue_n(gate: &Gate, caller: &str, prefix: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let body = format!(r#"{{"touser":"{prefix}{i}"}}"#);
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", caller)]).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_queued_against_a_day_quota_of_300_send_300_once_and_keep_the_rest_for_tomorrow() {
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-day-{}", store.name()));
+        let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+        let send =
+            rule("template_send").matching(SEND).limit(300, "day").limit_burst(200, "1m", 200).set("queue", true);
+        let gate = store.gate(&mock, &dir, format!("{token}\n{send}"), "").await;
+        let ids = queue_n(&gate, "default", "d", 500).await;
+        // 200 at once (the window's burst; window-exact, it refills whole
+        // in 200 minutes), then 100 more: the day's 300.
+        eventually_async("the window's 200", PATIENCE, async || sends(&mock) == 200).await;
+        gate.advance(Duration::from_secs(200 * 60 + 1));
+        eventually_async("the day's 300", PATIENCE, async || sends(&mock) == 300).await;
+        let head = until_state(&gate, "default", &ids[300], "waiting").await;
+        // It waits for the quota day's midnight (UTC+8): T0 is 10:00 there.
+        assert!(
+            head["waiting_until"].as_str().is_some_and(|t| t.ends_with("T16:00:00.000Z")),
+            "{} {head}",
+            store.name()
+        );
+        for _ in 0..2 {
+            gate.advance(Duration::from_secs(3_600 * 4));
+            gate.settle().await;
+        }
+        assert_eq!(sends(&mock), 300, "{}: nothing more before midnight", store.name());
+        let mut bodies: Vec<String> = mock
+            .calls()
+            .into_iter()
+            .filter(|c| c.path_and_query.starts_with(SEND))
+            .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+            .collect();
+        bodies.sort();
+        bodies.dedup();
+        assert_eq!(bodies.len(), 300, "{}: each once", store.name());
+        // After midnight (16:00Z; the clock is at 13:20Z), the other 200 go.
+        gate.advance(Duration::from_secs(3 * 3_600));
+        eventually_async("tomorrow's first 200", PATIENCE, async || sends(&mock) == 500).await;
+        until_state(&gate, "default", &ids[499], "sent").await;
+        assert!(mock.calls().iter().all(|c| !String::from_utf8_lossy(&c.body).contains("45009")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
+    for store in Store::all() {
+        // WeChat answers the first send 45011 (a frequency penalty).
+        let (mock, _tokens) = wechat(|n, _| if n == 0 { support::errcode_reply(45011) } else { msgid(n) }).await;
+        let dir = TempDir::new(&format!("queue-penalty-{}", store.name()));
+        let extra = format!("{}\n{}", support::penalty(45011, 600), caller("ops"));
+        let gate = store.gate(&mock, &dir, rules(1000, "day"), &extra).await;
+        let ids = queue_n(&gate, "default", "p", 20).await;
+        let first = until_state(&gate, "default", &ids[0], "waiting").await;
+        assert_eq!(first["answer"]["errcode"], 45011, "{} {first}", store.name());
+        // One with a deadline inside the penalty (another caller's queue:
+        // a job's deadline is seen when it heads its queue).
+        let headers = [ASYNC, ("x-wxgate-deadline", "300"), ("x-wx-caller", "ops")];
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), r#"{"touser":"late"}"#, &headers).await;
+        let late = a.json()["delivery"].as_str().expect("id").to_owned();
+        for _ in 0..9 {
+            gate.advance(Duration::from_secs(60));
+            gate.settle().await;
+        }
+        assert_eq!(sends(&mock), 1, "{}: nothing sent during the penalty", store.name());
+        let expired = until_state(&gate, "ops", &late, "expired").await;
+        assert_eq!(expired["attempts"], 0, "{} {expired}", store.name());
+        // Past the penalty, with room: on Redis the refusal's wait ran a
+        // minute past the penalty's end (seen: 02:11 for 02:10); a job may
+        // wait longer than the penalty, never less.
+        gate.advance(Duration::from_secs(121));
+        until_state(&gate, "default", &ids[19], "sent").await;
+        let sent = until_state(&gate, "default", &ids[0], "sent").await;
+        assert_eq!(sent["attempts"], 2, "{} {sent}", store.name());
+        assert_eq!(sends(&mock), 21, "{}: each once after the penalty, the first twice", store.name());
+    }
+}
