@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use support::queue::{gate, msgid, queued, submit, until_state, until_state_nudged, wechat};
-use support::tokens::APPID;
+use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, errcode_reply, eventually_async, get_at, rule, sample, Gate, Reply, TempDir, PATIENCE};
 
 const TEMPLATE: &str = "/cgi-bin/message/template/send";
@@ -155,4 +155,38 @@ async fn queued_jobs_show_by_rule_and_caller_from_submission_to_their_end() {
             assert!(!line.contains(secret), "{secret} in {line}");
         }
     }
+}
+
+/// On Redis the gauges come from the jobs in Redis (every account's
+/// script), the counters from what this instance did.
+#[tokio::test]
+async fn queued_jobs_show_from_the_jobs_in_redis() {
+    let redis = support::redis_server::RedisServer::start();
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("queue-metrics-redis");
+    let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+    let config = support::ConfigToml::new(&mock.url())
+        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "qm"))
+        .with(format!("[tokens]\nkey_file = \"{}\"\n", key.display()))
+        .with(rules())
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(caller("hr").to_string());
+    let gate = Gate::start_redis_on_manual_clock(config).await;
+    let first = queued(&gate, "hr", TEMPLATE, r#"{"touser":"o1"}"#).await;
+    let second = queued(&gate, "hr", TEMPLATE, r#"{"touser":"o2"}"#).await;
+    until_state(&gate, "hr", &first, "sent").await;
+    until_state(&gate, "hr", &second, "waiting").await;
+    gate.advance(Duration::from_secs(15));
+    let mut text = String::new();
+    eventually_async("the gauges from Redis", PATIENCE, async || {
+        text = metrics(&gate).await;
+        sample(&text, &jobs("template_send", "hr", "waiting")) == Some(1.0)
+    })
+    .await;
+    let at = |series: &str| sample(&text, series);
+    assert_eq!(at(&jobs("template_send", "hr", "queued")), Some(0.0), "{text}");
+    assert_eq!(at(&queue_series("oldest_seconds", "template_send", "hr", None)), Some(15.0));
+    assert_eq!(at(&queue_series("submitted_total", "template_send", "hr", None)), Some(2.0));
+    assert_eq!(at(&ended("template_send", "hr", "sent")), Some(1.0));
+    assert_eq!(at(r#"wxgate_queue_delay_seconds_count{rule="template_send"}"#), Some(1.0));
 }
