@@ -49,10 +49,16 @@ pub fn spawn(app: Weak<App>) {
     });
 }
 
+/// A queue as its series name it: (rule, caller label).
+type QueueName = (Arc<str>, Arc<str>);
+
+/// A queue's unfinished jobs (queued, waiting, sending) and its oldest's submission.
+type Counts = ([u64; 3], Option<Micros>);
+
 /// The queues (rule, caller) and the rules whose gauges are set.
 #[derive(Default)]
 pub struct Shown {
-    queues: BTreeSet<(Arc<str>, Arc<str>)>,
+    queues: BTreeSet<QueueName>,
     rules: BTreeSet<Arc<str>>,
 }
 
@@ -64,7 +70,7 @@ pub async fn refresh(app: &App, shown: &mut Shown) -> Result<(), StoreError> {
     let summary = jobs.summary(None).await?;
     let now = app.core.clock.now_us();
     let m = &app.core.metrics.queue;
-    let mut queues: BTreeMap<(Arc<str>, Arc<str>), ([u64; 3], Option<Micros>)> = BTreeMap::new();
+    let mut queues: BTreeMap<QueueName, Counts> = BTreeMap::new();
     for q in summary {
         let (counts, oldest) = queues.entry((q.queue.rule.clone(), q.queue.caller.clone())).or_default();
         for (n, more) in counts.iter_mut().zip([q.queued, q.waiting, q.sending]) {
