@@ -126,3 +126,22 @@ pub fn count_end(app: &App, queue: &QueueKey, state: Option<&str>, submitted_us:
         m.delay(&queue.rule, now.saturating_sub(submitted_us).max(0) as f64 / 1e6);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::jobs::Answer;
+
+    #[test]
+    fn only_an_end_that_finishes_a_job_is_counted() {
+        let answer = || Answer { status: 200, errcode: Some(0), body: bytes::Bytes::new() };
+        assert_eq!(ended_as(&End::Sent(answer())), Some("sent"));
+        assert_eq!(ended_as(&End::Failed(answer())), Some("failed"));
+        assert_eq!(ended_as(&End::Expired), Some("expired"));
+        assert_eq!(ended_as(&End::Unknown(None)), Some("unknown"));
+        assert_eq!(ended_as(&End::Retry { at: 1, answer: Some(answer()) }), None, "a retry waits");
+        assert_eq!(ended_as(&End::NotYet { at: 1 }), None, "handed back unsent");
+        let ends: Vec<&str> = crate::telemetry::metrics::QUEUE_ENDS.to_vec();
+        assert_eq!(ends, ["sent", "failed", "expired", "cancelled", "unknown"]);
+    }
+}
