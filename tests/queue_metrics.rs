@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::queue::{gate, msgid, queued, submit, until_state, until_state_nudged, wechat};
+use support::queue::{gate, msgid, queued, submit, until_state, wechat};
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, errcode_reply, eventually_async, get_at, rule, sample, Gate, Reply, TempDir, PATIENCE};
 
@@ -104,13 +104,13 @@ async fn queued_jobs_show_by_rule_and_caller_from_submission_to_their_end() {
     let mut text = String::new();
     eventually_async("the gauges of the next summary", PATIENCE, async || {
         text = metrics(&gate).await;
-        sample(&text, &jobs("template_send", "hr", "waiting")) == Some(1.0)
+        sample(&text, &queue_series("oldest_seconds", "template_send", "hr", None)) == Some(15.0)
     })
     .await;
     let at = |series: &str| sample(&text, series);
-    assert_eq!(at(&jobs("template_send", "hr", "queued")), Some(1.0), "the third, behind the second: {text}");
+    assert_eq!(at(&jobs("template_send", "hr", "waiting")), Some(1.0), "the second: {text}");
+    assert_eq!(at(&jobs("template_send", "hr", "queued")), Some(1.0), "the third, behind the second");
     assert_eq!(at(&jobs("template_send", "hr", "sending")), Some(0.0));
-    assert_eq!(at(&queue_series("oldest_seconds", "template_send", "hr", None)), Some(15.0));
     for state in ["queued", "waiting", "sending"] {
         assert_eq!(at(&jobs("subscribe_send", "marketing", state)), Some(0.0), "all ended: {state}");
     }
@@ -119,8 +119,8 @@ async fn queued_jobs_show_by_rule_and_caller_from_submission_to_their_end() {
     // The next minute: the second is sent, 60 s after it was queued; the
     // third is cancelled while it waits.
     gate.advance(Duration::from_secs(45));
-    until_state_nudged(&gate, "hr", &second, "sent").await;
-    until_state_nudged(&gate, "hr", &third, "waiting").await;
+    until_state(&gate, "hr", &second, "sent").await;
+    until_state(&gate, "hr", &third, "waiting").await;
     let cancel = support::send(
         http::Request::delete(gate.url(&format!("/v1/deliveries/{third}")))
             .header("x-wx-caller", "hr")
@@ -180,12 +180,12 @@ async fn queued_jobs_show_from_the_jobs_in_redis() {
     let mut text = String::new();
     eventually_async("the gauges from Redis", PATIENCE, async || {
         text = metrics(&gate).await;
-        sample(&text, &jobs("template_send", "hr", "waiting")) == Some(1.0)
+        sample(&text, &queue_series("oldest_seconds", "template_send", "hr", None)) == Some(15.0)
     })
     .await;
     let at = |series: &str| sample(&text, series);
-    assert_eq!(at(&jobs("template_send", "hr", "queued")), Some(0.0), "{text}");
-    assert_eq!(at(&queue_series("oldest_seconds", "template_send", "hr", None)), Some(15.0));
+    assert_eq!(at(&jobs("template_send", "hr", "waiting")), Some(1.0), "{text}");
+    assert_eq!(at(&jobs("template_send", "hr", "queued")), Some(0.0));
     assert_eq!(at(&queue_series("submitted_total", "template_send", "hr", None)), Some(2.0));
     assert_eq!(at(&ended("template_send", "hr", "sent")), Some(1.0));
     assert_eq!(at(r#"wxgate_queue_delay_seconds_count{rule="template_send"}"#), Some(1.0));

@@ -75,7 +75,9 @@ pub fn spawn(app: Weak<App>) {
                         app.core.metrics.queue.recovered_unknown(r.unknown);
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet")
+                    }
                 }
             }
         }

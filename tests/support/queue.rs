@@ -84,18 +84,3 @@ pub async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> se
     .await;
     last
 }
-
-/// [`until_state`], moving wxgate's clock on by 20 ms before each look: a
-/// dispatcher whose round read the clock just before the test moved it
-/// sleeps its tick from the new time, and only a later move wakes it.
-pub async fn until_state_nudged(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_json::Value {
-    let path = format!("/v1/deliveries/{id}");
-    let mut last = serde_json::Value::Null;
-    eventually_async(&format!("delivery {id} {state}"), PATIENCE, async || {
-        gate.advance(std::time::Duration::from_millis(20));
-        last = gate.get_with(&path, &[("x-wx-caller", caller)]).await.json();
-        last["state"] == state
-    })
-    .await;
-    last
-}
