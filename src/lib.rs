@@ -85,6 +85,7 @@ async fn start_parts(
     let jobs = proxy::app::open_jobs(&config).await?;
     let app = App::new(config, store, clock, metrics, jobs)?;
     ops::dispatch::spawn(Arc::downgrade(&app));
+    ops::queue_metrics::spawn(Arc::downgrade(&app));
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
     if source.is_file() {
