@@ -86,6 +86,7 @@ async fn start_parts(
     let app = App::new(config, store, clock, metrics, jobs)?;
     ops::dispatch::spawn(Arc::downgrade(&app));
     ops::callbacks::spawn(Arc::downgrade(&app));
+    ops::queue_metrics::spawn(Arc::downgrade(&app));
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
     if source.is_file() {

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 use support::deploy::{entries, promtool, read, run_promtool, text, yaml, Yaml};
+use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
 use support::*;
 
 const DASHBOARD: &str = "deploy/grafana/wxgate.json";
@@ -237,9 +238,10 @@ fn alerts() -> Vec<Alert> {
 /// forwarded (failing over from a closed first upstream), held for their
 /// slot, refused by a limit, answered 45009 by WeChat (and then refused by
 /// the penalty) and token errors, WeCom messages counted by recipient and
-/// one refused for a recipient, and a refused reload: its `/metrics`. A
-/// rule's histograms, its refunds and recipients and the errcodes the
-/// alerts do not count appear with their first event, so each is here.
+/// one refused for a recipient, a message queued and sent and one refused
+/// by the queue, and a refused reload: its `/metrics`. A rule's
+/// histograms, its refunds and recipients, the errcodes the alerts do not
+/// count and a queue's series appear with their first event, so each is here.
 async fn live_metrics() -> String {
     let dir = TempDir::new("dashboards");
     // [intercept] on: its series exist from the start.
@@ -254,16 +256,23 @@ async fn live_metrics() -> String {
         .with(rule("send").matching("/cgi-bin/message/template/send").limit_burst(2, "1m", 2))
         .with(rule("shaped").matching("/cgi-bin/menu/create").limit_burst(1, "1m", 1).max_wait("2m"))
         .with(recipients)
+        .with(rule("queued").matching("/cgi-bin/message/subscribe/send").limit(100, "day").set("queue", true))
         .with(rule("default"))
         .with(ca.section(&wechat.url()))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
         .to_string();
     let path = dir.write("rules.toml", &config);
     let gate = Gate::start_file(&path).await;
     let send = "/cgi-bin/message/template/send?access_token=T";
     assert_eq!(gate.get_as("wx1", send).await.status, 502, "no upstream answers: refunded");
     let mock = wechat.open();
-    mock.respond(|call| {
+    let tokens = WeChatTokens::new().responder();
+    mock.respond(move |call| {
         let p = &call.path_and_query;
+        if p.starts_with("/cgi-bin/token") || p.starts_with("/cgi-bin/stable_token") {
+            return tokens(call);
+        }
         match ["40001", "40014", "42001"].iter().find(|c| p.ends_with(&format!("errcode={c}"))) {
             Some(code) => errcode_reply(code.parse().expect("a number")),
             None if p.starts_with("/cgi-bin/user/info") => errcode_reply(45009),
@@ -290,6 +299,19 @@ async fn live_metrics() -> String {
     let to = "/cgi-bin/message/send?access_token=T";
     assert_eq!(gate.post_as("wx1", to, &message("a|b")).await.status, 200);
     assert_eq!(gate.post_as("wx1", to, &message("a")).await.status, 429, "a's second message in a minute");
+    // A queued message, sent; one refused (a malformed deadline); the
+    // queue's gauges from the next summary of the jobs (every 15 s: the
+    // minute above passed).
+    let queued = format!("/@{APPID}/cgi-bin/message/subscribe/send");
+    let asked = ("prefer", "respond-async");
+    assert_eq!(gate.post_with(&queued, r#"{"touser":"o1"}"#, &[asked]).await.status, 202);
+    let bad = gate.post_with(&queued, "{}", &[asked, ("x-wxgate-deadline", "soon")]).await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let sent = r#"wxgate_queue_ended_total{rule="queued",caller="other",state="sent"}"#;
+    eventually_async("the queued message sent", PATIENCE, async || gate.metric(sent).await == Some(1.0)).await;
+    gate.advance(std::time::Duration::from_secs(15));
+    let depth = r#"wxgate_queue_jobs{rule="queued",caller="other",state="queued"}"#;
+    eventually_async("the queue's gauges", PATIENCE, async || gate.metric(depth).await.is_some()).await;
     dir.write("rules.toml", "[[rule]]\nname = \"broken\"\nlimits = [{ count = 0, per = \"day\" }\n");
     eventually("the refused reload", PATIENCE, || gate.reloads().1 >= 1).await;
     let metrics = get_at(gate.admin_addr(), "/metrics").await;

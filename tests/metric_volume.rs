@@ -106,3 +106,36 @@ async fn calls_of_one_rule_add_only_that_rules_histograms_and_the_errcodes_wecha
     assert_eq!(sample(&text, r#"wxgate_upstream_errcodes_total{rule="template_send",errcode="48001"}"#), None);
     assert_eq!(text.matches("wxgate_hold_seconds_count{").count(), 0, "no call was held: {text}");
 }
+
+/// Queued delivery on (a jobs file) adds, idle, one line per rule that
+/// queues (`wxgate_queue_deadline_seconds`) and the `unknown` ends of
+/// recovered jobs at 0, with their families' heads: no series per caller,
+/// account or job until a queue has jobs.
+#[tokio::test]
+async fn queued_delivery_adds_a_line_per_queueing_rule_to_an_idle_instance() {
+    let mock = MockWeChat::start().await;
+    let (config, rules) = shipped_rules_in_front_of(&mock.url());
+    let queueing = {
+        let table: toml::Table = config.parse().expect("TOML");
+        let all = table.get("rule").and_then(toml::Value::as_array).cloned().unwrap_or_default();
+        all.iter().filter(|r| r.get("queue").and_then(toml::Value::as_bool) == Some(true)).count()
+    };
+    assert!(queueing >= 5, "the shipped message rules queue: {queueing}");
+    let dir = TempDir::new("metric-volume-queue");
+    let config = format!("{config}\n[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+    let gate = Gate::start_text(config).await;
+    let deadlines = "wxgate_queue_deadline_seconds{";
+    let mut text = String::new();
+    eventually_async("the queue gauges' first summary", PATIENCE, async || {
+        text = metrics_of(&gate).await.0;
+        text.matches(deadlines).count() == queueing
+    })
+    .await;
+    let lines = text.lines().count();
+    let queue_lines = text.lines().filter(|l| l.contains("wxgate_queue_")).count();
+    let bound = FIXED + PER_IDLE_RULE * (rules + 1) + queueing + 1 + 2 * FAMILY_HEAD;
+    assert!(lines <= bound, "{lines} lines for {rules} rules idle, {queueing} queueing (at most {bound}):\n{text}");
+    assert_eq!(queue_lines, queueing + 1 + 2 * FAMILY_HEAD, "{text}");
+    assert_eq!(sample(&text, r#"wxgate_queue_deadline_seconds{rule="template_send"}"#), Some(86_400.0));
+    assert_eq!(sample(&text, r#"wxgate_queue_ended_total{rule="",caller="",state="unknown"}"#), Some(0.0));
+}

@@ -132,7 +132,7 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
     assert!(waiting["waiting_until"].is_string(), "the fourth waits for the window: {waiting}");
     assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 3, "never over the window");
     for id in &ids[3..] {
-        // The window (aligned minutes: docs/semantics.md) lets one more in each minute after a full one.
+        // Window-exact (docs/semantics.md): after a full burst of 3, one more a minute.
         gate.advance(Duration::from_secs(61));
         until_state(&gate, "default", id, "sent").await;
     }
@@ -422,4 +422,237 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
     assert_eq!(still["state"], "sending", "{still}");
     slow.add_permits(1);
     until_state(&gate, "marketing", &stuck, "sent").await;
+}
+
+/// Sends of the template API the mock has seen.
+fn sends(mock: &MockWeChat) -> usize {
+    mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
+    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let dir = TempDir::new("queue-campaign");
+    // 100 at once (window-exact: never more than 100 in any minute, so
+    // after a full burst they come back one a minute: each step below moves
+    // the clock 100 minutes, a whole burst); 40 % only for high priority
+    // (HR's live calls). Queued sends are never high priority: they share
+    // the other 60.
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let send =
+        rule("template_send").matching(SEND).limit_burst(100, "1m", 100).set("reserve", "40%").set("queue", true);
+    let config = ConfigToml::new(&mock.url())
+        .with(format!("{token}\n{send}"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
+        .with(format!("{}\n{}", caller("hr").high(), caller("marketing")));
+    let gate = Gate::start_text(config).await;
+    let url = gate.url(&format!("/@{APPID}{SEND}"));
+    // Marketing's campaign: 10,000 messages handed over at once.
+    const CAMPAIGN: usize = 10_000;
+    let mut submissions = tokio::task::JoinSet::new();
+    for i in 0..CAMPAIGN {
+        let url = url.clone();
+        submissions.spawn(async move {
+            let req = http::Request::post(url)
+                .header("prefer", "respond-async")
+                .header("x-wx-caller", "marketing")
+                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"m{i}"}}"#))))
+                .expect("request");
+            support::send(req).await.status
+        });
+        if submissions.len() >= 32 {
+            assert_eq!(submissions.join_next().await.expect("task").expect("submitted"), 202);
+        }
+    }
+    while let Some(status) = submissions.join_next().await {
+        assert_eq!(status.expect("submitted"), 202);
+    }
+    let mut seen = 0;
+    let mut hr_queued = Vec::new();
+    for step in 0..6 {
+        // The campaign takes what the step leaves to normal calls.
+        eventually_async("the step's normal share sent", PATIENCE, async || sends(&mock) - seen >= 60).await;
+        gate.settle().await;
+        // HR's live calls, 40 this step: never refused for the queue.
+        for i in 0..40 {
+            let body = format!(r#"{{"touser":"h{step}-{i}"}}"#);
+            let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[("x-wx-caller", "hr")]).await;
+            assert_eq!((a.status.as_u16(), a.json()["errcode"].as_i64()), (200, Some(0)), "step {step}: {}", a.text());
+        }
+        if step == 0 {
+            // And 200 of HR's own messages queued behind the campaign's 9,940.
+            for i in 0..200 {
+                let body = format!(r#"{{"touser":"hq{i}"}}"#);
+                let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", "hr")]).await;
+                assert_eq!(a.status, 202, "{}", a.text());
+                hr_queued.push(a.json()["delivery"].as_str().expect("id").to_owned());
+            }
+        }
+        gate.settle().await;
+        let this_step = sends(&mock) - seen;
+        assert!(this_step <= 100, "step {step}: {this_step} sends, over the window");
+        seen = sends(&mock);
+        gate.advance(Duration::from_secs(100 * 60 + 1));
+        if step == 0 {
+            // HR's queue gets its turn in the first round of the next step.
+            let first = hr_queued[0].clone();
+            until_state(&gate, "hr", &first, "sent").await;
+        }
+    }
+    let bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    let total = bodies.len();
+    let unique: std::collections::HashSet<&String> = bodies.iter().collect();
+    assert_eq!(unique.len(), total, "nothing sent twice");
+    // In the 5 steps after HR queued, HR's queue got about half of the 300
+    // normal sends (equal weights), however many marketing had queued before.
+    let hr_sent = bodies.iter().filter(|b| b.contains("\"hq")).count();
+    assert!(hr_sent >= 100, "HR's queued messages drain in turns with the campaign: {hr_sent} of 200 in 5 steps");
+}
+
+/// Where a scenario's gate keeps its decisions and its jobs.
+enum Store {
+    /// The memory store, the jobs in SQLite.
+    Memory,
+    Redis(support::redis_server::RedisServer),
+    Cluster(support::redis_server::RedisCluster),
+}
+
+impl Store {
+    fn all() -> Vec<Store> {
+        vec![
+            Store::Memory,
+            Store::Redis(support::redis_server::RedisServer::start()),
+            Store::Cluster(support::redis_server::RedisCluster::start(3)),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Memory => "memory",
+            Store::Redis(_) => "redis",
+            Store::Cluster(_) => "cluster",
+        }
+    }
+
+    /// A gate on this store (a manual clock on each) with `rules`, the
+    /// account and `extra`.
+    async fn gate(&self, mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
+        let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+        let config = ConfigToml::new(&mock.url())
+            .with(rules)
+            .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+            .with(extra.to_owned());
+        match self {
+            Store::Memory => {
+                let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+                Gate::start_text(config.with(queue)).await
+            }
+            Store::Redis(redis) => {
+                let store = support::StoreToml::redis(&redis.url()).set("key_prefix", "qs");
+                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
+                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+            }
+            Store::Cluster(cluster) => {
+                let store = support::StoreToml::redis_cluster(cluster.urls()).set("key_prefix", "qc");
+                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
+                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+            }
+        }
+    }
+}
+
+/// Queues `n` messages (`{"touser":"<prefix><i>"}`) as `caller`; their ids.
+async fn queue_n(gate: &Gate, caller: &str, prefix: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let body = format!(r#"{{"touser":"{prefix}{i}"}}"#);
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", caller)]).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_queued_against_a_day_quota_of_300_send_300_once_and_keep_the_rest_for_tomorrow() {
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-day-{}", store.name()));
+        let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+        let send =
+            rule("template_send").matching(SEND).limit(300, "day").limit_burst(200, "1m", 200).set("queue", true);
+        let gate = store.gate(&mock, &dir, format!("{token}\n{send}"), "").await;
+        let ids = queue_n(&gate, "default", "d", 500).await;
+        // 200 at once (the window's burst; window-exact, it refills whole
+        // in 200 minutes), then 100 more: the day's 300.
+        eventually_async("the window's 200", PATIENCE, async || sends(&mock) == 200).await;
+        gate.advance(Duration::from_secs(200 * 60 + 1));
+        eventually_async("the day's 300", PATIENCE, async || sends(&mock) == 300).await;
+        let head = until_state(&gate, "default", &ids[300], "waiting").await;
+        // It waits for the quota day's midnight (UTC+8): T0 is 10:00 there.
+        assert!(
+            head["waiting_until"].as_str().is_some_and(|t| t.ends_with("T16:00:00.000Z")),
+            "{} {head}",
+            store.name()
+        );
+        for _ in 0..2 {
+            gate.advance(Duration::from_secs(3_600 * 4));
+            gate.settle().await;
+        }
+        assert_eq!(sends(&mock), 300, "{}: nothing more before midnight", store.name());
+        let mut bodies: Vec<String> = mock
+            .calls()
+            .into_iter()
+            .filter(|c| c.path_and_query.starts_with(SEND))
+            .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+            .collect();
+        bodies.sort();
+        bodies.dedup();
+        assert_eq!(bodies.len(), 300, "{}: each once", store.name());
+        // After midnight (16:00Z; the clock is at 13:20Z), the other 200 go.
+        gate.advance(Duration::from_secs(3 * 3_600));
+        eventually_async("tomorrow's first 200", PATIENCE, async || sends(&mock) == 500).await;
+        until_state(&gate, "default", &ids[499], "sent").await;
+        assert!(mock.calls().iter().all(|c| !String::from_utf8_lossy(&c.body).contains("45009")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
+    for store in Store::all() {
+        // WeChat answers the first send 45011 (a frequency penalty).
+        let (mock, _tokens) = wechat(|n, _| if n == 0 { support::errcode_reply(45011) } else { msgid(n) }).await;
+        let dir = TempDir::new(&format!("queue-penalty-{}", store.name()));
+        let extra = format!("{}\n{}", support::penalty(45011, 600), caller("ops"));
+        let gate = store.gate(&mock, &dir, rules(1000, "day"), &extra).await;
+        let ids = queue_n(&gate, "default", "p", 20).await;
+        let first = until_state(&gate, "default", &ids[0], "waiting").await;
+        assert_eq!(first["answer"]["errcode"], 45011, "{} {first}", store.name());
+        // One with a deadline inside the penalty (another caller's queue:
+        // a job's deadline is seen when it heads its queue).
+        let headers = [ASYNC, ("x-wxgate-deadline", "300"), ("x-wx-caller", "ops")];
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), r#"{"touser":"late"}"#, &headers).await;
+        let late = a.json()["delivery"].as_str().expect("id").to_owned();
+        for _ in 0..9 {
+            gate.advance(Duration::from_secs(60));
+            gate.settle().await;
+        }
+        assert_eq!(sends(&mock), 1, "{}: nothing sent during the penalty", store.name());
+        let expired = until_state(&gate, "ops", &late, "expired").await;
+        assert_eq!(expired["attempts"], 0, "{} {expired}", store.name());
+        // Past the penalty, with room: on Redis the refusal's wait ran a
+        // minute past the penalty's end (seen: 02:11 for 02:10); a job may
+        // wait longer than the penalty, never less.
+        gate.advance(Duration::from_secs(121));
+        until_state(&gate, "default", &ids[19], "sent").await;
+        let sent = until_state(&gate, "default", &ids[0], "sent").await;
+        assert_eq!(sent["attempts"], 2, "{} {sent}", store.name());
+        assert_eq!(sends(&mock), 21, "{}: each once after the penalty, the first twice", store.name());
+    }
 }

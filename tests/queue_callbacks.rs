@@ -11,13 +11,13 @@ mod support;
 use std::time::Duration;
 
 use support::callbacks::{key_file_line, receiver, status, verify, KEY};
+use support::queue::{msgid, until_state, ASYNC};
 use support::redis_server::RedisServer;
 use support::temp::TempDir;
-use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
 
 const SEND: &str = "/cgi-bin/message/template/send";
-const ASYNC: (&str, &str) = ("prefer", "respond-async");
 
 /// The token rule and a template rule that queues, `count` sends a day.
 fn rules(count: u64) -> String {
@@ -28,24 +28,7 @@ fn rules(count: u64) -> String {
 
 /// A mock WeChat issuing tokens and taking every template send (msgid 1000, 1001, ...).
 async fn wechat() -> MockWeChat {
-    let mock = MockWeChat::start().await;
-    let tokens = WeChatTokens::new();
-    let reply = tokens.responder();
-    let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    mock.respond(move |rec| {
-        let r = reply(rec);
-        if rec.path_and_query.starts_with(SEND)
-            && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
-        {
-            let n = sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Reply::Json {
-                body: format!(r#"{{"errcode":0,"errmsg":"ok","msgid":{}}}"#, 1000 + n),
-                content_type: "application/json",
-            };
-        }
-        r
-    });
-    mock
+    support::queue::wechat(|_, n| msgid(n)).await.0
 }
 
 /// The config of a gate whose caller `hr` may name callbacks under
@@ -117,11 +100,7 @@ async fn called_back_once_signed(gate: &Gate, receiver: &MockWeChat) {
     assert_eq!(rec.headers.get("x-wxgate-delivery").map(|v| v.to_str().unwrap_or("")), Some(id.as_str()));
     // The quota (1 a day) is spent: the next job waits, and is cancelled.
     let waiting = queue_one(gate, 1, &format!("{hooks}/hooks/order-2")).await;
-    eventually_async("the second job waits", PATIENCE, async || {
-        let j = gate.get_with(&format!("/v1/deliveries/{waiting}"), &[("x-wx-caller", "hr")]).await.json();
-        j["state"] == "waiting"
-    })
-    .await;
+    until_state(gate, "hr", &waiting, "waiting").await;
     let del = gate.delete_with(&format!("/v1/deliveries/{waiting}"), &[("x-wx-caller", "hr")]).await;
     assert_eq!(del.status, 200, "{}", del.text());
     let got = callbacks(receiver, 2).await;
@@ -305,11 +284,7 @@ async fn a_pending_callback_survives_a_restart() {
     let path = dir.write("wxgate.toml", &config(&mock, &dir, &down.url(), 10, "").to_string());
     let gate = Gate::start_file(&path).await;
     let id = queue_one(&gate, 0, &format!("{}/hooks/z", down.url())).await;
-    eventually_async("sent", PATIENCE, async || {
-        let j = gate.get_with(&format!("/v1/deliveries/{id}"), &[("x-wx-caller", "hr")]).await.json();
-        j["state"] == "sent"
-    })
-    .await;
+    until_state(&gate, "hr", &id, "sent").await;
     gate.settle().await;
     let gate = gate.restart().await;
     let receiver = down.open();

@@ -69,6 +69,15 @@ pub fn owner_name() -> Arc<str> {
     format!("{}-{hex}", std::process::id()).into()
 }
 
+/// A refused submission's `reason` (`wxgate_queue_refused_total`).
+fn refusal(e: &ProxyError) -> &'static str {
+    match e {
+        ProxyError::QueueFull { .. } => "queue_full",
+        ProxyError::Unavailable(_) => "unavailable",
+        _ => "bad_request",
+    }
+}
+
 impl Queue {
     /// The jobs store, or the refusal of a call asking for queued delivery.
     pub fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
@@ -87,8 +96,14 @@ impl Feature for Queue {
         if req.own() {
             return Ok(());
         }
-        if let Some(asked) = intake::read(self.jobs.as_ref(), env, req).await? {
-            *cx = Ctx::Queue(Box::new(asked));
+        match intake::read(self.jobs.as_ref(), env, req).await {
+            Ok(Some(asked)) => *cx = Ctx::Queue(Box::new(asked)),
+            Ok(None) => {}
+            Err(e) => {
+                let rule = req.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
+                env.core.metrics.queue.refused(rule, req.who.caller.entry.label(), refusal(&e));
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -98,7 +113,18 @@ impl Feature for Queue {
             return Ok(());
         }
         let Ctx::Queue(asked) = std::mem::take(cx) else { return Ok(()) };
-        let resp = intake::submit(self.jobs.as_ref(), env, *asked, asking).await?;
+        let rule = asking.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
+        let (caller, metrics) = (asking.who.caller.entry.label(), &env.core.metrics.queue);
+        let resp = match intake::submit(self.jobs.as_ref(), env, *asked, asking).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                metrics.refused(rule, caller, refusal(&e));
+                return Err(e.into());
+            }
+        };
+        if !resp.headers().contains_key(intake::DUPLICATE) {
+            metrics.submitted(rule, caller);
+        }
         self.wake.notify_one();
         Err(Early::Answered(Box::new(resp), Outcome::queued))
     }

@@ -66,13 +66,18 @@ pub fn spawn(app: Weak<App>) {
         if let Some(app) = app.upgrade() {
             if let Some(jobs) = app.features.queue.jobs.clone() {
                 match jobs.recover_at_start(app.core.clock.now_us()).await {
-                    Ok(r) if r.unknown > 0 || r.requeued > 0 => tracing::warn!(
-                        unknown = r.unknown,
-                        requeued = r.requeued,
-                        "queued delivery: jobs a stopped process was sending end unknown (never resent); those it had claimed are queued again"
-                    ),
+                    Ok(r) if r.unknown > 0 || r.requeued > 0 => {
+                        tracing::warn!(
+                            unknown = r.unknown,
+                            requeued = r.requeued,
+                            "queued delivery: jobs a stopped process was sending end unknown (never resent); those it had claimed are queued again"
+                        );
+                        app.core.metrics.queue.recovered_unknown(r.unknown);
+                    }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "queued delivery: cannot recover the jobs of a stopped process yet")
+                    }
                 }
             }
         }
@@ -132,6 +137,7 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
         let r = jobs.recover(now).await?;
         if r.unknown > 0 {
             tracing::warn!(unknown = r.unknown, "queued delivery: jobs whose sending instance stopped before WeChat answered ended unknown (never resent)");
+            app.core.metrics.queue.recovered_unknown(r.unknown);
         }
         marks.recovered = now;
     }
@@ -180,8 +186,9 @@ async fn run_queue(
     let mut moved = false;
     let mut rest = claimed.into_iter();
     while let Some(job) = rest.next() {
-        let id = job.id;
+        let (id, submitted_us) = (job.id, job.submitted_us);
         let end = send(app, job).await;
+        let ended = super::queue_metrics::ended_as(&end);
         let waits = match &end {
             End::NotYet { at } | End::Retry { at, .. } => Some(*at),
             _ => None,
@@ -189,6 +196,8 @@ async fn run_queue(
         let now = app.core.clock.now_us();
         if !jobs.finish(id, &owner, end, now).await? {
             tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
+        } else {
+            super::queue_metrics::count_end(app, queue, ended, submitted_us, now);
         }
         if let Some(at) = waits {
             // The head waits: the rest of the claim goes back behind it,

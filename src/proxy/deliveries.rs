@@ -64,6 +64,7 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
                 app.features.queue.ended.notify_one();
                 tracing::info!(caller = %caller, delivery = %id, "queued delivery cancelled by its caller");
                 let job = jobs.get(&caller, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
+                app.core.metrics.queue.ended(&job.new.queue.rule, &caller, "cancelled");
                 Ok(answer(StatusCode::OK, &job_json(&job, now)))
             }
             Cancelled::TooLate(state) => Ok(answer(

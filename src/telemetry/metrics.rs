@@ -18,7 +18,10 @@ pub use labels::{
     UpstreamLabel, NO_RULE,
 };
 use register::{AccountSeries, CallSeries, CallerSeries, InterceptSeries, StoreSeries};
-pub use series::{CallerMetrics, MemoryStoreMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics};
+pub use series::{
+    CallerMetrics, MemoryStoreMetrics, QueueMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics, QUEUE_ENDS,
+    QUEUE_STATES,
+};
 use series::{Histograms, RuleFamilies};
 
 pub struct Metrics {
@@ -63,6 +66,8 @@ pub struct Metrics {
     pub intercepted_calls: Family<HostLabel, Counter>,
     /// `[intercept]`: CONNECT requests by what became of them.
     pub intercept_tunnels: Family<TunnelLabels, Counter>,
+    /// Queued delivery's series, by rule and caller.
+    pub queue: QueueMetrics,
 }
 
 impl Metrics {
@@ -97,6 +102,7 @@ impl Metrics {
             register::callers(&mut registry);
         let tokens = register::tokens(&mut registry);
         let InterceptSeries { intercepted_calls, intercept_tunnels } = register::intercept(&mut registry);
+        let queue = register::queue(&mut registry);
         register::build(&mut registry);
         Metrics {
             registry,
@@ -130,6 +136,7 @@ impl Metrics {
             caller_auth_refusals,
             intercepted_calls,
             intercept_tunnels,
+            queue,
         }
     }
 

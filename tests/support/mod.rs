@@ -9,9 +9,10 @@
 //! ([`state_file`]), request bodies with upstreams that record what became
 //! of them ([`bodies`]), real WeChat SDKs as subprocesses ([`sdk`]) and the
 //! deployment files with promtool ([`deploy`]), `[intercept]`'s CA
-//! and CONNECT clients ([`intercept`]), and queued delivery's jobs
-//! (submissions, and the test binary run again as a child: [`jobs`]) and
-//! callbacks (a receiver, the signature's check: [`callbacks`]).
+//! and CONNECT clients ([`intercept`]), queued delivery's jobs
+//! (submissions, and the test binary run again as a child: [`jobs`]),
+//! queued delivery over real sockets ([`queue`]) and its callbacks (a
+//! receiver, the signature's check: [`callbacks`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
@@ -26,6 +27,7 @@ pub mod pki;
 pub mod poll;
 pub mod ports;
 pub mod process;
+pub mod queue;
 pub mod redis_server;
 pub mod sdk;
 pub mod sim;

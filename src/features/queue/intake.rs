@@ -36,6 +36,8 @@ use crate::transport::body::RelayBody;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const DEADLINE: &str = "x-wxgate-deadline";
 pub const CALLBACK: &str = "x-wxgate-callback";
+/// Set on the 202 of a repeated `Idempotency-Key` (nothing new stored).
+pub const DUPLICATE: &str = "x-wxgate-duplicate";
 
 /// Longest `Idempotency-Key`, and longest callback URL.
 const MAX_KEY: usize = 255;
@@ -236,7 +238,7 @@ pub async fn submit(
         h.insert("preference-applied", HeaderValue::from_static("respond-async"));
     }
     if submitted.duplicate {
-        h.insert("x-wxgate-duplicate", HeaderValue::from_static("1"));
+        h.insert(DUPLICATE, HeaderValue::from_static("1"));
     }
     Ok(resp)
 }

@@ -1,0 +1,86 @@
+//! Queued delivery over real sockets: a mock WeChat that issues tokens and
+//! answers message sends, a gate with a jobs file and an `[[account]]`
+//! whose token it holds, submissions with `Prefer: respond-async`, and
+//! waiting for a delivery's state. (The same setup as tests/queue.rs's
+//! own helpers, which can move here.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::temp::TempDir;
+use super::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use super::{eventually_async, ConfigToml, Gate, MockWeChat, Recorded, Reply, PATIENCE};
+
+/// Asks for queued delivery.
+pub const ASYNC: (&str, &str) = ("prefer", "respond-async");
+
+/// Where a message send's path starts.
+pub const MESSAGE: &str = "/cgi-bin/message/";
+
+/// A mock WeChat issuing tokens; `send` answers each message send whose
+/// token is valid (with the sends seen before it), as WeChat checks the
+/// token first.
+pub async fn wechat(send: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> (MockWeChat, WeChatTokens) {
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    let sends = Arc::new(AtomicUsize::new(0));
+    mock.respond(move |rec| {
+        let r = reply(rec);
+        if rec.path_and_query.starts_with(MESSAGE)
+            && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
+        {
+            return send(rec, sends.fetch_add(1, Ordering::SeqCst));
+        }
+        r
+    });
+    (mock, tokens)
+}
+
+/// WeChat's success with msgid `1000 + n`.
+pub fn msgid(n: usize) -> Reply {
+    Reply::Json {
+        body: format!(r#"{{"errcode":0,"errmsg":"ok","msgid":{}}}"#, 1000 + n),
+        content_type: "application/json; encoding=utf-8",
+    }
+}
+
+/// A gate in front of `mock` with `rules`, the account [`APPID`] (whose
+/// token wxgate fetches), its jobs in `dir` with `[queue]` lines `queue`,
+/// and `extra` (callers, ...).
+pub async fn gate(mock: &MockWeChat, dir: &TempDir, rules: &str, queue: &str, extra: &str) -> Gate {
+    let queue = format!("[queue]\nfile = \"{}\"\n{queue}\n", dir.path().join("queue.db").display());
+    let config = ConfigToml::new(&mock.url())
+        .with(rules.to_owned())
+        .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+        .with(queue)
+        .with(extra.to_owned());
+    Gate::start_text(config).await
+}
+
+/// Submits `body` to `path` of [`APPID`] as `caller`, asking for queued
+/// delivery (and `headers`): the answer.
+pub async fn submit(gate: &Gate, caller: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> super::Answer {
+    let mut all = vec![ASYNC, ("x-wx-caller", caller)];
+    all.extend_from_slice(headers);
+    gate.post_with(&format!("/@{APPID}{path}"), body, &all).await
+}
+
+/// Submits and expects 202: the delivery's id.
+pub async fn queued(gate: &Gate, caller: &str, path: &str, body: &str) -> String {
+    let a = submit(gate, caller, path, body, &[]).await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    a.json()["delivery"].as_str().expect("a delivery id").to_owned()
+}
+
+/// Polls `/v1/deliveries/<id>` (as `caller`) until its state is `state`.
+pub async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_json::Value {
+    let path = format!("/v1/deliveries/{id}");
+    let mut last = serde_json::Value::Null;
+    eventually_async(&format!("delivery {id} {state}"), PATIENCE, async || {
+        last = gate.get_with(&path, &[("x-wx-caller", caller)]).await.json();
+        last["state"] == state
+    })
+    .await;
+    last
+}
