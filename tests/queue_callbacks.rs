@@ -238,6 +238,15 @@ async fn a_callback_never_accepted_is_given_up_after_callback_for() {
     }
     assert!(tried >= 3, "retried within callback_for: {tried}");
     assert_eq!(down(), tried, "given up after callback_for: never posted again");
+    let series = |outcome: &str| {
+        format!(r#"wxgate_queue_callbacks_total{{rule="template_send",caller="hr",outcome="{outcome}"}}"#)
+    };
+    assert_eq!(gate.metric(&series("given_up")).await, Some(1.0), "given up once, and counted");
+    // Each failed post is counted retried, but one whose next try would
+    // come after callback_for, which is the give-up.
+    let retried = gate.metric(&series("retried")).await.unwrap_or(0.0);
+    assert!(retried == tried as f64 || retried == (tried - 1) as f64, "{retried} of {tried}");
+    assert_eq!(gate.metric(&series("delivered")).await, Some(2.0), "up-1 and up-2");
 }
 
 /// A reload that takes a prefix away from a caller stops its pending

@@ -24,7 +24,8 @@
 //!   2xx answer is delivered; anything else, or none, is tried again after
 //!   `[queue] backoff` (exponential, full jitter, capped by `backoff_max`),
 //!   until `[queue] callback_for` after the job ended: then given up
-//!   (logged).
+//!   (logged). Each outcome is counted in `wxgate_queue_callbacks_total`
+//!   (rule, caller, outcome: `delivered`, `retried`, `given_up`).
 //! - A URL its caller no longer allows (a reload narrowed its `callbacks`)
 //!   is given up, never posted.
 
@@ -129,9 +130,11 @@ async fn post_one(app: &App, jobs: &Arc<dyn JobStore>, poster: &Poster, due: Due
     let config = app.config.load_full();
     let job = &due.job;
     let (id, tries) = (job.id, due.tries);
-    let caller = &*job.new.queue.caller;
+    let (caller, rule) = (&*job.new.queue.caller, &*job.new.queue.rule);
+    let counted = |outcome: &str| app.core.metrics.queue.callback(rule, caller, outcome);
     let give_up = |why: &str| {
         tracing::warn!(delivery = %id, caller, tries, why, "queued delivery: callback given up");
+        counted("given_up");
         jobs.callback_done(id, tries, None, app.core.clock.now_us())
     };
     let Some(url) = job.new.callback.as_deref() else {
@@ -160,6 +163,7 @@ async fn post_one(app: &App, jobs: &Arc<dyn JobStore>, poster: &Poster, due: Due
     match result {
         Ok(status) if (200..300).contains(&status) => {
             tracing::debug!(delivery = %id, caller, tries, status, "queued delivery: callback delivered");
+            counted("delivered");
             jobs.callback_done(id, tries, None, now).await.map(drop)
         }
         other => {
@@ -172,6 +176,7 @@ async fn post_one(app: &App, jobs: &Arc<dyn JobStore>, poster: &Poster, due: Due
                 return give_up(&format!("{why}, and [queue] callback_for ends before the next try")).await.map(drop);
             }
             tracing::info!(delivery = %id, caller, tries, why, "queued delivery: callback not delivered; tried again later");
+            counted("retried");
             jobs.callback_done(id, tries, Some(at), now).await.map(drop)
         }
     }

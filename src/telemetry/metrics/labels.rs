@@ -210,6 +210,14 @@ pub struct QueueStateLabels {
     pub state: String,
 }
 
+/// A callback's post, by outcome (`delivered`, `retried`, `given_up`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueCallbackLabels {
+    pub rule: String,
+    pub caller: String,
+    pub outcome: String,
+}
+
 /// A submission refused, by reason (`queue_full`, `bad_request`,
 /// `unavailable`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

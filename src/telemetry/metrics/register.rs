@@ -379,6 +379,7 @@ pub(super) fn queue(registry: &mut Registry) -> QueueMetrics {
         refused: Family::default(),
         ended: Family::default(),
         delay: Family::new_with_constructor(delay_buckets),
+        callbacks: Family::default(),
     };
     registry.register(
         "queue_jobs",
@@ -414,6 +415,11 @@ pub(super) fn queue(registry: &mut Registry) -> QueueMetrics {
         "queue_delay_seconds",
         "Queued delivery: time from submission to WeChat's success, by rule",
         q.delay.clone(),
+    );
+    registry.register(
+        "queue_callbacks",
+        "Queued delivery: callbacks this instance posted or gave up, by rule, caller and outcome (delivered: 2xx; retried: not 2xx, tried again later; given_up: callback_for passed or the URL no longer allowed)",
+        q.callbacks.clone(),
     );
     q
 }

@@ -8,8 +8,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use std::sync::OnceLock;
 
 use super::labels::{
-    ErrcodeLabels, FailoverLabels, FileOp, OpLabel, Outcome, OutcomeLabels, QueueLabels, QueueReasonLabels,
-    QueueStateLabels, ResultLabel, RuleLabel, TriedLabels, UpstreamLabel, OUTCOMES,
+    ErrcodeLabels, FailoverLabels, FileOp, OpLabel, Outcome, OutcomeLabels, QueueCallbackLabels, QueueLabels,
+    QueueReasonLabels, QueueStateLabels, ResultLabel, RuleLabel, TriedLabels, UpstreamLabel, OUTCOMES,
 };
 
 /// The token cache's series (`crate::features::token_cache`, `crate::ops::quota_sync`):
@@ -295,6 +295,9 @@ pub struct QueueMetrics {
     pub ended: Family<QueueStateLabels, Counter>,
     /// Submission to WeChat's success, for jobs sent by this instance.
     pub delay: Histograms,
+    /// Callbacks this instance posted or gave up, by outcome
+    /// (`crate::ops::callbacks`).
+    pub callbacks: Family<QueueCallbackLabels, Counter>,
 }
 
 /// The ends a job can have (`wxgate_queue_ended_total`'s `state`).
@@ -340,6 +343,15 @@ impl QueueMetrics {
     /// counted with `rule` and `caller` empty).
     pub fn recovered_unknown(&self, n: u64) {
         self.ended.get_or_create(&Self::state("", "", "unknown")).inc_by(n);
+    }
+
+    /// A callback `delivered` (2xx), `retried` (posted, not 2xx: tried
+    /// again later) or `given_up` (`[queue] callback_for` passed, or its URL
+    /// no longer allowed).
+    pub fn callback(&self, rule: &str, caller: &str, outcome: &str) {
+        let labels =
+            QueueCallbackLabels { rule: rule.to_owned(), caller: caller.to_owned(), outcome: outcome.to_owned() };
+        self.callbacks.get_or_create(&labels).inc();
     }
 
     /// A job sent `seconds` after it was submitted.
