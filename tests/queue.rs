@@ -8,12 +8,12 @@ mod support;
 
 use std::time::Duration;
 
+use support::queue::{gate, msgid, until_state, wechat, ASYNC};
 use support::temp::TempDir;
-use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
 
 const SEND: &str = "/cgi-bin/message/template/send";
-const ASYNC: (&str, &str) = ("prefer", "respond-async");
 
 /// The token rule and a template rule that queues (`queue = true`), with
 /// `count` calls `per`.
@@ -25,63 +25,12 @@ fn rules(count: u64, per: &str) -> String {
     format!("{token}\n{send}")
 }
 
-/// A mock WeChat issuing tokens; `send` answers template sends (the token
-/// checked first, as WeChat does).
-async fn wechat(
-    send: impl Fn(usize, &support::Recorded) -> Reply + Send + Sync + 'static,
-) -> (MockWeChat, WeChatTokens) {
-    let mock = MockWeChat::start().await;
-    let tokens = WeChatTokens::new();
-    let reply = tokens.responder();
-    let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    mock.respond(move |rec| {
-        let r = reply(rec);
-        if rec.path_and_query.starts_with(SEND)
-            && matches!(&r, Reply::Json { body, .. } if body.contains("\"errcode\":0"))
-        {
-            return send(sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst), rec);
-        }
-        r
-    });
-    (mock, tokens)
-}
-
-fn msgid(n: usize) -> Reply {
-    Reply::Json {
-        body: format!(r#"{{"errcode":0,"errmsg":"ok","msgid":{}}}"#, 1000 + n),
-        content_type: "application/json; encoding=utf-8",
-    }
-}
-
-/// A gate with the queue's jobs in `dir`.
-async fn gate(mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
-    let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
-    let config = ConfigToml::new(&mock.url())
-        .with(rules)
-        .with(account_toml(dir, APPID, "official_account", SECRET, ""))
-        .with(queue)
-        .with(extra.to_owned());
-    Gate::start_text(config).await
-}
-
-/// Polls `/v1/deliveries/<id>` until its state is `state`.
-async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_json::Value {
-    let path = format!("/v1/deliveries/{id}");
-    let mut last = serde_json::Value::Null;
-    eventually_async(&format!("delivery {id} {state}"), PATIENCE, async || {
-        last = gate.get_with(&path, &[("x-wx-caller", caller)]).await.json();
-        last["state"] == state
-    })
-    .await;
-    last
-}
-
 #[tokio::test]
 async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token() {
-    let (mock, tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-basic");
     let callers = format!("{}\n{}", caller("hr"), caller("marketing"));
-    let gate = gate(&mock, &dir, rules(100, "day"), &callers).await;
+    let gate = gate(&mock, &dir, &rules(100, "day"), "", &callers).await;
     let body = r#"{"touser":"o1","template_id":"t","data":{}}"#;
     let a = gate
         .post_with(&format!("/@{APPID}{SEND}?access_token=CALLERS_OWN"), body, &[ASYNC, ("x-wx-caller", "hr")])
@@ -115,9 +64,9 @@ async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token(
 
 #[tokio::test]
 async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-quota");
-    let gate = gate(&mock, &dir, rules(3, "1m"), "").await;
+    let gate = gate(&mock, &dir, &rules(3, "1m"), "", "").await;
     let mut ids = Vec::new();
     for i in 0..5 {
         let body = format!(r#"{{"touser":"o{i}","template_id":"t"}}"#);
@@ -148,15 +97,12 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
 
 #[tokio::test]
 async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-bad");
     let info = rule("info").matching("/cgi-bin/user/info").limit(100, "day");
-    let hr = format!(
-        "{}{}",
-        support::callbacks::key_file_line(&dir),
-        caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"])
-    );
-    let gate = gate(&mock, &dir, format!("{}\n{info}", rules(100, "day")), &hr).await;
+    let hr = caller("hr").set("callbacks", vec!["https://hr.internal/hooks/"]).to_string();
+    let key = support::callbacks::key_file_line(&dir);
+    let gate = gate(&mock, &dir, &format!("{}\n{info}", rules(100, "day")), &key, &hr).await;
     let at = format!("/@{APPID}{SEND}");
     let not_held = format!("/@wxnotheld{SEND}");
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
@@ -183,9 +129,9 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
 
 #[tokio::test]
 async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-idem");
-    let gate = gate(&mock, &dir, rules(100, "day"), "").await;
+    let gate = gate(&mock, &dir, &rules(100, "day"), "", "").await;
     let headers = [ASYNC, ("idempotency-key", "order-42")];
     let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
     let again = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
@@ -198,14 +144,14 @@ async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
 
 #[tokio::test]
 async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
-    let (mock, _tokens) = wechat(|n, _| match n {
+    let (mock, _tokens) = wechat(|_, n| match n {
         0 => support::errcode_reply(40003),
         1 => support::errcode_reply(-1),
         _ => msgid(n),
     })
     .await;
     let dir = TempDir::new("queue-retry");
-    let gate = gate(&mock, &dir, rules(100, "day"), "").await;
+    let gate = gate(&mock, &dir, &rules(100, "day"), "", "").await;
     let wrong = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
     let wrong = until_state(&gate, "default", wrong["delivery"].as_str().expect("id"), "failed").await;
     assert_eq!(wrong["answer"]["errcode"], 40003, "{wrong}");
@@ -220,9 +166,9 @@ async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
 
 #[tokio::test]
 async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-cancel");
-    let gate = gate(&mock, &dir, rules(1, "1m"), "").await;
+    let gate = gate(&mock, &dir, &rules(1, "1m"), "", "").await;
     let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
     until_state(&gate, "default", first["delivery"].as_str().expect("id"), "sent").await;
     let second = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
@@ -244,7 +190,7 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota() {
     let redis = support::redis_server::RedisServer::start();
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-redis");
     let callers: Vec<String> = ["hr", "marketing", "ops"].iter().map(|c| caller(c).to_string()).collect();
     let config = ConfigToml::new(&mock.url())
@@ -316,7 +262,7 @@ async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota(
 async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let gate_replies = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let held = gate_replies.clone();
-    let (mock, _tokens) = wechat(move |n, _| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
+    let (mock, _tokens) = wechat(move |_, n| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
     let dir = TempDir::new("queue-kill");
     let config = ConfigToml::new(&mock.url())
         .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
@@ -385,7 +331,7 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
 async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
     let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let held = slow.clone();
-    let (mock, _tokens) = wechat(move |n, rec| {
+    let (mock, _tokens) = wechat(move |rec, n| {
         if rec.body.starts_with(b"{\"slow\"") {
             Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
         } else {
@@ -431,7 +377,7 @@ fn sends(mock: &MockWeChat) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
-    let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new("queue-campaign");
     // 100 at once (window-exact: never more than 100 in any minute, so
     // after a full burst they come back one a minute: each step below moves
@@ -582,7 +528,7 @@ async fn queue_n(gate: &Gate, caller: &str, prefix: &str, n: usize) -> Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_queued_against_a_day_quota_of_300_send_300_once_and_keep_the_rest_for_tomorrow() {
     for store in Store::all() {
-        let (mock, _tokens) = wechat(|n, _| msgid(n)).await;
+        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
         let dir = TempDir::new(&format!("queue-day-{}", store.name()));
         let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
         let send =
@@ -627,7 +573,7 @@ async fn five_hundred_queued_against_a_day_quota_of_300_send_300_once_and_keep_t
 async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
     for store in Store::all() {
         // WeChat answers the first send 45011 (a frequency penalty).
-        let (mock, _tokens) = wechat(|n, _| if n == 0 { support::errcode_reply(45011) } else { msgid(n) }).await;
+        let (mock, _tokens) = wechat(|_, n| if n == 0 { support::errcode_reply(45011) } else { msgid(n) }).await;
         let dir = TempDir::new(&format!("queue-penalty-{}", store.name()));
         let extra = format!("{}\n{}", support::penalty(45011, 600), caller("ops"));
         let gate = store.gate(&mock, &dir, rules(1000, "day"), &extra).await;

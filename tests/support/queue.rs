@@ -1,8 +1,7 @@
 //! Queued delivery over real sockets: a mock WeChat that issues tokens and
 //! answers message sends, a gate with a jobs file and an `[[account]]`
 //! whose token it holds, submissions with `Prefer: respond-async`, and
-//! waiting for a delivery's state. (The same setup as tests/queue.rs's
-//! own helpers, which can move here.)
+//! waiting for a delivery's state (tests/queue.rs, tests/queue_metrics.rs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
