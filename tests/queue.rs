@@ -602,3 +602,62 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
         assert_eq!(sends(&mock), 21, "{}: each once after the penalty, the first twice", store.name());
     }
 }
+
+#[tokio::test]
+async fn queues_refused_together_retry_spread_over_the_back_off_not_at_one_instant() {
+    // WeChat is busy (-1) for the first 40 sends, then takes them.
+    let (mock, _tokens) = wechat(|_, n| if n < 40 { support::errcode_reply(-1) } else { msgid(n) }).await;
+    let dir = TempDir::new("queue-spread");
+    let callers: Vec<String> = (0..40).map(|i| caller(&format!("svc{i}")).to_string()).collect();
+    let gate = gate(&mock, &dir, &rules(1000, "day"), "backoff = \"10s\"", &callers.join("\n")).await;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let who = format!("svc{i}");
+        ids.push((who.clone(), support::queue::queued(&gate, &who, SEND, "{}").await));
+    }
+    let mut retries = Vec::new();
+    for (who, id) in &ids {
+        let waiting = until_state(&gate, who, id, "waiting").await;
+        assert_eq!(waiting["answer"]["errcode"], -1, "{waiting}");
+        retries.push(waiting["waiting_until"].as_str().expect("a time").to_owned());
+    }
+    retries.sort();
+    retries.dedup();
+    // Full jitter over [now, now + 10 s] at millisecond resolution: 40 draws
+    // land on one instant with odds far below one in a million.
+    assert!(retries.len() >= 30, "retries spread over the back-off: {retries:?}");
+    let (first, last) = (&retries[0], &retries[retries.len() - 1]);
+    assert!(first != last, "{first} {last}");
+    gate.advance(Duration::from_secs(11));
+    for (who, id) in &ids {
+        until_state(&gate, who, id, "sent").await;
+    }
+}
+
+#[tokio::test]
+async fn a_caller_past_its_queue_bound_gets_429_queue_full_and_nothing_is_stored() {
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("queue-full");
+    // A day quota of 0 left after one: the jobs stay queued.
+    let gate = gate(&mock, &dir, &rules(1, "day"), "caller_jobs = 3", "").await;
+    for i in 0..3 {
+        let a = support::queue::submit(&gate, "default", SEND, &format!(r#"{{"n":{i}}}"#), &[]).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+    }
+    eventually_async("the first sent", PATIENCE, async || sends(&mock) == 1).await;
+    // One ended (sent): two unfinished, room for one more.
+    let a = support::queue::submit(&gate, "default", SEND, r#"{"n":3}"#, &[]).await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    let full = support::queue::submit(&gate, "default", SEND, r#"{"n":4}"#, &[]).await;
+    assert_eq!(full.status, 429, "{}", full.text());
+    assert_eq!(full.header("x-wxgate-reason"), Some("queue_full"));
+    assert!(full.retry_after() > 0);
+    assert!(full.text().contains("caller_jobs"), "{}", full.text());
+    let summary = gate.get_with("/v1/deliveries", &[]).await.json();
+    let q = &summary["queues"][0];
+    assert_eq!(
+        (q["sent"].as_u64(), q["queued"].as_u64().unwrap_or(0) + q["waiting"].as_u64().unwrap_or(0)),
+        (Some(1), 3),
+        "{summary}"
+    );
+}

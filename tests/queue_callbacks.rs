@@ -1,5 +1,5 @@
 //! Callbacks of queued delivery (issue 47, deliverable 7;
-//! docs/queued-delivery-callbacks.md) over real sockets: once a job with
+//! docs/queued-delivery.md#callbacks) over real sockets: once a job with
 //! `X-Wxgate-Callback` ends, wxgate POSTs its result to a receiver (a
 //! [`MockWeChat`] recording it), signed with HMAC-SHA256
 //! (`X-Wxgate-Signature`), once per end, again later when the receiver
