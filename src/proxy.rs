@@ -110,7 +110,8 @@ async fn serve(
     let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
     call.arrived.intercepted = intercepted;
     let answered = match results {
-        true => deliveries::serve(app, &mut call, req).await,
+        // Boxed: a call of the API does not make every call's future carry its state.
+        true => Box::pin(deliveries::serve(app, &mut call, req)).await,
         false => phases(app, &mut call, req, client).await,
     };
     let resp = match answered {

@@ -96,7 +96,15 @@ impl Feature for Queue {
         if req.own() {
             return Ok(());
         }
-        match intake::read(self.jobs.as_ref(), env, req).await {
+        // The call's queue request is read (its headers, its body) only when
+        // it is to be queued: boxed, so a live call's future does not carry
+        // that read's state.
+        let asked = match intake::wanted(req) {
+            Ok(None) => return Ok(()),
+            Ok(Some(preferred)) => Box::pin(intake::read(self.jobs.as_ref(), env, req, preferred)).await,
+            Err(e) => Err(e),
+        };
+        match asked {
             Ok(Some(asked)) => *cx = Ctx::Queue(Box::new(asked)),
             Ok(None) => {}
             Err(e) => {
@@ -115,7 +123,8 @@ impl Feature for Queue {
         let Ctx::Queue(asked) = std::mem::take(cx) else { return Ok(()) };
         let rule = asking.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
         let (caller, metrics) = (asking.who.caller.entry.label(), &env.core.metrics.queue);
-        let resp = match intake::submit(self.jobs.as_ref(), env, *asked, asking).await {
+        // Boxed, as the read: a live call's future does not carry a submission's state.
+        let resp = match Box::pin(intake::submit(self.jobs.as_ref(), env, *asked, asking)).await {
             Ok(resp) => resp,
             Err(e) => {
                 metrics.refused(rule, caller, refusal(&e));
