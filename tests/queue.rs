@@ -661,3 +661,58 @@ async fn a_caller_past_its_queue_bound_gets_429_queue_full_and_nothing_is_stored
         "{summary}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_dead_instances_jobs_are_taken_over_after_their_lease_and_none_is_sent_twice() {
+    let redis = support::redis_server::RedisServer::start();
+    let held = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let gate_replies = held.clone();
+    let (mock, _tokens) =
+        wechat(move |_, n| Reply::Gated { gate: gate_replies.clone(), then: Box::new(msgid(n)) }).await;
+    let dir = TempDir::new("queue-redis-kill");
+    let config = ConfigToml::new(&mock.url())
+        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "qk"))
+        .with(rules(1000, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with("[queue]\nlease = \"5s\"\n".to_owned())
+        .to_string();
+    let env = [("WXGATE_TOKEN_KEY", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a")];
+    let mut first = support::process::spawn(&config, "queue-kill-a", &env).unwrap_or_else(|log| panic!("{log}"));
+    const JOBS: usize = 100;
+    for i in 0..JOBS {
+        let req = http::Request::post(first.url(&format!("/@{APPID}{SEND}")))
+            .header("prefer", "respond-async")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"k{i}"}}"#))))
+            .expect("request");
+        let a = support::send(req).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+    }
+    // 10 answered, the 11th held at WeChat (sending) and a few claimed behind it.
+    held.add_permits(10);
+    eventually_async("the 11th send at WeChat", PATIENCE, async || sends(&mock) == 11).await;
+    first.kill();
+    // Another instance finds the dead one's leases and, once they run out
+    // (5 s), ends its sending job unknown and sends the rest.
+    let second = support::process::spawn(&config, "queue-kill-b", &env).unwrap_or_else(|log| panic!("{log}"));
+    held.add_permits(JOBS * 2);
+    let mut summary = serde_json::Value::Null;
+    eventually_async("every job ended", std::time::Duration::from_secs(40), async || {
+        summary = second.get("/v1/deliveries").await.json();
+        let q = &summary["queues"][0];
+        q["queued"] == 0 && q["waiting"] == 0 && q["sending"] == 0
+    })
+    .await;
+    let q = &summary["queues"][0];
+    assert_eq!((q["sent"].as_u64(), q["unknown"].as_u64()), (Some(JOBS as u64 - 1), Some(1)), "{summary}");
+    let mut bodies: Vec<String> = mock
+        .calls()
+        .into_iter()
+        .filter(|c| c.path_and_query.starts_with(SEND))
+        .map(|c| String::from_utf8_lossy(&c.body).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), JOBS, "each message reached WeChat once, the unknown one before the kill");
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), JOBS, "none twice");
+    drop(second);
+}
