@@ -127,64 +127,70 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
     assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
-    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
-    let dir = TempDir::new("queue-idem");
-    let gate = gate(&mock, &dir, &rules(100, "day"), "", "").await;
-    let headers = [ASYNC, ("idempotency-key", "order-42")];
-    let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
-    let again = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
-    assert_eq!(first["delivery"], again["delivery"], "{first} {again}");
-    let id = first["delivery"].as_str().expect("id").to_owned();
-    until_state(&gate, "default", &id, "sent").await;
-    gate.settle().await;
-    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1);
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-idem-{}", store.name()));
+        let gate = store.gate(&mock, &dir, rules(100, "day"), "").await;
+        let headers = [ASYNC, ("idempotency-key", "order-42")];
+        let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
+        let again = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
+        assert_eq!(first["delivery"], again["delivery"], "{}: {first} {again}", store.name());
+        let id = first["delivery"].as_str().expect("id").to_owned();
+        until_state(&gate, "default", &id, "sent").await;
+        gate.settle().await;
+        assert_eq!(sends(&mock), 1, "{}", store.name());
+    }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
-    let (mock, _tokens) = wechat(|_, n| match n {
-        0 => support::errcode_reply(40003),
-        1 => support::errcode_reply(-1),
-        _ => msgid(n),
-    })
-    .await;
-    let dir = TempDir::new("queue-retry");
-    let gate = gate(&mock, &dir, &rules(100, "day"), "", "").await;
-    let wrong = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-    let wrong = until_state(&gate, "default", wrong["delivery"].as_str().expect("id"), "failed").await;
-    assert_eq!(wrong["answer"]["errcode"], 40003, "{wrong}");
-    let busy = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-    let id = busy["delivery"].as_str().expect("id").to_owned();
-    let waiting = until_state(&gate, "default", &id, "waiting").await;
-    assert_eq!(waiting["answer"]["errcode"], -1, "{waiting}");
-    gate.advance(Duration::from_secs(2));
-    let sent = until_state(&gate, "default", &id, "sent").await;
-    assert_eq!(sent["attempts"], 2, "{sent}");
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|_, n| match n {
+            0 => support::errcode_reply(40003),
+            1 => support::errcode_reply(-1),
+            _ => msgid(n),
+        })
+        .await;
+        let dir = TempDir::new(&format!("queue-retry-{}", store.name()));
+        let gate = store.gate(&mock, &dir, rules(100, "day"), "").await;
+        let wrong = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+        let wrong = until_state(&gate, "default", wrong["delivery"].as_str().expect("id"), "failed").await;
+        assert_eq!(wrong["answer"]["errcode"], 40003, "{} {wrong}", store.name());
+        let busy = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+        let id = busy["delivery"].as_str().expect("id").to_owned();
+        let waiting = until_state(&gate, "default", &id, "waiting").await;
+        assert_eq!(waiting["answer"]["errcode"], -1, "{} {waiting}", store.name());
+        gate.advance(Duration::from_secs(2));
+        let sent = until_state(&gate, "default", &id, "sent").await;
+        assert_eq!(sent["attempts"], 2, "{} {sent}", store.name());
+    }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
-    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
-    let dir = TempDir::new("queue-cancel");
-    let gate = gate(&mock, &dir, &rules(1, "1m"), "", "").await;
-    let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-    until_state(&gate, "default", first["delivery"].as_str().expect("id"), "sent").await;
-    let second = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-    let id = second["delivery"].as_str().expect("id").to_owned();
-    until_state(&gate, "default", &id, "waiting").await;
-    let cancelled = support::send(
-        http::Request::delete(gate.url(&format!("/v1/deliveries/{id}")))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("request"),
-    )
-    .await;
-    assert_eq!(cancelled.status, 200, "{}", cancelled.text());
-    assert_eq!(cancelled.json()["state"], "cancelled");
-    gate.advance(Duration::from_secs(120));
-    gate.settle().await;
-    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1, "never sent");
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-cancel-{}", store.name()));
+        let gate = store.gate(&mock, &dir, rules(1, "1m"), "").await;
+        let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+        until_state(&gate, "default", first["delivery"].as_str().expect("id"), "sent").await;
+        let second = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
+        let id = second["delivery"].as_str().expect("id").to_owned();
+        until_state(&gate, "default", &id, "waiting").await;
+        let cancelled = support::send(
+            http::Request::delete(gate.url(&format!("/v1/deliveries/{id}")))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .expect("request"),
+        )
+        .await;
+        assert_eq!(cancelled.status, 200, "{}: {}", store.name(), cancelled.text());
+        assert_eq!(cancelled.json()["state"], "cancelled");
+        gate.advance(Duration::from_secs(120));
+        gate.settle().await;
+        assert_eq!(sends(&mock), 1, "{}: never sent", store.name());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,7 +270,9 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let held = gate_replies.clone();
     let (mock, _tokens) = wechat(move |_, n| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
     let dir = TempDir::new("queue-kill");
+    // A send may take its time on a loaded machine: none ends unknown by a timeout.
     let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "30s")
         .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
         .with(rules(5000, "day"))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
@@ -377,8 +385,15 @@ fn sends(mock: &MockWeChat) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
+    for store in [Store::Memory, Store::Redis(support::redis_server::RedisServer::start())] {
+        campaign(&store).await;
+    }
+}
+
+/// The campaign scenario on `store`.
+async fn campaign(store: &Store) {
     let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
-    let dir = TempDir::new("queue-campaign");
+    let dir = TempDir::new(&format!("queue-campaign-{}", store.name()));
     // 100 at once (window-exact: never more than 100 in any minute, so
     // after a full burst they come back one a minute: each step below moves
     // the clock 100 minutes, a whole burst); 40 % only for high priority
@@ -387,12 +402,8 @@ async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_
     let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
     let send =
         rule("template_send").matching(SEND).limit_burst(100, "1m", 100).set("reserve", "40%").set("queue", true);
-    let config = ConfigToml::new(&mock.url())
-        .with(format!("{token}\n{send}"))
-        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
-        .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
-        .with(format!("{}\n{}", caller("hr").high(), caller("marketing")));
-    let gate = Gate::start_text(config).await;
+    let callers = format!("{}\n{}", caller("hr").high(), caller("marketing"));
+    let gate = store.gate(&mock, &dir, format!("{token}\n{send}"), &callers).await;
     let url = gate.url(&format!("/@{APPID}{SEND}"));
     // Marketing's campaign: 10,000 messages handed over at once.
     const CAMPAIGN: usize = 10_000;
@@ -487,27 +498,30 @@ impl Store {
     }
 
     /// A gate on this store (a manual clock on each) with `rules`, the
-    /// account and `extra`.
+    /// account and `extra`. Its dispatcher's leases last 10 minutes: the
+    /// tests move the clock by minutes at a time, and a turn under way
+    /// must not lose its lease to a jump a real clock never makes.
     async fn gate(&self, mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
         let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
         let config = ConfigToml::new(&mock.url())
             .with(rules)
             .with(account_toml(dir, APPID, "official_account", SECRET, ""))
             .with(extra.to_owned());
+        let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
         match self {
             Store::Memory => {
-                let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+                let queue = format!("[queue]\nlease = \"10m\"\nfile = \"{}\"\n", dir.path().join("queue.db").display());
                 Gate::start_text(config.with(queue)).await
             }
             Store::Redis(redis) => {
                 let store = support::StoreToml::redis(&redis.url()).set("key_prefix", "qs");
-                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
-                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+                let config = config.with(store).with(tokens).with("[queue]\nlease = \"10m\"\n".to_owned());
+                Gate::start_redis_on_manual_clock(config).await
             }
             Store::Cluster(cluster) => {
                 let store = support::StoreToml::redis_cluster(cluster.urls()).set("key_prefix", "qc");
-                let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
-                Gate::start_redis_on_manual_clock(config.with(store).with(tokens)).await
+                let config = config.with(store).with(tokens).with("[queue]\nlease = \"10m\"\n".to_owned());
+                Gate::start_redis_on_manual_clock(config).await
             }
         }
     }
@@ -671,6 +685,7 @@ async fn on_redis_a_dead_instances_jobs_are_taken_over_after_their_lease_and_non
         wechat(move |_, n| Reply::Gated { gate: gate_replies.clone(), then: Box::new(msgid(n)) }).await;
     let dir = TempDir::new("queue-redis-kill");
     let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "30s")
         .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "qk"))
         .with(rules(1000, "day"))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
