@@ -85,6 +85,12 @@ pub trait Clock: Send + Sync + 'static {
     fn now_us(&self) -> Micros;
     /// Completes once this clock has moved on by `span`.
     fn sleep(&self, span: Span) -> Sleep;
+    /// Completes once this clock reads `at` or later (at once if it does
+    /// already): unlike `sleep(at - now)`, a move of the clock between
+    /// reading it and sleeping is never missed.
+    fn sleep_until(&self, at: Micros) -> Sleep {
+        self.sleep(Span::from_micros(at.saturating_sub(self.now_us())))
+    }
 }
 
 /// The system's wall clock.
@@ -138,8 +144,11 @@ impl Clock for ManualClock {
     }
 
     fn sleep(&self, span: Span) -> Sleep {
+        self.sleep_until(self.now_us().saturating_add(span.as_micros()))
+    }
+
+    fn sleep_until(&self, until: Micros) -> Sleep {
         let inner = self.0.clone();
-        let until = self.now_us().saturating_add(span.as_micros());
         Box::pin(async move {
             loop {
                 let moved = inner.moved.notified();
@@ -228,6 +237,19 @@ pub fn deadline_after(after: Duration) -> tokio::time::Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_manual_sleep_until_ends_once_the_clock_reads_its_time_however_it_got_there() {
+        let clock = ManualClock::new(1_000);
+        let within = Duration::from_secs(5);
+        // Moved past before the sleep is polled: never missed.
+        let sleep = clock.sleep_until(1_100);
+        clock.advance_us(500);
+        assert!(tokio::time::timeout(within, sleep).await.is_ok());
+        assert!(tokio::time::timeout(within, clock.sleep_until(1_200)).await.is_ok(), "already past: at once");
+        let pending = clock.sleep_until(2_000);
+        assert!(tokio::time::timeout(Duration::from_millis(20), pending).await.is_err(), "not before its time");
+    }
 
     #[test]
     fn rfc3339_times_are_read_with_their_zone_and_never_without_one() {

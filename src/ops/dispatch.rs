@@ -95,7 +95,7 @@ pub fn spawn(app: Weak<App>) {
             // A submission or a finished turn wakes it; else the next tick.
             tokio::select! {
                 _ = wake.notified() => {}
-                _ = clock.sleep(Span::from_micros(started + TICK.as_micros() - clock.now_us())) => {}
+                _ = clock.sleep_until(started + TICK.as_micros()) => {}
             }
         }
     });
