@@ -113,6 +113,7 @@ async fn bad_queue_requests_are_refused_and_nothing_is_stored() {
         (&at, vec![ASYNC, ("x-wx-caller", "hr"), ("x-wxgate-callback", "https://evil.example/x")], 400, "callbacks"),
         (&at, vec![ASYNC, ("idempotency-key", "a"), ("idempotency-key", "b")], 400, "more than once"),
         (&not_held, vec![ASYNC], 400, "not an [[account]]"),
+        (&at, vec![ASYNC, ("content-encoding", "gzip")], 400, "must not be encoded"),
     ];
     for (path, headers, status, says) in cases {
         let a = gate.post_with(path, "{}", &headers).await;

@@ -131,6 +131,13 @@ pub async fn read(
         Some(_) => return Err(ProxyError::BadRequest(format!("Content-Type is longer than {MAX_CONTENT_TYPE} bytes"))),
         None => None,
     };
+    // The stored body is sent later with its Content-Type only: an encoded
+    // body would reach WeChat undecoded, so it is refused, never guessed.
+    if headers.get_all(http::header::CONTENT_ENCODING).iter().any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity")) {
+        return Err(ProxyError::BadRequest(
+            "a queued call's body must not be encoded (Content-Encoding): send it as plain JSON".into(),
+        ));
+    }
     let cap = req.config.queue.max_body;
     req.read_body(cap, "a queued call ([queue] max_body)").await?;
     Ok(Some(Asked { preferred, key, deadline_us, callback, content_type }))
