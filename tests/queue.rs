@@ -196,12 +196,18 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota() {
-    let redis = support::redis_server::RedisServer::start();
+    for store in Store::redis_and_cluster() {
+        two_instances(&store).await;
+    }
+}
+
+/// Two wxgate processes on `store` (Redis or Cluster) dispatching one queue.
+async fn two_instances(store: &Store) {
     let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
-    let dir = TempDir::new("queue-redis");
+    let dir = TempDir::new(&format!("queue-two-{}", store.name()));
     let callers: Vec<String> = ["hr", "marketing", "ops"].iter().map(|c| caller(c).to_string()).collect();
     let config = ConfigToml::new(&mock.url())
-        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "q2"))
+        .with(store.toml("q2"))
         .with(rules(30, "day"))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
         .with(callers.join("\n"))
@@ -209,7 +215,8 @@ async fn two_instances_on_one_redis_send_each_job_once_and_never_over_the_quota(
     let env = [("WXGATE_TOKEN_KEY", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a")];
     let instances: Vec<support::process::Instance> = (0..2)
         .map(|i| {
-            support::process::spawn(&config, &format!("queue-redis-{i}"), &env).unwrap_or_else(|log| panic!("{log}"))
+            let tag = format!("queue-two-{}-{i}", store.name());
+            support::process::spawn(&config, &tag, &env).unwrap_or_else(|log| panic!("{log}"))
         })
         .collect();
     let mut ids = Vec::new();
@@ -386,7 +393,7 @@ fn sends(mock: &MockWeChat) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
-    for store in [Store::Memory, Store::Redis(support::redis_server::RedisServer::start())] {
+    for store in Store::all() {
         campaign(&store).await;
     }
 }
@@ -490,6 +497,23 @@ impl Store {
         ]
     }
 
+    /// The stores two wxgate processes can share.
+    fn redis_and_cluster() -> Vec<Store> {
+        vec![
+            Store::Redis(support::redis_server::RedisServer::start()),
+            Store::Cluster(support::redis_server::RedisCluster::start(3)),
+        ]
+    }
+
+    /// The `[store]` section of this Redis or Cluster, its keys under `prefix`.
+    fn toml(&self, prefix: &str) -> support::StoreToml {
+        match self {
+            Store::Memory => panic!("the memory store is one process's"),
+            Store::Redis(redis) => support::StoreToml::redis(&redis.url()).set("key_prefix", prefix),
+            Store::Cluster(cluster) => support::StoreToml::redis_cluster(cluster.urls()).set("key_prefix", prefix),
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Store::Memory => "memory",
@@ -514,14 +538,8 @@ impl Store {
                 let queue = format!("[queue]\nlease = \"10m\"\nfile = \"{}\"\n", dir.path().join("queue.db").display());
                 Gate::start_text(config.with(queue)).await
             }
-            Store::Redis(redis) => {
-                let store = support::StoreToml::redis(&redis.url()).set("key_prefix", "qs");
-                let config = config.with(store).with(tokens).with("[queue]\nlease = \"10m\"\n".to_owned());
-                Gate::start_redis_on_manual_clock(config).await
-            }
-            Store::Cluster(cluster) => {
-                let store = support::StoreToml::redis_cluster(cluster.urls()).set("key_prefix", "qc");
-                let config = config.with(store).with(tokens).with("[queue]\nlease = \"10m\"\n".to_owned());
+            Store::Redis(_) | Store::Cluster(_) => {
+                let config = config.with(self.toml("qs")).with(tokens).with("[queue]\nlease = \"10m\"\n".to_owned());
                 Gate::start_redis_on_manual_clock(config).await
             }
         }
@@ -695,21 +713,29 @@ async fn a_caller_past_its_queue_bound_gets_429_queue_full_and_nothing_is_stored
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_a_dead_instances_jobs_are_taken_over_after_their_lease_and_none_is_sent_twice() {
-    let redis = support::redis_server::RedisServer::start();
+    for store in Store::redis_and_cluster() {
+        taken_over(&store).await;
+    }
+}
+
+/// SIGKILL of a wxgate process on `store` (Redis or Cluster) with a send
+/// held at WeChat; a second process takes its jobs over.
+async fn taken_over(store: &Store) {
     let held = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let gate_replies = held.clone();
     let (mock, _tokens) =
         wechat(move |_, n| Reply::Gated { gate: gate_replies.clone(), then: Box::new(msgid(n)) }).await;
-    let dir = TempDir::new("queue-redis-kill");
+    let dir = TempDir::new(&format!("queue-kill-{}", store.name()));
     let config = ConfigToml::new(&mock.url())
         .server("upstream_timeout", "30s")
-        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "qk"))
+        .with(store.toml("qk"))
         .with(rules(1000, "day"))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
         .with("[queue]\nlease = \"5s\"\n".to_owned())
         .to_string();
     let env = [("WXGATE_TOKEN_KEY", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a")];
-    let mut first = support::process::spawn(&config, "queue-kill-a", &env).unwrap_or_else(|log| panic!("{log}"));
+    let tag = |i: &str| format!("queue-kill-{}-{i}", store.name());
+    let mut first = support::process::spawn(&config, &tag("a"), &env).unwrap_or_else(|log| panic!("{log}"));
     const JOBS: usize = 100;
     for i in 0..JOBS {
         let req = http::Request::post(first.url(&format!("/@{APPID}{SEND}")))
@@ -725,7 +751,7 @@ async fn on_redis_a_dead_instances_jobs_are_taken_over_after_their_lease_and_non
     first.kill();
     // Another instance finds the dead one's leases and, once they run out
     // (5 s), ends its sending job unknown and sends the rest.
-    let second = support::process::spawn(&config, "queue-kill-b", &env).unwrap_or_else(|log| panic!("{log}"));
+    let second = support::process::spawn(&config, &tag("b"), &env).unwrap_or_else(|log| panic!("{log}"));
     held.add_permits(JOBS * 2);
     let mut summary = serde_json::Value::Null;
     eventually_async("every job ended", std::time::Duration::from_secs(40), async || {
