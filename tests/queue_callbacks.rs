@@ -4,7 +4,8 @@
 //! [`MockWeChat`] recording it), signed with HMAC-SHA256
 //! (`X-Wxgate-Signature`), once per end, again later when the receiver
 //! does not answer 2xx, and never lost across a restart. On the embedded
-//! store and on Redis, on the gate's manual clock (no test sleeps).
+//! store, on Redis and on a Redis Cluster, on the gate's manual clock (no
+//! test sleeps).
 
 mod support;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use support::callbacks::{key_file_line, receiver, status, verify, KEY};
 use support::queue::{msgid, until_state, ASYNC};
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
@@ -51,6 +52,25 @@ fn config(mock: &MockWeChat, dir: &TempDir, hooks: &str, count: u64, store: &str
         .with(hr)
         .with(store.to_owned())
         .with(tokens)
+}
+
+/// A gate on `text`: on the embedded store when `store` is "", else on
+/// that Redis (or Cluster) deciding on the gate's manual clock.
+async fn start(text: String, store: &str) -> Gate {
+    if store.is_empty() {
+        Gate::start_text(text).await
+    } else {
+        Gate::start_redis_on_manual_clock(text).await
+    }
+}
+
+/// [`start`] from a config file, which the gate watches (and restarts from).
+async fn start_file(path: &std::path::Path, store: &str) -> Gate {
+    if store.is_empty() {
+        Gate::start_file(path).await
+    } else {
+        Gate::start_redis_file_on_manual_clock(path).await
+    }
 }
 
 /// Queues a template message of `hr` with a callback to `url`; its id.
@@ -138,6 +158,16 @@ async fn a_finished_job_is_called_back_once_signed_on_redis() {
     called_back_once_signed(&gate, &receiver).await;
 }
 
+/// A receiver answering 500, then a redirect, then 200.
+async fn refusing_twice() -> MockWeChat {
+    receiver(|n| match n {
+        0 => status(500),
+        1 => Reply::Status { status: 302, body: String::new() },
+        _ => status(200),
+    })
+    .await
+}
+
 /// A receiver that answers 500 (or redirects, or is down) gets the callback
 /// again after the back-off, until it answers 2xx; then never again.
 async fn retried_until_2xx(gate: &Gate, receiver: &MockWeChat) {
@@ -176,12 +206,7 @@ async fn retried_until_2xx(gate: &Gate, receiver: &MockWeChat) {
 #[tokio::test]
 async fn a_callback_refused_with_500_or_a_redirect_is_posted_again_later_until_2xx() {
     let mock = wechat().await;
-    let receiver = receiver(|n| match n {
-        0 => status(500),
-        1 => Reply::Status { status: 302, body: String::new() },
-        _ => status(200),
-    })
-    .await;
+    let receiver = refusing_twice().await;
     let dir = TempDir::new("callbacks-retry");
     let gate = Gate::start_text(config(&mock, &dir, &receiver.url(), 10, "")).await;
     retried_until_2xx(&gate, &receiver).await;
@@ -203,12 +228,17 @@ async fn a_callback_refused_with_500_is_posted_again_later_on_redis() {
 /// (while other callbacks still go).
 #[tokio::test]
 async fn a_callback_never_accepted_is_given_up_after_callback_for() {
+    given_up_after_callback_for("").await;
+}
+
+/// [`a_callback_never_accepted_is_given_up_after_callback_for`] on `store`.
+async fn given_up_after_callback_for(store: &str) {
     let mock = wechat().await;
     let receiver = MockWeChat::start().await;
     receiver.respond(|rec| if rec.path_and_query.starts_with("/hooks/down") { status(503) } else { status(200) });
     let dir = TempDir::new("callbacks-give-up");
-    let text = config(&mock, &dir, &receiver.url(), 10, "").to_string();
-    let gate = Gate::start_text(text.replace("[queue]\n", "[queue]\ncallback_for = \"1m\"\n")).await;
+    let text = config(&mock, &dir, &receiver.url(), 10, store).to_string();
+    let gate = start(text.replace("[queue]\n", "[queue]\ncallback_for = \"1m\"\n"), store).await;
     let now = || wxgate::time::Clock::now_us(&gate.clock);
     let down = || receiver.calls().iter().filter(|c| c.path_and_query == "/hooks/down").count();
     queue_one(&gate, 0, &format!("{}/hooks/down", receiver.url())).await;
@@ -254,13 +284,18 @@ async fn a_callback_never_accepted_is_given_up_after_callback_for() {
 /// where wxgate posts).
 #[tokio::test]
 async fn a_pending_callback_under_a_prefix_a_reload_took_away_is_never_posted() {
+    never_posted_after_a_reload_took_its_prefix("").await;
+}
+
+/// [`a_pending_callback_under_a_prefix_a_reload_took_away_is_never_posted`] on `store`.
+async fn never_posted_after_a_reload_took_its_prefix(store: &str) {
     let mock = wechat().await;
     let receiver = MockWeChat::start().await;
     receiver.respond(|_| status(500));
     let dir = TempDir::new("callbacks-reload");
-    let text = config(&mock, &dir, &receiver.url(), 10, "").to_string();
+    let text = config(&mock, &dir, &receiver.url(), 10, store).to_string();
     let path = dir.write("wxgate.toml", &text);
-    let gate = Gate::start_file(&path).await;
+    let gate = start_file(&path, store).await;
     queue_one(&gate, 0, &format!("{}/hooks/old", receiver.url())).await;
     callbacks(&receiver, 1).await;
     // hr's prefix is now <receiver>/other/ only; the receiver would take it.
@@ -284,14 +319,19 @@ async fn a_pending_callback_under_a_prefix_a_reload_took_away_is_never_posted() 
 }
 
 /// A callback whose receiver is down when the job ends is kept in the jobs
-/// file: after a restart it is posted once the receiver is up.
+/// store: after a restart it is posted once the receiver is up.
 #[tokio::test]
 async fn a_pending_callback_survives_a_restart() {
+    survives_a_restart("").await;
+}
+
+/// [`a_pending_callback_survives_a_restart`] on `store`.
+async fn survives_a_restart(store: &str) {
     let mock = wechat().await;
     let down = support::ports::ClosedPort::new();
     let dir = TempDir::new("callbacks-restart");
-    let path = dir.write("wxgate.toml", &config(&mock, &dir, &down.url(), 10, "").to_string());
-    let gate = Gate::start_file(&path).await;
+    let path = dir.write("wxgate.toml", &config(&mock, &dir, &down.url(), 10, store).to_string());
+    let gate = start_file(&path, store).await;
     let id = queue_one(&gate, 0, &format!("{}/hooks/z", down.url())).await;
     until_state(&gate, "hr", &id, "sent").await;
     gate.settle().await;
@@ -309,6 +349,43 @@ async fn a_pending_callback_survives_a_restart() {
         (json(&got[0])["delivery"].as_str(), json(&got[0])["state"].as_str()),
         (Some(id.as_str()), Some("sent"))
     );
+}
+
+/// The scenarios of the embedded store's tests that the two above do not
+/// run, on Redis (each its own key prefix).
+#[tokio::test]
+async fn on_redis_a_callback_is_given_up_after_callback_for_stopped_by_a_reload_and_kept_across_a_restart() {
+    let redis = RedisServer::start();
+    let store = |prefix: &str| StoreToml::redis(&redis.url()).set("key_prefix", prefix).to_string();
+    given_up_after_callback_for(&store("cb3")).await;
+    never_posted_after_a_reload_took_its_prefix(&store("cb4")).await;
+    survives_a_restart(&store("cb5")).await;
+}
+
+/// Every callback scenario on one Redis Cluster (each its own key prefix):
+/// signed once, retried until 2xx, given up, stopped by a reload, kept
+/// across a restart.
+#[tokio::test]
+async fn on_a_redis_cluster_callbacks_are_signed_retried_given_up_and_kept_across_a_restart() {
+    let cluster = RedisCluster::start(3);
+    let store = |prefix: &str| StoreToml::redis_cluster(cluster.urls()).set("key_prefix", prefix).to_string();
+    {
+        let mock = wechat().await;
+        let taking = receiver(|_| status(200)).await;
+        let dir = TempDir::new("callbacks-cluster-once");
+        let gate = Gate::start_redis_on_manual_clock(config(&mock, &dir, &taking.url(), 1, &store("cc0"))).await;
+        called_back_once_signed(&gate, &taking).await;
+    }
+    {
+        let mock = wechat().await;
+        let refusing = refusing_twice().await;
+        let dir = TempDir::new("callbacks-cluster-retry");
+        let gate = Gate::start_redis_on_manual_clock(config(&mock, &dir, &refusing.url(), 10, &store("cc1"))).await;
+        retried_until_2xx(&gate, &refusing).await;
+    }
+    given_up_after_callback_for(&store("cc2")).await;
+    never_posted_after_a_reload_took_its_prefix(&store("cc3")).await;
+    survives_a_restart(&store("cc4")).await;
 }
 
 /// Callbacks are signed, so a caller allowed to name them needs a key: a

@@ -365,6 +365,9 @@ pub struct Gate {
     pub addr: SocketAddr,
     pub clock: ManualClock,
     pub running: Option<Running>,
+    /// Its Redis store decides on `clock` ([`Gate::start_redis_on_manual_clock`]):
+    /// [`Gate::restart`] starts the new one so too.
+    redis_on_clock: bool,
 }
 
 /// Config text for a gate in front of `upstream` (an `http://host:port` base)
@@ -408,15 +411,24 @@ impl Gate {
     /// or Cluster) deciding on the gate's [`ManualClock`] instead of Redis
     /// `TIME`: time-dependent scenarios on Redis, without waiting.
     pub async fn start_redis_on_manual_clock(text: impl Display) -> Gate {
-        let config = parse(text);
-        let clock = ManualClock::new(T0);
+        Gate::redis_on(parse(text), ManualClock::new(T0)).await
+    }
+
+    /// Like [`Gate::start_redis_on_manual_clock`], loaded from a config file,
+    /// which it watches for changes (and [`Gate::restart`] loads again).
+    pub async fn start_redis_file_on_manual_clock(path: &Path) -> Gate {
+        Gate::redis_on(Config::load(path).expect("test config file"), ManualClock::new(T0)).await
+    }
+
+    /// Starts wxgate on `config`, whose Redis store decides on `clock`.
+    async fn redis_on(config: Config, clock: ManualClock) -> Gate {
         let wxgate::config::StoreConfig::Redis(redis) = &config.store else { panic!("a Redis store") };
         let store = wxgate::store::redis::RedisStore::connect(redis)
             .await
             .expect("connect")
             .with_fixed_clock(Arc::new(clock.clone()));
         let running = wxgate::start_with_store(config, Arc::new(store), Arc::new(clock.clone())).await.expect("start");
-        Gate { addr: running.addr, clock, running: Some(running) }
+        Gate { addr: running.addr, clock, running: Some(running), redis_on_clock: true }
     }
 
     /// Starts wxgate on this runtime, on `clock` or else a [`ManualClock`] at [`T0`].
@@ -424,19 +436,23 @@ impl Gate {
         let manual = ManualClock::new(T0);
         let clock = clock.unwrap_or_else(|| Arc::new(manual.clone()));
         let running = wxgate::start(config, clock).await.expect("start wxgate");
-        Gate { addr: running.addr, clock: manual, running: Some(running) }
+        Gate { addr: running.addr, clock: manual, running: Some(running), redis_on_clock: false }
     }
 
     /// Stops this gate as SIGTERM stops wxgate (calls finish, then the store
     /// closes: the memory store writes its state file) and starts a new one
-    /// from the same config file, on the same manual clock.
+    /// from the same config file, on the same manual clock (a Redis store
+    /// started on it decides on it again).
     pub async fn restart(mut self) -> Gate {
         let running = self.running.take().expect("running");
         let path = running.app.config.load().source.clone();
         assert!(running.shutdown(GUARD).await, "calls in flight finished");
         let config = Config::load(&path).expect("test config file");
+        if self.redis_on_clock {
+            return Gate::redis_on(config, self.clock.clone()).await;
+        }
         let running = wxgate::start(config, Arc::new(self.clock.clone())).await.expect("restart wxgate");
-        Gate { addr: running.addr, clock: self.clock.clone(), running: Some(running) }
+        Gate { addr: running.addr, clock: self.clock.clone(), running: Some(running), redis_on_clock: false }
     }
 
     /// The running app (config, store, counters).
