@@ -386,6 +386,47 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
     until_state(&gate, "marketing", &stuck, "sent").await;
 }
 
+/// WeChat takes longer than `upstream_timeout` to answer a queued send:
+/// the request went out and may have been taken, so the job ends `unknown`
+/// and is never sent again, however long wxgate runs; the queue goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_sent_again() {
+    for store in Store::all() {
+        let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let held = slow.clone();
+        let (mock, _tokens) = wechat(move |rec, n| {
+            if rec.body.starts_with(b"{\"slow\"") {
+                Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
+            } else {
+                msgid(n)
+            }
+        })
+        .await;
+        let dir = TempDir::new(&format!("queue-timeout-{}", store.name()));
+        let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s");
+        let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
+        let id = support::queue::queued(&gate, "default", SEND, r#"{"slow":1}"#).await;
+        let unknown = until_state(&gate, "default", &id, "unknown").await;
+        assert_eq!(unknown["attempts"], 1, "{}: {unknown}", store.name());
+        assert!(unknown.get("answer").is_none_or(|a| a.is_null()), "{}: no answer came: {unknown}", store.name());
+        assert_eq!(sends(&mock), 1, "{}", store.name());
+        // Well past every back-off (`backoff_max` 5 min) and the lease (10 min).
+        for _ in 0..4 {
+            gate.advance(Duration::from_secs(10 * 60));
+            gate.settle().await;
+        }
+        // The queue goes on: the next job is sent, and the slow one never again.
+        let next = support::queue::queued(&gate, "default", SEND, r#"{"next":1}"#).await;
+        until_state(&gate, "default", &next, "sent").await;
+        let bodies: Vec<_> =
+            mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).map(|c| c.body).collect();
+        assert_eq!(bodies, [&br#"{"slow":1}"#[..], &br#"{"next":1}"#[..]], "{}: the slow one once", store.name());
+        let still = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
+        assert_eq!(still["state"], "unknown", "{}: {still}", store.name());
+        slow.add_permits(8);
+    }
+}
+
 /// Sends of the template API the mock has seen.
 fn sends(mock: &MockWeChat) -> usize {
     mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count()
@@ -527,11 +568,14 @@ impl Store {
     /// tests move the clock by minutes at a time, and a turn under way
     /// must not lose its lease to a jump a real clock never makes.
     async fn gate(&self, mock: &MockWeChat, dir: &TempDir, rules: String, extra: &str) -> Gate {
+        self.gate_on(ConfigToml::new(&mock.url()), dir, rules, extra).await
+    }
+
+    /// [`Store::gate`] on `config` (its `[server]` settings).
+    async fn gate_on(&self, config: ConfigToml, dir: &TempDir, rules: String, extra: &str) -> Gate {
         let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
-        let config = ConfigToml::new(&mock.url())
-            .with(rules)
-            .with(account_toml(dir, APPID, "official_account", SECRET, ""))
-            .with(extra.to_owned());
+        let config =
+            config.with(rules).with(account_toml(dir, APPID, "official_account", SECRET, "")).with(extra.to_owned());
         let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
         match self {
             Store::Memory => {
