@@ -427,6 +427,59 @@ async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_
     }
 }
 
+/// A queued call's body is read whole before anything is stored: a body
+/// that stops mid-way (the client sends part of it, then nothing) gets the
+/// live path's 408 after `body_timeout`, and nothing is stored or sent; a
+/// chunked body arriving in pieces is stored and sent byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_body_is_read_whole_and_one_that_stalls_gets_408_and_nothing_is_stored() {
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-body-{}", store.name()));
+        let config = ConfigToml::new(&mock.url()).server("body_timeout", "1s");
+        let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
+        let head = |framing: &str| {
+            format!("POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\n{framing}\r\n\r\n")
+        };
+        let mut content_length = head("Content-Length: 1000").into_bytes();
+        content_length.extend_from_slice(&[b'a'; 100]);
+        // One whole chunk, then the start of the next, then nothing.
+        let mut chunked = head("Transfer-Encoding: chunked").into_bytes();
+        chunked.extend_from_slice(b"64\r\n");
+        chunked.extend_from_slice(&[b'b'; 100]);
+        chunked.extend_from_slice(b"\r\n3e8\r\nbbbb");
+        for (label, bytes) in [("Content-Length", content_length), ("chunked", chunked)] {
+            let started = std::time::Instant::now();
+            // The client keeps its connection open and sends nothing more.
+            let ex = support::exchange(gate.addr, &bytes).await;
+            let waited = started.elapsed();
+            let resp = ex.only();
+            assert_eq!(resp.status, 408, "{} {label}: {}", store.name(), resp.text());
+            let json = resp.json();
+            assert_eq!(json["errcode"], 40097, "{} {label}: {json}", store.name());
+            assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("body_timeout")), "{label}: {json}");
+            assert!(waited >= Duration::from_millis(950), "{label}: not before body_timeout: {waited:?}");
+            assert!(waited < Duration::from_secs(10), "{label}: in bounded time: {waited:?}");
+        }
+        let summary = gate.get_with("/v1/deliveries", &[]).await.json();
+        assert_eq!(summary["queues"], serde_json::json!([]), "{}: nothing stored: {summary}", store.name());
+        // A chunked body, in pieces: stored and sent as it was sent.
+        let body =
+            format!(r#"{{"touser":"o1","data":{{"thing1":{{"value":"{}"}}}},"note":"年 \u00e9"}}"#, "x".repeat(9000));
+        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
+        let head = head("Connection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked");
+        let wire = support::bodies::chunked_body(&chunks);
+        let ex = support::bodies::send_paced(gate.addr, &head, &wire, 4, Duration::from_millis(20)).await;
+        let resp = ex.only();
+        assert_eq!(resp.status, 202, "{}: {}", store.name(), resp.text());
+        let id = resp.json()["delivery"].as_str().expect("an id").to_owned();
+        until_state(&gate, "default", &id, "sent").await;
+        let sent: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
+        assert_eq!(sent.len(), 1, "{}: only the whole one", store.name());
+        assert_eq!(&sent[0].body[..], body.as_bytes(), "{}: the body as the caller sent it", store.name());
+    }
+}
+
 /// Sends of the template API the mock has seen.
 fn sends(mock: &MockWeChat) -> usize {
     mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count()
