@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::queue::{gate, msgid, until_state, wechat, ASYNC};
+use support::queue::{gate, msgid, queued, queued_at, queued_with, submit, until_state, wechat, ASYNC};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
@@ -32,9 +32,7 @@ async fn a_queued_message_is_answered_202_and_sent_once_with_the_accounts_token(
     let callers = format!("{}\n{}", caller("hr"), caller("marketing"));
     let gate = gate(&mock, &dir, &rules(100, "day"), "", &callers).await;
     let body = r#"{"touser":"o1","template_id":"t","data":{}}"#;
-    let a = gate
-        .post_with(&format!("/@{APPID}{SEND}?access_token=CALLERS_OWN"), body, &[ASYNC, ("x-wx-caller", "hr")])
-        .await;
+    let a = submit(&gate, "hr", &format!("{SEND}?access_token=CALLERS_OWN"), body, &[]).await;
     assert_eq!(a.status, 202, "{}", a.text());
     let json = a.json();
     assert_eq!((json["errcode"].as_i64(), json["errmsg"].as_str()), (Some(0), Some("queued")), "{json}");
@@ -69,10 +67,7 @@ async fn queued_messages_wait_for_the_quota_and_go_in_order_never_over_it() {
     let gate = gate(&mock, &dir, &rules(3, "1m"), "", "").await;
     let mut ids = Vec::new();
     for i in 0..5 {
-        let body = format!(r#"{{"touser":"o{i}","template_id":"t"}}"#);
-        let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC]).await;
-        assert_eq!(a.status, 202, "{}", a.text());
-        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+        ids.push(queued(&gate, "default", SEND, &format!(r#"{{"touser":"o{i}","template_id":"t"}}"#)).await);
     }
     for id in &ids[..3] {
         until_state(&gate, "default", id, "sent").await;
@@ -134,12 +129,11 @@ async fn an_idempotency_key_returns_the_first_job_and_sends_once() {
         let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
         let dir = TempDir::new(&format!("queue-idem-{}", store.name()));
         let gate = store.gate(&mock, &dir, rules(100, "day"), "").await;
-        let headers = [ASYNC, ("idempotency-key", "order-42")];
-        let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
-        let again = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &headers).await.json();
-        assert_eq!(first["delivery"], again["delivery"], "{}: {first} {again}", store.name());
-        let id = first["delivery"].as_str().expect("id").to_owned();
-        until_state(&gate, "default", &id, "sent").await;
+        let key = [("idempotency-key", "order-42")];
+        let first = queued_with(&gate, "default", SEND, "{}", &key).await;
+        let again = queued_with(&gate, "default", SEND, "{}", &key).await;
+        assert_eq!(first, again, "{}", store.name());
+        until_state(&gate, "default", &first, "sent").await;
         gate.settle().await;
         assert_eq!(sends(&mock), 1, "{}", store.name());
     }
@@ -156,11 +150,10 @@ async fn a_wrong_message_fails_at_once_and_a_busy_wechat_is_retried_later() {
         .await;
         let dir = TempDir::new(&format!("queue-retry-{}", store.name()));
         let gate = store.gate(&mock, &dir, rules(100, "day"), "").await;
-        let wrong = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-        let wrong = until_state(&gate, "default", wrong["delivery"].as_str().expect("id"), "failed").await;
+        let wrong = queued(&gate, "default", SEND, "{}").await;
+        let wrong = until_state(&gate, "default", &wrong, "failed").await;
         assert_eq!(wrong["answer"]["errcode"], 40003, "{} {wrong}", store.name());
-        let busy = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-        let id = busy["delivery"].as_str().expect("id").to_owned();
+        let id = queued(&gate, "default", SEND, "{}").await;
         let waiting = until_state(&gate, "default", &id, "waiting").await;
         assert_eq!(waiting["answer"]["errcode"], -1, "{} {waiting}", store.name());
         gate.advance(Duration::from_secs(2));
@@ -175,10 +168,9 @@ async fn a_job_not_yet_sending_can_be_cancelled_and_is_never_sent() {
         let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
         let dir = TempDir::new(&format!("queue-cancel-{}", store.name()));
         let gate = store.gate(&mock, &dir, rules(1, "1m"), "").await;
-        let first = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-        until_state(&gate, "default", first["delivery"].as_str().expect("id"), "sent").await;
-        let second = gate.post_with(&format!("/@{APPID}{SEND}"), "{}", &[ASYNC]).await.json();
-        let id = second["delivery"].as_str().expect("id").to_owned();
+        let first = queued(&gate, "default", SEND, "{}").await;
+        until_state(&gate, "default", &first, "sent").await;
+        let id = queued(&gate, "default", SEND, "{}").await;
         until_state(&gate, "default", &id, "waiting").await;
         let cancelled = support::send(
             http::Request::delete(gate.url(&format!("/v1/deliveries/{id}")))
@@ -222,14 +214,8 @@ async fn two_instances(store: &Store) {
     let mut ids = Vec::new();
     for i in 0..40 {
         let by = ["hr", "marketing", "ops"][i % 3];
-        let req = http::Request::post(instances[i % 2].url(&format!("/@{APPID}{SEND}")))
-            .header("prefer", "respond-async")
-            .header("x-wx-caller", by)
-            .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"o{i}"}}"#))))
-            .expect("request");
-        let a = support::send(req).await;
-        assert_eq!(a.status, 202, "{}", a.text());
-        ids.push((by, a.json()["delivery"].as_str().expect("id").to_owned()));
+        let url = instances[i % 2].url(&format!("/@{APPID}{SEND}"));
+        ids.push((by, queued_at(url, by, format!(r#"{{"touser":"o{i}"}}"#)).await));
     }
     let sends = || mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
     eventually_async("30 sent", PATIENCE, async || sends() >= 30).await;
@@ -292,21 +278,13 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let mut submissions = tokio::task::JoinSet::new();
     for i in 0..JOBS {
         let url = first.url(&format!("/@{APPID}{SEND}"));
-        submissions.spawn(async move {
-            let req = http::Request::post(url)
-                .header("prefer", "respond-async")
-                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"o{i}"}}"#))))
-                .expect("request");
-            support::send(req).await
-        });
+        submissions.spawn(queued_at(url, "default", format!(r#"{{"touser":"o{i}"}}"#)));
         if submissions.len() >= 16 {
-            let a = submissions.join_next().await.expect("a task").expect("submitted");
-            assert_eq!(a.status, 202, "{}", a.text());
+            submissions.join_next().await.expect("a task").expect("submitted");
         }
     }
     while let Some(a) = submissions.join_next().await {
-        let a = a.expect("submitted");
-        assert_eq!(a.status, 202, "{}", a.text());
+        a.expect("submitted");
     }
     let sends = || mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
     // 100 answered; then some more on their way when the process dies.
@@ -364,20 +342,11 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
         .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
         .with(format!("{}\n{}", caller("hr"), caller("marketing")));
     let gate = Gate::start_text(config).await;
-    let post = |who: &'static str, body: &'static str| {
-        let path = format!("/@{APPID}{SEND}");
-        let gate = &gate;
-        async move {
-            let a = gate.post_with(&path, body, &[ASYNC, ("x-wx-caller", who)]).await;
-            assert_eq!(a.status, 202, "{}", a.text());
-            a.json()["delivery"].as_str().expect("id").to_owned()
-        }
-    };
-    let stuck = post("marketing", r#"{"slow":1}"#).await;
+    let stuck = queued(&gate, "marketing", SEND, r#"{"slow":1}"#).await;
     eventually_async("marketing's send at WeChat", PATIENCE, async || mock.in_flight().0 == 1).await;
     for n in 0..3 {
         let body: &'static str = [r#"{"hr":0}"#, r#"{"hr":1}"#, r#"{"hr":2}"#][n];
-        let id = post("hr", body).await;
+        let id = queued(&gate, "hr", SEND, body).await;
         until_state(&gate, "hr", &id, "sent").await;
     }
     let still = gate.get_with(&format!("/v1/deliveries/{stuck}"), &[("x-wx-caller", "marketing")]).await.json();
@@ -405,7 +374,7 @@ async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_
         let dir = TempDir::new(&format!("queue-timeout-{}", store.name()));
         let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s");
         let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
-        let id = support::queue::queued(&gate, "default", SEND, r#"{"slow":1}"#).await;
+        let id = queued(&gate, "default", SEND, r#"{"slow":1}"#).await;
         let unknown = until_state(&gate, "default", &id, "unknown").await;
         assert_eq!(unknown["attempts"], 1, "{}: {unknown}", store.name());
         assert!(unknown.get("answer").is_none_or(|a| a.is_null()), "{}: no answer came: {unknown}", store.name());
@@ -416,7 +385,7 @@ async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_
             gate.settle().await;
         }
         // The queue goes on: the next job is sent, and the slow one never again.
-        let next = support::queue::queued(&gate, "default", SEND, r#"{"next":1}"#).await;
+        let next = queued(&gate, "default", SEND, r#"{"next":1}"#).await;
         until_state(&gate, "default", &next, "sent").await;
         let bodies: Vec<_> =
             mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).map(|c| c.body).collect();
@@ -511,21 +480,13 @@ async fn campaign(store: &Store) {
     const CAMPAIGN: usize = 10_000;
     let mut submissions = tokio::task::JoinSet::new();
     for i in 0..CAMPAIGN {
-        let url = url.clone();
-        submissions.spawn(async move {
-            let req = http::Request::post(url)
-                .header("prefer", "respond-async")
-                .header("x-wx-caller", "marketing")
-                .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"m{i}"}}"#))))
-                .expect("request");
-            support::send(req).await.status
-        });
+        submissions.spawn(queued_at(url.clone(), "marketing", format!(r#"{{"touser":"m{i}"}}"#)));
         if submissions.len() >= 32 {
-            assert_eq!(submissions.join_next().await.expect("task").expect("submitted"), 202);
+            submissions.join_next().await.expect("task").expect("submitted");
         }
     }
-    while let Some(status) = submissions.join_next().await {
-        assert_eq!(status.expect("submitted"), 202);
+    while let Some(submitted) = submissions.join_next().await {
+        submitted.expect("submitted");
     }
     let mut seen = 0;
     let mut hr_queued = Vec::new();
@@ -541,12 +502,7 @@ async fn campaign(store: &Store) {
         }
         if step == 0 {
             // And 200 of HR's own messages queued behind the campaign's 9,940.
-            for i in 0..200 {
-                let body = format!(r#"{{"touser":"hq{i}"}}"#);
-                let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", "hr")]).await;
-                assert_eq!(a.status, 202, "{}", a.text());
-                hr_queued.push(a.json()["delivery"].as_str().expect("id").to_owned());
-            }
+            hr_queued = queue_n(&gate, "hr", "hq", 200).await;
         }
         gate.settle().await;
         let this_step = sends(&mock) - seen;
@@ -647,10 +603,7 @@ impl Store {
 async fn queue_n(gate: &Gate, caller: &str, prefix: &str, n: usize) -> Vec<String> {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
-        let body = format!(r#"{{"touser":"{prefix}{i}"}}"#);
-        let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &[ASYNC, ("x-wx-caller", caller)]).await;
-        assert_eq!(a.status, 202, "{}", a.text());
-        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+        ids.push(queued(gate, caller, SEND, &format!(r#"{{"touser":"{prefix}{i}"}}"#)).await);
     }
     ids
 }
@@ -712,9 +665,7 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
         assert_eq!(first["answer"]["errcode"], 45011, "{} {first}", store.name());
         // One with a deadline inside the penalty (another caller's queue:
         // a job's deadline is seen when it heads its queue).
-        let headers = [ASYNC, ("x-wxgate-deadline", "300"), ("x-wx-caller", "ops")];
-        let a = gate.post_with(&format!("/@{APPID}{SEND}"), r#"{"touser":"late"}"#, &headers).await;
-        let late = a.json()["delivery"].as_str().expect("id").to_owned();
+        let late = queued_with(&gate, "ops", SEND, r#"{"touser":"late"}"#, &[("x-wxgate-deadline", "300")]).await;
         for _ in 0..9 {
             gate.advance(Duration::from_secs(60));
             gate.settle().await;
@@ -759,7 +710,7 @@ async fn queues_refused_together_retry_spread_over_the_back_off_not_at_one_insta
     let mut ids = Vec::new();
     for i in 0..40 {
         let who = format!("svc{i}");
-        ids.push((who.clone(), support::queue::queued(&gate, &who, SEND, "{}").await));
+        ids.push((who.clone(), queued(&gate, &who, SEND, "{}").await));
     }
     let mut retries = Vec::new();
     for (who, id) in &ids {
@@ -787,14 +738,14 @@ async fn a_caller_past_its_queue_bound_gets_429_queue_full_and_nothing_is_stored
     // A day quota of 0 left after one: the jobs stay queued.
     let gate = gate(&mock, &dir, &rules(1, "day"), "caller_jobs = 3", "").await;
     for i in 0..3 {
-        let a = support::queue::submit(&gate, "default", SEND, &format!(r#"{{"n":{i}}}"#), &[]).await;
+        let a = submit(&gate, "default", SEND, &format!(r#"{{"n":{i}}}"#), &[]).await;
         assert_eq!(a.status, 202, "{}", a.text());
     }
     eventually_async("the first sent", PATIENCE, async || sends(&mock) == 1).await;
     // One ended (sent): two unfinished, room for one more.
-    let a = support::queue::submit(&gate, "default", SEND, r#"{"n":3}"#, &[]).await;
+    let a = submit(&gate, "default", SEND, r#"{"n":3}"#, &[]).await;
     assert_eq!(a.status, 202, "{}", a.text());
-    let full = support::queue::submit(&gate, "default", SEND, r#"{"n":4}"#, &[]).await;
+    let full = submit(&gate, "default", SEND, r#"{"n":4}"#, &[]).await;
     assert_eq!(full.status, 429, "{}", full.text());
     assert_eq!(full.header("x-wxgate-reason"), Some("queue_full"));
     assert!(full.retry_after() > 0);
@@ -835,12 +786,7 @@ async fn taken_over(store: &Store) {
     let mut first = support::process::spawn(&config, &tag("a"), &env).unwrap_or_else(|log| panic!("{log}"));
     const JOBS: usize = 100;
     for i in 0..JOBS {
-        let req = http::Request::post(first.url(&format!("/@{APPID}{SEND}")))
-            .header("prefer", "respond-async")
-            .body(http_body_util::Full::new(bytes::Bytes::from(format!(r#"{{"touser":"k{i}"}}"#))))
-            .expect("request");
-        let a = support::send(req).await;
-        assert_eq!(a.status, 202, "{}", a.text());
+        queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", format!(r#"{{"touser":"k{i}"}}"#)).await;
     }
     // 10 answered, the 11th held at WeChat (sending) and a few claimed behind it.
     held.add_permits(10);

@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use support::callbacks::{key_file_line, receiver, status, verify, KEY};
-use support::queue::{msgid, until_state, ASYNC};
+use support::queue::{msgid, queued_with, until_state};
 use support::redis_server::{RedisCluster, RedisServer};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
@@ -76,10 +76,7 @@ async fn start_file(path: &std::path::Path, store: &str) -> Gate {
 /// Queues a template message of `hr` with a callback to `url`; its id.
 async fn queue_one(gate: &Gate, n: usize, url: &str) -> String {
     let body = format!(r#"{{"touser":"secret-recipient-{n}","template_id":"t"}}"#);
-    let headers = [ASYNC, ("x-wx-caller", "hr"), ("x-wxgate-callback", url)];
-    let a = gate.post_with(&format!("/@{APPID}{SEND}"), &body, &headers).await;
-    assert_eq!(a.status, 202, "{}", a.text());
-    a.json()["delivery"].as_str().expect("an id").to_owned()
+    queued_with(gate, "hr", SEND, &body, &[("x-wxgate-callback", url)]).await
 }
 
 /// Waits until the receiver got `n` callbacks; they, in order.

@@ -60,14 +60,37 @@ pub async fn gate(mock: &MockWeChat, dir: &TempDir, rules: &str, queue: &str, ex
 /// Submits `body` to `path` of [`APPID`] as `caller`, asking for queued
 /// delivery (and `headers`): the answer.
 pub async fn submit(gate: &Gate, caller: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> super::Answer {
-    let mut all = vec![ASYNC, ("x-wx-caller", caller)];
-    all.extend_from_slice(headers);
-    gate.post_with(&format!("/@{APPID}{path}"), body, &all).await
+    submit_at(gate.url(&format!("/@{APPID}{path}")), caller, body.to_owned(), headers).await
+}
+
+/// Submits `body` to `url` (a gate's or a wxgate process's, the account in
+/// its path) as `caller`, asking for queued delivery (and `headers`).
+pub async fn submit_at(url: String, caller: &str, body: String, headers: &[(&str, &str)]) -> super::Answer {
+    let mut req = http::Request::post(url).header(ASYNC.0, ASYNC.1).header("x-wx-caller", caller);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    super::send(req.body(http_body_util::Full::new(bytes::Bytes::from(body))).expect("request")).await
 }
 
 /// Submits and expects 202: the delivery's id.
 pub async fn queued(gate: &Gate, caller: &str, path: &str, body: &str) -> String {
-    let a = submit(gate, caller, path, body, &[]).await;
+    queued_with(gate, caller, path, body, &[]).await
+}
+
+/// [`queued`] with these headers too (`Idempotency-Key`, a deadline, a callback).
+pub async fn queued_with(gate: &Gate, caller: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> String {
+    delivery(submit(gate, caller, path, body, headers).await)
+}
+
+/// [`submit_at`] expecting 202: the delivery's id (a future of its own,
+/// to be spawned, for a caller named by a `'static` string).
+pub async fn queued_at(url: String, caller: &str, body: String) -> String {
+    delivery(submit_at(url, caller, body, &[]).await)
+}
+
+/// The delivery's id of a 202.
+fn delivery(a: super::Answer) -> String {
     assert_eq!(a.status, 202, "{}", a.text());
     a.json()["delivery"].as_str().expect("a delivery id").to_owned()
 }
