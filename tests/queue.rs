@@ -456,13 +456,17 @@ fn sends(mock: &MockWeChat) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
+    // The issue's 10,000 on memory and Redis; 2,000 on a Cluster (the
+    // submissions are most of the time, 12-16 s for 10,000 on a loaded
+    // machine): still more than 3 times what the 6 steps can send at all.
     for store in Store::all() {
-        campaign(&store).await;
+        let campaign_size = if matches!(store, Store::Cluster(_)) { 2_000 } else { 10_000 };
+        campaign(&store, campaign_size).await;
     }
 }
 
-/// The campaign scenario on `store`.
-async fn campaign(store: &Store) {
+/// The campaign scenario on `store`: marketing queues `campaign_size` messages.
+async fn campaign(store: &Store, campaign_size: usize) {
     let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
     let dir = TempDir::new(&format!("queue-campaign-{}", store.name()));
     // 100 at once (window-exact: never more than 100 in any minute, so
@@ -476,10 +480,9 @@ async fn campaign(store: &Store) {
     let callers = format!("{}\n{}", caller("hr").high(), caller("marketing"));
     let gate = store.gate(&mock, &dir, format!("{token}\n{send}"), &callers).await;
     let url = gate.url(&format!("/@{APPID}{SEND}"));
-    // Marketing's campaign: 10,000 messages handed over at once.
-    const CAMPAIGN: usize = 10_000;
+    // Marketing's campaign, handed over at once.
     let mut submissions = tokio::task::JoinSet::new();
-    for i in 0..CAMPAIGN {
+    for i in 0..campaign_size {
         submissions.spawn(queued_at(url.clone(), "marketing", format!(r#"{{"touser":"m{i}"}}"#)));
         if submissions.len() >= 32 {
             submissions.join_next().await.expect("task").expect("submitted");
@@ -501,7 +504,7 @@ async fn campaign(store: &Store) {
             assert_eq!((a.status.as_u16(), a.json()["errcode"].as_i64()), (200, Some(0)), "step {step}: {}", a.text());
         }
         if step == 0 {
-            // And 200 of HR's own messages queued behind the campaign's 9,940.
+            // And 200 of HR's own messages queued behind the rest of the campaign.
             hr_queued = queue_n(&gate, "hr", "hq", 200).await;
         }
         gate.settle().await;
