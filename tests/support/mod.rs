@@ -446,7 +446,13 @@ impl Gate {
     pub async fn restart(mut self) -> Gate {
         let running = self.running.take().expect("running");
         let path = running.app.config.load().source.clone();
+        let old = Arc::downgrade(&running.app);
         assert!(running.shutdown(GUARD).await, "calls in flight finished");
+        // A restart is a new process: the old instance is gone first. Its
+        // background tasks (the dispatcher, callbacks, metrics) let go of its
+        // app when their round ends, and with it of its jobs file and lock,
+        // which the new one then opens.
+        eventually_async("the old instance gone", PATIENCE, async || old.strong_count() == 0).await;
         let config = Config::load(&path).expect("test config file");
         if self.redis_on_clock {
             return Gate::redis_on(config, self.clock.clone()).await;
