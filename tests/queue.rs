@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::queue::{gate, msgid, queued, queued_at, queued_with, submit, until_state, wechat, ASYNC};
+use support::queue::{gate, msgid, queued, queued_at, queued_with, slow_wechat, submit, until_state, wechat, ASYNC};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
@@ -323,16 +323,7 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
 
 #[tokio::test]
 async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
-    let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let held = slow.clone();
-    let (mock, _tokens) = wechat(move |rec, n| {
-        if rec.body.starts_with(b"{\"slow\"") {
-            Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
-        } else {
-            msgid(n)
-        }
-    })
-    .await;
+    let (mock, _tokens, slow) = slow_wechat().await;
     let dir = TempDir::new("queue-slow");
     // WeChat's answer may take its time: the held send stays `sending`.
     let config = ConfigToml::new(&mock.url())
@@ -361,16 +352,7 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_sent_again() {
     for store in Store::all() {
-        let slow = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-        let held = slow.clone();
-        let (mock, _tokens) = wechat(move |rec, n| {
-            if rec.body.starts_with(b"{\"slow\"") {
-                Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
-            } else {
-                msgid(n)
-            }
-        })
-        .await;
+        let (mock, _tokens, slow) = slow_wechat().await;
         let dir = TempDir::new(&format!("queue-timeout-{}", store.name()));
         let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s");
         let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
@@ -410,14 +392,7 @@ async fn a_queued_body_is_read_whole_and_one_that_stalls_gets_408_and_nothing_is
         let head = |framing: &str| {
             format!("POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\n{framing}\r\n\r\n")
         };
-        let mut content_length = head("Content-Length: 1000").into_bytes();
-        content_length.extend_from_slice(&[b'a'; 100]);
-        // One whole chunk, then the start of the next, then nothing.
-        let mut chunked = head("Transfer-Encoding: chunked").into_bytes();
-        chunked.extend_from_slice(b"64\r\n");
-        chunked.extend_from_slice(&[b'b'; 100]);
-        chunked.extend_from_slice(b"\r\n3e8\r\nbbbb");
-        for (label, bytes) in [("Content-Length", content_length), ("chunked", chunked)] {
+        for (label, bytes) in support::bodies::stalled_bodies(head) {
             let started = std::time::Instant::now();
             // The client keeps its connection open and sends nothing more.
             let ex = support::exchange(gate.addr, &bytes).await;

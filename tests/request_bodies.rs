@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use support::bodies::{chunked_body, send_and_abort, send_paced, DeafUpstream, StrictUpstream};
+use support::bodies::{chunked_body, send_and_abort, send_paced, stalled_bodies, DeafUpstream, StrictUpstream};
 use support::*;
 
 const UPLOAD: &str = "/cgi-bin/media/upload";
@@ -81,14 +81,7 @@ async fn client_stalling_mid_body_is_408_after_body_timeout() {
         .server("body_timeout", "1s")
         .with(upload_rule());
     let gate = Gate::start_text(config).await;
-    let mut content_length = upload_head("Content-Length: 1000").into_bytes();
-    content_length.extend_from_slice(&[b'a'; 100]);
-    // One whole chunk, then the start of the next, then nothing.
-    let mut chunked = upload_head("Transfer-Encoding: chunked").into_bytes();
-    chunked.extend_from_slice(b"64\r\n");
-    chunked.extend_from_slice(&[b'b'; 100]);
-    chunked.extend_from_slice(b"\r\n3e8\r\nbbbb");
-    for (label, bytes) in [("Content-Length", content_length), ("chunked", chunked)] {
+    for (label, bytes) in stalled_bodies(upload_head) {
         let started = Instant::now();
         // The client keeps its connection open and sends nothing more.
         let ex = exchange(gate.addr, &bytes).await;

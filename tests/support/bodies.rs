@@ -171,6 +171,21 @@ pub fn chunked_body(chunks: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// Requests whose body stops mid-way, by their framing: `head(framing)` is
+/// the request head with that framing header. `Content-Length: 1000` then
+/// 100 bytes; chunked with one whole chunk, then the start of the next.
+/// Sent with [`super::exchange`] (the connection kept open), each waits
+/// for `body_timeout`.
+pub fn stalled_bodies(head: impl Fn(&str) -> String) -> [(&'static str, Vec<u8>); 2] {
+    let mut content_length = head("Content-Length: 1000").into_bytes();
+    content_length.extend_from_slice(&[b'a'; 100]);
+    let mut chunked = head("Transfer-Encoding: chunked").into_bytes();
+    chunked.extend_from_slice(b"64\r\n");
+    chunked.extend_from_slice(&[b'b'; 100]);
+    chunked.extend_from_slice(b"\r\n3e8\r\nbbbb");
+    [("Content-Length", content_length), ("chunked", chunked)]
+}
+
 /// Sends `head`, then `body` in `pieces` writes with `pause` between them
 /// (a slow upload), while reading everything the server sends until it
 /// closes the connection. The pacing is bounded: `pieces` × `pause`.

@@ -36,6 +36,23 @@ pub async fn wechat(send: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'st
     (mock, tokens)
 }
 
+/// A mock WeChat as [`wechat`] that takes every send but holds each whose
+/// body starts with `{"slow"` until the test adds a permit to the semaphore
+/// returned.
+pub async fn slow_wechat() -> (MockWeChat, WeChatTokens, Arc<tokio::sync::Semaphore>) {
+    let slow = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = slow.clone();
+    let (mock, tokens) = wechat(move |rec, n| {
+        if rec.body.starts_with(b"{\"slow\"") {
+            Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }
+        } else {
+            msgid(n)
+        }
+    })
+    .await;
+    (mock, tokens, slow)
+}
+
 /// WeChat's success with msgid `1000 + n`.
 pub fn msgid(n: usize) -> Reply {
     Reply::Json {
