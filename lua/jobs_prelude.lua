@@ -21,6 +21,8 @@
 --   B..'counts'   hash: caller..'\n'..rule..'\n'..state -> jobs (summary)
 --   B..'idem'     hash: caller..'\n'..key -> the first job's id
 --   B..'idemx'    zset: the same members by when they stop counting
+--   B..'dl'       zset: unfinished jobs with a deadline, by it (jobs_expire.lua;
+--                 a claimed or sending one stays in it: its holder ends it)
 --   B..'cbs'      zset: ended jobs whose callback is pending, by when it is
 --                 due (such a job is put in 'ended' only once its callback
 --                 is done, so purge keeps it); the job's hash holds 'cbd'
@@ -91,6 +93,7 @@ local function end_job(id, caller, rule, from, to, now)
     redis.call('SREM', B .. 'qs', caller .. '\n' .. rule)
   end
   redis.call('ZREM', B .. 'leases', id)
+  redis.call('ZREM', B .. 'dl', id)
   if redis.call('HEXISTS', k, 'cb') == 1 then
     -- Its callback pending, due now, in the script that ended it.
     redis.call('HSET', k, 'cbd', fmt(now), 'cbn', '0')
@@ -136,4 +139,14 @@ local function callback_note(changed)
     return -2
   end
   return callback_head()
+end
+
+-- The account's earliest deadline of an unfinished job, or -1 (for the
+-- index of accounts with deadlines, `{#jobs}:deadlines`).
+local function deadline_head()
+  local h = redis.call('ZRANGE', B .. 'dl', 0, 0, 'WITHSCORES')
+  if #h == 0 then
+    return -1
+  end
+  return tonumber(h[2])
 end

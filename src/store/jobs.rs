@@ -245,6 +245,15 @@ pub struct Recovered {
     pub unknown: u64,
 }
 
+/// A job [`JobStore::expire`] ended: its queue and submission time (for
+/// the metrics' outcomes and submit-to-end latency).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredJob {
+    pub id: JobId,
+    pub queue: QueueKey,
+    pub submitted_us: Micros,
+}
+
 /// One queue's counts, for the summary and the metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSummary {
@@ -343,6 +352,22 @@ pub trait JobStore: Send + Sync + 'static {
     async fn recover_at_start(&self, now: Micros) -> Result<Recovered, StoreError> {
         self.recover(now).await
     }
+
+    /// Ends as `Expired` the jobs no dispatcher holds (`Queued`,
+    /// `Waiting`) whose deadline is `now` or earlier, wherever they are in
+    /// their queue (a job behind a head that waits for the next quota day
+    /// ends at its deadline, not when it reaches the head), earliest
+    /// deadline first (on Redis: accounts by their earliest, each
+    /// account's earliest first), at most `max`; their callbacks pending as for any
+    /// end. A `Claimed` or `Sending` job is its holder's to end (the
+    /// dispatcher checks the deadline before it sends). Returns the jobs
+    /// it ended.
+    ///
+    /// Cost: both stores read an index of deadlines (SQLite:
+    /// `jobs_deadline`, over unfinished jobs with one; Redis: each
+    /// account's `dl` and `{#jobs}:deadlines`, the accounts by their
+    /// earliest), so a run with nothing to end reads one entry.
+    async fn expire(&self, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError>;
 
     /// A job of `caller` (`None` for another caller's id).
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError>;
