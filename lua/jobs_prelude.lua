@@ -122,14 +122,20 @@ local function unlease(id, caller, rule, from, state, due, now)
 end
 
 
--- The account's earliest pending callback's due time, or -1 (for the index
--- of accounts with pending callbacks, `{#jobs}:callbacks`).
-local function callback_head()
-  local h = redis.call('ZRANGE', B .. 'cbs', 0, 0, 'WITHSCORES')
+-- The lowest score of the account's zset `B..name`, or -1 when it is empty
+-- (what the indexes of accounts, e.g. `{#jobs}:callbacks`, hold).
+local function earliest(name)
+  local h = redis.call('ZRANGE', B .. name, 0, 0, 'WITHSCORES')
   if #h == 0 then
     return -1
   end
   return tonumber(h[2])
+end
+
+-- The account's earliest pending callback's due time, or -1 (for the
+-- index of accounts with pending callbacks, `{#jobs}:callbacks`).
+local function callback_head()
+  return earliest('cbs')
 end
 
 -- callback_head() when `changed`, else -2: nothing pending changed, the
@@ -144,9 +150,5 @@ end
 -- The account's earliest deadline of an unfinished job, or -1 (for the
 -- index of accounts with deadlines, `{#jobs}:deadlines`).
 local function deadline_head()
-  local h = redis.call('ZRANGE', B .. 'dl', 0, 0, 'WITHSCORES')
-  if #h == 0 then
-    return -1
-  end
-  return tonumber(h[2])
+  return earliest('dl')
 end

@@ -272,6 +272,39 @@ pub struct QueueSummary {
     pub oldest_us: Option<Micros>,
 }
 
+impl QueueSummary {
+    /// A queue with nothing counted yet.
+    pub fn new(queue: QueueKey) -> QueueSummary {
+        QueueSummary {
+            queue,
+            queued: 0,
+            waiting: 0,
+            sending: 0,
+            sent: 0,
+            failed: 0,
+            expired: 0,
+            cancelled: 0,
+            unknown: 0,
+            oldest_us: None,
+        }
+    }
+
+    /// Counts `n` more jobs in `state` (a `Claimed` job shows `queued`).
+    pub fn add(&mut self, state: JobState, n: u64) {
+        let slot = match state {
+            JobState::Queued | JobState::Claimed => &mut self.queued,
+            JobState::Waiting => &mut self.waiting,
+            JobState::Sending => &mut self.sending,
+            JobState::Sent => &mut self.sent,
+            JobState::Failed => &mut self.failed,
+            JobState::Expired => &mut self.expired,
+            JobState::Cancelled => &mut self.cancelled,
+            JobState::Unknown => &mut self.unknown,
+        };
+        *slot += n;
+    }
+}
+
 /// An ended job whose callback ([`NewJob::callback`]) is due, handed out
 /// by [`JobStore::callbacks_due`]: its job (the body left out, never
 /// posted) and how many times its callback was handed out (this one

@@ -347,6 +347,43 @@ impl RedisJobs {
         self.run::<i64>(inv).await.map(|_| ())
     }
 
+    /// The first `most` accounts of the index `key` whose time is `now` or
+    /// earlier.
+    async fn accounts_by(&self, key: &str, now: Micros, most: usize) -> Result<Vec<String>, StoreError> {
+        self.query(::redis::cmd("ZRANGEBYSCORE").arg(key).arg("-inf").arg(now).arg("LIMIT").arg(0).arg(most)).await
+    }
+
+    /// Notes what a script reported of an account: `heads` as
+    /// `{caller, rule, head, ...}` and `totals` as `{caller, jobs, bytes,
+    /// ...}` ([`RedisJobs::note_all`]), a few hundred keys per note.
+    async fn note_reported(
+        &self,
+        account: &str,
+        heads: Value,
+        totals: Value,
+        script: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut all_heads = Vec::new();
+        for q in list(heads, script)?.chunks(3) {
+            if let [caller, rule, head] = q {
+                all_heads.push((text(caller, script)?, text(rule, script)?, int(head, script)?));
+            }
+        }
+        let mut all_totals = Vec::new();
+        for t in list(totals, script)?.chunks(3) {
+            if let [caller, jobs, bytes] = t {
+                all_totals.push((text(caller, script)?, int(jobs, script)?, int(bytes, script)?));
+            }
+        }
+        for heads in all_heads.chunks(200) {
+            self.note_all(account, heads, &[]).await?;
+        }
+        for totals in all_totals.chunks(200) {
+            self.note_all(account, &[], totals).await?;
+        }
+        Ok(())
+    }
+
     /// `<prefix>:{#jobs}:callbacks`: the accounts with pending callbacks,
     /// by their earliest one's due time.
     fn callbacks_key(&self) -> String {
@@ -361,14 +398,19 @@ impl RedisJobs {
     /// entry missing waits for the next `recover`, which writes every
     /// account's.
     async fn note_callbacks(&self, account: &str, head: i64) -> Result<(), StoreError> {
+        self.note_earliest(&self.callbacks_key(), account, head).await
+    }
+
+    /// Writes `account`'s earliest time (`-1`: none, out; `-2`: unchanged,
+    /// nothing written) into the index of accounts `key`.
+    async fn note_earliest(&self, key: &str, account: &str, head: i64) -> Result<(), StoreError> {
         if head == -2 {
-            // Nothing pending changed (a job without a callback ended): no write.
             return Ok(());
         }
         let cmd = if head < 0 {
-            ::redis::cmd("ZREM").arg(self.callbacks_key()).arg(account).clone()
+            ::redis::cmd("ZREM").arg(key).arg(account).clone()
         } else {
-            ::redis::cmd("ZADD").arg(self.callbacks_key()).arg(head).arg(account).clone()
+            ::redis::cmd("ZADD").arg(key).arg(head).arg(account).clone()
         };
         self.query::<i64>(&cmd).await.map(|_| ())
     }
@@ -387,15 +429,7 @@ impl RedisJobs {
     /// account's, and a job whose deadline passes meanwhile is never sent
     /// (the dispatcher checks it) but shows `queued` or `waiting` until then.
     async fn note_deadlines(&self, account: &str, head: i64) -> Result<(), StoreError> {
-        if head == -2 {
-            return Ok(());
-        }
-        let cmd = if head < 0 {
-            ::redis::cmd("ZREM").arg(self.deadlines_key()).arg(account).clone()
-        } else {
-            ::redis::cmd("ZADD").arg(self.deadlines_key()).arg(head).arg(account).clone()
-        };
-        self.query::<i64>(&cmd).await.map(|_| ())
+        self.note_earliest(&self.deadlines_key(), account, head).await
     }
 
     /// [`JobStore::callback_done`] in `account`'s keys.
@@ -515,25 +549,7 @@ impl RedisJobs {
             const S: &str = "jobs_recover.lua";
             self.note_callbacks(account, int(&callbacks, S)?).await?;
             self.note_deadlines(account, int(&deadlines, S)?).await?;
-            let mut all_heads = Vec::new();
-            for q in list(heads, S)?.chunks(3) {
-                if let [caller, rule, head] = q {
-                    all_heads.push((text(caller, S)?, text(rule, S)?, int(head, S)?));
-                }
-            }
-            let mut all_totals = Vec::new();
-            for t in list(totals, S)?.chunks(3) {
-                if let [caller, jobs, bytes] = t {
-                    all_totals.push((text(caller, S)?, int(jobs, S)?, int(bytes, S)?));
-                }
-            }
-            // Bounded: at most a few hundred keys per note.
-            for heads in all_heads.chunks(200) {
-                self.note_all(account, heads, &[]).await?;
-            }
-            for totals in all_totals.chunks(200) {
-                self.note_all(account, &[], totals).await?;
-            }
+            self.note_reported(account, heads, totals, S).await?;
             break;
         }
         Ok(done)
@@ -679,17 +695,7 @@ impl JobStore for RedisJobs {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let accounts: Vec<String> = self
-            .query(
-                ::redis::cmd("ZRANGEBYSCORE")
-                    .arg(self.deadlines_key())
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(max.saturating_add(HELD_AHEAD)),
-            )
-            .await?;
+        let accounts = self.accounts_by(&self.deadlines_key(), now, max.saturating_add(HELD_AHEAD)).await?;
         let mut out = Vec::new();
         for account in accounts {
             let left = max.saturating_sub(out.len());
@@ -713,25 +719,7 @@ impl JobStore for RedisJobs {
                     out.push(ExpiredJob { id, queue, submitted_us: int(submitted, S)? });
                 }
             }
-            let mut all_heads = Vec::new();
-            for q in list(heads, S)?.chunks(3) {
-                if let [caller, rule, head] = q {
-                    all_heads.push((text(caller, S)?, text(rule, S)?, int(head, S)?));
-                }
-            }
-            let mut all_totals = Vec::new();
-            for t in list(totals, S)?.chunks(3) {
-                if let [caller, jobs, bytes] = t {
-                    all_totals.push((text(caller, S)?, int(jobs, S)?, int(bytes, S)?));
-                }
-            }
-            // Bounded: at most `max` queues and callers, a few hundred keys per note.
-            for heads in all_heads.chunks(200) {
-                self.note_all(&account, heads, &[]).await?;
-            }
-            for totals in all_totals.chunks(200) {
-                self.note_all(&account, &[], totals).await?;
-            }
+            self.note_reported(&account, heads, totals, S).await?;
             self.note_callbacks(&account, int(&callbacks, S)?).await?;
             self.note_deadlines(&account, int(&deadlines, S)?).await?;
         }
@@ -774,17 +762,7 @@ impl JobStore for RedisJobs {
                 let [caller, rule, state, n] = c else { continue };
                 let key = (text(caller, S)?, text(rule, S)?);
                 let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
-                let n = int(n, S)?.max(0) as u64;
-                match state_from(&text(state, S)?)? {
-                    JobState::Queued | JobState::Claimed => q.queued += n,
-                    JobState::Waiting => q.waiting += n,
-                    JobState::Sending => q.sending += n,
-                    JobState::Sent => q.sent += n,
-                    JobState::Failed => q.failed += n,
-                    JobState::Expired => q.expired += n,
-                    JobState::Cancelled => q.cancelled += n,
-                    JobState::Unknown => q.unknown += n,
-                }
+                q.add(state_from(&text(state, S)?)?, int(n, S)?.max(0) as u64);
             }
             for o in list(oldest, S)?.chunks(3) {
                 let [caller, rule, sub] = o else { continue };
@@ -803,17 +781,7 @@ impl JobStore for RedisJobs {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let accounts: Vec<String> = self
-            .query(
-                ::redis::cmd("ZRANGEBYSCORE")
-                    .arg(self.callbacks_key())
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(max),
-            )
-            .await?;
+        let accounts = self.accounts_by(&self.callbacks_key(), now, max).await?;
         let mut out = Vec::new();
         for account in accounts {
             let left = max.saturating_sub(out.len());
@@ -878,18 +846,7 @@ impl JobStore for RedisJobs {
 }
 
 fn empty_summary(account: &Arc<str>, caller: &str, rule: &str) -> QueueSummary {
-    QueueSummary {
-        queue: QueueKey { caller: caller.into(), account: account.clone(), rule: rule.into() },
-        queued: 0,
-        waiting: 0,
-        sending: 0,
-        sent: 0,
-        failed: 0,
-        expired: 0,
-        cancelled: 0,
-        unknown: 0,
-        oldest_us: None,
-    }
+    QueueSummary::new(QueueKey { caller: caller.into(), account: account.clone(), rule: rule.into() })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1120,34 +1120,7 @@ fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, St
         let state = state_from(r.get(4).map_err(sql)?)?;
         let count = u64::try_from(r.get::<_, i64>(5).map_err(sql)?).unwrap_or(0);
         let queue = QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() };
-        let (_, entry) = queues.entry(queue.clone()).or_insert_with(|| {
-            (
-                qid,
-                QueueSummary {
-                    queue,
-                    queued: 0,
-                    waiting: 0,
-                    sending: 0,
-                    sent: 0,
-                    failed: 0,
-                    expired: 0,
-                    cancelled: 0,
-                    unknown: 0,
-                    oldest_us: None,
-                },
-            )
-        });
-        let slot = match state {
-            JobState::Queued | JobState::Claimed => &mut entry.queued,
-            JobState::Waiting => &mut entry.waiting,
-            JobState::Sending => &mut entry.sending,
-            JobState::Sent => &mut entry.sent,
-            JobState::Failed => &mut entry.failed,
-            JobState::Expired => &mut entry.expired,
-            JobState::Cancelled => &mut entry.cancelled,
-            JobState::Unknown => &mut entry.unknown,
-        };
-        *slot += count;
+        queues.entry(queue.clone()).or_insert_with(|| (qid, QueueSummary::new(queue))).1.add(state, count);
     }
     drop(rows);
     let mut oldest = c.prepare_cached(OLDEST).map_err(sql)?;
