@@ -392,11 +392,13 @@ async fn a_queued_body_is_read_whole_and_one_that_stalls_gets_408_and_nothing_is
         let head = |framing: &str| {
             format!("POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\n{framing}\r\n\r\n")
         };
-        for (label, bytes) in support::bodies::stalled_bodies(head) {
+        // Both at once, each client keeping its connection open and sending nothing more.
+        let stalled = support::bodies::stalled_bodies(head).map(|(label, bytes)| async move {
             let started = std::time::Instant::now();
-            // The client keeps its connection open and sends nothing more.
             let ex = support::exchange(gate.addr, &bytes).await;
-            let waited = started.elapsed();
+            (label, ex, started.elapsed())
+        });
+        for (label, ex, waited) in futures_util::future::join_all(stalled).await {
             let resp = ex.only();
             assert_eq!(resp.status, 408, "{} {label}: {}", store.name(), resp.text());
             let json = resp.json();
@@ -526,8 +528,8 @@ impl Store {
     }
 
     /// The stores two wxgate processes can share.
-    fn redis_and_cluster() -> Vec<Store> {
-        vec![
+    fn redis_and_cluster() -> [Store; 2] {
+        [
             Store::Redis(support::redis_server::RedisServer::start()),
             Store::Cluster(support::redis_server::RedisCluster::start(3)),
         ]
@@ -766,9 +768,9 @@ async fn a_caller_past_its_queue_bound_gets_429_queue_full_and_nothing_is_stored
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_a_dead_instances_jobs_are_taken_over_after_their_lease_and_none_is_sent_twice() {
-    for store in Store::redis_and_cluster() {
-        taken_over(&store).await;
-    }
+    // At once: each waits out its 5 s leases.
+    let [redis, cluster] = Store::redis_and_cluster();
+    tokio::join!(taken_over(&redis), taken_over(&cluster));
 }
 
 /// SIGKILL of a wxgate process on `store` (Redis or Cluster) with a send
