@@ -32,6 +32,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Request, Uri};
@@ -65,25 +68,27 @@ pub const SIGNATURE: &str = "x-wxgate-signature";
 type Poster = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Starts the callbacks loop if queued delivery is on; it ends when the
-/// app is dropped.
-pub fn spawn(app: Weak<App>) {
-    let Some(a) = app.upgrade() else { return };
-    if a.features.queue.jobs.is_none() {
-        return;
-    }
+/// app is dropped, or once `stop` says so and the round under way has
+/// recorded its posts. Its task, to be awaited by the shutdown.
+pub fn spawn(app: Weak<App>, mut stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+    let a = app.upgrade()?;
+    a.features.queue.jobs.as_ref()?;
     let poster = match crate::transport::upstream::connector(&a.config.load().server) {
         Ok(connector) => {
             Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
         }
         Err(e) => {
             tracing::error!(error = %e, "queued delivery: no client for callbacks; callbacks wait until a restart");
-            return;
+            return None;
         }
     };
     let wake = a.features.queue.ended.clone();
     drop(a);
-    tokio::spawn(async move {
+    Some(tokio::spawn(async move {
         loop {
+            if *stop.borrow() {
+                return;
+            }
             let Some(app) = app.upgrade() else { return };
             let full = match round(&app, &poster).await {
                 Ok(full) => full,
@@ -98,10 +103,11 @@ pub fn spawn(app: Weak<App>) {
                 tokio::select! {
                     _ = wake.notified() => {}
                     _ = clock.sleep(TICK) => {}
+                    _ = super::dispatch::stopping(&mut stop) => {}
                 }
             }
         }
-    });
+    }))
 }
 
 /// One round: the due callbacks (at most [`BATCH`]), posted concurrently;
