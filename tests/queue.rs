@@ -481,11 +481,12 @@ fn sends(mock: &MockWeChat) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
-    // The 10,000 on memory and Redis; 2,000 on a Cluster (the
-    // submissions are most of the time, 12-16 s for 10,000 on a loaded
-    // machine): still more than 3 times what the 6 steps can send at all.
+    // The 10,000 on memory; 2,000 on Redis and Cluster: still more
+    // than 3 times what the 6 steps can send at all, so HR's queue competes
+    // with a backlog all the same. The submissions are most of the test's
+    // time (12-16 s for 10,000 on a store on a loaded 2-core machine).
     for store in Store::all() {
-        let campaign_size = if matches!(store, Store::Cluster(_)) { 2_000 } else { 10_000 };
+        let campaign_size = if matches!(store, Store::Memory) { 10_000 } else { 2_000 };
         campaign(&store, campaign_size).await;
     }
 }
