@@ -84,6 +84,8 @@ async fn start_parts(
     let source = config.source.clone();
     let jobs = proxy::app::open_jobs(&config).await?;
     let app = App::new(config, store, clock, metrics, jobs)?;
+    ops::dispatch::spawn(Arc::downgrade(&app));
+    ops::callbacks::spawn(Arc::downgrade(&app));
     ops::queue_metrics::spawn(Arc::downgrade(&app));
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
@@ -93,13 +95,5 @@ async fn start_parts(
     let listener =
         tokio::net::TcpListener::bind(listen).await.map_err(|source| StartError::Listen { addr: listen, source })?;
     let admin = ops::admin::bind(app.config.load().server.admin_listen).await?;
-    let weak = Arc::downgrade(&app);
-    let mut running = server::serve(listener, admin, app, threads).map_err(StartError::Serve)?;
-    // Queued delivery's tasks stop with the listener, their sends in flight finished.
-    let stop = running.stopper();
-    let queue = [ops::dispatch::spawn(weak.clone(), stop.subscribe()), ops::callbacks::spawn(weak, stop.subscribe())];
-    for task in queue.into_iter().flatten() {
-        running.keep(task);
-    }
-    Ok(running)
+    server::serve(listener, admin, app, threads).map_err(StartError::Serve)
 }

@@ -34,29 +34,17 @@ pub struct Running {
     pub app: Arc<App>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// Tasks with work in flight of their own that a graceful stop lets
-    /// finish (queued delivery's dispatcher and callbacks): each ends once
-    /// it sees the stop and its work under way is done.
-    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops accepting, lets calls in flight and held calls finish, and
-    /// queued sends at WeChat (nothing new is sent), all up to `deadline`,
-    /// then waits briefly for their concurrency slots to be
+    /// Stops accepting, lets calls in flight and held calls finish (up to
+    /// `deadline`), then waits briefly for their concurrency slots to be
     /// released in the store, and closes the store ([`crate::store::Store::close`]:
     /// the memory store writes its state file). Returns false if calls were still in flight at
     /// the deadline (they are cut off; their leases run out by themselves).
     pub async fn shutdown(self, deadline: Duration) -> bool {
         let _ = self.stop.send(true);
-        let (task, background) = (self.task, self.background);
-        let all = async move {
-            let _ = task.await;
-            for t in background {
-                let _ = t.await;
-            }
-        };
-        let finished = tokio::time::timeout(deadline, all).await.is_ok();
+        let finished = tokio::time::timeout(deadline, self.task).await.is_ok();
         if !finished {
             tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
         }
@@ -74,11 +62,6 @@ impl Running {
 
     pub fn stopper(&self) -> watch::Sender<bool> {
         self.stop.clone()
-    }
-
-    /// A task that a graceful stop waits for (see `background`).
-    pub(crate) fn keep(&mut self, task: JoinHandle<()>) {
-        self.background.push(task);
     }
 }
 
@@ -114,7 +97,7 @@ pub fn serve(
         Threads::Caller => tokio::spawn(accept_loop(listener, app.clone(), stopped)),
         Threads::Workers(n) => spawn_workers(listener, &app, n.max(1), &stop)?,
     };
-    Ok(Running { addr, admin_addr, app, stop, task, background: Vec::new() })
+    Ok(Running { addr, admin_addr, app, stop, task })
 }
 
 /// Starts `n` serving threads; the returned task ends when all have stopped

@@ -346,54 +346,6 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
     until_state(&gate, "marketing", &stuck, "sent").await;
 }
 
-/// A graceful stop (SIGTERM) lets a queued send that is at WeChat finish,
-/// as it lets calls in flight finish, and sends nothing more: the job ends
-/// `sent` (not `unknown`, which a cut send would be), the job claimed behind
-/// it is handed back unsent, and after a restart it goes, each once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_stop_lets_a_queued_send_at_wechat_finish_and_sends_nothing_more() {
-    let (mock, _tokens, slow) = slow_wechat().await;
-    let dir = TempDir::new("queue-term");
-    let config = ConfigToml::new(&mock.url())
-        .server("upstream_timeout", "30s")
-        .server("shutdown_timeout", "30s")
-        .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
-        .with(rules(100, "day"))
-        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
-        .to_string();
-    let path = dir.path().join("wxgate.toml");
-    std::fs::write(&path, &config).expect("config");
-    let mut first = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
-    let url = first.url(&format!("/@{APPID}{SEND}"));
-    let held = queued_at(url.clone(), "default", r#"{"slow":1}"#.into()).await;
-    eventually_async("the send at WeChat", PATIENCE, async || mock.in_flight().0 == 1).await;
-    let behind = queued_at(url, "default", r#"{"next":1}"#.into()).await;
-    first.signal("-TERM");
-    // The process says it finishes the send (or, stopping without it, is gone).
-    eventually_async("the stop under way", PATIENCE, async || {
-        first.logged().contains("finishing the sends in flight") || !first.is_running()
-    })
-    .await;
-    slow.add_permits(1);
-    assert_eq!(first.exit_code(PATIENCE).await, 0, "{}", first.logged());
-    assert_eq!(sends(&mock), 1, "nothing sent after the stop began");
-    let second = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
-    let state = |id: String| {
-        let second = &second;
-        async move { second.get(&format!("/v1/deliveries/{id}")).await.json() }
-    };
-    assert_eq!(state(held.clone()).await["state"], "sent", "the send at WeChat finished: {}", first.logged());
-    let mut last = serde_json::Value::Null;
-    eventually_async("the job behind it sent after the restart", PATIENCE, async || {
-        last = state(behind.clone()).await;
-        last["state"] == "sent"
-    })
-    .await;
-    let bodies: Vec<_> =
-        mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).map(|c| c.body).collect();
-    assert_eq!(bodies, [&br#"{"slow":1}"#[..], &br#"{"next":1}"#[..]], "each once");
-}
-
 /// WeChat takes longer than `upstream_timeout` to answer a queued send:
 /// the request went out and may have been taken, so the job ends `unknown`
 /// and is never sent again, however long wxgate runs; the queue goes on.

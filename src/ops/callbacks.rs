@@ -32,9 +32,6 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Request, Uri};
@@ -68,27 +65,25 @@ pub const SIGNATURE: &str = "x-wxgate-signature";
 type Poster = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Starts the callbacks loop if queued delivery is on; it ends when the
-/// app is dropped, or once `stop` says so and the round under way has
-/// recorded its posts. Its task, to be awaited by the shutdown.
-pub fn spawn(app: Weak<App>, mut stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
-    let a = app.upgrade()?;
-    a.features.queue.jobs.as_ref()?;
+/// app is dropped.
+pub fn spawn(app: Weak<App>) {
+    let Some(a) = app.upgrade() else { return };
+    if a.features.queue.jobs.is_none() {
+        return;
+    }
     let poster = match crate::transport::upstream::connector(&a.config.load().server) {
         Ok(connector) => {
             Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
         }
         Err(e) => {
             tracing::error!(error = %e, "queued delivery: no client for callbacks; callbacks wait until a restart");
-            return None;
+            return;
         }
     };
     let wake = a.features.queue.ended.clone();
     drop(a);
-    Some(tokio::spawn(async move {
+    tokio::spawn(async move {
         loop {
-            if *stop.borrow() {
-                return;
-            }
             let Some(app) = app.upgrade() else { return };
             let full = match round(&app, &poster).await {
                 Ok(full) => full,
@@ -103,11 +98,10 @@ pub fn spawn(app: Weak<App>, mut stop: watch::Receiver<bool>) -> Option<JoinHand
                 tokio::select! {
                     _ = wake.notified() => {}
                     _ = clock.sleep(TICK) => {}
-                    _ = super::dispatch::stopping(&mut stop) => {}
                 }
             }
         }
-    }))
+    });
 }
 
 /// One round: the due callbacks (at most [`BATCH`]), posted concurrently;

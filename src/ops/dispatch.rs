@@ -28,9 +28,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
-
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method};
@@ -61,24 +58,21 @@ const EXPIRE_EVERY_US: Micros = 1_000_000;
 /// Most jobs one expire run ends (more wait for the next tick).
 const EXPIRE_MAX: usize = 1000;
 
-/// Starts the dispatcher if queued delivery is on; it ends when the app is
-/// dropped, or once `stop` says so (a graceful stop: [`stopping`]) and the
-/// sends it has in flight have finished, so that none is cut (which would
-/// leave its job `unknown`). Its task, to be awaited by the shutdown.
-pub fn spawn(app: Weak<App>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
-    let a = app.upgrade()?;
-    a.features.queue.jobs.as_ref()?;
+/// Starts the dispatcher if queued delivery is on; it ends when the app is dropped.
+pub fn spawn(app: Weak<App>) {
+    let Some(a) = app.upgrade() else { return };
+    if a.features.queue.jobs.is_none() {
+        return;
+    }
     let wake = a.features.queue.wake.clone();
     drop(a);
-    Some(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut marks = Marks {
             recovered: Micros::MIN,
             purged: Micros::MIN,
             expired: Micros::MIN,
             running: Arc::default(),
             wake: wake.clone(),
-            turns: JoinSet::new(),
-            stop,
         };
         if let Some(app) = app.upgrade() {
             if let Some(jobs) = app.features.queue.jobs.clone() {
@@ -99,11 +93,7 @@ pub fn spawn(app: Weak<App>, stop: watch::Receiver<bool>) -> Option<JoinHandle<(
             }
         }
         loop {
-            if *marks.stop.borrow() {
-                break;
-            }
             let Some(app) = app.upgrade() else { return };
-            while marks.turns.try_join_next().is_some() {}
             // The next look is due a tick after this one's time: a clock
             // that moved on meanwhile (a manual one in a test, or a slow
             // tick) makes it due at once, never missed.
@@ -114,28 +104,12 @@ pub fn spawn(app: Weak<App>, stop: watch::Receiver<bool>) -> Option<JoinHandle<(
             let clock = app.core.clock.clone();
             drop(app);
             // A submission or a finished turn wakes it; else the next tick.
-            let mut stop = marks.stop.clone();
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = clock.sleep_until(started + TICK.as_micros()) => {}
-                _ = stopping(&mut stop) => {}
             }
         }
-        // Stopping: no new turn; each running one finishes the send it has
-        // at WeChat and hands the rest of its claim back (`run_queue`).
-        if !marks.turns.is_empty() {
-            tracing::info!(queues = marks.turns.len(), "queued delivery: stopping; finishing the sends in flight");
-        }
-        while marks.turns.join_next().await.is_some() {}
-    }))
-}
-
-/// Resolves once a graceful stop is asked for (never, if it no longer can be:
-/// the listener was dropped without one).
-pub async fn stopping(stop: &mut watch::Receiver<bool>) {
-    if stop.wait_for(|stopped| *stopped).await.is_err() {
-        std::future::pending::<()>().await;
-    }
+    });
 }
 
 /// When the periodic chores last ran, and the queues being sent.
@@ -147,10 +121,6 @@ struct Marks {
     /// until it is done (each then wakes the loop).
     running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
     wake: Arc<tokio::sync::Notify>,
-    /// The running turns' tasks (awaited when stopping).
-    turns: JoinSet<()>,
-    /// Says when a graceful stop begins.
-    stop: watch::Receiver<bool>,
 }
 
 /// Takes a queue out of [`Marks::running`] when its turn ends (or its task
@@ -210,9 +180,8 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
         }
         let turn = Turn { queue, running: marks.running.clone(), wake: marks.wake.clone() };
         let (app, jobs) = (app.clone(), jobs.clone());
-        let stop = marks.stop.clone();
-        marks.turns.spawn(async move {
-            if let Err(e) = run_queue(&app, &jobs, &turn.queue, n, &stop).await {
+        tokio::spawn(async move {
+            if let Err(e) = run_queue(&app, &jobs, &turn.queue, n).await {
                 tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
             }
             drop(turn);
@@ -223,14 +192,12 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
 }
 
 /// Claims up to `n` jobs of `queue` and sends them in order; `Ok(true)`
-/// when one went (or ended) rather than being handed back. Once `stop` says
-/// so, the jobs not yet sent go back unsent.
+/// when one went (or ended) rather than being handed back.
 async fn run_queue(
     app: &App,
     jobs: &Arc<dyn JobStore>,
     queue: &QueueKey,
     n: usize,
-    stop: &watch::Receiver<bool>,
 ) -> Result<bool, crate::store::StoreError> {
     let owner = app.features.queue.owner.clone();
     let lease_us = app.config.load().queue.lease_us;
@@ -238,15 +205,6 @@ async fn run_queue(
     let mut moved = false;
     let mut rest = claimed.into_iter();
     while let Some(job) = rest.next() {
-        if *stop.borrow() {
-            // A graceful stop: the rest of the claim goes back unsent, due
-            // now (for another instance, or this one once restarted).
-            let now = app.core.clock.now_us();
-            for unsent in std::iter::once(job).chain(rest.by_ref()) {
-                jobs.finish(unsent.id, &owner, End::NotYet { at: now }, now).await?;
-            }
-            break;
-        }
         let (id, submitted_us) = (job.id, job.submitted_us);
         let end = send(app, job).await;
         let ended = super::queue_metrics::ended_as(&end);
