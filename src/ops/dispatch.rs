@@ -52,19 +52,22 @@ const UNAVAILABLE_US: Micros = 1_000_000;
 /// How often ended jobs are purged.
 const PURGE_EVERY_US: Micros = 60_000_000;
 
-/// Starts the dispatcher if queued delivery is on; it ends when the app is dropped.
+/// Starts the dispatcher once queued delivery is on (at start, or when a
+/// reload or Redis answering opens the jobs store); it ends when the app is
+/// dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    if a.features.queue.jobs.is_none() {
-        return;
-    }
+    let opened = a.features.queue.jobs.opened();
     let wake = a.features.queue.wake.clone();
     drop(a);
     tokio::spawn(async move {
+        if !opened.await {
+            return;
+        }
         let mut marks =
             Marks { recovered: Micros::MIN, purged: Micros::MIN, running: Arc::default(), wake: wake.clone() };
         if let Some(app) = app.upgrade() {
-            if let Some(jobs) = app.features.queue.jobs.clone() {
+            if let Some(jobs) = app.features.queue.jobs.get().cloned() {
                 match jobs.recover_at_start(app.core.clock.now_us()).await {
                     Ok(r) if r.unknown > 0 || r.requeued > 0 => {
                         tracing::warn!(
@@ -130,7 +133,7 @@ impl Drop for Turn {
 /// is not running already. Turns run on their own: a slow send holds only
 /// its own queue, never another caller's. `Ok(false)`: nothing started.
 async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
-    let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(false) };
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(false) };
     let config = app.config.load_full();
     let now = app.core.clock.now_us();
     if now.saturating_sub(marks.recovered) >= config.queue.lease_us / 2 {
