@@ -21,6 +21,8 @@
 --   B..'counts'   hash: caller..'\n'..rule..'\n'..state -> jobs (summary)
 --   B..'idem'     hash: caller..'\n'..key -> the first job's id
 --   B..'idemx'    zset: the same members by when they stop counting
+--   B..'dl'       zset: unfinished jobs with a deadline, by it (jobs_expire.lua;
+--                 a claimed or sending one stays in it: its holder ends it)
 --   B..'cbs'      zset: ended jobs whose callback is pending, by when it is
 --                 due (such a job is put in 'ended' only once its callback
 --                 is done, so purge keeps it); the job's hash holds 'cbd'
@@ -91,6 +93,7 @@ local function end_job(id, caller, rule, from, to, now)
     redis.call('SREM', B .. 'qs', caller .. '\n' .. rule)
   end
   redis.call('ZREM', B .. 'leases', id)
+  redis.call('ZREM', B .. 'dl', id)
   if redis.call('HEXISTS', k, 'cb') == 1 then
     -- Its callback pending, due now, in the script that ended it.
     redis.call('HSET', k, 'cbd', fmt(now), 'cbn', '0')
@@ -119,14 +122,20 @@ local function unlease(id, caller, rule, from, state, due, now)
 end
 
 
--- The account's earliest pending callback's due time, or -1 (for the index
--- of accounts with pending callbacks, `{#jobs}:callbacks`).
-local function callback_head()
-  local h = redis.call('ZRANGE', B .. 'cbs', 0, 0, 'WITHSCORES')
+-- The lowest score of the account's zset `B..name`, or -1 when it is empty
+-- (what the indexes of accounts, e.g. `{#jobs}:callbacks`, hold).
+local function earliest(name)
+  local h = redis.call('ZRANGE', B .. name, 0, 0, 'WITHSCORES')
   if #h == 0 then
     return -1
   end
   return tonumber(h[2])
+end
+
+-- The account's earliest pending callback's due time, or -1 (for the
+-- index of accounts with pending callbacks, `{#jobs}:callbacks`).
+local function callback_head()
+  return earliest('cbs')
 end
 
 -- callback_head() when `changed`, else -2: nothing pending changed, the
@@ -136,4 +145,10 @@ local function callback_note(changed)
     return -2
   end
   return callback_head()
+end
+
+-- The account's earliest deadline of an unfinished job, or -1 (for the
+-- index of accounts with deadlines, `{#jobs}:deadlines`).
+local function deadline_head()
+  return earliest('dl')
 end

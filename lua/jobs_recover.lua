@@ -8,7 +8,8 @@
 -- ARGV[1]  B     ARGV[2]  now (µs)     ARGV[3]  most leases this run
 --
 -- Returns {requeued, unknown, more (0/1), {caller, rule, head, ...},
--- {caller, jobs, bytes, ...}, earliest pending callback or -1}.
+-- {caller, jobs, bytes, ...}, earliest pending callback or -1, earliest
+-- deadline or -1}.
 
 local now = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
@@ -44,4 +45,4 @@ for i = 1, #m, 2 do
     totals[#totals + 1] = b
   end
 end
-return {requeued, unknown, #ids == limit and 1 or 0, heads, totals, callback_head()}
+return {requeued, unknown, #ids == limit and 1 or 0, heads, totals, callback_head(), deadline_head()}

@@ -13,7 +13,8 @@
 --          accounts (as the client last saw them: the caller bound is
 --          approximate by the submissions in flight elsewhere)
 --
--- Returns {'ok', id, caller jobs here, caller bytes here, queue head},
+-- Returns {'ok', id, caller jobs here, caller bytes here, queue head,
+-- earliest deadline or -1 (-2: the job has none, nothing changed)},
 -- {'dup', id}, or {'full', bound}.
 
 local now = tonumber(ARGV[2])
@@ -63,8 +64,11 @@ redis.call('HSET', k, 'id_', id, 'c', caller, 'r', rule, 'dom', ARGV[6], 'm', AR
 if ARGV[9] ~= '' then
   redis.call('HSET', k, 'ct', string.sub(ARGV[9], 2))
 end
+local deadlines = -2
 if ARGV[11] ~= '' then
   redis.call('HSET', k, 'dl', ARGV[11])
+  redis.call('ZADD', B .. 'dl', ARGV[11], id)
+  deadlines = deadline_head()
 end
 if ik ~= '' then
   redis.call('HSET', k, 'ik', string.sub(ik, 2))
@@ -78,4 +82,4 @@ redis.call('SET', bkey(id), body)
 redis.call('ZADD', qkey(caller, rule), seq, id)
 redis.call('SADD', B .. 'qs', caller .. '\n' .. rule)
 count(caller, rule, 'queued', 1)
-return {'ok', id, cj + 1, cb + size, head(caller, rule)}
+return {'ok', id, cj + 1, cb + size, head(caller, rule), deadlines}

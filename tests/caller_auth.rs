@@ -244,3 +244,60 @@ async fn refused_calls_with_large_distinct_tokens_leave_nothing_in_the_token_cac
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(gate.app().features.accounts.owners.held(), (0, 1));
 }
+
+/// Queued delivery's results (`/v1/deliveries`) under `caller_auth =
+/// "required"`: a job is read and cancelled only with its caller's key; a
+/// name without its key is refused 401, another caller's key finds nothing.
+#[tokio::test]
+async fn a_delivery_is_read_and_cancelled_only_with_its_callers_key() {
+    use support::queue::{msgid, wechat, ASYNC};
+    use support::tokens::{account_toml, APPID, SECRET};
+    const TEMPLATE: &str = "/cgi-bin/message/template/send";
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("auth-deliveries");
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(100, "day");
+    let send = rule("template_send").matching(TEMPLATE).limit(1, "day").set("queue", true);
+    let orders = caller("orders").set("key_file", key_file(&dir, "orders.key", ORDERS_KEY).display().to_string());
+    let approvals = caller("approvals").set("key_sha256", key_sha256(APPROVALS_KEY));
+    let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+    let config = ConfigToml::new(&mock.url())
+        .server("caller_auth", "required")
+        .with(orders.set("accounts", vec![APPID]))
+        .with(approvals.set("accounts", vec!["*"]))
+        .with(format!("{token}\n{send}"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(queue);
+    let gate = Gate::start_text(config).await;
+    let by_orders = bearer(ORDERS_KEY);
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let body = format!(r#"{{"touser":"o{i}"}}"#);
+        let a = gate.post_with(&format!("/@{APPID}{TEMPLATE}"), &body, &[ASYNC, ("authorization", &by_orders)]).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+    }
+    // The first goes; the second waits for the next quota day.
+    let path = format!("/v1/deliveries/{}", ids[1]);
+    let mut state = serde_json::Value::Null;
+    eventually_async("the second waits", PATIENCE, async || {
+        state = gate.get_with(&path, &[("authorization", &by_orders)]).await.json();
+        state["state"] == "waiting"
+    })
+    .await;
+    // Its caller's name without its key: refused, as any call would be.
+    let named = [("x-wx-caller", "orders")];
+    for a in [gate.get_with(&path, &named).await, gate.delete_with(&path, &named).await] {
+        assert_denied(&a, 401, "unauthenticated", "a name and no key");
+    }
+    // Another caller's key: no such delivery, for reading or cancelling.
+    let by_approvals = bearer(APPROVALS_KEY);
+    let other = [("authorization", by_approvals.as_str())];
+    for a in [gate.get_with(&path, &other).await, gate.delete_with(&path, &other).await] {
+        assert_eq!(a.status, 404, "another caller's key: {}", a.text());
+    }
+    let listed = gate.get_with("/v1/deliveries", &other).await.json();
+    assert_eq!(listed["queues"], serde_json::json!([]), "another caller sees no queue: {listed}");
+    // Its own key: cancelled.
+    let a = gate.delete_with(&path, &[("authorization", &by_orders)]).await;
+    assert_eq!((a.status.as_u16(), a.json()["state"].clone()), (200, serde_json::json!("cancelled")), "{}", a.text());
+}

@@ -69,6 +69,7 @@ on_every_store!(
     an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
     every_way_a_job_ends_makes_its_callback_pending_and_only_then,
     callbacks_due_hands_out_at_most_max_across_accounts,
+    a_job_past_its_deadline_expires_wherever_it_is_in_its_queue,
 );
 
 async fn submit(s: &Arc<dyn JobStore>, job: NewJob, now: i64) -> JobId {
@@ -582,6 +583,60 @@ mod scenarios {
         assert_eq!(s.cancel("hr", sending, T0 + 3).await.expect("cancel"), Cancelled::TooLate(JobState::Sent));
     }
 
+    pub async fn a_job_past_its_deadline_expires_wherever_it_is_in_its_queue(s: Arc<dyn JobStore>) {
+        let (hr, mk) = (queue("hr", "wx1", "r"), queue("mk", "wx2", "r"));
+        let with = |q: &wxgate::store::jobs::QueueKey, deadline: Option<i64>, callback: bool| {
+            let mut job = new_job(q, 10);
+            job.deadline_us = deadline;
+            job.callback = callback.then(|| "https://hr.example/done".to_owned());
+            job
+        };
+        // hr's head waits for tomorrow; behind it three jobs, two with deadlines.
+        let head = submit(&s, with(&hr, None, false), T0).await;
+        let soon = submit(&s, with(&hr, Some(T0 + 10 * SEC), true), T0).await;
+        let later = submit(&s, with(&hr, Some(T0 + 20 * SEC), false), T0).await;
+        let never = submit(&s, with(&hr, None, false), T0).await;
+        let claimed = s.claim(&hr, "i1", T0, LEASE, 1).await.expect("claim");
+        assert_eq!(ids(&claimed), vec![head]);
+        assert!(s.finish(head, "i1", End::Retry { at: T0 + DAY, answer: None }, T0).await.expect("finish"));
+        // mk's head is held by a dispatcher past its deadline: its holder's to end.
+        let held = submit(&s, with(&mk, Some(T0 + 5 * SEC), false), T0).await;
+        assert_eq!(ids(&s.claim(&mk, "i2", T0, LEASE, 1).await.expect("claim")), vec![held]);
+
+        assert_eq!(s.expire(T0 + 9 * SEC, 100).await.expect("expire"), vec![], "nothing due yet");
+        let ended = s.expire(T0 + 15 * SEC, 100).await.expect("expire");
+        assert_eq!(ended.iter().map(|e| (e.id, e.submitted_us)).collect::<Vec<_>>(), vec![(soon, T0)]);
+        assert_eq!(ended[0].queue, hr);
+        assert_eq!(state(&s, "hr", soon).await, JobState::Expired);
+        assert_eq!(state(&s, "mk", held).await, JobState::Claimed, "a held job is left to its holder");
+        assert_eq!(state(&s, "hr", head).await, JobState::Waiting, "the head still waits");
+        let cbs = s.callbacks_due(T0 + 15 * SEC, LEASE, 10).await.expect("callbacks");
+        assert_eq!(cbs.iter().map(|c| c.job.id).collect::<Vec<_>>(), vec![soon], "its callback pending");
+        let q = s.summary(Some("hr")).await.expect("summary");
+        assert_eq!((q[0].waiting, q[0].queued, q[0].expired), (1, 2, 1), "{q:?}");
+
+        // At most `max` per run (earliest first within an account; on
+        // Redis, accounts by their earliest).
+        let a = submit(&s, with(&mk, Some(T0 + 25 * SEC), false), T0).await;
+        let mut two = ids_of(&s.expire(T0 + 30 * SEC, 1).await.expect("expire"));
+        assert_eq!(two.len(), 1);
+        two.extend(ids_of(&s.expire(T0 + 30 * SEC, 1).await.expect("expire")));
+        two.sort();
+        let mut both = vec![later, a];
+        both.sort();
+        assert_eq!(two, both);
+        assert_eq!(s.expire(T0 + 30 * SEC, 100).await.expect("expire"), vec![]);
+        assert_eq!(state(&s, "hr", never).await, JobState::Queued, "a job without a deadline never expires");
+        // The held one, handed back unsent, expires on the next run.
+        assert!(s.finish(held, "i2", End::NotYet { at: T0 + 30 * SEC }, T0 + 30 * SEC).await.expect("finish"));
+        assert_eq!(ids_of(&s.expire(T0 + 31 * SEC, 100).await.expect("expire")), vec![held]);
+        assert_eq!(unfinished(&s).await, 2, "the head and the job without a deadline");
+    }
+
+    fn ids_of(ended: &[wxgate::store::jobs::ExpiredJob]) -> Vec<JobId> {
+        ended.iter().map(|e| e.id).collect()
+    }
+
     pub async fn summary_counts_each_queue_by_state(s: Arc<dyn JobStore>) {
         let (hr, mkt) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"));
         let mut hr_ids = Vec::new();
@@ -881,6 +936,32 @@ async fn a_jobs_file_of_version_1_is_migrated_and_its_due_queues_listed() {
         .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
         .expect("the version");
     assert_eq!(version, wxgate::store::jobs::sqlite::VERSION);
+    let counts: Vec<(String, u64, u64, u64, u64)> = s
+        .summary(None)
+        .await
+        .expect("summary")
+        .iter()
+        .map(|q| {
+            (
+                format!("{}/{}", q.queue.caller, q.queue.account),
+                q.queued,
+                q.waiting,
+                q.sent,
+                q.oldest_us.map_or(0, |_| 1),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("hr/wx1".to_owned(), 0, 1, 0, 1),
+            ("mk/wx1".to_owned(), 1, 0, 1, 1),
+            ("mk/wx2".to_owned(), 2, 0, 0, 1),
+            ("mk/wx3".to_owned(), 1, 0, 0, 1),
+            ("ops/wx1".to_owned(), 0, 0, 1, 0),
+        ],
+        "the counts of the jobs the file had"
+    );
     let (mk1, mk3, hr) = (queue("mk", "wx1", "r"), queue("mk", "wx3", "r"), queue("hr", "wx1", "r"));
     assert_eq!(s.due_queues(T0 + 99, 5).await.expect("due"), vec![mk3.clone(), mk1.clone()]);
     assert_eq!(s.due_queues(T0 + 100, 5).await.expect("due"), vec![mk3.clone(), mk1.clone(), hr.clone()]);

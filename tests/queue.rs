@@ -634,6 +634,33 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_behind_a_waiting_head_expires_at_its_deadline_not_when_it_reaches_the_head() {
+    for store in Store::all() {
+        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+        let dir = TempDir::new(&format!("queue-deadline-{}", store.name()));
+        let gate = store.gate(&mock, &dir, rules(2, "day"), "").await;
+        // Two sent; the third heads the queue, waiting for the next quota day.
+        let ids = queue_n(&gate, "default", "d", 3).await;
+        until_state(&gate, "default", &ids[1], "sent").await;
+        until_state(&gate, "default", &ids[2], "waiting").await;
+        // Behind it, one that must go within two minutes.
+        let headers = [ASYNC, ("x-wxgate-deadline", "120")];
+        let a = gate.post_with(&format!("/@{APPID}{SEND}"), r#"{"touser":"late"}"#, &headers).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        let late = a.json()["delivery"].as_str().expect("id").to_owned();
+        gate.settle().await;
+        let before = gate.get_with(&format!("/v1/deliveries/{late}"), &[]).await.json();
+        assert_eq!(before["state"], "queued", "{}: {before}", store.name());
+        gate.advance(Duration::from_secs(121));
+        let expired = until_state(&gate, "default", &late, "expired").await;
+        assert_eq!(expired["attempts"], 0, "{} {expired}", store.name());
+        let head = gate.get_with(&format!("/v1/deliveries/{}", ids[2]), &[]).await.json();
+        assert_eq!(head["state"], "waiting", "{}: the head still waits for tomorrow: {head}", store.name());
+        assert_eq!(sends(&mock), 2, "{}", store.name());
+    }
+}
+
 #[tokio::test]
 async fn queues_refused_together_retry_spread_over_the_back_off_not_at_one_instant() {
     // WeChat is busy (-1) for the first 40 sends, then takes them.

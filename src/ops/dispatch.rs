@@ -1,8 +1,9 @@
 //! The dispatcher: one task per instance that sends due jobs.
 //!
 //! Each tick (every [`TICK`], and at once after a submission): `recover`
-//! leases that ran out (every half lease), `purge` jobs past `[queue] keep`
-//! (every minute), then one round: the due queues, [`PER_CALLER`] per
+//! leases that ran out (every half lease), `expire` jobs past their
+//! deadline wherever they are in their queue (every second), `purge` jobs
+//! past `[queue] keep` (every minute), then one round: the due queues, [`PER_CALLER`] per
 //! caller ([`crate::store::jobs::JobStore::due_queues`]), planned in
 //! weighted turns ([`super::turns::round`]); each queue of the round claims
 //! its share and sends its jobs one after the other, in order (the queues
@@ -51,6 +52,11 @@ pub const MAX_RUNNING: usize = 64;
 const UNAVAILABLE_US: Micros = 1_000_000;
 /// How often ended jobs are purged.
 const PURGE_EVERY_US: Micros = 60_000_000;
+/// How often jobs past their deadline are ended wherever they are in their
+/// queue (`expire`): a job's `expired` shows at most this late.
+const EXPIRE_EVERY_US: Micros = 1_000_000;
+/// Most jobs one expire run ends (more wait for the next tick).
+const EXPIRE_MAX: usize = 1000;
 
 /// Starts the dispatcher once queued delivery is on (at start, or when a
 /// reload or Redis answering opens the jobs store); it ends when the app is
@@ -64,8 +70,13 @@ pub fn spawn(app: Weak<App>) {
         if !opened.await {
             return;
         }
-        let mut marks =
-            Marks { recovered: Micros::MIN, purged: Micros::MIN, running: Arc::default(), wake: wake.clone() };
+        let mut marks = Marks {
+            recovered: Micros::MIN,
+            purged: Micros::MIN,
+            expired: Micros::MIN,
+            running: Arc::default(),
+            wake: wake.clone(),
+        };
         if let Some(app) = app.upgrade() {
             if let Some(jobs) = app.features.queue.jobs.get().cloned() {
                 match jobs.recover_at_start(app.core.clock.now_us()).await {
@@ -108,6 +119,7 @@ pub fn spawn(app: Weak<App>) {
 struct Marks {
     recovered: Micros,
     purged: Micros,
+    expired: Micros,
     /// Queues whose claim this instance is sending now: not planned again
     /// until it is done (each then wakes the loop).
     running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
@@ -143,6 +155,13 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
             app.core.metrics.queue.recovered_unknown(r.unknown);
         }
         marks.recovered = now;
+    }
+    if now.saturating_sub(marks.expired) >= EXPIRE_EVERY_US {
+        let ended = jobs.expire(now, EXPIRE_MAX).await?;
+        for job in &ended {
+            super::queue_metrics::count_end(app, &job.queue, Some("expired"), job.submitted_us, now);
+        }
+        marks.expired = if ended.len() >= EXPIRE_MAX { Micros::MIN } else { now };
     }
     if now.saturating_sub(marks.purged) >= PURGE_EVERY_US {
         jobs.purge(now, config.queue.keep_us).await?;

@@ -3,9 +3,10 @@
 //!
 //! - the gauges `wxgate_queue_jobs`, `wxgate_queue_oldest_seconds` and
 //!   `wxgate_queue_deadline_seconds`, set by a task of their own every
-//!   [`GAUGES_EVERY`] from [`crate::store::jobs::JobStore::summary`] (a scan of the unfinished
-//!   jobs: about 50 ms at 20,000 jobs on SQLite, one script per account on
-//!   Redis; so never per scrape, and not in the dispatcher's round);
+//!   [`GAUGES_EVERY`] from [`crate::store::jobs::JobStore::summary`]
+//!   (counts kept per queue and state: work in queues, not jobs; one
+//!   script per account on Redis; never per scrape, and not in the
+//!   dispatcher's round);
 //! - the ends the dispatcher writes ([`ended_as`], [`count_end`]): by
 //!   state, and for a job sent its submit-to-send delay.
 //!

@@ -245,6 +245,15 @@ pub struct Recovered {
     pub unknown: u64,
 }
 
+/// A job [`JobStore::expire`] ended: its queue and submission time (for
+/// the metrics' outcomes and submit-to-end latency).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredJob {
+    pub id: JobId,
+    pub queue: QueueKey,
+    pub submitted_us: Micros,
+}
+
 /// One queue's counts, for the summary and the metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSummary {
@@ -261,6 +270,39 @@ pub struct QueueSummary {
     pub unknown: u64,
     /// The oldest unfinished job's submission time.
     pub oldest_us: Option<Micros>,
+}
+
+impl QueueSummary {
+    /// A queue with nothing counted yet.
+    pub fn new(queue: QueueKey) -> QueueSummary {
+        QueueSummary {
+            queue,
+            queued: 0,
+            waiting: 0,
+            sending: 0,
+            sent: 0,
+            failed: 0,
+            expired: 0,
+            cancelled: 0,
+            unknown: 0,
+            oldest_us: None,
+        }
+    }
+
+    /// Counts `n` more jobs in `state` (a `Claimed` job shows `queued`).
+    pub fn add(&mut self, state: JobState, n: u64) {
+        let slot = match state {
+            JobState::Queued | JobState::Claimed => &mut self.queued,
+            JobState::Waiting => &mut self.waiting,
+            JobState::Sending => &mut self.sending,
+            JobState::Sent => &mut self.sent,
+            JobState::Failed => &mut self.failed,
+            JobState::Expired => &mut self.expired,
+            JobState::Cancelled => &mut self.cancelled,
+            JobState::Unknown => &mut self.unknown,
+        };
+        *slot += n;
+    }
 }
 
 /// An ended job whose callback ([`NewJob::callback`]) is due, handed out
@@ -343,6 +385,22 @@ pub trait JobStore: Send + Sync + 'static {
     async fn recover_at_start(&self, now: Micros) -> Result<Recovered, StoreError> {
         self.recover(now).await
     }
+
+    /// Ends as `Expired` the jobs no dispatcher holds (`Queued`,
+    /// `Waiting`) whose deadline is `now` or earlier, wherever they are in
+    /// their queue (a job behind a head that waits for the next quota day
+    /// ends at its deadline, not when it reaches the head), earliest
+    /// deadline first (on Redis: accounts by their earliest, each
+    /// account's earliest first), at most `max`; their callbacks pending as for any
+    /// end. A `Claimed` or `Sending` job is its holder's to end (the
+    /// dispatcher checks the deadline before it sends). Returns the jobs
+    /// it ended.
+    ///
+    /// Cost: both stores read an index of deadlines (SQLite:
+    /// `jobs_deadline`, over unfinished jobs with one; Redis: each
+    /// account's `dl` and `{#jobs}:deadlines`, the accounts by their
+    /// earliest), so a run with nothing to end reads one entry.
+    async fn expire(&self, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError>;
 
     /// A job of `caller` (`None` for another caller's id).
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError>;

@@ -58,7 +58,9 @@ pub struct Asked {
 
 /// Whether `headers` ask for an asynchronous answer.
 pub fn prefers_async(headers: &HeaderMap) -> bool {
-    headers.get_all(http::header::HeaderName::from_static("prefer")).iter().any(|v| {
+    // A constant: `from_static` checks its name when it runs.
+    const PREFER: http::header::HeaderName = http::header::HeaderName::from_static("prefer");
+    headers.get_all(PREFER).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',').any(|p| p.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("respond-async")))
         })

@@ -38,6 +38,11 @@
 //!   that returns nothing (and that claim writes the truth); an entry
 //!   missing delays that queue until the next `recover` (every lease
 //!   period), which writes every queue's head of every account.
+//! - `deadlines`: a zset of the accounts with unfinished jobs that have a
+//!   deadline, by their earliest (each account's own `dl` zset, in its
+//!   slot, holds the jobs), which `expire` reads (lua/jobs_expire.lua);
+//!   noted after a submission with a deadline, each expire run and each
+//!   recover.
 //! - `caller:<caller>`: a hash of `<account>` → `"<jobs> <bytes>"`, the
 //!   caller's unfinished jobs and bytes per account, for the per-caller
 //!   bound. A submission checks the caller's totals of its own account
@@ -67,8 +72,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, DueCallback, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary,
-    Recovered, SubmitError, Submitted,
+    Answer, Bound, Bounds, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob, QueueKey,
+    QueueSummary, Recovered, SubmitError, Submitted,
 };
 use crate::config::RedisConfig;
 use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
@@ -88,6 +93,12 @@ macro_rules! jobs_script {
 /// blocks Redis while it lasts, so more are taken in several runs.
 const PER_RUN: usize = 1000;
 
+/// Accounts one `expire` looks at beyond the jobs it may end: an account
+/// listed whose only jobs past their deadline are held by a dispatcher
+/// (stay listed until their holder ends them) ends nothing, and must not
+/// hide the next.
+const HELD_AHEAD: usize = 100;
+
 struct Scripts {
     account: Script,
     note: Script,
@@ -102,6 +113,7 @@ struct Scripts {
     purge: Script,
     callbacks: Script,
     callback_done: Script,
+    expire: Script,
 }
 
 impl Scripts {
@@ -119,11 +131,12 @@ impl Scripts {
             summary: Script::new(jobs_script!("jobs_summary.lua")),
             purge: Script::new(jobs_script!("jobs_purge.lua")),
             callbacks: Script::new(jobs_script!("jobs_callbacks.lua")),
+            expire: Script::new(jobs_script!("jobs_expire.lua")),
             callback_done: Script::new(jobs_script!("jobs_callback_done.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 13] {
+    fn all(&self) -> [&Script; 14] {
         [
             &self.account,
             &self.note,
@@ -138,6 +151,7 @@ impl Scripts {
             &self.purge,
             &self.callbacks,
             &self.callback_done,
+            &self.expire,
         ]
     }
 }
@@ -333,6 +347,43 @@ impl RedisJobs {
         self.run::<i64>(inv).await.map(|_| ())
     }
 
+    /// The first `most` accounts of the index `key` whose time is `now` or
+    /// earlier.
+    async fn accounts_by(&self, key: &str, now: Micros, most: usize) -> Result<Vec<String>, StoreError> {
+        self.query(::redis::cmd("ZRANGEBYSCORE").arg(key).arg("-inf").arg(now).arg("LIMIT").arg(0).arg(most)).await
+    }
+
+    /// Notes what a script reported of an account: `heads` as
+    /// `{caller, rule, head, ...}` and `totals` as `{caller, jobs, bytes,
+    /// ...}` ([`RedisJobs::note_all`]), a few hundred keys per note.
+    async fn note_reported(
+        &self,
+        account: &str,
+        heads: Value,
+        totals: Value,
+        script: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut all_heads = Vec::new();
+        for q in list(heads, script)?.chunks(3) {
+            if let [caller, rule, head] = q {
+                all_heads.push((text(caller, script)?, text(rule, script)?, int(head, script)?));
+            }
+        }
+        let mut all_totals = Vec::new();
+        for t in list(totals, script)?.chunks(3) {
+            if let [caller, jobs, bytes] = t {
+                all_totals.push((text(caller, script)?, int(jobs, script)?, int(bytes, script)?));
+            }
+        }
+        for heads in all_heads.chunks(200) {
+            self.note_all(account, heads, &[]).await?;
+        }
+        for totals in all_totals.chunks(200) {
+            self.note_all(account, &[], totals).await?;
+        }
+        Ok(())
+    }
+
     /// `<prefix>:{#jobs}:callbacks`: the accounts with pending callbacks,
     /// by their earliest one's due time.
     fn callbacks_key(&self) -> String {
@@ -347,16 +398,38 @@ impl RedisJobs {
     /// entry missing waits for the next `recover`, which writes every
     /// account's.
     async fn note_callbacks(&self, account: &str, head: i64) -> Result<(), StoreError> {
+        self.note_earliest(&self.callbacks_key(), account, head).await
+    }
+
+    /// Writes `account`'s earliest time (`-1`: none, out; `-2`: unchanged,
+    /// nothing written) into the index of accounts `key`.
+    async fn note_earliest(&self, key: &str, account: &str, head: i64) -> Result<(), StoreError> {
         if head == -2 {
-            // Nothing pending changed (a job without a callback ended): no write.
             return Ok(());
         }
         let cmd = if head < 0 {
-            ::redis::cmd("ZREM").arg(self.callbacks_key()).arg(account).clone()
+            ::redis::cmd("ZREM").arg(key).arg(account).clone()
         } else {
-            ::redis::cmd("ZADD").arg(self.callbacks_key()).arg(head).arg(account).clone()
+            ::redis::cmd("ZADD").arg(key).arg(head).arg(account).clone()
         };
         self.query::<i64>(&cmd).await.map(|_| ())
+    }
+
+    /// `<prefix>:{#jobs}:deadlines`: the accounts with unfinished jobs
+    /// that have a deadline, by their earliest.
+    fn deadlines_key(&self) -> String {
+        self.global("deadlines")
+    }
+
+    /// Writes an account's earliest deadline (`-1`: none; `-2`: unchanged,
+    /// nothing written) into the index [`JobStore::expire`] reads. Stale
+    /// like the others: an entry too early costs one script that ends
+    /// nothing (and writes the truth); an entry too late or missing waits
+    /// for the next `recover` (every half lease), which writes every
+    /// account's, and a job whose deadline passes meanwhile is never sent
+    /// (the dispatcher checks it) but shows `queued` or `waiting` until then.
+    async fn note_deadlines(&self, account: &str, head: i64) -> Result<(), StoreError> {
+        self.note_earliest(&self.deadlines_key(), account, head).await
     }
 
     /// [`JobStore::callback_done`] in `account`'s keys.
@@ -466,8 +539,8 @@ impl RedisJobs {
             let mut inv = self.on_account(&self.scripts.recover, account);
             inv.arg(now).arg(PER_RUN);
             let reply: Vec<Value> = self.run(inv).await?;
-            let [requeued, unknown, more, heads, totals, callbacks] =
-                <[Value; 6]>::try_from(reply).map_err(|r| bad("jobs_recover.lua", format!("{} items", r.len())))?;
+            let [requeued, unknown, more, heads, totals, callbacks, deadlines] =
+                <[Value; 7]>::try_from(reply).map_err(|r| bad("jobs_recover.lua", format!("{} items", r.len())))?;
             done.requeued += int(&requeued, "jobs_recover.lua")?.max(0) as u64;
             done.unknown += int(&unknown, "jobs_recover.lua")?.max(0) as u64;
             if int(&more, "jobs_recover.lua")? == 1 {
@@ -475,25 +548,8 @@ impl RedisJobs {
             }
             const S: &str = "jobs_recover.lua";
             self.note_callbacks(account, int(&callbacks, S)?).await?;
-            let mut all_heads = Vec::new();
-            for q in list(heads, S)?.chunks(3) {
-                if let [caller, rule, head] = q {
-                    all_heads.push((text(caller, S)?, text(rule, S)?, int(head, S)?));
-                }
-            }
-            let mut all_totals = Vec::new();
-            for t in list(totals, S)?.chunks(3) {
-                if let [caller, jobs, bytes] = t {
-                    all_totals.push((text(caller, S)?, int(jobs, S)?, int(bytes, S)?));
-                }
-            }
-            // Bounded: at most a few hundred keys per note.
-            for heads in all_heads.chunks(200) {
-                self.note_all(account, heads, &[]).await?;
-            }
-            for totals in all_totals.chunks(200) {
-                self.note_all(account, &[], totals).await?;
-            }
+            self.note_deadlines(account, int(&deadlines, S)?).await?;
+            self.note_reported(account, heads, totals, S).await?;
             break;
         }
         Ok(done)
@@ -533,10 +589,11 @@ impl JobStore for RedisJobs {
         const S: &str = "jobs_submit.lua";
         let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
         match (kind.as_str(), reply.as_slice()) {
-            ("ok", [_, _, jobs, bytes, head]) => {
+            ("ok", [_, _, jobs, bytes, head, deadlines]) => {
                 let q = &job.queue;
                 let totals = Some((int(jobs, S)?, int(bytes, S)?));
                 self.note(&account, &q.caller, &q.rule, Some(int(head, S)?), totals).await?;
+                self.note_deadlines(&account, int(deadlines, S)?).await?;
                 Ok(Submitted { id, duplicate: false })
             }
             ("dup", [_, first]) => {
@@ -633,6 +690,42 @@ impl JobStore for RedisJobs {
         Ok(total)
     }
 
+    async fn expire(&self, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError> {
+        const S: &str = "jobs_expire.lua";
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let accounts = self.accounts_by(&self.deadlines_key(), now, max.saturating_add(HELD_AHEAD)).await?;
+        let mut out = Vec::new();
+        for account in accounts {
+            let left = max.saturating_sub(out.len());
+            if left == 0 {
+                break;
+            }
+            let mut inv = self.on_account(&self.scripts.expire, &account);
+            inv.arg(now).arg(left);
+            let reply: Vec<Value> = self.run(inv).await?;
+            let [ended, heads, totals, callbacks, deadlines] =
+                <[Value; 5]>::try_from(reply).map_err(|r| bad(S, format!("{} items", r.len())))?;
+            let account: Arc<str> = account.into();
+            for e in list(ended, S)?.chunks(4) {
+                if let [id, caller, rule, submitted] = e {
+                    let id = JobId::parse(&text(id, S)?).ok_or_else(|| bad(S, "an id"))?;
+                    let queue = QueueKey {
+                        caller: text(caller, S)?.into(),
+                        account: account.clone(),
+                        rule: text(rule, S)?.into(),
+                    };
+                    out.push(ExpiredJob { id, queue, submitted_us: int(submitted, S)? });
+                }
+            }
+            self.note_reported(&account, heads, totals, S).await?;
+            self.note_callbacks(&account, int(&callbacks, S)?).await?;
+            self.note_deadlines(&account, int(&deadlines, S)?).await?;
+        }
+        Ok(out)
+    }
+
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
         let Some(account) = self.account_of(id).await? else { return Ok(None) };
         if let Some(job) = self.get_in(&account, caller, id).await? {
@@ -669,17 +762,7 @@ impl JobStore for RedisJobs {
                 let [caller, rule, state, n] = c else { continue };
                 let key = (text(caller, S)?, text(rule, S)?);
                 let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
-                let n = int(n, S)?.max(0) as u64;
-                match state_from(&text(state, S)?)? {
-                    JobState::Queued | JobState::Claimed => q.queued += n,
-                    JobState::Waiting => q.waiting += n,
-                    JobState::Sending => q.sending += n,
-                    JobState::Sent => q.sent += n,
-                    JobState::Failed => q.failed += n,
-                    JobState::Expired => q.expired += n,
-                    JobState::Cancelled => q.cancelled += n,
-                    JobState::Unknown => q.unknown += n,
-                }
+                q.add(state_from(&text(state, S)?)?, int(n, S)?.max(0) as u64);
             }
             for o in list(oldest, S)?.chunks(3) {
                 let [caller, rule, sub] = o else { continue };
@@ -698,17 +781,7 @@ impl JobStore for RedisJobs {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let accounts: Vec<String> = self
-            .query(
-                ::redis::cmd("ZRANGEBYSCORE")
-                    .arg(self.callbacks_key())
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(max),
-            )
-            .await?;
+        let accounts = self.accounts_by(&self.callbacks_key(), now, max).await?;
         let mut out = Vec::new();
         for account in accounts {
             let left = max.saturating_sub(out.len());
@@ -773,18 +846,7 @@ impl JobStore for RedisJobs {
 }
 
 fn empty_summary(account: &Arc<str>, caller: &str, rule: &str) -> QueueSummary {
-    QueueSummary {
-        queue: QueueKey { caller: caller.into(), account: account.clone(), rule: rule.into() },
-        queued: 0,
-        waiting: 0,
-        sending: 0,
-        sent: 0,
-        failed: 0,
-        expired: 0,
-        cancelled: 0,
-        unknown: 0,
-        oldest_us: None,
-    }
+    QueueSummary::new(QueueKey { caller: caller.into(), account: account.clone(), rule: rule.into() })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -37,15 +37,15 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transactio
 use tokio::sync::oneshot;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, DueCallback, End, Job, JobId, JobState, JobStore, NewJob, QueueKey, QueueSummary,
-    Recovered, SubmitError, Submitted, ANSWER_MAX,
+    Answer, Bound, Bounds, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob, QueueKey,
+    QueueSummary, Recovered, SubmitError, Submitted, ANSWER_MAX,
 };
 use crate::store::StoreError;
 use crate::time::Micros;
 
 /// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
 /// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -128,6 +128,12 @@ CREATE TABLE totals (
 /// many times it was handed out; indexed by `cb_due` where pending. Jobs
 /// that ended before version 3 have none pending (no build before it
 /// posted callbacks).
+///
+/// 3 → 4: `counts`, each queue's jobs per state, kept by triggers on
+/// `jobs` (every insert, state change and delete, whatever statement made
+/// it), so [`summary`] reads one row per queue and state instead of every
+/// job; and `jobs_deadline`, the deadlines of jobs no dispatcher holds
+/// (`Queued`, `Waiting`), which [`expire`] reads.
 pub const MIGRATIONS: &[&str] = &[
     "
 ALTER TABLE queues ADD COLUMN head_due INTEGER;
@@ -139,6 +145,29 @@ CREATE INDEX queues_due ON queues (caller, head_due, account, rule) WHERE head_d
 ALTER TABLE jobs ADD COLUMN cb_due INTEGER;
 ALTER TABLE jobs ADD COLUMN cb_tries INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX jobs_callbacks ON jobs (cb_due) WHERE cb_due IS NOT NULL;
+",
+    "
+CREATE TABLE counts (
+    qid INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    jobs INTEGER NOT NULL,
+    PRIMARY KEY (qid, state)
+) WITHOUT ROWID;
+INSERT INTO counts (qid, state, jobs) SELECT qid, state, count(*) FROM jobs GROUP BY qid, state;
+CREATE TRIGGER counts_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO counts (qid, state, jobs) VALUES (new.qid, new.state, 1)
+        ON CONFLICT (qid, state) DO UPDATE SET jobs = jobs + 1;
+END;
+CREATE TRIGGER counts_update AFTER UPDATE OF state, qid ON jobs
+    WHEN old.state IS NOT new.state OR old.qid IS NOT new.qid BEGIN
+    UPDATE counts SET jobs = jobs - 1 WHERE qid = old.qid AND state = old.state;
+    INSERT INTO counts (qid, state, jobs) VALUES (new.qid, new.state, 1)
+        ON CONFLICT (qid, state) DO UPDATE SET jobs = jobs + 1;
+END;
+CREATE TRIGGER counts_delete AFTER DELETE ON jobs BEGIN
+    UPDATE counts SET jobs = jobs - 1 WHERE qid = old.qid AND state = old.state;
+END;
+CREATE INDEX jobs_deadline ON jobs (deadline_us) WHERE state < 2 AND deadline_us IS NOT NULL;
 ",
 ];
 
@@ -958,6 +987,7 @@ fn purge(c: &Connection, now: Micros, keep_us: Micros) -> Result<u64, StoreError
     c.prepare_cached("DELETE FROM queues WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.qid = queues.qid)")
         .and_then(|mut s| s.execute([]))
         .map_err(sql)?;
+    c.prepare_cached("DELETE FROM counts WHERE jobs <= 0").and_then(|mut s| s.execute([])).map_err(sql)?;
     Ok(u64::try_from(jobs).unwrap_or(u64::MAX))
 }
 
@@ -1022,51 +1052,86 @@ fn refresh_head(c: &Connection, qid: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
-    let mut s = c
-        .prepare_cached(
-            "SELECT q.caller, q.account, q.rule, j.state, count(*), min(j.submitted_us) \
-             FROM jobs j JOIN queues q ON q.qid = j.qid WHERE ?1 IS NULL OR q.caller = ?1 \
-             GROUP BY j.qid, j.state",
-        )
-        .map_err(sql)?;
-    let mut rows = s.query(params![caller]).map_err(sql)?;
-    let mut queues: BTreeMap<QueueKey, QueueSummary> = BTreeMap::new();
-    while let Some(r) = rows.next().map_err(sql)? {
-        let (caller, account, rule): (String, String, String) =
-            (r.get(0).map_err(sql)?, r.get(1).map_err(sql)?, r.get(2).map_err(sql)?);
-        let state = state_from(r.get(3).map_err(sql)?)?;
-        let count = u64::try_from(r.get::<_, i64>(4).map_err(sql)?).unwrap_or(0);
-        let oldest: i64 = r.get(5).map_err(sql)?;
-        let queue = QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() };
-        let entry = queues.entry(queue.clone()).or_insert_with(|| QueueSummary {
-            queue,
-            queued: 0,
-            waiting: 0,
-            sending: 0,
-            sent: 0,
-            failed: 0,
-            expired: 0,
-            cancelled: 0,
-            unknown: 0,
-            oldest_us: None,
-        });
-        let slot = match state {
-            JobState::Queued | JobState::Claimed => &mut entry.queued,
-            JobState::Waiting => &mut entry.waiting,
-            JobState::Sending => &mut entry.sending,
-            JobState::Sent => &mut entry.sent,
-            JobState::Failed => &mut entry.failed,
-            JobState::Expired => &mut entry.expired,
-            JobState::Cancelled => &mut entry.cancelled,
-            JobState::Unknown => &mut entry.unknown,
-        };
-        *slot += count;
-        if !state.ended() {
-            entry.oldest_us = Some(entry.oldest_us.map_or(oldest, |o| o.min(oldest)));
+/// [`expire`]: jobs no dispatcher holds whose deadline is `?1` or earlier,
+/// earliest first, at most `?2`.
+const EXPIRED: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, length(j.body), j.qid, j.submitted_us \
+     FROM jobs j INDEXED BY jobs_deadline JOIN queues q ON q.qid = j.qid \
+     WHERE j.state < 2 AND j.deadline_us IS NOT NULL AND j.deadline_us <= ?1 ORDER BY j.deadline_us LIMIT ?2";
+
+/// Whether a job no dispatcher holds has a deadline by `?1`.
+const ANY_EXPIRED: &str =
+    "SELECT 1 FROM jobs INDEXED BY jobs_deadline WHERE state < 2 AND deadline_us IS NOT NULL AND deadline_us <= ?1 LIMIT 1";
+
+fn expire(c: &Connection, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError> {
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let mut found = Vec::new();
+    {
+        let mut s = c.prepare_cached(EXPIRED).map_err(sql)?;
+        let mut rows = s.query(params![now, limit]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            let id: Vec<u8> = r.get(1).map_err(sql)?;
+            let queue = QueueKey {
+                caller: r.get::<_, String>(2).map_err(sql)?.into(),
+                account: r.get::<_, String>(3).map_err(sql)?.into(),
+                rule: r.get::<_, String>(4).map_err(sql)?.into(),
+            };
+            let row: (i64, i64, i64, i64) =
+                (r.get(0).map_err(sql)?, r.get(5).map_err(sql)?, r.get(6).map_err(sql)?, r.get(7).map_err(sql)?);
+            found.push((row, ExpiredJob { id: id_from(&id)?, queue, submitted_us: row.3 }));
         }
     }
-    Ok(queues.into_values().collect())
+    let mut queues = std::collections::BTreeSet::new();
+    let mut out = Vec::with_capacity(found.len());
+    for ((seq, bytes, qid, _), job) in found {
+        c.prepare_cached("UPDATE jobs SET state = 6, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
+            .and_then(|mut s| s.execute(params![seq, now]))
+            .map_err(sql)?;
+        ended(c, &job.queue.caller, &job.queue.account, bytes)?;
+        callback_pending(c, seq, now)?;
+        queues.insert(qid);
+        out.push(job);
+    }
+    for qid in queues {
+        refresh_head(c, qid)?;
+    }
+    Ok(out)
+}
+
+/// [`summary`]: each queue's counts by state (`counts`, kept by triggers).
+const COUNTS: &str = "SELECT q.qid, q.caller, q.account, q.rule, c.state, c.jobs \
+     FROM counts c JOIN queues q ON q.qid = c.qid WHERE c.jobs > 0 AND (?1 IS NULL OR q.caller = ?1)";
+
+/// [`summary`]: a queue's oldest unfinished job's submission (its head's:
+/// a queue is in submission order).
+const OLDEST: &str =
+    "SELECT submitted_us FROM jobs INDEXED BY jobs_open WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT 1";
+
+/// Every queue's counts: one row per queue and state it has jobs in, and
+/// one probe of `jobs_open` per queue with unfinished jobs, whatever the
+/// number of jobs.
+fn summary(c: &Connection, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
+    let mut s = c.prepare_cached(COUNTS).map_err(sql)?;
+    let mut rows = s.query(params![caller]).map_err(sql)?;
+    let mut queues: BTreeMap<QueueKey, (i64, QueueSummary)> = BTreeMap::new();
+    while let Some(r) = rows.next().map_err(sql)? {
+        let qid: i64 = r.get(0).map_err(sql)?;
+        let (caller, account, rule): (String, String, String) =
+            (r.get(1).map_err(sql)?, r.get(2).map_err(sql)?, r.get(3).map_err(sql)?);
+        let state = state_from(r.get(4).map_err(sql)?)?;
+        let count = u64::try_from(r.get::<_, i64>(5).map_err(sql)?).unwrap_or(0);
+        let queue = QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() };
+        queues.entry(queue.clone()).or_insert_with(|| (qid, QueueSummary::new(queue))).1.add(state, count);
+    }
+    drop(rows);
+    let mut oldest = c.prepare_cached(OLDEST).map_err(sql)?;
+    let mut out = Vec::with_capacity(queues.len());
+    for (qid, mut entry) in queues.into_values() {
+        if entry.queued + entry.waiting + entry.sending > 0 {
+            entry.oldest_us = oldest.query_row(params![qid], |r| r.get(0)).optional().map_err(sql)?;
+        }
+        out.push(entry);
+    }
+    Ok(out)
 }
 
 #[async_trait]
@@ -1121,6 +1186,21 @@ impl JobStore for SqliteJobs {
             Some(_) => self.write(move |c| recover(c, Micros::MAX, now)).await,
             None => self.recover(now).await,
         }
+    }
+
+    async fn expire(&self, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // One probe of the index on the read connection first: a look that
+        // finds nothing costs no turn of the writer.
+        let any = self
+            .read(move |c| c.prepare_cached(ANY_EXPIRED).and_then(|mut s| s.exists(params![now])).map_err(sql))
+            .await?;
+        if !any {
+            return Ok(Vec::new());
+        }
+        self.write(move |c| expire(c, now, max)).await
     }
 
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
@@ -1200,5 +1280,14 @@ mod tests {
             let plan = plan(&c, sql);
             assert!(plan.contains("queues_due") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
         }
+        for sql in [EXPIRED, ANY_EXPIRED] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("jobs_deadline") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
+        }
+        // The summary reads the counts, never the jobs but each queue's head.
+        let counts = plan(&c, COUNTS);
+        assert!(!counts.contains("SCAN j") && !counts.contains("jobs"), "{counts}");
+        let oldest = plan(&c, OLDEST);
+        assert!(oldest.contains("jobs_open"), "{oldest}");
     }
 }
