@@ -7,7 +7,7 @@
 
 mod support;
 
-use support::queue::{msgid, queued, submit, until_state, wechat};
+use support::queue::{msgid, queued, submit, until_state, wechat, ASYNC};
 use support::redis_server::RedisServer;
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
@@ -102,4 +102,42 @@ async fn with_redis_away_at_start_a_queued_call_gets_503_and_queued_delivery_com
     assert_eq!(done["attempts"], 1, "{done}");
     let sends = mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
     assert_eq!(sends, 1, "sent once; the refused calls stored nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_sighup_that_adds_the_first_queue_rule_queues_at_once() {
+    let redis = RedisServer::start();
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("queue-reload-redis");
+    let config = |queue: bool| {
+        ConfigToml::new(&mock.url())
+            .with(rules(queue))
+            .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+            .with(StoreToml::redis(&redis.url()).set("key_prefix", "qr"))
+            .to_string()
+    };
+    let path = dir.write("rules.toml", &config(false));
+    let env = [("WXGATE_TOKEN_KEY", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a")];
+    let instance = support::process::spawn_path(&path, &env).unwrap_or_else(|log| panic!("{log}"));
+    let at = format!("/@{APPID}{SEND}");
+    let a = instance.post_with(&at, BODY, &[ASYNC]).await;
+    assert_eq!(a.status, 400, "no rule queues yet: {}", a.text());
+
+    dir.replace("rules.toml", &config(true));
+    instance.signal("-HUP");
+    let mut id = String::new();
+    eventually_async("the reload turning queued delivery on", PATIENCE, async || {
+        let a = instance.post_with(&at, BODY, &[ASYNC]).await;
+        assert!([202, 400].contains(&a.status.as_u16()), "{} {}", a.status, a.text());
+        if a.status == 202 {
+            id = a.json()["delivery"].as_str().expect("an id").to_owned();
+        }
+        a.status == 202
+    })
+    .await;
+    let path = format!("/v1/deliveries/{id}");
+    eventually_async("the job sent", PATIENCE, async || instance.get_with(&path, &[]).await.json()["state"] == "sent")
+        .await;
+    let sends = mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
+    assert_eq!(sends, 1, "sent once");
 }
