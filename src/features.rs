@@ -142,6 +142,8 @@ impl Features {
                 wake: Arc::default(),
                 ended: Arc::default(),
                 owner: queue::owner_name(),
+                tasks: tokio_util::task::TaskTracker::new(),
+                stopping: tokio_util::sync::CancellationToken::new(),
             },
         })
     }

@@ -39,6 +39,12 @@ pub struct Queue {
     pub ended: Arc<Notify>,
     /// This instance's name as a lease owner (random per process).
     pub owner: Arc<str>,
+    /// Queued delivery's background work (the dispatcher and each queue's
+    /// turn, the callbacks and gauge loops), spawned here so that a graceful
+    /// shutdown ([`Queue::stop`]) waits for the sends under way.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Cancelled when the instance stops: the loops start nothing new.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 /// What the queue keeps of one call.
@@ -80,6 +86,20 @@ fn refusal(e: &ProxyError) -> &'static str {
 }
 
 impl Queue {
+    /// A graceful stop: no turn, callback round or look starts any more;
+    /// the sends under way finish (each ends `sent`, `failed` or waiting
+    /// as its answer says, instead of `unknown` at the next start) within
+    /// `deadline`. `false`: some were still under way at the deadline (their
+    /// jobs end `unknown` when the next start recovers them).
+    pub async fn stop(&self, deadline: std::time::Duration) -> bool {
+        self.stopping.cancel();
+        self.tasks.close();
+        if self.jobs.get().is_some() {
+            tracing::info!("queued delivery stopping: no new sends; waiting for those under way");
+        }
+        tokio::time::timeout(deadline, self.tasks.wait()).await.is_ok()
+    }
+
     /// The jobs store, or the refusal of a call asking for queued delivery.
     pub fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
         self.jobs.or_refusal()

@@ -71,9 +71,14 @@ pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
     let opened = a.features.queue.jobs.opened();
     let wake = a.features.queue.ended.clone();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
     drop(a);
-    tokio::spawn(async move {
-        if !opened.await {
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
             return;
         }
         let Some(a) = app.upgrade() else { return };
@@ -89,6 +94,9 @@ pub fn spawn(app: Weak<App>) {
         drop(a);
         loop {
             let Some(app) = app.upgrade() else { return };
+            if stopping.is_cancelled() {
+                return;
+            }
             let full = match round(&app, &poster).await {
                 Ok(full) => full,
                 Err(e) => {
@@ -102,6 +110,7 @@ pub fn spawn(app: Weak<App>) {
                 tokio::select! {
                     _ = wake.notified() => {}
                     _ = clock.sleep(TICK) => {}
+                    _ = stopping.cancelled() => return,
                 }
             }
         }

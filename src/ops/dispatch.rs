@@ -65,9 +65,14 @@ pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
     let opened = a.features.queue.jobs.opened();
     let wake = a.features.queue.wake.clone();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
     drop(a);
-    tokio::spawn(async move {
-        if !opened.await {
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
             return;
         }
         let mut marks = Marks {
@@ -97,6 +102,9 @@ pub fn spawn(app: Weak<App>) {
         }
         loop {
             let Some(app) = app.upgrade() else { return };
+            if stopping.is_cancelled() {
+                return;
+            }
             // The next look is due a tick after this one's time: a clock
             // that moved on meanwhile (a manual one in a test, or a slow
             // tick) makes it due at once, never missed.
@@ -110,6 +118,7 @@ pub fn spawn(app: Weak<App>) {
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = clock.sleep_until(started + TICK.as_micros()) => {}
+                _ = stopping.cancelled() => return,
             }
         }
     });
@@ -183,7 +192,7 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
         }
         let turn = Turn { queue, running: marks.running.clone(), wake: marks.wake.clone() };
         let (app, jobs) = (app.clone(), jobs.clone());
-        tokio::spawn(async move {
+        app.features.queue.tasks.clone().spawn(async move {
             if let Err(e) = run_queue(&app, &jobs, &turn.queue, n).await {
                 tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
             }
@@ -227,6 +236,15 @@ async fn run_queue(
             for later in rest.by_ref() {
                 jobs.finish(later.id, &owner, End::NotYet { at }, now).await?;
             }
+            break;
+        }
+        if app.features.queue.stopping.is_cancelled() {
+            // The instance stops: the rest of the claim goes back, due now,
+            // for the next start or another instance.
+            for later in rest.by_ref() {
+                jobs.finish(later.id, &owner, End::NotYet { at: now }, now).await?;
+            }
+            moved = true;
             break;
         }
         moved = true;

@@ -30,9 +30,14 @@ pub const GAUGES_EVERY: Span = Span::from_micros(15_000_000);
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
     let opened = a.features.queue.jobs.opened();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
     drop(a);
-    tokio::spawn(async move {
-        if !opened.await {
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
             return;
         }
         // Jobs ended `unknown` by `recover` (whose queue it does not see):
@@ -49,7 +54,10 @@ pub fn spawn(app: Weak<App>) {
             }
             let clock = app.core.clock.clone();
             drop(app);
-            clock.sleep(GAUGES_EVERY).await;
+            tokio::select! {
+                _ = clock.sleep(GAUGES_EVERY) => {}
+                _ = stopping.cancelled() => return,
+            }
         }
     });
 }
