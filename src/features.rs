@@ -137,9 +137,25 @@ impl Features {
             warmup: warmup::Warmup,
             penalties: penalties::Penalties,
             ratelimit_headers: RateLimitHeaders,
-            queue: queue::Queue { jobs, wake: Arc::default(), ended: Arc::default(), owner: queue::owner_name() },
+            queue: queue::Queue {
+                jobs: queue_jobs(jobs, config),
+                wake: Arc::default(),
+                ended: Arc::default(),
+                owner: queue::owner_name(),
+                tasks: tokio_util::task::TaskTracker::new(),
+                stopping: tokio_util::sync::CancellationToken::new(),
+            },
         })
     }
+}
+
+/// The jobs store a caller opened already (tests), where `config` puts it.
+fn queue_jobs(jobs: Option<Arc<dyn JobStore>>, config: &Config) -> Arc<queue::slot::JobsSlot> {
+    let slot = queue::slot::JobsSlot::default();
+    if let Some(jobs) = jobs {
+        slot.set(jobs, config.queue.at.clone());
+    }
+    Arc::new(slot)
 }
 
 /// The RateLimit headers as a feature: on every admitted call's answer,

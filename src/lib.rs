@@ -82,8 +82,9 @@ async fn start_parts(
 ) -> Result<Running, StartError> {
     let listen = config.server.listen;
     let source = config.source.clone();
-    let jobs = proxy::app::open_jobs(&config).await?;
-    let app = App::new(config, store, clock, metrics, jobs)?;
+    let app = App::new(config, store, clock, metrics, None)?;
+    let config = app.config.load_full();
+    proxy::app::open_jobs(&app, &config).await.map_err(StartError::Jobs)?;
     ops::dispatch::spawn(Arc::downgrade(&app));
     ops::callbacks::spawn(Arc::downgrade(&app));
     ops::queue_metrics::spawn(Arc::downgrade(&app));

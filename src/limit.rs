@@ -63,6 +63,7 @@ use crate::time::Micros;
 
 pub mod calendar;
 pub mod decide;
+pub mod drain;
 pub mod pair;
 pub mod penalty;
 pub mod rule;

@@ -37,16 +37,27 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets calls in flight and held calls finish (up to
-    /// `deadline`), then waits briefly for their concurrency slots to be
+    /// Stops accepting and stops queued delivery's dispatcher from starting
+    /// sends, lets calls in flight, held calls and queued sends under way
+    /// finish (up to `deadline`), then waits briefly for their concurrency slots to be
     /// released in the store, and closes the store ([`crate::store::Store::close`]:
     /// the memory store writes its state file). Returns false if calls were still in flight at
     /// the deadline (they are cut off; their leases run out by themselves).
     pub async fn shutdown(self, deadline: Duration) -> bool {
         let _ = self.stop.send(true);
-        let finished = tokio::time::timeout(deadline, self.task).await.is_ok();
+        // Queued delivery stops starting sends at once; those under way
+        // finish with the calls in flight, within the same deadline.
+        let queue = &self.app.features.queue;
+        let (calls, sends) = tokio::join!(tokio::time::timeout(deadline, self.task), queue.stop(deadline));
+        let finished = calls.is_ok();
         if !finished {
             tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
+        }
+        if !sends {
+            tracing::warn!(
+                ?deadline,
+                "queued sends still under way at the shutdown deadline: their jobs end unknown at the next start (never resent)"
+            );
         }
         if !self.app.core.slots.wait_released(Duration::from_secs(2)).await {
             tracing::warn!("some concurrency slots were not released; their leases will run out");

@@ -318,7 +318,7 @@ async fn a_reload_that_drops_the_admin_token_keeps_it_until_a_restart() {
     let open =
         ConfigToml::new(&mock.url()).without_server("admin_token").server("admin_listen", "off").with(send_rule());
     std::fs::write(&path, open.to_string()).expect("write");
-    wxgate::ops::reload::reload(gate.app(), &path).expect("the rules reload");
+    wxgate::ops::reload::reload(gate.app(), &path).await.expect("the rules reload");
     assert_eq!(admin(addr, "DELETE", "/v1/penalties/wxA/send", None).await.status, 401, "the token still guards it");
     assert_eq!(admin(addr, "DELETE", "/v1/penalties/wxA/send", Some("tok-123")).await.status, 200);
 }
@@ -376,7 +376,7 @@ async fn every_series_an_alert_counts_exists_at_zero_from_the_start_and_after_a_
     assert_eq!(text.lines().filter(|l| l.starts_with("wxgate_upstream_failovers_total{")).count(), 2, "{text}");
     std::fs::write(&path, config(&rule("menu").matching("/cgi-bin/menu/get").limit(10, "day").to_string()).to_string())
         .expect("write");
-    wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
+    wxgate::ops::reload::reload(gate.app(), &path).await.expect("reload");
     let series = "wxgate_upstream_errcodes_total{rule=\"menu\",errcode=\"45009\"}";
     assert_eq!(gate.metric(series).await, Some(0.0), "a reloaded rule's series");
 }

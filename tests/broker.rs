@@ -590,7 +590,7 @@ async fn a_rotated_secret_file_takes_effect_on_reload_and_no_secret_reaches_the_
     assert_eq!(tokens_sent(&mock, INFO).len(), 0, "never forwarded without a token");
     // The secret is rotated, the config reloaded: the new one is used.
     dir.write_secret("wx.secret", SECRET);
-    wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
+    wxgate::ops::reload::reload(gate.app(), &path).await.expect("reload");
     gate.advance(Duration::from_secs(3));
     let answer = gate.get_as(APPID, &format!("{INFO}?openid=o1")).await;
     assert_eq!(answer.json()["errcode"], 0, "{}", answer.text());

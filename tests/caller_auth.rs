@@ -191,7 +191,7 @@ async fn a_reload_cannot_turn_authentication_off_but_may_change_keys_and_grants(
     assert_eq!(call(&gate, "wxA", Some(&bearer(ORDERS_KEY)), &[]).await.status, 200);
     let open = ConfigToml::new(&mock.url()).with(rule("send").matching(SEND).limit(4, "day"));
     std::fs::write(&path, open.to_string()).expect("write");
-    let refused = wxgate::ops::reload::reload(gate.app(), &path);
+    let refused = wxgate::ops::reload::reload(gate.app(), &path).await;
     assert!(refused.is_err_and(|e| e.to_string().contains("cannot turn caller authentication off")));
     assert_denied(&call(&gate, "wxA", None, &[]).await, 401, "unauthenticated", "still required");
     // A new key for orders takes effect at once; the old one is refused.
@@ -200,7 +200,7 @@ async fn a_reload_cannot_turn_authentication_off_but_may_change_keys_and_grants(
         key_file(&dir, "orders2.key", "orders-new-key-5555555555").display().to_string()
     });
     std::fs::write(&path, text).expect("write");
-    wxgate::ops::reload::reload(gate.app(), &path).expect("reload");
+    wxgate::ops::reload::reload(gate.app(), &path).await.expect("reload");
     assert_denied(&call(&gate, "wxA", Some(&bearer(ORDERS_KEY)), &[]).await, 401, "unauthenticated", "old key");
     assert_eq!(call(&gate, "wxA", Some(&bearer("orders-new-key-5555555555")), &[]).await.status, 200, "new key");
 }

@@ -198,9 +198,9 @@ async fn the_flood_guard_refuses_without_a_redis_round_trip() {
 }
 
 /// Replaces the config file and reloads it as SIGHUP does.
-fn reload(gate: &Gate, path: &Path, text: impl std::fmt::Display) {
+async fn reload(gate: &Gate, path: &Path, text: impl std::fmt::Display) {
     std::fs::write(path, text.to_string()).expect("write config");
-    wxgate::ops::reload::reload(gate.app(), path).expect("reload");
+    wxgate::ops::reload::reload(gate.app(), path).await.expect("reload");
 }
 
 #[tokio::test]
@@ -225,7 +225,7 @@ async fn a_reload_changes_callers_and_keeps_a_guard_whose_rate_is_unchanged() {
         assert_caller_rate(&gate.get_as_caller(who, SEND).await, 429, who);
     }
 
-    reload(&gate, &path, config("1/s", &caller("crm").rate("1/s").to_string()));
+    reload(&gate, &path, config("1/s", &caller("crm").rate("1/s").to_string())).await;
     assert_caller_rate(&gate.get_as_caller("flood", SEND).await, 429, "flood's rate is unchanged: still spent");
     assert_eq!(gate.get_as_caller("hr", SEND).await.status, 200, "hr's new rate starts afresh");
     assert_caller_rate(&gate.get_as_caller("hr", SEND).await, 429, "at 1/s");
@@ -237,7 +237,7 @@ async fn a_reload_changes_callers_and_keeps_a_guard_whose_rate_is_unchanged() {
     assert_eq!(names, ["flood", "hr", "crm"]);
 
     // A caller no longer declared is `other`: no guard.
-    reload(&gate, &path, ConfigToml::new(&mock.url()).with(send_rule()).with(caller("hr").rate("1/s")));
+    reload(&gate, &path, ConfigToml::new(&mock.url()).with(send_rule()).with(caller("hr").rate("1/s"))).await;
     for i in 0..3 {
         assert_eq!(gate.get_as_caller("flood", SEND).await.status, 200, "flood, undeclared now: call {i}");
     }

@@ -21,6 +21,10 @@ pub enum StartError {
     /// The memory store cannot open its state file (another process holds it).
     #[error("{0}")]
     StateFile(String),
+    /// Queued delivery's jobs store cannot be opened (its file; a Redis
+    /// that refuses wxgate).
+    #[error("{0}")]
+    Jobs(String),
     /// Redis refused wxgate for a reason a retry will not fix (a wrong
     /// password, a bad URL).
     #[error(transparent)]

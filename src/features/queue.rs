@@ -16,6 +16,7 @@
 
 pub mod intake;
 pub mod retry;
+pub mod slot;
 pub mod turns;
 
 use std::sync::Arc;
@@ -27,10 +28,10 @@ use crate::features::hooks::{Asking, Env, Feature, Requesting, Sending};
 use crate::store::jobs::{JobId, JobStore};
 use crate::telemetry::metrics::Outcome;
 
-/// The queue as a feature: its jobs store (`None`: queued delivery is off)
-/// and the dispatcher's wake-up.
+/// The queue as a feature: its jobs store (empty: queued delivery is off,
+/// or waits for Redis) and the dispatcher's wake-up.
 pub struct Queue {
-    pub jobs: Option<Arc<dyn JobStore>>,
+    pub jobs: Arc<slot::JobsSlot>,
     /// Notified on each submission: the dispatcher looks at once.
     pub wake: Arc<Notify>,
     /// Notified when jobs may have ended: the callbacks loop
@@ -38,6 +39,12 @@ pub struct Queue {
     pub ended: Arc<Notify>,
     /// This instance's name as a lease owner (random per process).
     pub owner: Arc<str>,
+    /// Queued delivery's background work (the dispatcher and each queue's
+    /// turn, the callbacks and gauge loops), spawned here so that a graceful
+    /// shutdown ([`Queue::stop`]) waits for the sends under way.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Cancelled when the instance stops: the loops start nothing new.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 /// What the queue keeps of one call.
@@ -79,9 +86,23 @@ fn refusal(e: &ProxyError) -> &'static str {
 }
 
 impl Queue {
+    /// A graceful stop: no turn, callback round or look starts any more;
+    /// the sends under way finish (each ends `sent`, `failed` or waiting
+    /// as its answer says, instead of `unknown` at the next start) within
+    /// `deadline`. `false`: some were still under way at the deadline (their
+    /// jobs end `unknown` when the next start recovers them).
+    pub async fn stop(&self, deadline: std::time::Duration) -> bool {
+        self.stopping.cancel();
+        self.tasks.close();
+        if self.jobs.get().is_some() {
+            tracing::info!("queued delivery stopping: no new sends; waiting for those under way");
+        }
+        tokio::time::timeout(deadline, self.tasks.wait()).await.is_ok()
+    }
+
     /// The jobs store, or the refusal of a call asking for queued delivery.
     pub fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
-        intake::jobs_or_off(self.jobs.as_ref())
+        self.jobs.or_refusal()
     }
 }
 
@@ -101,7 +122,7 @@ impl Feature for Queue {
         // that read's state.
         let asked = match intake::wanted(req) {
             Ok(None) => return Ok(()),
-            Ok(Some(preferred)) => Box::pin(intake::read(self.jobs.as_ref(), env, req, preferred)).await,
+            Ok(Some(preferred)) => Box::pin(intake::read(&self.jobs, env, req, preferred)).await,
             Err(e) => Err(e),
         };
         match asked {
@@ -124,7 +145,7 @@ impl Feature for Queue {
         let rule = asking.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
         let (caller, metrics) = (asking.who.caller.entry.label(), &env.core.metrics.queue);
         // Boxed, as the read: a live call's future does not carry a submission's state.
-        let resp = match Box::pin(intake::submit(self.jobs.as_ref(), env, *asked, asking)).await {
+        let resp = match Box::pin(intake::submit(&self.jobs, env, *asked, asking)).await {
             Ok(resp) => resp,
             Err(e) => {
                 metrics.refused(rule, caller, refusal(&e));

@@ -64,27 +64,39 @@ pub const SIGNATURE: &str = "x-wxgate-signature";
 
 type Poster = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Starts the callbacks loop if queued delivery is on; it ends when the
-/// app is dropped.
+/// Starts the callbacks loop once queued delivery is on (at start, or when
+/// a reload or Redis answering opens the jobs store); it ends when the app
+/// is dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    if a.features.queue.jobs.is_none() {
-        return;
-    }
-    let poster = match crate::transport::upstream::connector(&a.config.load().server) {
-        Ok(connector) => {
-            Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "queued delivery: no client for callbacks; callbacks wait until a restart");
+    let opened = a.features.queue.jobs.opened();
+    let wake = a.features.queue.ended.clone();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
+    drop(a);
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
             return;
         }
-    };
-    let wake = a.features.queue.ended.clone();
-    drop(a);
-    tokio::spawn(async move {
+        let Some(a) = app.upgrade() else { return };
+        let poster = match crate::transport::upstream::connector(&a.config.load().server) {
+            Ok(connector) => {
+                Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "queued delivery: no client for callbacks; callbacks wait until a restart");
+                return;
+            }
+        };
+        drop(a);
         loop {
             let Some(app) = app.upgrade() else { return };
+            if stopping.is_cancelled() {
+                return;
+            }
             let full = match round(&app, &poster).await {
                 Ok(full) => full,
                 Err(e) => {
@@ -98,6 +110,7 @@ pub fn spawn(app: Weak<App>) {
                 tokio::select! {
                     _ = wake.notified() => {}
                     _ = clock.sleep(TICK) => {}
+                    _ = stopping.cancelled() => return,
                 }
             }
         }
@@ -107,7 +120,7 @@ pub fn spawn(app: Weak<App>) {
 /// One round: the due callbacks (at most [`BATCH`]), posted concurrently;
 /// `Ok(true)` when the batch was full (look again at once).
 async fn round(app: &Arc<App>, poster: &Poster) -> Result<bool, StoreError> {
-    let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(false) };
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(false) };
     let due = jobs.callbacks_due(app.core.clock.now_us(), LEASE_US, BATCH).await?;
     let full = due.len() == BATCH;
     let mut set = tokio::task::JoinSet::new();

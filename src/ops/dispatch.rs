@@ -58,15 +58,23 @@ const EXPIRE_EVERY_US: Micros = 1_000_000;
 /// Most jobs one expire run ends (more wait for the next tick).
 const EXPIRE_MAX: usize = 1000;
 
-/// Starts the dispatcher if queued delivery is on; it ends when the app is dropped.
+/// Starts the dispatcher once queued delivery is on (at start, or when a
+/// reload or Redis answering opens the jobs store); it ends when the app is
+/// dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    if a.features.queue.jobs.is_none() {
-        return;
-    }
+    let opened = a.features.queue.jobs.opened();
     let wake = a.features.queue.wake.clone();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
     drop(a);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
+            return;
+        }
         let mut marks = Marks {
             recovered: Micros::MIN,
             purged: Micros::MIN,
@@ -75,7 +83,7 @@ pub fn spawn(app: Weak<App>) {
             wake: wake.clone(),
         };
         if let Some(app) = app.upgrade() {
-            if let Some(jobs) = app.features.queue.jobs.clone() {
+            if let Some(jobs) = app.features.queue.jobs.get().cloned() {
                 match jobs.recover_at_start(app.core.clock.now_us()).await {
                     Ok(r) if r.unknown > 0 || r.requeued > 0 => {
                         tracing::warn!(
@@ -94,6 +102,9 @@ pub fn spawn(app: Weak<App>) {
         }
         loop {
             let Some(app) = app.upgrade() else { return };
+            if stopping.is_cancelled() {
+                return;
+            }
             // The next look is due a tick after this one's time: a clock
             // that moved on meanwhile (a manual one in a test, or a slow
             // tick) makes it due at once, never missed.
@@ -107,6 +118,7 @@ pub fn spawn(app: Weak<App>) {
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = clock.sleep_until(started + TICK.as_micros()) => {}
+                _ = stopping.cancelled() => return,
             }
         }
     });
@@ -142,7 +154,7 @@ impl Drop for Turn {
 /// is not running already. Turns run on their own: a slow send holds only
 /// its own queue, never another caller's. `Ok(false)`: nothing started.
 async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
-    let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(false) };
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(false) };
     let config = app.config.load_full();
     let now = app.core.clock.now_us();
     if now.saturating_sub(marks.recovered) >= config.queue.lease_us / 2 {
@@ -180,7 +192,7 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
         }
         let turn = Turn { queue, running: marks.running.clone(), wake: marks.wake.clone() };
         let (app, jobs) = (app.clone(), jobs.clone());
-        tokio::spawn(async move {
+        app.features.queue.tasks.clone().spawn(async move {
             if let Err(e) = run_queue(&app, &jobs, &turn.queue, n).await {
                 tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
             }
@@ -224,6 +236,15 @@ async fn run_queue(
             for later in rest.by_ref() {
                 jobs.finish(later.id, &owner, End::NotYet { at }, now).await?;
             }
+            break;
+        }
+        if app.features.queue.stopping.is_cancelled() {
+            // The instance stops: the rest of the claim goes back, due now,
+            // for the next start or another instance.
+            for later in rest.by_ref() {
+                jobs.finish(later.id, &owner, End::NotYet { at: now }, now).await?;
+            }
+            moved = true;
             break;
         }
         moved = true;

@@ -25,18 +25,27 @@ use crate::time::{Micros, Span};
 /// How often the queue gauges are read from the jobs store.
 pub const GAUGES_EVERY: Span = Span::from_micros(15_000_000);
 
-/// Starts the refresh of the queue gauges if queued delivery is on (the
+/// Starts the refresh of the queue gauges once queued delivery is on (the
 /// first at once); it ends when the app is dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    if a.features.queue.jobs.is_none() {
-        return;
-    }
-    // Jobs ended `unknown` by `recover` (whose queue it does not see):
-    // from 0, so the first is an increase the alert sees.
-    a.core.metrics.queue.recovered_unknown(0);
+    let opened = a.features.queue.jobs.opened();
+    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
     drop(a);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
+        let opened = tokio::select! {
+            opened = opened => opened,
+            _ = stopping.cancelled() => false,
+        };
+        if !opened {
+            return;
+        }
+        // Jobs ended `unknown` by `recover` (whose queue it does not see):
+        // from 0, so the first is an increase the alert sees.
+        match app.upgrade() {
+            Some(a) => a.core.metrics.queue.recovered_unknown(0),
+            None => return,
+        }
         let mut shown = Shown::default();
         loop {
             let Some(app) = app.upgrade() else { return };
@@ -45,7 +54,10 @@ pub fn spawn(app: Weak<App>) {
             }
             let clock = app.core.clock.clone();
             drop(app);
-            clock.sleep(GAUGES_EVERY).await;
+            tokio::select! {
+                _ = clock.sleep(GAUGES_EVERY) => {}
+                _ = stopping.cancelled() => return,
+            }
         }
     });
 }
@@ -67,7 +79,7 @@ pub struct Shown {
 /// rule and caller together) and the config's queueing rules; removes
 /// those of queues no longer in the store and of rules that no longer queue.
 pub async fn refresh(app: &App, shown: &mut Shown) -> Result<(), StoreError> {
-    let Some(jobs) = app.features.queue.jobs.clone() else { return Ok(()) };
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(()) };
     let summary = jobs.summary(None).await?;
     let now = app.core.clock.now_us();
     let m = &app.core.metrics.queue;

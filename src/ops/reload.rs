@@ -4,9 +4,11 @@
 //! A new config is fully loaded and validated before anything changes; it is
 //! then swapped in atomically, so each call runs under exactly one config:
 //! the one it started with. An invalid file is refused with its error logged,
-//! and the old rules stay. `[store]`, `[intercept]`, `workers` and the
-//! admin listener need a restart: a reload that changes them keeps the
-//! running ones and says so. A reload that changes `listen` is refused
+//! and the old rules stay. `[store]`, `[intercept]`, `workers`, the
+//! admin listener and where queued jobs live (once a jobs store is open)
+//! need a restart: a reload that changes them keeps the running ones and
+//! says so. A reload that first needs a jobs store (its first `queue =
+//! true` rule) opens it. A reload that changes `listen` is refused
 //! whole: the file's callers and accounts are checked against the address
 //! it names, which the running listener is not.
 
@@ -51,11 +53,14 @@ pub enum ReloadError {
     /// An `[[account]]` needs a token cache the running wxgate has not got.
     #[error("{0}")]
     Accounts(String),
+    /// Queued delivery's jobs store, needed now, cannot be opened.
+    #[error("{0}")]
+    Jobs(String),
 }
 
 /// Loads `path` and swaps it in, or keeps the running config.
-pub fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
-    let result = load(app, path);
+pub async fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
+    let result = load(app, path).await;
     match &result {
         Ok(()) => {
             app.reloads.ok.fetch_add(1, Ordering::Relaxed);
@@ -71,7 +76,7 @@ pub fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
     result
 }
 
-fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
+async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     let mut next = Config::load(path)?;
     let running = app.config.load_full();
     // A reload never widens who may call: turning caller authentication
@@ -131,6 +136,22 @@ fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
     )
     .map_err(ReloadError::Accounts)?;
+    // Where queued jobs live (`[queue] file`, or the store's kind) is fixed
+    // once a jobs store is open: the running one stays until a restart, so
+    // a reload never loses jobs. Before that, the reload that first needs
+    // one (its first `queue = true` rule, a `file` instead of "off") opens
+    // it now, and the dispatcher starts.
+    if let Some(at) = app.features.queue.jobs.at() {
+        if next.queue.at != at {
+            tracing::warn!(
+                running = ?at,
+                "[queue] file (where queued jobs live) changes need a restart; keeping the running jobs store"
+            );
+            next.queue.at = at;
+        }
+    } else {
+        crate::proxy::app::open_jobs(app, &next).await.map_err(ReloadError::Jobs)?;
+    }
     let callers = Callers::new(&next, &app.core.clock, &app.core.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
     app.core.metrics.rules(next.rules.iter().map(|r| &*r.name));
@@ -163,7 +184,7 @@ pub fn spawn(app: Weak<App>, path: PathBuf) {
             tokio::time::sleep(SETTLE).await;
             while rx.try_recv().is_ok() {}
             let Some(app) = app.upgrade() else { return };
-            let _ = reload(&app, &path);
+            let _ = reload(&app, &path).await;
         }
     });
 }

@@ -152,30 +152,54 @@ pub async fn open_store(
     })
 }
 
-/// Opens queued delivery's jobs store (`None`: off: `[queue] file =
-/// "off"`, no rule with `queue = true`, or Redis unreachable at start,
-/// which is logged: calls asking for queued delivery then get 400 until a
-/// restart finds Redis).
-pub async fn open_jobs(config: &Config) -> Result<Option<Arc<dyn JobStore>>, StartError> {
+/// Opens queued delivery's jobs store where `config` puts it, if it needs
+/// one and none is open yet: at start, and at each reload (the first that
+/// adds a `queue = true` rule opens it then). Nothing when one is open or
+/// being connected to (where jobs live changes only at a restart), when no
+/// rule has `queue = true`, or when `[queue] file = "off"`.
+///
+/// Redis unreachable: the jobs wait for it (a call asking for queued
+/// delivery gets 503) and a task tries again every `[store] breaker_open`
+/// (as the decision store's probe) until Redis answers, then opens it and
+/// the dispatcher starts. `Err`: a jobs file that cannot be opened, or a
+/// Redis that refuses wxgate (a configuration error: start and reload
+/// refuse it).
+pub async fn open_jobs(app: &App, config: &Config) -> Result<(), String> {
     use crate::config::queue::JobsAt;
-    if !config.rules_http.iter().any(|h| h.queue.is_some()) {
-        return Ok(None);
+    let slot = &app.features.queue.jobs;
+    if slot.at().is_some() || !config.rules_http.iter().any(|h| h.queue.is_some()) {
+        return Ok(());
     }
-    Ok(match (&config.queue.at, &config.store) {
-        (JobsAt::Off, _) => None,
-        (JobsAt::File(path), _) => {
+    match (&config.queue.at, &config.store) {
+        (JobsAt::Off, _) => {}
+        (JobsAt::File(path), StoreConfig::Memory(_)) => {
             let jobs = crate::store::jobs::sqlite::SqliteJobs::open(path)
-                .map_err(|e| StartError::StateFile(format!("[queue] file {}: {e}", path.display())))?;
-            Some(Arc::new(jobs))
+                .map_err(|e| format!("[queue] file {}: {e}", path.display()))?;
+            slot.set(Arc::new(jobs), config.queue.at.clone());
+            tracing::info!(file = %path.display(), "queued delivery on");
         }
         (JobsAt::Redis, StoreConfig::Redis(r)) => match crate::store::jobs::redis::RedisJobs::connect(r).await {
-            Ok(jobs) => Some(Arc::new(jobs)),
-            Err(StoreError::Unreachable(e)) => {
-                tracing::warn!(error = %e, "starting without queued delivery: Redis is unreachable for the jobs store");
-                None
+            Ok(jobs) => {
+                slot.set(Arc::new(jobs), JobsAt::Redis);
+                tracing::info!("queued delivery on (jobs in Redis)");
             }
-            Err(e) => return Err(StartError::Redis(e)),
+            Err(StoreError::Unreachable(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "queued delivery waits for Redis (the jobs store): calls asking for it get 503 until Redis answers"
+                );
+                slot.connect_later(r.clone());
+            }
+            Err(e) => return Err(format!("queued delivery's jobs store: {e}")),
         },
-        (JobsAt::Redis, StoreConfig::Memory(_)) => None,
-    })
+        // The file's jobs place and the running store disagree: a reload
+        // whose `[store]` changed (kept until a restart, as the store is).
+        (at, _) => {
+            tracing::warn!(
+                jobs = ?at,
+                "[queue]: the file puts queued jobs where the running [store] is not; needs a restart: queued delivery stays off"
+            );
+        }
+    }
+    Ok(())
 }

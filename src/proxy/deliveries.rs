@@ -7,8 +7,9 @@
 //!   one: 404.
 //! - `DELETE /v1/deliveries/<id>`: cancels a job not yet sending (200 with
 //!   the job; 409 with its state when too late).
-//! - `GET /v1/deliveries`: the caller's queues, counts by state and the
-//!   oldest unfinished job's age.
+//! - `GET /v1/deliveries`: the caller's queues, counts by state, the
+//!   oldest unfinished job's age, and when the queue can be drained at the
+//!   earliest (`drained_at`, `drained_in_seconds`: [`crate::limit::drain`]).
 //!
 //! No WeChat API path starts with `/v1/`, so these never shadow one.
 
@@ -47,7 +48,14 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
             return Err(ProxyError::BadRequest(format!("{PREFIX} answers GET only")).into());
         }
         let queues = jobs.summary(Some(&caller)).await.map_err(unavailable)?;
-        let list: Vec<Value> = queues.iter().map(|q| summary_json(q, now)).collect();
+        let mut list: Vec<Value> = Vec::with_capacity(queues.len());
+        for q in &queues {
+            let mut v = summary_json(q, now);
+            let drained = drained_in(app, q).await;
+            v["drained_in_seconds"] = json!(drained.map(|us| (us + 999_999) / 1_000_000));
+            v["drained_at"] = json!(drained.map(|us| rfc3339(now + us)));
+            list.push(v);
+        }
         return Ok(answer(StatusCode::OK, &json!({ "errcode": 0, "errmsg": "ok", "queues": list })));
     }
     let id = path.strip_prefix("/v1/deliveries/").and_then(JobId::parse);
@@ -123,6 +131,29 @@ pub fn job_json(job: &Job, now: Micros) -> Value {
         v["answer"] = json!({ "status": a.status, "errcode": a.errcode, "body": body });
     }
     v
+}
+
+/// How long until `q`'s jobs not yet sending can all have been sent at the
+/// earliest, were every normal-priority slot of its rule for its account
+/// its own ([`crate::limit::drain`]): from the pair's state, read with one
+/// `inspect` (the admin API's `/v1/buckets` read), only for a queue with
+/// such jobs. `None`: not known (the rule is gone or counts per path, the
+/// store did not answer, or its reserve leaves queued sends nothing).
+async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
+    let jobs = q.queued.saturating_add(q.waiting);
+    if jobs == 0 {
+        return Some(0);
+    }
+    let (rule, offset_us) = {
+        let config = app.config.load();
+        let rule =
+            config.rules.iter().find(|r| *r.name == *q.queue.rule && r.scope == crate::limit::Scope::Rule).cloned()?;
+        (rule, config.server.quota_offset_us)
+    };
+    let key = crate::limit::Key { account: &q.queue.account, rule: &rule, offset_us };
+    let snapshot = app.core.store.apply(key, crate::store::op::Inspect).await.ok()?;
+    let at = crate::limit::drain::drained_at(&rule, &snapshot.state, &q.queue.caller, jobs, snapshot.now, offset_us)?;
+    Some((at - snapshot.now).max(0))
 }
 
 fn summary_json(q: &QueueSummary, now: Micros) -> Value {

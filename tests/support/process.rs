@@ -223,6 +223,24 @@ impl Instance {
         super::send(req).await
     }
 
+    /// A POST of `body` on the proxy listener with these headers.
+    pub async fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = hyper::Request::post(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        super::send(req.body(http_body_util::Full::new(bytes::Bytes::from(body.to_owned()))).expect("request")).await
+    }
+
+    /// A GET on the proxy listener with these headers.
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = hyper::Request::get(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        super::send(req.body(http_body_util::Full::new(bytes::Bytes::new())).expect("request")).await
+    }
+
     /// A GET on the admin listener.
     pub async fn admin_get(&self, path: &str) -> Answer {
         get_at(self.admin.expect("admin listener"), path).await

@@ -35,6 +35,16 @@ impl TempDir {
 }
 
 impl TempDir {
+    /// Replaces `name` the way editors and config maps do (written aside,
+    /// renamed over it: one event for a watcher); its path.
+    pub fn replace(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.join(name);
+        let aside = self.join(&format!("{name}.tmp"));
+        std::fs::write(&aside, contents).expect("write temp file");
+        std::fs::rename(&aside, &path).expect("rename over");
+        path
+    }
+
     /// Writes a secret file only its owner reads (0600, as wxgate requires).
     pub fn write_secret(&self, name: &str, contents: &str) -> PathBuf {
         let path = self.write(name, contents);

@@ -21,15 +21,13 @@
 //!   that reads errcode sees success). A bound passed: 429 `queue_full`,
 //!   nothing stored.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LOCATION};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::error::ProxyError;
 use crate::features::hooks::{Asking, Env, Requesting};
-use crate::store::jobs::{Bound, JobStore, NewJob, QueueKey, SubmitError};
+use crate::store::jobs::{Bound, NewJob, QueueKey, SubmitError};
 use crate::time::Micros;
 use crate::transport::body::RelayBody;
 
@@ -56,16 +54,6 @@ pub struct Asked {
     pub deadline_us: Option<Micros>,
     pub callback: Option<String>,
     pub content_type: Option<String>,
-}
-
-/// The jobs store, or the refusal of a call asking for queued delivery
-/// when there is none.
-pub fn jobs_or_off(jobs: Option<&Arc<dyn JobStore>>) -> Result<&Arc<dyn JobStore>, ProxyError> {
-    jobs.ok_or_else(|| {
-        ProxyError::BadRequest(
-            "queued delivery is off on this wxgate ([queue] file = \"off\", or no jobs store could be opened)".into(),
-        )
-    })
 }
 
 /// Whether `headers` ask for an asynchronous answer.
@@ -106,14 +94,14 @@ pub fn wanted(req: &Requesting<'_>) -> Result<Option<bool>, ProxyError> {
 
 /// The queue request of a call [`wanted`] found to be queued, read and checked.
 pub async fn read(
-    jobs: Option<&Arc<dyn JobStore>>,
+    jobs: &super::slot::JobsSlot,
     env: Env<'_>,
     req: &mut Requesting<'_>,
     preferred: bool,
 ) -> Result<Option<Asked>, ProxyError> {
     let Some(incoming) = req.incoming.as_deref() else { return Ok(None) };
     let headers = incoming.headers();
-    jobs_or_off(jobs)?;
+    jobs.or_refusal()?;
     let key = once(headers, IDEMPOTENCY_KEY)?
         .map(|v| {
             let ok = (1..=MAX_KEY).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_graphic());
@@ -193,12 +181,12 @@ fn callback(url: &str, allowed: &[String]) -> Result<String, ProxyError> {
 
 /// Stores the call as a job and answers 202, or refuses it.
 pub async fn submit(
-    jobs: Option<&Arc<dyn JobStore>>,
+    jobs: &super::slot::JobsSlot,
     env: Env<'_>,
     asked: Asked,
     asking: &Asking<'_>,
 ) -> Result<Response<RelayBody>, ProxyError> {
-    let jobs = jobs_or_off(jobs)?;
+    let jobs = jobs.or_refusal()?;
     let config = asking.config;
     let Some(rule) = asking.rule else { return Err(ProxyError::BadRequest("no rule".into())) };
     let account = &asking.who.account;

@@ -1,0 +1,341 @@
+//! When a queue of `n` jobs can have been sent, at the earliest, from a
+//! rule's limits and a pair's state: the "drained at" of queued delivery's
+//! summary (`GET /v1/deliveries`, docs/queued-delivery.md).
+//!
+//! Pure: (rule, state, caller, jobs, now) → time. It replays the decision
+//! ([`super::decide`]) for `n` calls of cost 1 one after the other, each at
+//! the first moment every limit admits it, as a queued send is decided: a
+//! normal-priority call (it leaves the rule's `reserve`), counted against
+//! its caller's `max_share`, never held. It assumes the queue gets every
+//! such slot: no live call, no other queue and no other instance spends the
+//! rule meanwhile, at full rate (no warm-up), and no recipient's own limit,
+//! concurrency cap, WeChat's answer time or back-off slows it. Everything
+//! else only makes the queue later, so this is the earliest it can be done.
+//!
+//! Cost: one step per job, but whole calendar days are skipped once a day
+//! repeats the one before it (a day quota: every day starts fresh and sends
+//! the same), so a queue that spills over many days costs its first two
+//! days and its last, whatever its length.
+
+use super::calendar::Period;
+use super::{Limit, LimitState, Rule, RuleState};
+use crate::time::Micros;
+
+/// The earliest time all of `jobs` calls of `caller` on `rule` can have
+/// been admitted, from `state` at `now` (`offset_us`: the quota day's
+/// offset from UTC). `Some(now)` for no jobs; `None` when a normal call can
+/// never be admitted (a calendar quota that the reserve takes whole).
+pub fn drained_at(
+    rule: &Rule,
+    state: &RuleState,
+    caller: &str,
+    jobs: u64,
+    now: Micros,
+    offset_us: Micros,
+) -> Option<Micros> {
+    let kept = |i: usize| rule.reserve.get(i).copied().unwrap_or(0).max(0);
+    let mine = (!rule.share.is_empty()).then(|| state.share(caller)).flatten();
+    let own = rule.limits.iter().enumerate().map(|(i, l)| (*l, state.get(l.window_key()), kept(i)));
+    let shared = rule.share.iter().map(|l| (*l, mine.and_then(|s| s.get(l.window_key())), 0));
+    let mut windows: Vec<Window> = Vec::new();
+    let mut calendars: Vec<Calendar> = Vec::new();
+    for (limit, stored, kept) in own.chain(shared) {
+        match limit {
+            Limit::Window(w) => windows.push(Window {
+                tat: match stored {
+                    Some(LimitState::Tat(t)) => t,
+                    _ => now,
+                },
+                // Admitted at `a` once tat − τ + kept ≤ a.
+                lead: w.tolerance_us() - kept,
+                step: w.interval_us(),
+            }),
+            Limit::Calendar { count, period } => {
+                let room = count.get().saturating_sub(kept as u64);
+                if room == 0 {
+                    return None;
+                }
+                let (id, used, next) = match stored {
+                    Some(LimitState::Count { period_id, used, next }) => (period_id, used, next),
+                    _ => (period.id(now, offset_us), 0, 0),
+                };
+                calendars.push(Calendar { period, room, id, used, next });
+            }
+        }
+    }
+    if jobs == 0 {
+        return Some(now);
+    }
+    let days_only = calendars.iter().all(|c| c.period == Period::Day);
+    // A penalty refuses every call until it ends.
+    let mut at = now.max(state.penalty.until);
+    // The last two days entered fresh (windows idle, nothing counted):
+    // (its start, jobs sent before it).
+    let mut fresh: Option<(Micros, u64)> = None;
+    let mut k = 0;
+    while k < jobs {
+        for w in &windows {
+            at = at.max(w.tat.max(at) - w.lead);
+        }
+        let mut jumped = false;
+        // A quota spent in the period of `at` moves it to the next period
+        // with room; another calendar may then be spent there too (at most
+        // two periods ahead each: one pass per calendar settles it).
+        for _ in 0..=calendars.len() {
+            let mut moved = false;
+            for c in &mut calendars {
+                let free = c.free_at(at, offset_us);
+                if free > at {
+                    at = free;
+                    moved = true;
+                    jumped = true;
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        // Whole days alike: once two days in a row started fresh, skip
+        // to the last day the rest needs, which starts fresh too.
+        if jumped && days_only && !calendars.is_empty() {
+            let idle = windows.iter().all(|w| w.tat <= at);
+            let counted = calendars.iter_mut().all(|c| c.used_at(at, offset_us) == 0);
+            if idle && counted {
+                if let Some((start, before)) = fresh {
+                    let (per, span) = (k - before, at - start);
+                    if per > 0 && span > 0 {
+                        let skip = (jobs - k - 1) / per;
+                        k += skip * per;
+                        at += i64::try_from(skip).unwrap_or(i64::MAX).saturating_mul(span);
+                        for c in &mut calendars {
+                            (c.id, c.used, c.next) = (c.period.id(at, offset_us), 0, 0);
+                        }
+                    }
+                    fresh = None;
+                } else {
+                    fresh = Some((at, k));
+                }
+            } else {
+                fresh = None;
+            }
+        }
+        for w in &mut windows {
+            w.tat = w.tat.max(at) + w.step;
+        }
+        for c in &mut calendars {
+            c.count(at, offset_us);
+        }
+        k += 1;
+    }
+    Some(at)
+}
+
+/// A window's GCRA state and terms, for a normal-priority call.
+struct Window {
+    tat: Micros,
+    /// τ − kept: how far ahead of `tat` a call may go.
+    lead: Micros,
+    step: Micros,
+}
+
+/// A calendar quota's count as of period `id`, and its room for a normal call.
+struct Calendar {
+    period: Period,
+    room: u64,
+    id: i64,
+    used: u64,
+    next: u64,
+}
+
+impl Calendar {
+    /// Moves the count to the period of `t` (never earlier than `id`'s).
+    fn used_at(&mut self, t: Micros, offset_us: Micros) -> u64 {
+        let id = self.period.id(t, offset_us);
+        if id > self.id {
+            (self.used, self.next) = if id == self.id + 1 { (self.next, 0) } else { (0, 0) };
+            self.id = id;
+        }
+        self.used
+    }
+
+    /// The earliest time ≥ `t` this quota has room for one more call.
+    fn free_at(&mut self, t: Micros, offset_us: Micros) -> Micros {
+        if self.used_at(t, offset_us) < self.room {
+            return t;
+        }
+        let next = self.period.next_start(t, offset_us);
+        if self.next < self.room {
+            next
+        } else {
+            self.period.next_start(next, offset_us)
+        }
+    }
+
+    /// Counts a call admitted at `t`.
+    fn count(&mut self, t: Micros, offset_us: Micros) {
+        self.used_at(t, offset_us);
+        self.used += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+
+    use super::*;
+    use crate::limit::calendar::DAY_US;
+    use crate::limit::penalty::PenaltyState;
+    use crate::limit::rule::WindowLimit;
+    use crate::limit::WindowKey;
+
+    const S: Micros = 1_000_000;
+    /// Beijing's offset: days start at 16:00 UTC.
+    const CN: Micros = 8 * 3600 * S;
+    /// 2026-12-03T02:00:00Z (10:00 in Beijing).
+    const NOW: Micros = (20_790 * 86_400 + 2 * 3600) * S;
+
+    fn window(count: u64, per_s: i64, burst: u64) -> Limit {
+        Limit::Window(WindowLimit::new(count, per_s * S, burst).expect("a window"))
+    }
+
+    fn day(count: u64) -> Limit {
+        Limit::Calendar { count: NonZeroU64::new(count).expect("count"), period: Period::Day }
+    }
+
+    fn midnight_after(t: Micros) -> Micros {
+        Period::Day.next_start(t, CN)
+    }
+
+    #[test]
+    fn a_window_alone_sends_its_burst_at_once_then_one_per_interval() {
+        let rule = Rule::new("send", vec![window(60, 60, 10)]);
+        let idle = RuleState::default();
+        assert_eq!(drained_at(&rule, &idle, "hr", 0, NOW, CN), Some(NOW), "nothing to send");
+        assert_eq!(drained_at(&rule, &idle, "hr", 10, NOW, CN), Some(NOW), "the burst");
+        // T = 60 s / 51 slots, rounded up: the 11th call one T after the burst.
+        let t = 60 * S / 51 + 1;
+        assert_eq!(drained_at(&rule, &idle, "hr", 11, NOW, CN), Some(NOW + t));
+        assert_eq!(drained_at(&rule, &idle, "hr", 110, NOW, CN), Some(NOW + 100 * t));
+        // A window spent by earlier calls: its TAT 30 s ahead.
+        let mut busy = RuleState::default();
+        busy.set(WindowKey::Window(60 * S), LimitState::Tat(NOW + 30 * S));
+        let tol = 9 * t;
+        assert_eq!(drained_at(&rule, &busy, "hr", 1, NOW, CN), Some(NOW + 30 * S - tol));
+    }
+
+    #[test]
+    fn a_day_quota_spills_into_the_following_days_at_midnight_utc8() {
+        let rule = Rule::new("send", vec![day(300), window(1000, 60, 1000)]);
+        let mut state = RuleState::default();
+        let today = Period::Day.id(NOW, CN);
+        state.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 100, next: 0 });
+        // 200 left today: all at once (the window's burst).
+        assert_eq!(drained_at(&rule, &state, "hr", 200, NOW, CN), Some(NOW));
+        // 201: one tomorrow, at Beijing's midnight.
+        let tomorrow = midnight_after(NOW);
+        assert_eq!(tomorrow % DAY_US, 16 * 3600 * S, "midnight UTC+8 is 16:00 UTC");
+        assert_eq!(drained_at(&rule, &state, "hr", 201, NOW, CN), Some(tomorrow));
+        // 200 today, then 300 a day: 1,100 ends at the start of the 4th day
+        // after today (200 + 300 + 300 + 300 = 1,100).
+        assert_eq!(drained_at(&rule, &state, "hr", 1_100, NOW, CN), Some(tomorrow + 2 * DAY_US));
+        assert_eq!(drained_at(&rule, &state, "hr", 1_101, NOW, CN), Some(tomorrow + 3 * DAY_US));
+        // A year of days costs no more than three (skipped whole): exact still.
+        let many = 200 + 300 * 365;
+        assert_eq!(drained_at(&rule, &state, "hr", many, NOW, CN), Some(tomorrow + 364 * DAY_US));
+        // Calls already held over into tomorrow count there.
+        state.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 300, next: 299 });
+        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN), Some(tomorrow));
+        assert_eq!(drained_at(&rule, &state, "hr", 2, NOW, CN), Some(tomorrow + DAY_US));
+    }
+
+    #[test]
+    fn a_day_quota_with_a_slow_window_sends_each_day_at_the_windows_rate() {
+        // 3 a day, 1 a minute (burst 1): each day's 3 at 0, 1 and 2 minutes.
+        let rule = Rule::new("send", vec![day(3), window(1, 60, 1)]);
+        let idle = RuleState::default();
+        let tomorrow = midnight_after(NOW);
+        assert_eq!(drained_at(&rule, &idle, "hr", 3, NOW, CN), Some(NOW + 120 * S));
+        assert_eq!(drained_at(&rule, &idle, "hr", 5, NOW, CN), Some(tomorrow + 60 * S));
+        assert_eq!(drained_at(&rule, &idle, "hr", 3 + 3 * 10, NOW, CN), Some(tomorrow + 9 * DAY_US + 120 * S));
+    }
+
+    #[test]
+    fn a_penalised_pair_drains_no_earlier_than_the_penalty_ends() {
+        let rule = Rule::new("send", vec![window(60, 60, 10)]);
+        let penalty = PenaltyState { until: NOW + 600 * S, ..PenaltyState::default() };
+        let mut state = RuleState { penalty, ..RuleState::default() };
+        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN), Some(NOW + 600 * S));
+        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN), Some(NOW + 600 * S), "then the burst");
+        let t = 60 * S / 51 + 1;
+        assert_eq!(drained_at(&rule, &state, "hr", 11, NOW, CN), Some(NOW + 600 * S + t));
+        // A penalty over: no effect.
+        state.penalty.until = NOW - S;
+        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN), Some(NOW));
+    }
+
+    #[test]
+    fn queued_sends_leave_the_reserve_to_high_priority_calls() {
+        // reserve 20 %: 20 of the day's 100 and 2 of the window's burst of 10.
+        let rule = Rule::new("send", vec![day(100), window(600, 60, 10)]).with_percents(20, 0).expect("reserve");
+        let idle = RuleState::default();
+        let t = 60 * S / 591 + 1;
+        // 8 of the burst at once, then one per T.
+        assert_eq!(drained_at(&rule, &idle, "hr", 8, NOW, CN), Some(NOW));
+        assert_eq!(drained_at(&rule, &idle, "hr", 9, NOW, CN), Some(NOW + t));
+        // 80 a day for normal calls: the 81st tomorrow.
+        assert_eq!(drained_at(&rule, &idle, "hr", 81, NOW, CN), Some(midnight_after(NOW)));
+        // A reserve that takes a whole quota leaves queued sends nothing.
+        let mut all = Rule::new("send", vec![day(5)]);
+        all.reserve_percent = 100;
+        all.reserve = vec![5];
+        assert_eq!(drained_at(&all, &idle, "hr", 1, NOW, CN), None);
+    }
+
+    /// The decision itself, replayed call by call as the dispatcher sends
+    /// a queue (each refused call tried again when its wait is over).
+    fn replayed(rule: &Rule, state: &RuleState, jobs: u64, now: Micros) -> Micros {
+        let (mut state, mut now, mut last) = (state.clone(), now, now);
+        let key = crate::limit::Key { account: "wx1", rule, offset_us: CN };
+        let ask = crate::limit::Ask { normal: true, share: Some("hr"), ..crate::limit::Ask::one(key) };
+        let mut sent = 0;
+        while sent < jobs {
+            match crate::limit::decide::decide(&mut state, &ask, now, 0) {
+                crate::limit::Decision::Admit { at, .. } => (last, sent) = (at, sent + 1),
+                crate::limit::Decision::Reject { wait_us, .. } => now += wait_us.max(1),
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn the_estimate_is_the_decisions_own_schedule() {
+        let rules = [
+            Rule::new("a", vec![window(60, 60, 10)]),
+            Rule::new("b", vec![day(7), window(2, 3600, 1)]),
+            Rule::new("c", vec![day(40), window(600, 60, 10)]).with_percents(20, 50).expect("percents"),
+            Rule::new("d", vec![window(100, 1, 5), window(1000, 3600, 100), day(2000)]),
+        ];
+        let mut busy = RuleState::default();
+        busy.set(WindowKey::Window(60 * S), LimitState::Tat(NOW + 45 * S));
+        let today = Period::Day.id(NOW, CN);
+        busy.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 5, next: 1 });
+        busy.penalty.until = NOW + 90 * S;
+        for rule in &rules {
+            for state in [RuleState::default(), busy.clone()] {
+                for jobs in [1, 2, 9, 10, 11, 39, 41, 100, 333, 2_500] {
+                    let want = replayed(rule, &state, jobs, NOW);
+                    assert_eq!(drained_at(rule, &state, "hr", jobs, NOW, CN), Some(want), "{} {jobs}", rule.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_callers_share_bounds_its_queue() {
+        // max_share 50 % of 100 a day: hr's queue sends 50 a day.
+        let rule = Rule::new("send", vec![day(100)]).with_percents(0, 50).expect("share");
+        let idle = RuleState::default();
+        assert_eq!(drained_at(&rule, &idle, "hr", 50, NOW, CN), Some(NOW));
+        assert_eq!(drained_at(&rule, &idle, "hr", 51, NOW, CN), Some(midnight_after(NOW)));
+    }
+}
