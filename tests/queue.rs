@@ -692,10 +692,8 @@ async fn a_job_behind_a_waiting_head_expires_at_its_deadline_not_when_it_reaches
         until_state(&gate, "default", &ids[1], "sent").await;
         until_state(&gate, "default", &ids[2], "waiting").await;
         // Behind it, one that must go within two minutes.
-        let headers = [ASYNC, ("x-wxgate-deadline", "120")];
-        let a = gate.post_with(&format!("/@{APPID}{SEND}"), r#"{"touser":"late"}"#, &headers).await;
-        assert_eq!(a.status, 202, "{}", a.text());
-        let late = a.json()["delivery"].as_str().expect("id").to_owned();
+        let deadline = [("x-wxgate-deadline", "120")];
+        let late = queued_with(&gate, "default", SEND, r#"{"touser":"late"}"#, &deadline).await;
         gate.settle().await;
         let before = gate.get_with(&format!("/v1/deliveries/{late}"), &[]).await.json();
         assert_eq!(before["state"], "queued", "{}: {before}", store.name());

@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::Arc;
 
-use support::queue::{msgid, wechat, ASYNC};
+use support::queue::{msgid, queued_at, wechat};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{eventually, eventually_async, rule, ConfigToml, Reply, PATIENCE};
@@ -34,9 +34,7 @@ async fn sigterm_lets_a_queued_send_under_way_finish_and_it_ends_sent_not_unknow
     let mut first = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
     let mut ids = Vec::new();
     for i in 0..3 {
-        let a = first.post_with(&format!("/@{APPID}{SEND}"), &format!(r#"{{"touser":"t{i}"}}"#), &[ASYNC]).await;
-        assert_eq!(a.status, 202, "{}", a.text());
-        ids.push(a.json()["delivery"].as_str().expect("id").to_owned());
+        ids.push(queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", format!(r#"{{"touser":"t{i}"}}"#)).await);
     }
     // The first send is at WeChat, unanswered; the two behind it wait their turn.
     eventually_async("the first send at WeChat", PATIENCE, async || sends() == 1).await;
