@@ -351,31 +351,36 @@ async fn a_send_waiting_on_wechat_never_delays_another_callers_queue() {
 /// and is never sent again, however long wxgate runs; the queue goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_sent_again() {
-    for store in Store::all() {
-        let (mock, _tokens, slow) = slow_wechat().await;
-        let dir = TempDir::new(&format!("queue-timeout-{}", store.name()));
-        let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s");
-        let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
-        let id = queued(&gate, "default", SEND, r#"{"slow":1}"#).await;
-        let unknown = until_state(&gate, "default", &id, "unknown").await;
-        assert_eq!(unknown["attempts"], 1, "{}: {unknown}", store.name());
-        assert!(unknown.get("answer").is_none_or(|a| a.is_null()), "{}: no answer came: {unknown}", store.name());
-        assert_eq!(sends(&mock), 1, "{}", store.name());
-        // Well past every back-off (`backoff_max` 5 min) and the lease (10 min).
-        for _ in 0..4 {
-            gate.advance(Duration::from_secs(10 * 60));
-            gate.settle().await;
-        }
-        // The queue goes on: the next job is sent, and the slow one never again.
-        let next = queued(&gate, "default", SEND, r#"{"next":1}"#).await;
-        until_state(&gate, "default", &next, "sent").await;
-        let bodies: Vec<_> =
-            mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).map(|c| c.body).collect();
-        assert_eq!(bodies, [&br#"{"slow":1}"#[..], &br#"{"next":1}"#[..]], "{}: the slow one once", store.name());
-        let still = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
-        assert_eq!(still["state"], "unknown", "{}: {still}", store.name());
-        slow.add_permits(8);
+    // The stores at once: each waits out upstream_timeout.
+    let stores = Store::all();
+    futures_util::future::join_all(stores.iter().map(unknown_after_upstream_timeout)).await;
+}
+
+/// [`a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_sent_again`] on `store`.
+async fn unknown_after_upstream_timeout(store: &Store) {
+    let (mock, _tokens, slow) = slow_wechat().await;
+    let dir = TempDir::new(&format!("queue-timeout-{}", store.name()));
+    let config = ConfigToml::new(&mock.url()).server("upstream_timeout", "1s");
+    let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
+    let id = queued(&gate, "default", SEND, r#"{"slow":1}"#).await;
+    let unknown = until_state(&gate, "default", &id, "unknown").await;
+    assert_eq!(unknown["attempts"], 1, "{}: {unknown}", store.name());
+    assert!(unknown.get("answer").is_none_or(|a| a.is_null()), "{}: no answer came: {unknown}", store.name());
+    assert_eq!(sends(&mock), 1, "{}", store.name());
+    // Well past every back-off (`backoff_max` 5 min) and the lease (10 min).
+    for _ in 0..4 {
+        gate.advance(Duration::from_secs(10 * 60));
+        gate.settle().await;
     }
+    // The queue goes on: the next job is sent, and the slow one never again.
+    let next = queued(&gate, "default", SEND, r#"{"next":1}"#).await;
+    until_state(&gate, "default", &next, "sent").await;
+    let bodies: Vec<_> =
+        mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).map(|c| c.body).collect();
+    assert_eq!(bodies, [&br#"{"slow":1}"#[..], &br#"{"next":1}"#[..]], "{}: the slow one once", store.name());
+    let still = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
+    assert_eq!(still["state"], "unknown", "{}: {still}", store.name());
+    slow.add_permits(8);
 }
 
 /// A queued call's body is read whole before anything is stored: a body
@@ -384,46 +389,51 @@ async fn a_send_wechat_answers_after_upstream_timeout_ends_unknown_and_is_never_
 /// chunked body arriving in pieces is stored and sent byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_body_is_read_whole_and_one_that_stalls_gets_408_and_nothing_is_stored() {
-    for store in Store::all() {
-        let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
-        let dir = TempDir::new(&format!("queue-body-{}", store.name()));
-        let config = ConfigToml::new(&mock.url()).server("body_timeout", "1s");
-        let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
-        let head = |framing: &str| {
-            format!("POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\n{framing}\r\n\r\n")
-        };
-        // Both at once, each client keeping its connection open and sending nothing more.
-        let stalled = support::bodies::stalled_bodies(head).map(|(label, bytes)| async move {
-            let started = std::time::Instant::now();
-            let ex = support::exchange(gate.addr, &bytes).await;
-            (label, ex, started.elapsed())
-        });
-        for (label, ex, waited) in futures_util::future::join_all(stalled).await {
-            let resp = ex.only();
-            assert_eq!(resp.status, 408, "{} {label}: {}", store.name(), resp.text());
-            let json = resp.json();
-            assert_eq!(json["errcode"], 40097, "{} {label}: {json}", store.name());
-            assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("body_timeout")), "{label}: {json}");
-            assert!(waited >= Duration::from_millis(950), "{label}: not before body_timeout: {waited:?}");
-            assert!(waited < Duration::from_secs(10), "{label}: in bounded time: {waited:?}");
-        }
-        let summary = gate.get_with("/v1/deliveries", &[]).await.json();
-        assert_eq!(summary["queues"], serde_json::json!([]), "{}: nothing stored: {summary}", store.name());
-        // A chunked body, in pieces: stored and sent as it was sent.
-        let body =
-            format!(r#"{{"touser":"o1","data":{{"thing1":{{"value":"{}"}}}},"note":"年 \u00e9"}}"#, "x".repeat(9000));
-        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
-        let head = head("Connection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked");
-        let wire = support::bodies::chunked_body(&chunks);
-        let ex = support::bodies::send_paced(gate.addr, &head, &wire, 4, Duration::from_millis(20)).await;
+    // The stores at once: each waits out body_timeout.
+    let stores = Store::all();
+    futures_util::future::join_all(stores.iter().map(queued_body)).await;
+}
+
+/// [`a_queued_body_is_read_whole_and_one_that_stalls_gets_408_and_nothing_is_stored`] on `store`.
+async fn queued_body(store: &Store) {
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new(&format!("queue-body-{}", store.name()));
+    let config = ConfigToml::new(&mock.url()).server("body_timeout", "1s");
+    let gate = store.gate_on(config, &dir, rules(100, "day"), "").await;
+    let head = |framing: &str| {
+        format!("POST /@{APPID}{SEND} HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\n{framing}\r\n\r\n")
+    };
+    // Both at once, each client keeping its connection open and sending nothing more.
+    let stalled = support::bodies::stalled_bodies(head).map(|(label, bytes)| async move {
+        let started = std::time::Instant::now();
+        let ex = support::exchange(gate.addr, &bytes).await;
+        (label, ex, started.elapsed())
+    });
+    for (label, ex, waited) in futures_util::future::join_all(stalled).await {
         let resp = ex.only();
-        assert_eq!(resp.status, 202, "{}: {}", store.name(), resp.text());
-        let id = resp.json()["delivery"].as_str().expect("an id").to_owned();
-        until_state(&gate, "default", &id, "sent").await;
-        let sent: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
-        assert_eq!(sent.len(), 1, "{}: only the whole one", store.name());
-        assert_eq!(&sent[0].body[..], body.as_bytes(), "{}: the body as the caller sent it", store.name());
+        assert_eq!(resp.status, 408, "{} {label}: {}", store.name(), resp.text());
+        let json = resp.json();
+        assert_eq!(json["errcode"], 40097, "{} {label}: {json}", store.name());
+        assert!(json["errmsg"].as_str().is_some_and(|m| m.contains("body_timeout")), "{label}: {json}");
+        assert!(waited >= Duration::from_millis(950), "{label}: not before body_timeout: {waited:?}");
+        assert!(waited < Duration::from_secs(10), "{label}: in bounded time: {waited:?}");
     }
+    let summary = gate.get_with("/v1/deliveries", &[]).await.json();
+    assert_eq!(summary["queues"], serde_json::json!([]), "{}: nothing stored: {summary}", store.name());
+    // A chunked body, in pieces: stored and sent as it was sent.
+    let body =
+        format!(r#"{{"touser":"o1","data":{{"thing1":{{"value":"{}"}}}},"note":"年 \u00e9"}}"#, "x".repeat(9000));
+    let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
+    let head = head("Connection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked");
+    let wire = support::bodies::chunked_body(&chunks);
+    let ex = support::bodies::send_paced(gate.addr, &head, &wire, 4, Duration::from_millis(20)).await;
+    let resp = ex.only();
+    assert_eq!(resp.status, 202, "{}: {}", store.name(), resp.text());
+    let id = resp.json()["delivery"].as_str().expect("an id").to_owned();
+    until_state(&gate, "default", &id, "sent").await;
+    let sent: Vec<_> = mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).collect();
+    assert_eq!(sent.len(), 1, "{}: only the whole one", store.name());
+    assert_eq!(&sent[0].body[..], body.as_bytes(), "{}: the body as the caller sent it", store.name());
 }
 
 /// Sends of the template API the mock has seen.
@@ -431,15 +441,21 @@ fn sends(mock: &MockWeChat) -> usize {
     mock.calls().into_iter().filter(|c| c.path_and_query.starts_with(SEND)).count()
 }
 
+// The issue's 10,000 on memory; 2,000 on Redis and Cluster: still more than
+// 3 times what the 6 steps can send at all, so HR's queue competes with a
+// backlog all the same. The submissions are most of the test's time (12-16 s
+// for 10,000 on a store on a loaded 2-core machine); the stores run as
+// separate tests, side by side.
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
-    // The issue's 10,000 on memory; 2,000 on Redis and Cluster: still more
-    // than 3 times what the 6 steps can send at all, so HR's queue competes
-    // with a backlog all the same. The submissions are most of the test's
-    // time (12-16 s for 10,000 on a store on a loaded 2-core machine).
-    for store in Store::all() {
-        let campaign_size = if matches!(store, Store::Memory) { 10_000 } else { 2_000 };
-        campaign(&store, campaign_size).await;
+    campaign(&Store::Memory, 10_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_and_a_cluster_marketings_campaign_never_delays_hrs_live_calls_and_hrs_queue_gets_its_turns() {
+    for store in Store::redis_and_cluster() {
+        campaign(&store, 2_000).await;
     }
 }
 
