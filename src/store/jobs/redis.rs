@@ -361,12 +361,16 @@ impl RedisJobs {
         account: &str,
         heads: Value,
         totals: Value,
+        removals: bool,
         script: &'static str,
     ) -> Result<(), StoreError> {
         let mut all_heads = Vec::new();
         for q in list(heads, script)?.chunks(3) {
             if let [caller, rule, head] = q {
-                all_heads.push((text(caller, script)?, text(rule, script)?, int(head, script)?));
+                let head = int(head, script)?;
+                if removals || head >= 0 {
+                    all_heads.push((text(caller, script)?, text(rule, script)?, head));
+                }
             }
         }
         let mut all_totals = Vec::new();
@@ -523,7 +527,7 @@ impl RedisJobs {
             ("late", [_, state]) => Ok(Cancelled::TooLate(state_from(&text(state, S)?)?)),
             ("ok", [_, rule, head, jobs, bytes, callbacks]) => {
                 let totals = Some((int(jobs, S)?, int(bytes, S)?));
-                self.note(account, caller, &text(rule, S)?, Some(int(head, S)?), totals).await?;
+                self.note(account, caller, &text(rule, S)?, added_only(int(head, S)?), totals).await?;
                 self.note_callbacks(account, int(callbacks, S)?).await?;
                 Ok(Cancelled::Cancelled)
             }
@@ -549,7 +553,7 @@ impl RedisJobs {
             const S: &str = "jobs_recover.lua";
             self.note_callbacks(account, int(&callbacks, S)?).await?;
             self.note_deadlines(account, int(&deadlines, S)?).await?;
-            self.note_reported(account, heads, totals, S).await?;
+            self.note_reported(account, heads, totals, true, S).await?;
             break;
         }
         Ok(done)
@@ -592,7 +596,7 @@ impl JobStore for RedisJobs {
             ("ok", [_, _, jobs, bytes, head, deadlines]) => {
                 let q = &job.queue;
                 let totals = Some((int(jobs, S)?, int(bytes, S)?));
-                self.note(&account, &q.caller, &q.rule, Some(int(head, S)?), totals).await?;
+                self.note(&account, &q.caller, &q.rule, added_only(int(head, S)?), totals).await?;
                 self.note_deadlines(&account, int(deadlines, S)?).await?;
                 Ok(Submitted { id, duplicate: false })
             }
@@ -719,7 +723,7 @@ impl JobStore for RedisJobs {
                     out.push(ExpiredJob { id, queue, submitted_us: int(submitted, S)? });
                 }
             }
-            self.note_reported(&account, heads, totals, S).await?;
+            self.note_reported(&account, heads, totals, false, S).await?;
             self.note_callbacks(&account, int(&callbacks, S)?).await?;
             self.note_deadlines(&account, int(&deadlines, S)?).await?;
         }
@@ -843,6 +847,19 @@ impl JobStore for RedisJobs {
         }
         Ok(purged)
     }
+}
+
+/// A queue head for the index of due queues, as written by a script that
+/// does not hold the queue's head (a submission, a cancel, an expire): a
+/// due head is added, but "no due head" (`-1`: held, or the queue empty) is
+/// not written. Its holder writes the truth after its own script (`claim`
+/// before it sends, `finish` after), and a late "held" from here, crossing
+/// that `finish`'s write, would take a due queue out of the index until
+/// the next `recover` (seen: a submission while the head was sending). An
+/// emptied queue left in the index costs one `claim` that hands out
+/// nothing and writes the truth.
+fn added_only(head: i64) -> Option<i64> {
+    (head >= 0).then_some(head)
 }
 
 fn empty_summary(account: &Arc<str>, caller: &str, rule: &str) -> QueueSummary {
