@@ -443,6 +443,9 @@ async fn purge_deletes_ended_jobs_after_keep_and_leaves_no_key_behind() {
     assert_eq!(s.get("hr", a).await.unwrap(), None);
     assert!(s.get("hr", b).await.unwrap().is_some(), "an unfinished job is never purged");
     assert_eq!(s.cancel("hr", b, T0 + 30 * SEC).await.unwrap(), Cancelled::Cancelled);
+    // A cancel leaves its emptied queue listed as due (`added_only`): the
+    // dispatcher's next claim hands out nothing and takes it out.
+    assert!(s.claim(&q, "i1", T0 + 30 * SEC, 30 * SEC, 1).await.unwrap().is_empty());
     assert_eq!(s.purge(T0 + 30 * SEC, 0).await.unwrap(), 0);
     assert!(!account_keys(&redis, "wxA").is_empty(), "the idempotency key is still in its time");
     assert_eq!(s.purge(T0 + 3600 * SEC, 0).await.unwrap(), 1);
