@@ -86,6 +86,27 @@ fn refusal(e: &ProxyError) -> &'static str {
 }
 
 impl Queue {
+    /// Spawns queued delivery's background `work` (a loop of `crate::ops`):
+    /// it starts once the jobs store is open (at start, or when a reload or
+    /// Redis answering opens it), never if the instance stops first, and a
+    /// graceful stop ([`Queue::stop`]) waits for it.
+    pub fn spawn_when_open<F>(&self, work: impl FnOnce() -> F + Send + 'static)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let opened = self.jobs.opened();
+        let stopping = self.stopping.clone();
+        self.tasks.spawn(async move {
+            let opened = tokio::select! {
+                opened = opened => opened,
+                _ = stopping.cancelled() => false,
+            };
+            if opened {
+                work().await;
+            }
+        });
+    }
+
     /// A graceful stop: no turn, callback round or look starts any more;
     /// the sends under way finish (each ends `sent`, `failed` or waiting
     /// as its answer says, instead of `unknown` at the next start) within

@@ -63,18 +63,9 @@ const EXPIRE_MAX: usize = 1000;
 /// dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    let opened = a.features.queue.jobs.opened();
     let wake = a.features.queue.wake.clone();
-    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
-    drop(a);
-    tasks.spawn(async move {
-        let opened = tokio::select! {
-            opened = opened => opened,
-            _ = stopping.cancelled() => false,
-        };
-        if !opened {
-            return;
-        }
+    let stopping = a.features.queue.stopping.clone();
+    a.features.queue.spawn_when_open(move || async move {
         let mut marks = Marks {
             recovered: Micros::MIN,
             purged: Micros::MIN,

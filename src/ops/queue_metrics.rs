@@ -29,17 +29,8 @@ pub const GAUGES_EVERY: Span = Span::from_micros(15_000_000);
 /// first at once); it ends when the app is dropped.
 pub fn spawn(app: Weak<App>) {
     let Some(a) = app.upgrade() else { return };
-    let opened = a.features.queue.jobs.opened();
-    let (tasks, stopping) = (a.features.queue.tasks.clone(), a.features.queue.stopping.clone());
-    drop(a);
-    tasks.spawn(async move {
-        let opened = tokio::select! {
-            opened = opened => opened,
-            _ = stopping.cancelled() => false,
-        };
-        if !opened {
-            return;
-        }
+    let stopping = a.features.queue.stopping.clone();
+    a.features.queue.spawn_when_open(move || async move {
         // Jobs ended `unknown` by `recover` (whose queue it does not see):
         // from 0, so the first is an increase the alert sees.
         match app.upgrade() {
