@@ -64,6 +64,13 @@ pub struct Rule {
     /// all-or-nothing with the rule's limits; each recipient costs 1 against
     /// them. Empty: recipients are not limited one by one.
     pub per_recipient: Vec<WindowLimit>,
+    /// `learn = "both"`: a day limit WeChat reports ([`crate::limit::learned`])
+    /// applies even above the configured count (default: only below it).
+    pub learn_up: bool,
+    /// A learned day limit applies divided by this: 1, or for the local
+    /// fallback's scaled rule ([`Rule::scaled`]) the instances its counts
+    /// are divided by.
+    pub learned_divisor: u64,
 }
 
 /// Whose calls a rule's limits count together.
@@ -294,6 +301,8 @@ impl Rule {
             share_percent: 0,
             share: Vec::new(),
             per_recipient: Vec::new(),
+            learn_up: false,
+            learned_divisor: 1,
         }
     }
 
@@ -333,6 +342,7 @@ impl Rule {
         // A recipient messaged through every instance must not get its
         // limit from each.
         scaled.per_recipient = self.per_recipient.iter().map(|w| w.divided(n)).collect();
+        scaled.learned_divisor = self.learned_divisor.max(1) * n;
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled
