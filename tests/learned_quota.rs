@@ -125,3 +125,90 @@ async fn each_account_gets_its_own_day_quota_through_two_instances_on_redis() {
 async fn each_account_gets_its_own_day_quota_through_two_instances_on_a_cluster() {
     each_account_gets_its_own_day_quota(Store::Cluster(RedisCluster::start(3))).await;
 }
+
+/// A 45009 says "limit" without saying which: a day quota or a frequency
+/// limit. wxgate asks quota/get at once (not at the next hourly sync): it
+/// reports the day spent (30 of 30), so the account's day limit is 30 and
+/// nothing more is sent today, when the penalty ends or after.
+#[tokio::test]
+async fn a_45009_is_checked_with_quota_get_at_once_and_a_spent_day_stops_the_account() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use support::tokens::{WeChatTokens, APPID, SECRET};
+    let mock = MockWeChat::start().await;
+    let tokens = WeChatTokens::new();
+    let reply = tokens.responder();
+    // WeChat gives this account 30 a day, and answers the 31st with 45009.
+    let sends = Arc::new(AtomicU64::new(0));
+    let seen = sends.clone();
+    mock.respond(move |rec| {
+        if rec.path_and_query.starts_with(SEND) && seen.fetch_add(1, Ordering::SeqCst) >= 30 {
+            return Reply::Json {
+                body: r#"{"errcode":45009,"errmsg":"reach max api daily quota limit rid: 1"}"#.into(),
+                content_type: "application/json",
+            };
+        }
+        reply(rec)
+    });
+    let gate = Gate::start(&mock, rules()).await;
+    // The first sync fails (WeChat busy): no limit learned before the calls.
+    tokens.fail_quota_get(Some(-1));
+    let a = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={SECRET}")).await;
+    let token = a.json()["access_token"].as_str().unwrap_or_else(|| panic!("a token: {}", a.text())).to_owned();
+    eventually("the first sync failed", PATIENCE, || tokens.quota_gets() == 1).await;
+    tokens.fail_quota_get(None);
+    tokens.set_daily_limit(SEND, 30);
+    tokens.set_used(SEND, 30);
+    let path = format!("{SEND}?access_token={token}");
+    for _ in 0..30 {
+        assert_eq!(gate.post(&path, "{}").await.status, 200);
+    }
+    let refused = gate.post(&path, "{}").await;
+    assert_eq!((refused.status.as_u16(), refused.json()["errcode"].as_i64()), (429, Some(45009)), "{}", refused.text());
+    eventually_async("quota/get asked at once, the day limit learned", PATIENCE, async || {
+        let a = get_at(gate.admin_addr(), &format!("/v1/buckets/{APPID}/send")).await;
+        a.json()["limits"][0]["count"] == 30
+    })
+    .await;
+    let b = get_at(gate.admin_addr(), &format!("/v1/buckets/{APPID}/send")).await.json();
+    assert_eq!(tokens.quota_gets(), 2, "one check, not waiting for the hourly sync: {b}");
+    // The penalty (60 s) over: still nothing today, refused by wxgate.
+    gate.advance(std::time::Duration::from_secs(61));
+    for _ in 0..5 {
+        let a = gate.post(&path, "{}").await;
+        assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")), "{}", a.text());
+    }
+    assert_eq!(sends.load(Ordering::SeqCst), 31, "WeChat saw one 45009 and nothing after it");
+}
+
+/// A learned day limit is part of the pair's state: the memory store keeps
+/// it through a restart (its state file), with no sync needed to know it.
+#[tokio::test]
+async fn a_learned_day_limit_outlives_a_restart_of_the_memory_store() {
+    use support::tokens::{mock_wechat, APPID, SECRET};
+    let (mock, tokens) = mock_wechat(0).await;
+    tokens.set_daily_limit(SEND, 30);
+    let dir = TempDir::new("learned-restart");
+    let config = ConfigToml::new(&mock.url()).with(StoreToml::memory().set("flush_interval", "20ms")).with(rules());
+    let path = dir.write("wxgate.toml", &config.to_string());
+    let gate = Gate::start_file(&path).await;
+    let a = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={APPID}&secret={SECRET}")).await;
+    let token = a.json()["access_token"].as_str().unwrap_or_else(|| panic!("a token: {}", a.text())).to_owned();
+    let bucket = async |gate: &Gate| get_at(gate.admin_addr(), &format!("/v1/buckets/{APPID}/send")).await.json();
+    eventually_async("the day limit learned", PATIENCE, async || bucket(&gate).await["limits"][0]["count"] == 30).await;
+    // WeChat's quota/get fails from now on: only the state can know.
+    tokens.fail_quota_get(Some(-1));
+    let gate = gate.restart().await;
+    let b = bucket(&gate).await;
+    assert_eq!(
+        (b["limits"][0]["count"].as_u64(), b["limits"][0]["learned"]["count"].as_u64()),
+        (Some(30), Some(30)),
+        "{b}"
+    );
+    let path = format!("{SEND}?access_token={token}");
+    for _ in 0..30 {
+        assert_eq!(gate.post(&path, "{}").await.status, 200);
+    }
+    let a = gate.post(&path, "{}").await;
+    assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")), "{}", a.text());
+}

@@ -292,7 +292,7 @@ mod tests {
             ]
         );
         j.drop_old();
-        assert_eq!(j.records().len(), 4);
+        assert_eq!(j.records().len(), 5);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
