@@ -39,7 +39,10 @@
 --          lease of a concurrency slot, µs
 --          number of limits L, then the rule's limits, five values each:
 --            kind, field, a, b, r
---            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
+--            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs);
+--              "wl": the same, of a rule with learn_windows (its run start
+--              <field>.r is kept; a lowered window <field>.lt/.lb until .lu
+--              applies: lua/lower_windows.lua)
 --            kind "day" | "month"  calendar quota: a = count, b = 1 when a day
 --              limit WeChat reported may raise it (learn = "both"), else 0
 --            r: what this call may not use (a normal caller's call of a rule
@@ -283,7 +286,11 @@ local function acquire(k, a)
   local normal = false
   for i = a + 6, last, 5 do
     local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4]), code = 1}
-    if l.kind ~= 'w' then l.code = 2 end
+    if l.kind == 'wl' then
+      l.kind, l.learn = 'w', true
+    elseif l.kind ~= 'w' then
+      l.code = 2
+    end
     if l.r > 0 then normal = true end
     limits[#limits + 1] = l
   end
@@ -320,6 +327,14 @@ local function acquire(k, a)
     local l = all[i]
     if l.kind == 'w' then
       fields[#fields + 1] = l.f
+      if l.learn then
+        local f = l.f
+        l.lr, l.lt, l.lb, l.lu = f .. '.r', f .. '.lt', f .. '.lb', f .. '.lu'
+        fields[#fields + 1] = l.lr
+        fields[#fields + 1] = l.lt
+        fields[#fields + 1] = l.lb
+        fields[#fields + 1] = l.lu
+      end
     else
       local nm = names(l.f)
       l.nm = nm
@@ -349,6 +364,16 @@ local function acquire(k, a)
     local l = all[i]
     if l.kind == 'w' then
       l.tat = sv[l.f] or nil
+      -- learn_windows: a window a frequency 45009 lowered until the quota
+      -- day ends applies as the stricter T and tolerance of the two.
+      if l.learn then
+        local lu = sv[l.lu]
+        if lu and lu > now then
+          local lt, lb = sv[l.lt], sv[l.lb]
+          if lt and lt > l.a then l.a = lt end
+          if lb and lb < l.b then l.b = lb end
+        end
+      end
     else
       local nm = l.nm
       l.p, l.n, l.q = sv[nm.p] or -1e18, sv[nm.n] or 0, sv[nm.q] or 0
@@ -438,7 +463,13 @@ local function acquire(k, a)
   for i, l in ipairs(limits) do
     if l.kind == 'w' then
       local tat = l.tat or at
-      if tat < at then tat = at end
+      if tat < at then
+        tat = at
+        -- learn_windows: a TAT found in the past starts a new run.
+        if l.learn then put(st, l.lr, at) end
+      elseif l.learn and not l.tat then
+        put(st, l.lr, at)
+      end
       local t = cost * l.t
       put(st, l.f, tat + t)
       if tat + t - now > ttl then ttl = tat + t - now end

@@ -176,6 +176,13 @@ pub struct RuleState {
     /// The day limit WeChat last reported for the pair (`quota_sync`):
     /// [`learned`].
     pub learned_day: Option<learned::LearnedDay>,
+    /// Windows a frequency 45009 lowered until the quota day ends
+    /// (`learn_windows`, [`learned`]).
+    pub learned_windows: Vec<learned::LearnedWindow>,
+    /// `learn_windows`: per window length, when its current run began (the
+    /// last admission that found its TAT in the past): what the window
+    /// admitted since is counted from it ([`learned::lower_windows`]).
+    pub runs: Vec<(Micros, Micros)>,
 }
 
 /// How many `per_recipient` windows a rule may have (a recipient's state is
@@ -331,7 +338,16 @@ impl RuleState {
         shares.sort_by(|a, b| a.caller.cmp(&b.caller));
         // Recipients are not read back from Redis (one key each): their
         // decisions are compared instead.
-        RuleState { limits, holders, shares, recipients: Recipients::default(), ..self.clone() }
+        let windows = || {
+            rule.limits.iter().filter_map(|l| match l {
+                Limit::Window(w) => Some(w.per_us()),
+                Limit::Calendar { .. } => None,
+            })
+        };
+        let learned_windows =
+            windows().filter_map(|per| self.learned_windows.iter().find(|l| l.per_us == per).copied()).collect();
+        let runs = windows().filter_map(|per| self.runs.iter().find(|(p, _)| *p == per).copied()).collect();
+        RuleState { limits, holders, shares, recipients: Recipients::default(), learned_windows, runs, ..self.clone() }
     }
 
     /// The share state of `caller`, if it has one.
@@ -358,6 +374,7 @@ impl RuleState {
             && self.holders.iter().all(|(_, exp)| *exp <= now)
             && (self.last_call == 0 || self.last_call + warmup_us <= now)
             && self.learned_day.is_none_or(|l| !l.fresh(now))
+            && self.learned_windows.iter().all(|l| l.until <= now)
     }
 }
 

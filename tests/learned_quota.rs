@@ -212,3 +212,67 @@ async fn a_learned_day_limit_outlives_a_restart_of_the_memory_store() {
     let a = gate.post(&path, "{}").await;
     assert_eq!((a.status.as_u16(), a.header("x-wxgate-reason")), (429, Some("quota")), "{}", a.text());
 }
+
+/// WeChat's window for this account is 60 a minute; the rule says 100.
+/// The first 45009 lowers the pair's window (to 90 % of what went through
+/// in the minute before it): for the rest of the run WeChat answers no
+/// other 45009, and the account still sends more than 85 % of its 60.
+async fn a_window_wechat_enforces_lower_is_learned_from_the_first_45009(store: Store) {
+    let sim = SimServer::start(
+        "[sim]\nrequire_token = false\n[[api]]\npath = \"/cgi-bin/message/custom/send\"\nlimits = [{ count = 60, per = \"1m\" }]\n",
+    )
+    .await;
+    let send = rule("send").matching("/cgi-bin/message/custom/send").limit(100, "1m");
+    let base = ConfigToml::new(&sim.url()).with(send);
+    let gate = match &store {
+        Store::Memory => Gate::start_text(base).await,
+        Store::Redis(redis) => Gate::start_redis_on_manual_clock(base.with(StoreToml::redis(&redis.url()))).await,
+        Store::Cluster(cluster) => {
+            Gate::start_redis_on_manual_clock(base.with(StoreToml::redis_cluster(cluster.urls()))).await
+        }
+    };
+    let step = std::time::Duration::from_millis(100);
+    let mut late_ok = 0;
+    // Six minutes, as fast as wxgate lets calls through, 100 ms at a time.
+    for i in 0..3600 {
+        for _ in 0..3 {
+            let a = gate.post("/cgi-bin/message/custom/send", "{}").await;
+            if a.status != 200 {
+                break;
+            }
+            if i >= 1200 && a.json()["errcode"] == 0 {
+                late_ok += 1;
+            }
+        }
+        gate.advance(step);
+        sim.advance(step);
+    }
+    let at_sim = sim.account("/cgi-bin/message/custom/send", "default").await;
+    assert_eq!(at_sim.e45009, 1, "one 45009, none after it: {at_sim:?}");
+    // The last four minutes: at least 85 % of WeChat's 240.
+    assert!(late_ok >= 204, "{late_ok} sent in the last four minutes");
+    let b = get_at(gate.admin_addr(), "/v1/buckets/default/send").await.json();
+    let window = &b["limits"][0];
+    assert_eq!(
+        (window["configured"].as_u64(), window["learned"]["source"].as_str()),
+        (Some(100), Some("errcode_45009")),
+        "{b}"
+    );
+    assert!(window["count"].as_u64().is_some_and(|n| n < 60), "{b}");
+    assert_eq!(gate.metric(r#"wxgate_quota_learned_total{rule="send",direction="down"}"#).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_window_wechat_enforces_lower_is_learned_on_the_memory_store() {
+    a_window_wechat_enforces_lower_is_learned_from_the_first_45009(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn a_window_wechat_enforces_lower_is_learned_on_redis() {
+    a_window_wechat_enforces_lower_is_learned_from_the_first_45009(Store::Redis(RedisServer::start())).await;
+}
+
+#[tokio::test]
+async fn a_window_wechat_enforces_lower_is_learned_on_a_cluster() {
+    a_window_wechat_enforces_lower_is_learned_from_the_first_45009(Store::Cluster(RedisCluster::start(3))).await;
+}

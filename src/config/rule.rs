@@ -41,6 +41,7 @@ pub(super) struct RawRule {
     pub max_share: Option<String>,
     pub quota_sync: Option<String>,
     pub learn: Option<String>,
+    pub learn_windows: Option<bool>,
     pub cost: Option<String>,
     pub recipients: Option<RawRecipients>,
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
@@ -155,6 +156,7 @@ pub(super) fn compile_rule(
         shadow,
         per_recipient,
         learn_up,
+        learn_windows: r.learn_windows.unwrap_or(true) && limits.iter().any(|l| matches!(l, Limit::Window(_))),
         ..Rule::new(&qualified, limits)
     }
     .with_percents(reserve_percent, share_percent)

@@ -7,11 +7,12 @@
 //! a success ends an escalation. A store that cannot record a penalty is
 //! logged, and the answer is still turned into a refusal.
 
+use crate::admit::core::Core;
 use crate::error::retry_after_secs;
 use crate::features::hooks::{Answered, Env, Feature};
 use crate::limit::calendar::Period;
 use crate::limit::{Key, Limit};
-use crate::store::op::{Penalise, Succeeded};
+use crate::store::op::{LowerWindows, Penalise, Succeeded};
 use crate::transport::sniff::Verdict;
 
 #[derive(Default)]
@@ -41,6 +42,24 @@ impl Penalties {
     }
 }
 
+/// WeChat answered a frequency 45009 for the pair of `key`: its rule's
+/// windows are lowered until the quota day ends (`learn_windows`,
+/// [`crate::limit::learned`]), counted and logged.
+pub async fn lower_windows(core: &Core, key: Key<'_>) {
+    let rule = key.rule;
+    if !rule.learn_windows {
+        return;
+    }
+    match Box::pin(core.store.apply(key, LowerWindows)).await {
+        Ok(lowered) => {
+            let counts: Vec<String> = lowered.iter().map(|(was, now)| format!("{was}->{now}")).collect();
+            core.metrics.learned(&rule.name, "down");
+            tracing::warn!(rule = %rule.name, account = key.account, windows = %counts.join(","), "WeChat refused a call within the rule's windows (45009): the account's windows are lowered until the quota day ends");
+        }
+        Err(e) => tracing::warn!(rule = %rule.name, error = %e, "could not lower the windows after a 45009"),
+    }
+}
+
 impl Feature for Penalties {
     type Ctx = ();
 
@@ -60,9 +79,19 @@ impl Feature for Penalties {
                     }
                 };
                 tracing::info!(rule = %rule.name, account = %answered.account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
-                if code == 45009 && rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }))
-                {
-                    self.check_day(answered.account, &rule.state);
+                if code == 45009 {
+                    // Which limit? quota/get can tell a spent day from a
+                    // frequency limit where the rule syncs; otherwise the
+                    // windows are lowered at once (a day spent lets nothing
+                    // through before midnight, when they are whole again).
+                    let day = rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }));
+                    let synced = config.quota_syncs.iter().any(|s| s.rule.state == rule.state);
+                    if day {
+                        self.check_day(answered.account, &rule.state);
+                    }
+                    if !(day && synced) {
+                        lower_windows(env.core, key).await;
+                    }
                 }
                 if !rule.shadow {
                     answered.penalty = Some(wait_us);

@@ -9,6 +9,7 @@ use super::{
     ShareState, WindowKey, WindowLimit,
 };
 use crate::limit::calendar::Period;
+use crate::limit::learned;
 use crate::time::Micros;
 
 /// Decides `ask` at store time `now` and, if it is admitted, debits `state`:
@@ -84,7 +85,13 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         let key = limit.window_key();
         let (after, remaining, reset_us) = match *limit {
             Limit::Window(w) => {
-                let tat = tat_of(state.get(key), at) + cost as i64 * interval(&w, rule, warm_start, now);
+                let w = learned::window(rule, state, &w, now);
+                let stored = state.get(key);
+                // learn_windows: a TAT found in the past starts a new run.
+                if rule.learn_windows && !matches!(stored, Some(LimitState::Tat(t)) if t >= at) {
+                    set_run(state, w.per_us(), at);
+                }
+                let tat = tat_of(stored, at) + cost as i64 * interval(&w, rule, warm_start, now);
                 let room = (now + w.tolerance_us() + w.interval_us() - tat).div_euclid(w.interval_us()).max(0);
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
@@ -133,6 +140,14 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
 }
 
+/// Notes that the window of length `per_us` began a new run at `at`.
+fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
+    match state.runs.iter_mut().find(|(p, _)| *p == per_us) {
+        Some(run) => run.1 = at,
+        None => state.runs.push((per_us, at)),
+    }
+}
+
 /// The count of a rule's own calendar quota for this pair: a day quota's
 /// lowered (or, with `learn = "both"`, raised) by the day limit WeChat
 /// reported ([`crate::limit::learned`]).
@@ -169,6 +184,10 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     // Every limit that must admit the call: (limit, its state, what this call
     // may not use, its emission interval now, the reason it gives), the rule's first.
     let own = rule.limits.iter().enumerate().map(|(i, l)| {
+        let l = &match *l {
+            Limit::Window(w) => Limit::Window(learned::window(rule, state, &w, now)),
+            calendar => calendar,
+        };
         let reason = if matches!(l, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
         let step = match l {
             Limit::Window(w) => interval(w, rule, t.warm_start, now),

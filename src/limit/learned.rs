@@ -15,10 +15,98 @@
 //! A learned limit is kept for [`KEEP_US`] after WeChat last reported it
 //! (each sync reports it again): an account whose token wxgate no longer
 //! knows falls back to the configured count after two days.
+//!
+//! **Windows WeChat enforces lower** (`learn_windows`, on by default): a
+//! frequency 45009 (not a spent day: see [`crate::ops::quota_sync`]) on a
+//! call wxgate admitted within its windows says WeChat's window is smaller
+//! for this account. Each window of the pair is lowered, for the rest of the
+//! quota day, to [`LOWER_PERCENT`] % of the calls it admitted in the
+//! window before the 45009 (and at least one fewer than it allowed):
+//! [`lower_windows`]. What a window admitted in its last `W` is counted
+//! from its TAT: within a run (admissions that each found the TAT at or
+//! after them; the state keeps when the current run began, `runs`), each
+//! admission moved the TAT by `T`, so the run's admissions since `s =
+//! max(run start, now − W)` are at most `⌊(tat − s) / T⌋`: exact when the
+//! run began within the window, at most `B` over when it began earlier (the
+//! TAT is at most `τ + T` ahead of any moment of a run). The lowered window
+//! `{N', W, B'}` (`B'` at most the default burst of `N'`) is applied over
+//! the configured one as the stricter of their `T` and `τ`
+//! ([`crate::limit::WindowLimit::tightened`]): both are exact, so the
+//! window stays exact for the lower count.
 
 use crate::limit::calendar::Period;
-use crate::limit::{Limit, Rule, RuleState};
+use crate::limit::{Limit, LimitState, Rule, RuleState, WindowKey, WindowLimit};
 use crate::time::Micros;
+
+/// A frequency 45009 lowers each window to this share of what it admitted
+/// in the window before.
+pub const LOWER_PERCENT: u64 = 90;
+
+/// A window a frequency 45009 lowered, until the quota day ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LearnedWindow {
+    /// The window's length (which limit of the rule it lowers).
+    pub per_us: Micros,
+    pub count: u64,
+    pub burst: u64,
+    /// The lowered window's `T` and `τ` ([`WindowLimit::lowered`]).
+    pub interval_us: Micros,
+    pub tolerance_us: Micros,
+    /// When it was lowered, and until when it applies (the next midnight
+    /// of `quota_timezone`).
+    pub at: Micros,
+    pub until: Micros,
+}
+
+/// The window `w` of `rule` as it applies to a pair whose state is `state`
+/// at `now`: lowered by a frequency 45009 until the quota day ends.
+pub fn window(rule: &Rule, state: &RuleState, w: &WindowLimit, now: Micros) -> WindowLimit {
+    if !rule.learn_windows || state.learned_windows.is_empty() {
+        return *w;
+    }
+    match state.learned_windows.iter().find(|l| l.per_us == w.per_us() && now < l.until) {
+        Some(l) => w.tightened(l),
+        None => *w,
+    }
+}
+
+/// WeChat answered a frequency 45009 for the pair at `now`: each window of
+/// `rule` is lowered until the next midnight of the quota zone to
+/// [`LOWER_PERCENT`] % of what it admitted in the window before (at least
+/// one call fewer than it allows now; at least 1). Returns each window's
+/// (count before, count after). `lua/lower_windows.lua` mirrors it.
+pub fn lower_windows(rule: &Rule, state: &mut RuleState, now: Micros, offset_us: Micros) -> Vec<(u64, u64)> {
+    let until = Period::Day.next_start(now, offset_us);
+    let mut lowered = Vec::new();
+    for limit in &rule.limits {
+        let Limit::Window(configured) = limit else { continue };
+        let w = window(rule, state, configured, now);
+        let tat = match state.get(WindowKey::Window(w.per_us())) {
+            Some(LimitState::Tat(t)) => t,
+            _ => now,
+        };
+        let run = state.runs.iter().find(|(p, _)| *p == w.per_us()).map_or(now, |(_, s)| *s);
+        let since = run.max(now - w.per_us());
+        let admitted = ((tat - since).max(0) / w.interval_us()) as u64;
+        let count = (admitted * LOWER_PERCENT / 100).min(w.count().saturating_sub(1)).max(1);
+        let l = configured.lowered(count);
+        let learned = LearnedWindow {
+            per_us: w.per_us(),
+            count: l.count(),
+            burst: l.burst(),
+            interval_us: l.interval_us(),
+            tolerance_us: l.tolerance_us(),
+            at: now,
+            until,
+        };
+        match state.learned_windows.iter_mut().find(|x| x.per_us == w.per_us()) {
+            Some(slot) => *slot = learned,
+            None => state.learned_windows.push(learned),
+        }
+        lowered.push((w.count(), l.count()));
+    }
+    lowered
+}
 
 /// How long a learned limit stays after WeChat last reported it.
 pub const KEEP_US: Micros = 2 * 86_400_000_000;

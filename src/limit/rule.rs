@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::limit::calendar::Period;
+use crate::limit::learned::LearnedWindow;
 use crate::time::Micros;
 
 /// A named rule: its limits, and whose state they count in.
@@ -71,6 +72,10 @@ pub struct Rule {
     /// fallback's scaled rule ([`Rule::scaled`]) the instances its counts
     /// are divided by.
     pub learned_divisor: u64,
+    /// `learn_windows` (default on for a rule with windows): a frequency
+    /// 45009 lowers the pair's windows for the rest of the quota day
+    /// ([`crate::limit::learned`]).
+    pub learn_windows: bool,
 }
 
 /// Whose calls a rule's limits count together.
@@ -266,6 +271,31 @@ impl WindowLimit {
         count.div_ceil(20).max(1)
     }
 
+    /// This window with `count` calls (fewer than its own), its burst at
+    /// most the default burst of that count: the window a frequency 45009
+    /// lowers it to ([`crate::limit::learned`]).
+    pub fn lowered(&self, count: u64) -> WindowLimit {
+        let count = NonZeroU64::new(count.clamp(1, self.count())).unwrap_or(NonZeroU64::MIN);
+        let burst =
+            NonZeroU64::new(self.burst().min(WindowLimit::default_burst(count.get()))).unwrap_or(NonZeroU64::MIN);
+        WindowLimit::derived(count, self.per_us, burst, self.margin_us)
+    }
+
+    /// This window decided with emission interval `interval_us` and
+    /// tolerance `tolerance_us` where they are stricter than its own: a
+    /// lowered window's ([`WindowLimit::lowered`]) applied over the one
+    /// configured (each stricter, so the result is exact for both), shown
+    /// with the lower count and burst.
+    pub fn tightened(&self, lowered: &LearnedWindow) -> WindowLimit {
+        WindowLimit {
+            count: NonZeroU64::new(lowered.count.min(self.count())).unwrap_or(NonZeroU64::MIN),
+            burst: NonZeroU64::new(lowered.burst.min(self.burst())).unwrap_or(NonZeroU64::MIN),
+            interval_us: self.interval_us.max(lowered.interval_us),
+            tolerance_us: self.tolerance_us.min(lowered.tolerance_us),
+            ..*self
+        }
+    }
+
     /// This window for one of `n` instances: count and burst divided by `n`
     /// (rounded down, at least 1).
     fn divided(&self, n: u64) -> WindowLimit {
@@ -303,6 +333,7 @@ impl Rule {
             per_recipient: Vec::new(),
             learn_up: false,
             learned_divisor: 1,
+            learn_windows: false,
         }
     }
 

@@ -108,7 +108,29 @@ fn picture_of(
 ) -> Value {
     let (name, _, _) = limit.policy();
     match *limit {
-        Limit::Window(w) => {
+        Limit::Window(configured) => {
+            // A window a frequency 45009 lowered until the quota day ends
+            // (crate::limit::learned): it applies, and is shown as such.
+            let (w, learned) = match own {
+                Some((rule, state)) => {
+                    let w = learned::window(rule, state, &configured, now);
+                    let learned = state
+                        .learned_windows
+                        .iter()
+                        .find(|l| rule.learn_windows && l.per_us == configured.per_us() && now < l.until)
+                        .map_or(Value::Null, |l| {
+                            json!({
+                                "count": l.count,
+                                "burst": l.burst,
+                                "source": "errcode_45009",
+                                "at": local_time(l.at, offset_us),
+                                "until": local_time(l.until, offset_us),
+                            })
+                        });
+                    (w, learned)
+                }
+                None => (configured, Value::Null),
+            };
             let tat = match stored {
                 Some(LimitState::Tat(t)) => t.max(now),
                 _ => now,
@@ -117,6 +139,8 @@ fn picture_of(
                 "limit": name,
                 "kind": "window",
                 "count": w.count(),
+                "configured": configured.count(),
+                "learned": learned,
                 "per_seconds": w.per_us() as f64 / 1e6,
                 "burst": w.burst(),
                 "tokens": window_tokens(&w, stored, now),

@@ -132,6 +132,9 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
                 if why == Why::Penalised {
                     let spent = used >= limit;
                     tracing::info!(account, rule = %sync.rule.name, wechat_used = used, daily_limit = limit, day_spent = spent, "quota_sync: checked a 45009 with quota/get ({})", if spent { "the day quota is spent: nothing more until the quota day ends" } else { "not the day quota: a frequency limit" });
+                    if !spent {
+                        crate::features::penalties::lower_windows(&app.core, key).await;
+                    }
                 }
             }
             match app.core.store.apply(key, RaiseDay { used }).await {
@@ -163,7 +166,6 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
 /// ([`crate::limit::learned`]), counted and logged when it changes the
 /// pair's day limit.
 async fn learn(app: &App, key: Key<'_>, limit: u64) {
-    let Some(cache) = &app.features.token_cache.cache else { return };
     let rule = key.rule;
     let Some(configured) = rule.limits.iter().find_map(|l| match l {
         crate::limit::Limit::Calendar { count, period: Period::Day } => Some(count.get()),
@@ -181,7 +183,7 @@ async fn learn(app: &App, key: Key<'_>, limit: u64) {
             let (was, now) = (effective(before), effective(limit));
             if was != now {
                 let direction = if now < was { "down" } else { "up" };
-                cache.metrics.learned(&rule.name, direction);
+                app.core.metrics.learned(&rule.name, direction);
                 tracing::info!(account = key.account, rule = %rule.name, configured, day_limit_was = was, day_limit = now, "quota_sync: WeChat reports another day limit for this account; its day quota follows");
             }
         }

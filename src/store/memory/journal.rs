@@ -22,7 +22,10 @@
 //!   ([`crate::limit::decide::clear`]), so the admissions after it count
 //!   from zero again;
 //! - a day limit WeChat reported (`quota_sync`, [`crate::limit::learned`]):
-//!   `account\tstate\tlearned\tlimit\tat\n`; replaying sets it.
+//!   `account\tstate\tlearned\tlimit\tat\n`; replaying sets it;
+//! - a window a frequency 45009 lowered (`learn_windows`):
+//!   `account\tstate\twindow\tper\tcount\tburst\tT\ttolerance\tat\tuntil\n`;
+//!   replaying sets it.
 //!
 //! Replayed in order over the loaded state file, the lines give the state
 //! of the crash: every change after the snapshot's read of a pair is in
@@ -46,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::limit::calendar::Period;
+use crate::limit::learned::LearnedWindow;
 use crate::limit::penalty::PenaltyState;
 use crate::store::state_file::{open_private, private_dir, PrivateError};
 use crate::time::Micros;
@@ -89,6 +93,8 @@ pub enum Change {
     Clear { at: Micros },
     /// WeChat reported `limit` as the pair's day limit at `at`.
     Learned { limit: u64, at: Micros },
+    /// A window a frequency 45009 lowered.
+    Window(LearnedWindow),
 }
 
 fn open_append(path: &Path) -> Result<File, PrivateError> {
@@ -169,6 +175,21 @@ impl Journal {
         })
     }
 
+    /// Records a window a frequency 45009 lowered for `account`'s `state`.
+    pub fn append_window(&self, account: &str, state: &str, l: &LearnedWindow) -> io::Result<()> {
+        self.write(|line| {
+            start(line, account, state);
+            line.extend_from_slice(b"window\t");
+            field(line, l.per_us, false);
+            field(line, l.count, false);
+            field(line, l.burst, false);
+            field(line, l.interval_us, false);
+            field(line, l.tolerance_us, false);
+            field(line, l.at, false);
+            field(line, l.until, true);
+        })
+    }
+
     /// Writes what `fill` puts in this thread's line buffer, with one `write`.
     fn write(&self, fill: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
         LINE.with(|line| {
@@ -243,6 +264,15 @@ fn parse(line: &str) -> Option<Record> {
         }
         ("clear", 4) => Change::Clear { at: n(3)? },
         ("learned", 5) => Change::Learned { limit: f[3].parse().ok()?, at: n(4)? },
+        ("window", 10) => Change::Window(LearnedWindow {
+            per_us: n(3)?,
+            count: f[4].parse().ok()?,
+            burst: f[5].parse().ok()?,
+            interval_us: n(6)?,
+            tolerance_us: n(7)?,
+            at: n(8)?,
+            until: n(9)?,
+        }),
         _ => return None,
     };
     Some(Record { account, state, change })
@@ -271,6 +301,8 @@ mod tests {
         j.append_penalty("wxA", "send", &p).expect("append");
         j.append_clear("wxA", "send", 7).expect("append");
         j.append_learned("wxA", "send", 30, 8).expect("append");
+        let w = LearnedWindow { per_us: 60, count: 5, burst: 1, interval_us: 12, tolerance_us: 0, at: 9, until: 99 };
+        j.append_window("wxA", "send", &w).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
             .open(dir.join("state.json.journal/current"))
@@ -289,10 +321,11 @@ mod tests {
                 Change::Penalty(p),
                 Change::Clear { at: 7 },
                 Change::Learned { limit: 30, at: 8 },
+                Change::Window(w),
             ]
         );
         j.drop_old();
-        assert_eq!(j.records().len(), 5);
+        assert_eq!(j.records().len(), 6);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -115,6 +115,13 @@ impl MemoryStore {
                 Change::Learned { limit, at } => self.with_raw(&r.account, &r.state, true, |s| {
                     crate::limit::learned::learn_day(s, limit, at);
                 }),
+                Change::Window(w) if w.until <= now => continue,
+                Change::Window(w) => self.with_raw(&r.account, &r.state, true, |s| {
+                    match s.learned_windows.iter_mut().find(|x| x.per_us == w.per_us) {
+                        Some(slot) => *slot = w,
+                        None => s.learned_windows.push(w),
+                    }
+                }),
             }
             replayed += 1;
         }
@@ -260,6 +267,8 @@ impl MemoryStore {
                         shares: s.shares.clone(),
                         recipients: s.recipients.clone(),
                         learned_day: s.learned_day,
+                        learned_windows: s.learned_windows.clone(),
+                        runs: s.runs.clone(),
                     },
                     warmup_us: *warmup,
                 },
