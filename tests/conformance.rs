@@ -1070,6 +1070,8 @@ fn scenarios() -> Vec<Scenario> {
                 // burst 1 (the default burst of 9).
                 vec![
                     (LowerW, Lowered(&[(10, 9), (100, 9)])),
+                    // The 45009 of another call sent before: lowered once.
+                    (LowerW, Lowered(&[(9, 9), (9, 9)])),
                     (Inspect, State("two windows lowered", |s| s.state.learned_windows.len() == 2)),
                     // The minute's TAT is 600 s ahead and its tolerance 0 now.
                     (Call("a"), No(600 * SEC, Reason::Rate)),
@@ -1362,7 +1364,9 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.tokens().drop_token(&token_hash(prefix, token), kinds).await.expect("store answered"),
             ),
             Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
-            LowerW => Got::Lowered(store.apply(key, op::LowerWindows).await.expect("store answered")),
+            LowerW => Got::Lowered(
+                store.apply(key, op::LowerWindows { sent_at: clock.now_us() }).await.expect("store answered"),
+            ),
             LearnDay(limit) => {
                 Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))
             }

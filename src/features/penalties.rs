@@ -13,6 +13,7 @@ use crate::features::hooks::{Answered, Env, Feature};
 use crate::limit::calendar::Period;
 use crate::limit::{Key, Limit};
 use crate::store::op::{LowerWindows, Penalise, Succeeded};
+use crate::time::Micros;
 use crate::transport::sniff::Verdict;
 
 #[derive(Default)]
@@ -22,7 +23,8 @@ pub struct Penalties {
     /// frequency limit, so quota_sync asks quota/get at once
     /// ([`crate::ops::quota_sync`]). At most [`MAX_DAY_CHECKS`]: more
     /// are left to the next regular sync.
-    day_checks: std::sync::Mutex<Vec<(String, std::sync::Arc<str>)>>,
+    /// With the latest `sent_at` of a call WeChat answered so.
+    day_checks: std::sync::Mutex<Vec<(String, std::sync::Arc<str>, Micros)>>,
 }
 
 /// Most pairs waiting for quota_sync's check after a 45009.
@@ -30,14 +32,16 @@ pub const MAX_DAY_CHECKS: usize = 1024;
 
 impl Penalties {
     /// The pairs to check, taken (each once).
-    pub fn take_day_checks(&self) -> Vec<(String, std::sync::Arc<str>)> {
+    pub fn take_day_checks(&self) -> Vec<(String, std::sync::Arc<str>, Micros)> {
         std::mem::take(&mut *self.day_checks.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn check_day(&self, account: &str, state: &std::sync::Arc<str>) {
+    fn check_day(&self, account: &str, state: &std::sync::Arc<str>, sent_at: Micros) {
         let mut checks = self.day_checks.lock().unwrap_or_else(|e| e.into_inner());
-        if checks.len() < MAX_DAY_CHECKS && !checks.iter().any(|(a, s)| a == account && s == state) {
-            checks.push((account.to_owned(), state.clone()));
+        if let Some(check) = checks.iter_mut().find(|(a, s, _)| a == account && s == state) {
+            check.2 = check.2.max(sent_at);
+        } else if checks.len() < MAX_DAY_CHECKS {
+            checks.push((account.to_owned(), state.clone(), sent_at));
         }
     }
 }
@@ -45,12 +49,14 @@ impl Penalties {
 /// WeChat answered a frequency 45009 for the pair of `key`: its rule's
 /// windows are lowered until the quota day ends (`learn_windows`,
 /// [`crate::limit::learned`]), counted and logged.
-pub async fn lower_windows(core: &Core, key: Key<'_>) {
+pub async fn lower_windows(core: &Core, key: Key<'_>, sent_at: Micros) {
     let rule = key.rule;
     if !rule.learn_windows {
         return;
     }
-    match Box::pin(core.store.apply(key, LowerWindows)).await {
+    match Box::pin(core.store.apply(key, LowerWindows { sent_at })).await {
+        // Lowered already for a call sent at or after this one.
+        Ok(lowered) if lowered.iter().all(|(was, now)| was == now) => {}
         Ok(lowered) => {
             let counts: Vec<String> = lowered.iter().map(|(was, now)| format!("{was}->{now}")).collect();
             core.metrics.learned(&rule.name, "down");
@@ -87,10 +93,10 @@ impl Feature for Penalties {
                     let day = rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }));
                     let synced = config.quota_syncs.iter().any(|s| s.rule.state == rule.state);
                     if day {
-                        self.check_day(answered.account, &rule.state);
+                        self.check_day(answered.account, &rule.state, sent_at);
                     }
                     if !(day && synced) {
-                        lower_windows(env.core, key).await;
+                        lower_windows(env.core, key, sent_at).await;
                     }
                 }
                 if !rule.shadow {

@@ -35,28 +35,13 @@
 //! window stays exact for the lower count.
 
 use crate::limit::calendar::Period;
+pub use crate::limit::{LearnedDay, LearnedWindow};
 use crate::limit::{Limit, LimitState, Rule, RuleState, WindowKey, WindowLimit};
 use crate::time::Micros;
 
 /// A frequency 45009 lowers each window to this share of what it admitted
 /// in the window before.
 pub const LOWER_PERCENT: u64 = 90;
-
-/// A window a frequency 45009 lowered, until the quota day ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LearnedWindow {
-    /// The window's length (which limit of the rule it lowers).
-    pub per_us: Micros,
-    pub count: u64,
-    pub burst: u64,
-    /// The lowered window's `T` and `τ` ([`WindowLimit::lowered`]).
-    pub interval_us: Micros,
-    pub tolerance_us: Micros,
-    /// When it was lowered, and until when it applies (the next midnight
-    /// of `quota_timezone`).
-    pub at: Micros,
-    pub until: Micros,
-}
 
 /// The window `w` of `rule` as it applies to a pair whose state is `state`
 /// at `now`: lowered by a frequency 45009 until the quota day ends.
@@ -65,22 +50,38 @@ pub fn window(rule: &Rule, state: &RuleState, w: &WindowLimit, now: Micros) -> W
         return *w;
     }
     match state.learned_windows.iter().find(|l| l.per_us == w.per_us() && now < l.until) {
-        Some(l) => w.tightened(l),
+        // The local fallback's scaled rule: its instance's part of the
+        // lowered count, as of the configured one.
+        Some(l) if rule.learned_divisor > 1 => w.tightened(&w.lowered((l.count / rule.learned_divisor).max(1))),
+        Some(l) => w.tightened(&WindowLimit::stored(l.count, l.burst, l.per_us, l.interval_us, l.tolerance_us)),
         None => *w,
     }
 }
 
-/// WeChat answered a frequency 45009 for the pair at `now`: each window of
-/// `rule` is lowered until the next midnight of the quota zone to
-/// [`LOWER_PERCENT`] % of what it admitted in the window before (at least
-/// one call fewer than it allows now; at least 1). Returns each window's
-/// (count before, count after). `lua/lower_windows.lua` mirrors it.
-pub fn lower_windows(rule: &Rule, state: &mut RuleState, now: Micros, offset_us: Micros) -> Vec<(u64, u64)> {
+/// WeChat answered a frequency 45009 to a call admitted at `sent_at`, for
+/// the pair, at `now`: each window of `rule` is lowered until the next
+/// midnight of the quota zone to [`LOWER_PERCENT`] % of what it admitted in
+/// the window before (at least one call fewer than it allows now; at least
+/// 1). A window lowered at or after `sent_at` is left as it is: the call
+/// went under the window before, and the 45009s of calls sent together
+/// lower it once, not once each. Returns each window's (count before,
+/// count after). `lua/lower_windows.lua` mirrors it.
+pub fn lower_windows(
+    rule: &Rule,
+    state: &mut RuleState,
+    now: Micros,
+    offset_us: Micros,
+    sent_at: Micros,
+) -> Vec<(u64, u64)> {
     let until = Period::Day.next_start(now, offset_us);
     let mut lowered = Vec::new();
     for limit in &rule.limits {
         let Limit::Window(configured) = limit else { continue };
         let w = window(rule, state, configured, now);
+        if state.learned_windows.iter().any(|l| l.per_us == w.per_us() && now < l.until && l.at >= sent_at) {
+            lowered.push((w.count(), w.count()));
+            continue;
+        }
         let tat = match state.get(WindowKey::Window(w.per_us())) {
             Some(LimitState::Tat(t)) => t,
             _ => now,
@@ -109,23 +110,7 @@ pub fn lower_windows(rule: &Rule, state: &mut RuleState, now: Micros, offset_us:
 }
 
 /// How long a learned limit stays after WeChat last reported it.
-pub const KEEP_US: Micros = 2 * 86_400_000_000;
-
-/// A day limit WeChat reported for a pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LearnedDay {
-    /// quota/get's `daily_limit` (at least 1).
-    pub limit: u64,
-    /// When WeChat last reported it (store time).
-    pub at: Micros,
-}
-
-impl LearnedDay {
-    /// Whether it still applies at `now`.
-    pub fn fresh(&self, now: Micros) -> bool {
-        now < self.at.saturating_add(KEEP_US)
-    }
-}
+pub const KEEP_US: Micros = crate::limit::LEARNED_KEEP_US;
 
 /// The count a rule's own day quota of `configured` calls has for a pair
 /// whose state is `state`, at `now`.

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::limit::calendar::Period;
-use crate::limit::learned::LearnedWindow;
 use crate::time::Micros;
 
 /// A named rule: its limits, and whose state they count in.
@@ -286,13 +285,26 @@ impl WindowLimit {
     /// lowered window's ([`WindowLimit::lowered`]) applied over the one
     /// configured (each stricter, so the result is exact for both), shown
     /// with the lower count and burst.
-    pub fn tightened(&self, lowered: &LearnedWindow) -> WindowLimit {
+    pub fn tightened(&self, lowered: &WindowLimit) -> WindowLimit {
         WindowLimit {
-            count: NonZeroU64::new(lowered.count.min(self.count())).unwrap_or(NonZeroU64::MIN),
-            burst: NonZeroU64::new(lowered.burst.min(self.burst())).unwrap_or(NonZeroU64::MIN),
+            count: self.count.min(lowered.count),
+            burst: self.burst.min(lowered.burst),
             interval_us: self.interval_us.max(lowered.interval_us),
             tolerance_us: self.tolerance_us.min(lowered.tolerance_us),
             ..*self
+        }
+    }
+
+    /// A window with these numbers as they were stored (a lowered window
+    /// read back from a store): `count` and `burst` at least 1.
+    pub fn stored(count: u64, burst: u64, per_us: Micros, interval_us: Micros, tolerance_us: Micros) -> WindowLimit {
+        WindowLimit {
+            count: NonZeroU64::new(count).unwrap_or(NonZeroU64::MIN),
+            per_us,
+            burst: NonZeroU64::new(burst).unwrap_or(NonZeroU64::MIN),
+            interval_us: interval_us.max(1),
+            tolerance_us: tolerance_us.max(0),
+            margin_us: 0,
         }
     }
 

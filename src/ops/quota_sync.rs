@@ -40,6 +40,7 @@ use crate::limit::Key;
 use crate::proxy::app::App;
 use crate::store::op::{LearnDay, RaiseDay};
 use crate::store::tokens::Claim;
+use crate::time::Micros;
 
 /// How often the task looks for syncs that are due.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -70,10 +71,10 @@ pub async fn round(app: &App) {
     // A 45009 first: is the day spent (quota/get says so: its limit and
     // count are taken, no call goes until the quota day ends) or was it a
     // frequency limit (the penalty holds the pair)?
-    for (account, state) in app.features.penalties.take_day_checks() {
+    for (account, state, sent_at) in app.features.penalties.take_day_checks() {
         let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state) else { continue };
         let Some((_, token)) = known.iter().find(|(a, _)| *a == account) else { continue };
-        one(app, &config, &account, token, sync, Why::Penalised).await;
+        one(app, &config, &account, token, sync, Why::Penalised { sent_at }).await;
     }
     for (account, token) in &known {
         if config.server.accounts.as_ref().is_some_and(|list| !list.contains(account)) {
@@ -93,9 +94,10 @@ pub async fn round(app: &App) {
 enum Why {
     /// Its interval is up.
     Due,
-    /// WeChat answered 45009 for the pair: checked at once, whenever the
-    /// last sync was; one check per [`CHECK_EVERY`] across instances.
-    Penalised,
+    /// WeChat answered 45009 to a call of the pair admitted at `sent_at`:
+    /// checked at once, whenever the last sync was; one check per
+    /// [`CHECK_EVERY`] across instances.
+    Penalised { sent_at: Micros },
 }
 
 /// Across instances, at most one quota/get per pair and this long after a 45009.
@@ -109,7 +111,7 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
     let now = app.core.clock.now_us();
     let (slot, lease_us) = match why {
         Why::Due => (format!("sync:{account}:{state}"), every_us),
-        Why::Penalised => (format!("check:{account}:{state}"), micros(CHECK_EVERY)),
+        Why::Penalised { .. } => (format!("check:{account}:{state}"), micros(CHECK_EVERY)),
     };
     match cache.store.tokens().claim_token(&slot, cache.instance(), i64::MAX, i64::MAX, lease_us).await {
         Ok(Claim::Won { .. }) => {}
@@ -129,11 +131,11 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
             let key = Key { account, rule: &sync.rule, offset_us };
             if let Some(limit) = daily_limit {
                 learn(app, key, limit).await;
-                if why == Why::Penalised {
+                if let Why::Penalised { sent_at } = why {
                     let spent = used >= limit;
                     tracing::info!(account, rule = %sync.rule.name, wechat_used = used, daily_limit = limit, day_spent = spent, "quota_sync: checked a 45009 with quota/get ({})", if spent { "the day quota is spent: nothing more until the quota day ends" } else { "not the day quota: a frequency limit" });
                     if !spent {
-                        crate::features::penalties::lower_windows(&app.core, key).await;
+                        crate::features::penalties::lower_windows(&app.core, key, sent_at).await;
                     }
                 }
             }

@@ -17,7 +17,10 @@ use crate::time::Micros;
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(script!("lower_windows.lua")));
 
-pub struct LowerWindows;
+/// The 45009 answered a call admitted at `sent_at`.
+pub struct LowerWindows {
+    pub sent_at: Micros,
+}
 
 /// In the fallback state too: decisions made without Redis keep to the
 /// lowered windows.
@@ -30,7 +33,7 @@ impl Operation for LowerWindows {
     const KEPT: Kept = Kept::Learned;
 
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Vec<(u64, u64)> {
-        lower_windows(key.rule, state, now, key.offset_us)
+        lower_windows(key.rule, state, now, key.offset_us, self.sent_at)
     }
 
     fn script() -> Option<&'static Script> {
@@ -39,7 +42,7 @@ impl Operation for LowerWindows {
 
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = SCRIPT.key(keys.state(key.account, key.rule));
-        inv.arg(now).arg(key.offset_us).arg(LOWER_PERCENT);
+        inv.arg(now).arg(key.offset_us).arg(LOWER_PERCENT).arg(self.sent_at);
         for limit in &key.rule.limits {
             if let Limit::Window(w) = limit {
                 inv.arg(limit.window_key().label())
