@@ -30,6 +30,8 @@ pub(super) struct RawConfig {
     pub domain: Vec<Spanned<RawDomain>>,
     #[serde(default)]
     pub queue: super::queue::RawQueue,
+    #[serde(default)]
+    pub quota: Vec<Spanned<super::overrides::RawQuota>>,
 }
 
 /// `[[domain]]` (src/config/domain.rs).

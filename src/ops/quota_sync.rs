@@ -101,7 +101,7 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
     let offset_us = config.server.quota_offset_us;
     match quota_get(app, config, account, token, (sync.domain, &sync.path)).await {
         Ok(used) => {
-            let key = Key { account, rule: &sync.rule, offset_us };
+            let key = Key { account, rule: config.rule_of(account, &sync.rule), offset_us };
             match app.core.store.apply(key, RaiseDay { used }).await {
                 Ok(before) => {
                     let raised = used > before;
