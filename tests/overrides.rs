@@ -45,7 +45,11 @@ async fn an_override_gives_one_account_its_own_day_quota_and_the_others_keep_the
         let store = backing.name();
         let mock = MockWeChat::start().await;
         let gate = backing.gate_on_manual_clock(config(&mock, &day_override("wxA", 30))).await;
-        assert_eq!(admitted_until_refused(&gate, "wxA", 200).await, (30, Some("quota".into())), "{store}: wxA");
+        let first = gate.get_as("wxA", SEND).await;
+        assert_eq!(first.status, 200, "{store}");
+        assert_eq!(first.header("ratelimit-policy"), Some("\"send.day\";q=30;w=86400"), "{store}");
+        assert_eq!(first.header("ratelimit"), Some("\"send.day\";r=29;t=50400"), "{store}");
+        assert_eq!(admitted_until_refused(&gate, "wxA", 200).await, (29, Some("quota".into())), "{store}: wxA");
         assert_eq!(admitted_until_refused(&gate, "wxB", 200).await, (100, Some("quota".into())), "{store}: wxB");
         assert_eq!(mock.count(), 130, "{store}: only admitted calls reached WeChat");
         // Each account's answers name its own limits.
@@ -292,4 +296,26 @@ async fn a_reload_with_a_bad_override_is_refused_with_its_file_and_line_and_keep
     let log = instance.stop().await;
     let refused = log.lines().find(|l| l.contains("config reload refused")).expect("a refused reload is logged");
     assert!(refused.contains(&message), "the log names the place as check does:\n{refused}\n{message}");
+}
+
+#[tokio::test]
+async fn while_redis_is_away_the_local_fallback_divides_the_accounts_own_limits() {
+    let mut redis = support::redis_server::RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let store = support::StoreToml::redis(&redis.url())
+        .set("timeout", "100ms")
+        .set("fallback", "local")
+        .set("instances", 2)
+        .set("breaker_failures", 3)
+        .set("breaker_open", "200ms");
+    let text = ConfigToml::new(&mock.url())
+        .server("quota_timezone", support::midday_timezone())
+        .with(rule("send").matching(SEND).limit(10, "day"))
+        .with(day_override("wxA", 4))
+        .with(store);
+    let gate = Gate::start_real_text(text).await;
+    redis.stop();
+    // instances = 2: this instance alone may use half of each account's own.
+    assert_eq!(admitted_until_refused(&gate, "wxA", 10).await, (2, Some("quota".into())), "wxA: 4 / 2");
+    assert_eq!(admitted_until_refused(&gate, "wxB", 10).await, (5, Some("quota".into())), "wxB: 10 / 2");
 }
