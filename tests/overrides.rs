@@ -319,3 +319,30 @@ async fn while_redis_is_away_the_local_fallback_divides_the_accounts_own_limits(
     assert_eq!(admitted_until_refused(&gate, "wxA", 10).await, (2, Some("quota".into())), "wxA: 4 / 2");
     assert_eq!(admitted_until_refused(&gate, "wxB", 10).await, (5, Some("quota".into())), "wxB: 10 / 2");
 }
+
+#[tokio::test]
+async fn an_override_of_a_domains_rule_is_written_in_the_config_and_one_in_its_rules_file_is_warned_of() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("overrides-domain");
+    let wecom =
+        "[[rule]]\nname = \"basic\"\nmatch = [\"/cgi-bin/user/get\"]\nlimits = [{ count = 100, per = \"day\" }]\n\
+                 [[quota]]\naccount = \"wxA\"\nrule = \"basic\"\nlimits = [{ count = 5, per = \"day\" }]\n";
+    std::fs::write(dir.join("wecom.toml"), wecom).expect("write");
+    let domain =
+        format!("[[domain]]\nhost = \"qyapi.weixin.qq.com\"\nrules = \"wecom.toml\"\nupstream = \"{}\"\n", mock.url());
+    let quota = "[[quota]]\naccount = \"wxA\"\nrule = \"qyapi.basic\"\nlimits = [{ count = 3, per = \"day\" }]\n";
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, ConfigToml::new(&mock.url()).with(domain).with(quota).to_string()).expect("write");
+    let (code, stdout, stderr) = process::run(&["check", "--config", &path.display().to_string()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("rule qyapi.basic [/cgi-bin/user/get]\n  100 per calendar day"), "{stdout}");
+    assert!(stdout.contains("  account wxA ([[quota]] line"), "{stdout}");
+    assert!(stdout.contains("): 3 per calendar day instead"), "the config's override: {stdout}");
+    assert!(stderr.contains("wecom.toml's [[quota]] apply only when it runs alone"), "{stderr}");
+    let gate = Gate::start_file(&path).await;
+    let user_get = "/qyapi.weixin.qq.com/cgi-bin/user/get";
+    for _ in 0..3 {
+        assert_eq!(gate.get_as("wxA", user_get).await.status, 200);
+    }
+    assert_eq!(gate.get_as("wxA", user_get).await.status, 429, "the config's 3, not the rules file's 5");
+}
