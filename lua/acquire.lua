@@ -40,7 +40,8 @@
 --          number of limits L, then the rule's limits, five values each:
 --            kind, field, a, b, r
 --            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
---            kind "day" | "month"  calendar quota: a = count, b = 0
+--            kind "day" | "month"  calendar quota: a = count, b = 1 when a day
+--              limit WeChat reported may raise it (learn = "both"), else 0
 --            r: what this call may not use (a normal caller's call of a rule
 --            with a reserve; else 0): R·T for a window, calls for a calendar
 --          the caller's label when the rule has a max_share, else "", then
@@ -98,6 +99,9 @@ end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local inst = ARGV[4]
+-- How long a day limit WeChat reported (day.l, reported at day.la) applies:
+-- src/limit/learned.rs KEEP_US (a test keeps the two equal).
+local KEEP_LEARNED = 172800000000
 -- A calendar quota's field names (count, period, reservations; this
 -- instance's count and its period), made once per field per run: the calls
 -- of a batch share them.
@@ -105,7 +109,7 @@ local calendar_names = {}
 local function names(f)
   local nm = calendar_names[f]
   if not nm then
-    nm = {p = f .. '.p', n = f .. '.n', q = f .. '.q', m = f .. '.m.' .. inst, mp = f .. '.mp.' .. inst}
+    nm = {p = f .. '.p', n = f .. '.n', q = f .. '.q', m = f .. '.m.' .. inst, mp = f .. '.mp.' .. inst, l = f .. '.l', la = f .. '.la'}
     calendar_names[f] = nm
   end
   return nm
@@ -324,12 +328,16 @@ local function acquire(k, a)
       fields[#fields + 1] = nm.q
     end
   end
-  if inst ~= '' then
-    for i = 1, #limits do
-      local l = limits[i]
-      if l.kind ~= 'w' then
+  for i = 1, #limits do
+    local l = limits[i]
+    if l.kind ~= 'w' then
+      if inst ~= '' then
         fields[#fields + 1] = l.nm.m
         fields[#fields + 1] = l.nm.mp
+      end
+      if l.kind == 'day' then
+        fields[#fields + 1] = l.nm.l
+        fields[#fields + 1] = l.nm.la
       end
     end
   end
@@ -344,6 +352,12 @@ local function acquire(k, a)
     else
       local nm = l.nm
       l.p, l.n, l.q = sv[nm.p] or -1e18, sv[nm.n] or 0, sv[nm.q] or 0
+      -- The rule's own day quota: the day limit WeChat reported, while
+      -- fresh, lowers it (raises it too when b = 1, learn = "both").
+      if l.code == 2 and l.kind == 'day' then
+        local learned, la = sv[nm.l], sv[nm.la]
+        if learned and la and now < la + KEEP_LEARNED and (l.b == 1 or learned < l.a) then l.a = learned end
+      end
     end
   end
 

@@ -64,6 +64,7 @@ use crate::time::Micros;
 pub mod calendar;
 pub mod decide;
 pub mod drain;
+pub mod learned;
 pub mod pair;
 pub mod penalty;
 pub mod rule;
@@ -172,6 +173,9 @@ pub struct RuleState {
     pub shares: Vec<ShareState>,
     /// `per_recipient`: each recipient's use of its own limits.
     pub recipients: Recipients,
+    /// The day limit WeChat last reported for the pair (`quota_sync`):
+    /// [`learned`].
+    pub learned_day: Option<learned::LearnedDay>,
 }
 
 /// How many `per_recipient` windows a rule may have (a recipient's state is
@@ -353,6 +357,7 @@ impl RuleState {
             && !self.penalty.is_recent(now)
             && self.holders.iter().all(|(_, exp)| *exp <= now)
             && (self.last_call == 0 || self.last_call + warmup_us <= now)
+            && self.learned_day.is_none_or(|l| !l.fresh(now))
     }
 }
 

@@ -806,10 +806,12 @@ fn say_features(out: &mut String, config: &Config, started: &Started) {
     for sync in &config.quota_syncs {
         say!(
             out,
-            "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`",
+            "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`; its `daily_limit` {} the account's day quota (learn = \"{}\")",
             sync.rule.state,
             sync.path,
-            humantime::format_duration(sync.every)
+            humantime::format_duration(sync.every),
+            if sync.rule.learn_up { "becomes" } else { "lowers" },
+            if sync.rule.learn_up { "both" } else { "down" }
         );
     }
     let t = &config.tokens;

@@ -294,6 +294,7 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
         stdout.contains("quota_sync send (/cgi-bin/message/custom/send): asks WeChat's quota/get every 10m"),
         "{stdout}"
     );
+    assert!(stdout.contains("its `daily_limit` lowers the account's day quota (learn = \"down\")"), "{stdout}");
     assert!(stdout.contains("tokens: cache on (in-process); min_ttl 10m, wait 15s"), "{stdout}");
     let bad = [
         (send("quota_sync = \"500ms\""), "rules.toml:5: rule \"send\": quota_sync: \"500ms\" is shorter than 1s"),
@@ -312,6 +313,8 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
                 .into(),
             "quota_sync: the rule has no per = \"day\" limit",
         ),
+        (send("learn = \"both\""), "rules.toml:5: rule \"send\": learn: \"both\" needs quota_sync"),
+        (send("quota_sync = \"10m\"\nlearn = \"up\""), "rules.toml:6: rule \"send\": learn: \"up\" is unknown"),
         ("[tokens]\nwait = \"0s\"\n".into(), "rules.toml:2: [tokens] wait: must be between 1s and 2m"),
         ("[tokens]\nmin_ttl = \"3h\"\n".into(), "[tokens] min_ttl: must be shorter than a token's 2 hours"),
         ("[tokens]\ncache = \"yes\"\n".into(), "rules.toml:2: [tokens] cache: expected true or false"),

@@ -147,6 +147,8 @@ enum Op {
     DropK(&'static str, &'static [&'static str]),
     /// quota_sync: WeChat counts this many calls today.
     Raise(u64),
+    /// quota_sync: WeChat reports this day limit for the pair.
+    LearnDay(u64),
 }
 
 struct Scenario {
@@ -1004,6 +1006,55 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "a_day_limit_wechat_reports_below_the_rules_lowers_the_pairs_day_quota",
+            start: BEFORE_MIDNIGHT - 10 * SEC,
+            limits: r#"[{ count = 10, per = "day" }, { count = 100, per = "1m", burst = 100 }]"#,
+            extra: "reserve = \"20%\"",
+            steps: [
+                call(2, Ok),
+                vec![
+                    (LearnDay(5), Before(0)),
+                    (Inspect, State("learned 5", |s| s.state.learned_day.map(|l| l.limit) == Some(5))),
+                    // The reserve (2 of the configured 10) stays: a normal
+                    // call leaves it of the 5.
+                    (Normal("a"), Ok),
+                    (Normal("a"), No(11 * SEC, Reason::Reserve)),
+                ],
+                call(2, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // Higher than the rule's: the rule's 10 (learn = "down").
+                vec![(LearnDay(30), Before(5)), (LearnDay(0), Before(30))],
+                call(5, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // Kept for two days after it was reported, then forgotten.
+                vec![(LearnDay(3), Before(30)), (Wait(11 * SEC), Any)],
+                call(3, Ok),
+                vec![(Call("a"), No(86_400 * SEC, Reason::Quota)), (Wait(2 * 86_400 * SEC - 11 * SEC), Any)],
+                call(10, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "with_learn_both_a_day_limit_wechat_reports_above_the_rules_raises_it",
+            start: BEFORE_MIDNIGHT - 10 * SEC,
+            limits: r#"[{ count = 3, per = "day" }]"#,
+            extra: "quota_sync = \"10m\"\nlearn = \"both\"\nscope = \"path\"",
+            steps: [
+                vec![(LearnDay(5), Before(0))],
+                call(5, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // A state that does not exist yet is made.
+                vec![
+                    (On("/y"), Any),
+                    (LearnDay(1), Before(0)),
+                    (Call("a"), Ok),
+                    (Call("a"), No(11 * SEC, Reason::Quota)),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "refunds_leave_penalties_and_slots_alone",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,
@@ -1276,6 +1327,9 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.tokens().drop_token(&token_hash(prefix, token), kinds).await.expect("store answered"),
             ),
             Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
+            LearnDay(limit) => {
+                Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))
+            }
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

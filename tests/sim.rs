@@ -191,6 +191,81 @@ async fn quota_get_reports_each_account_s_day_and_clear_quota_resets_it() {
     assert_eq!(quota(&sim, &a).await.json()["quota"]["remain"], 0, "a refused call does not count");
 }
 
+/// `[[api.account]]`: wxB's own windows and day quota replace the path's for
+/// wxB alone; quota/get reports them; /__stats counts each account apart.
+#[tokio::test]
+async fn an_account_with_its_own_limits_is_refused_at_them_and_quota_get_reports_them() {
+    let limits = "[sim]\nrequire_token = true\n\n[[api]]\npath = \"/cgi-bin/message/custom/send\"\nlimits = [{ count = 5, per = \"1m\" }, { count = 100, per = \"day\" }]\n\n[[api.account]]\nappid = \"wxB\"\nlimits = [{ count = 2, per = \"1m\" }, { count = 3, per = \"day\" }]\n\n[[api.account]]\nappid = \"wxC\"\nlimits = [{ count = 7, per = \"day\" }]\n";
+    let sim = SimServer::start(limits).await;
+    let b = sim.token("wxB").await;
+    let send_b = format!("{SEND}?access_token={b}");
+    // wxB: its own window of 2 a minute...
+    assert_eq!(errcode(&sim.post(&send_b, "{}").await), 0);
+    assert_eq!(errcode(&sim.post(&send_b, "{}").await), 0);
+    let window = sim.post(&send_b, "{}").await;
+    assert_eq!(errcode(&window), 45009);
+    assert!(errmsg(&window).starts_with("api freq out of limit"), "{}", errmsg(&window));
+    // ... and its own day quota of 3.
+    sim.advance(Duration::from_secs(60));
+    assert_eq!(errcode(&sim.post(&send_b, "{}").await), 0);
+    let day = sim.post(&send_b, "{}").await;
+    assert_eq!(errcode(&day), 45009);
+    assert!(errmsg(&day).starts_with("reach max api daily quota limit"), "{}", errmsg(&day));
+    let q = quota(&sim, &b).await;
+    assert_eq!(q.text(), r#"{"errcode":0,"errmsg":"ok","quota":{"daily_limit":3,"used":3,"remain":0}}"#);
+
+    // wxA keeps the path's limits: 5 a minute, 100 a day.
+    for _ in 0..5 {
+        assert_eq!(errcode(&sim.post(&format!("{SEND}?appid=wxA"), "{}").await), 0);
+    }
+    assert_eq!(errcode(&sim.post(&format!("{SEND}?appid=wxA"), "{}").await), 45009);
+    assert_eq!(sim.quota("wxA", SEND).await, support::sim::Quota { daily_limit: 100, used: 5, remain: 95 });
+    // wxC has a day quota of its own and no window.
+    for _ in 0..7 {
+        assert_eq!(errcode(&sim.post(&format!("{SEND}?appid=wxC"), "{}").await), 0);
+    }
+    assert_eq!(errcode(&sim.post(&format!("{SEND}?appid=wxC"), "{}").await), 45009);
+    assert_eq!(sim.quota("wxC", SEND).await, support::sim::Quota { daily_limit: 7, used: 7, remain: 0 });
+
+    let got = sim.account(SEND, "wxB").await;
+    let want = support::sim::AccountCounts {
+        arrivals: 5,
+        ok: 3,
+        e45009: 2,
+        e45009_day: 1,
+        e45009_window: 1,
+        e45033: 0,
+        used_today: 3,
+    };
+    assert_eq!(got, want);
+    let a = sim.account(SEND, "wxA").await;
+    assert_eq!((a.ok, a.e45009_window, a.e45009_day, a.used_today), (5, 1, 0, 5));
+    assert_eq!(sim.account(SEND, "wxD").await, support::sim::AccountCounts::default(), "no call, no own limits");
+    let p = &sim.stats().await["paths"][SEND];
+    assert_eq!(p["accounts"]["wxB"]["own_limits"], true);
+    assert_eq!(p["accounts"]["wxA"]["own_limits"], false);
+    assert_eq!(p["accounts"]["wxB"]["windows"][0]["limit"], "2 per 1m");
+    assert_eq!(p["accounts"]["wxB"]["windows"][0]["worst_admitted"], 2);
+    assert_eq!(p["accounts"]["wxB"]["day"], serde_json::json!({"daily_limit": 3, "used": 3}));
+    // The path's window is that of the accounts on its limits: wxA's 5.
+    assert_eq!(p["windows"][0]["worst_admitted"], 5);
+    assert_eq!((p["ok"].as_u64(), p["45009"].as_u64()), (Some(15), Some(4)));
+
+    // A new day: wxB's own quota starts again.
+    sim.advance(Duration::from_secs(86_400));
+    let b = sim.token("wxB").await;
+    for _ in 0..2 {
+        assert_eq!(errcode(&sim.post(&format!("{SEND}?access_token={b}"), "{}").await), 0);
+    }
+    assert_eq!(quota(&sim, &b).await.json()["quota"]["used"], 2);
+    // After a reset, /__stats lists an account with limits of its own (as
+    // quota/get would answer it), and others once they call again.
+    assert_eq!(errcode(&sim.post("/__reset", "").await), 0);
+    let p = &sim.stats().await["paths"][SEND];
+    assert_eq!(p["accounts"]["wxC"]["day"], serde_json::json!({"daily_limit": 7, "used": 0}), "{p}");
+    assert!(p["accounts"].get("wxA").is_none(), "{p}");
+}
+
 #[tokio::test]
 async fn stats_count_every_answer_and_the_busiest_window_exactly() {
     let limits = "[[api]]\npath = \"/cgi-bin/message/custom/send\"\nlimits = [{ count = 4, per = \"10s\" }]\n";
@@ -299,6 +374,12 @@ async fn the_binary_serves_the_demo_without_a_rules_config() {
     let stats = sim.get("/__stats").await.json();
     assert_eq!(stats["day_length_ms"], 300_000, "the demo's 5-minute day");
     assert!(stats["paths"].get(SEND).is_some(), "{stats}");
+    let small = &stats["paths"]["/cgi-bin/message/template/send"]["accounts"]["wxsmall"];
+    assert_eq!(
+        small["day"],
+        serde_json::json!({"daily_limit": 20, "used": 0}),
+        "the demo's own-limits account: {stats}"
+    );
     let a = sim.get("/cgi-bin/token?grant_type=client_credential&appid=wxdemo&secret=s").await;
     assert_eq!(a.json()["expires_in"], 7200, "{}", a.text());
     assert_eq!(errcode(&support::sim::post_at(sim.addr, SEND, "{}").await), 0);

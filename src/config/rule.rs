@@ -40,6 +40,7 @@ pub(super) struct RawRule {
     pub reserve: Option<String>,
     pub max_share: Option<String>,
     pub quota_sync: Option<String>,
+    pub learn: Option<String>,
     pub cost: Option<String>,
     pub recipients: Option<RawRecipients>,
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
@@ -129,6 +130,18 @@ pub(super) fn compile_rule(
     };
     let (reserve_percent, share_percent) =
         (percent(r.reserve.as_deref(), "reserve")?, percent(r.max_share.as_deref(), "max_share")?);
+    let learn_up = match (r.learn.as_deref(), r.quota_sync.is_some()) {
+        (None | Some("down"), _) => false,
+        (Some("both"), true) => true,
+        (Some("both"), false) => {
+            let e = Invalid::new("\"both\" needs quota_sync (the day limit is learned from WeChat's quota/get)");
+            return Err(at.rule(e.field("learn")));
+        }
+        (Some(other), _) => {
+            let e = Invalid::new(format!("\"{other}\" is unknown (expected \"down\" or \"both\")"));
+            return Err(at.rule(e.field("learn")));
+        }
+    };
     let per_recipient = per_recipient(&r, defaults.margin_us, &at)?;
     let recipients =
         recipients(&r.name, r.recipients, r.cost.as_deref(), &per_recipient, scope).map_err(|e| at.rule(e))?;
@@ -141,6 +154,7 @@ pub(super) fn compile_rule(
         concurrency,
         shadow,
         per_recipient,
+        learn_up,
         ..Rule::new(&qualified, limits)
     }
     .with_percents(reserve_percent, share_percent)

@@ -9,11 +9,37 @@
 
 use crate::error::retry_after_secs;
 use crate::features::hooks::{Answered, Env, Feature};
-use crate::limit::Key;
+use crate::limit::calendar::Period;
+use crate::limit::{Key, Limit};
 use crate::store::op::{Penalise, Succeeded};
 use crate::transport::sniff::Verdict;
 
-pub struct Penalties;
+#[derive(Default)]
+pub struct Penalties {
+    /// Pairs of a rule with a day quota that WeChat answered 45009 since
+    /// quota_sync last looked: the errmsg cannot tell a spent day from a
+    /// frequency limit, so quota_sync asks quota/get at once
+    /// ([`crate::ops::quota_sync`]). At most [`MAX_DAY_CHECKS`]: more
+    /// are left to the next regular sync.
+    day_checks: std::sync::Mutex<Vec<(String, std::sync::Arc<str>)>>,
+}
+
+/// Most pairs waiting for quota_sync's check after a 45009.
+pub const MAX_DAY_CHECKS: usize = 1024;
+
+impl Penalties {
+    /// The pairs to check, taken (each once).
+    pub fn take_day_checks(&self) -> Vec<(String, std::sync::Arc<str>)> {
+        std::mem::take(&mut *self.day_checks.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn check_day(&self, account: &str, state: &std::sync::Arc<str>) {
+        let mut checks = self.day_checks.lock().unwrap_or_else(|e| e.into_inner());
+        if checks.len() < MAX_DAY_CHECKS && !checks.iter().any(|(a, s)| a == account && s == state) {
+            checks.push((account.to_owned(), state.clone()));
+        }
+    }
+}
 
 impl Feature for Penalties {
     type Ctx = ();
@@ -34,6 +60,10 @@ impl Feature for Penalties {
                     }
                 };
                 tracing::info!(rule = %rule.name, account = %answered.account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
+                if code == 45009 && rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }))
+                {
+                    self.check_day(answered.account, &rule.state);
+                }
                 if !rule.shadow {
                     answered.penalty = Some(wait_us);
                 }

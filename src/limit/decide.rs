@@ -89,6 +89,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
             Limit::Calendar { count, period } => {
+                let count = own_count(rule, state, count.get(), period, now);
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
                 let after = if period.id(at, offset_us) == current {
@@ -100,7 +101,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
                     LimitState::Count { used, .. } => used,
                     LimitState::Tat(_) => 0,
                 };
-                (after, count.get().saturating_sub(used_now), period.next_start(now, offset_us) - now)
+                (after, count.saturating_sub(used_now), period.next_start(now, offset_us) - now)
             }
         };
         if quota.is_none_or(|q| remaining < q.remaining) {
@@ -130,6 +131,16 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
     }
     Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
+}
+
+/// The count of a rule's own calendar quota for this pair: a day quota's
+/// lowered (or, with `learn = "both"`, raised) by the day limit WeChat
+/// reported ([`crate::limit::learned`]).
+fn own_count(rule: &Rule, state: &RuleState, count: u64, period: Period, now: Micros) -> u64 {
+    match period {
+        Period::Day => crate::limit::learned::day_count(rule, count, state, now),
+        Period::Month => count,
+    }
 }
 
 /// What [`earliest`] weighs a call against: its rule, the caller's share
@@ -163,7 +174,11 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
             Limit::Window(w) => interval(w, rule, t.warm_start, now),
             Limit::Calendar { .. } => 0,
         };
-        (*l, state.get(l.window_key()), kept(i), step, reason)
+        let count = match *l {
+            Limit::Calendar { count, period } => own_count(rule, state, count.get(), period, now),
+            Limit::Window(_) => 0,
+        };
+        (*l, count, state.get(l.window_key()), kept(i), step, reason)
     });
     let shared = t.share.into_iter().flat_map(|mine| {
         rule.share.iter().map(move |l| {
@@ -171,14 +186,18 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
                 Limit::Window(w) => w.interval_us(),
                 Limit::Calendar { .. } => 0,
             };
-            (*l, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
+            let count = match *l {
+                Limit::Calendar { count, .. } => count.get(),
+                Limit::Window(_) => 0,
+            };
+            (*l, count, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
         })
     });
     let terms = own.chain(shared);
     let mut worst = 0;
     let mut reason = Reason::Rate;
     let mut fits = true;
-    for (limit, stored, kept, step, why) in terms.clone() {
+    for (limit, count, stored, kept, step, why) in terms.clone() {
         let wait = match limit {
             Limit::Window(w) => {
                 let more = (extra as i64).saturating_mul(step);
@@ -187,8 +206,8 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
                 }
                 tat_of(stored, now) - w.tolerance_us() + kept + more - now
             }
-            Limit::Calendar { count, period } => {
-                let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
+            Limit::Calendar { period, .. } => {
+                let room = count.saturating_sub(kept as u64).saturating_sub(extra);
                 if extra > 0 && room == 0 {
                     fits = false;
                 }
@@ -213,9 +232,9 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     // which must have room too. (max_wait is far shorter than a day, so one
     // pass over the calendars settles it.)
     let mut at = now + worst;
-    for (limit, stored, kept, _, why) in terms {
-        if let Limit::Calendar { count, period } = limit {
-            let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
+    for (limit, count, stored, kept, _, why) in terms {
+        if let Limit::Calendar { period, .. } = limit {
+            let room = count.saturating_sub(kept as u64).saturating_sub(extra);
             let free = calendar_free_at(stored, room, period, at, offset_us);
             if free > at {
                 at = free;

@@ -68,6 +68,13 @@ pub struct Rule {
     /// the rule's own limits, for every account without one):
     /// [`Rule::overridden`].
     pub account: Option<Arc<str>>,
+    /// `learn = "both"`: a day limit WeChat reports ([`crate::limit::learned`])
+    /// applies even above the configured count (default: only below it).
+    pub learn_up: bool,
+    /// A learned day limit applies divided by this: 1, or for the local
+    /// fallback's scaled rule ([`Rule::scaled`]) the instances its counts
+    /// are divided by.
+    pub learned_divisor: u64,
 }
 
 /// Whose calls a rule's limits count together.
@@ -299,6 +306,8 @@ impl Rule {
             share: Vec::new(),
             per_recipient: Vec::new(),
             account: None,
+            learn_up: false,
+            learned_divisor: 1,
         }
     }
 
@@ -349,6 +358,7 @@ impl Rule {
         // A recipient messaged through every instance must not get its
         // limit from each.
         scaled.per_recipient = self.per_recipient.iter().map(|w| w.divided(n)).collect();
+        scaled.learned_divisor = self.learned_divisor.max(1) * n;
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled

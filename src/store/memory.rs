@@ -460,6 +460,10 @@ impl MemoryStore {
                         Ok(())
                     }
                 }
+                Kept::Learned => match state.learned_day {
+                    Some(l) => journal.append_learned(key.account, &key.rule.state, l.limit, l.at),
+                    None => Ok(()),
+                },
                 _ => Ok(()),
             };
             self.journal_failed(written);

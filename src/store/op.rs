@@ -105,6 +105,7 @@ ops! {
     SetPenalty: set_penalty::SetPenalty -> PenaltyEnd,
     Refund: refund::Refund -> bool,
     RaiseDay: raise_day::RaiseDay -> u64,
+    LearnDay: learn_day::LearnDay -> u64,
 }
 
 #[cfg(test)]

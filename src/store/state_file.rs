@@ -73,6 +73,7 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::limit::calendar::Period;
+use crate::limit::learned::LearnedDay;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{LimitState, RuleState, ShareState, WindowKey};
 use crate::store::tokens::{TokenHash, TokenKey};
@@ -178,6 +179,16 @@ struct FilePair<'a> {
     /// it, which read back with no recipient state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     recipients: Vec<(u64, Vec<(Micros, Micros)>)>,
+    /// The day limit WeChat reported ([`crate::limit::learned`]). Absent
+    /// in files of wxgate before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    learned_day: Option<FileLearned>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileLearned {
+    limit: u64,
+    at: Micros,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -288,6 +299,7 @@ fn file_pair(p: &Pair) -> FilePair<'_> {
             .flat_map(|m| m.iter())
             .map(|(k, r)| (*k, r.iter().filter(|(per, _)| *per > 0).copied().collect()))
             .collect(),
+        learned_day: s.learned_day.map(|l| FileLearned { limit: l.limit, at: l.at }),
     }
 }
 
@@ -366,6 +378,7 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                 holders: Vec::new(),
                 shares,
                 recipients,
+                learned_day: p.learned_day.map(|l| LearnedDay { limit: l.limit, at: l.at }),
             };
             Pair { account: p.account.into_owned(), rule: Arc::from(&*p.rule), state, warmup_us: p.warmup_us }
         })

@@ -74,3 +74,57 @@ pub fn errcode(a: &Answer) -> i64 {
     assert_eq!(a.header("content-type"), Some("application/json; charset=utf-8"));
     a.json()["errcode"].as_i64().unwrap_or(0)
 }
+
+/// One account's answers on one path at the sim, from `/__stats`
+/// (`paths[path].accounts[appid]`); all 0 for an account that made no call
+/// there since the last reset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AccountCounts {
+    pub arrivals: u64,
+    pub ok: u64,
+    /// Every 45009: `e45009_day + e45009_window`.
+    pub e45009: u64,
+    /// 45009 "reach max api daily quota limit".
+    pub e45009_day: u64,
+    /// 45009 "api freq out of limit".
+    pub e45009_window: u64,
+    pub e45033: u64,
+    /// Calls admitted today (the `used` of `quota/get`); 0 for a path without a day quota.
+    pub used_today: u64,
+}
+
+/// WeChat's `quota/get` answer: `daily_limit`, `used`, `remain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub daily_limit: u64,
+    pub used: u64,
+    pub remain: u64,
+}
+
+impl SimServer {
+    /// What `appid` got on `path` since the last reset.
+    pub async fn account(&self, path: &str, appid: &str) -> AccountCounts {
+        let stats = self.stats().await;
+        let a = &stats["paths"][path]["accounts"][appid];
+        let n = |key: &str| a[key].as_u64().unwrap_or(0);
+        AccountCounts {
+            arrivals: n("arrivals"),
+            ok: n("ok"),
+            e45009: n("45009"),
+            e45009_day: n("45009_day"),
+            e45009_window: n("45009_window"),
+            e45033: n("45033"),
+            used_today: a["day"]["used"].as_u64().unwrap_or(0),
+        }
+    }
+
+    /// `quota/get` of `cgi_path` for `appid` (named by the `appid` parameter).
+    pub async fn quota(&self, appid: &str, cgi_path: &str) -> Quota {
+        let body = serde_json::json!({ "cgi_path": cgi_path }).to_string();
+        let a = self.post(&format!("/cgi-bin/openapi/quota/get?appid={appid}"), &body).await;
+        assert_eq!(errcode(&a), 0, "quota/get: {}", a.text());
+        let q = &a.json()["quota"];
+        let n = |key: &str| q[key].as_u64().unwrap_or_else(|| panic!("quota/get {key}: {}", a.text()));
+        Quota { daily_limit: n("daily_limit"), used: n("used"), remain: n("remain") }
+    }
+}

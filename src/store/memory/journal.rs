@@ -20,7 +20,9 @@
 //! - a clear (`clear_quota` WeChat accepted, the admin API's clear):
 //!   `account\tstate\tclear\tat\n`; replaying clears the pair as at `at`
 //!   ([`crate::limit::decide::clear`]), so the admissions after it count
-//!   from zero again.
+//!   from zero again;
+//! - a day limit WeChat reported (`quota_sync`, [`crate::limit::learned`]):
+//!   `account\tstate\tlearned\tlimit\tat\n`; replaying sets it.
 //!
 //! Replayed in order over the loaded state file, the lines give the state
 //! of the crash: every change after the snapshot's read of a pair is in
@@ -85,6 +87,8 @@ pub enum Change {
     Penalty(PenaltyState),
     /// The pair was cleared at `at` (store time).
     Clear { at: Micros },
+    /// WeChat reported `limit` as the pair's day limit at `at`.
+    Learned { limit: u64, at: Micros },
 }
 
 fn open_append(path: &Path) -> Result<File, PrivateError> {
@@ -151,6 +155,16 @@ impl Journal {
         self.write(|line| {
             start(line, account, state);
             line.extend_from_slice(b"clear\t");
+            field(line, at, true);
+        })
+    }
+
+    /// Records the day limit WeChat reported for `account`'s `state` at `at`.
+    pub fn append_learned(&self, account: &str, state: &str, limit: u64, at: Micros) -> io::Result<()> {
+        self.write(|line| {
+            start(line, account, state);
+            line.extend_from_slice(b"learned\t");
+            field(line, limit, false);
             field(line, at, true);
         })
     }
@@ -228,6 +242,7 @@ fn parse(line: &str) -> Option<Record> {
             Change::Penalty(PenaltyState { until: n(3)?, started: n(4)?, level: f[5].parse().ok()?, last_len: n(6)? })
         }
         ("clear", 4) => Change::Clear { at: n(3)? },
+        ("learned", 5) => Change::Learned { limit: f[3].parse().ok()?, at: n(4)? },
         _ => return None,
     };
     Some(Record { account, state, change })
@@ -255,6 +270,7 @@ mod tests {
         let p = PenaltyState { until: 5, started: 2, level: 3, last_len: 3 };
         j.append_penalty("wxA", "send", &p).expect("append");
         j.append_clear("wxA", "send", 7).expect("append");
+        j.append_learned("wxA", "send", 30, 8).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
             .open(dir.join("state.json.journal/current"))
@@ -272,10 +288,11 @@ mod tests {
                 count(Period::Month, 2),
                 Change::Penalty(p),
                 Change::Clear { at: 7 },
+                Change::Learned { limit: 30, at: 8 },
             ]
         );
         j.drop_old();
-        assert_eq!(j.records().len(), 4);
+        assert_eq!(j.records().len(), 5);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -112,13 +112,16 @@ impl MemoryStore {
                 Change::Clear { at } => {
                     self.with_raw(&r.account, &r.state, false, |s| crate::limit::decide::clear(s, at, offset_us))
                 }
+                Change::Learned { limit, at } => self.with_raw(&r.account, &r.state, true, |s| {
+                    crate::limit::learned::learn_day(s, limit, at);
+                }),
             }
             replayed += 1;
         }
         if replayed > 0 {
             tracing::info!(
                 changes = replayed,
-                "replayed the journal over the state file (admissions, penalties, clears; the last stop was not clean)"
+                "replayed the journal over the state file (admissions, penalties, clears, learned limits; the last stop was not clean)"
             );
         }
     }
@@ -256,6 +259,7 @@ impl MemoryStore {
                         holders: Vec::new(),
                         shares: s.shares.clone(),
                         recipients: s.recipients.clone(),
+                        learned_day: s.learned_day,
                     },
                     warmup_us: *warmup,
                 },

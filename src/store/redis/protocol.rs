@@ -15,6 +15,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::limit::learned::LearnedDay;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
 use crate::store::answer::StoreError;
@@ -217,7 +218,9 @@ impl AcquireArgs {
                 let label = limit.window_key().label();
                 match limit {
                     Limit::Window(w) => ("w", label, w.interval_us(), w.tolerance_us(), kept(i)),
-                    Limit::Calendar { count, period } => (period.as_str(), label, count.get() as i64, 0, kept(i)),
+                    Limit::Calendar { count, period } => {
+                        (period.as_str(), label, count.get() as i64, i64::from(rule.learn_up), kept(i))
+                    }
                 }
             })
             .collect();
@@ -447,6 +450,10 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
         started: get("ps").unwrap_or(0),
         level: get("pl").unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
         last_len: get("pn").unwrap_or(0),
+    };
+    state.learned_day = match (get("day.l"), get("day.la")) {
+        (Some(limit), Some(at)) if limit > 0 => Some(LearnedDay { limit: limit as u64, at }),
+        _ => None,
     };
     state.warm_start = get("ws").unwrap_or(0);
     state.last_call = get("lc").unwrap_or(0);

@@ -322,6 +322,11 @@ pub(super) fn tokens(registry: &mut Registry) -> TokenMetrics {
         tokens.syncs.clone(),
     );
     registry.register(
+        "quota_learned",
+        "Day limits WeChat's quota/get reported (quota_sync) that changed an (account, rule)'s day limit, by rule and direction (down: lower than the limit it had, up: higher)",
+        tokens.learned.clone(),
+    );
+    registry.register(
         "token_injections",
         "Calls without an access_token that wxgate added an [[account]]'s current token to",
         tokens.injected.clone(),

@@ -8,8 +8,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use std::sync::OnceLock;
 
 use super::labels::{
-    ErrcodeLabels, FailoverLabels, FileOp, OpLabel, Outcome, OutcomeLabels, QueueCallbackLabels, QueueLabels,
-    QueueReasonLabels, QueueStateLabels, ResultLabel, RuleLabel, TriedLabels, UpstreamLabel, OUTCOMES,
+    ErrcodeLabels, FailoverLabels, FileOp, LearnedLabels, OpLabel, Outcome, OutcomeLabels, QueueCallbackLabels,
+    QueueLabels, QueueReasonLabels, QueueStateLabels, ResultLabel, RuleLabel, TriedLabels, UpstreamLabel, OUTCOMES,
 };
 
 /// The token cache's series (`crate::features::token_cache`, `crate::ops::quota_sync`):
@@ -30,6 +30,9 @@ pub struct TokenMetrics {
     pub invalidations: Counter,
     /// quota/get calls of quota_sync, by result.
     pub syncs: Family<ResultLabel, Counter>,
+    /// Day limits learned from quota/get that changed a pair's limit, by
+    /// rule and direction.
+    pub learned: Family<LearnedLabels, Counter>,
     /// Calls wxgate added an `[[account]]`'s token to.
     pub injected: Counter,
     /// Injected calls sent once more with a new token after WeChat
@@ -42,6 +45,10 @@ pub struct TokenMetrics {
 impl TokenMetrics {
     pub fn sync(&self, result: &str) {
         self.syncs.get_or_create(&ResultLabel { result: result.to_owned() }).inc();
+    }
+
+    pub fn learned(&self, rule: &str, direction: &str) {
+        self.learned.get_or_create(&LearnedLabels { rule: rule.to_owned(), direction: direction.to_owned() }).inc();
     }
 
     pub fn renewal(&self, result: &str) {

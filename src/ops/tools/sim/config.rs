@@ -2,6 +2,7 @@
 //! checks and the built-in demo. Unknown keys are rejected; a message names
 //! the file, the line and the key: `sim.toml:12: [[api]] "/cgi-bin/x": limits[0]: ...`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -43,14 +44,36 @@ pub struct SimConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Api {
     pub path: String,
-    /// Sliding windows: no `[t, t + per)` admits more than `count` calls.
-    pub windows: Vec<Window>,
-    /// Calls admitted per day (`per = "day"`), reported by `quota/get`.
-    pub daily: Option<u64>,
+    /// The limits of every account not named in `accounts`.
+    pub limits: Limits,
+    /// Accounts (appids) with limits of their own (`[[api.account]]`), in
+    /// place of `limits` (whole: windows and day quota alike).
+    pub accounts: BTreeMap<String, Limits>,
     /// Calls in flight at once (45033 beyond).
     pub concurrency: Option<u32>,
     /// Simulated processing time of each admitted call.
     pub latency: Span,
+}
+
+/// The limits one account has on one path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Sliding windows: no `[t, t + per)` admits more than `count` calls.
+    pub windows: Vec<Window>,
+    /// Calls admitted per day (`per = "day"`), reported by `quota/get`.
+    pub daily: Option<u64>,
+}
+
+impl Api {
+    /// The limits `account` has on this path: its own, else the path's.
+    pub fn limits_of(&self, account: &str) -> &Limits {
+        self.accounts.get(account).unwrap_or(&self.limits)
+    }
+
+    /// Whether `account` has limits of its own here.
+    pub fn has_own(&self, account: &str) -> bool {
+        self.accounts.contains_key(account)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +129,7 @@ impl SimConfig {
         let mut apis: Vec<Api> = Vec::with_capacity(raw.api.len());
         for spanned in raw.api {
             let span = spanned.span();
-            let api = compile_api(spanned.into_inner()).map_err(|m| at(span.clone(), &m))?;
+            let api = compile_api(spanned.into_inner(), span.clone(), &at)?;
             if apis.iter().any(|a| a.path == api.path) {
                 return Err(at(span, &format!("[[api]] \"{}\": another [[api]] has the same path", api.path)));
             }
@@ -124,7 +147,32 @@ impl SimConfig {
     }
 }
 
-fn compile_api(raw: RawApi) -> Result<Api, String> {
+/// A message located by the span of what it is about (`file:line: ...`).
+type At<'a> = &'a dyn Fn(std::ops::Range<usize>, &str) -> String;
+
+/// Checks one `[[api]]` (at `span`); an error names the line of the block,
+/// or of its `[[api.account]]` that is wrong.
+fn compile_api(raw: RawApi, span: std::ops::Range<usize>, at: At<'_>) -> Result<Api, String> {
+    let located = |m: String| at(span.clone(), &m);
+    let mut api = compile_api_block(&raw).map_err(located)?;
+    for spanned in &raw.account {
+        let located = |m: String| at(spanned.span(), &m);
+        let account = spanned.get_ref();
+        let name = format!("[[api]] \"{}\": [[api.account]]", raw.path);
+        if account.appid.is_empty() || account.appid.len() > 128 || account.appid.contains(['&', '=', '?', '#', ' ']) {
+            return Err(located(format!("{name}: appid must be 1 to 128 characters, none of & = ? # or space")));
+        }
+        let name = format!("{name} \"{}\"", account.appid);
+        let own = compile_limits(&name, &account.limits).map_err(located)?;
+        if api.accounts.insert(account.appid.clone(), own).is_some() {
+            return Err(located(format!("{name}: another [[api.account]] of this path has the same appid")));
+        }
+    }
+    Ok(api)
+}
+
+/// The block's own keys (everything but its accounts).
+fn compile_api_block(raw: &RawApi) -> Result<Api, String> {
     let name = format!("[[api]] \"{}\"", raw.path);
     if !raw.path.starts_with('/') || raw.path.contains(['?', '#', ' ']) {
         return Err(format!("{name}: path must start with / and hold no query (e.g. \"/cgi-bin/user/info\")"));
@@ -132,9 +180,28 @@ fn compile_api(raw: RawApi) -> Result<Api, String> {
     if raw.path.starts_with("/__") {
         return Err(format!("{name}: paths under /__ are the simulator's own (/__stats, /__reset)"));
     }
+    let limits = compile_limits(&name, &raw.limits)?;
+    if raw.concurrency == Some(0) {
+        return Err(format!("{name}: concurrency must be at least 1 (leave it out for no cap)"));
+    }
+    let latency = match &raw.latency {
+        None => Span::ZERO,
+        Some(t) => {
+            let d = parse_duration(t).map_err(|m| format!("{name}: latency: {m}"))?;
+            if d > Duration::from_secs(60) {
+                return Err(format!("{name}: latency: at most 60s"));
+            }
+            Span::from_duration(d)
+        }
+    };
+    Ok(Api { path: raw.path.clone(), limits, accounts: BTreeMap::new(), concurrency: raw.concurrency, latency })
+}
+
+/// A `limits = [...]` list: its sliding windows and its day quota.
+fn compile_limits(name: &str, raw: &[Spanned<RawLimit>]) -> Result<Limits, String> {
     let mut windows = Vec::new();
     let mut daily = None;
-    for (i, l) in raw.limits.iter().enumerate() {
+    for (i, l) in raw.iter().enumerate() {
         let l = l.get_ref();
         let at = |m: String| format!("{name}: limits[{i}]: {m}");
         if l.count == 0 {
@@ -155,20 +222,7 @@ fn compile_api(raw: RawApi) -> Result<Api, String> {
         }
         windows.push(Window { count: l.count, per_us: micros(per) });
     }
-    if raw.concurrency == Some(0) {
-        return Err(format!("{name}: concurrency must be at least 1 (leave it out for no cap)"));
-    }
-    let latency = match &raw.latency {
-        None => Span::ZERO,
-        Some(t) => {
-            let d = parse_duration(t).map_err(|m| format!("{name}: latency: {m}"))?;
-            if d > Duration::from_secs(60) {
-                return Err(format!("{name}: latency: at most 60s"));
-            }
-            Span::from_duration(d)
-        }
-    };
-    Ok(Api { path: raw.path, windows, daily, concurrency: raw.concurrency, latency })
+    Ok(Limits { windows, daily })
 }
 
 #[derive(Deserialize)]
@@ -197,6 +251,16 @@ struct RawApi {
     limits: Vec<Spanned<RawLimit>>,
     concurrency: Option<u32>,
     latency: Option<String>,
+    /// `[[api.account]]`: appids with limits of their own on this path.
+    #[serde(default)]
+    account: Vec<Spanned<RawAccount>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAccount {
+    appid: String,
+    limits: Vec<Spanned<RawLimit>>,
 }
 
 #[derive(Deserialize)]
@@ -218,7 +282,7 @@ mod tests {
     fn the_demo_parses() {
         let demo = SimConfig::demo().expect("the demo parses");
         assert_eq!(demo.day_length_us, 300_000_000);
-        assert!(demo.apis.iter().any(|a| a.path == "/cgi-bin/message/custom/send" && a.daily.is_some()));
+        assert!(demo.apis.iter().any(|a| a.path == "/cgi-bin/message/custom/send" && a.limits.daily.is_some()));
     }
 
     #[test]
@@ -246,5 +310,51 @@ mod tests {
         assert!(err(text).contains("limits[1]: a second per = \"day\" quota"), "{}", err(text));
         assert!(err("[[api]]\npath = \"/a\"\nconcurency = 3\n").starts_with("sim.toml:3: unknown field `concurency`"));
         assert!(err("[[api]]\npath = \"/__stats\"\n").contains("the simulator's own"));
+    }
+
+    const ACCOUNTS: &str = "[[api]]\npath = \"/a\"\nlimits = [{ count = 20, per = \"1m\" }, { count = 100, per = \"day\" }]\n\n[[api.account]]\nappid = \"wxB\"\nlimits = [{ count = 5, per = \"1m\" }, { count = 30, per = \"day\" }]\n\n[[api.account]]\nappid = \"wxC\"\nlimits = []\n";
+
+    #[test]
+    fn an_account_has_its_own_limits_in_place_of_the_path_s() {
+        let c = SimConfig::parse(ACCOUNTS, "sim.toml").expect("accounts");
+        let api = &c.apis[0];
+        assert_eq!(api.limits_of("wxA"), &api.limits);
+        assert_eq!(api.limits_of("wxA").daily, Some(100));
+        let b = api.limits_of("wxB");
+        assert_eq!((b.windows[0].count, b.windows[0].per_us, b.daily), (5, 60_000_000, Some(30)));
+        assert_eq!(api.limits_of("wxC"), &Limits::default(), "an empty list: no limits at all");
+        assert!(api.has_own("wxB") && !api.has_own("wxA"));
+    }
+
+    #[test]
+    fn a_bad_account_block_is_refused_at_its_line() {
+        let bad = ACCOUNTS.replace("{ count = 30, per = \"day\" }", "{ count = 30, per = \"week\" }");
+        assert!(
+            err(&bad).starts_with("sim.toml:5: [[api]] \"/a\": [[api.account]] \"wxB\": limits[1]: per: "),
+            "{}",
+            err(&bad)
+        );
+        let twice = ACCOUNTS.replace("\"wxC\"", "\"wxB\"");
+        assert_eq!(
+            err(&twice),
+            "sim.toml:9: [[api]] \"/a\": [[api.account]] \"wxB\": another [[api.account]] of this path has the same appid"
+        );
+        let empty = ACCOUNTS.replace("\"wxC\"", "\"\"");
+        assert!(
+            err(&empty).starts_with("sim.toml:9: [[api]] \"/a\": [[api.account]]: appid must be"),
+            "{}",
+            err(&empty)
+        );
+        let typo = ACCOUNTS.replace("appid = \"wxC\"", "app_id = \"wxC\"");
+        assert!(err(&typo).starts_with("sim.toml:10: unknown field `app_id`"), "{}", err(&typo));
+        let no_limits = ACCOUNTS.replace("\nlimits = []", "");
+        assert!(err(&no_limits).contains("missing field `limits`"), "{}", err(&no_limits));
+        // The block's own errors still name the block's line.
+        let block = ACCOUNTS.replace("count = 20,", "count = 0,");
+        assert!(
+            err(&block).starts_with("sim.toml:1: [[api]] \"/a\": limits[0]: count must be at least 1"),
+            "{}",
+            err(&block)
+        );
     }
 }

@@ -162,7 +162,7 @@ impl Sim {
                     "/cgi-bin/openapi/quota/get" => {
                         let b: QuotaBody = serde_json::from_slice(body).map_err(|_| (47001, "data format error"))?;
                         let cgi_path = b.cgi_path.ok_or((47001, "data format error"))?;
-                        if self.scoreboard().api(&cgi_path).and_then(|a| a.daily).is_none() {
+                        if self.scoreboard().api(&cgi_path).and_then(|a| a.limits_of(&account).daily).is_none() {
                             return Err((76021, "cgi_path not found, please check"));
                         }
                         Wanted::Quota(cgi_path)

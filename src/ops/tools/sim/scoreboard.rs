@@ -16,6 +16,9 @@
 //!   any window of the limit's length, from the timestamps kept for the
 //!   window. Arrivals keep at most [`MAX_ARRIVALS`] timestamps per account
 //!   and window; beyond, `worst_arrivals` is a lower bound.
+//! - **An account with limits of its own** (`[[api.account]]`) is held to
+//!   those alone on that path, and reported on its own: the path's windows
+//!   in `/__stats` are those of the accounts on the path's limits.
 //! - Time never runs backwards here: a `now` earlier than one already seen
 //!   is taken as that one (a wall clock stepped back changes no count).
 
@@ -24,7 +27,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::config::{Api, SimConfig};
+use super::config::{Api, Limits, SimConfig};
 use crate::time::Micros;
 
 /// Timestamps of arrivals kept per account and window (8 bytes each).
@@ -70,14 +73,52 @@ impl Refusal {
 /// One path's state for one account.
 #[derive(Default)]
 struct Usage {
-    /// Per window of the path: times of admitted calls in the last `per`.
+    /// Per window of the account's limits on the path: times of admitted
+    /// calls in the last `per`.
     admitted: Vec<VecDeque<Micros>>,
-    /// Per window of the path: times of arrivals in the last `per`.
+    /// Per window: times of arrivals in the last `per`.
     arrivals: Vec<VecDeque<Micros>>,
+    /// Per window: the most calls admitted, and arrived, in any window of its
+    /// length since the last reset.
+    worst: Vec<(u64, u64)>,
     /// The day `used` counts in, and the calls admitted in it.
     day: i64,
     used: u64,
     in_flight: u32,
+    /// This account's answers on the path since the last reset.
+    counts: AccountCounts,
+}
+
+impl Usage {
+    fn new(limits: &Limits) -> Usage {
+        let n = limits.windows.len();
+        Usage {
+            admitted: vec![VecDeque::new(); n],
+            arrivals: vec![VecDeque::new(); n],
+            worst: vec![(0, 0); n],
+            ..Usage::default()
+        }
+    }
+}
+
+/// One account's answers on one path.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct AccountCounts {
+    pub arrivals: u64,
+    pub ok: u64,
+    /// Every 45009: `45009_day + 45009_window`.
+    #[serde(rename = "45009")]
+    pub e45009: u64,
+    /// 45009 "reach max api daily quota limit": the day quota was used up.
+    #[serde(rename = "45009_day")]
+    pub e45009_day: u64,
+    /// 45009 "api freq out of limit": a sliding window was full.
+    #[serde(rename = "45009_window")]
+    pub e45009_window: u64,
+    #[serde(rename = "45033")]
+    pub e45033: u64,
+    #[serde(rename = "40001")]
+    pub e40001: u64,
 }
 
 /// Counters of one path, over all accounts.
@@ -111,8 +152,6 @@ struct PathStats {
     counts: Counts,
     in_flight: u32,
     max_in_flight: u32,
-    /// Per window: the worst admitted and arrived counts of any account.
-    worst: Vec<(u64, u64)>,
 }
 
 /// Everything the simulator counts. Serve it behind one lock.
@@ -163,10 +202,10 @@ impl Scoreboard {
             None => Err(Refusal::Token),
             Some(i) => {
                 let api = &self.config.apis[i];
+                let limits = api.limits_of(account);
                 let usage = usage(&mut self.accounts, &self.config, account, i);
-                let stats = self.paths.entry(key.clone()).or_default();
                 // Every arrival enters the arrival windows, whatever its answer.
-                for (w, times) in api.windows.iter().zip(usage.arrivals.iter_mut()) {
+                for (w, times) in limits.windows.iter().zip(usage.arrivals.iter_mut()) {
                     if times.len() == MAX_ARRIVALS {
                         times.pop_front();
                     }
@@ -175,10 +214,25 @@ impl Scoreboard {
                         times.pop_front();
                     }
                 }
-                for (k, times) in usage.arrivals.iter().enumerate() {
-                    stats.worst[k].1 = stats.worst[k].1.max(times.len() as u64);
+                for (worst, times) in usage.worst.iter_mut().zip(&usage.arrivals) {
+                    worst.1 = worst.1.max(times.len() as u64);
                 }
-                decide(api, usage, token_ok, today, now)
+                let verdict = decide(api, limits, usage, token_ok, today, now);
+                let c = &mut usage.counts;
+                c.arrivals += 1;
+                match verdict {
+                    Ok(()) => {
+                        c.ok += 1;
+                        for (worst, times) in usage.worst.iter_mut().zip(&usage.admitted) {
+                            worst.0 = worst.0.max(times.len() as u64);
+                        }
+                    }
+                    Err(Refusal::Token) => c.e40001 += 1,
+                    Err(Refusal::Concurrency) => c.e45033 += 1,
+                    Err(Refusal::Daily) => (c.e45009, c.e45009_day) = (c.e45009 + 1, c.e45009_day + 1),
+                    Err(Refusal::Window) => (c.e45009, c.e45009_window) = (c.e45009 + 1, c.e45009_window + 1),
+                }
+                verdict
             }
         };
         let stats = self.paths.entry(key).or_default();
@@ -188,12 +242,6 @@ impl Scoreboard {
                 stats.counts.ok += 1;
                 stats.in_flight += 1;
                 stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
-                if let Some(i) = listed {
-                    let usage = usage(&mut self.accounts, &self.config, account, i);
-                    for (k, times) in usage.admitted.iter().enumerate() {
-                        stats.worst[k].0 = stats.worst[k].0.max(times.len() as u64);
-                    }
-                }
             }
             Err(Refusal::Token) => stats.counts.e40001 += 1,
             Err(Refusal::Concurrency) => stats.counts.e45033 += 1,
@@ -224,13 +272,14 @@ impl Scoreboard {
         s.counts.other += 1;
     }
 
-    /// `quota/get` of `account` on `path`: its daily limit and the calls
-    /// admitted today (`None` if `path` has no daily quota).
+    /// `quota/get` of `account` on `path`: its daily limit (its own, else
+    /// the path's) and the calls admitted today (`None` if `path` has no
+    /// daily quota for it).
     pub fn quota(&mut self, account: &str, path: &str, now: Micros) -> Option<(u64, u64)> {
         let now = self.tick(now);
         let (today, _) = self.day(now);
         let &i = self.index.get(path)?;
-        let limit = self.config.apis[i].daily?;
+        let limit = self.config.apis[i].limits_of(account).daily?;
         let used = self.accounts.get(account).and_then(|a| a.get(i)).filter(|u| u.day == today).map_or(0, |u| u.used);
         Some((limit, used))
     }
@@ -247,21 +296,15 @@ impl Scoreboard {
     /// `POST /__reset`: counters, worst windows and every account's limits
     /// start again; calls in flight stay in flight.
     pub fn reset(&mut self) {
-        for usage in self.accounts.values_mut() {
-            for u in usage.iter_mut() {
-                *u = Usage {
-                    in_flight: u.in_flight,
-                    admitted: vec![VecDeque::new(); u.admitted.len()],
-                    arrivals: vec![VecDeque::new(); u.arrivals.len()],
-                    day: 0,
-                    used: 0,
-                };
+        for (account, usage) in self.accounts.iter_mut() {
+            for (u, api) in usage.iter_mut().zip(&self.config.apis) {
+                *u = Usage { in_flight: u.in_flight, ..Usage::new(api.limits_of(account)) };
             }
         }
         let mut paths = HashMap::new();
         for api in &self.config.apis {
             let in_flight = self.paths.get(&api.path).map_or(0, |s| s.in_flight);
-            let stats = PathStats { in_flight, worst: vec![(0, 0); api.windows.len()], ..PathStats::default() };
+            let stats = PathStats { in_flight, ..PathStats::default() };
             paths.insert(api.path.clone(), stats);
         }
         for (path, s) in &self.paths {
@@ -286,19 +329,53 @@ impl Scoreboard {
                 max_in_flight: s.max_in_flight,
                 windows: Vec::new(),
                 day: None,
+                accounts: BTreeMap::new(),
             };
             if let Some(&i) = self.index.get(path) {
                 let api = &self.config.apis[i];
-                for (w, &(admitted, arrived)) in api.windows.iter().zip(&s.worst) {
-                    report.windows.push(WindowReport {
-                        limit: w.label(),
-                        count: w.count,
-                        per_ms: w.per_us / 1000,
-                        worst_admitted: admitted,
-                        worst_arrivals: arrived,
-                    });
+                // The path's windows: the worst of the accounts on its limits.
+                let mut worst = vec![(0, 0); api.limits.windows.len()];
+                for (account, usage) in &self.accounts {
+                    let Some(u) = usage.get(i).filter(|_| !api.has_own(account)) else { continue };
+                    for (w, &(admitted, arrived)) in worst.iter_mut().zip(&u.worst) {
+                        *w = (w.0.max(admitted), w.1.max(arrived));
+                    }
                 }
-                if let Some(daily_limit) = api.daily {
+                report.windows = window_reports(&api.limits, &worst);
+                // Each account that called the path since the reset, and each
+                // with limits of its own.
+                for (account, usage) in &self.accounts {
+                    let Some(u) = usage.get(i).filter(|u| u.counts.arrivals > 0 || api.has_own(account)) else {
+                        continue;
+                    };
+                    let limits = api.limits_of(account);
+                    let used = if u.day == today { u.used } else { 0 };
+                    report.accounts.insert(
+                        account.clone(),
+                        AccountReport {
+                            counts: u.counts.clone(),
+                            own_limits: api.has_own(account),
+                            windows: window_reports(limits, &u.worst),
+                            day: limits.daily.map(|daily_limit| AccountDay { daily_limit, used }),
+                        },
+                    );
+                }
+                for account in api.accounts.keys() {
+                    if report.accounts.contains_key(account) {
+                        continue;
+                    }
+                    let limits = api.limits_of(account);
+                    report.accounts.insert(
+                        account.clone(),
+                        AccountReport {
+                            counts: AccountCounts::default(),
+                            own_limits: true,
+                            windows: window_reports(limits, &vec![(0, 0); limits.windows.len()]),
+                            day: limits.daily.map(|daily_limit| AccountDay { daily_limit, used: 0 }),
+                        },
+                    );
+                }
+                if let Some(daily_limit) = api.limits.daily {
                     let used = self
                         .accounts
                         .iter()
@@ -330,15 +407,7 @@ fn usage<'m>(
     i: usize,
 ) -> &'m mut Usage {
     if !accounts.contains_key(account) {
-        let fresh = config
-            .apis
-            .iter()
-            .map(|a| Usage {
-                admitted: vec![VecDeque::new(); a.windows.len()],
-                arrivals: vec![VecDeque::new(); a.windows.len()],
-                ..Usage::default()
-            })
-            .collect();
+        let fresh = config.apis.iter().map(|a| Usage::new(a.limits_of(account))).collect();
         accounts.insert(account.to_owned(), fresh);
     }
     match accounts.get_mut(account) {
@@ -347,10 +416,26 @@ fn usage<'m>(
     }
 }
 
+/// The reports of `limits`' windows, with their worst counts.
+fn window_reports(limits: &Limits, worst: &[(u64, u64)]) -> Vec<WindowReport> {
+    limits
+        .windows
+        .iter()
+        .zip(worst)
+        .map(|(w, &(admitted, arrived))| WindowReport {
+            limit: w.label(),
+            count: w.count,
+            per_ms: w.per_us / 1000,
+            worst_admitted: admitted,
+            worst_arrivals: arrived,
+        })
+        .collect()
+}
+
 /// Checks, in WeChat's order of what a caller would be told: token,
-/// concurrency, the day's quota, then each window. Debits only when every
-/// check passes.
-fn decide(api: &Api, u: &mut Usage, token_ok: bool, today: i64, now: Micros) -> Result<(), Refusal> {
+/// concurrency, the day's quota, then each window of the account's
+/// `limits`. Debits only when every check passes.
+fn decide(api: &Api, limits: &Limits, u: &mut Usage, token_ok: bool, today: i64, now: Micros) -> Result<(), Refusal> {
     if !token_ok {
         return Err(Refusal::Token);
     }
@@ -361,10 +446,10 @@ fn decide(api: &Api, u: &mut Usage, token_ok: bool, today: i64, now: Micros) -> 
         u.day = today;
         u.used = 0;
     }
-    if api.daily.is_some_and(|limit| u.used >= limit) {
+    if limits.daily.is_some_and(|limit| u.used >= limit) {
         return Err(Refusal::Daily);
     }
-    for (w, times) in api.windows.iter().zip(u.admitted.iter_mut()) {
+    for (w, times) in limits.windows.iter().zip(u.admitted.iter_mut()) {
         while times.front().is_some_and(|&t| t <= now - w.per_us) {
             times.pop_front();
         }
@@ -400,6 +485,31 @@ pub struct PathReport {
     pub windows: Vec<WindowReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub day: Option<DayReport>,
+    /// Per account that called the path since the last reset, and per
+    /// account with limits of its own.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub accounts: BTreeMap<String, AccountReport>,
+}
+
+/// One account on one path: its answers, its limits (its own or the
+/// path's) with its busiest windows, and its day.
+#[derive(Debug, Serialize)]
+pub struct AccountReport {
+    #[serde(flatten)]
+    pub counts: AccountCounts,
+    /// Whether it has limits of its own (`[[api.account]]`).
+    pub own_limits: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<WindowReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub day: Option<AccountDay>,
+}
+
+/// An account's day quota on a path: what `quota/get` answers it.
+#[derive(Debug, Serialize)]
+pub struct AccountDay {
+    pub daily_limit: u64,
+    pub used: u64,
 }
 
 /// One sliding window of a path: the most calls any one account had in any
