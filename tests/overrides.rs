@@ -346,3 +346,56 @@ async fn an_override_of_a_domains_rule_is_written_in_the_config_and_one_in_its_r
     }
     assert_eq!(gate.get_as("wxA", user_get).await.status, 429, "the config's 3, not the rules file's 5");
 }
+
+/// An override is the pair's configured limit, and a day limit WeChat
+/// reports lowers it as it lowers a rule's (item 1, `learn = "down"`):
+/// wxA's override of 20 stays under WeChat's 100; wxB's of 50 is above its
+/// real 30, which quota/get teaches at the first sync.
+#[tokio::test]
+async fn a_learned_day_limit_lowers_an_override_and_never_raises_it() {
+    let sim = support::sim::SimServer::start(
+        "[sim]\nday_length = \"24h\"\nrequire_token = true\n\n[[api]]\npath = \"/cgi-bin/message/template/send\"\n\
+         limits = [{ count = 100, per = \"day\" }]\n\n[[api.account]]\nappid = \"wxB\"\n\
+         limits = [{ count = 30, per = \"day\" }]\n",
+    )
+    .await;
+    let token = rule("token").matching("/cgi-bin/token").limit(2000, "day");
+    let send = rule("send").matching(SEND).limit(100, "day").set("quota_sync", "1h");
+    let text = ConfigToml::new(&sim.url())
+        .with(token)
+        .with(send)
+        .with("[tokens]\ncache = true\n")
+        .with(day_override("wxA", 20))
+        .with(day_override("wxB", 50));
+    let gate = Gate::start_text(text).await;
+    let mut tokens = Vec::new();
+    for appid in ["wxA", "wxB"] {
+        let a = gate.get(&format!("/cgi-bin/token?grant_type=client_credential&appid={appid}&secret=s")).await;
+        tokens.push(a.json()["access_token"].as_str().unwrap_or_else(|| panic!("a token: {}", a.text())).to_owned());
+    }
+    let bucket = async |account: &str| get_at(gate.admin_addr(), &format!("/v1/buckets/{account}/send")).await.json();
+    eventually_async("wxB's day limit learned", PATIENCE, async || bucket("wxB").await["limits"][0]["count"] == 30)
+        .await;
+    let b = bucket("wxB").await;
+    assert_eq!(
+        (b["limits_source"].as_str(), b["limits"][0]["configured"].as_u64()),
+        (Some("override"), Some(50)),
+        "{b}"
+    );
+    eventually_async("wxA's sync", PATIENCE, async || !bucket("wxA").await["limits"][0]["learned"].is_null()).await;
+    let a = bucket("wxA").await;
+    assert_eq!((a["limits"][0]["configured"].as_u64(), a["limits"][0]["count"].as_u64()), (Some(20), Some(20)), "{a}");
+    let mut sent = [0u32; 2];
+    for (who, token) in tokens.iter().enumerate() {
+        for _ in 0..60 {
+            let answer = gate.post(&format!("{SEND}?access_token={token}"), "{}").await;
+            if answer.status == 200 && answer.json()["errcode"] == 0 {
+                sent[who] += 1;
+            } else {
+                assert_eq!(answer.header("x-wxgate-reason"), Some("quota"), "refused by wxgate: {}", answer.text());
+            }
+        }
+    }
+    assert_eq!(sent, [20, 30], "wxA its override's 20, wxB WeChat's 30 under its override's 50");
+    assert_eq!(sim.account(SEND, "wxB").await.e45009, 0);
+}
