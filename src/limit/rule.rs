@@ -64,6 +64,10 @@ pub struct Rule {
     /// all-or-nothing with the rule's limits; each recipient costs 1 against
     /// them. Empty: recipients are not limited one by one.
     pub per_recipient: Vec<WindowLimit>,
+    /// The account a `[[quota]]` override gives these limits to (`None`:
+    /// the rule's own limits, for every account without one):
+    /// [`Rule::overridden`].
+    pub account: Option<Arc<str>>,
     /// `learn = "both"`: a day limit WeChat reports ([`crate::limit::learned`])
     /// applies even above the configured count (default: only below it).
     pub learn_up: bool,
@@ -343,10 +347,22 @@ impl Rule {
             share_percent: 0,
             share: Vec::new(),
             per_recipient: Vec::new(),
+            account: None,
             learn_up: false,
             learned_divisor: 1,
             learn_windows: false,
         }
+    }
+
+    /// This rule (or per-path variant) for `account` alone, counting
+    /// `limits` instead of its own (a `[[quota]]` override): the same
+    /// state (a window whose length is kept keeps its count, as on a
+    /// reload), every other setting kept, and the reserve and the callers'
+    /// shares derived again from the new limits by the same percentages
+    /// (refused, naming the limit, where a percentage leaves a side nothing).
+    pub fn overridden(&self, account: Arc<str>, limits: Vec<Limit>) -> Result<Rule, PercentError> {
+        let rule = Rule { limits, account: Some(account), ..self.clone() };
+        rule.with_percents(self.reserve_percent, self.share_percent)
     }
 
     /// Sets `reserve = "P%"` (0: none) and `max_share = "P%"` (0: none) and

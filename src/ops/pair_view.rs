@@ -28,6 +28,9 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
         "rule": &*rule.name,
         "now": local_time(now, offset_us),
         "limits": limits,
+        // Where the limits are from: the rule's, or the account's own
+        // (`[[quota]]`).
+        "limits_source": if rule.account.is_some() { "override" } else { "rule" },
         "penalty": {
             "active": p.until > now,
             "remaining_seconds": ((p.until - now).max(0) as f64 / 1e6),

@@ -128,7 +128,8 @@ async fn one(app: &App, config: &Arc<Config>, account: &str, token: &str, sync: 
     let offset_us = config.server.quota_offset_us;
     match quota_get(app, config, account, token, (sync.domain, &sync.path)).await {
         Ok(Reported { used, daily_limit }) => {
-            let key = Key { account, rule: &sync.rule, offset_us };
+            // The account's own limits where a `[[quota]]` overrides the rule's.
+            let key = Key { account, rule: config.rule_of(account, &sync.rule), offset_us };
             if let Some(limit) = daily_limit {
                 learn(app, key, limit).await;
                 if let Why::Penalised { sent_at } = why {
