@@ -3,7 +3,8 @@
 -- count of the current day again from 0 (calls reserved for the next day
 -- stay reserved), and so does each caller's share of it (max_share: fields
 -- day~<caller>.p/.n/.q); its penalty is lifted as set_penalty.lua lifts one.
--- Windows, month counts, warm-up and slots are untouched. Mirrors
+-- Windows a frequency 45009 lowered are whole again; windows' TATs, month
+-- counts, warm-up and slots are untouched. Mirrors
 -- src/limit/decide.rs (clear).
 --
 -- KEYS     state hashes: <prefix>:{<account>}:<state>
@@ -24,7 +25,10 @@ for _, key in ipairs(KEYS) do
     -- Each instance's own count of the day (lua/acquire.lua) starts again too.
     local own = {}
     for i = 1, #all, 2 do
-      if string.match(all[i], '^day%.mp?%.') then own[#own + 1] = all[i] end
+      -- ... and so do windows a frequency 45009 lowered (lua/lower_windows.lua).
+      if string.match(all[i], '^day%.mp?%.') or string.match(all[i], '^w%d+%.l[nktbau]$') then
+        own[#own + 1] = all[i]
+      end
     end
     if #own > 0 then redis.call('HDEL', key, unpack(own)) end
     for i = 1, #all, 2 do

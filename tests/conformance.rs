@@ -1082,6 +1082,14 @@ fn scenarios() -> Vec<Scenario> {
                     // besides the TAT ahead), never above 8.
                     (LowerW, Any),
                     (Inspect, State("lowered again, below 9", |s| s.state.learned_windows.iter().all(|l| l.count < 9))),
+                    // An operator's lift makes them whole at once (TAT ahead by T).
+                    (SetPenalty(0), Any),
+                    (Inspect, State("whole again", |s| s.state.learned_windows.is_empty())),
+                    (Wait(60 * SEC), Any),
+                    (LowerW, Any),
+                    // And so does WeChat's clear_quota.
+                    (Clear, Any),
+                    (Inspect, State("whole after a clear", |s| s.state.learned_windows.is_empty())),
                     // Whole again at the quota day's midnight (14 h away).
                     (Wait(14 * 3600 * SEC), Any),
                 ],

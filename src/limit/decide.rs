@@ -387,6 +387,9 @@ pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
         }
     }
     state.penalty.set_by_hand(0, now);
+    // Windows a frequency 45009 lowered are whole again: the 45009 may have
+    // been a day spent that WeChat just reset.
+    state.learned_windows.clear();
 }
 
 /// A day count as `clear` leaves it (`None`: nothing to change).

@@ -108,7 +108,13 @@ impl MemoryStore {
                         super::raise(s, crate::limit::WindowKey::Calendar(period), period_id, used)
                     });
                 }
-                Change::Penalty(p) => self.with_raw(&r.account, &r.state, true, |s| s.penalty = p),
+                Change::Penalty(p) => self.with_raw(&r.account, &r.state, true, |s| {
+                    s.penalty = p;
+                    // A lift by hand (until 0) made lowered windows whole.
+                    if p.until == 0 {
+                        s.learned_windows.clear();
+                    }
+                }),
                 Change::Clear { at } => {
                     self.with_raw(&r.account, &r.state, false, |s| crate::limit::decide::clear(s, at, offset_us))
                 }
