@@ -64,6 +64,8 @@ use crate::time::Micros;
 pub mod calendar;
 pub mod decide;
 pub mod drain;
+pub mod forecast;
+pub mod learned;
 pub mod pair;
 pub mod penalty;
 pub mod rule;
