@@ -27,10 +27,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::admit::core::Core;
 use crate::limit::calendar::Period;
 use crate::limit::forecast::{runs_out_at, used_fraction, DayRate};
 use crate::limit::pair::{Pair, PairRef};
-use crate::limit::{Limit, Quota, Rule};
+use crate::limit::{Key, Limit, Quota, Rule};
+use crate::store::op::Inspect;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Micros;
 
@@ -198,6 +200,27 @@ impl Forecasts {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// When `jobs` queued sends of `caller` on (`account`, `rule`) can all have
+/// been sent at the earliest, sharing the day quota with the pair's live
+/// calls at their current rate ([`Rates::live`], [`crate::limit::drain`]),
+/// from the pair's state read with one `inspect`: (that time, the store's
+/// now). `None`: not known (the store did not answer, or the rule's
+/// reserve leaves queued sends nothing).
+pub async fn drained_at(
+    core: &Core,
+    rule: &Rule,
+    account: &str,
+    caller: &str,
+    jobs: u64,
+    offset_us: Micros,
+) -> Option<(Micros, Micros)> {
+    let key = Key { account, rule, offset_us };
+    let snapshot = core.store.apply(key, Inspect).await.ok()?;
+    let live = core.forecasts.rates(account, &rule.state, snapshot.now).map_or(0.0, |r| r.live());
+    let at = crate::limit::drain::drained_at(rule, &snapshot.state, caller, jobs, snapshot.now, offset_us, live)?;
+    Some((at, snapshot.now))
 }
 
 /// One rule's gauges.
