@@ -119,8 +119,9 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
         let degraded = decided.degraded;
         match decided.decision {
             Decision::Admit { at, hold_us, escalated, quota, calendar } => {
-                if let Some(left) = calendar {
-                    // The day quota's forecast: the shared count as of the decision.
+                if let (Some(left), false) = (calendar, degraded) {
+                    // The day quota's forecast: the shared count as of the
+                    // decision (not a fallback's count of its own share).
                     app.forecasts.observe(account, rule, left, at - hold_us, meter.cost, !may_wait);
                 }
                 let slot = (rule.concurrency > 0)

@@ -27,12 +27,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::admit::core::Core;
 use crate::limit::calendar::Period;
 use crate::limit::forecast::{runs_out_at, used_fraction, DayRate};
 use crate::limit::pair::{Pair, PairRef};
 use crate::limit::{Key, Limit, Quota, Rule};
 use crate::store::op::Inspect;
+use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Micros;
 
@@ -209,7 +209,8 @@ impl Forecasts {
 /// now). `None`: not known (the store did not answer, or the rule's
 /// reserve leaves queued sends nothing).
 pub async fn drained_at(
-    core: &Core,
+    store: &dyn Store,
+    forecasts: &Forecasts,
     rule: &Rule,
     account: &str,
     caller: &str,
@@ -217,8 +218,8 @@ pub async fn drained_at(
     offset_us: Micros,
 ) -> Option<(Micros, Micros)> {
     let key = Key { account, rule, offset_us };
-    let snapshot = core.store.apply(key, Inspect).await.ok()?;
-    let live = core.forecasts.rates(account, &rule.state, snapshot.now).map_or(0.0, |r| r.live());
+    let snapshot = store.apply(key, Inspect).await.ok()?;
+    let live = forecasts.rates(account, &rule.state, snapshot.now).map_or(0.0, |r| r.live());
     let at = crate::limit::drain::drained_at(rule, &snapshot.state, caller, jobs, snapshot.now, offset_us, live)?;
     Some((at, snapshot.now))
 }

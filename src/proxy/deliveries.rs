@@ -153,9 +153,16 @@ async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
             config.rules.iter().find(|r| *r.name == *q.queue.rule && r.scope == crate::limit::Scope::Rule).cloned()?;
         (rule, config.server.quota_offset_us)
     };
-    let (at, now) =
-        crate::admit::forecasts::drained_at(&app.core, &rule, &q.queue.account, &q.queue.caller, jobs, offset_us)
-            .await?;
+    let (at, now) = crate::admit::forecasts::drained_at(
+        &*app.core.store,
+        &app.core.forecasts,
+        &rule,
+        &q.queue.account,
+        &q.queue.caller,
+        jobs,
+        offset_us,
+    )
+    .await?;
     Some((at - now).max(0))
 }
 

@@ -295,8 +295,16 @@ async fn eta(
     }
     let q = jobs.queue_summary(queue).await.ok()??;
     let n = q.queued.saturating_add(q.waiting).max(1);
-    let (at, _) =
-        crate::admit::forecasts::drained_at(env.core, rule, &queue.account, &queue.caller, n, offset_us).await?;
+    let (at, _) = crate::admit::forecasts::drained_at(
+        &*env.core.store,
+        &env.core.forecasts,
+        rule,
+        &queue.account,
+        &queue.caller,
+        n,
+        offset_us,
+    )
+    .await?;
     Some(at)
 }
 
