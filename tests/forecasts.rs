@@ -2,13 +2,14 @@
 //! shows each pair's fraction used, its rate and when its day quota runs
 //! out at that rate (or null: not before the quota day ends); `/metrics`
 //! has the per-rule gauges (the highest fraction, the soonest exhaustion,
-//! never an account label). Memory and Redis (on the gate's manual clock).
+//! never an account label). Memory, Redis and a Redis Cluster (on the
+//! gate's manual clock).
 
 mod support;
 
 use std::time::Duration;
 
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 use support::*;
 
 const SEND: &str = "/cgi-bin/message/custom/send";
@@ -110,4 +111,40 @@ async fn on_redis_the_forecast_reads_the_shared_day_count() {
     let text = config(&mock).with(StoreToml::redis(&redis.url()).set("key_prefix", "forecast"));
     let gate = Gate::start_redis_on_manual_clock(text).await;
     the_forecast_is_shown_per_pair_and_per_rule(&gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_the_forecast_reads_the_shared_day_count() {
+    let cluster = RedisCluster::start(3);
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_redis_on_manual_clock(config(&mock).with(StoreToml::redis_cluster(cluster.urls()))).await;
+    the_forecast_is_shown_per_pair_and_per_rule(&gate).await;
+}
+
+/// Two instances on one Redis: each admission reports the shared day count,
+/// so an instance's rate is the account's whole rate (its calls and the
+/// other's), and the metrics of either show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_each_see_the_accounts_whole_rate() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let text = config(&mock).with(StoreToml::redis(&redis.url()).set("key_prefix", "forecast2")).to_string();
+    let (a, b) = (Gate::start_redis_on_manual_clock(text.clone()).await, Gate::start_redis_on_manual_clock(text).await);
+    // One call a second, on each in turn: each instance decides one every
+    // 2 s, and sees the shared count fall by 2 between its own.
+    for s in 0..=600 {
+        let gate = if s % 2 == 0 { &a } else { &b };
+        assert_eq!(gate.get_as("wx1", SEND).await.status, 200, "call {s}");
+        a.advance(Duration::from_secs(1));
+        b.advance(Duration::from_secs(1));
+    }
+    for gate in [&a, &b] {
+        let f = admin(gate.admin_addr(), "GET", "/v1/buckets/wx1/send", None).await.json()["forecast"].clone();
+        assert_eq!(f["used"], 601, "{f}");
+        assert!(close(&f["rate_per_minute"], 60.0, 0.01), "the account's whole rate: {f}");
+        // 399 left at 1/s.
+        assert!(close(&f["runs_out_in_seconds"], 399.0, 0.01), "{f}");
+        let runs_out = gate.metric(r#"wxgate_quota_day_runs_out_in_seconds_min{rule="send"}"#).await;
+        assert!(runs_out.is_some_and(|s| (s - 399.0).abs() < 4.0), "{runs_out:?}");
+    }
 }
