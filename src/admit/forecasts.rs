@@ -22,7 +22,8 @@
 //!   [`PRUNE_AT_LEAST`]).
 //! - **The limit** a fraction is of: the rule's configured day count, until
 //!   [`Forecasts::set_limit`] says what the pair's effective limit is (the
-//!   admin view does, from the pair's state).
+//!   admin view does, from the pair's state; so should whatever learns a
+//!   pair's limit).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -55,8 +56,17 @@ struct Entry {
     remaining: u64,
     /// The end of the quota day `remaining` is of.
     day_end: Micros,
+    /// The rule's configured day count (as of the last admission).
+    configured: u64,
+    /// The pair's effective day limit, when told ([`Forecasts::set_limit`]).
+    effective: Option<u64>,
+}
+
+impl Entry {
     /// The day limit `remaining` is of.
-    limit: u64,
+    fn limit(&self) -> u64 {
+        self.effective.unwrap_or(self.configured)
+    }
 }
 
 #[derive(Default)]
@@ -120,6 +130,7 @@ impl Forecasts {
                 if day_end >= e.day_end {
                     (e.remaining, e.day_end) = (calendar.remaining, day_end);
                 }
+                e.configured = configured;
             }
             None => {
                 if table.pairs.len() >= table.prune_at.max(PRUNE_AT_LEAST) {
@@ -131,7 +142,8 @@ impl Forecasts {
                     queued: DayRate::starting(now),
                     remaining: calendar.remaining,
                     day_end,
-                    limit: configured,
+                    configured,
+                    effective: None,
                 };
                 table.pairs.insert((account.to_owned(), rule.state.clone()), entry);
             }
@@ -150,7 +162,7 @@ impl Forecasts {
     /// gauges are of).
     pub fn set_limit(&self, account: &str, state: &Arc<str>, limit: u64) {
         if let Some(e) = self.table().pairs.get_mut(&PairRef(account, state)) {
-            e.limit = limit;
+            e.effective = Some(limit);
         }
     }
 
@@ -176,8 +188,8 @@ impl Forecasts {
                     continue; // a day that is over (nothing used today yet), or a rule gone
                 }
                 let s = shown.entry(e.rule.clone()).or_insert(Summary { ratio: 0.0, runs_out_in: ends_in, out: 0 });
-                let used = e.limit.saturating_sub(e.remaining);
-                s.ratio = s.ratio.max(used_fraction(used, e.limit));
+                let limit = e.limit();
+                s.ratio = s.ratio.max(used_fraction(limit.saturating_sub(e.remaining), limit));
                 let rate = e.total.per_second(now).unwrap_or(0.0);
                 if let Some(at) = runs_out_at(e.remaining, rate, now, e.day_end) {
                     s.runs_out_in = s.runs_out_in.min(at - now);
@@ -270,6 +282,38 @@ mod tests {
         assert!((r.queued - 0.5).abs() < 0.01, "{r:?}");
         assert!((r.live() - 2.5).abs() < 0.02, "{r:?}");
         assert_eq!(f.rates("wx2", &rule.state, T0 + 600 * S), None);
+    }
+
+    fn gauge(m: &Metrics, name: &str) -> Option<f64> {
+        let prefix = format!("{name}{{rule=\"send\"}} ");
+        m.encode().lines().find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.parse().ok()))
+    }
+
+    #[test]
+    fn the_gauges_take_the_highest_fraction_of_the_effective_limit_and_the_soonest_exhaustion() {
+        let (f, rule) = (Forecasts::default(), Arc::new(rule()));
+        let m = Metrics::new();
+        // wx1 has 4,000 of 5,000 left, wx2 1,000, both falling by 10 a
+        // second for a minute: 3,400 (32 % used) and 400 (92 %), which wx2
+        // spends in 40 s.
+        for k in 0..=60 {
+            let t = T0 + k * S;
+            f.observe("wx1", &rule, left(4000 - 10 * k as u64, t), t, 1, false);
+            f.observe("wx2", &rule, left(1000 - 10 * k as u64, t), t, 1, false);
+        }
+        let now = T0 + 60 * S;
+        f.publish(&m, std::slice::from_ref(&rule), 0, now);
+        assert_eq!(gauge(&m, "wxgate_quota_day_used_ratio_max"), Some(0.92));
+        let soonest = gauge(&m, "wxgate_quota_day_runs_out_in_seconds_min").expect("soonest");
+        assert!((soonest - 40.0).abs() < 0.5, "{soonest}");
+        assert_eq!(gauge(&m, "wxgate_quota_day_accounts_running_out"), Some(2.0));
+        // wx2's effective limit is 1,000 (a learned one): 600 of it used.
+        f.set_limit("wx2", &rule.state, 1000);
+        f.publish(&m, std::slice::from_ref(&rule), 0, now);
+        assert_eq!(gauge(&m, "wxgate_quota_day_used_ratio_max"), Some(0.6), "wx2 at 60 %, wx1 at 32 %");
+        // A rule no longer configured loses its gauges.
+        f.publish(&m, &[], 0, now);
+        assert_eq!(gauge(&m, "wxgate_quota_day_used_ratio_max"), None);
     }
 
     #[test]
