@@ -39,8 +39,12 @@
 --          lease of a concurrency slot, µs
 --          number of limits L, then the rule's limits, five values each:
 --            kind, field, a, b, r
---            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs)
---            kind "day" | "month"  calendar quota: a = count, b = 0
+--            kind "w"   window limit: a = emission interval T, b = tolerance τ (µs);
+--              "wl": the same, of a rule with learn_windows (its run start
+--              <field>.r is kept; a lowered window <field>.lt/.lb until .lu
+--              applies: lua/lower_windows.lua)
+--            kind "day" | "month"  calendar quota: a = count, b = 1 when a day
+--              limit WeChat reported may raise it (learn = "both"), else 0
 --            r: what this call may not use (a normal caller's call of a rule
 --            with a reserve; else 0): R·T for a window, calls for a calendar
 --          the caller's label when the rule has a max_share, else "", then
@@ -98,6 +102,9 @@ end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local inst = ARGV[4]
+-- How long a day limit WeChat reported (day.l, reported at day.la) applies:
+-- src/limit/learned.rs KEEP_US (a test keeps the two equal).
+local KEEP_LEARNED = 172800000000
 -- A calendar quota's field names (count, period, reservations; this
 -- instance's count and its period), made once per field per run: the calls
 -- of a batch share them.
@@ -105,7 +112,7 @@ local calendar_names = {}
 local function names(f)
   local nm = calendar_names[f]
   if not nm then
-    nm = {p = f .. '.p', n = f .. '.n', q = f .. '.q', m = f .. '.m.' .. inst, mp = f .. '.mp.' .. inst}
+    nm = {p = f .. '.p', n = f .. '.n', q = f .. '.q', m = f .. '.m.' .. inst, mp = f .. '.mp.' .. inst, l = f .. '.l', la = f .. '.la'}
     calendar_names[f] = nm
   end
   return nm
@@ -279,7 +286,11 @@ local function acquire(k, a)
   local normal = false
   for i = a + 6, last, 5 do
     local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4]), code = 1}
-    if l.kind ~= 'w' then l.code = 2 end
+    if l.kind == 'wl' then
+      l.kind, l.learn = 'w', true
+    elseif l.kind ~= 'w' then
+      l.code = 2
+    end
     if l.r > 0 then normal = true end
     limits[#limits + 1] = l
   end
@@ -316,6 +327,14 @@ local function acquire(k, a)
     local l = all[i]
     if l.kind == 'w' then
       fields[#fields + 1] = l.f
+      if l.learn then
+        local f = l.f
+        l.lr, l.lt, l.lb, l.lu = f .. '.r', f .. '.lt', f .. '.lb', f .. '.lu'
+        fields[#fields + 1] = l.lr
+        fields[#fields + 1] = l.lt
+        fields[#fields + 1] = l.lb
+        fields[#fields + 1] = l.lu
+      end
     else
       local nm = names(l.f)
       l.nm = nm
@@ -324,12 +343,16 @@ local function acquire(k, a)
       fields[#fields + 1] = nm.q
     end
   end
-  if inst ~= '' then
-    for i = 1, #limits do
-      local l = limits[i]
-      if l.kind ~= 'w' then
+  for i = 1, #limits do
+    local l = limits[i]
+    if l.kind ~= 'w' then
+      if inst ~= '' then
         fields[#fields + 1] = l.nm.m
         fields[#fields + 1] = l.nm.mp
+      end
+      if l.kind == 'day' then
+        fields[#fields + 1] = l.nm.l
+        fields[#fields + 1] = l.nm.la
       end
     end
   end
@@ -341,9 +364,25 @@ local function acquire(k, a)
     local l = all[i]
     if l.kind == 'w' then
       l.tat = sv[l.f] or nil
+      -- learn_windows: a window a frequency 45009 lowered until the quota
+      -- day ends applies as the stricter T and tolerance of the two.
+      if l.learn then
+        local lu = sv[l.lu]
+        if lu and lu > now then
+          local lt, lb = sv[l.lt], sv[l.lb]
+          if lt and lt > l.a then l.a = lt end
+          if lb and lb < l.b then l.b = lb end
+        end
+      end
     else
       local nm = l.nm
       l.p, l.n, l.q = sv[nm.p] or -1e18, sv[nm.n] or 0, sv[nm.q] or 0
+      -- The rule's own day quota: the day limit WeChat reported, while
+      -- fresh, lowers it (raises it too when b = 1, learn = "both").
+      if l.code == 2 and l.kind == 'day' then
+        local learned, la = sv[nm.l], sv[nm.la]
+        if learned and la and now < la + KEEP_LEARNED and (l.b == 1 or learned < l.a) then l.a = learned end
+      end
     end
   end
 
@@ -424,7 +463,13 @@ local function acquire(k, a)
   for i, l in ipairs(limits) do
     if l.kind == 'w' then
       local tat = l.tat or at
-      if tat < at then tat = at end
+      if tat < at then
+        tat = at
+        -- learn_windows: a TAT found in the past starts a new run.
+        if l.learn then put(st, l.lr, at) end
+      elseif l.learn and not l.tat then
+        put(st, l.lr, at)
+      end
       local t = cost * l.t
       put(st, l.f, tat + t)
       if tat + t - now > ttl then ttl = tat + t - now end

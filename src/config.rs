@@ -21,8 +21,10 @@ pub mod domain;
 mod errors;
 mod intercept;
 mod meter;
+mod overrides;
 mod penalty;
 pub mod queue;
+pub mod quota;
 pub mod ratelimit;
 mod raw;
 pub mod routes;
@@ -87,6 +89,8 @@ pub struct Config {
     /// `[[account]]`: the accounts whose secret wxgate holds
     /// (`crate::features::broker`), by name.
     pub accounts: accounts::SecretAccounts,
+    /// `[[quota]]`: accounts' own limits for a rule ([`Config::rule_of`]).
+    pub overrides: quota::Overrides,
     /// What the config leaves to chance without being wrong (a Redis store
     /// without `instances`): printed by `wxgate check`, logged at start.
     pub warnings: Vec<ConfigError>,
@@ -115,6 +119,14 @@ pub struct RuleHttp {
 }
 
 impl Config {
+    /// The rule `account`'s calls of `rule` (a rule or per-path variant of
+    /// this config) count against: its `[[quota]]` override, else `rule`.
+    /// Nothing is looked up in a config without overrides.
+    #[inline]
+    pub fn rule_of<'a>(&'a self, account: &str, rule: &'a Arc<Rule>) -> &'a Arc<Rule> {
+        self.overrides.rule_of(account, rule)
+    }
+
     /// The HTTP side of `rule` (`None`: calls without a rule).
     pub fn rule_http(&self, rule: Option<&Rule>) -> &RuleHttp {
         rule.and_then(|r| self.rules_http.get(r.id)).unwrap_or(&self.unruled_http)

@@ -135,7 +135,7 @@ impl Features {
             broker: broker::Broker { cache: cache.clone() },
             token_cache: token_cache::TokenCacheFeature { cache },
             warmup: warmup::Warmup,
-            penalties: penalties::Penalties,
+            penalties: penalties::Penalties::default(),
             ratelimit_headers: RateLimitHeaders,
             queue: queue::Queue {
                 jobs: queue_jobs(jobs, config),

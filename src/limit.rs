@@ -174,6 +174,52 @@ pub struct RuleState {
     pub shares: Vec<ShareState>,
     /// `per_recipient`: each recipient's use of its own limits.
     pub recipients: Recipients,
+    /// The day limit WeChat last reported for the pair (`quota_sync`):
+    /// [`learned`].
+    pub learned_day: Option<LearnedDay>,
+    /// Windows a frequency 45009 lowered until the quota day ends
+    /// (`learn_windows`, [`learned`]).
+    pub learned_windows: Vec<LearnedWindow>,
+    /// `learn_windows`: per window length, when its current run began (the
+    /// last admission that found its TAT in the past): what the window
+    /// admitted since is counted from it ([`learned::lower_windows`]).
+    pub runs: Vec<(Micros, Micros)>,
+}
+
+/// How long a learned day limit stays after WeChat last reported it
+/// (`learned::KEEP_US`).
+pub const LEARNED_KEEP_US: Micros = 2 * 86_400_000_000;
+
+/// A day limit WeChat reported for a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LearnedDay {
+    /// quota/get's `daily_limit` (at least 1).
+    pub limit: u64,
+    /// When WeChat last reported it (store time).
+    pub at: Micros,
+}
+
+impl LearnedDay {
+    /// Whether it still applies at `now`.
+    pub fn fresh(&self, now: Micros) -> bool {
+        now < self.at.saturating_add(LEARNED_KEEP_US)
+    }
+}
+
+/// A window a frequency 45009 lowered, until the quota day ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LearnedWindow {
+    /// The window's length (which limit of the rule it lowers).
+    pub per_us: Micros,
+    pub count: u64,
+    pub burst: u64,
+    /// The lowered window's `T` and `τ` ([`WindowLimit::lowered`]).
+    pub interval_us: Micros,
+    pub tolerance_us: Micros,
+    /// When it was lowered, and until when it applies (the next midnight
+    /// of `quota_timezone`).
+    pub at: Micros,
+    pub until: Micros,
 }
 
 /// How many `per_recipient` windows a rule may have (a recipient's state is
@@ -329,7 +375,16 @@ impl RuleState {
         shares.sort_by(|a, b| a.caller.cmp(&b.caller));
         // Recipients are not read back from Redis (one key each): their
         // decisions are compared instead.
-        RuleState { limits, holders, shares, recipients: Recipients::default(), ..self.clone() }
+        let windows = || {
+            rule.limits.iter().filter_map(|l| match l {
+                Limit::Window(w) => Some(w.per_us()),
+                Limit::Calendar { .. } => None,
+            })
+        };
+        let learned_windows =
+            windows().filter_map(|per| self.learned_windows.iter().find(|l| l.per_us == per).copied()).collect();
+        let runs = windows().filter_map(|per| self.runs.iter().find(|(p, _)| *p == per).copied()).collect();
+        RuleState { limits, holders, shares, recipients: Recipients::default(), learned_windows, runs, ..self.clone() }
     }
 
     /// The share state of `caller`, if it has one.
@@ -355,6 +410,8 @@ impl RuleState {
             && !self.penalty.is_recent(now)
             && self.holders.iter().all(|(_, exp)| *exp <= now)
             && (self.last_call == 0 || self.last_call + warmup_us <= now)
+            && self.learned_day.is_none_or(|l| !l.fresh(now))
+            && self.learned_windows.iter().all(|l| l.until <= now)
     }
 }
 

@@ -590,6 +590,7 @@ fn print_rules(config: &Config, started: &Started) {
     say_store(&mut out, config);
     for rule in &config.rules {
         say_rule(&mut out, rule, config.rule_http(Some(rule)).recipients.as_deref(), &tz);
+        say_overrides(&mut out, config, rule);
     }
     say_features(&mut out, config, started);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
@@ -769,16 +770,48 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
     }
 }
 
+/// A rule's `[[quota]]` overrides: one line per account (at most 20, then
+/// how many more), with its limits instead of the rule's.
+fn say_overrides(out: &mut String, config: &Config, rule: &Rule) {
+    const SHOWN: usize = 20;
+    let mut n = 0;
+    for o in config.overrides.of_rule(&rule.name) {
+        n += 1;
+        if n > SHOWN {
+            continue;
+        }
+        let limits: Vec<String> = o
+            .limits
+            .iter()
+            .map(|l| match l {
+                Limit::Window(w) => format!(
+                    "{} per {} (burst {})",
+                    w.count(),
+                    humantime::format_duration(Duration::from_micros(w.per_us() as u64)),
+                    w.burst()
+                ),
+                Limit::Calendar { count, period } => format!("{count} per calendar {}", period.as_str()),
+            })
+            .collect();
+        say!(out, "  account {} ([[quota]] line {}): {} instead", o.account, o.line, limits.join(", "));
+    }
+    if n > SHOWN {
+        say!(out, "  ... and {} more accounts with limits of their own (GET /v1/rules lists them)", n - SHOWN);
+    }
+}
+
 /// The report's last part: quota syncs, the token cache, `[intercept]`,
 /// unmatched paths.
 fn say_features(out: &mut String, config: &Config, started: &Started) {
     for sync in &config.quota_syncs {
         say!(
             out,
-            "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`",
+            "quota_sync {} ({}): asks WeChat's quota/get every {} and raises the day count to its `used`; its `daily_limit` {} the account's day quota (learn = \"{}\")",
             sync.rule.state,
             sync.path,
-            humantime::format_duration(sync.every)
+            humantime::format_duration(sync.every),
+            if sync.rule.learn_up { "becomes" } else { "lowers" },
+            if sync.rule.learn_up { "both" } else { "down" }
         );
     }
     let t = &config.tokens;

@@ -294,6 +294,7 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
         stdout.contains("quota_sync send (/cgi-bin/message/custom/send): asks WeChat's quota/get every 10m"),
         "{stdout}"
     );
+    assert!(stdout.contains("its `daily_limit` lowers the account's day quota (learn = \"down\")"), "{stdout}");
     assert!(stdout.contains("tokens: cache on (in-process); min_ttl 10m, wait 15s"), "{stdout}");
     let bad = [
         (send("quota_sync = \"500ms\""), "rules.toml:5: rule \"send\": quota_sync: \"500ms\" is shorter than 1s"),
@@ -312,6 +313,8 @@ fn quota_sync_and_tokens_name_their_keys_and_check_prints_them() {
                 .into(),
             "quota_sync: the rule has no per = \"day\" limit",
         ),
+        (send("learn = \"both\""), "rules.toml:5: rule \"send\": learn: \"both\" needs quota_sync"),
+        (send("quota_sync = \"10m\"\nlearn = \"up\""), "rules.toml:6: rule \"send\": learn: \"up\" is unknown"),
         ("[tokens]\nwait = \"0s\"\n".into(), "rules.toml:2: [tokens] wait: must be between 1s and 2m"),
         ("[tokens]\nmin_ttl = \"3h\"\n".into(), "[tokens] min_ttl: must be shorter than a token's 2 hours"),
         ("[tokens]\ncache = \"yes\"\n".into(), "rules.toml:2: [tokens] cache: expected true or false"),
@@ -739,7 +742,8 @@ fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
         refused_text("typo", &format!("{SEND_RULE}max_wiat = \"1s\"\n")),
         "wxgate: invalid config: DIR/rules.toml:4: rule \"send\": max_wiat: unknown key; did you mean `max_wait`? \
          (expected one of `name`, `match`, `limits`, `max_wait`, `warmup`, `concurrency`, `mode`, `throttle_status`, \
-         `scope`, `reserve`, `max_share`, `quota_sync`, `cost`, `recipients`, `per_recipient`, `queue`, `queue_deadline`)"
+         `scope`, `reserve`, `max_share`, `quota_sync`, `learn`, `learn_windows`, `cost`, `recipients`, `per_recipient`, `queue`, \
+         `queue_deadline`)"
     );
     assert_eq!(
         refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),

@@ -57,6 +57,8 @@ enum Expect {
     Dropped(bool),
     /// raise_day found this day count before.
     Before(u64),
+    /// lower_windows lowered the windows so: (count before, after) each.
+    Lowered(&'static [(u64, u64)]),
     Any,
 }
 
@@ -71,6 +73,7 @@ enum Got {
     Claim(Claim),
     Dropped(bool),
     Before(u64),
+    Lowered(Vec<(u64, u64)>),
     Done,
 }
 
@@ -147,6 +150,10 @@ enum Op {
     DropK(&'static str, &'static [&'static str]),
     /// quota_sync: WeChat counts this many calls today.
     Raise(u64),
+    /// quota_sync: WeChat reports this day limit for the pair.
+    LearnDay(u64),
+    /// WeChat answered a frequency 45009: lower the windows.
+    LowerW,
 }
 
 struct Scenario {
@@ -1004,6 +1011,85 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "a_day_limit_wechat_reports_below_the_rules_lowers_the_pairs_day_quota",
+            start: BEFORE_MIDNIGHT - 10 * SEC,
+            limits: r#"[{ count = 10, per = "day" }, { count = 100, per = "1m", burst = 100 }]"#,
+            extra: "reserve = \"20%\"",
+            steps: [
+                call(2, Ok),
+                vec![
+                    (LearnDay(5), Before(0)),
+                    (Inspect, State("learned 5", |s| s.state.learned_day.map(|l| l.limit) == Some(5))),
+                    // The reserve (2 of the configured 10) stays: a normal
+                    // call leaves it of the 5.
+                    (Normal("a"), Ok),
+                    (Normal("a"), No(11 * SEC, Reason::Reserve)),
+                ],
+                call(2, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // Higher than the rule's: the rule's 10 (learn = "down").
+                vec![(LearnDay(30), Before(5)), (LearnDay(0), Before(30))],
+                call(5, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // Kept for two days after it was reported, then forgotten.
+                vec![(LearnDay(3), Before(30)), (Wait(11 * SEC), Any)],
+                call(3, Ok),
+                vec![(Call("a"), No(86_400 * SEC, Reason::Quota)), (Wait(2 * 86_400 * SEC - 11 * SEC), Any)],
+                call(10, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "with_learn_both_a_day_limit_wechat_reports_above_the_rules_raises_it",
+            start: BEFORE_MIDNIGHT - 10 * SEC,
+            limits: r#"[{ count = 3, per = "day" }]"#,
+            extra: "quota_sync = \"10m\"\nlearn = \"both\"\nscope = \"path\"",
+            steps: [
+                vec![(LearnDay(5), Before(0))],
+                call(5, Ok),
+                vec![(Call("a"), No(11 * SEC, Reason::Quota))],
+                // A state that does not exist yet is made.
+                vec![
+                    (On("/y"), Any),
+                    (LearnDay(1), Before(0)),
+                    (Call("a"), Ok),
+                    (Call("a"), No(11 * SEC, Reason::Quota)),
+                ],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_frequency_45009_lowers_each_window_to_90_percent_of_what_it_admitted_until_midnight",
+            start: T0,
+            limits: r#"[{ count = 10, per = "1m", burst = 10 }, { count = 100, per = "1h", burst = 20 }]"#,
+            extra: "",
+            steps: [
+                call(10, Ok),
+                // 10 admitted in each window since its run began: 9 each,
+                // burst 1 (the default burst of 9).
+                vec![
+                    (LowerW, Lowered(&[(10, 9), (100, 9)])),
+                    // The 45009 of another call sent before: lowered once.
+                    (LowerW, Lowered(&[(9, 9), (9, 9)])),
+                    (Inspect, State("two windows lowered", |s| s.state.learned_windows.len() == 2)),
+                    // The minute's TAT is 600 s ahead and its tolerance 0 now.
+                    (Call("a"), No(600 * SEC, Reason::Rate)),
+                    (Wait(600 * SEC), Any),
+                    (Call("a"), Ok),
+                    // One more 45009: what the minute admitted since its run
+                    // began (11, over ten minutes: one in its last minute
+                    // besides the TAT ahead), never above 8.
+                    (LowerW, Any),
+                    (Inspect, State("lowered again, below 9", |s| s.state.learned_windows.iter().all(|l| l.count < 9))),
+                    // Whole again at the quota day's midnight (14 h away).
+                    (Wait(14 * 3600 * SEC), Any),
+                ],
+                call(10, Ok),
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "refunds_leave_penalties_and_slots_alone",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,
@@ -1089,6 +1175,7 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         }
         (Dropped(want), Got::Dropped(d)) => *d == want,
         (Before(want), Got::Before(n)) => *n == want,
+        (Lowered(want), Got::Lowered(got)) => **got == *want,
         (Owns(Some((account, left))), Got::Owner(Some(owner))) => {
             owner.account.ends_with(account) && owner.remaining_us() == left && owner.now == now
         }
@@ -1112,6 +1199,7 @@ fn describe(expect: Expect) -> String {
         Claimed(kind) => format!("a claim: {kind}"),
         Dropped(d) => format!("dropped: {d}"),
         Before(n) => format!("a day count of {n} before"),
+        Lowered(w) => format!("windows lowered {w:?}"),
         Any => "anything".into(),
     }
 }
@@ -1276,6 +1364,12 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
                 store.tokens().drop_token(&token_hash(prefix, token), kinds).await.expect("store answered"),
             ),
             Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
+            LowerW => Got::Lowered(
+                store.apply(key, op::LowerWindows { sent_at: clock.now_us() }).await.expect("store answered"),
+            ),
+            LearnDay(limit) => {
+                Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))
+            }
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

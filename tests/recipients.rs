@@ -9,8 +9,9 @@ mod support;
 use std::collections::HashMap;
 
 use serde_json::json;
+use support::backing::Backing;
 use support::bodies::chunked_body;
-use support::redis_server::{RedisCluster, RedisServer};
+use support::redis_server::RedisServer;
 use support::wire::exchange;
 use support::{ConfigToml, Gate, MockWeChat, StoreToml};
 
@@ -27,37 +28,6 @@ fn message_rule(limits: &str, more: &str) -> String {
 /// A text message to `to` ("|"-separated member ids).
 fn message(to: &str) -> String {
     json!({"touser": to, "msgtype": "text", "agentid": 1000002, "text": {"content": "punch in"}}).to_string()
-}
-
-/// The stores each scenario runs on: memory, Redis, Cluster (each started
-/// for the test and stopped with it).
-enum Backing {
-    Memory,
-    Redis(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Backing {
-    fn all() -> Vec<Backing> {
-        vec![Backing::Memory, Backing::Redis(RedisServer::start()), Backing::Cluster(RedisCluster::start(3))]
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Backing::Memory => "memory",
-            Backing::Redis(_) => "redis",
-            Backing::Cluster(_) => "cluster",
-        }
-    }
-
-    async fn gate(&self, mock: &MockWeChat, rules: &str) -> Gate {
-        let config = ConfigToml::new(&mock.url()).with(rules);
-        match self {
-            Backing::Memory => Gate::start_text(config).await,
-            Backing::Redis(r) => Gate::start_real_text(config.with(StoreToml::redis(&r.url()))).await,
-            Backing::Cluster(c) => Gate::start_real_text(config.with(StoreToml::redis_cluster(c.urls()))).await,
-        }
-    }
 }
 
 /// The messages the mock received, by their `touser`.

@@ -133,6 +133,17 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let accounts =
         super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
+    let overrides = super::overrides::compile(
+        raw.quota,
+        super::overrides::Known {
+            server: &server,
+            rules: &rules.rules,
+            routed: &rules.routed,
+            quota_syncs: &rules.quota_syncs,
+        },
+        &mut rules.http,
+        ctx,
+    )?;
     let unruled_http =
         RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None, queue: None };
     let max_warmup_us = rules.rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
@@ -155,6 +166,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         quota_syncs: rules.quota_syncs,
         intercept,
         accounts,
+        overrides,
         warnings,
     })
 }

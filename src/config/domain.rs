@@ -169,6 +169,17 @@ pub(super) fn compile(
                 ));
             }
         }
+        if rules_file.quota.is_some() {
+            warnings.push(at(
+                "rules",
+                Invalid::new(format!(
+                    "{}'s [[quota]] apply only when it runs alone: give this domain's accounts their own limits \
+                     in this file, with rule = \"{name}.<rule>\"",
+                    file.display()
+                ))
+                .field("rules"),
+            ));
+        }
         let (routes, rules) = add(rules_file.rule, i + 1, &name, &file_ctx)?;
         domains.push(Domain { name: name.into(), host: host.into(), upstream, routes, rules_file: Some(file), rules });
     }

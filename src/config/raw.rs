@@ -30,6 +30,8 @@ pub(super) struct RawConfig {
     pub domain: Vec<Spanned<RawDomain>>,
     #[serde(default)]
     pub queue: super::queue::RawQueue,
+    #[serde(default)]
+    pub quota: Vec<Spanned<super::overrides::RawQuota>>,
 }
 
 /// `[[domain]]` (src/config/domain.rs).
@@ -44,14 +46,16 @@ pub(super) struct RawDomain {
 
 /// A `[[domain]]`'s rules file, as a domain reads it: its `[[rule]]`s
 /// (every key checked) and its `[[penalty]]`s (compared with the
-/// config's); the rest of the file (its `[server]`, `[store]`, ...) is for
-/// running it alone.
+/// config's); its `[[quota]]`s only to warn that they apply to it alone;
+/// the rest of the file (its `[server]`, `[store]`, ...) is for running it
+/// alone.
 #[derive(Debug, Deserialize)]
 pub(super) struct RawRulesFile {
     #[serde(default)]
     pub rule: Vec<Spanned<super::rule::RawRule>>,
     pub penalty: Option<Vec<Spanned<RawPenalty>>>,
     pub domain: Option<toml::Value>,
+    pub quota: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize, Default)]

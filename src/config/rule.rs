@@ -40,6 +40,8 @@ pub(super) struct RawRule {
     pub reserve: Option<String>,
     pub max_share: Option<String>,
     pub quota_sync: Option<String>,
+    pub learn: Option<String>,
+    pub learn_windows: Option<bool>,
     pub cost: Option<String>,
     pub recipients: Option<RawRecipients>,
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
@@ -68,16 +70,16 @@ pub(super) struct RuleDefaults<'a> {
 
 /// Where a rule's errors go: the rule's table, at the line of the field
 /// they name (else the rule's header), or at a limit's own table.
-struct At<'a> {
-    ctx: &'a Ctx<'a>,
-    span: Range<usize>,
-    table: String,
+pub(super) struct At<'a> {
+    pub ctx: &'a Ctx<'a>,
+    pub span: Range<usize>,
+    pub table: String,
 }
 
 impl At<'_> {
     /// An error about the rule; its field (or the key its message starts
     /// with: `count must be ...`) gives the line.
-    fn rule(&self, e: Invalid) -> ConfigError {
+    pub(super) fn rule(&self, e: Invalid) -> ConfigError {
         let key = leading_key(e.field.as_deref().unwrap_or(&e.message)).to_owned();
         self.ctx.at_field(self.span.clone(), &key, e.table(self.table.clone()))
     }
@@ -129,6 +131,18 @@ pub(super) fn compile_rule(
     };
     let (reserve_percent, share_percent) =
         (percent(r.reserve.as_deref(), "reserve")?, percent(r.max_share.as_deref(), "max_share")?);
+    let learn_up = match (r.learn.as_deref(), r.quota_sync.is_some()) {
+        (None | Some("down"), _) => false,
+        (Some("both"), true) => true,
+        (Some("both"), false) => {
+            let e = Invalid::new("\"both\" needs quota_sync (the day limit is learned from WeChat's quota/get)");
+            return Err(at.rule(e.field("learn")));
+        }
+        (Some(other), _) => {
+            let e = Invalid::new(format!("\"{other}\" is unknown (expected \"down\" or \"both\")"));
+            return Err(at.rule(e.field("learn")));
+        }
+    };
     let per_recipient = per_recipient(&r, defaults.margin_us, &at)?;
     let recipients =
         recipients(&r.name, r.recipients, r.cost.as_deref(), &per_recipient, scope).map_err(|e| at.rule(e))?;
@@ -141,6 +155,8 @@ pub(super) fn compile_rule(
         concurrency,
         shadow,
         per_recipient,
+        learn_up,
+        learn_windows: r.learn_windows.unwrap_or(true) && limits.iter().any(|l| matches!(l, Limit::Window(_))),
         ..Rule::new(&qualified, limits)
     }
     .with_percents(reserve_percent, share_percent)
@@ -166,15 +182,24 @@ fn patterns(r: &RawRule) -> Result<Vec<Pattern>, Invalid> {
     r.patterns.iter().map(|p| Pattern::parse(p).map_err(|e| e.field(format!("match \"{p}\"")))).collect()
 }
 
-/// `limits` (or `per_recipient`'s): no two of one window.
-fn limits(raw: &[Spanned<RawLimit>], key: &str, margin_us: Micros, at: &At<'_>) -> Result<Vec<Limit>, ConfigError> {
+/// `limits` (or `per_recipient`'s, or a `[[quota]]`'s): no two of one window.
+pub(super) fn limits(
+    raw: &[Spanned<RawLimit>],
+    key: &str,
+    margin_us: Micros,
+    at: &At<'_>,
+) -> Result<Vec<Limit>, ConfigError> {
     let mut limits = Vec::with_capacity(raw.len());
     let mut windows = HashSet::new();
     for (i, l) in raw.iter().enumerate() {
         let field = format!("{key}[{i}]");
         let limit = compile_limit(l.get_ref(), margin_us).map_err(|e| at.limit(l.span(), &field, e))?;
         if !windows.insert(limit.window_key()) {
-            let other = if key == "limits" { "another limit of this rule" } else { "another per_recipient limit" };
+            let other = match key {
+                _ if at.table.starts_with("[[quota]]") => "another limit of this override",
+                "limits" => "another limit of this rule",
+                _ => "another per_recipient limit",
+            };
             let e = Invalid::new(format!("{other} has per = \"{}\"", l.get_ref().per));
             return Err(at.limit(l.span(), &field, e));
         }

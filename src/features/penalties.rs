@@ -7,13 +7,64 @@
 //! a success ends an escalation. A store that cannot record a penalty is
 //! logged, and the answer is still turned into a refusal.
 
+use crate::admit::core::Core;
 use crate::error::retry_after_secs;
 use crate::features::hooks::{Answered, Env, Feature};
-use crate::limit::Key;
-use crate::store::op::{Penalise, Succeeded};
+use crate::limit::calendar::Period;
+use crate::limit::{Key, Limit};
+use crate::store::op::{LowerWindows, Penalise, Succeeded};
+use crate::time::Micros;
 use crate::transport::sniff::Verdict;
 
-pub struct Penalties;
+#[derive(Default)]
+pub struct Penalties {
+    /// Pairs of a rule with a day quota that WeChat answered 45009 since
+    /// quota_sync last looked: the errmsg cannot tell a spent day from a
+    /// frequency limit, so quota_sync asks quota/get at once
+    /// ([`crate::ops::quota_sync`]). At most [`MAX_DAY_CHECKS`]: more
+    /// are left to the next regular sync.
+    /// With the latest `sent_at` of a call WeChat answered so.
+    day_checks: std::sync::Mutex<Vec<(String, std::sync::Arc<str>, Micros)>>,
+}
+
+/// Most pairs waiting for quota_sync's check after a 45009.
+pub const MAX_DAY_CHECKS: usize = 1024;
+
+impl Penalties {
+    /// The pairs to check, taken (each once).
+    pub fn take_day_checks(&self) -> Vec<(String, std::sync::Arc<str>, Micros)> {
+        std::mem::take(&mut *self.day_checks.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn check_day(&self, account: &str, state: &std::sync::Arc<str>, sent_at: Micros) {
+        let mut checks = self.day_checks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(check) = checks.iter_mut().find(|(a, s, _)| a == account && s == state) {
+            check.2 = check.2.max(sent_at);
+        } else if checks.len() < MAX_DAY_CHECKS {
+            checks.push((account.to_owned(), state.clone(), sent_at));
+        }
+    }
+}
+
+/// WeChat answered a frequency 45009 for the pair of `key`: its rule's
+/// windows are lowered until the quota day ends (`learn_windows`,
+/// [`crate::limit::learned`]), counted and logged.
+pub async fn lower_windows(core: &Core, key: Key<'_>, sent_at: Micros) {
+    let rule = key.rule;
+    if !rule.learn_windows {
+        return;
+    }
+    match Box::pin(core.store.apply(key, LowerWindows { sent_at })).await {
+        // Lowered already for a call sent at or after this one.
+        Ok(lowered) if lowered.iter().all(|(was, now)| was == now) => {}
+        Ok(lowered) => {
+            let counts: Vec<String> = lowered.iter().map(|(was, now)| format!("{was}->{now}")).collect();
+            core.metrics.learned(&rule.name, "down");
+            tracing::warn!(rule = %rule.name, account = key.account, windows = %counts.join(","), "WeChat refused a call within the rule's windows (45009): the account's windows are lowered until the quota day ends");
+        }
+        Err(e) => tracing::warn!(rule = %rule.name, error = %e, "could not lower the windows after a 45009"),
+    }
+}
 
 impl Feature for Penalties {
     type Ctx = ();
@@ -34,6 +85,20 @@ impl Feature for Penalties {
                     }
                 };
                 tracing::info!(rule = %rule.name, account = %answered.account, errcode = code, wait_s = retry_after_secs(wait_us), "WeChat penalised a call");
+                if code == 45009 {
+                    // Which limit? quota/get can tell a spent day from a
+                    // frequency limit where the rule syncs; otherwise the
+                    // windows are lowered at once (a day spent lets nothing
+                    // through before midnight, when they are whole again).
+                    let day = rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }));
+                    let synced = config.quota_syncs.iter().any(|s| s.rule.state == rule.state);
+                    if day {
+                        self.check_day(answered.account, &rule.state, sent_at);
+                    }
+                    if !(day && synced) {
+                        lower_windows(env.core, key, sent_at).await;
+                    }
+                }
                 if !rule.shadow {
                     answered.penalty = Some(wait_us);
                 }

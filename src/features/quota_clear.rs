@@ -90,7 +90,8 @@ pub async fn cleared(core: &Core, config: &Config, account: &str, clearing: &Cle
 /// sees it.
 pub async fn clear_account(core: &Core, config: &Config, account: &str) -> Result<(), StoreError> {
     let offset_us = config.server.quota_offset_us;
-    let keys: Vec<Key<'_>> = config.routed.iter().map(|rule| Key { account, rule, offset_us }).collect();
+    let keys: Vec<Key<'_>> =
+        config.routed.iter().map(|rule| Key { account, rule: config.rule_of(account, rule), offset_us }).collect();
     core.store.clear(&keys).await?;
     core.metrics.quota_clears.inc();
     Ok(())

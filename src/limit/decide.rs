@@ -9,6 +9,7 @@ use super::{
     ShareState, WindowKey, WindowLimit,
 };
 use crate::limit::calendar::Period;
+use crate::limit::learned;
 use crate::time::Micros;
 
 /// Decides `ask` at store time `now` and, if it is admitted, debits `state`:
@@ -84,11 +85,18 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         let key = limit.window_key();
         let (after, remaining, reset_us) = match *limit {
             Limit::Window(w) => {
-                let tat = tat_of(state.get(key), at) + cost as i64 * interval(&w, rule, warm_start, now);
+                let w = learned::window(rule, state, &w, now);
+                let stored = state.get(key);
+                // learn_windows: a TAT found in the past starts a new run.
+                if rule.learn_windows && !matches!(stored, Some(LimitState::Tat(t)) if t >= at) {
+                    set_run(state, w.per_us(), at);
+                }
+                let tat = tat_of(stored, at) + cost as i64 * interval(&w, rule, warm_start, now);
                 let room = (now + w.tolerance_us() + w.interval_us() - tat).div_euclid(w.interval_us()).max(0);
                 (LimitState::Tat(tat), room as u64, tat - now)
             }
             Limit::Calendar { count, period } => {
+                let count = own_count(rule, state, count.get(), period, now);
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
                 let after = if period.id(at, offset_us) == current {
@@ -100,7 +108,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
                     LimitState::Count { used, .. } => used,
                     LimitState::Tat(_) => 0,
                 };
-                (after, count.get().saturating_sub(used_now), period.next_start(now, offset_us) - now)
+                (after, count.saturating_sub(used_now), period.next_start(now, offset_us) - now)
             }
         };
         if quota.is_none_or(|q| remaining < q.remaining) {
@@ -132,6 +140,24 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
 }
 
+/// Notes that the window of length `per_us` began a new run at `at`.
+fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
+    match state.runs.iter_mut().find(|(p, _)| *p == per_us) {
+        Some(run) => run.1 = at,
+        None => state.runs.push((per_us, at)),
+    }
+}
+
+/// The count of a rule's own calendar quota for this pair: a day quota's
+/// lowered (or, with `learn = "both"`, raised) by the day limit WeChat
+/// reported ([`crate::limit::learned`]).
+fn own_count(rule: &Rule, state: &RuleState, count: u64, period: Period, now: Micros) -> u64 {
+    match period {
+        Period::Day => crate::limit::learned::day_count(rule, count, state, now),
+        Period::Month => count,
+    }
+}
+
 /// What [`earliest`] weighs a call against: its rule, the caller's share
 /// state when the rule's `max_share` applies (`Some(None)`: none yet), the
 /// store time and offset, the call's cost and the pair's warm-up start.
@@ -158,12 +184,20 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     // Every limit that must admit the call: (limit, its state, what this call
     // may not use, its emission interval now, the reason it gives), the rule's first.
     let own = rule.limits.iter().enumerate().map(|(i, l)| {
+        let l = &match *l {
+            Limit::Window(w) => Limit::Window(learned::window(rule, state, &w, now)),
+            calendar => calendar,
+        };
         let reason = if matches!(l, Limit::Window(_)) { Reason::Rate } else { Reason::Quota };
         let step = match l {
             Limit::Window(w) => interval(w, rule, t.warm_start, now),
             Limit::Calendar { .. } => 0,
         };
-        (*l, state.get(l.window_key()), kept(i), step, reason)
+        let count = match *l {
+            Limit::Calendar { count, period } => own_count(rule, state, count.get(), period, now),
+            Limit::Window(_) => 0,
+        };
+        (*l, count, state.get(l.window_key()), kept(i), step, reason)
     });
     let shared = t.share.into_iter().flat_map(|mine| {
         rule.share.iter().map(move |l| {
@@ -171,14 +205,18 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
                 Limit::Window(w) => w.interval_us(),
                 Limit::Calendar { .. } => 0,
             };
-            (*l, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
+            let count = match *l {
+                Limit::Calendar { count, .. } => count.get(),
+                Limit::Window(_) => 0,
+            };
+            (*l, count, mine.and_then(|s| s.get(l.window_key())), 0, step, Reason::Share)
         })
     });
     let terms = own.chain(shared);
     let mut worst = 0;
     let mut reason = Reason::Rate;
     let mut fits = true;
-    for (limit, stored, kept, step, why) in terms.clone() {
+    for (limit, count, stored, kept, step, why) in terms.clone() {
         let wait = match limit {
             Limit::Window(w) => {
                 let more = (extra as i64).saturating_mul(step);
@@ -187,8 +225,8 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
                 }
                 tat_of(stored, now) - w.tolerance_us() + kept + more - now
             }
-            Limit::Calendar { count, period } => {
-                let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
+            Limit::Calendar { period, .. } => {
+                let room = count.saturating_sub(kept as u64).saturating_sub(extra);
                 if extra > 0 && room == 0 {
                     fits = false;
                 }
@@ -213,9 +251,9 @@ fn earliest(state: &RuleState, t: &Terms<'_>, normal: bool) -> (Micros, Reason, 
     // which must have room too. (max_wait is far shorter than a day, so one
     // pass over the calendars settles it.)
     let mut at = now + worst;
-    for (limit, stored, kept, _, why) in terms {
-        if let Limit::Calendar { count, period } = limit {
-            let room = count.get().saturating_sub(kept as u64).saturating_sub(extra);
+    for (limit, count, stored, kept, _, why) in terms {
+        if let Limit::Calendar { period, .. } = limit {
+            let room = count.saturating_sub(kept as u64).saturating_sub(extra);
             let free = calendar_free_at(stored, room, period, at, offset_us);
             if free > at {
                 at = free;

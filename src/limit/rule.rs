@@ -64,6 +64,21 @@ pub struct Rule {
     /// all-or-nothing with the rule's limits; each recipient costs 1 against
     /// them. Empty: recipients are not limited one by one.
     pub per_recipient: Vec<WindowLimit>,
+    /// The account a `[[quota]]` override gives these limits to (`None`:
+    /// the rule's own limits, for every account without one):
+    /// [`Rule::overridden`].
+    pub account: Option<Arc<str>>,
+    /// `learn = "both"`: a day limit WeChat reports ([`crate::limit::learned`])
+    /// applies even above the configured count (default: only below it).
+    pub learn_up: bool,
+    /// A learned day limit applies divided by this: 1, or for the local
+    /// fallback's scaled rule ([`Rule::scaled`]) the instances its counts
+    /// are divided by.
+    pub learned_divisor: u64,
+    /// `learn_windows` (default on for a rule with windows): a frequency
+    /// 45009 lowers the pair's windows for the rest of the quota day
+    /// ([`crate::limit::learned`]).
+    pub learn_windows: bool,
 }
 
 /// Whose calls a rule's limits count together.
@@ -259,6 +274,44 @@ impl WindowLimit {
         count.div_ceil(20).max(1)
     }
 
+    /// This window with `count` calls (fewer than its own), its burst at
+    /// most the default burst of that count: the window a frequency 45009
+    /// lowers it to ([`crate::limit::learned`]).
+    pub fn lowered(&self, count: u64) -> WindowLimit {
+        let count = NonZeroU64::new(count.clamp(1, self.count())).unwrap_or(NonZeroU64::MIN);
+        let burst =
+            NonZeroU64::new(self.burst().min(WindowLimit::default_burst(count.get()))).unwrap_or(NonZeroU64::MIN);
+        WindowLimit::derived(count, self.per_us, burst, self.margin_us)
+    }
+
+    /// This window decided with emission interval `interval_us` and
+    /// tolerance `tolerance_us` where they are stricter than its own: a
+    /// lowered window's ([`WindowLimit::lowered`]) applied over the one
+    /// configured (each stricter, so the result is exact for both), shown
+    /// with the lower count and burst.
+    pub fn tightened(&self, lowered: &WindowLimit) -> WindowLimit {
+        WindowLimit {
+            count: self.count.min(lowered.count),
+            burst: self.burst.min(lowered.burst),
+            interval_us: self.interval_us.max(lowered.interval_us),
+            tolerance_us: self.tolerance_us.min(lowered.tolerance_us),
+            ..*self
+        }
+    }
+
+    /// A window with these numbers as they were stored (a lowered window
+    /// read back from a store): `count` and `burst` at least 1.
+    pub fn stored(count: u64, burst: u64, per_us: Micros, interval_us: Micros, tolerance_us: Micros) -> WindowLimit {
+        WindowLimit {
+            count: NonZeroU64::new(count).unwrap_or(NonZeroU64::MIN),
+            per_us,
+            burst: NonZeroU64::new(burst).unwrap_or(NonZeroU64::MIN),
+            interval_us: interval_us.max(1),
+            tolerance_us: tolerance_us.max(0),
+            margin_us: 0,
+        }
+    }
+
     /// This window for one of `n` instances: count and burst divided by `n`
     /// (rounded down, at least 1).
     fn divided(&self, n: u64) -> WindowLimit {
@@ -294,7 +347,22 @@ impl Rule {
             share_percent: 0,
             share: Vec::new(),
             per_recipient: Vec::new(),
+            account: None,
+            learn_up: false,
+            learned_divisor: 1,
+            learn_windows: false,
         }
+    }
+
+    /// This rule (or per-path variant) for `account` alone, counting
+    /// `limits` instead of its own (a `[[quota]]` override): the same
+    /// state (a window whose length is kept keeps its count, as on a
+    /// reload), every other setting kept, and the reserve and the callers'
+    /// shares derived again from the new limits by the same percentages
+    /// (refused, naming the limit, where a percentage leaves a side nothing).
+    pub fn overridden(&self, account: Arc<str>, limits: Vec<Limit>) -> Result<Rule, PercentError> {
+        let rule = Rule { limits, account: Some(account), ..self.clone() };
+        rule.with_percents(self.reserve_percent, self.share_percent)
     }
 
     /// Sets `reserve = "P%"` (0: none) and `max_share = "P%"` (0: none) and
@@ -333,6 +401,7 @@ impl Rule {
         // A recipient messaged through every instance must not get its
         // limit from each.
         scaled.per_recipient = self.per_recipient.iter().map(|w| w.divided(n)).collect();
+        scaled.learned_divisor = self.learned_divisor.max(1) * n;
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled

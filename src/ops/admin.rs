@@ -304,22 +304,23 @@ fn state_file(app: &App, memory: &MemoryConfig) -> Value {
     })
 }
 
+/// One limit as `GET /v1/rules` shows it (a rule's, or an override's).
+fn limit_json(l: &Limit) -> Value {
+    match l {
+        Limit::Window(w) => json!({
+            "kind": "window",
+            "count": w.count(),
+            "per_seconds": w.per_us() as f64 / 1e6,
+            "burst": w.burst(),
+            "refill_per_second": w.refill_per_second(),
+            "margin_ms": w.margin_us() as f64 / 1e3,
+        }),
+        Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
+    }
+}
+
 fn rule_json(rule: &Rule, http: &crate::config::RuleHttp) -> Value {
-    let limits: Vec<Value> = rule
-        .limits
-        .iter()
-        .map(|l| match l {
-            Limit::Window(w) => json!({
-                "kind": "window",
-                "count": w.count(),
-                "per_seconds": w.per_us() as f64 / 1e6,
-                "burst": w.burst(),
-                "refill_per_second": w.refill_per_second(),
-                "margin_ms": w.margin_us() as f64 / 1e3,
-            }),
-            Limit::Calendar { count, period } => json!({ "kind": "calendar", "count": count, "per": period.as_str() }),
-        })
-        .collect();
+    let limits: Vec<Value> = rule.limits.iter().map(limit_json).collect();
     let mut shown = json!({
         "name": &*rule.name,
         "match": rule.patterns,
@@ -338,7 +339,25 @@ fn rules(app: &App) -> Answer {
     let config = app.config.load();
     json_answer(
         StatusCode::OK,
-        Value::Array(config.rules.iter().map(|r| rule_json(r, config.rule_http(Some(r)))).collect()),
+        Value::Array(
+            config
+                .rules
+                .iter()
+                .map(|r| {
+                    let mut shown = rule_json(r, config.rule_http(Some(r)));
+                    // Its `[[quota]]` overrides: each account's own limits.
+                    let overrides = config.overrides.of_rule(&r.name).map(|o| {
+                        json!({
+                            "account": &*o.account,
+                            "limits": o.limits.iter().map(limit_json).collect::<Vec<_>>(),
+                            "line": o.line,
+                        })
+                    });
+                    shown["overrides"] = Value::Array(overrides.collect());
+                    shown
+                })
+                .collect(),
+        ),
     )
 }
 
@@ -397,16 +416,18 @@ fn find_states(
     let Some(found) = config.rules.iter().find(|r| &*r.name == rule).cloned() else {
         return Err(Box::new(error(StatusCode::NOT_FOUND, format!("no rule named \"{rule}\""))));
     };
+    // The account's own limits where a `[[quota]]` overrides the rule's.
+    let own = |s: &Arc<Rule>| config.rule_of(account, s).clone();
     let states: Vec<Arc<Rule>> = match (found.scope, path) {
-        (Scope::Rule, None) => vec![found.clone()],
+        (Scope::Rule, None) => vec![own(&found)],
         (Scope::Rule, Some(_)) => {
             return Err(Box::new(error(
                 StatusCode::BAD_REQUEST,
                 format!("rule \"{rule}\" counts its paths together (scope = \"rule\"): leave out ?path="),
             )))
         }
-        (Scope::Path, None) => config.states_of(rule).cloned().collect(),
-        (Scope::Path, Some(p)) => config.states_of(rule).filter(|s| s.path.as_deref() == Some(p)).cloned().collect(),
+        (Scope::Path, None) => config.states_of(rule).map(own).collect(),
+        (Scope::Path, Some(p)) => config.states_of(rule).filter(|s| s.path.as_deref() == Some(p)).map(own).collect(),
     };
     if states.is_empty() {
         let listed = found.patterns.join(", ");

@@ -6,7 +6,8 @@ use serde_json::{json, Value};
 
 use crate::limit::calendar::{civil_from_days, Period, DAY_US};
 use crate::limit::forecast::{runs_out_at, used_fraction, RATE_TAU_US};
-use crate::limit::{learned, Limit, LimitState, Rule, RuleState, ShareState, WindowKey, WindowLimit};
+use crate::limit::learned;
+use crate::limit::{Limit, LimitState, Rule, RuleState, ShareState, WindowKey, WindowLimit};
 use crate::time::Micros;
 
 /// Activity of this instance for the pair.
@@ -19,8 +20,11 @@ pub struct Here {
 }
 
 pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros, here: Here) -> Value {
-    let limits: Vec<Value> =
-        rule.limits.iter().map(|limit| picture_of(limit, state.get(limit.window_key()), now, offset_us)).collect();
+    let limits: Vec<Value> = rule
+        .limits
+        .iter()
+        .map(|l| picture_of(l, state.get(l.window_key()), Some((rule, state)), now, offset_us))
+        .collect();
     let p = &state.penalty;
     let slots = state.holders.iter().filter(|(_, exp)| *exp > now).count();
     let mut picture = json!({
@@ -28,6 +32,9 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
         "rule": &*rule.name,
         "now": local_time(now, offset_us),
         "limits": limits,
+        // Where the limits are from: the rule's, or the account's own
+        // (`[[quota]]`).
+        "limits_source": if rule.account.is_some() { "override" } else { "rule" },
         "penalty": {
             "active": p.until > now,
             "remaining_seconds": ((p.until - now).max(0) as f64 / 1e6),
@@ -109,7 +116,7 @@ fn shares(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros) -> Val
         .into_iter()
         .map(|share| {
             let limits: Vec<Value> =
-                rule.share.iter().map(|l| picture_of(l, share.get(l.window_key()), now, offset_us)).collect();
+                rule.share.iter().map(|l| picture_of(l, share.get(l.window_key()), None, now, offset_us)).collect();
             json!({ "caller": &*share.caller, "limits": limits })
         })
         .collect();
@@ -117,10 +124,40 @@ fn shares(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros) -> Val
 }
 
 /// One limit as its state stands at `now`.
-fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us: Micros) -> Value {
+/// One limit's picture; `own`: the rule and the pair's state when the
+/// limit is the rule's own (a day quota's learned limit applies to it).
+fn picture_of(
+    limit: &Limit,
+    stored: Option<LimitState>,
+    own: Option<(&Rule, &RuleState)>,
+    now: Micros,
+    offset_us: Micros,
+) -> Value {
     let (name, _, _) = limit.policy();
     match *limit {
-        Limit::Window(w) => {
+        Limit::Window(configured) => {
+            // A window a frequency 45009 lowered until the quota day ends
+            // (crate::limit::learned): it applies, and is shown as such.
+            let (w, learned) = match own {
+                Some((rule, state)) => {
+                    let w = learned::window(rule, state, &configured, now);
+                    let learned = state
+                        .learned_windows
+                        .iter()
+                        .find(|l| rule.learn_windows && l.per_us == configured.per_us() && now < l.until)
+                        .map_or(Value::Null, |l| {
+                            json!({
+                                "count": l.count,
+                                "burst": l.burst,
+                                "source": "errcode_45009",
+                                "at": local_time(l.at, offset_us),
+                                "until": local_time(l.until, offset_us),
+                            })
+                        });
+                    (w, learned)
+                }
+                None => (configured, Value::Null),
+            };
             let tat = match stored {
                 Some(LimitState::Tat(t)) => t.max(now),
                 _ => now,
@@ -129,6 +166,8 @@ fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us:
                 "limit": name,
                 "kind": "window",
                 "count": w.count(),
+                "configured": configured.count(),
+                "learned": learned,
                 "per_seconds": w.per_us() as f64 / 1e6,
                 "burst": w.burst(),
                 "tokens": window_tokens(&w, stored, now),
@@ -137,15 +176,31 @@ fn picture_of(limit: &Limit, stored: Option<LimitState>, now: Micros, offset_us:
                 "full_in_ms": ((tat - now).max(0) as f64 / 1e3),
             })
         }
-        Limit::Calendar { count, period } => {
+        Limit::Calendar { count: configured, period } => {
             let (used, next) = calendar_counts(stored, period.id(now, offset_us));
             let reset = period.next_start(now, offset_us);
+            // A day quota: what WeChat reported for the account, and the
+            // count that applies (crate::limit::learned).
+            let (count, learned) = match (period, own.and_then(|(r, s)| Some((r, s, s.learned_day?)))) {
+                (Period::Day, Some((rule, state, l))) => (
+                    learned::day_count(rule, configured.get(), state, now),
+                    json!({
+                        "count": l.limit,
+                        "source": "quota_get",
+                        "at": local_time(l.at, offset_us),
+                        "applies": l.fresh(now) && (rule.learn_up || l.limit < configured.get()),
+                    }),
+                ),
+                _ => (configured.get(), Value::Null),
+            };
             json!({
                 "limit": name,
                 "kind": "calendar",
                 "count": count,
+                "configured": configured,
+                "learned": learned,
                 "used": used,
-                "remaining": count.get().saturating_sub(used),
+                "remaining": count.saturating_sub(used),
                 "reserved_for_next_period": next,
                 "resets_at": local_time(reset, offset_us),
                 "resets_in_seconds": (reset - now) as f64 / 1e6,

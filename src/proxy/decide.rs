@@ -15,7 +15,14 @@ use crate::transport::downstream::Client;
 /// says) or refuses it. A call without a rule goes on undecided. `client`:
 /// the call's client (`None`: a call wxgate makes itself).
 pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Result<(), Early> {
-    let Some(rule) = call.route.rule.clone() else { return Ok(()) };
+    let Some(routed) = &call.route.rule else { return Ok(()) };
+    // The account's own limits (`[[quota]]`), for the decision and every
+    // later phase (its answer's RateLimit headers, a penalty, a refund):
+    // nothing is looked up in a config without overrides.
+    let rule = call.arrived.config.rule_of(&call.who.account, routed).clone();
+    if rule.account.is_some() {
+        call.route.rule = Some(rule.clone());
+    }
     let started = Stopwatch::start();
     let normal = call.who.caller.priority() != crate::config::Priority::High;
     let meter = match &call.meter {

@@ -149,8 +149,8 @@ async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
     }
     let (rule, offset_us) = {
         let config = app.config.load();
-        let rule =
-            config.rules.iter().find(|r| *r.name == *q.queue.rule && r.scope == crate::limit::Scope::Rule).cloned()?;
+        let rule = config.rules.iter().find(|r| *r.name == *q.queue.rule && r.scope == crate::limit::Scope::Rule)?;
+        let rule = config.rule_of(&q.queue.account, rule).clone();
         (rule, config.server.quota_offset_us)
     };
     let (at, now) = crate::admit::forecasts::drained_at(

@@ -460,6 +460,17 @@ impl MemoryStore {
                         Ok(())
                     }
                 }
+                Kept::Learned => {
+                    let day = match state.learned_day {
+                        Some(l) => journal.append_learned(key.account, &key.rule.state, l.limit, l.at),
+                        None => Ok(()),
+                    };
+                    state
+                        .learned_windows
+                        .iter()
+                        .map(|w| journal.append_window(key.account, &key.rule.state, w))
+                        .fold(day, |a, b| a.and(b))
+                }
                 _ => Ok(()),
             };
             self.journal_failed(written);

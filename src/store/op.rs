@@ -105,6 +105,8 @@ ops! {
     SetPenalty: set_penalty::SetPenalty -> PenaltyEnd,
     Refund: refund::Refund -> bool,
     RaiseDay: raise_day::RaiseDay -> u64,
+    LearnDay: learn_day::LearnDay -> u64,
+    LowerWindows: lower_windows::LowerWindows -> Vec<(u64, u64)>,
 }
 
 #[cfg(test)]

@@ -73,6 +73,7 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::limit::calendar::Period;
+use crate::limit::learned::{LearnedDay, LearnedWindow};
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{LimitState, RuleState, ShareState, WindowKey};
 use crate::store::tokens::{TokenHash, TokenKey};
@@ -178,6 +179,23 @@ struct FilePair<'a> {
     /// it, which read back with no recipient state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     recipients: Vec<(u64, Vec<(Micros, Micros)>)>,
+    /// The day limit WeChat reported ([`crate::limit::learned`]). Absent
+    /// in files of wxgate before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    learned_day: Option<FileLearned>,
+    /// Windows a frequency 45009 lowered (`learn_windows`): (length, count,
+    /// burst, T, τ, at, until). Absent in files of wxgate before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    learned_windows: Vec<(Micros, u64, u64, Micros, Micros, Micros, Micros)>,
+    /// Per window length, when its current run began (`learn_windows`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    runs: Vec<(Micros, Micros)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileLearned {
+    limit: u64,
+    at: Micros,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -288,6 +306,13 @@ fn file_pair(p: &Pair) -> FilePair<'_> {
             .flat_map(|m| m.iter())
             .map(|(k, r)| (*k, r.iter().filter(|(per, _)| *per > 0).copied().collect()))
             .collect(),
+        learned_day: s.learned_day.map(|l| FileLearned { limit: l.limit, at: l.at }),
+        learned_windows: s
+            .learned_windows
+            .iter()
+            .map(|l| (l.per_us, l.count, l.burst, l.interval_us, l.tolerance_us, l.at, l.until))
+            .collect(),
+        runs: s.runs.clone(),
     }
 }
 
@@ -366,6 +391,21 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                 holders: Vec::new(),
                 shares,
                 recipients,
+                learned_day: p.learned_day.map(|l| LearnedDay { limit: l.limit, at: l.at }),
+                learned_windows: p
+                    .learned_windows
+                    .into_iter()
+                    .map(|(per_us, count, burst, interval_us, tolerance_us, at, until)| LearnedWindow {
+                        per_us,
+                        count,
+                        burst,
+                        interval_us,
+                        tolerance_us,
+                        at,
+                        until,
+                    })
+                    .collect(),
+                runs: p.runs,
             };
             Pair { account: p.account.into_owned(), rule: Arc::from(&*p.rule), state, warmup_us: p.warmup_us }
         })

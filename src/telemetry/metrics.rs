@@ -13,9 +13,9 @@ use prometheus_client::registry::Registry;
 
 use labels::OUTCOMES;
 pub use labels::{
-    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FailoverLabels, FileOp, HostLabel, OpLabel,
-    Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel, TunnelLabels,
-    UpstreamLabel, NO_RULE,
+    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FailoverLabels, FileOp, HostLabel,
+    LearnedLabels, OpLabel, Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel,
+    TunnelLabels, UpstreamLabel, NO_RULE,
 };
 use register::{AccountSeries, CallSeries, CallerSeries, InterceptSeries, StoreSeries};
 pub use series::{
@@ -53,6 +53,9 @@ pub struct Metrics {
     /// WeChat accepted, or `POST /v1/accounts/{account}/clear`.
     pub quota_clears: Counter,
     pub accounts_full: Counter,
+    /// Limits learned from WeChat, by rule and direction
+    /// ([`crate::limit::learned`]).
+    pub quota_learned: Family<LearnedLabels, Counter>,
     pub memory_store: MemoryStoreMetrics,
     pub upstreams: UpstreamMetrics,
     /// The token cache and quota_sync.
@@ -73,6 +76,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// A limit learned from WeChat changed a pair's limits.
+    pub fn learned(&self, rule: &str, direction: &str) {
+        self.quota_learned
+            .get_or_create(&LearnedLabels { rule: rule.to_owned(), direction: direction.to_owned() })
+            .inc();
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("wxgate");
         // One subsystem after another, in the order of the /metrics text.
@@ -96,7 +106,7 @@ impl Metrics {
         let reloads = register::config_reloads(&mut registry);
         let refunds = register::refunds(&mut registry);
         let (recipients, recipient_refusals) = register::recipients(&mut registry);
-        let AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full } =
+        let AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full, quota_learned } =
             register::accounts(&mut registry);
         let memory_store = register::memory_store(&mut registry);
         let upstreams = register::upstreams(&mut registry);
@@ -131,6 +141,7 @@ impl Metrics {
             tokens_learned,
             quota_clears,
             accounts_full,
+            quota_learned,
             memory_store,
             upstreams,
             tokens,

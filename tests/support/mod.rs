@@ -12,11 +12,13 @@
 //! and CONNECT clients ([`intercept`]), queued delivery's jobs
 //! (submissions, and the test binary run again as a child: [`jobs`]),
 //! queued delivery over real sockets ([`queue`]) and its callbacks (a
-//! receiver, the signature's check: [`callbacks`]).
+//! receiver, the signature's check: [`callbacks`]), the stores a scenario
+//! runs on ([`backing`]: memory, Redis, Cluster).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
+pub mod backing;
 pub mod bodies;
 pub mod callbacks;
 pub mod config;

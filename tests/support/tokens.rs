@@ -44,6 +44,8 @@ struct State {
     /// When each answered quota/get (a valid token, no error) arrived.
     quota_answered: Vec<Instant>,
     quota_errcode: Option<i64>,
+    /// quota/get: `daily_limit` per cgi_path (100,000 when not set).
+    daily_limit: HashMap<String, u64>,
 }
 
 /// The mock's token and quota state; clones share it.
@@ -85,6 +87,11 @@ impl WeChatTokens {
     /// quota/get reports `used` calls of `path` today.
     pub fn set_used(&self, path: &str, used: u64) {
         self.state.lock().expect("tokens").used.insert(path.to_owned(), used);
+    }
+
+    /// quota/get reports `limit` as the account's day limit of `path`.
+    pub fn set_daily_limit(&self, path: &str, limit: u64) {
+        self.state.lock().expect("tokens").daily_limit.insert(path.to_owned(), limit);
     }
 
     /// quota/get answers this errcode (`None`: its quota).
@@ -208,10 +215,11 @@ impl WeChatTokens {
                 let body: serde_json::Value = serde_json::from_slice(&rec.body).unwrap_or_default();
                 let cgi = body["cgi_path"].as_str().unwrap_or("").to_owned();
                 let used = s.used.get(&cgi).copied().unwrap_or(0);
+                let limit = s.daily_limit.get(&cgi).copied().unwrap_or(100_000);
                 s.quota_answered.push(rec.arrived);
                 json(&format!(
-                    r#"{{"errcode":0,"errmsg":"ok","quota":{{"daily_limit":100000,"used":{used},"remain":{}}}}}"#,
-                    100_000u64.saturating_sub(used)
+                    r#"{{"errcode":0,"errmsg":"ok","quota":{{"daily_limit":{limit},"used":{used},"remain":{}}}}}"#,
+                    limit.saturating_sub(used)
                 ))
             }
         }

@@ -251,8 +251,14 @@ pub async fn submit(
         }
         Err(SubmitError::Store(e)) => return Err(ProxyError::Unavailable(e)),
     };
-    let eta =
-        if submitted.duplicate { None } else { eta(jobs, env, rule, &queue, config.server.quota_offset_us).await };
+    let eta = if submitted.duplicate {
+        None
+    } else {
+        // The rule the account's calls count against (its `[[quota]]` override).
+        let routed = config.routed.iter().find(|r| r.state == rule.state);
+        let own = routed.map_or(rule, |r| &**config.rule_of(account, r));
+        eta(jobs, env, own, &queue, config.server.quota_offset_us).await
+    };
     let id = submitted.id.to_string();
     let body = serde_json::json!({ "errcode": 0, "errmsg": "queued", "delivery": id });
     let mut resp = Response::new(RelayBody::full(Bytes::from(body.to_string())));

@@ -20,7 +20,12 @@
 //! - a clear (`clear_quota` WeChat accepted, the admin API's clear):
 //!   `account\tstate\tclear\tat\n`; replaying clears the pair as at `at`
 //!   ([`crate::limit::decide::clear`]), so the admissions after it count
-//!   from zero again.
+//!   from zero again;
+//! - a day limit WeChat reported (`quota_sync`, [`crate::limit::learned`]):
+//!   `account\tstate\tlearned\tlimit\tat\n`; replaying sets it;
+//! - a window a frequency 45009 lowered (`learn_windows`):
+//!   `account\tstate\twindow\tper\tcount\tburst\tT\ttolerance\tat\tuntil\n`;
+//!   replaying sets it.
 //!
 //! Replayed in order over the loaded state file, the lines give the state
 //! of the crash: every change after the snapshot's read of a pair is in
@@ -44,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::limit::calendar::Period;
+use crate::limit::learned::LearnedWindow;
 use crate::limit::penalty::PenaltyState;
 use crate::store::state_file::{open_private, private_dir, PrivateError};
 use crate::time::Micros;
@@ -85,6 +91,10 @@ pub enum Change {
     Penalty(PenaltyState),
     /// The pair was cleared at `at` (store time).
     Clear { at: Micros },
+    /// WeChat reported `limit` as the pair's day limit at `at`.
+    Learned { limit: u64, at: Micros },
+    /// A window a frequency 45009 lowered.
+    Window(LearnedWindow),
 }
 
 fn open_append(path: &Path) -> Result<File, PrivateError> {
@@ -152,6 +162,31 @@ impl Journal {
             start(line, account, state);
             line.extend_from_slice(b"clear\t");
             field(line, at, true);
+        })
+    }
+
+    /// Records the day limit WeChat reported for `account`'s `state` at `at`.
+    pub fn append_learned(&self, account: &str, state: &str, limit: u64, at: Micros) -> io::Result<()> {
+        self.write(|line| {
+            start(line, account, state);
+            line.extend_from_slice(b"learned\t");
+            field(line, limit, false);
+            field(line, at, true);
+        })
+    }
+
+    /// Records a window a frequency 45009 lowered for `account`'s `state`.
+    pub fn append_window(&self, account: &str, state: &str, l: &LearnedWindow) -> io::Result<()> {
+        self.write(|line| {
+            start(line, account, state);
+            line.extend_from_slice(b"window\t");
+            field(line, l.per_us, false);
+            field(line, l.count, false);
+            field(line, l.burst, false);
+            field(line, l.interval_us, false);
+            field(line, l.tolerance_us, false);
+            field(line, l.at, false);
+            field(line, l.until, true);
         })
     }
 
@@ -228,6 +263,16 @@ fn parse(line: &str) -> Option<Record> {
             Change::Penalty(PenaltyState { until: n(3)?, started: n(4)?, level: f[5].parse().ok()?, last_len: n(6)? })
         }
         ("clear", 4) => Change::Clear { at: n(3)? },
+        ("learned", 5) => Change::Learned { limit: f[3].parse().ok()?, at: n(4)? },
+        ("window", 10) => Change::Window(LearnedWindow {
+            per_us: n(3)?,
+            count: f[4].parse().ok()?,
+            burst: f[5].parse().ok()?,
+            interval_us: n(6)?,
+            tolerance_us: n(7)?,
+            at: n(8)?,
+            until: n(9)?,
+        }),
         _ => return None,
     };
     Some(Record { account, state, change })
@@ -255,6 +300,9 @@ mod tests {
         let p = PenaltyState { until: 5, started: 2, level: 3, last_len: 3 };
         j.append_penalty("wxA", "send", &p).expect("append");
         j.append_clear("wxA", "send", 7).expect("append");
+        j.append_learned("wxA", "send", 30, 8).expect("append");
+        let w = LearnedWindow { per_us: 60, count: 5, burst: 1, interval_us: 12, tolerance_us: 0, at: 9, until: 99 };
+        j.append_window("wxA", "send", &w).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
             .open(dir.join("state.json.journal/current"))
@@ -272,10 +320,12 @@ mod tests {
                 count(Period::Month, 2),
                 Change::Penalty(p),
                 Change::Clear { at: 7 },
+                Change::Learned { limit: 30, at: 8 },
+                Change::Window(w),
             ]
         );
         j.drop_old();
-        assert_eq!(j.records().len(), 4);
+        assert_eq!(j.records().len(), 6);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

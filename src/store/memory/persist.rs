@@ -112,13 +112,23 @@ impl MemoryStore {
                 Change::Clear { at } => {
                     self.with_raw(&r.account, &r.state, false, |s| crate::limit::decide::clear(s, at, offset_us))
                 }
+                Change::Learned { limit, at } => self.with_raw(&r.account, &r.state, true, |s| {
+                    crate::limit::learned::learn_day(s, limit, at);
+                }),
+                Change::Window(w) if w.until <= now => continue,
+                Change::Window(w) => self.with_raw(&r.account, &r.state, true, |s| {
+                    match s.learned_windows.iter_mut().find(|x| x.per_us == w.per_us) {
+                        Some(slot) => *slot = w,
+                        None => s.learned_windows.push(w),
+                    }
+                }),
             }
             replayed += 1;
         }
         if replayed > 0 {
             tracing::info!(
                 changes = replayed,
-                "replayed the journal over the state file (admissions, penalties, clears; the last stop was not clean)"
+                "replayed the journal over the state file (admissions, penalties, clears, learned limits; the last stop was not clean)"
             );
         }
     }
@@ -256,6 +266,9 @@ impl MemoryStore {
                         holders: Vec::new(),
                         shares: s.shares.clone(),
                         recipients: s.recipients.clone(),
+                        learned_day: s.learned_day,
+                        learned_windows: s.learned_windows.clone(),
+                        runs: s.runs.clone(),
                     },
                     warmup_us: *warmup,
                 },

@@ -43,6 +43,8 @@ pub enum Kept {
     Penalty,
     /// Calendar counts, only ever raised.
     Counts,
+    /// The day limit WeChat reported ([`crate::limit::learned`]).
+    Learned,
 }
 
 /// Which store gave an operation's answer (for [`Operation::after`]).

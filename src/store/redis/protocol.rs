@@ -15,6 +15,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::limit::learned::{LearnedDay, LearnedWindow};
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
 use crate::store::answer::StoreError;
@@ -216,8 +217,13 @@ impl AcquireArgs {
             .map(|(i, limit)| {
                 let label = limit.window_key().label();
                 match limit {
-                    Limit::Window(w) => ("w", label, w.interval_us(), w.tolerance_us(), kept(i)),
-                    Limit::Calendar { count, period } => (period.as_str(), label, count.get() as i64, 0, kept(i)),
+                    Limit::Window(w) => {
+                        let kind = if rule.learn_windows { "wl" } else { "w" };
+                        (kind, label, w.interval_us(), w.tolerance_us(), kept(i))
+                    }
+                    Limit::Calendar { count, period } => {
+                        (period.as_str(), label, count.get() as i64, i64::from(rule.learn_up), kept(i))
+                    }
                 }
             })
             .collect();
@@ -428,9 +434,26 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
         let key = limit.window_key();
         let label = key.label();
         match limit {
-            Limit::Window(_) => {
+            Limit::Window(w) => {
                 if let Some(tat) = get(&label) {
                     state.limits.push((key, LimitState::Tat(tat)));
+                }
+                if let Some(run) = get(&format!("{label}.r")) {
+                    state.runs.push((w.per_us(), run));
+                }
+                let lowered = |f: &str| get(&format!("{label}.{f}"));
+                if let (Some(count), Some(burst), Some(interval_us), Some(tolerance_us), Some(at), Some(until)) =
+                    (lowered("ln"), lowered("lk"), lowered("lt"), lowered("lb"), lowered("la"), lowered("lu"))
+                {
+                    state.learned_windows.push(LearnedWindow {
+                        per_us: w.per_us(),
+                        count: count.max(0) as u64,
+                        burst: burst.max(0) as u64,
+                        interval_us,
+                        tolerance_us,
+                        at,
+                        until,
+                    });
                 }
             }
             Limit::Calendar { .. } => {
@@ -447,6 +470,10 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
         started: get("ps").unwrap_or(0),
         level: get("pl").unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
         last_len: get("pn").unwrap_or(0),
+    };
+    state.learned_day = match (get("day.l"), get("day.la")) {
+        (Some(limit), Some(at)) if limit > 0 => Some(LearnedDay { limit: limit as u64, at }),
+        _ => None,
     };
     state.warm_start = get("ws").unwrap_or(0);
     state.last_call = get("lc").unwrap_or(0);

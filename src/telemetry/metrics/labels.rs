@@ -124,6 +124,14 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// A day limit learned from WeChat, by rule and whether it lowered or
+/// raised the pair's limit.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LearnedLabels {
+    pub rule: String,
+    pub direction: String,
+}
+
 /// What the state file was being used for.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]

@@ -12,8 +12,8 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::labels::{
-    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, OpLabel, OutcomeLabels,
-    ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
+    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, LearnedLabels, OpLabel,
+    OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
 };
 use super::series::{Histograms, MemoryStoreMetrics, QueueMetrics, TokenMetrics, UpstreamMetrics};
 
@@ -175,6 +175,7 @@ pub(super) struct AccountSeries {
     pub(super) tokens_learned: Counter,
     pub(super) quota_clears: Counter,
     pub(super) accounts_full: Counter,
+    pub(super) quota_learned: Family<LearnedLabels, Counter>,
 }
 
 pub(super) fn accounts(registry: &mut Registry) -> AccountSeries {
@@ -202,7 +203,13 @@ pub(super) fn accounts(registry: &mut Registry) -> AccountSeries {
         "Calls for an account new to this instance refused (429, reason accounts_full) because [server] max_accounts accounts already have calls today",
         accounts_full.clone(),
     );
-    AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full }
+    let quota_learned = Family::<LearnedLabels, Counter>::default();
+    registry.register(
+        "quota_learned",
+        "Limits learned from WeChat that changed an (account, rule)'s limits, by rule and direction: a day limit quota/get reported (quota_sync; down or up), a window lowered after a frequency 45009 (learn_windows; down)",
+        quota_learned.clone(),
+    );
+    AccountSeries { unknown_token_calls, tokens_learned, quota_clears, accounts_full, quota_learned }
 }
 
 /// The embedded store's series, and its state file's.
