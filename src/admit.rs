@@ -20,6 +20,7 @@
 pub mod activity;
 pub mod callers;
 pub mod core;
+pub mod forecasts;
 pub mod slots;
 
 use std::sync::Arc;
@@ -117,7 +118,12 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
         let decided = decided.map_err(ProxyError::Unavailable)?;
         let degraded = decided.degraded;
         match decided.decision {
-            Decision::Admit { at, hold_us, escalated, quota, .. } => {
+            Decision::Admit { at, hold_us, escalated, quota, calendar } => {
+                if let (Some(left), false) = (calendar, degraded) {
+                    // The day quota's forecast: the shared count as of the
+                    // decision (not a fallback's count of its own share).
+                    app.forecasts.observe(account, rule, left, at - hold_us, meter.cost, !may_wait);
+                }
                 let slot = (rule.concurrency > 0)
                     .then(|| app.slots.track(app.store.clone(), account, rule.clone(), holder.clone(), offset_us));
                 // Shadow mode debits as if enforcing but never delays a call.

@@ -64,6 +64,7 @@ use crate::time::Micros;
 pub mod calendar;
 pub mod decide;
 pub mod drain;
+pub mod forecast;
 pub mod learned;
 pub mod pair;
 pub mod penalty;

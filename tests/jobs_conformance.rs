@@ -675,6 +675,11 @@ mod scenarios {
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].queue, mkt);
         assert!(s.summary(Some("nobody")).await.expect("summary").is_empty());
+        // One queue's counts (the 202's X-Wxgate-Eta reads them), the same.
+        let one = s.queue_summary(&hr).await.expect("one queue").expect("hr's queue");
+        assert_eq!((one.queued, one.waiting, one.sending, one.sent, one.oldest_us), (1, 1, 1, 1, Some(T0 + 2)));
+        assert_eq!(s.queue_summary(&queue("hr", "wx2", "r")).await.expect("no such queue"), None);
+        assert_eq!(s.queue_summary(&queue("hr", "wx1", "other")).await.expect("no such queue"), None);
     }
 
     pub async fn purge_deletes_only_jobs_ended_before_keep(s: Arc<dyn JobStore>) {

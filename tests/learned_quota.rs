@@ -109,6 +109,16 @@ async fn each_account_gets_its_own_day_quota(store: Store) {
     let (at_a, at_b) = (sim.account(SEND, "wxA").await, sim.account(SEND, "wxB").await);
     assert_eq!((at_a.ok, at_a.e45009), (100, 0), "{at_a:?}");
     assert_eq!((at_b.ok, at_b.e45009), (30, 0), "{at_b:?}");
+    // The forecast is of each account's own day limit: wxB's 30 are spent.
+    let b = bucket(&gates[0], "wxB").await;
+    let f = &b["forecast"];
+    assert_eq!(
+        (f["day_limit"].as_u64(), f["used"].as_u64(), f["used_fraction"].as_f64()),
+        (Some(30), Some(30), Some(1.0)),
+        "{b}"
+    );
+    assert_eq!(f["runs_out_in_seconds"], 0.0, "spent: {b}");
+    assert_eq!(bucket(&gates[0], "wxA").await["forecast"]["day_limit"], 100);
 }
 
 #[tokio::test]

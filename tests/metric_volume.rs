@@ -26,6 +26,12 @@ const PER_IDLE_RULE: usize = 9;
 /// 13 lines), the in-flight gauge, the errcode WeChat answered (`0`).
 const PER_ACTIVE_RULE: usize = 27;
 
+/// Lines a rule with a day quota adds once it had calls admitted (and
+/// until an hour without): its day-quota forecast gauges (the highest
+/// fraction used, the soonest exhaustion, the accounts running out: one
+/// series each, never one per account), with their families' heads.
+const PER_DAY_QUOTA_RULE: usize = 3 + 3 * FAMILY_HEAD;
+
 /// The `# HELP` and `# TYPE` lines of a family, written once it has a
 /// series (the first rule's histograms, in-flight gauge).
 const FAMILY_HEAD: usize = 2;
@@ -88,8 +94,9 @@ async fn calls_of_one_rule_add_only_that_rules_histograms_and_the_errcodes_wecha
     mock.respond(|_| errcode_reply(40001));
     assert_eq!(gate.get_as("wx1", send).await.status, 200, "a token error is WeChat's answer, passed on");
     let (text, lines) = metrics_of(&gate).await;
-    // One more errcode (40001), and three families with their first series.
-    let more = PER_ACTIVE_RULE + 1 + 3 * FAMILY_HEAD;
+    // One more errcode (40001), three families with their first series,
+    // and the rule's day-quota forecast.
+    let more = PER_ACTIVE_RULE + 1 + 3 * FAMILY_HEAD + PER_DAY_QUOTA_RULE;
     assert!(
         lines <= idle + more,
         "{lines} lines after calls of one rule ({idle} idle, {rules} rules): at most {more} more:\n{text}"
@@ -98,6 +105,8 @@ async fn calls_of_one_rule_add_only_that_rules_histograms_and_the_errcodes_wecha
     assert_eq!(sample(&text, r#"wxgate_upstream_errcodes_total{rule="template_send",errcode="0"}"#), Some(3.0));
     assert_eq!(sample(&text, r#"wxgate_upstream_errcodes_total{rule="template_send",errcode="40001"}"#), Some(1.0));
     assert_eq!(sample(&text, r#"wxgate_upstream_seconds_count{rule="template_send"}"#), Some(4.0));
+    assert!(sample(&text, r#"wxgate_quota_day_used_ratio_max{rule="template_send"}"#).is_some(), "{text}");
+    assert_eq!(text.matches("wxgate_quota_day_used_ratio_max{").count(), 1, "only the rule that had calls");
     assert_eq!(sample(&text, r#"wxgate_decision_seconds_count{rule="template_send"}"#), Some(4.0));
     assert_eq!(sample(&text, r#"wxgate_upstream_seconds_bucket{le="+Inf",rule="template_send"}"#), Some(4.0));
     // Only the rule that had calls.

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::admit::activity::{Activity, Held};
+use crate::admit::forecasts::Forecasts;
 use crate::admit::slots::Slots;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
@@ -23,6 +24,8 @@ pub struct Core {
     pub held: Held,
     /// Held and in-flight calls per (account, rule), on this instance.
     pub activity: Arc<Activity>,
+    /// Each pair's day-quota forecast inputs (`crate::admit::forecasts`).
+    pub forecasts: Arc<Forecasts>,
     /// Where each domain's calls go (`[server] upstream`, `[[domain]]
     /// upstream`; swapped by a reload): wxgate's own calls too.
     pub upstreams: arc_swap::ArcSwap<DomainUpstreams>,

@@ -6,25 +6,30 @@
 //! ([`super::decide`]) for `n` calls of cost 1 one after the other, each at
 //! the first moment every limit admits it, as a queued send is decided: a
 //! normal-priority call (it leaves the rule's `reserve`), counted against
-//! its caller's `max_share`, never held. It assumes the queue gets every
-//! such slot: no live call, no other queue and no other instance spends the
-//! rule meanwhile, at full rate (no warm-up), and no recipient's own limit,
-//! concurrency cap, WeChat's answer time or back-off slows it. Everything
-//! else only makes the queue later, so this is the earliest it can be done.
+//! its caller's `max_share`, never held. Live traffic shares the day quota
+//! at its current rate (`live`: calls per second, the pair's forecast,
+//! [`super::forecast`]): from now for the rest of today, and from midnight
+//! on each later day, it takes that many of the day's calls before the
+//! queue may have them. Otherwise it assumes the queue gets every slot: no
+//! other queue spends the rule meanwhile, live calls take no window slot,
+//! at full rate (no warm-up), and no recipient's own limit, concurrency
+//! cap, WeChat's answer time or back-off slows it: the earliest it can be
+//! done at that rate.
 //!
 //! Cost: one step per job, but whole calendar days are skipped once a day
 //! repeats the one before it (a day quota: every day starts fresh and sends
 //! the same), so a queue that spills over many days costs its first two
 //! days and its last, whatever its length.
 
-use super::calendar::Period;
+use super::calendar::{Period, DAY_US};
 use super::{Limit, LimitState, Rule, RuleState};
 use crate::time::Micros;
 
 /// The earliest time all of `jobs` calls of `caller` on `rule` can have
 /// been admitted, from `state` at `now` (`offset_us`: the quota day's
-/// offset from UTC). `Some(now)` for no jobs; `None` when a normal call can
-/// never be admitted (a calendar quota that the reserve takes whole).
+/// offset from UTC), while live calls use the day quota at `live` per
+/// second. `Some(now)` for no jobs; `None` when a normal call can never be
+/// admitted (a calendar quota that the reserve takes whole).
 pub fn drained_at(
     rule: &Rule,
     state: &RuleState,
@@ -32,14 +37,17 @@ pub fn drained_at(
     jobs: u64,
     now: Micros,
     offset_us: Micros,
+    live: f64,
 ) -> Option<Micros> {
+    // Of the rule's own day quota only (not a share's).
+    let live = if live.is_finite() && live > 0.0 { live } else { 0.0 };
     let kept = |i: usize| rule.reserve.get(i).copied().unwrap_or(0).max(0);
     let mine = (!rule.share.is_empty()).then(|| state.share(caller)).flatten();
-    let own = rule.limits.iter().enumerate().map(|(i, l)| (*l, state.get(l.window_key()), kept(i)));
-    let shared = rule.share.iter().map(|l| (*l, mine.and_then(|s| s.get(l.window_key())), 0));
+    let own = rule.limits.iter().enumerate().map(|(i, l)| (*l, state.get(l.window_key()), kept(i), live));
+    let shared = rule.share.iter().map(|l| (*l, mine.and_then(|s| s.get(l.window_key())), 0, 0.0));
     let mut windows: Vec<Window> = Vec::new();
     let mut calendars: Vec<Calendar> = Vec::new();
-    for (limit, stored, kept) in own.chain(shared) {
+    for (limit, stored, kept, live) in own.chain(shared) {
         match limit {
             Limit::Window(w) => windows.push(Window {
                 tat: match stored {
@@ -59,7 +67,8 @@ pub fn drained_at(
                     Some(LimitState::Count { period_id, used, next }) => (period_id, used, next),
                     _ => (period.id(now, offset_us), 0, 0),
                 };
-                calendars.push(Calendar { period, room, id, used, next });
+                let live = if period == Period::Day { live } else { 0.0 };
+                calendars.push(Calendar { period, room, id, used, next, live, from: now });
             }
         }
     }
@@ -138,13 +147,17 @@ struct Window {
     step: Micros,
 }
 
-/// A calendar quota's count as of period `id`, and its room for a normal call.
+/// A calendar quota's count as of period `id`, and its room for a normal
+/// call; live calls take `live` per second of it from `from` (now), and
+/// from each later period's start.
 struct Calendar {
     period: Period,
     room: u64,
     id: i64,
     used: u64,
     next: u64,
+    live: f64,
+    from: Micros,
 }
 
 impl Calendar {
@@ -158,9 +171,19 @@ impl Calendar {
         self.used
     }
 
+    /// Calls live traffic took of the period of `t` by `t`.
+    fn live_at(&self, t: Micros, offset_us: Micros) -> u64 {
+        if self.live == 0.0 {
+            return 0;
+        }
+        let start = self.from.max(self.period.next_start(t, offset_us) - DAY_US);
+        // (A hair over, so that a whole number of calls is not lost to rounding.)
+        (self.live * (t - start).max(0) as f64 / 1e6 + 1e-9) as u64
+    }
+
     /// The earliest time ≥ `t` this quota has room for one more call.
     fn free_at(&mut self, t: Micros, offset_us: Micros) -> Micros {
-        if self.used_at(t, offset_us) < self.room {
+        if self.used_at(t, offset_us).saturating_add(self.live_at(t, offset_us)) < self.room {
             return t;
         }
         let next = self.period.next_start(t, offset_us);
@@ -183,7 +206,6 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
-    use crate::limit::calendar::DAY_US;
     use crate::limit::penalty::PenaltyState;
     use crate::limit::rule::WindowLimit;
     use crate::limit::WindowKey;
@@ -210,17 +232,17 @@ mod tests {
     fn a_window_alone_sends_its_burst_at_once_then_one_per_interval() {
         let rule = Rule::new("send", vec![window(60, 60, 10)]);
         let idle = RuleState::default();
-        assert_eq!(drained_at(&rule, &idle, "hr", 0, NOW, CN), Some(NOW), "nothing to send");
-        assert_eq!(drained_at(&rule, &idle, "hr", 10, NOW, CN), Some(NOW), "the burst");
+        assert_eq!(drained_at(&rule, &idle, "hr", 0, NOW, CN, 0.0), Some(NOW), "nothing to send");
+        assert_eq!(drained_at(&rule, &idle, "hr", 10, NOW, CN, 0.0), Some(NOW), "the burst");
         // T = 60 s / 51 slots, rounded up: the 11th call one T after the burst.
         let t = 60 * S / 51 + 1;
-        assert_eq!(drained_at(&rule, &idle, "hr", 11, NOW, CN), Some(NOW + t));
-        assert_eq!(drained_at(&rule, &idle, "hr", 110, NOW, CN), Some(NOW + 100 * t));
+        assert_eq!(drained_at(&rule, &idle, "hr", 11, NOW, CN, 0.0), Some(NOW + t));
+        assert_eq!(drained_at(&rule, &idle, "hr", 110, NOW, CN, 0.0), Some(NOW + 100 * t));
         // A window spent by earlier calls: its TAT 30 s ahead.
         let mut busy = RuleState::default();
         busy.set(WindowKey::Window(60 * S), LimitState::Tat(NOW + 30 * S));
         let tol = 9 * t;
-        assert_eq!(drained_at(&rule, &busy, "hr", 1, NOW, CN), Some(NOW + 30 * S - tol));
+        assert_eq!(drained_at(&rule, &busy, "hr", 1, NOW, CN, 0.0), Some(NOW + 30 * S - tol));
     }
 
     #[test]
@@ -230,22 +252,22 @@ mod tests {
         let today = Period::Day.id(NOW, CN);
         state.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 100, next: 0 });
         // 200 left today: all at once (the window's burst).
-        assert_eq!(drained_at(&rule, &state, "hr", 200, NOW, CN), Some(NOW));
+        assert_eq!(drained_at(&rule, &state, "hr", 200, NOW, CN, 0.0), Some(NOW));
         // 201: one tomorrow, at Beijing's midnight.
         let tomorrow = midnight_after(NOW);
         assert_eq!(tomorrow % DAY_US, 16 * 3600 * S, "midnight UTC+8 is 16:00 UTC");
-        assert_eq!(drained_at(&rule, &state, "hr", 201, NOW, CN), Some(tomorrow));
+        assert_eq!(drained_at(&rule, &state, "hr", 201, NOW, CN, 0.0), Some(tomorrow));
         // 200 today, then 300 a day: 1,100 ends at the start of the 4th day
         // after today (200 + 300 + 300 + 300 = 1,100).
-        assert_eq!(drained_at(&rule, &state, "hr", 1_100, NOW, CN), Some(tomorrow + 2 * DAY_US));
-        assert_eq!(drained_at(&rule, &state, "hr", 1_101, NOW, CN), Some(tomorrow + 3 * DAY_US));
+        assert_eq!(drained_at(&rule, &state, "hr", 1_100, NOW, CN, 0.0), Some(tomorrow + 2 * DAY_US));
+        assert_eq!(drained_at(&rule, &state, "hr", 1_101, NOW, CN, 0.0), Some(tomorrow + 3 * DAY_US));
         // A year of days costs no more than three (skipped whole): exact still.
         let many = 200 + 300 * 365;
-        assert_eq!(drained_at(&rule, &state, "hr", many, NOW, CN), Some(tomorrow + 364 * DAY_US));
+        assert_eq!(drained_at(&rule, &state, "hr", many, NOW, CN, 0.0), Some(tomorrow + 364 * DAY_US));
         // Calls already held over into tomorrow count there.
         state.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 300, next: 299 });
-        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN), Some(tomorrow));
-        assert_eq!(drained_at(&rule, &state, "hr", 2, NOW, CN), Some(tomorrow + DAY_US));
+        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN, 0.0), Some(tomorrow));
+        assert_eq!(drained_at(&rule, &state, "hr", 2, NOW, CN, 0.0), Some(tomorrow + DAY_US));
     }
 
     #[test]
@@ -254,9 +276,42 @@ mod tests {
         let rule = Rule::new("send", vec![day(3), window(1, 60, 1)]);
         let idle = RuleState::default();
         let tomorrow = midnight_after(NOW);
-        assert_eq!(drained_at(&rule, &idle, "hr", 3, NOW, CN), Some(NOW + 120 * S));
-        assert_eq!(drained_at(&rule, &idle, "hr", 5, NOW, CN), Some(tomorrow + 60 * S));
-        assert_eq!(drained_at(&rule, &idle, "hr", 3 + 3 * 10, NOW, CN), Some(tomorrow + 9 * DAY_US + 120 * S));
+        assert_eq!(drained_at(&rule, &idle, "hr", 3, NOW, CN, 0.0), Some(NOW + 120 * S));
+        assert_eq!(drained_at(&rule, &idle, "hr", 5, NOW, CN, 0.0), Some(tomorrow + 60 * S));
+        assert_eq!(drained_at(&rule, &idle, "hr", 3 + 3 * 10, NOW, CN, 0.0), Some(tomorrow + 9 * DAY_US + 120 * S));
+    }
+
+    #[test]
+    fn live_traffic_takes_its_share_of_the_day_quota_as_the_queue_sends() {
+        // 1,000 a day, 1 a minute; live calls 1 a minute too.
+        let rule = Rule::new("send", vec![day(1000), window(1, 60, 1)]);
+        let idle = RuleState::default();
+        let tomorrow = midnight_after(NOW);
+        let minutes = |n: i64| n * 60 * S;
+        // Alone, the queue sends one a minute all day (14 h are left: 840).
+        assert_eq!(drained_at(&rule, &idle, "hr", 600, NOW, CN, 0.0), Some(NOW + minutes(599)));
+        // Sharing: by the queue's k-th call live ones took k; 500 + 500 is
+        // the day's 1,000, so the queue's 501st waits for midnight, when live
+        // calls start again from 0.
+        let live = 1.0 / 60.0;
+        assert_eq!(drained_at(&rule, &idle, "hr", 500, NOW, CN, live), Some(NOW + minutes(499)));
+        assert_eq!(drained_at(&rule, &idle, "hr", 501, NOW, CN, live), Some(tomorrow));
+        assert_eq!(drained_at(&rule, &idle, "hr", 600, NOW, CN, live), Some(tomorrow + minutes(99)));
+        // 500 a day after that (whole days skipped, exact still).
+        let many = 500 + 500 * 10;
+        assert_eq!(drained_at(&rule, &idle, "hr", many, NOW, CN, live), Some(tomorrow + 9 * DAY_US + minutes(499)));
+        // Live calls fast enough to spend today's rest alone: tomorrow, then
+        // what the day leaves the queue (the live rate takes it all by
+        // 00:16:40; the queue's first call at midnight goes first).
+        let mut state = RuleState::default();
+        let today = Period::Day.id(NOW, CN);
+        state.set(WindowKey::Calendar(Period::Day), LimitState::Count { period_id: today, used: 1000, next: 0 });
+        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN, 1.0), Some(tomorrow));
+        assert_eq!(drained_at(&rule, &state, "hr", 2, NOW, CN, 1.0), Some(tomorrow + minutes(1)));
+        // A month quota is not shared with the live rate (it has no forecast).
+        let month =
+            Rule::new("m", vec![Limit::Calendar { count: NonZeroU64::new(3).expect("3"), period: Period::Month }]);
+        assert_eq!(drained_at(&month, &idle, "hr", 3, NOW, CN, 100.0), Some(NOW));
     }
 
     #[test]
@@ -264,13 +319,13 @@ mod tests {
         let rule = Rule::new("send", vec![window(60, 60, 10)]);
         let penalty = PenaltyState { until: NOW + 600 * S, ..PenaltyState::default() };
         let mut state = RuleState { penalty, ..RuleState::default() };
-        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN), Some(NOW + 600 * S));
-        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN), Some(NOW + 600 * S), "then the burst");
+        assert_eq!(drained_at(&rule, &state, "hr", 1, NOW, CN, 0.0), Some(NOW + 600 * S));
+        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN, 0.0), Some(NOW + 600 * S), "then the burst");
         let t = 60 * S / 51 + 1;
-        assert_eq!(drained_at(&rule, &state, "hr", 11, NOW, CN), Some(NOW + 600 * S + t));
+        assert_eq!(drained_at(&rule, &state, "hr", 11, NOW, CN, 0.0), Some(NOW + 600 * S + t));
         // A penalty over: no effect.
         state.penalty.until = NOW - S;
-        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN), Some(NOW));
+        assert_eq!(drained_at(&rule, &state, "hr", 10, NOW, CN, 0.0), Some(NOW));
     }
 
     #[test]
@@ -280,15 +335,15 @@ mod tests {
         let idle = RuleState::default();
         let t = 60 * S / 591 + 1;
         // 8 of the burst at once, then one per T.
-        assert_eq!(drained_at(&rule, &idle, "hr", 8, NOW, CN), Some(NOW));
-        assert_eq!(drained_at(&rule, &idle, "hr", 9, NOW, CN), Some(NOW + t));
+        assert_eq!(drained_at(&rule, &idle, "hr", 8, NOW, CN, 0.0), Some(NOW));
+        assert_eq!(drained_at(&rule, &idle, "hr", 9, NOW, CN, 0.0), Some(NOW + t));
         // 80 a day for normal calls: the 81st tomorrow.
-        assert_eq!(drained_at(&rule, &idle, "hr", 81, NOW, CN), Some(midnight_after(NOW)));
+        assert_eq!(drained_at(&rule, &idle, "hr", 81, NOW, CN, 0.0), Some(midnight_after(NOW)));
         // A reserve that takes a whole quota leaves queued sends nothing.
         let mut all = Rule::new("send", vec![day(5)]);
         all.reserve_percent = 100;
         all.reserve = vec![5];
-        assert_eq!(drained_at(&all, &idle, "hr", 1, NOW, CN), None);
+        assert_eq!(drained_at(&all, &idle, "hr", 1, NOW, CN, 0.0), None);
     }
 
     /// The decision itself, replayed call by call as the dispatcher sends
@@ -324,7 +379,7 @@ mod tests {
             for state in [RuleState::default(), busy.clone()] {
                 for jobs in [1, 2, 9, 10, 11, 39, 41, 100, 333, 2_500] {
                     let want = replayed(rule, &state, jobs, NOW);
-                    assert_eq!(drained_at(rule, &state, "hr", jobs, NOW, CN), Some(want), "{} {jobs}", rule.name);
+                    assert_eq!(drained_at(rule, &state, "hr", jobs, NOW, CN, 0.0), Some(want), "{} {jobs}", rule.name);
                 }
             }
         }
@@ -335,7 +390,7 @@ mod tests {
         // max_share 50 % of 100 a day: hr's queue sends 50 a day.
         let rule = Rule::new("send", vec![day(100)]).with_percents(0, 50).expect("share");
         let idle = RuleState::default();
-        assert_eq!(drained_at(&rule, &idle, "hr", 50, NOW, CN), Some(NOW));
-        assert_eq!(drained_at(&rule, &idle, "hr", 51, NOW, CN), Some(midnight_after(NOW)));
+        assert_eq!(drained_at(&rule, &idle, "hr", 50, NOW, CN, 0.0), Some(NOW));
+        assert_eq!(drained_at(&rule, &idle, "hr", 51, NOW, CN, 0.0), Some(midnight_after(NOW)));
     }
 }

@@ -222,6 +222,9 @@ fn metrics(app: &App) -> Answer {
     if status != Status::InProcess {
         app.core.metrics.breaker_open.set(i64::from(matches!(status, Status::Degraded(_))));
     }
+    let config = app.config.load();
+    let now = app.core.clock.now_us();
+    app.core.forecasts.publish(&app.core.metrics, &config.rules, config.server.quota_offset_us, now);
     answer(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", app.core.metrics.encode())
 }
 
@@ -449,7 +452,12 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
         match app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
             Ok(snapshot) => {
                 let (held, in_flight) = app.core.activity.get(account, &state.state);
-                let here = Here { held, in_flight };
+                let forecasts = &app.core.forecasts;
+                let day_rate = forecasts.rates(account, &state.state, snapshot.now).map(|r| r.total);
+                if let Some(limit) = crate::limit::learned::day_limit(state, &snapshot.state, snapshot.now) {
+                    forecasts.set_limit(account, &state.state, limit);
+                }
+                let here = Here { held, in_flight, day_rate };
                 let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
                 add_quota_sync(app, account, state, &mut picture);
                 pictures.push(picture);

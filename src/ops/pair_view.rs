@@ -5,14 +5,18 @@
 use serde_json::{json, Value};
 
 use crate::limit::calendar::{civil_from_days, Period, DAY_US};
+use crate::limit::forecast::{runs_out_at, used_fraction, RATE_TAU_US};
 use crate::limit::learned;
-use crate::limit::{Limit, LimitState, Rule, RuleState, ShareState, WindowLimit};
+use crate::limit::{Limit, LimitState, Rule, RuleState, ShareState, WindowKey, WindowLimit};
 use crate::time::Micros;
 
 /// Activity of this instance for the pair.
 pub struct Here {
     pub held: u32,
     pub in_flight: u32,
+    /// The pair's day count's rate per second as this instance estimates
+    /// it (`crate::admit::forecasts`; `None`: no admission lately).
+    pub day_rate: Option<f64>,
 }
 
 pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros, here: Here) -> Value {
@@ -43,6 +47,7 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
             "slots_taken_all_instances": slots,
         },
         "this_instance": { "in_flight": here.in_flight, "held": here.held },
+        "forecast": forecast(rule, state, now, offset_us, here.day_rate),
     });
     if let Some(fields) = picture.as_object_mut() {
         if let Some(path) = &rule.path {
@@ -56,6 +61,25 @@ pub fn describe(account: &str, rule: &Rule, state: &RuleState, now: Micros, offs
         }
     }
     picture
+}
+
+/// The day quota's forecast (`null` for a rule without one): the fraction
+/// of the effective day limit used, the rate (per minute), and when the
+/// quota runs out at that rate (`null`: not before the quota day ends).
+fn forecast(rule: &Rule, state: &RuleState, now: Micros, offset_us: Micros, rate: Option<f64>) -> Value {
+    let Some(limit) = learned::day_limit(rule, state, now) else { return Value::Null };
+    let (used, _) = calendar_counts(state.get(WindowKey::Calendar(Period::Day)), Period::Day.id(now, offset_us));
+    let day_end = Period::Day.next_start(now, offset_us);
+    let out = runs_out_at(limit.saturating_sub(used), rate.unwrap_or(0.0), now, day_end);
+    json!({
+        "day_limit": limit,
+        "used": used,
+        "used_fraction": used_fraction(used, limit),
+        "rate_per_minute": rate.map(|r| r * 60.0),
+        "rate_time_constant_seconds": RATE_TAU_US / 1_000_000,
+        "runs_out_at": out.map(|t| local_time(t, offset_us)),
+        "runs_out_in_seconds": out.map(|t| (t - now) as f64 / 1e6),
+    })
 }
 
 /// The rule's reserve: per limit, what only high-priority callers may use,

@@ -184,6 +184,8 @@ async fn learn(app: &App, key: Key<'_>, limit: u64) {
     match app.core.store.apply(key, LearnDay { limit }).await {
         Ok(before) => {
             let (was, now) = (effective(before), effective(limit));
+            // What the day-quota gauges' fractions are of (`crate::admit::forecasts`).
+            app.core.forecasts.set_limit(key.account, &rule.state, now);
             if was != now {
                 let direction = if now < was { "down" } else { "up" };
                 app.core.metrics.learned(&rule.name, direction);

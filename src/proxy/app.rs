@@ -101,6 +101,7 @@ impl App {
                 slots: Arc::new(Slots::new()),
                 held: Held::default(),
                 activity: Arc::default(),
+                forecasts: Arc::default(),
                 upstreams: ArcSwap::from_pointee(upstreams),
             },
             features,

@@ -9,7 +9,8 @@
 //!   the job; 409 with its state when too late).
 //! - `GET /v1/deliveries`: the caller's queues, counts by state, the
 //!   oldest unfinished job's age, and when the queue can be drained at the
-//!   earliest (`drained_at`, `drained_in_seconds`: [`crate::limit::drain`]).
+//!   earliest (`drained_at`, `drained_in_seconds`: [`crate::limit::drain`],
+//!   sharing the day quota with the live calls' current rate).
 //!
 //! No WeChat API path starts with `/v1/`, so these never shadow one.
 
@@ -135,10 +136,12 @@ pub fn job_json(job: &Job, now: Micros) -> Value {
 
 /// How long until `q`'s jobs not yet sending can all have been sent at the
 /// earliest, were every normal-priority slot of its rule for its account
-/// its own ([`crate::limit::drain`]): from the pair's state, read with one
-/// `inspect` (the admin API's `/v1/buckets` read), only for a queue with
-/// such jobs. `None`: not known (the rule is gone or counts per path, the
-/// store did not answer, or its reserve leaves queued sends nothing).
+/// its own but what the pair's live calls take of the day quota at their
+/// current rate (`crate::admit::forecasts::drained_at`): from the pair's
+/// state, read with one `inspect` (the admin API's `/v1/buckets` read),
+/// only for a queue with such jobs. `None`: not known (the rule is gone or
+/// counts per path, the store did not answer, or its reserve leaves queued
+/// sends nothing).
 async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
     let jobs = q.queued.saturating_add(q.waiting);
     if jobs == 0 {
@@ -150,10 +153,17 @@ async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
         let rule = config.rule_of(&q.queue.account, rule).clone();
         (rule, config.server.quota_offset_us)
     };
-    let key = crate::limit::Key { account: &q.queue.account, rule: &rule, offset_us };
-    let snapshot = app.core.store.apply(key, crate::store::op::Inspect).await.ok()?;
-    let at = crate::limit::drain::drained_at(&rule, &snapshot.state, &q.queue.caller, jobs, snapshot.now, offset_us)?;
-    Some((at - snapshot.now).max(0))
+    let (at, now) = crate::admit::forecasts::drained_at(
+        &*app.core.store,
+        &app.core.forecasts,
+        &rule,
+        &q.queue.account,
+        &q.queue.caller,
+        jobs,
+        offset_us,
+    )
+    .await?;
+    Some((at - now).max(0))
 }
 
 fn summary_json(q: &QueueSummary, now: Micros) -> Value {

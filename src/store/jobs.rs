@@ -411,6 +411,13 @@ pub trait JobStore: Send + Sync + 'static {
     /// Every queue's counts (of `caller`'s queues only, when given).
     async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError>;
 
+    /// One queue's counts (`None`: it has no job). By default from
+    /// [`JobStore::summary`] of its caller; a store whose summary walks
+    /// every account reads only the queue's.
+    async fn queue_summary(&self, queue: &QueueKey) -> Result<Option<QueueSummary>, StoreError> {
+        Ok(self.summary(Some(&queue.caller)).await?.into_iter().find(|q| q.queue == *queue))
+    }
+
     /// Deletes jobs that ended before `now - keep_us`, and idempotency keys
     /// past their time; how many jobs went. A job whose callback is still
     /// pending is kept until it is done ([`JobStore::callback_done`]).

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub intercept_tunnels: Family<TunnelLabels, Counter>,
     /// Queued delivery's series, by rule and caller.
     pub queue: QueueMetrics,
+    /// Day-quota forecasts, by rule (`crate::admit::forecasts`).
+    day_forecast: register::DayForecastSeries,
 }
 
 impl Metrics {
@@ -113,6 +115,7 @@ impl Metrics {
         let tokens = register::tokens(&mut registry);
         let InterceptSeries { intercepted_calls, intercept_tunnels } = register::intercept(&mut registry);
         let queue = register::queue(&mut registry);
+        let day_forecast = register::day_forecast(&mut registry);
         register::build(&mut registry);
         Metrics {
             registry,
@@ -148,7 +151,35 @@ impl Metrics {
             intercepted_calls,
             intercept_tunnels,
             queue,
+            day_forecast,
         }
+    }
+
+    /// Sets rule `rule`'s day-quota forecast gauges (its accounts together):
+    /// the highest fraction used, the soonest exhaustion in seconds (capped
+    /// at the quota day's end), and how many accounts are forecast to run
+    /// out before it.
+    pub fn set_day_forecast(&self, rule: &str, ratio: f64, runs_out_in: f64, running_out: u64) {
+        let label = RuleLabel { rule: rule.to_owned() };
+        let f = &self.day_forecast;
+        f.used_ratio_max.get_or_create(&label).set(ratio);
+        f.runs_out_in_min.get_or_create(&label).set(runs_out_in);
+        f.running_out.get_or_create(&label).set(i64::try_from(running_out).unwrap_or(i64::MAX));
+    }
+
+    /// Removes the day-quota forecast gauges of every rule but `rules`;
+    /// sets the seconds until the quota day ends.
+    pub fn keep_day_forecasts(&self, rules: &[std::sync::Arc<str>], ends_in: f64) {
+        let f = &self.day_forecast;
+        f.ends_in.set(ends_in);
+        let mut shown = f.shown.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in shown.iter().filter(|r| !rules.iter().any(|k| **k == ***r)) {
+            let l = RuleLabel { rule: gone.to_string() };
+            f.used_ratio_max.remove(&l);
+            f.runs_out_in_min.remove(&l);
+            f.running_out.remove(&l);
+        }
+        *shown = rules.to_vec();
     }
 
     /// The series of the caller labelled `label` (a declared name, or

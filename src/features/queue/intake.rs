@@ -20,6 +20,19 @@
 //!   so), body `{"errcode":0,"errmsg":"queued","delivery":"<id>"}` (an SDK
 //!   that reads errcode sees success). A bound passed: 429 `queue_full`,
 //!   nothing stored.
+//! - **When it can go**: `X-Wxgate-Eta`, the earliest time the new job can
+//!   be sent (after the jobs before it in its queue, the day quota shared
+//!   with the account's live calls at their current rate:
+//!   `crate::admit::forecasts::drained_at`), and `X-Wxgate-Eta-Late:
+//!   deadline` when that is past its deadline. Such a job is stored all the
+//!   same: the estimate is of the earliest at today's rates (a clear_quota,
+//!   quieter live traffic or a learned higher limit can still make it), the
+//!   caller holds its id to cancel it, and a job never goes past its
+//!   deadline (it ends `expired`, unsent). Not given for a repeated
+//!   `Idempotency-Key`, a rule with `scope = "path"`, or when the stores
+//!   do not answer (the 202 does not wait on them failing). Cost: the
+//!   queue's counts (`JobStore::queue_summary`: one script on Redis) and
+//!   one read of the pair's state, per new job.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LOCATION};
@@ -36,6 +49,10 @@ pub const DEADLINE: &str = "x-wxgate-deadline";
 pub const CALLBACK: &str = "x-wxgate-callback";
 /// Set on the 202 of a repeated `Idempotency-Key` (nothing new stored).
 pub const DUPLICATE: &str = "x-wxgate-duplicate";
+/// The earliest time a new job can be sent (RFC 3339, UTC).
+pub const ETA: &str = "x-wxgate-eta";
+/// `deadline`: [`ETA`] is past the job's deadline.
+pub const ETA_LATE: &str = "x-wxgate-eta-late";
 
 /// Longest `Idempotency-Key`, and longest callback URL.
 const MAX_KEY: usize = 255;
@@ -204,12 +221,13 @@ pub async fn submit(
             env.core.clock.now_us().saturating_add(after)
         }
     };
+    let queue = QueueKey {
+        caller: asking.who.caller.entry.label().into(),
+        account: account.as_str().into(),
+        rule: rule.name.clone(),
+    };
     let job = NewJob {
-        queue: QueueKey {
-            caller: asking.who.caller.entry.label().into(),
-            account: account.as_str().into(),
-            rule: rule.name.clone(),
-        },
+        queue: queue.clone(),
         domain,
         method: asking.method.as_str().to_owned(),
         target: without_token(asking.target),
@@ -233,6 +251,14 @@ pub async fn submit(
         }
         Err(SubmitError::Store(e)) => return Err(ProxyError::Unavailable(e)),
     };
+    let eta = if submitted.duplicate {
+        None
+    } else {
+        // The rule the account's calls count against (its `[[quota]]` override).
+        let routed = config.routed.iter().find(|r| r.state == rule.state);
+        let own = routed.map_or(rule, |r| &**config.rule_of(account, r));
+        eta(jobs, env, own, &queue, config.server.quota_offset_us).await
+    };
     let id = submitted.id.to_string();
     let body = serde_json::json!({ "errcode": 0, "errmsg": "queued", "delivery": id });
     let mut resp = Response::new(RelayBody::full(Bytes::from(body.to_string())));
@@ -248,7 +274,44 @@ pub async fn submit(
     if submitted.duplicate {
         h.insert(DUPLICATE, HeaderValue::from_static("1"));
     }
+    if let Some(at) = eta {
+        if let Ok(v) = HeaderValue::from_str(&crate::time::format_rfc3339(at)) {
+            h.insert(ETA, v);
+        }
+        if at > deadline_us {
+            h.insert(ETA_LATE, HeaderValue::from_static("deadline"));
+            tracing::debug!(rule = %rule.name, "queued a job that cannot be sent before its deadline at today's rates");
+        }
+    }
     Ok(resp)
+}
+
+/// When the job just stored in `queue` can be sent at the earliest: after
+/// every unfinished job of its queue not yet sending (it is the last),
+/// from the queue's counts and the pair's state (`None`: not known).
+async fn eta(
+    jobs: &std::sync::Arc<dyn crate::store::jobs::JobStore>,
+    env: Env<'_>,
+    rule: &crate::limit::Rule,
+    queue: &QueueKey,
+    offset_us: Micros,
+) -> Option<Micros> {
+    if rule.scope != crate::limit::Scope::Rule {
+        return None;
+    }
+    let q = jobs.queue_summary(queue).await.ok()??;
+    let n = q.queued.saturating_add(q.waiting).max(1);
+    let (at, _) = crate::admit::forecasts::drained_at(
+        &*env.core.store,
+        &env.core.forecasts,
+        rule,
+        &queue.account,
+        &queue.caller,
+        n,
+        offset_us,
+    )
+    .await?;
+    Some(at)
 }
 
 /// The target without any `access_token` (the broker adds the account's

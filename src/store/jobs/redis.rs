@@ -174,6 +174,30 @@ pub struct RedisJobs {
 }
 
 impl RedisJobs {
+    /// The counts of `account`'s queues (of `caller`'s only, when given):
+    /// one script on the account.
+    async fn account_summary(&self, account: String, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
+        const S: &str = "jobs_summary.lua";
+        let mut inv = self.on_account(&self.scripts.summary, &account);
+        inv.arg(caller.unwrap_or(""));
+        let reply: Vec<Value> = self.run(inv).await?;
+        let [counts, oldest] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
+        let account: Arc<str> = account.into();
+        let mut queues: HashMap<(String, String), QueueSummary> = HashMap::new();
+        for c in list(counts, S)?.chunks(4) {
+            let [caller, rule, state, n] = c else { continue };
+            let key = (text(caller, S)?, text(rule, S)?);
+            let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
+            q.add(state_from(&text(state, S)?)?, int(n, S)?.max(0) as u64);
+        }
+        for o in list(oldest, S)?.chunks(3) {
+            let [caller, rule, sub] = o else { continue };
+            let key = (text(caller, S)?, text(rule, S)?);
+            let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
+            q.oldest_us = Some(int(sub, S)?);
+        }
+        Ok(queues.into_values().collect())
+    }
     /// Connects with `[store]`'s settings (its own connections, the decision
     /// store's key prefix) and loads the scripts.
     pub async fn connect(cfg: &RedisConfig) -> Result<RedisJobs, StoreError> {
@@ -753,31 +777,17 @@ impl JobStore for RedisJobs {
     }
 
     async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
-        const S: &str = "jobs_summary.lua";
         let mut out: Vec<QueueSummary> = Vec::new();
         for account in self.accounts().await? {
-            let mut inv = self.on_account(&self.scripts.summary, &account);
-            inv.arg(caller.unwrap_or(""));
-            let reply: Vec<Value> = self.run(inv).await?;
-            let [counts, oldest] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
-            let account: Arc<str> = account.into();
-            let mut queues: HashMap<(String, String), QueueSummary> = HashMap::new();
-            for c in list(counts, S)?.chunks(4) {
-                let [caller, rule, state, n] = c else { continue };
-                let key = (text(caller, S)?, text(rule, S)?);
-                let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
-                q.add(state_from(&text(state, S)?)?, int(n, S)?.max(0) as u64);
-            }
-            for o in list(oldest, S)?.chunks(3) {
-                let [caller, rule, sub] = o else { continue };
-                let key = (text(caller, S)?, text(rule, S)?);
-                let q = queues.entry(key.clone()).or_insert_with(|| empty_summary(&account, &key.0, &key.1));
-                q.oldest_us = Some(int(sub, S)?);
-            }
-            out.extend(queues.into_values());
+            out.extend(self.account_summary(account, caller).await?);
         }
         out.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(out)
+    }
+
+    async fn queue_summary(&self, queue: &QueueKey) -> Result<Option<QueueSummary>, StoreError> {
+        let queues = self.account_summary(queue.account.to_string(), Some(&queue.caller)).await?;
+        Ok(queues.into_iter().find(|q| q.queue == *queue))
     }
 
     async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {

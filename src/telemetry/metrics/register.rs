@@ -2,6 +2,8 @@
 //! subsystem, called by [`crate::telemetry::metrics::Metrics::new`] in the order the
 //! series appear in `/metrics`.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -435,4 +437,46 @@ pub(super) fn queue(registry: &mut Registry) -> QueueMetrics {
 pub(super) fn build(registry: &mut Registry) {
     let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
     registry.register("build", "wxgate build", info);
+}
+
+/// Day-quota forecasts per rule (never per account): set at each scrape
+/// (`crate::admit::forecasts`).
+pub(super) struct DayForecastSeries {
+    pub(super) used_ratio_max: Family<RuleLabel, Gauge<f64, AtomicU64>>,
+    pub(super) runs_out_in_min: Family<RuleLabel, Gauge<f64, AtomicU64>>,
+    pub(super) ends_in: Gauge<f64, AtomicU64>,
+    pub(super) running_out: Family<RuleLabel, Gauge>,
+    /// The rules whose gauges are set.
+    pub(super) shown: std::sync::Mutex<Vec<std::sync::Arc<str>>>,
+}
+
+pub(super) fn day_forecast(registry: &mut Registry) -> DayForecastSeries {
+    let f = DayForecastSeries {
+        used_ratio_max: Family::default(),
+        runs_out_in_min: Family::default(),
+        ends_in: Gauge::default(),
+        running_out: Family::default(),
+        shown: std::sync::Mutex::default(),
+    };
+    registry.register(
+        "quota_day_used_ratio_max",
+        "Day quotas: the highest fraction of its day quota any account of the rule has used today (0 to 1; of its effective day limit), over the accounts this instance admitted calls of in the last hour (no series for a rule without)",
+        f.used_ratio_max.clone(),
+    );
+    registry.register(
+        "quota_day_runs_out_in_seconds_min",
+        "Day quotas: seconds until the first account of the rule runs out of its day quota at its current rate (a 5-minute moving average); the seconds until the quota day ends when none runs out before",
+        f.runs_out_in_min.clone(),
+    );
+    registry.register(
+        "quota_day_ends_in_seconds",
+        "Day quotas: seconds until the quota day ends (midnight of quota_timezone) and every day quota starts again",
+        f.ends_in.clone(),
+    );
+    registry.register(
+        "quota_day_accounts_running_out",
+        "Day quotas: accounts of the rule forecast to run out of their day quota before the quota day ends, at their current rate (spent ones included)",
+        f.running_out.clone(),
+    );
+    f
 }
