@@ -9,7 +9,9 @@
 //!   the kernel has had since the first observation `t₀`. A steady rate `λ`
 //!   reads `λ` from the first increase on (no ramp from 0, no bias), an
 //!   irregular one its recent mean; idle, the rate decays by `e` every 5
-//!   minutes. One observation costs two exponentials and no allocation.
+//!   minutes. An observation costs an exponential at most once a second per
+//!   pair (increases within a second are weighted as of the first), and no
+//!   allocation.
 //! - **The forecast** ([`runs_out_at`]): the pair's remaining day quota at
 //!   that rate, if it runs out before the quota day ends; `None` if it
 //!   does not (or nothing is being used); `now` when it is spent already.
@@ -22,12 +24,17 @@ use crate::time::Micros;
 /// nothing (5 minutes, as Prometheus' customary `rate(...[5m])`).
 pub const RATE_TAU_US: Micros = 300_000_000;
 
+/// Increases this close to the last fold are added as of it, without an
+/// exponential ([`DayRate::add`]).
+pub const FOLD_US: Micros = 1_000_000;
+
 /// An exponentially weighted rate of a count's increases (see the module).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DayRate {
     /// The first observation: the weight is normalised from here.
     start: Micros,
-    /// The last increase's time; `sum` is weighted as of it.
+    /// The last fold's time (an increase more than [`FOLD_US`] after the
+    /// one before); `sum` is weighted as of it.
     last: Micros,
     /// `Σ Δᵢ·e^{−(last − tᵢ)/τ}`.
     sum: f64,
@@ -43,6 +50,13 @@ impl DayRate {
     /// is taken as the last: a clock step back changes no weight).
     pub fn add(&mut self, delta: u64, now: Micros) {
         let now = now.max(self.last);
+        // Within [`FOLD_US`] of the last fold the increase is counted as of
+        // it (weighted at most e^{−1/300} too little: 0.3 %), sparing the
+        // exponential on the per-call path of a busy pair.
+        if now - self.last < FOLD_US {
+            self.sum += delta as f64;
+            return;
+        }
         self.sum = self.sum * decay(now - self.last) + delta as f64;
         self.last = now;
     }
