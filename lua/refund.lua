@@ -19,8 +19,8 @@
 -- Returns 1 if anything was given back, 0 if not.
 --
 -- A window limit's TAT moves back by T - (p - at), clamped to [0, T], where
--- p = max(now, lc + max_wait) bounds the forward time of every call admitted
--- so far (n T and [0, n T] for a call costing n). A calendar quota's count for
+-- p = max(now, lc + max_wait, le) bounds the forward time of every call admitted
+-- so far (le: the latest lease's end, lua/lease.lua) (n T and [0, n T] for a call costing n). A calendar quota's count for
 -- the period of `at` goes down by one (n)
 -- (.n if that period is the current one, .q if the call was reserved for the
 -- next), never below 0; a period already over gives nothing back. Nothing
@@ -40,9 +40,11 @@ local inst = ARGV[last + 2] or ''
 -- Calls counted in period `current` and reserved for the one after it, from
 -- what was written in period p (as acquire.lua's counts).
 
-local lc = tonumber(redis.call('HGET', key, 'lc') or '0') or 0
+local got = redis.call('HMGET', key, 'lc', 'le')
+local lc, le = tonumber(got[1] or '0') or 0, tonumber(got[2] or '0') or 0
 local pinned = now
 if lc + max_wait > pinned then pinned = lc + max_wait end
+if le > pinned then pinned = le end
 
 local writes = {}
 for i = 6, last, 4 do

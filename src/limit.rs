@@ -66,6 +66,7 @@ pub mod decide;
 pub mod drain;
 pub mod forecast;
 pub mod learned;
+pub mod lease;
 pub mod pair;
 pub mod penalty;
 pub mod rule;
@@ -184,6 +185,9 @@ pub struct RuleState {
     /// last admission that found its TAT in the past): what the window
     /// admitted since is counted from it ([`learned::lower_windows`]).
     pub runs: Vec<(Micros, Micros)>,
+    /// The latest end of a lease taken of this pair ([`lease`]; 0: none):
+    /// a leased unit may be sent until then.
+    pub lease_end: Micros,
 }
 
 /// How long a learned day limit stays after WeChat last reported it
@@ -412,6 +416,7 @@ impl RuleState {
             && (self.last_call == 0 || self.last_call + warmup_us <= now)
             && self.learned_day.is_none_or(|l| !l.fresh(now))
             && self.learned_windows.iter().all(|l| l.until <= now)
+            && self.lease_end <= now
     }
 }
 

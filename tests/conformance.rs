@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use support::redis_server::RedisServer;
 use wxgate::config::{Config, RedisConfig, Resilience};
+use wxgate::limit::lease::Leased;
 use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
@@ -27,6 +28,9 @@ const SEC: i64 = 1_000_000;
 const BEIJING: i64 = 8 * 3600 * SEC;
 /// 2026-11-29 10:00:00 Beijing.
 const T0: i64 = (20_786 * 86_400 + 2 * 3600) * SEC;
+/// The emission interval of `{ count = 60, per = "1m", burst = 5 }`
+/// (⌈60 s / 56⌉) in the lease scenarios.
+const LEASE_T: i64 = 1_071_429;
 /// 2026-11-29 23:59:59 Beijing.
 const BEFORE_MIDNIGHT: i64 = (20_786 * 86_400 + 15 * 3600 + 59 * 60 + 59) * SEC;
 
@@ -59,6 +63,8 @@ enum Expect {
     Before(u64),
     /// lower_windows lowered the windows so: (count before, after) each.
     Lowered(&'static [(u64, u64)]),
+    /// A lease of this many units, spendable for this long from now.
+    Units(u64, i64),
     Any,
 }
 
@@ -74,6 +80,7 @@ enum Got {
     Dropped(bool),
     Before(u64),
     Lowered(Vec<(u64, u64)>),
+    Leased(Leased),
     Done,
 }
 
@@ -154,6 +161,14 @@ enum Op {
     LearnDay(u64),
     /// WeChat answered a frequency 45009: lower the windows.
     LowerW,
+    /// An instance takes a lease of up to this many units for at most
+    /// this long, for a high-priority caller.
+    Lease(u64, i64),
+    /// The same, leaving the reserve (for a normal-priority caller).
+    NormalLease(u64, i64),
+    /// The n-th lease taken (counting those that granted nothing) gives
+    /// back this many units.
+    Return(usize, u64),
 }
 
 struct Scenario {
@@ -1122,6 +1137,93 @@ fn scenarios() -> Vec<Scenario> {
                 (Inspect, State("nothing used", |s| day_used(s) == 0)),
             ],
         },
+        Scenario {
+            name: "a_lease_takes_at_most_the_burst_within_its_span_and_every_limit_counts_it",
+            start: T0,
+            limits: r#"[{ count = 60, per = "1m", burst = 5 }, { count = 9, per = "day" }]"#,
+            extra: "",
+            steps: vec![
+                // T = 1,071,429 us, tolerance 4 T: five units at once.
+                (Lease(100, 0), Units(5, 0)),
+                (Inspect, State("5 of the day", |s| day_used(s) == 5)),
+                (Call("a"), No(LEASE_T, Reason::Rate)),
+                (Lease(100, 0), Units(0, 0)),
+                (Wait(5 * LEASE_T), Any),
+                // Spendable for 2 s: its slots start 2 s on, so the
+                // tolerance holds 3 of them; the day 4.
+                (Lease(100, 2 * SEC), Units(3, 2 * SEC)),
+                (Wait(2 * SEC + LEASE_T), Any),
+                (Call("a"), Ok),
+                // The window's slots are followed by the call's: only the
+                // day's units come back.
+                (Return(2, 2), Gave(true)),
+                (Inspect, State("two given back", |s| day_used(s) == 7)),
+                (Call("a"), Ok),
+            ],
+        },
+        Scenario {
+            name: "a_leases_unspent_slots_come_back_while_no_admission_followed_them",
+            start: T0,
+            limits: r#"[{ count = 60, per = "1m", burst = 5 }]"#,
+            extra: "",
+            steps: [
+                vec![(Lease(3, 0), Units(3, 0)), (Return(0, 2), Gave(true))],
+                // One unit spent: four calls more fit in the burst.
+                call(4, Ok),
+                vec![(Call("a"), No(LEASE_T, Reason::Rate))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_refund_after_a_lease_gives_back_no_slot_a_leased_unit_may_still_use",
+            start: T0,
+            limits: r#"[{ count = 60, per = "1m", burst = 5 }]"#,
+            extra: "",
+            steps: vec![
+                (Call("a"), Ok),
+                (Lease(100, 2 * SEC), Units(3, 2 * SEC)),
+                // The call's slot lies before the lease's, which may be
+                // spent until 2 s from now: moving the TAT back would hand
+                // a leased slot to a second call.
+                (Refund(0), Gave(false)),
+            ],
+        },
+        Scenario {
+            name: "a_normal_callers_lease_leaves_the_reserve_and_a_penalty_grants_nothing",
+            start: T0,
+            limits: r#"[{ count = 100, per = "day" }]"#,
+            extra: "reserve = \"20%\"",
+            steps: vec![
+                (NormalLease(100, SEC), Units(80, SEC)),
+                (NormalLease(1, SEC), Units(0, 0)),
+                (Normal("a"), No(14 * 3600 * SEC, Reason::Reserve)),
+                (Lease(100, SEC), Units(20, SEC)),
+                (Return(2, 5), Gave(true)),
+                (Inspect, State("95 of the day", |s| day_used(s) == 95)),
+                (SetPenalty(60 * SEC), Until(60 * SEC)),
+                (Lease(1, SEC), Units(0, 0)),
+            ],
+        },
+        Scenario {
+            name: "a_lease_ends_with_the_day_its_units_count_in_and_keeps_a_learned_day_limit",
+            start: BEFORE_MIDNIGHT,
+            limits: r#"[{ count = 10, per = "day" }]"#,
+            extra: "",
+            steps: [
+                vec![(Lease(4, 5 * SEC), Units(4, SEC - 1)), (Wait(2 * SEC), Any)],
+                // Yesterday's units are not today's to give back.
+                vec![(Return(0, 4), Gave(false)), (LearnDay(6), Before(0))],
+                vec![(Call("a"), Ok), (Lease(100, SEC), Units(5, SEC)), (Lease(1, SEC), Units(0, 0))],
+            ]
+            .concat(),
+        },
+        Scenario {
+            name: "a_rule_with_a_concurrency_cap_is_never_leased",
+            start: T0,
+            limits: r#"[{ count = 5, per = "day" }]"#,
+            extra: "concurrency = 1",
+            steps: vec![(Lease(1, SEC), Units(0, 0)), (Call("a"), Ok)],
+        },
     ]
 }
 
@@ -1184,6 +1286,9 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         (Dropped(want), Got::Dropped(d)) => *d == want,
         (Before(want), Got::Before(n)) => *n == want,
         (Lowered(want), Got::Lowered(got)) => **got == *want,
+        (Units(units, span), Got::Leased(l)) => {
+            l.units == units && (units == 0 || (l.at == now && l.until - l.at == span))
+        }
         (Owns(Some((account, left))), Got::Owner(Some(owner))) => {
             owner.account.ends_with(account) && owner.remaining_us() == left && owner.now == now
         }
@@ -1208,6 +1313,7 @@ fn describe(expect: Expect) -> String {
         Dropped(d) => format!("dropped: {d}"),
         Before(n) => format!("a day count of {n} before"),
         Lowered(w) => format!("windows lowered {w:?}"),
+        Units(n, span) => format!("a lease of {n} units for {span} us"),
         Any => "anything".into(),
     }
 }
@@ -1232,6 +1338,7 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
     let mut calls = 0;
     let mut admitted = Vec::new();
     let mut costs: Vec<u64> = Vec::new();
+    let mut leases: Vec<Leased> = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
         let key = Key { account: &a, rule: &rule, offset_us: BEIJING };
@@ -1378,6 +1485,19 @@ async fn run(s: &Scenario, store: &dyn Store, clock: &ManualClock, prefix: &str)
             LearnDay(limit) => {
                 Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))
             }
+            Lease(want, span_us) | NormalLease(want, span_us) => {
+                let normal = matches!(op, NormalLease(..));
+                let lease = op::Lease { want: *want, span_us: *span_us, normal };
+                let leased = store.apply(key, lease).await.expect("store answered");
+                leases.push(leased.clone());
+                Got::Leased(leased)
+            }
+            Return(n, unspent) => Got::Refunded(
+                store
+                    .apply(key, op::LeaseReturn { lease: &leases[*n], unspent: *unspent })
+                    .await
+                    .expect("store answered"),
+            ),
         };
         let now = clock.now_us();
         assert!(meets(*expect, &got, now), "scenario {} step {i}: expected {}, got {got:?}", s.name, describe(*expect));

@@ -428,3 +428,93 @@ proptest! {
         }
     }
 }
+
+/// One instance's lease in [`leases_keep_every_window_and_day_exact`]:
+/// the grant and the units it has not spent.
+struct Held {
+    lease: wxgate::limit::lease::Leased,
+    left: u64,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Leases (src/limit/lease.rs) taken by three instances of random
+    /// sizes and spans, spent at random moments of their spans, given back
+    /// or abandoned (a crash), mixed with calls decided one by one and
+    /// refunds of those: the calls sent never hold more than `count` in any
+    /// window, nor more than the day quota in a day, across midnight.
+    #[test]
+    fn leases_keep_every_window_and_day_exact(count in 2u64..30, burst_frac in 0u64..=100, per_s in 1i64..10,
+                                              day_x in 1u64..5, start_before in 0i64..20 * SEC,
+                                              steps in prop::collection::vec(
+                                                  (0i64..300_000, 0u8..9, 0usize..3, 1u64..30, 0i64..8 * SEC),
+                                                  1..500)) {
+        use wxgate::limit::lease::{give_back, take};
+        let burst = (count * burst_frac / 100).max(1);
+        // Days of 1 to 4 windows' worth: either limit may be the one that binds.
+        let day = count * day_x;
+        let r = rule(vec![window(count, per_s, burst), quota(day, Period::Day)]);
+        let mut st = RuleState::default();
+        let mut now = MIDNIGHT - start_before;
+        let mut held: [Option<Held>; 3] = [None, None, None];
+        let mut sent: Vec<i64> = Vec::new();
+        let mut by_call: Vec<(i64, usize)> = Vec::new();
+        for (gap, what, i, want, span) in steps {
+            now += gap;
+            match what {
+                // A call decided alone.
+                0..=2 => {
+                    if let Decision::Admit { at, .. } = dec(&r, &mut st, now) {
+                        by_call.push((at, sent.len()));
+                        sent.push(at);
+                    }
+                }
+                // Instance i takes a lease (giving back the one it holds first).
+                3 => {
+                    if let Some(h) = held[i].take() {
+                        give_back(&mut st, &h.lease, h.left, now, BEIJING);
+                    }
+                    let lease = take(&mut st, &r, want, span, false, now, BEIJING);
+                    prop_assert!(lease.units <= burst, "a lease of {} over the burst {burst}", lease.units);
+                    let left = lease.units;
+                    held[i] = Some(Held { lease, left });
+                }
+                // Instance i sends a call from its lease, while it lasts.
+                4 | 5 => {
+                    if let Some(h) = held[i].as_mut() {
+                        if h.left > 0 && now <= h.lease.until {
+                            h.left -= 1;
+                            sent.push(now);
+                        }
+                    }
+                }
+                // Instance i gives back what it did not spend.
+                6 => {
+                    if let Some(h) = held[i].take() {
+                        give_back(&mut st, &h.lease, h.left, now, BEIJING);
+                    }
+                }
+                // Instance i crashes (its lease is never given back), or a
+                // call decided alone never reached WeChat and is refunded.
+                _ => {
+                    if i == 0 {
+                        held[0] = None;
+                    } else if let Some((at, n)) = by_call.pop() {
+                        if sent[n] == at {
+                            sent[n] = i64::MIN;
+                            refund(&mut st, &r, at, now, BEIJING, 1);
+                        }
+                    }
+                }
+            }
+        }
+        let mut times: Vec<i64> = sent.into_iter().filter(|t| *t != i64::MIN).collect();
+        times.sort_unstable();
+        prop_assert!(max_in_window(&times, per_s * SEC) as u64 <= count);
+        for d in [MIDNIGHT - 86_400 * SEC, MIDNIGHT] {
+            let n = times.iter().filter(|t| **t >= d && **t < d + 86_400 * SEC).count() as u64;
+            prop_assert!(n <= day, "{n} sent in a day of {day}");
+        }
+    }
+}

@@ -416,8 +416,9 @@ fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
 /// - A **window limit** gets back at most one emission interval `T` (the
 ///   admission took ≥ T, more under warm-up), and only the part of the
 ///   call's slot that no other call can have taken since: `T − (p − at)`,
-///   clamped to `[0, T]`, where `p = max(now, last_call + max_wait)` bounds
-///   the forward time of every call admitted so far. (Moving the TAT back
+///   clamped to `[0, T]`, where `p = max(now, last_call + max_wait,
+///   lease_end)` bounds the forward time of every call admitted so far
+///   (a leased unit may be sent until its lease ends: [`super::lease`]). (Moving the TAT back
 ///   further would let a new call into time a later call already holds:
 ///   more than the limit in some window.) So a call that fails at once gets
 ///   its slot back, one whose slot has passed gets nothing, and on a rule
@@ -431,7 +432,7 @@ fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
 /// (each of its n units given back as above: at most n intervals of a
 /// window, n counts of a calendar).
 pub fn refund(state: &mut RuleState, rule: &Rule, at: Micros, now: Micros, offset_us: Micros, cost: u64) -> bool {
-    let pinned = now.max(state.last_call + rule.max_wait_us);
+    let pinned = now.max(state.last_call + rule.max_wait_us).max(state.lease_end);
     let cost = cost.max(1);
     let mut given = false;
     for limit in &rule.limits {

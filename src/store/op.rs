@@ -107,6 +107,8 @@ ops! {
     RaiseDay: raise_day::RaiseDay -> u64,
     LearnDay: learn_day::LearnDay -> u64,
     LowerWindows: lower_windows::LowerWindows -> Vec<(u64, u64)>,
+    Lease: lease::Lease -> crate::limit::lease::Leased,
+    LeaseReturn: lease_return::LeaseReturn<'a> -> bool,
 }
 
 #[cfg(test)]

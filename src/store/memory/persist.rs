@@ -275,6 +275,9 @@ impl MemoryStore {
                         learned_day: s.learned_day,
                         learned_windows: s.learned_windows.clone(),
                         runs: s.runs.clone(),
+                        // The memory store grants no lease but in tests:
+                        // nothing of one to keep.
+                        lease_end: 0,
                     },
                     warmup_us: *warmup,
                 },

@@ -1,0 +1,172 @@
+-- lease.lua: take a lease of up to `want` units of a pair's limits,
+-- spendable for at most `span` from now: src/limit/lease.rs (take), step
+-- for step, with the argument of why a leased unit keeps every window
+-- exact. The conformance tests hold the two together. Calendar helpers:
+-- lua/prelude.lua.
+--
+-- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
+-- ARGV[2]  quota_timezone offset from UTC, µs
+-- ARGV[3]  units wanted (0: none; the caller passes 0 for a rule leases do
+--          not support: a concurrency cap, max_share, per_recipient, warm-up)
+-- ARGV[4]  the lease's longest span, µs
+-- ARGV[5]  this instance's id ("" = none): its own count of each calendar
+--          quota (<field>.m.<id>, lua/acquire.lua) goes up with the lease
+-- ARGV[6]  number of limits L, then the rule's limits, five values each, as
+--          acquire.lua takes them: kind, field, a, b, r ("w"/"wl": T, τ;
+--          "day"/"month": count, learn-both; r: what a normal caller leaves)
+--
+-- Returns "0" (nothing granted), or "k at until e1 … eL": k units sent
+-- between `at` (now) and `until`, and per limit what it booked: a window's
+-- TAT after the lease, a calendar quota's period id. Writes the limits, lc,
+-- le (the latest lease end, which refund.lua honours) and the key's TTL.
+
+local key = KEYS[1]
+local now = store_now(ARGV[1])
+local off = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local span = tonumber(ARGV[4])
+local inst = ARGV[5]
+local nl = tonumber(ARGV[6])
+if want <= 0 or nl == 0 then return '0' end
+-- src/limit/learned.rs KEEP_US, as acquire.lua's KEEP_LEARNED.
+local KEEP_LEARNED = 172800000000
+
+local limits, fields = {}, {'pu', 'le', 'ex'}
+for i = 7, 6 + 5 * nl, 5 do
+  local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
+  if l.kind == 'wl' then l.kind, l.learn = 'w', true end
+  local f = l.f
+  if l.kind == 'w' then
+    fields[#fields + 1] = f
+    if l.learn then
+      fields[#fields + 1] = f .. '.lt'
+      fields[#fields + 1] = f .. '.lb'
+      fields[#fields + 1] = f .. '.lu'
+    end
+  else
+    fields[#fields + 1] = f .. '.p'
+    fields[#fields + 1] = f .. '.n'
+    fields[#fields + 1] = f .. '.q'
+    if l.kind == 'day' then
+      fields[#fields + 1] = f .. '.l'
+      fields[#fields + 1] = f .. '.la'
+    end
+  end
+  limits[#limits + 1] = l
+end
+local got = redis.call('HMGET', key, unpack(fields))
+local v = {}
+for i = 1, #fields do v[fields[i]] = tonumber(got[i]) end
+
+-- A penalty grants nothing.
+if (v.pu or 0) > now then return '0' end
+
+-- The lease ends with its span and with the current period of every calendar quota.
+local untl = now + span
+for _, l in ipairs(limits) do
+  if l.kind ~= 'w' then
+    local _, nxt = period(l.kind, now, off)
+    if nxt - 1 < untl then untl = nxt - 1 end
+  end
+end
+
+-- How many units every limit holds.
+local units = want
+for _, l in ipairs(limits) do
+  local room
+  if l.kind == 'w' then
+    if l.learn then
+      local lu = v[l.f .. '.lu']
+      if lu and lu > now then
+        local lt, lb = v[l.f .. '.lt'], v[l.f .. '.lb']
+        if lt and lt > l.a then l.a = lt end
+        if lb and lb < l.b then l.b = lb end
+      end
+    end
+    local tat = v[l.f]
+    if tat == nil or tat < now then tat = now end
+    if tat < untl then tat = untl end
+    l.v0 = tat
+    local free = now + l.b - l.r - tat
+    if free < 0 then room = 0 else room = idiv(free, l.a) + 1 end
+  else
+    local count = l.a
+    if l.kind == 'day' then
+      local learned, la = v[l.f .. '.l'], v[l.f .. '.la']
+      if learned and la and now < la + KEEP_LEARNED and (l.b == 1 or learned < l.a) then count = learned end
+    end
+    l.id = period(l.kind, now, off)
+    l.used, l.next = counts(v[l.f .. '.p'] or -1e18, v[l.f .. '.n'] or 0, v[l.f .. '.q'] or 0, l.id)
+    room = count - l.r - l.used
+    if room < 0 then room = 0 end
+  end
+  if room < units then units = room end
+end
+if units <= 0 then return '0' end
+
+-- Book them: each window's slots from max(tat, until), each calendar's count.
+local writes, answer, ttl = {}, {fmt(units), fmt(now), fmt(untl)}, 0
+local function put(f, x)
+  writes[#writes + 1] = f
+  writes[#writes + 1] = fmt(x)
+end
+local mine = {}
+if inst ~= '' then
+  local m = {}
+  for _, l in ipairs(limits) do
+    if l.kind ~= 'w' then
+      m[#m + 1] = l.f .. '.m.' .. inst
+      m[#m + 1] = l.f .. '.mp.' .. inst
+    end
+  end
+  if #m > 0 then
+    local g = redis.call('HMGET', key, unpack(m))
+    for i = 1, #m do mine[m[i]] = tonumber(g[i]) end
+  end
+end
+for _, l in ipairs(limits) do
+  if l.kind == 'w' then
+    if l.learn and (v[l.f] == nil or v[l.f] < now) then put(l.f .. '.r', now) end
+    local e = l.v0 + units * l.a
+    put(l.f, e)
+    answer[#answer + 1] = fmt(e)
+    if e - now > ttl then ttl = e - now end
+  else
+    put(l.f .. '.p', l.id)
+    put(l.f .. '.n', l.used + units)
+    put(l.f .. '.q', l.next)
+    answer[#answer + 1] = fmt(l.id)
+    if inst ~= '' then
+      local mf, pf = l.f .. '.m.' .. inst, l.f .. '.mp.' .. inst
+      local m = 0
+      if mine[pf] == l.id then m = mine[mf] or 0 end
+      put(pf, l.id)
+      put(mf, m + units)
+    end
+    local _, nxt = period(l.kind, now, off)
+    local keep = nxt
+    if l.next > 0 then
+      local _, after = period(l.kind, nxt, off)
+      keep = after
+    end
+    if keep - now > ttl then ttl = keep - now end
+  end
+end
+put('lc', now)
+local le = v.le or 0
+if untl > le then le = untl end
+put('le', le)
+-- The key's TTL, as acquire.lua keeps it (never shortened).
+local ms = math.floor(ttl / 1000) + 1000
+local lives = -1
+if v.ex then lives = v.ex - now else lives = redis.call('PTTL', key) * 1000 end
+if lives < ms * 1000 then
+  local extend = ms + 10000
+  put('ex', now + extend * 1000)
+  redis.call('HSET', key, unpack(writes))
+  redis.call('PEXPIRE', key, extend)
+else
+  redis.call('HSET', key, unpack(writes))
+end
+return table.concat(answer, ' ')

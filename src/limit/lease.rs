@@ -1,0 +1,223 @@
+//! Quota leases: a slice of a pair's limits taken in one decision and spent
+//! by one instance in-process ([`take`]), the part it did not spend given
+//! back ([`give_back`]). Pure maths; `lua/lease.lua` and
+//! `lua/lease_return.lua` compute the same, and the conformance table holds
+//! them together.
+//!
+//! **Why a leased unit keeps every window exact.** The GCRA argument of
+//! [`crate::limit`] can be read as *virtual slots*: an admission at time `s`
+//! takes the slot `[v, v + T)` with `v = max(tat, s)` and `s ≤ v ≤ s + τ`,
+//! and the slots of all admissions are disjoint. N + 1 calls sent inside
+//! `[t, t + W)` would hold N + 1 disjoint slots starting in
+//! `[t, t + W + τ)`, so `(N + 1)·T < W + τ + T`, i.e. `(N − B + 1)·T < W`:
+//! impossible, as `T ≥ W / (N − B + 1)`. So any way of sending is
+//! window-exact as long as **every send at `s` owns a slot `v` with
+//! `s ≤ v ≤ s + τ`, no slot owned twice**. A lease taken at store time `now`
+//! that may be spent until `until` books `k` consecutive slots starting at
+//! `v₀ = max(tat, until)` and ending at most at `now + τ`
+//! (`v₀ + (k − 1)·T ≤ now + τ`): whenever in `[now, until]` a unit is sent,
+//! any of the lease's slots has `s ≤ until ≤ v₀ ≤ v` and
+//! `v ≤ now + τ ≤ s + τ`. The units are therefore interchangeable and may
+//! be spent in any order at any moment of the lease, and the TAT after the
+//! lease (`v₀ + k·T`) keeps every later admission's slot after them. The
+//! price: a lease never holds more than a window's burst (`k ≤ B`), nor
+//! lasts longer than its tolerance (`until − now ≤ τ`), and the slots
+//! between the TAT and `until` stay unused when the pair was idle.
+//! With the arrival margin of `[server] window_margin` in `T`, a send's
+//! trip to WeChat is covered as any call's.
+//!
+//! **Calendar quotas** count the `k` units when the lease is taken, in the
+//! period of `now`; a lease ends no later than that period
+//! (`until ≤` its end), and what it did not spend is given back exactly.
+//!
+//! **All or nothing, reserve, penalty.** A lease is `k` admissions at once:
+//! every limit of the rule holds `k` more or the lease is smaller (down to
+//! none); a lease for a normal-priority caller leaves the reserve as such a
+//! call would; a penalty grants nothing.
+//!
+//! **Refunds.** A window's refund ([`super::decide::refund`]) moves the TAT
+//! back only past every moment a call already admitted may still be sent:
+//! the latest lease's end is one of them ([`RuleState::lease_end`]).
+//!
+//! **Given back.** Calendar units exactly, in the lease's period. A
+//! window's unspent slots only when they are the last ones booked (the TAT
+//! is still the lease's end): the spent units then own the lease's first
+//! slots, which stay booked. Slots another admission followed are left to
+//! pass unused.
+//!
+//! Leases are for rules every one of whose limits is a count over time:
+//! no concurrency cap, `max_share`, `per_recipient` or warm-up
+//! ([`supports`]); those are decided per call.
+
+use super::{learned, Limit, LimitState, Rule, RuleState, WindowKey};
+use crate::limit::calendar::Period;
+use crate::time::Micros;
+
+/// What one limit of the rule booked for a lease, to give back by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booked {
+    pub key: WindowKey,
+    /// A window: its TAT after the lease. A calendar quota: the period id
+    /// the lease's units count in.
+    pub end: Micros,
+    /// A window's emission interval at the lease; 0 for a calendar quota.
+    pub step: Micros,
+}
+
+/// A lease's grant: `units` calls that may be sent from `at` until `until`
+/// (store time), each of them already counted against every limit. None
+/// granted: all zero.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Leased {
+    pub units: u64,
+    pub at: Micros,
+    pub until: Micros,
+    /// Per limit of the rule, in its order (empty when nothing is granted).
+    pub booked: Vec<Booked>,
+}
+
+/// Whether calls of `rule` may be leased (see the module's last paragraph).
+pub fn supports(rule: &Rule) -> bool {
+    !rule.limits.is_empty()
+        && rule.concurrency == 0
+        && rule.share.is_empty()
+        && !rule.recipients_matter()
+        && rule.warmup_us <= 0
+}
+
+/// Takes a lease of at most `want` units, spendable for at most `span_us`
+/// from `now`, for a normal-priority caller when `normal` (the reserve is
+/// left). Grants nothing (0 units) under a penalty, for a rule that
+/// [`supports`] not, or when some limit has no room for one unit.
+pub fn take(
+    state: &mut RuleState,
+    rule: &Rule,
+    want: u64,
+    span_us: Micros,
+    normal: bool,
+    now: Micros,
+    offset_us: Micros,
+) -> Leased {
+    if want == 0 || !supports(rule) || state.penalty.remaining(now).is_some() {
+        return Leased::default();
+    }
+    let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
+    // The lease ends with its span, and with the current period of every
+    // calendar quota.
+    let mut until = now + span_us.max(0);
+    for limit in &rule.limits {
+        if let Limit::Calendar { period, .. } = limit {
+            until = until.min(period.next_start(now, offset_us) - 1);
+        }
+    }
+    // How many units every limit holds.
+    let mut units = want;
+    for (i, limit) in rule.limits.iter().enumerate() {
+        let room = match *limit {
+            Limit::Window(w) => {
+                let w = learned::window(rule, state, &w, now);
+                let v0 = tat(state, limit.window_key(), now).max(until);
+                let free = now + w.tolerance_us() - kept(i) - v0;
+                if free < 0 {
+                    0
+                } else {
+                    (free / w.interval_us()) as u64 + 1
+                }
+            }
+            Limit::Calendar { count, period } => {
+                let count = match period {
+                    Period::Day => learned::day_count(rule, count.get(), state, now),
+                    Period::Month => count.get(),
+                };
+                let (used, _) = counts(state.get(limit.window_key()), period.id(now, offset_us));
+                count.saturating_sub(kept(i).max(0) as u64).saturating_sub(used)
+            }
+        };
+        units = units.min(room);
+    }
+    if units == 0 {
+        return Leased::default();
+    }
+    // Book them: each window's slots from max(tat, until), each calendar's count.
+    let mut booked = Vec::with_capacity(rule.limits.len());
+    for limit in &rule.limits {
+        let key = limit.window_key();
+        match *limit {
+            Limit::Window(w) => {
+                let w = learned::window(rule, state, &w, now);
+                let stored = state.get(key);
+                if rule.learn_windows && !matches!(stored, Some(LimitState::Tat(t)) if t >= now) {
+                    set_run(state, w.per_us(), now);
+                }
+                let end = tat(state, key, now).max(until) + units as i64 * w.interval_us();
+                state.set(key, LimitState::Tat(end));
+                booked.push(Booked { key, end, step: w.interval_us() });
+            }
+            Limit::Calendar { period, .. } => {
+                let current = period.id(now, offset_us);
+                let (used, next) = counts(state.get(key), current);
+                state.set(key, LimitState::Count { period_id: current, used: used + units, next });
+                booked.push(Booked { key, end: current, step: 0 });
+            }
+        }
+    }
+    state.last_call = now;
+    state.lease_end = state.lease_end.max(until);
+    Leased { units, at: now, until, booked }
+}
+
+/// Gives back `unspent` units of `lease` at `now` (none of them was or will
+/// be sent): see the module's "Given back". Returns whether anything was.
+pub fn give_back(state: &mut RuleState, lease: &Leased, unspent: u64, now: Micros, offset_us: Micros) -> bool {
+    let unspent = unspent.min(lease.units);
+    if unspent == 0 {
+        return false;
+    }
+    let mut given = false;
+    for b in &lease.booked {
+        let after = match (b.key, state.get(b.key)) {
+            (WindowKey::Window(_), Some(LimitState::Tat(t))) if t == b.end && b.step > 0 => {
+                LimitState::Tat(t - unspent as i64 * b.step)
+            }
+            (WindowKey::Calendar(period), stored @ Some(LimitState::Count { .. })) => {
+                let current = period.id(now, offset_us);
+                let (used, next) = counts(stored, current);
+                if b.end != current || used == 0 {
+                    continue;
+                }
+                LimitState::Count { period_id: current, used: used.saturating_sub(unspent), next }
+            }
+            _ => continue,
+        };
+        state.set(b.key, after);
+        given = true;
+    }
+    given
+}
+
+/// A window's stored TAT, or `now` if there is none or it is earlier.
+fn tat(state: &RuleState, key: WindowKey, now: Micros) -> Micros {
+    match state.get(key) {
+        Some(LimitState::Tat(t)) => t.max(now),
+        _ => now,
+    }
+}
+
+/// Calls counted in period `current` and reserved for `current + 1`
+/// (as [`super::decide`]'s).
+fn counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
+    match stored {
+        Some(LimitState::Count { period_id, used, next }) if period_id == current => (used, next),
+        Some(LimitState::Count { period_id, next, .. }) if period_id == current - 1 => (next, 0),
+        _ => (0, 0),
+    }
+}
+
+/// Notes that the window of length `per_us` began a new run at `at`
+/// (`learn_windows`, as an admission does).
+fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
+    match state.runs.iter_mut().find(|(p, _)| *p == per_us) {
+        Some(run) => run.1 = at,
+        None => state.runs.push((per_us, at)),
+    }
+}

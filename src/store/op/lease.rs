@@ -1,0 +1,105 @@
+//! `lease`: a slice of the pair's limits taken for one instance to spend
+//! in-process ([`crate::limit::lease::take`]); what it does not spend goes
+//! back by [`super::LeaseReturn`]. lua/lease.lua.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::operation::{AnsweredBy, Command, Kept, Operation, Route, Wrapper};
+use crate::limit::lease::{supports, take, Booked, Leased};
+use crate::limit::{Decision, Key, Limit, RuleState};
+use crate::store::answer::StoreError;
+use crate::store::redis::protocol::{script, Keys};
+use crate::time::Micros;
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(script!("lease.lua")));
+
+/// Take up to `want` units spendable for at most `span_us`, leaving the
+/// rule's reserve when `normal`.
+pub struct Lease {
+    pub want: u64,
+    pub span_us: Micros,
+    pub normal: bool,
+}
+
+/// On Redis only: a lease is a slice of the shared limits (the local
+/// fallback decides by its own share while Redis is away). Its calendar
+/// units count as this instance's in the ledger, as admissions do.
+impl Operation for Lease {
+    type Out = Leased;
+    type Reply = String;
+    const NAME: &'static str = "lease.lua";
+    const ROUTE: Route = Route::Redis;
+    const MAY_BE_REFUSED: bool = true;
+    const KEPT: Kept = Kept::Counts;
+
+    fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Leased {
+        take(state, key.rule, self.want, self.span_us, self.normal, now, key.offset_us)
+    }
+
+    fn script() -> Option<&'static Script> {
+        Some(&TAKE)
+    }
+
+    fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
+        let rule = key.rule;
+        let mut inv = TAKE.key(keys.state(key.account, rule));
+        let want = if supports(rule) { self.want } else { 0 };
+        inv.arg(now).arg(key.offset_us).arg(want).arg(self.span_us).arg(keys.inst()).arg(rule.limits.len());
+        let kept = |i: usize| if self.normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
+        for (i, limit) in rule.limits.iter().enumerate() {
+            let field = limit.window_key().label();
+            match limit {
+                Limit::Window(w) => {
+                    let kind = if rule.learn_windows { "wl" } else { "w" };
+                    inv.arg(kind).arg(field).arg(w.interval_us()).arg(w.tolerance_us()).arg(kept(i))
+                }
+                Limit::Calendar { count, period } => inv
+                    .arg(period.as_str())
+                    .arg(field)
+                    .arg(count.get() as i64)
+                    .arg(i64::from(rule.learn_up))
+                    .arg(kept(i)),
+            };
+        }
+        Command::Script(inv)
+    }
+
+    fn reply(key: Key<'_>, reply: String) -> Result<Leased, StoreError> {
+        let bad = || StoreError::BadReply { script: Self::NAME, reply: reply.clone() };
+        let numbers: Vec<i64> =
+            reply.split(' ').map(|n| n.parse::<i64>()).collect::<Result<_, _>>().map_err(|_| bad())?;
+        match numbers.as_slice() {
+            [0] => Ok(Leased::default()),
+            [units, at, until, ends @ ..] if *units > 0 && ends.len() == key.rule.limits.len() => Ok(Leased {
+                units: *units as u64,
+                at: *at,
+                until: *until,
+                booked: key
+                    .rule
+                    .limits
+                    .iter()
+                    .zip(ends)
+                    .map(|(limit, end)| Booked {
+                        key: limit.window_key(),
+                        end: *end,
+                        step: match limit {
+                            Limit::Window(w) => w.interval_us(),
+                            Limit::Calendar { .. } => 0,
+                        },
+                    })
+                    .collect(),
+            }),
+            _ => Err(bad()),
+        }
+    }
+
+    async fn after(&self, key: Key<'_>, leased: &Leased, _: AnsweredBy<'_>, wrapper: &dyn Wrapper) {
+        if leased.units > 0 {
+            let admitted =
+                Decision::Admit { at: leased.at, hold_us: 0, escalated: false, quota: None, calendar: None };
+            wrapper.ledger().admitted(key, &admitted, false, leased.units);
+        }
+    }
+}
