@@ -19,7 +19,9 @@
 -- Returns "0" (nothing granted), or "k at until e1 … eL": k units sent
 -- between `at` (now) and `until`, and per limit what it booked: a window's
 -- TAT after the lease, a calendar quota's period id. Writes the limits, lc,
--- le (the latest lease end, which refund.lua honours) and the key's TTL.
+-- le (the latest lease end, which refund.lua honours), lu (units of the
+-- leases taken since none was live, which clear.lua keeps counted) and the
+-- key's TTL.
 
 local key = KEYS[1]
 local now = store_now(ARGV[1])
@@ -32,7 +34,7 @@ if want <= 0 or nl == 0 then return '0' end
 -- src/limit/learned.rs KEEP_US, as acquire.lua's KEEP_LEARNED.
 local KEEP_LEARNED = 172800000000
 
-local limits, fields = {}, {'pu', 'le', 'ex'}
+local limits, fields = {}, {'pu', 'le', 'lu', 'ex'}
 for i = 7, 6 + 5 * nl, 5 do
   local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
   if l.kind == 'wl' then l.kind, l.learn = 'w', true end
@@ -155,6 +157,8 @@ for _, l in ipairs(limits) do
 end
 put('lc', now)
 local le = v.le or 0
+-- Units of the leases taken since none was live (clear.lua keeps them).
+if le > now then put('lu', (v.lu or 0) + units) else put('lu', units) end
 if untl > le then le = untl end
 put('le', le)
 -- The key's TTL, as acquire.lua keeps it (never shortened).

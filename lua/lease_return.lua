@@ -8,7 +8,9 @@
 -- ARGV[3]  units given back
 -- ARGV[4]  this instance's id ("" = none): its own count of a calendar
 --          quota (<field>.m.<id>) goes down with the count
--- ARGV[5]  number of limits B the lease booked, then four values each:
+-- ARGV[5]  the lease's end (until): given back during it, the units leave
+--          lu too (what clear.lua keeps counted)
+-- ARGV[6]  number of limits B the lease booked, then four values each:
 --            kind ("w", "day", "month"), field, end, step: what lease.lua
 --            answered for it (a window's TAT after the lease and its T; a
 --            calendar quota's period id and 0)
@@ -24,15 +26,24 @@ local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local unspent = tonumber(ARGV[3])
 local inst = ARGV[4]
-local nb = tonumber(ARGV[5])
+local untl = tonumber(ARGV[5])
+local nb = tonumber(ARGV[6])
 if unspent <= 0 then return 0 end
+if now <= untl then
+  local lu = tonumber(redis.call('HGET', key, 'lu') or '')
+  if lu then
+    lu = lu - unspent
+    if lu < 0 then lu = 0 end
+    redis.call('HSET', key, 'lu', fmt(lu))
+  end
+end
 
 local writes = {}
 local function put(f, x)
   writes[#writes + 1] = f
   writes[#writes + 1] = fmt(x)
 end
-for i = 6, 5 + 4 * nb, 4 do
+for i = 7, 6 + 4 * nb, 4 do
   local kind, f, e, step = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   if kind == 'w' then
     local tat = tonumber(redis.call('HGET', key, f) or '')

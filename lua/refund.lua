@@ -19,9 +19,10 @@
 -- Returns 1 if anything was given back, 0 if not.
 --
 -- A window limit's TAT moves back by T - (p - at), clamped to [0, T], where
--- p = max(now, lc + max_wait, le) bounds the forward time of every call admitted
--- so far (le: the latest lease's end, lua/lease.lua) (n T and [0, n T] for a call costing n). A calendar quota's count for
--- the period of `at` goes down by one (n)
+-- p = max(now, lc + max_wait, le) bounds the forward time of every call
+-- admitted so far (le: the latest lease's end, until which a leased unit may
+-- be sent: lua/lease.lua) (n T and [0, n T] for a call costing n). A
+-- calendar quota's count for the period of `at` goes down by one (n)
 -- (.n if that period is the current one, .q if the call was reserved for the
 -- next), never below 0; a period already over gives nothing back. Nothing
 -- else changes (penalty, warm-up, slots), and a missing key stays missing:

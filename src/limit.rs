@@ -188,6 +188,10 @@ pub struct RuleState {
     /// The latest end of a lease taken of this pair ([`lease`]; 0: none):
     /// a leased unit may be sent until then.
     pub lease_end: Micros,
+    /// Units of the leases taken since none was live, less those given
+    /// back during their lease: what WeChat may still see of them, which a
+    /// `clear_quota` keeps counted ([`decide::clear`]).
+    pub leased: u64,
 }
 
 /// How long a learned day limit stays after WeChat last reported it

@@ -1218,6 +1218,24 @@ fn scenarios() -> Vec<Scenario> {
             .concat(),
         },
         Scenario {
+            name: "clear_quota_keeps_the_units_of_a_lease_that_may_still_be_sent",
+            start: T0,
+            limits: r#"[{ count = 10, per = "day" }]"#,
+            extra: "",
+            steps: vec![
+                (Lease(4, 10 * SEC), Units(4, 10 * SEC)),
+                (Call("a"), Ok),
+                // WeChat will count what the lease still sends after its reset.
+                (Clear, Any),
+                (Inspect, State("the lease's 4 kept", |s| day_used(s) == 4)),
+                (Return(0, 3), Gave(true)),
+                (Inspect, State("1 left", |s| day_used(s) == 1)),
+                (Wait(11 * SEC), Any),
+                (Clear, Any),
+                (Inspect, State("none once the lease ended", |s| day_used(s) == 0)),
+            ],
+        },
+        Scenario {
             name: "a_rule_with_a_concurrency_cap_is_never_leased",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,

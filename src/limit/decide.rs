@@ -377,12 +377,15 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
 pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
     let key = WindowKey::Calendar(Period::Day);
     let today = Period::Day.id(now, offset_us);
-    if let Some(after) = cleared(state.get(key), today) {
+    // Units of a lease that may still be sent stay counted
+    // ([`super::lease`]): WeChat will count them after its reset.
+    let leased = if state.lease_end > now { state.leased } else { 0 };
+    if let Some(after) = cleared(state.get(key), today, leased) {
         state.set(key, after);
     }
     // Every caller's share of the day starts again too.
     for share in &mut state.shares {
-        if let Some(after) = cleared(share.get(key), today) {
+        if let Some(after) = cleared(share.get(key), today, 0) {
             share.set(key, after);
         }
     }
@@ -393,10 +396,11 @@ pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
 }
 
 /// A day count as `clear` leaves it (`None`: nothing to change).
-fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
+/// `kept`: calls of today that stay counted (leased units still to be sent).
+fn cleared(stored: Option<LimitState>, today: i64, kept: u64) -> Option<LimitState> {
     match stored {
-        Some(LimitState::Count { period_id, next, .. }) if period_id == today => {
-            Some(LimitState::Count { period_id, used: 0, next })
+        Some(LimitState::Count { period_id, used, next }) if period_id == today => {
+            Some(LimitState::Count { period_id, used: used.min(kept), next })
         }
         Some(LimitState::Count { period_id, .. }) if period_id == today - 1 => {
             Some(LimitState::Count { period_id: today, used: 0, next: 0 })
@@ -417,10 +421,10 @@ fn cleared(stored: Option<LimitState>, today: i64) -> Option<LimitState> {
 ///   admission took ≥ T, more under warm-up), and only the part of the
 ///   call's slot that no other call can have taken since: `T − (p − at)`,
 ///   clamped to `[0, T]`, where `p = max(now, last_call + max_wait,
-///   lease_end)` bounds the forward time of every call admitted so far
-///   (a leased unit may be sent until its lease ends: [`super::lease`]). (Moving the TAT back
-///   further would let a new call into time a later call already holds:
-///   more than the limit in some window.) So a call that fails at once gets
+///   lease_end)` bounds the forward time of every call admitted so far (a
+///   leased unit may be sent until its lease ends: [`super::lease`]).
+///   (Moving the TAT back further would let a new call into time a later
+///   call already holds: more than the limit in some window.) So a call that fails at once gets
 ///   its slot back, one whose slot has passed gets nothing, and on a rule
 ///   with `max_wait` a call sent at once gets back only `T − max_wait`
 ///   (nothing once `max_wait ≥ T`). The bound assumes `max_wait` was not

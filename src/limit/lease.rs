@@ -35,6 +35,11 @@
 //! none); a lease for a normal-priority caller leaves the reserve as such a
 //! call would; a penalty grants nothing.
 //!
+//! **clear_quota** ([`super::decide::clear`]) keeps counted the units of
+//! the leases that may still be sent ([`RuleState::leased`]): WeChat counts
+//! them after its reset. (Some may have been sent before it: counted
+//! twice, the safe side, for at most the span of a lease.)
+//!
 //! **Refunds.** A window's refund ([`super::decide::refund`]) moves the TAT
 //! back only past every moment a call already admitted may still be sent:
 //! the latest lease's end is one of them ([`RuleState::lease_end`]).
@@ -162,6 +167,7 @@ pub fn take(
         }
     }
     state.last_call = now;
+    state.leased = if state.lease_end > now { state.leased + units } else { units };
     state.lease_end = state.lease_end.max(until);
     Leased { units, at: now, until, booked }
 }
@@ -172,6 +178,11 @@ pub fn give_back(state: &mut RuleState, lease: &Leased, unspent: u64, now: Micro
     let unspent = unspent.min(lease.units);
     if unspent == 0 {
         return false;
+    }
+    // Taken back from what a clear_quota keeps only during the lease: after
+    // it, a new lease may have started the count afresh (kept is the safe side).
+    if now <= lease.until {
+        state.leased = state.leased.saturating_sub(unspent);
     }
     let mut given = false;
     for b in &lease.booked {

@@ -39,7 +39,7 @@ impl Operation for LeaseReturn<'_> {
 
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = GIVE.key(keys.state(key.account, key.rule));
-        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(keys.inst()).arg(self.lease.booked.len());
+        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(keys.inst()).arg(self.lease.until).arg(self.lease.booked.len());
         for b in &self.lease.booked {
             let kind = match b.key {
                 WindowKey::Window(_) => "w",

@@ -478,6 +478,7 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.warm_start = get("ws").unwrap_or(0);
     state.last_call = get("lc").unwrap_or(0);
     state.lease_end = get("le").unwrap_or(0);
+    state.leased = get("lu").unwrap_or(0).max(0) as u64;
     state.holders = slots;
     state.shares = parse_shares(rule, fields);
     state.canonical(rule)
