@@ -50,6 +50,10 @@
 //!   guarantees are unchanged. Callers are the declared names and `other`
 //!   (every undeclared caller together), so renaming a caller cannot escape
 //!   its cap and the state per rule stays bounded.
+//! - **Leases.** `k` admissions at once, spendable by one instance
+//!   in-process at any moment until the lease ends ([`lease`]): each
+//!   window's slots booked so that every guarantee above holds whenever
+//!   a unit is sent; what is not spent can be given back.
 //! - **Refunds.** A call that never reached WeChat can give back what its
 //!   admission took ([`decide::refund`]): exactly for calendar quotas, and
 //!   for windows only as much as keeps every guarantee above.
