@@ -5,6 +5,9 @@
 -- lua/prelude.lua.
 --
 -- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[2]  (single server, once the epoch is read) <prefix>:#epoch, and the
+--          epoch this instance knows as the last ARGV: another there answers
+--          "E" and grants nothing (as acquire.lua's ARGV[3])
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  units wanted (0: none; the caller passes 0 for a rule leases do
@@ -16,8 +19,9 @@
 --          acquire.lua takes them: kind, field, a, b, r ("w"/"wl": T, τ;
 --          "day"/"month": count, learn-both; r: what a normal caller leaves)
 --
--- Returns "0" (nothing granted), or "k at until e1 … eL": k units sent
--- between `at` (now) and `until`, and per limit what it booked: a window's
+-- Returns "0" (nothing granted), or "k at until esc e1 … eL": k units sent
+-- between `at` (now) and `until`; esc 1 when a success should end a
+-- penalty's escalation (as acquire.lua's); per limit what it booked: a window's
 -- TAT after the lease, a calendar quota's period id. Writes the limits, lc,
 -- le (the latest lease end, which refund.lua honours), lu (units of the
 -- leases taken since none was live, which clear.lua keeps counted) and the
@@ -30,11 +34,13 @@ local want = tonumber(ARGV[3])
 local span = tonumber(ARGV[4])
 local inst = ARGV[5]
 local nl = tonumber(ARGV[6])
+-- Checked as acquire.lua checks it: Redis lost its data, re-seed first.
+if #KEYS > 1 and redis.call('GET', KEYS[2]) ~= ARGV[7 + 5 * nl] then return 'E' end
 if want <= 0 or nl == 0 then return '0' end
 -- src/limit/learned.rs KEEP_US, as acquire.lua's KEEP_LEARNED.
 local KEEP_LEARNED = 172800000000
 
-local limits, fields = {}, {'pu', 'le', 'lu', 'ex'}
+local limits, fields = {}, {'pu', 'pn', 'le', 'lu', 'ex'}
 for i = 7, 6 + 5 * nl, 5 do
   local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
   if l.kind == 'wl' then l.kind, l.learn = 'w', true end
@@ -108,7 +114,10 @@ end
 if units <= 0 then return '0' end
 
 -- Book them: each window's slots from max(tat, until), each calendar's count.
-local writes, answer, ttl = {}, {fmt(units), fmt(now), fmt(untl)}, 0
+-- A success of a leased call ends a penalty's escalation (acquire.lua's).
+local escalated = 0
+if (v.pn or 0) > 0 and now < (v.pu or 0) + v.pn then escalated = 1 end
+local writes, answer, ttl = {}, {fmt(units), fmt(now), fmt(untl), fmt(escalated)}, 0
 local function put(f, x)
   writes[#writes + 1] = f
   writes[#writes + 1] = fmt(x)

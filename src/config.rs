@@ -639,6 +639,9 @@ pub struct Resilience {
     pub breaker_open: Duration,
     /// Answer known refusals locally (see `crate::store::resilient`'s refusal cache).
     pub refusal_cache: bool,
+    /// Quota leases (`crate::store::resilient::leases`): the longest span
+    /// of one, `None` when off.
+    pub quota_leases: Option<Duration>,
 }
 
 impl Default for Resilience {
@@ -649,6 +652,7 @@ impl Default for Resilience {
             breaker_failures: 3,
             breaker_open: Duration::from_secs(1),
             refusal_cache: true,
+            quota_leases: None,
         }
     }
 }

@@ -58,6 +58,7 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
         lost: metrics.store_lost.clone(),
         reconciled: metrics.store_reconciled.clone(),
         breaker_opened: metrics.breaker_opened.clone(),
+        leases: metrics.lease_counters(),
     };
     let store = proxy::app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
     start_parts(config, store, clock, metrics, threads).await

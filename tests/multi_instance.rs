@@ -58,7 +58,7 @@ async fn run(tag: &str, redis: Option<&RedisServer>, rule: RuleToml) -> Vec<Dura
 
 /// Like [`run`] with `processes` instances of `workers` serving threads each.
 async fn run_on(tag: &str, store: &StoreToml, processes: usize, workers: usize) -> Vec<Duration> {
-    run_processes(tag, store, send_rule(), &["default"], processes, workers).await.remove("default").expect("calls")
+    run_processes(tag, store, send_rule(), &["default"], processes, workers).await.0.remove("default").expect("calls")
 }
 
 /// Runs the load with clients spread over `accounts` (each client sends as
@@ -70,7 +70,7 @@ async fn run_accounts(
     rule: RuleToml,
     accounts: &[&str],
 ) -> HashMap<String, Vec<Duration>> {
-    run_processes(tag, store, rule, accounts, 3, 2).await
+    run_processes(tag, store, rule, accounts, 3, 2).await.0
 }
 
 async fn run_processes(
@@ -80,7 +80,7 @@ async fn run_processes(
     accounts: &[&str],
     processes: usize,
     workers: usize,
-) -> HashMap<String, Vec<Duration>> {
+) -> (HashMap<String, Vec<Duration>>, Vec<f64>) {
     let mock = MockWeChat::start().await;
     let config = ConfigToml::new(&mock.url())
         .without_server("upstream_timeout")
@@ -127,13 +127,18 @@ async fn run_processes(
     for t in tasks {
         assert!(t.await.expect("client task") > 0);
     }
+    // Calls each instance decided from its quota leases (0 without them).
+    let mut leased = Vec::new();
+    for i in &instances {
+        leased.push(i.metric("wxgate_quota_lease_units_total{what=\"spent\"}").await.unwrap_or(0.0));
+    }
     drop(instances);
     let mut by_account: HashMap<String, Vec<std::time::Instant>> = HashMap::new();
     for c in mock.calls() {
         let account = c.path_and_query.split("acct=").nth(1).unwrap_or("default").to_owned();
         by_account.entry(account).or_default().push(c.arrived);
     }
-    by_account
+    let times = by_account
         .into_iter()
         .map(|(a, arrivals)| {
             let first = *arrivals.iter().min().expect("some calls");
@@ -141,7 +146,8 @@ async fn run_processes(
             times.sort();
             (a, times)
         })
-        .collect()
+        .collect();
+    (times, leased)
 }
 
 /// No window (less the jitter tolerance) over `count`, and ≥ 95 % of what the
@@ -163,6 +169,41 @@ async fn three_instances_on_one_redis_stay_window_exact_and_use_the_quota() {
     let redis = RedisServer::start();
     let times = run("redis", Some(&redis), send_rule()).await;
     assert_exact_and_full(&times, "redis");
+}
+
+/// The same with quota leases on: a pair held at its limit leaves no room
+/// for a lease (every freed slot goes to a call), and the limit holds
+/// exactly, with as much of it used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_with_quota_leases_stay_window_exact_and_use_the_quota() {
+    let redis = RedisServer::start();
+    let store = store(Some(&redis)).set("quota_leases", true);
+    let (mut times, leased) = run_processes("leases", &store, send_rule(), &["default"], 3, 2).await;
+    let times = times.remove("default").expect("calls");
+    eprintln!("calls decided from leases per instance: {leased:?} of {}", times.len());
+    assert_exact_and_full(&times, "redis, quota leases");
+}
+
+/// Quota leases on a hot pair below its window: each instance decides most
+/// of its calls in-process, and the day quota is used to the last call and
+/// never passed (what a lease did not spend goes back to the pool and to
+/// the other instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_with_quota_leases_decide_a_hot_pair_in_process_and_spend_the_day_exactly() {
+    const DAY: usize = 3_000;
+    let redis = RedisServer::start();
+    let store = store(Some(&redis)).set("quota_leases", true);
+    let rule = rule("send")
+        .matching("/cgi-bin/message/custom/send")
+        .limit_burst(10_000, "10s", 5_000)
+        .limit(DAY as u64, "day");
+    let (mut times, leased) = run_processes("leases-hot", &store, rule, &["default"], 3, 2).await;
+    let times = times.remove("default").expect("calls");
+    let in_process: f64 = leased.iter().sum();
+    eprintln!("calls decided from leases per instance: {leased:?} of {}", times.len());
+    assert_eq!(times.len(), DAY, "WeChat saw the whole day quota, and no more");
+    assert!(leased.iter().all(|n| *n > 0.0), "every instance decided calls from its leases: {leased:?}");
+    assert!(in_process >= 0.5 * DAY as f64, "{in_process} of {DAY} calls decided in-process");
 }
 
 /// The same with shaping: calls are held for reserved slots and released on

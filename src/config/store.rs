@@ -61,6 +61,8 @@ macro_rules! redis_kind {
             pub breaker_open: Option<String>,
             pub refusal_cache: Option<bool>,
             pub batch: Option<bool>,
+            pub quota_leases: Option<bool>,
+            pub quota_lease_span: Option<String>,
         }
 
         impl $name {
@@ -77,6 +79,8 @@ macro_rules! redis_kind {
                     breaker_open: self.breaker_open,
                     refusal_cache: self.refusal_cache,
                     batch: self.batch,
+                    quota_leases: self.quota_leases,
+                    quota_lease_span: self.quota_lease_span,
                 };
                 (shared, ($(self.$key,)*))
             }
@@ -111,6 +115,8 @@ pub(super) struct RawRedisShared {
     pub breaker_open: Option<String>,
     pub refusal_cache: Option<bool>,
     pub batch: Option<bool>,
+    pub quota_leases: Option<bool>,
+    pub quota_lease_span: Option<String>,
 }
 
 /// The kinds, as written.
@@ -126,7 +132,7 @@ const OWN_KEYS: [(&str, &[&str]); 4] = [
 ];
 
 /// The keys of every Redis kind.
-const REDIS_KEYS: [&str; 11] = [
+const REDIS_KEYS: [&str; 13] = [
     "username",
     "tls_ca",
     "key_prefix",
@@ -138,6 +144,8 @@ const REDIS_KEYS: [&str; 11] = [
     "breaker_open",
     "refusal_cache",
     "batch",
+    "quota_leases",
+    "quota_lease_span",
 ];
 
 /// The kinds that take `key`.
@@ -464,12 +472,20 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
     if breaker_open < Duration::from_millis(10) {
         return Err(Invalid::at(STORE, "breaker_open", "must be at least 10ms"));
     }
+    let quota_lease_span = match raw.quota_lease_span.as_deref() {
+        None => Duration::from_secs(1),
+        Some(t) => parse_duration(t).map_err(|e| e.field("quota_lease_span").table(STORE))?,
+    };
+    if quota_lease_span < Duration::from_millis(10) || quota_lease_span > Duration::from_secs(60) {
+        return Err(Invalid::at(STORE, "quota_lease_span", "must be between 10ms and 60s"));
+    }
     Ok(Resilience {
         fallback,
         instances,
         breaker_failures,
         breaker_open,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
+        quota_leases: raw.quota_leases.unwrap_or(false).then_some(quota_lease_span),
     })
 }
 

@@ -77,6 +77,9 @@ pub struct Leased {
     pub units: u64,
     pub at: Micros,
     pub until: Micros,
+    /// A success of a leased call should end a penalty's escalation (as
+    /// [`super::Decision::Admit`]'s `escalated`).
+    pub escalated: bool,
     /// Per limit of the rule, in its order (empty when nothing is granted).
     pub booked: Vec<Booked>,
 }
@@ -169,7 +172,7 @@ pub fn take(
     state.last_call = now;
     state.leased = if state.lease_end > now { state.leased + units } else { units };
     state.lease_end = state.lease_end.max(until);
-    Leased { units, at: now, until, booked }
+    Leased { units, at: now, until, escalated: state.penalty.is_recent(now), booked }
 }
 
 /// Gives back `unspent` units of `lease` at `now` (none of them was or will

@@ -534,7 +534,13 @@ impl RedisStore {
 impl Runs for RedisStore {
     async fn run_op<O: Operation>(&self, key: Key<'_>, op: &O) -> Result<O::Out, StoreError> {
         let reply = match op.command(&self.keys, key, &self.now_arg()) {
-            Command::Script(inv) => self.run(inv).await?,
+            Command::Script(mut inv) => {
+                let epoch = self.epoch.load();
+                if let (true, Some(e)) = (O::CHECKS_EPOCH, epoch.as_deref()) {
+                    inv.key(&self.epoch_key).arg(e.as_str());
+                }
+                self.run(inv).await?
+            }
             Command::Plain(cmd) => self.query(cmd).await?,
         };
         O::reply(key, reply)

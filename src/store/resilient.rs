@@ -39,6 +39,7 @@
 //!   Redis lost its data, this instance offers its key back.
 
 pub mod breaker;
+pub mod leases;
 pub mod refusals;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -49,10 +50,11 @@ use async_trait::async_trait;
 use prometheus_client::metrics::counter::Counter;
 
 use self::breaker::Breaker;
+use self::leases::{LeaseCounters, Leases, Spend};
 use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
-use super::op::{AnsweredBy, Inspect, Operation, PairOp, PairReply, Route, Runs, Wrapper};
+use super::op::{AnsweredBy, Inspect, Lease, LeaseReturn, Operation, PairOp, PairReply, Route, Runs, Wrapper};
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};
@@ -89,6 +91,8 @@ pub struct StoreCounters {
     pub reconciled: Counter,
     /// Times the breaker opened (starting with Redis down counts once).
     pub breaker_opened: Counter,
+    /// Units of quota leases ([`leases`]).
+    pub leases: LeaseCounters,
 }
 
 pub struct Resilient {
@@ -129,6 +133,8 @@ pub struct Resilient {
     /// The instances last heard from in Redis (0: not heard yet); kept
     /// while Redis is away, which is when it is used.
     heard: AtomicU32,
+    /// Quota leases this instance holds (`[store] quota_leases`).
+    leases: Option<Leases>,
 }
 
 impl Resilient {
@@ -143,7 +149,10 @@ impl Resilient {
         counters: StoreCounters,
     ) -> Arc<Resilient> {
         let refusals = (0..redis.workers()).map(|_| RefusalCache::default()).collect();
+        let leases =
+            resilience.quota_leases.map(|span| Leases::new(span.as_micros() as Micros, counters.leases.clone()));
         let store = Arc::new(Resilient {
+            leases,
             redis,
             local: MemoryStore::new(clock),
             resilience,
@@ -213,6 +222,7 @@ impl Resilient {
                 if s.ledger.has_pending() {
                     s.write_pending().await;
                 }
+                s.return_leases().await;
                 if s.resilience.fallback == Fallback::Local {
                     s.refresh_seen().await;
                 }
@@ -242,6 +252,49 @@ impl Resilient {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "no heartbeat this time"),
+        }
+    }
+
+    /// A call decided from this instance's lease of its pair ([`leases`]),
+    /// if it holds one or takes one now; `None`: decide it per call.
+    async fn decide_leased(&self, ask: &Ask<'_>) -> Option<Decision> {
+        let leases = self.leases.as_ref().filter(|_| Leases::leasable(ask))?;
+        let now = self.local.now();
+        let want = match leases.spend(ask, now) {
+            Spend::Admit(decision) => return Some(decision),
+            Spend::PerCall => return None,
+            Spend::Take(want) => want,
+        };
+        // Not while Redis is away or being re-seeded: per call, as any
+        // decision then (the fallback's own share).
+        let moved = self.redis.master_generation() != self.epoch_generation.load(Ordering::Acquire);
+        let taken = if self.breaker.is_open() || self.in_grace() || moved {
+            None
+        } else {
+            let span_us = leases.span_for(ask.key.rule);
+            let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty() };
+            self.run_op(ask.key, &lease).await.ok()
+        };
+        leases.taken(ask.key, taken, now, self.local.now())
+    }
+
+    /// Gives back what leases over did not spend (each keeper tick).
+    async fn return_leases(&self) {
+        let Some(leases) = &self.leases else { return };
+        for r in leases.due_returns(self.local.now()) {
+            let key = Key { account: &r.account, rule: &r.rule, offset_us: r.offset_us };
+            match self.run_op(key, &LeaseReturn { lease: &r.lease, unspent: r.unspent }).await {
+                Ok(true) => {
+                    leases.counters.returned.inc_by(r.unspent);
+                }
+                // Nothing to give back (its period is over, or admissions
+                // followed its window slots): they pass unused.
+                Ok(false) => leases.not_returned(&r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a lease's unspent units were not given back: they stay counted");
+                    leases.not_returned(&r)
+                }
+            }
         }
     }
 
@@ -550,6 +603,9 @@ impl Runs for Resilient {
         if O::FORGETS_REFUSALS {
             self.forget(key);
         }
+        if let (true, Some(leases)) = (O::ENDS_LEASES, &self.leases) {
+            leases.drop_pair(key);
+        }
         let shared = || self.try_redis(|| self.redis.run_op(key, op));
         let (out, error) = match O::ROUTE {
             Route::Redis => (shared().await?, None),
@@ -609,6 +665,9 @@ impl Store for Resilient {
 
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
+        if let Some(decision) = self.decide_leased(ask).await {
+            return Ok(Decided { decision, degraded: false });
+        }
         let Key { account, rule, .. } = ask.key;
         // The known refusals are of calls costing 1: a costlier call always
         // asks (its own wait is longer, and a refusal of it says nothing of
@@ -699,6 +758,9 @@ impl Store for Resilient {
         for &key in keys {
             self.forget(key);
         }
+        if let (Some(leases), Some(first)) = (&self.leases, keys.first()) {
+            leases.account_cleared(first.account);
+        }
         self.local.clear(keys).await?;
         if let Some(first) = keys.first() {
             self.ledger.cleared(first.account);
@@ -737,6 +799,9 @@ impl Store for Resilient {
     /// Known refusals were computed under the old rules.
     fn rules_changed(&self) {
         self.all_refusals().for_each(RefusalCache::clear);
+        if let Some(leases) = &self.leases {
+            leases.give_back_all();
+        }
     }
 
     fn instances(&self) -> Option<u32> {

@@ -14,8 +14,8 @@ use prometheus_client::registry::Registry;
 use labels::OUTCOMES;
 pub use labels::{
     CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FailoverLabels, FileOp, HostLabel,
-    LearnedLabels, OpLabel, Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried, TriedLabels, Tunnel,
-    TunnelLabels, UpstreamLabel, NO_RULE,
+    LearnedLabels, LeaseLabel, OpLabel, Outcome, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, Tried,
+    TriedLabels, Tunnel, TunnelLabels, UpstreamLabel, NO_RULE,
 };
 use register::{AccountSeries, CallSeries, CallerSeries, InterceptSeries, StoreSeries};
 pub use series::{
@@ -40,6 +40,8 @@ pub struct Metrics {
     pub store_reconciled: Counter,
     pub breaker_open: Gauge,
     pub breaker_opened: Counter,
+    /// `wxgate_quota_lease_units_total{what}`.
+    pub lease_units: Family<LeaseLabel, Counter>,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,
     pub recipients: Family<RuleLabel, Counter>,
@@ -76,6 +78,17 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The quota leases' counters (`wxgate_quota_lease_units_total{what}`).
+    pub fn lease_counters(&self) -> crate::store::resilient::leases::LeaseCounters {
+        let of = |what: &str| self.lease_units.get_or_create(&LeaseLabel { what: what.into() }).clone();
+        crate::store::resilient::leases::LeaseCounters {
+            taken: of("taken"),
+            spent: of("spent"),
+            returned: of("returned"),
+            dropped: of("dropped"),
+        }
+    }
+
     /// A limit learned from WeChat changed a pair's limits.
     pub fn learned(&self, rule: &str, direction: &str) {
         self.quota_learned
@@ -102,6 +115,7 @@ impl Metrics {
             store_reconciled,
             breaker_open,
             breaker_opened,
+            lease_units,
         } = register::store(&mut registry);
         let reloads = register::config_reloads(&mut registry);
         let refunds = register::refunds(&mut registry);
@@ -133,6 +147,7 @@ impl Metrics {
             store_reconciled,
             breaker_open,
             breaker_opened,
+            lease_units,
             reloads,
             refunds,
             recipients,

@@ -28,6 +28,7 @@ impl Operation for LearnDay {
     type Reply = i64;
     const NAME: &'static str = "learn_day.lua";
     const ROUTE: Route = Route::LocalThenRedis;
+    const ENDS_LEASES: bool = true;
     const FORGETS_REFUSALS: bool = true;
     const MAY_BE_REFUSED: bool = true;
     const KEPT: Kept = Kept::Learned;

@@ -33,6 +33,7 @@ impl Operation for Lease {
     const ROUTE: Route = Route::Redis;
     const MAY_BE_REFUSED: bool = true;
     const KEPT: Kept = Kept::Counts;
+    const CHECKS_EPOCH: bool = true;
 
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Leased {
         take(state, key.rule, self.want, self.span_us, self.normal, now, key.offset_us)
@@ -67,15 +68,19 @@ impl Operation for Lease {
     }
 
     fn reply(key: Key<'_>, reply: String) -> Result<Leased, StoreError> {
+        if reply == "E" {
+            return Err(StoreError::Lost);
+        }
         let bad = || StoreError::BadReply { script: Self::NAME, reply: reply.clone() };
         let numbers: Vec<i64> =
             reply.split(' ').map(|n| n.parse::<i64>()).collect::<Result<_, _>>().map_err(|_| bad())?;
         match numbers.as_slice() {
             [0] => Ok(Leased::default()),
-            [units, at, until, ends @ ..] if *units > 0 && ends.len() == key.rule.limits.len() => Ok(Leased {
+            [units, at, until, escalated, ends @ ..] if *units > 0 && ends.len() == key.rule.limits.len() => Ok(Leased {
                 units: *units as u64,
                 at: *at,
                 until: *until,
+                escalated: *escalated == 1,
                 booked: key
                     .rule
                     .limits

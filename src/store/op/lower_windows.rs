@@ -29,6 +29,7 @@ impl Operation for LowerWindows {
     type Reply = Vec<i64>;
     const NAME: &'static str = "lower_windows.lua";
     const ROUTE: Route = Route::LocalThenRedis;
+    const ENDS_LEASES: bool = true;
     const MAY_BE_REFUSED: bool = true;
     const KEPT: Kept = Kept::Learned;
 

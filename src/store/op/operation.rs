@@ -80,6 +80,15 @@ pub trait Operation: Send + Sync {
     const MAY_BE_REFUSED: bool = false;
     /// What of its change a crash must keep ([`Kept`]).
     const KEPT: Kept = Kept::Nothing;
+    /// It may leave the pair less room than a quota lease this instance
+    /// holds was taken with (a penalty, a lower limit): the resilient
+    /// wrapper drops the pair's lease first (`super::super::resilient::leases`).
+    const ENDS_LEASES: bool = false;
+    /// Its script checks the deployment's epoch as acquire.lua does (the
+    /// Redis store appends the epoch key and value after its own keys and
+    /// arguments, on a single server; its reply says "E" when Redis holds
+    /// another, and [`Operation::reply`] answers [`StoreError::Lost`]).
+    const CHECKS_EPOCH: bool = false;
 
     /// What it does to `state` at the store's `now`.
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Self::Out;

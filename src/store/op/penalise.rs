@@ -29,6 +29,7 @@ impl Operation for Penalise<'_> {
     type Reply = Vec<i64>;
     const NAME: &'static str = "penalise.lua";
     const ROUTE: Route = Route::RedisOrLocal;
+    const ENDS_LEASES: bool = true;
     const FORGETS_REFUSALS: bool = true;
     const KEPT: Kept = Kept::Penalty;
 

@@ -26,6 +26,7 @@ impl Operation for SetPenalty {
     type Reply = Vec<i64>;
     const NAME: &'static str = "set_penalty.lua";
     const ROUTE: Route = Route::LocalThenRedisOrLocal;
+    const ENDS_LEASES: bool = true;
     const FORGETS_REFUSALS: bool = true;
     const KEPT: Kept = Kept::Penalty;
 

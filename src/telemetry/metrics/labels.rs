@@ -124,6 +124,13 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// Units of quota leases, by what became of them: taken, spent, returned,
+/// dropped.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabel {
+    pub what: String,
+}
+
 /// A day limit learned from WeChat, by rule and whether it lowered or
 /// raised the pair's limit.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -12,8 +12,8 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::labels::{
-    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, LearnedLabels, OpLabel,
-    OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
+    CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, LearnedLabels, LeaseLabel,
+    OpLabel, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
 };
 use super::series::{Histograms, MemoryStoreMetrics, QueueMetrics, TokenMetrics, UpstreamMetrics};
 
@@ -97,6 +97,7 @@ pub(super) struct StoreSeries {
     pub(super) store_reconciled: Counter,
     pub(super) breaker_open: Gauge,
     pub(super) breaker_opened: Counter,
+    pub(super) lease_units: Family<LeaseLabel, Counter>,
 }
 
 pub(super) fn store(registry: &mut Registry) -> StoreSeries {
@@ -128,7 +129,22 @@ pub(super) fn store(registry: &mut Registry) -> StoreSeries {
         "Times the Redis circuit breaker opened (decisions went to the fallback until a probe write succeeded)",
         breaker_opened.clone(),
     );
-    StoreSeries { store_errors, degraded_decisions, store_lost, store_reconciled, breaker_open, breaker_opened }
+    let lease_units = Family::<LeaseLabel, Counter>::default();
+    registry.register(
+        "quota_lease_units",
+        "Units of quota leases this instance took from Redis, spent in-process, gave back, or dropped unspent \
+         (a penalty, a lower limit, a return Redis did not take: they stay counted)",
+        lease_units.clone(),
+    );
+    StoreSeries {
+        store_errors,
+        degraded_decisions,
+        store_lost,
+        store_reconciled,
+        breaker_open,
+        breaker_opened,
+        lease_units,
+    }
 }
 
 /// Config reloads, by result.

@@ -1,0 +1,328 @@
+//! Quota leases held by this instance (`[store] quota_leases`): for a pair
+//! it calls often, a slice of the pair's limits taken from Redis in one
+//! script run ([`crate::limit::lease`]) and spent in-process, call by call,
+//! with no round trip.
+//!
+//! - A pair is leased once this instance made [`HOT_CALLS`] calls of it
+//!   within a second; the lease wanted is what this instance called in
+//!   the last second over the span (at least 2), which the take caps at
+//!   the burst and at what is left of each calendar quota. The span is
+//!   `[store] quota_lease_span`, at most half a window's tolerance
+//!   ([`Leases::span_for`]).
+//! - A unit is spent only before the lease's end in this instance's clock:
+//!   the take's send time plus the lease's span (Redis's clock read the
+//!   take after it was sent, so the unit goes before the lease ends in
+//!   store time too).
+//! - A call that finds the lease spent or over takes the next one itself
+//!   (one round trip, as a decision per call costs); while a take is in
+//!   flight, calls of the pair are decided per call. A take that grants
+//!   nothing (the pair is at its limit) leaves the pair to per-call
+//!   decisions for [`COLD_US`].
+//! - What a lease did not spend by its end is given back by the keeper
+//!   ([`Leases::due_returns`]); a lease the rules were reloaded under or
+//!   the account was cleared under too. A penalty (or a lower limit) drops
+//!   the pair's lease at once: its units are not given back (WeChat's
+//!   answer may concern them), and stay counted, the safe side.
+//! - Only this instance's own calls are decided from its lease: a penalty
+//!   seen by another instance reaches this one's lease at its next take,
+//!   at most one span later.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::counter::Counter;
+
+use crate::limit::lease::{supports, Leased};
+use crate::limit::{Ask, Decision, Key, Rule};
+use crate::time::Micros;
+
+/// Calls within a second that make a pair worth a lease.
+pub const HOT_CALLS: u32 = 4;
+/// How long a pair a take granted nothing to is decided per call.
+pub const COLD_US: Micros = 1_000_000;
+/// At most this many pairs are tracked (the rest are decided per call).
+pub const MAX_PAIRS: usize = 10_000;
+/// A pair unused this long is forgotten (its lease, if any, given back).
+const IDLE_US: Micros = 10_000_000;
+
+/// Units of leases, counted (`wxgate_quota_lease_units_total{what}`).
+#[derive(Clone, Default)]
+pub struct LeaseCounters {
+    pub taken: Counter,
+    pub spent: Counter,
+    pub returned: Counter,
+    /// Dropped unspent without being given back (a penalty, a lower limit).
+    pub dropped: Counter,
+}
+
+/// A lease this instance holds.
+struct Held {
+    lease: Leased,
+    left: u64,
+    /// Local time the take was sent, and the lease's end in local time.
+    sent: Micros,
+    deadline: Micros,
+    /// The rule it was taken under (to give it back by).
+    rule: Arc<Rule>,
+    offset_us: Micros,
+}
+
+#[derive(Default)]
+struct Pair {
+    /// Calls in the current second (from `second`), and in the one before.
+    second: Micros,
+    calls: u32,
+    before: u32,
+    last_call: Micros,
+    held: Option<Held>,
+    taking: bool,
+    cold_until: Micros,
+}
+
+/// What a call of a pair does ([`Leases::spend`]). A lease is taken
+/// leaving the rule's reserve (whoever takes it), so that any call may
+/// spend it; a high-priority call that needs the reserve finds the take
+/// granting nothing and goes per call.
+pub enum Spend {
+    /// Admitted from the held lease.
+    Admit(Decision),
+    /// Take a lease of this many units first (this call is the taker).
+    Take(u64),
+    /// Decide per call.
+    PerCall,
+}
+
+/// A lease to give back: its pair and what it did not spend.
+pub struct Return {
+    pub account: Arc<str>,
+    pub rule: Arc<Rule>,
+    pub offset_us: Micros,
+    pub lease: Leased,
+    pub unspent: u64,
+}
+
+/// Pairs by account, then by rule state (looked up by `&str`: no
+/// allocation per call), and how many there are.
+#[derive(Default)]
+struct Pairs {
+    by_account: HashMap<Arc<str>, HashMap<Arc<str>, Pair>>,
+    len: usize,
+}
+
+impl Pairs {
+    fn get_mut(&mut self, key: Key<'_>) -> Option<&mut Pair> {
+        self.by_account.get_mut(key.account)?.get_mut(&*key.rule.state)
+    }
+}
+
+pub struct Leases {
+    span_us: Micros,
+    pairs: Mutex<Pairs>,
+    returns: Mutex<Vec<Return>>,
+    pub counters: LeaseCounters,
+}
+
+impl Leases {
+    pub fn new(span_us: Micros, counters: LeaseCounters) -> Leases {
+        Leases { span_us, pairs: Mutex::default(), returns: Mutex::default(), counters }
+    }
+
+    /// The span of a lease of `rule`: `[store] quota_lease_span`, at most
+    /// half the smallest tolerance of its windows (a lease's slots lie
+    /// between its end and the tolerance: half for each leaves room for
+    /// as many units as the span needs at the full rate).
+    pub fn span_for(&self, rule: &Rule) -> Micros {
+        rule.limits
+            .iter()
+            .filter_map(|l| match l {
+                crate::limit::Limit::Window(w) => Some(w.tolerance_us() / 2),
+                crate::limit::Limit::Calendar { .. } => None,
+            })
+            .fold(self.span_us, Micros::min)
+    }
+
+    /// Whether `ask` may be decided from a lease at all.
+    pub fn leasable(ask: &Ask<'_>) -> bool {
+        ask.cost == 1 && ask.recipients.is_empty() && supports(ask.key.rule)
+    }
+
+    /// A call of `ask`'s pair at local time `now`: spent from the held
+    /// lease, or the lease to take, or per call.
+    pub fn spend(&self, ask: &Ask<'_>, now: Micros) -> Spend {
+        let key = ask.key;
+        let mut guard = lock(&self.pairs);
+        let pairs = &mut *guard;
+        if pairs.get_mut(key).is_none() {
+            if pairs.len >= MAX_PAIRS {
+                return Spend::PerCall;
+            }
+            pairs.len += 1;
+            pairs.by_account.entry(key.account.into()).or_default().insert(key.rule.state.clone(), Pair::default());
+        }
+        let Some(pair) = pairs.get_mut(key) else { return Spend::PerCall };
+        if now - pair.second >= 1_000_000 {
+            pair.before = if now - pair.second >= 2_000_000 { 0 } else { pair.calls };
+            pair.second = now;
+            pair.calls = 0;
+        }
+        pair.calls = pair.calls.saturating_add(1);
+        pair.last_call = now;
+        if let Some(h) = pair.held.as_mut() {
+            if h.left > 0 && now < h.deadline {
+                h.left -= 1;
+                self.counters.spent.inc();
+                let decision = Decision::Admit {
+                    // Store time no earlier than the call's (the take's
+                    // store time is at most its send time later).
+                    at: h.lease.at + (now - h.sent),
+                    hold_us: 0,
+                    escalated: h.lease.escalated,
+                    quota: None,
+                    calendar: None,
+                };
+                return Spend::Admit(decision);
+            }
+        }
+        if pair.taking || now < pair.cold_until || pair.calls.max(pair.before) < HOT_CALLS {
+            return Spend::PerCall;
+        }
+        // Spent or over: give back what is left and take the next.
+        if let Some(h) = pair.held.take() {
+            self.give_back(key.account, h);
+        }
+        pair.taking = true;
+        let rate = u64::from(pair.calls.max(pair.before));
+        let span = self.span_for(key.rule).max(0) as u64;
+        Spend::Take((rate * span).div_ceil(1_000_000).max(2))
+    }
+
+    /// The take of `key`'s pair sent at local `sent` answered `leased` (or
+    /// failed: `None`) at local `now`. Returns the decision of the taking
+    /// call when the lease holds a unit for it.
+    pub fn taken(&self, key: Key<'_>, leased: Option<Leased>, sent: Micros, now: Micros) -> Option<Decision> {
+        let mut pairs = lock(&self.pairs);
+        let Some(pair) = pairs.get_mut(key) else {
+            // Forgotten meanwhile (a reload): give it back whole.
+            if let Some(lease) = leased.filter(|l| l.units > 0) {
+                self.counters.taken.inc_by(lease.units);
+                let unspent = lease.units;
+                self.queue(key.account, Arc::new(key.rule.clone()), key.offset_us, lease, unspent);
+            }
+            return None;
+        };
+        pair.taking = false;
+        let lease = match leased {
+            Some(l) if l.units > 0 => l,
+            Some(_) => {
+                pair.cold_until = now + COLD_US;
+                return None;
+            }
+            None => return None,
+        };
+        self.counters.taken.inc_by(lease.units);
+        let deadline = sent + (lease.until - lease.at);
+        if now >= deadline {
+            let unspent = lease.units;
+            self.queue(key.account, Arc::new(key.rule.clone()), key.offset_us, lease, unspent);
+            return None;
+        }
+        self.counters.spent.inc();
+        let decision = Decision::Admit {
+            at: lease.at + (now - sent),
+            hold_us: 0,
+            escalated: lease.escalated,
+            quota: None,
+            calendar: None,
+        };
+        let left = lease.units - 1;
+        pair.held =
+            Some(Held { lease, left, sent, deadline, rule: Arc::new(key.rule.clone()), offset_us: key.offset_us });
+        Some(decision)
+    }
+
+    /// Drops the lease of `key`'s pair without giving it back (a penalty,
+    /// a lower limit): its units stay counted.
+    pub fn drop_pair(&self, key: Key<'_>) {
+        let mut pairs = lock(&self.pairs);
+        if let Some(pair) = pairs.get_mut(key) {
+            if let Some(h) = pair.held.take() {
+                self.counters.dropped.inc_by(h.left);
+            }
+        }
+    }
+
+    /// Gives back every lease of `account` (WeChat reset its counters).
+    pub fn account_cleared(&self, account: &str) {
+        let mut pairs = lock(&self.pairs);
+        if let Some(states) = pairs.by_account.get_mut(account) {
+            for pair in states.values_mut() {
+                if let Some(h) = pair.held.take() {
+                    self.give_back(account, h);
+                }
+            }
+        }
+    }
+
+    /// Gives back every lease (the rules were reloaded: a lower limit
+    /// bites at once on this instance).
+    pub fn give_back_all(&self) {
+        let mut pairs = lock(&self.pairs);
+        pairs.len = 0;
+        for (a, states) in pairs.by_account.drain() {
+            for pair in states.into_values() {
+                if let Some(h) = pair.held {
+                    self.give_back(&a, h);
+                }
+            }
+        }
+    }
+
+    /// Leases over at local `now` with units unspent, and pairs idle for
+    /// [`IDLE_US`] (forgotten), queued to be given back; then every queued
+    /// return, for the keeper to send.
+    pub fn due_returns(&self, now: Micros) -> Vec<Return> {
+        {
+            let mut guard = lock(&self.pairs);
+            let pairs = &mut *guard;
+            let mut over = Vec::new();
+            let mut len = 0;
+            pairs.by_account.retain(|a, states| {
+                states.retain(|_, pair| {
+                    if pair.held.as_ref().is_some_and(|h| now >= h.deadline) {
+                        if let Some(h) = pair.held.take() {
+                            over.push((a.clone(), h));
+                        }
+                    }
+                    pair.taking || pair.held.is_some() || now - pair.last_call < IDLE_US
+                });
+                len += states.len();
+                !states.is_empty()
+            });
+            pairs.len = len;
+            for (a, h) in over {
+                self.give_back(&a, h);
+            }
+        }
+        std::mem::take(&mut *lock(&self.returns))
+    }
+
+    /// A return the keeper could not send: counted as dropped (its units
+    /// stay counted in Redis, the safe side).
+    pub fn not_returned(&self, r: &Return) {
+        self.counters.dropped.inc_by(r.unspent);
+    }
+
+    fn give_back(&self, account: &str, h: Held) {
+        if h.left > 0 {
+            self.queue(account, h.rule, h.offset_us, h.lease, h.left);
+        }
+    }
+
+    fn queue(&self, account: &str, rule: Arc<Rule>, offset_us: Micros, lease: Leased, unspent: u64) {
+        lock(&self.returns).push(Return { account: account.into(), rule, offset_us, lease, unspent });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
