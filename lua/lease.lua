@@ -108,6 +108,8 @@ for _, l in ipairs(limits) do
     l.used, l.next = counts(v[l.f .. '.p'] or -1e18, v[l.f .. '.n'] or 0, v[l.f .. '.q'] or 0, l.id)
     room = count - l.r - l.used
     if room < 0 then room = 0 end
+    -- At most half of what is left, rounded up.
+    room = idiv(room + 1, 2)
   end
   if room < units then units = room end
 end

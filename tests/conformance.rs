@@ -1150,14 +1150,15 @@ fn scenarios() -> Vec<Scenario> {
                 (Lease(100, 0), Units(0, 0)),
                 (Wait(5 * LEASE_T), Any),
                 // Spendable for 2 s: its slots start 2 s on, so the
-                // tolerance holds 3 of them; the day 4.
-                (Lease(100, 2 * SEC), Units(3, 2 * SEC)),
+                // tolerance holds 3 of them; the day 4, of which a lease
+                // takes half.
+                (Lease(100, 2 * SEC), Units(2, 2 * SEC)),
                 (Wait(2 * SEC + LEASE_T), Any),
                 (Call("a"), Ok),
                 // The window's slots are followed by the call's: only the
                 // day's units come back.
                 (Return(2, 2), Gave(true)),
-                (Inspect, State("two given back", |s| day_used(s) == 7)),
+                (Inspect, State("two given back", |s| day_used(s) == 6)),
                 (Call("a"), Ok),
             ],
         },
@@ -1191,15 +1192,19 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "a_normal_callers_lease_leaves_the_reserve_and_a_penalty_grants_nothing",
             start: T0,
-            limits: r#"[{ count = 100, per = "day" }]"#,
+            limits: r#"[{ count = 10, per = "day" }]"#,
             extra: "reserve = \"20%\"",
             steps: vec![
-                (NormalLease(100, SEC), Units(80, SEC)),
+                // Half of what is left each time, of the 8 a normal call may use.
+                (NormalLease(100, SEC), Units(4, SEC)),
+                (NormalLease(100, SEC), Units(2, SEC)),
+                (NormalLease(100, SEC), Units(1, SEC)),
+                (NormalLease(100, SEC), Units(1, SEC)),
                 (NormalLease(1, SEC), Units(0, 0)),
                 (Normal("a"), No(14 * 3600 * SEC, Reason::Reserve)),
-                (Lease(100, SEC), Units(20, SEC)),
-                (Return(2, 5), Gave(true)),
-                (Inspect, State("95 of the day", |s| day_used(s) == 95)),
+                (Lease(100, SEC), Units(1, SEC)),
+                (Return(5, 1), Gave(true)),
+                (Inspect, State("8 of the day", |s| day_used(s) == 8)),
                 (SetPenalty(60 * SEC), Until(60 * SEC)),
                 (Lease(1, SEC), Units(0, 0)),
             ],
@@ -1213,7 +1218,8 @@ fn scenarios() -> Vec<Scenario> {
                 vec![(Lease(4, 5 * SEC), Units(4, SEC - 1)), (Wait(2 * SEC), Any)],
                 // Yesterday's units are not today's to give back.
                 vec![(Return(0, 4), Gave(false)), (LearnDay(6), Before(0))],
-                vec![(Call("a"), Ok), (Lease(100, SEC), Units(5, SEC)), (Lease(1, SEC), Units(0, 0))],
+                vec![(Call("a"), Ok), (Lease(100, SEC), Units(3, SEC)), (Lease(100, SEC), Units(1, SEC))],
+                vec![(Lease(100, SEC), Units(1, SEC)), (Lease(1, SEC), Units(0, 0))],
             ]
             .concat(),
         },

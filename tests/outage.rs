@@ -268,3 +268,47 @@ async fn an_outage_after_skewed_traffic_holds_the_day_quota() {
     assert!(mock.count() <= 20, "WeChat saw {} of a day quota of 20", mock.count());
     assert_eq!(mock.count(), 20, "and the fallbacks used what was left");
 }
+
+/// The same skewed traffic with quota leases on, and Redis gone at once,
+/// before any keeper could read the shared count back: each instance spends
+/// only what its leases hold while Redis is away, and refuses the rest of
+/// the day's calls (503, as `fallback = "deny"`) rather than guess a share
+/// of a count the other's leases have moved. WeChat sees at most 20; what
+/// the leases held is used. (Without leases the two fallbacks, each
+/// starting from the count its own last decision saw, let 23 through.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quota_leases_an_outage_right_after_skewed_traffic_holds_the_day_quota() {
+    let mut redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let store = StoreToml::redis(&redis.url())
+        .set("timeout", format!("{TIMEOUT_MS}ms"))
+        .set("fallback", "local")
+        .set("instances", 2)
+        .set("breaker_failures", 3)
+        .set("breaker_open", "200ms")
+        .set("quota_leases", true);
+    let config = format!("{store}\n{}", send().limit(20, "day"));
+    let (one, two) = (Gate::start_real(&mock, &config).await, Gate::start_real(&mock, &config).await);
+    for gate in [&one, &two] {
+        for _ in 0..6 {
+            assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);
+        }
+    }
+    redis.stop();
+    let mut refused = 0;
+    for _ in 0..10 {
+        for gate in [&one, &two] {
+            let status = gate.get("/cgi-bin/message/custom/send").await.status;
+            assert!(status == 200 || status == 503, "status {status}");
+            refused += usize::from(status == 503);
+        }
+    }
+    let leased = one.metric("wxgate_quota_lease_units_total{what=\"taken\"}").await.unwrap_or(0.0)
+        + two.metric("wxgate_quota_lease_units_total{what=\"taken\"}").await.unwrap_or(0.0);
+    eprintln!(
+        "WeChat saw {} of 20; {leased} units leased; {refused} of 20 calls refused during the outage",
+        mock.count()
+    );
+    assert!(mock.count() <= 20, "WeChat saw {} of a day quota of 20", mock.count());
+    assert!(mock.count() > 12, "the leases' units were spent during the outage");
+}

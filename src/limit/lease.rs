@@ -29,6 +29,8 @@
 //! **Calendar quotas** count the `k` units when the lease is taken, in the
 //! period of `now`; a lease ends no later than that period
 //! (`until ≤` its end), and what it did not spend is given back exactly.
+//! A lease takes at most half of what is left of each (rounded up): near
+//! its end a quota goes out one call at a time.
 //!
 //! **All or nothing, reserve, penalty.** A lease is `k` admissions at once:
 //! every limit of the rule holds `k` more or the lease is smaller (down to
@@ -138,7 +140,10 @@ pub fn take(
                     Period::Month => count.get(),
                 };
                 let (used, _) = counts(state.get(limit.window_key()), period.id(now, offset_us));
-                count.saturating_sub(kept(i).max(0) as u64).saturating_sub(used)
+                // At most half of what is left: near its end a quota goes
+                // out in ever smaller slices, down to one call, so the last
+                // calls are not stranded in one instance's lease.
+                count.saturating_sub(kept(i).max(0) as u64).saturating_sub(used).div_ceil(2)
             }
         };
         units = units.min(room);

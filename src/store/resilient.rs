@@ -256,26 +256,33 @@ impl Resilient {
     }
 
     /// A call decided from this instance's lease of its pair ([`leases`]),
-    /// if it holds one or takes one now; `None`: decide it per call.
-    async fn decide_leased(&self, ask: &Ask<'_>) -> Option<Decision> {
-        let leases = self.leases.as_ref().filter(|_| Leases::leasable(ask))?;
+    /// if it holds one or takes one now (`Ok(Some)`); `Ok(None)`: decide it
+    /// per call; the error of a take Redis did not answer (the call then
+    /// goes to the fallback at once: one timeout, not two).
+    async fn decide_leased(&self, ask: &Ask<'_>) -> Result<Option<Decision>, StoreError> {
+        let Some(leases) = self.leases.as_ref().filter(|_| Leases::leasable(ask)) else { return Ok(None) };
         let now = self.local.now();
         let want = match leases.spend(ask, now) {
-            Spend::Admit(decision) => return Some(decision),
-            Spend::PerCall => return None,
+            Spend::Admit(decision) => return Ok(Some(decision)),
+            Spend::PerCall => return Ok(None),
             Spend::Take(want) => want,
         };
         // Not while Redis is away or being re-seeded: per call, as any
-        // decision then (the fallback's own share).
+        // decision then.
         let moved = self.redis.master_generation() != self.epoch_generation.load(Ordering::Acquire);
-        let taken = if self.breaker.is_open() || self.in_grace() || moved {
-            None
-        } else {
-            let span_us = leases.span_for(ask.key.rule);
-            let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty() };
-            self.run_op(ask.key, &lease).await.ok()
-        };
-        leases.taken(ask.key, taken, now, self.local.now())
+        if self.breaker.is_open() || self.in_grace() || moved {
+            leases.taken(ask.key, None, now, now);
+            return Ok(None);
+        }
+        let span_us = leases.span_for(ask.key.rule);
+        let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty() };
+        match self.run_op(ask.key, &lease).await {
+            Ok(leased) => Ok(leases.taken(ask.key, Some(leased), now, self.local.now())),
+            Err(e) => {
+                leases.taken(ask.key, None, now, now);
+                Err(e)
+            }
+        }
     }
 
     /// Gives back what leases over did not spend (each keeper tick).
@@ -665,9 +672,11 @@ impl Store for Resilient {
 
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
-        if let Some(decision) = self.decide_leased(ask).await {
-            return Ok(Decided { decision, degraded: false });
-        }
+        let take = match self.decide_leased(ask).await {
+            Ok(Some(decision)) => return Ok(Decided { decision, degraded: false }),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
         let Key { account, rule, .. } = ask.key;
         // The known refusals are of calls costing 1: a costlier call always
         // asks (its own wait is longer, and a refusal of it says nothing of
@@ -684,7 +693,9 @@ impl Store for Resilient {
         // The sentinels named another master: read the epoch there first
         // (a promoted replica rotates it, and this instance tops up).
         let moved = self.redis.master_generation() != self.epoch_generation.load(Ordering::Acquire);
-        let mut result = if moved {
+        let mut result = if let Some(e) = take {
+            Err(e)
+        } else if moved {
             Err(StoreError::Lost)
         } else if self.in_grace() {
             Err(StoreError::Settling)
@@ -723,7 +734,13 @@ impl Store for Resilient {
             let decision = Decision::reject(p.until - now, Reason::Penalty);
             return Ok(Decided { decision, degraded: true });
         }
+        // With quota leases, a calendar quota is spent without Redis only
+        // from this instance's leases (spent above): a share guessed from a
+        // count another instance's leases may have moved since could pass
+        // the quota. Such a call is answered as `fallback = "deny"` answers.
+        let leased_calendar = self.leases.is_some() && rule.limits.iter().any(|l| matches!(l, Limit::Calendar { .. }));
         let decision = match self.resilience.fallback {
+            Fallback::Local if leased_calendar => return Err(e),
             Fallback::Local => {
                 let n = self.fallback_instances();
                 let scaled = rule.scaled(n);
