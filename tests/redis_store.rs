@@ -37,6 +37,39 @@ async fn a_penalty_seen_by_one_instance_stops_every_instance() {
     assert_eq!(mock.count(), 1, "the second instance never reached the punished account");
 }
 
+/// With quota leases: the other instance holds a lease of the pair (60 s
+/// of calls) when the first sees a 45009. Its keeper reads the penalty of
+/// every pair it holds a lease of each 100 ms, so its lease ends within a
+/// tick, not at the lease's end: its calls are refused for the penalty
+/// long before the lease would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quota_leases_a_penalty_seen_by_one_instance_ends_the_others_lease() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let store = StoreToml::redis(&redis.url()).set("quota_leases", true).set("quota_lease_span", "60s");
+    let config = ConfigToml::new(&mock.url()).with(store).with(tpl().limit(1000, "day"));
+    let a = Gate::start_real_text(&config).await;
+    let b = Gate::start_real_text(&config).await;
+    let path = "/cgi-bin/message/template/send?access_token=T";
+    for _ in 0..6 {
+        assert_eq!(b.get(path).await.status, 200);
+    }
+    let spent = b.metric("wxgate_quota_lease_units_total{what=\"spent\"}").await.unwrap_or(0.0);
+    assert!(spent >= 1.0, "b decides from a lease: {spent} spent");
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(a.get(path).await.status, 429);
+    mock.respond(|_| ok_reply());
+    let before = mock.count();
+    eventually_async("b refuses for the penalty", PATIENCE, async || {
+        let answer = b.get(path).await;
+        answer.status == 429 && answer.header("x-wxgate-reason") == Some("penalty")
+    })
+    .await;
+    let dropped = b.metric("wxgate_quota_lease_units_total{what=\"dropped\"}").await.unwrap_or(0.0);
+    eprintln!("b forwarded {} calls after the penalty; {dropped} leased units dropped", mock.count() - before);
+    assert!(dropped > 0.0, "b's lease was dropped, not spent out");
+}
+
 #[tokio::test]
 async fn scripts_come_back_after_script_flush() {
     let redis = RedisServer::start();

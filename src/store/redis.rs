@@ -265,6 +265,19 @@ impl RedisStore {
             .collect())
     }
 
+    /// When each pair's penalty ends (`pu`; 0: none), in one pipeline:
+    /// the keeper's check of the pairs this instance holds quota leases of.
+    pub async fn penalty_ends(&self, pairs: &[(&str, &str)]) -> Result<Vec<Micros>, StoreError> {
+        let mut pipe = redis::pipe();
+        for (account, state) in pairs {
+            pipe.add_command(redis::cmd("HGET").arg(self.keys.state_named(account, state)).arg("pu").clone());
+        }
+        let lane = self.conns.lane();
+        let mut conn = self.conns.conn(lane);
+        let result = tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Option<i64>>>(&mut conn)).await;
+        Ok(self.outcome(lane, result)?.into_iter().map(|pu| pu.unwrap_or(0)).collect())
+    }
+
     /// Runs a plain command on this thread's connection within the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
         let lane = self.conns.lane();

@@ -223,6 +223,7 @@ impl Resilient {
                     s.write_pending().await;
                 }
                 s.return_leases().await;
+                s.check_lease_penalties().await;
                 if s.resilience.fallback == Fallback::Local {
                     s.refresh_seen().await;
                 }
@@ -281,6 +282,24 @@ impl Resilient {
             Err(e) => {
                 leases.taken(ask.key, None, now, now);
                 Err(e)
+            }
+        }
+    }
+
+    /// Drops the leases of pairs another instance saw penalised (each
+    /// keeper tick): the bound on how long a lease outlives a penalty.
+    async fn check_lease_penalties(&self) {
+        let Some(leases) = &self.leases else { return };
+        let held = leases.held();
+        if held.is_empty() {
+            return;
+        }
+        let pairs: Vec<(&str, &str)> = held.iter().map(|(a, s)| (&**a, &**s)).collect();
+        let Ok(ends) = self.try_redis(|| self.redis.penalty_ends(&pairs)).await else { return };
+        let now = self.local.now();
+        for ((account, state), until) in pairs.iter().zip(ends) {
+            if until > 0 {
+                leases.penalty_seen(account, state, until, now);
             }
         }
     }

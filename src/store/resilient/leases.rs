@@ -23,9 +23,10 @@
 //!   the account was cleared under too. A penalty (or a lower limit) drops
 //!   the pair's lease at once: its units are not given back (WeChat's
 //!   answer may concern them), and stay counted, the safe side.
-//! - Only this instance's own calls are decided from its lease: a penalty
-//!   seen by another instance reaches this one's lease at its next take,
-//!   at most one span later.
+//! - A penalty another instance saw ends this one's lease of the pair at
+//!   the keeper's next tick (every 100 ms it reads the penalty of each pair
+//!   it holds a lease of, in one pipeline), or at its next take, whichever
+//!   comes first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -245,6 +246,33 @@ impl Leases {
     pub fn drop_pair(&self, key: Key<'_>) {
         let mut pairs = lock(&self.pairs);
         if let Some(pair) = pairs.get_mut(key) {
+            if let Some(h) = pair.held.take() {
+                self.counters.dropped.inc_by(h.left);
+            }
+        }
+    }
+
+    /// The pairs this instance holds a lease of now (account, rule state).
+    pub fn held(&self) -> Vec<(Arc<str>, Arc<str>)> {
+        let pairs = lock(&self.pairs);
+        let mut held = Vec::new();
+        for (a, states) in &pairs.by_account {
+            for (state, pair) in states {
+                if pair.held.is_some() {
+                    held.push((a.clone(), state.clone()));
+                }
+            }
+        }
+        held
+    }
+
+    /// Redis says the penalty of `account`'s pair `state` ends at `until`
+    /// (store time): a lease of it is dropped if the penalty outlasts the
+    /// latest store time the lease can be at now (local `now`).
+    pub fn penalty_seen(&self, account: &str, state: &str, until: Micros, now: Micros) {
+        let mut pairs = lock(&self.pairs);
+        let Some(pair) = pairs.by_account.get_mut(account).and_then(|s| s.get_mut(state)) else { return };
+        if pair.held.as_ref().is_some_and(|h| until > h.lease.at + (now - h.sent)) {
             if let Some(h) = pair.held.take() {
                 self.counters.dropped.inc_by(h.left);
             }
