@@ -30,6 +30,8 @@
 # total divided by the calls wrk completed (the few in flight at the end
 # count against it: under 2 % at 64 connections). Under load a proxy
 # batches reads and wake-ups; sequential calls show none of that.
+# BENCH_REDIS_MORE='quota_leases = true' adds lines to the Redis store's
+# [store] table (quota leases: a hot pair decided in-process).
 # BENCH_AUTH=1 runs wxgate with caller_auth = "required" (one [[caller]],
 # key_sha256, accounts = ["*"]) and every call carries its
 # `Authorization: Bearer` key: the cost of proving the caller.
@@ -187,7 +189,7 @@ for rcpt in "${RCPTS[@]}"; do
       if [ "$store" = memory ]; then
         store_toml='kind = "memory"'
       else
-        store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"' "$RP")
+        store_toml=$(printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "2s"\n%s' "$RP" "${BENCH_REDIS_MORE:-}")
       fi
       bench_wxgate_toml "127.0.0.1:$WP" "http://127.0.0.1:$UP" "$store_toml" "$SERVER_MORE" "${BENCH_LIMITS:-$BENCH_NEVER}" "$RULE_MORE" \
         >"$TMP/wxgate.toml"
