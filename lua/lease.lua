@@ -19,9 +19,10 @@
 --          acquire.lua takes them: kind, field, a, b, r ("w"/"wl": T, τ;
 --          "day"/"month": count, learn-both; r: what a normal caller leaves)
 --
--- Returns "0" (nothing granted), or "k at until esc e1 … eL": k units sent
--- between `at` (now) and `until`; esc 1 when a success should end a
--- penalty's escalation (as acquire.lua's); per limit what it booked: a window's
+-- Returns "0" (nothing granted), or "k at until esc qi qr qt e1 … eL": k
+-- units sent between `at` (now) and `until`; esc 1 when a success should end
+-- a penalty's escalation (as acquire.lua's); qi qr qt the limit with least
+-- room left after the lease, as acquire.lua's; per limit what it booked: a window's
 -- TAT after the lease, a calendar quota's period id. Writes the limits, lc,
 -- le (the latest lease end, which refund.lua honours), lu (units of the
 -- leases taken since none was live, which clear.lua keeps counted) and the
@@ -106,6 +107,7 @@ for _, l in ipairs(limits) do
     end
     l.id = period(l.kind, now, off)
     l.used, l.next = counts(v[l.f .. '.p'] or -1e18, v[l.f .. '.n'] or 0, v[l.f .. '.q'] or 0, l.id)
+    l.count = count
     room = count - l.r - l.used
     if room < 0 then room = 0 end
     -- At most half of what is left, rounded up.
@@ -119,7 +121,12 @@ if units <= 0 then return '0' end
 -- A success of a leased call ends a penalty's escalation (acquire.lua's).
 local escalated = 0
 if (v.pn or 0) > 0 and now < (v.pu or 0) + v.pn then escalated = 1 end
-local writes, answer, ttl = {}, {fmt(units), fmt(now), fmt(untl), fmt(escalated)}, 0
+local writes, ends, ttl = {}, {}, 0
+-- The limit with least room left after the lease (1-based; acquire.lua's qi qr qt).
+local qi, qr, qt = 0, 0, 0
+local function tightest(i, room, reset)
+  if qi == 0 or room < qr then qi, qr, qt = i, room, reset end
+end
 local function put(f, x)
   writes[#writes + 1] = f
   writes[#writes + 1] = fmt(x)
@@ -138,18 +145,25 @@ if inst ~= '' then
     for i = 1, #m do mine[m[i]] = tonumber(g[i]) end
   end
 end
-for _, l in ipairs(limits) do
+for i, l in ipairs(limits) do
   if l.kind == 'w' then
     if l.learn and (v[l.f] == nil or v[l.f] < now) then put(l.f .. '.r', now) end
     local e = l.v0 + units * l.a
     put(l.f, e)
-    answer[#answer + 1] = fmt(e)
+    ends[#ends + 1] = fmt(e)
     if e - now > ttl then ttl = e - now end
+    local room = idiv(now + l.b + l.a - e, l.a)
+    if room < 0 then room = 0 end
+    tightest(i, room, e - now)
   else
     put(l.f .. '.p', l.id)
     put(l.f .. '.n', l.used + units)
     put(l.f .. '.q', l.next)
-    answer[#answer + 1] = fmt(l.id)
+    ends[#ends + 1] = fmt(l.id)
+    local left = l.count - l.used - units
+    if left < 0 then left = 0 end
+    local _, nxt = period(l.kind, now, off)
+    tightest(i, left, nxt - now)
     if inst ~= '' then
       local mf, pf = l.f .. '.m.' .. inst, l.f .. '.mp.' .. inst
       local m = 0
@@ -184,4 +198,4 @@ if lives < ms * 1000 then
 else
   redis.call('HSET', key, unpack(writes))
 end
-return table.concat(answer, ' ')
+return string.format('%d %d %d %d %d %d %d ', units, now, untl, escalated, qi, qr, qt) .. table.concat(ends, ' ')

@@ -56,6 +56,11 @@ async fn with_quota_leases_a_penalty_seen_by_one_instance_ends_the_others_lease(
     }
     let spent = b.metric("wxgate_quota_lease_units_total{what=\"spent\"}").await.unwrap_or(0.0);
     assert!(spent >= 1.0, "b decides from a lease: {spent} spent");
+    // A call decided from a lease tells its room left as any admission:
+    // the day's 1000 less the 7 calls (what the lease still holds is room).
+    let leased = b.get(path).await;
+    let room = leased.header("ratelimit").unwrap_or_default().to_owned();
+    assert!(room.starts_with("\"tpl.day\";r=993;"), "RateLimit of a leased call: {room:?}");
     mock.respond(|_| errcode_reply(45009));
     assert_eq!(a.get(path).await.status, 429);
     mock.respond(|_| ok_reply());

@@ -56,7 +56,7 @@
 //! no concurrency cap, `max_share`, `per_recipient` or warm-up
 //! ([`supports`]); those are decided per call.
 
-use super::{learned, Limit, LimitState, Rule, RuleState, WindowKey};
+use super::{learned, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
 use crate::limit::calendar::Period;
 use crate::time::Micros;
 
@@ -82,6 +82,9 @@ pub struct Leased {
     /// A success of a leased call should end a penalty's escalation (as
     /// [`super::Decision::Admit`]'s `escalated`).
     pub escalated: bool,
+    /// The limit with least room left after the lease, as an admission's
+    /// [`super::Decision::Admit`] `quota` (for the `RateLimit` header).
+    pub quota: Option<Quota>,
     /// Per limit of the rule, in its order (empty when nothing is granted).
     pub booked: Vec<Booked>,
 }
@@ -151,11 +154,14 @@ pub fn take(
     if units == 0 {
         return Leased::default();
     }
-    // Book them: each window's slots from max(tat, until), each calendar's count.
+    // Book them: each window's slots from max(tat, until), each calendar's
+    // count; note the limit with least room left after them (as an
+    // admission does, for the RateLimit header).
     let mut booked = Vec::with_capacity(rule.limits.len());
-    for limit in &rule.limits {
+    let mut quota: Option<Quota> = None;
+    for (i, limit) in rule.limits.iter().enumerate() {
         let key = limit.window_key();
-        match *limit {
+        let (remaining, reset_us) = match *limit {
             Limit::Window(w) => {
                 let w = learned::window(rule, state, &w, now);
                 let stored = state.get(key);
@@ -165,19 +171,29 @@ pub fn take(
                 let end = tat(state, key, now).max(until) + units as i64 * w.interval_us();
                 state.set(key, LimitState::Tat(end));
                 booked.push(Booked { key, end, step: w.interval_us() });
+                let room = (now + w.tolerance_us() + w.interval_us() - end).div_euclid(w.interval_us()).max(0);
+                (room as u64, end - now)
             }
-            Limit::Calendar { period, .. } => {
+            Limit::Calendar { count, period } => {
+                let count = match period {
+                    Period::Day => learned::day_count(rule, count.get(), state, now),
+                    Period::Month => count.get(),
+                };
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
                 state.set(key, LimitState::Count { period_id: current, used: used + units, next });
                 booked.push(Booked { key, end: current, step: 0 });
+                (count.saturating_sub(used + units), period.next_start(now, offset_us) - now)
             }
+        };
+        if quota.is_none_or(|q| remaining < q.remaining) {
+            quota = Some(Quota { limit: i, remaining, reset_us });
         }
     }
     state.last_call = now;
     state.leased = if state.lease_end > now { state.leased + units } else { units };
     state.lease_end = state.lease_end.max(until);
-    Leased { units, at: now, until, escalated: state.penalty.is_recent(now), booked }
+    Leased { units, at: now, until, escalated: state.penalty.is_recent(now), quota, booked }
 }
 
 /// Gives back `unspent` units of `lease` at `now` (none of them was or will

@@ -8,7 +8,7 @@ use redis::Script;
 
 use super::operation::{AnsweredBy, Command, Kept, Operation, Route, Wrapper};
 use crate::limit::lease::{supports, take, Booked, Leased};
-use crate::limit::{Decision, Key, Limit, RuleState};
+use crate::limit::{Decision, Key, Limit, Quota, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};
 use crate::time::Micros;
@@ -76,11 +76,15 @@ impl Operation for Lease {
             reply.split(' ').map(|n| n.parse::<i64>()).collect::<Result<_, _>>().map_err(|_| bad())?;
         match numbers.as_slice() {
             [0] => Ok(Leased::default()),
-            [units, at, until, escalated, ends @ ..] if *units > 0 && ends.len() == key.rule.limits.len() => Ok(Leased {
+            [units, at, until, escalated, qi, qr, qt, ends @ ..]
+                if *units > 0 && ends.len() == key.rule.limits.len() =>
+            {
+                Ok(Leased {
                 units: *units as u64,
                 at: *at,
                 until: *until,
                 escalated: *escalated == 1,
+                quota: (*qi > 0).then(|| Quota { limit: (*qi - 1) as usize, remaining: (*qr).max(0) as u64, reset_us: *qt }),
                 booked: key
                     .rule
                     .limits
@@ -95,7 +99,8 @@ impl Operation for Lease {
                         },
                     })
                     .collect(),
-            }),
+            })
+            }
             _ => Err(bad()),
         }
     }

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::counter::Counter;
 
 use crate::limit::lease::{supports, Leased};
-use crate::limit::{Ask, Decision, Key, Rule};
+use crate::limit::{Ask, Decision, Key, Quota, Rule};
 use crate::time::Micros;
 
 /// Calls within a second that make a pair worth a lease.
@@ -172,16 +172,7 @@ impl Leases {
             if h.left > 0 && now < h.deadline {
                 h.left -= 1;
                 self.counters.spent.inc();
-                let decision = Decision::Admit {
-                    // Store time no earlier than the call's (the take's
-                    // store time is at most its send time later).
-                    at: h.lease.at + (now - h.sent),
-                    hold_us: 0,
-                    escalated: h.lease.escalated,
-                    quota: None,
-                    calendar: None,
-                };
-                return Spend::Admit(decision);
+                return Spend::Admit(admitted(h, now));
             }
         }
         if pair.taking || now < pair.cold_until || pair.calls.max(pair.before) < HOT_CALLS {
@@ -228,16 +219,10 @@ impl Leases {
             return None;
         }
         self.counters.spent.inc();
-        let decision = Decision::Admit {
-            at: lease.at + (now - sent),
-            hold_us: 0,
-            escalated: lease.escalated,
-            quota: None,
-            calendar: None,
-        };
         let left = lease.units - 1;
-        pair.held =
-            Some(Held { lease, left, sent, deadline, rule: Arc::new(key.rule.clone()), offset_us: key.offset_us });
+        let held = Held { lease, left, sent, deadline, rule: Arc::new(key.rule.clone()), offset_us: key.offset_us };
+        let decision = admitted(&held, now);
+        pair.held = Some(held);
         Some(decision)
     }
 
@@ -348,6 +333,24 @@ impl Leases {
 
     fn queue(&self, account: &str, rule: Arc<Rule>, offset_us: Micros, lease: Leased, unspent: u64) {
         lock(&self.returns).push(Return { account: account.into(), rule, offset_us, lease, unspent });
+    }
+}
+
+/// The admission of a call spent from `h` at local `now`: at a store time
+/// no earlier than the call's (the take's store time is at most its send
+/// time later); the room left counts what the lease still holds.
+fn admitted(h: &Held, now: Micros) -> Decision {
+    let elapsed = now - h.sent;
+    Decision::Admit {
+        at: h.lease.at + elapsed,
+        hold_us: 0,
+        escalated: h.lease.escalated,
+        quota: h.lease.quota.map(|q| Quota {
+            remaining: q.remaining + h.left,
+            reset_us: (q.reset_us - elapsed).max(0),
+            ..q
+        }),
+        calendar: None,
     }
 }
 
