@@ -982,3 +982,17 @@ fn check_names_no_fallback_caller_where_every_call_proves_its_own() {
     assert!(stdout.contains("caller orders: priority normal, no flood guard, a key, accounts: "), "{stdout}");
     assert!(stdout.contains(", refusals as 429"), "{stdout}");
 }
+
+/// Issue 49: a quota lease's span is bounded, and the keys are Redis's.
+#[test]
+fn quota_leases_take_a_bounded_span_on_a_redis_store_only() {
+    assert_eq!(
+        refused_text("leases", "[store]\nkind = \"redis\"\nquota_leases = true\nquota_lease_span = \"5ms\"\n"),
+        "wxgate: invalid config: DIR/rules.toml:4: [store] quota_lease_span: must be between 10ms and 60s"
+    );
+    let memory = refused_text("leases", "[store]\nkind = \"memory\"\nquota_leases = true\n");
+    assert!(memory.contains("[store] quota_leases"), "{memory}");
+    let (code, _, stderr) =
+        check_text("leases", "[store]\nkind = \"redis\"\nquota_leases = true\nquota_lease_span = \"2s\"\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+}
