@@ -58,10 +58,22 @@ pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -
         lost: metrics.store_lost.clone(),
         reconciled: metrics.store_reconciled.clone(),
         breaker_opened: metrics.breaker_opened.clone(),
-        leases: metrics.lease_counters(),
+        leases: lease_counters(&metrics),
     };
     let store = proxy::app::open_store(&config, clock.clone(), counters, metrics.memory_store.clone()).await?;
     start_parts(config, store, clock, metrics, threads).await
+}
+
+/// The quota leases' counters (`wxgate_quota_lease_units_total{what}`).
+fn lease_counters(metrics: &Metrics) -> store::resilient::leases::LeaseCounters {
+    let of =
+        |what: &str| metrics.lease_units.get_or_create(&telemetry::metrics::LeaseLabel { what: what.into() }).clone();
+    store::resilient::leases::LeaseCounters {
+        taken: of("taken"),
+        spent: of("spent"),
+        returned: of("returned"),
+        dropped: of("dropped"),
+    }
 }
 
 /// Like [`start`], with a store built by the caller (tests pass a Redis store

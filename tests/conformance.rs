@@ -1591,6 +1591,55 @@ async fn every_store_gives_the_same_whole_results() {
     assert!(admitted.len() > 50, "{}", admitted.len());
 }
 
+/// Quota leases on (issue 49): two instances (each the Redis store behind
+/// its safety net, with leases) decide pseudo-random arrivals of one pair
+/// on one Redis, mostly from their leases once the pair is hot. Leases
+/// change bookings (slots from a lease's end), so decisions differ from the
+/// table's; what must hold is the guarantee: the calls admitted, sent at
+/// their admission time, never exceed a window's count in any window nor
+/// the day's quota, across midnight; and most of them were decided in-process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quota_leases_two_instances_stay_window_and_day_exact() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(BEFORE_MIDNIGHT - 30 * SEC);
+    let (rule, _) = compile(r#"[{ count = 60, per = "2s", burst = 30 }, { count = 1500, per = "day" }]"#, "");
+    let leased = Resilience { quota_leases: Some(std::time::Duration::from_secs(1)), ..Resilience::strict() };
+    let mut instances = Vec::new();
+    let mut spent = Vec::new();
+    for _ in 0..2 {
+        let counters = StoreCounters::default();
+        spent.push(counters.leases.spent.clone());
+        let redis = redis_store(&redis.store_config("leased"), &clock).await;
+        instances.push(Resilient::new(redis, Arc::new(clock.clone()), leased.clone(), true, counters));
+    }
+    let mut seed: u64 = 7;
+    let mut admitted = Vec::new();
+    for _ in 0..3000 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        // About the window's rate on average, in bursts and pauses.
+        let gap = match seed >> 58 {
+            0 => 2 * SEC,
+            1..=36 => (seed >> 24) as i64 % (20 * MS),
+            _ => 0,
+        };
+        clock.advance_us(gap);
+        let store = &instances[((seed >> 33) & 1) as usize];
+        let decided = store.acquire(&plain_ask("a", &rule)).await.expect("store answered");
+        if let Decision::Admit { at, .. } = decided.decision {
+            assert_eq!(at, clock.now_us(), "a lease admits at the call's own moment");
+            admitted.push(at);
+        }
+    }
+    let in_process: u64 = spent.iter().map(|c| c.get()).sum();
+    eprintln!("{} admitted, {in_process} from leases", admitted.len());
+    assert!(support::max_in_window(&admitted, 2 * SEC) <= 60, "a window over its count");
+    let midnight = BEFORE_MIDNIGHT + SEC;
+    let (today, tomorrow) =
+        (admitted.iter().filter(|t| **t < midnight).count(), admitted.iter().filter(|t| **t >= midnight).count());
+    assert!(today <= 1500 && tomorrow <= 1500, "{today} before midnight, {tomorrow} after: a day over its quota");
+    assert!(in_process * 2 > admitted.len() as u64, "most calls decided from leases: {in_process}");
+}
+
 #[tokio::test]
 async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();

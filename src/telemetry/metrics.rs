@@ -78,17 +78,6 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// The quota leases' counters (`wxgate_quota_lease_units_total{what}`).
-    pub fn lease_counters(&self) -> crate::store::resilient::leases::LeaseCounters {
-        let of = |what: &str| self.lease_units.get_or_create(&LeaseLabel { what: what.into() }).clone();
-        crate::store::resilient::leases::LeaseCounters {
-            taken: of("taken"),
-            spent: of("spent"),
-            returned: of("returned"),
-            dropped: of("dropped"),
-        }
-    }
-
     /// A limit learned from WeChat changed a pair's limits.
     pub fn learned(&self, rule: &str, direction: &str) {
         self.quota_learned
