@@ -46,6 +46,8 @@
 #                      CPU µs per call, p50/p99, per target, median and range over
 #                      the rounds; use BENCH_ROUNDS=3 (or 5) for medians.
 #   BENCH_PROXY_CPU    the CPU of the proxy under test when pinned (default 0)
+#   BENCH_REDIS_MORE   lines added to every Redis target's [store] table,
+#                      e.g. 'quota_leases = true'
 #   BENCH_MEMORY_LIMITS  target 3's limits instead of ones that never throttle,
 #                      e.g. '[{ count = 1000000000, per = "day" }]' (a day quota:
 #                      each admission also goes to the admissions journal)
@@ -570,9 +572,11 @@ alloc_port WX_REJECTNC_PORT
 alloc_port WX_SPENT_PORT
 alloc_port WX_SPENTNC_PORT
 # redis_store PREFIX [EXTRA_TOML]: the [store] body of a Redis target
+# (BENCH_REDIS_MORE: lines added to every Redis target's, e.g.
+# 'quota_leases = true')
 redis_store() {
-  printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "1s"\nkey_prefix = "%s"\n%s' \
-    "$REDIS_PORT" "$1" "${2:-}"
+  printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "1s"\nkey_prefix = "%s"\n%s\n%s' \
+    "$REDIS_PORT" "$1" "${2:-}" "${BENCH_REDIS_MORE:-}"
 }
 wxgate_config memory "$WX_MEM_PORT" 'kind = "memory"' "${BENCH_MEMORY_LIMITS:-$NEVER}"
 wxgate_config redis "$WX_REDIS_PORT" "$(redis_store bench4)" "$NEVER"
