@@ -1601,6 +1601,17 @@ async fn every_store_gives_the_same_whole_results() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_quota_leases_two_instances_stay_window_and_day_exact() {
     let redis = RedisServer::start();
+    leased_instances_stay_exact(&redis.store_config("leased"), "a").await;
+}
+
+/// The same on a 3-master Redis Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quota_leases_two_instances_on_a_cluster_stay_window_and_day_exact() {
+    let cluster = support::redis_server::RedisCluster::start(3);
+    leased_instances_stay_exact(&cluster.store_config("leased"), "wxleased").await;
+}
+
+async fn leased_instances_stay_exact(config: &RedisConfig, account: &str) {
     let clock = ManualClock::new(BEFORE_MIDNIGHT - 30 * SEC);
     let (rule, _) = compile(r#"[{ count = 60, per = "2s", burst = 30 }, { count = 1500, per = "day" }]"#, "");
     let leased = Resilience { quota_leases: Some(std::time::Duration::from_secs(1)), ..Resilience::strict() };
@@ -1609,7 +1620,7 @@ async fn with_quota_leases_two_instances_stay_window_and_day_exact() {
     for _ in 0..2 {
         let counters = StoreCounters::default();
         spent.push(counters.leases.spent.clone());
-        let redis = redis_store(&redis.store_config("leased"), &clock).await;
+        let redis = redis_store(config, &clock).await;
         instances.push(Resilient::new(redis, Arc::new(clock.clone()), leased.clone(), true, counters));
     }
     let mut seed: u64 = 7;
@@ -1624,7 +1635,7 @@ async fn with_quota_leases_two_instances_stay_window_and_day_exact() {
         };
         clock.advance_us(gap);
         let store = &instances[((seed >> 33) & 1) as usize];
-        let decided = store.acquire(&plain_ask("a", &rule)).await.expect("store answered");
+        let decided = store.acquire(&plain_ask(account, &rule)).await.expect("store answered");
         if let Decision::Admit { at, .. } = decided.decision {
             assert_eq!(at, clock.now_us(), "a lease admits at the call's own moment");
             admitted.push(at);
