@@ -50,7 +50,7 @@ use async_trait::async_trait;
 use prometheus_client::metrics::counter::Counter;
 
 use self::breaker::Breaker;
-use self::leases::{LeaseCounters, Leases, Spend};
+use self::leases::{LeaseCounters, Leases, Spend, Taking};
 use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
@@ -277,7 +277,10 @@ impl Resilient {
         }
         let span_us = leases.span_for(ask.key.rule);
         let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty() };
-        match self.run_op(ask.key, &lease).await {
+        let taking = Taking::new(leases, ask.key);
+        let answer = self.run_op(ask.key, &lease).await;
+        taking.answered();
+        match answer {
             Ok(leased) => Ok(leases.taken(ask.key, Some(leased), now, self.local.now())),
             Err(e) => {
                 leases.taken(ask.key, None, now, now);

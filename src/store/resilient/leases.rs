@@ -226,6 +226,16 @@ impl Leases {
         Some(decision)
     }
 
+    /// The call taking `key`'s lease was dropped before the take answered
+    /// (its client left): the pair may be leased again. Units the take's
+    /// script may have booked are never spent: they stay counted (at most
+    /// one lease's, the safe side).
+    pub fn abandoned(&self, key: Key<'_>) {
+        if let Some(pair) = lock(&self.pairs).get_mut(key) {
+            pair.taking = false;
+        }
+    }
+
     /// Drops the lease of `key`'s pair without giving it back (a penalty,
     /// a lower limit): its units stay counted.
     pub fn drop_pair(&self, key: Key<'_>) {
@@ -356,4 +366,59 @@ fn admitted(h: &Held, now: Micros) -> Decision {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ends a take whose call is dropped before it answered ([`Leases::abandoned`]),
+/// unless [`Taking::answered`] says it ended.
+pub struct Taking<'a> {
+    leases: &'a Leases,
+    key: Key<'a>,
+    armed: bool,
+}
+
+impl<'a> Taking<'a> {
+    pub fn new(leases: &'a Leases, key: Key<'a>) -> Taking<'a> {
+        Taking { leases, key, armed: true }
+    }
+
+    /// The take answered ([`Leases::taken`] runs next).
+    pub fn answered(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leases.abandoned(self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Limit, WindowLimit};
+
+    fn ask(rule: &Rule) -> Ask<'_> {
+        Ask::one(Key { account: "a", rule, offset_us: 0 })
+    }
+
+    /// Regression: a call dropped while it took its pair's lease (its
+    /// client left) left the pair marked as taking, so it was decided per
+    /// call for good.
+    #[test]
+    fn a_take_dropped_before_it_answered_lets_the_pair_be_leased_again() {
+        let rule =
+            Rule::new("r", vec![Limit::Window(WindowLimit::new(1_000, 60_000_000, 1_000).expect("a valid window"))]);
+        let leases = Leases::new(1_000_000, LeaseCounters::default());
+        let mut takes = 0;
+        for i in 0..HOT_CALLS as i64 + 1 {
+            if let Spend::Take(_) = leases.spend(&ask(&rule), i) {
+                takes += 1;
+                drop(Taking::new(&leases, ask(&rule).key));
+            }
+        }
+        assert!(takes >= 2, "the pair was leased again after the dropped take: {takes} takes");
+    }
 }
