@@ -257,3 +257,44 @@ async fn three_instances_on_a_redis_cluster_stay_window_exact_per_account() {
         assert_exact_and_full(times, &format!("cluster, account {account}"));
     }
 }
+
+/// Quota leases and a crash: an instance holding a lease is SIGKILLed. What
+/// it had not spent is never sent by anyone (it stays counted: the crash
+/// costs exactly those units), every call WeChat saw was answered 200 to
+/// one client, and the other instance spends the rest of the day's quota
+/// and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_instance_costs_what_its_lease_held_and_nothing_is_sent_twice() {
+    const DAY: usize = 400;
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let store = store(Some(&redis)).set("quota_leases", true).set("quota_lease_span", "5s");
+    let rule = rule("send").matching("/cgi-bin/message/custom/send").limit(DAY as u64, "day");
+    let config = ConfigToml::new(&mock.url()).with(store).with(rule).to_string();
+    let mut a = process::spawn(&config, "lease-kill-a", &[]).expect("wxgate serving");
+    let b = process::spawn(&config, "lease-kill-b", &[]).expect("wxgate serving");
+    let path = "/cgi-bin/message/custom/send?access_token=T";
+    let mut ok = 0;
+    // Until a holds a lease with units left.
+    for _ in 0..50 {
+        ok += usize::from(a.get(path).await.status == 200);
+    }
+    let metric = |what: &'static str| {
+        let a = &a;
+        async move { a.metric(&format!("wxgate_quota_lease_units_total{{what=\"{what}\"}}")).await.unwrap_or(0.0) }
+    };
+    let (taken, spent) = (metric("taken").await as usize, metric("spent").await as usize);
+    assert!(taken > spent, "a holds unspent units: {taken} taken, {spent} spent");
+    a.kill();
+    loop {
+        let answer = b.get(path).await;
+        if answer.status != 200 {
+            assert_eq!(answer.header("x-wxgate-reason"), Some("quota"));
+            break;
+        }
+        ok += 1;
+    }
+    eprintln!("WeChat saw {}; a's lease held {} unspent at the kill", mock.count(), taken - spent);
+    assert_eq!(mock.count(), ok, "every call WeChat saw was one client's, answered 200");
+    assert_eq!(mock.count(), DAY - (taken - spent), "the day less exactly what a's lease held");
+}
