@@ -141,7 +141,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
 }
 
 /// Notes that the window of length `per_us` began a new run at `at`.
-fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
+pub(super) fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
     match state.runs.iter_mut().find(|(p, _)| *p == per_us) {
         Some(run) => run.1 = at,
         None => state.runs.push((per_us, at)),
@@ -151,7 +151,7 @@ fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
 /// The count of a rule's own calendar quota for this pair: a day quota's
 /// lowered (or, with `learn = "both"`, raised) by the day limit WeChat
 /// reported ([`crate::limit::learned`]).
-fn own_count(rule: &Rule, state: &RuleState, count: u64, period: Period, now: Micros) -> u64 {
+pub(super) fn own_count(rule: &Rule, state: &RuleState, count: u64, period: Period, now: Micros) -> u64 {
     match period {
         Period::Day => crate::limit::learned::day_count(rule, count, state, now),
         Period::Month => count,
@@ -324,7 +324,7 @@ fn debit_recipient(state: &mut RecipientState, rule: &Rule, at: Micros) {
 }
 
 /// The stored theoretical arrival time, or `floor` if it is earlier.
-fn tat_of(stored: Option<LimitState>, floor: Micros) -> Micros {
+pub(super) fn tat_of(stored: Option<LimitState>, floor: Micros) -> Micros {
     match stored {
         Some(LimitState::Tat(t)) => t.max(floor),
         _ => floor,
@@ -344,7 +344,7 @@ fn interval(w: &WindowLimit, rule: &Rule, warm_start: Micros, now: Micros) -> Mi
 }
 
 /// Calls counted in period `current` and reserved for `current + 1`.
-fn counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
+pub(super) fn counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
     match stored {
         Some(LimitState::Count { period_id, used, next }) if period_id == current => (used, next),
         Some(LimitState::Count { period_id, next, .. }) if period_id == current - 1 => (next, 0),

@@ -56,8 +56,8 @@
 //! no concurrency cap, `max_share`, `per_recipient` or warm-up
 //! ([`supports`]); those are decided per call.
 
+use super::decide::{counts, own_count, set_run, tat_of};
 use super::{learned, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
-use crate::limit::calendar::Period;
 use crate::time::Micros;
 
 /// What one limit of the rule booked for a lease, to give back by.
@@ -129,7 +129,7 @@ pub fn take(
         let room = match *limit {
             Limit::Window(w) => {
                 let w = learned::window(rule, state, &w, now);
-                let v0 = tat(state, limit.window_key(), now).max(until);
+                let v0 = tat_of(state.get(limit.window_key()), now).max(until);
                 let free = now + w.tolerance_us() - kept(i) - v0;
                 if free < 0 {
                     0
@@ -138,10 +138,7 @@ pub fn take(
                 }
             }
             Limit::Calendar { count, period } => {
-                let count = match period {
-                    Period::Day => learned::day_count(rule, count.get(), state, now),
-                    Period::Month => count.get(),
-                };
+                let count = own_count(rule, state, count.get(), period, now);
                 let (used, _) = counts(state.get(limit.window_key()), period.id(now, offset_us));
                 // At most half of what is left: near its end a quota goes
                 // out in ever smaller slices, down to one call, so the last
@@ -168,17 +165,14 @@ pub fn take(
                 if rule.learn_windows && !matches!(stored, Some(LimitState::Tat(t)) if t >= now) {
                     set_run(state, w.per_us(), now);
                 }
-                let end = tat(state, key, now).max(until) + units as i64 * w.interval_us();
+                let end = tat_of(state.get(key), now).max(until) + units as i64 * w.interval_us();
                 state.set(key, LimitState::Tat(end));
                 booked.push(Booked { key, end, step: w.interval_us() });
                 let room = (now + w.tolerance_us() + w.interval_us() - end).div_euclid(w.interval_us()).max(0);
                 (room as u64, end - now)
             }
             Limit::Calendar { count, period } => {
-                let count = match period {
-                    Period::Day => learned::day_count(rule, count.get(), state, now),
-                    Period::Month => count.get(),
-                };
+                let count = own_count(rule, state, count.get(), period, now);
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(state.get(key), current);
                 state.set(key, LimitState::Count { period_id: current, used: used + units, next });
@@ -228,31 +222,4 @@ pub fn give_back(state: &mut RuleState, lease: &Leased, unspent: u64, now: Micro
         given = true;
     }
     given
-}
-
-/// A window's stored TAT, or `now` if there is none or it is earlier.
-fn tat(state: &RuleState, key: WindowKey, now: Micros) -> Micros {
-    match state.get(key) {
-        Some(LimitState::Tat(t)) => t.max(now),
-        _ => now,
-    }
-}
-
-/// Calls counted in period `current` and reserved for `current + 1`
-/// (as [`super::decide`]'s).
-fn counts(stored: Option<LimitState>, current: i64) -> (u64, u64) {
-    match stored {
-        Some(LimitState::Count { period_id, used, next }) if period_id == current => (used, next),
-        Some(LimitState::Count { period_id, next, .. }) if period_id == current - 1 => (next, 0),
-        _ => (0, 0),
-    }
-}
-
-/// Notes that the window of length `per_us` began a new run at `at`
-/// (`learn_windows`, as an admission does).
-fn set_run(state: &mut RuleState, per_us: Micros, at: Micros) {
-    match state.runs.iter_mut().find(|(p, _)| *p == per_us) {
-        Some(run) => run.1 = at,
-        None => state.runs.push((per_us, at)),
-    }
 }
