@@ -84,3 +84,17 @@ echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --all-targets --locked
+
+# The suites whose guarantees must hold whatever decides a call, again with
+# quota leases on every Redis store they start ([store] quota_leases,
+# tests/support: WXGATE_TEST_QUOTA_LEASES=1): windows and day quotas exact
+# across instances, refunds, penalties, reserves, shares, clear_quota,
+# learned limits, a campaign beside HR's notices. (The suites about the
+# per-call path itself, e.g. Redis round trips counted, the local fallback
+# of a calendar quota during an outage, assert what leases change by
+# design; leases' own outage behaviour is tests/outage.rs
+# with_quota_leases_*.) The same test binaries: no second build.
+echo "== cargo test, quota leases on"
+WXGATE_TEST_QUOTA_LEASES=1 cargo test --locked \
+  --test multi_instance --test learned_quota --test campaign --test refunds --test penalties \
+  --test reserve --test share --test quota_clear --test per_path --test callers --test forecasts --test broker

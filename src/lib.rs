@@ -72,6 +72,7 @@ fn lease_counters(metrics: &Metrics) -> store::resilient::leases::LeaseCounters 
         taken: of("taken"),
         spent: of("spent"),
         returned: of("returned"),
+        expired: of("expired"),
         dropped: of("dropped"),
     }
 }

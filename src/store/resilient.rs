@@ -318,7 +318,7 @@ impl Resilient {
                 }
                 // Nothing to give back (its period is over, or admissions
                 // followed its window slots): they pass unused.
-                Ok(false) => leases.not_returned(&r),
+                Ok(false) => leases.expired(&r),
                 Err(e) => {
                     tracing::debug!(error = %e, "a lease's unspent units were not given back: they stay counted");
                     leases.not_returned(&r)

@@ -163,22 +163,35 @@ impl StoreToml {
         StoreToml(f)
     }
 
-    /// `kind = "redis"` at `url`, with `timeout = "2s"`.
+    /// `kind = "redis"` at `url`, with `timeout = "2s"` (and
+    /// `quota_leases = true` when `WXGATE_TEST_QUOTA_LEASES=1`).
     pub fn redis(url: &str) -> StoreToml {
         let mut f = Fields::default();
         f.set("kind", value("redis"));
         f.set("url", value(url));
         f.set("timeout", value("2s"));
-        StoreToml(f)
+        StoreToml(f).with_test_leases()
     }
 
-    /// `kind = "redis-cluster"` on these seed `nodes`, with `timeout = "1s"`.
+    /// `kind = "redis-cluster"` on these seed `nodes`, with `timeout = "1s"`
+    /// (and `quota_leases = true` when `WXGATE_TEST_QUOTA_LEASES=1`).
     pub fn redis_cluster(nodes: Vec<String>) -> StoreToml {
         let mut f = Fields::default();
         f.set("kind", value("redis-cluster"));
         f.set("nodes", value(nodes));
         f.set("timeout", value("1s"));
-        StoreToml(f)
+        StoreToml(f).with_test_leases()
+    }
+
+    /// The suite's second mode (scripts/test.sh runs the Redis tests again
+    /// with `WXGATE_TEST_QUOTA_LEASES=1`): every Redis store a test starts
+    /// takes quota leases, and every guarantee the test asserts must hold.
+    fn with_test_leases(self) -> StoreToml {
+        if super::test_quota_leases() {
+            self.set("quota_leases", true)
+        } else {
+            self
+        }
     }
 
     /// Any other key (`timeout`, `fallback`, `lease`, `refusal_cache`, ...);

@@ -52,7 +52,11 @@ pub struct LeaseCounters {
     pub taken: Counter,
     pub spent: Counter,
     pub returned: Counter,
-    /// Dropped unspent without being given back (a penalty, a lower limit).
+    /// Unspent, with nothing to give back when the return ran (the lease's
+    /// window slots or its period had passed).
+    pub expired: Counter,
+    /// Dropped unspent without being given back (a penalty, a lower limit,
+    /// a return Redis did not answer).
     pub dropped: Counter,
 }
 
@@ -333,6 +337,11 @@ impl Leases {
     /// stay counted in Redis, the safe side).
     pub fn not_returned(&self, r: &Return) {
         self.counters.dropped.inc_by(r.unspent);
+    }
+
+    /// A return Redis found nothing to give back of: its units expired.
+    pub fn expired(&self, r: &Return) {
+        self.counters.expired.inc_by(r.unspent);
     }
 
     fn give_back(&self, account: &str, h: Held) {

@@ -132,8 +132,9 @@ pub(super) fn store(registry: &mut Registry) -> StoreSeries {
     let lease_units = Family::<LeaseLabel, Counter>::default();
     registry.register(
         "quota_lease_units",
-        "Units of quota leases this instance took from Redis, spent in-process, gave back, or dropped unspent \
-         (a penalty, a lower limit, a return Redis did not take: they stay counted)",
+        "Units of quota leases this instance took from Redis, spent in-process, gave back, let expire unspent \
+         (their window slots or period passed before the return), or dropped unspent (a penalty, a lower \
+         limit, a return Redis did not answer: they stay counted)",
         lease_units.clone(),
     );
     StoreSeries {
