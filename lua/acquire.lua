@@ -1,7 +1,7 @@
 -- acquire.lua: decide a batch of calls, atomically and in order.
 -- Computes what src/limit/decide.rs (decide) computes, in the same numbered
 -- steps and with the same integer arithmetic; only its shape differs (a
--- batch of calls per run, each state hash read and written once). The
+-- batch of calls per run, each pair state read and written once). The
 -- conformance tests run one scenario table against both and compare whole
 -- decisions. Change them together. Calendar helpers: lua/prelude.lua.
 --
@@ -13,11 +13,11 @@
 -- script per round trip instead of one per call.
 --
 -- KEYS     per call, in call order, three and then one per recipient:
---            state hash:         <prefix>:{<account>}:<rule>
+--            pair state:         <prefix>:{<account>}:<rule>
 --            account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
 --            concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
 --            each recipient's windows (per_recipient): <prefix>:{<account>}:<rule>#r:<id>
---              (a hash: field -> TAT, ex; R of them, R given in ARGV)
+--              (packed as a pair state: field -> TAT, ex; R of them, R given in ARGV)
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (production always
 --          passes ""; only tests pass a time, for determinism)
 -- ARGV[2]  quota_timezone offset from UTC, µs
@@ -50,7 +50,7 @@
 --          the caller's label when the rule has a max_share, else "", then
 --            (only with a label) each limit's share, two values each, in the
 --            limits' order: a, b as above (T, τ of the share's window; the
---            share's count). Its state is in the same hash, fields
+--            share's count). Its state is in the same pair state, fields
 --            <field>~<caller> (a label never holds "~" or ".").
 --          the call's cost n (1 for a call): decided as n calls at the same
 --            moment, all or none; refused whatever the wait when a window's
@@ -74,7 +74,7 @@
 --             7 recipient (a recipient's own window is what refuses); j…:
 --             the 0-based indices of the recipients over their own windows
 --
--- Hash fields: <field> = GCRA theoretical arrival time (window limits);
+-- State fields (one packed value: lua/prelude.lua state_read): <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
 -- the period after it (calendar quotas); ws / lc = warm-up start (only with
 -- a warm-up) / last call;
@@ -125,32 +125,18 @@ if ARGV[3] ~= '' then
   end
 end
 
--- State hashes read and written by this run: key -> {v = field -> number
--- (false if absent), dirty = field -> true, extend = ms or nil}. Calls of one
--- batch often share a key: it is read with one HMGET (each value parsed
--- once) and written with one HSET for all of them.
+-- States read and written by this run: key -> {v = field -> number (nil if
+-- absent), dirty = true once changed, extend = ms or nil}. Calls of one
+-- batch often share a key: it is read once (state_read, lua/prelude.lua)
+-- and written once for all of them.
 local states = {}
 
--- `key`'s cached state, with every field of `fields` present (read with one
--- HMGET for those this run has not seen yet).
-local function load(key, fields)
+-- `key`'s cached state (read whole the first time this run needs it).
+local function load(key)
   local st = states[key]
   if not st then
-    st = {v = {}, dirty = {}}
+    st = {v = state_read(key)}
     states[key] = st
-  end
-  local v = st.v
-  local missing
-  for i = 1, #fields do
-    local f = fields[i]
-    if v[f] == nil then
-      missing = missing or {}
-      missing[#missing + 1] = f
-    end
-  end
-  if missing then
-    local got = redis.call('HMGET', key, unpack(missing))
-    for i = 1, #missing do v[missing[i]] = tonumber(got[i]) or false end
   end
   return st
 end
@@ -164,7 +150,7 @@ local function put(st, f, x)
   local v = st.v
   if v[f] ~= x then
     v[f] = x
-    st.dirty[f] = true
+    st.dirty = true
   end
 end
 
@@ -278,10 +264,6 @@ local function acquire(k, a)
   local caller = ARGV[last + 1]
   local next_a = last + 2
 
-  -- Read everything in one HMGET: pu, pn, lc, ex, ws (only with a warm-up),
-  -- then each limit's fields.
-  local fields = {'pu', 'pn', 'lc', 'ex'}
-  if warmup > 0 then fields[5] = 'ws' end
   local limits = {}
   local normal = false
   for i = a + 6, last, 5 do
@@ -313,50 +295,28 @@ local function acquire(k, a)
   next_a = next_a + 1
   -- Per-recipient windows and the number of recipient keys.
   local np = tonumber(ARGV[next_a]) or 0
-  local pr, rfields = {}, {'ex'}
+  local pr = {}
   for i = 1, np do
     local j = next_a + 1 + 3 * (i - 1)
     pr[i] = {f = ARGV[j], t = tonumber(ARGV[j + 1]), b = tonumber(ARGV[j + 2])}
-    rfields[#rfields + 1] = ARGV[j]
   end
   next_a = next_a + 1 + 3 * np
   local nr = tonumber(ARGV[next_a]) or 0
   next_a = next_a + 1
   local next_k = k + 3 + nr
+  -- Each limit's field names (a calendar quota's made once per run).
   for i = 1, #all do
     local l = all[i]
     if l.kind == 'w' then
-      fields[#fields + 1] = l.f
       if l.learn then
         local f = l.f
         l.lr, l.lt, l.lb, l.lu = f .. '.r', f .. '.lt', f .. '.lb', f .. '.lu'
-        fields[#fields + 1] = l.lr
-        fields[#fields + 1] = l.lt
-        fields[#fields + 1] = l.lb
-        fields[#fields + 1] = l.lu
       end
     else
-      local nm = names(l.f)
-      l.nm = nm
-      fields[#fields + 1] = nm.p
-      fields[#fields + 1] = nm.n
-      fields[#fields + 1] = nm.q
+      l.nm = names(l.f)
     end
   end
-  for i = 1, #limits do
-    local l = limits[i]
-    if l.kind ~= 'w' then
-      if inst ~= '' then
-        fields[#fields + 1] = l.nm.m
-        fields[#fields + 1] = l.nm.mp
-      end
-      if l.kind == 'day' then
-        fields[#fields + 1] = l.nm.l
-        fields[#fields + 1] = l.nm.la
-      end
-    end
-  end
-  local st = load(key, fields)
+  local st = load(key)
   local sv = st.v
   local pu, pn, ws, lc = sv.pu or 0, sv.pn or 0, sv.ws or 0, sv.lc or 0
   local ex = sv.ex or nil
@@ -425,7 +385,7 @@ local function acquire(k, a)
   -- Each recipient's state and own wait (the largest of its windows').
   local rsts, rwaits = {}, {}
   for r = 1, nr do
-    local rst = load(KEYS[k + 2 + r], rfields)
+    local rst = load(KEYS[k + 2 + r])
     local w = 0
     for i = 1, np do
       local p = pr[i]
@@ -560,15 +520,10 @@ while k <= nkeys do
   answer, a, k = acquire(k, a)
   answers[#answers + 1] = answer
 end
--- Write what the admissions changed: one HSET per key, then its TTL.
+-- Write what the admissions changed: one SET per key, then its TTL.
 for key, st in pairs(states) do
-  local writes = {}
-  for f in pairs(st.dirty) do
-    writes[#writes + 1] = f
-    writes[#writes + 1] = fmt(st.v[f])
-  end
-  if #writes > 0 then
-    redis.call('HSET', key, unpack(writes))
+  if st.dirty then
+    state_write(key, st.v)
     if st.extend then redis.call('PEXPIRE', key, st.extend) end
   end
 end

@@ -4,7 +4,7 @@
 -- exact. The conformance tests hold the two together. Calendar helpers:
 -- lua/prelude.lua.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<rule>
 -- KEYS[2]  (single server, once the epoch is read) <prefix>:#epoch, and the
 --          epoch this instance knows as the last ARGV: another there answers
 --          "E" and grants nothing (as acquire.lua's ARGV[3])
@@ -41,32 +41,13 @@ if want <= 0 or nl == 0 then return '0' end
 -- src/limit/learned.rs KEEP_US, as acquire.lua's KEEP_LEARNED.
 local KEEP_LEARNED = 172800000000
 
-local limits, fields = {}, {'pu', 'pn', 'le', 'lu', 'ex'}
+local limits = {}
 for i = 7, 6 + 5 * nl, 5 do
   local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4])}
   if l.kind == 'wl' then l.kind, l.learn = 'w', true end
-  local f = l.f
-  if l.kind == 'w' then
-    fields[#fields + 1] = f
-    if l.learn then
-      fields[#fields + 1] = f .. '.lt'
-      fields[#fields + 1] = f .. '.lb'
-      fields[#fields + 1] = f .. '.lu'
-    end
-  else
-    fields[#fields + 1] = f .. '.p'
-    fields[#fields + 1] = f .. '.n'
-    fields[#fields + 1] = f .. '.q'
-    if l.kind == 'day' then
-      fields[#fields + 1] = f .. '.l'
-      fields[#fields + 1] = f .. '.la'
-    end
-  end
   limits[#limits + 1] = l
 end
-local got = redis.call('HMGET', key, unpack(fields))
-local v = {}
-for i = 1, #fields do v[fields[i]] = tonumber(got[i]) end
+local v = state_read(key)
 
 -- A penalty grants nothing.
 if (v.pu or 0) > now then return '0' end
@@ -128,23 +109,9 @@ local function tightest(i, room, reset)
   if qi == 0 or room < qr then qi, qr, qt = i, room, reset end
 end
 local function put(f, x)
-  writes[#writes + 1] = f
-  writes[#writes + 1] = fmt(x)
+  writes[f] = x
 end
-local mine = {}
-if inst ~= '' then
-  local m = {}
-  for _, l in ipairs(limits) do
-    if l.kind ~= 'w' then
-      m[#m + 1] = l.f .. '.m.' .. inst
-      m[#m + 1] = l.f .. '.mp.' .. inst
-    end
-  end
-  if #m > 0 then
-    local g = redis.call('HMGET', key, unpack(m))
-    for i = 1, #m do mine[m[i]] = tonumber(g[i]) end
-  end
-end
+local mine = v
 for i, l in ipairs(limits) do
   if l.kind == 'w' then
     if l.learn and (v[l.f] == nil or v[l.f] < now) then put(l.f .. '.r', now) end
@@ -190,12 +157,12 @@ put('le', le)
 local ms = math.floor(ttl / 1000) + 1000
 local lives = -1
 if v.ex then lives = v.ex - now else lives = redis.call('PTTL', key) * 1000 end
+local extend
 if lives < ms * 1000 then
-  local extend = ms + 10000
+  extend = ms + 10000
   put('ex', now + extend * 1000)
-  redis.call('HSET', key, unpack(writes))
-  redis.call('PEXPIRE', key, extend)
-else
-  redis.call('HSET', key, unpack(writes))
 end
+for f, x in pairs(writes) do v[f] = x end
+state_write(key, v)
+if extend then redis.call('PEXPIRE', key, extend) end
 return string.format('%d %d %d %d %d %d %d ', units, now, untl, escalated, qi, qr, qt) .. table.concat(ends, ' ')

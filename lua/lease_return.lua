@@ -2,7 +2,7 @@
 -- or will be sent): src/limit/lease.rs (give_back), step for step. The
 -- conformance tests hold the two together. Calendar helpers: lua/prelude.lua.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<rule>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  units given back
@@ -21,7 +21,8 @@
 -- stays missing.
 
 local key = KEYS[1]
-if redis.call('EXISTS', key) == 0 then return 0 end
+local st, exists = state_read(key)
+if not exists then return 0 end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local unspent = tonumber(ARGV[3])
@@ -29,50 +30,49 @@ local inst = ARGV[4]
 local untl = tonumber(ARGV[5])
 local nb = tonumber(ARGV[6])
 if unspent <= 0 then return 0 end
+local dirty = false
 if now <= untl then
-  local lu = tonumber(redis.call('HGET', key, 'lu') or '')
+  local lu = st.lu
   if lu then
     lu = lu - unspent
     if lu < 0 then lu = 0 end
-    redis.call('HSET', key, 'lu', fmt(lu))
+    st.lu = lu
+    dirty = true
   end
 end
 
-local writes = {}
-local function put(f, x)
-  writes[#writes + 1] = f
-  writes[#writes + 1] = fmt(x)
-end
+local gave = false
 for i = 7, 6 + 4 * nb, 4 do
   local kind, f, e, step = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   if kind == 'w' then
-    local tat = tonumber(redis.call('HGET', key, f) or '')
-    if tat and tat == e and step > 0 then put(f, tat - unspent * step) end
+    local tat = st[f]
+    if tat and tat == e and step > 0 then
+      st[f] = tat - unspent * step
+      gave = true
+    end
   else
-    local g = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q')
-    local p = tonumber(g[1] or '')
+    local p = st[f .. '.p']
     local current = period(kind, now, off)
     if p and e == current then
-      local used, next = counts(p, tonumber(g[2] or '0') or 0, tonumber(g[3] or '0') or 0, current)
+      local used, next = counts(p, st[f .. '.n'] or 0, st[f .. '.q'] or 0, current)
       if used > 0 then
         local left = used - unspent
         if left < 0 then left = 0 end
-        put(f .. '.p', current)
-        put(f .. '.n', left)
-        put(f .. '.q', next)
+        st[f .. '.p'], st[f .. '.n'], st[f .. '.q'] = current, left, next
+        gave = true
         if inst ~= '' then
-          local m = redis.call('HMGET', key, f .. '.m.' .. inst, f .. '.mp.' .. inst)
-          local mine = tonumber(m[1] or '')
-          if mine and tonumber(m[2] or '') == current then
+          local mf = f .. '.m.' .. inst
+          local mine = st[mf]
+          if mine and st[f .. '.mp.' .. inst] == current then
             mine = mine - unspent
             if mine < 0 then mine = 0 end
-            put(f .. '.m.' .. inst, mine)
+            st[mf] = mine
           end
         end
       end
     end
   end
 end
-if #writes == 0 then return 0 end
-redis.call('HSET', key, unpack(writes))
-return 1
+if gave or dirty then state_write(key, st) end
+if gave then return 1 end
+return 0

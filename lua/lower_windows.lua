@@ -5,7 +5,7 @@
 -- src/limit/learned.rs (lower_windows) and WindowLimit::lowered; the
 -- conformance table holds them together.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<state>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<state>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  the share kept, percent (90)
@@ -25,27 +25,27 @@ local off = tonumber(ARGV[2])
 local pct = tonumber(ARGV[3])
 local sent_at = tonumber(ARGV[4])
 local _, until_ = period('day', now, off)
-local out, writes = {}, {}
+local out, wrote = {}, false
+local st = state_read(key)
 for i = 5, #ARGV, 7 do
   local f = ARGV[i]
   local per, margin = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local n, b, t, tau = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  local v = redis.call('HMGET', key, f, f .. '.r', f .. '.ln', f .. '.lt', f .. '.lu', f .. '.la')
   -- The window as it applies now: lowered until .lu, the stricter of the two.
-  local lu = tonumber(v[5] or '')
+  local lu = st[f .. '.lu']
   local again = false
   if lu and lu > now then
-    local ln, lt = tonumber(v[3] or ''), tonumber(v[4] or '')
+    local ln, lt = st[f .. '.ln'], st[f .. '.lt']
     if ln and ln < n then n = ln end
     if lt and lt > t then t = lt end
-    again = (tonumber(v[6] or '') or 0) >= sent_at
+    again = (st[f .. '.la'] or 0) >= sent_at
   end
   if again then
     out[#out + 1] = n
     out[#out + 1] = n
   else
-    local tat = tonumber(v[1] or '') or now
-    local run = tonumber(v[2] or '') or now
+    local tat = st[f] or now
+    local run = st[f .. '.r'] or now
     local since = now - per
     if run > since then since = run end
     local admitted = 0
@@ -68,22 +68,21 @@ for i = 5, #ARGV, 7 do
     for _, x in ipairs({
       {'.ln', count}, {'.lk', burst}, {'.lt', interval}, {'.lb', tolerance}, {'.la', now}, {'.lu', until_}
     }) do
-      writes[#writes + 1] = f .. x[1]
-      writes[#writes + 1] = fmt(x[2])
+      st[f .. x[1]] = x[2]
     end
+    wrote = true
     out[#out + 1] = n
     out[#out + 1] = count
   end
 end
-if #writes > 0 then
-  local ex = tonumber(redis.call('HGET', key, 'ex') or '')
+if wrote then
+  local ex = st.ex
   if not ex or ex < until_ then
-    writes[#writes + 1] = 'ex'
-    writes[#writes + 1] = fmt(until_)
-    redis.call('HSET', key, unpack(writes))
+    st.ex = until_
+    state_write(key, st)
     redis.call('PEXPIRE', key, fmt(idiv(until_ - now, 1000) + 1000))
   else
-    redis.call('HSET', key, unpack(writes))
+    state_write(key, st)
   end
 end
 return out

@@ -2,7 +2,7 @@
 -- (account, rule)'s penalty. The same logic as src/limit/penalty.rs
 -- (PenaltyState::penalise, PenaltyPolicy::until), on the prelude's calendar.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<rule>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, microseconds
 -- ARGV[3]  "e" (escalating: base doubles while recent) or "m" (until next minute)
@@ -18,9 +18,8 @@ local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local kind, base, max, sent_at = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
-local vals = redis.call('HMGET', key, 'pu', 'ps', 'pl', 'pn')
-local pu, ps, pl, pn = tonumber(vals[1] or '0') or 0, tonumber(vals[2] or '0') or 0,
-  tonumber(vals[3] or '0') or 0, tonumber(vals[4] or '0') or 0
+local st = state_read(key)
+local pu, ps, pl, pn = st.pu or 0, st.ps or 0, st.pl or 0, st.pn or 0
 if sent_at < ps then
   return {pu, now}
 end
@@ -44,12 +43,11 @@ end
 if untl > cap then untl = cap end
 if untl < pu then untl = pu end
 
-redis.call('HSET', key, 'pu', fmt(untl), 'ps', fmt(now), 'pl', fmt(level), 'pn', fmt(untl - now))
--- Keep the state while the penalty can still escalate: until + its length.
+st.pu, st.ps, st.pl, st.pn = untl, now, level, untl - now
 local ms = math.floor((2 * (untl - now)) / 1000) + 1000
-if redis.call('PTTL', key) < ms then
-  redis.call('PEXPIRE', key, ms)
-  -- acquire.lua trusts `ex` instead of asking PTTL: keep it true.
-  redis.call('HSET', key, 'ex', fmt(now + ms * 1000))
-end
+local pttl = redis.call('PTTL', key)
+-- acquire.lua trusts `ex` instead of asking PTTL: keep it true.
+if pttl < ms then st.ex = now + ms * 1000 end
+state_write(key, st)
+if pttl < ms then redis.call('PEXPIRE', key, ms) end
 return {untl, now}

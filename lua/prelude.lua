@@ -93,3 +93,45 @@ local function counts(p, n, q, current)
   if p == current - 1 then return q, 0 end
   return 0, 0
 end
+
+-- A pair's state (<prefix>:{<account>}:<rule>, and a recipient's windows):
+-- one string value, a MessagePack map of field -> number (cmsgpack, built
+-- into Redis's Lua). One GET and one SET per script run, no field names
+-- sent or decimal numbers parsed or printed. Fields as documented in
+-- lua/acquire.lua. A key still holding the hash of decimal fields an older
+-- wxgate wrote is read as that hash; writing it back packs it (the
+-- migration: every key is converted the first time a script writes it).
+-- Returns the table (empty for a missing key) and whether the key exists.
+-- A key of another type, or a string that is not a map, fails the script
+-- with WRONGTYPE (the store treats it as that pair's bad key).
+local function state_read(key)
+  local s = redis.pcall('GET', key)
+  if type(s) == 'table' then
+    if not s.err or not string.find(s.err, 'WRONGTYPE', 1, true) then
+      return error(s)
+    end
+    local all = redis.call('HGETALL', key)
+    local t = {}
+    for i = 1, #all, 2 do
+      local x = tonumber(all[i + 1])
+      if x then t[all[i]] = x end
+    end
+    return t, true
+  end
+  if not s then return {}, false end
+  local ok, t = pcall(cmsgpack.unpack, s)
+  if not ok or type(t) ~= 'table' then
+    return error('WRONGTYPE ' .. key .. ' holds no wxgate pair state')
+  end
+  return t, true
+end
+
+-- Writes `t` (field -> number; false or nil: absent) as `key`'s state,
+-- keeping the key's TTL (a new key gets none: callers set it).
+local function state_write(key, t)
+  local clean = {}
+  for f, x in pairs(t) do
+    if x then clean[f] = x end
+  end
+  redis.call('SET', key, cmsgpack.pack(clean), 'KEEPTTL')
+end

@@ -5,7 +5,7 @@
 -- own calls, so instances re-seeding at once restore the sum without
 -- counting a call twice (src/store/ledger.rs).
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<rule>
 -- KEYS[2]  optional: <prefix>:#epoch; then the last ARGV is the epoch the
 --          instance knows, and nothing is written if Redis holds another
 --          (it lost its data since: the instance re-seeds everything
@@ -41,6 +41,8 @@ local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local pu_new, ps_new, pl_new, pn_new = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep = now
+local st = state_read(key)
+local dirty = false
 
 local inst = ARGV[7]
 local a = 9
@@ -50,10 +52,9 @@ for _ = 1, tonumber(ARGV[8]) do
   local current, nxt = period(kind, now, off)
   if id == current or id == current + 1 then
     local mf, pf = f .. '.m.' .. inst, f .. '.mp.' .. inst
-    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q', mf, pf)
-    local used, next = counts(tonumber(v[1]) or -1e18, tonumber(v[2]) or 0, tonumber(v[3]) or 0, current)
+    local used, next = counts(st[f .. '.p'] or -1e18, st[f .. '.n'] or 0, st[f .. '.q'] or 0, current)
     local mine = 0
-    if tonumber(v[5]) == current then mine = tonumber(v[4]) or 0 end
+    if st[pf] == current then mine = st[mf] or 0 end
     if id == current then
       if mode == 't' then
         if add > mine then
@@ -64,11 +65,12 @@ for _ = 1, tonumber(ARGV[8]) do
         used = used + add
         mine = mine + add
       end
-      if inst ~= '' then redis.call('HSET', key, mf, fmt(mine), pf, fmt(current)) end
+      if inst ~= '' then st[mf], st[pf] = mine, current end
     else
       next = next + add
     end
-    redis.call('HSET', key, f .. '.p', fmt(current), f .. '.n', fmt(used), f .. '.q', fmt(next))
+    st[f .. '.p'], st[f .. '.n'], st[f .. '.q'] = current, used, next
+    dirty = true
     local k = nxt
     if next > 0 then
       local _, after = period(kind, nxt, off)
@@ -79,19 +81,24 @@ for _ = 1, tonumber(ARGV[8]) do
 end
 
 if pu_new > now then
-  local pu = tonumber(redis.call('HGET', key, 'pu') or '0') or 0
+  local pu = st.pu or 0
   if pu_new > pu then
-    redis.call('HSET', key, 'pu', fmt(pu_new), 'ps', fmt(ps_new), 'pl', fmt(pl_new), 'pn', fmt(pn_new))
+    st.pu, st.ps, st.pl, st.pn = pu_new, ps_new, pl_new, pn_new
+    dirty = true
     if pu_new + pn_new > keep then keep = pu_new + pn_new end
   end
 end
 
 -- Keep the key while what was written matters; never shorten its TTL.
-if keep > now then
-  local ms = math.floor((keep - now) / 1000) + 1000
+local ms
+if dirty and keep > now then
+  ms = math.floor((keep - now) / 1000) + 1000
   if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, ms)
-    redis.call('HSET', key, 'ex', fmt(now + ms * 1000))
+    st.ex = now + ms * 1000
+  else
+    ms = nil
   end
 end
+if dirty then state_write(key, st) end
+if ms then redis.call('PEXPIRE', key, ms) end
 return now

@@ -3,7 +3,7 @@
 -- (refund), step for step; the conformance tests hold the two together.
 -- Calendar helpers: lua/prelude.lua.
 --
--- KEYS[1]  state hash: <prefix>:{<account>}:<rule>
+-- KEYS[1]  pair state: <prefix>:{<account>}:<rule>
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  when the call was admitted for (store time, from acquire.lua)
@@ -29,7 +29,8 @@
 -- the key's TTL already covers the larger state it held.
 
 local key = KEYS[1]
-if redis.call('EXISTS', key) == 0 then return 0 end
+local st, exists = state_read(key)
+if not exists then return 0 end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local at = tonumber(ARGV[3])
@@ -38,16 +39,13 @@ local last = 5 + 4 * tonumber(ARGV[5])
 local cost = tonumber(ARGV[last + 1]) or 1
 local inst = ARGV[last + 2] or ''
 
--- Calls counted in period `current` and reserved for the one after it, from
--- what was written in period p (as acquire.lua's counts).
 
-local got = redis.call('HMGET', key, 'lc', 'le')
-local lc, le = tonumber(got[1] or '0') or 0, tonumber(got[2] or '0') or 0
+local lc, le = st.lc or 0, st.le or 0
 local pinned = now
 if lc + max_wait > pinned then pinned = lc + max_wait end
 if le > pinned then pinned = le end
 
-local writes = {}
+local changed_any = false
 for i = 6, last, 4 do
   local kind, f, a = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   if kind == 'w' then
@@ -55,18 +53,17 @@ for i = 6, last, 4 do
     local back = at + took - pinned
     if back > took then back = took end
     if back > 0 then
-      local tat = tonumber(redis.call('HGET', key, f) or '')
+      local tat = st[f]
       if tat then
-        writes[#writes + 1] = f
-        writes[#writes + 1] = fmt(tat - back)
+        st[f] = tat - back
+        changed_any = true
       end
     end
   else
-    local v = redis.call('HMGET', key, f .. '.p', f .. '.n', f .. '.q')
-    local p = tonumber(v[1] or '')
+    local p = st[f .. '.p']
     if p then
       local current = period(kind, now, off)
-      local used, next = counts(p, tonumber(v[2] or '0') or 0, tonumber(v[3] or '0') or 0, current)
+      local used, next = counts(p, st[f .. '.n'] or 0, st[f .. '.q'] or 0, current)
       local of_call = period(kind, at, off)
       local changed = false
       if of_call == current and used > 0 then
@@ -74,13 +71,12 @@ for i = 6, last, 4 do
         if used < 0 then used = 0 end
         changed = true
         if inst ~= '' then
-          local m = redis.call('HMGET', key, f .. '.m.' .. inst, f .. '.mp.' .. inst)
-          local mine = tonumber(m[1] or '')
-          if mine and tonumber(m[2] or '') == current then
+          local mf = f .. '.m.' .. inst
+          local mine = st[mf]
+          if mine and st[f .. '.mp.' .. inst] == current then
             mine = mine - cost
             if mine < 0 then mine = 0 end
-            writes[#writes + 1] = f .. '.m.' .. inst
-            writes[#writes + 1] = fmt(mine)
+            st[mf] = mine
           end
         end
       elseif of_call == current + 1 and next > 0 then
@@ -89,16 +85,12 @@ for i = 6, last, 4 do
         changed = true
       end
       if changed then
-        writes[#writes + 1] = f .. '.p'
-        writes[#writes + 1] = fmt(current)
-        writes[#writes + 1] = f .. '.n'
-        writes[#writes + 1] = fmt(used)
-        writes[#writes + 1] = f .. '.q'
-        writes[#writes + 1] = fmt(next)
+        st[f .. '.p'], st[f .. '.n'], st[f .. '.q'] = current, used, next
+        changed_any = true
       end
     end
   end
 end
-if #writes == 0 then return 0 end
-redis.call('HSET', key, unpack(writes))
+if not changed_any then return 0 end
+state_write(key, st)
 return 1

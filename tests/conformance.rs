@@ -1651,6 +1651,49 @@ async fn leased_instances_stay_exact(config: &RedisConfig, account: &str) {
     assert!(in_process * 2 > admitted.len() as u64, "most calls decided from leases: {in_process}");
 }
 
+/// Upgrading from the hash layout (every wxgate before the packed state,
+/// issue 49): a pair's hash of decimal fields, as the previous release
+/// wrote it, is read as it is and converted the first time a script writes
+/// it; its penalty, day count and TTL carry over.
+#[tokio::test]
+async fn a_pair_state_in_the_older_hash_layout_is_read_and_converted_when_written() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let (rule, _) = compile(r#"[{ count = 600, per = "1m", burst = 10 }, { count = 5, per = "day" }]"#, "");
+    let store = redis_store(&redis.store_config("up"), &clock).await;
+    let today = (T0 + BEIJING).div_euclid(86_400 * SEC);
+    let key = "up:{wxOLD}:r";
+    let penalty_end = T0 + 10 * SEC;
+    let written = redis.command(&format!(
+        "HSET {key} day.p {today} day.n 3 day.q 0 lc {} ex {} pu {penalty_end} ps {} pl 0 pn {}",
+        T0 - SEC,
+        T0 + 3_600 * SEC,
+        T0 - 50 * SEC,
+        60 * SEC
+    ));
+    assert!(written.starts_with(":9"), "{written}");
+    redis.command(&format!("PEXPIRE {key} 3600000"));
+    let ask = plain_ask("wxOLD", &rule);
+    // Read as a hash: the penalty holds, nothing is written.
+    let first = store.acquire(&ask).await.expect("store answered").decision;
+    assert!(matches!(first, Decision::Reject { reason: Reason::Penalty, .. }), "{first:?}");
+    assert_eq!(redis.command(&format!("TYPE {key}")).trim(), "+hash", "a refusal writes nothing");
+    // After the penalty: the day's 3 carry over, 2 more are admitted.
+    clock.advance_us(11 * SEC);
+    for i in 0..2 {
+        let d = store.acquire(&ask).await.expect("store answered").decision;
+        assert!(matches!(d, Decision::Admit { .. }), "call {i}: {d:?}");
+        clock.advance_us(SEC);
+    }
+    let last = store.acquire(&ask).await.expect("store answered").decision;
+    assert!(matches!(last, Decision::Reject { reason: Reason::Quota, .. }), "{last:?}");
+    assert_eq!(redis.command(&format!("TYPE {key}")).trim(), "+string", "converted when written");
+    let state = redis.state(key);
+    assert_eq!((state.get("day.n"), state.get("pu")), (Some(&5), Some(&penalty_end)), "{state:?}");
+    let ttl: i64 = redis.command(&format!("PTTL {key}")).trim_start_matches(':').trim().parse().expect("PTTL");
+    assert!(ttl > 3_000_000, "the key still expires (kept or extended): {ttl} ms");
+}
+
 #[tokio::test]
 async fn redis_keys_are_hash_tagged_and_expire() {
     let redis = RedisServer::start();
@@ -1666,13 +1709,10 @@ async fn redis_keys_are_hash_tagged_and_expire() {
     let ttl: i64 = redis.command("PTTL wxgate:{wxAPPID}:r").trim_start_matches(':').trim().parse().expect("PTTL");
     // The day count must live until Beijing midnight, and not much longer.
     assert!(ttl > 0 && ttl <= 86_400_000 + 1_000, "{ttl}");
-    let fields = redis.command("HGETALL wxgate:{wxAPPID}:r");
-    assert!(fields.contains("w60000") && fields.contains("day.n"), "{fields}");
-    // RESP bulk strings: every other line is a field name or a value; values are integers.
-    let lines: Vec<&str> = fields.lines().filter(|l| !l.starts_with('*') && !l.starts_with('$')).collect();
-    for pair in lines.chunks(2) {
-        assert!(pair[1].parse::<i64>().is_ok(), "numeric state only: {fields}");
-    }
+    // The packed layout: one string value (a MessagePack map of numbers).
+    assert_eq!(redis.command("TYPE wxgate:{wxAPPID}:r").trim(), "+string");
+    let fields = redis.state("wxgate:{wxAPPID}:r");
+    assert!(fields.contains_key("w60000") && fields.get("day.n") == Some(&1), "{fields:?}");
 }
 
 /// The same table on a 3-master Redis Cluster, each scenario's accounts on
@@ -1730,8 +1770,8 @@ async fn calls_decided_in_one_batch_match_one_by_one() {
     assert_eq!(admitted, 3, "the burst, then the rate refuses: {batched:?}");
     let stats = redis.command("INFO commandstats");
     assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 calls in 2 script runs: {stats}");
-    let count = redis.command("HGET batch:{wxAPPID}:r day.n");
-    assert!(count.contains("\r\n3\r\n"), "one write per run carries every admission: {count}");
+    let count = redis.state_field("batch:{wxAPPID}:r", "day.n");
+    assert_eq!(count, Some(3), "one write per run carries every admission");
 }
 
 /// On one Redis server a run takes the queued calls of any accounts (a
@@ -1773,8 +1813,8 @@ async fn calls_of_many_accounts_are_decided_in_one_batch_on_one_server() {
     let stats = redis.command("INFO commandstats");
     assert!(stats.contains("cmdstat_evalsha:calls=2,"), "12 calls of 4 accounts in 2 script runs: {stats}");
     for account in accounts {
-        let count = redis.command(&format!("HGET many:{{{account}}}:r day.n"));
-        assert!(count.contains("\r\n2\r\n"), "{account}: its own key counts its own admissions: {count}");
+        let count = redis.state_field(&format!("many:{{{account}}}:r"), "day.n");
+        assert_eq!(count, Some(2), "{account}: its own key counts its own admissions");
     }
 }
 

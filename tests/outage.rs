@@ -89,8 +89,7 @@ fn load(
 
 /// Count of decisions Redis has recorded for the rule today.
 fn redis_count(redis: &RedisServer) -> i64 {
-    let reply = redis.command("HGET wxgate:{default}:send day.n");
-    reply.lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
+    redis.state_field("wxgate:{default}:send", "day.n").unwrap_or(0)
 }
 
 /// How long Redis stays down (killed or frozen) while the load runs: the

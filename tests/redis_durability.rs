@@ -115,7 +115,7 @@ async fn redis_empty_never_regrants_the_day(loss: Loss) {
     }
     let total = mock.count().to_string();
     support::eventually("Redis holds the day's count", support::PATIENCE, || {
-        redis.command("HGET wxgate:{default}:send day.n").lines().nth(1) == Some(total.as_str())
+        redis.state_field("wxgate:{default}:send", "day.n").map(|n| n.to_string()).as_deref() == Some(total.as_str())
     })
     .await;
 }
@@ -140,8 +140,8 @@ async fn redis_restarted_with_its_data_is_topped_up_without_counting_twice() {
     assert_eq!(count(&before, 200), 10, "{before:?}");
     redis.stop();
     redis.restart();
-    let kept = redis.command("HGET wxgate:{default}:send day.n");
-    assert!(kept.contains("\r\n10\r\n"), "the AOF kept the day's count: {kept:?}");
+    let kept = redis.state_field("wxgate:{default}:send", "day.n");
+    assert_eq!(kept, Some(10), "the AOF kept the day's count");
     for instance in &instances {
         support::eventually_some_async("the new server process is noticed", support::PATIENCE, async || {
             instance.metric("wxgate_store_lost_total").await.filter(|&n| n >= 1.0)
@@ -165,7 +165,7 @@ async fn redis_restarted_with_its_data_is_topped_up_without_counting_twice() {
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     let total = DAY_QUOTA.to_string();
     support::eventually("Redis holds the day's count", support::PATIENCE, || {
-        redis.command("HGET wxgate:{default}:send day.n").lines().nth(1) == Some(total.as_str())
+        redis.state_field("wxgate:{default}:send", "day.n").map(|n| n.to_string()).as_deref() == Some(total.as_str())
     })
     .await;
 }
@@ -188,7 +188,7 @@ async fn a_penalty_survives_redis_restarted_empty() {
     assert_eq!(count(&after, 429), 10, "every call refused during the penalty: {after:?}");
     assert_eq!(mock.count(), 1, "no call reached WeChat during the penalty");
     // The penalty is back in Redis, for every instance (and new ones).
-    let restored = || redis.command("HGET wxgate:{default}:send pu").lines().nth(1).and_then(|l| l.parse::<i64>().ok());
+    let restored = || redis.state_field("wxgate:{default}:send", "pu");
     support::eventually("the penalty is back in Redis", support::PATIENCE, || restored().is_some_and(|pu| pu > 0))
         .await;
 }
@@ -222,8 +222,7 @@ async fn a_redis_stall_with_local_fallback_never_regrants_the_day() {
     // that timed out while Redis was frozen may also have been run by Redis
     // when it woke: counted twice, on the safe side.)
     let seen = mock.count() as u64;
-    let stored =
-        || redis.command("HGET wxgate:{default}:send day.n").lines().nth(1).and_then(|n| n.parse::<u64>().ok());
+    let stored = || redis.state_field("wxgate:{default}:send", "day.n").map(|n| n as u64);
     support::eventually("the local admissions reach Redis", support::PATIENCE, || stored().is_some_and(|n| n >= seen))
         .await;
 }
@@ -251,7 +250,9 @@ async fn redis_out_of_memory_falls_back_and_keeps_the_count() {
     assert_eq!(count(&after, 429), 6, "{after:?}");
     assert_eq!(mock.count(), DAY_QUOTA as usize);
     support::eventually("the local admissions reach Redis", support::PATIENCE, || {
-        redis.command("HGET wxgate:{default}:send day.n").contains(&DAY_QUOTA.to_string())
+        redis
+            .state_field("wxgate:{default}:send", "day.n")
+            .is_some_and(|n| n.to_string().contains(&DAY_QUOTA.to_string()))
     })
     .await;
 }

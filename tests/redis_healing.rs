@@ -62,10 +62,7 @@ fn start_with_breaker(
 
 /// Calls decided in Redis today for the rule (its day count).
 fn redis_count(redis: &RedisServer, password: Option<&str>) -> i64 {
-    match redis.query_as(password, &["HGET", "wxgate:{default}:send", "day.n"]) {
-        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).parse().unwrap_or(0),
-        _ => 0,
-    }
+    redis.state_as(password, "wxgate:{default}:send").get("day.n").copied().unwrap_or(0)
 }
 
 async fn metric(gate: &Instance, name: &str) -> f64 {

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use support::redis_server::{RedisSentinelSet, SENTINEL_MASTER};
 use support::*;
 
+/// The pair state every test here counts in.
+const TPL: &str = "wxgate:{default}:tpl";
+
 const SEND: &str = "/cgi-bin/message/template/send?access_token=T";
 
 /// `[store]` for `set`'s sentinels, with these more keys.
@@ -40,8 +43,8 @@ async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_tw
     for i in 0..10 {
         assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
     }
-    let on_master = set.master.command("HGET wxgate:{default}:tpl day.n");
-    assert!(on_master.contains("\r\n10\r\n"), "decided on the master the sentinels name: {on_master}");
+    let on_master = set.master.state_field(TPL, "day.n");
+    assert_eq!(on_master, Some(10), "decided on the master the sentinels name");
     let killed = Instant::now();
     let promoted = set.kill_master_and_wait_promotion(Duration::from_secs(10));
     // 20 more calls, 100 ms apart, through the failover and after it;
@@ -63,8 +66,8 @@ async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_tw
     assert!(back <= Duration::from_secs(8), "decided on the new master {back:?} after the SIGKILL");
     // The new master holds every call WeChat got (what the fallback admitted
     // meanwhile was added when it answered).
-    let count = set.replica.command("HGET wxgate:{default}:tpl day.n");
-    assert!(count.contains(&format!("\r\n{}\r\n", mock.count())), "new master {count:?}, mock {}", mock.count());
+    let count = set.replica.state_field(TPL, "day.n");
+    assert_eq!(count, Some(mock.count() as i64), "new master {count:?}, mock {}", mock.count());
     eprintln!("sentinels promoted the replica {promoted:?} after the SIGKILL; wxgate decided on it {back:?} after it");
     assert_eq!(mock.count(), 20, "WeChat saw the day quota exactly, never more: {statuses:?}");
     let after = gate.get(SEND).await;
@@ -88,8 +91,8 @@ async fn with_wait_replicas_each_counted_call_is_on_the_replica_before_it_is_for
     for i in 1..=5 {
         assert_eq!(gate.get(SEND).await.status, 200);
         // Checked the moment the answer is back: already on the replica.
-        let on_replica = set.replica.command("HGET wxgate:{default}:tpl day.n");
-        assert!(on_replica.contains(&format!("\r\n{i}\r\n")), "call {i}: replica {on_replica:?}");
+        let on_replica = set.replica.state_field(TPL, "day.n");
+        assert_eq!(on_replica, Some(i), "call {i}: replica {on_replica:?}");
     }
     set.replica.pause();
     let started = Instant::now();
@@ -117,12 +120,11 @@ async fn a_failover_to_a_replica_that_missed_the_last_writes_grants_no_day_quota
         .with(store)
         .with(rule("tpl").matching("/cgi-bin/message/template/send").limit(20, "day"));
     let gate = Gate::start_real_text(config).await;
-    let count = "HGET wxgate:{default}:tpl day.n";
     for i in 0..10 {
         assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
     }
     let replicated = Instant::now();
-    while !set.replica.command(count).contains("\r\n10\r\n") {
+    while set.replica.state_field(TPL, "day.n") != Some(10) {
         assert!(replicated.elapsed() < Duration::from_secs(10), "the replica never got the first 10 calls");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -131,9 +133,9 @@ async fn a_failover_to_a_replica_that_missed_the_last_writes_grants_no_day_quota
     for i in 10..13 {
         assert_eq!(gate.get(SEND).await.status, 200, "call {i}");
     }
-    assert!(set.master.command(count).contains("\r\n13\r\n"), "master: {}", set.master.command(count));
+    assert_eq!(set.master.state_field(TPL, "day.n"), Some(13), "master");
     assert!(link.held_bytes.load(std::sync::atomic::Ordering::Relaxed) > 0, "the master's stream was held");
-    assert!(set.replica.command(count).contains("\r\n10\r\n"), "replica behind: {}", set.replica.command(count));
+    assert_eq!(set.replica.state_field(TPL, "day.n"), Some(10), "replica behind");
     set.kill_master_and_wait_promotion(Duration::from_secs(10));
     let mut statuses = Vec::new();
     for _ in 0..20 {
@@ -141,8 +143,8 @@ async fn a_failover_to_a_replica_that_missed_the_last_writes_grants_no_day_quota
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(mock.count(), 20, "WeChat saw the day quota exactly, not the 3 lost calls again: {statuses:?}");
-    let on_new = set.replica.command(count);
-    assert!(on_new.contains("\r\n20\r\n"), "the new master counts every call WeChat got: {on_new:?}");
+    let on_new = set.replica.state_field(TPL, "day.n");
+    assert_eq!(on_new, Some(20), "the new master counts every call WeChat got");
     assert_eq!(gate.metric("wxgate_store_lost_total").await, Some(1.0), "one top-up round");
     let after = gate.get(SEND).await;
     assert_eq!((after.status.as_u16(), after.header("x-wxgate-reason")), (429, Some("quota")));

@@ -85,8 +85,8 @@ async fn scripts_come_back_after_script_flush() {
     assert!(redis.command("SCRIPT FLUSH").starts_with("+OK"));
     assert_eq!(gate.get("/cgi-bin/message/template/send").await.status, 200);
     assert_eq!(mock.count(), 2);
-    let count = redis.command("HGET wxgate:{default}:tpl day.n");
-    assert!(count.contains("\r\n2\r\n"), "both calls counted in Redis: {count}");
+    let count = redis.state_field("wxgate:{default}:tpl", "day.n");
+    assert_eq!(count, Some(2), "both calls counted in Redis");
 }
 
 /// Whether the wxgate binary starts serving on `config`, and what it logged.
@@ -259,7 +259,7 @@ async fn an_acl_user_with_a_password_decides_and_a_wrong_one_is_refused_at_start
     assert_eq!(gate.get(path).await.status, 200);
     let third = gate.get(path).await;
     assert_eq!((third.status.as_u16(), third.header("x-wxgate-reason")), (429, Some("quota")), "decided in Redis");
-    assert!(redis.command("HGET wxgate:{default}:tpl day.n").contains("\r\n2\r\n"), "counted as user wxgate");
+    assert_eq!(redis.state_field("wxgate:{default}:tpl", "day.n"), Some(2), "counted as user wxgate");
     // The default user off: only wxgate's user gets in.
     assert!(redis.command("ACL SETUSER default off").starts_with("+OK"));
     let (ok, log) = serve_binary(&with_user(format!("redis://:wrong@127.0.0.1:{}", redis.port)), None);
@@ -318,8 +318,8 @@ async fn redis_over_tls_with_a_private_ca_decides_and_an_untrusted_server_is_ref
     assert_eq!(gate.get(path).await.status, 200);
     assert_eq!(gate.get(path).await.status, 200);
     assert_eq!(gate.get(path).await.header("x-wxgate-reason"), Some("quota"));
-    let count = redis.command("HGET tls:{default}:tpl day.n");
-    assert!(count.contains("\r\n2\r\n"), "counted in Redis, reached over TLS: {count}");
+    let count = redis.state_field("tls:{default}:tpl", "day.n");
+    assert_eq!(count, Some(2), "counted in Redis, reached over TLS");
     let untrusted = ConfigToml::new(&mock.url()).with(StoreToml::redis(&url)).with(tpl().limit(2, "day")).to_string();
     let (ok, log) = serve_binary(&untrusted, None);
     assert!(!ok, "a server from an unknown CA must refuse to start\n{log}");

@@ -1,7 +1,7 @@
 //! The decision itself. `lua/acquire.lua` computes the same thing, step by
 //! numbered step, in the same order and with the same integer arithmetic;
 //! it differs in shape only (it decides a batch of calls per run and reads
-//! and writes each state hash once). Change both together: the conformance
+//! and writes each pair state once). Change both together: the conformance
 //! table (`tests/conformance.rs`) holds them to identical results.
 
 use super::{

@@ -182,7 +182,7 @@ impl RedisStore {
         self
     }
 
-    /// `<prefix>:{<account>}:<rule>`: the state hash of a pair.
+    /// `<prefix>:{<account>}:<rule>`: the state of a pair (one packed value).
     fn state_key(&self, key: Key<'_>) -> String {
         self.keys.state(key.account, key.rule)
     }
@@ -229,24 +229,23 @@ impl RedisStore {
 
     /// Each pair's calendar counts as Redis holds them: per period asked,
     /// the count if Redis's state is in that period (one pipeline of
-    /// `HMGET`s, read only).
+    /// lua/fields.lua, read only).
     pub async fn calendar_counts(
         &self,
         pairs: &[crate::store::ledger::Recent],
     ) -> Result<Vec<Vec<Option<u64>>>, StoreError> {
-        let mut pipe = redis::pipe();
-        for pair in pairs {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(self.keys.state_named(&pair.account, &pair.state));
-            for (period, _) in &pair.periods {
-                cmd.arg(format!("{}.p", period.as_str())).arg(format!("{}.n", period.as_str()));
-            }
-            pipe.add_command(cmd);
-        }
-        let lane = self.conns.lane();
-        let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Vec<Option<i64>>>>(&mut conn)).await;
-        let replies = self.outcome(lane, result)?;
+        let reads = pairs
+            .iter()
+            .map(|pair| {
+                let fields = pair
+                    .periods
+                    .iter()
+                    .flat_map(|(period, _)| [format!("{}.p", period.as_str()), format!("{}.n", period.as_str())])
+                    .collect();
+                (self.keys.state_named(&pair.account, &pair.state), fields)
+            })
+            .collect::<Vec<_>>();
+        let replies = self.read_fields(&reads).await?;
         Ok(pairs
             .iter()
             .zip(replies)
@@ -268,14 +267,34 @@ impl RedisStore {
     /// When each pair's penalty ends (`pu`; 0: none), in one pipeline:
     /// the keeper's check of the pairs this instance holds quota leases of.
     pub async fn penalty_ends(&self, pairs: &[(&str, &str)]) -> Result<Vec<Micros>, StoreError> {
+        let reads: Vec<(String, Vec<String>)> =
+            pairs.iter().map(|(account, state)| (self.keys.state_named(account, state), vec!["pu".into()])).collect();
+        let replies = self.read_fields(&reads).await?;
+        Ok(replies.into_iter().map(|v| v.first().copied().flatten().unwrap_or(0)).collect())
+    }
+
+    /// Fields of pair states (key, field names), read in one pipeline of
+    /// lua/fields.lua on this thread's connection within the timeout (the
+    /// script loaded and the pipeline sent once more if Redis lost it).
+    async fn read_fields(&self, reads: &[(String, Vec<String>)]) -> Result<Vec<Vec<Option<i64>>>, StoreError> {
+        let script: &Script = &protocol::FIELDS;
         let mut pipe = redis::pipe();
-        for (account, state) in pairs {
-            pipe.add_command(redis::cmd("HGET").arg(self.keys.state_named(account, state)).arg("pu").clone());
+        for (key, fields) in reads {
+            pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(key).arg(fields);
         }
         let lane = self.conns.lane();
         let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Option<i64>>>(&mut conn)).await;
-        Ok(self.outcome(lane, result)?.into_iter().map(|pu| pu.unwrap_or(0)).collect())
+        let result = tokio::time::timeout(self.timeout, async {
+            match pipe.query_async::<Vec<Vec<Option<i64>>>>(&mut conn).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async::<Vec<Vec<Option<i64>>>>(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        self.outcome(lane, result)
     }
 
     /// Runs a plain command on this thread's connection within the timeout.

@@ -177,6 +177,40 @@ impl RedisServer {
         cmd.query(&mut conn)
     }
 
+    /// A pair state's fields as wxgate's scripts keep them (lua/prelude.lua
+    /// `state_read`: a MessagePack map in one string value; the hash an
+    /// older wxgate wrote too), read by one EVAL on a fresh connection
+    /// authenticated with `password`. Empty for a missing key.
+    pub fn state_as(&self, password: Option<&str>, key: &str) -> std::collections::HashMap<String, i64> {
+        const READ: &str = "local s = redis.pcall('GET', KEYS[1]) \
+            if type(s) == 'table' then return redis.call('HGETALL', KEYS[1]) end \
+            local out = {} \
+            if not s then return out end \
+            for k, v in pairs(cmsgpack.unpack(s)) do out[#out + 1] = k; out[#out + 1] = string.format('%d', v) end \
+            return out";
+        let flat: Vec<String> = match self.query_as(password, &["EVAL", READ, "1", key]) {
+            Ok(redis::Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect(),
+            other => panic!("reading the state {key}: {other:?}"),
+        };
+        flat.chunks(2).filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.parse().ok()?))).collect()
+    }
+
+    /// [`RedisServer::state_as`] without AUTH.
+    pub fn state(&self, key: &str) -> std::collections::HashMap<String, i64> {
+        self.state_as(None, key)
+    }
+
+    /// One field of a pair state ([`RedisServer::state`]).
+    pub fn state_field(&self, key: &str, field: &str) -> Option<i64> {
+        self.state(key).get(field).copied()
+    }
+
     /// Like [`RedisServer::query_as`], for a command that must succeed.
     pub fn run_as(&self, password: Option<&str>, args: &[&str]) -> redis::Value {
         self.query_as(password, args).unwrap_or_else(|e| panic!("redis {args:?}: {e}"))

@@ -6,9 +6,10 @@
 //! arguments, in its file of [`crate::store::op`]. Each script's header
 //! (`lua/*.lua`) documents its KEYS, ARGV and reply.
 //!
-//! Keys are `<prefix>:{<account>}:<rule>`: one hash per (account, rule), with
-//! the account as hash tag so every key a call touches sits in one Redis
-//! Cluster slot.
+//! Keys are `<prefix>:{<account>}:<rule>`: one packed state per (account,
+//! rule) (a MessagePack map of numbers in one string value: lua/prelude.lua
+//! `state_read`), with the account as hash tag so every key a call touches
+//! sits in one Redis Cluster slot.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -64,6 +65,7 @@ scripts! {
     TOKEN_CLAIM = "token_claim.lua",
     TOKEN_FETCHED = "token_fetched.lua",
     TOKEN_DROP = "token_drop.lua",
+    FIELDS = "fields.lua",
 }
 
 /// Key names under one prefix, and this store's instance id.
@@ -71,7 +73,7 @@ pub struct Keys {
     prefix: String,
     /// This process's id among the instances sharing Redis (random at
     /// start, 16 hex digits): names its own count of each calendar quota in
-    /// the state hashes (`<field>.m.<inst>`, lua/acquire.lua), which a
+    /// the pair states (`<field>.m.<inst>`, lua/acquire.lua), which a
     /// top-up after a failover reads (lua/reconcile.lua).
     inst: String,
 }
@@ -114,13 +116,13 @@ impl Keys {
         key
     }
 
-    /// `<prefix>:{<account>}:<state>`: the state hash ([`Rule::state`]: the
-    /// rule's name, or `<rule><path>` for a per-path rule).
+    /// `<prefix>:{<account>}:<state>`: the pair state ([`Rule::state`]:
+    /// the rule's name, or `<rule><path>` for a per-path rule).
     pub fn state(&self, account: &str, rule: &Rule) -> String {
         self.account_key(account, &[&rule.state])
     }
 
-    /// The state hash of the state named `rule` ([`Rule::state`]).
+    /// The pair state of the state named `rule` ([`Rule::state`]).
     pub fn state_named(&self, account: &str, rule: &str) -> String {
         self.account_key(account, &[rule])
     }
@@ -422,7 +424,7 @@ pub fn reconcile_args(inv: &mut redis::ScriptInvocation<'_>, pending: &crate::st
     }
 }
 
-/// inspect.lua's answer: now, the state hash's fields, the slots.
+/// inspect.lua's answer: now, the pair state's fields, the slots.
 pub type InspectReply = (i64, HashMap<String, i64>, Vec<(String, i64)>);
 
 /// The state inspect.lua read, for `rule`, in canonical form
@@ -484,7 +486,7 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.canonical(rule)
 }
 
-/// The callers' shares in a state hash: fields `<limit>~<caller>` (window)
+/// The callers' shares in a pair state: fields `<limit>~<caller>` (window)
 /// and `<limit>~<caller>.p|.n|.q` (calendar), as acquire.lua writes them.
 fn parse_shares(rule: &Rule, fields: &HashMap<String, i64>) -> Vec<ShareState> {
     let mut callers: Vec<&str> = fields
