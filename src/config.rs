@@ -642,6 +642,9 @@ pub struct Resilience {
     /// Quota leases (`crate::store::resilient::leases`): the longest span
     /// of one, `None` when off.
     pub quota_leases: Option<Duration>,
+    /// Calls of a pair within a second on this instance that make it worth
+    /// a lease (`[store] quota_lease_calls`).
+    pub quota_lease_calls: u32,
 }
 
 impl Default for Resilience {
@@ -653,6 +656,7 @@ impl Default for Resilience {
             breaker_open: Duration::from_secs(1),
             refusal_cache: true,
             quota_leases: None,
+            quota_lease_calls: 4,
         }
     }
 }

@@ -749,7 +749,7 @@ fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
         refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),
         "wxgate: invalid config: DIR/rules.toml:3: [store] instanses: unknown key; did you mean `instances`? \
          (expected one of `url`, `lease`, `username`, `tls_ca`, `key_prefix`, `timeout`, `wait_replicas`, \
-         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`, `quota_leases`, `quota_lease_span`)"
+         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`, `quota_leases`, `quota_lease_span`, `quota_lease_calls`)"
     );
     // Nothing near: the list alone.
     assert_eq!(
@@ -992,7 +992,14 @@ fn quota_leases_take_a_bounded_span_on_a_redis_store_only() {
     );
     let memory = refused_text("leases", "[store]\nkind = \"memory\"\nquota_leases = true\n");
     assert!(memory.contains("[store] quota_leases"), "{memory}");
-    let (code, _, stderr) =
-        check_text("leases", "[store]\nkind = \"redis\"\nquota_leases = true\nquota_lease_span = \"2s\"\n", &[]);
+    assert_eq!(
+        refused_text("leases", "[store]\nkind = \"redis\"\nquota_leases = true\nquota_lease_calls = 0\n"),
+        "wxgate: invalid config: DIR/rules.toml:4: [store] quota_lease_calls: must be between 1 and 100000 (calls a second)"
+    );
+    let (code, _, stderr) = check_text(
+        "leases",
+        "[store]\nkind = \"redis\"\nquota_leases = true\nquota_lease_span = \"2s\"\nquota_lease_calls = 1\n",
+        &[],
+    );
     assert_eq!(code, 0, "{stderr}");
 }

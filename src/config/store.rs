@@ -63,6 +63,7 @@ macro_rules! redis_kind {
             pub batch: Option<bool>,
             pub quota_leases: Option<bool>,
             pub quota_lease_span: Option<String>,
+            pub quota_lease_calls: Option<u32>,
         }
 
         impl $name {
@@ -81,6 +82,7 @@ macro_rules! redis_kind {
                     batch: self.batch,
                     quota_leases: self.quota_leases,
                     quota_lease_span: self.quota_lease_span,
+                    quota_lease_calls: self.quota_lease_calls,
                 };
                 (shared, ($(self.$key,)*))
             }
@@ -117,6 +119,7 @@ pub(super) struct RawRedisShared {
     pub batch: Option<bool>,
     pub quota_leases: Option<bool>,
     pub quota_lease_span: Option<String>,
+    pub quota_lease_calls: Option<u32>,
 }
 
 /// The kinds, as written.
@@ -132,7 +135,7 @@ const OWN_KEYS: [(&str, &[&str]); 4] = [
 ];
 
 /// The keys of every Redis kind.
-const REDIS_KEYS: [&str; 13] = [
+const REDIS_KEYS: [&str; 14] = [
     "username",
     "tls_ca",
     "key_prefix",
@@ -146,6 +149,7 @@ const REDIS_KEYS: [&str; 13] = [
     "batch",
     "quota_leases",
     "quota_lease_span",
+    "quota_lease_calls",
 ];
 
 /// The kinds that take `key`.
@@ -479,6 +483,10 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
     if quota_lease_span < Duration::from_millis(10) || quota_lease_span > Duration::from_secs(60) {
         return Err(Invalid::at(STORE, "quota_lease_span", "must be between 10ms and 60s"));
     }
+    let quota_lease_calls = raw.quota_lease_calls.unwrap_or(4);
+    if !(1..=100_000).contains(&quota_lease_calls) {
+        return Err(Invalid::at(STORE, "quota_lease_calls", "must be between 1 and 100000 (calls a second)"));
+    }
     Ok(Resilience {
         fallback,
         instances,
@@ -486,6 +494,7 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
         breaker_open,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
         quota_leases: raw.quota_leases.unwrap_or(false).then_some(quota_lease_span),
+        quota_lease_calls,
     })
 }
 

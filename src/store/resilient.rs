@@ -149,8 +149,9 @@ impl Resilient {
         counters: StoreCounters,
     ) -> Arc<Resilient> {
         let refusals = (0..redis.workers()).map(|_| RefusalCache::default()).collect();
-        let leases =
-            resilience.quota_leases.map(|span| Leases::new(span.as_micros() as Micros, counters.leases.clone()));
+        let leases = resilience
+            .quota_leases
+            .map(|span| Leases::new(span.as_micros() as Micros, resilience.quota_lease_calls, counters.leases.clone()));
         let store = Arc::new(Resilient {
             leases,
             redis,

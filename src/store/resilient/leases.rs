@@ -3,8 +3,8 @@
 //! script run ([`crate::limit::lease`]) and spent in-process, call by call,
 //! with no round trip.
 //!
-//! - A pair is leased once this instance made [`HOT_CALLS`] calls of it
-//!   within a second; the lease wanted is what this instance called in
+//! - A pair is leased once this instance made `[store] quota_lease_calls`
+//!   calls of it within a second (default [`HOT_CALLS`]); the lease wanted is what this instance called in
 //!   the last second over the span (at least 2), which the take caps at
 //!   the burst and at what is left of each calendar quota. The span is
 //!   `[store] quota_lease_span`, at most half a window's tolerance
@@ -37,7 +37,7 @@ use crate::limit::lease::{supports, Leased};
 use crate::limit::{Ask, Decision, Key, Quota, Rule};
 use crate::time::Micros;
 
-/// Calls within a second that make a pair worth a lease.
+/// Calls within a second that make a pair worth a lease, by default.
 pub const HOT_CALLS: u32 = 4;
 /// How long a pair a take granted nothing to is decided per call.
 pub const COLD_US: Micros = 1_000_000;
@@ -122,14 +122,16 @@ impl Pairs {
 
 pub struct Leases {
     span_us: Micros,
+    /// Calls within a second that make a pair worth a lease.
+    hot_calls: u32,
     pairs: Mutex<Pairs>,
     returns: Mutex<Vec<Return>>,
     pub counters: LeaseCounters,
 }
 
 impl Leases {
-    pub fn new(span_us: Micros, counters: LeaseCounters) -> Leases {
-        Leases { span_us, pairs: Mutex::default(), returns: Mutex::default(), counters }
+    pub fn new(span_us: Micros, hot_calls: u32, counters: LeaseCounters) -> Leases {
+        Leases { span_us, hot_calls: hot_calls.max(1), pairs: Mutex::default(), returns: Mutex::default(), counters }
     }
 
     /// The span of a lease of `rule`: `[store] quota_lease_span`, at most
@@ -179,7 +181,7 @@ impl Leases {
                 return Spend::Admit(admitted(h, now));
             }
         }
-        if pair.taking || now < pair.cold_until || pair.calls.max(pair.before) < HOT_CALLS {
+        if pair.taking || now < pair.cold_until || pair.calls.max(pair.before) < self.hot_calls {
             return Spend::PerCall;
         }
         // Spent or over: give back what is left and take the next.
@@ -420,7 +422,7 @@ mod tests {
     fn a_take_dropped_before_it_answered_lets_the_pair_be_leased_again() {
         let rule =
             Rule::new("r", vec![Limit::Window(WindowLimit::new(1_000, 60_000_000, 1_000).expect("a valid window"))]);
-        let leases = Leases::new(1_000_000, LeaseCounters::default());
+        let leases = Leases::new(1_000_000, HOT_CALLS, LeaseCounters::default());
         let mut takes = 0;
         for i in 0..HOT_CALLS as i64 + 1 {
             if let Spend::Take(_) = leases.spend(&ask(&rule), i) {
