@@ -52,6 +52,8 @@
 # (in Redis one key each). BENCH_RECIPIENTS="0 1 100" runs each in turn,
 # with a recipients column (0: the plain calls above, as without it).
 # With it, every call must be admitted (the mock's 200) or the run fails.
+# BENCH_TRACE=1 (or 0.01) turns tracing on, exporting to the nginx mock:
+# the cost of a traced call (docs/tracing.md).
 # BENCH_PROFILES=dir keeps each run's callgrind profile there
 # (`callgrind_annotate --inclusive=yes dir/1-memory.callgrind.out`).
 set -euo pipefail
@@ -126,6 +128,13 @@ if [ "${BENCH_INJECT:-0}" = 1 ]; then
   chmod 600 "$TMP/bench.secret"
   URL="http://127.0.0.1:$WP/@wxbench00000001$ENDPOINT"
   RULE_MORE="$RULE_MORE$(printf '\n[[account]]\nid = "wxbench00000001"\nkind = "official_account"\nsecret_file = "%s"' "$TMP/bench.secret")"
+fi
+# BENCH_TRACE=ratio: tracing on ([telemetry], docs/tracing.md), every
+# call given a trace and `ratio` of them recorded and exported, to the
+# nginx mock (which answers the OTLP posts 200).
+if [ -n "${BENCH_TRACE:-}" ]; then
+  [[ $BENCH_TRACE =~ ^(0|1|0\.[0-9]+)$ ]] || { echo "bench: BENCH_TRACE is a ratio from 0 to 1" >&2; exit 2; }
+  RULE_MORE="$RULE_MORE$(printf '\n[telemetry]\nendpoint = "http://127.0.0.1:%s"\nsampling = %s' "$UP" "$BENCH_TRACE")"
 fi
 # BENCH_RECIPIENTS: the recipient counts to run (unset: plain calls only,
 # without the recipients column).

@@ -12,6 +12,7 @@
 -- ARGV[19], ARGV[20] the caller's unfinished jobs and bytes in its other
 --          accounts (as the client last saw them: the caller bound is
 --          approximate by the submissions in flight elsewhere)
+-- ARGV[21] '=' .. the submitting call's traceparent, or ''
 --
 -- Returns {'ok', id, caller jobs here, caller bytes here, queue head,
 -- earliest deadline or -1 (-2: the job has none, nothing changed)},
@@ -77,6 +78,9 @@ if ik ~= '' then
 end
 if ARGV[13] ~= '' then
   redis.call('HSET', k, 'cb', string.sub(ARGV[13], 2))
+end
+if (ARGV[21] or '') ~= '' then
+  redis.call('HSET', k, 'tp', string.sub(ARGV[21], 2))
 end
 redis.call('SET', bkey(id), body)
 redis.call('ZADD', qkey(caller, rule), seq, id)

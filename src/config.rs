@@ -31,6 +31,7 @@ pub mod routes;
 mod rule;
 mod settings;
 mod store;
+pub mod telemetry;
 pub mod units;
 
 pub use errors::{ConfigError, Invalid};
@@ -86,6 +87,9 @@ pub struct Config {
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct
     /// calls (`crate::transport::intercept`); `None`: off (the default).
     pub intercept: Option<Intercept>,
+    /// `[telemetry]`: trace export (`crate::telemetry::trace`); `None`: off
+    /// (the default). Read at start: a reload keeps the running exporter.
+    pub telemetry: Option<telemetry::Telemetry>,
     /// `[[account]]`: the accounts whose secret wxgate holds
     /// (`crate::features::broker`), by name.
     pub accounts: accounts::SecretAccounts,

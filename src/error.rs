@@ -286,6 +286,15 @@ impl ProxyError {
 
     /// [`ProxyError::into_response`] for a caller whose `throttle_status`
     /// (`Some`) replaces the rule's.
+    /// The status of its answer by the table (a throttle as 429, whatever
+    /// `throttle_status` a rule or caller sets): a span's status code.
+    pub fn status(&self) -> StatusCode {
+        match self.row().status {
+            Status::Fixed(status) => status,
+            Status::Throttle => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+
     pub fn into_response_for(
         self,
         rule: Option<&Rule>,

@@ -104,6 +104,7 @@ async fn start_parts(
     ops::queue_metrics::spawn(Arc::downgrade(&app));
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
+    ops::traces::spawn(&app);
     if source.is_file() {
         ops::reload::spawn(Arc::downgrade(&app), source);
     }

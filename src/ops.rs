@@ -2,7 +2,7 @@
 //! ([`pair_view`]), config reloads ([`reload`]), the background quota syncs
 //! ([`quota_sync`]) and token renewal ([`renewal`]); queued delivery's
 //! dispatcher ([`dispatch`]), metrics ([`queue_metrics`]) and callbacks
-//! ([`callbacks`]); and the command-line
+//! ([`callbacks`]); the trace exporter ([`traces`]); and the command-line
 //! tools built on the library, off the call path ([`tools`]: the simulated
 //! WeChat, the health probe). Above the app and the features, whose state
 //! they read and swap.
@@ -16,3 +16,4 @@ pub mod quota_sync;
 pub mod reload;
 pub mod renewal;
 pub mod tools;
+pub mod traces;

@@ -68,6 +68,7 @@ pub mod own;
 pub mod resend;
 pub mod respond;
 pub mod route;
+pub mod traces;
 
 use std::sync::Arc;
 
@@ -109,10 +110,16 @@ async fn serve(
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
     let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
     call.arrived.intercepted = intercepted;
-    let answered = match results {
+    traces::start(app, &mut call, req.headers());
+    let answered = match (results, call.trace.as_ref().map(|t| t.ctx)) {
         // Boxed: a call of the API does not make every call's future carry its state.
-        true => Box::pin(deliveries::serve(app, &mut call, req)).await,
-        false => phases(app, &mut call, req, client).await,
+        (true, _) => Box::pin(deliveries::serve(app, &mut call, req)).await,
+        (false, None) => phases(app, &mut call, req, client).await,
+        // Boxed: a traced call's task knows its span (for the calls wxgate
+        // makes for it), and an untraced call's future stays as small.
+        (false, Some(ctx)) => {
+            Box::pin(crate::telemetry::trace::CURRENT.scope(ctx, phases(app, &mut call, req, client))).await
+        }
     };
     let resp = match answered {
         Ok(resp) => resp,
@@ -123,6 +130,7 @@ async fn serve(
         Err(Early::Refused(e)) => respond::refuse(&mut call, e),
     };
     respond::count_and_log(app, &call, resp.status());
+    traces::finish(app, &mut call, resp.status());
     resp
 }
 

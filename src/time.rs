@@ -228,6 +228,12 @@ impl Stopwatch {
     }
 }
 
+/// Nanoseconds since the Unix epoch on the system clock: when a span of a
+/// trace started (`crate::telemetry::trace`). Never decides anything.
+pub fn unix_nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// The Tokio instant `after` from now: a deadline for I/O
 /// (`tokio::time::timeout_at`), on Tokio's clock so tests can pause it.
 pub fn deadline_after(after: Duration) -> tokio::time::Instant {

@@ -103,6 +103,7 @@ mod scenarios {
         let mut job = new_job(&q, 500);
         job.deadline_us = Some(T0 + DAY);
         job.callback = Some("https://hr.example/done".into());
+        job.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
         let id = submit(&s, job.clone(), T0).await;
         let got = s.get("hr", id).await.expect("get").expect("the caller's job");
         assert_eq!(got.id, id);

@@ -35,6 +35,7 @@ fn job(caller: &str, account: &str, body: &str) -> NewJob {
         deadline_us: None,
         idempotency_key: None,
         callback: None,
+        traceparent: None,
     }
 }
 

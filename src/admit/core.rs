@@ -29,4 +29,6 @@ pub struct Core {
     /// Where each domain's calls go (`[server] upstream`, `[[domain]]
     /// upstream`; swapped by a reload): wxgate's own calls too.
     pub upstreams: arc_swap::ArcSwap<DomainUpstreams>,
+    /// `[telemetry]`: the tracer of every call (`None`: tracing off).
+    pub tracer: Option<Arc<crate::telemetry::trace::Tracer>>,
 }

@@ -129,6 +129,9 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let with_callbacks = callers.iter().find(|c| !c.callbacks.is_empty()).map(|c| &*c.name);
     super::queue::check_callbacks(&queue, with_callbacks).map_err(|e| ctx.in_table(e))?;
     let intercept = intercept::compile(raw.intercept, ctx.dir, &domains).map_err(|e| ctx.in_table(e))?;
+    let telemetry =
+        super::telemetry::compile(std::mem::take(&mut raw.telemetry), ctx.dir, &|name| std::env::var(name).ok())
+            .map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
     let accounts =
         super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
@@ -165,6 +168,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         queue,
         quota_syncs: rules.quota_syncs,
         intercept,
+        telemetry,
         accounts,
         overrides,
         warnings,

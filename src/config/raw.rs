@@ -32,6 +32,8 @@ pub(super) struct RawConfig {
     pub queue: super::queue::RawQueue,
     #[serde(default)]
     pub quota: Vec<Spanned<super::overrides::RawQuota>>,
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 /// `[[domain]]` (src/config/domain.rs).

@@ -74,6 +74,9 @@ pub struct OwnCall {
     /// as that caller's, never held, never from the rule's reserve).
     /// `None`: wxgate's own call (the rule's reserve is for it).
     pub queued_by: Option<Caller>,
+    /// A queued job's send: its submission's span, which the send's span
+    /// links to (`crate::proxy::traces`).
+    pub submitted: Option<crate::telemetry::trace::SpanContext>,
 }
 
 /// Values of any type, each taken once by the hook that knows its type

@@ -291,6 +291,11 @@ async fn send(app: &App, job: Job) -> End {
         body: job.new.body.clone(),
         seeds,
         queued_by: Some(caller),
+        submitted: job
+            .new
+            .traceparent
+            .as_deref()
+            .and_then(|t| crate::telemetry::trace::SpanContext::from_traceparent(t.as_bytes())),
     };
     let result = crate::proxy::own::call(app, own).await;
     let now = app.core.clock.now_us();

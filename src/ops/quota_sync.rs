@@ -232,6 +232,7 @@ async fn quota_get(
         body,
         seeds: Seeds::default(),
         queued_by: None,
+        submitted: None,
     };
     let answered = app.call(own).await.map_err(|e| fail(e.to_string()))?;
     match answered.errcode {

@@ -4,7 +4,7 @@
 //! A new config is fully loaded and validated before anything changes; it is
 //! then swapped in atomically, so each call runs under exactly one config:
 //! the one it started with. An invalid file is refused with its error logged,
-//! and the old rules stay. `[store]`, `[intercept]`, `workers`, the
+//! and the old rules stay. `[store]`, `[intercept]`, `[telemetry]`, `workers`, the
 //! admin listener and where queued jobs live (once a jobs store is open)
 //! need a restart: a reload that changes them keeps the running ones and
 //! says so. A reload that first needs a jobs store (its first `queue =
@@ -115,6 +115,10 @@ async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     if next.intercept != running.intercept {
         tracing::warn!("[intercept] changes need a restart; keeping the running hosts, CA and upstreams");
         next.intercept = running.intercept.clone();
+    }
+    if next.telemetry != running.telemetry {
+        tracing::warn!("[telemetry] changes need a restart; keeping the running trace exporter");
+        next.telemetry = running.telemetry.clone();
     }
     let s = (&next.server, &running.server);
     let domains_moved = next.domains.len() != running.domains.len()

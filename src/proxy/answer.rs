@@ -96,7 +96,7 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
             answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, body.whole(), None);
         if let Some(target) = app.features.resend(env, &mut call.features, &view).await {
             // Boxed: rare, and a whole call of its own.
-            let resp = Box::pin(super::resend::resend(call, &resend, &target)).await?;
+            let resp = Box::pin(super::resend::resend(app, call, &resend, &target)).await?;
             forwarded.target = target;
             (parts, body, verdict) = read(resp, stall).await?;
         }

@@ -93,6 +93,12 @@ impl App {
         let features = Features::new(&config, &store, &clock, &metrics, jobs).map_err(StartError::Features)?;
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
+        let tracer = config.telemetry.as_ref().map(|t| {
+            use crate::telemetry::trace::{export::Queue, Sampling, Tracer};
+            let (queue, spans) = Queue::new(t.max_queued, metrics.trace_spans.clone());
+            let sampling = Sampling { ratio: t.sampler.ratio, parent_based: t.sampler.parent_based };
+            Tracer::new(sampling, queue, spans)
+        });
         let app = Arc::new(App {
             core: Core {
                 store,
@@ -103,6 +109,7 @@ impl App {
                 activity: Arc::default(),
                 forecasts: Arc::default(),
                 upstreams: ArcSwap::from_pointee(upstreams),
+                tracer,
             },
             features,
             config: ArcSwap::from_pointee(config),

@@ -46,6 +46,9 @@ pub struct Call {
     /// for the access log: the errmsg the client got, which never quotes
     /// the query or the body.
     pub refusal: Option<String>,
+    /// The call's trace (`None`: tracing off), set when it arrives
+    /// ([`crate::proxy::traces`]).
+    pub trace: Option<crate::telemetry::trace::Traced>,
 }
 
 /// Set when the call arrives, and by accept.
@@ -119,6 +122,7 @@ impl Call {
             errcode: None,
             outcome: Outcome::forwarded,
             refusal: None,
+            trace: None,
         }
     }
 

@@ -49,13 +49,15 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         // until the refusal's wait is over.
         may_wait: !call.who.queued,
     };
+    let traced_at = super::traces::now(call);
     let admitted = admit(&app.core, asked).await;
     call.admission.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),
     };
+    super::traces::decided(app, call, traced_at, admitted.as_ref().map(|a| (a.decision_us, a.held_us)));
     if let Some(m) = &call.route.metrics {
-        m.observe_decision(call.admission.decision_us as f64 / 1e6);
+        m.observe_decision(call.admission.decision_us as f64 / 1e6, super::traces::exemplar(call));
     }
     if let (Some(m), Err(crate::error::ProxyError::Throttled { reason: crate::limit::Reason::Recipient, .. })) =
         (&call.route.metrics, &admitted)
@@ -72,7 +74,7 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
     if admitted.held_us > 0 {
         call.outcome = Outcome::held;
         if let Some(m) = &call.route.metrics {
-            m.observe_hold(admitted.held_us as f64 / 1e6);
+            m.observe_hold(admitted.held_us as f64 / 1e6, super::traces::exemplar(call));
         }
     }
     if admitted.degraded {

@@ -114,11 +114,14 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     let activity =
         call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
     let sent = Stopwatch::start();
+    let traced_at = super::traces::now(call);
     let (tried, resp) = upstream.send(req).await;
     call.sent.upstream_us = sent.elapsed_us();
+    let status = resp.as_ref().map(|r| r.status().as_u16()).map_err(|e| e.to_string());
+    super::traces::exchanged(app, call, traced_at, upstream.name(tried), status, false);
     call.sent.upstream = Some((upstream, tried));
     if let Some(m) = &call.route.metrics {
-        m.observe_upstream(call.sent.upstream_us as f64 / 1e6);
+        m.observe_upstream(call.sent.upstream_us as f64 / 1e6, super::traces::exemplar(call));
     }
     if let Err(e) = &resp {
         if e.never_sent() {

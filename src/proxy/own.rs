@@ -10,7 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Method, StatusCode};
 
 use super::call::Call;
-use super::{answer, decide, forward, meter, respond, route};
+use super::{answer, decide, forward, meter, respond, route, traces};
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Asking, Calls, OwnAnswer, OwnCall, OwnFuture, Requesting, Seeds, Sending};
 use crate::proxy::app::App;
@@ -24,7 +24,7 @@ impl Calls for App {
 /// Runs `own` through the phases: WeChat's errcode and (small) body, or
 /// why it was not sent or not answered.
 pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
-    let OwnCall { config, account, domain, method, target, body, mut seeds, queued_by } = own;
+    let OwnCall { config, account, domain, method, target, body, mut seeds, queued_by, submitted } = own;
     let queued = queued_by.is_some();
     let caller = queued_by.unwrap_or_else(|| app.callers.load().fallback());
     let mut call = Call::new(method.clone(), target.path(), config, caller);
@@ -33,13 +33,25 @@ pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
     call.who.own = true;
     call.who.queued = queued;
     call.body = Some(body);
+    traces::start_own(app, &mut call, submitted);
     route::route(app, &mut call);
-    let result = phases(app, &mut call, method, target, &mut seeds).await;
+    let result = match call.trace.as_ref().map(|t| t.ctx) {
+        None => phases(app, &mut call, method, target, &mut seeds).await,
+        // The calls this one makes (a token fetch for a queued send) are its children.
+        Some(ctx) => {
+            crate::telemetry::trace::CURRENT.scope(ctx, phases(app, &mut call, method, target, &mut seeds)).await
+        }
+    };
     match &result {
         Ok(_) => {}
         Err(e) => call.outcome = e.outcome(),
     }
     respond::count_and_log(app, &call, StatusCode::OK);
+    let status = match &result {
+        Ok(a) => StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK),
+        Err(e) => e.status(),
+    };
+    traces::finish(app, &mut call, status);
     result
 }
 

@@ -23,6 +23,7 @@ pub struct Resend {
 /// Sends the call once more, to `target`, on the upstream that answered
 /// the first time.
 pub async fn resend(
+    app: &crate::proxy::app::App,
     call: &mut Call,
     resend: &Resend,
     target: &PathAndQuery,
@@ -34,8 +35,11 @@ pub async fn resend(
     *req.uri_mut() = uri;
     *req.headers_mut() = resend.headers.clone();
     let sent = Stopwatch::start();
+    let traced_at = super::traces::now(call);
     let (tried, resp) = resend.upstream.send(req).await;
     call.sent.upstream_us += sent.elapsed_us();
+    let status = resp.as_ref().map(|r| r.status().as_u16()).map_err(|e| e.to_string());
+    super::traces::exchanged(app, call, traced_at, resend.upstream.name(tried), status, true);
     call.sent.upstream = Some((resend.upstream.clone(), tried));
     Ok(resp?)
 }

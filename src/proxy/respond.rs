@@ -40,6 +40,7 @@ pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
         host.calls.inc();
     }
     if call.arrived.config.log.access {
+        let trace_id = super::traces::trace_id(call);
         tracing::info!(
             target: "wxgate::access",
             method = %call.arrived.method,
@@ -59,6 +60,7 @@ pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
             decision_ms = call.admission.decision_us as f64 / 1000.0,
             upstream_ms = call.sent.upstream_us as f64 / 1000.0,
             held_ms = call.admission.held_us as f64 / 1000.0,
+            trace_id = trace_id.as_deref(),
         );
     }
 }

@@ -102,6 +102,9 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// `X-Wxgate-Callback`, checked against the caller's allowed prefixes.
     pub callback: Option<String>,
+    /// The span of the call that submitted it (a `traceparent`), when
+    /// tracing is on: its send's span links to it (docs/tracing.md).
+    pub traceparent: Option<String>,
 }
 
 pub use crate::config::queue::Bounds;

@@ -22,16 +22,16 @@ pub use series::{
     CallerMetrics, MemoryStoreMetrics, QueueMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics, QUEUE_ENDS,
     QUEUE_STATES,
 };
-use series::{Histograms, RuleFamilies};
+use series::{Latencies, RuleFamilies};
 
 pub struct Metrics {
     pub registry: Registry,
     rules: std::sync::RwLock<hashbrown::HashMap<std::sync::Arc<str>, std::sync::Arc<RuleMetrics>>>,
     pub calls: Family<OutcomeLabels, Counter>,
     pub upstream_errcodes: Family<ErrcodeLabels, Counter>,
-    pub upstream_seconds: Histograms,
-    pub decision_seconds: Histograms,
-    pub hold_seconds: Histograms,
+    pub upstream_seconds: Latencies,
+    pub decision_seconds: Latencies,
+    pub hold_seconds: Latencies,
     pub in_flight: Family<RuleLabel, Gauge>,
     pub held_now: Gauge,
     pub store_errors: Counter,
@@ -42,6 +42,8 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     /// `wxgate_quota_lease_units_total{what}`.
     pub lease_units: Family<LeaseLabel, Counter>,
+    /// `wxgate_trace_spans_total{what}`: exported, dropped, failed.
+    pub trace_spans: crate::telemetry::trace::export::Counters,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,
     pub recipients: Family<RuleLabel, Counter>,
@@ -119,6 +121,7 @@ impl Metrics {
         let InterceptSeries { intercepted_calls, intercept_tunnels } = register::intercept(&mut registry);
         let queue = register::queue(&mut registry);
         let day_forecast = register::day_forecast(&mut registry);
+        let trace_spans = register::trace_spans(&mut registry);
         register::build(&mut registry);
         Metrics {
             registry,
@@ -137,6 +140,7 @@ impl Metrics {
             breaker_open,
             breaker_opened,
             lease_units,
+            trace_spans,
             reloads,
             refunds,
             recipients,
@@ -319,9 +323,9 @@ mod tests {
         send.errcode(12345);
         send.errcode(99999);
         send.call(Outcome::cached);
-        send.observe_decision(0.000_01);
-        send.observe_upstream(0.2);
-        send.observe_upstream(0.2);
+        send.observe_decision(0.000_01, None);
+        send.observe_upstream(0.2, None);
+        send.observe_upstream(0.2, None);
         send.refunded();
         let again = m.rule("send");
         again.errcode(40001);

@@ -30,6 +30,7 @@ pub fn new_job(queue: &QueueKey, body: usize) -> NewJob {
         deadline_us: None,
         idempotency_key: None,
         callback: None,
+        traceparent: None,
     }
 }
 

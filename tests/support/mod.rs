@@ -13,7 +13,8 @@
 //! (submissions, and the test binary run again as a child: [`jobs`]),
 //! queued delivery over real sockets ([`queue`]) and its callbacks (a
 //! receiver, the signature's check: [`callbacks`]), the stores a scenario
-//! runs on ([`backing`]: memory, Redis, Cluster).
+//! runs on ([`backing`]: memory, Redis, Cluster), an OpenTelemetry
+//! collector ([`otlp`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
@@ -25,6 +26,7 @@ pub mod config;
 pub mod deploy;
 pub mod intercept;
 pub mod jobs;
+pub mod otlp;
 pub mod pki;
 pub mod poll;
 pub mod ports;

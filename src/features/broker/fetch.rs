@@ -44,6 +44,7 @@ pub async fn fetch(
         body,
         seeds,
         queued_by: None,
+        submitted: None,
     };
     let answered = env.calls.call(own).await?;
     let (errcode, answer) = (answered.errcode, answered.body);
@@ -94,6 +95,7 @@ pub async fn fetch_ticket(
         body: Bytes::new(),
         seeds,
         queued_by: None,
+        submitted: None,
     };
     match env.calls.call(own).await? {
         answered if answered.errcode == Some(0) => Ok(()),

@@ -236,6 +236,8 @@ pub async fn submit(
         deadline_us: Some(deadline_us),
         idempotency_key: asked.key,
         callback: asked.callback,
+        // The submitting call's span (this runs in its task).
+        traceparent: crate::telemetry::trace::current().map(|c| c.traceparent()),
     };
     let now = env.core.clock.now_us();
     let submitted = match jobs.submit(job, &config.queue.bounds, now).await {

@@ -612,7 +612,8 @@ impl JobStore for RedisJobs {
             .arg(bounds.account_bytes)
             .arg(bounds.idempotency_us)
             .arg(other_jobs)
-            .arg(other_bytes);
+            .arg(other_bytes)
+            .arg(given(&job.traceparent));
         let reply: Vec<Value> = self.run(inv).await?;
         const S: &str = "jobs_submit.lua";
         let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
@@ -964,6 +965,7 @@ fn job_from(account: &Arc<str>, fields: Value, body: Vec<u8>) -> Result<Job, Sto
             deadline_us: f.get("dl").map(|_| num("dl")).transpose()?,
             idempotency_key: s("ik"),
             callback: s("cb"),
+            traceparent: s("tp"),
         },
         seq: num("seq")?.max(0) as u64,
         state: state_from(&need("st")?)?,

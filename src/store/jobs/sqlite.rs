@@ -45,7 +45,7 @@ use crate::time::Micros;
 
 /// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
 /// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -134,6 +134,9 @@ CREATE TABLE totals (
 /// it), so [`summary`] reads one row per queue and state instead of every
 /// job; and `jobs_deadline`, the deadlines of jobs no dispatcher holds
 /// (`Queued`, `Waiting`), which [`expire`] reads.
+///
+/// 4 → 5: `jobs.trace`, the submitting call's `traceparent` (NULL: not
+/// traced), which the send's span links to.
 pub const MIGRATIONS: &[&str] = &[
     "
 ALTER TABLE queues ADD COLUMN head_due INTEGER;
@@ -169,6 +172,9 @@ CREATE TRIGGER counts_delete AFTER DELETE ON jobs BEGIN
 END;
 CREATE INDEX jobs_deadline ON jobs (deadline_us) WHERE state < 2 AND deadline_us IS NOT NULL;
 ",
+    "
+ALTER TABLE jobs ADD COLUMN trace TEXT;
+",
 ];
 
 /// `totals.kind`.
@@ -180,7 +186,7 @@ macro_rules! job_fields {
     () => {
         "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
          j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
-         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us"
+         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace"
     };
 }
 
@@ -210,7 +216,7 @@ const REFRESH_HEAD: &str = "UPDATE queues SET head_due = \
 /// `?2`: the job's fields ([`job_from`], its body left out) and `cb_tries`.
 const CALLBACKS_DUE: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, \
      j.target, j.content_type, X'', j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, \
-     j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.cb_tries \
+     j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace, j.cb_tries \
      FROM jobs j INDEXED BY jobs_callbacks JOIN queues q ON q.qid = j.qid \
      WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due LIMIT ?2";
 
@@ -619,6 +625,7 @@ fn job_from(row: &Row<'_>) -> Result<Job, StoreError> {
             deadline_us: row.get(11).map_err(sql)?,
             idempotency_key: row.get(12).map_err(sql)?,
             callback: row.get(13).map_err(sql)?,
+            traceparent: row.get(23).map_err(sql)?,
         },
         seq: u64::try_from(seq).map_err(|_| bad("a negative seq"))?,
         state: state_from(state)?,
@@ -706,8 +713,8 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     let qid = queue_id(c, &job.queue, true)?.ok_or_else(|| bad("no queue row after inserting it"))?;
     c.prepare_cached(
         "INSERT INTO jobs (id, qid, state, domain, method, target, content_type, body, deadline_us, \
-         idempotency_key, callback, submitted_us, due_us, owner, lease_us, attempts, updated_us) \
-         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, NULL, 0, 0, ?11)",
+         idempotency_key, callback, submitted_us, due_us, owner, lease_us, attempts, updated_us, trace) \
+         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, NULL, 0, 0, ?11, ?12)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -722,6 +729,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
             job.idempotency_key,
             job.callback,
             now,
+            job.traceparent,
         ])
     })
     .map_err(sql)?;
@@ -888,7 +896,7 @@ fn callbacks_due(c: &Connection, now: Micros, lease_us: Micros, max: usize) -> R
         let mut s = c.prepare_cached(CALLBACKS_DUE).map_err(sql)?;
         let mut rows = s.query(params![now, limit]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
-            let tries: i64 = row.get(23).map_err(sql)?;
+            let tries: i64 = row.get(24).map_err(sql)?;
             let tries = u32::try_from(tries.saturating_add(1)).map_err(|_| bad("callback tries out of range"))?;
             out.push(DueCallback { job: job_from(row)?, tries });
         }

@@ -15,7 +15,7 @@ use super::labels::{
     CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, LearnedLabels, LeaseLabel,
     OpLabel, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
 };
-use super::series::{Histograms, MemoryStoreMetrics, QueueMetrics, TokenMetrics, UpstreamMetrics};
+use super::series::{Latencies, Latency, MemoryStoreMetrics, QueueMetrics, TokenMetrics, UpstreamMetrics};
 
 /// The latency histograms' bucket bounds, in seconds: few enough that an
 /// active rule costs 12 or 13 lines per histogram, where the dashboard's
@@ -44,25 +44,25 @@ fn delay_buckets() -> Histogram {
     Histogram::new(DELAY_BUCKETS)
 }
 
-fn upstream_buckets() -> Histogram {
-    Histogram::new(UPSTREAM_BUCKETS)
+fn upstream_buckets() -> Latency {
+    Latency::new(UPSTREAM_BUCKETS.into_iter())
 }
 
-fn decision_buckets() -> Histogram {
-    Histogram::new(DECISION_BUCKETS)
+fn decision_buckets() -> Latency {
+    Latency::new(DECISION_BUCKETS.into_iter())
 }
 
-fn hold_buckets() -> Histogram {
-    Histogram::new(HOLD_BUCKETS)
+fn hold_buckets() -> Latency {
+    Latency::new(HOLD_BUCKETS.into_iter())
 }
 
 /// The calls' series, by rule: outcomes, WeChat's errcodes, latencies, in flight.
 pub(super) struct CallSeries {
     pub(super) calls: Family<OutcomeLabels, Counter>,
     pub(super) upstream_errcodes: Family<ErrcodeLabels, Counter>,
-    pub(super) upstream_seconds: Histograms,
-    pub(super) decision_seconds: Histograms,
-    pub(super) hold_seconds: Histograms,
+    pub(super) upstream_seconds: Latencies,
+    pub(super) decision_seconds: Latencies,
+    pub(super) hold_seconds: Latencies,
     pub(super) in_flight: Family<RuleLabel, Gauge>,
     pub(super) held_now: Gauge,
 }
@@ -70,9 +70,9 @@ pub(super) struct CallSeries {
 pub(super) fn calls(registry: &mut Registry) -> CallSeries {
     let calls = Family::<OutcomeLabels, Counter>::default();
     let upstream_errcodes = Family::<ErrcodeLabels, Counter>::default();
-    let upstream_seconds: Histograms = Family::new_with_constructor(upstream_buckets);
-    let decision_seconds: Histograms = Family::new_with_constructor(decision_buckets);
-    let hold_seconds: Histograms = Family::new_with_constructor(hold_buckets);
+    let upstream_seconds: Latencies = Family::new_with_constructor(upstream_buckets);
+    let decision_seconds: Latencies = Family::new_with_constructor(decision_buckets);
+    let hold_seconds: Latencies = Family::new_with_constructor(hold_buckets);
     let in_flight = Family::<RuleLabel, Gauge>::default();
     let held_now = Gauge::default();
     registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());
@@ -157,6 +157,22 @@ pub(super) fn config_reloads(registry: &mut Registry) -> Family<ResultLabel, Cou
         let _ = reloads.get_or_create(&ResultLabel { result: result.to_owned() });
     }
     reloads
+}
+
+/// Spans of traces, by what became of them (`crate::telemetry::trace::export`).
+pub(super) fn trace_spans(registry: &mut Registry) -> crate::telemetry::trace::export::Counters {
+    let spans = Family::<LeaseLabel, Counter>::default();
+    registry.register(
+        "trace_spans",
+        "Spans of traces: exported to the collector, dropped (the export queue was full), failed (the export did not succeed)",
+        spans.clone(),
+    );
+    let get = |what: &str| spans.get_or_create(&LeaseLabel { what: what.to_owned() }).clone();
+    crate::telemetry::trace::export::Counters {
+        exported: get("exported"),
+        dropped: get("dropped"),
+        failed: get("failed"),
+    }
 }
 
 /// Refunds, by rule.

@@ -2,6 +2,7 @@
 //! metrics, fetched once so that the hot path touches no label sets.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -117,15 +118,28 @@ pub(super) const EAGER_OUTCOMES: [Outcome; 6] = [
 /// A latency histogram family by rule, each made with the family's buckets.
 pub(super) type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
 
+/// A call latency histogram, with the trace id of a traced call as the
+/// exemplar of the bucket it fell in (OpenMetrics; none without tracing).
+pub type Latency = HistogramWithExemplars<TraceLabel>;
+
+/// [`Latency`] histograms by rule.
+pub(super) type Latencies = Family<RuleLabel, Latency, fn() -> Latency>;
+
+/// An exemplar's label: the trace of the call it came from.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct TraceLabel {
+    pub trace_id: String,
+}
+
 /// The families of the per-rule series (handles: a clone shares the
 /// series), which a [`RuleMetrics`] creates its series in.
 #[derive(Clone)]
 pub(super) struct RuleFamilies {
     pub(super) calls: Family<OutcomeLabels, Counter>,
     pub(super) errcodes: Family<ErrcodeLabels, Counter>,
-    pub(super) decision: Histograms,
-    pub(super) upstream: Histograms,
-    pub(super) hold: Histograms,
+    pub(super) decision: Latencies,
+    pub(super) upstream: Latencies,
+    pub(super) hold: Latencies,
     pub(super) in_flight: Family<RuleLabel, Gauge>,
     pub(super) refunds: Family<RuleLabel, Counter>,
     pub(super) recipients: Family<RuleLabel, Counter>,
@@ -146,9 +160,9 @@ pub struct RuleMetrics {
     calls: [OnceLock<Counter>; OUTCOMES.len()],
     errcodes: [OnceLock<Counter>; KNOWN_ERRCODES.len()],
     other_errcode: OnceLock<Counter>,
-    decision: OnceLock<Histogram>,
-    upstream: OnceLock<Histogram>,
-    hold: OnceLock<Histogram>,
+    decision: OnceLock<Latency>,
+    upstream: OnceLock<Latency>,
+    hold: OnceLock<Latency>,
     in_flight: OnceLock<Gauge>,
     refunds: OnceLock<Counter>,
     recipients: OnceLock<Counter>,
@@ -211,19 +225,22 @@ impl RuleMetrics {
         self.code(code).inc();
     }
 
-    /// Time to decide, in seconds.
-    pub fn observe_decision(&self, seconds: f64) {
-        self.decision.get_or_init(|| self.families.decision.get_or_create_owned(&self.rule())).observe(seconds);
+    /// Time to decide, in seconds (`trace`: a traced call's trace id, the exemplar).
+    pub fn observe_decision(&self, seconds: f64, trace: Option<String>) {
+        let h = self.decision.get_or_init(|| self.families.decision.get_or_create_owned(&self.rule()));
+        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
     }
 
     /// Time to WeChat's answer's head, in seconds.
-    pub fn observe_upstream(&self, seconds: f64) {
-        self.upstream.get_or_init(|| self.families.upstream.get_or_create_owned(&self.rule())).observe(seconds);
+    pub fn observe_upstream(&self, seconds: f64, trace: Option<String>) {
+        let h = self.upstream.get_or_init(|| self.families.upstream.get_or_create_owned(&self.rule()));
+        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
     }
 
     /// How long a held call waited for its slot, in seconds.
-    pub fn observe_hold(&self, seconds: f64) {
-        self.hold.get_or_init(|| self.families.hold.get_or_create_owned(&self.rule())).observe(seconds);
+    pub fn observe_hold(&self, seconds: f64, trace: Option<String>) {
+        let h = self.hold.get_or_init(|| self.families.hold.get_or_create_owned(&self.rule()));
+        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
     }
 
     /// The rule's calls at WeChat now (for an [`super::InFlightGuard`]).

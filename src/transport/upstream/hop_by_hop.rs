@@ -52,7 +52,11 @@ fn hop_by_hop_bit_any_case(token: &str) -> u16 {
 /// Bits after `HOP_BY_HOP`'s: the request headers [`to_upstream`] handles.
 const AUTHORIZATION_BIT: u16 = 1 << 9;
 const ACCEPT_ENCODING_BIT: u16 = 1 << 10;
-const REQUEST_BITS: u16 = AUTHORIZATION_BIT | ACCEPT_ENCODING_BIT;
+const TRACEPARENT_BIT: u16 = 1 << 11;
+const TRACESTATE_BIT: u16 = 1 << 12;
+const BAGGAGE_BIT: u16 = 1 << 13;
+const TRACE_BITS: u16 = TRACEPARENT_BIT | TRACESTATE_BIT | BAGGAGE_BIT;
+const REQUEST_BITS: u16 = AUTHORIZATION_BIT | ACCEPT_ENCODING_BIT | TRACE_BITS;
 
 /// [`hop_by_hop_bit`], and the bits of the request headers
 /// [`to_upstream`] takes off or rewrites.
@@ -60,6 +64,9 @@ fn request_bit(name: &str) -> u16 {
     match name {
         "authorization" => AUTHORIZATION_BIT,
         "accept-encoding" => ACCEPT_ENCODING_BIT,
+        "traceparent" => TRACEPARENT_BIT,
+        "tracestate" => TRACESTATE_BIT,
+        "baggage" => BAGGAGE_BIT,
         other => hop_by_hop_bit(other),
     }
 }
@@ -85,6 +92,10 @@ pub fn replace(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
 ///   small JSON or media already compressed). Without the header servers
 ///   send identity; an answer encoded anyway is read as unknown (`sniff`).
 ///
+/// - `traceparent`, `tracestate` and `baggage` go: a caller's trace
+///   context means nothing to WeChat and would tell it internal ids
+///   (wxgate continues the trace itself: docs/tracing.md).
+///
 /// `Host` is set per upstream ([`replace`]); wxgate's own `X-Wx-Account`
 /// and `X-Wx-Caller` are taken off by the call's phases (whole too). One pass over the names,
 /// which hop-by-hop stripping made anyway; nothing more for a call that
@@ -96,6 +107,11 @@ pub fn to_upstream(headers: &mut HeaderMap) {
     }
     if present & ACCEPT_ENCODING_BIT != 0 {
         replace(headers, header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+    if present & TRACE_BITS != 0 {
+        for name in ["traceparent", "tracestate", "baggage"] {
+            headers.remove(name);
+        }
     }
 }
 
@@ -213,5 +229,19 @@ mod tests {
         let mut none = headers(&[("content-type", "application/json")]);
         to_upstream(&mut none);
         assert_eq!(none.len(), 1, "no Accept-Encoding is added");
+    }
+
+    #[test]
+    fn a_callers_trace_context_never_goes_to_wechat() {
+        let mut h = headers(&[
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01"),
+            ("tracestate", "vendor=internal-id"),
+            ("baggage", "user.id=42"),
+            ("content-type", "application/json"),
+        ]);
+        to_upstream(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type"]);
     }
 }

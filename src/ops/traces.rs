@@ -1,0 +1,78 @@
+//! The trace exporter (`[telemetry]`, docs/tracing.md): the spans the
+//! calls finish ([`crate::telemetry::trace`]) posted to the collector over
+//! OTLP/HTTP with protobuf, in batches, one export at a time. What a dead
+//! or slow collector costs is counted (`wxgate_trace_spans_total`), never
+//! waited for by a call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, USER_AGENT};
+use http::{HeaderValue, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::proxy::app::App;
+use crate::telemetry::trace::export::{self, Source};
+
+/// Most bytes of a collector's answer read (a partial-success message).
+const ANSWER_READ: usize = 64 * 1024;
+
+/// Starts the exporter when tracing is on; it ends once the app (and its
+/// tracer) is gone and the queue is drained.
+pub fn spawn(app: &Arc<App>) {
+    let Some(tracer) = &app.core.tracer else { return };
+    let config = app.config.load();
+    let (Some(telemetry), Some(spans)) = (config.telemetry.clone(), tracer.take_spans()) else { return };
+    let poster = match crate::transport::upstream::connector(&config.server) {
+        Ok(connector) => Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build::<_, Full<Bytes>>(connector),
+        Err(e) => {
+            tracing::error!(error = %e, "[telemetry]: no client for the collector; traces are not exported");
+            return;
+        }
+    };
+    let counters = tracer.queue().counters().clone();
+    let source = Source { service_name: telemetry.service_name.clone(), service_instance: instance_id() };
+    tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sampler.ratio, "[telemetry]: exporting traces");
+    let telemetry = Arc::new(telemetry);
+    tokio::spawn(export::run(spans, source, counters, telemetry.batch_delay, telemetry.timeout, move |body| {
+        let poster = poster.clone();
+        let telemetry = telemetry.clone();
+        async move {
+            let mut req = Request::builder()
+                .method(Method::POST)
+                .uri(telemetry.endpoint.clone())
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"))
+                .header(USER_AGENT, HeaderValue::from_static(concat!("wxgate/", env!("CARGO_PKG_VERSION"))))
+                .body(Full::new(body))
+                .map_err(|e| e.to_string())?;
+            for (name, value) in &telemetry.headers {
+                req.headers_mut().append(name.clone(), value.clone());
+            }
+            let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
+            let status = resp.status();
+            let mut body = resp.into_body();
+            let mut read = 0usize;
+            while read < ANSWER_READ {
+                match body.frame().await {
+                    Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+                    Some(Err(_)) | None => break,
+                }
+            }
+            match status.is_success() {
+                true => Ok(()),
+                false => Err(format!("the collector answered {status}")),
+            }
+        }
+    }));
+}
+
+/// This instance's `service.instance.id`: the host name and process id.
+fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "wxgate".into());
+    format!("{host}-{}", std::process::id())
+}
