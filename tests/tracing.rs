@@ -82,6 +82,9 @@ async fn a_forwarded_call_continues_its_callers_trace_and_its_context_never_reac
     assert_eq!(attr(upstream, "server.address").as_deref(), Some("127.0.0.1"));
     assert_eq!(attr(upstream, "server.port"), Some(mock.addr.port().to_string()));
     assert_eq!(attr(upstream, "http.response.status_code").as_deref(), Some("200"));
+    // The first call to the mock made the connection: how long it took is told.
+    assert_eq!(attr(upstream, "wxgate.connection").as_deref(), Some("new"));
+    assert!(attr(upstream, "wxgate.connect_us").is_some_and(|us| us.parse::<i64>().is_ok_and(|us| us >= 0)));
     assert!(upstream.start_time_unix_nano >= decide.end_time_unix_nano, "sent after it was decided");
     assert!(server.start_time_unix_nano <= decide.start_time_unix_nano);
     assert!(server.end_time_unix_nano >= upstream.end_time_unix_nano);
@@ -143,6 +146,9 @@ async fn a_held_and_a_refused_call_show_their_decision() {
     let decide = named(&spans, "wxgate.decide");
     assert_eq!(attr(decide, "wxgate.decision").as_deref(), Some("held"));
     assert_eq!(hold.parent_span_id, named(&spans, "POST send").span_id);
+    let upstream = named(&spans, "POST");
+    assert_eq!(attr(upstream, "wxgate.connection").as_deref(), Some("reused"), "the first call's connection");
+    assert_eq!(attr(upstream, "wxgate.connect_us"), None);
     // A rule without max_wait: its second call in 10 s is refused.
     assert_eq!(gate.get(INFO).await.status, 200);
     assert_eq!(gate.get(INFO).await.status, 429);

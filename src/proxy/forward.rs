@@ -117,8 +117,10 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     let traced_at = super::traces::now(call);
     let (tried, resp) = upstream.send(req).await;
     call.sent.upstream_us = sent.elapsed_us();
-    let status = resp.as_ref().map(|r| r.status().as_u16()).map_err(|e| e.to_string());
-    super::traces::exchanged(app, call, traced_at, upstream.name(tried), status, false);
+    if traced_at.is_some() {
+        let answered = super::traces::Answered::of(&resp);
+        super::traces::exchanged(app, call, traced_at, upstream.name(tried), answered, false);
+    }
     call.sent.upstream = Some((upstream, tried));
     if let Some(m) = &call.route.metrics {
         m.observe_upstream(call.sent.upstream_us as f64 / 1e6, super::traces::exemplar(call));

@@ -38,8 +38,10 @@ pub async fn resend(
     let traced_at = super::traces::now(call);
     let (tried, resp) = resend.upstream.send(req).await;
     call.sent.upstream_us += sent.elapsed_us();
-    let status = resp.as_ref().map(|r| r.status().as_u16()).map_err(|e| e.to_string());
-    super::traces::exchanged(app, call, traced_at, resend.upstream.name(tried), status, true);
+    if traced_at.is_some() {
+        let answered = super::traces::Answered::of(&resp);
+        super::traces::exchanged(app, call, traced_at, resend.upstream.name(tried), answered, true);
+    }
     call.sent.upstream = Some((resend.upstream.clone(), tried));
     Ok(resp?)
 }

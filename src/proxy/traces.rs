@@ -111,14 +111,8 @@ pub fn decided(app: &App, call: &mut Call, start: Option<u64>, result: Result<(i
 
 /// An exchange with the upstream (`resend`: the second of a call WeChat
 /// made wxgate send again), from `start` until its answer's head.
-pub fn exchanged(
-    app: &App,
-    call: &mut Call,
-    start: Option<u64>,
-    upstream: &str,
-    status: Result<u16, String>,
-    resend: bool,
-) {
+pub fn exchanged(app: &App, call: &mut Call, start: Option<u64>, upstream: &str, answered: Answered, resend: bool) {
+    let Answered { status, connected } = answered;
     let (Some(start), Some(tracer), Some(traced)) = (start, &app.core.tracer, &mut call.trace) else { return };
     let end_ns = traced.recording.as_ref().map_or(start, |r| r.now_ns());
     let (host, port) = match upstream.rsplit_once(':') {
@@ -133,6 +127,12 @@ pub fn exchanged(
     if resend {
         attributes.push(kv_bool("wxgate.resend", true));
     }
+    // Connecting (TCP, TLS, handshake) is in the span when the call made a
+    // connection; the rest, to the answer's head, is WeChat's time.
+    attributes.push(kv("wxgate.connection", if connected.is_some() { "new" } else { "reused" }));
+    if let Some(us) = connected {
+        attributes.push(kv_int("wxgate.connect_us", us));
+    }
     let error = match status {
         Ok(code) => {
             attributes.push(kv_int("http.response.status_code", i64::from(code)));
@@ -145,6 +145,26 @@ pub fn exchanged(
     };
     let name = if resend { "wxgate.resend" } else { call.arrived.method.as_str() };
     traced.child(tracer, SpanData { name, kind: Kind::Client, start_ns: start, end_ns, attributes, error });
+}
+
+/// What an exchange with the upstream came to: the answer's status (or
+/// why there is none), and how long connecting took when it made a
+/// connection.
+pub struct Answered {
+    pub status: Result<u16, String>,
+    pub connected: Option<i64>,
+}
+
+impl Answered {
+    pub fn of<B>(resp: &Result<http::Response<B>, crate::transport::upstream::UpstreamError>) -> Answered {
+        match resp {
+            Ok(r) => Answered {
+                status: Ok(r.status().as_u16()),
+                connected: r.extensions().get::<crate::transport::upstream::Connected>().map(|c| c.us),
+            },
+            Err(e) => Answered { status: Err(e.to_string()), connected: None },
+        }
+    }
 }
 
 /// Writes the call's own span and hands the call's spans to the export

@@ -70,6 +70,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 
 pub use error::UpstreamError;
+pub use exchange::Connected;
 use exchange::{Failure, Link};
 pub use failover::UpstreamStatus;
 use failover::{Failover, Target, Why};

@@ -15,7 +15,7 @@ use tokio::time::Sleep;
 use super::error::{error_chain, exchange_error, UpstreamError};
 use super::failover::Target;
 use super::pool::Conn;
-use crate::time::deadline_after;
+use crate::time::{deadline_after, Micros, Stopwatch};
 use crate::transport::request_body::{Progress, RequestBody};
 
 /// Aborts a connection's task when dropped, unless disarmed: a given-up
@@ -68,6 +68,7 @@ impl Link {
         let timer = tokio::time::sleep_until(connect_by);
         tokio::pin!(timer);
         let mut pooled = pool.take();
+        let mut connected = None;
         loop {
             let reused = pooled.is_some();
             let mut conn = match pooled.take() {
@@ -77,7 +78,7 @@ impl Link {
                 // call's future would carry (and move) its ~1.6 KiB.
                 None => tokio::select! {
                     biased;
-                    conn = Box::pin(self.connect(&target.base)) => match conn {
+                    conn = Box::pin(self.connect(&target.base, &mut connected)) => match conn {
                         Ok(conn) => conn,
                         Err(e) => return Err(Failure::Unsent(Box::new(req), e)),
                     },
@@ -87,8 +88,13 @@ impl Link {
                 },
             };
             match self.exchange(&mut conn, req, progress, timer.as_mut(), !reused).await.map_err(Failure::Sent)? {
-                Ok(resp) => {
+                Ok(mut resp) => {
                     pool.put(conn);
+                    // Only a call that made a connection says so (a pooled
+                    // one, most calls, pays nothing): its trace shows it.
+                    if let Some(us) = connected {
+                        resp.extensions_mut().insert(Connected { us });
+                    }
                     return Ok(resp);
                 }
                 Err(mut e) => match e.take_message() {
@@ -191,8 +197,11 @@ impl Link {
 
     /// Opens a connection (TCP, then TLS for https) and starts its task on
     /// this thread's runtime.
-    async fn connect(&self, base: &Uri) -> Result<Conn, UpstreamError> {
+    /// A new connection to `base` (TCP, TLS for https, the HTTP/1
+    /// handshake); `connected`: how long that took, in µs.
+    async fn connect(&self, base: &Uri, connected: &mut Option<Micros>) -> Result<Conn, UpstreamError> {
         use tower_service::Service;
+        let started = Stopwatch::start();
         let mut connector = self.connector.clone();
         let connect_error =
             |e: Box<dyn std::error::Error + Send + Sync>| UpstreamError::Connect(error_chain(e.as_ref()));
@@ -205,6 +214,15 @@ impl Link {
                 tracing::debug!(target: "wxgate::transport::upstream", error = %e, "upstream connection ended with an error");
             }
         });
+        *connected = Some(started.elapsed_us());
         Ok(Conn { sender, task: task.abort_handle() })
     }
+}
+
+/// In the extensions of an answer whose call made a new connection: how
+/// long connecting took (TCP, TLS, the HTTP/1 handshake), in µs. An answer
+/// without it came over a pooled connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Connected {
+    pub us: Micros,
 }
