@@ -51,7 +51,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Running, Sta
 /// Binds `[server] listen` and serves on `threads`. Must run inside a Tokio
 /// runtime, which also runs the admin API and background tasks.
 pub async fn start_on(config: Config, clock: Arc<dyn Clock>, threads: Threads) -> Result<Running, StartError> {
-    let metrics = Metrics::new();
+    let metrics = Metrics::traced(config.telemetry.is_some());
     let counters = StoreCounters {
         errors: metrics.store_errors.clone(),
         degraded: metrics.degraded_decisions.clone(),
@@ -84,7 +84,8 @@ pub async fn start_with_store(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
 ) -> Result<Running, StartError> {
-    start_parts(config, store, clock, Metrics::new(), Threads::Caller).await
+    let metrics = Metrics::traced(config.telemetry.is_some());
+    start_parts(config, store, clock, metrics, Threads::Caller).await
 }
 
 async fn start_parts(

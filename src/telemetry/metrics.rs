@@ -88,6 +88,13 @@ impl Metrics {
     }
 
     pub fn new() -> Metrics {
+        Metrics::traced(false)
+    }
+
+    /// The metrics of an instance; `traced`: tracing is on, and the
+    /// latency histograms keep the trace id of a traced call as an
+    /// exemplar.
+    pub fn traced(traced: bool) -> Metrics {
         let mut registry = Registry::with_prefix("wxgate");
         // One subsystem after another, in the order of the /metrics text.
         let CallSeries {
@@ -98,7 +105,7 @@ impl Metrics {
             hold_seconds,
             in_flight,
             held_now,
-        } = register::calls(&mut registry);
+        } = register::calls(&mut registry, traced);
         let StoreSeries {
             store_errors,
             degraded_decisions,

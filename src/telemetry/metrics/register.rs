@@ -5,6 +5,7 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -45,15 +46,27 @@ fn delay_buckets() -> Histogram {
 }
 
 fn upstream_buckets() -> Latency {
-    Latency::new(UPSTREAM_BUCKETS.into_iter())
+    Latency::Plain(Histogram::new(UPSTREAM_BUCKETS))
 }
 
 fn decision_buckets() -> Latency {
-    Latency::new(DECISION_BUCKETS.into_iter())
+    Latency::Plain(Histogram::new(DECISION_BUCKETS))
 }
 
 fn hold_buckets() -> Latency {
-    Latency::new(HOLD_BUCKETS.into_iter())
+    Latency::Plain(Histogram::new(HOLD_BUCKETS))
+}
+
+fn upstream_buckets_traced() -> Latency {
+    Latency::Exemplars(HistogramWithExemplars::new(UPSTREAM_BUCKETS.into_iter()))
+}
+
+fn decision_buckets_traced() -> Latency {
+    Latency::Exemplars(HistogramWithExemplars::new(DECISION_BUCKETS.into_iter()))
+}
+
+fn hold_buckets_traced() -> Latency {
+    Latency::Exemplars(HistogramWithExemplars::new(HOLD_BUCKETS.into_iter()))
 }
 
 /// The calls' series, by rule: outcomes, WeChat's errcodes, latencies, in flight.
@@ -67,12 +80,18 @@ pub(super) struct CallSeries {
     pub(super) held_now: Gauge,
 }
 
-pub(super) fn calls(registry: &mut Registry) -> CallSeries {
+/// `traced`: the latency histograms keep exemplars (tracing on).
+pub(super) fn calls(registry: &mut Registry, traced: bool) -> CallSeries {
     let calls = Family::<OutcomeLabels, Counter>::default();
     let upstream_errcodes = Family::<ErrcodeLabels, Counter>::default();
-    let upstream_seconds: Latencies = Family::new_with_constructor(upstream_buckets);
-    let decision_seconds: Latencies = Family::new_with_constructor(decision_buckets);
-    let hold_seconds: Latencies = Family::new_with_constructor(hold_buckets);
+    type Make = fn() -> Latency;
+    let (upstream, decision, hold): (Make, Make, Make) = match traced {
+        false => (upstream_buckets, decision_buckets, hold_buckets),
+        true => (upstream_buckets_traced, decision_buckets_traced, hold_buckets_traced),
+    };
+    let upstream_seconds: Latencies = Family::new_with_constructor(upstream);
+    let decision_seconds: Latencies = Family::new_with_constructor(decision);
+    let hold_seconds: Latencies = Family::new_with_constructor(hold);
     let in_flight = Family::<RuleLabel, Gauge>::default();
     let held_now = Gauge::default();
     registry.register("calls", "Calls by rule and outcome; each call counts once", calls.clone());

@@ -118,9 +118,40 @@ pub(super) const EAGER_OUTCOMES: [Outcome; 6] = [
 /// A latency histogram family by rule, each made with the family's buckets.
 pub(super) type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
 
-/// A call latency histogram, with the trace id of a traced call as the
-/// exemplar of the bucket it fell in (OpenMetrics; none without tracing).
-pub type Latency = HistogramWithExemplars<TraceLabel>;
+/// A call latency histogram; with tracing on, with the trace id of a
+/// traced call as the exemplar of the bucket it fell in (OpenMetrics).
+/// Without tracing a plain histogram: its exemplars' lock is not paid for.
+#[derive(Debug, Clone)]
+pub enum Latency {
+    Plain(Histogram),
+    Exemplars(HistogramWithExemplars<TraceLabel>),
+}
+
+impl Latency {
+    pub fn observe(&self, seconds: f64, trace: Option<String>) {
+        match self {
+            Latency::Plain(h) => h.observe(seconds),
+            Latency::Exemplars(h) => h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None),
+        }
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for Latency {
+    const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
+}
+
+impl prometheus_client::encoding::EncodeMetric for Latency {
+    fn encode(&self, encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            Latency::Plain(h) => h.encode(encoder),
+            Latency::Exemplars(h) => h.encode(encoder),
+        }
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
 
 /// [`Latency`] histograms by rule.
 pub(super) type Latencies = Family<RuleLabel, Latency, fn() -> Latency>;
@@ -228,19 +259,19 @@ impl RuleMetrics {
     /// Time to decide, in seconds (`trace`: a traced call's trace id, the exemplar).
     pub fn observe_decision(&self, seconds: f64, trace: Option<String>) {
         let h = self.decision.get_or_init(|| self.families.decision.get_or_create_owned(&self.rule()));
-        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
+        h.observe(seconds, trace);
     }
 
     /// Time to WeChat's answer's head, in seconds.
     pub fn observe_upstream(&self, seconds: f64, trace: Option<String>) {
         let h = self.upstream.get_or_init(|| self.families.upstream.get_or_create_owned(&self.rule()));
-        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
+        h.observe(seconds, trace);
     }
 
     /// How long a held call waited for its slot, in seconds.
     pub fn observe_hold(&self, seconds: f64, trace: Option<String>) {
         let h = self.hold.get_or_init(|| self.families.hold.get_or_create_owned(&self.rule()));
-        h.observe(seconds, trace.map(|trace_id| TraceLabel { trace_id }), None);
+        h.observe(seconds, trace);
     }
 
     /// The rule's calls at WeChat now (for an [`super::InFlightGuard`]).
