@@ -111,12 +111,14 @@ async fn serve(
     let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
     call.arrived.intercepted = intercepted;
     traces::start(app, &mut call, req.headers());
-    let answered = match (results, call.trace.as_ref().map(|t| t.ctx)) {
+    // Only a recorded call's task carries its span: the calls wxgate makes
+    // for it (a token fetch) are its children; an unrecorded call's future
+    // is not boxed for it.
+    let recorded = call.trace.as_ref().filter(|t| t.recording.is_some()).map(|t| t.ctx);
+    let answered = match (results, recorded) {
         // Boxed: a call of the API does not make every call's future carry its state.
         (true, _) => Box::pin(deliveries::serve(app, &mut call, req)).await,
         (false, None) => phases(app, &mut call, req, client).await,
-        // Boxed: a traced call's task knows its span (for the calls wxgate
-        // makes for it), and an untraced call's future stays as small.
         (false, Some(ctx)) => {
             Box::pin(crate::telemetry::trace::CURRENT.scope(ctx, phases(app, &mut call, req, client))).await
         }

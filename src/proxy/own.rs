@@ -35,7 +35,7 @@ pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
     call.body = Some(body);
     traces::start_own(app, &mut call, submitted);
     route::route(app, &mut call);
-    let result = match call.trace.as_ref().map(|t| t.ctx) {
+    let result = match call.trace.as_ref().filter(|t| t.recording.is_some()).map(|t| t.ctx) {
         None => phases(app, &mut call, method, target, &mut seeds).await,
         // The calls this one makes (a token fetch for a queued send) are its children.
         Some(ctx) => {

@@ -13,13 +13,16 @@
 //!
 //! Never a token, secret, caller key, body, query or recipient.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use super::call::Call;
 use crate::config::StoreConfig;
 use crate::error::ProxyError;
 use crate::proxy::app::App;
 use crate::telemetry::trace::{kv, kv_bool, kv_int, Kind, SpanContext, SpanData};
+
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The longest `tracestate` carried on (the W3C limit is 512 bytes).
 const MAX_TRACESTATE: usize = 512;
@@ -28,16 +31,16 @@ const MAX_TRACESTATE: usize = 512;
 /// (one field, valid; anything else starts a new trace, as W3C says).
 pub fn start(app: &App, call: &mut Call, headers: &HeaderMap) {
     let Some(tracer) = &app.core.tracer else { return };
-    let one = |name: &str| {
+    let one = |name: &HeaderName| {
         let mut all = headers.get_all(name).iter();
         match (all.next(), all.next()) {
             (Some(v), None) => Some(v),
             _ => None,
         }
     };
-    let parent = one("traceparent").and_then(|v| SpanContext::from_traceparent(v.as_bytes()));
+    let parent = one(&TRACEPARENT).and_then(|v| SpanContext::from_traceparent(v.as_bytes()));
     let state = parent
-        .and(one("tracestate"))
+        .and(one(&TRACESTATE))
         .filter(|v| v.len() <= MAX_TRACESTATE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
