@@ -48,7 +48,12 @@ async fn a_forwarded_call_continues_its_callers_trace_and_its_context_never_reac
         .post_with(
             &format!("{SEND}?access_token=SECRETTOKEN123"),
             body,
-            &[("traceparent", tp.as_str()), ("tracestate", "vendor=abc"), ("baggage", "user.id=42")],
+            &[
+                ("traceparent", tp.as_str()),
+                ("tracestate", "vendor=abc"),
+                ("baggage", "user.id=42"),
+                ("authorization", "Bearer CALLERKEY42"),
+            ],
         )
         .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
@@ -90,7 +95,7 @@ async fn a_forwarded_call_continues_its_callers_trace_and_its_context_never_reac
     assert!(server.end_time_unix_nano >= upstream.end_time_unix_nano);
     // Nothing a caller must keep to itself is in the export.
     let raw = otlp::raw(&collector);
-    for secret in ["SECRETTOKEN123", "access_token", "oRecipientOpenid", "private words", "user.id"] {
+    for secret in ["SECRETTOKEN123", "access_token", "oRecipientOpenid", "private words", "user.id", "CALLERKEY42"] {
         assert!(!raw.contains(secret), "{secret} exported");
     }
     // The resource says who exported it.
