@@ -48,7 +48,7 @@ pub struct Call {
     pub refusal: Option<String>,
     /// The call's trace (`None`: tracing off), set when it arrives
     /// ([`crate::proxy::traces`]).
-    pub trace: Option<crate::telemetry::trace::Traced>,
+    pub trace: Option<Box<crate::telemetry::trace::Traced>>,
 }
 
 /// Set when the call arrives, and by accept.

@@ -44,7 +44,7 @@ pub fn start(app: &App, call: &mut Call, headers: &HeaderMap) {
         .filter(|v| v.len() <= MAX_TRACESTATE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    call.trace = Some(tracer.start(parent, state));
+    call.trace = Some(Box::new(tracer.start(parent, state)));
 }
 
 /// Starts the trace of a call wxgate makes itself: a child of the traced
@@ -52,11 +52,11 @@ pub fn start(app: &App, call: &mut Call, headers: &HeaderMap) {
 /// `link` (a queued delivery's submission: recorded when it was).
 pub fn start_own(app: &App, call: &mut Call, link: Option<SpanContext>) {
     let Some(tracer) = &app.core.tracer else { return };
-    call.trace = Some(match (crate::telemetry::trace::current(), link) {
+    call.trace = Some(Box::new(match (crate::telemetry::trace::current(), link) {
         (Some(parent), _) => tracer.start(Some(parent), None),
         (None, Some(link)) => tracer.start_linked(link),
         (None, None) => tracer.start(None, None),
-    });
+    }));
 }
 
 /// Now on the call's trace clock, when it records.
