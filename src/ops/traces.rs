@@ -37,7 +37,10 @@ pub fn spawn(app: &Arc<App>) {
     };
     let counters = tracer.queue().counters().clone();
     let source = Source { service_name: telemetry.service_name.clone(), service_instance: instance_id() };
-    tracing::info!(endpoint = %telemetry.endpoint, ratio = telemetry.sampler.ratio, "[telemetry]: exporting traces");
+    // The collector's host and path only: a query may carry a key.
+    let collector =
+        format!("{}{}", telemetry.endpoint.authority().map_or("", |a| a.as_str()), telemetry.endpoint.path());
+    tracing::info!(%collector, ratio = telemetry.sampler.ratio, "[telemetry]: exporting traces");
     let telemetry = Arc::new(telemetry);
     tokio::spawn(export::run(spans, source, counters, telemetry.batch_delay, telemetry.timeout, move |body| {
         let poster = poster.clone();
