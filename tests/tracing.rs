@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use support::otlp::{self, attr, unhex};
 use support::temp::TempDir;
-use support::tokens::{WeChatTokens, APPID, SECRET};
+use support::tokens::{APPID, SECRET};
 use support::{eventually, eventually_async, rule, ConfigToml, Gate, MockWeChat, PATIENCE};
 
 const SEND: &str = "/cgi-bin/message/custom/send";
@@ -227,7 +227,6 @@ async fn a_token_fetch_and_a_resend_are_spans_of_the_call_that_needed_them() {
     assert_eq!(attr(resend, "http.response.status_code").as_deref(), Some("200"));
     let raw = otlp::raw(&collector);
     assert!(!raw.contains(SECRET) && !raw.contains(&first), "a secret or token exported");
-    let _ = WeChatTokens::new;
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::errors::Invalid;
 use super::units::{beside_config, parse_duration};
+pub use crate::telemetry::trace::Sampling as Sampler;
 
 const TABLE: &str = "[telemetry]";
 
@@ -39,6 +40,7 @@ pub struct Telemetry {
     pub endpoint: Uri,
     /// Sent with every export (a vendor's API key): never logged.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Which calls are traced (`OTEL_TRACES_SAMPLER`'s rules).
     pub sampler: Sampler,
     /// `service.name` of the spans' resource.
     pub service_name: String,
@@ -50,29 +52,6 @@ pub struct Telemetry {
     /// Longest a span waits to be sent with others.
     pub batch_delay: Duration,
 }
-
-/// Which calls are traced, as OpenTelemetry's samplers decide
-/// (`OTEL_TRACES_SAMPLER`): a call whose trace id falls under `ratio`
-/// (the trace-id-ratio rule of the specification); with `parent_based`, a
-/// call that comes with a `traceparent` follows its caller's choice.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sampler {
-    pub ratio: f64,
-    pub parent_based: bool,
-}
-
-/// The standard variables read here (OpenTelemetry's SDK configuration).
-pub const ENV: [&str; 9] = [
-    "OTEL_SDK_DISABLED",
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-    "OTEL_TRACES_SAMPLER",
-    "OTEL_TRACES_SAMPLER_ARG",
-    "OTEL_SERVICE_NAME",
-];
 
 /// `[telemetry]` and the standard variables (`env`: a variable's value),
 /// compiled; `None`: tracing off.

@@ -228,19 +228,24 @@ async fn post(poster: &Poster, url: &str, id: &str, signature: String, body: Byt
     let exchange = async {
         let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
         let status = resp.status().as_u16();
-        let mut body = resp.into_body();
-        let mut read = 0usize;
-        while read < ANSWER_READ {
-            match body.frame().await {
-                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
-                Some(Err(_)) | None => break,
-            }
-        }
+        read_some(resp.into_body(), ANSWER_READ).await;
         Ok(status)
     };
     match tokio::time::timeout(TIMEOUT, exchange).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {TIMEOUT:?}")),
+    }
+}
+
+/// Reads an answer's body until `most` bytes, its end or an error (what
+/// it says is not needed; reading it lets the connection be reused).
+pub(crate) async fn read_some(mut body: hyper::body::Incoming, most: usize) {
+    let mut read = 0usize;
+    while read < most {
+        match body.frame().await {
+            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+            Some(Err(_)) | None => break,
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
@@ -58,14 +58,7 @@ pub fn spawn(app: &Arc<App>) {
             }
             let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
             let status = resp.status();
-            let mut body = resp.into_body();
-            let mut read = 0usize;
-            while read < ANSWER_READ {
-                match body.frame().await {
-                    Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
-                    Some(Err(_)) | None => break,
-                }
-            }
+            super::callbacks::read_some(resp.into_body(), ANSWER_READ).await;
             match status.is_success() {
                 true => Ok(()),
                 false => Err(format!("the collector answered {status}")),

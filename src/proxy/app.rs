@@ -94,10 +94,9 @@ impl App {
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let tracer = config.telemetry.as_ref().map(|t| {
-            use crate::telemetry::trace::{export::Queue, Sampling, Tracer};
+            use crate::telemetry::trace::{export::Queue, Tracer};
             let (queue, spans) = Queue::new(t.max_queued, metrics.trace_spans.clone());
-            let sampling = Sampling { ratio: t.sampler.ratio, parent_based: t.sampler.parent_based };
-            Tracer::new(sampling, queue, spans)
+            Tracer::new(t.sampler, queue, spans)
         });
         let app = Arc::new(App {
             core: Core {
