@@ -10,6 +10,7 @@
 
 pub mod accounts;
 pub mod broker;
+pub mod errcodes;
 pub mod hooks;
 pub mod penalties;
 pub mod queue;
@@ -94,7 +95,8 @@ macro_rules! features {
 // The features, in the order their hooks run. clear_quota recognises its
 // calls before the account is found (it is the appid cleared); the broker
 // after it (it adds the account's token); penalties last of the answer
-// hooks, as WeChat's answer is reported to the store last. The queue
+// hooks, as WeChat's answer is reported to the store last (errcodes after
+// it only keeps what it saw, with the penalty started). The queue
 // last: its intake answers once every other feature has checked the call
 // (its account, its domain), and a job's send is marked `Sending` after
 // every other `before_forward` (the broker's token) has run.
@@ -105,6 +107,7 @@ features!(
     token_cache: token_cache::TokenCacheFeature,
     warmup: warmup::Warmup,
     penalties: penalties::Penalties,
+    errcodes: errcodes::Errcodes,
     ratelimit_headers: RateLimitHeaders,
     queue: queue::Queue,
 );
@@ -136,6 +139,7 @@ impl Features {
             token_cache: token_cache::TokenCacheFeature { cache },
             warmup: warmup::Warmup,
             penalties: penalties::Penalties::default(),
+            errcodes: errcodes::Errcodes::default(),
             ratelimit_headers: RateLimitHeaders,
             queue: queue::Queue {
                 jobs: queue_jobs(jobs, config),

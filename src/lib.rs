@@ -106,6 +106,7 @@ async fn start_parts(
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
     ops::traces::spawn(&app);
+    ops::console::spawn(Arc::downgrade(&app));
     if source.is_file() {
         ops::reload::spawn(Arc::downgrade(&app), source);
     }

@@ -9,7 +9,9 @@
 
 pub mod admin;
 pub mod callbacks;
+pub mod console;
 pub mod dispatch;
+pub mod overview;
 pub mod pair_view;
 pub mod queue_metrics;
 pub mod quota_sync;

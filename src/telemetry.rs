@@ -1,5 +1,6 @@
-//! What an instance reports: its metrics ([`metrics`]) and its traces
-//! ([`trace`]).
+//! What an instance reports: its metrics ([`metrics`]), the last hour of
+//! them for the console ([`history`]) and its traces ([`trace`]).
 
+pub mod history;
 pub mod metrics;
 pub mod trace;

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use serde_json::{json, Value};
 use support::redis_server::RedisServer;
 use support::*;
 
@@ -213,14 +214,6 @@ async fn one_json_access_log_line_per_call() {
 }
 
 /// `admin` with extra request headers (`host` replaces the address's).
-async fn admin_as(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    send(req.body(Full::new(Bytes::new())).expect("request")).await
-}
-
 async fn penalty_active(addr: SocketAddr, token: Option<&str>) -> bool {
     let b = admin(addr, "GET", "/v1/buckets/wxA/send", token).await;
     assert_eq!(b.status, 200, "{}", b.text());
@@ -241,28 +234,28 @@ async fn a_browser_page_on_another_site_cannot_change_penalties() {
         &[("host", "evil.example:9090"), ("origin", "http://evil.example:9090"), ("sec-fetch-site", "same-origin")],
     ];
     for headers in cross_site {
-        let refused = admin_as(addr, "POST", impose, headers).await;
+        let refused = admin_with(addr, "POST", impose, headers).await;
         assert_eq!(refused.status, 403, "{headers:?}: {}", refused.text());
         assert!(refused.text().contains("refused"), "{}", refused.text());
         assert!(!penalty_active(addr, None).await, "{headers:?}: no penalty set");
     }
-    assert_eq!(admin_as(addr, "POST", impose, &[("host", "evil.example")]).await.status, 403);
+    assert_eq!(admin_with(addr, "POST", impose, &[("host", "evil.example")]).await.status, 403);
     assert!(!penalty_active(addr, None).await);
 
     // curl-like (no Origin, Host as typed) works on loopback without a token;
     // so does the listener's own origin, and `localhost`.
     assert_eq!(admin(addr, "POST", impose, None).await.status, 200);
     assert!(penalty_active(addr, None).await);
-    let lift_cross = admin_as(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", "https://evil.example")]).await;
+    let lift_cross = admin_with(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", "https://evil.example")]).await;
     assert_eq!(lift_cross.status, 403);
     assert!(penalty_active(addr, None).await, "not lifted");
     let own = format!("http://{addr}");
-    let lift_own = admin_as(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", &own)]).await;
+    let lift_own = admin_with(addr, "DELETE", "/v1/penalties/wxA/send", &[("origin", &own)]).await;
     assert_eq!(lift_own.status, 200, "{}", lift_own.text());
     let localhost = format!("localhost:{}", addr.port());
-    assert_eq!(admin_as(addr, "POST", impose, &[("host", &localhost)]).await.status, 200);
+    assert_eq!(admin_with(addr, "POST", impose, &[("host", &localhost)]).await.status, 200);
     // Reading stays open to any Host (Prometheus may scrape by name).
-    assert_eq!(admin_as(addr, "GET", "/metrics", &[("host", "wxgate.monitoring.svc:9090")]).await.status, 200);
+    assert_eq!(admin_with(addr, "GET", "/metrics", &[("host", "wxgate.monitoring.svc:9090")]).await.status, 200);
 }
 
 #[tokio::test]
@@ -272,7 +265,8 @@ async fn the_bearer_token_does_not_let_a_cross_site_request_through() {
     let addr = gate.admin_addr();
     let impose = "/v1/penalties/wxA/send?seconds=600";
     assert_eq!(admin(addr, "POST", impose, None).await.status, 401, "no bearer");
-    let cross = admin_as(addr, "POST", impose, &[("authorization", "Bearer tok"), ("origin", "https://evil.example")]);
+    let cross =
+        admin_with(addr, "POST", impose, &[("authorization", "Bearer tok"), ("origin", "https://evil.example")]);
     assert_eq!(cross.await.status, 403);
     assert!(!penalty_active(addr, Some("tok")).await);
     assert_eq!(admin(addr, "POST", impose, Some("tok")).await.status, 200);
@@ -424,8 +418,132 @@ async fn the_documented_admin_commands_carry_the_token_and_work_with_and_without
         }
         let gate = Gate::start_text(config).await;
         for (here, method, path) in &commands {
-            let a = admin_as(gate.admin_addr(), method, path, &[("authorization", header)]).await;
+            let a = admin_with(gate.admin_addr(), method, path, &[("authorization", header)]).await;
             assert_eq!(a.status, 200, "{here}: {method} {path} with token {token:?}: {}", a.text());
         }
     }
+}
+
+/// `GET /` with HTTP Basic: any user name, the admin token as password.
+async fn basic(addr: SocketAddr, path: &str, password: &str) -> Answer {
+    use base64::Engine;
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("on-call:{password}"));
+    admin_with(addr, "GET", path, &[("authorization", &format!("Basic {credentials}"))]).await
+}
+
+#[tokio::test]
+async fn the_console_is_behind_the_token_a_browser_can_give_and_under_a_strict_policy() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", "tok-7").with(send_rule())).await;
+    let addr = gate.admin_addr();
+    let asked = admin(addr, "GET", "/", None).await;
+    assert_eq!(asked.status, 401);
+    assert_eq!(
+        asked.header("www-authenticate"),
+        Some(r#"Basic realm="wxgate admin", charset="UTF-8""#),
+        "a browser asks"
+    );
+    assert!(!asked.text().contains("<html"), "nothing of the page before the token");
+    assert_eq!(basic(addr, "/", "wrong").await.status, 401);
+    assert_eq!(basic(addr, "/console.js", "wrong").await.status, 401);
+    let page = basic(addr, "/", "tok-7").await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    let policy = page.header("content-security-policy").expect("a policy").to_owned();
+    for part in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+        assert!(policy.contains(part), "{policy}");
+    }
+    assert!(!policy.contains("unsafe-inline") && !policy.contains("http"), "nothing inline, no other origin: {policy}");
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    let html = page.text();
+    assert!(html.contains(r#"<script src="/console.js""#) && !html.contains("<script>"), "no inline script");
+    assert!(
+        !html.contains("http://") && !html.contains("https://") && !html.contains("//cdn"),
+        "nothing from elsewhere"
+    );
+    let script = basic(addr, "/console.js", "tok-7").await;
+    assert_eq!(script.header("content-type"), Some("text/javascript; charset=utf-8"));
+    assert!(!script.text().contains("innerHTML"), "values go in as text");
+    assert_eq!(basic(addr, "/console.css", "tok-7").await.status, 200);
+    // The browser's cached Basic credentials serve the API too; Bearer the page.
+    assert_eq!(basic(addr, "/v1/health", "tok-7").await.status, 200);
+    assert_eq!(admin(addr, "GET", "/", Some("tok-7")).await.status, 200);
+    let api = admin(addr, "GET", "/v1/health", None).await;
+    assert_eq!((api.status.as_u16(), api.header("www-authenticate")), (401, Some("Bearer")));
+    // Without a token, a DNS-rebound name cannot read the page either.
+    let open = Gate::start(&mock, send_rule()).await;
+    let req = "GET / HTTP/1.1\r\nHost: attacker.example:9090\r\nConnection: close\r\n\r\n";
+    assert_eq!(support::wire::exchange(open.admin_addr(), req.as_bytes()).await.only().status, 403);
+    assert_eq!(admin(open.admin_addr(), "GET", "/", None).await.status, 200);
+}
+
+#[tokio::test]
+async fn the_console_reads_the_top_accounts_one_account_errcodes_callers_health_and_history() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let addr = gate.admin_addr();
+    let get = |path: &'static str| async move {
+        let a = admin(addr, "GET", path, None).await;
+        assert_eq!(a.status, 200, "{path}: {}", a.text());
+        a.json()
+    };
+    let history = get("/v1/history").await;
+    assert_eq!(history["readings"].as_array().map(Vec::len), Some(0), "{history}");
+    const SEND: &str = "/cgi-bin/message/custom/send";
+    for (account, calls) in [("wxA", 3), ("wxB", 1), ("wxC", 1)] {
+        for _ in 0..calls {
+            assert_eq!(gate.get_as(account, SEND).await.status, 200);
+        }
+    }
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(gate.get_as("wxB", SEND).await.status, 429);
+
+    // The most used first (3 then 2 of 100), each with its state.
+    let top = get("/v1/accounts?top=2").await;
+    let pairs = top["pairs"].as_array().expect("pairs");
+    let shown: Vec<(&str, u64)> = pairs
+        .iter()
+        .map(|p| (p["account"].as_str().unwrap_or(""), p["limits"][1]["used"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(shown, [("wxA", 3), ("wxB", 2)], "{top}");
+    assert_eq!(pairs[1]["penalty"]["active"], true);
+    assert_eq!(pairs[0]["forecast"]["day_limit"], 100);
+    assert_eq!(top["tracked"], 3);
+    let found = get("/v1/accounts?q=C").await;
+    assert_eq!(found["pairs"][0]["account"], "wxC", "{found}");
+    assert_eq!(found["pairs"].as_array().map(Vec::len), Some(1));
+    assert_eq!(admin(addr, "GET", "/v1/accounts?top=0", None).await.status, 400);
+    assert_eq!(admin(addr, "GET", "/v1/accounts?top=101", None).await.status, 400);
+    assert_eq!(admin(addr, "GET", "/v1/accounts?q=a%20b", None).await.status, 400);
+    // One account on every rule, used or not.
+    let one = get("/v1/accounts/wxB").await;
+    assert_eq!(one["pairs"][0]["rule"], "send");
+    assert_eq!(one["pairs"][0]["penalty"]["active"], true);
+    assert_eq!(get("/v1/accounts/wxNever").await["pairs"][0]["limits"][1]["used"], 0);
+    assert_eq!(admin(addr, "GET", "/v1/accounts/bad!", None).await.status, 400);
+
+    let errcodes = get("/v1/errcodes").await;
+    let last = &errcodes["errcodes"][0];
+    assert_eq!((&last["errcode"], &last["account"], &last["rule"]), (&json!(45009), &json!("wxB"), &json!("send")));
+    assert!(last["penalty_seconds"].as_f64().is_some_and(|s| s > 0.0), "{errcodes}");
+    assert_eq!(errcodes["errcodes"].as_array().map(Vec::len), Some(1), "successes are not kept");
+
+    let callers = get("/v1/callers").await;
+    assert_eq!(callers["undeclared"]["calls"], json!({ "forwarded": 5, "penalised": 1 }), "{callers}");
+
+    let health = get("/v1/health").await;
+    assert_eq!(health["store"]["kind"], "memory");
+    assert_eq!(health["upstreams"][0]["up"], true);
+    assert_eq!(health["reloads"]["last_at"], Value::Null);
+
+    // The plots' readings: every 10 s of wxgate's clock, what each rule did.
+    gate.advance(std::time::Duration::from_secs(10));
+    let mut history = Value::Null;
+    eventually_async("a reading", PATIENCE, async || {
+        history = get("/v1/history").await;
+        history["readings"].as_array().is_some_and(|r| !r.is_empty())
+    })
+    .await;
+    let send = &history["readings"][0]["rules"]["send"];
+    assert_eq!((send["admitted"].as_f64(), send["refused"].as_f64()), (Some(0.5), Some(0.1)), "{history}");
 }

@@ -839,3 +839,55 @@ async fn taken_over(store: &Store) {
     assert_eq!(bodies.len(), JOBS, "none twice");
     drop(second);
 }
+
+/// The console's queue view and job actions (admin API): per caller and
+/// rule, depth, ends and when drained; one delivery by caller and id;
+/// cancelled by hand once, then 409; never from another site.
+#[tokio::test]
+async fn the_admin_api_shows_queues_per_caller_and_cancels_a_delivery_by_hand() {
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("queue-admin");
+    let gate = gate(&mock, &dir, &rules(1, "1m"), "", &caller("hr").to_string()).await;
+    let first = queued(&gate, "hr", SEND, "{}").await;
+    until_state(&gate, "hr", &first, "sent").await;
+    let id = queued(&gate, "hr", SEND, "{}").await;
+    until_state(&gate, "hr", &id, "waiting").await;
+    let addr = gate.admin_addr();
+
+    let queues = support::admin(addr, "GET", "/v1/queues", None).await;
+    assert_eq!(queues.status, 200, "{}", queues.text());
+    let q = &queues.json()["queues"][0];
+    assert_eq!(
+        (q["caller"].as_str(), q["rule"].as_str(), q["accounts"].as_u64()),
+        (Some("hr"), Some("template_send"), Some(1)),
+        "{q}"
+    );
+    assert_eq!((q["sent"].as_u64(), q["waiting"].as_u64(), q["queued"].as_u64()), (Some(1), Some(1), Some(0)), "{q}");
+    assert!(q["oldest_age_seconds"].is_u64(), "{q}");
+    assert!(q["drained_at"].as_str().is_some_and(|t| t.ends_with('Z')), "one waiting send of 1 a minute: {q}");
+
+    let path = format!("/v1/deliveries/hr/{id}");
+    let job = support::admin(addr, "GET", &path, None).await;
+    assert_eq!(job.status, 200, "{}", job.text());
+    assert_eq!((job.json()["state"].as_str(), job.json()["caller"].as_str()), (Some("waiting"), Some("hr")));
+    assert!(job.json().get("body").is_none(), "never the message");
+    assert_eq!(support::admin(addr, "GET", &format!("/v1/deliveries/other/{id}"), None).await.status, 404);
+    assert_eq!(support::admin(addr, "GET", "/v1/deliveries/hr/not-an-id", None).await.status, 400);
+    // A page on another site cannot cancel it.
+    let forged = support::admin_with(addr, "DELETE", &path, &[("origin", "http://attacker.example")]).await;
+    assert_eq!(forged.status, 403, "{}", forged.text());
+    let cancelled = support::admin(addr, "DELETE", &path, None).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text());
+    assert_eq!(cancelled.json()["state"], "cancelled");
+    let again = support::admin(addr, "DELETE", &path, None).await;
+    assert_eq!((again.status.as_u16(), again.json()["state"].as_str()), (409, Some("cancelled")));
+    gate.advance(Duration::from_secs(120));
+    gate.settle().await;
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1, "never sent");
+    let q = support::admin(addr, "GET", "/v1/queues", None).await.json();
+    assert_eq!(
+        (q["queues"][0]["cancelled"].as_u64(), q["queues"][0]["drained_at"].as_str().is_some()),
+        (Some(1), true),
+        "{q}"
+    );
+}

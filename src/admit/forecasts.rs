@@ -91,6 +91,17 @@ impl Rates {
     }
 }
 
+/// A pair among the most used ([`Forecasts::top`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Top {
+    pub account: String,
+    pub state: Arc<str>,
+    pub rule: Arc<str>,
+    pub used: u64,
+    pub limit: u64,
+    pub fraction: f64,
+}
+
 /// Every pair's forecast inputs (see the module).
 #[derive(Default)]
 pub struct Forecasts {
@@ -204,6 +215,34 @@ impl Forecasts {
         metrics.keep_day_forecasts(&names, ends_in as f64 / 1e6);
     }
 
+    /// The `n` pairs of today using most of their day quota (by fraction,
+    /// then count), whose account contains `containing` (all when empty):
+    /// (account, rule state, rule, used, limit). One pass over the pairs
+    /// under the lock, keeping `n`.
+    pub fn top(&self, n: usize, containing: &str, now: Micros) -> Vec<Top> {
+        let mut best: Vec<Top> = Vec::with_capacity(n + 1);
+        let table = self.table();
+        for ((account, state), e) in &table.pairs {
+            if e.day_end <= now || !account.contains(containing) {
+                continue;
+            }
+            let limit = e.limit();
+            let used = limit.saturating_sub(e.remaining);
+            let fraction = used_fraction(used, limit);
+            let worse = |t: &Top| (t.fraction, t.used) < (fraction, used);
+            if best.len() == n && !best.last().is_some_and(worse) {
+                continue;
+            }
+            let at = best.iter().position(worse).unwrap_or(best.len());
+            best.insert(
+                at,
+                Top { account: account.clone(), state: state.clone(), rule: e.rule.clone(), used, limit, fraction },
+            );
+            best.truncate(n);
+        }
+        best
+    }
+
     /// How many pairs are kept (for tests).
     pub fn len(&self) -> usize {
         self.table().pairs.len()
@@ -282,6 +321,24 @@ mod tests {
         assert!((r.queued - 0.5).abs() < 0.01, "{r:?}");
         assert!((r.live() - 2.5).abs() < 0.02, "{r:?}");
         assert_eq!(f.rates("wx2", &rule.state, T0 + 600 * S), None);
+    }
+
+    #[test]
+    fn the_top_pairs_are_the_most_used_of_today_and_a_search_narrows_them() {
+        let (f, rule) = (Forecasts::default(), rule());
+        for (i, remaining) in [4000, 100, 2500, 4999, 900].into_iter().enumerate() {
+            f.observe(&format!("wx{i}"), &rule, left(remaining, T0), T0, 1, false);
+        }
+        let top = f.top(3, "", T0 + S);
+        let shown: Vec<(&str, u64)> = top.iter().map(|t| (t.account.as_str(), t.used)).collect();
+        assert_eq!(shown, [("wx1", 4900), ("wx4", 4100), ("wx2", 2500)]);
+        assert_eq!(top[0].limit, 5000);
+        f.set_limit("wx3", &rule.state, 1000);
+        assert_eq!(f.top(1, "", T0 + S)[0].account, "wx1", "4,900 of 5,000 beats 1 of 1,000");
+        let found: Vec<String> = f.top(10, "x3", T0 + S).into_iter().map(|t| t.account).collect();
+        assert_eq!(found, ["wx3"]);
+        assert!(f.top(10, "", T0 + 3600 * S).is_empty(), "a day that is over");
+        assert!(f.top(0, "", T0 + S).is_empty());
     }
 
     fn gauge(m: &Metrics, name: &str) -> Option<f64> {

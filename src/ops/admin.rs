@@ -40,13 +40,14 @@ use tokio::sync::watch;
 use crate::admit::callers::OTHER;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
+use crate::ops::overview;
 use crate::ops::pair_view::{describe, Here};
 use crate::proxy::app::App;
 use crate::store::op::{Inspect, SetPenalty};
 use crate::store::Status;
 use crate::telemetry::metrics::FileOp;
 
-type Answer = Response<Full<Bytes>>;
+pub(super) type Answer = Response<Full<Bytes>>;
 
 /// Serves the admin API until `stop` turns true.
 pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
@@ -85,18 +86,18 @@ pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate
     }
 }
 
-fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+pub(super) fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
-fn json_answer(status: StatusCode, value: Value) -> Answer {
+pub(super) fn json_answer(status: StatusCode, value: Value) -> Answer {
     answer(status, "application/json", value.to_string())
 }
 
-fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
+pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
     json_answer(status, json!({ "error": message.to_string() }))
 }
 
@@ -112,20 +113,32 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
         (&Method::GET, ["metrics"]) => metrics(app),
         (&Method::GET, ["healthz"]) => answer(StatusCode::OK, "text/plain", "ok\n"),
         (&Method::GET, ["readyz"]) => ready(app),
+        (&Method::GET | &Method::HEAD, [] | ["index.html" | "console.js" | "console.css"]) => {
+            if let Some(denied) = check_token(app, &req) {
+                return denied;
+            }
+            if let Some(refused) = rebinding(app, &req) {
+                return refused;
+            }
+            crate::ops::console::asset(&path).unwrap_or_else(|| error(StatusCode::NOT_FOUND, "no such page"))
+        }
         (_, ["v1", ..]) => {
             if let Some(denied) = check_token(app, &req) {
                 return denied;
             }
-            // Without a token, a DNS-rebound page could read /v1 on the
-            // loopback default: its Host is the attacker's name.
-            if app.config.load().server.admin_token.is_none() && !host_names_an_address(host_of(req.headers())) {
-                return error(
-                    StatusCode::FORBIDDEN,
-                    "refused: Host must be this listener's IP address or localhost (DNS rebinding); set admin_token to use a name",
-                );
+            if let Some(refused) = rebinding(app, &req) {
+                return refused;
             }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
+                (&Method::GET, ["accounts"]) => overview::top(app, query(&req, "top"), query(&req, "q")).await,
+                (&Method::GET, ["accounts", account]) => overview::account(app, account).await,
+                (&Method::GET, ["errcodes"]) => overview::errcodes(app),
+                (&Method::GET, ["history"]) => overview::history(app),
+                (&Method::GET, ["health"]) => overview::health(app),
+                (&Method::GET, ["queues"]) => overview::queues(app).await,
+                (&Method::GET, ["deliveries", caller, id]) => overview::delivery(app, caller, id, false).await,
+                (&Method::DELETE, ["deliveries", caller, id]) => overview::delivery(app, caller, id, true).await,
                 (&Method::GET, ["callers"]) => callers(app),
                 (&Method::POST, ["accounts", account, "clear"]) => clear(app, account).await,
                 (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
@@ -154,23 +167,57 @@ fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 
+/// `None` when the request carries the admin token (or none is set):
+/// `Authorization: Bearer <token>`, or `Basic` with the token as the
+/// password (any user name), which is what a browser sends for the console
+/// once asked. Else 401, with a `Basic` challenge for the console's pages
+/// (so that a browser asks) and `Bearer` for the API.
 fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
     let config = app.config.load();
     let expected = config.server.admin_token.as_deref()?;
     // The scheme is case-insensitive (RFC 9110 §11.1).
-    let given = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    if given.is_some_and(|g| crate::config::units::same_bytes(g.as_bytes(), expected.as_bytes())) {
+    let given =
+        req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' ')).and_then(
+            |(scheme, value)| {
+                if scheme.eq_ignore_ascii_case("bearer") {
+                    Some(value.trim().as_bytes().to_vec())
+                } else if scheme.eq_ignore_ascii_case("basic") {
+                    use base64::Engine;
+                    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+                    let colon = decoded.iter().position(|&b| b == b':')?;
+                    Some(decoded[colon + 1..].to_vec())
+                } else {
+                    None
+                }
+            },
+        );
+    if given.is_some_and(|g| crate::config::units::same_bytes(&g, expected.as_bytes())) {
         return None;
     }
-    let mut resp = error(StatusCode::UNAUTHORIZED, "the admin API needs Authorization: Bearer <admin_token>");
-    resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    let page = !req.uri().path().starts_with("/v1/");
+    let (message, challenge) = if page {
+        (
+            "the console needs the admin token: give it as the password (any user name)",
+            "Basic realm=\"wxgate admin\", charset=\"UTF-8\"",
+        )
+    } else {
+        ("the admin API needs Authorization: Bearer <admin_token>", "Bearer")
+    };
+    let mut resp = error(StatusCode::UNAUTHORIZED, message);
+    resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
     Some(resp)
+}
+
+/// Without a token, a DNS-rebound page could read the console or `/v1` on
+/// the loopback default: its Host is the attacker's name.
+fn rebinding(app: &App, req: &Request<Incoming>) -> Option<Answer> {
+    if app.config.load().server.admin_token.is_some() || host_names_an_address(host_of(req.headers())) {
+        return None;
+    }
+    Some(error(
+        StatusCode::FORBIDDEN,
+        "refused: Host must be this listener's IP address or localhost (DNS rebinding); set admin_token to use a name",
+    ))
 }
 
 fn host_of(headers: &HeaderMap) -> &str {
@@ -378,6 +425,7 @@ fn callers(app: &App) -> Answer {
                 "rate_per_second": rate.map(|r| r.per_second()),
                 "burst": rate.map(|r| r.count.get()),
                 "rate_refusals_here": c.entry.metrics.rate_refusals.get(),
+                "calls": outcomes(&c.entry.metrics),
                 "has_key": c.policy().is_some_and(|p| p.key.is_some()),
                 "accounts": c.policy().map(|p| match &p.grants {
                     crate::config::Grants::Unset => Value::Null,
@@ -394,9 +442,15 @@ fn callers(app: &App) -> Answer {
             "caller_auth": if app.config.load().server.caller_auth.required() { "required" } else { "off" },
             "without_header": &*callers.fallback().name,
             "undeclared_label": OTHER,
+            "undeclared": { "calls": outcomes(&app.core.metrics.caller(OTHER)) },
             "callers": declared,
         }),
     )
+}
+
+/// A caller's calls on this instance by outcome (those at 0 left out).
+fn outcomes(m: &crate::telemetry::metrics::CallerMetrics) -> Value {
+    Value::Object(m.outcomes().into_iter().map(|(o, n)| (o.as_str().to_owned(), json!(n))).collect())
 }
 
 /// The rule named `rule` and the states an admin request about it reads or
@@ -446,22 +500,10 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
         Ok(r) => r,
         Err(resp) => return *resp,
     };
-    let offset = app.config.load().server.quota_offset_us;
     let mut pictures = Vec::with_capacity(states.len());
     for state in &states {
-        match app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await {
-            Ok(snapshot) => {
-                let (held, in_flight) = app.core.activity.get(account, &state.state);
-                let forecasts = &app.core.forecasts;
-                let day_rate = forecasts.rates(account, &state.state, snapshot.now).map(|r| r.total);
-                if let Some(limit) = crate::limit::learned::day_limit(state, &snapshot.state, snapshot.now) {
-                    forecasts.set_limit(account, &state.state, limit);
-                }
-                let here = Here { held, in_flight, day_rate };
-                let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
-                add_quota_sync(app, account, state, &mut picture);
-                pictures.push(picture);
-            }
+        match picture(app, account, state).await {
+            Ok(p) => pictures.push(p),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }
     }
@@ -472,6 +514,23 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
         ),
         _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
     }
+}
+
+/// One pair's state as `GET /v1/buckets` shows it (`state`: the account's
+/// own rule state), read with one `inspect`.
+pub(super) async fn picture(app: &App, account: &str, state: &Rule) -> Result<Value, crate::store::StoreError> {
+    let offset = app.config.load().server.quota_offset_us;
+    let snapshot = app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await?;
+    let (held, in_flight) = app.core.activity.get(account, &state.state);
+    let forecasts = &app.core.forecasts;
+    let day_rate = forecasts.rates(account, &state.state, snapshot.now).map(|r| r.total);
+    if let Some(limit) = crate::limit::learned::day_limit(state, &snapshot.state, snapshot.now) {
+        forecasts.set_limit(account, &state.state, limit);
+    }
+    let here = Here { held, in_flight, day_rate };
+    let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
+    add_quota_sync(app, account, state, &mut picture);
+    Ok(picture)
 }
 
 /// A state with `quota_sync`: what this instance's last sync found

@@ -66,11 +66,14 @@ pub async fn reload(app: &App, path: &Path) -> Result<(), ReloadError> {
             app.reloads.ok.fetch_add(1, Ordering::Relaxed);
             app.core.metrics.reload(true);
             tracing::info!(config = %path.display(), "config reloaded");
+            *app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((app.core.clock.now_us(), None));
         }
         Err(e) => {
             app.reloads.failed.fetch_add(1, Ordering::Relaxed);
             app.core.metrics.reload(false);
             tracing::error!(config = %path.display(), error = %e, "config reload refused; keeping the running rules");
+            let last = (app.core.clock.now_us(), Some(e.to_string()));
+            *app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(last);
         }
     }
     result

@@ -45,6 +45,9 @@ pub struct App {
     /// What quota_sync found, per (account, rule state), on this instance.
     pub syncs: SyncStatus,
     pub reloads: Reloads,
+    /// The last hour of each rule's calls (the console's plots), read from
+    /// the metrics by `crate::ops::console`.
+    pub history: crate::telemetry::history::History,
     /// `[intercept]`, when on: the CA, the hosts' certificates and
     /// upstreams. Built at start; `[intercept]` changes need a restart.
     pub intercept: Option<Arc<Interceptor>>,
@@ -63,6 +66,8 @@ impl App {
 pub struct Reloads {
     pub ok: AtomicU64,
     pub failed: AtomicU64,
+    /// The last reload: when (wxgate's clock), and its error if refused.
+    pub last: std::sync::Mutex<Option<(crate::time::Micros, Option<String>)>>,
     pub watched: Arc<Watched>,
 }
 
@@ -115,6 +120,7 @@ impl App {
             callers: ArcSwap::from_pointee(callers),
             syncs: SyncStatus::default(),
             reloads: Reloads::default(),
+            history: Default::default(),
             intercept,
         });
         Slots::spawn_renewal(Arc::downgrade(&app.core.slots), Arc::downgrade(&app.core.store), lease_us);

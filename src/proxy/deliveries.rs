@@ -142,7 +142,7 @@ pub fn job_json(job: &Job, now: Micros) -> Value {
 /// only for a queue with such jobs. `None`: not known (the rule is gone or
 /// counts per path, the store did not answer, or its reserve leaves queued
 /// sends nothing).
-async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
+pub async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
     let jobs = q.queued.saturating_add(q.waiting);
     if jobs == 0 {
         return Some(0);
@@ -166,7 +166,7 @@ async fn drained_in(app: &App, q: &QueueSummary) -> Option<Micros> {
     Some((at - now).max(0))
 }
 
-fn summary_json(q: &QueueSummary, now: Micros) -> Value {
+pub fn summary_json(q: &QueueSummary, now: Micros) -> Value {
     json!({
         "account": &*q.queue.account,
         "rule": &*q.queue.rule,

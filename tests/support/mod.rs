@@ -14,13 +14,15 @@
 //! queued delivery over real sockets ([`queue`]) and its callbacks (a
 //! receiver, the signature's check: [`callbacks`]), the stores a scenario
 //! runs on ([`backing`]: memory, Redis, Cluster), an OpenTelemetry
-//! collector ([`otlp`]).
+//! collector ([`otlp`]), a headless Chromium over the DevTools protocol
+//! ([`browser`]).
 //! Every test binary does
 //! `mod support;` and uses a part of it.
 #![allow(dead_code)]
 
 pub mod backing;
 pub mod bodies;
+pub mod browser;
 pub mod callbacks;
 pub mod config;
 pub mod deploy;
@@ -616,6 +618,15 @@ pub async fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&st
     let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
+    }
+    send(req.body(Full::new(Bytes::new())).expect("request")).await
+}
+
+/// An admin request with these headers (`Origin`, `Authorization: Basic`, ...).
+pub async fn admin_with(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = http::Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     send(req.body(Full::new(Bytes::new())).expect("request")).await
 }

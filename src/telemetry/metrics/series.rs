@@ -252,6 +252,11 @@ impl RuleMetrics {
         }
     }
 
+    /// The rule's calls so far, by outcome (those never counted left out).
+    pub fn outcomes(&self) -> Vec<(Outcome, u64)> {
+        OUTCOMES.iter().zip(&self.calls).filter_map(|(&o, cell)| Some((o, cell.get()?.get()))).collect()
+    }
+
     pub fn errcode(&self, code: i64) {
         self.code(code).inc();
     }
@@ -315,6 +320,11 @@ impl CallerMetrics {
         if let Some(c) = OUTCOMES.iter().position(|o| *o == outcome).and_then(|i| self.calls.get(i)) {
             c.inc();
         }
+    }
+
+    /// The caller's calls so far, by outcome (those at 0 left out).
+    pub fn outcomes(&self) -> Vec<(Outcome, u64)> {
+        OUTCOMES.iter().zip(&self.calls).map(|(&o, c)| (o, c.get())).filter(|(_, n)| *n > 0).collect()
     }
 }
 

@@ -1,0 +1,320 @@
+//! The admin API's reads across many pairs, and the console's actions on
+//! queued deliveries ([`crate::ops::admin`] routes them):
+//!
+//! | endpoint | |
+//! |---|---|
+//! | `GET /v1/accounts?top=N&q=S` | the pairs of today using most of their day quota (as this instance last saw them), whose account contains `S`: each pair's state |
+//! | `GET /v1/accounts/{account}` | one account's state on every rule |
+//! | `GET /v1/errcodes` | WeChat's last throttling and token errcodes here |
+//! | `GET /v1/history` | each rule's calls per second over the last hour |
+//! | `GET /v1/health` | the store, upstreams, tokens, reloads |
+//! | `GET /v1/queues` | queued delivery per caller and rule: depth, oldest, ends, drained at |
+//! | `GET /v1/deliveries/{caller}/{id}` | one queued delivery |
+//! | `DELETE /v1/deliveries/{caller}/{id}` | cancel it (logged) |
+//!
+//! None loads every pair: the top list is one pass over this instance's
+//! forecast table keeping `N` (at most [`MAX_TOP`]), whose states are then
+//! read one `inspect` each.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::config::valid_account;
+use crate::ops::admin::{error, json_answer, picture, Answer};
+use crate::proxy::app::App;
+use crate::proxy::deliveries::{drained_in, job_json, rfc3339, summary_json};
+use crate::store::jobs::{Cancelled, JobId, QueueSummary};
+use crate::store::Status;
+
+/// Most pairs `GET /v1/accounts?top=` lists.
+pub const MAX_TOP: usize = 100;
+/// Most queues `GET /v1/queues` works out a drained-at time for (the
+/// deepest; one `inspect` each).
+pub const MAX_DRAINED: usize = 50;
+
+/// `GET /v1/accounts?top=N&q=S`.
+pub async fn top(app: &App, n: Option<&str>, containing: Option<&str>) -> Answer {
+    let n = match n.map(str::parse::<usize>) {
+        None => 20,
+        Some(Ok(n)) if (1..=MAX_TOP).contains(&n) => n,
+        Some(_) => return error(StatusCode::BAD_REQUEST, format!("give ?top=N (1 to {MAX_TOP})")),
+    };
+    let containing = containing.unwrap_or("");
+    if !containing.is_empty() && !valid_account(containing) {
+        return error(StatusCode::BAD_REQUEST, "?q= is part of an account: 1-64 characters of A-Z a-z 0-9 _ -");
+    }
+    let now = app.core.clock.now_us();
+    let found = app.core.forecasts.top(n, containing, now);
+    let config = app.config.load_full();
+    let mut pairs = Vec::with_capacity(found.len());
+    for t in found {
+        let Some(state) = config.routed.iter().find(|r| r.state == t.state) else {
+            continue; // a rule a reload removed
+        };
+        let state = config.rule_of(&t.account, state).clone();
+        match picture(app, &t.account, &state).await {
+            Ok(mut p) => {
+                p["rule"] = json!(&*t.rule);
+                pairs.push(p);
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        }
+    }
+    json_answer(StatusCode::OK, json!({ "pairs": pairs, "tracked": app.core.forecasts.len() }))
+}
+
+/// `GET /v1/accounts/{account}`: every rule's state of the account (each
+/// listed path's for a rule with `scope = "path"`).
+pub async fn account(app: &App, account: &str) -> Answer {
+    if !valid_account(account) {
+        return error(StatusCode::BAD_REQUEST, "the account must be 1-64 characters of A-Z a-z 0-9 _ -");
+    }
+    let config = app.config.load_full();
+    let mut pairs = Vec::new();
+    for rule in &config.rules {
+        let states: Vec<_> = match rule.scope {
+            crate::limit::Scope::Rule => vec![rule.clone()],
+            crate::limit::Scope::Path => config.states_of(&rule.name).cloned().collect(),
+        };
+        for state in states {
+            let state = config.rule_of(account, &state).clone();
+            match picture(app, account, &state).await {
+                Ok(mut p) => {
+                    p["rule"] = json!(&*rule.name);
+                    pairs.push(p);
+                }
+                Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+            }
+        }
+    }
+    json_answer(StatusCode::OK, json!({ "account": account, "pairs": pairs }))
+}
+
+/// `GET /v1/errcodes`: newest first.
+pub fn errcodes(app: &App) -> Answer {
+    let seen: Vec<Value> = app
+        .features
+        .errcodes
+        .newest_first()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "at": rfc3339(s.at_us),
+                "errcode": s.errcode,
+                "account": s.account,
+                "rule": s.rule.as_deref(),
+                "penalty_seconds": s.penalty_us.map(|us| us as f64 / 1e6),
+            })
+        })
+        .collect();
+    json_answer(StatusCode::OK, json!({ "errcodes": seen, "kept": crate::features::errcodes::KEEP }))
+}
+
+/// `GET /v1/history`: per reading (oldest first), each rule's admitted,
+/// refused and failed calls per second.
+pub fn history(app: &App) -> Answer {
+    let readings: Vec<Value> = app
+        .history
+        .readings()
+        .into_iter()
+        .map(|r| {
+            let per_s = |n: u64| (n as f64 * 1e6 / r.span_us as f64 * 1000.0).round() / 1000.0;
+            let rules: serde_json::Map<String, Value> = r
+                .rules
+                .iter()
+                .map(|(rule, c)| {
+                    let v = json!({
+                        "admitted": per_s(c.admitted),
+                        "refused": per_s(c.refused),
+                        "upstream_errors": per_s(c.upstream_errors),
+                    });
+                    (rule.to_string(), v)
+                })
+                .collect();
+            json!({ "at": rfc3339(r.at_us), "seconds": r.span_us as f64 / 1e6, "rules": rules })
+        })
+        .collect();
+    json_answer(
+        StatusCode::OK,
+        json!({ "every_seconds": crate::telemetry::history::EVERY_US / 1_000_000, "readings": readings }),
+    )
+}
+
+/// `GET /v1/health`: what `/readyz` says of the store and upstreams, with
+/// the counters an on-call reads next (store errors, degraded decisions,
+/// tokens, reloads).
+pub fn health(app: &App) -> Answer {
+    let m = &app.core.metrics;
+    let status = app.core.store.status();
+    let (kind, decisions) = match status {
+        Status::InProcess => ("memory", "in-process".to_owned()),
+        Status::Shared => ("redis", "shared (Redis reachable)".to_owned()),
+        Status::Degraded(f) => ("redis", format!("fallback {f:?} (Redis unavailable)").to_lowercase()),
+    };
+    let upstreams: Vec<Value> = {
+        let config = app.config.load();
+        let upstreams = app.core.upstreams.load();
+        config
+            .domains
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| {
+                upstreams.get(i).status().into_iter().map(move |u| {
+                    json!({ "upstream": u.name, "domain": &*d.host, "up": u.up, "skipped_for_s": u.skipped_for_us as f64 / 1e6 })
+                })
+            })
+            .collect()
+    };
+    let renewals = |result: &str| {
+        m.tokens.renewals.get_or_create(&crate::telemetry::metrics::ResultLabel { result: result.to_owned() }).get()
+    };
+    let last = app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    json_answer(
+        StatusCode::OK,
+        json!({
+            "store": {
+                "kind": kind,
+                "decisions": decisions,
+                "degraded": matches!(status, Status::Degraded(_)),
+                "breaker_opened": m.breaker_opened.get(),
+                "errors": m.store_errors.get(),
+                "degraded_decisions": m.degraded_decisions.get(),
+                "lost": m.store_lost.get(),
+            },
+            "upstreams": upstreams,
+            "tokens": {
+                "fetched": m.tokens.fetched.get(),
+                "from_cache": m.tokens.from_cache.get(),
+                "invalidated": m.tokens.invalidations.get(),
+                "resent": m.tokens.resent.get(),
+                "renewed": renewals("renewed"),
+                "renewal_errors": renewals("error"),
+            },
+            "reloads": {
+                "ok": app.reloads.ok.load(Ordering::Relaxed),
+                "failed": app.reloads.failed.load(Ordering::Relaxed),
+                "last_at": last.as_ref().map(|(at, _)| rfc3339(*at)),
+                "last_error": last.and_then(|(_, e)| e),
+            },
+            "held_now": m.held_now.get(),
+        }),
+    )
+}
+
+/// `GET /v1/queues`: queued delivery's queues grouped by caller and rule
+/// (all accounts together): jobs by state, the oldest unfinished, and when
+/// the deepest [`MAX_DRAINED`] queues are drained at the earliest (the
+/// latest of them). 404 without queued delivery.
+pub async fn queues(app: &App) -> Answer {
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else {
+        return error(StatusCode::NOT_FOUND, "queued delivery is off ([queue] file = \"off\", or no rule queues)");
+    };
+    let all = match jobs.summary(None).await {
+        Ok(all) => all,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+    };
+    let now = app.core.clock.now_us();
+    let mut deepest: Vec<&QueueSummary> = all.iter().filter(|q| q.queued + q.waiting > 0).collect();
+    deepest.sort_by_key(|q| std::cmp::Reverse(q.queued + q.waiting));
+    deepest.truncate(MAX_DRAINED);
+    let mut drained: BTreeMap<(&str, &str), Option<i64>> = BTreeMap::new();
+    for q in deepest {
+        let at = drained_in(app, q).await;
+        let slot = drained.entry((&q.queue.caller, &q.queue.rule)).or_insert(Some(0));
+        *slot = match (*slot, at) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
+    }
+    let mut grouped: BTreeMap<(&str, &str), (QueueSummary, u64)> = BTreeMap::new();
+    for q in &all {
+        let (sum, accounts) =
+            grouped.entry((&q.queue.caller, &q.queue.rule)).or_insert_with(|| (QueueSummary::new(q.queue.clone()), 0));
+        *accounts += 1;
+        for (to, from) in [
+            (&mut sum.queued, q.queued),
+            (&mut sum.waiting, q.waiting),
+            (&mut sum.sending, q.sending),
+            (&mut sum.sent, q.sent),
+            (&mut sum.failed, q.failed),
+            (&mut sum.expired, q.expired),
+            (&mut sum.cancelled, q.cancelled),
+            (&mut sum.unknown, q.unknown),
+        ] {
+            *to += from;
+        }
+        sum.oldest_us = match (sum.oldest_us, q.oldest_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let list: Vec<Value> = grouped
+        .into_iter()
+        .map(|((caller, rule), (sum, accounts))| {
+            let mut v = summary_json(&sum, now);
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("account");
+            }
+            v["caller"] = json!(caller);
+            v["rule"] = json!(rule);
+            v["accounts"] = json!(accounts);
+            let pending = sum.queued + sum.waiting;
+            // Unknown (`null`): a store that did not answer, a reserve that
+            // leaves queued sends nothing, or only queues past the deepest.
+            let at = if pending == 0 { Some(0) } else { drained.get(&(caller, rule)).copied().flatten() };
+            v["drained_at"] = json!(at.map(|us| rfc3339(now + us)));
+            v
+        })
+        .collect();
+    json_answer(StatusCode::OK, json!({ "queues": list }))
+}
+
+/// `GET` (or with `cancel`, `DELETE`) `/v1/deliveries/{caller}/{id}`.
+pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer {
+    let Some(jobs) = app.features.queue.jobs.get().cloned() else {
+        return error(StatusCode::NOT_FOUND, "queued delivery is off");
+    };
+    if !valid_account(caller) {
+        return error(StatusCode::BAD_REQUEST, "the caller must be 1-64 characters of A-Z a-z 0-9 _ -");
+    }
+    let Some(id) = JobId::parse(id) else {
+        return error(StatusCode::BAD_REQUEST, "a delivery id is 32 hex digits, as its 202 answer gave it");
+    };
+    let now = app.core.clock.now_us();
+    let not_found = || error(StatusCode::NOT_FOUND, format!("caller \"{caller}\" has no delivery {id}"));
+    if cancel {
+        match jobs.cancel(caller, id, now).await {
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+            Ok(Cancelled::NotFound) => return not_found(),
+            Ok(Cancelled::TooLate(state)) => {
+                return json_answer(
+                    StatusCode::CONFLICT,
+                    json!({ "error": format!("the delivery is {} and can no longer be cancelled", state.as_str()), "state": state.as_str() }),
+                )
+            }
+            Ok(Cancelled::Cancelled) => {
+                app.features.queue.ended.notify_one();
+                tracing::info!(%caller, delivery = %id, "queued delivery cancelled by hand (admin API)");
+            }
+        }
+    }
+    match jobs.get(caller, id).await {
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        Ok(None) => not_found(),
+        Ok(Some(job)) => {
+            if cancel {
+                app.core.metrics.queue.ended(&job.new.queue.rule, caller, "cancelled");
+            }
+            let mut v = job_json(&job, now);
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("errcode");
+                fields.remove("errmsg");
+            }
+            v["caller"] = json!(caller);
+            json_answer(StatusCode::OK, v)
+        }
+    }
+}
