@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 
 use crate::config::valid_account;
 use crate::ops::admin::{error, json_answer, picture, Answer};
+use crate::ops::pair_view::local_time;
 use crate::proxy::app::App;
 use crate::proxy::deliveries::{drained_in, job_json, rfc3339, summary_json};
 use crate::store::jobs::{Cancelled, JobId, QueueSummary};
@@ -93,8 +94,10 @@ pub async fn account(app: &App, account: &str) -> Answer {
     json_answer(StatusCode::OK, json!({ "account": account, "pairs": pairs }))
 }
 
-/// `GET /v1/errcodes`: newest first.
+/// `GET /v1/errcodes`: newest first, times in the quota's time zone (as
+/// a pair's `until` and `resets_at`).
 pub fn errcodes(app: &App) -> Answer {
+    let offset = app.config.load().server.quota_offset_us;
     let seen: Vec<Value> = app
         .features
         .errcodes
@@ -102,7 +105,7 @@ pub fn errcodes(app: &App) -> Answer {
         .into_iter()
         .map(|s| {
             json!({
-                "at": rfc3339(s.at_us),
+                "at": local_time(s.at_us, offset),
                 "errcode": s.errcode,
                 "account": s.account,
                 "rule": s.rule.as_deref(),
@@ -207,10 +210,10 @@ pub fn health(app: &App) -> Answer {
 /// `GET /v1/queues`: queued delivery's queues grouped by caller and rule
 /// (all accounts together): jobs by state, the oldest unfinished, and when
 /// the deepest [`MAX_DRAINED`] queues are drained at the earliest (the
-/// latest of them). 404 without queued delivery.
+/// latest of them). `on: false` without queued delivery.
 pub async fn queues(app: &App) -> Answer {
     let Some(jobs) = app.features.queue.jobs.get().cloned() else {
-        return error(StatusCode::NOT_FOUND, "queued delivery is off ([queue] file = \"off\", or no rule queues)");
+        return json_answer(StatusCode::OK, json!({ "on": false, "queues": [] }));
     };
     let all = match jobs.summary(None).await {
         Ok(all) => all,
@@ -269,7 +272,7 @@ pub async fn queues(app: &App) -> Answer {
             v
         })
         .collect();
-    json_answer(StatusCode::OK, json!({ "queues": list }))
+    json_answer(StatusCode::OK, json!({ "on": true, "queues": list }))
 }
 
 /// `GET` (or with `cancel`, `DELETE`) `/v1/deliveries/{caller}/{id}`.

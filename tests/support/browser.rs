@@ -119,15 +119,33 @@ impl Drop for Browser {
     }
 }
 
-/// One request over a fresh connection, `Connection: close`; the body.
+/// One request over a fresh connection; the body (of its
+/// `Content-Length`: DevTools' server keeps the connection open).
 async fn http(addr: &str, method: &str, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to DevTools");
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("send");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("read");
-    let text = String::from_utf8_lossy(&out).into_owned();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default()
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to DevTools");
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("send");
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).await.expect("read");
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+                    .and_then(|v| v.parse::<usize>().ok());
+                if n == 0 || len.is_some_and(|len| body.len() >= len) {
+                    return body.to_owned();
+                }
+            } else if n == 0 {
+                return String::new();
+            }
+        }
+    };
+    tokio::time::timeout(COMMAND_TIMEOUT, exchange).await.expect("DevTools answered over HTTP")
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
@@ -161,7 +179,10 @@ pub struct Page {
 
 impl Page {
     async fn connect(url: &str) -> Page {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("DevTools WebSocket");
+        let (ws, _) = tokio::time::timeout(COMMAND_TIMEOUT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("DevTools WebSocket in time")
+            .expect("DevTools WebSocket");
         let (sink, mut stream) = ws.split();
         let sink = Arc::new(tokio::sync::Mutex::new(sink));
         let pending: Pending = Arc::default();

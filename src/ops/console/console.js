@@ -131,7 +131,7 @@ function accountRow(p) {
     el("td", {}, day ? [bar(frac), " ", pct(frac)] : "–"),
     el("td", { class: "num" }, day ? `${used} / ${count}${learned}` : "no day quota"),
     el("td", {}, wf ? [bar(wf.f), " ", pct(wf.f)] : "–"),
-    el("td", { class: pen.active ? "bad" : "" }, pen.active ? `${seconds(pen.remaining_seconds)} (level ${pen.level})` : "–"),
+    el("td", { class: pen.active ? "bad" : "" }, pen.active ? seconds(pen.remaining_seconds) + (pen.level ? ` (escalated ×${pen.level})` : "") : "–"),
     el("td", { class: fc && fc.runs_out_at ? "warn" : "" }, fc && fc.runs_out_at ? clock(fc.runs_out_at) : "–"),
     el("td", {}, actions(p.account, p.rule, pen.active)));
 }
@@ -235,10 +235,10 @@ function renderCallers(c) {
 }
 
 function renderQueues(q) {
-  $("queues-off").hidden = q !== null;
-  $("queues").hidden = q === null;
-  $("job").hidden = q === null;
-  if (!q) return;
+  $("queues-off").hidden = q.on;
+  $("queues").hidden = !q.on;
+  $("job").hidden = !q.on;
+  if (!q.on) return;
   fill("queues", q.queues.map(x => el("tr", {},
     el("td", {}, x.caller), el("td", {}, x.rule), el("td", { class: "num" }, x.accounts),
     el("td", { class: "num" }, x.queued), el("td", { class: "num" }, x.waiting), el("td", { class: "num" }, x.sending),
@@ -275,7 +275,7 @@ async function refresh() {
       .then(([some, one]) => ({ tracked: some.tracked, pairs: one.pairs.concat(some.pairs.filter(p => p.account !== search)) }));
     const [health, callers, errcodes, history, accounts, queues] = await Promise.all([
       get("/v1/health"), get("/v1/callers"), get("/v1/errcodes"), get("/v1/history"), top,
-      get("/v1/queues").catch(e => (e.status === 404 ? null : Promise.reject(e)))]);
+      get("/v1/queues")]);
     errcodesSeen = errcodes.errcodes;
     renderHealth(health, callers);
     renderPlots(history);
@@ -289,6 +289,8 @@ async function refresh() {
     await renderPenalties(pairs);
     $("refreshed").textContent = "updated " + new Date().toLocaleTimeString() + ` · every ${every} s`;
     problem("");
+    // Refreshes completed (tests wait for one that started after a change).
+    document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
   } catch (e) {
     problem(e instanceof Unauthorized ? "signed out: reload the page and give the admin token" : "refresh failed: " + e.message);
   } finally {

@@ -1,0 +1,131 @@
+//! The console (`GET /` on the admin listener) in a real headless Chromium,
+//! driven over the DevTools protocol (tests/support/browser.rs): it signs
+//! in with the admin token as a user would at the browser's prompt, loads
+//! with no console error and no request leaving the admin origin, shows an
+//! account's use, its penalty and WeChat's errcode within one refresh of
+//! the calls, lifts the penalty on a confirmed click, and a forged POST
+//! from a page on another origin changes nothing. A screenshot is saved
+//! (the path is printed) for review.
+
+mod support;
+
+use std::time::Duration;
+
+use support::browser::Browser;
+use support::*;
+
+const TOKEN: &str = "console-test-token";
+const SEND: &str = "/cgi-bin/message/custom/send";
+
+/// Completed refreshes of the page.
+async fn refreshes(page: &support::browser::Page) -> u64 {
+    page.eval("Number(document.body.dataset.refreshes || 0)").await.as_u64().unwrap_or(0)
+}
+
+/// The text of the row of `table` for `account` (empty when none).
+async fn row(page: &support::browser::Page, table: &str, account: &str) -> String {
+    let js = format!(r#"(document.querySelector('#{table} tr[data-account="{account}"]') || {{}}).textContent || """#);
+    page.eval(&js).await.as_str().unwrap_or("").to_owned()
+}
+
+async fn penalty_active(gate: &Gate, account: &str) -> bool {
+    let b = admin(gate.admin_addr(), "GET", &format!("/v1/buckets/{account}/send"), Some(TOKEN)).await;
+    b.json()["penalty"]["active"] == true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_use_penalties_and_errcodes_and_lifts_a_penalty_in_a_real_browser() {
+    let mock = MockWeChat::start().await;
+    let send = rule("send").matching(SEND).limit_burst(300, "1m", 300).limit(1000, "day");
+    let menu = rule("menu").matching("/cgi-bin/menu/get").limit_burst(100, "1m", 20);
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", TOKEN).with(send).with(menu)).await;
+    let origin = format!("http://{}", gate.admin_addr());
+
+    // A few minutes of traffic on wxgate's clock, for the plots.
+    for round in 0..6u32 {
+        for (account, n) in [("wx5f3c1a2b", 12 + round * 3), ("wx0d9e8f7a", 5), ("wx77aa01bc", 2)] {
+            for _ in 0..n {
+                assert_eq!(gate.get_as(account, SEND).await.status, 200);
+            }
+        }
+        for _ in 0..(round * 6) {
+            gate.get_as("wx5f3c1a2b", "/cgi-bin/menu/get").await;
+        }
+        gate.advance(Duration::from_secs(10));
+    }
+    eventually_async("the plots' readings", PATIENCE, async || {
+        let h = admin(gate.admin_addr(), "GET", "/v1/history", Some(TOKEN)).await.json();
+        h["readings"].as_array().is_some_and(|r| r.len() >= 5)
+    })
+    .await;
+
+    let browser = Browser::start();
+    let page = browser.page().await;
+    page.sign_in_with("on-call", TOKEN).await;
+    page.open(&format!("{origin}/?every=1")).await;
+    eventually_async("a first refresh", PATIENCE, async || refreshes(&page).await >= 1).await;
+    assert!(page.seen().auth_challenges >= 1, "the browser was asked for the token");
+
+    // Calls that spend wx0d9e8f7a's quota, then WeChat's 45009 to it.
+    for _ in 0..4 {
+        assert_eq!(gate.get_as("wx0d9e8f7a", SEND).await.status, 200);
+    }
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(gate.get_as("wx0d9e8f7a", SEND).await.status, 429);
+    mock.respond(|_| ok_reply());
+    // Shown by the first refresh that started after them.
+    let after = refreshes(&page).await + 2;
+    eventually_async("a refresh after the calls", PATIENCE, async || refreshes(&page).await >= after).await;
+    let used = row(&page, "accounts", "wx0d9e8f7a").await;
+    assert!(used.contains("35 / 1000"), "the account's use today: {used:?}");
+    let penalty = row(&page, "penalties", "wx0d9e8f7a").await;
+    assert!(penalty.contains("45009") && penalty.contains("send"), "its penalty and WeChat's errcode: {penalty:?}");
+    let errcode = page.eval("document.querySelector('#errcodes tbody tr').textContent").await;
+    assert!(errcode.as_str().is_some_and(|t| t.contains("45009") && t.contains("wx0d9e8f7a")), "{errcode}");
+
+    let shot = page.screenshot().await;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console");
+    std::fs::create_dir_all(&dir).expect("screenshot directory");
+    std::fs::write(dir.join("console.png"), &shot).expect("write the screenshot");
+    println!("screenshot: {}", dir.join("console.png").display());
+
+    let seen = page.seen();
+    assert!(seen.errors.is_empty(), "no console error, no policy violation: {:?}", seen.errors);
+    let elsewhere: Vec<&String> = seen.requests.iter().filter(|u| !u.starts_with(&format!("{origin}/"))).collect();
+    assert!(elsewhere.is_empty(), "every request to the admin origin: {elsewhere:?}");
+    assert!(seen.requests.iter().any(|u| u.ends_with("/v1/accounts?top=20")), "{:?}", seen.requests);
+
+    // Lifting the penalty: a click, a confirmation, and calls flow again.
+    assert!(penalty_active(&gate, "wx0d9e8f7a").await);
+    page.eval(r#"document.querySelector('#penalties tr[data-account="wx0d9e8f7a"] button').click()"#).await;
+    eventually_async("the penalty lifted", PATIENCE, async || !penalty_active(&gate, "wx0d9e8f7a").await).await;
+    let asked = page.seen().dialogs;
+    assert!(
+        asked.iter().any(|d| d.starts_with("Lift the penalty of wx0d9e8f7a on send?")),
+        "confirmed first: {asked:?}"
+    );
+    assert_eq!(gate.get_as("wx0d9e8f7a", SEND).await.status, 200);
+    let after = refreshes(&page).await + 2;
+    eventually_async("a refresh after the lift", PATIENCE, async || refreshes(&page).await >= after).await;
+    assert_eq!(row(&page, "penalties", "wx0d9e8f7a").await, "", "gone from the page");
+
+    // A page on another origin posts to the admin API with the browser's
+    // credentials: refused, nothing changed.
+    let imposed = admin(gate.admin_addr(), "POST", "/v1/penalties/wx0d9e8f7a/send?seconds=600", Some(TOKEN)).await;
+    assert_eq!(imposed.status, 200);
+    let attacker = MockWeChat::start().await;
+    let form = format!(
+        r#"<!doctype html><form id="f" method="POST" action="{origin}/v1/accounts/wx0d9e8f7a/clear"></form>
+<script>document.getElementById("f").submit()</script>"#
+    );
+    attacker.respond(move |_| Reply::Json { body: form.clone(), content_type: "text/html; charset=utf-8" });
+    page.open(&format!("{}/forged", attacker.url())).await;
+    let mut answer = String::new();
+    eventually_async("the forged POST answered", PATIENCE, async || {
+        answer = page.eval("location.href + ' ' + document.body.innerText").await.as_str().unwrap_or("").to_owned();
+        answer.starts_with(&format!("{origin}/v1/accounts/wx0d9e8f7a/clear"))
+    })
+    .await;
+    assert!(answer.contains("refused: Origin is not the admin listener"), "{answer}");
+    assert!(penalty_active(&gate, "wx0d9e8f7a").await, "the forged clear changed nothing");
+}
