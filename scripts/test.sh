@@ -33,6 +33,20 @@ if ! command -v curl >/dev/null 2>&1; then
   fi
 fi
 
+# tests/console.rs drives the admin console in a headless browser:
+# Debian's chromium (without its recommended packages), unless
+# WXGATE_TEST_CHROMIUM names another Chromium or Chrome.
+if [ -z "${WXGATE_TEST_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+  && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "chromium is missing: install it (e.g. apt-get install chromium) or set WXGATE_TEST_CHROMIUM, and rerun" >&2
+    exit 1
+  fi
+fi
+
 if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/prometheus/usr/bin/promtool ]; then
   if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
     echo "== unpacking promtool (Debian package prometheus) into target/tools/prometheus"

@@ -8,6 +8,7 @@
 //! they read and swap.
 
 pub mod admin;
+pub mod answers;
 pub mod callbacks;
 pub mod console;
 pub mod dispatch;

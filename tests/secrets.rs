@@ -223,9 +223,23 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
     // The admin endpoints describe rules, buckets and counts, never calls.
     for proc in [&gate, &dead] {
         let Some(admin) = proc.admin else { continue };
-        for path in
-            ["/metrics", "/v1/rules", "/v1/buckets/wx1234567890abcdef/send", "/v1/buckets/wx1234567890abcdef/punished"]
-        {
+        // ... nor does the console and what it reads (the errcodes, the
+        // accounts, callers, health, queues) after these calls.
+        for path in [
+            "/metrics",
+            "/v1/rules",
+            "/v1/buckets/wx1234567890abcdef/send",
+            "/v1/buckets/wx1234567890abcdef/punished",
+            "/",
+            "/console.js",
+            "/v1/errcodes",
+            "/v1/accounts?top=100",
+            "/v1/accounts/wx1234567890abcdef",
+            "/v1/callers",
+            "/v1/health",
+            "/v1/history",
+            "/v1/queues",
+        ] {
             let answer = exchange(
                 admin,
                 format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),

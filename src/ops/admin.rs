@@ -26,10 +26,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::header::{HeaderMap, HeaderValue, AUTHORIZATION, HOST, ORIGIN, WWW_AUTHENTICATE};
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -41,13 +39,12 @@ use crate::admit::callers::OTHER;
 use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::ops::overview;
-use crate::ops::pair_view::{describe, Here};
 use crate::proxy::app::App;
-use crate::store::op::{Inspect, SetPenalty};
+use crate::store::op::SetPenalty;
 use crate::store::Status;
 use crate::telemetry::metrics::FileOp;
 
-pub(super) type Answer = Response<Full<Bytes>>;
+use crate::ops::answers::{answer, error, json_answer, Answer};
 
 /// Serves the admin API until `stop` turns true.
 pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<bool>) {
@@ -84,21 +81,6 @@ pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate
             TcpListener::bind(addr).await.map(Some).map_err(|source| crate::error::StartError::Admin { addr, source })
         }
     }
-}
-
-pub(super) fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
-    let mut resp = Response::new(Full::new(body.into()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
-}
-
-pub(super) fn json_answer(status: StatusCode, value: Value) -> Answer {
-    answer(status, "application/json", value.to_string())
-}
-
-pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Answer {
-    json_answer(status, json!({ "error": message.to_string() }))
 }
 
 async fn route(app: &App, req: Request<Incoming>) -> Answer {
@@ -502,7 +484,7 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
     };
     let mut pictures = Vec::with_capacity(states.len());
     for state in &states {
-        match picture(app, account, state).await {
+        match overview::picture(app, account, state).await {
             Ok(p) => pictures.push(p),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
         }
@@ -513,37 +495,6 @@ async fn bucket(app: &App, account: &str, rule: &str, path: Option<&str>) -> Ans
             json!({ "account": account, "rule": &*rule.name, "scope": "path", "paths": pictures }),
         ),
         _ => json_answer(StatusCode::OK, pictures.pop().unwrap_or(Value::Null)),
-    }
-}
-
-/// One pair's state as `GET /v1/buckets` shows it (`state`: the account's
-/// own rule state), read with one `inspect`.
-pub(super) async fn picture(app: &App, account: &str, state: &Rule) -> Result<Value, crate::store::StoreError> {
-    let offset = app.config.load().server.quota_offset_us;
-    let snapshot = app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await?;
-    let (held, in_flight) = app.core.activity.get(account, &state.state);
-    let forecasts = &app.core.forecasts;
-    let day_rate = forecasts.rates(account, &state.state, snapshot.now).map(|r| r.total);
-    if let Some(limit) = crate::limit::learned::day_limit(state, &snapshot.state, snapshot.now) {
-        forecasts.set_limit(account, &state.state, limit);
-    }
-    let here = Here { held, in_flight, day_rate };
-    let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
-    add_quota_sync(app, account, state, &mut picture);
-    Ok(picture)
-}
-
-/// A state with `quota_sync`: what this instance's last sync found
-/// (`crate::ops::quota_sync`).
-fn add_quota_sync(app: &App, account: &str, state: &crate::limit::Rule, picture: &mut Value) {
-    let config = app.config.load();
-    let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state.state) else { return };
-    let now = app.core.clock.now_us();
-    let found = app.syncs.get(account, &state.state).unwrap_or_default();
-    let mut shown = found.describe(now, &sync.path);
-    shown["every_seconds"] = json!(sync.every.as_secs_f64());
-    if let Value::Object(map) = picture {
-        map.insert("quota_sync".into(), shown);
     }
 }
 

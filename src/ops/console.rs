@@ -14,7 +14,7 @@ use std::sync::Weak;
 use http::header::{HeaderValue, CACHE_CONTROL};
 use http::StatusCode;
 
-use crate::ops::admin::{answer, Answer};
+use crate::ops::answers::{answer, Answer};
 use crate::proxy::app::App;
 use crate::telemetry::history::EVERY_US;
 use crate::time::Span;

@@ -23,11 +23,14 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use crate::config::valid_account;
-use crate::ops::admin::{error, json_answer, picture, Answer};
+use crate::limit::{Key, Rule};
+use crate::ops::answers::{error, json_answer, Answer};
 use crate::ops::pair_view::local_time;
+use crate::ops::pair_view::{describe, Here};
 use crate::proxy::app::App;
 use crate::proxy::deliveries::{drained_in, job_json, rfc3339, summary_json};
 use crate::store::jobs::{Cancelled, JobId, QueueSummary};
+use crate::store::op::Inspect;
 use crate::store::Status;
 
 /// Most pairs `GET /v1/accounts?top=` lists.
@@ -319,5 +322,36 @@ pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer
             v["caller"] = json!(caller);
             json_answer(StatusCode::OK, v)
         }
+    }
+}
+
+/// One pair's state as `GET /v1/buckets` shows it (`state`: the account's
+/// own rule state), read with one `inspect`.
+pub async fn picture(app: &App, account: &str, state: &Rule) -> Result<Value, crate::store::StoreError> {
+    let offset = app.config.load().server.quota_offset_us;
+    let snapshot = app.core.store.apply(Key { account, rule: state, offset_us: offset }, Inspect).await?;
+    let (held, in_flight) = app.core.activity.get(account, &state.state);
+    let forecasts = &app.core.forecasts;
+    let day_rate = forecasts.rates(account, &state.state, snapshot.now).map(|r| r.total);
+    if let Some(limit) = crate::limit::learned::day_limit(state, &snapshot.state, snapshot.now) {
+        forecasts.set_limit(account, &state.state, limit);
+    }
+    let here = Here { held, in_flight, day_rate };
+    let mut picture = describe(account, state, &snapshot.state, snapshot.now, offset, here);
+    add_quota_sync(app, account, state, &mut picture);
+    Ok(picture)
+}
+
+/// A state with `quota_sync`: what this instance's last sync found
+/// (`crate::ops::quota_sync`).
+fn add_quota_sync(app: &App, account: &str, state: &crate::limit::Rule, picture: &mut Value) {
+    let config = app.config.load();
+    let Some(sync) = config.quota_syncs.iter().find(|s| s.rule.state == state.state) else { return };
+    let now = app.core.clock.now_us();
+    let found = app.syncs.get(account, &state.state).unwrap_or_default();
+    let mut shown = found.describe(now, &sync.path);
+    shown["every_seconds"] = json!(sync.every.as_secs_f64());
+    if let Value::Object(map) = picture {
+        map.insert("quota_sync".into(), shown);
     }
 }
