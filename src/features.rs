@@ -148,6 +148,7 @@ impl Features {
                 owner: queue::owner_name(),
                 tasks: tokio_util::task::TaskTracker::new(),
                 stopping: tokio_util::sync::CancellationToken::new(),
+                summary: Default::default(),
             },
         })
     }

@@ -470,6 +470,13 @@ async fn the_console_is_behind_the_token_a_browser_can_give_and_under_a_strict_p
     assert_eq!(admin(addr, "GET", "/", Some("tok-7")).await.status, 200);
     let api = admin(addr, "GET", "/v1/health", None).await;
     assert_eq!((api.status.as_u16(), api.header("www-authenticate")), (401, Some("Bearer")));
+    // A page on another site (another port is another origin) may not even
+    // read with the browser's saved credentials; the console's own may.
+    let bearer = ("authorization", "Bearer tok-7");
+    for (site, status) in [("cross-site", 403), ("same-site", 403), ("same-origin", 200), ("none", 200)] {
+        let a = admin_with(addr, "GET", "/v1/accounts?top=100", &[bearer, ("sec-fetch-site", site)]).await;
+        assert_eq!(a.status, status, "Sec-Fetch-Site: {site}: {}", a.text());
+    }
     // Without a token, a DNS-rebound name cannot read the page either.
     let open = Gate::start(&mock, send_rule()).await;
     let req = "GET / HTTP/1.1\r\nHost: attacker.example:9090\r\nConnection: close\r\n\r\n";

@@ -341,6 +341,26 @@ mod tests {
         assert!(f.top(0, "", T0 + S).is_empty());
     }
 
+    #[test]
+    fn the_top_of_100_000_pairs_is_what_a_full_sort_gives() {
+        let (f, rule) = (Forecasts::default(), rule());
+        for i in 0..100_000u64 {
+            // Uses spread over 0-4999, many ties.
+            let remaining = 5000 - (i * 7919 % 5000);
+            f.observe(&format!("wx{i:08}"), &rule, left(remaining, T0), T0, 1, false);
+        }
+        assert_eq!(f.len(), 100_000);
+        let top = f.top(20, "", T0 + S);
+        let mut all: Vec<u64> = (0..100_000u64).map(|i| i * 7919 % 5000).collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        let used: Vec<u64> = top.iter().map(|t| t.used).collect();
+        assert_eq!(used, all[..20], "the 20 most used");
+        // wx00009999 and wx00099990 to wx00099999.
+        let found = f.top(20, "0009999", T0 + S);
+        assert_eq!(found.len(), 11, "{found:?}");
+        assert!(found.iter().all(|t| t.account.contains("0009999")));
+    }
+
     fn gauge(m: &Metrics, name: &str) -> Option<f64> {
         let prefix = format!("{name}{{rule=\"send\"}} ");
         m.encode().lines().find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.parse().ok()))

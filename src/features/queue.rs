@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Asking, Env, Feature, Requesting, Sending};
-use crate::store::jobs::{JobId, JobStore};
+use crate::store::jobs::{JobId, JobStore, QueueSummary};
 use crate::telemetry::metrics::Outcome;
 
 /// The queue as a feature: its jobs store (empty: queued delivery is off,
@@ -45,7 +45,15 @@ pub struct Queue {
     pub tasks: tokio_util::task::TaskTracker,
     /// Cancelled when the instance stops: the loops start nothing new.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// The last summary of every queue the admin API read, and when: read
+    /// again at most every [`SUMMARY_FOR`] (one `summary` per account on
+    /// Redis), however many consoles are open.
+    pub summary: std::sync::Mutex<Option<(crate::time::Micros, Arc<Vec<QueueSummary>>)>>,
 }
+
+/// How long the admin API's queue summary is served again (the console
+/// refreshes every 5 s).
+pub const SUMMARY_FOR: crate::time::Micros = 5_000_000;
 
 /// What the queue keeps of one call.
 #[derive(Default)]

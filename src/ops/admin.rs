@@ -108,6 +108,12 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             if let Some(denied) = check_token(app, &req) {
                 return denied;
             }
+            // A page on another site may not even read (the browser would
+            // send the console's saved credentials): no CORS lets it see
+            // the answer, but the reads cost store round trips.
+            if fetched_from_another_site(req.headers()) {
+                return error(StatusCode::FORBIDDEN, "refused: Sec-Fetch-Site says a page on another site asked");
+            }
             if let Some(refused) = rebinding(app, &req) {
                 return refused;
             }
@@ -230,6 +236,13 @@ fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
         None | Some(b"same-origin" | b"none") => None,
         Some(_) => Some("Sec-Fetch-Site says a browser sent it from another site"),
     }
+}
+
+/// A browser says the request comes from a page of another origin's site
+/// (`Sec-Fetch-Site: cross-site` or `same-site`: another port of the same
+/// host is another origin). curl and scripts send no such header.
+fn fetched_from_another_site(headers: &HeaderMap) -> bool {
+    matches!(headers.get("sec-fetch-site").map(HeaderValue::as_bytes), Some(b"cross-site" | b"same-site"))
 }
 
 /// `host[:port]` where host is `localhost`, an IPv4 address or a bracketed

@@ -18,15 +18,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use http::StatusCode;
 use serde_json::{json, Value};
 
 use crate::config::valid_account;
+use crate::features::queue::SUMMARY_FOR;
 use crate::limit::{Key, Rule};
 use crate::ops::answers::{error, json_answer, Answer};
-use crate::ops::pair_view::local_time;
-use crate::ops::pair_view::{describe, Here};
+use crate::ops::pair_view::{describe, local_time, Here};
 use crate::proxy::app::App;
 use crate::proxy::deliveries::{drained_in, job_json, rfc3339, summary_json};
 use crate::store::jobs::{Cancelled, JobId, QueueSummary};
@@ -213,16 +214,25 @@ pub fn health(app: &App) -> Answer {
 /// `GET /v1/queues`: queued delivery's queues grouped by caller and rule
 /// (all accounts together): jobs by state, the oldest unfinished, and when
 /// the deepest [`MAX_DRAINED`] queues are drained at the earliest (the
-/// latest of them). `on: false` without queued delivery.
+/// latest of them). The jobs store's summary is read at most every
+/// [`SUMMARY_FOR`]. `on: false` without queued delivery.
 pub async fn queues(app: &App) -> Answer {
     let Some(jobs) = app.features.queue.jobs.get().cloned() else {
         return json_answer(StatusCode::OK, json!({ "on": false, "queues": [] }));
     };
-    let all = match jobs.summary(None).await {
-        Ok(all) => all,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
-    };
     let now = app.core.clock.now_us();
+    let kept = app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let all = match kept {
+        Some((at, all)) if now - at < SUMMARY_FOR && now >= at => all,
+        _ => match jobs.summary(None).await {
+            Ok(all) => {
+                let all = Arc::new(all);
+                *app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, all.clone()));
+                all
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        },
+    };
     let mut deepest: Vec<&QueueSummary> = all.iter().filter(|q| q.queued + q.waiting > 0).collect();
     deepest.sort_by_key(|q| std::cmp::Reverse(q.queued + q.waiting));
     deepest.truncate(MAX_DRAINED);
@@ -236,7 +246,7 @@ pub async fn queues(app: &App) -> Answer {
         };
     }
     let mut grouped: BTreeMap<(&str, &str), (QueueSummary, u64)> = BTreeMap::new();
-    for q in &all {
+    for q in all.iter() {
         let (sum, accounts) =
             grouped.entry((&q.queue.caller, &q.queue.rule)).or_insert_with(|| (QueueSummary::new(q.queue.clone()), 0));
         *accounts += 1;
@@ -303,6 +313,7 @@ pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer
             }
             Ok(Cancelled::Cancelled) => {
                 app.features.queue.ended.notify_one();
+                *app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 tracing::info!(%caller, delivery = %id, "queued delivery cancelled by hand (admin API)");
             }
         }
