@@ -221,9 +221,10 @@ impl Forecasts {
     /// under the lock, keeping `n`.
     pub fn top(&self, n: usize, containing: &str, now: Micros) -> Vec<Top> {
         let mut best: Vec<Top> = Vec::with_capacity(n + 1);
+        let finder = memchr::memmem::Finder::new(containing.as_bytes());
         let table = self.table();
         for ((account, state), e) in &table.pairs {
-            if e.day_end <= now || !account.contains(containing) {
+            if e.day_end <= now || (!containing.is_empty() && finder.find(account.as_bytes()).is_none()) {
                 continue;
             }
             let limit = e.limit();
