@@ -522,6 +522,11 @@ async fn the_console_reads_the_top_accounts_one_account_errcodes_callers_health_
     assert_eq!(admin(addr, "GET", "/v1/accounts?top=0", None).await.status, 400);
     assert_eq!(admin(addr, "GET", "/v1/accounts?top=101", None).await.status, 400);
     assert_eq!(admin(addr, "GET", "/v1/accounts?q=a%20b", None).await.status, 400);
+    let twice = admin(addr, "GET", "/v1/accounts?top=1&q=wx&top=100", None).await;
+    assert_eq!(
+        (twice.status.as_u16(), twice.json()["error"].as_str()),
+        (400, Some("?top= is given twice: give it once"))
+    );
     // One account on every rule, used or not.
     let one = get("/v1/accounts/wxB").await;
     assert_eq!(one["pairs"][0]["rule"], "send");

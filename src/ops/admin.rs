@@ -117,6 +117,9 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             if let Some(refused) = rebinding(app, &req) {
                 return refused;
             }
+            if let Some(name) = repeated_parameter(&req) {
+                return error(StatusCode::BAD_REQUEST, format!("?{name}= is given twice: give it once"));
+            }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
                 (&Method::GET, ["accounts"]) => overview::top(app, query(&req, "top"), query(&req, "q")).await,
@@ -153,6 +156,13 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
 /// names, paths and numbers: nothing to decode).
 fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// A query parameter given more than once (which one counts would be a
+/// guess: refused).
+fn repeated_parameter(req: &Request<Incoming>) -> Option<&str> {
+    let names: Vec<&str> = req.uri().query()?.split('&').map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k)).collect();
+    names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| *n)
 }
 
 /// `None` when the request carries the admin token (or none is set):
