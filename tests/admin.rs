@@ -559,3 +559,25 @@ async fn the_console_reads_the_top_accounts_one_account_errcodes_callers_health_
     let send = &history["readings"][0]["rules"]["send"];
     assert_eq!((send["admitted"].as_f64(), send["refused"].as_f64()), (Some(0.5), Some(0.1)), "{history}");
 }
+
+/// On Redis, an instance lists the pairs it admitted, with the counts all
+/// instances share: another instance's calls show in the use it reads.
+#[tokio::test]
+async fn the_top_accounts_on_redis_show_every_instances_use_of_the_pairs_this_one_saw() {
+    let redis = RedisServer::start();
+    let mock = MockWeChat::start().await;
+    let rules = format!("{}\n{}", StoreToml::redis(&redis.url()), send_rule());
+    let (a, b) = (Gate::start_real(&mock, rules.clone()).await, Gate::start_real(&mock, rules).await);
+    const SEND: &str = "/cgi-bin/message/custom/send";
+    assert_eq!(a.get_as("wxA", SEND).await.status, 200);
+    for _ in 0..2 {
+        assert_eq!(b.get_as("wxA", SEND).await.status, 200);
+    }
+    assert_eq!(b.get_as("wxB", SEND).await.status, 200);
+    let top = admin(a.admin_addr(), "GET", "/v1/accounts", None).await.json();
+    let pairs = top["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 1, "only what this instance admitted: {top}");
+    assert_eq!((pairs[0]["account"].as_str(), pairs[0]["limits"][1]["used"].as_u64()), (Some("wxA"), Some(3)), "{top}");
+    let other = admin(b.admin_addr(), "GET", "/v1/accounts", None).await.json();
+    assert_eq!(other["tracked"], 2, "{other}");
+}

@@ -250,12 +250,22 @@ async fn no_secrets_anywhere(filter: &str, log_format: &str) {
             assert!(leaked.is_empty(), "admin {path} contains {leaked:?}:\n{answer}");
         }
     }
+    // The console's actions are logged (below: with no secret).
+    if let Some(admin) = gate.admin {
+        let lift =
+            "DELETE /v1/penalties/wx1234567890abcdef/punished HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        assert_eq!(exchange(admin, lift.as_bytes()).await.only().status, 200);
+        let clear = "POST /v1/accounts/wx1234567890abcdef/clear HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        assert_eq!(exchange(admin, clear.as_bytes()).await.only().status, 200);
+    }
 
     let gate_log = gate.stop().await;
     let dead_log = dead.stop().await;
     drop(closed);
     // The logs did record these calls (so an empty capture cannot pass) ...
     assert!(gate_log.contains("penalised"), "the penalty is logged:\n{gate_log}");
+    assert!(gate_log.contains("penalty set by hand (0 = lifted)"), "a lift is logged:\n{gate_log}");
+    assert!(gate_log.contains("quota cleared by hand"), "a clear is logged:\n{gate_log}");
     assert!(gate_log.contains("/cgi-bin/hang"), "the 504 is logged:\n{gate_log}");
     assert!(gate_log.contains("<refused path>"), "the refused paths are logged:\n{gate_log}");
     assert!(dead_log.contains("/cgi-bin/token"), "the 502 is logged:\n{dead_log}");
