@@ -10,6 +10,8 @@ const TOP = 20;
 const SVG = "http://www.w3.org/2000/svg";
 let search = "";
 let errcodesSeen = [];
+// The history changes every 10 s: read no more often than that.
+let history = null, historyAt = 0;
 
 function $(id) { return document.getElementById(id); }
 
@@ -273,9 +275,11 @@ async function refresh() {
       get(`/v1/accounts?top=${TOP}&q=${encodeURIComponent(search)}`),
       get(path("accounts", search)).catch(() => ({ pairs: [] }))])
       .then(([some, one]) => ({ tracked: some.tracked, pairs: one.pairs.concat(some.pairs.filter(p => p.account !== search)) }));
-    const [health, callers, errcodes, history, accounts, queues] = await Promise.all([
-      get("/v1/health"), get("/v1/callers"), get("/v1/errcodes"), get("/v1/history"), top,
+    const stale = Date.now() - historyAt >= 10000;
+    const [health, callers, errcodes, read, accounts, queues] = await Promise.all([
+      get("/v1/health"), get("/v1/callers"), get("/v1/errcodes"), stale ? get("/v1/history") : null, top,
       get("/v1/queues")]);
+    if (read) { history = read; historyAt = Date.now(); }
     errcodesSeen = errcodes.errcodes;
     renderHealth(health, callers);
     renderPlots(history);
