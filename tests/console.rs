@@ -36,26 +36,32 @@ async fn penalty_active(gate: &Gate, account: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_use_penalties_and_errcodes_and_lifts_a_penalty_in_a_real_browser() {
     let mock = MockWeChat::start().await;
-    let send = rule("send").matching(SEND).limit_burst(300, "1m", 300).limit(1000, "day");
+    let send = rule("send").matching(SEND).limit(600, "1m").limit(1000, "day");
     let menu = rule("menu").matching("/cgi-bin/menu/get").limit_burst(100, "1m", 20);
     let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", TOKEN).with(send).with(menu)).await;
     let origin = format!("http://{}", gate.admin_addr());
 
-    // A few minutes of traffic on wxgate's clock, for the plots.
-    for round in 0..6u32 {
-        for (account, n) in [("wx5f3c1a2b", 12 + round * 3), ("wx0d9e8f7a", 5), ("wx77aa01bc", 2)] {
+    // Six minutes of traffic on wxgate's clock, for the plots (a reading
+    // every 10 s): menu reads past their window are refused.
+    const ROUNDS: u32 = 36;
+    for round in 0..ROUNDS {
+        for (account, n) in [("wx5f3c1a2b", 10 + round % 12), ("wx0d9e8f7a", 1), ("wx77aa01bc", round % 3)] {
             for _ in 0..n {
-                assert_eq!(gate.get_as(account, SEND).await.status, 200);
+                let a = gate.get_as(account, SEND).await;
+                assert_eq!(a.status, 200, "round {round} {account}: {:?} {}", a.header("x-wxgate-reason"), a.text());
             }
         }
-        for _ in 0..(round * 6) {
+        for _ in 0..(round % 9) * 3 {
             gate.get_as("wx5f3c1a2b", "/cgi-bin/menu/get").await;
         }
         gate.advance(Duration::from_secs(10));
     }
+    mock.respond(|_| errcode_reply(40001));
+    assert_eq!(gate.get_as("wx77aa01bc", SEND).await.status, 200, "a refused token is passed on");
+    mock.respond(|_| ok_reply());
     eventually_async("the plots' readings", PATIENCE, async || {
         let h = admin(gate.admin_addr(), "GET", "/v1/history", Some(TOKEN)).await.json();
-        h["readings"].as_array().is_some_and(|r| r.len() >= 5)
+        h["readings"].as_array().is_some_and(|r| r.len() as u32 >= ROUNDS)
     })
     .await;
 
@@ -77,7 +83,7 @@ async fn the_console_shows_use_penalties_and_errcodes_and_lifts_a_penalty_in_a_r
     let after = refreshes(&page).await + 2;
     eventually_async("a refresh after the calls", PATIENCE, async || refreshes(&page).await >= after).await;
     let used = row(&page, "accounts", "wx0d9e8f7a").await;
-    assert!(used.contains("35 / 1000"), "the account's use today: {used:?}");
+    assert!(used.contains("41 / 1000"), "the account's use today (36 + 4 + the refused one): {used:?}");
     let penalty = row(&page, "penalties", "wx0d9e8f7a").await;
     assert!(penalty.contains("45009") && penalty.contains("send"), "its penalty and WeChat's errcode: {penalty:?}");
     let errcode = page.eval("document.querySelector('#errcodes tbody tr').textContent").await;

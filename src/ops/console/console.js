@@ -205,7 +205,7 @@ async function renderPenalties(pairs) {
   }
   fill("penalties", [...seen.values()].map(p => el("tr", { "data-account": p.account, "data-rule": p.rule },
     el("td", {}, p.account), el("td", {}, p.rule), el("td", { class: "bad" }, seconds(p.penalty.remaining_seconds)),
-    el("td", {}, clock(p.penalty.until)), el("td", { class: "num" }, p.penalty.level),
+    el("td", {}, clock(p.penalty.until)), el("td", { class: "num" }, p.penalty.level || "–"),
     el("td", {}, String(lastErrcode(p.account, p.rule) ?? "set by hand")),
     el("td", {}, actions(p.account, p.rule, true)))), "penalties-none");
 }
