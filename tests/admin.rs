@@ -580,4 +580,11 @@ async fn the_top_accounts_on_redis_show_every_instances_use_of_the_pairs_this_on
     assert_eq!((pairs[0]["account"].as_str(), pairs[0]["limits"][1]["used"].as_u64()), (Some("wxA"), Some(3)), "{top}");
     let other = admin(b.admin_addr(), "GET", "/v1/accounts", None).await.json();
     assert_eq!(other["tracked"], 2, "{other}");
+    let health = admin(a.admin_addr(), "GET", "/v1/health", None).await.json();
+    let store = &health["store"];
+    assert_eq!(
+        (store["kind"].as_str(), store["fallback"].as_str(), store["degraded"].as_bool()),
+        (Some("redis"), Some("local"), Some(false)),
+        "{health}"
+    );
 }

@@ -182,6 +182,12 @@ pub fn health(app: &App) -> Answer {
         m.tokens.renewals.get_or_create(&crate::telemetry::metrics::ResultLabel { result: result.to_owned() }).get()
     };
     let last = app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (fallback, quota_leases) = match &app.config.load().store {
+        crate::config::StoreConfig::Redis(r) => {
+            (Some(format!("{:?}", r.resilience.fallback).to_lowercase()), r.resilience.quota_leases.is_some())
+        }
+        _ => (None, false),
+    };
     json_answer(
         StatusCode::OK,
         json!({
@@ -189,6 +195,10 @@ pub fn health(app: &App) -> Answer {
                 "kind": kind,
                 "decisions": decisions,
                 "degraded": matches!(status, Status::Degraded(_)),
+                // Redis: what decides while it cannot (`[store] fallback`).
+                "fallback": fallback,
+                "quota_leases": quota_leases,
+                "instances": app.core.store.instances(),
                 "breaker_opened": m.breaker_opened.get(),
                 "errors": m.store_errors.get(),
                 "degraded_decisions": m.degraded_decisions.get(),

@@ -143,10 +143,11 @@ function renderHealth(h, callers) {
   $("store").textContent = s.kind + ": " + s.decisions;
   $("store").className = s.degraded ? "pill bad" : "pill";
   const up = h.upstreams.filter(u => u.up).length;
-  const card = (title, ...lines) => el("div", { class: "card" }, el("b", {}, title), ...lines.map(l => el("div", {}, l)));
+  const card = (title, ...lines) => el("div", { class: "card" }, el("b", {}, title), ...lines.filter(l => l !== null).map(l => el("div", {}, l)));
   const rl = h.reloads;
   $("health").replaceChildren(
-    card("store", s.decisions, `errors ${s.errors} · breaker opened ${s.breaker_opened}`, `degraded decisions ${s.degraded_decisions} · lost ${s.lost}`),
+    card("store", s.decisions, s.fallback ? `fallback ${s.fallback} · ${s.instances} instances${s.quota_leases ? " · leases" : ""}` : null,
+      `errors ${s.errors} · breaker opened ${s.breaker_opened}`, `degraded decisions ${s.degraded_decisions} · lost ${s.lost}`),
     card("upstreams", el("span", { class: up === h.upstreams.length ? "ok" : "bad" }, `${up} of ${h.upstreams.length} up`),
       ...h.upstreams.filter(u => !u.up).map(u => `${u.upstream}: skipped ${seconds(u.skipped_for_s)}`)),
     card("tokens", `fetched ${h.tokens.fetched} · from cache ${h.tokens.from_cache}`,
