@@ -5,7 +5,8 @@
 //! account's use, its penalty and WeChat's errcode within one refresh of
 //! the calls, lifts the penalty on a confirmed click, and a forged POST
 //! from a page on another origin changes nothing. A screenshot is saved
-//! (the path is printed) for review.
+//! (the path is printed) for review. With queued delivery: each caller's
+//! queue, a delivery looked up and cancelled by a confirmed click.
 
 mod support;
 
@@ -134,4 +135,68 @@ async fn the_console_shows_use_penalties_and_errcodes_and_lifts_a_penalty_in_a_r
     .await;
     assert!(answer.contains("refused: Origin is not the admin listener"), "{answer}");
     assert!(penalty_active(&gate, "wx0d9e8f7a").await, "the forged clear changed nothing");
+}
+
+/// Queued delivery on the page: each caller's queue with its counts and
+/// drained-at time, a delivery looked up by caller and id, cancelled with
+/// a confirmed click, and never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_queues_and_cancels_a_delivery_in_a_real_browser() {
+    use support::queue::{gate, msgid, queued, until_state, wechat};
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("console-queue");
+    let send_path = "/cgi-bin/message/template/send";
+    let token = rule("token").matching("/cgi-bin/token").matching("/cgi-bin/stable_token").limit(2000, "day");
+    let send = rule("template_send").matching(send_path).limit_burst(1, "1m", 1).limit(1000, "day").set("queue", true);
+    let gate =
+        gate(&mock, &dir, &format!("{token}\n{send}"), "", &format!("{}\n{}", caller("hr"), caller("marketing"))).await;
+    let first = queued(&gate, "hr", send_path, "{}").await;
+    until_state(&gate, "hr", &first, "sent").await;
+    let waiting = queued(&gate, "hr", send_path, "{}").await;
+    until_state(&gate, "hr", &waiting, "waiting").await;
+    let marketing = queued(&gate, "marketing", send_path, "{}").await;
+
+    let browser = Browser::start();
+    let page = browser.page().await;
+    let origin = format!("http://{}", gate.admin_addr());
+    page.open(&format!("{origin}/?every=1")).await;
+    eventually_async("a first refresh", PATIENCE, async || refreshes(&page).await >= 1).await;
+    let rows =
+        page.eval("[...document.querySelectorAll('#queues tbody tr')].map(r => r.textContent).join('\\n')").await;
+    let rows = rows.as_str().unwrap_or("").to_owned();
+    assert!(rows.contains("hr") && rows.contains("marketing") && rows.contains("template_send"), "{rows}");
+    assert!(!page.eval("document.getElementById('queues-off').hidden").await.as_bool().is_some_and(|h| !h), "on");
+
+    // Look one up, then cancel it: a click, a confirmation.
+    let look = format!(
+        "document.getElementById('job-caller').value = 'hr'; document.getElementById('job-id').value = '{waiting}';
+         document.getElementById('job').requestSubmit(); true"
+    );
+    page.eval(&look).await;
+    let mut shown = String::new();
+    eventually_async("the delivery shown", PATIENCE, async || {
+        shown = page.eval("document.getElementById('job-result').textContent").await.as_str().unwrap_or("").to_owned();
+        shown.contains("\"state\": \"waiting\"")
+    })
+    .await;
+    assert!(!shown.contains("errcode"), "the admin's view: {shown}");
+    page.eval("document.querySelector('#job-result button').click()").await;
+    until_state(&gate, "hr", &waiting, "cancelled").await;
+    assert!(
+        page.seen().dialogs.iter().any(|d| d.starts_with(&format!("Cancel delivery {waiting} of hr?"))),
+        "confirmed"
+    );
+    eventually_async("the page shows it cancelled", PATIENCE, async || {
+        let text = page.eval("document.getElementById('job-result').textContent").await;
+        text.as_str().is_some_and(|t| t.contains("\"state\": \"cancelled\""))
+    })
+    .await;
+    gate.advance(Duration::from_secs(120));
+    until_state(&gate, "marketing", &marketing, "sent").await;
+    gate.settle().await;
+    let sent = mock.calls().iter().filter(|c| c.path_and_query.starts_with(send_path)).count();
+    assert_eq!(sent, 2, "the first, and marketing's after a minute; never the cancelled one");
+    let seen = page.seen();
+    assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
+    assert!(seen.requests.iter().all(|u| u.starts_with(&format!("{origin}/"))), "{:?}", seen.requests);
 }
