@@ -165,7 +165,8 @@ async fn the_console_shows_queues_and_cancels_a_delivery_in_a_real_browser() {
         page.eval("[...document.querySelectorAll('#queues tbody tr')].map(r => r.textContent).join('\\n')").await;
     let rows = rows.as_str().unwrap_or("").to_owned();
     assert!(rows.contains("hr") && rows.contains("marketing") && rows.contains("template_send"), "{rows}");
-    assert!(!page.eval("document.getElementById('queues-off').hidden").await.as_bool().is_some_and(|h| !h), "on");
+    let off_hidden = page.eval("document.getElementById('queues-off').hidden").await;
+    assert_eq!(off_hidden.as_bool(), Some(true), "queued delivery is on: no \"off\" note");
 
     // Look one up, then cancel it: a click, a confirmation.
     let look = format!(
