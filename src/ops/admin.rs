@@ -36,7 +36,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admit::callers::OTHER;
-use crate::config::{valid_account, Fallback, MemoryConfig, StoreConfig};
+use crate::config::{valid_account, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::ops::overview;
 use crate::proxy::app::App;
@@ -283,14 +283,7 @@ fn metrics(app: &App) -> Answer {
 fn ready(app: &App) -> Answer {
     let config = app.config.load();
     let status = app.core.store.status();
-    let (ready, decisions) = match status {
-        Status::InProcess => (true, "in-process".to_owned()),
-        Status::Shared => (true, "shared (Redis reachable)".to_owned()),
-        Status::Degraded(fallback) => (
-            fallback != Fallback::Deny,
-            format!("fallback {fallback:?} (Redis unavailable: unreachable, or refusing writes)").to_lowercase(),
-        ),
-    };
+    let (ready, decisions) = overview::decisions(status);
     let store = status.kind();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut answer = json!({
@@ -314,29 +307,8 @@ fn ready(app: &App) -> Answer {
     if let StoreConfig::Memory(memory) = &config.store {
         answer["state_file"] = state_file(app, memory);
     }
-    answer["upstreams"] = upstreams(app);
+    answer["upstreams"] = overview::upstreams(app);
     json_answer(status, answer)
-}
-
-/// Each upstream's health, in the order calls try them. A skipped upstream
-/// does not make wxgate unready: calls go to the next, and when every one
-/// is down that is WeChat's outage, which restarting wxgate cannot mend.
-fn upstreams(app: &App) -> Value {
-    let config = app.config.load();
-    let upstreams = app.core.upstreams.load();
-    let mut list = Vec::new();
-    for (i, domain) in config.domains.iter().enumerate() {
-        for u in upstreams.get(i).status() {
-            list.push(json!({
-                "upstream": u.name,
-                "url": u.url,
-                "domain": &*domain.host,
-                "up": u.up,
-                "skipped_for_s": u.skipped_for_us as f64 / 1e6,
-            }));
-        }
-    }
-    Value::Array(list)
 }
 
 /// The memory store's state file: where, and how its writes go (`null`

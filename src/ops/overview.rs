@@ -23,13 +23,13 @@ use std::sync::Arc;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::config::valid_account;
+use crate::config::{valid_account, Fallback};
 use crate::features::queue::SUMMARY_FOR;
 use crate::limit::{Key, Rule};
 use crate::ops::answers::{error, json_answer, Answer};
 use crate::ops::pair_view::{describe, local_time, Here};
 use crate::proxy::app::App;
-use crate::proxy::deliveries::{drained_in, job_json, rfc3339, summary_json};
+use crate::proxy::deliveries::{cancelled, drained_in, job_json, rfc3339, summary_json};
 use crate::store::jobs::{Cancelled, JobId, QueueSummary};
 use crate::store::op::Inspect;
 use crate::store::Status;
@@ -159,25 +159,7 @@ pub fn history(app: &App) -> Answer {
 pub fn health(app: &App) -> Answer {
     let m = &app.core.metrics;
     let status = app.core.store.status();
-    let (kind, decisions) = match status {
-        Status::InProcess => ("memory", "in-process".to_owned()),
-        Status::Shared => ("redis", "shared (Redis reachable)".to_owned()),
-        Status::Degraded(f) => ("redis", format!("fallback {f:?} (Redis unavailable)").to_lowercase()),
-    };
-    let upstreams: Vec<Value> = {
-        let config = app.config.load();
-        let upstreams = app.core.upstreams.load();
-        config
-            .domains
-            .iter()
-            .enumerate()
-            .flat_map(|(i, d)| {
-                upstreams.get(i).status().into_iter().map(move |u| {
-                    json!({ "upstream": u.name, "domain": &*d.host, "up": u.up, "skipped_for_s": u.skipped_for_us as f64 / 1e6 })
-                })
-            })
-            .collect()
-    };
+    let (_, decisions) = decisions(status);
     let renewals = |result: &str| {
         m.tokens.renewals.get_or_create(&crate::telemetry::metrics::ResultLabel { result: result.to_owned() }).get()
     };
@@ -192,7 +174,7 @@ pub fn health(app: &App) -> Answer {
         StatusCode::OK,
         json!({
             "store": {
-                "kind": kind,
+                "kind": status.kind(),
                 "decisions": decisions,
                 "degraded": matches!(status, Status::Degraded(_)),
                 // Redis: what decides while it cannot (`[store] fallback`).
@@ -204,7 +186,7 @@ pub fn health(app: &App) -> Answer {
                 "degraded_decisions": m.degraded_decisions.get(),
                 "lost": m.store_lost.get(),
             },
-            "upstreams": upstreams,
+            "upstreams": upstreams(app),
             "tokens": {
                 "fetched": m.tokens.fetched.get(),
                 "from_cache": m.tokens.from_cache.get(),
@@ -222,6 +204,40 @@ pub fn health(app: &App) -> Answer {
             "held_now": m.held_now.get(),
         }),
     )
+}
+
+/// Each upstream's health, in the order calls try them. A skipped upstream
+/// does not make wxgate unready: calls go to the next, and when every one
+/// is down that is WeChat's outage, which restarting wxgate cannot mend.
+pub fn upstreams(app: &App) -> Value {
+    let config = app.config.load();
+    let upstreams = app.core.upstreams.load();
+    let mut list = Vec::new();
+    for (i, domain) in config.domains.iter().enumerate() {
+        for u in upstreams.get(i).status() {
+            list.push(json!({
+                "upstream": u.name,
+                "url": u.url,
+                "domain": &*domain.host,
+                "up": u.up,
+                "skipped_for_s": u.skipped_for_us as f64 / 1e6,
+            }));
+        }
+    }
+    Value::Array(list)
+}
+
+/// Whether calls can be decided with the store's `status`, and how they
+/// are (`/readyz`, `/v1/health`): not with Redis away and `fallback = "deny"`.
+pub fn decisions(status: Status) -> (bool, String) {
+    match status {
+        Status::InProcess => (true, "in-process".to_owned()),
+        Status::Shared => (true, "shared (Redis reachable)".to_owned()),
+        Status::Degraded(fallback) => (
+            fallback != Fallback::Deny,
+            format!("fallback {fallback:?} (Redis unavailable: unreachable, or refusing writes)").to_lowercase(),
+        ),
+    }
 }
 
 /// `GET /v1/queues`: queued delivery's queues grouped by caller and rule
@@ -263,22 +279,7 @@ pub async fn queues(app: &App) -> Answer {
         let (sum, accounts) =
             grouped.entry((&q.queue.caller, &q.queue.rule)).or_insert_with(|| (QueueSummary::new(q.queue.clone()), 0));
         *accounts += 1;
-        for (to, from) in [
-            (&mut sum.queued, q.queued),
-            (&mut sum.waiting, q.waiting),
-            (&mut sum.sending, q.sending),
-            (&mut sum.sent, q.sent),
-            (&mut sum.failed, q.failed),
-            (&mut sum.expired, q.expired),
-            (&mut sum.cancelled, q.cancelled),
-            (&mut sum.unknown, q.unknown),
-        ] {
-            *to += from;
-        }
-        sum.oldest_us = match (sum.oldest_us, q.oldest_us) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        sum.merge(q);
     }
     let list: Vec<Value> = grouped
         .into_iter()
@@ -324,11 +325,7 @@ pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer
                     json!({ "error": format!("the delivery is {} and can no longer be cancelled", state.as_str()), "state": state.as_str() }),
                 )
             }
-            Ok(Cancelled::Cancelled) => {
-                app.features.queue.ended.notify_one();
-                *app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                tracing::info!(%caller, delivery = %id, "queued delivery cancelled by hand (admin API)");
-            }
+            Ok(Cancelled::Cancelled) => {}
         }
     }
     match jobs.get(caller, id).await {
@@ -336,7 +333,7 @@ pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer
         Ok(None) => not_found(),
         Ok(Some(job)) => {
             if cancel {
-                app.core.metrics.queue.ended(&job.new.queue.rule, caller, "cancelled");
+                cancelled(app, &job, "hand (admin API)");
             }
             let mut v = job_json(&job, now);
             if let Some(fields) = v.as_object_mut() {

@@ -70,10 +70,8 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
         Method::DELETE => match jobs.cancel(&caller, id, now).await.map_err(unavailable)? {
             Cancelled::NotFound => Err(not_found().into()),
             Cancelled::Cancelled => {
-                app.features.queue.ended.notify_one();
-                tracing::info!(caller = %caller, delivery = %id, "queued delivery cancelled by its caller");
                 let job = jobs.get(&caller, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
-                app.core.metrics.queue.ended(&job.new.queue.rule, &caller, "cancelled");
+                cancelled(app, &job, "its caller");
                 Ok(answer(StatusCode::OK, &job_json(&job, now)))
             }
             Cancelled::TooLate(state) => Ok(answer(
@@ -86,6 +84,17 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
         },
         _ => Err(ProxyError::BadRequest(format!("{PREFIX}/<id> answers GET and DELETE only")).into()),
     }
+}
+
+/// What follows a job's cancel (`by`: who asked, for the log): the
+/// callbacks loop looks at once, the admin's queue summary is read again,
+/// the end is counted and logged.
+pub fn cancelled(app: &App, job: &Job, by: &str) {
+    let q = &job.new.queue;
+    app.features.queue.ended.notify_one();
+    *app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    app.core.metrics.queue.ended(&q.rule, &q.caller, "cancelled");
+    tracing::info!(caller = %q.caller, delivery = %job.id, "queued delivery cancelled by {by}");
 }
 
 fn answer(status: StatusCode, body: &Value) -> Response<RelayBody> {

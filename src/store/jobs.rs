@@ -292,6 +292,27 @@ impl QueueSummary {
         }
     }
 
+    /// Adds `other`'s counts to these, and keeps the older oldest job
+    /// (queues counted together: all accounts of a caller and rule).
+    pub fn merge(&mut self, other: &QueueSummary) {
+        for (to, from) in [
+            (&mut self.queued, other.queued),
+            (&mut self.waiting, other.waiting),
+            (&mut self.sending, other.sending),
+            (&mut self.sent, other.sent),
+            (&mut self.failed, other.failed),
+            (&mut self.expired, other.expired),
+            (&mut self.cancelled, other.cancelled),
+            (&mut self.unknown, other.unknown),
+        ] {
+            *to += from;
+        }
+        self.oldest_us = match (self.oldest_us, other.oldest_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     /// Counts `n` more jobs in `state` (a `Claimed` job shows `queued`).
     pub fn add(&mut self, state: JobState, n: u64) {
         let slot = match state {
