@@ -445,6 +445,15 @@ async fn the_console_is_behind_the_token_a_browser_can_give_and_under_a_strict_p
     );
     assert!(!asked.text().contains("<html"), "nothing of the page before the token");
     assert_eq!(basic(addr, "/", "wrong").await.status, 401);
+    // Malformed or doubled credentials are refused, never guessed at.
+    for auth in ["Basic !!not-base64!!", "Basic dG9rLTc=", "Digest tok-7", "Bearer"] {
+        let a = admin_with(addr, "GET", "/", &[("authorization", auth)]).await;
+        assert_eq!(a.status, 401, "{auth}");
+    }
+    let twice = [("authorization", "Bearer tok-7"), ("authorization", "Bearer wrong")];
+    assert_eq!(admin_with(addr, "GET", "/v1/health", &twice).await.status, 401, "two Authorization fields");
+    let same = [("authorization", "Bearer tok-7"), ("authorization", "Bearer tok-7")];
+    assert_eq!(admin_with(addr, "GET", "/v1/health", &same).await.status, 401, "even the same twice");
     assert_eq!(basic(addr, "/console.js", "wrong").await.status, 401);
     let page = basic(addr, "/", "tok-7").await;
     assert_eq!(page.status, 200, "{}", page.text());
@@ -522,6 +531,8 @@ async fn the_console_reads_the_top_accounts_one_account_errcodes_callers_health_
     assert_eq!(admin(addr, "GET", "/v1/accounts?top=0", None).await.status, 400);
     assert_eq!(admin(addr, "GET", "/v1/accounts?top=101", None).await.status, 400);
     assert_eq!(admin(addr, "GET", "/v1/accounts?q=a%20b", None).await.status, 400);
+    let encoded = admin(addr, "GET", "/v1/accounts?%74op=1", None).await;
+    assert_eq!(encoded.status, 400, "an encoded name is neither read nor ignored: {}", encoded.text());
     let twice = admin(addr, "GET", "/v1/accounts?top=1&q=wx&top=100", None).await;
     assert_eq!(
         (twice.status.as_u16(), twice.json()["error"].as_str()),

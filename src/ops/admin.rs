@@ -117,8 +117,8 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
             if let Some(refused) = rebinding(app, &req) {
                 return refused;
             }
-            if let Some(name) = repeated_parameter(&req) {
-                return error(StatusCode::BAD_REQUEST, format!("?{name}= is given twice: give it once"));
+            if let Some(why) = ambiguous_parameter(&req) {
+                return error(StatusCode::BAD_REQUEST, why);
             }
             match (req.method(), &segments[1..]) {
                 (&Method::GET, ["rules"]) => rules(app),
@@ -158,11 +158,16 @@ fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 
-/// A query parameter given more than once (which one counts would be a
-/// guess: refused).
-fn repeated_parameter(req: &Request<Incoming>) -> Option<&str> {
+/// Why the query could be read two ways, or `None`: a parameter given
+/// more than once (which one counts would be a guess), or a name
+/// percent-encoded (`%74op` is not read as `top`, nor ignored).
+fn ambiguous_parameter(req: &Request<Incoming>) -> Option<String> {
     let names: Vec<&str> = req.uri().query()?.split('&').map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k)).collect();
-    names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| *n)
+    if let Some(name) = names.iter().find(|n| n.contains('%')) {
+        return Some(format!("a parameter name is percent-encoded ({name}): write it as is"));
+    }
+    let (_, twice) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n))?;
+    Some(format!("?{twice}= is given twice: give it once"))
 }
 
 /// `None` when the request carries the admin token (or none is set):
@@ -173,22 +178,27 @@ fn repeated_parameter(req: &Request<Incoming>) -> Option<&str> {
 fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
     let config = app.config.load();
     let expected = config.server.admin_token.as_deref()?;
+    // Two credentials: which one counts would be a guess.
+    let once = req.headers().get_all(AUTHORIZATION).iter().count() == 1;
     // The scheme is case-insensitive (RFC 9110 §11.1).
-    let given =
-        req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' ')).and_then(
-            |(scheme, value)| {
-                if scheme.eq_ignore_ascii_case("bearer") {
-                    Some(value.trim().as_bytes().to_vec())
-                } else if scheme.eq_ignore_ascii_case("basic") {
-                    use base64::Engine;
-                    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
-                    let colon = decoded.iter().position(|&b| b == b':')?;
-                    Some(decoded[colon + 1..].to_vec())
-                } else {
-                    None
-                }
-            },
-        );
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .filter(|_| once)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .and_then(|(scheme, value)| {
+            if scheme.eq_ignore_ascii_case("bearer") {
+                Some(value.trim().as_bytes().to_vec())
+            } else if scheme.eq_ignore_ascii_case("basic") {
+                use base64::Engine;
+                let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+                let colon = decoded.iter().position(|&b| b == b':')?;
+                Some(decoded[colon + 1..].to_vec())
+            } else {
+                None
+            }
+        });
     if given.is_some_and(|g| crate::config::units::same_bytes(&g, expected.as_bytes())) {
         return None;
     }
