@@ -558,6 +558,7 @@ async fn the_console_reads_the_top_accounts_one_account_errcodes_callers_health_
     assert_eq!(health["store"]["kind"], "memory");
     assert_eq!(health["upstreams"][0]["up"], true);
     assert_eq!(health["reloads"]["last_at"], Value::Null);
+    assert_eq!(health["now"], "2026-11-29T10:00:00.000+08:00", "wxgate's clock in the quota's zone: {health}");
 
     // The plots' readings: every 10 s of wxgate's clock, what each rule did.
     gate.advance(std::time::Duration::from_secs(10));

@@ -165,6 +165,18 @@ async fn the_console_shows_queues_and_cancels_a_delivery_in_a_real_browser() {
         page.eval("[...document.querySelectorAll('#queues tbody tr')].map(r => r.textContent).join('\\n')").await;
     let rows = rows.as_str().unwrap_or("").to_owned();
     assert!(rows.contains("hr") && rows.contains("marketing") && rows.contains("template_send"), "{rows}");
+    // Times in the quota's zone, the header says which: hr's queue is
+    // drained a minute after 10:00 Beijing (02:00 UTC), wxgate's clock.
+    let header = page.eval("document.getElementById('refreshed').textContent").await;
+    assert!(
+        header.as_str().is_some_and(|h| h.starts_with("updated 10:00:") && h.contains("times in UTC+08:00")),
+        "{header}"
+    );
+    let drained = page.eval("[...document.querySelectorAll('#queues tbody tr')].find(r => r.textContent.startsWith('hr')).lastElementChild.textContent").await;
+    assert!(
+        drained.as_str().is_some_and(|d| d.starts_with("2026-11-29 10:0")),
+        "drained at, Beijing time: {drained} ({rows})"
+    );
     let off_hidden = page.eval("document.getElementById('queues-off').hidden").await;
     assert_eq!(off_hidden.as_bool(), Some(true), "queued delivery is on: no \"off\" note");
 

@@ -202,6 +202,9 @@ pub fn health(app: &App) -> Answer {
                 "last_error": last.and_then(|(_, e)| e),
             },
             "held_now": m.held_now.get(),
+            // wxgate's clock in the quota's time zone: the console shows
+            // every time in this zone.
+            "now": local_time(app.core.clock.now_us(), app.config.load().server.quota_offset_us),
         }),
     )
 }

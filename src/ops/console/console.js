@@ -77,7 +77,22 @@ function seconds(s) {
   return Math.round(s / 86400) + " d";
 }
 
-function clock(t) { return t ? String(t).replace("T", " ").replace(/\.\d+/, "").replace(/(Z|[+-]\d\d:\d\d)$/, "") : "–"; }
+// Every time on the page is shown in the quota's time zone (the zone of
+// WeChat's days, of /v1/health's `now`), whatever zone the API wrote it in:
+// errcodes and penalties come in that zone, reloads and drained-at in UTC.
+let zoneMinutes = 0;
+function zoneOf(t) {
+  const m = /([+-])(\d\d):(\d\d)$/.exec(String(t));
+  return m ? (m[1] === "-" ? -1 : 1) * (Number(m[2]) * 60 + Number(m[3])) : 0;
+}
+function zoneName() {
+  const a = Math.abs(zoneMinutes), two = n => String(n).padStart(2, "0");
+  return `UTC${zoneMinutes < 0 ? "-" : "+"}${two(Math.floor(a / 60))}:${two(a % 60)}`;
+}
+function clock(t) {
+  const ms = t ? Date.parse(t) : NaN;
+  return Number.isNaN(ms) ? "–" : new Date(ms + zoneMinutes * 60000).toISOString().slice(0, 19).replace("T", " ");
+}
 function pct(f) { return (f * 100).toFixed(f < 0.1 ? 1 : 0) + " %"; }
 const path = (...parts) => "/v1/" + parts.map(encodeURIComponent).join("/");
 
@@ -281,6 +296,7 @@ async function refresh() {
       get("/v1/health"), get("/v1/callers"), get("/v1/errcodes"), stale ? get("/v1/history") : null, top,
       get("/v1/queues")]);
     if (read) { history = read; historyAt = Date.now(); }
+    zoneMinutes = zoneOf(health.now);
     errcodesSeen = errcodes.errcodes;
     renderHealth(health, callers);
     renderPlots(history);
@@ -292,7 +308,7 @@ async function refresh() {
     $("accounts-note").textContent = search ? `Accounts matching ${search}: ${pairs.length} pairs.`
       : `Top ${pairs.length} of ${accounts.tracked} pairs admitted here in the last hour, by share of the day quota used.`;
     await renderPenalties(pairs);
-    $("refreshed").textContent = "updated " + new Date().toLocaleTimeString() + ` · every ${every} s`;
+    $("refreshed").textContent = `updated ${clock(health.now).slice(11)} · times in ${zoneName()} · every ${every} s`;
     problem("");
     // Refreshes completed (tests wait for one that started after a change).
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
