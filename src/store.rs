@@ -33,6 +33,7 @@ pub mod memory;
 pub mod op;
 pub mod redis;
 pub mod resilient;
+pub mod sharded;
 pub mod state_file;
 pub mod tokens;
 

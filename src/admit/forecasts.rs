@@ -11,14 +11,18 @@
 //!   admissions it decides (not only its own). Used only when the quota
 //!   with least room is the day quota (a month quota tighter than the
 //!   day's: no forecast).
-//! - **Per call**: one lock and one lookup of the pair (its account copied
-//!   only for a pair new to the map), two exponentials; nothing for a rule
-//!   without a day quota.
+//! - **Per call**: one lock (of the pair's shard) and one lookup of the
+//!   pair (its account copied only for a pair new to the map), two
+//!   exponentials; nothing for a rule without a day quota.
+//! - **Passes over every pair** (a scrape's gauges, the console's top
+//!   accounts and search) lock one of [`SHARDS`] shards at a time: a call
+//!   waits at most for one shard's part of a pass (100,000 pairs: a search
+//!   held the one lock of the whole table ~3.6 ms).
 //! - **Bounded**: only admitted calls add a pair (so at most the accounts
 //!   wxgate accepts, `[server] max_accounts`, times the rules with a day
-//!   quota); pairs with no admission for [`IDLE_US`] are dropped when the
-//!   map has doubled since the last prune (and at each scrape), so it holds
-//!   at most twice the pairs used in the last hour (at least
+//!   quota); pairs with no admission for [`IDLE_US`] are dropped when a
+//!   shard has doubled since its last prune (and at each scrape), so it
+//!   holds at most twice the pairs used in the last hour (at least
 //!   [`PRUNE_AT_LEAST`]).
 //! - **The limit** a fraction is of: the rule's configured day count, until
 //!   [`Forecasts::set_limit`] says what the pair's effective limit is (the
@@ -26,13 +30,14 @@
 //!   pair's limit).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::limit::calendar::Period;
 use crate::limit::forecast::{runs_out_at, used_fraction, DayRate};
 use crate::limit::pair::{Pair, PairRef};
 use crate::limit::{Key, Limit, Quota, Rule};
 use crate::store::op::Inspect;
+use crate::store::sharded::{lock, Sharded};
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Micros;
@@ -40,8 +45,12 @@ use crate::time::Micros;
 /// A pair with no admission for this long is forgotten (its rate would
 /// read `e⁻¹²` of what it was).
 pub const IDLE_US: Micros = 3_600_000_000;
-/// Pairs kept before the first prune.
+/// Pairs kept before the first prune (all shards together).
 pub const PRUNE_AT_LEAST: usize = 1024;
+/// The table's shards.
+pub const SHARDS: usize = 64;
+/// Pairs a shard keeps before its first prune.
+const SHARD_PRUNE_AT_LEAST: usize = PRUNE_AT_LEAST / SHARDS;
 
 /// One pair's day quota as this instance last saw it.
 #[derive(Debug, Clone)]
@@ -105,7 +114,7 @@ pub struct Top {
 /// Every pair's forecast inputs (see the module).
 #[derive(Default)]
 pub struct Forecasts {
-    table: Mutex<Table>,
+    table: Sharded<Table, SHARDS>,
 }
 
 /// The day quota's index among `rule`'s limits, and its configured count.
@@ -117,18 +126,15 @@ fn day_quota(rule: &Rule, i: usize) -> Option<u64> {
 }
 
 impl Forecasts {
-    fn table(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// An admission of a call of `cost` of `account` on `rule` at `now`,
     /// whose calendar quotas have `calendar` left (`queued`: a queued job's
     /// send).
     pub fn observe(&self, account: &str, rule: &Rule, calendar: Quota, now: Micros, cost: u64, queued: bool) {
         let Some(configured) = day_quota(rule, calendar.limit) else { return };
         let day_end = now + calendar.reset_us;
-        let mut table = self.table();
-        match table.pairs.get_mut(&PairRef(account, &rule.state)) {
+        let pair = PairRef(account, &rule.state);
+        let mut table = self.table.lock(&pair);
+        match table.pairs.get_mut(&pair) {
             Some(e) => {
                 // Used since the last admission of the same day; a count
                 // that went back (a clear, a raised limit) or a new day
@@ -144,7 +150,7 @@ impl Forecasts {
                 e.configured = configured;
             }
             None => {
-                if table.pairs.len() >= table.prune_at.max(PRUNE_AT_LEAST) {
+                if table.pairs.len() >= table.prune_at.max(SHARD_PRUNE_AT_LEAST) {
                     prune(&mut table, now);
                 }
                 let entry = Entry {
@@ -164,15 +170,17 @@ impl Forecasts {
     /// The rates of the pair (`state`: the rule's state name) at `now`, if
     /// it had admissions lately and time has passed since its first.
     pub fn rates(&self, account: &str, state: &Arc<str>, now: Micros) -> Option<Rates> {
-        let table = self.table();
-        let e = table.pairs.get(&PairRef(account, state))?;
+        let pair = PairRef(account, state);
+        let table = self.table.lock(&pair);
+        let e = table.pairs.get(&pair)?;
         Some(Rates { total: e.total.per_second(now)?, queued: e.queued.per_second(now).unwrap_or(0.0) })
     }
 
     /// The pair's effective day limit is `limit` (what the fractions in the
     /// gauges are of).
     pub fn set_limit(&self, account: &str, state: &Arc<str>, limit: u64) {
-        if let Some(e) = self.table().pairs.get_mut(&PairRef(account, state)) {
+        let pair = PairRef(account, state);
+        if let Some(e) = self.table.lock(&pair).pairs.get_mut(&pair) {
             e.effective = Some(limit);
         }
     }
@@ -191,8 +199,8 @@ impl Forecasts {
             .map(|r| &r.name)
             .collect();
         let mut shown: BTreeMap<Arc<str>, Summary> = BTreeMap::new();
-        {
-            let mut table = self.table();
+        for shard in self.table.iter() {
+            let mut table = lock(shard);
             prune(&mut table, now);
             for e in table.pairs.values() {
                 if e.day_end <= now || !day_rules.iter().any(|r| **r == e.rule) {
@@ -217,36 +225,38 @@ impl Forecasts {
 
     /// The `n` pairs of today using most of their day quota (by fraction,
     /// then count), whose account contains `containing` (all when empty):
-    /// (account, rule state, rule, used, limit). One pass over the pairs
-    /// under the lock, keeping `n`.
+    /// (account, rule state, rule, used, limit). One pass over the pairs,
+    /// a shard at a time, keeping `n`.
     pub fn top(&self, n: usize, containing: &str, now: Micros) -> Vec<Top> {
         let mut best: Vec<Top> = Vec::with_capacity(n + 1);
         let finder = memchr::memmem::Finder::new(containing.as_bytes());
-        let table = self.table();
-        for ((account, state), e) in &table.pairs {
-            if e.day_end <= now || (!containing.is_empty() && finder.find(account.as_bytes()).is_none()) {
-                continue;
+        for shard in self.table.iter() {
+            let table = lock(shard);
+            for ((account, state), e) in &table.pairs {
+                if e.day_end <= now || (!containing.is_empty() && finder.find(account.as_bytes()).is_none()) {
+                    continue;
+                }
+                let limit = e.limit();
+                let used = limit.saturating_sub(e.remaining);
+                let fraction = used_fraction(used, limit);
+                let worse = |t: &Top| (t.fraction, t.used) < (fraction, used);
+                if best.len() == n && !best.last().is_some_and(worse) {
+                    continue;
+                }
+                let at = best.iter().position(worse).unwrap_or(best.len());
+                best.insert(
+                    at,
+                    Top { account: account.clone(), state: state.clone(), rule: e.rule.clone(), used, limit, fraction },
+                );
+                best.truncate(n);
             }
-            let limit = e.limit();
-            let used = limit.saturating_sub(e.remaining);
-            let fraction = used_fraction(used, limit);
-            let worse = |t: &Top| (t.fraction, t.used) < (fraction, used);
-            if best.len() == n && !best.last().is_some_and(worse) {
-                continue;
-            }
-            let at = best.iter().position(worse).unwrap_or(best.len());
-            best.insert(
-                at,
-                Top { account: account.clone(), state: state.clone(), rule: e.rule.clone(), used, limit, fraction },
-            );
-            best.truncate(n);
         }
         best
     }
 
     /// How many pairs are kept (for tests).
     pub fn len(&self) -> usize {
-        self.table().pairs.len()
+        self.table.iter().map(|s| lock(s).pairs.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -286,7 +296,7 @@ struct Summary {
 /// Drops the pairs idle for [`IDLE_US`]; the next prune when twice as many.
 fn prune(table: &mut Table, now: Micros) {
     table.pairs.retain(|_, e| e.total.last() + IDLE_US > now);
-    table.prune_at = (table.pairs.len() * 2).max(PRUNE_AT_LEAST);
+    table.prune_at = (table.pairs.len() * 2).max(SHARD_PRUNE_AT_LEAST);
 }
 
 #[cfg(test)]
@@ -362,6 +372,23 @@ mod tests {
         assert!(found.iter().all(|t| t.account.contains("0009999")));
     }
 
+    /// While a pass (top, publish) reads one shard, a call on a pair of
+    /// another shard goes on: with one lock over the table it would wait
+    /// for the pass (here, on the pass's own thread, forever).
+    #[test]
+    fn a_call_goes_on_while_a_pass_holds_another_shard() {
+        let (f, rule) = (Forecasts::default(), rule());
+        let held = lock(f.table.iter().next().expect("a shard"));
+        let account = (0..)
+            .map(|i| format!("wx{i}"))
+            .find(|a| f.table.index(PairRef(a, &rule.state)) != 0)
+            .expect("an account of another shard");
+        f.observe(&account, &rule, left(10, T0), T0, 1, false);
+        assert_eq!(f.rates(&account, &rule.state, T0 + S).map(|r| r.queued), Some(0.0));
+        drop(held);
+        assert_eq!(f.len(), 1);
+    }
+
     fn gauge(m: &Metrics, name: &str) -> Option<f64> {
         let prefix = format!("{name}{{rule=\"send\"}} ");
         m.encode().lines().find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.parse().ok()))
@@ -397,12 +424,29 @@ mod tests {
     #[test]
     fn idle_pairs_are_dropped_and_a_month_quota_is_not_forecast() {
         let (f, rule) = (Forecasts::default(), rule());
-        for i in 0..PRUNE_AT_LEAST {
-            f.observe(&format!("idle{i}"), &rule, left(999, T0), T0, 1, false);
+        // Accounts of the shard "wx-new" will be in, until it is full.
+        let shard = f.table.index(PairRef("wx-new", &rule.state));
+        let full = |f: &Forecasts| {
+            let t = lock(f.table.iter().nth(shard).expect("shard"));
+            (t.pairs.len(), t.prune_at.max(SHARD_PRUNE_AT_LEAST))
+        };
+        let mut i = 0;
+        while full(&f).0 < full(&f).1 {
+            let account = format!("idle{i}");
+            if f.table.index(PairRef(&account, &rule.state)) == shard {
+                f.observe(&account, &rule, left(999, T0), T0, 1, false);
+            } else if i % 7 == 0 {
+                f.observe(&account, &rule, left(999, T0), T0, 1, false); // some in other shards
+            }
+            i += 1;
+            assert!(i < 1_000_000, "the shard filled");
         }
         let later = T0 + IDLE_US;
         f.observe("wx-new", &rule, left(999, later), later, 1, false);
-        assert_eq!(f.len(), 1, "the idle pairs were dropped when the map was full");
+        assert_eq!(full(&f).0, 1, "its shard's idle pairs were dropped when the shard was full");
+        assert!(f.len() > 1, "the other shards' are kept until they fill");
+        f.publish(&Metrics::new(), &[], 0, later);
+        assert_eq!(f.len(), 1, "and every other shard's at a scrape");
         let month =
             Rule::new("m", vec![Limit::Calendar { count: NonZeroU64::new(5).expect("count"), period: Period::Month }]);
         f.observe("wx1", &month, left(4, later), later, 1, false);

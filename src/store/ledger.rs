@@ -27,13 +27,13 @@
 //! their window, and an empty Redis restarts them.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use crate::limit::calendar::Period;
 use crate::limit::penalty::PenaltyState;
 use crate::limit::{Decision, Key, Limit, Rule, WindowKey};
+use crate::store::sharded::{lock, Sharded};
 use crate::time::Micros;
 
 const SHARDS: usize = 16;
@@ -125,25 +125,15 @@ type Shard = HashMap<String, Vec<Entry>>;
 
 /// The ledger: sharded by account; no lock is held across an await.
 pub struct Ledger {
-    hasher: RandomState,
-    shards: Vec<Mutex<Shard>>,
+    shards: Sharded<Shard, SHARDS>,
     /// Entries with something to write to Redis (a quick check on the hot path).
     pending: AtomicUsize,
 }
 
 impl Default for Ledger {
     fn default() -> Self {
-        Ledger {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            pending: AtomicUsize::new(0),
-        }
+        Ledger { shards: Sharded::default(), pending: AtomicUsize::new(0) }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every update is a few field writes with nothing that can panic between.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether `rule` has anything the ledger keeps counts for.
@@ -153,7 +143,7 @@ pub fn counts_calendar(rule: &Rule) -> bool {
 
 impl Ledger {
     fn shard(&self, account: &str) -> MutexGuard<'_, Shard> {
-        lock(&self.shards[(self.hasher.hash_one(account) as usize) % SHARDS])
+        self.shards.lock(account)
     }
 
     /// Runs `f` on the pair's entry, created if absent; keeps `pending` true.
@@ -281,8 +271,8 @@ impl Ledger {
     /// starts from a fresh view, not from this instance's last decision.
     pub fn recent(&self, since: Micros, max: usize) -> Vec<Recent> {
         let mut out = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
             for (account, entries) in shard.iter() {
                 for e in entries.iter().filter(|e| e.used_at >= since && !e.tallies.is_empty()) {
                     if out.len() >= max {
@@ -364,7 +354,7 @@ impl Ledger {
     /// Takes everything pending, for the background writer.
     pub fn take_all(&self) -> Vec<Pending> {
         let mut all = Vec::new();
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let mut shard = lock(shard);
             for (account, entries) in shard.iter_mut() {
                 for entry in entries.iter_mut() {
@@ -411,7 +401,7 @@ impl Ledger {
     /// that is.
     pub fn lost(&self, now: Micros) -> usize {
         let mut n = 0;
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let mut shard = lock(shard);
             for entry in shard.values_mut().flatten() {
                 let was = entry.pending();
@@ -432,7 +422,7 @@ impl Ledger {
     /// Drops what no longer matters at `now`: periods that are over and
     /// penalties no longer recent.
     pub fn prune(&self, now: Micros) {
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let mut shard = lock(shard);
             for entries in shard.values_mut() {
                 entries.retain(|e| {

@@ -24,7 +24,6 @@ mod persist;
 mod token_slots;
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -41,6 +40,7 @@ use crate::limit::decide::{clear, decide};
 use crate::limit::pair::PairRef;
 use crate::limit::{recipient_key, Ask, Key, LimitState, RuleState, WindowKey};
 use crate::store::ledger::counts_calendar;
+use crate::store::sharded::{lock, Sharded};
 use crate::telemetry::metrics::MemoryStoreMetrics;
 use crate::time::{Clock, Micros};
 
@@ -59,8 +59,7 @@ pub const MAX_TOKENS: usize = 1_000_000;
 
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    hasher: foldhash::fast::RandomState,
-    shards: Vec<Mutex<Shard>>,
+    shards: Sharded<Shard, SHARDS>,
     /// Last access-token refresh per account.
     warm: Mutex<HashMap<String, Micros>>,
     /// Longest warm-up a token refresh was reported for: how long `warm`
@@ -131,12 +130,6 @@ struct Shard {
     dirty: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every update below is written only after its checks, so a panic while
-    // holding a lock cannot leave state half-written: a poisoned lock is safe.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl MemoryStore {
     /// The bare store (the Redis store's fallback, tests): no state file,
     /// no cap on pairs, no background sweep; at most
@@ -157,8 +150,7 @@ impl MemoryStore {
     ) -> Self {
         MemoryStore {
             clock,
-            hasher: foldhash::fast::RandomState::default(),
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: Sharded::default(),
             warm: Mutex::default(),
             warm_keep_us: AtomicI64::new(0),
             warm_dirty: AtomicBool::new(false),
@@ -232,8 +224,7 @@ impl MemoryStore {
     /// [`SWEEP_EVERY`] operations), and this store's now.
     fn shard(&self, key: Key<'_>) -> (MutexGuard<'_, Shard>, Micros) {
         let now = self.now();
-        let i = (self.hasher.hash_one((key.account, &*key.rule.state)) as usize) % SHARDS;
-        let mut shard = lock(&self.shards[i]);
+        let mut shard = self.shards.lock((key.account, &*key.rule.state));
         shard.ops = shard.ops.wrapping_add(1);
         shard.dirty = true;
         if shard.ops % SWEEP_EVERY == 0 {
@@ -288,7 +279,7 @@ impl MemoryStore {
             self.drop_from(shard, droppable);
             // Only shards free right now: waiting for one while holding
             // this one could deadlock with a caller doing the same.
-            for other in &self.shards {
+            for other in self.shards.iter() {
                 if let Ok(mut other) = other.try_lock() {
                     self.drop_from(&mut other, droppable);
                 }
@@ -353,7 +344,7 @@ impl MemoryStore {
             && self.recipients_pressed_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
             // Only shards free right now (this call's own is locked).
-            for other in &self.shards {
+            for other in self.shards.iter() {
                 if let Ok(mut other) = other.try_lock() {
                     let pruned: usize = other.states.values_mut().map(|(s, _)| s.recipients.prune(now)).sum();
                     if pruned > 0 {
@@ -513,8 +504,7 @@ impl MemoryStore {
     /// `create`, else does nothing when it is absent.
     fn with_raw(&self, account: &str, state_name: &str, create: bool, f: impl FnOnce(&mut RuleState)) {
         let state_name: Arc<str> = state_name.into();
-        let i = (self.hasher.hash_one((account, &*state_name)) as usize) % SHARDS;
-        let mut shard = lock(&self.shards[i]);
+        let mut shard = self.shards.lock((account, &*state_name));
         shard.dirty = true;
         let entry = match shard.states.get_mut(&PairRef(account, &state_name)) {
             Some(entry) => entry,

@@ -141,14 +141,13 @@ impl MemoryStore {
 
     /// Puts loaded state in place (before any call).
     fn restore(&self, saved: Saved, keep_warm_us: Micros) {
-        use std::hash::BuildHasher;
         use std::sync::atomic::Ordering;
         let n = saved.pairs.len();
         let mut members = 0;
         for p in saved.pairs {
-            let i = (self.hasher.hash_one((p.account.as_str(), &*p.rule)) as usize) % super::SHARDS;
             members += p.state.recipients.len();
-            match lock(&self.shards[i]).states.insert((p.account, p.rule), (p.state, p.warmup_us)) {
+            let mut shard = self.shards.lock((p.account.as_str(), &*p.rule));
+            match shard.states.insert((p.account, p.rule), (p.state, p.warmup_us)) {
                 None => {
                     self.entries.fetch_add(1, Ordering::Relaxed);
                 }
@@ -257,7 +256,7 @@ impl MemoryStore {
         }
         let offset = self.offset_us.load(Ordering::Relaxed);
         let mut pairs = Vec::with_capacity(self.entries.load(Ordering::Relaxed));
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let mut shard = lock(shard);
             shard.dirty = false;
             pairs.extend(shard.states.iter().filter(|(_, (s, warmup))| !s.is_idle(now, offset, *warmup)).map(
