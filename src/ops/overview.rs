@@ -164,7 +164,8 @@ pub fn health(app: &App) -> Answer {
         m.tokens.renewals.get_or_create(&crate::telemetry::metrics::ResultLabel { result: result.to_owned() }).get()
     };
     let last = app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let (fallback, quota_leases) = match &app.config.load().store {
+    let config = app.config.load();
+    let (fallback, quota_leases) = match &config.store {
         crate::config::StoreConfig::Redis(r) => {
             (Some(format!("{:?}", r.resilience.fallback).to_lowercase()), r.resilience.quota_leases.is_some())
         }
@@ -204,7 +205,7 @@ pub fn health(app: &App) -> Answer {
             "held_now": m.held_now.get(),
             // wxgate's clock in the quota's time zone: the console shows
             // every time in this zone.
-            "now": local_time(app.core.clock.now_us(), app.config.load().server.quota_offset_us),
+            "now": local_time(app.core.clock.now_us(), config.server.quota_offset_us),
         }),
     )
 }

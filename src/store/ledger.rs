@@ -124,16 +124,11 @@ impl Pending {
 type Shard = HashMap<String, Vec<Entry>>;
 
 /// The ledger: sharded by account; no lock is held across an await.
+#[derive(Default)]
 pub struct Ledger {
     shards: Sharded<Shard, SHARDS>,
     /// Entries with something to write to Redis (a quick check on the hot path).
     pending: AtomicUsize,
-}
-
-impl Default for Ledger {
-    fn default() -> Self {
-        Ledger { shards: Sharded::default(), pending: AtomicUsize::new(0) }
-    }
 }
 
 /// Whether `rule` has anything the ledger keeps counts for.
