@@ -144,6 +144,31 @@ async fn a_finished_job_is_called_back_once_signed_with_its_end_state() {
     called_back_once_signed(&gate, &receiver).await;
 }
 
+/// A callback URL that leaves its prefix once a receiver normalises it
+/// (`%2e%2e`, an encoded slash, a backslash) is refused at submission,
+/// 400, like a literal `..`: nothing is queued, sent or called back.
+#[tokio::test]
+async fn a_callback_escaping_its_prefix_by_percent_encoding_is_refused() {
+    let mock = wechat().await;
+    let receiver = receiver(|_| status(204)).await;
+    let dir = TempDir::new("callbacks-escape");
+    let gate = Gate::start_text(config(&mock, &dir, &receiver.url(), 10, "")).await;
+    let hooks = receiver.url();
+    for escape in ["%2e%2e/admin/reset", "%2E%2E/admin/reset", "..%2fadmin/reset", "x%5c..%5cadmin", "../admin/reset"] {
+        let body = r#"{"touser":"secret-recipient","template_id":"t"}"#;
+        let url = format!("{hooks}/hooks/{escape}");
+        let answer = support::queue::submit(&gate, "hr", SEND, body, &[("x-wxgate-callback", &url)]).await;
+        assert_eq!(answer.status, 400, "{escape}: {}", answer.text());
+        assert!(answer.text().contains("callbacks prefixes"), "{escape}: {}", answer.text());
+    }
+    // A callback under the prefix still goes through, and is the only one.
+    queue_one(&gate, 0, &format!("{hooks}/hooks/order-1")).await;
+    let got = callbacks(&receiver, 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].path_and_query, "/hooks/order-1");
+    assert_eq!(mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count(), 1, "one message sent");
+}
+
 #[tokio::test]
 async fn a_finished_job_is_called_back_once_signed_on_redis() {
     let redis = RedisServer::start();

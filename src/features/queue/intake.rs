@@ -188,7 +188,7 @@ fn callback(url: &str, allowed: &[String]) -> Result<String, ProxyError> {
             "X-Wxgate-Callback must be a URL of at most {MAX_CALLBACK} bytes, without a user or fragment"
         )));
     }
-    if allowed.iter().any(|prefix| url.starts_with(prefix.as_str()) && !url[prefix.len()..].contains("..")) {
+    if allowed.iter().any(|prefix| crate::config::under_prefix(url, prefix)) {
         return Ok(url.to_owned());
     }
     Err(ProxyError::BadRequest(
@@ -366,6 +366,12 @@ mod tests {
         assert!(callback("https://hr.internal/hooks/sent", &allowed).is_ok());
         assert!(callback("https://hr.internal/hooks-evil/x", &allowed).is_err());
         assert!(callback("https://hr.internal/hooks/../admin", &allowed).is_err());
+        // Encoded, in any case, or as a backslash: what a receiver that
+        // normalises its URL reads as a way out of the prefix.
+        for escape in ["%2e%2e/admin", "%2E%2e/admin", ".%2e/admin", "x%2fadmin", "..%5cadmin", "x\\..\\admin"] {
+            assert!(callback(&format!("https://hr.internal/hooks/{escape}"), &allowed).is_err(), "{escape}");
+        }
+        assert!(callback("https://hr.internal/hooks/order-1?x=%41", &allowed).is_ok());
         assert!(callback("https://hr.internal/other", &allowed).is_err());
         assert!(callback("https://hr.internal/hooks/x", &[]).is_err());
     }
