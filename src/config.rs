@@ -19,6 +19,7 @@ mod callers;
 mod compile;
 pub mod domain;
 mod errors;
+pub mod hosts;
 mod intercept;
 mod meter;
 mod overrides;
@@ -438,6 +439,9 @@ pub struct Server {
     pub caller: Option<Arc<str>>,
     /// `caller_auth`: whether a call must prove which `[[caller]]` it is.
     pub caller_auth: CallerAuth,
+    /// `hosts`: the names (`Host`) a client may call the proxy listener by,
+    /// besides IP addresses and `localhost` (DNS rebinding).
+    pub hosts: hosts::Hosts,
     /// `max_accounts`: at most this many accounts have state on this
     /// instance at once; a call for a new one past it is refused before
     /// any state is created (`None`: no cap).

@@ -109,17 +109,29 @@ async fn serve(
     let fallback = app.callers.load().fallback();
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
     let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
+    // Before anything is read: a browser page never calls WeChat through
+    // wxgate, nor its delivery API (docs/callers.md#browsers).
+    // Its Host is checked where it names this listener: not inside an
+    // intercepted tunnel (WeChat's host), nor for a target accept refuses
+    // anyway (CONNECT, absolute-form: it says why).
+    let named = intercepted.is_none() && req.uri().authority().is_none();
+    let hosts = named.then_some(&call.arrived.config.server.hosts);
+    let browser = crate::transport::browser::proxy_refusal(req.headers(), hosts);
     call.arrived.intercepted = intercepted;
     traces::start(app, &mut call, req.headers());
     // Only a recorded call's task carries its span: the calls wxgate makes
     // for it (a token fetch) are its children; an unrecorded call's future
     // is not boxed for it.
     let recorded = call.trace.as_ref().filter(|t| t.recording.is_some()).map(|t| t.ctx);
-    let answered = match (results, recorded) {
+    let answered = match (browser, results, recorded) {
+        (Some(why), ..) => {
+            crate::proxy::accept::REFUSED_PATH.clone_into(&mut call.arrived.path);
+            Err(Early::Refused(crate::error::ProxyError::Forbidden(why)))
+        }
         // Boxed: a call of the API does not make every call's future carry its state.
-        (true, _) => Box::pin(deliveries::serve(app, &mut call, req)).await,
-        (false, None) => phases(app, &mut call, req, client).await,
-        (false, Some(ctx)) => {
+        (None, true, _) => Box::pin(deliveries::serve(app, &mut call, req)).await,
+        (None, false, None) => phases(app, &mut call, req, client).await,
+        (None, false, Some(ctx)) => {
             Box::pin(crate::telemetry::trace::CURRENT.scope(ctx, phases(app, &mut call, req, client))).await
         }
     };

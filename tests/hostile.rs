@@ -558,3 +558,56 @@ async fn a_query_parameter_name_with_an_escape_is_400_and_never_forwarded() {
     let fine = gate.get(&format!("{SEND}?access_token=T%00%2B&lang=zh_CN")).await;
     assert_eq!(fine.status, 200, "escapes in a value: {}", fine.text());
 }
+
+// --- browsers ------------------------------------------------------------------
+
+/// A request over a fresh connection to `addr`, with these header lines.
+async fn with_fields(addr: SocketAddr, method: &str, target: &str, fields: &str) -> u16 {
+    let body = if method == "POST" { "{\"touser\":\"o1\"}" } else { "" };
+    let req = format!(
+        "{method} {target} HTTP/1.1\r\n{fields}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    exchange(addr, req.as_bytes()).await.only().status
+}
+
+/// A web page can make its visitor's browser call the proxy on loopback
+/// (cross-site, or DNS-rebound so that its Host is the attacker's name):
+/// every such request is refused (403) before anything is read, decided or
+/// forwarded, the delivery API's included; services (Host an address,
+/// `localhost`, a Kubernetes or Compose name; no browser marks) pass.
+#[tokio::test]
+async fn a_browser_page_cannot_call_wechat_through_the_proxy_listener() {
+    let mock = MockWeChat::start().await;
+    let gate = Gate::start(&mock, send_rule()).await;
+    let port = gate.addr.port();
+    let own = format!("Host: 127.0.0.1:{port}\r\n");
+    let refused: [(&str, &str, String); 7] = [
+        ("POST", SEND, format!("{own}Origin: https://evil.example\r\nContent-Type: text/plain\r\n")),
+        ("POST", SEND, format!("{own}Origin: null\r\n")),
+        ("GET", "/cgi-bin/user/get", format!("{own}Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: no-cors\r\n")),
+        ("GET", "/cgi-bin/user/get", format!("Host: rebound.evil.example:{port}\r\n")),
+        ("POST", SEND, format!("Host: rebound.evil.example:{port}\r\nSec-Fetch-Site: same-origin\r\n")),
+        ("DELETE", "/v1/deliveries/0a3413d13ebd3fea679773813f03a852", format!("{own}Origin: https://evil.example\r\n")),
+        ("GET", "/cgi-bin/user/get", format!("{own}Host: rebound.evil.example\r\n")),
+    ];
+    for (method, target, fields) in &refused {
+        assert_eq!(with_fields(gate.addr, method, target, fields).await, 403, "{method} {target} {fields:?}");
+    }
+    assert_eq!(mock.count(), 0, "nothing a browser sent reached WeChat");
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "wxgate".into(),
+        "wxgate.ns.svc.cluster.local".into(),
+    ] {
+        assert_eq!(with_fields(gate.addr, "POST", SEND, &format!("Host: {host}\r\n")).await, 200, "{host}");
+    }
+    // A name of the operator's own, once listed; the list replaces the default.
+    let text = ConfigToml::new(&mock.url()).with(send_rule()).server("hosts", vec![".corp.example"]);
+    let listed = Gate::start_text(text).await;
+    assert_eq!(with_fields(listed.addr, "POST", SEND, "Host: wxgate.corp.example\r\n").await, 200);
+    assert_eq!(with_fields(listed.addr, "POST", SEND, "Host: wxgate\r\n").await, 403);
+    assert_eq!(with_fields(listed.addr, "POST", SEND, &format!("Host: 127.0.0.1:{port}\r\n")).await, 200);
+    assert_eq!(mock.count(), 6);
+}

@@ -127,6 +127,7 @@ pub(super) struct RawServer {
     pub max_accounts: Option<usize>,
     pub window_margin: Option<String>,
     pub domain: Option<String>,
+    pub hosts: Option<Vec<String>>,
 }
 
 /// `[server] upstream`: one base URL, or a list of them tried in order.

@@ -83,6 +83,7 @@ pub(super) fn server(raw: RawServer, dir: Option<&std::path::Path>) -> Result<Se
         caller: access.caller,
         caller_auth: access.caller_auth,
         max_accounts: access.max_accounts,
+        hosts: super::hosts::hosts(raw.hosts.as_deref())?,
         window_margin_us: micros(timing.window_margin),
     })
 }

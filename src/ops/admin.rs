@@ -219,7 +219,9 @@ fn check_token(app: &App, req: &Request<Incoming>) -> Option<Answer> {
 /// Without a token, a DNS-rebound page could read the console or `/v1` on
 /// the loopback default: its Host is the attacker's name.
 fn rebinding(app: &App, req: &Request<Incoming>) -> Option<Answer> {
-    if app.config.load().server.admin_token.is_some() || host_names_an_address(host_of(req.headers())) {
+    if app.config.load().server.admin_token.is_some()
+        || crate::transport::browser::host_names_an_address(host_of(req.headers()))
+    {
         return None;
     }
     Some(error(
@@ -242,7 +244,7 @@ fn host_of(headers: &HeaderMap) -> &str {
 /// `Host` as typed (an address), so scripts pass.
 fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
     let host = host_of(headers);
-    if !host_names_an_address(host) {
+    if !crate::transport::browser::host_names_an_address(host) {
         return Some("Host must be this listener's IP address or localhost (DNS rebinding)");
     }
     if let Some(origin) = headers.get(ORIGIN) {
@@ -263,20 +265,6 @@ fn cross_site(headers: &HeaderMap) -> Option<&'static str> {
 /// host is another origin). curl and scripts send no such header.
 fn fetched_from_another_site(headers: &HeaderMap) -> bool {
     matches!(headers.get("sec-fetch-site").map(HeaderValue::as_bytes), Some(b"cross-site" | b"same-site"))
-}
-
-/// `host[:port]` where host is `localhost`, an IPv4 address or a bracketed
-/// IPv6 address: names no DNS can rebind.
-fn host_names_an_address(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => {
-            return rest.split_once(']').is_some_and(|(ip, port)| {
-                ip.parse::<std::net::Ipv6Addr>().is_ok() && (port.is_empty() || port.starts_with(':'))
-            })
-        }
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 fn metrics(app: &App) -> Answer {
