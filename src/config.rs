@@ -644,6 +644,9 @@ pub struct Resilience {
     pub fallback: Fallback,
     /// Expected number of wxgate instances sharing the limits.
     pub instances: u32,
+    /// Whether `instances` was written (else the floor is 1, and an
+    /// instance that starts while Redis is away decides with whole limits).
+    pub instances_given: bool,
     pub breaker_failures: u32,
     pub breaker_open: Duration,
     /// Answer known refusals locally (see `crate::store::resilient`'s refusal cache).
@@ -661,6 +664,7 @@ impl Default for Resilience {
         Resilience {
             fallback: Fallback::Local,
             instances: 1,
+            instances_given: false,
             breaker_failures: 3,
             breaker_open: Duration::from_secs(1),
             refusal_cache: true,

@@ -893,18 +893,6 @@ fn check_fails_what_start_up_fails_and_warns_of_what_only_the_serving_environmen
     assert!(stdout.contains("tokens: cache on, shared by every instance through Redis where WXGATE_TOKEN_KEY is set"));
 }
 
-/// Issue 46: `[store] instances` was a number kept by hand (the docs said
-/// in bold to set it); the instances now count each other from heartbeats,
-/// so a Redis store without it is fine as it is: no warning.
-#[test]
-fn a_redis_store_without_instances_needs_no_warning() {
-    let key = "ab".repeat(32);
-    let text = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
-    let (code, stdout, stderr) = check_text("instances", text, &[("WXGATE_TOKEN_KEY", key.as_str())]);
-    assert_eq!((code, stderr.as_str()), (0, ""), "{stdout}");
-    assert!(stdout.starts_with("DIR/rules.toml: ok\n"), "{stdout}");
-}
-
 /// Issue 46 item 8: `state_file` (and `[tokens] key_file`, `upstream_ca`)
 /// were relative to the working directory, every other path to the
 /// config file's. `check` prints where the state is kept.
@@ -1002,4 +990,29 @@ fn quota_leases_take_a_bounded_span_on_a_redis_store_only() {
         &[],
     );
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// A Redis store whose local fallback has no `instances` floor: an
+/// instance that starts while Redis is away hears no heartbeat and would
+/// decide with the whole of every limit, each of the instances: `check`
+/// (and start-up) warns, naming the key; written (even as 1), no warning.
+/// (Issue 46 had dropped the warning once heartbeats counted the
+/// instances; issue 61 found six sidecars over-admitting at a cold start.)
+#[test]
+fn a_redis_store_without_an_instances_floor_is_warned_of() {
+    let unset = ACCOUNT_OVER_REDIS.replace("instances = 2\n", "");
+    let key = "ab".repeat(32);
+    let env = [TEST_SECRET, ("WXGATE_TOKEN_KEY", key.as_str())];
+    let (code, stdout, stderr) = check_text("instances-unset", &unset, &env);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.starts_with("wxgate: warning: DIR/rules.toml:"), "{stderr}");
+    assert!(stderr.contains("[store] instances: not set: an instance that starts while Redis is away"), "{stderr}");
+    assert!(stdout.starts_with("DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    for given in ["instances = 1\n", "instances = 2\n"] {
+        let text = ACCOUNT_OVER_REDIS.replace("instances = 2\n", given);
+        let (code, _, stderr) = check_text("instances-given", &text, &env);
+        assert_eq!((code, stderr.as_str()), (0, ""), "{given}");
+    }
+    let deny = unset.replace("kind = \"redis\"\n", "kind = \"redis\"\nfallback = \"deny\"\n");
+    assert_eq!(check_text("instances-deny", &deny, &env).2, "", "no fallback divides: no warning");
 }

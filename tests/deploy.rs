@@ -18,6 +18,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::Command;
 
 use support::deploy::{entries, read, repo, strings, text, yaml, Yaml};
 use support::ports::ClosedPort;
@@ -612,9 +613,12 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
             }
             assert_eq!(c["securityContext"]["runAsNonRoot"].as_bool(), Some(true), "{path}");
             assert!(replicas >= 1, "{path}: replicas");
+            // An instance that starts while Redis is away hears no other:
+            // `instances` is the least the fallback divides the limits by.
+            let instances = config["store"].get("instances").and_then(toml::Value::as_integer);
             assert!(
-                config["store"].get("instances").is_none(),
-                "{path}: [store] instances is counted from heartbeats, not kept by hand"
+                instances.is_some_and(|n| n >= replicas),
+                "{path}: [store] instances ({instances:?}) is at least the Deployment's replicas ({replicas})"
             );
             let env = c["env"].as_vec().expect("env");
             assert!(
@@ -622,6 +626,11 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
                     .any(|e| e["name"].as_str() == Some("WXGATE_TOKEN_KEY")
                         && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
                 "{path}: WXGATE_TOKEN_KEY from a Secret (the shared token cache)"
+            );
+            assert!(
+                env.iter().any(|e| e["name"].as_str() == Some("WXGATE_REDIS_PASSWORD")
+                    && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
+                "{path}: WXGATE_REDIS_PASSWORD from a Secret (the shipped Redis requires one)"
             );
             let rules = config["rule"].as_array().expect("[[rule]]");
             assert!(
@@ -672,7 +681,18 @@ fn the_kubernetes_files_run_the_image_on_configs_that_pass_check() {
     assert!(replicas >= Some(2), "the shared egress runs 2+ replicas");
     let proxy = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert!(!proxy["lifecycle"]["preStop"].is_badvalue(), "the egress drains (preStop) before it stops accepting");
+    // The shipped Redis requires a password, keeps protected mode, and
+    // only wxgate's pods reach it.
+    let redis_sets = objects(&egress, "StatefulSet");
+    let redis = &redis_sets[0]["spec"]["template"]["spec"]["containers"][0];
+    let args = strings(&redis["args"], "redis args");
+    assert!(args.windows(2).any(|w| w[0] == "--requirepass" && w[1] == "$(REDIS_PASSWORD)"), "{args:?}");
+    assert!(!args.iter().any(|a| a == "--protected-mode"), "Redis keeps protected mode: {args:?}");
     let policies = objects(&egress, "NetworkPolicy");
+    assert!(
+        policies.iter().any(|p| p["spec"]["podSelector"]["matchLabels"]["app"].as_str() == Some("wxgate-redis")),
+        "a NetworkPolicy narrows who reaches Redis"
+    );
     assert!(
         policies.iter().any(|p| p["spec"]["podSelector"]["matchLabels"]["app"].as_str() == Some("wxgate-egress")),
         "a NetworkPolicy narrows who reaches the shared egress"
@@ -941,4 +961,31 @@ async fn probe_says_1_while_wxgate_cannot_decide() {
     })
     .await;
     assert!(last.contains("unavailable") || last.contains("redis"), "the reason says why: {last}");
+}
+
+/// What wxgate writes beside the shipped rules.toml when a new user runs
+/// the README's `cargo run --release -- --config rules.toml` in the clone
+/// (the embedded store's state file and its lock, the queued deliveries'
+/// SQLite file with its WAL and shared memory) is ignored by git: a
+/// `git add -A` never commits counts, penalties or queued messages.
+#[test]
+fn what_the_shipped_rules_write_in_the_clone_is_ignored_by_git() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = wxgate::config::Config::load(&root.join("rules.toml")).expect("rules.toml loads");
+    let wxgate::config::StoreConfig::Memory(memory) = &config.store else { panic!("rules.toml: the embedded store") };
+    let state = memory.state_file.clone().expect("rules.toml keeps a state file");
+    let wxgate::config::queue::JobsAt::File(jobs) = &config.queue.at else { panic!("rules.toml: a jobs file") };
+    let mut written = Vec::new();
+    for (file, suffixes) in [(&state, &["", ".lock", ".tmp"][..]), (jobs, &["", "-wal", "-shm", "-journal"])] {
+        let relative = file.strip_prefix(root).unwrap_or(file).to_str().expect("utf-8").to_owned();
+        written.extend(suffixes.iter().map(|s| format!("{relative}{s}")));
+    }
+    for name in &written {
+        let ignored = Command::new("git")
+            .args(["check-ignore", "--no-index", "-q", name])
+            .current_dir(root)
+            .status()
+            .expect("git runs");
+        assert!(ignored.success(), "{name} (written beside rules.toml) is not in .gitignore");
+    }
 }

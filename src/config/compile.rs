@@ -95,10 +95,20 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     if lease < Duration::from_secs(1) {
         return Err(ctx.in_table(Invalid::at("[store]", "lease", "must be at least 1s")));
     }
-    // `[store] instances` needs no warning when unset: the instances count
-    // each other from heartbeats in Redis (it is a floor).
     let store = store::compile(store, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let mut warnings = Vec::new();
+    // The instances count each other from heartbeats in Redis, but one that
+    // starts while Redis is away hears none: `instances` is its floor.
+    if let super::StoreConfig::Redis(r) = &store {
+        if r.resilience.fallback == super::Fallback::Local && !r.resilience.instances_given {
+            warnings.push(ctx.plain(Invalid::at(
+                "[store]",
+                "instances",
+                "not set: an instance that starts while Redis is away hears no other instance and decides with                  the whole of every limit (fallback = \"local\"), each of them; set it to the most instances you \
+                 run (replicas, an HPA's maxReplicas), or 1 if this is the only one",
+            )));
+        }
+    }
     let penalties = match raw.penalty {
         None => PenaltyPolicy::defaults(),
         Some(list) => super::penalty::compile(list, ctx)?,

@@ -490,6 +490,7 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
     Ok(Resilience {
         fallback,
         instances,
+        instances_given: raw.instances.is_some(),
         breaker_failures,
         breaker_open,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
