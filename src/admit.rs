@@ -21,6 +21,7 @@ pub mod activity;
 pub mod callers;
 pub mod core;
 pub mod forecasts;
+pub mod margin;
 pub mod slots;
 
 use std::sync::Arc;
@@ -132,7 +133,13 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
                     let _gauge = InFlightGuard::new(app.metrics.held_now.clone());
                     let until = app.clock.now_us() + hold_us;
                     tokio::select! {
-                        _ = app.clock.sleep(Span::from_micros(hold_us)) => {}
+                        _ = app.clock.sleep(Span::from_micros(hold_us)) => {
+                            // How late the scheduler woke it: the margin's measure.
+                            if app.clock.runs_by_itself() {
+                                let now = app.clock.now_us();
+                                margin::note(&app.margin, &app.metrics, &config.server, now, now - until);
+                            }
+                        }
                         _ = closed(client) => {
                             let wait_us = (until - app.clock.now_us()).max(0);
                             return Err(gone(rule, Reason::Rate, wait_us));

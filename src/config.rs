@@ -392,6 +392,10 @@ pub struct Server {
     /// may differ with every window still exact where WeChat counts
     /// ([`crate::limit::WindowLimit::with_margin`]).
     pub window_margin_us: Micros,
+    /// `window_margin_max`: how far the margin widens while this machine's
+    /// scheduler runs late (`crate::admit::margin`); at most
+    /// `window_margin_us` never widens it.
+    pub window_margin_max_us: Micros,
     /// Base URL(s) of WeChat (or a test mock), tried in order
     /// ([`crate::transport::upstream`]); every forwarded call goes to one of them and
     /// nowhere else.

@@ -105,7 +105,10 @@ pub fn serve(
         None => None,
     };
     let task = match threads {
-        Threads::Caller => tokio::spawn(accept_loop(listener, app.clone(), stopped)),
+        Threads::Caller => {
+            probe(&app, stopped.clone());
+            tokio::spawn(accept_loop(listener, app.clone(), stopped))
+        }
         Threads::Workers(n) => spawn_workers(listener, &app, n.max(1), &stop)?,
     };
     Ok(Running { addr, admin_addr, app, stop, task })
@@ -138,6 +141,7 @@ fn spawn_workers(
                     }
                 };
                 app.core.store.attach_worker().await;
+                probe(&app, stopped.clone());
                 accept_loop(listener, app.clone(), stopped).await;
                 // Slot releases run as tasks on this runtime: let them finish.
                 app.core.slots.wait_released(Duration::from_secs(2)).await;
@@ -151,6 +155,24 @@ fn spawn_workers(
             let _ = end.await;
         }
     }))
+}
+
+/// On this runtime until shutdown, the probe of how late its scheduler
+/// wakes timers ([`crate::admit::margin`]): with a clock that runs by
+/// itself only (a test's manual clock has no lateness to measure).
+fn probe(app: &Arc<App>, mut stopped: watch::Receiver<bool>) {
+    if !app.core.clock.runs_by_itself() {
+        return;
+    }
+    let noted = app.clone();
+    let observe = move |now, late| {
+        let config = noted.config.load();
+        crate::admit::margin::note(&noted.core.margin, &noted.core.metrics, &config.server, now, late);
+    };
+    let stop = async move {
+        let _ = stopped.changed().await;
+    };
+    tokio::spawn(crate::admit::margin::probe(app.core.clock.clone(), observe, stop));
 }
 
 /// Accepts connections until `stopped` changes, then lets the open ones finish.

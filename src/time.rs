@@ -91,6 +91,13 @@ pub trait Clock: Send + Sync + 'static {
     fn sleep_until(&self, at: Micros) -> Sleep {
         self.sleep(Span::from_micros(at.saturating_sub(self.now_us())))
     }
+    /// Whether this clock moves with the world, so that a sleep on it can
+    /// wake late because the machine is busy (`crate::admit::margin`
+    /// measures that); a clock that only moves when told to has no such
+    /// lateness.
+    fn runs_by_itself(&self) -> bool {
+        true
+    }
 }
 
 /// The system's wall clock.
@@ -141,6 +148,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_us(&self) -> Micros {
         self.0.now.load(Ordering::SeqCst)
+    }
+
+    fn runs_by_itself(&self) -> bool {
+        false
     }
 
     fn sleep(&self, span: Span) -> Sleep {

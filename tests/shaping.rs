@@ -238,3 +238,63 @@ async fn a_token_refresh_through_wxgate_restarts_the_warm_up() {
     // Another account's warm-up is untouched.
     assert_eq!(gate.get_as("appB", PATH).await.status, 200);
 }
+
+/// A busy machine's scheduler wakes timers late, and held calls go out
+/// late (issue 61, item 9: at load ~4 on 2 cores, 53 calls within 1.94 s
+/// of a window of 50 per 2 s at WeChat; 20 ms of margin covers a quiet
+/// machine only). wxgate measures its scheduler's lateness and decides
+/// every window with a margin that covers it, up to `window_margin_max`:
+/// here a wxgate process whose threads run on one core at idle priority
+/// beside three busy loops on that core (bounded: they stop by themselves)
+/// widens its margin from 20 ms to at most 500 ms, shows it, and logs why.
+#[tokio::test]
+async fn a_late_scheduler_widens_the_window_margin_within_window_margin_max() {
+    let mock = MockWeChat::start().await;
+    let rule = rule("tpl").matching("/cgi-bin/message/template/send").limit_burst(50, "2s", 5);
+    let config = ConfigToml::new(&mock.url())
+        .without_server("window_margin")
+        .without_server("window_margin_max")
+        .server("workers", 1)
+        .with(rule);
+    let gate = support::process::spawn(&config.to_string(), "late-scheduler", &[]).expect("serving");
+    let margin = "wxgate_window_margin_seconds";
+    eventually_async("the configured margin shown", PATIENCE, async || gate.metric(margin).await == Some(0.02)).await;
+    let pid = gate.pid().to_string();
+    let run = |args: &[&str]| {
+        let ok = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "{args:?}");
+    };
+    run(&["taskset", "-a", "-p", "-c", "0", &pid]);
+    run(&["chrt", "-a", "-i", "-p", "0", &pid]);
+    let mut busy: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            std::process::Command::new("timeout")
+                .args(["20", "taskset", "-c", "0", "sh", "-c", "while :; do :; done"])
+                .spawn()
+                .expect("a busy loop")
+        })
+        .collect();
+    let mut widened = None;
+    eventually_async("the margin widened", Duration::from_secs(30), async || {
+        widened = gate.metric(margin).await.filter(|m| *m > 0.02);
+        widened.is_some()
+    })
+    .await;
+    for b in &mut busy {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    let widened = widened.unwrap_or_default();
+    assert!((0.05..=0.5).contains(&widened), "widened to {widened} s, within window_margin_max (500 ms)");
+    let late = gate.metric("wxgate_scheduler_late_seconds").await.unwrap_or_default();
+    assert!(late * 1.5 > 0.02, "the lateness that widened it: {late} s");
+    let log = gate.logged();
+    assert!(
+        log.contains("scheduler ran late") && log.contains("every window is decided as if window_margin were"),
+        "{log}"
+    );
+}

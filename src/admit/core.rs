@@ -26,6 +26,9 @@ pub struct Core {
     pub activity: Arc<Activity>,
     /// Each pair's day-quota forecast inputs (`crate::admit::forecasts`).
     pub forecasts: Arc<Forecasts>,
+    /// The arrival margin as this machine's scheduler keeps it
+    /// (`crate::admit::margin`).
+    pub margin: Arc<crate::admit::margin::Margin>,
     /// Where each domain's calls go (`[server] upstream`, `[[domain]]
     /// upstream`; swapped by a reload): wxgate's own calls too.
     pub upstreams: arc_swap::ArcSwap<DomainUpstreams>,

@@ -408,8 +408,8 @@ fn expected_words(expected: &str, key: Option<&str>, out_of_range: bool, negativ
     match expected {
         "a string" | "a borrowed string" | "path string" => match key {
             Some(
-                "upstream_timeout" | "body_timeout" | "shutdown_timeout" | "header_timeout" | "window_margin" | "lease"
-                | "breaker_open" | "timeout" | "flush_interval" | "max_wait" | "warmup",
+                "upstream_timeout" | "body_timeout" | "shutdown_timeout" | "header_timeout" | "window_margin"
+                | "window_margin_max" | "lease" | "breaker_open" | "timeout" | "flush_interval" | "max_wait" | "warmup",
             ) => "a duration in quotes, such as \"10s\"".into(),
             Some("per") => "a window in quotes, such as \"1m\", or \"day\" or \"month\"".into(),
             Some("max_body") => "a size in quotes, such as \"64MiB\"".into(),

@@ -65,7 +65,8 @@ pub fn hosts(raw: Option<&[String]>) -> Result<Hosts, Invalid> {
     let mut out = Vec::with_capacity(list.len());
     for h in list {
         let name = h.strip_prefix('.').unwrap_or(h);
-        if !crate::config::domain::valid_host(name) && !(name.len() <= 63 && single_label(name)) {
+        let valid = crate::config::domain::valid_host(name) || (name.len() <= 63 && single_label(name));
+        if !valid {
             return bad(format!(
                 "\"{h}\" is not a host name (lowercase letters, digits, - and .; \".example.com\" for any name \
                  under it; no port)"

@@ -126,6 +126,7 @@ pub(super) struct RawServer {
     pub caller_auth: Option<String>,
     pub max_accounts: Option<usize>,
     pub window_margin: Option<String>,
+    pub window_margin_max: Option<String>,
     pub domain: Option<String>,
     pub hosts: Option<Vec<String>>,
 }

@@ -34,6 +34,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_WINDOW_MARGIN: Duration = Duration::from_millis(20);
 /// A margin past this is a misunderstanding: it slows a 1 s window to a third.
 const MAX_WINDOW_MARGIN: Duration = Duration::from_secs(2);
+/// How far the margin widens by default while this machine's scheduler runs
+/// late (`crate::admit::margin`): covers a scheduler 330 ms late.
+pub const DEFAULT_WINDOW_MARGIN_MAX: Duration = Duration::from_millis(500);
 
 const SERVER: &str = "[server]";
 
@@ -85,6 +88,7 @@ pub(super) fn server(raw: RawServer, dir: Option<&std::path::Path>) -> Result<Se
         max_accounts: access.max_accounts,
         hosts: super::hosts::hosts(raw.hosts.as_deref())?,
         window_margin_us: micros(timing.window_margin),
+        window_margin_max_us: micros(timing.window_margin_max.max(timing.window_margin)),
     })
 }
 
@@ -124,6 +128,7 @@ struct Timing {
     shutdown: Duration,
     header: Duration,
     window_margin: Duration,
+    window_margin_max: Duration,
 }
 
 impl Timing {
@@ -154,7 +159,18 @@ impl Timing {
                 ),
             ));
         }
-        Ok(Timing { upstream, body, shutdown, header, window_margin })
+        let window_margin_max = duration("window_margin_max", &raw.window_margin_max, DEFAULT_WINDOW_MARGIN_MAX)?;
+        if window_margin_max > MAX_WINDOW_MARGIN {
+            return Err(Invalid::at(
+                SERVER,
+                "window_margin_max",
+                format!(
+                    "longer than {}: a wider margin slows a 1 s window to less than a third",
+                    humantime::format_duration(MAX_WINDOW_MARGIN)
+                ),
+            ));
+        }
+        Ok(Timing { upstream, body, shutdown, header, window_margin, window_margin_max })
     }
 }
 

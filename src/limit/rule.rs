@@ -284,6 +284,23 @@ impl WindowLimit {
         WindowLimit::derived(count, self.per_us, burst, self.margin_us)
     }
 
+    /// This window decided as if its arrival margin were `margin_us` (when
+    /// wider than its own): the emission interval of that margin, its own
+    /// tolerance kept. Never looser than itself, whatever mix of the two
+    /// decides a pair's calls: every interval is at least its own and the
+    /// tolerance is its own, so `k` admissions still span at least
+    /// `(k − 1)·T − τ` of its own `T` and `τ` (the exactness argument of
+    /// [`crate::limit`]), and those decided by this one alone span
+    /// `W + margin_us` for `N + 1` of them, less the burst's share of the
+    /// widening (`(B − 1)` calls at once become fewer while it lasts).
+    pub fn widened(&self, margin_us: Micros) -> WindowLimit {
+        if margin_us <= self.margin_us {
+            return *self;
+        }
+        let wide = WindowLimit::derived(self.count, self.per_us, self.burst, margin_us);
+        WindowLimit { interval_us: wide.interval_us.max(self.interval_us), margin_us, ..*self }
+    }
+
     /// This window decided with emission interval `interval_us` and
     /// tolerance `tolerance_us` where they are stricter than its own: a
     /// lowered window's ([`WindowLimit::lowered`]) applied over the one
@@ -405,6 +422,27 @@ impl Rule {
         // Clamped: no error to give.
         let _ = scaled.derive(Fit::Clamp);
         scaled
+    }
+
+    /// This rule with every window (its own, each caller's share, each
+    /// recipient's) decided as if the arrival margin were `margin_us`
+    /// ([`WindowLimit::widened`]: never looser than configured); the reserve
+    /// is derived again (the same reserved tokens, as time of the wider
+    /// interval: stricter for normal callers).
+    pub fn widened(&self, margin_us: Micros) -> Rule {
+        let widen = |l: &Limit| match *l {
+            Limit::Window(w) => Limit::Window(w.widened(margin_us)),
+            calendar => calendar,
+        };
+        let mut wide = self.clone();
+        wide.limits = self.limits.iter().map(widen).collect();
+        wide.share = self.share.iter().map(widen).collect();
+        wide.per_recipient = self.per_recipient.iter().map(|w| w.widened(margin_us)).collect();
+        if self.reserve_percent > 0 {
+            // Valid for the rule's own limits, so for these (clamped: no error to give).
+            wide.reserve = reserve_of(&wide.limits, self.reserve_percent, Fit::Clamp).unwrap_or_default();
+        }
+        wide
     }
 
     /// `reserve` and `share` from `limits` and the two percentages.

@@ -95,6 +95,7 @@ impl App {
         let lease_us = config.lease_us;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
+        metrics.window_margin.set(config.server.window_margin_us as f64 / 1e6);
         let features = Features::new(&config, &store, &clock, &metrics, jobs).map_err(StartError::Features)?;
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
@@ -112,6 +113,7 @@ impl App {
                 held: Held::default(),
                 activity: Arc::default(),
                 forecasts: Arc::default(),
+                margin: Arc::default(),
                 upstreams: ArcSwap::from_pointee(upstreams),
                 tracer,
             },

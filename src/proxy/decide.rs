@@ -37,10 +37,14 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         (true, false) => (OWN_CALLER, false),
         (false, false) => (call.who.caller.entry.label(), normal),
     };
+    // Decided with the margin this machine's scheduler needs now (the
+    // rule itself unless widened); every later phase keeps the rule as
+    // configured (a refund gives back no more than it took).
+    let widened = app.core.margin.widened(&rule);
     let asked = ToAdmit {
         config: &call.arrived.config,
         account: &call.who.account,
-        rule: &rule,
+        rule: widened.as_ref().unwrap_or(&rule),
         normal,
         caller,
         meter,

@@ -6,6 +6,8 @@ mod labels;
 mod register;
 mod series;
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -34,6 +36,10 @@ pub struct Metrics {
     pub hold_seconds: Latencies,
     pub in_flight: Family<RuleLabel, Gauge>,
     pub held_now: Gauge,
+    /// `wxgate_window_margin_seconds` (`crate::admit::margin`).
+    pub window_margin: Gauge<f64, AtomicU64>,
+    /// `wxgate_scheduler_late_seconds`.
+    pub scheduler_late: Gauge<f64, AtomicU64>,
     pub store_errors: Counter,
     pub degraded_decisions: Counter,
     pub store_lost: Counter,
@@ -105,6 +111,8 @@ impl Metrics {
             hold_seconds,
             in_flight,
             held_now,
+            window_margin,
+            scheduler_late,
         } = register::calls(&mut registry, traced);
         let StoreSeries {
             store_errors,
@@ -140,6 +148,8 @@ impl Metrics {
             hold_seconds,
             in_flight,
             held_now,
+            window_margin,
+            scheduler_late,
             store_errors,
             degraded_decisions,
             store_lost,

@@ -78,6 +78,8 @@ pub(super) struct CallSeries {
     pub(super) hold_seconds: Latencies,
     pub(super) in_flight: Family<RuleLabel, Gauge>,
     pub(super) held_now: Gauge,
+    pub(super) window_margin: Gauge<f64, AtomicU64>,
+    pub(super) scheduler_late: Gauge<f64, AtomicU64>,
 }
 
 /// `traced`: the latency histograms keep exemplars (tracing on).
@@ -105,7 +107,29 @@ pub(super) fn calls(registry: &mut Registry, traced: bool) -> CallSeries {
     registry.register("hold_seconds", "Time calls were held for their reserved slot", hold_seconds.clone());
     registry.register("in_flight", "Calls at WeChat now, from this instance", in_flight.clone());
     registry.register("held", "Calls held for shaping now, on this instance", held_now.clone());
-    CallSeries { calls, upstream_errcodes, upstream_seconds, decision_seconds, hold_seconds, in_flight, held_now }
+    let window_margin = Gauge::<f64, AtomicU64>::default();
+    registry.register(
+        "window_margin_seconds",
+        "The arrival margin windows are decided with now: window_margin, widened while the scheduler runs late",
+        window_margin.clone(),
+    );
+    let scheduler_late = Gauge::<f64, AtomicU64>::default();
+    registry.register(
+        "scheduler_late_seconds",
+        "How late this instance's scheduler woke a timer at worst, over the last 30 s",
+        scheduler_late.clone(),
+    );
+    CallSeries {
+        calls,
+        upstream_errcodes,
+        upstream_seconds,
+        decision_seconds,
+        hold_seconds,
+        in_flight,
+        held_now,
+        window_margin,
+        scheduler_late,
+    }
 }
 
 /// The shared store's series (Redis, its circuit breaker, the fallback).
