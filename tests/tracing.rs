@@ -263,6 +263,33 @@ async fn a_dead_or_slow_collector_costs_counted_spans_never_a_call() {
     assert_eq!(slow.count(), 1, "one export in flight at a time");
 }
 
+/// Issue 61: a headers file (the collector's API key) anyone could read
+/// was accepted; it is refused as `callback_key_file` is.
+#[test]
+fn a_headers_file_others_may_read_is_refused_naming_the_field() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("tracing-headers");
+    let headers = dir.write("otlp-headers", "api-key=VENDORSECRET\n");
+    let config = ConfigToml::new("http://127.0.0.1:9")
+        .with(rule("info").matching(INFO).limit(1, "10s"))
+        .with(format!("[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\nheaders_file = \"{}\"\n", headers.display()));
+    let config = dir.write("rules.toml", &config.to_string());
+    let check = |mode: u32| {
+        std::fs::set_permissions(&headers, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        support::process::run(&["check", "--config", &config.display().to_string()], &[])
+    };
+    let (code, _, stderr) = check(0o666);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("[telemetry] headers_file:"), "{stderr}");
+    assert!(stderr.contains("has mode 0666: others can read it") && stderr.contains("chmod 600"), "{stderr}");
+    assert!(!stderr.contains("VENDORSECRET"), "{stderr}");
+    // Its owner's alone, or also its group's to read (a Kubernetes Secret's fsGroup).
+    for mode in [0o600, 0o440] {
+        let (code, stdout, stderr) = check(mode);
+        assert_eq!(code, 0, "{mode:o}: {stdout}{stderr}");
+    }
+}
+
 #[tokio::test]
 async fn a_queued_deliverys_send_is_linked_to_the_call_that_submitted_it() {
     use support::queue::{gate, msgid, queued_with, until_state, wechat};

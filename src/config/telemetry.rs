@@ -16,7 +16,7 @@ use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
 
 use super::errors::Invalid;
-use super::units::{beside_config, parse_duration};
+use super::units::{beside_config, check_secret_mode, parse_duration};
 pub use crate::telemetry::trace::Sampling as Sampler;
 
 const TABLE: &str = "[telemetry]";
@@ -91,6 +91,8 @@ pub(super) fn compile(
     let headers = match &raw.headers_file {
         Some(path) => {
             let path = beside_config(dir, path);
+            check_secret_mode(&path, "headers_file", "whoever reads it can send to the collector with its key")
+                .map_err(|e| e.table(TABLE))?;
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Invalid::at(TABLE, "headers_file", format!("{}: {e}", path.display())))?;
             headers(&text).map_err(|e| Invalid::at(TABLE, "headers_file", format!("{}: {e}", path.display())))?
