@@ -263,6 +263,84 @@ async fn a_dead_or_slow_collector_costs_counted_spans_never_a_call() {
     assert_eq!(slow.count(), 1, "one export in flight at a time");
 }
 
+/// Issue 61: a caller's long paths while the collector hung were queued
+/// whole (4096 spans of 60 KiB paths: 193 MB). Now every value is cut to
+/// `max_attribute_bytes` (256) and the queue holds at most
+/// `max_queued_bytes`, the export under way included.
+#[tokio::test]
+async fn long_paths_while_the_collector_hangs_are_cut_and_held_within_max_queued_bytes() {
+    let slow = otlp::collector().await;
+    let stalled = slow.hold_replies(support::ok_reply());
+    let mock = MockWeChat::start().await;
+    let long = rule("long").matching("/cgi-bin/long/*").limit(1, "10s");
+    let telemetry = format!(
+        "[telemetry]\nendpoint = \"{}\"\nbatch_delay = \"10ms\"\ntimeout = \"60s\"\nmax_queued_bytes = \"64KiB\"\n",
+        slow.url()
+    );
+    let gate = Gate::start(&mock, format!("{long}\n{telemetry}")).await;
+    // A first call's spans: the one export, which the collector never answers.
+    assert_eq!(gate.get("/cgi-bin/long/first").await.status, 200);
+    eventually("the first export at the collector", PATIENCE, || slow.count() == 1).await;
+    let tail = "a".repeat(16 * 1024);
+    // Even: rule long, its one call in 10 s spent (refused); odd: no rule (forwarded).
+    let path = |i: usize| format!("/cgi-bin/{}/{i}/{tail}", if i % 2 == 0 { "long" } else { "free" });
+    for i in 0..60 {
+        let a = gate.get(&path(i)).await;
+        assert_eq!(a.status, if i % 2 == 0 { 429 } else { 200 }, "{i}: {}", a.text());
+    }
+    // 120 spans, 90 of them with a 16 KiB path: what is held stays within the bound.
+    let held = gate.metric("wxgate_trace_queued_bytes").await.expect("the gauge");
+    assert!(held > 0.0 && held <= 65536.0, "{held} bytes held");
+    let dropped = gate.metric(r#"wxgate_trace_spans_total{what="dropped"}"#).await.expect("counted");
+    assert!(dropped > 0.0, "the spans past the bound are dropped");
+    assert_eq!(slow.count(), 1, "one export in flight at a time");
+    // The collector answers: what was held is exported, every value cut to 256 bytes.
+    // Each call made two spans: its own and its decision (refused), or its
+    // own and WeChat's (forwarded without a rule); the first call three.
+    stalled.add_permits(1_000);
+    eventually_async("every span exported or dropped", PATIENCE, async || {
+        let exported = gate.metric(r#"wxgate_trace_spans_total{what="exported"}"#).await.unwrap_or(0.0);
+        let dropped = gate.metric(r#"wxgate_trace_spans_total{what="dropped"}"#).await.unwrap_or(0.0);
+        let held = gate.metric("wxgate_trace_queued_bytes").await;
+        exported + dropped == 3.0 + 120.0 && held == Some(0.0)
+    })
+    .await;
+    let spans = otlp::spans(&slow);
+    let exported = gate.metric(r#"wxgate_trace_spans_total{what="exported"}"#).await;
+    assert_eq!(exported, Some(spans.len() as f64));
+    let paths: Vec<String> = spans.iter().filter_map(|s| attr(s, "url.path")).collect();
+    assert!(paths.iter().all(|p| p.len() <= 256), "{:?}", paths.iter().map(String::len).collect::<Vec<_>>());
+    assert!(paths.contains(&path(0)[..256].to_owned()), "the first refused call's path, cut: {paths:?}");
+    assert!(paths.contains(&path(1)[..256].to_owned()), "the first forwarded call's path, cut: {paths:?}");
+}
+
+/// Issue 61: a headers file (the collector's API key) anyone could read
+/// was accepted; it is refused as `callback_key_file` is.
+#[test]
+fn a_headers_file_others_may_read_is_refused_naming_the_field() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("tracing-headers");
+    let headers = dir.write("otlp-headers", "api-key=VENDORSECRET\n");
+    let config = ConfigToml::new("http://127.0.0.1:9")
+        .with(rule("info").matching(INFO).limit(1, "10s"))
+        .with(format!("[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\nheaders_file = \"{}\"\n", headers.display()));
+    let config = dir.write("rules.toml", &config.to_string());
+    let check = |mode: u32| {
+        std::fs::set_permissions(&headers, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        support::process::run(&["check", "--config", &config.display().to_string()], &[])
+    };
+    let (code, _, stderr) = check(0o666);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("[telemetry] headers_file:"), "{stderr}");
+    assert!(stderr.contains("has mode 0666: others can read it") && stderr.contains("chmod 600"), "{stderr}");
+    assert!(!stderr.contains("VENDORSECRET"), "{stderr}");
+    // Its owner's alone, or also its group's to read (a Kubernetes Secret's fsGroup).
+    for mode in [0o600, 0o440] {
+        let (code, stdout, stderr) = check(mode);
+        assert_eq!(code, 0, "{mode:o}: {stdout}{stderr}");
+    }
+}
+
 #[tokio::test]
 async fn a_queued_deliverys_send_is_linked_to_the_call_that_submitted_it() {
     use support::queue::{gate, msgid, queued_with, until_state, wechat};

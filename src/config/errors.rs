@@ -412,7 +412,7 @@ fn expected_words(expected: &str, key: Option<&str>, out_of_range: bool, negativ
                 | "window_margin_max" | "lease" | "breaker_open" | "timeout" | "flush_interval" | "max_wait" | "warmup",
             ) => "a duration in quotes, such as \"10s\"".into(),
             Some("per") => "a window in quotes, such as \"1m\", or \"day\" or \"month\"".into(),
-            Some("max_body") => "a size in quotes, such as \"64MiB\"".into(),
+            Some("max_body" | "max_queued_bytes") => "a size in quotes, such as \"64MiB\"".into(),
             _ => "a string".into(),
         },
         "a boolean" => "true or false".into(),

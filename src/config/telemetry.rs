@@ -16,10 +16,17 @@ use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
 
 use super::errors::Invalid;
-use super::units::{beside_config, parse_duration};
+use super::units::{beside_config, check_secret_mode, parse_duration, parse_size};
 pub use crate::telemetry::trace::Sampling as Sampler;
 
 const TABLE: &str = "[telemetry]";
+
+/// `max_attribute_bytes` by default: a WeChat path, a rule's, account's or
+/// caller's name is far shorter; a caller's 60 KiB path is cut to this.
+const ATTRIBUTE_BYTES: usize = 256;
+/// `max_queued_bytes` by default: `max_queued`'s 4096 spans of ordinary
+/// calls (about 1 KB each) fit in it; spans made long reach it first.
+const QUEUED_BYTES: u64 = 8 << 20;
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +36,8 @@ pub(super) struct RawTelemetry {
     pub sampling: Option<f64>,
     pub service_name: Option<String>,
     pub max_queued: Option<usize>,
+    pub max_queued_bytes: Option<String>,
+    pub max_attribute_bytes: Option<usize>,
     pub timeout: Option<String>,
     pub batch_delay: Option<String>,
 }
@@ -47,6 +56,13 @@ pub struct Telemetry {
     /// Most spans waiting to be exported; past it a span is dropped and
     /// counted (`wxgate_trace_spans_total{what="dropped"}`), never waited for.
     pub max_queued: usize,
+    /// Most bytes of spans held for export (queued, or in the export under
+    /// way; `crate::telemetry::trace::attr::held_bytes`): past it a span is
+    /// dropped and counted as past `max_queued`.
+    pub max_queued_bytes: usize,
+    /// Most bytes of a span's name and of each of its string values (a
+    /// path, an error's text): longer is cut, at a character boundary.
+    pub max_attribute_bytes: usize,
     /// Longest one export may take (then its spans are dropped).
     pub timeout: Duration,
     /// Longest a span waits to be sent with others.
@@ -91,6 +107,8 @@ pub(super) fn compile(
     let headers = match &raw.headers_file {
         Some(path) => {
             let path = beside_config(dir, path);
+            check_secret_mode(&path, "headers_file", "whoever reads it can send to the collector with its key")
+                .map_err(|e| e.table(TABLE))?;
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Invalid::at(TABLE, "headers_file", format!("{}: {e}", path.display())))?;
             headers(&text).map_err(|e| Invalid::at(TABLE, "headers_file", format!("{}: {e}", path.display())))?
@@ -115,6 +133,20 @@ pub(super) fn compile(
         Some(n @ 1..=1_000_000) => n,
         Some(_) => return Err(Invalid::at(TABLE, "max_queued", "must be between 1 and 1000000 spans")),
     };
+    let max_queued_bytes = match raw.max_queued_bytes.as_deref() {
+        None => QUEUED_BYTES,
+        Some(text) => match parse_size(text).map_err(|e| e.field("max_queued_bytes").table(TABLE))? {
+            n @ 65_536..=0x4000_0000 => n,
+            _ => {
+                return Err(Invalid::at(
+                    TABLE,
+                    "max_queued_bytes",
+                    format!("\"{text}\" must be between 64KiB and 1GiB"),
+                ))
+            }
+        },
+    };
+    let max_attribute_bytes = attribute_bytes(raw.max_attribute_bytes, &var)?;
     let duration = |key: &str, text: &Option<String>, default: Duration| -> Result<Duration, Invalid> {
         let Some(text) = text else { return Ok(default) };
         let d = parse_duration(text).map_err(|e| e.field(key).table(TABLE))?;
@@ -129,9 +161,35 @@ pub(super) fn compile(
         sampler,
         service_name,
         max_queued,
+        max_queued_bytes: usize::try_from(max_queued_bytes).unwrap_or(usize::MAX),
+        max_attribute_bytes,
         timeout: duration("timeout", &raw.timeout, Duration::from_secs(10))?,
         batch_delay: duration("batch_delay", &raw.batch_delay, Duration::from_secs(1))?,
     }))
+}
+
+/// `max_attribute_bytes`, else OpenTelemetry's span attribute value
+/// length limit, else its attribute value length limit, else 256. The
+/// specification counts characters; wxgate counts bytes and cuts at a
+/// character boundary, so a value also keeps to the limit in characters.
+fn attribute_bytes(given: Option<usize>, var: &dyn Fn(&str) -> Option<String>) -> Result<usize, Invalid> {
+    const RANGE: &str = "must be between 1 and 65536 bytes";
+    let (n, field) = match given {
+        Some(n) => (n, None),
+        None => {
+            let from = ["OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"]
+                .into_iter()
+                .find_map(|name| var(name).map(|v| (name, v)));
+            let Some((name, text)) = from else { return Ok(ATTRIBUTE_BYTES) };
+            let n = text.parse::<usize>().map_err(|_| Invalid::at_field(name, format!("\"{text}\" {RANGE}")))?;
+            (n, Some(name))
+        }
+    };
+    match (n, field) {
+        (1..=65_536, _) => Ok(n),
+        (_, None) => Err(Invalid::at(TABLE, "max_attribute_bytes", RANGE)),
+        (_, Some(name)) => Err(Invalid::at_field(name, format!("{n} {RANGE}"))),
+    }
 }
 
 /// The traces URL: a base (`http://collector:4318`) gets `/v1/traces`, as
@@ -259,6 +317,40 @@ mod tests {
         assert_eq!(t.service_name, "egress");
         let names: Vec<(&str, &[u8])> = t.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())).collect();
         assert_eq!(names, vec![("api-key", &b"abc="[..]), ("x-team", &b"wx"[..])]);
+    }
+
+    #[test]
+    fn the_bounds_default_and_come_from_the_file_or_the_standard_variables() {
+        let on = |raw: RawTelemetry, vars: &[(&str, &str)]| {
+            let raw = RawTelemetry { endpoint: Some("http://c".into()), ..raw };
+            compile(raw, None, &env(vars)).map(|t| t.map(|t| (t.max_queued_bytes, t.max_attribute_bytes)))
+        };
+        assert_eq!(on(RawTelemetry::default(), &[]).expect("valid"), Some((8 << 20, 256)));
+        let file = RawTelemetry {
+            max_queued_bytes: Some("64KiB".into()),
+            max_attribute_bytes: Some(1024),
+            ..Default::default()
+        };
+        let vars = [("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "512"), ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "64")];
+        assert_eq!(on(file, &vars).expect("valid"), Some((65_536, 1024)));
+        // The span's limit wins over the general one.
+        assert_eq!(on(RawTelemetry::default(), &vars).expect("valid"), Some((8 << 20, 512)));
+        assert_eq!(on(RawTelemetry::default(), &vars[1..]).expect("valid"), Some((8 << 20, 64)));
+        let bad = |raw: RawTelemetry, vars: &[(&str, &str)]| on(raw, vars).expect_err("refused").to_string();
+        let bytes = |text: &str| RawTelemetry { max_queued_bytes: Some(text.into()), ..Default::default() };
+        assert_eq!(bad(bytes("1KiB"), &[]), "[telemetry] max_queued_bytes: \"1KiB\" must be between 64KiB and 1GiB");
+        assert_eq!(bad(bytes("2GiB"), &[]), "[telemetry] max_queued_bytes: \"2GiB\" must be between 64KiB and 1GiB");
+        assert!(bad(bytes("lots"), &[]).starts_with("[telemetry] max_queued_bytes: expected a size"));
+        let attribute = RawTelemetry { max_attribute_bytes: Some(0), ..Default::default() };
+        assert_eq!(bad(attribute, &[]), "[telemetry] max_attribute_bytes: must be between 1 and 65536 bytes");
+        assert_eq!(
+            bad(RawTelemetry::default(), &[("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "none")]),
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT: \"none\" must be between 1 and 65536 bytes"
+        );
+        assert_eq!(
+            bad(RawTelemetry::default(), &[("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "100000")]),
+            "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT: 100000 must be between 1 and 65536 bytes"
+        );
     }
 
     #[test]

@@ -101,8 +101,8 @@ impl App {
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let tracer = config.telemetry.as_ref().map(|t| {
             use crate::telemetry::trace::{export::Queue, Tracer};
-            let (queue, spans) = Queue::new(t.max_queued, metrics.trace_spans.clone());
-            Tracer::new(t.sampler, queue, spans)
+            let (queue, spans) = Queue::new(t.max_queued, t.max_queued_bytes, metrics.trace_spans.clone());
+            Tracer::new(t.sampler, t.max_attribute_bytes, queue, spans)
         });
         let app = Arc::new(App {
             core: Core {

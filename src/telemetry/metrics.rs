@@ -48,7 +48,8 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     /// `wxgate_quota_lease_units_total{what}`.
     pub lease_units: Family<LeaseLabel, Counter>,
-    /// `wxgate_trace_spans_total{what}`: exported, dropped, failed.
+    /// `wxgate_trace_spans_total{what}`: exported, dropped, failed; and
+    /// `wxgate_trace_queued_bytes`.
     pub trace_spans: crate::telemetry::trace::export::Counters,
     pub reloads: Family<ResultLabel, Counter>,
     pub refunds: Family<RuleLabel, Counter>,

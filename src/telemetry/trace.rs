@@ -6,7 +6,8 @@
 //! when sampled, a [`Recording`] its phases add finished child spans to
 //! (the decision, a hold, the upstream exchange, a resend); the server
 //! span itself is written when the call is answered, and the whole lot is
-//! handed to the [`Tracer`]'s bounded queue. With tracing off no call
+//! handed to the [`Tracer`]'s queue, bounded in spans and in bytes, every
+//! value a caller can make long capped first. With tracing off no call
 //! carries anything: the call path pays one `Option` test per phase.
 //!
 //! What a span may carry is chosen here and in `crate::proxy::traces`:
@@ -126,20 +127,24 @@ impl Sampling {
     }
 }
 
-/// The tracer of a running wxgate: its sampling, its ids, its export queue.
+/// The tracer of a running wxgate: its sampling, its ids, its cap on
+/// values, its export queue.
 pub struct Tracer {
     sampling: Sampling,
     ids: RandomIdGenerator,
+    /// Most bytes of a span's name or string value ([`attr::cap`]).
+    max_value: usize,
     queue: export::Queue,
     /// The queue's receiving end, until the exporter takes it.
     spans: std::sync::Mutex<Option<export::Spans>>,
 }
 
 impl Tracer {
-    pub fn new(sampling: Sampling, queue: export::Queue, spans: export::Spans) -> Arc<Tracer> {
+    pub fn new(sampling: Sampling, max_value: usize, queue: export::Queue, spans: export::Spans) -> Arc<Tracer> {
         Arc::new(Tracer {
             sampling,
             ids: RandomIdGenerator::default(),
+            max_value,
             queue,
             spans: std::sync::Mutex::new(Some(spans)),
         })
@@ -194,9 +199,14 @@ impl Tracer {
         Traced { ctx, recording }
     }
 
-    /// Hands a finished call's spans to the export queue (dropped and
-    /// counted when it is full: never waited for).
-    pub fn finish(&self, spans: Vec<Span>) {
+    /// Hands a finished call's spans to the export queue, each capped
+    /// ([`attr::cap`]: the only way in, so no queued span holds a value
+    /// longer than the cap), dropped and counted when the queue is full:
+    /// never waited for.
+    pub fn finish(&self, mut spans: Vec<Span>) {
+        for span in &mut spans {
+            attr::cap(span, self.max_value);
+        }
         self.queue.push(spans);
     }
 

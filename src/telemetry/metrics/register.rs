@@ -202,7 +202,8 @@ pub(super) fn config_reloads(registry: &mut Registry) -> Family<ResultLabel, Cou
     reloads
 }
 
-/// Spans of traces, by what became of them (`crate::telemetry::trace::export`).
+/// Spans of traces, by what became of them, and the bytes held for export
+/// (`crate::telemetry::trace::export`).
 pub(super) fn trace_spans(registry: &mut Registry) -> crate::telemetry::trace::export::Counters {
     let spans = Family::<LeaseLabel, Counter>::default();
     registry.register(
@@ -211,10 +212,17 @@ pub(super) fn trace_spans(registry: &mut Registry) -> crate::telemetry::trace::e
         spans.clone(),
     );
     let get = |what: &str| spans.get_or_create(&LeaseLabel { what: what.to_owned() }).clone();
+    let queued_bytes = Gauge::default();
+    registry.register(
+        "trace_queued_bytes",
+        "Bytes of spans held for export (queued, or in the export under way; an estimate of their memory), at most [telemetry] max_queued_bytes",
+        queued_bytes.clone(),
+    );
     crate::telemetry::trace::export::Counters {
         exported: get("exported"),
         dropped: get("dropped"),
         failed: get("failed"),
+        queued_bytes,
     }
 }
 

@@ -9,8 +9,16 @@
 //! (`wxgate_trace_spans_total{what="dropped"}`); an export that fails or
 //! outlasts its timeout drops its batch (`what="failed"`); one export is
 //! in flight at a time, so a slow collector fills the queue, not memory.
+//!
+//! The queue is full at `max_queued` spans, or when a span would take the
+//! bytes held past `max_queued_bytes` ([`super::attr::held_bytes`]: an
+//! estimate of each span's memory). The bytes held are those of the spans
+//! queued and of the batch being exported, until its export ends
+//! (`wxgate_trace_queued_bytes`): so everything tracing keeps for a
+//! collector is within the bound, whatever the spans carry.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +27,7 @@ use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prost::Message as _;
 use tokio::sync::mpsc;
 
@@ -26,37 +35,65 @@ use tokio::sync::mpsc;
 pub const BATCH: usize = 512;
 
 /// What became of spans: exported, dropped (the queue was full) or
-/// failed (their export did not succeed).
+/// failed (their export did not succeed); and the bytes held for export.
 #[derive(Clone, Default)]
 pub struct Counters {
     pub exported: Counter,
     pub dropped: Counter,
     pub failed: Counter,
+    /// Bytes of the spans queued and of the batch being exported: never
+    /// more than the queue's `max_bytes`.
+    pub queued_bytes: Gauge,
+}
+
+/// A queued span and the bytes it is counted for.
+struct Queued {
+    span: Span,
+    bytes: i64,
 }
 
 /// The bounded queue of finished spans.
 pub struct Queue {
-    tx: mpsc::Sender<Span>,
+    tx: mpsc::Sender<Queued>,
+    max_bytes: i64,
     counters: Counters,
 }
 
 /// The receiving end, for [`run`].
-pub struct Spans(mpsc::Receiver<Span>);
+pub struct Spans(mpsc::Receiver<Queued>);
 
 impl Queue {
-    /// A queue of at most `max` spans.
-    pub fn new(max: usize, counters: Counters) -> (Queue, Spans) {
+    /// A queue of at most `max` spans and `max_bytes` bytes.
+    pub fn new(max: usize, max_bytes: usize, counters: Counters) -> (Queue, Spans) {
         let (tx, rx) = mpsc::channel(max.max(1));
-        (Queue { tx, counters }, Spans(rx))
+        let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        (Queue { tx, max_bytes, counters }, Spans(rx))
     }
 
-    /// Queues `spans`; those that do not fit are dropped and counted.
+    /// Queues `spans`; those that do not fit, in number or in bytes, are
+    /// dropped and counted.
     pub fn push(&self, spans: Vec<Span>) {
         for span in spans {
-            if self.tx.try_send(span).is_err() {
+            let bytes = i64::try_from(super::attr::held_bytes(&span)).unwrap_or(i64::MAX);
+            if !self.reserve(bytes) {
+                self.counters.dropped.inc();
+                continue;
+            }
+            if self.tx.try_send(Queued { span, bytes }).is_err() {
+                self.counters.queued_bytes.dec_by(bytes);
                 self.counters.dropped.inc();
             }
         }
+    }
+
+    /// Counts `bytes` as held, unless that would pass `max_bytes`: one
+    /// atomic step, so pushes racing each other never pass it together.
+    fn reserve(&self, bytes: i64) -> bool {
+        let held = self.counters.queued_bytes.inner();
+        held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+            now.checked_add(bytes).filter(|&then| then <= self.max_bytes)
+        })
+        .is_ok()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -100,7 +137,9 @@ pub async fn run<F, Fut>(
             }
         }
         let n = batch.len() as u64;
-        let body = encode(&resource, std::mem::take(&mut batch));
+        // Still held until the export ends, whatever its outcome.
+        let bytes: i64 = batch.iter().map(|q| q.bytes).sum();
+        let body = encode(&resource, batch.drain(..).map(|q| q.span).collect());
         match tokio::time::timeout(timeout, post(body)).await {
             Ok(Ok(())) => {
                 counters.exported.inc_by(n);
@@ -114,6 +153,8 @@ pub async fn run<F, Fut>(
                 tracing::debug!(spans = n, ?timeout, "trace export timed out: its spans are dropped");
             }
         }
+        // Released once the batch is counted: at 0, every span is.
+        counters.queued_bytes.dec_by(bytes);
     }
 }
 
