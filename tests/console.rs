@@ -6,7 +6,8 @@
 //! the calls, lifts the penalty on a confirmed click, and a forged POST
 //! from a page on another origin changes nothing. A screenshot is saved
 //! (the path is printed) for review. With queued delivery: each caller's
-//! queue, a delivery looked up and cancelled by a confirmed click.
+//! queue, a delivery looked up and cancelled by a confirmed click. A page
+//! opened with the token in its URL works.
 
 mod support;
 
@@ -212,4 +213,33 @@ async fn the_console_shows_queues_and_cancels_a_delivery_in_a_real_browser() {
     let seen = page.seen();
     assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
     assert!(seen.requests.iter().all(|u| u.starts_with(&format!("{origin}/"))), "{:?}", seen.requests);
+}
+
+/// Issue 61: opened as `http://user:token@host:port/` (the token in the
+/// URL, no prompt), the page refreshes and shows data. fetch() refused
+/// every path resolved against that URL ("Request cannot be constructed
+/// from a URL that includes credentials").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_opened_with_the_token_in_its_url_refreshes() {
+    let mock = MockWeChat::start().await;
+    let send = rule("send").matching(SEND).limit(1000, "day");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", TOKEN).with(send)).await;
+    for _ in 0..3 {
+        assert_eq!(gate.get_as("wx5f3c1a2b", SEND).await.status, 200);
+    }
+    let browser = Browser::start();
+    let page = browser.page().await;
+    page.open(&format!("http://on-call:{TOKEN}@{}/?every=1", gate.admin_addr())).await;
+    let problem = "document.getElementById('problem').hidden ? '' : document.getElementById('problem').textContent";
+    let mut shown = String::new();
+    eventually_async("a refresh, or a problem shown", PATIENCE, async || {
+        shown = page.eval(problem).await.as_str().unwrap_or("").to_owned();
+        !shown.is_empty() || refreshes(&page).await >= 2
+    })
+    .await;
+    assert_eq!(shown, "", "no problem shown");
+    let used = row(&page, "accounts", "wx5f3c1a2b").await;
+    assert!(used.contains("3 / 1000"), "the account's use: {used:?}");
+    let seen = page.seen();
+    assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
 }

@@ -45,8 +45,15 @@ function fill(tbodyOf, rows, noneId) {
 
 class Unauthorized extends Error {}
 
+// Every request goes to the page's origin as an absolute URL: a page
+// opened as http://user:token@host/ has the credentials in its own URL,
+// and fetch() refuses a URL resolved against it ("cannot be constructed
+// from a URL that includes credentials"). The origin has none; the
+// browser sends the credentials it was given for it (HTTP Basic) itself.
+function api(path) { return new URL(path, location.origin).href; }
+
 async function get(path) {
-  const r = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  const r = await fetch(api(path), { headers: { Accept: "application/json" }, cache: "no-store" });
   if (r.status === 401) throw new Unauthorized();
   const body = await r.json().catch(() => ({}));
   if (!r.ok) { const e = new Error(body.error || r.status + " " + r.statusText); e.status = r.status; throw e; }
@@ -56,7 +63,7 @@ async function get(path) {
 async function act(method, path, question) {
   if (!window.confirm(question)) return;
   try {
-    const r = await fetch(path, { method, headers: { Accept: "application/json" } });
+    const r = await fetch(api(path), { method, headers: { Accept: "application/json" } });
     const body = await r.json().catch(() => ({}));
     if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
     problem("");
