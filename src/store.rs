@@ -39,7 +39,7 @@ pub mod tokens;
 
 use async_trait::async_trait;
 
-pub use self::answer::{Decided, PenaltyEnd, Snapshot, Status, StoreError};
+pub use self::answer::{Decided, Penalised, PenaltyEnd, Snapshot, Status, StoreError};
 use self::op::{Listed, PairOp, PairReply};
 use self::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use crate::limit::{Ask, Key};
@@ -78,6 +78,13 @@ pub trait Store: Send + Sync + 'static {
     /// its rules. `keep_us` is the longest warm-up of any rule. Not an
     /// [`op`]: it is the account's, not a pair's.
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError>;
+
+    /// The pairs with a penalty in force now, those ending last first, at
+    /// most `max`: whatever set them (WeChat's errcode through any
+    /// instance, an operator, the state file read at start). Never a pass
+    /// that blocks calls: the memory store locks one shard at a time; Redis
+    /// reads its index of penalties (`redis/penalties.rs`), not the pairs.
+    async fn penalised(&self, max: usize) -> Result<Vec<Penalised>, StoreError>;
 
     /// Access tokens and the accounts they belong to ([`TokenStore`]).
     fn tokens(&self) -> &dyn TokenStore;

@@ -600,3 +600,55 @@ async fn the_top_accounts_on_redis_show_every_instances_use_of_the_pairs_this_on
         "{health}"
     );
 }
+
+/// Issue 61: `/v1/penalties` lists the penalties in force as Redis holds
+/// them, whoever set them: one imposed by hand and one WeChat's 45009
+/// started, both on instance A, are listed by instance B, which saw no
+/// call of either pair (ending last first); a clear on B, and a lift,
+/// take them off A's list. Also in a Cluster, where the index of
+/// penalties lives in another slot than the pairs.
+async fn penalties_set_on_one_instance_are_listed_by_another(store: StoreToml) {
+    let mock = MockWeChat::start().await;
+    let rules = format!("{store}\n{}", send_rule());
+    let (a, b) = (Gate::start_real(&mock, rules.clone()).await, Gate::start_real(&mock, rules).await);
+    const SEND: &str = "/cgi-bin/message/custom/send";
+    let list = |gate: &Gate| {
+        let addr = gate.admin_addr();
+        async move {
+            let answer = admin(addr, "GET", "/v1/penalties", None).await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            let found = answer.json();
+            assert_eq!(found["more"], false, "{found}");
+            let pairs = found["pairs"].as_array().cloned().unwrap_or_default();
+            pairs
+                .iter()
+                .map(|p| {
+                    (p["account"].as_str().unwrap_or("").to_owned(), p["rule"].clone(), p["penalty"]["active"].clone())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(&b).await, [], "none yet");
+    assert_eq!(admin(a.admin_addr(), "POST", "/v1/penalties/wxA/send?seconds=600", None).await.status, 200);
+    mock.respond(|_| errcode_reply(45009));
+    assert_eq!(a.get_as("wxB", SEND).await.status, 429);
+    mock.respond(|_| ok_reply());
+    let both = vec![("wxA".to_owned(), json!("send"), json!(true)), ("wxB".to_owned(), json!("send"), json!(true))];
+    assert_eq!(list(&b).await, both, "A's penalties, listed by B");
+    assert_eq!(admin(b.admin_addr(), "POST", "/v1/accounts/wxB/clear", None).await.status, 200);
+    assert_eq!(list(&a).await, both[..1], "a clear lifts wxB's");
+    assert_eq!(admin(b.admin_addr(), "DELETE", "/v1/penalties/wxA/send", None).await.status, 200);
+    assert_eq!(list(&a).await, [], "lifted");
+}
+
+#[tokio::test]
+async fn penalties_set_on_one_instance_are_listed_by_another_on_redis() {
+    let redis = RedisServer::start();
+    penalties_set_on_one_instance_are_listed_by_another(StoreToml::redis(&redis.url())).await;
+}
+
+#[tokio::test]
+async fn penalties_set_on_one_instance_are_listed_by_another_in_a_redis_cluster() {
+    let cluster = support::redis_server::RedisCluster::start(3);
+    penalties_set_on_one_instance_are_listed_by_another(StoreToml::redis_cluster(cluster.urls())).await;
+}

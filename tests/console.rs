@@ -6,7 +6,9 @@
 //! the calls, lifts the penalty on a confirmed click, and a forged POST
 //! from a page on another origin changes nothing. A screenshot is saved
 //! (the path is printed) for review. With queued delivery: each caller's
-//! queue, a delivery looked up and cancelled by a confirmed click.
+//! queue, a delivery looked up and cancelled by a confirmed click. A
+//! penalty restored after a restart is listed; a page opened with the
+//! token in its URL works.
 
 mod support;
 
@@ -212,4 +214,70 @@ async fn the_console_shows_queues_and_cancels_a_delivery_in_a_real_browser() {
     let seen = page.seen();
     assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
     assert!(seen.requests.iter().all(|u| u.starts_with(&format!("{origin}/"))), "{:?}", seen.requests);
+}
+
+/// Issue 61: a penalty the store holds but this instance saw no call of
+/// (restored from the state file after a restart) is under "Penalties
+/// now" and in the accounts table, as `/v1/buckets` shows it. The console
+/// listed only the pairs this instance admitted lately and those of the
+/// errcodes it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_restored_from_the_state_file_is_on_the_console_after_a_restart() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("console-restart");
+    let config =
+        ConfigToml::new(&mock.url()).server("admin_token", TOKEN).with(rule("send").matching(SEND).limit(1000, "day"));
+    let path = dir.write("wxgate.toml", &config.to_string());
+    let gate = support::process::spawn_path(&path, &[]).expect("serving");
+    let imposed =
+        admin(gate.admin.expect("admin"), "POST", "/v1/penalties/wx3c4d5e6f/send?seconds=3600", Some(TOKEN)).await;
+    assert_eq!(imposed.status, 200, "{}", imposed.text());
+    gate.stop().await;
+
+    let gate = support::process::spawn_path(&path, &[]).expect("serving again");
+    let addr = gate.admin.expect("admin");
+    let bucket = admin(addr, "GET", "/v1/buckets/wx3c4d5e6f/send", Some(TOKEN)).await.json();
+    assert_eq!(bucket["penalty"]["active"], true, "restored: {bucket}");
+    let browser = Browser::start();
+    let page = browser.page().await;
+    page.sign_in_with("on-call", TOKEN).await;
+    page.open(&format!("http://{addr}/?every=1")).await;
+    eventually_async("a refresh", PATIENCE, async || refreshes(&page).await >= 1).await;
+    let penalty = row(&page, "penalties", "wx3c4d5e6f").await;
+    assert!(penalty.contains("send") && penalty.contains("60 min"), "under \"Penalties now\": {penalty:?}");
+    let account = row(&page, "accounts", "wx3c4d5e6f").await;
+    assert!(account.contains("0 / 1000") && account.contains("60 min"), "in the accounts table: {account:?}");
+    let note = page.eval("document.getElementById('accounts-note').textContent").await;
+    assert!(note.as_str().is_some_and(|n| n.contains("1 more under a penalty")), "{note}");
+    let seen = page.seen();
+    assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
+}
+
+/// Issue 61: opened as `http://user:token@host:port/` (the token in the
+/// URL, no prompt), the page refreshes and shows data. fetch() refused
+/// every path resolved against that URL ("Request cannot be constructed
+/// from a URL that includes credentials").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_opened_with_the_token_in_its_url_refreshes() {
+    let mock = MockWeChat::start().await;
+    let send = rule("send").matching(SEND).limit(1000, "day");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).server("admin_token", TOKEN).with(send)).await;
+    for _ in 0..3 {
+        assert_eq!(gate.get_as("wx5f3c1a2b", SEND).await.status, 200);
+    }
+    let browser = Browser::start();
+    let page = browser.page().await;
+    page.open(&format!("http://on-call:{TOKEN}@{}/?every=1", gate.admin_addr())).await;
+    let problem = "document.getElementById('problem').hidden ? '' : document.getElementById('problem').textContent";
+    let mut shown = String::new();
+    eventually_async("a refresh, or a problem shown", PATIENCE, async || {
+        shown = page.eval(problem).await.as_str().unwrap_or("").to_owned();
+        !shown.is_empty() || refreshes(&page).await >= 2
+    })
+    .await;
+    assert_eq!(shown, "", "no problem shown");
+    let used = row(&page, "accounts", "wx5f3c1a2b").await;
+    assert!(used.contains("3 / 1000"), "the account's use: {used:?}");
+    let seen = page.seen();
+    assert!(seen.errors.is_empty(), "no console error: {:?}", seen.errors);
 }

@@ -11,6 +11,7 @@
 //! | `GET /v1/buckets/{account}/{rule}` | one pair's state (`scope = "path"`: each path's; `?path=` one) |
 //! | `DELETE /v1/penalties/{account}/{rule}` | lift a penalty (e.g. after `clear_quota`); `?path=` as above |
 //! | `POST /v1/penalties/{account}/{rule}?seconds=N` | impose one |
+//! | `GET /v1/penalties` | the penalties in force ([`overview::penalties`]) |
 //! | `POST /v1/accounts/{account}/clear` | reset the account's day counts and penalties (a `clear_quota` done elsewhere) |
 //!
 //! With `[server] admin_token` (or `WXGATE_ADMIN_TOKEN`) set, `/v1/...`
@@ -124,6 +125,7 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
                 (&Method::GET, ["rules"]) => rules(app),
                 (&Method::GET, ["accounts"]) => overview::top(app, query(&req, "top"), query(&req, "q")).await,
                 (&Method::GET, ["accounts", account]) => overview::account(app, account).await,
+                (&Method::GET, ["penalties"]) => overview::penalties(app).await,
                 (&Method::GET, ["errcodes"]) => overview::errcodes(app),
                 (&Method::GET, ["history"]) => overview::history(app),
                 (&Method::GET, ["health"]) => overview::health(app),

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `GET /v1/accounts?top=N&q=S` | the pairs of today using most of their day quota (as this instance last saw them), whose account contains `S`: each pair's state |
 //! | `GET /v1/accounts/{account}` | one account's state on every rule |
+//! | `GET /v1/penalties` | the pairs with a penalty in force, as the store holds them: each pair's state |
 //! | `GET /v1/errcodes` | WeChat's last throttling and token errcodes here |
 //! | `GET /v1/history` | each rule's calls per second over the last hour |
 //! | `GET /v1/health` | the store, upstreams, tokens, reloads |
@@ -14,7 +15,9 @@
 //!
 //! None loads every pair: the top list is one pass over this instance's
 //! forecast table keeping `N` (at most [`MAX_TOP`]), whose states are then
-//! read one `inspect` each.
+//! read one `inspect` each; the penalties are the store's list
+//! ([`crate::store::Store::penalised`]: at most [`MAX_PENALTIES`]), read
+//! likewise.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -37,6 +40,8 @@ use crate::telemetry::history::Counts;
 
 /// Most pairs `GET /v1/accounts?top=` lists.
 pub const MAX_TOP: usize = 100;
+/// Most pairs `GET /v1/penalties` lists (those ending last).
+pub const MAX_PENALTIES: usize = 50;
 /// Most queues `GET /v1/queues` works out a drained-at time for (the
 /// deepest; one `inspect` each).
 pub const MAX_DRAINED: usize = 50;
@@ -70,6 +75,32 @@ pub async fn top(app: &App, n: Option<&str>, containing: Option<&str>) -> Answer
         }
     }
     json_answer(StatusCode::OK, json!({ "pairs": pairs, "tracked": app.core.forecasts.len() }))
+}
+
+/// `GET /v1/penalties`: the pairs with a penalty in force as the store
+/// holds them, whatever set them (WeChat's errcode through any instance,
+/// an operator, the state file read at start), those ending last first, at
+/// most [`MAX_PENALTIES`] (`more`: there are others); each pair's state.
+pub async fn penalties(app: &App) -> Answer {
+    let found = match app.core.store.penalised(MAX_PENALTIES + 1).await {
+        Ok(found) => found,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+    };
+    let config = app.config.load_full();
+    let mut pairs = Vec::with_capacity(found.len().min(MAX_PENALTIES));
+    for p in found.iter().take(MAX_PENALTIES) {
+        let Some(state) = config.routed.iter().find(|r| r.state == p.state) else {
+            continue; // a rule a reload removed
+        };
+        let state = config.rule_of(&p.account, state).clone();
+        match picture(app, &p.account, &state).await {
+            // Lifted since it was listed (Redis's index may lag a lift).
+            Ok(shown) if shown["penalty"]["active"] != true => {}
+            Ok(shown) => pairs.push(shown),
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+        }
+    }
+    json_answer(StatusCode::OK, json!({ "pairs": pairs, "more": found.len() > MAX_PENALTIES }))
 }
 
 /// `GET /v1/accounts/{account}`: every rule's state of the account (each

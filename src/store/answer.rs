@@ -2,6 +2,7 @@
 //! store and every operation ([`super::op`]) share. Re-exported by
 //! [`crate::store`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Fallback;
@@ -28,6 +29,16 @@ impl PenaltyEnd {
     pub fn remaining_us(&self) -> Micros {
         (self.until - self.now).max(0)
     }
+}
+
+/// A pair with a penalty in force ([`super::Store::penalised`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Penalised {
+    pub account: String,
+    /// The rule's [`crate::limit::Rule::state`].
+    pub state: Arc<str>,
+    /// When the penalty ends (store time).
+    pub until: Micros,
 }
 
 /// A pair's state and the store time it was read at.

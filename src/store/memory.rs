@@ -20,6 +20,7 @@
 
 mod journal;
 mod learned;
+mod penalised;
 mod persist;
 mod token_slots;
 
@@ -563,6 +564,10 @@ impl Store for MemoryStore {
 
     fn tokens(&self) -> &dyn TokenStore {
         self
+    }
+
+    async fn penalised(&self, max: usize) -> Result<Vec<super::Penalised>, StoreError> {
+        Ok(self.penalised_now(max))
     }
 
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {

@@ -33,7 +33,7 @@ mod operation;
 
 use redis::Script;
 
-pub use self::operation::{AnsweredBy, Command, Kept, Operation, Route, Runs, Wrapper};
+pub use self::operation::{AnsweredBy, Command, Kept, Operation, PenaltyNote, Route, Runs, Wrapper};
 use super::answer::{PenaltyEnd, Snapshot, StoreError};
 use crate::limit::Key;
 

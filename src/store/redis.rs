@@ -26,6 +26,7 @@
 //! Failures are errors here; [`super::resilient`] decides what they mean.
 
 pub mod conn;
+mod penalties;
 pub mod protocol;
 
 use std::sync::Arc;
@@ -555,10 +556,16 @@ impl RedisStore {
         if let Some(e) = epoch.as_deref() {
             inv.key(&self.epoch_key).arg(e.as_str());
         }
-        match self.run(inv).await? {
-            -1 => Err(StoreError::Lost),
-            now => Ok(now),
+        let now = match self.run(inv).await? {
+            -1 => return Err(StoreError::Lost),
+            now => now,
+        };
+        // A penalty restored (reconcile.lua keeps a later one Redis holds).
+        if let Some(p) = pending.penalty.filter(|p| p.until > now) {
+            let end = crate::store::PenaltyEnd { until: p.until, now };
+            self.note_penalty(&pending.account, &pending.rule, crate::store::op::PenaltyNote::Raised(end)).await;
         }
+        Ok(now)
     }
 }
 
@@ -575,7 +582,11 @@ impl Runs for RedisStore {
             }
             Command::Plain(cmd) => self.query(cmd).await?,
         };
-        O::reply(key, reply)
+        let out = O::reply(key, reply)?;
+        if let Some(note) = O::penalty_note(&out) {
+            self.note_penalty(key.account, &key.rule.state, note).await;
+        }
+        Ok(out)
     }
 }
 
@@ -600,7 +611,13 @@ impl Store for RedisStore {
             inv.key(self.state_key(key));
         }
         inv.arg(self.now_arg()).arg(first.offset_us);
-        self.run::<i64>(inv).await.map(|_| ())
+        self.run::<i64>(inv).await?;
+        self.unnote_penalties(keys).await;
+        Ok(())
+    }
+
+    async fn penalised(&self, max: usize) -> Result<Vec<super::Penalised>, StoreError> {
+        self.penalised_pairs(max).await
     }
 
     async fn token_refreshed(&self, account: &str, keep_us: Micros) -> Result<(), StoreError> {

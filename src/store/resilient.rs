@@ -693,6 +693,15 @@ impl Store for Resilient {
         self
     }
 
+    /// Redis's; while Redis cannot answer and `fallback = "local"`, those
+    /// this instance honours meanwhile (as [`Inspect`] reads a pair).
+    async fn penalised(&self, max: usize) -> Result<Vec<super::Penalised>, StoreError> {
+        match self.try_redis(|| self.redis.penalised_pairs(max)).await {
+            Err(_) if self.resilience.fallback == Fallback::Local => Ok(self.local.penalised_now(max)),
+            found => found,
+        }
+    }
+
     /// On Redis, or by the fallback (`degraded`).
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError> {
         let take = match self.decide_leased(ask).await {

@@ -45,8 +45,15 @@ function fill(tbodyOf, rows, noneId) {
 
 class Unauthorized extends Error {}
 
+// Every request goes to the page's origin as an absolute URL: a page
+// opened as http://user:token@host/ has the credentials in its own URL,
+// and fetch() refuses a URL resolved against it ("cannot be constructed
+// from a URL that includes credentials"). The origin has none; the
+// browser sends the credentials it was given for it (HTTP Basic) itself.
+function api(path) { return new URL(path, location.origin).href; }
+
 async function get(path) {
-  const r = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  const r = await fetch(api(path), { headers: { Accept: "application/json" }, cache: "no-store" });
   if (r.status === 401) throw new Unauthorized();
   const body = await r.json().catch(() => ({}));
   if (!r.ok) { const e = new Error(body.error || r.status + " " + r.statusText); e.status = r.status; throw e; }
@@ -56,7 +63,7 @@ async function get(path) {
 async function act(method, path, question) {
   if (!window.confirm(question)) return;
   try {
-    const r = await fetch(path, { method, headers: { Accept: "application/json" } });
+    const r = await fetch(api(path), { method, headers: { Accept: "application/json" } });
     const body = await r.json().catch(() => ({}));
     if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
     problem("");
@@ -204,27 +211,19 @@ function renderPlots(history) {
   if (!readings.length) $("legend").replaceChildren(el("span", { class: "muted" }, `first reading in ${history.every_seconds} s`));
 }
 
-async function renderPenalties(pairs) {
-  // Pairs penalised now: those of the accounts listed, and those WeChat's
-  // last penalised errcodes name (at most 10 more reads).
-  const seen = new Map();
-  for (const p of pairs) if (p.penalty && p.penalty.active) seen.set(p.account + "/" + p.rule, p);
-  const more = [];
-  for (const e of errcodesSeen) {
-    const k = e.account + "/" + e.rule;
-    if (e.rule && e.penalty_seconds !== null && !seen.has(k) && !more.includes(k) && more.length < 10) more.push(k);
-  }
-  const read = await Promise.all(more.map(k => { const [a, r] = k.split("/"); return get(path("buckets", a, r)).catch(() => null); }));
-  for (const p of read) {
-    if (!p) continue;
-    for (const q of p.paths || [p]) if (q.penalty && q.penalty.active) seen.set(p.account + "/" + p.rule, Object.assign({}, q, { rule: p.rule }));
-  }
-  fill("penalties", [...seen.values()].map(p => el("tr", { "data-account": p.account, "data-rule": p.rule },
-    el("td", {}, p.account), el("td", {}, p.rule), el("td", { class: "bad" }, seconds(p.penalty.remaining_seconds)),
+// The penalties in force as the store holds them (/v1/penalties: whatever
+// set them, on any instance, restored after a restart), ending last first.
+function renderPenalties(penalties) {
+  fill("penalties", penalties.pairs.map(p => el("tr", { "data-account": p.account, "data-rule": p.rule },
+    el("td", {}, p.account), el("td", {}, p.rule + (p.path ? " " + p.path : "")), el("td", { class: "bad" }, seconds(p.penalty.remaining_seconds)),
     el("td", {}, clock(p.penalty.until)), el("td", { class: "num" }, p.penalty.level || "–"),
-    el("td", {}, String(lastErrcode(p.account, p.rule) ?? "set by hand")),
+    el("td", {}, String(lastErrcode(p.account, p.rule) ?? "not seen here")),
     el("td", {}, actions(p.account, p.rule, true)))), "penalties-none");
+  $("penalties-more").hidden = !penalties.more;
+  $("penalties-more").textContent = `The ${penalties.pairs.length} ending last are shown; more are in force.`;
 }
+
+const pairKey = p => [p.account, p.rule, p.path || ""].join("\n");
 
 function renderErrcodes(list) {
   fill("errcodes", list.slice(0, 30).map(e => el("tr", {},
@@ -292,9 +291,9 @@ async function refresh() {
       get(path("accounts", search)).catch(() => ({ pairs: [] }))])
       .then(([some, one]) => ({ tracked: some.tracked, pairs: one.pairs.concat(some.pairs.filter(p => p.account !== search)) }));
     const stale = Date.now() - historyAt >= 10000;
-    const [health, callers, errcodes, read, accounts, queues] = await Promise.all([
+    const [health, callers, errcodes, read, accounts, queues, penalties] = await Promise.all([
       get("/v1/health"), get("/v1/callers"), get("/v1/errcodes"), stale ? get("/v1/history") : null, top,
-      get("/v1/queues")]);
+      get("/v1/queues"), get("/v1/penalties")]);
     if (read) { history = read; historyAt = Date.now(); }
     zoneMinutes = zoneOf(health.now);
     errcodesSeen = errcodes.errcodes;
@@ -303,11 +302,16 @@ async function refresh() {
     renderErrcodes(errcodes.errcodes);
     renderCallers(callers);
     renderQueues(queues);
-    const pairs = accounts.pairs;
+    // Pairs under a penalty are listed too, after the others, whether this
+    // instance admitted calls of them lately or not.
+    const listed = new Set(accounts.pairs.map(pairKey));
+    const penalised = penalties.pairs.filter(p => !listed.has(pairKey(p)) && (!search || p.account.includes(search)));
+    const pairs = accounts.pairs.concat(penalised);
     fill("accounts", pairs.map(accountRow));
+    const also = penalised.length ? `, and ${penalised.length} more under a penalty` : "";
     $("accounts-note").textContent = search ? `Accounts matching ${search}: ${pairs.length} pairs.`
-      : `Top ${pairs.length} of ${accounts.tracked} pairs admitted here in the last hour, by share of the day quota used.`;
-    await renderPenalties(pairs);
+      : `Top ${accounts.pairs.length} of ${accounts.tracked} pairs admitted here in the last hour, by share of the day quota used${also}.`;
+    renderPenalties(penalties);
     $("refreshed").textContent = `updated ${clock(health.now).slice(11)} · times in ${zoneName()} · every ${every} s`;
     problem("");
     // Refreshes completed (tests wait for one that started after a change).

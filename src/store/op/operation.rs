@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use redis::Script;
 
 use crate::limit::{Key, RuleState};
-use crate::store::answer::{Snapshot, StoreError};
+use crate::store::answer::{PenaltyEnd, Snapshot, StoreError};
 use crate::store::ledger::Ledger;
 use crate::store::redis::protocol::Keys;
 use crate::time::Micros;
@@ -53,6 +53,17 @@ pub enum AnsweredBy<'e> {
     Redis,
     /// The local fallback store, Redis having failed so.
     Local(&'e StoreError),
+}
+
+/// What the Redis store notes in its index of penalties once an operation
+/// answered ([`Operation::penalty_note`], `crate::store::redis::penalties`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PenaltyNote {
+    /// A penalty WeChat's errcode started or lengthened: a later end
+    /// already noted stays.
+    Raised(PenaltyEnd),
+    /// Set or lifted by hand: this end (or none).
+    Set(PenaltyEnd),
 }
 
 /// What an operation sends to Redis.
@@ -104,6 +115,15 @@ pub trait Operation: Send + Sync {
 
     /// Its answer, read from Redis's.
     fn reply(key: Key<'_>, reply: Self::Reply) -> Result<Self::Out, StoreError>;
+
+    /// What the Redis store notes in its index of penalties once the
+    /// operation answered `out` on Redis (the admin API lists penalties from
+    /// it). Nothing by default: only an operation that starts or sets a
+    /// penalty says something.
+    fn penalty_note(out: &Self::Out) -> Option<PenaltyNote> {
+        let _ = out;
+        None
+    }
 
     /// Run by the resilient wrapper once the operation answered `out`: what
     /// to note of it (its ledger). Nothing by default.

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::operation::{Kept, AnsweredBy, Command, Operation, Route, Wrapper};
+use super::operation::{Kept, AnsweredBy, Command, Operation, PenaltyNote, Route, Wrapper};
 use crate::time::{Micros, Span};
 use crate::limit::{Key, RuleState};
 use crate::limit::penalty::{PenaltyLength, PenaltyPolicy, PenaltyState};
@@ -52,6 +52,10 @@ impl Operation for Penalise<'_> {
     fn reply(_: Key<'_>, reply: Vec<i64>) -> Result<PenaltyEnd, StoreError> {
         let (until, now) = parse_until(Self::NAME, &reply)?;
         Ok(PenaltyEnd { until, now })
+    }
+
+    fn penalty_note(end: &PenaltyEnd) -> Option<PenaltyNote> {
+        Some(PenaltyNote::Raised(*end))
     }
 
     async fn after(&self, key: Key<'_>, end: &PenaltyEnd, by: AnsweredBy<'_>, wrapper: &dyn Wrapper) {

@@ -1,10 +1,11 @@
 //! The script protocol: the keys scripts touch, the scripts of the
 //! operations that are not per-pair ([`scripts`]: acquire, warm, clear,
-//! epoch, reconcile, the token scripts) and how their arguments are written
-//! and their answers read, and the readers the per-pair operations share
-//! ([`parse_until`], [`parse_state`]). Each per-pair operation writes its own
-//! arguments, in its file of [`crate::store::op`]. Each script's header
-//! (`lua/*.lua`) documents its KEYS, ARGV and reply.
+//! epoch, reconcile, the token scripts, the index of penalties) and how
+//! their arguments are written and their answers read, and the readers the
+//! per-pair operations share ([`parse_until`], [`parse_state`]). Each
+//! per-pair operation writes its own arguments, in its file of
+//! [`crate::store::op`]. Each script's header (`lua/*.lua`) documents its
+//! KEYS, ARGV and reply.
 //!
 //! Keys are `<prefix>:{<account>}:<rule>`: one packed state per (account,
 //! rule) (a MessagePack map of numbers in one string value: lua/prelude.lua
@@ -66,6 +67,8 @@ scripts! {
     TOKEN_FETCHED = "token_fetched.lua",
     TOKEN_DROP = "token_drop.lua",
     FIELDS = "fields.lua",
+    PENALTY_INDEX = "penalty_index.lua",
+    PENALTIES = "penalties.lua",
 }
 
 /// Key names under one prefix, and this store's instance id.
@@ -149,6 +152,12 @@ impl Keys {
     /// when (`RedisStore::heartbeat`).
     pub fn instances(&self) -> String {
         format!("{}:#instances", self.prefix)
+    }
+
+    /// `<prefix>:#penalties`: the index of penalties, by when each ends
+    /// (lua/penalty_index.lua).
+    pub fn penalties(&self) -> String {
+        format!("{}:#penalties", self.prefix)
     }
 
     /// `<prefix>:#epoch`: the deployment's epoch (lua/epoch.lua).
