@@ -79,7 +79,9 @@
 -- the period after it (calendar quotas); ws / lc = warm-up start (only with
 -- a warm-up) / last call;
 -- pu, ps, pl, pn = penalty until, started, level, last length; ex = when the
--- key expires (µs, as last set by a script; saves a PTTL per call).
+-- key expires (µs, as last set by a script; saves a PTTL per call);
+-- le = the latest lease's end, le.<id> / lu.<id> = an instance's last lease's
+-- end and units (lua/lease.lua), cl = the last clear_quota (lua/clear.lua).
 -- A refusal writes nothing (but expired concurrency leases are purged). An
 -- admission writes what it changed and sets the key's TTL to the longest time
 -- any of its state still matters.

@@ -2,8 +2,11 @@
 -- hash given (all of one account: one Redis Cluster slot) starts the day
 -- count of the current day again from 0 (calls reserved for the next day
 -- stay reserved; the units of leases that may still be sent stay counted:
--- lu while le is ahead), and so does each caller's share of it (max_share: fields
--- day~<caller>.p/.n/.q); its penalty is lifted as set_penalty.lua lifts one.
+-- each instance's last lease, lu.<id> while le.<id> is ahead, lua/lease.lua),
+-- and so does each caller's share of it (max_share: fields
+-- day~<caller>.p/.n/.q); its penalty is lifted as set_penalty.lua lifts one,
+-- and cl notes when (a lease taken before gives back of the day only what
+-- was kept of it: lua/lease_return.lua).
 -- Windows a frequency 45009 lowered are whole again; windows' TATs, month
 -- counts, warm-up and slots are untouched. Mirrors
 -- src/limit/decide.rs (clear).
@@ -23,11 +26,14 @@ for _, key in ipairs(KEYS) do
   local st, exists = state_read(key)
   if exists then
     found = found + 1
-    -- Units of a lease that may still be sent stay counted (lua/lease.lua).
+    -- Units of a lease that may still be sent stay counted: each
+    -- instance may still send from its last lease only, while it lasts
+    -- (lua/lease.lua).
     local leased = 0
-    if (st.le or 0) > now then leased = st.lu or 0 end
     local own, days = {}, {}
     for f, x in pairs(st) do
+      local who = string.match(f, '^le%.(.*)$')
+      if who and x > now then leased = leased + (st['lu.' .. who] or 0) end
       -- Each instance's own count of the day (lua/acquire.lua) starts again
       -- too, and so do windows a frequency 45009 lowered (lua/lower_windows.lua).
       if string.match(f, '^day%.mp?%.') or string.match(f, '^w%d+%.l[nktbau]$') then
@@ -48,6 +54,7 @@ for _, key in ipairs(KEYS) do
       end
     end
     st.pu, st.ps, st.pl, st.pn = 0, now, 0, 0
+    st.cl = now
     state_write(key, st)
   end
 end

@@ -14,7 +14,8 @@
 --          not support: a concurrency cap, max_share, per_recipient, warm-up)
 -- ARGV[4]  the lease's longest span, µs
 -- ARGV[5]  this instance's id ("" = none): its own count of each calendar
---          quota (<field>.m.<id>, lua/acquire.lua) goes up with the lease
+--          quota (<field>.m.<id>, lua/acquire.lua) goes up with the lease,
+--          which becomes its last lease of the pair (le.<id>, lu.<id>)
 -- ARGV[6]  number of limits L, then the rule's limits, five values each, as
 --          acquire.lua takes them: kind, field, a, b, r ("w"/"wl": T, τ;
 --          "day"/"month": count, learn-both; r: what a normal caller leaves)
@@ -24,9 +25,9 @@
 -- a penalty's escalation (as acquire.lua's); qi qr qt the limit with least
 -- room left after the lease, as acquire.lua's; per limit what it booked: a window's
 -- TAT after the lease, a calendar quota's period id. Writes the limits, lc,
--- le (the latest lease end, which refund.lua honours), lu (units of the
--- leases taken since none was live, which clear.lua keeps counted) and the
--- key's TTL.
+-- le (the latest lease end, which refund.lua honours), the instance's last
+-- lease (le.<id> its end, lu.<id> its units: clear.lua keeps them counted
+-- while it lasts) and the key's TTL.
 
 local key = KEYS[1]
 local now = store_now(ARGV[1])
@@ -148,9 +149,19 @@ for i, l in ipairs(limits) do
   end
 end
 put('lc', now)
+-- The instance's last lease: this one replaces it (the instance takes its
+-- next lease only once the last is spent or over, so only this one may
+-- still send: what clear.lua keeps); the records of leases over go.
+for f, x in pairs(v) do
+  local who = string.match(f, '^le%.(.*)$')
+  if who and x <= now then
+    put(f, false)
+    put('lu.' .. who, false)
+  end
+end
+put('le.' .. inst, untl)
+put('lu.' .. inst, units)
 local le = v.le or 0
--- Units of the leases taken since none was live (clear.lua keeps them).
-if le > now then put('lu', (v.lu or 0) + units) else put('lu', units) end
 if untl > le then le = untl end
 put('le', le)
 -- The key's TTL, as acquire.lua keeps it (never shortened).

@@ -8,9 +8,13 @@
 -- ARGV[3]  units given back
 -- ARGV[4]  this instance's id ("" = none): its own count of a calendar
 --          quota (<field>.m.<id>) goes down with the count
--- ARGV[5]  the lease's end (until): given back during it, the units leave
---          lu too (what clear.lua keeps counted)
--- ARGV[6]  number of limits B the lease booked, then four values each:
+-- ARGV[5]  the lease's end (until), which names it: while it is the
+--          instance's last (le.<id>), the units leave lu.<id> too (what
+--          clear.lua keeps counted)
+-- ARGV[6]  when the lease was taken (at): taken before the last clear (cl),
+--          it gives back of the day count only what the clear kept of it
+--          (lu.<id>, while it was the instance's last): the rest is gone
+-- ARGV[7]  number of limits B the lease booked, then four values each:
 --            kind ("w", "day", "month"), field, end, step: what lease.lua
 --            answered for it (a window's TAT after the lease and its T; a
 --            calendar quota's period id and 0)
@@ -28,22 +32,33 @@ local off = tonumber(ARGV[2])
 local unspent = tonumber(ARGV[3])
 local inst = ARGV[4]
 local untl = tonumber(ARGV[5])
-local nb = tonumber(ARGV[6])
+local at = tonumber(ARGV[6])
+local nb = tonumber(ARGV[7])
 if unspent <= 0 then return 0 end
 local dirty = false
-if now <= untl then
-  local lu = st.lu
-  if lu then
-    lu = lu - unspent
-    if lu < 0 then lu = 0 end
-    st.lu = lu
-    dirty = true
-  end
+-- The instance's record of the lease, while it is still its last.
+local lf = 'lu.' .. inst
+local lu
+if st['le.' .. inst] == untl then lu = st[lf] end
+-- A clear since the take left of the lease in the day count only what it
+-- kept of the record: no more of the day comes back.
+local day = unspent
+if (st.cl or 0) >= at then
+  day = 0
+  if lu then day = math.min(lu, unspent) end
+end
+if lu then
+  lu = lu - unspent
+  if lu < 0 then lu = 0 end
+  st[lf] = lu
+  dirty = true
 end
 
 local gave = false
-for i = 7, 6 + 4 * nb, 4 do
+for i = 8, 7 + 4 * nb, 4 do
   local kind, f, e, step = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local back = unspent
+  if kind == 'day' then back = day end
   if kind == 'w' then
     local tat = st[f]
     if tat and tat == e and step > 0 then
@@ -53,10 +68,10 @@ for i = 7, 6 + 4 * nb, 4 do
   else
     local p = st[f .. '.p']
     local current = period(kind, now, off)
-    if p and e == current then
+    if p and e == current and back > 0 then
       local used, next = counts(p, st[f .. '.n'] or 0, st[f .. '.q'] or 0, current)
       if used > 0 then
-        local left = used - unspent
+        local left = used - back
         if left < 0 then left = 0 end
         st[f .. '.p'], st[f .. '.n'], st[f .. '.q'] = current, left, next
         gave = true
@@ -64,7 +79,7 @@ for i = 7, 6 + 4 * nb, 4 do
           local mf = f .. '.m.' .. inst
           local mine = st[mf]
           if mine and st[f .. '.mp.' .. inst] == current then
-            mine = mine - unspent
+            mine = mine - back
             if mine < 0 then mine = 0 end
             st[mf] = mine
           end

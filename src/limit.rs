@@ -192,10 +192,30 @@ pub struct RuleState {
     /// The latest end of a lease taken of this pair ([`lease`]; 0: none):
     /// a leased unit may be sent until then.
     pub lease_end: Micros,
-    /// Units of the leases taken since none was live, less those given
-    /// back during their lease: what WeChat may still see of them, which a
+    /// Each instance's last lease of this pair, while it lasts: the only
+    /// one of its leases whose units it may still send, which a
     /// `clear_quota` keeps counted ([`decide::clear`]).
-    pub leased: u64,
+    pub leases: Vec<InstanceLease>,
+    /// When WeChat last reset the pair's day count (`clear_quota`; 0:
+    /// never): a lease taken before gives back of the day only what the
+    /// clear kept of it ([`lease::give_back`]).
+    pub cleared_at: Micros,
+}
+
+/// An instance's last lease of a pair ([`lease`]). An instance takes its
+/// next lease of a pair only once the last one is spent or over
+/// (`src/store/resilient/leases.rs`), so that lease's units are the only
+/// ones it may still send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceLease {
+    /// The instance's id (the Redis store's, random at each process start;
+    /// "" on the memory store, one instance).
+    pub instance: Box<str>,
+    /// Its units, less those given back.
+    pub units: u64,
+    /// Its end (store time), which also names the lease: an instance takes
+    /// its leases of a pair one after another, never two at one moment.
+    pub until: Micros,
 }
 
 /// How long a learned day limit stays after WeChat last reported it
@@ -369,8 +389,9 @@ impl RuleState {
     }
 
     /// The part of this state `rule` reads, in a canonical order: its limits'
-    /// states in the rule's order, slots by lease expiry then holder id.
-    /// Two stores holding the same state give equal canonical forms.
+    /// states in the rule's order, slots by lease expiry then holder id,
+    /// instances' leases by end (their ids left out). Two stores holding
+    /// the same state give equal canonical forms.
     pub fn canonical(&self, rule: &Rule) -> RuleState {
         let limits = rule.limits.iter().filter_map(|l| Some((l.window_key(), self.get(l.window_key())?))).collect();
         let mut holders = self.holders.clone();
@@ -396,7 +417,22 @@ impl RuleState {
         let learned_windows =
             windows().filter_map(|per| self.learned_windows.iter().find(|l| l.per_us == per).copied()).collect();
         let runs = windows().filter_map(|per| self.runs.iter().find(|(p, _)| *p == per).copied()).collect();
-        RuleState { limits, holders, shares, recipients: Recipients::default(), learned_windows, runs, ..self.clone() }
+        // Leases by end, without their instances' ids: each store names
+        // its instance its own way (Redis a random id per process, the
+        // memory store none).
+        let mut leases: Vec<InstanceLease> =
+            self.leases.iter().map(|l| InstanceLease { instance: "".into(), ..l.clone() }).collect();
+        leases.sort_by_key(|l| (l.until, l.units));
+        RuleState {
+            limits,
+            holders,
+            shares,
+            recipients: Recipients::default(),
+            learned_windows,
+            runs,
+            leases,
+            ..self.clone()
+        }
     }
 
     /// The share state of `caller`, if it has one.

@@ -1242,6 +1242,33 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            // Issue 61: the units of every lease taken while another was
+            // live were kept, long spent.
+            name: "clear_quota_keeps_an_instances_last_lease_only_and_gives_back_no_day_it_dropped",
+            start: T0,
+            limits: r#"[{ count = 20, per = "day" }]"#,
+            extra: "",
+            steps: vec![
+                (Lease(4, 10 * SEC), Units(4, 10 * SEC)),
+                (Wait(SEC), Any),
+                // The first is spent: the next replaces it, 8 of the 16 left.
+                (Lease(100, 10 * SEC), Units(8, 10 * SEC)),
+                (Clear, Any),
+                (Inspect, State("the last lease's 8 kept", |s| day_used(s) == 8)),
+                // The first lease's units left the count with the clear:
+                // none of the day comes back for them.
+                (Return(0, 3), Gave(false)),
+                (Inspect, State("still 8", |s| day_used(s) == 8)),
+                (Return(1, 5), Gave(true)),
+                (Inspect, State("3 left", |s| day_used(s) == 3)),
+                (Clear, Any),
+                (Inspect, State("3 while the lease lasts", |s| day_used(s) == 3)),
+                (Wait(10 * SEC), Any),
+                (Clear, Any),
+                (Inspect, State("none once it ended", |s| day_used(s) == 0)),
+            ],
+        },
+        Scenario {
             name: "a_rule_with_a_concurrency_cap_is_never_leased",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,

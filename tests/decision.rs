@@ -429,6 +429,9 @@ proptest! {
     }
 }
 
+/// The instances' ids in [`leases_keep_every_window_and_day_exact`].
+const INSTANCES: [&str; 3] = ["i0", "i1", "i2"];
+
 /// One instance's lease in [`leases_keep_every_window_and_day_exact`]:
 /// the grant and the units it has not spent.
 struct Held {
@@ -450,7 +453,7 @@ proptest! {
                                               steps in prop::collection::vec(
                                                   (0i64..300_000, 0u8..9, 0usize..3, 1u64..30, 0i64..8 * SEC),
                                                   1..500)) {
-        use wxgate::limit::lease::{give_back, take};
+        use wxgate::limit::lease::{give_back, take, Want};
         let burst = (count * burst_frac / 100).max(1);
         // Days of 1 to 4 windows' worth: either limit may be the one that binds.
         let day = count * day_x;
@@ -473,9 +476,10 @@ proptest! {
                 // Instance i takes a lease (giving back the one it holds first).
                 3 => {
                     if let Some(h) = held[i].take() {
-                        give_back(&mut st, &h.lease, h.left, now, BEIJING);
+                        give_back(&mut st, INSTANCES[i], &h.lease, h.left, now, BEIJING);
                     }
-                    let lease = take(&mut st, &r, want, span, false, now, BEIJING);
+                    let want = Want { instance: INSTANCES[i], units: want, span_us: span, normal: false };
+                    let lease = take(&mut st, &r, &want, now, BEIJING);
                     prop_assert!(lease.units <= burst, "a lease of {} over the burst {burst}", lease.units);
                     let left = lease.units;
                     held[i] = Some(Held { lease, left });
@@ -492,7 +496,7 @@ proptest! {
                 // Instance i gives back what it did not spend.
                 6 => {
                     if let Some(h) = held[i].take() {
-                        give_back(&mut st, &h.lease, h.left, now, BEIJING);
+                        give_back(&mut st, INSTANCES[i], &h.lease, h.left, now, BEIJING);
                     }
                 }
                 // Instance i crashes (its lease is never given back), or a

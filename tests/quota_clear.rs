@@ -2,7 +2,8 @@
 //! counts and penalties for that account (each path's of a per-path rule),
 //! on every instance sharing Redis; a refused clear, or one for an appid
 //! that is not the call's account, resets nothing; the admin API clears by
-//! hand. Real listeners, a real mock WeChat, a real Redis.
+//! hand; with quota leases, a clear keeps counted at most the lease each
+//! instance holds. Real listeners, a real mock WeChat, a real Redis.
 
 mod support;
 
@@ -155,4 +156,51 @@ async fn a_chunked_clear_is_read_whole_and_a_query_that_disagrees_is_refused() {
     let cleared = support::wire::exchange(gate.addr, chunked("").as_bytes()).await.only();
     assert_eq!(cleared.status, 200, "{}", cleared.text());
     assert_eq!(refused(&gate).await, [None, None, None], "wxA, as the body says, is reset");
+}
+
+/// Regression (issue 61): with quota leases, the units of every lease an
+/// instance had taken one after another (each while the last one's end was
+/// still ahead) survived a clear_quota: after 89 calls of a day of 100,
+/// the count after the clear was still 91. A clear keeps counted only the
+/// lease the instance holds (its units may still be sent after WeChat's
+/// reset): the account gets its day back, less at most that lease.
+#[tokio::test]
+async fn with_quota_leases_a_clear_keeps_at_most_the_lease_out_not_the_chained_leases_before_it() {
+    const DAY: u64 = 100;
+    let redis = RedisServer::start();
+    let mock = wechat(ok_reply()).await;
+    // A span of 60 s: every lease of the run is taken while the last one's
+    // end is ahead (a chain), however slow the machine.
+    let store = StoreToml::redis(&redis.url()).set("quota_leases", true).set("quota_lease_span", "60s");
+    let gate = Gate::start_real(&mock, format!("{store}\n{}", rule("send").matching(SEND).limit(DAY, "day"))).await;
+    let taken = async || gate.metric("wxgate_quota_lease_units_total{what=\"taken\"}").await.unwrap_or(0.0) as u64;
+    // Until the fourth lease is taken: each takes half of what is left of
+    // the day (49, 24, 12, 6 after 3 calls decided one by one).
+    let (mut leases, mut out, mut before, mut sent) = (0, 0, 0, 0);
+    while leases < 4 {
+        assert_eq!(gate.get_as("wxA", SEND).await.status, 200, "call {sent}");
+        sent += 1;
+        let now = taken().await;
+        if now > before {
+            (leases, out, before) = (leases + 1, now - before, now);
+        }
+        assert!(sent < DAY, "four leases within the day");
+    }
+    eprintln!("{sent} calls, {before} units in 4 leases, the last of {out}");
+    assert!(before > 2 * out, "the leases before the last one held most units: {before} in all, {out} out");
+    assert_eq!(gate.post(CLEAR, r#"{"appid":"wxA"}"#).await.status, 200);
+    let used = admin(gate.admin_addr(), "GET", "/v1/buckets/wxA/send", None).await.json()["limits"][0]["used"].clone();
+    assert!(used.as_u64().is_some_and(|u| u <= out), "after the clear {used} counted, {out} leased units out");
+    // The account gets its day back, less at most the lease out at the clear.
+    let mut again = 0;
+    loop {
+        let answer = gate.get_as("wxA", SEND).await;
+        if answer.status != 200 {
+            assert_eq!(answer.header("x-wxgate-reason"), Some("quota"));
+            break;
+        }
+        again += 1;
+        assert!(again <= DAY, "never more than the day after the clear");
+    }
+    assert!(again >= DAY - out, "{again} calls after the clear, the day less {out} at most");
 }

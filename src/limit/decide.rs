@@ -368,7 +368,8 @@ fn calendar_free_at(stored: Option<LimitState>, count: u64, period: Period, t: M
 
 /// WeChat reset the account's counters (`clear_quota`) at `now`: the day
 /// count of the current day starts again from 0 (calls reserved for the
-/// next day stay reserved), and the penalty is lifted as an operator's
+/// next day stay reserved; the units of each instance's last lease, while
+/// it lasts, stay counted), and the penalty is lifted as an operator's
 /// lift is (escalation over; answers to calls sent before cannot re-impose
 /// it). Windows, month counts, warm-up and slots are untouched: WeChat
 /// documents clear_quota as resetting call counts, and a month count kept
@@ -378,8 +379,9 @@ pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
     let key = WindowKey::Calendar(Period::Day);
     let today = Period::Day.id(now, offset_us);
     // Units of a lease that may still be sent stay counted
-    // ([`super::lease`]): WeChat will count them after its reset.
-    let leased = if state.lease_end > now { state.leased } else { 0 };
+    // ([`super::lease`]): WeChat will count them after its reset. Each
+    // instance may still send from its last lease only, while it lasts.
+    let leased = state.leases.iter().filter(|l| l.until > now).map(|l| l.units).sum();
     if let Some(after) = cleared(state.get(key), today, leased) {
         state.set(key, after);
     }
@@ -390,6 +392,8 @@ pub fn clear(state: &mut RuleState, now: Micros, offset_us: Micros) {
         }
     }
     state.penalty.set_by_hand(0, now);
+    // What a lease taken before may give back of the day ([`super::lease::give_back`]).
+    state.cleared_at = now;
     // Windows a frequency 45009 lowered are whole again: the 45009 may have
     // been a day spent that WeChat just reset.
     state.learned_windows.clear();

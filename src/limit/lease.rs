@@ -38,15 +38,24 @@
 //! call would; a penalty grants nothing.
 //!
 //! **clear_quota** ([`super::decide::clear`]) keeps counted the units of
-//! the leases that may still be sent ([`RuleState::leased`]): WeChat counts
-//! them after its reset. (Some may have been sent before it: counted
-//! twice, the safe side, for at most the span of a lease.)
+//! the leases that may still be sent: WeChat counts them after its reset.
+//! An instance takes its next lease of a pair only once its last one is
+//! spent or over (`src/store/resilient/leases.rs`), so only its last lease,
+//! while it lasts, may still send: each take replaces the instance's
+//! record ([`RuleState::leases`]), and a clear keeps the units of the
+//! records not over. (Some of them may have been sent before the clear:
+//! counted twice, the safe side, at most one lease per instance.) Units
+//! given back leave the record; a lease taken before the last clear gives
+//! back of the day count only what the clear kept of it (its record's
+//! units, if it was still the instance's last): the rest the clear dropped
+//! already ([`RuleState::cleared_at`]).
 //!
 //! **Refunds.** A window's refund ([`super::decide::refund`]) moves the TAT
 //! back only past every moment a call already admitted may still be sent:
 //! the latest lease's end is one of them ([`RuleState::lease_end`]).
 //!
-//! **Given back.** Calendar units exactly, in the lease's period. A
+//! **Given back.** Calendar units exactly, in the lease's period (of the
+//! day, after a clear, what the clear kept: see clear_quota above). A
 //! window's unspent slots only when they are the last ones booked (the TAT
 //! is still the lease's end): the spent units then own the lease's first
 //! slots, which stay booked. Slots another admission followed are left to
@@ -56,9 +65,21 @@
 //! no concurrency cap, `max_share`, `per_recipient` or warm-up
 //! ([`supports`]); those are decided per call.
 
+use super::calendar::Period;
 use super::decide::{counts, own_count, set_run, tat_of};
-use super::{learned, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
+use super::{learned, InstanceLease, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
 use crate::time::Micros;
+
+/// What a take asks for: at most `units`, spendable for at most `span_us`,
+/// by `instance` ([`InstanceLease::instance`]), leaving the rule's reserve
+/// when `normal` (a normal-priority caller's lease).
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    pub instance: &'a str,
+    pub units: u64,
+    pub span_us: Micros,
+    pub normal: bool,
+}
 
 /// What one limit of the rule booked for a lease, to give back by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,33 +119,26 @@ pub fn supports(rule: &Rule) -> bool {
         && rule.warmup_us <= 0
 }
 
-/// Takes a lease of at most `want` units, spendable for at most `span_us`
-/// from `now`, for a normal-priority caller when `normal` (the reserve is
-/// left). Grants nothing (0 units) under a penalty, for a rule that
-/// [`supports`] not, or when some limit has no room for one unit.
-pub fn take(
-    state: &mut RuleState,
-    rule: &Rule,
-    want: u64,
-    span_us: Micros,
-    normal: bool,
-    now: Micros,
-    offset_us: Micros,
-) -> Leased {
-    if want == 0 || !supports(rule) || state.penalty.remaining(now).is_some() {
+/// Takes a lease as `want` asks, from `now`, for `want.instance`, whose
+/// last lease of the pair is spent or over. Grants nothing (0 units) under
+/// a penalty, for a rule that [`supports`] not, or when some limit has no
+/// room for one unit.
+pub fn take(state: &mut RuleState, rule: &Rule, want: &Want<'_>, now: Micros, offset_us: Micros) -> Leased {
+    if want.units == 0 || !supports(rule) || state.penalty.remaining(now).is_some() {
         return Leased::default();
     }
+    let normal = want.normal;
     let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
     // The lease ends with its span, and with the current period of every
     // calendar quota.
-    let mut until = now + span_us.max(0);
+    let mut until = now + want.span_us.max(0);
     for limit in &rule.limits {
         if let Limit::Calendar { period, .. } = limit {
             until = until.min(period.next_start(now, offset_us) - 1);
         }
     }
     // How many units every limit holds.
-    let mut units = want;
+    let mut units = want.units;
     for (i, limit) in rule.limits.iter().enumerate() {
         let room = match *limit {
             Limit::Window(w) => {
@@ -185,22 +199,36 @@ pub fn take(
         }
     }
     state.last_call = now;
-    state.leased = if state.lease_end > now { state.leased + units } else { units };
+    // The instance's record: this lease replaces its last one (spent or
+    // over); the records of leases over are forgotten.
+    state.leases.retain(|l| l.until > now && *l.instance != *want.instance);
+    state.leases.push(InstanceLease { instance: want.instance.into(), units, until });
     state.lease_end = state.lease_end.max(until);
     Leased { units, at: now, until, escalated: state.penalty.is_recent(now), quota, booked }
 }
 
-/// Gives back `unspent` units of `lease` at `now` (none of them was or will
-/// be sent): see the module's "Given back". Returns whether anything was.
-pub fn give_back(state: &mut RuleState, lease: &Leased, unspent: u64, now: Micros, offset_us: Micros) -> bool {
+/// Gives back `unspent` units of `lease`, which `instance` took, at `now`
+/// (none of them was or will be sent): see the module's "Given back".
+/// Returns whether anything was.
+pub fn give_back(
+    state: &mut RuleState,
+    instance: &str,
+    lease: &Leased,
+    unspent: u64,
+    now: Micros,
+    offset_us: Micros,
+) -> bool {
     let unspent = unspent.min(lease.units);
     if unspent == 0 {
         return false;
     }
-    // Taken back from what a clear_quota keeps only during the lease: after
-    // it, a new lease may have started the count afresh (kept is the safe side).
-    if now <= lease.until {
-        state.leased = state.leased.saturating_sub(unspent);
+    // The instance's record of the lease, while it is still its last.
+    let record = state.leases.iter_mut().find(|l| *l.instance == *instance && l.until == lease.until);
+    // A clear_quota since the take left of the lease in the day count only
+    // what it kept of the record: no more of the day comes back.
+    let day = if state.cleared_at >= lease.at { record.as_ref().map_or(0, |l| l.units.min(unspent)) } else { unspent };
+    if let Some(l) = record {
+        l.units = l.units.saturating_sub(unspent);
     }
     let mut given = false;
     for b in &lease.booked {
@@ -209,12 +237,13 @@ pub fn give_back(state: &mut RuleState, lease: &Leased, unspent: u64, now: Micro
                 LimitState::Tat(t - unspent as i64 * b.step)
             }
             (WindowKey::Calendar(period), stored @ Some(LimitState::Count { .. })) => {
+                let back = if period == Period::Day { day } else { unspent };
                 let current = period.id(now, offset_us);
                 let (used, next) = counts(stored, current);
-                if b.end != current || used == 0 {
+                if b.end != current || used == 0 || back == 0 {
                     continue;
                 }
-                LimitState::Count { period_id: current, used: used.saturating_sub(unspent), next }
+                LimitState::Count { period_id: current, used: used.saturating_sub(back), next }
             }
             _ => continue,
         };

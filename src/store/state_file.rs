@@ -407,7 +407,8 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                     .collect(),
                 runs: p.runs,
                 lease_end: 0,
-                leased: 0,
+                leases: Vec::new(),
+                cleared_at: 0,
             };
             Pair { account: p.account.into_owned(), rule: Arc::from(&*p.rule), state, warmup_us: p.warmup_us }
         })

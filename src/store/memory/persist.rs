@@ -277,7 +277,8 @@ impl MemoryStore {
                         // The memory store grants no lease but in tests:
                         // nothing of one to keep.
                         lease_end: 0,
-                        leased: 0,
+                        leases: Vec::new(),
+                        cleared_at: 0,
                     },
                     warmup_us: *warmup,
                 },

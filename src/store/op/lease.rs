@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{AnsweredBy, Command, Kept, Operation, Route, Wrapper};
-use crate::limit::lease::{supports, take, Booked, Leased};
+use crate::limit::lease::{supports, take, Booked, Leased, Want};
 use crate::limit::{Decision, Key, Limit, Quota, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};
@@ -35,8 +35,10 @@ impl Operation for Lease {
     const KEPT: Kept = Kept::Counts;
     const CHECKS_EPOCH: bool = true;
 
+    /// The memory store is one instance, named "" ([`crate::limit::InstanceLease`]).
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Leased {
-        take(state, key.rule, self.want, self.span_us, self.normal, now, key.offset_us)
+        let want = Want { instance: "", units: self.want, span_us: self.span_us, normal: self.normal };
+        take(state, key.rule, &want, now, key.offset_us)
     }
 
     fn script() -> Option<&'static Script> {

@@ -29,8 +29,9 @@ impl Operation for LeaseReturn<'_> {
     const ROUTE: Route = Route::Redis;
     const FORGETS_REFUSALS: bool = true;
 
+    /// The memory store is one instance, named "" (as [`super::Lease`]'s).
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> bool {
-        give_back(state, self.lease, self.unspent, now, key.offset_us)
+        give_back(state, "", self.lease, self.unspent, now, key.offset_us)
     }
 
     fn script() -> Option<&'static Script> {
@@ -39,7 +40,8 @@ impl Operation for LeaseReturn<'_> {
 
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = GIVE.key(keys.state(key.account, key.rule));
-        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(keys.inst()).arg(self.lease.until).arg(self.lease.booked.len());
+        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(keys.inst()).arg(self.lease.until).arg(self.lease.at);
+        inv.arg(self.lease.booked.len());
         for b in &self.lease.booked {
             let kind = match b.key {
                 WindowKey::Window(_) => "w",

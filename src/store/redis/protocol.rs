@@ -19,7 +19,7 @@ use redis::Script;
 
 use crate::limit::learned::{LearnedDay, LearnedWindow};
 use crate::limit::penalty::PenaltyState;
-use crate::limit::{Ask, Decision, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
+use crate::limit::{Ask, Decision, InstanceLease, Limit, LimitState, Quota, Reason, Rule, RuleState, ShareState};
 use crate::store::answer::StoreError;
 use crate::store::tokens::TokenHash;
 use crate::time::Micros;
@@ -489,7 +489,16 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
     state.warm_start = get("ws").unwrap_or(0);
     state.last_call = get("lc").unwrap_or(0);
     state.lease_end = get("le").unwrap_or(0);
-    state.leased = get("lu").unwrap_or(0).max(0) as u64;
+    // Each instance's last lease: le.<instance> its end, lu.<instance> its units.
+    state.leases = fields
+        .iter()
+        .filter_map(|(f, until)| {
+            let instance = f.strip_prefix("le.")?;
+            let units = get(&format!("lu.{instance}")).unwrap_or(0).max(0) as u64;
+            Some(InstanceLease { instance: instance.into(), units, until: *until })
+        })
+        .collect();
+    state.cleared_at = get("cl").unwrap_or(0);
     state.holders = slots;
     state.shares = parse_shares(rule, fields);
     state.canonical(rule)

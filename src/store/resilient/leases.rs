@@ -15,7 +15,10 @@
 //!   store time too).
 //! - A call that finds the lease spent or over takes the next one itself
 //!   (one round trip, as a decision per call costs); while a take is in
-//!   flight, calls of the pair are decided per call. A take that grants
+//!   flight, calls of the pair are decided per call. Only then: a
+//!   `clear_quota` keeps counted only each instance's last lease of a pair
+//!   ([`crate::limit::lease`]), which must be the only one it may still
+//!   spend from. A take that grants
 //!   nothing (the pair is at its limit) leaves the pair to per-call
 //!   decisions for [`COLD_US`].
 //! - What a lease did not spend by its end is given back by the keeper
