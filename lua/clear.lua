@@ -36,7 +36,7 @@ for _, key in ipairs(KEYS) do
       if who and x > now then leased = leased + (st['lu.' .. who] or 0) end
       -- Each instance's own count of the day (lua/acquire.lua) starts again
       -- too, and so do windows a frequency 45009 lowered (lua/lower_windows.lua).
-      if string.match(f, '^day%.mp?%.') or string.match(f, '^w%d+%.l[nktbau]$') then
+      if string.match(f, '^day%.mp?%.') or string.match(f, '^w%d+%.l[nktbauh]$') then
         own[#own + 1] = f
       end
       local day = string.match(f, '^(day)%.p$') or string.match(f, '^(day~[%w_%-]+)%.p$')

@@ -19,7 +19,7 @@ st.pu, st.ps, st.pl, st.pn = untl, now, 0, len
 if len == 0 then
   local lowered = {}
   for f in pairs(st) do
-    if string.match(f, '^w%d+%.l[nktbau]$') then lowered[#lowered + 1] = f end
+    if string.match(f, '^w%d+%.l[nktbauh]$') then lowered[#lowered + 1] = f end
   end
   for _, f in ipairs(lowered) do st[f] = nil end
 end

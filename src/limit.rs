@@ -252,6 +252,10 @@ pub struct LearnedWindow {
     /// of `quota_timezone`).
     pub at: Micros,
     pub until: Micros,
+    /// The most calls WeChat took in one window, seen at the 45009s that
+    /// lowered it: no later 45009 of the day lowers it below 90 % of that
+    /// ([`learned::lower_windows`]).
+    pub took: u64,
 }
 
 /// How many `per_recipient` windows a rule may have (a recipient's state is

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use support::redis_server::RedisServer;
 use wxgate::config::{Config, RedisConfig, Resilience};
+use wxgate::limit::learned::{Lowering, Outcome};
 use wxgate::limit::lease::Leased;
 use wxgate::limit::{Ask, Decision, Key, LimitState, Reason, Rule};
 use wxgate::store::memory::MemoryStore;
@@ -61,8 +62,9 @@ enum Expect {
     Dropped(bool),
     /// raise_day found this day count before.
     Before(u64),
-    /// lower_windows lowered the windows so: (count before, after) each.
-    Lowered(&'static [(u64, u64)]),
+    /// lower_windows did so to each window: (count before, after, calls it
+    /// admitted in the window before, outcome).
+    Lowered(&'static [(u64, u64, u64, Outcome)]),
     /// A lease of this many units, spendable for this long from now.
     Units(u64, i64),
     Any,
@@ -79,7 +81,7 @@ enum Got {
     Claim(Claim),
     Dropped(bool),
     Before(u64),
-    Lowered(Vec<(u64, u64)>),
+    Lowered(Vec<Lowering>),
     Leased(Leased),
     Done,
 }
@@ -161,6 +163,8 @@ enum Op {
     LearnDay(u64),
     /// WeChat answered a frequency 45009: lower the windows.
     LowerW,
+    /// The same, to a call admitted this long ago.
+    LowerAgo(i64),
     /// An instance takes a lease of up to this many units for at most
     /// this long, for a high-priority caller.
     Lease(u64, i64),
@@ -190,6 +194,11 @@ const RECIPIENTS: &str = "cost = \"recipients\"\nrecipients = { field = \"touser
 
 fn call(n: usize, e: Expect) -> Vec<(Op, Expect)> {
     vec![(Call("a"), e); n]
+}
+
+/// `n` calls, each `every` after the one before, each admitted.
+fn paced(n: usize, every: i64) -> Vec<(Op, Expect)> {
+    (0..n).flat_map(|_| [(Wait(every), Any), (Call("a"), Ok)]).collect()
 }
 
 /// The TAT of `caller`'s share of the rule's window, if it has one.
@@ -1081,22 +1090,29 @@ fn scenarios() -> Vec<Scenario> {
             extra: "",
             steps: [
                 call(10, Ok),
-                // 10 admitted in each window since its run began: 9 each,
-                // burst 1 (the default burst of 9).
+                // 10 admitted in each window since its run began: the minute
+                // to 9 (burst 1, the default burst of 9); the hour to its
+                // floor, 10 (10 % of 100), not 9.
                 vec![
-                    (LowerW, Lowered(&[(10, 9), (100, 9)])),
+                    (LowerW, Lowered(&[(10, 9, 10, Outcome::Lowered), (100, 10, 10, Outcome::Lowered)])),
                     // The 45009 of another call sent before: lowered once.
-                    (LowerW, Lowered(&[(9, 9), (9, 9)])),
+                    (LowerW, Lowered(&[(9, 9, 0, Outcome::Already), (10, 10, 0, Outcome::Already)])),
                     (Inspect, State("two windows lowered", |s| s.state.learned_windows.len() == 2)),
                     // The minute's TAT is 600 s ahead and its tolerance 0 now.
                     (Call("a"), No(600 * SEC, Reason::Rate)),
                     (Wait(600 * SEC), Any),
                     (Call("a"), Ok),
-                    // One more 45009: what the minute admitted since its run
-                    // began (11, over ten minutes: one in its last minute
-                    // besides the TAT ahead), never above 8.
-                    (LowerW, Any),
-                    (Inspect, State("lowered again, below 9", |s| s.state.learned_windows.iter().all(|l| l.count < 9))),
+                    // One more 45009: the minute's run goes on (2 in its last
+                    // minute: the call and the TAT ahead), to its floor of 2;
+                    // the hour's run began again with this call: 1 is too few
+                    // to be WeChat's limit.
+                    (LowerW, Lowered(&[(9, 2, 2, Outcome::Lowered), (10, 10, 1, Outcome::FewCalls)])),
+                    (
+                        Inspect,
+                        State("the minute at 2, the hour still at 10", |s| {
+                            s.state.learned_windows.iter().map(|l| l.count).collect::<Vec<_>>() == [2, 10]
+                        }),
+                    ),
                     // An operator's lift makes them whole at once (TAT ahead by T).
                     (SetPenalty(0), Any),
                     (Inspect, State("whole again", |s| s.state.learned_windows.is_empty())),
@@ -1109,6 +1125,76 @@ fn scenarios() -> Vec<Scenario> {
                     (Wait(14 * 3600 * SEC), Any),
                 ],
                 call(10, Ok),
+            ]
+            .concat(),
+        },
+        Scenario {
+            // Issue 61: a quiet pair's only call drew a 45009, and its 600
+            // a minute were lowered to 1 until midnight.
+            name: "a_45009_to_the_only_call_of_a_quiet_window_lowers_nothing",
+            start: T0,
+            limits: r#"[{ count = 600, per = "1m" }]"#,
+            extra: "",
+            steps: [
+                vec![
+                    (Call("a"), Ok),
+                    (Wait(300 * MS), Any),
+                    (LowerAgo(300 * MS), Lowered(&[(600, 600, 1, Outcome::FewCalls)])),
+                    (Inspect, State("nothing lowered", |s| s.state.learned_windows.is_empty())),
+                    (Wait(60 * SEC), Any),
+                ],
+                // The window's whole burst (30) at once, then its rate (T =
+                // ⌈60 s / 571⌉).
+                call(30, Ok),
+                vec![(Call("a"), No(105_079, Reason::Rate)), (Wait(105_079), Any)],
+                call(1, Ok),
+            ]
+            .concat(),
+        },
+        Scenario {
+            // A 45009 after WeChat took 56 in one minute (10:00:00 to the
+            // refused call at 10:00:35): later 45009s at fewer calls (a
+            // transient one) lower the window no further than 90 % of 56.
+            name: "a_window_is_never_lowered_below_90_percent_of_what_wechat_took_in_one_window",
+            start: T0,
+            // T = 625 ms, τ = 2.5 s (no margin in this table).
+            limits: r#"[{ count = 100, per = "1m", burst = 5 }]"#,
+            extra: "",
+            steps: [
+                call(5, Ok),
+                paced(56, 625 * MS),
+                vec![
+                    // The 61st, at 10:00:35, refused; its answer a second later.
+                    (Wait(SEC), Any),
+                    (LowerAgo(SEC), Lowered(&[(100, 54, 61, Outcome::Lowered)])),
+                    (
+                        Inspect,
+                        State("54, WeChat took at least 56 (the grid of the run before 10:00:35)", |s| {
+                            s.state.learned_windows.iter().map(|l| (l.count, l.took)).collect::<Vec<_>>() == [(54, 56)]
+                        }),
+                    ),
+                    // The penalty over: 10 calls at the lowered window's rate
+                    // (burst 3, T = 1,153,847 us), and a 45009: 90 % of 10 is
+                    // 9 (its floor 10), of what WeChat took 50.
+                    (Wait(60 * SEC), Any),
+                ],
+                call(3, Ok),
+                paced(7, 1_153_847),
+                vec![
+                    (LowerW, Lowered(&[(54, 50, 10, Outcome::Lowered)])),
+                    (
+                        Inspect,
+                        State("50, what WeChat took kept", |s| {
+                            s.state.learned_windows.iter().map(|l| (l.count, l.took)).collect::<Vec<_>>() == [(50, 56)]
+                        }),
+                    ),
+                    // One more call (T = 1.25 s now) and a 45009: 10 in the
+                    // window before, and no lower than 50.
+                    (Wait(1_250_000), Any),
+                    (Call("a"), Ok),
+                    (LowerW, Lowered(&[(50, 50, 10, Outcome::AtBound)])),
+                    (Inspect, State("still 50", |s| s.state.learned_windows.iter().all(|l| l.count == 50))),
+                ],
             ]
             .concat(),
         },
@@ -1336,7 +1422,9 @@ fn meets(expect: Expect, got: &Got, now: i64) -> bool {
         }
         (Dropped(want), Got::Dropped(d)) => *d == want,
         (Before(want), Got::Before(n)) => *n == want,
-        (Lowered(want), Got::Lowered(got)) => **got == *want,
+        (Lowered(want), Got::Lowered(got)) => {
+            got.iter().map(|l| (l.before, l.after, l.admitted, l.outcome)).eq(want.iter().copied())
+        }
         (Units(units, span), Got::Leased(l)) => {
             l.units == units && (units == 0 || (l.at == now && l.until - l.at == span))
         }
@@ -1580,6 +1668,9 @@ async fn run_checked(
             Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
             LowerW => Got::Lowered(
                 store.apply(key, op::LowerWindows { sent_at: clock.now_us() }).await.expect("store answered"),
+            ),
+            LowerAgo(ago) => Got::Lowered(
+                store.apply(key, op::LowerWindows { sent_at: clock.now_us() - ago }).await.expect("store answered"),
             ),
             LearnDay(limit) => {
                 Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))

@@ -5,6 +5,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::backing::Backing;
+use support::redis_server::RedisServer;
+use support::sim::SimServer;
 use support::*;
 
 /// Five calls a day.
@@ -170,4 +173,101 @@ async fn recovery_apis_are_never_paused(redis: Option<&support::redis_server::Re
         assert_eq!(mock.count(), before + RECOVERY.len() + 1, "every recovery call reached WeChat once");
         assert_eq!(gate.get(MENU).await.status, 429, "the penalty still holds for the rest");
     }
+}
+
+const CUSTOM: &str = "/cgi-bin/message/custom/send";
+
+/// A rule of 600 calls a minute (its default burst 30, one call every
+/// ~105 ms).
+fn custom_600() -> RuleToml {
+    rule("custom").matching(CUSTOM).limit(600, "1m")
+}
+
+/// Issue 61: a quiet pair's only call drew a 45009, and its 600 a minute
+/// were lowered to 1 until Beijing midnight (after the penalty, 1 of 10
+/// calls passed). One call is no evidence of a window WeChat enforces
+/// lower: the penalty holds the pair, and after it calls pass at the
+/// rule's rate, its window whole.
+async fn a_45009_to_a_quiet_pairs_only_call_leaves_its_window_whole(backing: Backing) {
+    let mock = MockWeChat::start().await;
+    mock.respond(|_| errcode_reply(45009));
+    let gate = backing.gate_on_manual_clock(ConfigToml::new(&mock.url()).with(custom_600())).await;
+    let path = format!("{CUSTOM}?access_token=T");
+    let a = gate.post(&path, "{}").await;
+    assert_eq!((a.status.as_u16(), a.retry_after()), (429, 60), "{}", a.text());
+    assert_eq!(a.json()["errcode"], 45009);
+    mock.respond(|_| ok_reply());
+    gate.advance(Duration::from_secs(60));
+    // A minute at the rule's rate: its burst at once, then one call every 110 ms.
+    let (mut passed, mut sent) = (0, 0);
+    for i in 0..575 {
+        if i >= 30 {
+            gate.advance(Duration::from_millis(110));
+        }
+        let a = gate.post(&path, "{}").await;
+        sent += 1;
+        if a.status == 200 {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, sent, "every call at the rule's rate passed");
+    let b = get_at(gate.admin_addr(), "/v1/buckets/default/custom").await.json();
+    let window = &b["limits"][0];
+    assert_eq!((window["count"].as_u64(), window["learned"].is_null()), (Some(600), true), "{b}");
+    assert_eq!(gate.metric(r#"wxgate_quota_learned_total{rule="custom",direction="down"}"#).await, None);
+    assert_eq!(mock.count(), 1 + sent, "the 45009 and every call after the penalty reached WeChat");
+}
+
+#[tokio::test]
+async fn a_45009_to_a_quiet_pairs_only_call_leaves_its_window_whole_on_the_memory_store() {
+    a_45009_to_a_quiet_pairs_only_call_leaves_its_window_whole(Backing::Memory).await;
+}
+
+#[tokio::test]
+async fn a_45009_to_a_quiet_pairs_only_call_leaves_its_window_whole_on_redis() {
+    a_45009_to_a_quiet_pairs_only_call_leaves_its_window_whole(Backing::Redis(RedisServer::start())).await;
+}
+
+/// The same rule of 600 a minute, but WeChat takes 100 a minute from this
+/// account (a sixth: above the floor of 10 %): a busy pair sending as fast
+/// as wxgate lets it draws one 45009, then its window is lowered below
+/// 100 (90 % of the ~101 it admitted in the minute before) and WeChat
+/// answers no other 45009 in three minutes.
+async fn a_busy_pair_whose_wechat_window_is_a_sixth_is_still_lowered(backing: Backing) {
+    let sim = SimServer::start(&format!(
+        "[sim]\nrequire_token = false\n[[api]]\npath = \"{CUSTOM}\"\nlimits = [{{ count = 100, per = \"1m\" }}]\n"
+    ))
+    .await;
+    let gate = backing.gate_on_manual_clock(ConfigToml::new(&sim.url()).with(custom_600())).await;
+    let step = Duration::from_millis(100);
+    let mut ok = 0;
+    for _ in 0..1800 {
+        for _ in 0..3 {
+            let a = gate.post(CUSTOM, "{}").await;
+            if a.status != 200 {
+                break;
+            }
+            ok += 1;
+        }
+        gate.advance(step);
+        sim.advance(step);
+    }
+    let at_sim = sim.account(CUSTOM, "default").await;
+    assert_eq!((at_sim.e45009, at_sim.ok), (1, ok), "one 45009, none after it: {at_sim:?}");
+    let b = get_at(gate.admin_addr(), "/v1/buckets/default/custom").await.json();
+    let window = &b["limits"][0];
+    assert_eq!(window["learned"]["source"], "errcode_45009", "{b}");
+    assert!(window["count"].as_u64().is_some_and(|n| (60..100).contains(&n)), "{b}");
+    assert!(ok >= 260, "{ok} sent in three minutes: WeChat's 100 at once, the penalty's minute, then 90 a minute");
+    assert_eq!(gate.metric(r#"wxgate_quota_learned_total{rule="custom",direction="down"}"#).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_busy_pair_whose_wechat_window_is_a_sixth_is_still_lowered_on_the_memory_store() {
+    a_busy_pair_whose_wechat_window_is_a_sixth_is_still_lowered(Backing::Memory).await;
+}
+
+#[tokio::test]
+async fn a_busy_pair_whose_wechat_window_is_a_sixth_is_still_lowered_on_redis() {
+    a_busy_pair_whose_wechat_window_is_a_sixth_is_still_lowered(Backing::Redis(RedisServer::start())).await;
 }

@@ -11,6 +11,7 @@ use crate::admit::core::Core;
 use crate::error::retry_after_secs;
 use crate::features::hooks::{Answered, Env, Feature};
 use crate::limit::calendar::Period;
+use crate::limit::learned::{self, Outcome};
 use crate::limit::{Key, Limit};
 use crate::store::op::{LowerWindows, Penalise, Succeeded};
 use crate::time::Micros;
@@ -47,23 +48,45 @@ impl Penalties {
 }
 
 /// WeChat answered a frequency 45009 for the pair of `key`: its rule's
-/// windows are lowered until the quota day ends (`learn_windows`,
-/// [`crate::limit::learned`]), counted and logged.
+/// windows are lowered until the quota day ends where the calls they
+/// admitted show WeChat's limit (`learn_windows`,
+/// [`crate::limit::learned`]), counted and logged; a window left as it is
+/// is logged at info with why.
 pub async fn lower_windows(core: &Core, key: Key<'_>, sent_at: Micros) {
     let rule = key.rule;
     if !rule.learn_windows {
         return;
     }
-    match Box::pin(core.store.apply(key, LowerWindows { sent_at })).await {
-        // Lowered already for a call sent at or after this one.
-        Ok(lowered) if lowered.iter().all(|(was, now)| was == now) => {}
-        Ok(lowered) => {
-            let counts: Vec<String> = lowered.iter().map(|(was, now)| format!("{was}->{now}")).collect();
-            core.metrics.learned(&rule.name, "down");
-            tracing::warn!(rule = %rule.name, account = key.account, windows = %counts.join(","), "WeChat refused a call within the rule's windows (45009): the account's windows are lowered until the quota day ends");
+    let lowered = match Box::pin(core.store.apply(key, LowerWindows { sent_at })).await {
+        Ok(lowered) => lowered,
+        Err(e) => {
+            tracing::warn!(rule = %rule.name, error = %e, "could not lower the windows after a 45009");
+            return;
         }
-        Err(e) => tracing::warn!(rule = %rule.name, error = %e, "could not lower the windows after a 45009"),
+    };
+    let windows = rule.limits.iter().filter_map(|l| match l {
+        Limit::Window(w) => Some(w),
+        Limit::Calendar { .. } => None,
+    });
+    for (w, l) in windows.zip(&lowered) {
+        let window_s = w.per_us() as f64 / 1e6;
+        match l.outcome {
+            Outcome::FewCalls => {
+                tracing::info!(rule = %rule.name, account = key.account, window_s, admitted = l.admitted, floor = learned::floor(w.count()), "WeChat refused a call (45009), but the window admitted too few calls in the window before to be the limit WeChat enforces: not lowered (the penalty applies)")
+            }
+            Outcome::AtBound => {
+                tracing::info!(rule = %rule.name, account = key.account, window_s, admitted = l.admitted, count = l.before, "WeChat refused a call (45009): the window is not lowered below its floor nor below 90 % of the most calls WeChat took in one window today")
+            }
+            Outcome::Lowered | Outcome::Already => {}
+        }
     }
+    // Lowered already for a call sent at or after this one, or not at all.
+    if lowered.iter().all(|l| l.outcome != Outcome::Lowered) {
+        return;
+    }
+    let counts: Vec<String> = lowered.iter().map(|l| format!("{}->{}", l.before, l.after)).collect();
+    core.metrics.learned(&rule.name, "down");
+    tracing::warn!(rule = %rule.name, account = key.account, windows = %counts.join(","), "WeChat refused a call within the rule's windows (45009): the account's windows are lowered until the quota day ends");
 }
 
 impl Feature for Penalties {

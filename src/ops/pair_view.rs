@@ -152,6 +152,7 @@ fn picture_of(
                                 "source": "errcode_45009",
                                 "at": local_time(l.at, offset_us),
                                 "until": local_time(l.until, offset_us),
+                                "wechat_took": l.took,
                             })
                         });
                     (w, learned)

@@ -106,7 +106,7 @@ ops! {
     Refund: refund::Refund -> bool,
     RaiseDay: raise_day::RaiseDay -> u64,
     LearnDay: learn_day::LearnDay -> u64,
-    LowerWindows: lower_windows::LowerWindows -> Vec<(u64, u64)>,
+    LowerWindows: lower_windows::LowerWindows -> Vec<crate::limit::learned::Lowering>,
     Lease: lease::Lease -> crate::limit::lease::Leased,
     LeaseReturn: lease_return::LeaseReturn<'a> -> bool,
 }

@@ -187,6 +187,12 @@ struct FilePair<'a> {
     /// burst, T, τ, at, until). Absent in files of wxgate before it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     learned_windows: Vec<(Micros, u64, u64, Micros, Micros, Micros, Micros)>,
+    /// Of the lowered windows that saw WeChat take calls: (length, the most
+    /// calls WeChat took in one window). Apart from `learned_windows`, so
+    /// that a wxgate before it still reads the file (it ignores this key);
+    /// absent in its files (nothing known: 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    learned_took: Vec<(Micros, u64)>,
     /// Per window length, when its current run began (`learn_windows`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     runs: Vec<(Micros, Micros)>,
@@ -312,6 +318,7 @@ fn file_pair(p: &Pair) -> FilePair<'_> {
             .iter()
             .map(|l| (l.per_us, l.count, l.burst, l.interval_us, l.tolerance_us, l.at, l.until))
             .collect(),
+        learned_took: s.learned_windows.iter().filter(|l| l.took > 0).map(|l| (l.per_us, l.took)).collect(),
         runs: s.runs.clone(),
     }
 }
@@ -403,6 +410,7 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
                         tolerance_us,
                         at,
                         until,
+                        took: p.learned_took.iter().find(|(per, _)| *per == per_us).map_or(0, |(_, took)| *took),
                     })
                     .collect(),
                 runs: p.runs,
@@ -699,6 +707,8 @@ mod tests {
                 )],
             },
         ];
+        rich.learned_windows = vec![lowered(60 * S, 56), lowered(H, 0)];
+        rich.runs = vec![(60 * S, NOW - 30 * S)];
         let saved = Saved {
             saved_at_us: NOW,
             pairs: vec![
@@ -713,6 +723,34 @@ mod tests {
         assert_eq!(decode(&bytes), Ok(saved));
         let text = String::from_utf8(bytes).expect("UTF-8");
         assert!(text.starts_with(r#"{"format":"wxgate-state","version":1,"#), "{text}");
+    }
+
+    /// A window a 45009 lowered, WeChat having taken `took` in one window.
+    fn lowered(per_us: Micros, took: u64) -> LearnedWindow {
+        LearnedWindow {
+            per_us,
+            count: 54,
+            burst: 3,
+            interval_us: 1_153_847,
+            tolerance_us: 2_307_694,
+            at: NOW,
+            until: NOW + 14 * H,
+            took,
+        }
+    }
+
+    /// A file of a wxgate before `learned_took` (it ignores the key, so it
+    /// reads this wxgate's files too): its lowered windows read back with
+    /// nothing known of what WeChat took.
+    #[test]
+    fn a_lowered_window_of_an_older_file_reads_back_with_nothing_taken() {
+        let state = RuleState { learned_windows: vec![lowered(60 * S, 56)], ..counted(1, 1) };
+        let text =
+            String::from_utf8(encode(&Saved { pairs: vec![pair("a", state)], ..Saved::default() })).expect("UTF-8");
+        let older = text.replace(r#","learned_took":[[60000000,56]]"#, "");
+        assert_ne!(older, text, "{text}");
+        let saved = decode(older.as_bytes()).expect("an older file");
+        assert_eq!(saved.pairs[0].state.learned_windows, [lowered(60 * S, 0)]);
     }
 
     #[test]

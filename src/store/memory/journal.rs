@@ -186,7 +186,8 @@ impl Journal {
             field(line, l.interval_us, false);
             field(line, l.tolerance_us, false);
             field(line, l.at, false);
-            field(line, l.until, true);
+            field(line, l.until, false);
+            field(line, l.took, true);
         })
     }
 
@@ -264,7 +265,9 @@ fn parse(line: &str) -> Option<Record> {
         }
         ("clear", 4) => Change::Clear { at: n(3)? },
         ("learned", 5) => Change::Learned { limit: f[3].parse().ok()?, at: n(4)? },
-        ("window", 10) => Change::Window(LearnedWindow {
+        // The 11th field (what WeChat took) is absent in journals of wxgate
+        // before it: 0, nothing known.
+        ("window", 10 | 11) => Change::Window(LearnedWindow {
             per_us: n(3)?,
             count: f[4].parse().ok()?,
             burst: f[5].parse().ok()?,
@@ -272,6 +275,7 @@ fn parse(line: &str) -> Option<Record> {
             tolerance_us: n(7)?,
             at: n(8)?,
             until: n(9)?,
+            took: f.get(10).map_or(Some(0), |v| v.parse().ok())?,
         }),
         _ => return None,
     };
@@ -301,7 +305,16 @@ mod tests {
         j.append_penalty("wxA", "send", &p).expect("append");
         j.append_clear("wxA", "send", 7).expect("append");
         j.append_learned("wxA", "send", 30, 8).expect("append");
-        let w = LearnedWindow { per_us: 60, count: 5, burst: 1, interval_us: 12, tolerance_us: 0, at: 9, until: 99 };
+        let w = LearnedWindow {
+            per_us: 60,
+            count: 5,
+            burst: 1,
+            interval_us: 12,
+            tolerance_us: 0,
+            at: 9,
+            until: 99,
+            took: 7,
+        };
         j.append_window("wxA", "send", &w).expect("append");
         std::fs::OpenOptions::new()
             .append(true)
@@ -327,5 +340,23 @@ mod tests {
         j.drop_old();
         assert_eq!(j.records().len(), 6);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A journal line of a wxgate before `took`: the window with nothing
+    /// known of what WeChat took.
+    #[test]
+    fn an_older_window_line_reads_with_nothing_taken() {
+        let r = parse("wxA\tsend\twindow\t60\t5\t1\t12\t0\t9\t99").map(|r| r.change);
+        let w = LearnedWindow {
+            per_us: 60,
+            count: 5,
+            burst: 1,
+            interval_us: 12,
+            tolerance_us: 0,
+            at: 9,
+            until: 99,
+            took: 0,
+        };
+        assert_eq!(r, Some(Change::Window(w)));
     }
 }

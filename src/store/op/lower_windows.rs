@@ -1,15 +1,15 @@
 //! `lower_windows`: WeChat answered a frequency 45009 for the pair
-//! (`learn_windows`): each window of its rule is lowered until the quota
-//! day ends to [`crate::limit::learned::LOWER_PERCENT`] % of what it
-//! admitted in the window before ([`crate::limit::learned::lower_windows`]).
-//! Answers each window's (count before, count after). lua/lower_windows.lua.
+//! (`learn_windows`): each window of its rule that admitted enough calls in
+//! the window before to be WeChat's limit is lowered until the quota day
+//! ends ([`crate::limit::learned::lower_windows`]). Answers what it did to
+//! each window ([`Lowering`]). lua/lower_windows.lua.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
 use super::operation::{Command, Kept, Operation, Route};
-use crate::limit::learned::{lower_windows, LOWER_PERCENT};
+use crate::limit::learned::{lower_windows, Lowering, Outcome, FLOOR_MIN, FLOOR_PERCENT, LOWER_PERCENT};
 use crate::limit::{Key, Limit, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};
@@ -25,7 +25,7 @@ pub struct LowerWindows {
 /// In the fallback state too: decisions made without Redis keep to the
 /// lowered windows.
 impl Operation for LowerWindows {
-    type Out = Vec<(u64, u64)>;
+    type Out = Vec<Lowering>;
     type Reply = Vec<i64>;
     const NAME: &'static str = "lower_windows.lua";
     const ROUTE: Route = Route::LocalThenRedis;
@@ -33,7 +33,7 @@ impl Operation for LowerWindows {
     const MAY_BE_REFUSED: bool = true;
     const KEPT: Kept = Kept::Learned;
 
-    fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Vec<(u64, u64)> {
+    fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Vec<Lowering> {
         lower_windows(key.rule, state, now, key.offset_us, self.sent_at)
     }
 
@@ -43,7 +43,7 @@ impl Operation for LowerWindows {
 
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = SCRIPT.key(keys.state(key.account, key.rule));
-        inv.arg(now).arg(key.offset_us).arg(LOWER_PERCENT).arg(self.sent_at);
+        inv.arg(now).arg(key.offset_us).arg(LOWER_PERCENT).arg(self.sent_at).arg(FLOOR_PERCENT).arg(FLOOR_MIN);
         for limit in &key.rule.limits {
             if let Limit::Window(w) = limit {
                 inv.arg(limit.window_key().label())
@@ -58,7 +58,14 @@ impl Operation for LowerWindows {
         Command::Script(inv)
     }
 
-    fn reply(_: Key<'_>, counts: Vec<i64>) -> Result<Vec<(u64, u64)>, StoreError> {
-        Ok(counts.chunks_exact(2).map(|c| (c[0].max(0) as u64, c[1].max(0) as u64)).collect())
+    fn reply(_: Key<'_>, counts: Vec<i64>) -> Result<Vec<Lowering>, StoreError> {
+        counts
+            .chunks_exact(4)
+            .map(|c| {
+                let outcome = Outcome::of_code(c[3])
+                    .ok_or_else(|| StoreError::BadReply { script: Self::NAME, reply: format!("outcome {}", c[3]) })?;
+                Ok(Lowering { before: c[0].max(0) as u64, after: c[1].max(0) as u64, admitted: c[2].max(0) as u64, outcome })
+            })
+            .collect()
     }
 }

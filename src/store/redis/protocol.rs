@@ -464,6 +464,7 @@ pub fn parse_state(rule: &Rule, fields: &HashMap<String, i64>, slots: Vec<(Strin
                         tolerance_us,
                         at,
                         until,
+                        took: lowered("lh").unwrap_or(0).max(0) as u64,
                     });
                 }
             }
