@@ -35,7 +35,6 @@ mod store;
 pub mod telemetry;
 pub mod units;
 
-pub use callers::under_prefix;
 pub use errors::{ConfigError, Invalid};
 pub use meter::Metering;
 

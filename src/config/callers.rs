@@ -152,20 +152,6 @@ fn callback_prefix(p: &str) -> bool {
         && !p.contains(['@', '?', '#'])
 }
 
-/// Whether `url` (an `X-Wxgate-Callback`) is under the `callbacks` prefix
-/// `prefix`, for every receiver however it normalises its URL: what follows
-/// the prefix holds no `..` and no encoded dot, slash or backslash
-/// (`%2e`, `%2f`, `%5c`, any case) and no backslash (which URL parsers read
-/// as `/`), so `…/hooks/%2e%2e/admin/reset` is never a way out of
-/// `…/hooks/`. A URL is refused, never decoded and guessed at.
-pub fn under_prefix(url: &str, prefix: &str) -> bool {
-    let Some(rest) = url.strip_prefix(prefix) else { return false };
-    let lower = rest.to_ascii_lowercase();
-    !(lower.contains("..")
-        || lower.contains('\\')
-        || ["%2e", "%2f", "%5c"].iter().any(|encoded| lower.contains(encoded)))
-}
-
 /// Shortest key read from a `key_file` (a key is a random secret, e.g.
 /// `openssl rand -hex 32`).
 const MIN_KEY_LEN: usize = 16;

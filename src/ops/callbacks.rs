@@ -192,7 +192,7 @@ fn allowed(config: &Config, caller: &str, url: &str) -> bool {
         .callers
         .iter()
         .find(|c| &*c.name == caller)
-        .is_some_and(|c| c.callbacks.iter().any(|p| crate::config::under_prefix(url, p)))
+        .is_some_and(|c| c.callbacks.iter().any(|p| crate::config::units::under_prefix(url, p)))
 }
 
 /// `t=<t>,v1=<hex of HMAC-SHA256(key, "<t>.<body>")>`.

@@ -188,7 +188,7 @@ fn callback(url: &str, allowed: &[String]) -> Result<String, ProxyError> {
             "X-Wxgate-Callback must be a URL of at most {MAX_CALLBACK} bytes, without a user or fragment"
         )));
     }
-    if allowed.iter().any(|prefix| crate::config::under_prefix(url, prefix)) {
+    if allowed.iter().any(|prefix| crate::config::units::under_prefix(url, prefix)) {
         return Ok(url.to_owned());
     }
     Err(ProxyError::BadRequest(
