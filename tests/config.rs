@@ -60,7 +60,7 @@ fn values_of_the_wrong_type_and_unknown_keys_name_file_line_place_and_field() {
              `upstream_timeout`, `body_timeout`, `upstream_ca`, `quota_timezone`, `max_held`, `shutdown_timeout`, \
              `header_timeout`, `max_body`, `admin_listen`, `admin_token`, `accounts`, `ratelimit_headers`, \
              `throttle_status`, `workers`, `mode`, `caller`, `caller_auth`, `max_accounts`, `window_margin`, \
-             `domain`, `hosts`)",
+             `window_margin_max`, `domain`, `hosts`)",
         ),
         (
             "match_string",
