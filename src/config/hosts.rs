@@ -26,14 +26,19 @@ pub enum Hosts {
 }
 
 impl Hosts {
-    /// Whether a `Host` naming `name` (lowercase, without its port; not an
-    /// IP literal nor `localhost`, which are always allowed) may call.
+    /// Whether a `Host` naming `name` (any letter case, without its port;
+    /// not an IP literal nor `localhost`, which are always allowed) may call.
     pub fn allows(&self, name: &str) -> bool {
-        let under = |suffix: &str| name.len() > suffix.len() && name.ends_with(suffix);
+        let under = |suffix: &str| {
+            name.len() > suffix.len()
+                && name.get(name.len() - suffix.len()..).is_some_and(|end| end.eq_ignore_ascii_case(suffix))
+        };
         match self {
             Hosts::Any => true,
             Hosts::Default => !name.contains('.') || DEFAULT_SUFFIXES.iter().any(|s| under(s)),
-            Hosts::Listed(list) => list.iter().any(|h| if h.starts_with('.') { under(h) } else { **h == *name }),
+            Hosts::Listed(list) => {
+                list.iter().any(|h| if h.starts_with('.') { under(h) } else { h.eq_ignore_ascii_case(name) })
+            }
         }
     }
 
@@ -92,7 +97,7 @@ mod tests {
     #[test]
     fn the_default_allows_names_no_public_dns_can_have() {
         let d = Hosts::Default;
-        for ok in ["wxgate", "wxgate.ns.svc", "wxgate.ns.svc.cluster.local", "host.docker.internal", "a.localhost"] {
+        for ok in ["wxgate", "wxgate.ns.svc", "wxgate.ns.svc.cluster.local", "host.docker.internal", "A.LOCALHOST"] {
             assert!(d.allows(ok), "{ok}");
         }
         for refused in ["evil.example", "x.svc.evil.example", "local.evil.example", "evil.internal.example"] {

@@ -20,34 +20,40 @@ pub const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site")
 /// `host`: `Some(allowed)` when its `Host` must be checked (not inside an
 /// intercepted tunnel, whose `Host` is the WeChat host the tunnel named).
 /// A navigation the browser's user typed (`Sec-Fetch-Site: none`) passes:
-/// no page asked for it.
+/// no page asked for it. One pass over the fields, no allocation: it runs
+/// on every call.
 pub fn proxy_refusal(headers: &HeaderMap, host: Option<&Hosts>) -> Option<String> {
-    if headers.contains_key(ORIGIN) {
-        return Some(
-            "a browser page sent this request (it has an Origin field): wxgate's proxy listener serves \
-                     services, never web pages"
-                .into(),
-        );
-    }
-    if headers.get(SEC_FETCH_SITE).is_some_and(|v| v.as_bytes() != b"none") {
-        return Some(
-            "a browser page sent this request (Sec-Fetch-Site): wxgate's proxy listener serves \
-                     services, never web pages"
-                .into(),
-        );
+    let mut hosts = 0;
+    let mut named = None;
+    for (name, value) in headers {
+        if *name == http::header::HOST {
+            hosts += 1;
+            named = Some(value);
+        } else if *name == ORIGIN {
+            return Some(
+                "a browser page sent this request (it has an Origin field): wxgate's proxy listener \
+                         serves services, never web pages"
+                    .into(),
+            );
+        } else if *name == SEC_FETCH_SITE && value.as_bytes() != b"none" {
+            return Some(
+                "a browser page sent this request (Sec-Fetch-Site): wxgate's proxy listener serves \
+                         services, never web pages"
+                    .into(),
+            );
+        }
     }
     let allowed = host?;
-    let mut fields = headers.get_all(http::header::HOST).iter();
-    let (Some(first), None) = (fields.next(), fields.next()) else {
-        // No Host (HTTP/1.0: no browser sends that), or two: ambiguous.
-        return (headers.get_all(http::header::HOST).iter().count() > 1)
-            .then(|| "the request has two Host fields".into());
-    };
-    let name = name_of(first)?;
-    if name.is_empty() {
-        return Some("the Host field is not a host name".into());
+    if hosts > 1 {
+        return Some("the request has two Host fields".into());
     }
-    if names_an_address(&name) || allowed.allows(&name) {
+    // No Host: HTTP/1.0, which no browser sends.
+    let host = named?.as_bytes();
+    if names_an_address(host) {
+        return None;
+    }
+    let Some(name) = name_of(host) else { return Some("the Host field is not a host name".into()) };
+    if name.eq_ignore_ascii_case("localhost") || allowed.allows(name) {
         return None;
     }
     Some(format!(
@@ -57,35 +63,39 @@ pub fn proxy_refusal(headers: &HeaderMap, host: Option<&Hosts>) -> Option<String
     ))
 }
 
-/// The name of a `Host` field, lowercase, without its port; `None` when it
-/// is not text.
-fn name_of(host: &HeaderValue) -> Option<String> {
-    let text = host.to_str().ok()?;
-    let name = match text.strip_prefix('[') {
-        Some(rest) => return Some(rest.split_once(']').map_or("", |(ip, _)| ip).to_owned()),
-        None => text.rsplit_once(':').map_or(text, |(name, _)| name),
+/// Whether a `Host` field names an IP address (and its port): a bracketed
+/// IPv6 literal, or a host of digits and dots, which a browser reads as an
+/// IPv4 address and never looks up (a URL whose host ends in a number is
+/// an IPv4 address or invalid, by the URL standard): no DNS can rebind
+/// them. A byte loop: it runs on every call.
+fn names_an_address(host: &[u8]) -> bool {
+    if let Some(rest) = host.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&b| b == b']') else { return false };
+        let port = &rest[end + 1..];
+        return end > 0
+            && rest[..end].iter().all(|b| b.is_ascii_hexdigit() || b":.".contains(b))
+            && (port.is_empty() || port.first() == Some(&b':'));
+    }
+    let name = match host.iter().rposition(|&b| b == b':') {
+        Some(colon) => &host[..colon],
+        None => host,
     };
-    Some(name.trim_end_matches('.').to_ascii_lowercase())
+    name.first().is_some_and(u8::is_ascii_digit) && name.iter().all(|b| b.is_ascii_digit() || *b == b'.')
 }
 
-/// `localhost`, or an IP address (IPv6 without its brackets): names no
-/// DNS can rebind.
-fn names_an_address(name: &str) -> bool {
-    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok()
+/// The name of a `Host` field, without its port and a final dot; `None`
+/// when it is not a name (not text, or empty).
+fn name_of(host: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(host).ok()?;
+    let name = text.rsplit_once(':').map_or(text, |(name, _)| name);
+    let name = name.strip_suffix('.').unwrap_or(name);
+    (!name.is_empty()).then_some(name)
 }
 
-/// `host[:port]` (a `Host` field's text) where host is `localhost`, an IPv4
-/// address or a bracketed IPv6 address: names no DNS can rebind.
+/// `host[:port]` (a `Host` field's text) where host is `localhost` or an
+/// IP address ([`names_an_address`]): names no DNS can rebind.
 pub fn host_names_an_address(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => {
-            return rest.split_once(']').is_some_and(|(ip, port)| {
-                ip.parse::<std::net::Ipv6Addr>().is_ok() && (port.is_empty() || port.starts_with(':'))
-            })
-        }
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+    names_an_address(host.as_bytes()) || name_of(host.as_bytes()).is_some_and(|n| n.eq_ignore_ascii_case("localhost"))
 }
 
 #[cfg(test)]
@@ -103,7 +113,16 @@ mod tests {
     #[test]
     fn a_service_passes_and_a_browser_page_is_refused() {
         let d = Some(&Hosts::Default);
-        for ok in ["127.0.0.1:8080", "localhost:8080", "[::1]:8080", "wxgate:8080", "wxgate.ns.svc.cluster.local"] {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "[::1]:8080",
+            "[fd00::1]",
+            "wxgate:8080",
+            "10.0.0.7",
+            "wxgate.ns.svc.cluster.local",
+        ] {
             assert_eq!(proxy_refusal(&headers(&[("host", ok)]), d), None, "{ok}");
         }
         assert_eq!(proxy_refusal(&headers(&[]), d), None, "HTTP/1.0 without Host");
@@ -117,6 +136,9 @@ mod tests {
             &[("host", "REBOUND.evil.example")],
             &[("host", "127.0.0.1"), ("host", "evil.example")],
             &[("host", "127.0.0.1"), ("host", "127.0.0.1")],
+            &[("host", "1.2.3.4.evil.example")],
+            &[("host", "[evil.example]")],
+            &[("host", ":8080")],
         ] {
             assert!(proxy_refusal(&headers(refused), d).is_some(), "{refused:?}");
         }
