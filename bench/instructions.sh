@@ -30,6 +30,10 @@
 # total divided by the calls wrk completed (the few in flight at the end
 # count against it: under 2 % at 64 connections). Under load a proxy
 # batches reads and wake-ups; sequential calls show none of that.
+# BENCH_SERVER_MORE='window_margin_max = "0s"' adds lines to [server] (that
+# one: the margin's probe wakes once a second, not every 10 ms: under
+# callgrind a run's 2000 calls take a minute, and the probe's wake-ups
+# would count against them).
 # BENCH_REDIS_MORE='quota_leases = true' adds lines to the Redis store's
 # [store] table (quota leases: a hot pair decided in-process).
 # BENCH_AUTH=1 runs wxgate with caller_auth = "required" (one [[caller]],
@@ -112,13 +116,13 @@ URL="http://127.0.0.1:$WP$ENDPOINT?access_token=BENCH"
 AUTH=${BENCH_AUTH:-0}
 BENCH_KEY=bench-caller-key-0123456789abcdef
 HDR=()
-SERVER_MORE="workers = 1"
+SERVER_MORE=$(printf 'workers = 1\n%s' "${BENCH_SERVER_MORE:-}")
 RULE_MORE=""
 if [ "$AUTH" = header ]; then
   HDR=(-H "Authorization: Bearer $BENCH_KEY")
 elif [ "$AUTH" = 1 ]; then
   HDR=(-H "Authorization: Bearer $BENCH_KEY")
-  SERVER_MORE=$(printf 'workers = 1\ncaller_auth = "required"')
+  SERVER_MORE=$(printf '%s\ncaller_auth = "required"' "$SERVER_MORE")
   RULE_MORE=$(printf '\n[[caller]]\nname = "bench"\nkey_sha256 = "%s"\naccounts = ["*"]' \
     "$(printf %s "$BENCH_KEY" | sha256sum | cut -d' ' -f1)")
 fi

@@ -168,6 +168,7 @@ fn probe(app: &Arc<App>, mut stopped: watch::Receiver<bool>) {
     let observe = move |now, late| {
         let config = noted.config.load();
         crate::admit::margin::note(&noted.core.margin, &noted.core.metrics, &config.server, now, late);
+        config.server.window_margin_max_us > config.server.window_margin_us
     };
     let stop = async move {
         let _ = stopped.changed().await;

@@ -218,19 +218,29 @@ pub fn note(margin: &Margin, metrics: &Metrics, server: &crate::config::Server, 
 }
 
 /// A serving runtime's probe: wakes every [`PROBE_US`] on `clock` and hands
-/// how late it woke to `observe`, until `stop` resolves.
-pub async fn probe(clock: Arc<dyn Clock>, mut observe: impl FnMut(Micros, Micros), stop: impl std::future::Future) {
+/// how late it woke to `observe`, until `stop` resolves; every [`IDLE_US`]
+/// instead while `observe` says the margin cannot widen (`window_margin_max`
+/// at most `window_margin`: then only the gauge of lateness is fed).
+pub async fn probe(
+    clock: Arc<dyn Clock>,
+    mut observe: impl FnMut(Micros, Micros) -> bool,
+    stop: impl std::future::Future,
+) {
     tokio::pin!(stop);
+    let mut every = PROBE_US;
     loop {
-        let due = clock.now_us() + PROBE_US;
+        let due = clock.now_us() + every;
         tokio::select! {
-            _ = clock.sleep(Span::from_micros(PROBE_US)) => {}
+            _ = clock.sleep(Span::from_micros(every)) => {}
             _ = &mut stop => return,
         }
         let now = clock.now_us();
-        observe(now, now - due);
+        every = if observe(now, now - due) { PROBE_US } else { IDLE_US };
     }
 }
+
+/// How often the probe wakes while the margin cannot widen.
+pub const IDLE_US: Micros = 1_000_000;
 
 #[cfg(test)]
 mod tests {

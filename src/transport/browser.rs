@@ -10,7 +10,7 @@
 //! `Sec-Fetch-*` unless told to, and each sends `Host` as its base URL has it.
 
 use http::header::{HeaderName, ORIGIN};
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 
 use crate::config::hosts::Hosts;
 
@@ -101,6 +101,7 @@ pub fn host_names_an_address(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn headers(fields: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
