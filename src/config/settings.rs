@@ -147,29 +147,28 @@ impl Timing {
         if body.is_zero() {
             return Err(Invalid::at(SERVER, "body_timeout", "must be more than 0"));
         }
-        let window_margin = duration("window_margin", &raw.window_margin, DEFAULT_WINDOW_MARGIN)?;
-        if window_margin > MAX_WINDOW_MARGIN {
-            return Err(Invalid::at(
-                SERVER,
-                "window_margin",
-                format!(
-                    "longer than {}: it covers the spread of a call's trip to WeChat, a few milliseconds, not a \
-                     pause between calls (give the rule a smaller count instead)",
-                    humantime::format_duration(MAX_WINDOW_MARGIN)
-                ),
-            ));
-        }
-        let window_margin_max = duration("window_margin_max", &raw.window_margin_max, DEFAULT_WINDOW_MARGIN_MAX)?;
-        if window_margin_max > MAX_WINDOW_MARGIN {
-            return Err(Invalid::at(
-                SERVER,
-                "window_margin_max",
-                format!(
-                    "longer than {}: a wider margin slows a 1 s window to less than a third",
-                    humantime::format_duration(MAX_WINDOW_MARGIN)
-                ),
-            ));
-        }
+        // A margin (or its widest) past MAX_WINDOW_MARGIN is a misunderstanding.
+        let margin = |key: &str, given: &Option<String>, default: Duration, why: &str| {
+            let m = duration(key, given, default)?;
+            if m > MAX_WINDOW_MARGIN {
+                let most = humantime::format_duration(MAX_WINDOW_MARGIN);
+                return Err(Invalid::at(SERVER, key, format!("longer than {most}: {why}")));
+            }
+            Ok(m)
+        };
+        let window_margin = margin(
+            "window_margin",
+            &raw.window_margin,
+            DEFAULT_WINDOW_MARGIN,
+            "it covers the spread of a call's trip to WeChat, a few milliseconds, not a pause between calls (give \
+             the rule a smaller count instead)",
+        )?;
+        let window_margin_max = margin(
+            "window_margin_max",
+            &raw.window_margin_max,
+            DEFAULT_WINDOW_MARGIN_MAX,
+            "a wider margin slows a 1 s window to less than a third",
+        )?;
         Ok(Timing { upstream, body, shutdown, header, window_margin, window_margin_max })
     }
 }
