@@ -26,7 +26,7 @@ use http::HeaderMap;
 use crate::config::{Config, StoreConfig};
 use crate::error::Early;
 use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
-use crate::store::jobs::JobStore;
+use crate::jobs::JobStore;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;

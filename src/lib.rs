@@ -23,6 +23,7 @@ pub mod admit;
 pub mod config;
 pub mod error;
 pub mod features;
+pub mod jobs;
 pub mod limit;
 pub mod ops;
 pub mod proxy;

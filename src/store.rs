@@ -27,7 +27,6 @@
 
 pub mod answer;
 pub mod batch;
-pub mod jobs;
 pub mod ledger;
 pub mod memory;
 pub mod op;

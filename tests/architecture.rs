@@ -304,6 +304,7 @@ const LAYERS: &[&str] = &[
     "proxy",     // the phases of a call, wxgate's own calls, the App they share
     "features",  // the hooks, and the features with their state and contexts
     "admit",     // admitting a call: Core, callers, slots, activity
+    "jobs",      // queued delivery's jobs store: SQLite, Redis
     "error",     // the call's errors and the one table that answers them; start-up errors
     "store",     // where decisions are kept: memory, Redis, resilient
     "transport", // downstream connection, bodies, upstream, intercept, workers

@@ -1,4 +1,4 @@
-//! Every queued-delivery jobs store ([`JobStore`], src/store/jobs.rs) keeps
+//! Every queued-delivery jobs store ([`JobStore`], src/jobs.rs) keeps
 //! the same promises: one table of scenarios, each run through
 //! `Arc<dyn JobStore>` on every store of [`stores`], on times passed in
 //! (plain microseconds; no store reads a clock). Then the embedded store's
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use support::jobs::{answer, new_job, queue, roomy, SelfChild, CHILD_LIFE};
 use support::redis_server::RedisServer;
 use support::{TempDir, SEC, T0};
-use wxgate::store::jobs::redis::RedisJobs;
-use wxgate::store::jobs::sqlite::SqliteJobs;
-use wxgate::store::jobs::{
+use wxgate::jobs::redis::RedisJobs;
+use wxgate::jobs::sqlite::SqliteJobs;
+use wxgate::jobs::{
     Bound, Bounds, Cancelled, End, JobId, JobState, JobStore, NewJob, Recovered, SubmitError, Submitted, ANSWER_MAX,
 };
 
@@ -82,7 +82,7 @@ async fn state(s: &Arc<dyn JobStore>, caller: &str, id: JobId) -> JobState {
     s.get(caller, id).await.expect("get").expect("the job").state
 }
 
-fn ids(jobs: &[wxgate::store::jobs::Job]) -> Vec<JobId> {
+fn ids(jobs: &[wxgate::jobs::Job]) -> Vec<JobId> {
     jobs.iter().map(|j| j.id).collect()
 }
 
@@ -413,7 +413,7 @@ mod scenarios {
         assert_eq!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due"), vec![q.clone()], "c is the head now");
         assert_eq!(s.cancel("hr", c, T0 + 2 * LEASE).await.expect("cancel"), Cancelled::Cancelled);
         // No job left: the queue may still be listed (Redis: a cancel never
-        // takes a queue out of the index, src/store/jobs/redis.rs
+        // takes a queue out of the index, src/jobs/redis.rs
         // `added_only`); a claim hands out nothing and takes it out.
         assert!(s.claim(&q, "i1", T0 + 2 * LEASE, LEASE, 1).await.expect("claim").is_empty());
         assert!(s.due_queues(T0 + 2 * LEASE, 4).await.expect("due").is_empty(), "no job left");
@@ -590,7 +590,7 @@ mod scenarios {
 
     pub async fn a_job_past_its_deadline_expires_wherever_it_is_in_its_queue(s: Arc<dyn JobStore>) {
         let (hr, mk) = (queue("hr", "wx1", "r"), queue("mk", "wx2", "r"));
-        let with = |q: &wxgate::store::jobs::QueueKey, deadline: Option<i64>, callback: bool| {
+        let with = |q: &wxgate::jobs::QueueKey, deadline: Option<i64>, callback: bool| {
             let mut job = new_job(q, 10);
             job.deadline_us = deadline;
             job.callback = callback.then(|| "https://hr.example/done".to_owned());
@@ -638,7 +638,7 @@ mod scenarios {
         assert_eq!(unfinished(&s).await, 2, "the head and the job without a deadline");
     }
 
-    fn ids_of(ended: &[wxgate::store::jobs::ExpiredJob]) -> Vec<JobId> {
+    fn ids_of(ended: &[wxgate::jobs::ExpiredJob]) -> Vec<JobId> {
         ended.iter().map(|e| e.id).collect()
     }
 
@@ -712,9 +712,9 @@ mod scenarios {
 
 mod callbacks {
     use super::*;
-    use wxgate::store::jobs::DueCallback;
+    use wxgate::jobs::DueCallback;
 
-    pub fn with_callback(q: &wxgate::store::jobs::QueueKey, n: u32) -> NewJob {
+    pub fn with_callback(q: &wxgate::jobs::QueueKey, n: u32) -> NewJob {
         let mut job = new_job(q, 10);
         job.callback = Some(format!("https://hr.example/hooks/{n}"));
         job
@@ -920,7 +920,7 @@ async fn a_jobs_file_of_version_1_is_migrated_and_its_due_queues_listed() {
     let path = dir.join("jobs.db");
     {
         let conn = rusqlite::Connection::open(&path).expect("create");
-        conn.execute_batch(wxgate::store::jobs::sqlite::SCHEMA).expect("the version 1 schema");
+        conn.execute_batch(wxgate::jobs::sqlite::SCHEMA).expect("the version 1 schema");
         conn.pragma_update(None, "application_id", 0x7778_676a).expect("application id");
         conn.pragma_update(None, "user_version", 1).expect("version 1");
         let queues = [(1, "hr", "wx1"), (2, "mk", "wx1"), (3, "mk", "wx2"), (4, "mk", "wx3"), (5, "ops", "wx1")];
@@ -945,7 +945,7 @@ async fn a_jobs_file_of_version_1_is_migrated_and_its_due_queues_listed() {
     let version: i64 = rusqlite::Connection::open(&path)
         .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
         .expect("the version");
-    assert_eq!(version, wxgate::store::jobs::sqlite::VERSION);
+    assert_eq!(version, wxgate::jobs::sqlite::VERSION);
     let counts: Vec<(String, u64, u64, u64, u64)> = s
         .summary(None)
         .await
@@ -1215,6 +1215,6 @@ async fn bench_ended_jobs_kept_do_not_slow_due_queues_or_claim() {
     assert_eq!(ids(&got), vec![queued]);
 }
 
-async fn submit_to(s: &SqliteJobs, q: &wxgate::store::jobs::QueueKey) -> JobId {
+async fn submit_to(s: &SqliteJobs, q: &wxgate::jobs::QueueKey) -> JobId {
     s.submit(new_job(q, 100), &roomy(DAY), T0).await.expect("submit").id
 }

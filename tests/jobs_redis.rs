@@ -1,4 +1,4 @@
-//! Queued delivery's jobs in Redis (src/store/jobs/redis.rs, lua/jobs_*.lua)
+//! Queued delivery's jobs in Redis (src/jobs/redis.rs, lua/jobs_*.lua)
 //! against a real redis-server and a real Redis Cluster: every operation of
 //! `JobStore` as its docs say, on an injected clock (times are passed in),
 //! plus what is Redis's own: two instances claiming one queue, one Cluster
@@ -12,8 +12,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use support::redis_server::{RedisCluster, RedisServer};
 use wxgate::config::RedisConfig;
-use wxgate::store::jobs::redis::RedisJobs;
-use wxgate::store::jobs::{
+use wxgate::jobs::redis::RedisJobs;
+use wxgate::jobs::{
     Answer, Bound, Bounds, Cancelled, End, JobId, JobState, JobStore, NewJob, QueueKey, Recovered, SubmitError,
 };
 
@@ -312,7 +312,7 @@ async fn finish_ends_each_way_the_trait_says() {
     assert!(s.sending(id, "i1", T0).await.unwrap());
     assert!(s.finish(id, "i1", End::Sent(long), T0).await.unwrap());
     let kept = s.get("c7", id).await.unwrap().unwrap().answer.unwrap();
-    assert_eq!(kept.body.len(), wxgate::store::jobs::ANSWER_MAX, "the answer is kept up to ANSWER_MAX bytes");
+    assert_eq!(kept.body.len(), wxgate::jobs::ANSWER_MAX, "the answer is kept up to ANSWER_MAX bytes");
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //!   `deliver = "queue"`) has its body read whole in `on_request`
 //!   (`[queue] max_body`), its headers checked ([`intake`]), and once the
 //!   other features have checked it (its account, its domain, its
-//!   recipients) it is stored ([`crate::store::jobs`]) in `before_decide`
+//!   recipients) it is stored ([`crate::jobs`]) in `before_decide`
 //!   and answered `202 Accepted` there: never decided nor forwarded now.
 //! - **Dispatch** (`crate::ops::dispatch`): a task per instance sends due jobs as
 //!   calls of its own through the same phases, in weighted turns between
@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Asking, Env, Feature, Requesting, Sending};
-use crate::store::jobs::{JobId, JobStore, QueueSummary};
+use crate::jobs::{JobId, JobStore, QueueSummary};
 use crate::telemetry::metrics::Outcome;
 
 /// The queue as a feature: its jobs store (empty: queued delivery is off,

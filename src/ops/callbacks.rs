@@ -3,7 +3,7 @@
 //! expired, cancelled, unknown), wxgate POSTs its result there, signed.
 //!
 //! Durable, at least once per end: the store marks the callback pending in
-//! the write that ends the job ([`crate::store::jobs::JobStore::callbacks_due`]),
+//! the write that ends the job ([`crate::jobs::JobStore::callbacks_due`]),
 //! so a restart never loses it. This loop (one task per instance) hands out
 //! due callbacks under a lease of [`LEASE_US`] (another instance takes one
 //! only after it), posts each, and records the post. A callback is posted
@@ -42,9 +42,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::Config;
+use crate::jobs::{DueCallback, JobStore};
 use crate::proxy::app::App;
 use crate::proxy::deliveries::{job_json, rfc3339};
-use crate::store::jobs::{DueCallback, JobStore};
 use crate::store::StoreError;
 use crate::time::{Micros, Span};
 

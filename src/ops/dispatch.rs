@@ -4,7 +4,7 @@
 //! leases that ran out (every half lease), `expire` jobs past their
 //! deadline wherever they are in their queue (every second), `purge` jobs
 //! past `[queue] keep` (every minute), then one round: the due queues, [`PER_CALLER`] per
-//! caller ([`crate::store::jobs::JobStore::due_queues`]), planned in
+//! caller ([`crate::jobs::JobStore::due_queues`]), planned in
 //! weighted turns ([`super::turns::round`]); each queue of the round claims
 //! its share and sends its jobs one after the other, in order (the queues
 //! of a round concurrently). A round that sent something is followed by
@@ -36,8 +36,8 @@ use crate::error::ProxyError;
 use crate::features::hooks::{OwnCall, Seeds};
 use crate::features::queue::retry::{end_of, Attempt};
 use crate::features::queue::{turns, Sends};
+use crate::jobs::{Answer, End, Job, JobStore, QueueKey};
 use crate::proxy::app::App;
-use crate::store::jobs::{Answer, End, Job, JobStore, QueueKey};
 use crate::time::{Micros, Span};
 
 /// How often the dispatcher looks for due jobs when nothing wakes it.

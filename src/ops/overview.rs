@@ -28,12 +28,12 @@ use serde_json::{json, Value};
 
 use crate::config::{valid_account, Fallback};
 use crate::features::queue::SUMMARY_FOR;
+use crate::jobs::{Cancelled, JobId, QueueSummary};
 use crate::limit::{Key, Rule};
 use crate::ops::answers::{error, json_answer, Answer};
 use crate::ops::pair_view::{describe, local_time, Here};
 use crate::proxy::app::App;
 use crate::proxy::deliveries::{cancelled, drained_in, job_json, rfc3339, summary_json};
-use crate::store::jobs::{Cancelled, JobId, QueueSummary};
 use crate::store::op::Inspect;
 use crate::store::Status;
 use crate::telemetry::history::Counts;

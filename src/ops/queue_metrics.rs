@@ -3,7 +3,7 @@
 //!
 //! - the gauges `wxgate_queue_jobs`, `wxgate_queue_oldest_seconds` and
 //!   `wxgate_queue_deadline_seconds`, set by a task of their own every
-//!   [`GAUGES_EVERY`] from [`crate::store::jobs::JobStore::summary`]
+//!   [`GAUGES_EVERY`] from [`crate::jobs::JobStore::summary`]
 //!   (counts kept per queue and state: work in queues, not jobs; one
 //!   script per account on Redis; never per scrape, and not in the
 //!   dispatcher's round);
@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
+use crate::jobs::{End, QueueKey};
 use crate::proxy::app::App;
-use crate::store::jobs::{End, QueueKey};
 use crate::store::StoreError;
 use crate::time::{Micros, Span};
 
@@ -134,7 +134,7 @@ pub fn count_end(app: &App, queue: &QueueKey, state: Option<&str>, submitted_us:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::jobs::Answer;
+    use crate::jobs::Answer;
 
     #[test]
     fn only_an_end_that_finishes_a_job_is_counted() {

@@ -20,8 +20,8 @@ use crate::config::{Config, StoreConfig};
 use crate::error::StartError;
 use crate::features::hooks::Env;
 use crate::features::Features;
+use crate::jobs::JobStore;
 use crate::proxy::app::sync_status::SyncStatus;
-use crate::store::jobs::JobStore;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::resilient::{Resilient, StoreCounters};
@@ -188,12 +188,12 @@ pub async fn open_jobs(app: &App, config: &Config) -> Result<(), String> {
     match (&config.queue.at, &config.store) {
         (JobsAt::Off, _) => {}
         (JobsAt::File(path), StoreConfig::Memory(_)) => {
-            let jobs = crate::store::jobs::sqlite::SqliteJobs::open(path)
+            let jobs = crate::jobs::sqlite::SqliteJobs::open(path)
                 .map_err(|e| format!("[queue] file {}: {e}", path.display()))?;
             slot.set(Arc::new(jobs), config.queue.at.clone());
             tracing::info!(file = %path.display(), "queued delivery on");
         }
-        (JobsAt::Redis, StoreConfig::Redis(r)) => match crate::store::jobs::redis::RedisJobs::connect(r).await {
+        (JobsAt::Redis, StoreConfig::Redis(r)) => match crate::jobs::redis::RedisJobs::connect(r).await {
             Ok(jobs) => {
                 slot.set(Arc::new(jobs), JobsAt::Redis);
                 tracing::info!("queued delivery on (jobs in Redis)");

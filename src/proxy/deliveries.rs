@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 use super::call::Call;
 use super::identify;
 use crate::error::{Early, ProxyError};
+use crate::jobs::{Cancelled, Job, JobId, JobState, QueueSummary};
 use crate::proxy::app::App;
-use crate::store::jobs::{Cancelled, Job, JobId, JobState, QueueSummary};
 use crate::time::Micros;
 use crate::transport::body::RelayBody;
 

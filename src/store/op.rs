@@ -128,7 +128,7 @@ mod tests {
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|f| f.ends_with(".lua") && f != "prelude.lua" && f != "probe.lua" && f != "jobs_prelude.lua")
             .count();
-        let jobs = crate::store::jobs::redis::script_hashes();
+        let jobs = crate::jobs::redis::script_hashes();
         let loaded: Vec<&str> = protocol::scripts()
             .chain(super::scripts())
             .map(|s| s.get_hash())

@@ -222,10 +222,7 @@ impl RedisStore {
 
     /// Runs a script on this thread's connection within the timeout.
     async fn run<T: redis::FromRedisValue>(&self, inv: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let lane = self.conns.lane();
-        let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await;
-        self.outcome(lane, result)
+        self.conns.run(inv, self.timeout).await
     }
 
     /// Each pair's calendar counts as Redis holds them: per period asked,
@@ -295,35 +292,12 @@ impl RedisStore {
             }
         })
         .await;
-        self.outcome(lane, result)
+        self.conns.outcome(lane, result, self.timeout)
     }
 
     /// Runs a plain command on this thread's connection within the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let lane = self.conns.lane();
-        let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
-        self.outcome(lane, result)
-    }
-
-    /// A round trip's result on `lane`; a failure is noted there first (it
-    /// may replace the lane's connection).
-    fn outcome<T>(
-        &self,
-        lane: Lane,
-        result: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
-    ) -> Result<T, StoreError> {
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.conns.failed(lane, Some(&e));
-                Err(redis_error(e))
-            }
-            Err(_) => {
-                self.conns.failed(lane, None);
-                Err(self.timed_out())
-            }
-        }
+        self.conns.query(&cmd, self.timeout).await
     }
 
     /// Decides `ask` alone, or with the calls queued on the same lane
@@ -395,7 +369,7 @@ impl RedisStore {
             }
         })
         .await;
-        let decisions = self.outcome(lane, reply).and_then(|r| protocol::parse_decisions(&r))?;
+        let decisions = self.conns.outcome(lane, reply, self.timeout).and_then(|r| protocol::parse_decisions(&r))?;
         let counted = |d: &Result<Decision, StoreError>| matches!(d, Ok(Decision::Admit { calendar: Some(_), .. }));
         if self.wait_replicas > 0 && decisions.iter().any(counted) {
             self.wait_for_replicas(&mut conn, deadline).await;
@@ -482,7 +456,7 @@ impl RedisStore {
         let lane = self.conns.lane();
         let mut conn = self.conns.conn(lane);
         let result = tokio::time::timeout(self.timeout, pipe.query_async::<(i64,)>(&mut conn)).await;
-        let (live,) = self.outcome(lane, result)?;
+        let (live,) = self.conns.outcome(lane, result, self.timeout)?;
         Ok(u32::try_from(live).unwrap_or(u32::MAX).max(1))
     }
 

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use wxgate::store::jobs::{Answer, Bounds, NewJob, QueueKey};
+use wxgate::jobs::{Answer, Bounds, NewJob, QueueKey};
 
 use super::GUARD;
 

@@ -40,7 +40,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::error::ProxyError;
 use crate::features::hooks::{Asking, Env, Requesting};
-use crate::store::jobs::{Bound, NewJob, QueueKey, SubmitError};
+use crate::jobs::{Bound, NewJob, QueueKey, SubmitError};
 use crate::time::Micros;
 use crate::transport::body::RelayBody;
 
@@ -292,7 +292,7 @@ pub async fn submit(
 /// every unfinished job of its queue not yet sending (it is the last),
 /// from the queue's counts and the pair's state (`None`: not known).
 async fn eta(
-    jobs: &std::sync::Arc<dyn crate::store::jobs::JobStore>,
+    jobs: &std::sync::Arc<dyn crate::jobs::JobStore>,
     env: Env<'_>,
     rule: &crate::limit::Rule,
     queue: &QueueKey,

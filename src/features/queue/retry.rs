@@ -5,7 +5,7 @@
 //! not come back together. Pure: the dispatcher gives the time and the
 //! random number.
 
-use crate::store::jobs::{Answer, End, ANSWER_MAX};
+use crate::jobs::{Answer, End, ANSWER_MAX};
 use crate::time::Micros;
 
 /// What the dispatcher saw of one attempt.

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 use crate::config::queue::JobsAt;
 use crate::config::RedisConfig;
 use crate::error::ProxyError;
-use crate::store::jobs::redis::RedisJobs;
-use crate::store::jobs::JobStore;
+use crate::jobs::redis::RedisJobs;
+use crate::jobs::JobStore;
 use crate::store::StoreError;
 
 /// The jobs store, when open, and where it lives.
@@ -145,7 +145,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("wxgate-slot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("q.db");
-        let jobs: Arc<dyn JobStore> = Arc::new(crate::store::jobs::sqlite::SqliteJobs::open(&path).expect("open"));
+        let jobs: Arc<dyn JobStore> = Arc::new(crate::jobs::sqlite::SqliteJobs::open(&path).expect("open"));
         let opened = slot.opened();
         assert!(slot.set(jobs.clone(), JobsAt::Redis));
         assert!(!slot.set(jobs, JobsAt::Off), "set once");

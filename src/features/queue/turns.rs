@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::store::jobs::QueueKey;
+use crate::jobs::QueueKey;
 
 /// One round: the queues to claim from, in order, and how many jobs each
 /// may claim. `weight` gives a caller's weight (`[[caller]] weight`; 0 is

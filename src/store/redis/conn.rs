@@ -479,6 +479,49 @@ impl Connections {
         }
     }
 
+    /// Runs a script on this thread's lane within `timeout` (the Redis
+    /// round trip every store of this crate makes: the limit store and
+    /// queued delivery's jobs store alike).
+    pub async fn run<T: redis::FromRedisValue>(
+        &self,
+        inv: redis::ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        let lane = self.lane();
+        let mut conn = self.conn(lane);
+        let result = tokio::time::timeout(timeout, inv.invoke_async(&mut conn)).await;
+        self.outcome(lane, result, timeout)
+    }
+
+    /// Runs a plain command on this thread's lane within `timeout`.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<T, StoreError> {
+        let lane = self.lane();
+        let mut conn = self.conn(lane);
+        let result = tokio::time::timeout(timeout, cmd.query_async(&mut conn)).await;
+        self.outcome(lane, result, timeout)
+    }
+
+    /// A round trip's result on `lane`; a failure is noted there first (it
+    /// may replace the lane's connection, [`Connections::failed`]).
+    pub fn outcome<T>(
+        &self,
+        lane: Lane,
+        result: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.failed(lane, Some(&e));
+                Err(crate::store::redis::redis_error(e))
+            }
+            Err(_) => {
+                self.failed(lane, None);
+                Err(StoreError::Timeout(timeout))
+            }
+        }
+    }
+
     /// Notes that a call on `lane` failed with `e` (`None`: it timed out).
     /// Replaces the connection the call used when `e` says it will not
     /// recover by itself ([`fault_of`]) or after [`REPEATED`] failures, at

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::StoreError;
+use crate::store::StoreError;
 use crate::time::Micros;
 
 pub mod sqlite;
@@ -369,7 +369,7 @@ pub trait JobStore: Send + Sync + 'static {
     /// Cost: both stores read an index of queue heads by caller (SQLite:
     /// `queues.head_due`; Redis: `{#jobs}:due:<caller>`), one probe per
     /// caller and at most `per_caller` entries of each, whatever the number
-    /// of queues or jobs. The Redis index may be stale (src/store/jobs/redis.rs): a
+    /// of queues or jobs. The Redis index may be stale (src/jobs/redis.rs): a
     /// queue listed that is not due costs one `claim` that hands out
     /// nothing; `claim` always checks the queue itself.
     async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError>;

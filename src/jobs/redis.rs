@@ -78,7 +78,6 @@ use super::{
 use crate::config::RedisConfig;
 use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
 use crate::store::redis::protocol::{script, Keys};
-use crate::store::redis::redis_error;
 use crate::store::StoreError;
 use crate::time::Micros;
 
@@ -244,35 +243,11 @@ impl RedisJobs {
     }
 
     async fn run<T: ::redis::FromRedisValue>(&self, inv: ::redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let lane = self.conns.lane();
-        let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await;
-        self.outcome(lane, result)
+        self.conns.run(inv, self.timeout).await
     }
 
     async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> Result<T, StoreError> {
-        let lane = self.conns.lane();
-        let mut conn = self.conns.conn(lane);
-        let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
-        self.outcome(lane, result)
-    }
-
-    fn outcome<T>(
-        &self,
-        lane: Lane,
-        result: Result<::redis::RedisResult<T>, tokio::time::error::Elapsed>,
-    ) -> Result<T, StoreError> {
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.conns.failed(lane, Some(&e));
-                Err(redis_error(e))
-            }
-            Err(_) => {
-                self.conns.failed(lane, None);
-                Err(StoreError::Timeout(self.timeout))
-            }
-        }
+        self.conns.query(cmd, self.timeout).await
     }
 
     /// A script on `account`'s keys: KEYS[1] its meta hash, ARGV[1] its base.
