@@ -16,7 +16,7 @@
 pub mod ratelimit;
 pub mod start;
 
-pub use start::StartError;
+pub use start::{ComponentError, StartError};
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};

@@ -6,10 +6,14 @@
 //!
 //! Adding a feature: its module, an `impl Feature` with the hooks it needs,
 //! its line in the `features!` list below and its value in
-//! [`Features::new`].
+//! [`Features::new`]. A feature with a life of its own (background work,
+//! routes, metrics: [`component`]) also implements `Component` and is
+//! marked `[component]` in the list: the server starts, reloads and stops
+//! it, and the listeners hand it its routes, through [`Features`].
 
 pub mod accounts;
 pub mod broker;
+pub mod component;
 pub mod errcodes;
 pub mod hooks;
 pub mod penalties;
@@ -18,24 +22,29 @@ pub mod quota_clear;
 pub mod token_cache;
 pub mod warmup;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use http::uri::PathAndQuery;
-use http::HeaderMap;
+use http::{HeaderMap, Method, Request, Response};
+use hyper::body::Incoming;
 
+use crate::admit::callers::Caller;
 use crate::config::{Config, StoreConfig};
-use crate::error::Early;
+use crate::error::{Early, ProxyError};
+use crate::features::component::{AdminAnswer, Component, ComponentError, Host};
 use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
 use crate::jobs::JobStore;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
+use crate::transport::body::RelayBody;
 
 /// [`Features`] (every feature's value) and [`Contexts`] (every feature's
 /// per-call context) from one list, and the hooks of all of them run in
-/// its order, so the three cannot disagree. Any number of features.
+/// its order, so the three cannot disagree; likewise the lifecycle of
+/// those marked `[component]`. Any number of features.
 macro_rules! features {
-    ($($name:ident: $feature:ty),+ $(,)?) => {
+    ($($name:ident: $feature:ty $([$component:ident])?),+ $(,)?) => {
         /// Every feature, with its shared state, in the order their hooks run.
         pub struct Features {
             $(pub $name: $feature,)+
@@ -88,6 +97,70 @@ macro_rules! features {
             pub fn on_response(&self, cx: &Contexts, answered: &Answered<'_>, headers: &mut HeaderMap) {
                 $(self.$name.on_response(&cx.$name, answered, headers);)+
             }
+
+            /// Starts every component ([`Component::start`]), in order; the
+            /// first `Err` stops wxgate starting.
+            pub async fn start(&self, host: Weak<dyn Host>, config: &Config) -> Result<(), ComponentError> {
+                $($(
+                    let _ = stringify!($component);
+                    Component::start(&self.$name, host.clone(), config).await?;
+                )?)+
+                let _ = (host, config);
+                Ok(())
+            }
+
+            /// Every component's [`Component::reload`] of `next`; the
+            /// first `Err` refuses the reload.
+            pub async fn reload(&self, next: &mut Config) -> Result<(), ComponentError> {
+                $($(
+                    let _ = stringify!($component);
+                    Component::reload(&self.$name, next).await?;
+                )?)+
+                let _ = next;
+                Ok(())
+            }
+
+            /// Stops every component ([`Component::stop`]) within `deadline`
+            /// (together); `false` when one still had work under way.
+            pub async fn stop(&self, deadline: std::time::Duration) -> bool {
+                let mut all = true;
+                $($(
+                    let _ = stringify!($component);
+                    all &= Component::stop(&self.$name, deadline).await;
+                )?)+
+                let _ = deadline;
+                all
+            }
+
+            /// Whether a component serves `path` on the proxy listener.
+            pub fn serves(&self, path: &str) -> bool {
+                false $($(|| { let _ = stringify!($component); Component::serves(&self.$name, path) })?)+
+            }
+
+            /// The component serving `req`'s path answers it ([`Component::serve`]).
+            pub async fn serve(&self, host: &dyn Host, caller: &Caller, req: Request<Incoming>) -> Result<Response<RelayBody>, ProxyError> {
+                $($(
+                    let _ = stringify!($component);
+                    if Component::serves(&self.$name, req.uri().path()) {
+                        return Component::serve(&self.$name, host, caller, req).await;
+                    }
+                )?)+
+                let _ = (host, caller);
+                Err(ProxyError::NotFound(format!("no such endpoint: {}", req.uri().path())))
+            }
+
+            /// The first component's answer to an admin request `/v1/<path>`
+            /// ([`Component::admin`]); `None`: no component's route.
+            pub async fn admin(&self, host: &dyn Host, method: &Method, path: &[&str]) -> Option<AdminAnswer> {
+                $($(
+                    let _ = stringify!($component);
+                    if let Some(answer) = Component::admin(&self.$name, host, method, path).await {
+                        return Some(answer);
+                    }
+                )?)+
+                let _ = (host, method, path);
+                None
+            }
         }
     };
 }
@@ -109,7 +182,7 @@ features!(
     penalties: penalties::Penalties,
     errcodes: errcodes::Errcodes,
     ratelimit_headers: RateLimitHeaders,
-    queue: queue::Queue,
+    queue: queue::Queue [component],
 );
 
 impl Features {
@@ -118,7 +191,7 @@ impl Features {
         config: &Config,
         store: &Arc<dyn Store>,
         clock: &Arc<dyn Clock>,
-        metrics: &Metrics,
+        metrics: &mut Metrics,
         jobs: Option<Arc<dyn JobStore>>,
     ) -> Result<Features, String> {
         let cache = token_cache::cache::TokenCache::open(
@@ -141,26 +214,9 @@ impl Features {
             penalties: penalties::Penalties::default(),
             errcodes: errcodes::Errcodes::default(),
             ratelimit_headers: RateLimitHeaders,
-            queue: queue::Queue {
-                jobs: queue_jobs(jobs, config),
-                wake: Arc::default(),
-                ended: Arc::default(),
-                owner: queue::owner_name(),
-                tasks: tokio_util::task::TaskTracker::new(),
-                stopping: tokio_util::sync::CancellationToken::new(),
-                summary: Default::default(),
-            },
+            queue: queue::Queue::new(config, jobs, &mut metrics.registry),
         })
     }
-}
-
-/// The jobs store a caller opened already (tests), where `config` puts it.
-fn queue_jobs(jobs: Option<Arc<dyn JobStore>>, config: &Config) -> Arc<queue::slot::JobsSlot> {
-    let slot = queue::slot::JobsSlot::default();
-    if let Some(jobs) = jobs {
-        slot.set(jobs, config.queue.at.clone());
-    }
-    Arc::new(slot)
 }
 
 /// The RateLimit headers as a feature: on every admitted call's answer,

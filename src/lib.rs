@@ -100,10 +100,8 @@ async fn start_parts(
     let source = config.source.clone();
     let app = App::new(config, store, clock, metrics, None)?;
     let config = app.config.load_full();
-    proxy::app::open_jobs(&app, &config).await.map_err(StartError::Jobs)?;
-    ops::dispatch::spawn(Arc::downgrade(&app));
-    ops::callbacks::spawn(Arc::downgrade(&app));
-    ops::queue_metrics::spawn(Arc::downgrade(&app));
+    let host: std::sync::Weak<dyn features::component::Host> = Arc::downgrade(&app) as _;
+    app.features.start(host, &config).await?;
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
     ops::traces::spawn(&app);

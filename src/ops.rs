@@ -1,20 +1,15 @@
 //! Operating wxgate: the admin API ([`admin`]) and its view of a pair
 //! ([`pair_view`]), config reloads ([`reload`]), the background quota syncs
-//! ([`quota_sync`]) and token renewal ([`renewal`]); queued delivery's
-//! dispatcher ([`dispatch`]), metrics ([`queue_metrics`]) and callbacks
-//! ([`callbacks`]); the trace exporter ([`traces`]); and the command-line
+//! ([`quota_sync`]) and token renewal ([`renewal`]); the trace exporter ([`traces`]); and the command-line
 //! tools built on the library, off the call path ([`tools`]: the simulated
 //! WeChat, the health probe). Above the app and the features, whose state
 //! they read and swap.
 
 pub mod admin;
 pub mod answers;
-pub mod callbacks;
 pub mod console;
-pub mod dispatch;
 pub mod overview;
 pub mod pair_view;
-pub mod queue_metrics;
 pub mod quota_sync;
 pub mod reload;
 pub mod renewal;

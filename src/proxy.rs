@@ -60,7 +60,6 @@ pub mod answer;
 pub mod app;
 pub mod call;
 pub mod decide;
-pub mod deliveries;
 pub mod forward;
 pub mod identify;
 pub mod meter;
@@ -108,7 +107,7 @@ async fn serve(
 ) -> Response<RelayBody> {
     let fallback = app.callers.load().fallback();
     let mut call = Call::new(req.method().clone(), req.uri().path(), app.config.load_full(), fallback);
-    let results = call.arrived.intercepted.is_none() && intercepted.is_none() && deliveries::is_ours(req.uri().path());
+    let results = call.arrived.intercepted.is_none() && intercepted.is_none() && app.features.serves(req.uri().path());
     // Before anything is read: a browser page never calls WeChat through
     // wxgate, nor its delivery API (docs/callers.md#browsers).
     // Its Host is checked where it names this listener: not inside an
@@ -129,7 +128,7 @@ async fn serve(
             Err(Early::Refused(crate::error::ProxyError::Forbidden(why)))
         }
         // Boxed: a call of the API does not make every call's future carry its state.
-        (None, true, _) => Box::pin(deliveries::serve(app, &mut call, req)).await,
+        (None, true, _) => Box::pin(component(app, &mut call, req)).await,
         (None, false, None) => phases(app, &mut call, req, client).await,
         (None, false, Some(ctx)) => {
             Box::pin(crate::telemetry::trace::CURRENT.scope(ctx, phases(app, &mut call, req, client))).await
@@ -146,6 +145,14 @@ async fn serve(
     respond::count_and_log(app, &call, resp.status());
     traces::finish(app, &mut call, resp.status());
     resp
+}
+
+/// A request to a component's route (queued delivery's `/v1/deliveries`):
+/// its caller identified as a call's is, then the component answers it;
+/// never forwarded.
+async fn component(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Result<Response<RelayBody>, Early> {
+    identify::caller(app, call, &mut req)?;
+    Ok(app.features.serve(app, &call.who.caller, req).await?)
 }
 
 /// The phases, in order; the first that stops the call ends it.

@@ -47,17 +47,11 @@ impl Running {
         let _ = self.stop.send(true);
         // Queued delivery stops starting sends at once; those under way
         // finish with the calls in flight, within the same deadline.
-        let queue = &self.app.features.queue;
-        let (calls, sends) = tokio::join!(tokio::time::timeout(deadline, self.task), queue.stop(deadline));
+        let components = self.app.features.stop(deadline);
+        let (calls, _) = tokio::join!(tokio::time::timeout(deadline, self.task), components);
         let finished = calls.is_ok();
         if !finished {
             tracing::warn!(?deadline, "calls still in flight at the shutdown deadline");
-        }
-        if !sends {
-            tracing::warn!(
-                ?deadline,
-                "queued sends still under way at the shutdown deadline: their jobs end unknown at the next start (never resent)"
-            );
         }
         if !self.app.core.slots.wait_released(Duration::from_secs(2)).await {
             tracing::warn!("some concurrency slots were not released; their leases will run out");

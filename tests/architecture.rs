@@ -450,7 +450,10 @@ fn the_decision_names_no_http_type() {
 /// contexts) and the hooks with what they see (and its modules). Any other
 /// is a feature's.
 fn feature_framework(module: &str) -> bool {
-    module == "features" || module == "features::hooks" || module.starts_with("features::hooks::")
+    module == "features"
+        || module == "features::component"
+        || module == "features::hooks"
+        || module.starts_with("features::hooks::")
 }
 
 /// Every import of a phase (`proxy` and its modules) of a feature's module,
@@ -479,6 +482,59 @@ fn the_checker_finds_a_phase_naming_a_feature() {
     edges.entry("proxy::forward".into()).or_default().insert("features::broker::injected".into());
     edges.entry("proxy::identify".into()).or_default().insert("features::hooks::body".into());
     assert_eq!(phases_naming_features(&edges), vec!["proxy::forward -> features::broker::injected"]);
+}
+
+/// The field names of the `features!` list in src/features.rs (one
+/// `name: Type` per line).
+fn listed_features() -> Vec<String> {
+    let text = &modules()["features"];
+    let start = text.find("\nfeatures!(").expect("the features! list") + "\nfeatures!(".len();
+    let list = &text[start..start + text[start..].find(");").expect("the list's end")];
+    list.lines().filter_map(|l| l.trim().split_once(':')).map(|(name, _)| name.trim().to_owned()).collect()
+}
+
+/// Every place a phase (`proxy` and its modules) reaches a feature's state
+/// by its field (`app.features.queue`) instead of through the hooks or the
+/// components' loops, as `module: features.<name>`. The import check does
+/// not see it: the field is reached through `App`, not imported.
+fn phases_reaching_fields(modules: &BTreeMap<String, String>, features: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, text) in modules.iter().filter(|(m, _)| *m == "proxy" || m.starts_with("proxy::")) {
+        let code = code_of(text);
+        for name in features {
+            let reach = format!("features.{name}");
+            let found = code.match_indices(&reach).any(|(i, _)| {
+                let after = code[i + reach.len()..].chars().next();
+                !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if found {
+                out.push(format!("{module}: {reach}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_phase_reaches_a_feature_by_its_field() {
+    let features = listed_features();
+    assert!(features.contains(&"queue".to_owned()) && features.len() >= 8, "the list is read: {features:?}");
+    let found = phases_reaching_fields(&modules(), &features);
+    assert!(
+        found.is_empty(),
+        "phases reach features' state by field (use the hooks, or a component's route): {found:?}"
+    );
+}
+
+#[test]
+fn the_checker_finds_a_phase_reaching_a_feature_by_its_field() {
+    let mut modules = modules();
+    let features = listed_features();
+    let code = "pub async fn serve(app: &App) { let jobs = app.features.queue.jobs.get(); }\n";
+    modules.insert("proxy::deliveries".into(), code.into());
+    // A method of `Features` (a loop over every feature) is not a field.
+    modules.insert("proxy::other".into(), "fn f(app: &App) { app.features.queues(); app.features.serves(p); }".into());
+    assert_eq!(phases_reaching_fields(&modules, &features), vec!["proxy::deliveries: features.queue"]);
 }
 
 #[test]

@@ -21,10 +21,10 @@ pub enum StartError {
     /// The memory store cannot open its state file (another process holds it).
     #[error("{0}")]
     StateFile(String),
-    /// Queued delivery's jobs store cannot be opened (its file; a Redis
-    /// that refuses wxgate).
-    #[error("{0}")]
-    Jobs(String),
+    /// A component cannot start (queued delivery: its jobs file cannot be
+    /// opened, or Redis refuses wxgate).
+    #[error(transparent)]
+    Component(#[from] ComponentError),
     /// Redis refused wxgate for a reason a retry will not fix (a wrong
     /// password, a bad URL).
     #[error(transparent)]
@@ -38,4 +38,14 @@ pub enum StartError {
     /// The serving threads cannot start.
     #[error(transparent)]
     Serve(std::io::Error),
+}
+
+/// A component's failure to start or to take a reload: which component,
+/// and what failed (its own typed error).
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct ComponentError {
+    /// The component's name in the `features!` list (`crate::features`).
+    pub component: &'static str,
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }

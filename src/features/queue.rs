@@ -8,52 +8,58 @@
 //!   other features have checked it (its account, its domain, its
 //!   recipients) it is stored ([`crate::jobs`]) in `before_decide`
 //!   and answered `202 Accepted` there: never decided nor forwarded now.
-//! - **Dispatch** (`crate::ops::dispatch`): a task per instance sends due jobs as
+//! - **Dispatch** ([`dispatch`]): a task per instance sends due jobs as
 //!   calls of its own through the same phases, in weighted turns between
 //!   callers ([`turns`]); `before_forward` (the last hook before a job's
 //!   request goes out) marks the job `Sending` durably first; WeChat's
 //!   answer becomes the job's end ([`retry`]).
+//! - **Callbacks** ([`callbacks`]): an ended job's result posted, signed.
+//! - **Gauges** ([`gauges`]) and its series ([`metrics`]).
+//! - **Routes** ([`routes`]): `/v1/deliveries` on the proxy listener, for
+//!   the caller that queued; `/v1/queues` and `/v1/deliveries/{caller}/{id}`
+//!   on the admin listener.
+//!
+//! It is a component ([`crate::features::component`]): [`Queue`]'s state is
+//! private; the server starts it (the jobs store opened, [`open`], and its
+//! loops spawned), hands it its routes, a reload (where jobs live is fixed
+//! until a restart) and a graceful stop.
 
+pub mod callbacks;
+pub mod dispatch;
+pub mod gauges;
 pub mod intake;
+pub mod metrics;
+pub mod open;
 pub mod retry;
+pub mod routes;
 pub mod slot;
+mod state;
 pub mod turns;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
+use crate::admit::callers::Caller;
+use crate::config::Config;
 use crate::error::{Early, ProxyError};
+use crate::features::component::{AdminAnswer, Component, ComponentError, Host};
 use crate::features::hooks::{Asking, Env, Feature, Requesting, Sending};
-use crate::jobs::{JobId, JobStore, QueueSummary};
+use crate::jobs::JobStore;
 use crate::telemetry::metrics::Outcome;
+use crate::transport::body::RelayBody;
+pub use dispatch::Sends;
+use state::{owner_name, Shared};
 
-/// The queue as a feature: its jobs store (empty: queued delivery is off,
-/// or waits for Redis) and the dispatcher's wake-up.
+/// Queued delivery, a feature and a component: its state shared with its
+/// own tasks (the dispatcher and each queue's turn, the callbacks and gauge
+/// loops), private. Dropped with the app: its loops stop.
 pub struct Queue {
-    pub jobs: Arc<slot::JobsSlot>,
-    /// Notified on each submission: the dispatcher looks at once.
-    pub wake: Arc<Notify>,
-    /// Notified when jobs may have ended: the callbacks loop
-    /// (`crate::ops::callbacks`) looks at once.
-    pub ended: Arc<Notify>,
-    /// This instance's name as a lease owner (random per process).
-    pub owner: Arc<str>,
-    /// Queued delivery's background work (the dispatcher and each queue's
-    /// turn, the callbacks and gauge loops), spawned here so that a graceful
-    /// shutdown ([`Queue::stop`]) waits for the sends under way.
-    pub tasks: tokio_util::task::TaskTracker,
-    /// Cancelled when the instance stops: the loops start nothing new.
-    pub stopping: tokio_util::sync::CancellationToken,
-    /// The last summary of every queue the admin API read, and when: read
-    /// again at most every [`SUMMARY_FOR`] (one `summary` per account on
-    /// Redis), however many consoles are open.
-    pub summary: std::sync::Mutex<Option<(crate::time::Micros, Arc<Vec<QueueSummary>>)>>,
+    shared: Arc<Shared>,
 }
-
-/// How long the admin API's queue summary is served again (the console
-/// refreshes every 5 s).
-pub const SUMMARY_FOR: crate::time::Micros = 5_000_000;
 
 /// What the queue keeps of one call.
 #[derive(Default)]
@@ -68,22 +74,6 @@ pub enum Ctx {
     Send(Sends),
 }
 
-/// What the dispatcher seeds a job's send with.
-pub struct Sends {
-    pub id: JobId,
-    /// Set when the job was marked `Sending` (its request may go out).
-    pub marked: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// This process's name as a lease owner: random, so two instances (or a
-/// restarted one) never share it.
-pub fn owner_name() -> Arc<str> {
-    let mut bytes = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{hex}", std::process::id()).into()
-}
-
 /// A refused submission's `reason` (`wxgate_queue_refused_total`).
 fn refusal(e: &ProxyError) -> &'static str {
     match e {
@@ -94,25 +84,70 @@ fn refusal(e: &ProxyError) -> &'static str {
 }
 
 impl Queue {
-    /// Spawns queued delivery's background `work` (a loop of `crate::ops`):
-    /// it starts once the jobs store is open (at start, or when a reload or
-    /// Redis answering opens it), never if the instance stops first, and a
-    /// graceful stop ([`Queue::stop`]) waits for it.
-    pub fn spawn_when_open<F>(&self, work: impl FnOnce() -> F + Send + 'static)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let opened = self.jobs.opened();
-        let stopping = self.stopping.clone();
-        self.tasks.spawn(async move {
-            let opened = tokio::select! {
-                opened = opened => opened,
-                _ = stopping.cancelled() => false,
-            };
-            if opened {
-                work().await;
+    /// The queue, its series registered in `registry`; `jobs`: a jobs store
+    /// its maker opened already (tests), where `config` puts it.
+    pub fn new(config: &Config, jobs: Option<Arc<dyn JobStore>>, registry: &mut Registry) -> Queue {
+        let slot = slot::JobsSlot::default();
+        if let Some(jobs) = jobs {
+            slot.set(jobs, config.queue.at.clone());
+        }
+        Queue {
+            shared: Arc::new(Shared {
+                jobs: Arc::new(slot),
+                wake: Notify::new(),
+                ended: Notify::new(),
+                owner: owner_name(),
+                tasks: tokio_util::task::TaskTracker::new(),
+                stopping: tokio_util::sync::CancellationToken::new(),
+                summary: Default::default(),
+                metrics: metrics::register(registry),
+            }),
+        }
+    }
+
+    /// The jobs store, or the refusal of a call asking for queued delivery.
+    fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
+        self.shared.jobs.or_refusal()
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.shared.stopping.cancel();
+    }
+}
+
+impl Component for Queue {
+    /// Opens the jobs store `config` needs ([`open::open`]) and spawns the
+    /// dispatcher, callbacks and gauge loops (each starts once the store is
+    /// open).
+    async fn start(&self, host: Weak<dyn Host>, config: &Config) -> Result<(), ComponentError> {
+        open::open(&self.shared.jobs, config)
+            .await
+            .map_err(|e| ComponentError { component: "queue", source: e.into() })?;
+        dispatch::spawn(host.clone(), self.shared.clone());
+        callbacks::spawn(host.clone(), self.shared.clone());
+        gauges::spawn(host, self.shared.clone());
+        Ok(())
+    }
+
+    /// Where queued jobs live (`[queue] file`, or the store's kind) is fixed
+    /// once a jobs store is open: the running one stays until a restart, so
+    /// a reload never loses jobs. Before that, the reload that first needs
+    /// one (its first `queue = true` rule, a `file` instead of "off") opens
+    /// it now, and the loops start.
+    async fn reload(&self, next: &mut Config) -> Result<(), ComponentError> {
+        if let Some(at) = self.shared.jobs.at() {
+            if next.queue.at != at {
+                tracing::warn!(
+                    running = ?at,
+                    "[queue] file (where queued jobs live) changes need a restart; keeping the running jobs store"
+                );
+                next.queue.at = at;
             }
-        });
+            return Ok(());
+        }
+        open::open(&self.shared.jobs, next).await.map_err(|e| ComponentError { component: "queue", source: e.into() })
     }
 
     /// A graceful stop: no turn, callback round or look starts any more;
@@ -120,18 +155,47 @@ impl Queue {
     /// as its answer says, instead of `unknown` at the next start) within
     /// `deadline`. `false`: some were still under way at the deadline (their
     /// jobs end `unknown` when the next start recovers them).
-    pub async fn stop(&self, deadline: std::time::Duration) -> bool {
-        self.stopping.cancel();
-        self.tasks.close();
-        if self.jobs.get().is_some() {
+    async fn stop(&self, deadline: std::time::Duration) -> bool {
+        let shared = &self.shared;
+        shared.stopping.cancel();
+        shared.tasks.close();
+        if shared.jobs.get().is_some() {
             tracing::info!("queued delivery stopping: no new sends; waiting for those under way");
         }
-        tokio::time::timeout(deadline, self.tasks.wait()).await.is_ok()
+        let finished = tokio::time::timeout(deadline, shared.tasks.wait()).await.is_ok();
+        if !finished {
+            tracing::warn!(
+                ?deadline,
+                "queued sends still under way at the shutdown deadline: their jobs end unknown at the next start (never resent)"
+            );
+        }
+        finished
     }
 
-    /// The jobs store, or the refusal of a call asking for queued delivery.
-    pub fn jobs(&self) -> Result<&Arc<dyn JobStore>, ProxyError> {
-        self.jobs.or_refusal()
+    fn serves(&self, path: &str) -> bool {
+        routes::is_ours(path)
+    }
+
+    async fn serve(
+        &self,
+        host: &dyn Host,
+        caller: &Caller,
+        req: Request<Incoming>,
+    ) -> Result<Response<RelayBody>, ProxyError> {
+        routes::serve(&self.shared, host, caller, req).await
+    }
+
+    async fn admin(&self, host: &dyn Host, method: &Method, path: &[&str]) -> Option<AdminAnswer> {
+        match (method, path) {
+            (&Method::GET, ["queues"]) => Some(routes::queues(&self.shared, host).await),
+            (&Method::GET, ["deliveries", caller, id]) => {
+                Some(routes::delivery(&self.shared, host, caller, id, false).await)
+            }
+            (&Method::DELETE, ["deliveries", caller, id]) => {
+                Some(routes::delivery(&self.shared, host, caller, id, true).await)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -151,7 +215,7 @@ impl Feature for Queue {
         // that read's state.
         let asked = match intake::wanted(req) {
             Ok(None) => return Ok(()),
-            Ok(Some(preferred)) => Box::pin(intake::read(&self.jobs, env, req, preferred)).await,
+            Ok(Some(preferred)) => Box::pin(intake::read(&self.shared.jobs, env, req, preferred)).await,
             Err(e) => Err(e),
         };
         match asked {
@@ -159,7 +223,7 @@ impl Feature for Queue {
             Ok(None) => {}
             Err(e) => {
                 let rule = req.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
-                env.core.metrics.queue.refused(rule, req.who.caller.entry.label(), refusal(&e));
+                self.shared.metrics.refused(rule, req.who.caller.entry.label(), refusal(&e));
                 return Err(e.into());
             }
         }
@@ -172,9 +236,9 @@ impl Feature for Queue {
         }
         let Ctx::Queue(asked) = std::mem::take(cx) else { return Ok(()) };
         let rule = asking.rule.map_or(crate::telemetry::metrics::NO_RULE, |r| &r.name);
-        let (caller, metrics) = (asking.who.caller.entry.label(), &env.core.metrics.queue);
+        let (caller, metrics) = (asking.who.caller.entry.label(), &self.shared.metrics);
         // Boxed, as the read: a live call's future does not carry a submission's state.
-        let resp = match Box::pin(intake::submit(&self.jobs, env, *asked, asking)).await {
+        let resp = match Box::pin(intake::submit(&self.shared.jobs, env, *asked, asking)).await {
             Ok(resp) => resp,
             Err(e) => {
                 metrics.refused(rule, caller, refusal(&e));
@@ -184,7 +248,7 @@ impl Feature for Queue {
         if !resp.headers().contains_key(intake::DUPLICATE) {
             metrics.submitted(rule, caller);
         }
-        self.wake.notify_one();
+        self.shared.wake.notify_one();
         Err(Early::Answered(Box::new(resp), Outcome::queued))
     }
 
@@ -194,7 +258,7 @@ impl Feature for Queue {
         let Ctx::Send(sends) = cx else { return Ok(()) };
         let jobs = self.jobs()?;
         let now = env.core.clock.now_us();
-        match jobs.sending(sends.id, &self.owner, now).await {
+        match jobs.sending(sends.id, &self.shared.owner, now).await {
             Ok(true) => {
                 sends.marked.store(true, std::sync::atomic::Ordering::SeqCst);
                 Ok(())

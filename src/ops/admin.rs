@@ -129,9 +129,6 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
                 (&Method::GET, ["errcodes"]) => overview::errcodes(app),
                 (&Method::GET, ["history"]) => overview::history(app),
                 (&Method::GET, ["health"]) => overview::health(app),
-                (&Method::GET, ["queues"]) => overview::queues(app).await,
-                (&Method::GET, ["deliveries", caller, id]) => overview::delivery(app, caller, id, false).await,
-                (&Method::DELETE, ["deliveries", caller, id]) => overview::delivery(app, caller, id, true).await,
                 (&Method::GET, ["callers"]) => callers(app),
                 (&Method::POST, ["accounts", account, "clear"]) => clear(app, account).await,
                 (&Method::GET, ["buckets", account, rule]) => bucket(app, account, rule, query(&req, "path")).await,
@@ -147,7 +144,10 @@ async fn route(app: &App, req: Request<Incoming>) -> Answer {
                         None => error(StatusCode::BAD_REQUEST, "give ?seconds=N (1 to 2678400)"),
                     }
                 }
-                _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+                (method, rest) => match app.features.admin(app, method, rest).await {
+                    Some((status, body)) => json_answer(status, body),
+                    None => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),
+                },
             }
         }
         _ => error(StatusCode::NOT_FOUND, format!("no such admin endpoint: {} {path}", req.method())),

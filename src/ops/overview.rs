@@ -19,21 +19,16 @@
 //! ([`crate::store::Store::penalised`]: at most [`MAX_PENALTIES`]), read
 //! likewise.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use http::StatusCode;
 use serde_json::{json, Value};
 
 use crate::config::{valid_account, Fallback};
-use crate::features::queue::SUMMARY_FOR;
-use crate::jobs::{Cancelled, JobId, QueueSummary};
 use crate::limit::{Key, Rule};
 use crate::ops::answers::{error, json_answer, Answer};
 use crate::ops::pair_view::{describe, local_time, Here};
 use crate::proxy::app::App;
-use crate::proxy::deliveries::{cancelled, drained_in, job_json, rfc3339, summary_json};
 use crate::store::op::Inspect;
 use crate::store::Status;
 use crate::telemetry::history::Counts;
@@ -42,9 +37,6 @@ use crate::telemetry::history::Counts;
 pub const MAX_TOP: usize = 100;
 /// Most pairs `GET /v1/penalties` lists (those ending last).
 pub const MAX_PENALTIES: usize = 50;
-/// Most queues `GET /v1/queues` works out a drained-at time for (the
-/// deepest; one `inspect` each).
-pub const MAX_DRAINED: usize = 50;
 
 /// `GET /v1/accounts?top=N&q=S`.
 pub async fn top(app: &App, n: Option<&str>, containing: Option<&str>) -> Answer {
@@ -175,7 +167,7 @@ pub fn history(app: &App) -> Answer {
                     (rule.to_string(), v)
                 })
                 .collect();
-            json!({ "at": rfc3339(r.at_us), "seconds": r.span_us as f64 / 1e6, "rules": rules })
+            json!({ "at": crate::time::format_rfc3339(r.at_us), "seconds": r.span_us as f64 / 1e6, "rules": rules })
         })
         .collect();
     json_answer(
@@ -230,7 +222,7 @@ pub fn health(app: &App) -> Answer {
             "reloads": {
                 "ok": app.reloads.ok.load(Ordering::Relaxed),
                 "failed": app.reloads.failed.load(Ordering::Relaxed),
-                "last_at": last.as_ref().map(|(at, _)| rfc3339(*at)),
+                "last_at": last.as_ref().map(|(at, _)| crate::time::format_rfc3339(*at)),
                 "last_error": last.and_then(|(_, e)| e),
             },
             "held_now": m.held_now.get(),
@@ -272,112 +264,6 @@ pub fn decisions(status: Status) -> (bool, String) {
             fallback != Fallback::Deny,
             format!("fallback {fallback:?} (Redis unavailable: unreachable, or refusing writes)").to_lowercase(),
         ),
-    }
-}
-
-/// `GET /v1/queues`: queued delivery's queues grouped by caller and rule
-/// (all accounts together): jobs by state, the oldest unfinished, and when
-/// the deepest [`MAX_DRAINED`] queues are drained at the earliest (the
-/// latest of them). The jobs store's summary is read at most every
-/// [`SUMMARY_FOR`]. `on: false` without queued delivery.
-pub async fn queues(app: &App) -> Answer {
-    let Some(jobs) = app.features.queue.jobs.get().cloned() else {
-        return json_answer(StatusCode::OK, json!({ "on": false, "queues": [] }));
-    };
-    let now = app.core.clock.now_us();
-    let kept = app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let all = match kept {
-        Some((at, all)) if now - at < SUMMARY_FOR && now >= at => all,
-        _ => match jobs.summary(None).await {
-            Ok(all) => {
-                let all = Arc::new(all);
-                *app.features.queue.summary.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, all.clone()));
-                all
-            }
-            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
-        },
-    };
-    let mut deepest: Vec<&QueueSummary> = all.iter().filter(|q| q.queued + q.waiting > 0).collect();
-    deepest.sort_by_key(|q| std::cmp::Reverse(q.queued + q.waiting));
-    deepest.truncate(MAX_DRAINED);
-    let mut drained: BTreeMap<(&str, &str), Option<i64>> = BTreeMap::new();
-    for q in deepest {
-        let at = drained_in(app, q).await;
-        let slot = drained.entry((&q.queue.caller, &q.queue.rule)).or_insert(Some(0));
-        *slot = match (*slot, at) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            _ => None,
-        };
-    }
-    let mut grouped: BTreeMap<(&str, &str), (QueueSummary, u64)> = BTreeMap::new();
-    for q in all.iter() {
-        let (sum, accounts) =
-            grouped.entry((&q.queue.caller, &q.queue.rule)).or_insert_with(|| (QueueSummary::new(q.queue.clone()), 0));
-        *accounts += 1;
-        sum.merge(q);
-    }
-    let list: Vec<Value> = grouped
-        .into_iter()
-        .map(|((caller, rule), (sum, accounts))| {
-            let mut v = summary_json(&sum, now);
-            if let Some(fields) = v.as_object_mut() {
-                fields.remove("account");
-            }
-            v["caller"] = json!(caller);
-            v["rule"] = json!(rule);
-            v["accounts"] = json!(accounts);
-            let pending = sum.queued + sum.waiting;
-            // Unknown (`null`): a store that did not answer, a reserve that
-            // leaves queued sends nothing, or only queues past the deepest.
-            let at = if pending == 0 { Some(0) } else { drained.get(&(caller, rule)).copied().flatten() };
-            v["drained_at"] = json!(at.map(|us| rfc3339(now + us)));
-            v
-        })
-        .collect();
-    json_answer(StatusCode::OK, json!({ "on": true, "queues": list }))
-}
-
-/// `GET` (or with `cancel`, `DELETE`) `/v1/deliveries/{caller}/{id}`.
-pub async fn delivery(app: &App, caller: &str, id: &str, cancel: bool) -> Answer {
-    let Some(jobs) = app.features.queue.jobs.get().cloned() else {
-        return error(StatusCode::NOT_FOUND, "queued delivery is off");
-    };
-    if !valid_account(caller) {
-        return error(StatusCode::BAD_REQUEST, "the caller must be 1-64 characters of A-Z a-z 0-9 _ -");
-    }
-    let Some(id) = JobId::parse(id) else {
-        return error(StatusCode::BAD_REQUEST, "a delivery id is 32 hex digits, as its 202 answer gave it");
-    };
-    let now = app.core.clock.now_us();
-    let not_found = || error(StatusCode::NOT_FOUND, format!("caller \"{caller}\" has no delivery {id}"));
-    if cancel {
-        match jobs.cancel(caller, id, now).await {
-            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
-            Ok(Cancelled::NotFound) => return not_found(),
-            Ok(Cancelled::TooLate(state)) => {
-                return json_answer(
-                    StatusCode::CONFLICT,
-                    json!({ "error": format!("the delivery is {} and can no longer be cancelled", state.as_str()), "state": state.as_str() }),
-                )
-            }
-            Ok(Cancelled::Cancelled) => {}
-        }
-    }
-    match jobs.get(caller, id).await {
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
-        Ok(None) => not_found(),
-        Ok(Some(job)) => {
-            if cancel {
-                cancelled(app, &job, "hand (admin API)");
-            }
-            let mut v = job_json(&job, now);
-            if let Some(fields) = v.as_object_mut() {
-                fields.remove("errcode");
-                fields.remove("errmsg");
-            }
-            v["caller"] = json!(caller);
-            json_answer(StatusCode::OK, v)
-        }
     }
 }
 

@@ -53,9 +53,10 @@ pub enum ReloadError {
     /// An `[[account]]` needs a token cache the running wxgate has not got.
     #[error("{0}")]
     Accounts(String),
-    /// Queued delivery's jobs store, needed now, cannot be opened.
-    #[error("{0}")]
-    Jobs(String),
+    /// A component cannot take the new config (queued delivery's jobs
+    /// store, needed now, cannot be opened).
+    #[error(transparent)]
+    Component(crate::error::ComponentError),
 }
 
 /// Loads `path` and swaps it in, or keeps the running config.
@@ -143,22 +144,9 @@ async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
     )
     .map_err(ReloadError::Accounts)?;
-    // Where queued jobs live (`[queue] file`, or the store's kind) is fixed
-    // once a jobs store is open: the running one stays until a restart, so
-    // a reload never loses jobs. Before that, the reload that first needs
-    // one (its first `queue = true` rule, a `file` instead of "off") opens
-    // it now, and the dispatcher starts.
-    if let Some(at) = app.features.queue.jobs.at() {
-        if next.queue.at != at {
-            tracing::warn!(
-                running = ?at,
-                "[queue] file (where queued jobs live) changes need a restart; keeping the running jobs store"
-            );
-            next.queue.at = at;
-        }
-    } else {
-        crate::proxy::app::open_jobs(app, &next).await.map_err(ReloadError::Jobs)?;
-    }
+    // The components keep what they must until a restart (queued
+    // delivery: where its jobs live) and open what `next` needs first.
+    app.features.reload(&mut next).await.map_err(ReloadError::Component)?;
     let callers = Callers::new(&next, &app.core.clock, &app.core.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
     app.core.metrics.rules(next.rules.iter().map(|r| &*r.name));

@@ -58,7 +58,7 @@ pub fn spawn(app: &Arc<App>) {
             }
             let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
             let status = resp.status();
-            super::callbacks::read_some(resp.into_body(), ANSWER_READ).await;
+            crate::transport::body::read_some(resp.into_body(), ANSWER_READ).await;
             match status.is_success() {
                 true => Ok(()),
                 false => Err(format!("the collector answered {status}")),

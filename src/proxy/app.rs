@@ -18,7 +18,8 @@ use crate::admit::core::Core;
 use crate::admit::slots::Slots;
 use crate::config::{Config, StoreConfig};
 use crate::error::StartError;
-use crate::features::hooks::Env;
+use crate::features::component::Host;
+use crate::features::hooks::{Calls, Env};
 use crate::features::Features;
 use crate::jobs::JobStore;
 use crate::proxy::app::sync_status::SyncStatus;
@@ -61,6 +62,25 @@ impl App {
     }
 }
 
+/// What the components' work reaches of the app (held weakly).
+impl Host for App {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    fn callers(&self) -> Arc<Callers> {
+        self.callers.load_full()
+    }
+
+    fn calls(&self) -> &dyn Calls {
+        self
+    }
+}
+
 /// Reload outcomes since start, and what the config watcher saw (`/readyz`).
 #[derive(Default)]
 pub struct Reloads {
@@ -87,7 +107,7 @@ impl App {
         config: Config,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
-        metrics: Metrics,
+        mut metrics: Metrics,
         jobs: Option<Arc<dyn JobStore>>,
     ) -> Result<Arc<App>, StartError> {
         let upstreams =
@@ -96,7 +116,7 @@ impl App {
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
         metrics.window_margin.set(config.server.window_margin_us as f64 / 1e6);
-        let features = Features::new(&config, &store, &clock, &metrics, jobs).map_err(StartError::Features)?;
+        let features = Features::new(&config, &store, &clock, &mut metrics, jobs).map_err(StartError::Features)?;
         let intercept =
             Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
         let tracer = config.telemetry.as_ref().map(|t| {
@@ -165,56 +185,4 @@ pub async fn open_store(
             store
         }
     })
-}
-
-/// Opens queued delivery's jobs store where `config` puts it, if it needs
-/// one and none is open yet: at start, and at each reload (the first that
-/// adds a `queue = true` rule opens it then). Nothing when one is open or
-/// being connected to (where jobs live changes only at a restart), when no
-/// rule has `queue = true`, or when `[queue] file = "off"`.
-///
-/// Redis unreachable: the jobs wait for it (a call asking for queued
-/// delivery gets 503) and a task tries again every `[store] breaker_open`
-/// (as the decision store's probe) until Redis answers, then opens it and
-/// the dispatcher starts. `Err`: a jobs file that cannot be opened, or a
-/// Redis that refuses wxgate (a configuration error: start and reload
-/// refuse it).
-pub async fn open_jobs(app: &App, config: &Config) -> Result<(), String> {
-    use crate::config::queue::JobsAt;
-    let slot = &app.features.queue.jobs;
-    if slot.at().is_some() || !config.rules_http.iter().any(|h| h.queue.is_some()) {
-        return Ok(());
-    }
-    match (&config.queue.at, &config.store) {
-        (JobsAt::Off, _) => {}
-        (JobsAt::File(path), StoreConfig::Memory(_)) => {
-            let jobs = crate::jobs::sqlite::SqliteJobs::open(path)
-                .map_err(|e| format!("[queue] file {}: {e}", path.display()))?;
-            slot.set(Arc::new(jobs), config.queue.at.clone());
-            tracing::info!(file = %path.display(), "queued delivery on");
-        }
-        (JobsAt::Redis, StoreConfig::Redis(r)) => match crate::jobs::redis::RedisJobs::connect(r).await {
-            Ok(jobs) => {
-                slot.set(Arc::new(jobs), JobsAt::Redis);
-                tracing::info!("queued delivery on (jobs in Redis)");
-            }
-            Err(StoreError::Unreachable(e)) => {
-                tracing::warn!(
-                    error = %e,
-                    "queued delivery waits for Redis (the jobs store): calls asking for it get 503 until Redis answers"
-                );
-                slot.connect_later(r.clone());
-            }
-            Err(e) => return Err(format!("queued delivery's jobs store: {e}")),
-        },
-        // The file's jobs place and the running store disagree: a reload
-        // whose `[store]` changed (kept until a restart, as the store is).
-        (at, _) => {
-            tracing::warn!(
-                jobs = ?at,
-                "[queue]: the file puts queued jobs where the running [store] is not; needs a restart: queued delivery stays off"
-            );
-        }
-    }
-    Ok(())
 }

@@ -20,10 +20,7 @@ pub use labels::{
     TriedLabels, Tunnel, TunnelLabels, UpstreamLabel, NO_RULE,
 };
 use register::{AccountSeries, CallSeries, CallerSeries, InterceptSeries, StoreSeries};
-pub use series::{
-    CallerMetrics, MemoryStoreMetrics, QueueMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics, QUEUE_ENDS,
-    QUEUE_STATES,
-};
+pub use series::{CallerMetrics, MemoryStoreMetrics, RuleMetrics, TokenMetrics, UpstreamMetrics};
 use series::{Latencies, RuleFamilies};
 
 pub struct Metrics {
@@ -80,8 +77,6 @@ pub struct Metrics {
     pub intercepted_calls: Family<HostLabel, Counter>,
     /// `[intercept]`: CONNECT requests by what became of them.
     pub intercept_tunnels: Family<TunnelLabels, Counter>,
-    /// Queued delivery's series, by rule and caller.
-    pub queue: QueueMetrics,
     /// Day-quota forecasts, by rule (`crate::admit::forecasts`).
     day_forecast: register::DayForecastSeries,
 }
@@ -135,7 +130,6 @@ impl Metrics {
             register::callers(&mut registry);
         let tokens = register::tokens(&mut registry);
         let InterceptSeries { intercepted_calls, intercept_tunnels } = register::intercept(&mut registry);
-        let queue = register::queue(&mut registry);
         let day_forecast = register::day_forecast(&mut registry);
         let trace_spans = register::trace_spans(&mut registry);
         register::build(&mut registry);
@@ -176,7 +170,6 @@ impl Metrics {
             caller_auth_refusals,
             intercepted_calls,
             intercept_tunnels,
-            queue,
             day_forecast,
         }
     }

@@ -126,3 +126,15 @@ impl Body for RelayBody {
         }
     }
 }
+
+/// Reads an answer's body until `most` bytes, its end or an error (what
+/// it says is not needed; reading it lets the connection be reused).
+pub async fn read_some(mut body: hyper::body::Incoming, most: usize) {
+    let mut read = 0usize;
+    while read < most {
+        match http_body_util::BodyExt::frame(&mut body).await {
+            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+            Some(Err(_)) | None => break,
+        }
+    }
+}

@@ -207,37 +207,3 @@ pub(super) const OUTCOMES: [Outcome; 12] = [
     Outcome::unauthorized,
     Outcome::queued,
 ];
-
-/// A queue's series (queued delivery): its rule and its caller's label
-/// (the declared name or `other`), never an account, a job or a recipient.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabels {
-    pub rule: String,
-    pub caller: String,
-}
-
-/// A queue's jobs in one state (`queued`, `waiting`, `sending`), or its
-/// jobs ended in one (`sent`, `failed`, `expired`, `cancelled`, `unknown`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueStateLabels {
-    pub rule: String,
-    pub caller: String,
-    pub state: String,
-}
-
-/// A callback's post, by outcome (`delivered`, `retried`, `given_up`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueCallbackLabels {
-    pub rule: String,
-    pub caller: String,
-    pub outcome: String,
-}
-
-/// A submission refused, by reason (`queue_full`, `bad_request`,
-/// `unavailable`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueReasonLabels {
-    pub rule: String,
-    pub caller: String,
-    pub reason: String,
-}

@@ -16,7 +16,7 @@ use super::labels::{
     CallerLabel, CallerOutcomeLabels, CallerReasonLabels, ErrcodeLabels, FileOp, HostLabel, LearnedLabels, LeaseLabel,
     OpLabel, OutcomeLabels, ResultLabel, RuleLabel, SourceLabel, TunnelLabels,
 };
-use super::series::{Latencies, Latency, MemoryStoreMetrics, QueueMetrics, TokenMetrics, UpstreamMetrics};
+use super::series::{Latencies, Latency, MemoryStoreMetrics, TokenMetrics, UpstreamMetrics};
 
 /// The latency histograms' bucket bounds, in seconds: few enough that an
 /// active rule costs 12 or 13 lines per histogram, where the dashboard's
@@ -34,16 +34,6 @@ pub(super) const DECISION_BUCKETS: [f64; 9] = [0.000_05, 0.000_1, 0.000_25, 0.00
 
 /// Time a call was held for its slot: 10 ms to 5 min (the longest `max_wait`).
 pub(super) const HOLD_BUCKETS: [f64; 10] = [0.01, 0.05, 0.25, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
-
-/// Time from a queued job's submission to WeChat's success: 1 s (sent at
-/// once) to a day (`[queue] deadline`'s default; a job waiting for the next
-/// quota day falls in 3-24 h).
-pub(super) const DELAY_BUCKETS: [f64; 10] =
-    [1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 10_800.0, 21_600.0, 43_200.0, 86_400.0];
-
-fn delay_buckets() -> Histogram {
-    Histogram::new(DELAY_BUCKETS)
-}
 
 fn upstream_buckets() -> Latency {
     Latency::Plain(Histogram::new(UPSTREAM_BUCKETS))
@@ -455,66 +445,6 @@ pub(super) fn intercept(registry: &mut Registry) -> InterceptSeries {
         intercept_tunnels.clone(),
     );
     InterceptSeries { intercepted_calls, intercept_tunnels }
-}
-
-/// Queued delivery's series. None exists until a queue has a job (or a
-/// refused submission), but, once queued delivery is on, the rules'
-/// deadlines and the `unknown` ends of jobs recovered from a stopped
-/// instance's lease (`rule` and `caller` empty: `recover` does not see
-/// whose they were), which the alert counts from 0
-/// (`crate::ops::queue_metrics`).
-pub(super) fn queue(registry: &mut Registry) -> QueueMetrics {
-    let q = QueueMetrics {
-        jobs: Family::default(),
-        oldest: Family::default(),
-        deadline: Family::default(),
-        submitted: Family::default(),
-        refused: Family::default(),
-        ended: Family::default(),
-        delay: Family::new_with_constructor(delay_buckets),
-        callbacks: Family::default(),
-    };
-    registry.register(
-        "queue_jobs",
-        "Queued delivery: unfinished jobs by rule, caller and state (queued, waiting, sending), from the jobs store's summary every 15 s; the whole store, so every instance shows the same",
-        q.jobs.clone(),
-    );
-    registry.register(
-        "queue_oldest_seconds",
-        "Queued delivery: age of the oldest unfinished job by rule and caller (0: none), as of the last summary",
-        q.oldest.clone(),
-    );
-    registry.register(
-        "queue_deadline_seconds",
-        "Queued delivery: the default deadline of a queueing rule's jobs (queue_deadline, or [queue] deadline)",
-        q.deadline.clone(),
-    );
-    registry.register(
-        "queue_submitted",
-        "Queued delivery: jobs stored and answered 202 by this instance, by rule and caller",
-        q.submitted.clone(),
-    );
-    registry.register(
-        "queue_refused",
-        "Queued delivery: submissions refused by this instance, by rule, caller and reason (queue_full, bad_request, unavailable)",
-        q.refused.clone(),
-    );
-    registry.register(
-        "queue_ended",
-        "Queued delivery: jobs ended by this instance, by rule, caller and state (sent, failed, expired, cancelled, unknown: may have reached WeChat, never resent)",
-        q.ended.clone(),
-    );
-    registry.register(
-        "queue_delay_seconds",
-        "Queued delivery: time from submission to WeChat's success, by rule",
-        q.delay.clone(),
-    );
-    registry.register(
-        "queue_callbacks",
-        "Queued delivery: callbacks this instance posted or gave up, by rule, caller and outcome (delivered: 2xx; retried: not 2xx, tried again later; given_up: callback_for passed or the URL no longer allowed)",
-        q.callbacks.clone(),
-    );
-    q
 }
 
 /// The build's version.

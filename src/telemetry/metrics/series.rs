@@ -9,8 +9,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use std::sync::OnceLock;
 
 use super::labels::{
-    ErrcodeLabels, FailoverLabels, FileOp, OpLabel, Outcome, OutcomeLabels, QueueCallbackLabels, QueueLabels,
-    QueueReasonLabels, QueueStateLabels, ResultLabel, RuleLabel, TriedLabels, UpstreamLabel, OUTCOMES,
+    ErrcodeLabels, FailoverLabels, FileOp, OpLabel, Outcome, OutcomeLabels, ResultLabel, RuleLabel, TriedLabels,
+    UpstreamLabel, OUTCOMES,
 };
 
 /// The token cache's series (`crate::features::token_cache`, `crate::ops::quota_sync`):
@@ -114,9 +114,6 @@ pub(super) const EAGER_OUTCOMES: [Outcome; 6] = [
     Outcome::upstream_error,
     Outcome::unauthorized,
 ];
-
-/// A latency histogram family by rule, each made with the family's buckets.
-pub(super) type Histograms = Family<RuleLabel, Histogram, fn() -> Histogram>;
 
 /// A call latency histogram; with tracing on, with the trace id of a
 /// traced call as the exemplar of the bucket it fell in (OpenMetrics).
@@ -325,125 +322,5 @@ impl CallerMetrics {
     /// The caller's calls so far, by outcome (those at 0 left out).
     pub fn outcomes(&self) -> Vec<(Outcome, u64)> {
         OUTCOMES.iter().zip(&self.calls).map(|(&o, c)| (o, c.get())).filter(|(_, n)| *n > 0).collect()
-    }
-}
-
-/// Queued delivery's series (`crate::features::queue`, `crate::ops::dispatch`),
-/// by rule and caller label (declared name or `other`): clones of the app's
-/// metrics. Nothing here is fed on a live call's path: submissions and
-/// their refusals are counted at the intake of a queued call, ends where
-/// the dispatcher writes them (and on a cancel), and the gauges are set
-/// from the jobs store's summary every few seconds
-/// (`crate::features::queue::gauges`).
-#[derive(Clone)]
-pub struct QueueMetrics {
-    /// Unfinished jobs by state (`queued`, `waiting`, `sending`), as the
-    /// jobs store last summed them (every instance sees the whole store).
-    pub jobs: Family<QueueStateLabels, Gauge>,
-    /// Age of the oldest unfinished job, in seconds (0: none).
-    pub oldest: Family<QueueLabels, Gauge>,
-    /// The default deadline of a queueing rule's jobs, in seconds.
-    pub deadline: Family<RuleLabel, Gauge>,
-    /// Jobs stored (answered 202) by this instance; a repeated
-    /// `Idempotency-Key` is not a new job.
-    pub submitted: Family<QueueLabels, Counter>,
-    /// Submissions refused by this instance, by reason.
-    pub refused: Family<QueueReasonLabels, Counter>,
-    /// Jobs this instance ended, by end.
-    pub ended: Family<QueueStateLabels, Counter>,
-    /// Submission to WeChat's success, for jobs sent by this instance.
-    pub delay: Histograms,
-    /// Callbacks this instance posted or gave up, by outcome
-    /// (`crate::ops::callbacks`).
-    pub callbacks: Family<QueueCallbackLabels, Counter>,
-}
-
-/// The ends a job can have (`wxgate_queue_ended_total`'s `state`).
-pub const QUEUE_ENDS: [&str; 5] = ["sent", "failed", "expired", "cancelled", "unknown"];
-
-/// The unfinished states a queue's jobs are counted in (`wxgate_queue_jobs`).
-pub const QUEUE_STATES: [&str; 3] = ["queued", "waiting", "sending"];
-
-impl QueueMetrics {
-    fn labels(rule: &str, caller: &str) -> QueueLabels {
-        QueueLabels { rule: rule.to_owned(), caller: caller.to_owned() }
-    }
-
-    fn state(rule: &str, caller: &str, state: &str) -> QueueStateLabels {
-        QueueStateLabels { rule: rule.to_owned(), caller: caller.to_owned(), state: state.to_owned() }
-    }
-
-    /// Creates the series the alerts count of a queue at 0 (its `unknown`
-    /// ends), so that its first `unknown` is an increase.
-    pub fn seen(&self, rule: &str, caller: &str) {
-        let _ = self.ended.get_or_create(&Self::state(rule, caller, "unknown"));
-    }
-
-    /// A job stored and answered 202.
-    pub fn submitted(&self, rule: &str, caller: &str) {
-        self.seen(rule, caller);
-        self.submitted.get_or_create(&Self::labels(rule, caller)).inc();
-    }
-
-    /// A submission refused (`queue_full`, `bad_request`, `unavailable`).
-    pub fn refused(&self, rule: &str, caller: &str, reason: &str) {
-        let labels = QueueReasonLabels { rule: rule.to_owned(), caller: caller.to_owned(), reason: reason.to_owned() };
-        self.refused.get_or_create(&labels).inc();
-    }
-
-    /// A job ended `state` (one of [`QUEUE_ENDS`]).
-    pub fn ended(&self, rule: &str, caller: &str, state: &str) {
-        self.seen(rule, caller);
-        self.ended.get_or_create(&Self::state(rule, caller, state)).inc_by(1);
-    }
-
-    /// `n` jobs ended `unknown` whose queue is not known here (`recover`:
-    /// counted with `rule` and `caller` empty).
-    pub fn recovered_unknown(&self, n: u64) {
-        self.ended.get_or_create(&Self::state("", "", "unknown")).inc_by(n);
-    }
-
-    /// A callback `delivered` (2xx), `retried` (posted, not 2xx: tried
-    /// again later) or `given_up` (`[queue] callback_for` passed, or its URL
-    /// no longer allowed).
-    pub fn callback(&self, rule: &str, caller: &str, outcome: &str) {
-        let labels =
-            QueueCallbackLabels { rule: rule.to_owned(), caller: caller.to_owned(), outcome: outcome.to_owned() };
-        self.callbacks.get_or_create(&labels).inc();
-    }
-
-    /// A job sent `seconds` after it was submitted.
-    pub fn delay(&self, rule: &str, seconds: f64) {
-        self.delay.get_or_create(&RuleLabel { rule: rule.to_owned() }).observe(seconds);
-    }
-
-    /// Sets a queue's gauges: unfinished jobs by state, the oldest's age.
-    pub fn set_queue(&self, rule: &str, caller: &str, counts: [u64; 3], oldest_seconds: i64) {
-        self.seen(rule, caller);
-        for (state, n) in QUEUE_STATES.iter().zip(counts) {
-            self.jobs.get_or_create(&Self::state(rule, caller, state)).set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-        self.oldest.get_or_create(&Self::labels(rule, caller)).set(oldest_seconds);
-    }
-
-    /// Removes a queue's gauges (it has no job left in the store).
-    pub fn drop_queue(&self, rule: &str, caller: &str) {
-        for state in QUEUE_STATES {
-            self.jobs.remove(&Self::state(rule, caller, state));
-        }
-        self.oldest.remove(&Self::labels(rule, caller));
-    }
-
-    /// Sets (`Some`) or removes a rule's default deadline.
-    pub fn set_deadline(&self, rule: &str, seconds: Option<i64>) {
-        let label = RuleLabel { rule: rule.to_owned() };
-        match seconds {
-            Some(s) => {
-                self.deadline.get_or_create(&label).set(s);
-            }
-            None => {
-                self.deadline.remove(&label);
-            }
-        }
     }
 }

@@ -11,7 +11,7 @@
 //! the receiver answered and before the post was recorded.
 //!
 //! - **Body**: the job as `GET /v1/deliveries/<id>` shows it
-//!   ([`crate::proxy::deliveries::job_json`], never the message's body)
+//!   ([`super::routes::job_json`], never the message's body)
 //!   with `ended` (RFC 3339), without the `errcode`/`errmsg` of that
 //!   answer's envelope.
 //! - **Signature**: `X-Wxgate-Signature: t=<unix seconds>,v1=<hex>`, the
@@ -35,16 +35,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::routes::{job_json, rfc3339};
+use super::state::Shared;
 use crate::config::Config;
+use crate::features::component::Host;
 use crate::jobs::{DueCallback, JobStore};
-use crate::proxy::app::App;
-use crate::proxy::deliveries::{job_json, rfc3339};
 use crate::store::StoreError;
 use crate::time::{Micros, Span};
 
@@ -67,13 +68,11 @@ type Poster = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// Starts the callbacks loop once queued delivery is on (at start, or when
 /// a reload or Redis answering opens the jobs store); it ends when the app
 /// is dropped.
-pub fn spawn(app: Weak<App>) {
-    let Some(a) = app.upgrade() else { return };
-    let wake = a.features.queue.ended.clone();
-    let stopping = a.features.queue.stopping.clone();
-    a.features.queue.spawn_when_open(move || async move {
-        let Some(a) = app.upgrade() else { return };
-        let poster = match crate::transport::upstream::connector(&a.config.load().server) {
+pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
+    let queue = q.clone();
+    queue.spawn_when_open(move || async move {
+        let Some(a) = host.upgrade() else { return };
+        let poster = match crate::transport::upstream::connector(&a.config().server) {
             Ok(connector) => {
                 Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
             }
@@ -84,24 +83,24 @@ pub fn spawn(app: Weak<App>) {
         };
         drop(a);
         loop {
-            let Some(app) = app.upgrade() else { return };
-            if stopping.is_cancelled() {
+            let Some(host) = host.upgrade() else { return };
+            if q.stopping.is_cancelled() {
                 return;
             }
-            let full = match round(&app, &poster).await {
+            let full = match round(&host, &q, &poster).await {
                 Ok(full) => full,
                 Err(e) => {
                     tracing::warn!(error = %e, "queued delivery: the jobs store failed reading callbacks; trying again");
                     false
                 }
             };
-            let clock = app.core.clock.clone();
-            drop(app);
+            let clock = host.core().clock.clone();
+            drop(host);
             if !full {
                 tokio::select! {
-                    _ = wake.notified() => {}
+                    _ = q.ended.notified() => {}
                     _ = clock.sleep(TICK) => {}
-                    _ = stopping.cancelled() => return,
+                    _ = q.stopping.cancelled() => return,
                 }
             }
         }
@@ -110,14 +109,14 @@ pub fn spawn(app: Weak<App>) {
 
 /// One round: the due callbacks (at most [`BATCH`]), posted concurrently;
 /// `Ok(true)` when the batch was full (look again at once).
-async fn round(app: &Arc<App>, poster: &Poster) -> Result<bool, StoreError> {
-    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(false) };
-    let due = jobs.callbacks_due(app.core.clock.now_us(), LEASE_US, BATCH).await?;
+async fn round(host: &Arc<dyn Host>, q: &Arc<Shared>, poster: &Poster) -> Result<bool, StoreError> {
+    let Some(jobs) = q.jobs.get().cloned() else { return Ok(false) };
+    let due = jobs.callbacks_due(host.core().clock.now_us(), LEASE_US, BATCH).await?;
     let full = due.len() == BATCH;
     let mut set = tokio::task::JoinSet::new();
     for due in due {
-        let (app, jobs, poster) = (app.clone(), jobs.clone(), poster.clone());
-        set.spawn(async move { post_one(&app, &jobs, &poster, due).await });
+        let (host, q, jobs, poster) = (host.clone(), q.clone(), jobs.clone(), poster.clone());
+        set.spawn(async move { post_one(&*host, &q, &jobs, &poster, due).await });
     }
     while let Some(done) = set.join_next().await {
         match done {
@@ -130,19 +129,26 @@ async fn round(app: &Arc<App>, poster: &Poster) -> Result<bool, StoreError> {
 }
 
 /// Posts one callback and records how it went.
-async fn post_one(app: &App, jobs: &Arc<dyn JobStore>, poster: &Poster, due: DueCallback) -> Result<(), StoreError> {
-    let config = app.config.load_full();
+async fn post_one(
+    host: &dyn Host,
+    q: &Shared,
+    jobs: &Arc<dyn JobStore>,
+    poster: &Poster,
+    due: DueCallback,
+) -> Result<(), StoreError> {
+    let config = host.config();
+    let clock = &host.core().clock;
     let job = &due.job;
     let (id, tries) = (job.id, due.tries);
     let (caller, rule) = (&*job.new.queue.caller, &*job.new.queue.rule);
-    let counted = |outcome: &str| app.core.metrics.queue.callback(rule, caller, outcome);
+    let counted = |outcome: &str| q.metrics.callback(rule, caller, outcome);
     let give_up = |why: &str| {
         tracing::warn!(delivery = %id, caller, tries, why, "queued delivery: callback given up");
         counted("given_up");
-        jobs.callback_done(id, tries, None, app.core.clock.now_us())
+        jobs.callback_done(id, tries, None, clock.now_us())
     };
     let Some(url) = job.new.callback.as_deref() else {
-        return jobs.callback_done(id, tries, None, app.core.clock.now_us()).await.map(drop);
+        return jobs.callback_done(id, tries, None, clock.now_us()).await.map(drop);
     };
     if !allowed(&config, caller, url) {
         return give_up("the URL is no longer under its caller's callbacks prefixes").await.map(drop);
@@ -151,19 +157,19 @@ async fn post_one(app: &App, jobs: &Arc<dyn JobStore>, poster: &Poster, due: Due
         return give_up("no callback key ([queue] callback_key_file or WXGATE_CALLBACK_KEY)").await.map(drop);
     };
     let until = job.updated_us.saturating_add(config.queue.callback_for_us);
-    if app.core.clock.now_us() >= until {
+    if clock.now_us() >= until {
         return give_up("[queue] callback_for passed").await.map(drop);
     }
-    let mut body = job_json(job, app.core.clock.now_us());
+    let mut body = job_json(job, clock.now_us());
     if let Some(fields) = body.as_object_mut() {
         fields.remove("errcode");
         fields.remove("errmsg");
         fields.insert("ended".into(), serde_json::Value::String(rfc3339(job.updated_us)));
     }
     let body = Bytes::from(body.to_string());
-    let t = app.core.clock.now_us().div_euclid(1_000_000);
+    let t = clock.now_us().div_euclid(1_000_000);
     let result = post(poster, url, &id.to_string(), signature(key.bytes(), t, &body), body).await;
-    let now = app.core.clock.now_us();
+    let now = clock.now_us();
     match result {
         Ok(status) if (200..300).contains(&status) => {
             tracing::debug!(delivery = %id, caller, tries, status, "queued delivery: callback delivered");
@@ -228,24 +234,12 @@ async fn post(poster: &Poster, url: &str, id: &str, signature: String, body: Byt
     let exchange = async {
         let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
         let status = resp.status().as_u16();
-        read_some(resp.into_body(), ANSWER_READ).await;
+        crate::transport::body::read_some(resp.into_body(), ANSWER_READ).await;
         Ok(status)
     };
     match tokio::time::timeout(TIMEOUT, exchange).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {TIMEOUT:?}")),
-    }
-}
-
-/// Reads an answer's body until `most` bytes, its end or an error (what
-/// it says is not needed; reading it lets the connection be reused).
-pub(crate) async fn read_some(mut body: hyper::body::Incoming, most: usize) {
-    let mut read = 0usize;
-    while read < most {
-        match body.frame().await {
-            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
-            Some(Err(_)) | None => break,
-        }
     }
 }
 

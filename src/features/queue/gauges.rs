@@ -11,14 +11,16 @@
 //!   state, and for a job sent its submit-to-send delay.
 //!
 //! The intake counts submissions and their refusals
-//! (`crate::features::queue`), a cancel is counted where it is answered
-//! (`crate::proxy::deliveries`).
+//! ([`super::intake`]), a cancel is counted where it is answered
+//! ([`super::routes`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
+use super::metrics::QueueMetrics;
+use super::state::Shared;
+use crate::features::component::Host;
 use crate::jobs::{End, QueueKey};
-use crate::proxy::app::App;
 use crate::store::StoreError;
 use crate::time::{Micros, Span};
 
@@ -27,27 +29,23 @@ pub const GAUGES_EVERY: Span = Span::from_micros(15_000_000);
 
 /// Starts the refresh of the queue gauges once queued delivery is on (the
 /// first at once); it ends when the app is dropped.
-pub fn spawn(app: Weak<App>) {
-    let Some(a) = app.upgrade() else { return };
-    let stopping = a.features.queue.stopping.clone();
-    a.features.queue.spawn_when_open(move || async move {
+pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
+    let queue = q.clone();
+    queue.spawn_when_open(move || async move {
         // Jobs ended `unknown` by `recover` (whose queue it does not see):
         // from 0, so the first is an increase the alert sees.
-        match app.upgrade() {
-            Some(a) => a.core.metrics.queue.recovered_unknown(0),
-            None => return,
-        }
+        q.metrics.recovered_unknown(0);
         let mut shown = Shown::default();
         loop {
-            let Some(app) = app.upgrade() else { return };
-            if let Err(e) = refresh(&app, &mut shown).await {
+            let Some(host) = host.upgrade() else { return };
+            if let Err(e) = refresh(&*host, &q, &mut shown).await {
                 tracing::warn!(error = %e, "queued delivery: the jobs store's summary failed; the queue gauges keep their last values");
             }
-            let clock = app.core.clock.clone();
-            drop(app);
+            let clock = host.core().clock.clone();
+            drop(host);
             tokio::select! {
                 _ = clock.sleep(GAUGES_EVERY) => {}
-                _ = stopping.cancelled() => return,
+                _ = q.stopping.cancelled() => return,
             }
         }
     });
@@ -69,18 +67,18 @@ pub struct Shown {
 /// Sets the queue gauges from the jobs store's summary (all accounts of a
 /// rule and caller together) and the config's queueing rules; removes
 /// those of queues no longer in the store and of rules that no longer queue.
-pub async fn refresh(app: &App, shown: &mut Shown) -> Result<(), StoreError> {
-    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(()) };
+async fn refresh(host: &dyn Host, q: &Shared, shown: &mut Shown) -> Result<(), StoreError> {
+    let Some(jobs) = q.jobs.get().cloned() else { return Ok(()) };
     let summary = jobs.summary(None).await?;
-    let now = app.core.clock.now_us();
-    let m = &app.core.metrics.queue;
+    let now = host.core().clock.now_us();
+    let m = &q.metrics;
     let mut queues: BTreeMap<QueueName, Counts> = BTreeMap::new();
-    for q in summary {
-        let (counts, oldest) = queues.entry((q.queue.rule.clone(), q.queue.caller.clone())).or_default();
-        for (n, more) in counts.iter_mut().zip([q.queued, q.waiting, q.sending]) {
+    for s in summary {
+        let (counts, oldest) = queues.entry((s.queue.rule.clone(), s.queue.caller.clone())).or_default();
+        for (n, more) in counts.iter_mut().zip([s.queued, s.waiting, s.sending]) {
             *n = n.saturating_add(more);
         }
-        if let Some(o) = q.oldest_us {
+        if let Some(o) = s.oldest_us {
             *oldest = Some(oldest.map_or(o, |p| p.min(o)));
         }
     }
@@ -93,7 +91,7 @@ pub async fn refresh(app: &App, shown: &mut Shown) -> Result<(), StoreError> {
     }
     shown.queues = queues.into_keys().collect();
 
-    let config = app.config.load();
+    let config = host.config();
     let mut rules = BTreeSet::new();
     for rule in &config.rules {
         if let Some(deadline) = config.rule_http(Some(rule)).queue {
@@ -122,9 +120,8 @@ pub fn ended_as(end: &End) -> Option<&'static str> {
 
 /// Counts an end of a job of `queue` that this instance wrote (`state`
 /// from [`ended_as`]), and a sent job's delay since its submission.
-pub fn count_end(app: &App, queue: &QueueKey, state: Option<&str>, submitted_us: Micros, now: Micros) {
+pub fn count_end(m: &QueueMetrics, queue: &QueueKey, state: Option<&str>, submitted_us: Micros, now: Micros) {
     let Some(state) = state else { return };
-    let m = &app.core.metrics.queue;
     m.ended(&queue.rule, &queue.caller, state);
     if state == "sent" {
         m.delay(&queue.rule, now.saturating_sub(submitted_us).max(0) as f64 / 1e6);
@@ -145,7 +142,7 @@ mod tests {
         assert_eq!(ended_as(&End::Unknown(None)), Some("unknown"));
         assert_eq!(ended_as(&End::Retry { at: 1, answer: Some(answer()) }), None, "a retry waits");
         assert_eq!(ended_as(&End::NotYet { at: 1 }), None, "handed back unsent");
-        let ends: Vec<&str> = crate::telemetry::metrics::QUEUE_ENDS.to_vec();
+        let ends: Vec<&str> = super::super::metrics::QUEUE_ENDS.to_vec();
         assert_eq!(ends, ["sent", "failed", "expired", "cancelled", "unknown"]);
     }
 }

@@ -5,7 +5,7 @@
 //! deadline wherever they are in their queue (every second), `purge` jobs
 //! past `[queue] keep` (every minute), then one round: the due queues, [`PER_CALLER`] per
 //! caller ([`crate::jobs::JobStore::due_queues`]), planned in
-//! weighted turns ([`super::turns::round`]); each queue of the round claims
+//! weighted turns ([`turns::round`]); each queue of the round claims
 //! its share and sends its jobs one after the other, in order (the queues
 //! of a round concurrently). A round that sent something is followed by
 //! another at once.
@@ -32,12 +32,14 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method};
 
+use super::gauges;
+use super::retry::{end_of, Attempt};
+use super::state::Shared;
+use super::turns;
 use crate::error::ProxyError;
+use crate::features::component::Host;
 use crate::features::hooks::{OwnCall, Seeds};
-use crate::features::queue::retry::{end_of, Attempt};
-use crate::features::queue::{turns, Sends};
-use crate::jobs::{Answer, End, Job, JobStore, QueueKey};
-use crate::proxy::app::App;
+use crate::jobs::{Answer, End, Job, JobId, JobStore, QueueKey};
 use crate::time::{Micros, Span};
 
 /// How often the dispatcher looks for due jobs when nothing wakes it.
@@ -61,28 +63,25 @@ const EXPIRE_MAX: usize = 1000;
 /// Starts the dispatcher once queued delivery is on (at start, or when a
 /// reload or Redis answering opens the jobs store); it ends when the app is
 /// dropped.
-pub fn spawn(app: Weak<App>) {
-    let Some(a) = app.upgrade() else { return };
-    let wake = a.features.queue.wake.clone();
-    let stopping = a.features.queue.stopping.clone();
-    a.features.queue.spawn_when_open(move || async move {
+pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
+    let queue = q.clone();
+    queue.spawn_when_open(move || async move {
         let mut marks = Marks {
             recovered: Micros::MIN,
             purged: Micros::MIN,
             expired: Micros::MIN,
             running: Arc::default(),
-            wake: wake.clone(),
         };
-        if let Some(app) = app.upgrade() {
-            if let Some(jobs) = app.features.queue.jobs.get().cloned() {
-                match jobs.recover_at_start(app.core.clock.now_us()).await {
+        if let Some(host) = host.upgrade() {
+            if let Some(jobs) = q.jobs.get().cloned() {
+                match jobs.recover_at_start(host.core().clock.now_us()).await {
                     Ok(r) if r.unknown > 0 || r.requeued > 0 => {
                         tracing::warn!(
                             unknown = r.unknown,
                             requeued = r.requeued,
                             "queued delivery: jobs a stopped process was sending end unknown (never resent); those it had claimed are queued again"
                         );
-                        app.core.metrics.queue.recovered_unknown(r.unknown);
+                        q.metrics.recovered_unknown(r.unknown);
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -92,27 +91,35 @@ pub fn spawn(app: Weak<App>) {
             }
         }
         loop {
-            let Some(app) = app.upgrade() else { return };
-            if stopping.is_cancelled() {
+            let Some(host) = host.upgrade() else { return };
+            if q.stopping.is_cancelled() {
                 return;
             }
             // The next look is due a tick after this one's time: a clock
             // that moved on meanwhile (a manual one in a test, or a slow
             // tick) makes it due at once, never missed.
-            let started = app.core.clock.now_us();
-            if let Err(e) = tick(&app, &mut marks).await {
+            let started = host.core().clock.now_us();
+            if let Err(e) = tick(&host, &q, &mut marks).await {
                 tracing::warn!(error = %e, "queued delivery: the jobs store failed; trying again");
             }
-            let clock = app.core.clock.clone();
-            drop(app);
+            let clock = host.core().clock.clone();
+            drop(host);
             // A submission or a finished turn wakes it; else the next tick.
             tokio::select! {
-                _ = wake.notified() => {}
+                _ = q.wake.notified() => {}
                 _ = clock.sleep_until(started + TICK.as_micros()) => {}
-                _ = stopping.cancelled() => return,
+                _ = q.stopping.cancelled() => return,
             }
         }
     });
+}
+
+/// What the dispatcher seeds a job's send with (the queue's `on_request`
+/// takes it into its context).
+pub struct Sends {
+    pub id: JobId,
+    /// Set when the job was marked `Sending` (its request may go out).
+    pub marked: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// When the periodic chores last ran, and the queues being sent.
@@ -123,7 +130,6 @@ struct Marks {
     /// Queues whose claim this instance is sending now: not planned again
     /// until it is done (each then wakes the loop).
     running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
-    wake: Arc<tokio::sync::Notify>,
 }
 
 /// Takes a queue out of [`Marks::running`] when its turn ends (or its task
@@ -131,35 +137,35 @@ struct Marks {
 struct Turn {
     queue: QueueKey,
     running: Arc<std::sync::Mutex<std::collections::HashSet<QueueKey>>>,
-    wake: Arc<tokio::sync::Notify>,
+    q: Arc<Shared>,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.queue);
-        self.wake.notify_one();
+        self.q.wake.notify_one();
     }
 }
 
 /// One tick: the chores, then a turn started for each planned queue that
 /// is not running already. Turns run on their own: a slow send holds only
 /// its own queue, never another caller's. `Ok(false)`: nothing started.
-async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
-    let Some(jobs) = app.features.queue.jobs.get().cloned() else { return Ok(false) };
-    let config = app.config.load_full();
-    let now = app.core.clock.now_us();
+async fn tick(host: &Arc<dyn Host>, q: &Arc<Shared>, marks: &mut Marks) -> Result<bool, crate::store::StoreError> {
+    let Some(jobs) = q.jobs.get().cloned() else { return Ok(false) };
+    let config = host.config();
+    let now = host.core().clock.now_us();
     if now.saturating_sub(marks.recovered) >= config.queue.lease_us / 2 {
         let r = jobs.recover(now).await?;
         if r.unknown > 0 {
             tracing::warn!(unknown = r.unknown, "queued delivery: jobs whose sending instance stopped before WeChat answered ended unknown (never resent)");
-            app.core.metrics.queue.recovered_unknown(r.unknown);
+            q.metrics.recovered_unknown(r.unknown);
         }
         marks.recovered = now;
     }
     if now.saturating_sub(marks.expired) >= EXPIRE_EVERY_US {
         let ended = jobs.expire(now, EXPIRE_MAX).await?;
         for job in &ended {
-            super::queue_metrics::count_end(app, &job.queue, Some("expired"), job.submitted_us, now);
+            gauges::count_end(&q.metrics, &job.queue, Some("expired"), job.submitted_us, now);
         }
         marks.expired = if ended.len() >= EXPIRE_MAX { Micros::MIN } else { now };
     }
@@ -181,10 +187,10 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
                 continue;
             }
         }
-        let turn = Turn { queue, running: marks.running.clone(), wake: marks.wake.clone() };
-        let (app, jobs) = (app.clone(), jobs.clone());
-        app.features.queue.tasks.clone().spawn(async move {
-            if let Err(e) = run_queue(&app, &jobs, &turn.queue, n).await {
+        let turn = Turn { queue, running: marks.running.clone(), q: q.clone() };
+        let (host, jobs) = (host.clone(), jobs.clone());
+        q.tasks.spawn(async move {
+            if let Err(e) = run_queue(&*host, &turn.q, &jobs, &turn.queue, n).await {
                 tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
             }
             drop(turn);
@@ -197,29 +203,30 @@ async fn tick(app: &Arc<App>, marks: &mut Marks) -> Result<bool, crate::store::S
 /// Claims up to `n` jobs of `queue` and sends them in order; `Ok(true)`
 /// when one went (or ended) rather than being handed back.
 async fn run_queue(
-    app: &App,
+    host: &dyn Host,
+    q: &Shared,
     jobs: &Arc<dyn JobStore>,
     queue: &QueueKey,
     n: usize,
 ) -> Result<bool, crate::store::StoreError> {
-    let owner = app.features.queue.owner.clone();
-    let lease_us = app.config.load().queue.lease_us;
-    let claimed = jobs.claim(queue, &owner, app.core.clock.now_us(), lease_us, n).await?;
+    let owner = q.owner.clone();
+    let lease_us = host.config().queue.lease_us;
+    let claimed = jobs.claim(queue, &owner, host.core().clock.now_us(), lease_us, n).await?;
     let mut moved = false;
     let mut rest = claimed.into_iter();
     while let Some(job) = rest.next() {
         let (id, submitted_us) = (job.id, job.submitted_us);
-        let end = send(app, job).await;
-        let ended = super::queue_metrics::ended_as(&end);
+        let end = send(host, job).await;
+        let ended = gauges::ended_as(&end);
         let waits = match &end {
             End::NotYet { at } | End::Retry { at, .. } => Some(*at),
             _ => None,
         };
-        let now = app.core.clock.now_us();
+        let now = host.core().clock.now_us();
         if !jobs.finish(id, &owner, end, now).await? {
             tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
         } else {
-            super::queue_metrics::count_end(app, queue, ended, submitted_us, now);
+            gauges::count_end(&q.metrics, queue, ended, submitted_us, now);
         }
         if let Some(at) = waits {
             // The head waits: the rest of the claim goes back behind it,
@@ -229,7 +236,7 @@ async fn run_queue(
             }
             break;
         }
-        if app.features.queue.stopping.is_cancelled() {
+        if q.stopping.is_cancelled() {
             // The instance stops: the rest of the claim goes back, due now,
             // for the next start or another instance.
             for later in rest.by_ref() {
@@ -241,19 +248,19 @@ async fn run_queue(
         moved = true;
     }
     if moved {
-        app.features.queue.ended.notify_one();
+        q.ended.notify_one();
     }
     Ok(moved)
 }
 
 /// Sends one claimed job; what became of it.
-async fn send(app: &App, job: Job) -> End {
-    let now = app.core.clock.now_us();
+async fn send(host: &dyn Host, job: Job) -> End {
+    let now = host.core().clock.now_us();
     let deadline = job.new.deadline_us;
     if deadline.is_some_and(|d| now >= d) {
         return End::Expired;
     }
-    let config = app.config.load_full();
+    let config = host.config();
     let failed = |why: String| End::Failed(wxgate_answer(&why));
     let Some(rule) = config.rules.iter().find(|r| r.name == job.new.queue.rule) else {
         return failed(format!("rule \"{}\" is no longer in the config", job.new.queue.rule));
@@ -264,7 +271,7 @@ async fn send(app: &App, job: Job) -> End {
     let Some(domain) = config.domains.iter().position(|d| *d.host == *job.new.domain) else {
         return failed(format!("domain {} is no longer in the config", job.new.domain));
     };
-    let caller = match HeaderValue::from_str(&job.new.queue.caller).map(|v| app.callers.load().named(&v)) {
+    let caller = match HeaderValue::from_str(&job.new.queue.caller).map(|v| host.callers().named(&v)) {
         Ok(Ok(caller)) => caller,
         _ => return failed("its caller's name is not valid".into()),
     };
@@ -297,8 +304,8 @@ async fn send(app: &App, job: Job) -> End {
             .as_deref()
             .and_then(|t| crate::telemetry::trace::SpanContext::from_traceparent(t.as_bytes())),
     };
-    let result = crate::proxy::own::call(app, own).await;
-    let now = app.core.clock.now_us();
+    let result = host.calls().call(own).await;
+    let now = host.core().clock.now_us();
     let random = random_u64();
     let backoff = &config.queue.backoff;
     let attempts = job.attempts.saturating_add(1);
