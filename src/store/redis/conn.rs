@@ -683,6 +683,28 @@ async fn single(
     }
 }
 
+/// A Redis error as the store reports it: [`StoreError::BadKey`] when it is
+/// about the data of the keys the command touched (`WRONGTYPE`, or a script
+/// failing at run time on what it read), else [`StoreError::Redis`].
+pub fn redis_error(e: redis::RedisError) -> StoreError {
+    let text = e.to_string();
+    // A script fails on its keys' data with a plain ERR; one that fails
+    // because of the server's state (full, read-only, loading, ...) says so,
+    // and that is every account's problem.
+    const SERVER_STATE: [&str; 10] =
+        ["OOM", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "NOSCRIPT", "CLUSTERDOWN", "TRYAGAIN", "NOAUTH", "NOPERM"];
+    let upper = text.to_ascii_uppercase();
+    let script_failed = upper.contains("USER_SCRIPT") || upper.contains("ERROR RUNNING SCRIPT");
+    let about_keys = e.code() == Some("WRONGTYPE")
+        || upper.contains("WRONGTYPE")
+        || (script_failed && !SERVER_STATE.iter().any(|c| upper.contains(c) || e.code() == Some(*c)));
+    if about_keys {
+        StoreError::BadKey(text)
+    } else {
+        StoreError::Redis(text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{fault_of, ConnFault};
@@ -722,27 +744,5 @@ mod tests {
         }
         let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(fault_of(&io), ConnFault::Transient, "the connection manager reconnects after I/O errors");
-    }
-}
-
-/// A Redis error as the store reports it: [`StoreError::BadKey`] when it is
-/// about the data of the keys the command touched (`WRONGTYPE`, or a script
-/// failing at run time on what it read), else [`StoreError::Redis`].
-pub fn redis_error(e: redis::RedisError) -> StoreError {
-    let text = e.to_string();
-    // A script fails on its keys' data with a plain ERR; one that fails
-    // because of the server's state (full, read-only, loading, ...) says so,
-    // and that is every account's problem.
-    const SERVER_STATE: [&str; 10] =
-        ["OOM", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "NOSCRIPT", "CLUSTERDOWN", "TRYAGAIN", "NOAUTH", "NOPERM"];
-    let upper = text.to_ascii_uppercase();
-    let script_failed = upper.contains("USER_SCRIPT") || upper.contains("ERROR RUNNING SCRIPT");
-    let about_keys = e.code() == Some("WRONGTYPE")
-        || upper.contains("WRONGTYPE")
-        || (script_failed && !SERVER_STATE.iter().any(|c| upper.contains(c) || e.code() == Some(*c)));
-    if about_keys {
-        StoreError::BadKey(text)
-    } else {
-        StoreError::Redis(text)
     }
 }
