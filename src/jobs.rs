@@ -447,7 +447,7 @@ pub trait JobStore: Send + Sync + 'static {
     /// pending is kept until it is done ([`JobStore::callback_done`]).
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError>;
 
-    /// Callbacks (src/ops/callbacks.rs). A job with a callback that ends
+    /// Callbacks (src/features/queue/callbacks.rs). A job with a callback that ends
     /// (`finish`, `recover`, `cancel`: every way a job ends) has its
     /// callback pending, due at once, in the same write: so it is never
     /// lost across a restart.

@@ -83,7 +83,7 @@ use crate::transport::request_body::RequestBody;
 
 /// The connector of `[server]`'s upstreams (TCP, TLS for https trusting
 /// the web roots and `upstream_ca`), for other clients wxgate runs (the
-/// callbacks of queued delivery, `crate::ops::callbacks`).
+/// callbacks of queued delivery, `crate::features::queue::callbacks`).
 pub fn connector(
     server: &Server,
 ) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String> {

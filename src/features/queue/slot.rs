@@ -1,6 +1,6 @@
 //! Where queued delivery's jobs store is, once there is one. It is opened
 //! when the config first needs it (at start, or at the reload that adds the
-//! first `queue = true` rule: `crate::proxy::app::open_jobs`), or, when
+//! first `queue = true` rule: [`super::open`]), or, when
 //! Redis did not answer then, by a retry once it does
 //! ([`JobsSlot::connect_later`]). Once open it stays
 //! for the life of the process: where jobs live changes only at a restart,
