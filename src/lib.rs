@@ -104,7 +104,7 @@ async fn start_parts(
     app.features.start(host, &config).await?;
     ops::quota_sync::spawn(Arc::downgrade(&app));
     ops::renewal::spawn(Arc::downgrade(&app));
-    ops::traces::spawn(&app);
+    ops::trace_export::spawn(&app);
     ops::console::spawn(Arc::downgrade(&app));
     if source.is_file() {
         ops::reload::spawn(Arc::downgrade(&app), source);

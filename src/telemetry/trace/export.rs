@@ -2,7 +2,7 @@
 //! queue ([`Queue`]); one task ([`run`]) takes up to [`BATCH`] of them at
 //! a time, at most `batch_delay` after the first, encodes them as one
 //! OTLP `ExportTraceServiceRequest` (protobuf) and hands the bytes to a
-//! `post` function (`crate::ops::traces`: OTLP/HTTP over hyper).
+//! `post` function (`crate::ops::trace_export`: OTLP/HTTP over hyper).
 //!
 //! A collector that is down or slow costs counters, never memory or a
 //! call's time: a full queue drops the spans pushed to it
