@@ -8,7 +8,7 @@
 //! 2. **Learned**: the account the call's access token (`access_token=`, or
 //!    `component_access_token=` for the platform's own APIs) was issued to,
 //!    remembered when its token answer passed through wxgate ([`learn`]).
-//! 3. A token request's own appid ([`learn::TokenRequest::caller`]): what
+//! 3. A token request's own appid ([`token_requests::TokenRequest::caller`]): what
 //!    WeChat counts a token request against; the appid a `clear_quota`
 //!    clears ([`crate::features::quota_clear`]).
 //! 4. With `caller_auth = "required"`, the one account the caller is
@@ -33,14 +33,14 @@
 
 pub mod cache;
 pub mod in_use;
-pub mod learn;
 pub mod query;
+pub mod token_requests;
 
 use std::sync::Arc;
 
 use self::cache::{Cached, OwnerCaches};
 use self::in_use::InUse;
-use self::learn::{Learn, Prepared, TokenRequest};
+use self::token_requests::{Learn, Prepared, TokenRequest};
 use crate::admit::core::Core;
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Answered, Env, Feature, Requesting};
@@ -51,7 +51,7 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 
 /// Accounts as a feature ([`crate::features`]): its request hook finds the
 /// account a call counts against ([`identify`]); its answer hook learns the
-/// owner of a token a token request got ([`learn::learn`]).
+/// owner of a token a token request got ([`token_requests::learn`]).
 pub struct Accounts {
     /// Access tokens this instance knows the account of, or knows unknown.
     pub owners: OwnerCaches,
@@ -90,7 +90,7 @@ impl Feature for Accounts {
         if let (Some(request), Verdict::Success, Some(body)) = (cx.take(), answered.verdict, answered.body) {
             // Boxed: a token request's answer is rare; every call's future
             // would otherwise carry this one.
-            Box::pin(learn::learn(env.core, &self.owners, answered.config, request, body)).await;
+            Box::pin(token_requests::learn(env.core, &self.owners, answered.config, request, body)).await;
         }
     }
 }
@@ -156,7 +156,7 @@ async fn identify(
     }
     let about = match TokenRequest::at(req.path) {
         Some(request) => {
-            let Prepared { caller, learn } = Box::pin(learn::prepare(request, req)).await?;
+            let Prepared { caller, learn } = Box::pin(token_requests::prepare(request, req)).await?;
             *learning = Some(learn);
             Some((caller, request.caller.field()))
         }

@@ -41,7 +41,7 @@ use crate::admit::core::Core;
 use crate::config::accounts::{SecretAccount, TokenApi};
 use crate::config::Config;
 use crate::error::{Early, ProxyError};
-use crate::features::accounts::learn::TokenRequest;
+use crate::features::accounts::token_requests::TokenRequest;
 use crate::features::hooks::{Answered, Asking, Env, Feature, Requesting, Sending};
 use crate::features::token_cache::ask::SlotKind;
 use crate::features::token_cache::cache::{fetch_us, Fetch, HeldToken, TokenCache};

@@ -19,7 +19,7 @@
 use crate::admit::core::Core;
 use crate::config::Config;
 use crate::error::Early;
-use crate::features::accounts::learn::{BODY_CAP, BODY_WHAT};
+use crate::features::accounts::token_requests::{BODY_CAP, BODY_WHAT};
 use crate::features::hooks::{Answered, Appid, Env, Feature, Requesting};
 use crate::limit::Key;
 use crate::store::StoreError;

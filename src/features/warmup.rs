@@ -5,7 +5,7 @@
 //! an account down after a refresh; a rule's `warmup` ramps its rate up
 //! over that time ([`crate::limit`]).
 
-use crate::features::accounts::learn::TokenRequest;
+use crate::features::accounts::token_requests::TokenRequest;
 use crate::features::hooks::{Answered, Env, Feature};
 use crate::transport::sniff::Verdict;
 

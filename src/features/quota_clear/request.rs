@@ -22,7 +22,7 @@ pub fn at(path: &str) -> bool {
 }
 
 /// The appid a clear_quota names, from its `body` (read whole, at most
-/// [`crate::features::accounts::learn::BODY_CAP`] bytes; forwarded as it
+/// [`crate::features::accounts::token_requests::BODY_CAP`] bytes; forwarded as it
 /// is) or its query.
 pub fn read(body: Option<&[u8]>, query: Option<&str>) -> Result<Clearing, ProxyError> {
     let json = request_json(body)?;
