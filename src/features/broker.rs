@@ -164,7 +164,7 @@ impl Feature for Broker {
 impl Broker {
     /// The token cache, which every `[[account]]` needs ([`check`]).
     fn cache(&self) -> Result<&Arc<TokenCache>, ProxyError> {
-        self.cache.as_ref().ok_or(ProxyError::Unavailable(crate::store::StoreError::Settling))
+        self.cache.as_ref().ok_or(ProxyError::Unavailable(crate::error::Unavailable::NoTokenCache))
     }
 }
 
@@ -424,7 +424,7 @@ async fn obtain(
     loop {
         let woken = cache.done.notified();
         match cache.store.tokens().claim_token(&slot, &holder, min_left_us, newer_than, lock_us).await {
-            Err(e) => return Err(ProxyError::Unavailable(e)),
+            Err(e) => return Err(ProxyError::from(e)),
             Ok(Claim::Cached { entry, until, now }) => {
                 return match cache.sealer.open(&slot, &entry) {
                     Some(token) => {

@@ -43,7 +43,7 @@ pub async fn serve(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
     let caller = call.who.caller.entry.label().to_owned();
     let path = req.uri().path();
     let now = app.core.clock.now_us();
-    let unavailable = ProxyError::Unavailable;
+    let unavailable = ProxyError::from;
     if path == PREFIX {
         if req.method() != Method::GET {
             return Err(ProxyError::BadRequest(format!("{PREFIX} answers GET only")).into());

@@ -72,7 +72,7 @@ pub fn caller(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result
         let proven = match callers.authenticate(req.headers_mut()) {
             Some(proven) => proven,
             // A reload is turning authentication on: its callers are not in yet.
-            None => Err(ProxyError::Unavailable(crate::store::StoreError::Settling)),
+            None => Err(ProxyError::Unavailable(crate::error::Unavailable::AuthReloading)),
         };
         let proven = proven?;
         if let Some(name) = callers::take_header(req.headers_mut())? {

@@ -117,7 +117,7 @@ impl JobsSlot {
             return Ok(jobs);
         }
         if self.connecting() {
-            return Err(ProxyError::Unavailable(StoreError::Unreachable(
+            return Err(ProxyError::from(StoreError::Unreachable(
                 "queued delivery's jobs store: Redis has not answered since wxgate started (or since the reload \
                  that turned queued delivery on); queued delivery comes on once it does: retry"
                     .into(),
