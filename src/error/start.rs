@@ -2,25 +2,29 @@
 
 use std::net::SocketAddr;
 
+use crate::store::state_file::OpenError;
 use crate::store::StoreError;
+use crate::transport::intercept::InterceptError;
+use crate::transport::upstream::ClientError;
 
-/// Why [`crate::start`] failed, by what failed. Its text is what `wxgate`
-/// prints before it exits.
+/// Why [`crate::start`] failed, by what failed: each part's own error, so
+/// `?` says which. Its text is what `wxgate` prints before it exits.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The upstream client cannot be built (`[server] upstream_ca`).
-    #[error("{0}")]
-    Upstream(String),
+    #[error(transparent)]
+    Upstream(#[from] ClientError),
     /// A feature's state cannot be built: the token cache (`[tokens]`: its
     /// key), or an `[[account]]` without the token cache it needs.
     #[error("{0}")]
     Features(String),
     /// `[intercept]`'s CA cannot serve its hosts.
-    #[error("{0}")]
-    Intercept(String),
-    /// The memory store cannot open its state file (another process holds it).
-    #[error("{0}")]
-    StateFile(String),
+    #[error(transparent)]
+    Intercept(#[from] InterceptError),
+    /// The memory store cannot open its state file (another process holds
+    /// it, or the journal beside it is not wxgate's alone).
+    #[error(transparent)]
+    StateFile(#[from] OpenError),
     /// Queued delivery's jobs store cannot be opened (its file; a Redis
     /// that refuses wxgate).
     #[error("{0}")]
@@ -28,14 +32,15 @@ pub enum StartError {
     /// Redis refused wxgate for a reason a retry will not fix (a wrong
     /// password, a bad URL).
     #[error(transparent)]
-    Redis(StoreError),
+    Redis(#[from] StoreError),
     /// `[server] listen` cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
     /// `[server] admin_listen` cannot be bound.
     #[error("cannot listen on {addr} (admin): {source}")]
     Admin { addr: SocketAddr, source: std::io::Error },
-    /// The serving threads cannot start.
+    /// The serving threads cannot start. Not `#[from]`: an I/O error may be
+    /// a listener's, which says its address ([`StartError::Listen`]).
     #[error(transparent)]
     Serve(std::io::Error),
 }

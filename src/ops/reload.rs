@@ -48,11 +48,11 @@ pub enum ReloadError {
     )]
     ListenMoved { running: std::net::SocketAddr, file: std::net::SocketAddr },
     /// The new upstream client cannot be built.
-    #[error("{0}")]
-    Upstream(String),
+    #[error(transparent)]
+    Upstream(#[from] crate::transport::upstream::ClientError),
     /// An `[[account]]` needs a token cache the running wxgate has not got.
-    #[error("{0}")]
-    Accounts(String),
+    #[error(transparent)]
+    Accounts(#[from] crate::features::broker::AccountsError),
     /// Queued delivery's jobs store, needed now, cannot be opened.
     #[error("{0}")]
     Jobs(String),
@@ -133,16 +133,14 @@ async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     {
         let previous = app.core.upstreams.load();
         let upstreams =
-            DomainUpstreams::new(&next, &app.core.clock, &app.core.metrics.upstreams, Some((&running, &previous)))
-                .map_err(ReloadError::Upstream)?;
+            DomainUpstreams::new(&next, &app.core.clock, &app.core.metrics.upstreams, Some((&running, &previous)))?;
         app.core.upstreams.store(Arc::new(upstreams));
     }
     crate::features::broker::check(
         &next,
         app.features.token_cache.cache.as_deref(),
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
-    )
-    .map_err(ReloadError::Accounts)?;
+    )?;
     // Where queued jobs live (`[queue] file`, or the store's kind) is fixed
     // once a jobs store is open: the running one stays until a restart, so
     // a reload never loses jobs. Before that, the reload that first needs
