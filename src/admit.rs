@@ -116,7 +116,7 @@ pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError
         let asked = Stopwatch::start();
         let decided = app.store.acquire(&ask).await;
         decision_us += asked.elapsed_us();
-        let decided = decided.map_err(ProxyError::Unavailable)?;
+        let decided = decided.map_err(ProxyError::from)?;
         let degraded = decided.degraded;
         match decided.decision {
             Decision::Admit { at, hold_us, escalated, quota, calendar } => {

@@ -13,17 +13,18 @@
 //!
 //! Why wxgate cannot start at all is a [`StartError`] ([`start`]).
 
+pub mod component;
 pub mod ratelimit;
-pub mod start;
+pub mod unavailable;
 
-pub use start::{ComponentError, StartError};
+pub use component::ComponentError;
+pub use unavailable::Unavailable;
 
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::config::Config;
 use crate::limit::{Reason, Rule};
-use crate::store::StoreError;
 use crate::telemetry::metrics::Outcome;
 use crate::time::Micros;
 use crate::transport::body::RelayBody;
@@ -59,9 +60,11 @@ pub enum ProxyError {
     Throttled { rule: String, reason: Reason, wait_us: Micros, over: Vec<String> },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
-    /// The store could not decide and `[store] fallback = "deny"`.
-    #[error("store unavailable: {0}")]
-    Unavailable(StoreError),
+    /// Something this call needs is not ready (the store could not decide
+    /// and `[store] fallback = "deny"`, a reload is half-way, ...): a retry
+    /// in a second may succeed. [`Unavailable`] says what.
+    #[error(transparent)]
+    Unavailable(Unavailable),
     #[error("{0}")]
     TooLarge(String),
     /// `[server] max_accounts` accounts already had calls today; this one is new.
@@ -115,6 +118,13 @@ pub enum Early {
 impl From<ProxyError> for Early {
     fn from(e: ProxyError) -> Early {
         Early::Refused(e)
+    }
+}
+
+/// A store that could not answer: the call is unavailable ([`Unavailable::Store`]).
+impl From<crate::store::StoreError> for ProxyError {
+    fn from(e: crate::store::StoreError) -> ProxyError {
+        ProxyError::Unavailable(Unavailable::Store(e))
     }
 }
 
@@ -412,5 +422,30 @@ mod tests {
         );
         let penalty = ProxyError::Throttled { rule: "r".into(), reason: Reason::Penalty, wait_us: 1, over: Vec::new() };
         assert_eq!(penalty.outcome(), Outcome::penalised);
+    }
+
+    /// Whatever was not ready, one answer: 503, errcode -1, `Retry-After: 1`,
+    /// outcome `unavailable`, a refusal of the caller (counted under its rule).
+    #[test]
+    fn every_unavailable_gets_the_one_unavailable_row() {
+        let row = Row {
+            status: Status::Fixed(StatusCode::SERVICE_UNAVAILABLE),
+            errcode: ERRCODE_SYSTEM,
+            outcome: Outcome::unavailable,
+            marks: Marks::Unavailable,
+        };
+        for why in [
+            Unavailable::Store(crate::store::StoreError::Settling),
+            Unavailable::AuthReloading,
+            Unavailable::NoTokenCache,
+            Unavailable::AnsweredEarly(Outcome::cached),
+            Unavailable::JobLeaseLost,
+        ] {
+            let e = ProxyError::Unavailable(why);
+            assert_eq!(e.row(), row, "{e}");
+            assert!(e.refuses_the_caller(), "{e}");
+        }
+        let store = ProxyError::Unavailable(crate::store::StoreError::BreakerOpen.into());
+        assert_eq!(store.to_string(), "store unavailable: circuit breaker open");
     }
 }

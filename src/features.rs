@@ -193,7 +193,7 @@ impl Features {
         clock: &Arc<dyn Clock>,
         metrics: &mut Metrics,
         jobs: Option<Arc<dyn JobStore>>,
-    ) -> Result<Features, String> {
+    ) -> Result<Features, FeaturesError> {
         let cache = token_cache::cache::TokenCache::open(
             &config.tokens,
             &config.store,
@@ -217,6 +217,17 @@ impl Features {
             queue: queue::Queue::new(config, jobs, &mut metrics.registry),
         })
     }
+}
+
+/// Why the features' state cannot be built at start.
+#[derive(Debug, thiserror::Error)]
+pub enum FeaturesError {
+    /// The token cache (`[tokens]`: its key).
+    #[error(transparent)]
+    TokenCache(#[from] token_cache::cache::TokenCacheError),
+    /// An `[[account]]` without the token cache it needs.
+    #[error(transparent)]
+    Accounts(#[from] broker::AccountsError),
 }
 
 /// The RateLimit headers as a feature: on every admitted call's answer,

@@ -36,8 +36,8 @@ pub mod transport;
 use std::sync::Arc;
 
 use crate::config::Config;
-pub use crate::error::StartError;
 use crate::proxy::app::App;
+pub use crate::proxy::start::StartError;
 use crate::server::{Running, Threads};
 use crate::store::resilient::StoreCounters;
 use crate::store::Store;

@@ -178,7 +178,7 @@ struct Started {
 /// cannot see); then the app is built again as with the key set.
 fn check_start(config: &Config) -> Result<Started, String> {
     use wxgate::features::token_cache::cache::KEY_ENV;
-    check_intercept(config)?;
+    check_intercept(config).map_err(|e| e.to_string())?;
     let redis = matches!(config.store, wxgate::config::StoreConfig::Redis(_));
     let key_elsewhere = redis && std::env::var_os(KEY_ENV).is_none() && config.tokens.key_file.is_none();
     let here = build_app(config);
@@ -231,7 +231,7 @@ fn build_app(config: &Config) -> Result<Option<bool>, String> {
 
 /// `[intercept]`'s CA as start-up checks it: the files load, the key is
 /// the certificate's, and a certificate for each host verifies now.
-fn check_intercept(config: &Config) -> Result<(), String> {
+fn check_intercept(config: &Config) -> Result<(), wxgate::transport::intercept::ca::CaError> {
     use wxgate::time::Clock as _;
     let Some(ic) = &config.intercept else { return Ok(()) };
     let ca = wxgate::transport::intercept::ca::Ca::load(&ic.ca_cert, &ic.ca_key)?;
@@ -306,7 +306,7 @@ fn write_ca(args: &CaInitArgs) -> Result<String, String> {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "wxgate".to_owned())
     });
-    let new = ca::generate(&label, SystemClock.now_us())?;
+    let new = ca::generate(&label, SystemClock.now_us()).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let dir = std::fs::canonicalize(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let (cert, key) = (dir.join("ca.pem"), dir.join("ca-key.pem"));

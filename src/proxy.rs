@@ -67,6 +67,7 @@ pub mod own;
 pub mod resend;
 pub mod respond;
 pub mod route;
+pub mod start;
 pub mod traces;
 
 use std::sync::Arc;

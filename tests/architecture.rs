@@ -305,7 +305,7 @@ const LAYERS: &[&str] = &[
     "features",  // the hooks, and the features with their state and contexts
     "admit",     // admitting a call: Core, callers, slots, activity
     "jobs",      // queued delivery's jobs store: SQLite, Redis
-    "error",     // the call's errors and the one table that answers them; start-up errors
+    "error",     // the call's errors and the one table that answers them; a component's failure
     "store",     // where decisions are kept: memory, Redis, resilient
     "transport", // downstream connection, bodies, upstream, intercept, workers
     "config",    // raw -> compiled, validated values; the path matcher

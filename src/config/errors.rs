@@ -123,14 +123,6 @@ impl From<&str> for Invalid {
     }
 }
 
-/// For the callers outside the config that still pass a message on
-/// (`[tokens] key_file`'s mode check).
-impl From<Invalid> for String {
-    fn from(e: Invalid) -> String {
-        e.to_string()
-    }
-}
-
 /// The document parsed again, to find fields, rule names and spans in.
 /// Errors only: parsing twice costs nothing there.
 pub(super) struct Doc<'a> {

@@ -122,7 +122,7 @@ async fn identify(
 ) -> Result<(), ProxyError> {
     let config = req.config;
     let scanned = match req.target.query() {
-        Some(q) => query::scan(q).map_err(ProxyError::BadRequest)?,
+        Some(q) => query::scan(q)?,
         None => query::Scanned::default(),
     };
     let tokens = [("access_token", scanned.access_token), ("component_access_token", scanned.component_access_token)];

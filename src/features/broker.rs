@@ -164,7 +164,7 @@ impl Feature for Broker {
 impl Broker {
     /// The token cache, which every `[[account]]` needs ([`check`]).
     fn cache(&self) -> Result<&Arc<TokenCache>, ProxyError> {
-        self.cache.as_ref().ok_or(ProxyError::Unavailable(crate::store::StoreError::Settling))
+        self.cache.as_ref().ok_or(ProxyError::Unavailable(crate::error::Unavailable::NoTokenCache))
     }
 }
 
@@ -283,23 +283,35 @@ pub fn with_token(target: &PathAndQuery, token: &str) -> Result<PathAndQuery, Pr
         .map_err(|e| ProxyError::BadRequest(format!("cannot add the access token to this call's query: {e}")))
 }
 
-/// The token cache an `[[account]]` needs; `Err` says why it cannot run:
-/// no cache (`[tokens] cache = false`), or one per instance over Redis
-/// (no token key: each instance would fetch its own token, and each fetch
-/// knocks out the others').
-pub fn check(config: &Config, cache: Option<&TokenCache>, redis: bool) -> Result<(), String> {
+/// Why the `[[account]]`s cannot run: the token cache they need
+/// ([`check`]). wxgate does not start; a reload is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AccountsError {
+    /// No cache (`[tokens] cache = false`, or Redis without a token key).
+    #[error(
+        "[[account]] needs the token cache: [tokens] cache is off (or, over Redis, no token key: set \
+         WXGATE_TOKEN_KEY or [tokens] key_file, the same on every instance)"
+    )]
+    NoCache,
+    /// A cache per instance over Redis (no token key): each instance would
+    /// fetch its own token, and each fetch knocks out the others'.
+    #[error(
+        "[[account]] over Redis needs a token key (WXGATE_TOKEN_KEY or [tokens] key_file, the same on every \
+         instance) so that every instance shares one token per account"
+    )]
+    NotShared,
+}
+
+/// For `Features::new`, which passes a message on until it returns a
+/// typed error of its own (issue 62).
+/// The token cache an `[[account]]` needs; `Err` says why it cannot run.
+pub fn check(config: &Config, cache: Option<&TokenCache>, redis: bool) -> Result<(), AccountsError> {
     if config.accounts.is_empty() {
         return Ok(());
     }
     match cache {
-        None => Err("[[account]] needs the token cache: [tokens] cache is off (or, over Redis, no token key: set \
-             WXGATE_TOKEN_KEY or [tokens] key_file, the same on every instance)"
-            .into()),
-        Some(c) if redis && !c.shared => {
-            Err("[[account]] over Redis needs a token key (WXGATE_TOKEN_KEY or [tokens] key_file, the same on every \
-             instance) so that every instance shares one token per account"
-                .into())
-        }
+        None => Err(AccountsError::NoCache),
+        Some(c) if redis && !c.shared => Err(AccountsError::NotShared),
         Some(_) => Ok(()),
     }
 }
@@ -424,7 +436,7 @@ async fn obtain(
     loop {
         let woken = cache.done.notified();
         match cache.store.tokens().claim_token(&slot, &holder, min_left_us, newer_than, lock_us).await {
-            Err(e) => return Err(ProxyError::Unavailable(e)),
+            Err(e) => return Err(ProxyError::from(e)),
             Ok(Claim::Cached { entry, until, now }) => {
                 return match cache.sealer.open(&slot, &entry) {
                     Some(token) => {

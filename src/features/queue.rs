@@ -263,8 +263,8 @@ impl Feature for Queue {
                 sends.marked.store(true, std::sync::atomic::Ordering::SeqCst);
                 Ok(())
             }
-            Ok(false) => Err(ProxyError::Unavailable(crate::store::StoreError::Settling).into()),
-            Err(e) => Err(ProxyError::Unavailable(e).into()),
+            Ok(false) => Err(ProxyError::Unavailable(crate::error::Unavailable::JobLeaseLost).into()),
+            Err(e) => Err(ProxyError::from(e).into()),
         }
     }
 }

@@ -96,7 +96,7 @@ impl Feature for TokenCacheFeature {
         match ask::ticket(asking.method, asking.path, asking.target.query()) {
             Ok(Some(ticket)) => return Box::pin(serve_ticket(env.core, cache, cx, asking, ticket)).await,
             Ok(None) => {}
-            Err(why) => return Err(ProxyError::BadRequest(why).into()),
+            Err(why) => return Err(ProxyError::from(why).into()),
         }
         Ok(())
     }

@@ -75,12 +75,13 @@ pub fn serve(listener: TcpListener, app: Arc<App>, mut stop: watch::Receiver<boo
 }
 
 /// Binds the admin address, if one is configured.
-pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate::error::StartError> {
+pub async fn bind(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, crate::proxy::start::StartError> {
     match addr {
         None => Ok(None),
-        Some(addr) => {
-            TcpListener::bind(addr).await.map(Some).map_err(|source| crate::error::StartError::Admin { addr, source })
-        }
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| crate::proxy::start::StartError::Admin { addr, source }),
     }
 }
 

@@ -48,15 +48,15 @@ pub enum ReloadError {
     )]
     ListenMoved { running: std::net::SocketAddr, file: std::net::SocketAddr },
     /// The new upstream client cannot be built.
-    #[error("{0}")]
-    Upstream(String),
+    #[error(transparent)]
+    Upstream(#[from] crate::transport::upstream::ClientError),
     /// An `[[account]]` needs a token cache the running wxgate has not got.
-    #[error("{0}")]
-    Accounts(String),
+    #[error(transparent)]
+    Accounts(#[from] crate::features::broker::AccountsError),
     /// A component cannot take the new config (queued delivery's jobs
     /// store, needed now, cannot be opened).
     #[error(transparent)]
-    Component(crate::error::ComponentError),
+    Component(#[from] crate::error::ComponentError),
 }
 
 /// Loads `path` and swaps it in, or keeps the running config.
@@ -134,19 +134,17 @@ async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     {
         let previous = app.core.upstreams.load();
         let upstreams =
-            DomainUpstreams::new(&next, &app.core.clock, &app.core.metrics.upstreams, Some((&running, &previous)))
-                .map_err(ReloadError::Upstream)?;
+            DomainUpstreams::new(&next, &app.core.clock, &app.core.metrics.upstreams, Some((&running, &previous)))?;
         app.core.upstreams.store(Arc::new(upstreams));
     }
     crate::features::broker::check(
         &next,
         app.features.token_cache.cache.as_deref(),
         matches!(next.store, crate::config::StoreConfig::Redis(_)),
-    )
-    .map_err(ReloadError::Accounts)?;
+    )?;
     // The components keep what they must until a restart (queued
     // delivery: where its jobs live) and open what `next` needs first.
-    app.features.reload(&mut next).await.map_err(ReloadError::Component)?;
+    app.features.reload(&mut next).await?;
     let callers = Callers::new(&next, &app.core.clock, &app.core.metrics, Some(&app.callers.load()));
     app.callers.store(Arc::new(callers));
     app.core.metrics.rules(next.rules.iter().map(|r| &*r.name));

@@ -20,6 +20,21 @@ use crate::telemetry::trace::export::{self, Source};
 /// Most bytes of a collector's answer read (a partial-success message).
 const ANSWER_READ: usize = 64 * 1024;
 
+/// Why the collector did not take an export (logged at debug; its spans
+/// are dropped and counted).
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The request cannot be built.
+    #[error("{0}")]
+    Request(http::Error),
+    /// No answer: refused, reset, TLS.
+    #[error("no answer: {0}")]
+    NoAnswer(hyper_util::client::legacy::Error),
+    /// An answer other than 2xx.
+    #[error("the collector answered {0}")]
+    Refused(http::StatusCode),
+}
+
 /// Starts the exporter when tracing is on; it ends once the app (and its
 /// tracer) is gone and the queue is drained.
 pub fn spawn(app: &Arc<App>) {
@@ -52,16 +67,16 @@ pub fn spawn(app: &Arc<App>) {
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"))
                 .header(USER_AGENT, HeaderValue::from_static(concat!("wxgate/", env!("CARGO_PKG_VERSION"))))
                 .body(Full::new(body))
-                .map_err(|e| e.to_string())?;
+                .map_err(ExportError::Request)?;
             for (name, value) in &telemetry.headers {
                 req.headers_mut().append(name.clone(), value.clone());
             }
-            let resp = poster.request(req).await.map_err(|e| format!("no answer: {e}"))?;
+            let resp = poster.request(req).await.map_err(ExportError::NoAnswer)?;
             let status = resp.status();
             crate::transport::body::read_some(resp.into_body(), ANSWER_READ).await;
             match status.is_success() {
                 true => Ok(()),
-                false => Err(format!("the collector answered {status}")),
+                false => Err(ExportError::Refused(status)),
             }
         }
     }));

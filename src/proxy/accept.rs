@@ -65,14 +65,13 @@ fn target(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Prox
         None => target,
         Some(rest) => rest,
     };
-    let target = match super::identify::split_prefix(&target) {
-        Ok(None) => target,
-        Ok(Some((account, rest))) => {
+    let target = match super::identify::split_prefix(&target)? {
+        None => target,
+        Some((account, rest)) => {
             rest.path().clone_into(&mut call.arrived.path);
             call.arrived.named = Some(account);
             rest
         }
-        Err(why) => return Err(ProxyError::BadRequest(why)),
     };
     // Before any rule is looked up: a path no WeChat API has never reaches
     // the limits nor WeChat (see `crate::config::routes`).

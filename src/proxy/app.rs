@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::start::StartError;
 use crate::admit::activity::Held;
 use crate::admit::callers::Callers;
 use crate::admit::core::Core;
 use crate::admit::slots::Slots;
 use crate::config::{Config, StoreConfig};
-use crate::error::StartError;
 use crate::features::component::Host;
 use crate::features::hooks::{Calls, Env};
 use crate::features::Features;
@@ -110,15 +110,13 @@ impl App {
         mut metrics: Metrics,
         jobs: Option<Arc<dyn JobStore>>,
     ) -> Result<Arc<App>, StartError> {
-        let upstreams =
-            DomainUpstreams::new(&config, &clock, &metrics.upstreams, None).map_err(StartError::Upstream)?;
+        let upstreams = DomainUpstreams::new(&config, &clock, &metrics.upstreams, None)?;
         let lease_us = config.lease_us;
         let callers = Callers::new(&config, &clock, &metrics, None);
         metrics.rules(config.rules.iter().map(|r| &*r.name));
         metrics.window_margin.set(config.server.window_margin_us as f64 / 1e6);
-        let features = Features::new(&config, &store, &clock, &mut metrics, jobs).map_err(StartError::Features)?;
-        let intercept =
-            Interceptor::new(&config, clock.clone(), &metrics).map_err(StartError::Intercept)?.map(Arc::new);
+        let features = Features::new(&config, &store, &clock, &mut metrics, jobs)?;
+        let intercept = Interceptor::new(&config, clock.clone(), &metrics)?.map(Arc::new);
         let tracer = config.telemetry.as_ref().map(|t| {
             use crate::telemetry::trace::{export::Queue, Tracer};
             let (queue, spans) = Queue::new(t.max_queued, t.max_queued_bytes, metrics.trace_spans.clone());
@@ -160,8 +158,7 @@ pub async fn open_store(
 ) -> Result<Arc<dyn Store>, StartError> {
     Ok(match &config.store {
         StoreConfig::Memory(m) => {
-            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)
-                .map_err(StartError::StateFile)?
+            MemoryStore::open(clock, m, config.server.quota_offset_us, config.max_warmup_us, memory)?
         }
         StoreConfig::Redis(r) => {
             let (redis, healthy) = match RedisStore::connect(r).await {
@@ -171,7 +168,7 @@ pub async fn open_store(
                 // password, a bad URL) is a configuration error.
                 Err(StoreError::Unreachable(e)) => {
                     tracing::warn!(error = %e, fallback = ?r.resilience.fallback, "starting without Redis");
-                    (RedisStore::connect_later(r).await.map_err(StartError::Redis)?, false)
+                    (RedisStore::connect_later(r).await?, false)
                 }
                 Err(e) => return Err(StartError::Redis(e)),
             };

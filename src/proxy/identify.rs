@@ -72,7 +72,7 @@ pub fn caller(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result
         let proven = match callers.authenticate(req.headers_mut()) {
             Some(proven) => proven,
             // A reload is turning authentication on: its callers are not in yet.
-            None => Err(ProxyError::Unavailable(crate::store::StoreError::Settling)),
+            None => Err(ProxyError::Unavailable(crate::error::Unavailable::AuthReloading)),
         };
         let proven = proven?;
         if let Some(name) = callers::take_header(req.headers_mut())? {
@@ -102,17 +102,19 @@ const ALPHABET: &str = "1-64 characters of A-Z a-z 0-9 _ -";
 /// and the target without it (query unchanged), or `None` if the target
 /// has no such segment. `Err` (400) for an invalid account or nothing
 /// after it.
-pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuery)>, String> {
+pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuery)>, ProxyError> {
     let path = target.path();
     let Some(rest) = path.strip_prefix("/@").or_else(|| path.strip_prefix("/%40")) else {
         return Ok(None);
     };
     let Some(slash) = rest.find('/') else {
-        return Err("an @account prefix must be followed by the API path: /@account/cgi-bin/...".into());
+        return Err(ProxyError::BadRequest(
+            "an @account prefix must be followed by the API path: /@account/cgi-bin/...".into(),
+        ));
     };
     let account = &rest[..slash];
     if !valid_account(account) {
-        return Err(format!("the @account prefix must be {ALPHABET}"));
+        return Err(ProxyError::BadRequest(format!("the @account prefix must be {ALPHABET}")));
     }
     let mut stripped = String::with_capacity(target.as_str().len());
     stripped.push_str(&rest[slash..]);
@@ -120,8 +122,9 @@ pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuer
         stripped.push('?');
         stripped.push_str(q);
     }
-    let stripped = PathAndQuery::from_maybe_shared(Bytes::from(stripped))
-        .map_err(|e| format!("the path after the @account prefix is not a request target: {e}"))?;
+    let stripped = PathAndQuery::from_maybe_shared(Bytes::from(stripped)).map_err(|e| {
+        ProxyError::BadRequest(format!("the path after the @account prefix is not a request target: {e}"))
+    })?;
     Ok(Some((account.to_owned(), stripped)))
 }
 
@@ -158,7 +161,7 @@ mod tests {
 
     fn split(target: &str) -> Result<Option<(String, String)>, String> {
         let pq = PathAndQuery::from_maybe_shared(Bytes::from(target.to_owned())).expect("target");
-        split_prefix(&pq).map(|o| o.map(|(a, rest)| (a, rest.as_str().to_owned())))
+        split_prefix(&pq).map(|o| o.map(|(a, rest)| (a, rest.as_str().to_owned()))).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn declared_over_cap(req: &Request<Incoming>) -> bool {
 
 /// What `body` costs under `m`, and its recipients; `Err` says why it
 /// cannot be counted (the 400's text, naming no recipient's id).
-pub fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
+fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
     let field = m.field.join(".");
     let expected = match &m.separator {
         Some(sep) => {

@@ -114,7 +114,7 @@ fn refused(call: &Call, early: Early) -> ProxyError {
         Early::Refused(e) => e,
         Early::Answered(_, outcome) => {
             tracing::warn!(path = %call.arrived.path, outcome = outcome.as_str(), "a call wxgate made itself was answered by wxgate, not WeChat");
-            ProxyError::Unavailable(crate::store::StoreError::Settling)
+            ProxyError::Unavailable(crate::error::Unavailable::AnsweredEarly(outcome))
         }
     }
 }

@@ -100,7 +100,7 @@ async fn serve(
                 return Err(format!("the client's TLS server name {sni:?} is not the CONNECT's host"));
             }
         }
-        let tls = intercept.tls(&host)?;
+        let tls = intercept.tls(&host).map_err(|e| e.to_string())?;
         start.into_stream(tls).await.map_err(|e| {
             format!("{e} (a client must trust the [intercept] CA: REQUESTS_CA_BUNDLE, SSL_CERT_FILE, a trust store)")
         })

@@ -357,16 +357,38 @@ fn state_limits(limits: Vec<FileLimit>) -> Vec<(WindowKey, LimitState)> {
         .collect()
 }
 
-/// Reads a state file's bytes; the message says what is wrong with them.
-pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
-    let header: Header<'_> = serde_json::from_slice(bytes).map_err(|e| format!("not a wxgate state file ({e})"))?;
+/// Why a state file's bytes cannot be read back (the file is then moved
+/// aside and the store starts empty, saying this).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON with a `format` and a `version` (garbage, cut short).
+    #[error("not a wxgate state file ({0})")]
+    NotOurs(serde_json::Error),
+    /// Another `format` than [`FORMAT`].
+    #[error("not a wxgate state file (format \"{0}\")")]
+    Format(String),
+    /// Another version than [`VERSION`].
+    #[error("state file version {0} (this wxgate reads version {VERSION})")]
+    Version(u32),
+    /// This format and version, but not what they hold.
+    #[error("unreadable state file ({0})")]
+    Unreadable(serde_json::Error),
+    #[error("unreadable state file (token_key is not 64 hex digits)")]
+    TokenKey,
+    #[error("unreadable state file (a token's hash is not 32 hex digits)")]
+    TokenHash,
+}
+
+/// Reads a state file's bytes; the error says what is wrong with them.
+pub fn decode(bytes: &[u8]) -> Result<Saved, DecodeError> {
+    let header: Header<'_> = serde_json::from_slice(bytes).map_err(DecodeError::NotOurs)?;
     if header.format != FORMAT {
-        return Err(format!("not a wxgate state file (format \"{}\")", header.format));
+        return Err(DecodeError::Format(header.format.into_owned()));
     }
     if header.version != VERSION {
-        return Err(format!("state file version {} (this wxgate reads version {VERSION})", header.version));
+        return Err(DecodeError::Version(header.version));
     }
-    let file: FileV1<'_> = serde_json::from_slice(bytes).map_err(|e| format!("unreadable state file ({e})"))?;
+    let file: FileV1<'_> = serde_json::from_slice(bytes).map_err(DecodeError::Unreadable)?;
     let pairs = file
         .pairs
         .into_iter()
@@ -424,21 +446,30 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
     let token_refreshed = file.token_refreshed.into_iter().map(|(a, t)| (a.into_owned(), t)).collect();
     let token_key = match file.token_key {
         None => None,
-        Some(hex) => Some(
-            TokenKey::from_hex(&hex)
-                .ok_or_else(|| "unreadable state file (token_key is not 64 hex digits)".to_owned())?,
-        ),
+        Some(hex) => Some(TokenKey::from_hex(&hex).ok_or(DecodeError::TokenKey)?),
     };
     let tokens = file
         .tokens
         .into_iter()
         .map(|t| {
-            let hash = TokenHash::from_hex(&t.hash)
-                .ok_or_else(|| "unreadable state file (a token's hash is not 32 hex digits)".to_owned())?;
+            let hash = TokenHash::from_hex(&t.hash).ok_or(DecodeError::TokenHash)?;
             Ok(Learned { hash, account: t.account.into_owned(), until: t.until })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, DecodeError>>()?;
     Ok(Saved { saved_at_us: file.saved_at_us, pairs, token_refreshed, token_key, tokens })
+}
+
+/// Why the memory store cannot open its state file
+/// (`crate::store::memory::MemoryStore::open`): wxgate does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process holds the state file.
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    /// Someone else could have written the journal beside the state file:
+    /// it is neither replayed nor written through.
+    #[error("the journal beside the state file is not wxgate's alone: {0}")]
+    Journal(NotPrivate),
 }
 
 /// Another process holds the state file's lock.
@@ -720,7 +751,7 @@ mod tests {
             tokens: vec![Learned { hash: TokenKey::random().hash(b"TOKEN"), account: "wxA".into(), until: NOW + H }],
         };
         let bytes = encode(&saved);
-        assert_eq!(decode(&bytes), Ok(saved));
+        assert_eq!(decode(&bytes).map_err(|e| e.to_string()), Ok(saved));
         let text = String::from_utf8(bytes).expect("UTF-8");
         assert!(text.starts_with(r#"{"format":"wxgate-state","version":1,"#), "{text}");
     }
@@ -761,6 +792,7 @@ mod tests {
 
     #[test]
     fn garbage_truncation_and_other_versions_are_refused_with_a_reason() {
+        let decode = |bytes: &[u8]| decode(bytes).map_err(|e| e.to_string());
         let whole = encode(&Saved { pairs: vec![pair("a", counted(1, 1))], ..Saved::default() });
         let truncated = &whole[..whole.len() - 5];
         assert!(decode(truncated).unwrap_err().contains("not a wxgate state file (EOF"), "truncated");

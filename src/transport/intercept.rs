@@ -28,9 +28,23 @@ use rustls::server::ServerConfig;
 use crate::config::{Config, Upstreams};
 use crate::telemetry::metrics::{HostLabel, Metrics, Tunnel, TunnelLabels};
 use crate::time::{Clock, Micros, SystemClock};
-use crate::transport::upstream::Upstream;
+use crate::transport::upstream::{ClientError, Upstream};
 
-use self::ca::Ca;
+use self::ca::{Ca, CaError};
+
+/// Why `[intercept]` cannot serve its hosts (wxgate does not start).
+#[derive(Debug, thiserror::Error)]
+pub enum InterceptError {
+    /// The CA cannot be loaded, or cannot sign a leaf that verifies.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// A host that makes no `https://<host>` URL.
+    #[error("[intercept] hosts: {host}: {source}")]
+    HostUrl { host: Arc<str>, source: http::uri::InvalidUri },
+    /// A host's own upstream client cannot be built.
+    #[error("[intercept] upstream for {host}: {source}")]
+    Upstream { host: Arc<str>, source: ClientError },
+}
 
 /// One intercepted host.
 pub struct Host {
@@ -74,7 +88,11 @@ impl Interceptor {
     /// Loads the CA and mints a certificate for every host (so a CA that
     /// cannot serve them stops the start, not a client later). `None` when
     /// `[intercept]` is off.
-    pub fn new(config: &Config, clock: Arc<dyn Clock>, metrics: &Metrics) -> Result<Option<Interceptor>, String> {
+    pub fn new(
+        config: &Config,
+        clock: Arc<dyn Clock>,
+        metrics: &Metrics,
+    ) -> Result<Option<Interceptor>, InterceptError> {
         let Some(ic) = &config.intercept else { return Ok(None) };
         let ca = Ca::load(&ic.ca_cert, &ic.ca_key)?;
         let left_days = (ca.not_after() - wall_us() / 1_000_000) / 86_400;
@@ -92,11 +110,13 @@ impl Interceptor {
             let given = ic.upstream.iter().find(|(h, _)| h == name).map(|(_, u)| u.clone());
             let url = match &given {
                 Some(u) => u.clone(),
-                None => format!("https://{name}").parse().map_err(|e| format!("[intercept] hosts: {name}: {e}"))?,
+                None => format!("https://{name}")
+                    .parse()
+                    .map_err(|source| InterceptError::HostUrl { host: name.clone(), source })?,
             };
             let server = crate::config::Server { upstream: Upstreams::one(url), ..config.server.clone() };
             let own = Upstream::new(&server, clock.clone(), &metrics.upstreams, None)
-                .map_err(|e| format!("[intercept] upstream for {name}: {e}"))?;
+                .map_err(|source| InterceptError::Upstream { host: name.clone(), source })?;
             let calls = metrics.intercepted_calls.get_or_create(&HostLabel { host: name.to_string() }).clone();
             hosts.push(Arc::new(Host { name: name.clone(), own: Arc::new(own), overridden: given.is_some(), calls }));
             leaves.insert(name.clone(), Leaf { config: ca.leaf(name, now)?, minted_us: now });
@@ -121,7 +141,7 @@ impl Interceptor {
 
     /// The TLS config serving `host` (listed): its cached leaf, minted again
     /// when older than [`ca::LEAF_RENEW_US`].
-    pub fn tls(&self, host: &Host) -> Result<Arc<ServerConfig>, String> {
+    pub fn tls(&self, host: &Host) -> Result<Arc<ServerConfig>, CaError> {
         let now = wall_us();
         let mut leaves = self.leaves.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(leaf) = leaves.get(&host.name) {

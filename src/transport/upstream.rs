@@ -69,7 +69,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 
-pub use error::UpstreamError;
+pub use error::{ClientError, UpstreamError};
 pub use exchange::Connected;
 use exchange::{Failure, Link};
 pub use failover::UpstreamStatus;
@@ -86,7 +86,7 @@ use crate::transport::request_body::RequestBody;
 /// callbacks of queued delivery, `crate::features::queue::callbacks`).
 pub fn connector(
     server: &Server,
-) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String> {
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, ClientError> {
     tls::connector(server)
 }
 
@@ -107,7 +107,7 @@ impl DomainUpstreams {
         clock: &Arc<dyn Clock>,
         metrics: &UpstreamMetrics,
         previous: Option<(&crate::config::Config, &DomainUpstreams)>,
-    ) -> Result<DomainUpstreams, String> {
+    ) -> Result<DomainUpstreams, ClientError> {
         let mut list = Vec::with_capacity(config.domains.len());
         for d in &config.domains {
             let server = Server { upstream: d.upstream.clone(), ..config.server.clone() };
@@ -117,7 +117,7 @@ impl DomainUpstreams {
             });
             let upstream = Upstream::new(&server, clock.clone(), metrics, before).map_err(|e| {
                 if config.domains.len() > 1 {
-                    format!("{}: {e}", d.host)
+                    ClientError::Domain { host: d.host.clone(), source: Box::new(e) }
                 } else {
                     e
                 }
@@ -125,7 +125,7 @@ impl DomainUpstreams {
             list.push(Arc::new(upstream));
         }
         let mut list = list.into_iter();
-        let first = list.next().ok_or("no domain")?;
+        let first = list.next().ok_or(ClientError::NoDomain)?;
         Ok(DomainUpstreams { first, rest: list.collect() })
     }
 
@@ -164,7 +164,7 @@ impl Upstream {
         clock: Arc<dyn Clock>,
         metrics: &UpstreamMetrics,
         previous: Option<&Upstream>,
-    ) -> Result<Upstream, String> {
+    ) -> Result<Upstream, ClientError> {
         let connector = tls::connector(server)?;
         let mut targets = Vec::new();
         let mut base_path = None;
@@ -173,7 +173,7 @@ impl Upstream {
             targets.push(Target::new(up, server.workers, metrics, previous.map(|p| &p.failover))?);
         }
         if targets.is_empty() {
-            return Err("no upstream".into());
+            return Err(ClientError::NoUpstream);
         }
         // Every failover an alert may count exists at 0 from the start.
         for from in &targets {

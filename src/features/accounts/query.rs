@@ -3,6 +3,37 @@
 
 use std::borrow::Cow;
 
+/// Why a query could be read two ways (by wxgate one way, by WeChat
+/// another): refused (400) rather than guessed at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ambiguous {
+    /// [`once`]'s name given more than once, or spelled otherwise.
+    #[error("the query gives \"{0}\" more than once or spelled otherwise: refused as ambiguous")]
+    Once(String),
+    /// A name with a `%` escape or a `+` ([`scan`]).
+    #[error(
+        "a parameter name in the query has a %-escape or a +: names are read one way only when written plainly \
+         (WeChat's are a-z and _)"
+    )]
+    Escaped,
+    /// One of [`NAMES_READ`] after a `;`.
+    #[error("the query names {0} after a \";\"; separate parameters with \"&\" only")]
+    AfterSemicolon(&'static str),
+    /// One of [`NAMES_READ`] in other letter case.
+    #[error("the query spells {plain} as \"{given}\"; write the name plainly")]
+    Spelled { plain: &'static str, given: String },
+    /// One of [`NAMES_READ`] given more than once.
+    #[error("the query gives {0} more than once")]
+    Twice(&'static str),
+}
+
+/// A query wxgate cannot read one way only is a bad request (400).
+impl From<Ambiguous> for crate::error::ProxyError {
+    fn from(e: Ambiguous) -> crate::error::ProxyError {
+        crate::error::ProxyError::BadRequest(e.to_string())
+    }
+}
+
 /// The value of the first `name=` parameter of `query`, percent-decoded
 /// (`None` if absent or empty). Allocates only for a value with `%` escapes.
 pub fn param<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
@@ -20,7 +51,7 @@ pub fn param<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
 /// one way: `Err` if it is given more than once (even empty), or spelled
 /// percent-encoded or in other letter case ([`scan`]'s rule, for a name
 /// only some APIs read, such as a ticket's `type`).
-pub fn once<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, String> {
+pub fn once<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, Ambiguous> {
     let mut found = None;
     for pair in query.split(['&', ';']) {
         let raw_name = pair.split('=').next().unwrap_or("");
@@ -29,9 +60,7 @@ pub fn once<'q>(query: &'q str, name: &str) -> Result<Option<Cow<'q, [u8]>>, Str
             continue;
         }
         if raw_name != name || found.is_some() {
-            return Err(format!(
-                "the query gives \"{name}\" more than once or spelled otherwise: refused as ambiguous"
-            ));
+            return Err(Ambiguous::Once(name.to_owned()));
         }
         found = Some(pair.split_once('=').map_or("", |(_, v)| v));
     }
@@ -68,7 +97,7 @@ pub struct Scanned<'q> {
 /// parameter name with a `%` escape or a `+` (`access%5Ftoken`,
 /// `access_token%00`: parsers differ on what such a name is). Allocates
 /// nothing unless a name has uppercase letters.
-pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
+pub fn scan(query: &str) -> Result<Scanned<'_>, Ambiguous> {
     let bytes = query.as_bytes();
     let mut out = Scanned::default();
     let mut seen = 0u16;
@@ -81,24 +110,20 @@ pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
             None => (part, ""),
         };
         let read = match read_name(name) {
-            Name::Escaped => {
-                return Err("a parameter name in the query has a %-escape or a +: names are read one way only \
-                            when written plainly (WeChat's are a-z and _)"
-                    .into())
-            }
+            Name::Escaped => return Err(Ambiguous::Escaped),
             Name::Read(k) => Some(k),
             Name::Other => None,
         };
         if let Some(k) = read {
             let plain = NAMES_READ[k];
             if after_semicolon {
-                return Err(format!("the query names {plain} after a \";\"; separate parameters with \"&\" only"));
+                return Err(Ambiguous::AfterSemicolon(plain));
             }
             if name != plain {
-                return Err(format!("the query spells {plain} as \"{name}\"; write the name plainly"));
+                return Err(Ambiguous::Spelled { plain, given: name.to_owned() });
             }
             if seen & (1 << k) != 0 {
-                return Err(format!("the query gives {plain} more than once"));
+                return Err(Ambiguous::Twice(plain));
             }
             seen |= 1 << k;
             let value = (!value.is_empty()).then_some(value);
@@ -117,7 +142,7 @@ pub fn scan(query: &str) -> Result<Scanned<'_>, String> {
 }
 
 /// Why a form body could be read two ways, if it could ([`scan`]).
-pub fn ambiguity(form: &str) -> Option<String> {
+pub fn ambiguity(form: &str) -> Option<Ambiguous> {
     scan(form).err()
 }
 
@@ -235,7 +260,7 @@ mod tests {
             ("%61ppid=b", "has a %-escape"),
             ("x=1;access_token=T", "names access_token after a \";\""),
         ] {
-            let found = ambiguity(bad).unwrap_or_default();
+            let found = ambiguity(bad).map(|e| e.to_string()).unwrap_or_default();
             assert!(found.contains(says), "{bad}: {found}");
         }
     }

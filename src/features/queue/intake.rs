@@ -251,7 +251,7 @@ pub async fn submit(
             };
             return Err(ProxyError::QueueFull { what: what.into(), wait_us: FULL_RETRY_US });
         }
-        Err(SubmitError::Store(e)) => return Err(ProxyError::Unavailable(e)),
+        Err(SubmitError::Store(e)) => return Err(ProxyError::from(e)),
     };
     let eta = if submitted.duplicate {
         None

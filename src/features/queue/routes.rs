@@ -58,7 +58,7 @@ pub(super) async fn serve(
     let caller = caller.entry.label().to_owned();
     let path = req.uri().path();
     let now = host.core().clock.now_us();
-    let unavailable = ProxyError::Unavailable;
+    let unavailable = |e: crate::store::StoreError| ProxyError::from(e);
     if path == PREFIX {
         if req.method() != Method::GET {
             return Err(ProxyError::BadRequest(format!("{PREFIX} answers GET only")));

@@ -19,7 +19,6 @@ use crate::config::RedisConfig;
 use crate::error::ProxyError;
 use crate::jobs::redis::RedisJobs;
 use crate::jobs::JobStore;
-use crate::store::StoreError;
 
 /// The jobs store, when open, and where it lives.
 pub struct JobsSlot {
@@ -117,11 +116,7 @@ impl JobsSlot {
             return Ok(jobs);
         }
         if self.connecting() {
-            return Err(ProxyError::Unavailable(StoreError::Unreachable(
-                "queued delivery's jobs store: Redis has not answered since wxgate started (or since the reload \
-                 that turned queued delivery on); queued delivery comes on once it does: retry"
-                    .into(),
-            )));
+            return Err(ProxyError::Unavailable(crate::error::Unavailable::JobsConnecting));
         }
         Err(ProxyError::BadRequest(
             "queued delivery is off on this wxgate ([queue] file = \"off\", or no jobs store could be opened)".into(),

@@ -62,7 +62,7 @@ impl Ticket {
 /// `Err` for one whose `type` could be read two ways (given twice, or
 /// encoded): which ticket it asks for must be what WeChat reads. Cheap for
 /// every other call: one prefix test.
-pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Result<Option<Ticket>, String> {
+pub fn ticket(method: &Method, path: &str, query: Option<&str>) -> Result<Option<Ticket>, query::Ambiguous> {
     if method != Method::GET || !path.starts_with("/cgi-bin/") {
         return Ok(None);
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::seal::{parse_key, Sealer, KEY_LEN};
-use crate::config::{StoreConfig, TokensConfig};
+use super::seal::{parse_key, KeyError, SealError, Sealer, KEY_LEN};
+use crate::config::{Invalid, StoreConfig, TokensConfig};
 use crate::store::memory::MemoryStore;
 use crate::store::tokens::Fetched;
 use crate::store::Store;
@@ -24,6 +24,28 @@ use crate::time::{Clock, Micros};
 /// The environment variable holding the token key.
 pub const KEY_ENV: &str = "WXGATE_TOKEN_KEY";
 
+/// Why the token cache `[tokens]` asks for cannot be opened: its key
+/// (wxgate does not start).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenCacheError {
+    /// `WXGATE_TOKEN_KEY` is not a key.
+    #[error("{KEY_ENV}: {0}")]
+    EnvKey(KeyError),
+    /// Others may read `[tokens] key_file` (or it is not there).
+    #[error(transparent)]
+    KeyFileMode(#[from] Invalid),
+    /// `[tokens] key_file` cannot be read.
+    #[error("[tokens] key_file: {}: {source}", .path.display())]
+    KeyFileRead { path: std::path::PathBuf, source: std::io::Error },
+    /// `[tokens] key_file` holds no key.
+    #[error("[tokens] key_file: {}: {source}", .path.display())]
+    KeyFile { path: std::path::PathBuf, source: KeyError },
+    #[error(transparent)]
+    Sealer(#[from] SealError),
+}
+
+/// For `Features::new`, which passes a message on until it returns a
+/// typed error of its own (issue 62).
 /// How long waiters see the answer of a fetch WeChat refused.
 pub const FAILED_HOLD_US: Micros = 2_000_000;
 
@@ -85,7 +107,7 @@ impl TokenCache {
         store: &Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         metrics: TokenMetrics,
-    ) -> Result<Option<Arc<TokenCache>>, String> {
+    ) -> Result<Option<Arc<TokenCache>>, TokenCacheError> {
         let key = read_key(config)?;
         let redis = matches!(store_config, StoreConfig::Redis(_));
         let on = config.cache.unwrap_or(!redis || key.is_some());
@@ -224,20 +246,19 @@ impl TokenCache {
     }
 }
 
-fn rand_u64() -> Result<u64, String> {
+fn rand_u64() -> Result<u64, SealError> {
     use ring::rand::SecureRandom;
     let mut b = [0u8; 8];
-    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| "the system random source failed".to_string())?;
+    ring::rand::SystemRandom::new().fill(&mut b).map_err(|_| SealError::Random)?;
     Ok(u64::from_le_bytes(b))
 }
 
 /// The token key: `WXGATE_TOKEN_KEY`, else `[tokens] key_file`, else none.
-fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, String> {
+fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, TokenCacheError> {
     if let Ok(text) = std::env::var(KEY_ENV) {
-        return parse_key(&text).map(Some).map_err(|e| format!("{KEY_ENV}: {e}"));
+        return parse_key(&text).map(Some).map_err(TokenCacheError::EnvKey);
     }
     let Some(path) = &config.key_file else { return Ok(None) };
-    let at = |e: String| format!("[tokens] key_file: {}: {e}", path.display());
     // The one rule of every secret file: no one but its owner and group
     // reads it, no one but its owner writes it (a Kubernetes Secret mounted
     // 0440 for the pod's fsGroup passes).
@@ -246,8 +267,9 @@ fn read_key(config: &TokensConfig) -> Result<Option<[u8; KEY_LEN]>, String> {
         "[tokens] key_file",
         "whoever reads it can read every cached access token and tell learned tokens apart",
     )?;
-    let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
-    parse_key(&text).map(Some).map_err(at)
+    let text =
+        std::fs::read_to_string(path).map_err(|source| TokenCacheError::KeyFileRead { path: path.clone(), source })?;
+    parse_key(&text).map(Some).map_err(|source| TokenCacheError::KeyFile { path: path.clone(), source })
 }
 
 /// A ticket this instance served: when last asked for, and until when it

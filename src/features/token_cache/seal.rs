@@ -23,6 +23,28 @@ use crate::store::tokens::TokenHash;
 /// Bytes of a token key.
 pub const KEY_LEN: usize = 32;
 
+/// Why a token key cannot be read ([`parse_key`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// Base64 of another length than 32 bytes.
+    #[error("the key is {0} bytes; it must be 32 (64 hex digits or 44 base64 characters)")]
+    Length(usize),
+    /// Neither 64 hex digits nor base64.
+    #[error("the key must be 32 bytes written as 64 hex digits or in base64 (openssl rand -hex 32)")]
+    Unreadable,
+}
+
+/// Why a [`Sealer`] cannot be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// ring refused the derived key.
+    #[error("cannot derive the sealing key")]
+    Derive,
+    /// The system random source failed.
+    #[error("the system random source failed")]
+    Random,
+}
+
 /// The derived keys of one token key. Never printed.
 pub struct Sealer {
     aead: LessSafeKey,
@@ -38,14 +60,13 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    pub fn new(key: &[u8; KEY_LEN]) -> Result<Sealer, String> {
+    pub fn new(key: &[u8; KEY_LEN]) -> Result<Sealer, SealError> {
         let master = hmac::Key::new(hmac::HMAC_SHA256, key);
         let derive = |label: &[u8]| hmac::sign(&master, label);
         let aead_key = derive(b"wxgate token cache: seal");
         // 32 bytes from HMAC-SHA256: a ChaCha20 key ring accepts.
-        let aead = LessSafeKey::new(
-            UnboundKey::new(&CHACHA20_POLY1305, aead_key.as_ref()).map_err(|_| "cannot derive the sealing key")?,
-        );
+        let aead =
+            LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, aead_key.as_ref()).map_err(|_| SealError::Derive)?);
         Ok(Sealer {
             aead,
             secrets: hmac::Key::new(hmac::HMAC_SHA256, derive(b"wxgate token cache: secret").as_ref()),
@@ -55,9 +76,9 @@ impl Sealer {
     }
 
     /// A sealer under a random key (the in-process cache).
-    pub fn random() -> Result<Sealer, String> {
+    pub fn random() -> Result<Sealer, SealError> {
         let mut key = [0u8; KEY_LEN];
-        SystemRandom::new().fill(&mut key).map_err(|_| "the system random source failed".to_string())?;
+        SystemRandom::new().fill(&mut key).map_err(|_| SealError::Random)?;
         Sealer::new(&key)
     }
 
@@ -112,7 +133,7 @@ fn first16(tag: &[u8]) -> [u8; 16] {
 
 /// A token key as written in `WXGATE_TOKEN_KEY` or a key file: 64 hex
 /// digits or standard base64 of 32 bytes (surrounding whitespace ignored).
-pub fn parse_key(text: &str) -> Result<[u8; KEY_LEN], String> {
+pub fn parse_key(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
     let text = text.trim();
     if text.len() == 2 * KEY_LEN && text.bytes().all(|b| b.is_ascii_hexdigit()) {
         let mut key = [0u8; KEY_LEN];
@@ -128,10 +149,8 @@ pub fn parse_key(text: &str) -> Result<[u8; KEY_LEN], String> {
             key.copy_from_slice(&bytes);
             Ok(key)
         }
-        Ok(bytes) => {
-            Err(format!("the key is {} bytes; it must be 32 (64 hex digits or 44 base64 characters)", bytes.len()))
-        }
-        Err(_) => Err("the key must be 32 bytes written as 64 hex digits or in base64 (openssl rand -hex 32)".into()),
+        Ok(bytes) => Err(KeyError::Length(bytes.len())),
+        Err(_) => Err(KeyError::Unreadable),
     }
 }
 
@@ -161,7 +180,8 @@ mod tests {
         assert_eq!(parse_key(&format!(" {hex}\n")).map(|k| k[31]), Ok(0xff));
         let b64 = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
         assert_eq!(parse_key(&b64), Ok([1u8; 32]));
-        assert!(parse_key("abcd").is_err());
-        assert!(parse_key(&base64::engine::general_purpose::STANDARD.encode([1u8; 16])).is_err());
+        assert_eq!(parse_key("abcd"), Err(KeyError::Length(3)));
+        assert_eq!(parse_key("not a key"), Err(KeyError::Unreadable));
+        assert_eq!(parse_key(&base64::engine::general_purpose::STANDARD.encode([1u8; 16])), Err(KeyError::Length(16)));
     }
 }

@@ -31,33 +31,77 @@ pub fn admin_url(admin: SocketAddr, path: &str) -> String {
     format!("http://{target}{path}")
 }
 
+/// Why a probe found the endpoint unhealthy: the URL, then a one-line
+/// reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{url}: {why}")]
+pub struct ProbeError {
+    pub url: String,
+    pub why: Unhealthy,
+}
+
+/// The one-line reason of a [`ProbeError`].
+#[derive(Debug, thiserror::Error)]
+pub enum Unhealthy {
+    #[error("not a URL ({0})")]
+    NotUrl(http::uri::InvalidUri),
+    #[error("only http:// URLs can be probed (the admin listener speaks plain HTTP)")]
+    NotHttp,
+    #[error("the URL has no host")]
+    NoHost,
+    #[error("cannot resolve {host}: {source}")]
+    Resolve { host: String, source: std::io::Error },
+    #[error("the host resolved to no address")]
+    NoAddress,
+    /// The last address tried refused, or did not answer in time.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("socket: {0}")]
+    Socket(std::io::Error),
+    #[error("sending the request: {0}")]
+    Send(std::io::Error),
+    #[error("no answer: {0}")]
+    NoAnswer(std::io::Error),
+    #[error("the connection closed without an answer")]
+    Closed,
+    /// Bytes that are no HTTP answer (quoted when a line came).
+    #[error("not an HTTP answer{}", .0.as_deref().map(|q| format!(": {q}")).unwrap_or_default())]
+    NotHttpAnswer(Option<String>),
+    /// Another status than 2xx: the status line, and the start of the body
+    /// on one line when there is one.
+    #[error("{line}{}", .body.as_deref().map(|b| format!(": {b}")).unwrap_or_default())]
+    Status { line: String, body: Option<String> },
+}
+
 /// GETs `url` (`http://host[:port][/path]`), waiting at most `timeout` for
 /// the connection and for each read and write. `Ok` carries the status line
 /// of a 2xx answer; `Err` a one-line reason, prefixed with the URL.
-pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
-    get(url, timeout).map_err(|why| format!("{url}: {why}"))
+pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
+    get(url, timeout).map_err(|why| ProbeError { url: url.to_owned(), why })
 }
 
-fn get(url: &str, timeout: Duration) -> Result<String, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL ({e})"))?;
+fn get(url: &str, timeout: Duration) -> Result<String, Unhealthy> {
+    let uri: http::Uri = url.parse().map_err(Unhealthy::NotUrl)?;
     match uri.scheme_str() {
         Some("http") => {}
-        _ => return Err("only http:// URLs can be probed (the admin listener speaks plain HTTP)".into()),
+        _ => return Err(Unhealthy::NotHttp),
     }
-    let authority = uri.authority().ok_or("the URL has no host")?;
+    let authority = uri.authority().ok_or(Unhealthy::NoHost)?;
     let port = authority.port_u16().unwrap_or(80);
     let host = authority.host().trim_start_matches('[').trim_end_matches(']');
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let addrs: Vec<SocketAddr> =
-        (host, port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?.collect();
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|source| Unhealthy::Resolve { host: host.to_owned(), source })?
+        .collect();
     let mut stream = connect(&addrs, timeout)?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| format!("socket: {e}"))?;
-    stream.set_write_timeout(Some(timeout)).map_err(|e| format!("socket: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).map_err(Unhealthy::Socket)?;
+    stream.set_write_timeout(Some(timeout)).map_err(Unhealthy::Socket)?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: wxgate-probe/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
         env!("CARGO_PKG_VERSION")
     );
-    stream.write_all(request.as_bytes()).map_err(|e| format!("sending the request: {e}"))?;
+    stream.write_all(request.as_bytes()).map_err(Unhealthy::Send)?;
     let mut answer = Vec::new();
     // `Connection: close`: the listener ends the answer by closing. A read
     // error after the status line arrived (a reset, a timeout on a slow
@@ -66,34 +110,31 @@ fn get(url: &str, timeout: Duration) -> Result<String, String> {
     let text = String::from_utf8_lossy(&answer);
     let Some((status_line, rest)) = text.split_once("\r\n") else {
         return Err(match read {
-            Err(e) => format!("no answer: {e}"),
-            Ok(_) if answer.is_empty() => "the connection closed without an answer".into(),
-            Ok(_) => "not an HTTP answer".into(),
+            Err(e) => Unhealthy::NoAnswer(e),
+            Ok(_) if answer.is_empty() => Unhealthy::Closed,
+            Ok(_) => Unhealthy::NotHttpAnswer(None),
         });
     };
     let status = status_line
         .strip_prefix("HTTP/1.")
         .and_then(|s| s.get(2..5))
         .and_then(|code| code.parse::<u16>().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {}", quote(status_line)))?;
+        .ok_or_else(|| Unhealthy::NotHttpAnswer(Some(quote(status_line))))?;
     if (200..300).contains(&status) {
         return Ok(status_line.to_owned());
     }
     let body = rest.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-    if body.trim().is_empty() {
-        Err(status_line.to_owned())
-    } else {
-        Err(format!("{status_line}: {}", quote(body)))
-    }
+    let body = (!body.trim().is_empty()).then(|| quote(body));
+    Err(Unhealthy::Status { line: status_line.to_owned(), body })
 }
 
 /// Tries each address in turn, as a browser does; the last error if none answers.
-fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, String> {
-    let mut last = String::from("the host resolved to no address");
+fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, Unhealthy> {
+    let mut last = Unhealthy::NoAddress;
     for addr in addrs {
         match TcpStream::connect_timeout(addr, timeout) {
             Ok(s) => return Ok(s),
-            Err(e) => last = format!("cannot connect to {addr}: {e}"),
+            Err(source) => last = Unhealthy::Connect { addr: *addr, source },
         }
     }
     Err(last)
@@ -121,9 +162,9 @@ mod tests {
 
     #[test]
     fn only_plain_http_urls_are_probed() {
-        let err = probe("https://127.0.0.1:9090/readyz", Duration::from_secs(1)).unwrap_err();
+        let err = probe("https://127.0.0.1:9090/readyz", Duration::from_secs(1)).unwrap_err().to_string();
         assert!(err.contains("only http://"), "{err}");
-        let err = probe("127.0.0.1:9090", Duration::from_secs(1)).unwrap_err();
+        let err = probe("127.0.0.1:9090", Duration::from_secs(1)).unwrap_err().to_string();
         assert!(err.starts_with("127.0.0.1:9090: "), "{err}");
     }
 

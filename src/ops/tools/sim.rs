@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use config::SimConfig;
+pub use config::{SimConfig, SimConfigError};
 use handler::Sim;
 
 use crate::time::Clock;
@@ -56,12 +56,21 @@ impl Drop for SimHandle {
     }
 }
 
+/// The simulator cannot listen on its address.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}")]
+pub struct ListenError {
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
 /// Binds `config.listen` and serves the simulator on the calling Tokio
 /// runtime; returns the bound address (for port 0, the one chosen).
-pub async fn serve(config: SimConfig, clock: Arc<dyn Clock>) -> Result<(SocketAddr, SimHandle), String> {
+pub async fn serve(config: SimConfig, clock: Arc<dyn Clock>) -> Result<(SocketAddr, SimHandle), ListenError> {
     let listen = config.listen;
-    let listener = TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let cannot = |source| ListenError { addr: listen, source };
+    let listener = TcpListener::bind(listen).await.map_err(cannot)?;
+    let addr = listener.local_addr().map_err(cannot)?;
     let sim = Arc::new(Sim::new(config, clock));
     let task = tokio::spawn(accept(listener, sim));
     Ok((addr, SimHandle { task }))

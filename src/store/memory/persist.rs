@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::{lock, Durable, MemoryStore, Writer};
 use crate::config::MemoryConfig;
 use crate::limit::RuleState;
-use crate::store::state_file::{decode, encode_to, Learned, Pair, PrivateError, Saved, StateFile};
+use crate::store::state_file::{decode, encode_to, Learned, OpenError, Pair, PrivateError, Saved, StateFile};
 use crate::telemetry::metrics::{FileOp, MemoryStoreMetrics};
 use crate::time::{Clock, Micros, Stopwatch};
 
@@ -41,17 +41,18 @@ impl MemoryStore {
     /// empty, saying so), kept by a background task that ends with the
     /// store. `offset_us` is the quota timezone's offset and `keep_warm_us`
     /// the longest warm-up of any rule (what is stale at load). `Err` only
-    /// when another process holds the state file. Call inside a Tokio runtime.
+    /// when another process holds the state file, or the journal beside it
+    /// is not wxgate's alone. Call inside a Tokio runtime.
     pub fn open(
         clock: Arc<dyn Clock>,
         config: &MemoryConfig,
         offset_us: Micros,
         keep_warm_us: Micros,
         metrics: MemoryStoreMetrics,
-    ) -> Result<Arc<MemoryStore>, String> {
+    ) -> Result<Arc<MemoryStore>, OpenError> {
         let file = match &config.state_file {
             None => None,
-            Some(path) => Some(StateFile::open(path.clone()).map_err(|e| e.to_string())?),
+            Some(path) => Some(StateFile::open(path.clone())?),
         };
         if let Some(why) = file.as_ref().and_then(|f| f.unwritable()) {
             tracing::error!(
@@ -68,9 +69,7 @@ impl MemoryStore {
                 let journal = match super::journal::Journal::open(file.path()) {
                     Ok(j) => Some(j),
                     // Someone else could have written it: not to be replayed, nor written through.
-                    Err(PrivateError::NotPrivate(e)) => {
-                        return Err(format!("the journal beside the state file is not wxgate's alone: {e}"))
-                    }
+                    Err(PrivateError::NotPrivate(e)) => return Err(OpenError::Journal(e)),
                     Err(PrivateError::Io(e)) => {
                         tracing::error!(error = %e, "cannot open the journal beside the state file: a crash would lose the admissions, penalties and clears since the last write");
                         None
@@ -308,7 +307,7 @@ fn load(
     let path = file.path().display();
     let read = file.read().map_err(|e| format!("cannot read it: {e}")).and_then(|bytes| match bytes {
         None => Ok(None),
-        Some(bytes) => decode(&bytes).map(Some),
+        Some(bytes) => decode(&bytes).map(Some).map_err(|e| e.to_string()),
     });
     match read {
         Ok(None) => {

@@ -110,8 +110,8 @@ pub struct Source {
 /// Exports what the queue receives until every sender is gone: a batch
 /// of up to [`BATCH`] spans, sent `batch_delay` after its first span at
 /// most, each export given `timeout`. `post` sends one encoded request and
-/// says whether the collector took it.
-pub async fn run<F, Fut>(
+/// says whether the collector took it (why not, logged).
+pub async fn run<F, Fut, E>(
     mut spans: Spans,
     source: Source,
     counters: Counters,
@@ -120,7 +120,8 @@ pub async fn run<F, Fut>(
     post: F,
 ) where
     F: Fn(bytes::Bytes) -> Fut,
-    Fut: Future<Output = Result<(), String>>,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     let resource = Arc::new(resource(&source));
     let mut batch = Vec::with_capacity(BATCH);

@@ -1,7 +1,10 @@
 //! How a call to an upstream can fail, and whose fault it is: what
 //! [`crate::error`] maps to an answer, and what failover reads
-//! ([`UpstreamError::never_sent`]).
+//! ([`UpstreamError::never_sent`]). And why the client itself cannot be
+//! built ([`ClientError`]).
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::transport::request_body::{BodyError, ReadError};
@@ -40,6 +43,44 @@ pub enum UpstreamError {
     /// client's fault).
     #[error("the client stopped sending the request body: nothing for {0:?} ([server] body_timeout)")]
     ClientStalled(Duration),
+}
+
+/// Why the client to the upstreams cannot be built (at start, by a
+/// reload, for an `[intercept]` host): a `[server]` value it cannot use.
+/// Its text is what `wxgate` prints before it exits, or a refused reload
+/// logs.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `upstream_ca` cannot be read as PEM.
+    #[error("upstream_ca {}: {source}", .path.display())]
+    CaUnreadable { path: PathBuf, source: rustls_pki_types::pem::Error },
+    /// `upstream_ca` holds no certificate.
+    #[error("upstream_ca {}: no certificate in the file", .path.display())]
+    CaEmpty { path: PathBuf },
+    /// A certificate of `upstream_ca` that rustls does not take as a root.
+    #[error("upstream_ca {}: {source}", .path.display())]
+    CaRefused { path: PathBuf, source: rustls::Error },
+    /// rustls cannot set up TLS with wxgate's crypto provider.
+    #[error("TLS set-up: {0}")]
+    Tls(rustls::Error),
+    /// An upstream URL without a host.
+    #[error("upstream has no host")]
+    NoHost,
+    /// An upstream's `host[:port]` is not a `Host` header value.
+    #[error("upstream host: {0}")]
+    Host(http::header::InvalidHeaderValue),
+    /// An upstream's base URL cannot be rebuilt from its parts.
+    #[error("upstream: {0}")]
+    Base(http::Error),
+    /// `[server] upstream` lists none.
+    #[error("no upstream")]
+    NoUpstream,
+    /// The config has no domain (it always has the default one).
+    #[error("no domain")]
+    NoDomain,
+    /// One domain's client, when there are several (`[[domain]]`).
+    #[error("{host}: {source}")]
+    Domain { host: Arc<str>, source: Box<ClientError> },
 }
 
 impl UpstreamError {

@@ -9,7 +9,7 @@ use http::Uri;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::error::UpstreamError;
+use super::error::{ClientError, UpstreamError};
 use super::pool::Pool;
 use crate::telemetry::metrics::{Tried, TriedLabels, UpstreamLabel, UpstreamMetrics};
 use crate::time::{Clock, Micros};
@@ -76,20 +76,20 @@ impl Target {
         workers: usize,
         metrics: &UpstreamMetrics,
         previous: Option<&Failover>,
-    ) -> Result<Target, String> {
-        let hostname = up.host().ok_or("upstream has no host")?;
+    ) -> Result<Target, ClientError> {
+        let hostname = up.host().ok_or(ClientError::NoHost)?;
         let default_port = if up.scheme_str() == Some("https") { 443 } else { 80 };
         let name = match up.port_u16() {
             Some(p) if p != default_port => format!("{hostname}:{p}"),
             _ => hostname.to_owned(),
         };
-        let host = http::HeaderValue::from_str(&name).map_err(|e| format!("upstream host: {e}"))?;
+        let host = http::HeaderValue::from_str(&name).map_err(ClientError::Host)?;
         let base = Uri::builder()
             .scheme(up.scheme().cloned().unwrap_or(http::uri::Scheme::HTTPS))
-            .authority(up.authority().cloned().ok_or("upstream has no host")?)
+            .authority(up.authority().cloned().ok_or(ClientError::NoHost)?)
             .path_and_query("/")
             .build()
-            .map_err(|e| format!("upstream: {e}"))?;
+            .map_err(ClientError::Base)?;
         let kept = previous.and_then(|p| p.targets.iter().find(|t| t.base == base));
         let health = kept.map_or_else(Arc::default, |t| t.health.clone());
         let labels = |result| TriedLabels { upstream: name.clone(), result };

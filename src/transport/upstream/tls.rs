@@ -10,18 +10,19 @@ use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use super::error::ClientError;
 use crate::config::Server;
 
 /// The connector for `[server]`'s upstreams: HTTP/1 over TCP (no delay,
 /// connecting bounded by `upstream_timeout`), TLS for https.
-pub(super) fn connector(server: &Server) -> Result<HttpsConnector<HttpConnector>, String> {
+pub(super) fn connector(server: &Server) -> Result<HttpsConnector<HttpConnector>, ClientError> {
     let mut roots = RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     if let Some(ca) = &server.upstream_ca {
         add_pem_roots(&mut roots, ca)?;
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?
+        .map_err(ClientError::Tls)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     let mut http = HttpConnector::new();
@@ -36,16 +37,15 @@ pub(super) fn connector(server: &Server) -> Result<HttpsConnector<HttpConnector>
     Ok(connector)
 }
 
-fn add_pem_roots(roots: &mut RootCertStore, path: &Path) -> Result<(), String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("upstream_ca {}: {e}", path.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
+fn add_pem_roots(roots: &mut RootCertStore, path: &Path) -> Result<(), ClientError> {
+    let unreadable = |source| ClientError::CaUnreadable { path: path.to_owned(), source };
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(path).map_err(unreadable)?.collect::<Result<_, _>>().map_err(unreadable)?;
     if certs.is_empty() {
-        return Err(format!("upstream_ca {}: no certificate in the file", path.display()));
+        return Err(ClientError::CaEmpty { path: path.to_owned() });
     }
     for c in certs {
-        roots.add(c).map_err(|e| format!("upstream_ca {}: {e}", path.display()))?;
+        roots.add(c).map_err(|source| ClientError::CaRefused { path: path.to_owned(), source })?;
     }
     Ok(())
 }

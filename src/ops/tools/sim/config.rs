@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -19,6 +19,17 @@ pub const DEMO: &str = include_str!("demo.toml");
 
 /// Most admitted calls a sliding window keeps (one timestamp each).
 pub const MAX_WINDOW_COUNT: u64 = 1_000_000;
+
+/// Why a limits file is refused: where, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum SimConfigError {
+    /// The file cannot be read.
+    #[error("{}: cannot read: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// The text is refused: `label:line: message` (the line when known).
+    #[error("{label}{}: {message}", .line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid { label: String, line: Option<usize>, message: String },
+}
 
 /// A checked simulator configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,28 +102,33 @@ impl Window {
 
 impl SimConfig {
     /// The built-in demo (`src/tools/sim/demo.toml`; tested, so always `Ok`).
-    pub fn demo() -> Result<SimConfig, String> {
+    pub fn demo() -> Result<SimConfig, SimConfigError> {
         SimConfig::parse(DEMO, "built-in demo")
     }
 
     /// Reads and checks a limits file.
-    pub fn load(path: &Path) -> Result<SimConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<SimConfig, SimConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SimConfigError::Read { path: path.to_owned(), source })?;
         SimConfig::parse(&text, &path.display().to_string())
     }
 
     /// Checks limits text; `label` names it in messages and the log.
-    pub fn parse(text: &str, label: &str) -> Result<SimConfig, String> {
+    pub fn parse(text: &str, label: &str) -> Result<SimConfig, SimConfigError> {
+        let invalid = |line, message: &str| SimConfigError::Invalid {
+            label: label.to_owned(),
+            line,
+            message: message.to_owned(),
+        };
         let at = |span: std::ops::Range<usize>, msg: &str| {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("{label}:{line}: {msg}")
+            invalid(Some(text[..span.start.min(text.len())].matches('\n').count() + 1), msg)
         };
         let raw: RawFile = toml::from_str(text).map_err(|e| match e.span() {
             Some(span) => at(span, e.message().trim_end()),
-            None => format!("{label}: {}", e.message().trim_end()),
+            None => invalid(None, e.message().trim_end()),
         })?;
         let s = raw.sim;
-        let duration = |key: &str, v: &Option<Spanned<String>>, default: Duration| -> Result<Micros, String> {
+        let duration = |key: &str, v: &Option<Spanned<String>>, default: Duration| -> Result<Micros, SimConfigError> {
             let Some(v) = v else { return Ok(micros(default)) };
             let d = parse_duration(v.get_ref()).map_err(|m| at(v.span(), &format!("[sim] {key}: {m}")))?;
             if d < Duration::from_secs(1) {
@@ -148,11 +164,11 @@ impl SimConfig {
 }
 
 /// A message located by the span of what it is about (`file:line: ...`).
-type At<'a> = &'a dyn Fn(std::ops::Range<usize>, &str) -> String;
+type At<'a> = &'a dyn Fn(std::ops::Range<usize>, &str) -> SimConfigError;
 
 /// Checks one `[[api]]` (at `span`); an error names the line of the block,
 /// or of its `[[api.account]]` that is wrong.
-fn compile_api(raw: RawApi, span: std::ops::Range<usize>, at: At<'_>) -> Result<Api, String> {
+fn compile_api(raw: RawApi, span: std::ops::Range<usize>, at: At<'_>) -> Result<Api, SimConfigError> {
     let located = |m: String| at(span.clone(), &m);
     let mut api = compile_api_block(&raw).map_err(located)?;
     for spanned in &raw.account {
@@ -275,7 +291,7 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        SimConfig::parse(text, "sim.toml").expect_err("must be refused")
+        SimConfig::parse(text, "sim.toml").expect_err("must be refused").to_string()
     }
 
     #[test]
