@@ -1,4 +1,4 @@
-//! Phase 6, forward: the call sent to an upstream exactly once, and the
+//! Phase 7, forward: the call sent to an upstream exactly once, and the
 //! head of its answer; a call that provably never reached WeChat gives
 //! back what its admission took.
 

@@ -334,7 +334,7 @@ impl CallerMetrics {
 /// their refusals are counted at the intake of a queued call, ends where
 /// the dispatcher writes them (and on a cancel), and the gauges are set
 /// from the jobs store's summary every few seconds
-/// (`crate::features::queue::gauges`).
+/// (`crate::ops::queue_metrics`).
 #[derive(Clone)]
 pub struct QueueMetrics {
     /// Unfinished jobs by state (`queued`, `waiting`, `sending`), as the
