@@ -1,7 +1,7 @@
 //! Which account a call counts against: the identify phase's rules.
 //!
 //! 1. **Named** by the caller: the `X-Wx-Account` header, or an `@account`
-//!    first path segment ([`split_prefix`]: an SDK's base URL such as
+//!    first path segment ([`split_prefix`](crate::proxy::identify::split_prefix): an SDK's base URL such as
 //!    `http://wxgate:8080/@wx1234567890abcdef`; `%40` works too), removed
 //!    before the path is checked, matched and forwarded. Both may be given
 //!    if they agree.
