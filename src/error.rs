@@ -11,7 +11,7 @@
 //! RateLimit headers, on refusals and on forwarded answers alike, are
 //! written by [`ratelimit`].
 //!
-//! Why wxgate cannot start at all is a [`StartError`] ([`start`]).
+//! Why wxgate cannot start at all is a `StartError` (`crate::proxy::start`, which names the failing parts' own errors); a component's failure is a [`ComponentError`].
 
 pub mod component;
 pub mod ratelimit;

@@ -51,9 +51,12 @@
 //! refusal or failure, or an answer of a hook's own. Every accepted request
 //! gets exactly one response.
 //!
-//! A call wxgate makes itself ([`own`]: a token fetch) runs route, the
-//! `on_request` hooks, decide, the `before_forward` hooks, forward and
-//! answer, with no client.
+//! A call wxgate makes itself ([`own`]: a token or ticket fetch, a
+//! quota/get, a queued job's send) runs the same phases in the same order,
+//! with no client: its maker gives its target, body, caller and account,
+//! so accept checks nothing and identify runs only the `on_request` hooks.
+//! The call's [`source::Source`] is all that tells the two apart; the
+//! [`source`] module lists what it changes.
 
 pub mod accept;
 pub mod answer;
@@ -67,9 +70,11 @@ pub mod own;
 pub mod resend;
 pub mod respond;
 pub mod route;
+pub mod source;
 pub mod start;
 pub mod traces;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -80,6 +85,7 @@ pub use self::identify::ACCOUNT_HEADER;
 use crate::error::Early;
 use crate::features::hooks::{Asking, Sending};
 use crate::proxy::app::App;
+use crate::proxy::source::Source;
 use crate::transport::body::RelayBody;
 use crate::transport::downstream::Client;
 
@@ -156,24 +162,24 @@ async fn component(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Re
     Ok(app.features.serve(app, &call.who.caller, req).await?)
 }
 
-/// The phases, in order; the first that stops the call ends it.
-async fn phases(
-    app: &App,
-    call: &mut Call,
-    mut req: Request<Incoming>,
-    client: &Client,
-) -> Result<Response<RelayBody>, Early> {
-    let target = accept::accept(call, &req)?;
+/// A client's call's phases: [`run`] from a [`Source::Client`].
+fn phases<'a>(
+    app: &'a App,
+    call: &'a mut Call,
+    req: Request<Incoming>,
+    client: &'a Client,
+) -> impl Future<Output = Result<Response<RelayBody>, Early>> + Send + 'a {
+    run(app, call, Source::Client(req, client))
+}
+
+/// The phases, in order, for a call from `source` (a client's, or one
+/// wxgate makes itself: what that changes is in [`source`]); the first
+/// that stops the call ends it.
+async fn run(app: &App, call: &mut Call, mut source: Source<'_>) -> Result<Response<RelayBody>, Early> {
+    let mut target = accept::accept(call, &mut source)?;
     route::route(app, call);
-    if let Err(early) = identify::identify(app, call, &mut req, &target).await {
-        // A request identify could not read was not read as a call of its
-        // rule: counted under none.
-        if matches!(&early, Early::Refused(e) if !e.refuses_the_caller()) {
-            call.route = call::Routed::default();
-        }
-        return Err(early);
-    }
-    meter::meter(call, Some(&mut req)).await?;
+    identify::identify(app, call, &mut source, &target).await?;
+    meter::meter(call, source.request()).await?;
     let mut asking = Asking {
         config: &call.arrived.config,
         method: &call.arrived.method,
@@ -185,12 +191,11 @@ async fn phases(
         domain: call.arrived.domain,
     };
     app.features.before_decide(app.env(), &mut call.features, &mut asking).await?;
-    decide::decide(app, call, Some(client)).await?;
-    let mut target = target;
+    decide::decide(app, call, source.client()).await?;
     let mut sending =
         Sending { config: &call.arrived.config, who: &call.who, path: &call.arrived.path, target: &mut target };
     app.features.before_forward(app.env(), &mut call.features, &mut sending).await?;
-    let outgoing = forward::prepare(app, call, req, &target).await?;
+    let outgoing = forward::prepare(app, call, source, &target).await?;
     let forwarded = forward::forward(app, call, outgoing, target).await?;
     answer::answer(app, call, forwarded).await
 }

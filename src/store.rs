@@ -20,7 +20,7 @@
 //! declared once, in [`op`]: the pure function the memory store runs, the
 //! script or command the Redis store sends and how its answer is read, and
 //! how the resilient wrapper routes it. Callers run them with
-//! [`Store::apply`] (`store.apply(key, Release { holder })`). Adding one
+//! `Store::apply` (on `dyn Store`: `store.apply(key, Release { holder })`). Adding one
 //! touches its file in `src/store/op/`, its line in the `ops!` list of
 //! `src/store/op.rs`, its `lua/` script, its conformance row and the docs:
 //! no store implementation.
@@ -46,7 +46,7 @@ use crate::time::Micros;
 
 /// What every store offers: decisions ([`Store::acquire`]), the operations
 /// of [`op`] on one (account, rule) pair ([`Store::run`], typed as
-/// [`Store::apply`]), the account-wide `clear` and `token_refreshed`, the
+/// `Store::apply` on `dyn Store`), the account-wide `clear` and `token_refreshed`, the
 /// token mappings ([`Store::tokens`]) and its life cycle.
 ///
 /// What is atomic: on the memory store every operation on a pair runs
@@ -63,7 +63,7 @@ pub trait Store: Send + Sync + 'static {
     async fn acquire(&self, ask: &Ask<'_>) -> Result<Decided, StoreError>;
 
     /// Runs one operation of [`op`] on `key`'s state. Object-safe form of
-    /// [`Store::apply`], which callers use.
+    /// `Store::apply` (on `dyn Store`), which callers use.
     async fn run(&self, key: Key<'_>, op: PairOp<'_>) -> Result<PairReply, StoreError>;
 
     /// WeChat reset an account's counters (`clear_quota`): each of `keys`

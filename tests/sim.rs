@@ -361,7 +361,7 @@ fn deploy_sim_toml_is_the_built_in_demo() {
     assert_eq!(
         shipped,
         wxgate::ops::tools::sim::config::DEMO,
-        "deploy/sim.toml and src/tools/sim/demo.toml must stay the same"
+        "deploy/sim.toml and src/ops/tools/sim/demo.toml must stay the same"
     );
 }
 

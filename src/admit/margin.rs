@@ -41,7 +41,7 @@ pub const PROBE_US: Micros = 10_000;
 /// the last late wake-up that widened it.
 pub const KEEP_S: usize = 30;
 /// The margins a widened one takes (µs): few, so that each rule has few
-/// variants (they are derived once per margin, [`Margin::rule`]).
+/// variants (they are derived once per margin, [`Margin::widened`]).
 pub const LEVELS: [Micros; 6] = [50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000];
 /// Rule variants kept for the current margin; past it, derived per call.
 const MAX_VARIANTS: usize = 4096;

@@ -119,7 +119,7 @@ impl Default for QueueConfig {
 }
 
 /// What a store keeps any caller and any account to; past one, a
-/// submission is refused whole ([`SubmitError::Full`]).
+/// submission is refused whole (the jobs store's `SubmitError::Full`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     /// Unfinished jobs (and their body bytes) of one caller, all accounts.

@@ -1,13 +1,13 @@
 //! Which account a call counts against: the identify phase's rules.
 //!
 //! 1. **Named** by the caller: the `X-Wx-Account` header, or an `@account`
-//!    first path segment ([`split_prefix`]: an SDK's base URL such as
+//!    first path segment ([`split_prefix`](crate::proxy::identify::split_prefix): an SDK's base URL such as
 //!    `http://wxgate:8080/@wx1234567890abcdef`; `%40` works too), removed
 //!    before the path is checked, matched and forwarded. Both may be given
 //!    if they agree.
 //! 2. **Learned**: the account the call's access token (`access_token=`, or
 //!    `component_access_token=` for the platform's own APIs) was issued to,
-//!    remembered when its token answer passed through wxgate ([`learn`]).
+//!    remembered when its token answer passed through wxgate ([`token_requests::learn`]).
 //! 3. A token request's own appid ([`token_requests::TokenRequest::caller`]): what
 //!    WeChat counts a token request against; the appid a `clear_quota`
 //!    clears ([`crate::features::quota_clear`]).

@@ -19,9 +19,9 @@
 //! | [`Feature::on_response`] | answer, building the client's answer to a forwarded call | the call ([`Answered`]); may add headers | none; a status is never set here (the one table in [`crate::error`] chooses it) |
 //!
 //! Every hook's default does nothing. A call wxgate makes itself
-//! ([`OwnCall`], sent through [`Env::calls`]) runs the same hooks from
-//! `on_request` on, with no client: its request carries what its maker
-//! left for the features in its extensions. Hooks run with static dispatch
+//! ([`OwnCall`], sent through [`Env::calls`]) runs the same hooks in the
+//! same order, with no client: what its maker left for the features is in
+//! its [`Seeds`] ([`Requesting::seeds`]). Hooks run with static dispatch
 //! (one field per feature), so they cost what the code in them costs.
 
 pub mod body;
@@ -53,8 +53,9 @@ pub struct Env<'a> {
     pub calls: &'a dyn Calls,
 }
 
-/// A call wxgate makes itself (a token fetch; a delivery made later on a
-/// caller's behalf): no client, an account already known.
+/// A call wxgate makes itself (a token or ticket fetch, a quota/get, a
+/// queued job's send on its caller's behalf): no client, an account
+/// already known.
 pub struct OwnCall {
     /// The config it runs under.
     pub config: Arc<Config>,
@@ -112,9 +113,9 @@ pub struct OwnAnswer {
 /// The future of an own call.
 pub type OwnFuture<'a> = Pin<Box<dyn Future<Output = Result<OwnAnswer, ProxyError>> + Send + 'a>>;
 
-/// Runs calls wxgate makes itself through the phases (decide, forward,
-/// answer, with every feature's hooks): [`crate::proxy::own`]. A trait
-/// object, so that the features below the phases can make one.
+/// Runs calls wxgate makes itself through the phases a client's call runs,
+/// in the same order, with every feature's hooks ([`crate::proxy::own`]).
+/// A trait object, so that the features below the phases can make one.
 pub trait Calls: Send + Sync {
     fn call(&self, own: OwnCall) -> OwnFuture<'_>;
 }

@@ -29,8 +29,11 @@
 //! `stable_token` with `force_refresh: true` skips the cached token, and
 //! joins a fetch already in flight instead of starting another.
 //!
-//! Cost: only token requests and answers with errcode 40001/40014/42001
-//! do anything here; other calls pass one `Option` check in the proxy.
+//! Cost: only token and ticket requests, and answers with errcode
+//! 40001/40014/42001, do anything here; any other call costs this
+//! feature's hooks a few checks: whether the cache is on, its path against
+//! the token and ticket paths (`before_decide`), its answer's errcode
+//! (`on_answer`).
 
 pub mod ask;
 pub mod cache;

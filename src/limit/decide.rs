@@ -79,6 +79,42 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
     drop(recipients);
 
     // 5. Admit at `at`: debit everything, noting the limit with least room.
+    let (quota, calendar) = debit_limits(state, rule, at, now, offset_us, cost, warm_start);
+    if let Some(caller) = share {
+        debit_share(state, rule, caller, at, now, offset_us, cost);
+    }
+    if !keys.is_empty() {
+        for key in keys {
+            debit_recipient(state.recipients.entry(key), rule, at);
+        }
+    }
+    // Without a warm-up its start is never read: not written either (one
+    // field less per call on Redis). A warm-up added by a reload then finds
+    // a busy pair warm, as it is.
+    if cold && rule.warmup_us > 0 {
+        state.warm_start = now;
+    }
+    state.last_call = now;
+    if rule.concurrency > 0 {
+        state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
+    }
+    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
+}
+
+/// Debits each of the rule's own limits for a call of `cost` admitted at
+/// `at` (step 5): a window's TAT moves on by `cost` emission intervals
+/// (under warm-up from `warm_start`), a calendar's count of the period of
+/// `at` goes up by `cost`. Returns the limit with least room left after
+/// it, and the calendar limit with least (the answer's quota headers).
+fn debit_limits(
+    state: &mut RuleState,
+    rule: &Rule,
+    at: Micros,
+    now: Micros,
+    offset_us: Micros,
+    cost: u64,
+    warm_start: Micros,
+) -> (Option<Quota>, Option<Quota>) {
     let mut quota: Option<Quota> = None;
     let mut calendar: Option<Quota> = None;
     for (i, limit) in rule.limits.iter().enumerate() {
@@ -119,25 +155,7 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
         }
         state.set(key, after);
     }
-    if let Some(caller) = share {
-        debit_share(state, rule, caller, at, now, offset_us, cost);
-    }
-    if !keys.is_empty() {
-        for key in keys {
-            debit_recipient(state.recipients.entry(key), rule, at);
-        }
-    }
-    // Without a warm-up its start is never read: not written either (one
-    // field less per call on Redis). A warm-up added by a reload then finds
-    // a busy pair warm, as it is.
-    if cold && rule.warmup_us > 0 {
-        state.warm_start = now;
-    }
-    state.last_call = now;
-    if rule.concurrency > 0 {
-        state.holders.push((ask.holder.to_owned(), at + ask.lease_us));
-    }
-    Decision::Admit { at, hold_us: wait, escalated: state.penalty.is_recent(now), quota, calendar }
+    (quota, calendar)
 }
 
 /// Notes that the window of length `per_us` began a new run at `at`.

@@ -6,6 +6,7 @@ use http::{Method, Request};
 use hyper::body::Incoming;
 
 use super::call::Call;
+use super::source::Source;
 use crate::config::routes;
 use crate::error::{Early, ProxyError};
 
@@ -19,10 +20,23 @@ use crate::error::{Early, ProxyError};
 /// logged beside it.
 pub const REFUSED_PATH: &str = "<refused path>";
 
-/// Only origin-form requests to this proxy, with a body it may
-/// forward. Returns the path and query to send upstream, bytes unchanged
+/// The path and query to send upstream. A client's request: only
+/// origin-form, to this proxy, with a body it may forward; bytes unchanged
 /// but for an `@account` first segment, which goes to `call.arrived.named`.
-pub fn accept(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
+/// A call wxgate makes itself: the target its maker gave, nothing checked;
+/// its whole body is set on the call here, for the hooks and meter.
+pub fn accept(call: &mut Call, source: &mut Source<'_>) -> Result<PathAndQuery, Early> {
+    match source {
+        Source::Client(req, _) => request(call, req),
+        Source::Own { target, body, .. } => {
+            call.body = Some(std::mem::take(body));
+            Ok(target.clone())
+        }
+    }
+}
+
+/// A client's request accepted: its target (see [`accept`]).
+fn request(call: &mut Call, req: &Request<Incoming>) -> Result<PathAndQuery, Early> {
     let target = match target(call, req) {
         Ok(target) => target,
         Err(e) => {

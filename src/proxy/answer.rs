@@ -1,4 +1,4 @@
-//! Phase 7, answer: WeChat's answer, read for its `errcode` without getting
+//! Phase 8, answer: WeChat's answer, read for its `errcode` without getting
 //! in its way ([`crate::transport::sniff`]); sent once more if a feature
 //! asks ([`Feature::resend`]: the client gets only the second answer);
 //! handed to the features' [`Feature::on_answer`] hooks; and turned into

@@ -1,4 +1,4 @@
-//! Phase 5, decide: one store decision ([`crate::admit`]); the call is held
+//! Phase 6, decide: one store decision ([`crate::admit`]); the call is held
 //! for its reserved slot or waits for a concurrency slot as its rule says,
 //! or is refused here and never reaches WeChat.
 

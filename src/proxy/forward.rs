@@ -1,4 +1,4 @@
-//! Phase 6, forward: the call sent to an upstream exactly once, and the
+//! Phase 7, forward: the call sent to an upstream exactly once, and the
 //! head of its answer; a call that provably never reached WeChat gives
 //! back what its admission took.
 
@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use super::answer::Forwarded;
 use super::call::Call;
 use super::resend::Resend;
+use super::source::Source;
 use crate::admit::activity::Stage;
 use crate::error::{Early, ProxyError};
 use crate::limit::Key;
@@ -30,6 +31,15 @@ pub struct Outgoing {
     resend: Option<Box<Resend>>,
 }
 
+/// The call made ready to go upstream, as its source has it: a client's
+/// request ([`client`]) or a call wxgate makes itself ([`own`]).
+pub async fn prepare(app: &App, call: &mut Call, source: Source<'_>, target: &PathAndQuery) -> Result<Outgoing, Early> {
+    match source {
+        Source::Client(req, _) => client(app, call, req, target).await,
+        Source::Own { .. } => Ok(own(app, call, target)?),
+    }
+}
+
 /// A client's request made ready to go upstream: its head rewritten (every
 /// field of each header wxgate takes off or rewrites: hop-by-hop ones,
 /// `Authorization`, `Accept-Encoding` → `identity`), its body as read or to
@@ -37,12 +47,7 @@ pub struct Outgoing {
 /// feature keeps ([`crate::features::hooks::Feature::keep_body`]: WeChat may
 /// make it send the call once more) is read whole first when it is small
 /// enough.
-pub async fn prepare(
-    app: &App,
-    call: &mut Call,
-    req: Request<Incoming>,
-    target: &PathAndQuery,
-) -> Result<Outgoing, Early> {
+async fn client(app: &App, call: &mut Call, req: Request<Incoming>, target: &PathAndQuery) -> Result<Outgoing, Early> {
     let (upstream, uri) = upstream_of(app, call, target)?;
     let (mut parts, mut body) = req.into_parts();
     parts.uri = uri;
@@ -70,21 +75,16 @@ pub async fn prepare(
     Ok(Outgoing { upstream, req: Request::from_parts(parts, body), resend })
 }
 
-/// A call wxgate makes itself made ready to go upstream: `method`, its
-/// body (`call.body`), a JSON content type when it has one, on `[server]
-/// upstream`.
-pub fn prepare_own(
-    app: &App,
-    call: &mut Call,
-    method: http::Method,
-    target: &PathAndQuery,
-) -> Result<Outgoing, ProxyError> {
+/// A call wxgate makes itself made ready to go upstream: its method, its
+/// body (`call.body`), a JSON content type when it has one, on its
+/// domain's upstream.
+fn own(app: &App, call: &mut Call, target: &PathAndQuery) -> Result<Outgoing, ProxyError> {
     let (upstream, uri) = upstream_of(app, call, target)?;
     let body = call.body.take().unwrap_or_default();
     let length = body.len();
     let json = !body.is_empty();
     let mut req = Request::new(RequestBody::bytes(body));
-    *req.method_mut() = method;
+    *req.method_mut() = call.arrived.method.clone();
     *req.uri_mut() = uri;
     if json {
         req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -12,7 +12,8 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, Request};
 use hyper::body::Incoming;
 
-use super::call::Call;
+use super::call::{Call, Routed};
+use super::source::Source;
 use crate::admit::callers;
 use crate::config::valid_account;
 use crate::error::{Early, ProxyError};
@@ -24,13 +25,52 @@ use crate::proxy::app::App;
 /// or body; of an account it does not name, once that is known (by the
 /// hook that finds it). A call the caller's guard refuses never reaches
 /// the account lookup (no token lookup) nor the store. The guard holds for
-/// calls without a rule too: it limits the caller, not a rule.
-pub async fn identify(
-    app: &App,
-    call: &mut Call,
-    req: &mut Request<Incoming>,
-    target: &PathAndQuery,
-) -> Result<(), Early> {
+/// calls without a rule too: it limits the caller, not a rule. A call
+/// wxgate makes itself has its caller and account from its maker: only
+/// the hooks run, with what its maker left them ([`Seeds`]).
+pub async fn identify(app: &App, call: &mut Call, source: &mut Source<'_>, target: &PathAndQuery) -> Result<(), Early> {
+    let identified = who(app, call, source, target).await;
+    if let (Err(Early::Refused(e)), Source::Client(..)) = (&identified, source) {
+        // A client's request identify could not read was not read as a
+        // call of its rule: counted under none.
+        if !e.refuses_the_caller() {
+            call.route = Routed::default();
+        }
+    }
+    identified
+}
+
+/// The caller (a client's) and the account, then the `on_request` hooks.
+async fn who(app: &App, call: &mut Call, source: &mut Source<'_>, target: &PathAndQuery) -> Result<(), Early> {
+    let mut none = Seeds::default();
+    let (incoming, seeds, named, authenticated) = match source {
+        Source::Client(req, _) => {
+            let (named, authenticated) = client(app, call, req)?;
+            (Some(req), &mut none, named, authenticated)
+        }
+        Source::Own { seeds, .. } => (None, seeds, None, false),
+    };
+    let arrived = &call.arrived;
+    let mut requesting = Requesting {
+        config: &arrived.config,
+        method: &arrived.method,
+        path: &arrived.path,
+        target,
+        rule: call.route.rule.as_ref(),
+        seeds,
+        body: &mut call.body,
+        incoming,
+        named,
+        who: &mut call.who,
+        appid: None,
+        authenticated,
+    };
+    app.features.on_request(app.env(), &mut call.features, &mut requesting).await
+}
+
+/// A client's caller and the account its call names, the caller's grant of
+/// it checked: (the account named, whether the caller is authenticated).
+fn client(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result<(Option<String>, bool), ProxyError> {
     let authenticated = caller(app, call, req)?;
     let named = named(req.headers(), call.arrived.named.take())?;
     req.headers_mut().remove(ACCOUNT);
@@ -39,23 +79,7 @@ pub async fn identify(
     if let (true, Some(account)) = (authenticated, &named) {
         call.who.caller.check_grant(account)?;
     }
-    let mut seeds = Seeds::default();
-    let arrived = &call.arrived;
-    let mut requesting = Requesting {
-        config: &arrived.config,
-        method: &arrived.method,
-        path: &arrived.path,
-        target,
-        rule: call.route.rule.as_ref(),
-        seeds: &mut seeds,
-        body: &mut call.body,
-        incoming: Some(req),
-        named,
-        who: &mut call.who,
-        appid: None,
-        authenticated,
-    };
-    app.features.on_request(app.env(), &mut call.features, &mut requesting).await
+    Ok((named, authenticated))
 }
 
 /// Sets `call.who.caller`: under `caller_auth = "required"` the one the

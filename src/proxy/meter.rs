@@ -1,4 +1,4 @@
-//! Phase 3b, meter: for a rule with `recipients`, what a call costs and
+//! Phase 4, meter: for a rule with `recipients`, what a call costs and
 //! whom it is to, read from its body before the decision.
 //!
 //! - The body is read whole, at most [`BODY_CAP`] bytes (413 naming the

@@ -1,4 +1,4 @@
-//! Phase 8, respond: a call stopped early becomes its answer by the one
+//! Phase 9, respond: a call stopped early becomes its answer by the one
 //! table ([`crate::error`]); every call is counted once, and a client's
 //! call logged once.
 

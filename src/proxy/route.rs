@@ -1,4 +1,4 @@
-//! Phase 3, route: the rule of the call's path ([`crate::config::routes`]), and its metrics.
+//! Phase 2, route: the rule of the call's path ([`crate::config::routes`]), and its metrics.
 
 use super::call::Call;
 use crate::proxy::app::App;

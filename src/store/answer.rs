@@ -95,7 +95,7 @@ pub enum StoreError {
     #[error("Redis refused this call's keys: {0}")]
     BadKey(String),
     /// Redis lost wxgate's data (its epoch changed): nothing was decided;
-    /// what this instance knows is re-seeded first ([`ledger`]).
+    /// what this instance knows is re-seeded first ([`super::ledger`]).
     #[error("Redis lost its data (the epoch key changed)")]
     Lost,
     /// Redis answers again, but the other instances may not have added what

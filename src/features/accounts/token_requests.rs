@@ -141,7 +141,7 @@ impl TokenRequest {
 }
 
 /// What a token request's answer will teach: set by the identify phase,
-/// used by the answer hook ([`super::Learning`]).
+/// used by the answer hook ([`learn`]).
 #[derive(Debug)]
 pub struct Learn {
     pub request: &'static TokenRequest,

@@ -101,7 +101,7 @@ impl Window {
 }
 
 impl SimConfig {
-    /// The built-in demo (`src/tools/sim/demo.toml`; tested, so always `Ok`).
+    /// The built-in demo (`src/ops/tools/sim/demo.toml`; tested, so always `Ok`).
     pub fn demo() -> Result<SimConfig, SimConfigError> {
         SimConfig::parse(DEMO, "built-in demo")
     }
