@@ -29,7 +29,7 @@ pub mod answer;
 pub mod batch;
 pub mod ledger;
 pub mod memory;
-pub mod op;
+pub mod pair_op;
 pub mod redis;
 pub mod resilient;
 pub mod sharded;
@@ -39,7 +39,7 @@ pub mod tokens;
 use async_trait::async_trait;
 
 pub use self::answer::{Decided, Penalised, PenaltyEnd, Snapshot, Status, StoreError};
-use self::op::{Listed, PairOp, PairReply};
+use self::pair_op::{Listed, PairOp, PairReply};
 use self::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use crate::limit::{Ask, Key};
 use crate::time::Micros;
@@ -54,7 +54,7 @@ use crate::time::Micros;
 /// runs alone (Redis runs one script at a time), so no other operation on
 /// the same pair, from any instance, is seen half done; `release` is one
 /// plain command. The resilient wrapper writes some operations to its local
-/// fallback store and to Redis, one after the other ([`op::Route`]): each
+/// fallback store and to Redis, one after the other ([`pair_op::Route`]): each
 /// write is atomic, the pair of them is not.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {

@@ -21,7 +21,7 @@ use wxgate::store::memory::MemoryStore;
 use wxgate::store::redis::RedisStore;
 use wxgate::store::resilient::{Resilient, StoreCounters};
 use wxgate::store::tokens::{Claim, Fetched, TokenHash, TokenOwner};
-use wxgate::store::{op, Snapshot, Store};
+use wxgate::store::{pair_op, Snapshot, Store};
 use wxgate::time::{Clock, ManualClock};
 
 const MS: i64 = 1_000;
@@ -1585,13 +1585,13 @@ async fn run_checked(
                 Got::Decided(decided.decision)
             }
             Release(n) => {
-                store.apply(key, op::Release { holder: &format!("h{n}") }).await.expect("store answered");
+                store.apply(key, pair_op::Release { holder: &format!("h{n}") }).await.expect("store answered");
                 Got::Done
             }
             Renew(ns) => {
                 let holders: Vec<String> = ns.iter().map(|n| format!("h{n}")).collect();
                 let holders: Vec<&str> = holders.iter().map(String::as_str).collect();
-                store.apply(key, op::Renew { holders: &holders, lease_us }).await.expect("store answered");
+                store.apply(key, pair_op::Renew { holders: &holders, lease_us }).await.expect("store answered");
                 Got::Done
             }
             Token => {
@@ -1600,22 +1600,26 @@ async fn run_checked(
             }
             Penalise(code, n) => {
                 let policy = penalties.iter().find(|p| p.errcode == *code).expect("default policy");
-                let end =
-                    store.apply(key, op::Penalise { policy, sent_at: admitted[*n] }).await.expect("store answered");
+                let end = store
+                    .apply(key, pair_op::Penalise { policy, sent_at: admitted[*n] })
+                    .await
+                    .expect("store answered");
                 Got::Penalty { until: end.until, now: end.now }
             }
             Success(n) => {
-                store.apply(key, op::Succeeded { sent_at: admitted[*n] }).await.expect("store answered");
+                store.apply(key, pair_op::Succeeded { sent_at: admitted[*n] }).await.expect("store answered");
                 Got::Done
             }
             SetPenalty(len) => {
-                let end = store.apply(key, op::SetPenalty { len_us: *len }).await.expect("store answered");
+                let end = store.apply(key, pair_op::SetPenalty { len_us: *len }).await.expect("store answered");
                 Got::Penalty { until: end.until, now: end.now }
             }
-            Inspect => Got::State(store.apply(key, op::Inspect).await.expect("store answered")),
+            Inspect => Got::State(store.apply(key, pair_op::Inspect).await.expect("store answered")),
             Refund(n) => {
-                let given =
-                    store.apply(key, op::Refund { at: admitted[*n], cost: costs[*n] }).await.expect("store answered");
+                let given = store
+                    .apply(key, pair_op::Refund { at: admitted[*n], cost: costs[*n] })
+                    .await
+                    .expect("store answered");
                 if given {
                     sent[*n].refunded = true;
                 }
@@ -1665,26 +1669,31 @@ async fn run_checked(
             DropK(token, kinds) => Got::Dropped(
                 store.tokens().drop_token(&token_hash(prefix, token), kinds).await.expect("store answered"),
             ),
-            Raise(used) => Got::Before(store.apply(key, op::RaiseDay { used: *used }).await.expect("store answered")),
+            Raise(used) => {
+                Got::Before(store.apply(key, pair_op::RaiseDay { used: *used }).await.expect("store answered"))
+            }
             LowerW => Got::Lowered(
-                store.apply(key, op::LowerWindows { sent_at: clock.now_us() }).await.expect("store answered"),
+                store.apply(key, pair_op::LowerWindows { sent_at: clock.now_us() }).await.expect("store answered"),
             ),
             LowerAgo(ago) => Got::Lowered(
-                store.apply(key, op::LowerWindows { sent_at: clock.now_us() - ago }).await.expect("store answered"),
+                store
+                    .apply(key, pair_op::LowerWindows { sent_at: clock.now_us() - ago })
+                    .await
+                    .expect("store answered"),
             ),
             LearnDay(limit) => {
-                Got::Before(store.apply(key, op::LearnDay { limit: *limit }).await.expect("store answered"))
+                Got::Before(store.apply(key, pair_op::LearnDay { limit: *limit }).await.expect("store answered"))
             }
             Lease(want, span_us) | NormalLease(want, span_us) => {
                 let normal = matches!(op, NormalLease(..));
-                let lease = op::Lease { want: *want, span_us: *span_us, normal };
+                let lease = pair_op::Lease { want: *want, span_us: *span_us, normal };
                 let leased = store.apply(key, lease).await.expect("store answered");
                 leases.push(leased.clone());
                 Got::Leased(leased)
             }
             Return(n, unspent) => Got::Refunded(
                 store
-                    .apply(key, op::LeaseReturn { lease: &leases[*n], unspent: *unspent })
+                    .apply(key, pair_op::LeaseReturn { lease: &leases[*n], unspent: *unspent })
                     .await
                     .expect("store answered"),
             ),

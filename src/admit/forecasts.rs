@@ -36,7 +36,7 @@ use crate::limit::calendar::Period;
 use crate::limit::forecast::{runs_out_at, used_fraction, DayRate};
 use crate::limit::pair::{Pair, PairRef};
 use crate::limit::{Key, Limit, Quota, Rule};
-use crate::store::op::Inspect;
+use crate::store::pair_op::Inspect;
 use crate::store::sharded::{lock, Sharded};
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::limit::{Key, Rule};
-use crate::store::op::{Release, Renew};
+use crate::store::pair_op::{Release, Renew};
 use crate::store::Store;
 use crate::time::Micros;
 

@@ -13,7 +13,7 @@ use crate::features::hooks::{Answered, Env, Feature};
 use crate::limit::calendar::Period;
 use crate::limit::learned::{self, Outcome};
 use crate::limit::{Key, Limit};
-use crate::store::op::{LowerWindows, Penalise, Succeeded};
+use crate::store::pair_op::{LowerWindows, Penalise, Succeeded};
 use crate::time::Micros;
 use crate::transport::sniff::Verdict;
 

@@ -452,7 +452,7 @@ fn cleared(stored: Option<LimitState>, today: i64, kept: u64) -> Option<LimitSta
 ///   (nothing once `max_wait ≥ T`). The bound assumes `max_wait` was not
 ///   raised by a reload between the call's admission and its refund.
 /// - Penalties, warm-up and concurrency slots are untouched (a slot is
-///   freed by [`crate::store::op::Release`]).
+///   freed by [`crate::store::pair_op::Release`]).
 ///
 /// `rule` is the rule the call was admitted under; `cost` what it cost
 /// (each of its n units given back as above: at most n intervals of a

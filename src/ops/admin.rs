@@ -41,7 +41,7 @@ use crate::config::{valid_account, MemoryConfig, StoreConfig};
 use crate::limit::{Key, Limit, Rule, Scope};
 use crate::ops::overview;
 use crate::proxy::app::App;
-use crate::store::op::SetPenalty;
+use crate::store::pair_op::SetPenalty;
 use crate::store::Status;
 use crate::telemetry::metrics::FileOp;
 

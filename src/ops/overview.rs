@@ -29,7 +29,7 @@ use crate::limit::{Key, Rule};
 use crate::ops::answers::{error, json_answer, Answer};
 use crate::ops::pair_view::{describe, local_time, Here};
 use crate::proxy::app::App;
-use crate::store::op::Inspect;
+use crate::store::pair_op::Inspect;
 use crate::store::Status;
 use crate::telemetry::history::Counts;
 

@@ -9,7 +9,7 @@
 //! background task asks quota/get for the rule's first exact path (each
 //! path's, with `scope = "path"`) once per interval and, if WeChat's `used`
 //! is higher than wxgate's day count, raises the count to it (never lowers
-//! it: [`crate::store::op::RaiseDay`]).
+//! it: [`crate::store::pair_op::RaiseDay`]).
 //!
 //! - One call per (account, rule state, interval) across instances: a sync
 //!   takes the store's lock `sync:<account>:<state>` for the interval first
@@ -38,7 +38,7 @@ use crate::features::hooks::{Calls, OwnCall, Seeds};
 use crate::limit::calendar::Period;
 use crate::limit::Key;
 use crate::proxy::app::App;
-use crate::store::op::{LearnDay, RaiseDay};
+use crate::store::pair_op::{LearnDay, RaiseDay};
 use crate::store::tokens::Claim;
 use crate::time::Micros;
 

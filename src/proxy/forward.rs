@@ -17,7 +17,7 @@ use crate::admit::activity::Stage;
 use crate::error::{Early, ProxyError};
 use crate::limit::Key;
 use crate::proxy::app::App;
-use crate::store::op::Refund;
+use crate::store::pair_op::Refund;
 use crate::telemetry::metrics::InFlightGuard;
 use crate::time::Stopwatch;
 use crate::transport::request_body::{read_whole, RequestBody};

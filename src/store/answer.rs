@@ -1,5 +1,5 @@
 //! What store operations answer, and why a store could not: the types every
-//! store and every operation ([`super::op`]) share. Re-exported by
+//! store and every operation ([`super::pair_op`]) share. Re-exported by
 //! [`crate::store`].
 
 use std::sync::Arc;

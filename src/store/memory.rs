@@ -32,7 +32,7 @@ use async_trait::async_trait;
 
 use self::learned::LearnedTokens;
 use self::token_slots::TokenSlots;
-use super::op::{Inspect, Kept, Operation, PairOp, PairReply, Runs};
+use super::pair_op::{Inspect, Kept, Operation, PairOp, PairReply, Runs};
 use super::state_file::StateFile;
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};

@@ -1,9 +1,9 @@
 //! The shared store: decision state in Redis. Every operation that reads
 //! and writes state is one Lua script run by SHA (acquire.lua and the other
-//! scripts of [`protocol`], and those the operations of [`super::op`]
+//! scripts of [`protocol`], and those the operations of [`super::pair_op`]
 //! declare), atomic because Redis runs one script at a time: two instances
 //! can never both take the last token. The exceptions are single plain
-//! commands: freeing a slot (`ZREM`, [`super::op::Release`]), reading the
+//! commands: freeing a slot (`ZREM`, [`super::pair_op::Release`]), reading the
 //! epoch (`GET`) and the access-token key (`SET NX`, then `GET`: two round
 //! trips, harmless since the first value written stays). The clock is Redis
 //! `TIME`, never an instance's clock.
@@ -40,8 +40,8 @@ use self::conn::{Connections, Lane, CONNECT_TIMEOUT};
 use self::protocol::{AcquireArgs, EpochReply, Keys, TokenOwnerReply};
 use super::batch::{Answer, Batcher, Joined};
 use super::ledger::Pending;
-use super::op;
-use super::op::{Command, Operation, PairOp, PairReply, Runs};
+use super::pair_op;
+use super::pair_op::{Command, Operation, PairOp, PairReply, Runs};
 use super::tokens::{Claim, Fetched, TokenHash, TokenKey, TokenOwner};
 use super::{Decided, Status, Store, StoreError, TokenStore};
 use crate::config::RedisConfig;
@@ -122,7 +122,7 @@ impl RedisStore {
                     )))
                 }
             }
-            for script in protocol::scripts().chain(op::scripts()) {
+            for script in protocol::scripts().chain(pair_op::scripts()) {
                 match tokio::time::timeout(CONNECT_TIMEOUT, script.prepare_invoke().load_async(&mut conn)).await {
                     Ok(loaded) => loaded.map_err(|e| conn::cannot_use(store.conns.at(), e))?,
                     Err(_) => {
@@ -537,7 +537,7 @@ impl RedisStore {
         // A penalty restored (reconcile.lua keeps a later one Redis holds).
         if let Some(p) = pending.penalty.filter(|p| p.until > now) {
             let end = crate::store::PenaltyEnd { until: p.until, now };
-            self.note_penalty(&pending.account, &pending.rule, crate::store::op::PenaltyNote::Raised(end)).await;
+            self.note_penalty(&pending.account, &pending.rule, crate::store::pair_op::PenaltyNote::Raised(end)).await;
         }
         Ok(now)
     }

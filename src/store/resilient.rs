@@ -14,8 +14,8 @@
 //! - Known refusals are answered without a round trip ([`refusals`]).
 //! - Penalties and slot releases are also written locally, so this instance
 //!   honours them while Redis is away. Refunds go to Redis only. Each
-//!   operation of [`super::op`] is routed by what it declares
-//!   ([`super::op::Route`], its `after` hook for the ledger); no operation
+//!   operation of [`super::pair_op`] is routed by what it declares
+//!   ([`super::pair_op::Route`], its `after` hook for the ledger); no operation
 //!   has a method of its own here but `acquire`, `clear` and
 //!   `token_refreshed`.
 //! - Degraded decisions are counted and logged at most once per 10 s.
@@ -54,7 +54,7 @@ use self::leases::{LeaseCounters, Leases, Spend, Taking};
 use self::refusals::RefusalCache;
 use super::ledger::Ledger;
 use super::memory::MemoryStore;
-use super::op::{AnsweredBy, Inspect, Lease, LeaseReturn, Operation, PairOp, PairReply, Route, Runs, Wrapper};
+use super::pair_op::{AnsweredBy, Inspect, Lease, LeaseReturn, Operation, PairOp, PairReply, Route, Runs, Wrapper};
 use super::redis::RedisStore;
 use super::tokens::{Claim, Fetched, TokenHash, TokenOwner};
 use super::{Decided, Snapshot, Status, Store, StoreError, TokenStore};

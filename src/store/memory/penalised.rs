@@ -36,7 +36,7 @@ mod tests {
     use crate::config::Config;
     use crate::limit::Key;
     use crate::store::memory::MemoryStore;
-    use crate::store::op::SetPenalty;
+    use crate::store::pair_op::SetPenalty;
     use crate::time::ManualClock;
 
     /// Penalties of many pairs among many more without one: the `max`

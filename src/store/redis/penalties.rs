@@ -6,7 +6,7 @@
 //!
 //! It is noted after the pair's own script, as a command of its own (in a
 //! Cluster the index lives in another slot than the pair): penalise.lua
-//! and set_penalty.lua ([`crate::store::op::Operation::penalty_note`]),
+//! and set_penalty.lua ([`crate::store::pair_op::Operation::penalty_note`]),
 //! reconcile.lua restoring a penalty; a clear takes the account's pairs
 //! out. So it may lag behind the pairs: a note that fails is logged, and
 //! that penalty is missing from the list (it is enforced all the same); a
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::protocol::{PENALTIES, PENALTY_INDEX};
 use super::RedisStore;
 use crate::limit::Key;
-use crate::store::op::PenaltyNote;
+use crate::store::pair_op::PenaltyNote;
 use crate::store::{Penalised, StoreError};
 use crate::time::Micros;
 

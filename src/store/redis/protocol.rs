@@ -4,7 +4,7 @@
 //! their arguments are written and their answers read, and the readers the
 //! per-pair operations share ([`parse_until`], [`parse_state`]). Each
 //! per-pair operation writes its own arguments, in its file of
-//! [`crate::store::op`]. Each script's header (`lua/*.lua`) documents its
+//! [`crate::store::pair_op`]. Each script's header (`lua/*.lua`) documents its
 //! KEYS, ARGV and reply.
 //!
 //! Keys are `<prefix>:{<account>}:<rule>`: one packed state per (account,
@@ -38,7 +38,7 @@ macro_rules! script {
 pub(crate) use script;
 
 /// The scripts of the store's operations that are not per-pair operations
-/// ([`crate::store::op`] declares those, with their scripts), each hashed
+/// ([`crate::store::pair_op`] declares those, with their scripts), each hashed
 /// once, and [`scripts`]: the list of them.
 macro_rules! scripts {
     ($($name:ident = $file:literal,)*) => {
@@ -48,7 +48,7 @@ macro_rules! scripts {
         )*
 
         /// Every script of this list (the Redis store loads them, and
-        /// [`crate::store::op::scripts`], when it connects).
+        /// [`crate::store::pair_op::scripts`], when it connects).
         pub fn scripts() -> impl Iterator<Item = &'static Script> {
             [$(&*$name,)*].into_iter()
         }
