@@ -71,8 +71,8 @@ pub mod resend;
 pub mod respond;
 pub mod route;
 pub mod source;
+pub mod spans;
 pub mod start;
-pub mod traces;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -124,7 +124,7 @@ async fn serve(
     let hosts = named.then_some(&call.arrived.config.server.hosts);
     let browser = crate::transport::browser::proxy_refusal(req.headers(), hosts);
     call.arrived.intercepted = intercepted;
-    traces::start(app, &mut call, req.headers());
+    spans::start(app, &mut call, req.headers());
     // Only a recorded call's task carries its span: the calls wxgate makes
     // for it (a token fetch) are its children; an unrecorded call's future
     // is not boxed for it.
@@ -150,7 +150,7 @@ async fn serve(
         Err(Early::Refused(e)) => respond::refuse(&mut call, e),
     };
     respond::count_and_log(app, &call, resp.status());
-    traces::finish(app, &mut call, resp.status());
+    spans::finish(app, &mut call, resp.status());
     resp
 }
 

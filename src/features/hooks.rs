@@ -76,7 +76,7 @@ pub struct OwnCall {
     /// `None`: wxgate's own call (the rule's reserve is for it).
     pub queued_by: Option<Caller>,
     /// A queued job's send: its submission's span, which the send's span
-    /// links to (`crate::proxy::traces`).
+    /// links to (`crate::proxy::spans`).
     pub submitted: Option<crate::telemetry::trace::SpanContext>,
 }
 

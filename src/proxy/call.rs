@@ -47,7 +47,7 @@ pub struct Call {
     /// the query or the body.
     pub refusal: Option<String>,
     /// The call's trace (`None`: tracing off), set when it arrives
-    /// ([`crate::proxy::traces`]).
+    /// ([`crate::proxy::spans`]).
     pub trace: Option<Box<crate::telemetry::trace::Traced>>,
 }
 

@@ -53,15 +53,15 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         // until the refusal's wait is over.
         may_wait: !call.who.queued,
     };
-    let traced_at = super::traces::now(call);
+    let traced_at = super::spans::now(call);
     let admitted = admit(&app.core, asked).await;
     call.admission.decision_us = match &admitted {
         Ok(a) => a.decision_us,
         Err(_) => started.elapsed_us(),
     };
-    super::traces::decided(app, call, traced_at, admitted.as_ref().map(|a| (a.decision_us, a.held_us)));
+    super::spans::decided(app, call, traced_at, admitted.as_ref().map(|a| (a.decision_us, a.held_us)));
     if let Some(m) = &call.route.metrics {
-        m.observe_decision(call.admission.decision_us as f64 / 1e6, super::traces::exemplar(call));
+        m.observe_decision(call.admission.decision_us as f64 / 1e6, super::spans::exemplar(call));
     }
     if let (Some(m), Err(crate::error::ProxyError::Throttled { reason: crate::limit::Reason::Recipient, .. })) =
         (&call.route.metrics, &admitted)
@@ -78,7 +78,7 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
     if admitted.held_us > 0 {
         call.outcome = Outcome::held;
         if let Some(m) = &call.route.metrics {
-            m.observe_hold(admitted.held_us as f64 / 1e6, super::traces::exemplar(call));
+            m.observe_hold(admitted.held_us as f64 / 1e6, super::spans::exemplar(call));
         }
     }
     if admitted.degraded {

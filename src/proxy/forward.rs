@@ -114,16 +114,16 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     let activity =
         call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
     let sent = Stopwatch::start();
-    let traced_at = super::traces::now(call);
+    let traced_at = super::spans::now(call);
     let (tried, resp) = upstream.send(req).await;
     call.sent.upstream_us = sent.elapsed_us();
     if traced_at.is_some() {
-        let answered = super::traces::Answered::of(&resp);
-        super::traces::exchanged(app, call, traced_at, upstream.name(tried), answered, false);
+        let answered = super::spans::Answered::of(&resp);
+        super::spans::exchanged(app, call, traced_at, upstream.name(tried), answered, false);
     }
     call.sent.upstream = Some((upstream, tried));
     if let Some(m) = &call.route.metrics {
-        m.observe_upstream(call.sent.upstream_us as f64 / 1e6, super::traces::exemplar(call));
+        m.observe_upstream(call.sent.upstream_us as f64 / 1e6, super::spans::exemplar(call));
     }
     if let Err(e) = &resp {
         if e.never_sent() {

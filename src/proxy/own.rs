@@ -10,7 +10,7 @@ use http::StatusCode;
 
 use super::call::Call;
 use super::source::Source;
-use super::{respond, traces};
+use super::{respond, spans};
 use crate::error::{Early, ProxyError};
 use crate::features::hooks::{Calls, OwnAnswer, OwnCall, OwnFuture};
 use crate::proxy::app::App;
@@ -32,7 +32,7 @@ pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
     call.who.account = account;
     call.who.own = true;
     call.who.queued = queued;
-    traces::start_own(app, &mut call, submitted);
+    spans::start_own(app, &mut call, submitted);
     let source = Source::Own { target, body, seeds };
     let answered = match call.trace.as_ref().filter(|t| t.recording.is_some()).map(|t| t.ctx) {
         None => super::run(app, &mut call, source).await,
@@ -54,7 +54,7 @@ pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
         Ok(a) => StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK),
         Err(e) => e.status(),
     };
-    traces::finish(app, &mut call, status);
+    spans::finish(app, &mut call, status);
     result
 }
 

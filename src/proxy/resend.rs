@@ -35,12 +35,12 @@ pub async fn resend(
     *req.uri_mut() = uri;
     *req.headers_mut() = resend.headers.clone();
     let sent = Stopwatch::start();
-    let traced_at = super::traces::now(call);
+    let traced_at = super::spans::now(call);
     let (tried, resp) = resend.upstream.send(req).await;
     call.sent.upstream_us += sent.elapsed_us();
     if traced_at.is_some() {
-        let answered = super::traces::Answered::of(&resp);
-        super::traces::exchanged(app, call, traced_at, resend.upstream.name(tried), answered, true);
+        let answered = super::spans::Answered::of(&resp);
+        super::spans::exchanged(app, call, traced_at, resend.upstream.name(tried), answered, true);
     }
     call.sent.upstream = Some((resend.upstream.clone(), tried));
     Ok(resp?)

@@ -40,7 +40,7 @@ pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
         host.calls.inc();
     }
     if call.arrived.config.log.access {
-        let trace_id = super::traces::trace_id(call);
+        let trace_id = super::spans::trace_id(call);
         tracing::info!(
             target: "wxgate::access",
             method = %call.arrived.method,

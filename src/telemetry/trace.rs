@@ -10,7 +10,7 @@
 //! value a caller can make long capped first. With tracing off no call
 //! carries anything: the call path pays one `Option` test per phase.
 //!
-//! What a span may carry is chosen here and in `crate::proxy::traces`:
+//! What a span may carry is chosen here and in `crate::proxy::spans`:
 //! the rule, account, caller, outcome, status, WeChat's errcode, the
 //! upstream's host; never a token, secret, caller key, body, query or
 //! recipient.

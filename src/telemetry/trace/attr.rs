@@ -50,7 +50,7 @@ pub fn truncate(s: &mut String, max: usize) {
 /// Caps everything in `span` a caller can make long — its name, every
 /// string attribute value, its status message — at `max` bytes
 /// ([`truncate`]; `[telemetry] max_attribute_bytes`). Its `trace_state`
-/// is left whole: it is at most 512 bytes (`crate::proxy::traces`), and
+/// is left whole: it is at most 512 bytes (`crate::proxy::spans`), and
 /// cut it would be a different list.
 pub fn cap(span: &mut Span, max: usize) {
     truncate(&mut span.name, max);
