@@ -1,7 +1,7 @@
 //! The Redis store through wxgate's listener: shared penalties, script
 //! reloading after NOSCRIPT, authentication.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
