@@ -107,8 +107,9 @@ cargo test --all-targets --locked
 # per-call path itself, e.g. Redis round trips counted, the local fallback
 # of a calendar quota during an outage, assert what leases change by
 # design; leases' own outage behaviour is tests/outage.rs
-# with_quota_leases_*.) The same test binaries: no second build.
+# with_quota_leases_*.) The same test binary (tests/all.rs), these files'
+# modules: no second build.
 echo "== cargo test, quota leases on"
-WXGATE_TEST_QUOTA_LEASES=1 cargo test --locked \
-  --test multi_instance --test learned_quota --test campaign --test refunds --test penalties \
-  --test reserve --test share --test quota_clear --test per_path --test callers --test forecasts --test broker
+WXGATE_TEST_QUOTA_LEASES=1 cargo test --locked --test all -- \
+  multi_instance:: learned_quota:: campaign:: refunds:: penalties:: \
+  reserve:: share:: quota_clear:: per_path:: callers:: forecasts:: broker::

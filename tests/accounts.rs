@@ -6,7 +6,7 @@
 //! what users see: the mock WeChat's requests, the answers, the buckets of
 //! the admin API, the metrics, Redis's keys and the state file.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! and imposing penalties (both stores), the bearer token, shadow mode, the
 //! RateLimit headers and the access log.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

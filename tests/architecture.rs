@@ -1,7 +1,7 @@
 //! The shape of `src/`, checked: no import cycles among its modules, the
 //! top-level parts (`src/x.rs` with `src/x/`) in the layers of [`LAYERS`],
 //! each importing only the layers below it, the configuration independent
-//! of everything that runs, and one module that reads a clock. `cargo test --test architecture -- --nocapture` prints the
+//! of everything that runs, and one module that reads a clock. `cargo test --test all architecture:: -- --nocapture` prints the
 //! module graph (who imports whom).
 //!
 //! Edges are read from the source text: `use` trees and every

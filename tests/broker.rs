@@ -5,7 +5,7 @@
 //! for a held account, against the mock WeChat's token endpoints
 //! (tests/support/tokens.rs).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! caller is granted. Checked through what users see: answers, the mock
 //! WeChat's requests, the buckets of the admin API and the metrics.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! see: the mock WeChat's requests, the answers, `/metrics`, `/v1/callers`
 //! and Redis's command counts.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! rest, and no window of the rule ever exceeds its count at WeChat. Real
 //! processes racing in real time are the point of this test.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

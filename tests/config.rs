@@ -1,6 +1,6 @@
 //! `wxgate check` and start-up refuse bad configs with a precise message.
 
-mod support;
+use crate::support;
 
 use support::process;
 

@@ -7,7 +7,7 @@
 //! ends; inspected state), and each must also meet the expectations
 //! written in the table.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //! penalty restored after a restart is listed; a page opened with the
 //! token in its URL works.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! label their PromQL uses must then be in its `/metrics`. `promtool` checks
 //! the alert rules, runs their unit tests, and parses every dashboard query.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 

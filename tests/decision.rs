@@ -1,6 +1,6 @@
 //! The pure decision, checked against its stated guarantees on random input.
 
-mod support;
+use crate::support;
 
 use proptest::prelude::*;
 use support::max_in_window;

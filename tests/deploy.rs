@@ -13,7 +13,7 @@
 //! create configmap` makes it), and everything they ask of wxgate is run
 //! against the real binary.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -6,7 +6,7 @@
 //! by a `/<host>/` prefix for direct calls, by the tunnel's host for
 //! intercepted ones. Two mocks stand for the two hosts.
 
-mod support;
+use crate::support;
 
 use support::intercept::{through, TestCa};
 use support::process::run;

@@ -4,7 +4,7 @@
 //! survive, an unreadable file is reported and set aside; and the store
 //! stays bounded (`max_entries`, idle state dropped by time).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,7 +5,7 @@
 //! media answer is never read for an errcode. Against a mock that
 //! compresses whenever it is asked to.
 
-mod support;
+use crate::support;
 
 use support::tokens::{WeChatTokens, APPID, SECRET};
 use support::*;

@@ -7,7 +7,7 @@
 //! finds it answering. Back-off time is the gate's manual clock: no test
 //! waits for it.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

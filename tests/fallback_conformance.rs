@@ -7,7 +7,7 @@
 //! scaled limits ([`wxgate::limit::Rule::scaled`]), never kept from the
 //! whole rule.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! never an account label). Memory, Redis and a Redis Cluster (on the
 //! gate's manual clock).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

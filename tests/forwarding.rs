@@ -1,7 +1,7 @@
 //! Forwarding as a client and WeChat see it, over real sockets: what reaches
 //! the upstream, what comes back, streaming, refusals and upstream failures.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! request smuggling and path tricks. What matters is what a client gets back
 //! and that nothing unintended reaches WeChat.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

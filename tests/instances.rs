@@ -4,7 +4,7 @@
 //! without a hand-kept number; `instances` is a floor. Real wxgate
 //! processes and a real redis-server.
 
-mod support;
+use crate::support;
 
 use support::process::{self, Instance};
 use support::redis_server::RedisServer;

@@ -6,7 +6,7 @@
 //! CA, bytes that are not TLS. `wxgate ca init` and the start-up check of
 //! the key's mode run the real binary.
 
-mod support;
+use crate::support;
 
 use support::intercept::{connect, set_mode, through, tls, TestCa};
 use support::process::run;

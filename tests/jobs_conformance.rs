@@ -6,7 +6,7 @@
 //! right after `submit` returned loses nothing, and concurrent submissions
 //! share one transaction (one fsync).
 
-mod support;
+use crate::support;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -1010,7 +1010,8 @@ async fn a_submission_that_returned_survives_sigkill() {
     let dir = TempDir::new("jobs-kill");
     let path = dir.join("jobs.db");
     let path_text = path.to_str().expect("utf-8 path");
-    let mut child = SelfChild::spawn("child_submits_then_waits_to_be_killed", &[(CHILD_ENV, path_text)]);
+    let mut child =
+        SelfChild::spawn("jobs_conformance::child_submits_then_waits_to_be_killed", &[(CHILD_ENV, path_text)]);
     let mut answered = Vec::new();
     for _ in 0..KILLED_JOBS {
         answered.push(JobId::parse(&child.next("submitted ")).expect("an id"));
@@ -1054,7 +1055,7 @@ async fn concurrent_submissions_share_one_commit_and_are_all_durable() {
 }
 
 /// Submissions per second and bytes on disk per job (500-byte bodies):
-/// `cargo test --release --test jobs_conformance -- --ignored --nocapture`.
+/// `cargo test --release --test all jobs_conformance:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn bench_submissions_per_second_and_bytes_per_job() {
@@ -1132,7 +1133,7 @@ async fn bench_submissions_per_second_and_bytes_per_job() {
 /// What one `due_queues` call costs with many queues, on every store:
 /// 10 callers × 1,000 queues each (500 accounts × 2 rules), one job each,
 /// every head due. Prints numbers; asserts only the answer's shape.
-/// `cargo test --release --test jobs_conformance bench_due -- --ignored --nocapture`.
+/// `cargo test --release --test all jobs_conformance::bench_due -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn bench_due_queues_with_many_callers_and_queues() {
@@ -1175,7 +1176,7 @@ async fn bench_due_queues_with_many_callers_and_queues() {
 /// ended jobs (a campaign's sent jobs, kept until `purge`): 100,000 ended
 /// jobs written straight into the file ahead of one queued job. Prints
 /// numbers; asserts only the answers.
-/// `cargo test --release --test jobs_conformance bench_ended -- --ignored --nocapture`.
+/// `cargo test --release --test all jobs_conformance::bench_ended -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn bench_ended_jobs_kept_do_not_slow_due_queues_or_claim() {

@@ -4,7 +4,7 @@
 //! plus what is Redis's own: two instances claiming one queue, one Cluster
 //! slot per account, nothing left behind after purge.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! never sent into a 45009. The WeChat here is `wxgate sim` with a lower
 //! quota for one account; time is a manual clock.
 
-mod support;
+use crate::support;
 
 use support::redis_server::{RedisCluster, RedisServer};
 use support::sim::SimServer;

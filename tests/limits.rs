@@ -1,7 +1,7 @@
 //! Limits through a real listener: the 429 shape, window exactness under
 //! random arrivals, calendar days at Beijing midnight, accounts kept apart.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! series"), and keeps what the alerts count. Every sidecar multiplies these
 //! lines, so they are bounded per rule, not left to grow.
 
-mod support;
+use crate::support;
 
 use support::*;
 

@@ -12,7 +12,7 @@
 //! six connections; one process on four threads shares its memory store
 //! exactly.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

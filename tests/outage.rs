@@ -4,7 +4,7 @@
 //! answer, none may wait much longer than `[store] timeout`, and shared
 //! decisions must resume by themselves.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! checked by `wxgate check` and a reload with file and line. Over real
 //! sockets, on the embedded store, a real Redis and a Redis Cluster.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

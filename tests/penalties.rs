@@ -1,6 +1,6 @@
 //! WeChat's own 45009/45011/45033 answers put (account, rule) into penalties.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `scope = "path"`: one rule, a count per API it lists, on both stores,
 //! through real listeners; the admin API shows each path, metrics stay by rule.
 
-mod support;
+use crate::support;
 
 use support::redis_server::RedisServer;
 use support::*;

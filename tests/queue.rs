@@ -4,7 +4,7 @@
 //! account's token added by the broker, the rule's limits and penalties),
 //! once; its result is read back from `/v1/deliveries/<id>`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! store, on Redis and on a Redis Cluster, on the gate's manual clock (no
 //! test sleeps).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

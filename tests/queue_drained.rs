@@ -2,7 +2,7 @@
 //! earliest (issue 47): `drained_at` and `drained_in_seconds` in `GET
 //! /v1/deliveries`, from the rule's limits and the pair's state.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! never by job, account or recipient; the gauges follow the jobs store's
 //! summary every 15 s of wxgate's clock.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

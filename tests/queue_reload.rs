@@ -5,7 +5,7 @@
 //! unreachable at start, a queued call gets 503 until Redis answers, then
 //! queued delivery comes on by itself.
 
-mod support;
+use crate::support;
 
 use support::queue::{msgid, queued, submit, until_state, wechat, ASYNC};
 use support::redis_server::RedisServer;

@@ -3,7 +3,7 @@
 //! WeChat answered, not `unknown`; the stopping instance starts no other
 //! send, and the next start sends the rest once.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! addresses replaced by those ports), and what it says they print. The
 //! README cannot drift from what wxgate does.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

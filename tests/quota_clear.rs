@@ -5,7 +5,7 @@
 //! hand; with quota leases, a clear keeps counted at most the lease each
 //! instance holds. Real listeners, a real mock WeChat, a real Redis.
 
-mod support;
+use crate::support;
 
 use support::redis_server::RedisServer;
 use support::*;

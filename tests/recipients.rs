@@ -4,7 +4,7 @@
 //! member under its own limits, so WeCom never drops a message silently.
 //! On the embedded store, a real Redis and a 3-master Redis Cluster.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

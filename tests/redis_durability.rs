@@ -4,7 +4,7 @@
 //! share one real redis-server; the mock WeChat counts what reaches it. Calls
 //! alternate between the instances, as a load balancer sends them.
 
-mod support;
+use crate::support;
 
 use support::process::{self, Instance};
 use support::redis_server::RedisServer;

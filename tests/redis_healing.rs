@@ -7,7 +7,7 @@
 //! its own Redis connection) decides through Redis by itself, within a few
 //! `breaker_open` periods.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

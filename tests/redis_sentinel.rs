@@ -5,7 +5,7 @@
 //! on (by the local fallback while there is no master), and are decided on
 //! the promoted replica again within seconds, with no day quota granted twice.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! call that reached it (a timeout after the request was sent) keeps its
 //! count. Memory and Redis stores.
 
-mod support;
+use crate::support;
 
 use support::ports::{ClosedPort, SilentPort, StalledPort};
 use support::redis_server::RedisServer;

@@ -4,7 +4,7 @@
 //! (wechatpy, WxJava's Apache backend); WeChat's own penalised answers
 //! under each.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

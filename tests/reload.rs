@@ -1,7 +1,7 @@
 //! Hot reload: the watched file and SIGHUP; new limits apply at once, a
 //! broken file keeps the old rules, calls in flight keep theirs.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -4,7 +4,7 @@
 //! taking the body 504; a malformed or truncated body is the client's fault
 //! (400, `rejected_bad_request`), never counted or logged as WeChat's.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

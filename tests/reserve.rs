@@ -3,7 +3,7 @@
 //! of a limit is the reserve, a high caller still gets through, and once the
 //! limit is spent everyone is told the limit's own reason.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! separate rules (one counter each), never claim a recovery API, and give
 //! every number a source.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! change in wxgate or in an SDK that breaks "change the base URL, nothing
 //! else" is noticed.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! it wrote (nor its admin endpoints) may contain a secret. WeChat's own
 //! answers are relayed unchanged and are not checked.
 
-mod support;
+use crate::support;
 
 use tokio::net::TcpSocket;
 

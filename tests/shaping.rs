@@ -2,7 +2,7 @@
 //! on held calls, clients that leave while held, and concurrency caps, all
 //! through a real listener.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! declared counts in one share (`other`), so new names cannot escape the
 //! cap; `/v1/buckets` shows each caller's use and the reserve.
 
-mod support;
+use crate::support;
 
 use support::redis_server::RedisServer;
 use support::*;

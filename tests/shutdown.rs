@@ -2,7 +2,7 @@
 //! let calls in flight and held calls finish, release concurrency slots,
 //! exit 0; and cut off what is still running at the deadline.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

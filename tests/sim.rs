@@ -4,7 +4,7 @@
 //! every answer and the busiest window exactly; wxgate in front of it keeps
 //! it at zero 45009 while using the whole limit. Time is a manual clock.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! order and forwarded exactly as sent, the refused one gets 400, the
 //! connection closes, and nothing after it is parsed or forwarded.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -1,7 +1,7 @@
 //! The upstream over TLS: a mock WeChat behind a certificate from a private
 //! CA, trusted through `upstream_ca` and refused without it.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

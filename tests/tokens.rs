@@ -22,7 +22,7 @@
 //! - on Redis without a key the cache is off, and `cache = true` caches
 //!   in-process with a warning (nothing in Redis).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! context never sent to WeChat; no secret in anything exported; a dead or
 //! slow collector costing counters, never a call.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

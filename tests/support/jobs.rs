@@ -49,8 +49,9 @@ pub fn answer(status: u16, errcode: i64, body: &str) -> Answer {
     Answer { status, errcode: Some(errcode), body: Bytes::copy_from_slice(body.as_bytes()) }
 }
 
-/// This test binary, run again to run only `test` with `env` set: the
-/// child's side of a test checks the variable and does its part.
+/// This test binary, run again to run only `test` (its full name,
+/// `module::name`) with `env` set: the child's side of a test checks the
+/// variable and does its part.
 /// Killed (SIGKILL) on drop.
 pub struct SelfChild {
     child: Child,

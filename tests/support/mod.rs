@@ -16,8 +16,8 @@
 //! runs on ([`backing`]: memory, Redis, Cluster), an OpenTelemetry
 //! collector ([`otlp`]), a headless Chromium over the DevTools protocol
 //! ([`browser`]).
-//! Every test binary does
-//! `mod support;` and uses a part of it.
+//! Compiled once, in the one integration test binary (tests/all.rs),
+//! whose every test file's module does `use crate::support;`.
 #![allow(dead_code)]
 
 pub mod backing;

@@ -1,4 +1,4 @@
-//! A real `redis-server` process on a free loopback port, for one test binary.
+//! A real `redis-server` process on a free loopback port, for one test.
 //! Never the shared server on 6379. Stopped and cleaned up on drop.
 //!
 //! Self-contained: `benches/decisions.rs` includes this file by path, so it

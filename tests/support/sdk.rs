@@ -25,7 +25,7 @@ fn env_dir() -> PathBuf {
     std::env::var_os("WXGATE_SDK_ENV").map(PathBuf::from).unwrap_or_else(|| repo().join("target/sdk-env"))
 }
 
-/// Runs `scripts/sdk-env.sh` once per test binary (it returns at once when
+/// Runs `scripts/sdk-env.sh` once per test process (it returns at once when
 /// the pinned SDKs are installed, and installs them otherwise); panics with
 /// what it printed when it cannot.
 pub fn ensure_env() -> PathBuf {

@@ -3,12 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A fresh, empty directory of this test binary; removed with its contents on drop.
+/// A fresh, empty directory of this test process; removed with its contents on drop.
 pub struct TempDir(PathBuf);
 
 impl TempDir {
-    /// `wxgate-test-<pid>-<n>-<tag>`: unique within the process, and across
-    /// test binaries running at the same time.
+    /// `wxgate-test-<pid>-<n>-<tag>`: unique within the process (whose tests
+    /// run at the same time), and across test processes (a child run of the
+    /// test binary, another `cargo test`).
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
