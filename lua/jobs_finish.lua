@@ -45,4 +45,4 @@ else
   called = end_job(id, caller, rule, f[1], kind, now)
 end
 local cj, cb = caller_totals(caller)
-return {1, caller, rule, head(caller, rule), cj, cb, callback_note(called)}
+return {1, caller, rule, head(caller, rule, now), cj, cb, callback_note(called)}

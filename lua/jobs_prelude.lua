@@ -58,18 +58,72 @@ local function unfinished(state)
   return state == 'queued' or state == 'waiting' or state == 'claimed' or state == 'sending'
 end
 
--- A queue's head for the index of due queues: its due time, or -1 when it
--- has none or its head is claimed or sending (not due for anyone).
-local function head(caller, rule)
-  local h = redis.call('ZRANGE', qkey(caller, rule), 0, 0)
-  if #h == 0 then
-    return -1
+-- A job's lanes ('ln': its recipients hashed, space-separated; '*' its
+-- whole queue; '' none; absent: stored before lanes, '*'). The walk below
+-- is the twin of src/jobs.rs `LaneScan`: a job is free when no unfinished
+-- job before it in its queue shares a lane (a '*' job: when none is before
+-- it; after a '*' job none is free).
+local function lanes_visit(s, ln)
+  local free
+  if s.all then
+    free = false
+  elseif ln == '*' then
+    free = not s.seen
+  else
+    free = true
+    for l in string.gmatch(ln, '%S+') do
+      if s.taken[l] then
+        free = false
+        break
+      end
+    end
   end
-  local f = redis.call('HMGET', jkey(h[1]), 'st', 'due')
-  if f[1] == 'claimed' or f[1] == 'sending' then
-    return -1
+  s.seen = true
+  if ln == '*' then
+    s.all = true
+  else
+    for l in string.gmatch(ln, '%S+') do
+      s.taken[l] = true
+    end
   end
-  return tonumber(f[2])
+  return free
+end
+
+-- Walks the first `limit` unfinished jobs of a queue in seq order: calls
+-- pick(id, key, state) for at most `max` free jobs due by `now`, and
+-- returns the earliest due time of a free job left (queued or waiting),
+-- or -1: the queue's head for the index of due queues.
+local function scan(caller, rule, now, max, limit, pick)
+  local s = {taken = {}, seen = false, all = false}
+  local nxt, picked = -1, 0
+  for _, id in ipairs(redis.call('ZRANGE', qkey(caller, rule), 0, limit - 1)) do
+    local k = jkey(id)
+    local f = redis.call('HMGET', k, 'st', 'due', 'ln')
+    local free = lanes_visit(s, f[3] or '*')
+    if free and (f[1] == 'queued' or f[1] == 'waiting') then
+      local due = tonumber(f[2])
+      if due <= now and picked < max then
+        pick(id, k, f[1])
+        picked = picked + 1
+      elseif nxt < 0 or due < nxt then
+        nxt = due
+      end
+    end
+    if picked >= max and nxt >= 0 and nxt <= now then
+      break
+    end
+  end
+  return nxt
+end
+
+-- Most unfinished jobs a claim (or a head) looks at (src/jobs.rs CLAIM_SCAN).
+local CLAIM_SCAN = 512
+
+-- A queue's head for the index of due queues, after any write that may
+-- change it: the walk stops at the first free job due by `now` (so it
+-- looks past the jobs in flight at the queue's front, and no further).
+local function head(caller, rule, now)
+  return scan(caller, rule, now, 0, CLAIM_SCAN, nil)
 end
 
 -- A caller's unfinished jobs and bytes in this account.

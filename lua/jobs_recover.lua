@@ -32,7 +32,7 @@ for _, q in ipairs(redis.call('SMEMBERS', B .. 'qs')) do
   local caller, rule = string.match(q, '^(.-)\n(.*)$')
   heads[#heads + 1] = caller
   heads[#heads + 1] = rule
-  heads[#heads + 1] = head(caller, rule)
+  heads[#heads + 1] = head(caller, rule, now)
 end
 local totals = {}
 local m = redis.call('HGETALL', META)

@@ -13,6 +13,7 @@
 --          accounts (as the client last saw them: the caller bound is
 --          approximate by the submissions in flight elsewhere)
 -- ARGV[21] '=' .. the submitting call's traceparent, or ''
+-- ARGV[22] its lanes (src/jobs.rs Lanes)
 --
 -- Returns {'ok', id, caller jobs here, caller bytes here, queue head,
 -- earliest deadline or -1 (-2: the job has none, nothing changed)},
@@ -61,7 +62,7 @@ redis.call('HINCRBY', META, 'b:' .. caller, size)
 local k = jkey(id)
 local t = fmt(now)
 redis.call('HSET', k, 'id_', id, 'c', caller, 'r', rule, 'dom', ARGV[6], 'm', ARGV[7], 'tg', ARGV[8],
-  'sz', size, 'seq', seq, 'st', 'queued', 'sub', t, 'due', t, 'l', '0', 'at', '0', 'up', t)
+  'sz', size, 'seq', seq, 'st', 'queued', 'sub', t, 'due', t, 'l', '0', 'at', '0', 'up', t, 'ln', ARGV[22] or '*')
 if ARGV[9] ~= '' then
   redis.call('HSET', k, 'ct', string.sub(ARGV[9], 2))
 end
@@ -86,4 +87,4 @@ redis.call('SET', bkey(id), body)
 redis.call('ZADD', qkey(caller, rule), seq, id)
 redis.call('SADD', B .. 'qs', caller .. '\n' .. rule)
 count(caller, rule, 'queued', 1)
-return {'ok', id, cj + 1, cb + size, head(caller, rule), deadlines}
+return {'ok', id, cj + 1, cb + size, head(caller, rule, now), deadlines}

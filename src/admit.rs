@@ -88,16 +88,27 @@ pub struct ToAdmit<'a> {
     /// It may be held or wait for a concurrency slot (`max_wait`); `false`:
     /// decided as if `max_wait` were 0.
     pub may_wait: bool,
+    /// A queued job's send: held for its slot (or waiting for a concurrency
+    /// slot) up to this long instead of the rule's `max_wait`, without a
+    /// place among `[server] max_held` (the queue bounds its sends in
+    /// flight itself). So a queue's sends each reserve their slot and go
+    /// at its moment, paced by the store's decision, instead of being
+    /// refused and asking again.
+    pub queued_hold_us: Option<Micros>,
 }
 
 /// Decides, holds or waits as the rule says; `Err` is the refusal to send.
 pub async fn admit(app: &Core, call: ToAdmit<'_>) -> Result<Admitted, ProxyError> {
-    let ToAdmit { config, account, rule, normal, caller, meter, client, may_wait } = call;
+    let ToAdmit { config, account, rule, normal, caller, meter, client, may_wait, queued_hold_us } = call;
     let offset_us = config.server.quota_offset_us;
     let holder = if rule.concurrency > 0 { app.slots.holder_id() } else { String::new() };
     // Shaping needs a place among this instance's held calls.
     let permit = if rule.max_wait_us > 0 && may_wait { app.held.permit(config.server.max_held) } else { None };
-    let max_wait_us = if permit.is_some() { rule.max_wait_us } else { 0 };
+    let max_wait_us = match queued_hold_us {
+        Some(hold_us) => hold_us.max(0),
+        None if permit.is_some() => rule.max_wait_us,
+        None => 0,
+    };
     // The clock is read for the wait only when the call may wait at all.
     let started = if max_wait_us > 0 { app.clock.now_us() } else { 0 };
     let mut decision_us = 0;

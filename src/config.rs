@@ -121,6 +121,10 @@ pub struct RuleHttp {
     /// caller's `deliver = "queue"`); inside, the rule's `queue_deadline`
     /// (`None`: `[queue] deadline`). `None`: the rule does not queue.
     pub queue: Option<Option<Micros>>,
+    /// `queue_order = "strict"`: its queued jobs go one at a time in the
+    /// order they were submitted (default `"recipient"`: in order per
+    /// recipient, several in flight; docs/queued-delivery.md).
+    pub queue_strict: bool,
 }
 
 impl Config {
@@ -241,6 +245,9 @@ pub struct CallerPolicy {
     pub queue_default: bool,
     /// `weight`: its share of the dispatcher's turns (1-1000, default 1).
     pub weight: u32,
+    /// `queue_order = "strict"`: its queued jobs go one at a time, in the
+    /// order it submitted them, whatever their rule says.
+    pub queue_strict: bool,
     /// `callbacks`: the URL prefixes its `X-Wxgate-Callback` may name.
     pub callbacks: Vec<String>,
 }

@@ -105,7 +105,100 @@ pub struct NewJob {
     /// The span of the call that submitted it (a `traceparent`), when
     /// tracing is on: its send's span links to it (docs/tracing.md).
     pub traceparent: Option<String>,
+    /// Its lanes ([`Lanes`]): what it must not overtake nor be overtaken by.
+    pub lanes: Lanes,
 }
+
+/// A job's lanes: the recipients it names, each as a 16-hex-digit hash
+/// (FNV-1a 64 of the recipient as the body gives it), space-separated. Two
+/// jobs sharing a lane are never under way at once and go in submission
+/// order; jobs sharing none go in parallel (issue 63: what a user needs is
+/// that two messages to one recipient arrive in the order sent). `*`
+/// ([`Lanes::STRICT`]): every job of its queue is in its lane (one at a
+/// time, in order: `queue_order = "strict"`, and every job stored before
+/// lanes existed). Empty: a job naming no recipient, ordered with nothing.
+/// A hash collision only orders two jobs that need not be.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lanes(pub String);
+
+impl Lanes {
+    pub const STRICT: &'static str = "*";
+
+    /// The lane of every job of a strict queue.
+    pub fn strict() -> Lanes {
+        Lanes(Self::STRICT.to_owned())
+    }
+
+    /// The lanes of a job to `recipients` (each counted once).
+    pub fn of<'a>(recipients: impl IntoIterator<Item = &'a str>) -> Lanes {
+        let mut out: Vec<String> = recipients.into_iter().map(|r| format!("{:016x}", fnv1a(r.as_bytes()))).collect();
+        out.sort_unstable();
+        out.dedup();
+        Lanes(out.join(" "))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// FNV-1a, 64 bits: stable across processes and builds (every instance
+/// must hash a recipient alike), and cheap; not for secrecy (lanes are of
+/// the same caller's own jobs).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A claim's walk over a queue's unfinished jobs in `seq` order (the
+/// same in both stores; lua/jobs_prelude.lua `scan` is its twin): which
+/// jobs are free to go, and when the next could.
+#[derive(Debug, Default)]
+pub struct LaneScan {
+    taken: std::collections::HashSet<String>,
+    /// An unfinished job was seen (a strict job behind it waits).
+    seen: bool,
+    /// A strict job was seen: every job behind it waits.
+    all: bool,
+    /// The earliest due time of a free job not handed out.
+    pub next_due: Option<Micros>,
+}
+
+impl LaneScan {
+    /// Looks at the next unfinished job (any state), whose lanes are
+    /// `lanes`: whether no job before it shares one. Its lanes are taken
+    /// either way (a job behind it sharing one waits for it).
+    pub fn visit(&mut self, lanes: &str) -> bool {
+        let free = if self.all {
+            false
+        } else if lanes == Lanes::STRICT {
+            !self.seen
+        } else {
+            !lanes.split(' ').any(|l| !l.is_empty() && self.taken.contains(l))
+        };
+        self.seen = true;
+        if lanes == Lanes::STRICT {
+            self.all = true;
+        } else {
+            for l in lanes.split(' ').filter(|l| !l.is_empty()) {
+                if !self.taken.contains(l) {
+                    self.taken.insert(l.to_owned());
+                }
+            }
+        }
+        free
+    }
+
+    /// A free job not handed out, due at `due`.
+    pub fn waits(&mut self, due: Micros) {
+        self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
+    }
+}
+
+/// Most unfinished jobs of a queue one claim looks at (in `seq` order) for
+/// jobs whose lanes are free: jobs past it wait until those before them
+/// move on (many jobs to one recipient at a queue's front delay the rest
+/// by at most that recipient's pace).
+pub const CLAIM_SCAN: usize = 512;
 
 pub use crate::config::queue::Bounds;
 
@@ -375,8 +468,14 @@ pub trait JobStore: Send + Sync + 'static {
     async fn due_queues(&self, now: Micros, per_caller: usize) -> Result<Vec<QueueKey>, StoreError>;
 
     /// Leases to `owner` until `now + lease_us` the first jobs of `queue`
-    /// in `seq` order, at most `max`, stopping at the first that is not due
-    /// or is claimed or sending (so a queue's jobs go out in order).
+    /// in `seq` order, at most `max`, that are due (`Queued`, or `Waiting`
+    /// whose time came) and whose [`Lanes`] no earlier unfinished job of
+    /// the queue shares (claimed, sending, waiting, or queued and not
+    /// handed out now): so two jobs sharing a lane are never out at once
+    /// and go in order, and a strict queue hands out its head only. Looks
+    /// at the first [`CLAIM_SCAN`] unfinished jobs at most. The queue's
+    /// entry in the index of due queues is set to the earliest due time of
+    /// a job a claim could hand out next (none: out of the index).
     async fn claim(
         &self,
         queue: &QueueKey,
@@ -385,6 +484,13 @@ pub trait JobStore: Send + Sync + 'static {
         lease_us: Micros,
         max: usize,
     ) -> Result<Vec<Job>, StoreError>;
+
+    /// Extends to `now + lease_us` the leases `owner` holds on `ids`
+    /// (`Claimed` or `Sending`, a lease that ran out but was not yet
+    /// recovered included: as [`JobStore::finish`] takes it), so a send
+    /// slower than the lease is never taken for a dead instance's. All of
+    /// `ids` are of one account (one queue's). How many were extended.
+    async fn renew(&self, ids: &[JobId], owner: &str, now: Micros, lease_us: Micros) -> Result<usize, StoreError>;
 
     /// Marks a job `owner` holds as `Sending` (durably) and counts the
     /// attempt: `Ok(false)` when `owner`'s lease ran out or another holds

@@ -12,7 +12,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::jobs::{answer, new_job, queue, roomy, SelfChild, CHILD_LIFE};
+use support::jobs::{answer, job_to, new_job, queue, roomy, strict_job, SelfChild, CHILD_LIFE};
 use support::redis_server::RedisServer;
 use support::{TempDir, SEC, T0};
 use wxgate::jobs::redis::RedisJobs;
@@ -56,6 +56,8 @@ on_every_store!(
     an_ended_job_frees_its_room,
     a_queue_goes_out_in_submission_order,
     a_waiting_or_held_head_holds_its_queue,
+    jobs_sharing_a_recipient_go_one_at_a_time_in_order_and_others_go_past,
+    a_renewed_lease_outlives_its_first_term_and_only_its_owner_renews_it,
     due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller,
     a_caller_with_many_due_queues_never_hides_another_callers_due_queue,
     due_queues_leaves_out_claimed_and_sending_heads_and_lists_a_waiting_head_at_its_time,
@@ -272,8 +274,8 @@ mod scenarios {
 
     pub async fn a_waiting_or_held_head_holds_its_queue(s: Arc<dyn JobStore>) {
         let q = queue("hr", "wx1", "r");
-        let a = submit(&s, new_job(&q, 10), T0).await;
-        let b = submit(&s, new_job(&q, 10), T0).await;
+        let a = submit(&s, strict_job(&q, 10), T0).await;
+        let b = submit(&s, strict_job(&q, 10), T0).await;
         // A held head: nothing behind it is handed out.
         assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![a]);
         assert!(s.claim(&q, "i2", T0, LEASE, 5).await.expect("claim").is_empty(), "head claimed");
@@ -285,17 +287,74 @@ mod scenarios {
         assert_eq!(state(&s, "hr", a).await, JobState::Waiting);
         assert!(s.claim(&q, "i1", T0 + 10 * SEC - 1, LEASE, 5).await.expect("claim").is_empty(), "head waiting");
         assert_eq!(state(&s, "hr", b).await, JobState::Queued, "b waits behind a");
-        let both = s.claim(&q, "i1", T0 + 10 * SEC, LEASE, 5).await.expect("claim when due");
-        assert_eq!(ids(&both), vec![a, b]);
+        let head = s.claim(&q, "i1", T0 + 10 * SEC, LEASE, 5).await.expect("claim when due");
+        assert_eq!(ids(&head), vec![a], "a strict queue hands out its head only, b after a ends");
+        assert!(s.finish(a, "i1", End::Sent(answer(200, 0, "{}")), T0 + 10 * SEC).await.expect("finish"));
+        assert_eq!(ids(&s.claim(&q, "i1", T0 + 10 * SEC, LEASE, 5).await.expect("claim")), vec![b]);
+    }
+
+    /// Jobs to one recipient go one at a time, in the order submitted
+    /// (whoever claims them); jobs to others go past them in parallel. A
+    /// job waiting (a back-off, a refusal) holds back only its recipients'.
+    pub async fn jobs_sharing_a_recipient_go_one_at_a_time_in_order_and_others_go_past(s: Arc<dyn JobStore>) {
+        let q = queue("mkt", "wx1", "r");
+        let mut want = Vec::new();
+        for i in 0..3 {
+            for to in ["o1", "o2", "o3"] {
+                want.push((to, submit(&s, job_to(&q, to, 10 + i), T0).await));
+            }
+        }
+        let of = |to: &str| want.iter().filter(|(t, _)| *t == to).map(|(_, id)| *id).collect::<Vec<_>>();
+        let first = s.claim(&q, "i1", T0, LEASE, 10).await.expect("claim");
+        assert_eq!(ids(&first), vec![of("o1")[0], of("o2")[0], of("o3")[0]], "each recipient's first, in order");
+        assert!(s.claim(&q, "i2", T0, LEASE, 10).await.expect("claim").is_empty(), "the rest wait for theirs");
+        // o1's first is retried later: o1's second waits for it, o2's goes.
+        assert!(s.sending(of("o1")[0], "i1", T0).await.expect("sending"));
+        let retry = End::Retry { at: T0 + 5 * SEC, answer: Some(answer(200, -1, "{}")) };
+        assert!(s.finish(of("o1")[0], "i1", retry, T0 + 1).await.expect("finish"));
+        assert!(s.finish(of("o2")[0], "i1", End::Sent(answer(200, 0, "{}")), T0 + 1).await.expect("finish"));
+        assert_eq!(ids(&s.claim(&q, "i2", T0 + 2, LEASE, 10).await.expect("claim")), vec![of("o2")[1]]);
+        assert_eq!(s.due_queues(T0 + 2, 4).await.expect("due"), vec![], "o1 waits, o2 and o3 are out");
+        assert_eq!(s.due_queues(T0 + 5 * SEC, 4).await.expect("due"), vec![q.clone()], "due when o1's wait ends");
+        assert_eq!(ids(&s.claim(&q, "i2", T0 + 5 * SEC, LEASE, 10).await.expect("claim")), vec![of("o1")[0]]);
+        // A job to two recipients waits for both; a job to none, for nobody.
+        let q2 = queue("mkt", "wx1", "r2");
+        let a = submit(&s, job_to(&q2, "o1", 1), T0).await;
+        let both = NewJob { lanes: wxgate::jobs::Lanes::of(["o1", "o2"]), ..new_job(&q2, 1) };
+        let both = submit(&s, both, T0).await;
+        let c = submit(&s, job_to(&q2, "o2", 1), T0).await;
+        let anyone = submit(&s, new_job(&q2, 1), T0).await;
+        assert_eq!(ids(&s.claim(&q2, "i1", T0, LEASE, 10).await.expect("claim")), vec![a, anyone]);
+        assert!(s.finish(a, "i1", End::Sent(answer(200, 0, "{}")), T0).await.expect("finish"));
+        assert_eq!(ids(&s.claim(&q2, "i1", T0, LEASE, 10).await.expect("claim")), vec![both], "c waits for it");
+        assert!(s.finish(both, "i1", End::Sent(answer(200, 0, "{}")), T0).await.expect("finish"));
+        assert_eq!(ids(&s.claim(&q2, "i1", T0, LEASE, 10).await.expect("claim")), vec![c]);
+    }
+
+    /// A lease renewed while its send is under way is not taken for a dead
+    /// instance's; only its owner renews it, and an ended job is not renewed.
+    pub async fn a_renewed_lease_outlives_its_first_term_and_only_its_owner_renews_it(s: Arc<dyn JobStore>) {
+        let q = queue("hr", "wx1", "r");
+        let (a, b) = (submit(&s, new_job(&q, 1), T0).await, submit(&s, new_job(&q, 1), T0).await);
+        assert_eq!(s.claim(&q, "i1", T0, LEASE, 2).await.expect("claim").len(), 2);
+        assert!(s.sending(a, "i1", T0).await.expect("sending"));
+        assert_eq!(s.renew(&[a, b], "i2", T0 + LEASE / 2, LEASE).await.expect("renew"), 0, "not i2's");
+        assert_eq!(s.renew(&[a, b], "i1", T0 + LEASE / 2, LEASE).await.expect("renew"), 2);
+        assert_eq!(s.recover(T0 + LEASE).await.expect("recover"), Recovered::default(), "renewed: nothing ran out");
+        assert!(s.finish(b, "i1", End::Sent(answer(200, 0, "{}")), T0 + LEASE).await.expect("finish"));
+        assert_eq!(s.renew(&[a, b], "i1", T0 + LEASE, LEASE).await.expect("renew"), 1, "b has ended");
+        assert!(s.finish(a, "i1", End::Sent(answer(200, 0, "{}")), T0 + 2 * LEASE).await.expect("finish"));
+        assert_eq!(state(&s, "hr", a).await, JobState::Sent, "answered after its first lease ran out: sent");
+        assert_eq!(s.renew(&[], "i1", T0, LEASE).await.expect("renew nothing"), 0);
     }
 
     pub async fn due_queues_lists_queues_with_a_due_free_head_oldest_first_per_caller(s: Arc<dyn JobStore>) {
         let (q1, q2, q3) = (queue("hr", "wx1", "r"), queue("mkt", "wx1", "r"), queue("hr", "wx2", "r"));
         assert!(s.due_queues(T0, 10).await.expect("due").is_empty());
-        submit(&s, new_job(&q2, 10), T0 + 2).await;
-        submit(&s, new_job(&q1, 10), T0 + 1).await;
-        let held = submit(&s, new_job(&q3, 10), T0).await;
-        submit(&s, new_job(&q3, 10), T0).await;
+        submit(&s, strict_job(&q2, 10), T0 + 2).await;
+        submit(&s, strict_job(&q1, 10), T0 + 1).await;
+        let held = submit(&s, strict_job(&q3, 10), T0).await;
+        submit(&s, strict_job(&q3, 10), T0).await;
         assert_eq!(s.due_queues(T0 + 5, 10).await.expect("due"), vec![q3.clone(), q1.clone(), q2.clone()]);
         assert_eq!(s.due_queues(T0 + 5, 1).await.expect("due"), vec![q3.clone(), q2.clone()], "at most 1 per caller");
         assert!(s.due_queues(T0 + 5, 0).await.expect("due").is_empty(), "0 per caller lists nothing");
@@ -357,10 +416,10 @@ mod scenarios {
             (queue("mk", "wx1", "r"), queue("mk", "wx2", "r"), queue("mk", "wx3", "r"), queue("mk", "wx4", "r"));
         let hr = queue("hr", "wx1", "r");
         for (i, q) in [&a, &b, &c, &d].into_iter().enumerate() {
-            submit(&s, new_job(q, 10), T0 + i as i64).await;
-            submit(&s, new_job(q, 10), T0 + i as i64).await;
+            submit(&s, strict_job(q, 10), T0 + i as i64).await;
+            submit(&s, strict_job(q, 10), T0 + i as i64).await;
         }
-        submit(&s, new_job(&hr, 10), T0 + 10).await;
+        submit(&s, strict_job(&hr, 10), T0 + 10).await;
         let now = T0 + 20;
         assert_eq!(s.due_queues(now, 2).await.expect("due"), vec![a.clone(), b.clone(), hr.clone()]);
         let claimed = s.claim(&a, "i1", now, LEASE, 1).await.expect("claim");
@@ -395,9 +454,9 @@ mod scenarios {
     pub async fn a_cancelled_or_recovered_head_moves_its_queue_in_or_out_of_the_due_list(s: Arc<dyn JobStore>) {
         let q = queue("hr", "wx1", "r");
         let (a, b, c) = (
-            submit(&s, new_job(&q, 1), T0).await,
-            submit(&s, new_job(&q, 1), T0).await,
-            submit(&s, new_job(&q, 1), T0).await,
+            submit(&s, strict_job(&q, 1), T0).await,
+            submit(&s, strict_job(&q, 1), T0).await,
+            submit(&s, strict_job(&q, 1), T0).await,
         );
         assert_eq!(ids(&s.claim(&q, "i1", T0, LEASE, 1).await.expect("claim")), vec![a]);
         assert!(s.due_queues(T0, 4).await.expect("due").is_empty(), "claimed head");

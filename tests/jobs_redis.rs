@@ -36,6 +36,7 @@ fn job(caller: &str, account: &str, body: &str) -> NewJob {
         idempotency_key: None,
         callback: None,
         traceparent: None,
+        lanes: wxgate::jobs::Lanes::default(),
     }
 }
 
@@ -165,29 +166,31 @@ async fn the_caller_bound_counts_the_callers_jobs_in_every_account() {
 }
 
 #[tokio::test]
-async fn claim_hands_out_a_queue_in_order_and_stops_at_a_job_not_due_or_held() {
+async fn claim_hands_out_one_recipients_jobs_one_at_a_time_in_order() {
     let redis = RedisServer::start();
     let s = store(&redis.store_config("jr")).await;
     let q = queue("hr", "wxA", "tpl");
     let mut ids = Vec::new();
     for i in 0..5 {
-        ids.push(submit(&s, job("hr", "wxA", &format!("m{i}")), T0 + i).await);
+        let to_one = NewJob { lanes: wxgate::jobs::Lanes::of(["o1"]), ..job("hr", "wxA", &format!("m{i}")) };
+        ids.push(submit(&s, to_one, T0 + i).await);
     }
     let first = s.claim(&q, "i1", T0 + 10, 30 * SEC, 2).await.unwrap();
-    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), ids[..2]);
-    assert!(first.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), ids[..1], "its first only");
     assert_eq!(first[0].state, JobState::Claimed);
     assert_eq!((first[0].owner.as_deref(), first[0].lease_us), (Some("i1"), T0 + 10 + 30 * SEC));
-    assert!(s.claim(&q, "i2", T0 + 10, 30 * SEC, 10).await.unwrap().is_empty(), "a claimed head holds the queue");
+    assert!(s.claim(&q, "i2", T0 + 10, 30 * SEC, 10).await.unwrap().is_empty(), "a claimed job holds the rest");
     assert!(s.due_queues(T0 + 10, 10).await.unwrap().is_empty(), "nor is the queue due");
-    // The head waits (back-off): the queue waits behind it.
+    // It waits (back-off): the recipient's others wait behind it.
     assert!(s.finish(ids[0], "i1", End::NotYet { at: T0 + 100 * SEC }, T0 + 20).await.unwrap());
-    assert!(s.finish(ids[1], "i1", End::Sent(answer(0)), T0 + 20).await.unwrap());
-    assert!(s.claim(&q, "i2", T0 + 50 * SEC, 30 * SEC, 10).await.unwrap().is_empty(), "a waiting head holds the queue");
+    assert!(s.claim(&q, "i2", T0 + 50 * SEC, 30 * SEC, 10).await.unwrap().is_empty(), "a waiting job holds the rest");
     assert!(s.due_queues(T0 + 50 * SEC, 10).await.unwrap().is_empty());
     assert_eq!(s.due_queues(T0 + 100 * SEC, 10).await.unwrap(), vec![q.clone()]);
-    let rest = s.claim(&q, "i2", T0 + 100 * SEC, 30 * SEC, 10).await.unwrap();
-    assert_eq!(rest.iter().map(|j| j.id).collect::<Vec<_>>(), vec![ids[0], ids[2], ids[3], ids[4]]);
+    let again = s.claim(&q, "i2", T0 + 100 * SEC, 30 * SEC, 10).await.unwrap();
+    assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), vec![ids[0]]);
+    assert!(s.finish(ids[0], "i2", End::Sent(answer(0)), T0 + 100 * SEC).await.unwrap());
+    let next = s.claim(&q, "i2", T0 + 100 * SEC, 30 * SEC, 10).await.unwrap();
+    assert_eq!(next.iter().map(|j| j.id).collect::<Vec<_>>(), vec![ids[1]], "then the next, in order");
     assert!(s.claim(&q, "i2", T0 + 100 * SEC, 30 * SEC, 0).await.unwrap().is_empty());
 }
 

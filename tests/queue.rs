@@ -265,11 +265,13 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let (mock, _tokens) = wechat(move |_, n| Reply::Gated { gate: held.clone(), then: Box::new(msgid(n)) }).await;
     let dir = TempDir::new("queue-kill");
     // A send may take its time on a loaded machine: none ends unknown by a timeout.
+    // Up to 64 sends in flight (the issue's figure).
     let config = ConfigToml::new(&mock.url())
         .server("upstream_timeout", "30s")
         .with(format!("[store]\nkind = \"memory\"\nstate_file = \"{}\"\n", dir.path().join("state.json").display()))
         .with(rules(5000, "day"))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with("[queue]\nmax_in_flight = 64\n".to_owned())
         .to_string();
     let path = dir.path().join("wxgate.toml");
     std::fs::write(&path, &config).expect("config");
@@ -291,7 +293,6 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     gate_replies.add_permits(100);
     eventually_async("more than 100 sends reached WeChat", PATIENCE, async || sends() > 100).await;
     first.kill();
-    let in_flight = sends() - 100;
     let mut second = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
     gate_replies.add_permits(JOBS * 2);
     let mut summary = serde_json::Value::Null;
@@ -304,9 +305,10 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     let q = &summary["queues"][0];
     let (sent, unknown) = (q["sent"].as_u64().unwrap_or(0), q["unknown"].as_u64().unwrap_or(0));
     assert_eq!(sent + unknown, JOBS as u64, "every job ended once: {summary}");
-    // One queue's jobs go one after another: the one held at WeChat when
-    // the process died was `sending`, and ends unknown; nothing else does.
-    assert_eq!(unknown as usize, in_flight, "unknown = the sends in flight at the kill: {summary}");
+    // The sends under way when the process died (at most its window of
+    // 64) were `sending`, and end unknown; nothing else does, and none of
+    // them is sent again.
+    assert!((1..=64).contains(&unknown), "unknown = the sends in flight at the kill (at most 64): {summary}");
     let mut bodies: Vec<String> = mock
         .calls()
         .into_iter()
@@ -317,7 +319,11 @@ async fn sigkill_with_jobs_in_flight_ends_every_job_once_and_resends_none() {
     bodies.sort();
     bodies.dedup();
     assert_eq!(bodies.len(), total, "no message sent twice");
-    assert_eq!(total, JOBS, "every message reached WeChat once (the unknown ones too, before the kill)");
+    let reached_unanswered = total - sent as usize;
+    assert!(
+        reached_unanswered <= unknown as usize,
+        "every message sent reached WeChat once, and those it never answered are unknown: {total} reached, {summary}"
+    );
     second.kill();
 }
 
@@ -620,7 +626,20 @@ async fn five_hundred_queued_against_a_day_quota_of_300_send_300_once_and_keep_t
         eventually_async("the window's 200", PATIENCE, async || sends(&mock) == 200).await;
         gate.advance(Duration::from_secs(200 * 60 + 1));
         eventually_async("the day's 300", PATIENCE, async || sends(&mock) == 300).await;
-        let head = until_state(&gate, "default", &ids[300], "waiting").await;
+        // The sends of a queue go several at a time, so which jobs the
+        // day's end turned away is not fixed: each waits for tomorrow.
+        let mut head = serde_json::Value::Null;
+        eventually_async("a job waiting for tomorrow", PATIENCE, async || {
+            for id in &ids[250..] {
+                let job = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
+                if job["state"] == "waiting" {
+                    head = job;
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
         // It waits for the quota day's midnight (UTC+8): T0 is 10:00 there.
         assert!(
             head["waiting_until"].as_str().is_some_and(|t| t.ends_with("T16:00:00.000Z")),
@@ -658,8 +677,26 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
         let extra = format!("{}\n{}", support::penalty(45011, 600), caller("ops"));
         let gate = store.gate(&mock, &dir, rules(1000, "day"), &extra).await;
         let ids = queue_n(&gate, "default", "p", 20).await;
-        let first = until_state(&gate, "default", &ids[0], "waiting").await;
+        // Sends go several at a time: whichever reached WeChat first got the 45011.
+        let mut first = serde_json::Value::Null;
+        eventually_async("a job answered 45011 waiting", PATIENCE, async || {
+            for id in &ids {
+                let job = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
+                if job["state"] == "waiting" {
+                    first = job;
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
         assert_eq!(first["answer"]["errcode"], 45011, "{} {first}", store.name());
+        let refused = first["delivery"].as_str().expect("its id").to_owned();
+        // The sends under way beside the first when WeChat answered it
+        // (a queue's first window: 4) may have gone; none after.
+        gate.settle().await;
+        let at_penalty = sends(&mock);
+        assert!(at_penalty <= 4, "{}: {at_penalty} sends before the penalty was known", store.name());
         // One with a deadline inside the penalty (another caller's queue:
         // a job's deadline is seen when it heads its queue).
         let late = queued_with(&gate, "ops", SEND, r#"{"touser":"late"}"#, &[("x-wxgate-deadline", "300")]).await;
@@ -667,7 +704,7 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
             gate.advance(Duration::from_secs(60));
             gate.settle().await;
         }
-        assert_eq!(sends(&mock), 1, "{}: nothing sent during the penalty", store.name());
+        assert_eq!(sends(&mock), at_penalty, "{}: nothing sent during the penalty", store.name());
         let expired = until_state(&gate, "ops", &late, "expired").await;
         assert_eq!(expired["attempts"], 0, "{} {expired}", store.name());
         // Past the penalty: on Redis a refused job's wait has run past the
@@ -691,9 +728,9 @@ async fn a_penalty_holds_every_queued_job_and_a_deadline_expires_one() {
             }
         }
         assert_eq!(state["state"], "sent", "{}: the last job after the penalty: {state}", store.name());
-        let sent = until_state(&gate, "default", &ids[0], "sent").await;
+        let sent = until_state(&gate, "default", &refused, "sent").await;
         assert_eq!(sent["attempts"], 2, "{} {sent}", store.name());
-        assert_eq!(sends(&mock), 21, "{}: each once after the penalty, the first twice", store.name());
+        assert_eq!(sends(&mock), 21, "{}: each once, the first twice", store.name());
     }
 }
 
@@ -808,9 +845,11 @@ async fn taken_over(store: &Store) {
     let mut first = support::process::spawn(&config, &tag("a"), &env).unwrap_or_else(|log| panic!("{log}"));
     const JOBS: usize = 100;
     for i in 0..JOBS {
-        queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", format!(r#"{{"touser":"k{i}"}}"#)).await;
+        // To one recipient: one at a time, in order.
+        let body = format!(r#"{{"touser":"k","n":{i}}}"#);
+        queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", body).await;
     }
-    // 10 answered, the 11th held at WeChat (sending) and a few claimed behind it.
+    // 10 answered, the 11th held at WeChat (sending), the rest behind it.
     held.add_permits(10);
     eventually_async("the 11th send at WeChat", PATIENCE, async || sends(&mock) == 11).await;
     first.kill();

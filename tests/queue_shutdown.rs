@@ -34,7 +34,9 @@ async fn sigterm_lets_a_queued_send_under_way_finish_and_it_ends_sent_not_unknow
     let mut first = support::process::spawn_path(&path, &[]).unwrap_or_else(|log| panic!("{log}"));
     let mut ids = Vec::new();
     for i in 0..3 {
-        ids.push(queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", format!(r#"{{"touser":"t{i}"}}"#)).await);
+        // Three messages to one recipient: they go one at a time, in order.
+        let body = format!(r#"{{"touser":"t","n":{i}}}"#);
+        ids.push(queued_at(first.url(&format!("/@{APPID}{SEND}")), "default", body).await);
     }
     // The first send is at WeChat, unanswered; the two behind it wait their turn.
     eventually_async("the first send at WeChat", PATIENCE, async || sends() == 1).await;

@@ -119,6 +119,16 @@ pub(super) fn compile(
             Some(w @ 1..=1000) => w,
             Some(_) => return Err(err(Invalid::at_field("weight", "must be between 1 and 1000"))),
         };
+        let queue_strict = match c.queue_order.as_deref() {
+            None | Some("recipient") => false,
+            Some("strict") => true,
+            Some(other) => {
+                return Err(err(Invalid::at_field(
+                    "queue_order",
+                    format!("\"{other}\" is unknown (expected \"recipient\" or \"strict\")"),
+                )))
+            }
+        };
         let callbacks = c.callbacks.unwrap_or_default();
         if let Some(bad) = callbacks.iter().find(|p| !callback_prefix(p)) {
             return Err(err(Invalid::at_field(
@@ -135,6 +145,7 @@ pub(super) fn compile(
             throttle_status,
             queue_default,
             weight,
+            queue_strict,
             callbacks,
         }));
     }

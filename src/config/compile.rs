@@ -157,8 +157,13 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         &mut rules.http,
         ctx,
     )?;
-    let unruled_http =
-        RuleHttp { throttle_status: server.throttle_status, policy: Default::default(), recipients: None, queue: None };
+    let unruled_http = RuleHttp {
+        throttle_status: server.throttle_status,
+        policy: Default::default(),
+        recipients: None,
+        queue: None,
+        queue_strict: false,
+    };
     let max_warmup_us = rules.rules.iter().map(|r| r.warmup_us).max().unwrap_or(0);
     Ok(Config {
         source: ctx.path.to_path_buf(),

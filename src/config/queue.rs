@@ -36,6 +36,8 @@ pub(super) struct RawQueue {
     pub backoff_max: Option<String>,
     pub callback_key_file: Option<String>,
     pub callback_for: Option<String>,
+    pub max_in_flight: Option<u32>,
+    pub instance_in_flight: Option<u32>,
 }
 
 /// Where the jobs live.
@@ -70,6 +72,12 @@ pub struct QueueConfig {
     pub callback_key: Option<CallbackKey>,
     /// How long after its job ended a callback is tried (then given up).
     pub callback_for_us: Micros,
+    /// Most sends of one queue (caller, account, rule) one instance has
+    /// under way at once: the ceiling of its adaptive in-flight
+    /// (docs/queued-delivery.md "Pace").
+    pub max_in_flight: u32,
+    /// Most queued sends one instance has under way at once, all queues.
+    pub instance_in_flight: u32,
 }
 
 /// The environment variable that gives the callback key (before
@@ -114,6 +122,8 @@ impl Default for QueueConfig {
             backoff: Backoff::default(),
             callback_key: None,
             callback_for_us: 24 * 3_600_000_000,
+            max_in_flight: 128,
+            instance_in_flight: 1024,
         }
     }
 }
@@ -235,6 +245,13 @@ pub(super) fn compile(
         (None, None) => None,
         (None, Some(file)) => Some(read_callback_key(&beside_config(dir, Path::new(file)))?),
     };
+    let in_flight = |n: Option<u32>, key: &str, default: u32| match n {
+        None => Ok(default),
+        Some(n @ 1..=10_000) => Ok(n),
+        Some(_) => Err(Invalid::at(TABLE, key, "must be between 1 and 10000")),
+    };
+    let max_in_flight = in_flight(raw.max_in_flight, "max_in_flight", d.max_in_flight)?;
+    let instance_in_flight = in_flight(raw.instance_in_flight, "instance_in_flight", d.instance_in_flight)?;
     Ok(QueueConfig {
         at,
         max_body,
@@ -245,6 +262,8 @@ pub(super) fn compile(
         backoff: Backoff { base_us, cap_us, max_attempts },
         callback_key,
         callback_for_us,
+        max_in_flight,
+        instance_in_flight,
     })
 }
 

@@ -93,6 +93,7 @@ pub(super) struct RawCaller {
     pub deliver: Option<String>,
     pub weight: Option<u32>,
     pub callbacks: Option<Vec<String>>,
+    pub queue_order: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -47,6 +47,7 @@ pub(super) struct RawRule {
     pub per_recipient: Option<Vec<Spanned<RawLimit>>>,
     pub queue: Option<bool>,
     pub queue_deadline: Option<String>,
+    pub queue_order: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,7 +171,18 @@ pub(super) fn compile_rule(
         }
         _ => None,
     };
-    let http = RuleHttp { throttle_status, policy: Policy::of(&rule), recipients, queue };
+    let queue_strict = match (r.queue_order.as_deref(), queue.is_some()) {
+        (None | Some("recipient"), _) => false,
+        (Some("strict"), true) => true,
+        (Some("strict"), false) => {
+            return Err(at.rule(Invalid::new("is for a rule with queue = true").field("queue_order")));
+        }
+        (Some(other), _) => {
+            let e = Invalid::new(format!("\"{other}\" is unknown (expected \"recipient\" or \"strict\")"));
+            return Err(at.rule(e.field("queue_order")));
+        }
+    };
+    let http = RuleHttp { throttle_status, policy: Policy::of(&rule), recipients, queue, queue_strict };
     Ok((rule, http, patterns))
 }
 

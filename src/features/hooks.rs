@@ -108,6 +108,10 @@ pub struct OwnAnswer {
     pub errcode: Option<i64>,
     /// Its body, when small enough to be read whole.
     pub body: Option<Bytes>,
+    /// How long its decision held it for its slot.
+    pub held_us: crate::time::Micros,
+    /// How long WeChat took to answer (from sending its request).
+    pub upstream_us: crate::time::Micros,
 }
 
 /// The future of an own call.
@@ -204,6 +208,9 @@ pub struct Asking<'a> {
     pub rule: Option<&'a Rule>,
     /// The call's WeChat domain (index into `Config::domains`).
     pub domain: usize,
+    /// Whom the call is to, each once, as meter read them (empty: its
+    /// rule reads no recipients).
+    pub recipients: &'a [String],
 }
 
 /// What a feature sees of an admitted call about to be sent.

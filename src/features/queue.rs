@@ -26,6 +26,7 @@
 
 pub mod callbacks;
 pub mod dispatch;
+pub mod flow;
 pub mod gauges;
 pub mod intake;
 pub mod metrics;
@@ -95,6 +96,11 @@ impl Queue {
             shared: Arc::new(Shared {
                 jobs: Arc::new(slot),
                 wake: Notify::new(),
+                submitted: Notify::new(),
+                wake_at: Default::default(),
+                in_flight: Default::default(),
+                runs: Default::default(),
+                turned: Notify::new(),
                 ended: Notify::new(),
                 owner: owner_name(),
                 tasks: tokio_util::task::TaskTracker::new(),
@@ -249,6 +255,7 @@ impl Feature for Queue {
             metrics.submitted(rule, caller);
         }
         self.shared.wake.notify_one();
+        self.shared.submitted.notify_waiters();
         Err(Early::Answered(Box::new(resp), Outcome::queued))
     }
 

@@ -104,6 +104,7 @@ struct Scripts {
     due: Script,
     submit: Script,
     claim: Script,
+    renew: Script,
     sending: Script,
     finish: Script,
     cancel: Script,
@@ -123,6 +124,7 @@ impl Scripts {
             due: Script::new(script!("jobs_due.lua")),
             submit: Script::new(jobs_script!("jobs_submit.lua")),
             claim: Script::new(jobs_script!("jobs_claim.lua")),
+            renew: Script::new(jobs_script!("jobs_renew.lua")),
             sending: Script::new(jobs_script!("jobs_sending.lua")),
             finish: Script::new(jobs_script!("jobs_finish.lua")),
             cancel: Script::new(jobs_script!("jobs_cancel.lua")),
@@ -135,13 +137,14 @@ impl Scripts {
         }
     }
 
-    fn all(&self) -> [&Script; 14] {
+    fn all(&self) -> [&Script; 15] {
         [
             &self.account,
             &self.note,
             &self.due,
             &self.submit,
             &self.claim,
+            &self.renew,
             &self.sending,
             &self.finish,
             &self.cancel,
@@ -588,7 +591,8 @@ impl JobStore for RedisJobs {
             .arg(bounds.idempotency_us)
             .arg(other_jobs)
             .arg(other_bytes)
-            .arg(given(&job.traceparent));
+            .arg(given(&job.traceparent))
+            .arg(job.lanes.as_str());
         let reply: Vec<Value> = self.run(inv).await?;
         const S: &str = "jobs_submit.lua";
         let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
@@ -641,7 +645,8 @@ impl JobStore for RedisJobs {
     ) -> Result<Vec<Job>, StoreError> {
         const S: &str = "jobs_claim.lua";
         let mut inv = self.on_account(&self.scripts.claim, &queue.account);
-        inv.arg(now).arg(owner).arg(lease_us).arg(max).arg(&*queue.caller).arg(&*queue.rule);
+        let scan = super::CLAIM_SCAN.max(max.saturating_mul(2));
+        inv.arg(now).arg(owner).arg(lease_us).arg(max).arg(&*queue.caller).arg(&*queue.rule).arg(scan);
         let reply: Vec<Value> = self.run(inv).await?;
         let [head, jobs] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
         let jobs = list(jobs, S)?
@@ -656,6 +661,18 @@ impl JobStore for RedisJobs {
             .collect::<Result<Vec<Job>, StoreError>>()?;
         self.note(&queue.account, &queue.caller, &queue.rule, Some(int(&head, S)?), None).await?;
         Ok(jobs)
+    }
+
+    async fn renew(&self, ids: &[JobId], owner: &str, now: Micros, lease_us: Micros) -> Result<usize, StoreError> {
+        let Some(first) = ids.first() else { return Ok(0) };
+        let Some(account) = self.account_of(*first).await? else { return Ok(0) };
+        let mut inv = self.on_account(&self.scripts.renew, &account);
+        inv.arg(now).arg(owner).arg(now.saturating_add(lease_us));
+        for id in ids {
+            inv.arg(id.to_string());
+        }
+        let n: i64 = self.run(inv).await?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
@@ -941,6 +958,7 @@ fn job_from(account: &Arc<str>, fields: Value, body: Vec<u8>) -> Result<Job, Sto
             idempotency_key: s("ik"),
             callback: s("cb"),
             traceparent: s("tp"),
+            lanes: super::Lanes(s("ln").unwrap_or_else(|| super::Lanes::STRICT.to_owned())),
         },
         seq: num("seq")?.max(0) as u64,
         state: state_from(&need("st")?)?,

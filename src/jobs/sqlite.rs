@@ -40,12 +40,13 @@ use super::{
     Answer, Bound, Bounds, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob, QueueKey,
     QueueSummary, Recovered, SubmitError, Submitted, ANSWER_MAX,
 };
+use crate::jobs::LaneScan;
 use crate::store::StoreError;
 use crate::time::Micros;
 
 /// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
 /// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
-pub const VERSION: i64 = 5;
+pub const VERSION: i64 = 6;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -119,7 +120,7 @@ CREATE TABLE totals (
 /// 1 → 2: `queues.head_due`, the due time of the queue's head (its
 /// lowest-`seq` unfinished job) when that head is `Queued` or `Waiting`,
 /// NULL when it is claimed or sending or the queue has none; kept by every
-/// write that can change a head ([`refresh_head`]), and indexed by (caller,
+/// write that can change a head ([`scan`]), and indexed by (caller,
 /// head due, account, rule), so [`due_queues`] reads each caller's oldest
 /// heads without looking at every queue.
 ///
@@ -137,6 +138,9 @@ CREATE TABLE totals (
 ///
 /// 4 → 5: `jobs.trace`, the submitting call's `traceparent` (NULL: not
 /// traced), which the send's span links to.
+///
+/// 5 → 6: `jobs.lanes` ([`crate::jobs::Lanes`]): jobs stored before it
+/// keep the order they were queued in (`*`, strict).
 pub const MIGRATIONS: &[&str] = &[
     "
 ALTER TABLE queues ADD COLUMN head_due INTEGER;
@@ -175,6 +179,9 @@ CREATE INDEX jobs_deadline ON jobs (deadline_us) WHERE state < 2 AND deadline_us
     "
 ALTER TABLE jobs ADD COLUMN trace TEXT;
 ",
+    "
+ALTER TABLE jobs ADD COLUMN lanes TEXT NOT NULL DEFAULT '*';
+",
 ];
 
 /// `totals.kind`.
@@ -186,7 +193,7 @@ macro_rules! job_fields {
     () => {
         "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, j.target, \
          j.content_type, j.body, j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, j.owner, \
-         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace"
+         j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace, j.lanes"
     };
 }
 
@@ -199,24 +206,20 @@ const JOB_COLS: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.q
 // jobs kept until `purge` (a week of a campaign's sent jobs) on every
 // claim and, for every queue, on every `due_queues`.
 
-/// [`claim`]'s first jobs of a queue (`?1` its qid), at most `?2`.
-const CLAIM: &str = concat!(
-    job_fields!(),
-    " FROM jobs j INDEXED BY jobs_open JOIN queues q ON q.qid = j.qid \
-     WHERE j.qid = ?1 AND j.state < 4 ORDER BY j.seq LIMIT ?2"
-);
+/// [`scan`]: the first unfinished jobs of a queue (`?1` its qid), at most
+/// `?2`: what a claim needs to know of each (not its body).
+const SCAN: &str = "SELECT seq, state, due_us, lanes FROM jobs INDEXED BY jobs_open \
+     WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT ?2";
 
-/// [`refresh_head`]: the queue `?1`'s `head_due` from its head.
-const REFRESH_HEAD: &str = "UPDATE queues SET head_due = \
-     (SELECT CASE WHEN state < 2 THEN due_us END FROM jobs INDEXED BY jobs_open \
-      WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT 1) \
-     WHERE qid = ?1";
+/// [`claim`]: one job by seq.
+const JOB_BY_SEQ: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.seq = ?1");
 
 /// [`callbacks_due`]: pending callbacks due by `?1`, oldest first, at most
 /// `?2`: the job's fields ([`job_from`], its body left out) and `cb_tries`.
 const CALLBACKS_DUE: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, \
      j.target, j.content_type, X'', j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, \
-     j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace, j.cb_tries \
+     j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace, j.lanes, \
+     j.cb_tries \
      FROM jobs j INDEXED BY jobs_callbacks JOIN queues q ON q.qid = j.qid \
      WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due LIMIT ?2";
 
@@ -626,6 +629,7 @@ fn job_from(row: &Row<'_>) -> Result<Job, StoreError> {
             idempotency_key: row.get(12).map_err(sql)?,
             callback: row.get(13).map_err(sql)?,
             traceparent: row.get(23).map_err(sql)?,
+            lanes: crate::jobs::Lanes(row.get(24).map_err(sql)?),
         },
         seq: u64::try_from(seq).map_err(|_| bad("a negative seq"))?,
         state: state_from(state)?,
@@ -713,8 +717,8 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     let qid = queue_id(c, &job.queue, true)?.ok_or_else(|| bad("no queue row after inserting it"))?;
     c.prepare_cached(
         "INSERT INTO jobs (id, qid, state, domain, method, target, content_type, body, deadline_us, \
-         idempotency_key, callback, submitted_us, due_us, owner, lease_us, attempts, updated_us, trace) \
-         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, NULL, 0, 0, ?11, ?12)",
+         idempotency_key, callback, submitted_us, due_us, owner, lease_us, attempts, updated_us, trace, lanes) \
+         VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, NULL, 0, 0, ?11, ?12, ?13)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -730,6 +734,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
             job.callback,
             now,
             job.traceparent,
+            job.lanes.as_str(),
         ])
     })
     .map_err(sql)?;
@@ -745,7 +750,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     }
     add_total(c, CALLER, caller, 1, bytes)?;
     add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
-    refresh_head(c, qid)?;
+    scan(c, qid, now, 0)?;
     Ok(Submitted { id, duplicate: false })
 }
 
@@ -802,41 +807,69 @@ fn claim(
     lease_us: Micros,
     max: usize,
 ) -> Result<Vec<Job>, StoreError> {
-    if max == 0 {
-        return Ok(Vec::new());
-    }
     let Some(qid) = queue_id(c, queue, false)? else { return Ok(Vec::new()) };
-    let limit = i64::try_from(max).unwrap_or(i64::MAX);
-    let mut heads = Vec::new();
-    {
-        let mut s = c.prepare_cached(CLAIM).map_err(sql)?;
-        let mut rows = s.query(params![qid, limit]).map_err(sql)?;
-        while let Some(row) = rows.next().map_err(sql)? {
-            heads.push(job_from(row)?);
-        }
-    }
+    let picked = scan(c, qid, now, max)?;
     let until = now.saturating_add(lease_us);
-    let owner_arc: Arc<str> = Arc::from(owner);
-    let mut claimed = Vec::new();
-    for mut job in heads {
-        let claimable = matches!(job.state, JobState::Queued | JobState::Waiting) && job.due_us <= now;
-        if !claimable {
-            break;
-        }
-        let seq = i64::try_from(job.seq).map_err(|_| bad("a seq out of range"))?;
+    let mut claimed = Vec::with_capacity(picked.len());
+    for seq in picked {
         c.prepare_cached("UPDATE jobs SET state = 2, owner = ?2, lease_us = ?3, updated_us = ?4 WHERE seq = ?1")
             .and_then(|mut s| s.execute(params![seq, owner, until, now]))
             .map_err(sql)?;
-        job.state = JobState::Claimed;
-        job.owner = Some(owner_arc.clone());
-        job.lease_us = until;
-        job.updated_us = now;
-        claimed.push(job);
-    }
-    if !claimed.is_empty() {
-        refresh_head(c, qid)?;
+        let mut s = c.prepare_cached(JOB_BY_SEQ).map_err(sql)?;
+        let mut rows = s.query(params![seq]).map_err(sql)?;
+        if let Some(row) = rows.next().map_err(sql)? {
+            claimed.push(job_from(row)?);
+        }
     }
     Ok(claimed)
+}
+
+/// Walks the queue `qid`'s first [`crate::jobs::CLAIM_SCAN`] unfinished
+/// jobs ([`LaneScan`]): the seqs of at most `max` free jobs due by `now`,
+/// and the queue's `head_due` set to the earliest due time of a free job
+/// left (NULL: none). With `max` 0 (after any other write that may change
+/// the head: submit, finish, cancel, expire, recover) it only sets that,
+/// stopping at the first free job due by `now`: it looks past the jobs in
+/// flight at the queue's front, and no further.
+fn scan(c: &Connection, qid: i64, now: Micros, max: usize) -> Result<Vec<i64>, StoreError> {
+    let mut lanes = LaneScan::default();
+    let mut picked = Vec::new();
+    {
+        let mut s = c.prepare_cached(SCAN).map_err(sql)?;
+        let limit = i64::try_from(crate::jobs::CLAIM_SCAN.max(max.saturating_mul(2))).unwrap_or(i64::MAX);
+        let mut rows = s.query(params![qid, limit]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            let (seq, state, due): (i64, i64, i64) =
+                (row.get(0).map_err(sql)?, row.get(1).map_err(sql)?, row.get(2).map_err(sql)?);
+            let ln: String = row.get(3).map_err(sql)?;
+            let free = lanes.visit(&ln);
+            if free && state < 2 {
+                if due <= now && picked.len() < max {
+                    picked.push(seq);
+                } else {
+                    lanes.waits(due);
+                }
+            }
+            if picked.len() >= max && lanes.next_due.is_some_and(|d| d <= now) {
+                break;
+            }
+        }
+    }
+    c.prepare_cached("UPDATE queues SET head_due = ?2 WHERE qid = ?1")
+        .and_then(|mut s| s.execute(params![qid, lanes.next_due]))
+        .map_err(sql)?;
+    Ok(picked)
+}
+
+fn renew(c: &Connection, ids: &[JobId], owner: &str, until: Micros) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for id in ids {
+        n += c
+            .prepare_cached("UPDATE jobs SET lease_us = ?3 WHERE id = ?1 AND owner = ?2 AND state IN (2, 3)")
+            .and_then(|mut s| s.execute(params![&id.0[..], owner, until]))
+            .map_err(sql)?;
+    }
+    Ok(n)
 }
 
 fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
@@ -873,7 +906,7 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Resu
         ended(c, &job.caller, &job.account, job.bytes)?;
         callback_pending(c, job.seq, now)?;
     }
-    refresh_head(c, job.qid)?;
+    scan(c, job.qid, now, 0)?;
     Ok(true)
 }
 
@@ -896,7 +929,7 @@ fn callbacks_due(c: &Connection, now: Micros, lease_us: Micros, max: usize) -> R
         let mut s = c.prepare_cached(CALLBACKS_DUE).map_err(sql)?;
         let mut rows = s.query(params![now, limit]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
-            let tries: i64 = row.get(24).map_err(sql)?;
+            let tries: i64 = row.get(25).map_err(sql)?;
             let tries = u32::try_from(tries.saturating_add(1)).map_err(|_| bad("callback tries out of range"))?;
             out.push(DueCallback { job: job_from(row)?, tries });
         }
@@ -961,7 +994,7 @@ fn recover(c: &Connection, cutoff: Micros, now: Micros) -> Result<Recovered, Sto
         }
     }
     for qid in queues {
-        refresh_head(c, qid)?;
+        scan(c, qid, now, 0)?;
     }
     Ok(recovered)
 }
@@ -979,7 +1012,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
         .map_err(sql)?;
     ended(c, &job.caller, &job.account, job.bytes)?;
     callback_pending(c, job.seq, now)?;
-    refresh_head(c, job.qid)?;
+    scan(c, job.qid, now, 0)?;
     Ok(Cancelled::Cancelled)
 }
 
@@ -1051,15 +1084,6 @@ fn due_queues(c: &Connection, now: Micros, per_caller: usize) -> Result<Vec<Queu
     Ok(out)
 }
 
-/// Sets queue `qid`'s `head_due` from its head (after a write that may
-/// have changed the head or its state or due time: submit, claim, finish,
-/// cancel, recover; `sending` turns a claimed head into a sending one, both
-/// NULL, and `purge` deletes only ended jobs and empty queues).
-fn refresh_head(c: &Connection, qid: i64) -> Result<(), StoreError> {
-    c.prepare_cached(REFRESH_HEAD).and_then(|mut s| s.execute(params![qid])).map_err(sql)?;
-    Ok(())
-}
-
 /// [`expire`]: jobs no dispatcher holds whose deadline is `?1` or earlier,
 /// earliest first, at most `?2`.
 const EXPIRED: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, length(j.body), j.qid, j.submitted_us \
@@ -1100,7 +1124,7 @@ fn expire(c: &Connection, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, St
         out.push(job);
     }
     for qid in queues {
-        refresh_head(c, qid)?;
+        scan(c, qid, now, 0)?;
     }
     Ok(out)
 }
@@ -1164,6 +1188,14 @@ impl JobStore for SqliteJobs {
     ) -> Result<Vec<Job>, StoreError> {
         let (queue, owner) = (queue.clone(), owner.to_owned());
         self.write(move |c| claim(c, &queue, &owner, now, lease_us, max)).await
+    }
+
+    async fn renew(&self, ids: &[JobId], owner: &str, now: Micros, lease_us: Micros) -> Result<usize, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let (ids, owner) = (ids.to_vec(), owner.to_owned());
+        self.write(move |c| renew(c, &ids, &owner, now.saturating_add(lease_us))).await
     }
 
     async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
@@ -1280,10 +1312,8 @@ mod tests {
             let plan = plan(&c, sql);
             assert!(plan.contains("jobs_callbacks") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
         }
-        for sql in [CLAIM, REFRESH_HEAD] {
-            let plan = plan(&c, sql);
-            assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
-        }
+        let scan = plan(&c, SCAN);
+        assert!(scan.contains("jobs_open") && !scan.contains("jobs_queue"), "{SCAN}:\n{scan}");
         for sql in [FIRST_CALLER, NEXT_CALLER, CALLER_DUE] {
             let plan = plan(&c, sql);
             assert!(plan.contains("queues_due") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");

@@ -11,6 +11,13 @@ use crate::telemetry::metrics::Outcome;
 use crate::time::Stopwatch;
 use crate::transport::downstream::Client;
 
+/// Longest a queued job's send is held for its reserved slot: a queue
+/// keeps several sends in flight, each decided at once and sent at its
+/// slot's moment (paced by the store, never asking again); a slot further
+/// away hands the job back to its queue. Well under the shortest `[queue]
+/// lease` (5 s), which the dispatcher renews meanwhile.
+pub const QUEUED_HOLD_US: crate::time::Micros = 1_000_000;
+
 /// Admits the call (holding it or waiting for a slot as its rule
 /// says) or refuses it. A call without a rule goes on undecided. `client`:
 /// the call's client (`None`: a call wxgate makes itself).
@@ -49,9 +56,11 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
         caller,
         meter,
         client,
-        // A queued job is never held: a refusal hands it back to its queue
-        // until the refusal's wait is over.
+        // A queued job is held only for a slot moments away
+        // ([`QUEUED_HOLD_US`]); a refusal hands it back to its queue until
+        // the refusal's wait is over.
         may_wait: !call.who.queued,
+        queued_hold_us: call.who.queued.then_some(QUEUED_HOLD_US),
     };
     let traced_at = super::spans::now(call);
     let admitted = admit(&app.core, asked).await;

@@ -40,9 +40,13 @@ pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
         Some(ctx) => crate::telemetry::trace::CURRENT.scope(ctx, super::run(app, &mut call, source)).await,
     };
     let result = match answered {
-        Ok(resp) => {
-            Ok(OwnAnswer { status: resp.status().as_u16(), errcode: call.errcode, body: resp.body().whole().cloned() })
-        }
+        Ok(resp) => Ok(OwnAnswer {
+            status: resp.status().as_u16(),
+            errcode: call.errcode,
+            body: resp.body().whole().cloned(),
+            held_us: call.admission.held_us,
+            upstream_us: call.sent.upstream_us,
+        }),
         Err(early) => Err(refused(&call, early)),
     };
     match &result {

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use wxgate::jobs::{Answer, Bounds, NewJob, QueueKey};
+use wxgate::jobs::{Answer, Bounds, Lanes, NewJob, QueueKey};
 
 use super::GUARD;
 
@@ -18,7 +18,20 @@ pub fn queue(caller: &str, account: &str, rule: &str) -> QueueKey {
     QueueKey { caller: caller.into(), account: account.into(), rule: rule.into() }
 }
 
-/// A template-message submission with a body of `body` bytes.
+/// A template-message submission to `recipient` (its lane), with a body
+/// of `body` bytes.
+pub fn job_to(queue: &QueueKey, recipient: &str, body: usize) -> NewJob {
+    NewJob { lanes: Lanes::of([recipient]), ..new_job(queue, body) }
+}
+
+/// [`new_job`] in a strict queue (one at a time, in order: `queue_order =
+/// "strict"`).
+pub fn strict_job(queue: &QueueKey, body: usize) -> NewJob {
+    NewJob { lanes: Lanes::strict(), ..new_job(queue, body) }
+}
+
+/// A template-message submission with a body of `body` bytes, naming no
+/// recipient (ordered with no other job).
 pub fn new_job(queue: &QueueKey, body: usize) -> NewJob {
     NewJob {
         queue: queue.clone(),
@@ -31,6 +44,7 @@ pub fn new_job(queue: &QueueKey, body: usize) -> NewJob {
         idempotency_key: None,
         callback: None,
         traceparent: None,
+        lanes: Lanes::default(),
     }
 }
 

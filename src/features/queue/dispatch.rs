@@ -1,29 +1,47 @@
 //! The dispatcher: one task per instance that sends due jobs.
 //!
-//! Each tick (every [`TICK`], and at once after a submission): `recover`
+//! Each tick (every [`TICK`], at once after a submission, and at the
+//! moment a job handed back waits for: [`Shared::wake_at`]): `recover`
 //! leases that ran out (every half lease), `expire` jobs past their
 //! deadline wherever they are in their queue (every second), `purge` jobs
-//! past `[queue] keep` (every minute), then one round: the due queues, [`PER_CALLER`] per
-//! caller ([`crate::jobs::JobStore::due_queues`]), planned in
-//! weighted turns ([`turns::round`]); each queue of the round claims
-//! its share and sends its jobs one after the other, in order (the queues
-//! of a round concurrently). A round that sent something is followed by
-//! another at once.
+//! past `[queue] keep` (every minute), then the due queues, [`PER_CALLER`]
+//! per caller ([`crate::jobs::JobStore::due_queues`]), in weighted turns
+//! ([`turns::round`]): each that this instance is not sending yet gets a
+//! turn of its own ([`run_queue`]), which lasts as long as its queue has
+//! jobs to send.
+//!
+//! **A queue's turn keeps several sends in flight** (issue 63): as many as
+//! its window allows ([`super::flow`]: grown while WeChat answers and the
+//! rule has room, halved on overload, under `[queue] max_in_flight`, and
+//! all queues under `[queue] instance_in_flight`). It claims jobs in
+//! batches; the store hands out only jobs whose lanes (recipients) no
+//! earlier unfinished job shares ([`crate::jobs::Lanes`]), so two messages
+//! to one recipient never overlap and go in the order sent, while messages
+//! to different recipients go in parallel (`queue_order = "strict"`: one at
+//! a time, in order). Each claimed job is leased to this instance and the
+//! lease renewed while its send is under way (every third of a lease), so
+//! a slow answer never ends a job `unknown`.
 //!
 //! A job is sent as a call of its own ([`OwnCall`] with its caller): the
 //! phases of a live call (rule, meter, decide, the broker's token, forward,
-//! answer, penalties), decided as its caller's call that never waits and
-//! never takes the reserve. What became of it:
+//! answer, penalties), decided as its caller's call that never takes the
+//! reserve, held for its slot when that is moments away
+//! ([`crate::proxy::decide::QUEUED_HOLD_US`]: the store paces the sends).
+//! What became of it:
 //!
 //! - refused by wxgate's decision (a limit, a penalty, the store away):
 //!   handed back unsent (`NotYet`) until the refusal's wait is over (never
-//!   past the job's deadline); the rest of its claim goes back with it, so
-//!   the queue keeps its order;
+//!   past the job's deadline); its turn claims nothing more until then (a
+//!   recipient's own limit holds back only that job), and the dispatcher
+//!   wakes at that moment;
 //! - WeChat's answer: [`super::retry::end_of`] (`Sent`, `Failed`, a
 //!   back-off `Retry`);
 //! - marked `Sending` and no answer (a timeout, a cut connection): `Unknown`,
 //!   never resent; marked and provably never sent (no connection): `Retry`;
 //! - its deadline passed before it went: `Expired`.
+//!
+//! Its end is written at once; a store that fails is asked again within
+//! milliseconds ([`FINISH_RETRIES`]), the lease still renewed meanwhile.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -32,6 +50,7 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method};
 
+use super::flow::Seen;
 use super::gauges;
 use super::retry::{end_of, Attempt};
 use super::state::Shared;
@@ -48,8 +67,14 @@ pub const TICK: Span = Span::from_micros(200_000);
 pub const PER_CALLER: usize = 8;
 /// Claims per unit of a caller's weight in one round.
 pub const QUANTUM: u32 = 4;
-/// Most queues one instance sends at once.
-pub const MAX_RUNNING: usize = 64;
+/// A store that fails to take a job's end is asked again after 10 ms,
+/// 20 ms, ... this many times (about 5 s in all) before the job is left to
+/// its lease.
+pub const FINISH_RETRIES: u32 = 9;
+/// A turn with no send under way whose queue waits less than this keeps
+/// its window and waits; a longer wait ends it (the dispatcher wakes when
+/// the wait is over).
+const PAUSE_IN_TURN_US: Micros = 2_000_000;
 /// How long a job refused because the store could not decide waits.
 const UNAVAILABLE_US: Micros = 1_000_000;
 /// How often ended jobs are purged.
@@ -104,10 +129,18 @@ pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
             }
             let clock = host.core().clock.clone();
             drop(host);
-            // A submission or a finished turn wakes it; else the next tick.
+            // A submission, a finished turn or a job's wait ending wakes
+            // it; else the next tick.
+            let next = {
+                let mut at = q.wake_at.lock().unwrap_or_else(|e| e.into_inner());
+                if at.is_some_and(|a| a <= started) {
+                    *at = None;
+                }
+                at.map_or(started + TICK.as_micros(), |a| a.min(started + TICK.as_micros()))
+            };
             tokio::select! {
                 _ = q.wake.notified() => {}
-                _ = clock.sleep_until(started + TICK.as_micros()) => {}
+                _ = clock.sleep_until(next) => {}
                 _ = q.stopping.cancelled() => return,
             }
         }
@@ -180,17 +213,29 @@ async fn tick(host: &Arc<dyn Host>, q: &Arc<Shared>, marks: &mut Marks) -> Resul
     let weight = |caller: &str| config.callers.iter().find(|c| &*c.name == caller).map_or(1, |c| c.weight);
     let plan = turns::round(&due, weight, QUANTUM);
     let mut started = false;
-    for (queue, n) in plan {
-        {
-            let mut running = marks.running.lock().unwrap_or_else(|e| e.into_inner());
-            if running.len() >= MAX_RUNNING || !running.insert(queue.clone()) {
+    // Every turn this round starts is entered in its pair before any
+    // claims: the first to claim already shares the window with the rest.
+    let mut starting = Vec::new();
+    {
+        let mut runs = lock(&q.runs);
+        let mut running = lock(&marks.running);
+        for (queue, _) in plan {
+            if runs.paused.get(&queue).is_some_and(|until| *until > now) {
+                // Refused until then: the dispatcher wakes at that moment.
                 continue;
             }
+            if !running.insert(queue.clone()) {
+                continue;
+            }
+            runs.enter(&queue, weight(&queue.caller), config.queue.max_in_flight);
+            starting.push(queue);
         }
+    }
+    for queue in starting {
         let turn = Turn { queue, running: marks.running.clone(), q: q.clone() };
         let (host, jobs) = (host.clone(), jobs.clone());
         q.tasks.spawn(async move {
-            if let Err(e) = run_queue(&*host, &turn.q, &jobs, &turn.queue, n).await {
+            if let Err(e) = run_queue(&host, &turn.q, &jobs, &turn.queue).await {
                 tracing::warn!(error = %e, "queued delivery: a queue's turn failed");
             }
             drop(turn);
@@ -200,68 +245,194 @@ async fn tick(host: &Arc<dyn Host>, q: &Arc<Shared>, marks: &mut Marks) -> Resul
     Ok(started)
 }
 
-/// Claims up to `n` jobs of `queue` and sends them in order; `Ok(true)`
-/// when one went (or ended) rather than being handed back.
-async fn run_queue(
-    host: &dyn Host,
-    q: &Shared,
-    jobs: &Arc<dyn JobStore>,
-    queue: &QueueKey,
-    n: usize,
-) -> Result<bool, crate::store::StoreError> {
-    let owner = q.owner.clone();
-    let lease_us = host.config().queue.lease_us;
-    let claimed = jobs.claim(queue, &owner, host.core().clock.now_us(), lease_us, n).await?;
-    let mut moved = false;
-    let mut rest = claimed.into_iter();
-    while let Some(job) = rest.next() {
-        let (id, submitted_us) = (job.id, job.submitted_us);
-        let end = send(host, job).await;
-        let ended = gauges::ended_as(&end);
-        let waits = match &end {
-            End::NotYet { at } | End::Retry { at, .. } => Some(*at),
-            _ => None,
-        };
-        let now = host.core().clock.now_us();
-        if !jobs.finish(id, &owner, end, now).await? {
-            tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
-        } else {
-            gauges::count_end(&q.metrics, queue, ended, submitted_us, now);
-        }
-        if let Some(at) = waits {
-            // The head waits: the rest of the claim goes back behind it,
-            // unsent, waiting as long (none may go before it).
-            for later in rest.by_ref() {
-                jobs.finish(later.id, &owner, End::NotYet { at }, now).await?;
-            }
-            break;
-        }
-        if q.stopping.is_cancelled() {
-            // The instance stops: the rest of the claim goes back, due now,
-            // for the next start or another instance.
-            for later in rest.by_ref() {
-                jobs.finish(later.id, &owner, End::NotYet { at: now }, now).await?;
-            }
-            moved = true;
-            break;
-        }
-        moved = true;
-    }
-    if moved {
-        q.ended.notify_one();
-    }
-    Ok(moved)
+/// What one send's task hands back to its turn.
+struct Done {
+    id: JobId,
+    seen: Seen,
+    /// Refused by wxgate's decision until then (for the whole queue: not a
+    /// recipient's own limit).
+    pause_until: Option<Micros>,
 }
 
-/// Sends one claimed job; what became of it.
-async fn send(host: &dyn Host, job: Job) -> End {
+/// A queue's turn (module docs): keeps up to its share of its (account,
+/// rule)'s window of sends in flight until the queue has nothing more to
+/// send now. The dispatcher entered it in its pair's turns.
+async fn run_queue(
+    host: &Arc<dyn Host>,
+    q: &Arc<Shared>,
+    jobs: &Arc<dyn JobStore>,
+    queue: &QueueKey,
+) -> Result<(), crate::store::StoreError> {
+    let config = host.config();
+    let (lease_us, instance) = (config.queue.lease_us, config.queue.instance_in_flight as usize);
+    drop(config);
+    let clock = host.core().clock.clone();
+    // Entered in its pair's turns by the dispatcher; left below.
+    let mut paused_until = lock(&q.runs).paused.get(queue).copied().unwrap_or(Micros::MIN);
+    let held: Arc<std::sync::Mutex<std::collections::HashSet<JobId>>> = Arc::default();
+    let mut sends: tokio::task::JoinSet<Done> = tokio::task::JoinSet::new();
+    // Nothing more to claim until a send ends or a job is submitted.
+    let mut drained = false;
+    let mut was_ready = true;
+    let mut renew_at = clock.now_us() + lease_us / 3;
+    let mut failed = None;
+    loop {
+        let now = clock.now_us();
+        let stopping = q.stopping.is_cancelled();
+        // Claims in batches: when a quarter of the window (at least one) is free.
+        // Whether this turn has work now, for the other callers' turns on its pair.
+        let ready = !stopping && !drained && failed.is_none() && now >= paused_until;
+        let allowed = {
+            let mut runs = lock(&q.runs);
+            if ready != was_ready {
+                runs.ready(queue, ready);
+                q.turned.notify_waiters();
+                was_ready = ready;
+            }
+            runs.allowed(queue, sends.len())
+        };
+        let free = instance.saturating_sub(q.in_flight.load(Ordering::SeqCst));
+        let room = allowed.min(free);
+        // Claims in batches: when a quarter of what it may have out is free.
+        let batch = ((allowed + sends.len()) / 4).max(1);
+        if ready && room > 0 && (room >= batch || sends.is_empty()) {
+            match jobs.claim(queue, &q.owner, now, lease_us, room).await {
+                Ok(claimed) => {
+                    drained = claimed.len() < room;
+                    lock(&q.runs).started(queue, claimed.len());
+                    q.turned.notify_waiters();
+                    for job in claimed {
+                        lock(&held).insert(job.id);
+                        q.in_flight.fetch_add(1, Ordering::SeqCst);
+                        let (host, q2, jobs, queue, held) =
+                            (host.clone(), q.clone(), jobs.clone(), queue.clone(), held.clone());
+                        sends.spawn(async move {
+                            let done = send_and_finish(&*host, &q2, &jobs, &queue, job).await;
+                            lock(&held).remove(&done.id);
+                            q2.in_flight.fetch_sub(1, Ordering::SeqCst);
+                            done
+                        });
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+            continue;
+        }
+        // Ready but held back: by the other callers' turns (or this
+        // instance's ceiling), until one of them starts a send or ends.
+        let held_back = ready && room == 0 && sends.is_empty();
+        if sends.is_empty() {
+            if stopping || failed.is_some() || (drained && paused_until <= now) {
+                break;
+            }
+            if paused_until > now && paused_until - now > PAUSE_IN_TURN_US {
+                q.wake_at(paused_until);
+                break;
+            }
+        }
+        let submitted = q.submitted.notified();
+        let turned = q.turned.notified();
+        let pause = clock.clone();
+        let renew = clock.clone();
+        tokio::select! {
+            done = sends.join_next(), if !sends.is_empty() => {
+                if let Some(Ok(done)) = done {
+                    lock(&q.runs).seen(queue, done.seen, clock.now_us());
+                    if let Some(until) = done.pause_until {
+                        paused_until = paused_until.max(until);
+                        q.wake_at(until);
+                    }
+                }
+                drained = false;
+            }
+            _ = submitted, if drained => drained = false,
+            _ = turned, if held_back || (ready && !sends.is_empty()) => {}
+            _ = pause.sleep_until(paused_until), if paused_until > now => {}
+            _ = renew.sleep_until(renew_at) => {
+                let ids: Vec<JobId> = lock(&held).iter().copied().collect();
+                let now = clock.now_us();
+                if let Err(e) = jobs.renew(&ids, &q.owner, now, lease_us).await {
+                    tracing::warn!(error = %e, "queued delivery: cannot renew the leases of the sends under way; trying again");
+                    renew_at = now + 100_000;
+                } else {
+                    renew_at = now + lease_us / 3;
+                }
+            }
+            _ = q.stopping.cancelled(), if !stopping => {}
+        }
+    }
+    lock(&q.runs).leave(queue, paused_until, clock.now_us());
+    q.turned.notify_waiters();
+    q.ended.notify_one();
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sends one claimed job and writes its end (asking a failing store again
+/// within milliseconds); what its turn learns of it.
+async fn send_and_finish(host: &dyn Host, q: &Shared, jobs: &Arc<dyn JobStore>, queue: &QueueKey, job: Job) -> Done {
+    let (id, submitted_us) = (job.id, job.submitted_us);
+    let (end, seen, refusal) = send(host, job).await;
+    let ended = gauges::ended_as(&end);
+    let pause_until = match (&end, refusal) {
+        (End::NotYet { at }, Some(Refusal::Queue)) => Some(*at),
+        _ => None,
+    };
+    let mut delay = 10_000;
+    for attempt in 0..=FINISH_RETRIES {
+        let now = host.core().clock.now_us();
+        match jobs.finish(id, &q.owner, end.clone(), now).await {
+            Ok(true) => {
+                gauges::count_end(&q.metrics, queue, ended, submitted_us, now);
+                break;
+            }
+            Ok(false) => {
+                tracing::warn!(job = %id, "queued delivery: the job's lease was lost before its end was written");
+                break;
+            }
+            Err(e) if attempt < FINISH_RETRIES && !q.stopping.is_cancelled() => {
+                tracing::debug!(error = %e, job = %id, "queued delivery: writing a job's end failed; asking again");
+                host.core().clock.sleep(Span::from_micros(delay)).await;
+                delay = (delay * 2).min(1_000_000);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, job = %id, "queued delivery: cannot write a job's end; its lease ends it");
+                break;
+            }
+        }
+    }
+    if let End::Retry { at, .. } | End::NotYet { at } = end {
+        q.wake_at(at);
+    }
+    Done { id, seen, pause_until }
+}
+
+/// Whom a decision's refusal holds back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The queue's rule or account (a window, a quota, a penalty, the store).
+    Queue,
+    /// One recipient's own limit: only this job.
+    Recipient,
+}
+
+/// Sends one claimed job; what became of it, what its window learns, and
+/// whom a refusal by wxgate's decision holds back.
+async fn send(host: &dyn Host, job: Job) -> (End, Seen, Option<Refusal>) {
+    let end = |end: End| (end, Seen::Nothing, None);
     let now = host.core().clock.now_us();
     let deadline = job.new.deadline_us;
     if deadline.is_some_and(|d| now >= d) {
-        return End::Expired;
+        return end(End::Expired);
     }
     let config = host.config();
-    let failed = |why: String| End::Failed(wxgate_answer(&why));
+    let failed = |why: String| end(End::Failed(wxgate_answer(&why)));
     let Some(rule) = config.rules.iter().find(|r| r.name == job.new.queue.rule) else {
         return failed(format!("rule \"{}\" is no longer in the config", job.new.queue.rule));
     };
@@ -312,22 +483,36 @@ async fn send(host: &dyn Host, job: Job) -> End {
     let not_yet = |wait_us: Micros| End::NotYet { at: deadline.map_or(now + wait_us, |d| d.min(now + wait_us)) };
     match (result, marked.load(Ordering::SeqCst)) {
         (Ok(answer), _) => {
+            let overloaded = answer.status >= 500 || matches!(answer.errcode, Some(45033 | -1));
+            let seen = if overloaded {
+                Seen::Overloaded
+            } else {
+                Seen::Answered { rtt_us: answer.upstream_us, held: answer.held_us > 0 }
+            };
             let answer =
                 Answer { status: answer.status, errcode: answer.errcode, body: answer.body.unwrap_or_default() };
-            end_of(Attempt::Answered(answer), attempts, deadline, now, backoff, random)
+            (end_of(Attempt::Answered(answer), attempts, deadline, now, backoff, random), seen, None)
         }
         (Err(ProxyError::Upstream(e)), true) if e.never_sent() => {
-            end_of(Attempt::NeverSent, attempts, deadline, now, backoff, random)
+            (end_of(Attempt::NeverSent, attempts, deadline, now, backoff, random), Seen::Overloaded, None)
         }
-        (Err(_), true) => end_of(Attempt::NoAnswer, attempts, deadline, now, backoff, random),
+        (Err(_), true) => (end_of(Attempt::NoAnswer, attempts, deadline, now, backoff, random), Seen::Overloaded, None),
         (Err(e), false) => match e {
+            ProxyError::Throttled { reason: crate::limit::Reason::Recipient, wait_us, .. } => {
+                (not_yet(wait_us.max(1)), Seen::Nothing, Some(Refusal::Recipient))
+            }
             ProxyError::Throttled { wait_us, .. }
             | ProxyError::AccountsFull { wait_us, .. }
-            | ProxyError::CallerRate { wait_us, .. } => not_yet(wait_us.max(1)),
-            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) | ProxyError::Upstream(_) => not_yet(UNAVAILABLE_US),
+            | ProxyError::CallerRate { wait_us, .. } => (not_yet(wait_us.max(1)), Seen::Nothing, Some(Refusal::Queue)),
+            ProxyError::Unavailable(_) | ProxyError::TokenWait(_) | ProxyError::Upstream(_) => {
+                (not_yet(UNAVAILABLE_US), Seen::Nothing, Some(Refusal::Queue))
+            }
             // No token could be had for the account: not now, with back-off
             // (no attempt counted: nothing went to WeChat).
-            ProxyError::NoToken { .. } => not_yet(backoff.delay_us(attempts, random).max(UNAVAILABLE_US)),
+            ProxyError::NoToken { .. } => {
+                let wait = backoff.delay_us(attempts, random).max(UNAVAILABLE_US);
+                (not_yet(wait), Seen::Nothing, Some(Refusal::Queue))
+            }
             other => failed(other.to_string()),
         },
     }

@@ -40,7 +40,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::error::ProxyError;
 use crate::features::hooks::{Asking, Env, Requesting};
-use crate::jobs::{Bound, NewJob, QueueKey, SubmitError};
+use crate::jobs::{Bound, Lanes, NewJob, QueueKey, SubmitError};
 use crate::time::Micros;
 use crate::transport::body::RelayBody;
 
@@ -238,6 +238,7 @@ pub async fn submit(
         callback: asked.callback,
         // The submitting call's span (this runs in its task).
         traceparent: crate::telemetry::trace::current().map(|c| c.traceparent()),
+        lanes: lanes(config, rule, asking),
     };
     let now = env.core.clock.now_us();
     let submitted = match jobs.submit(job, &config.queue.bounds, now).await {
@@ -314,6 +315,31 @@ async fn eta(
     )
     .await?;
     Some(at)
+}
+
+/// A new job's lanes ([`Lanes`]): one lane for the whole queue when its
+/// rule or caller says `queue_order = "strict"`; else its recipients: as
+/// the rule's `recipients` reads them, or the body's `touser` (split at
+/// `|`, as WeCom reads it) or `openid`. A body naming none (or not JSON)
+/// is ordered with no other job.
+fn lanes(config: &crate::config::Config, rule: &crate::limit::Rule, asking: &Asking<'_>) -> Lanes {
+    let strict_caller = asking.who.caller.policy().is_some_and(|p| p.queue_strict);
+    if config.rule_http(Some(rule)).queue_strict || strict_caller {
+        return Lanes::strict();
+    }
+    if !asking.recipients.is_empty() {
+        return Lanes::of(asking.recipients.iter().map(String::as_str));
+    }
+    #[derive(serde::Deserialize)]
+    struct To {
+        touser: Option<String>,
+        openid: Option<String>,
+    }
+    match asking.body.map(|b| serde_json::from_slice::<To>(b)) {
+        Some(Ok(To { touser: Some(to), .. })) => Lanes::of(to.split('|').filter(|t| !t.is_empty())),
+        Some(Ok(To { openid: Some(to), .. })) => Lanes::of([to.as_str()]),
+        _ => Lanes::default(),
+    }
 }
 
 /// The target without any `access_token` (the broker adds the account's

@@ -1,0 +1,192 @@
+//! How many queued sends one account's rule keeps in flight on this
+//! instance (issue 63, docs/queued-delivery.md "Pace"): a window that grows
+//! while WeChat answers and the rule has room, and shrinks when WeChat says
+//! it is overloaded. WeChat meters an account's API, so the window is the
+//! (account, rule)'s, shared by its callers' queues in the ratio of their
+//! weights (src/features/queue/dispatch.rs). Pure: the dispatcher gives
+//! each send's outcome and the time.
+//!
+//! - **Room** (WeChat answered, and the send was decided at once, not held
+//!   for its slot): grow. Doubling per round trip at first (one more per
+//!   answer, "slow start"), then by one per window's worth of answers
+//!   (additive increase).
+//! - **The rule is the limit** (the send was held for its slot): the
+//!   window has more sends than the rule's pace needs, each reserving a
+//!   slot further ahead: shrink by [`HELD_STEP`] per held answer. Per round
+//!   trip a window of `L` grows by `1 − p` and shrinks by
+//!   `HELD_STEP × p × L` (`p`: the share of answers held), so it settles at
+//!   `L = (1 − p) / (p × HELD_STEP)`: near what the rule's pace needs
+//!   (`rate × round trip`, with some sends held: the rule stays the
+//!   limit).
+//! - **WeChat overloaded** (45033 too many concurrent calls, -1 busy, a 5xx,
+//!   no answer, or a round trip more than twice the least seen plus
+//!   [`SLOW_US`]): halve, at most once per round trip (multiplicative
+//!   decrease), and leave slow start.
+//!
+//! Never below 1 nor above the ceiling (`[queue] max_in_flight`).
+
+use crate::time::Micros;
+
+/// How many sends a queue starts with.
+pub const START: f64 = 4.0;
+/// A round trip this much above twice the least seen reads as WeChat
+/// slowing down under load.
+pub const SLOW_US: Micros = 50_000;
+/// How much a held answer shrinks the window.
+pub const HELD_STEP: f64 = 0.25;
+
+/// What one send's outcome says of the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// WeChat answered (any errcode but an overload), after `rtt_us`;
+    /// `held`: the decision held it for its slot (the rule is the limit).
+    Answered { rtt_us: Micros, held: bool },
+    /// WeChat (or the way to it) is overloaded: 45033, -1, a 5xx, no answer.
+    Overloaded,
+    /// Nothing to learn (wxgate's own refusal, a failure before sending).
+    Nothing,
+}
+
+/// One queue's window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flow {
+    limit: f64,
+    ceiling: f64,
+    /// Growing by one per answer until the first decrease.
+    slow_start: bool,
+    /// The least round trip seen (`None`: none yet).
+    min_rtt_us: Option<Micros>,
+    /// When it was last halved (once per round trip at most).
+    cut_at: Micros,
+}
+
+impl Flow {
+    /// A new queue's window, under `ceiling` sends.
+    pub fn new(ceiling: u32) -> Flow {
+        let ceiling = f64::from(ceiling.max(1));
+        Flow { limit: START.min(ceiling), ceiling, slow_start: true, min_rtt_us: None, cut_at: Micros::MIN }
+    }
+
+    /// How many sends may be in flight now.
+    pub fn limit(&self) -> usize {
+        self.limit.floor().max(1.0) as usize
+    }
+
+    /// A reload changed the ceiling.
+    pub fn set_ceiling(&mut self, ceiling: u32) {
+        self.ceiling = f64::from(ceiling.max(1));
+        self.limit = self.limit.min(self.ceiling);
+    }
+
+    /// One send's outcome at `now`.
+    pub fn seen(&mut self, seen: Seen, now: Micros) {
+        match seen {
+            Seen::Nothing => {}
+            Seen::Overloaded => self.cut(now),
+            Seen::Answered { rtt_us, held } => {
+                let least = self.min_rtt_us.map_or(rtt_us, |m| m.min(rtt_us));
+                self.min_rtt_us = Some(least);
+                if rtt_us > least.saturating_mul(2).saturating_add(SLOW_US) {
+                    self.cut(now);
+                } else if held {
+                    self.slow_start = false;
+                    self.limit = (self.limit - HELD_STEP).max(1.0);
+                } else if self.slow_start {
+                    self.limit = (self.limit + 1.0).min(self.ceiling);
+                } else {
+                    self.limit = (self.limit + 1.0 / self.limit).min(self.ceiling);
+                }
+            }
+        }
+    }
+
+    /// Halves the window, once per round trip.
+    fn cut(&mut self, now: Micros) {
+        let rtt = self.min_rtt_us.unwrap_or(SLOW_US).max(1_000);
+        if now.saturating_sub(self.cut_at) < rtt {
+            return;
+        }
+        self.cut_at = now;
+        self.slow_start = false;
+        self.limit = (self.limit / 2.0).max(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RTT: Micros = 50_000;
+
+    fn answered(held: bool) -> Seen {
+        Seen::Answered { rtt_us: RTT, held }
+    }
+
+    #[test]
+    fn a_window_grows_while_wechat_answers_and_the_rule_has_room() {
+        let mut f = Flow::new(128);
+        assert_eq!(f.limit(), 4);
+        for i in 0..60 {
+            f.seen(answered(false), i * 1000);
+        }
+        assert_eq!(f.limit(), 64, "slow start: one more per answer");
+        for i in 0..1000 {
+            f.seen(answered(false), 100_000 + i * 1000);
+        }
+        assert_eq!(f.limit(), 128, "never past its ceiling");
+    }
+
+    #[test]
+    fn overload_halves_it_once_per_round_trip_and_it_grows_back_slowly() {
+        let mut f = Flow::new(128);
+        for i in 0..40 {
+            f.seen(answered(false), i * 1000);
+        }
+        assert_eq!(f.limit(), 44);
+        f.seen(Seen::Overloaded, 1_000_000);
+        f.seen(Seen::Overloaded, 1_010_000);
+        assert_eq!(f.limit(), 22, "the second 45033 of the same round trip does not halve it again");
+        f.seen(Seen::Overloaded, 1_000_000 + RTT);
+        assert_eq!(f.limit(), 11);
+        for i in 0..12 {
+            f.seen(answered(false), 2_000_000 + i);
+        }
+        assert_eq!(f.limit(), 12, "additive increase: one per window's worth of answers");
+        for k in 0..100 {
+            f.seen(Seen::Overloaded, 3_000_000 + k * RTT);
+        }
+        assert_eq!(f.limit(), 1, "never below one send");
+    }
+
+    #[test]
+    fn a_rising_round_trip_reads_as_overload() {
+        let mut f = Flow::new(128);
+        for i in 0..20 {
+            f.seen(answered(false), i);
+        }
+        assert_eq!(f.limit(), 24);
+        f.seen(Seen::Answered { rtt_us: 2 * RTT + SLOW_US + 1, held: false }, 1_000_000);
+        assert_eq!(f.limit(), 12);
+    }
+
+    #[test]
+    fn held_sends_shrink_it_to_about_what_a_saturated_rule_needs() {
+        // Each answer is held with a probability that grows with the sends
+        // in flight past what the rule needs (a toy model of reserved slots).
+        for need in [10.0, 30.0, 150.0] {
+            let mut f = Flow::new(1000);
+            let (mut sum, mut random) = (0.0, 0x9e37_79b9_7f4a_7c15_u64);
+            for i in 0..200_000i64 {
+                random = random.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                let draw = (random >> 11) as f64 / (1u64 << 53) as f64;
+                let held = draw < ((f.limit - need) / f.limit).max(0.0);
+                f.seen(answered(held), i * 100);
+                if i >= 100_000 {
+                    sum += f.limit;
+                }
+            }
+            let mean = sum / 100_000.0;
+            assert!(mean >= need && mean < 1.5 * need, "{need} needed: {mean} in flight");
+        }
+    }
+}
