@@ -743,7 +743,7 @@ fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
         "wxgate: invalid config: DIR/rules.toml:4: rule \"send\": max_wiat: unknown key; did you mean `max_wait`? \
          (expected one of `name`, `match`, `limits`, `max_wait`, `warmup`, `concurrency`, `mode`, `throttle_status`, \
          `scope`, `reserve`, `max_share`, `quota_sync`, `learn`, `learn_windows`, `cost`, `recipients`, `per_recipient`, `queue`, \
-         `queue_deadline`)"
+         `queue_deadline`, `queue_order`)"
     );
     assert_eq!(
         refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),
