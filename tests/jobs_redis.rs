@@ -45,6 +45,7 @@ fn roomy() -> Bounds {
         caller_bytes: 1 << 40,
         account_jobs: 1_000_000,
         account_bytes: 1 << 40,
+        ended_jobs: 1_000_000,
         idempotency_us: 3600 * SEC,
     }
 }
@@ -123,7 +124,14 @@ async fn an_idempotency_key_returns_the_first_job_until_it_expires() {
 async fn a_submission_past_a_bound_is_refused_whole_with_nothing_stored() {
     let redis = RedisServer::start();
     let s = store(&redis.store_config("jr")).await;
-    let tight = Bounds { caller_jobs: 2, caller_bytes: 10, account_jobs: 3, account_bytes: 14, idempotency_us: SEC };
+    let tight = Bounds {
+        caller_jobs: 2,
+        caller_bytes: 10,
+        account_jobs: 3,
+        account_bytes: 14,
+        ended_jobs: 100,
+        idempotency_us: SEC,
+    };
     s.submit(job("hr", "wxA", "aaaa"), &tight, T0).await.unwrap();
     s.submit(job("hr", "wxA", "bbbb"), &tight, T0).await.unwrap();
     let before = snapshot(&redis);

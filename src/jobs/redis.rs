@@ -588,7 +588,8 @@ impl JobStore for RedisJobs {
             .arg(bounds.idempotency_us)
             .arg(other_jobs)
             .arg(other_bytes)
-            .arg(given(&job.traceparent));
+            .arg(given(&job.traceparent))
+            .arg(bounds.ended_jobs);
         let reply: Vec<Value> = self.run(inv).await?;
         const S: &str = "jobs_submit.lua";
         let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();
