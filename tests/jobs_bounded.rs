@@ -5,11 +5,17 @@
 //! size set by the bounds, whatever the number of submissions.
 //!
 //! Through the [`JobStore`] directly (a real file; a real redis-server over
-//! a socket), not through the proxy: 10,000 submissions and as many
-//! cancellations as HTTP calls cost the suite about a minute more on a
-//! loaded 2-core machine, and the proxy stores nothing the store does not
-//! (the intake hands the job to `submit`, `DELETE /v1/deliveries/<id>` is
-//! `cancel`; tests/queue.rs covers those routes).
+//! a socket), not through the proxy: both tests take about 5 s together
+//! here, where 20,000 HTTP calls through a debug build, on the suite's
+//! loaded 2-core machine, would add tens of seconds; and the proxy stores
+//! nothing the store does not (the intake hands the job to `submit`,
+//! `DELETE /v1/deliveries/<id>` is `cancel`; tests/queue.rs covers those
+//! routes).
+//!
+//! Before the fix (the same tests on cce451d, without `ended_jobs`): the
+//! jobs file was 87.9 MB after 10,000 cycles; Redis held 20,010 keys and
+//! `used_memory` grew by 100 MB from cycle 1,000 to 10,000. After: a file
+//! of 272 KiB (WAL 4.3 MB), 111 keys, +24 KB.
 
 use crate::support;
 
