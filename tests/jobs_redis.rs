@@ -448,8 +448,9 @@ async fn purge_deletes_ended_jobs_after_keep_and_leaves_no_key_behind() {
     assert!(s.sending(a, "i1", T0).await.unwrap());
     assert!(s.finish(a, "i1", End::Sent(answer(0)), T0 + 10 * SEC).await.unwrap());
     assert_eq!(s.purge(T0 + 20 * SEC, 10 * SEC).await.unwrap(), 0, "ended exactly keep ago: kept");
-    assert_eq!(s.purge(T0 + 20 * SEC + 1, 10 * SEC).await.unwrap(), 1);
-    assert_eq!(s.get("hr", a).await.unwrap(), None);
+    // Past keep, but its Idempotency-Key counts until T0 + 1 h: kept until then.
+    assert_eq!(s.purge(T0 + 20 * SEC + 1, 10 * SEC).await.unwrap(), 0);
+    assert!(s.get("hr", a).await.unwrap().is_some(), "a job its key still names is kept");
     assert!(s.get("hr", b).await.unwrap().is_some(), "an unfinished job is never purged");
     assert_eq!(s.cancel("hr", b, T0 + 30 * SEC).await.unwrap(), Cancelled::Cancelled);
     // A cancel leaves its emptied queue listed as due (`added_only`): the
@@ -457,7 +458,7 @@ async fn purge_deletes_ended_jobs_after_keep_and_leaves_no_key_behind() {
     assert!(s.claim(&q, "i1", T0 + 30 * SEC, 30 * SEC, 1).await.unwrap().is_empty());
     assert_eq!(s.purge(T0 + 30 * SEC, 0).await.unwrap(), 0);
     assert!(!account_keys(&redis, "wxA").is_empty(), "the idempotency key is still in its time");
-    assert_eq!(s.purge(T0 + 3600 * SEC, 0).await.unwrap(), 1);
+    assert_eq!(s.purge(T0 + 3600 * SEC, 0).await.unwrap(), 2, "both jobs, the key's time over");
     assert_eq!(account_keys(&redis, "wxA"), Vec::<String>::new(), "nothing of the account's jobs is left");
     assert!(s.summary(None).await.unwrap().is_empty());
     let left = keys_with(&redis, "jr:");
