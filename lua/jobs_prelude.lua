@@ -9,15 +9,19 @@
 --
 --   B..'meta'     hash: seq (last seq), n (jobs stored, ended included),
 --                 j, b (unfinished jobs and body bytes of the account),
---                 j:<caller>, b:<caller> (the same of one caller)
+--                 j:<caller>, b:<caller> (the same of one caller),
+--                 kept (Bounds::ended_jobs as the latest submission gave it)
 --   B..'j:'..id   hash: one job but its body (src/store/jobs/redis.rs `job_from`)
 --   B..'b:'..id   string: its body (apart, so the hash of small fields stays
---                 a compact listpack)
+--                 a compact listpack); deleted when the job ends
 --   B..'q:'..caller..':'..rule
 --                 zset: a queue's unfinished jobs by seq
 --   B..'qs'       set: caller..'\n'..rule of the queues with unfinished jobs
 --   B..'leases'   zset: claimed and sending jobs by lease end
 --   B..'ended'    zset: ended jobs by the time they ended (for purge)
+--   B..'e:'..caller
+--                 zset: the caller's ended jobs, by the time they ended,
+--                 pending callbacks included (kept at most `kept`: end_job)
 --   B..'counts'   hash: caller..'\n'..rule..'\n'..state -> jobs (summary)
 --   B..'idem'     hash: caller..'\n'..key -> the first job's id
 --   B..'idemx'    zset: the same members by when they stop counting
@@ -132,15 +136,69 @@ local function caller_totals(caller)
   return tonumber(t[1] or '0'), tonumber(t[2] or '0')
 end
 
+-- Deletes ended job `id` of `caller` (the oldest past the bound of kept
+-- ended jobs, or one purge takes), with the Idempotency-Key that names it.
+-- Returns whether its callback was pending (given up with it).
+local function forget(id, caller)
+  local k = jkey(id)
+  local f = redis.call('HMGET', k, 'r', 'st', 'ik', 'cbd')
+  if f[2] then
+    count(caller, f[1], f[2], -1)
+    redis.call('HINCRBY', META, 'n', -1)
+    if f[3] then
+      local member = caller .. '\n' .. f[3]
+      if redis.call('HGET', B .. 'idem', member) == id then
+        redis.call('HDEL', B .. 'idem', member)
+        redis.call('ZREM', B .. 'idemx', member)
+      end
+    end
+    redis.call('DEL', k, bkey(id))
+  end
+  redis.call('ZREM', B .. 'ended', id)
+  redis.call('ZREM', B .. 'cbs', id)
+  redis.call('ZREM', B .. 'e:' .. caller, id)
+  return f[4] ~= false and f[4] ~= nil
+end
+
+-- Most jobs one end deletes past `kept` (as src/jobs/sqlite.rs
+-- EVICT_PER_END): a caller already past it comes back under it one job per
+-- end, and no end does unbounded work.
+local EVICT_PER_END = 2
+
+-- Keeps `caller`'s ended jobs in this account at `kept` (none before a
+-- submission gave it): past it, forgets the oldest (by when they ended,
+-- ties by id). Returns whether a pending callback went.
+local function kept(caller)
+  local most = tonumber(redis.call('HGET', META, 'kept') or '-1')
+  if most < 0 then
+    return false
+  end
+  local e = B .. 'e:' .. caller
+  local dropped = false
+  for _ = 1, math.min(EVICT_PER_END, redis.call('ZCARD', e) - most) do
+    local oldest = redis.call('ZRANGE', e, 0, 0)[1]
+    if not oldest then
+      break
+    end
+    if forget(oldest, caller) then
+      dropped = true
+    end
+  end
+  return dropped
+end
+
 -- Ends job `id` of queue (caller, rule), now in unfinished state `from`,
 -- as `to` at `now`: out of its queue and the leases, into `ended` (or, with
--- a callback, into 'cbs': its callback pending), its jobs and bytes no
--- longer counted against the bounds. Returns whether it has a callback.
+-- a callback, into 'cbs': its callback pending), its body deleted, its jobs
+-- and bytes no longer counted against the bounds, counted in the caller's
+-- kept ended jobs (kept()). Returns whether pending callbacks changed.
 local function end_job(id, caller, rule, from, to, now)
   local k = jkey(id)
   local size = tonumber(redis.call('HGET', k, 'sz') or '0')
   redis.call('HSET', k, 'st', to, 'up', fmt(now), 'l', '0')
   redis.call('HDEL', k, 'o')
+  redis.call('DEL', bkey(id))
+  redis.call('ZADD', B .. 'e:' .. caller, now, id)
   local q = qkey(caller, rule)
   redis.call('ZREM', q, id)
   if redis.call('EXISTS', q) == 0 then
@@ -161,7 +219,11 @@ local function end_job(id, caller, rule, from, to, now)
   redis.call('HINCRBY', META, 'b', -size)
   redis.call('HINCRBY', META, 'j:' .. caller, -1)
   redis.call('HINCRBY', META, 'b:' .. caller, -size)
-  return redis.call('HEXISTS', k, 'cb') == 1
+  local called = redis.call('HEXISTS', k, 'cb') == 1
+  if kept(caller) then
+    called = true
+  end
+  return called
 end
 
 -- Back to waiting for its turn (`state`: queued or waiting), due at `due`,

@@ -14,6 +14,7 @@
 --          approximate by the submissions in flight elsewhere)
 -- ARGV[21] '=' .. the submitting call's traceparent, or ''
 -- ARGV[22] its lanes (src/jobs.rs Lanes)
+-- ARGV[23] Bounds::ended_jobs (kept in meta for every end: jobs_prelude.lua kept())
 --
 -- Returns {'ok', id, caller jobs here, caller bytes here, queue head,
 -- earliest deadline or -1 (-2: the job has none, nothing changed)},
@@ -53,6 +54,7 @@ if ab + size > tonumber(ARGV[17]) then
 end
 
 local seq = redis.call('HINCRBY', META, 'seq', 1)
+redis.call('HSET', META, 'kept', ARGV[23])
 redis.call('HINCRBY', META, 'n', 1)
 redis.call('HINCRBY', META, 'j', 1)
 redis.call('HINCRBY', META, 'b', size)

@@ -19,6 +19,14 @@
 //! ends it as `Unknown`), or holding a secret (the caller's `access_token`
 //! is taken out of the target before [`JobStore::submit`]; the broker
 //! injects the account's token at send time).
+//!
+//! What an ended job keeps (issue 63): its metadata (queue, target,
+//! deadline, key, callback, times, attempts) and WeChat's answer (at most
+//! [`ANSWER_MAX`] bytes), never its body, which every way of ending deletes
+//! in the write that ends it; and a caller keeps at most
+//! [`Bounds::ended_jobs`] ended jobs per account (see [`JobStore`]). With
+//! the unfinished bounds, that bounds the store whatever the number of
+//! submissions: no sequence of submissions and cancellations grows it.
 
 pub mod redis;
 
@@ -436,6 +444,18 @@ pub struct DueCallback {
 /// script): no other call of any instance sees it half done. A method that
 /// returns `Ok` has made its change durable (SQLite: fsync'd; Redis: as
 /// durable as the Redis deployment is, docs/redis-store.md).
+///
+/// **A job that ends** (`finish` sent, failed, expired or unknown,
+/// `cancel`, `recover`, `expire`) has its body deleted in the same write;
+/// [`JobStore::get`] then shows it with an empty body. And it counts among
+/// its caller's ended jobs in its account: past [`Bounds::ended_jobs`] (as
+/// the latest [`JobStore::submit`] gave it: Redis keeps it in the account's
+/// keys, SQLite in memory, none before a submission), the same write
+/// deletes that caller's oldest ended jobs in the account (by when they
+/// ended, ties by id; at most two per end, so a caller past the bound after
+/// a reload lowered it comes back one job per end), a pending callback
+/// given up with its job, and the `Idempotency-Key` that names it (a repeat
+/// of it is then a new job). Never refuses a submission.
 #[async_trait]
 pub trait JobStore: Send + Sync + 'static {
     /// Stores `job` as `Queued` (due at `now`) at the end of its queue, or,
@@ -550,7 +570,10 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// Deletes jobs that ended before `now - keep_us`, and idempotency keys
     /// past their time; how many jobs went. A job whose callback is still
-    /// pending is kept until it is done ([`JobStore::callback_done`]).
+    /// pending is kept until it is done ([`JobStore::callback_done`]); one
+    /// that an `Idempotency-Key` still names is kept until the key's time
+    /// (a repeat finds its job, never a new one), so every key names a job
+    /// stored and keys are bounded with the jobs.
     async fn purge(&self, now: Micros, keep_us: Micros) -> Result<u64, StoreError>;
 
     /// Callbacks (src/features/queue/callbacks.rs). A job with a callback that ends

@@ -44,6 +44,7 @@ mod fuzz;
 mod hostile;
 mod instances;
 mod intercept;
+mod jobs_bounded;
 mod jobs_conformance;
 mod jobs_redis;
 mod learned_quota;

@@ -72,6 +72,11 @@ on_every_store!(
     every_way_a_job_ends_makes_its_callback_pending_and_only_then,
     callbacks_due_hands_out_at_most_max_across_accounts,
     a_job_past_its_deadline_expires_wherever_it_is_in_its_queue,
+    every_way_a_job_ends_deletes_its_body_and_keeps_its_answer_and_metadata,
+    past_ended_jobs_a_callers_oldest_ended_jobs_in_the_account_go_with_their_keys,
+    submit_and_cancel_is_never_refused_and_keeps_at_most_ended_jobs,
+    a_pending_callback_past_ended_jobs_is_given_up_with_its_job,
+    purge_keeps_an_ended_job_while_its_idempotency_key_counts,
 );
 
 async fn submit(s: &Arc<dyn JobStore>, job: NewJob, now: i64) -> JobId {
@@ -97,6 +102,13 @@ mod scenarios {
         an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
         callbacks_due_hands_out_at_most_max_across_accounts,
         every_way_a_job_ends_makes_its_callback_pending_and_only_then,
+    };
+    pub use super::kept_scenarios::{
+        a_pending_callback_past_ended_jobs_is_given_up_with_its_job,
+        every_way_a_job_ends_deletes_its_body_and_keeps_its_answer_and_metadata,
+        past_ended_jobs_a_callers_oldest_ended_jobs_in_the_account_go_with_their_keys,
+        purge_keeps_an_ended_job_while_its_idempotency_key_counts,
+        submit_and_cancel_is_never_refused_and_keeps_at_most_ended_jobs,
     };
     use super::*;
 
@@ -766,6 +778,201 @@ mod scenarios {
         let again = s.submit(keyed, &roomy(DAY), T0 + DAY).await.expect("submit");
         assert!(!again.duplicate);
         assert_ne!(again.id, first.id);
+    }
+}
+
+/// Issue 63 (7): what an ended job keeps, and how many a caller keeps.
+mod kept_scenarios {
+    use super::callbacks::{due, with_callback};
+    use super::*;
+    use wxgate::jobs::QueueKey;
+
+    /// `ended_jobs` at `n`, nothing else reached.
+    fn keeping(n: u64) -> Bounds {
+        Bounds { ended_jobs: n, ..roomy(DAY) }
+    }
+
+    async fn keyed(s: &Arc<dyn JobStore>, q: &QueueKey, key: &str, bounds: &Bounds, now: i64) -> Submitted {
+        let mut job = new_job(q, 300);
+        job.idempotency_key = Some(key.into());
+        s.submit(job, bounds, now).await.expect("submit")
+    }
+
+    async fn cancel(s: &Arc<dyn JobStore>, caller: &str, id: JobId, now: i64) {
+        assert_eq!(s.cancel(caller, id, now).await.expect("cancel"), Cancelled::Cancelled);
+    }
+
+    async fn ended_count(s: &Arc<dyn JobStore>, caller: &str, account: &str) -> u64 {
+        let all = s.summary(Some(caller)).await.expect("summary");
+        let mine = all.iter().filter(|q| &*q.queue.account == account);
+        mine.map(|q| q.sent + q.failed + q.expired + q.cancelled + q.unknown).sum()
+    }
+
+    /// Sent, failed, expired and unknown (by `finish`), cancelled, unknown
+    /// by `recover`, expired by `expire`: the job is still there with its
+    /// metadata and answer, its body gone. A job handed back (`Retry`)
+    /// keeps its body.
+    pub async fn every_way_a_job_ends_deletes_its_body_and_keeps_its_answer_and_metadata(s: Arc<dyn JobStore>) {
+        let mut submitted = Vec::new();
+        for rule in ["sent", "failed", "expired", "unknown", "cancelled", "recovered", "deadline", "retried"] {
+            let q = queue("hr", "wx1", rule);
+            let mut job = new_job(&q, 500);
+            job.idempotency_key = Some(format!("key-{rule}"));
+            job.callback = Some(format!("https://hr.example/{rule}"));
+            job.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+            job.deadline_us = Some(if rule == "deadline" { T0 + SEC } else { T0 + DAY });
+            submitted.push((rule, submit(&s, job.clone(), T0).await, job));
+        }
+        let ok = answer(200, 0, r#"{"errcode":0,"errmsg":"ok","msgid":7}"#);
+        let refused = answer(200, 43004, r#"{"errcode":43004}"#);
+        let mut answers = std::collections::HashMap::new();
+        for (rule, id, job) in &submitted {
+            let at = T0 + 10;
+            let claim = |s: &Arc<dyn JobStore>| {
+                let (s, q) = (s.clone(), job.queue.clone());
+                async move { s.claim(&q, "i1", at, LEASE, 1).await.expect("claim").len() }
+            };
+            let answered = match *rule {
+                "sent" | "failed" | "unknown" | "retried" => {
+                    assert_eq!(claim(&s).await, 1);
+                    assert!(s.sending(*id, "i1", at).await.expect("sending"));
+                    let (end, a) = match *rule {
+                        "sent" => (End::Sent(ok.clone()), Some(ok.clone())),
+                        "failed" => (End::Failed(refused.clone()), Some(refused.clone())),
+                        "unknown" => (End::Unknown(None), None),
+                        _ => (End::Retry { at: T0 + DAY, answer: Some(ok.clone()) }, Some(ok.clone())),
+                    };
+                    assert!(s.finish(*id, "i1", end, at).await.expect("finish"));
+                    a
+                }
+                "expired" => {
+                    assert_eq!(claim(&s).await, 1);
+                    assert!(s.finish(*id, "i1", End::Expired, at).await.expect("finish"));
+                    None
+                }
+                "cancelled" => {
+                    cancel(&s, "hr", *id, at).await;
+                    None
+                }
+                "recovered" => {
+                    assert_eq!(claim(&s).await, 1);
+                    assert!(s.sending(*id, "i1", at).await.expect("sending"));
+                    None
+                }
+                _ => None,
+            };
+            answers.insert(*id, answered);
+        }
+        assert_eq!(s.recover(T0 + 10 + LEASE).await.expect("recover").unknown, 1);
+        assert_eq!(s.expire(T0 + 10 + LEASE, 10).await.expect("expire").len(), 1);
+        for (rule, id, job) in &submitted {
+            let got = s.get("hr", *id).await.expect("get").expect("an ended job is kept");
+            let mut kept = job.clone();
+            if *rule == "retried" {
+                assert_eq!(got.state, JobState::Waiting);
+                assert_eq!(got.new, kept, "{rule}: an unfinished job keeps its body");
+            } else {
+                assert!(got.state.ended(), "{rule}: {:?}", got.state);
+                kept.body = bytes::Bytes::new();
+                assert_eq!(got.new, kept, "{rule}: the body goes, the rest is kept");
+            }
+            assert_eq!(got.answer, answers[id], "{rule}: the answer is kept");
+        }
+    }
+
+    /// `ended_jobs` 2: the third ended job of (hr, wx1) deletes the
+    /// oldest (ended first; ties by id) of any of its rules, and that job's
+    /// `Idempotency-Key` (a repeat is a new job); the caller's ended jobs in
+    /// another account, and another caller's in this one, stay.
+    pub async fn past_ended_jobs_a_callers_oldest_ended_jobs_in_the_account_go_with_their_keys(s: Arc<dyn JobStore>) {
+        let b = keeping(2);
+        let (q, q2) = (queue("hr", "wx1", "r"), queue("hr", "wx1", "r2"));
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            ids.push(keyed(&s, &q, &format!("k{i}"), &b, T0).await.id);
+        }
+        let other_account = keyed(&s, &queue("hr", "wx2", "r"), "k0", &b, T0).await.id;
+        let other_caller = keyed(&s, &queue("mk", "wx1", "r"), "k0", &b, T0).await.id;
+        cancel(&s, "hr", other_account, T0).await;
+        cancel(&s, "mk", other_caller, T0).await;
+        cancel(&s, "hr", ids[0], T0 + 1).await;
+        cancel(&s, "hr", ids[1], T0 + 2).await;
+        assert_eq!(ended_count(&s, "hr", "wx1").await, 2);
+        cancel(&s, "hr", ids[2], T0 + 3).await;
+        assert_eq!(s.get("hr", ids[0]).await.expect("get"), None, "the oldest ended job went");
+        assert_eq!(ended_count(&s, "hr", "wx1").await, 2);
+        for id in [ids[1], ids[2]] {
+            assert_eq!(state(&s, "hr", id).await, JobState::Cancelled);
+        }
+        assert_eq!(state(&s, "hr", other_account).await, JobState::Cancelled, "another account's stay");
+        assert_eq!(state(&s, "mk", other_caller).await, JobState::Cancelled, "another caller's stay");
+        assert_eq!(state(&s, "hr", ids[3]).await, JobState::Queued, "unfinished jobs never go");
+        // The key of the job that went names nothing; the others still do.
+        let again = keyed(&s, &q, "k0", &b, T0 + 4).await;
+        assert!(!again.duplicate, "k0's job went, and its key with it");
+        assert_eq!(keyed(&s, &q, "k1", &b, T0 + 4).await, Submitted { id: ids[1], duplicate: true });
+        // A job of another rule of the same caller and account counts too.
+        let elsewhere = s.submit(new_job(&q2, 10), &b, T0).await.expect("submit").id;
+        cancel(&s, "hr", elsewhere, T0 + 5).await;
+        assert_eq!(s.get("hr", ids[1]).await.expect("get"), None, "the oldest of both rules went");
+        assert_eq!(state(&s, "hr", ids[2]).await, JobState::Cancelled);
+        // Jobs that end at the same time: the lower id goes first.
+        let (a, z) = (submit(&s, new_job(&q, 10), T0).await, submit(&s, new_job(&q, 10), T0).await);
+        let (low, high) = if a < z { (a, z) } else { (z, a) };
+        let bound = keeping(1);
+        keyed(&s, &q, "narrow", &bound, T0 + 6).await;
+        cancel(&s, "hr", a, T0 + 7).await;
+        cancel(&s, "hr", z, T0 + 7).await;
+        assert_eq!(s.get("hr", low).await.expect("get"), None, "the lower id of a tie goes");
+        assert_eq!(state(&s, "hr", high).await, JobState::Cancelled);
+        assert_eq!(ended_count(&s, "hr", "wx1").await, 1, "back at the bound, two at most per end");
+    }
+
+    /// A caller that may hold one unfinished job submits and cancels 30
+    /// times: never refused, and at most `ended_jobs` of them stay.
+    pub async fn submit_and_cancel_is_never_refused_and_keeps_at_most_ended_jobs(s: Arc<dyn JobStore>) {
+        let b = Bounds { caller_jobs: 1, ended_jobs: 3, ..roomy(DAY) };
+        let q = queue("hr", "wx1", "r");
+        for i in 0..30 {
+            let done = keyed(&s, &q, &format!("k{i}"), &b, T0 + i).await;
+            assert!(!done.duplicate);
+            cancel(&s, "hr", done.id, T0 + i).await;
+            assert!(ended_count(&s, "hr", "wx1").await <= 3);
+        }
+        assert_eq!(ended_count(&s, "hr", "wx1").await, 3);
+    }
+
+    /// A job whose callback is pending counts among the caller's ended
+    /// jobs; the oldest past `ended_jobs` goes, its callback given up.
+    pub async fn a_pending_callback_past_ended_jobs_is_given_up_with_its_job(s: Arc<dyn JobStore>) {
+        let b = keeping(1);
+        let q = queue("hr", "wx1", "r");
+        let first = s.submit(with_callback(&q, 1), &b, T0).await.expect("submit").id;
+        let second = s.submit(new_job(&q, 10), &b, T0).await.expect("submit").id;
+        cancel(&s, "hr", first, T0 + 1).await;
+        assert_eq!(due(&s, T0 + 1, 10).await.len(), 1, "its callback is pending");
+        cancel(&s, "hr", second, T0 + 2).await;
+        assert_eq!(s.get("hr", first).await.expect("get"), None);
+        assert!(due(&s, T0 + 3, 10).await.is_empty(), "given up with its job");
+    }
+
+    /// `keep` 7 days, `idempotency` 10: an ended job its key still names is
+    /// kept until the key's time (a repeat finds it, never a new one), then
+    /// purged.
+    pub async fn purge_keeps_an_ended_job_while_its_idempotency_key_counts(s: Arc<dyn JobStore>) {
+        let (keep, b) = (7 * DAY, roomy(10 * DAY));
+        let q = queue("hr", "wx1", "r");
+        let first = keyed(&s, &q, "k", &b, T0).await.id;
+        let plain = submit(&s, new_job(&q, 10), T0).await;
+        cancel(&s, "hr", first, T0).await;
+        cancel(&s, "hr", plain, T0).await;
+        assert_eq!(s.purge(T0 + keep + 1, keep).await.expect("purge"), 1, "the job without a key");
+        assert_eq!(state(&s, "hr", first).await, JobState::Cancelled, "kept while its key counts");
+        assert_eq!(keyed(&s, &q, "k", &b, T0 + 10 * DAY - 1).await, Submitted { id: first, duplicate: true });
+        assert_eq!(s.purge(T0 + 10 * DAY - 1, keep).await.expect("purge"), 0);
+        assert_eq!(s.purge(T0 + 10 * DAY, keep).await.expect("purge"), 1, "its key's time is over");
+        assert_eq!(s.get("hr", first).await.expect("get"), None);
+        assert!(!keyed(&s, &q, "k", &b, T0 + 10 * DAY).await.duplicate);
     }
 }
 

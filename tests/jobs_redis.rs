@@ -46,6 +46,7 @@ fn roomy() -> Bounds {
         caller_bytes: 1 << 40,
         account_jobs: 1_000_000,
         account_bytes: 1 << 40,
+        ended_jobs: 1_000_000,
         idempotency_us: 3600 * SEC,
     }
 }
@@ -124,7 +125,14 @@ async fn an_idempotency_key_returns_the_first_job_until_it_expires() {
 async fn a_submission_past_a_bound_is_refused_whole_with_nothing_stored() {
     let redis = RedisServer::start();
     let s = store(&redis.store_config("jr")).await;
-    let tight = Bounds { caller_jobs: 2, caller_bytes: 10, account_jobs: 3, account_bytes: 14, idempotency_us: SEC };
+    let tight = Bounds {
+        caller_jobs: 2,
+        caller_bytes: 10,
+        account_jobs: 3,
+        account_bytes: 14,
+        ended_jobs: 100,
+        idempotency_us: SEC,
+    };
     s.submit(job("hr", "wxA", "aaaa"), &tight, T0).await.unwrap();
     s.submit(job("hr", "wxA", "bbbb"), &tight, T0).await.unwrap();
     let before = snapshot(&redis);
@@ -443,8 +451,9 @@ async fn purge_deletes_ended_jobs_after_keep_and_leaves_no_key_behind() {
     assert!(s.sending(a, "i1", T0).await.unwrap());
     assert!(s.finish(a, "i1", End::Sent(answer(0)), T0 + 10 * SEC).await.unwrap());
     assert_eq!(s.purge(T0 + 20 * SEC, 10 * SEC).await.unwrap(), 0, "ended exactly keep ago: kept");
-    assert_eq!(s.purge(T0 + 20 * SEC + 1, 10 * SEC).await.unwrap(), 1);
-    assert_eq!(s.get("hr", a).await.unwrap(), None);
+    // Past keep, but its Idempotency-Key counts until T0 + 1 h: kept until then.
+    assert_eq!(s.purge(T0 + 20 * SEC + 1, 10 * SEC).await.unwrap(), 0);
+    assert!(s.get("hr", a).await.unwrap().is_some(), "a job its key still names is kept");
     assert!(s.get("hr", b).await.unwrap().is_some(), "an unfinished job is never purged");
     assert_eq!(s.cancel("hr", b, T0 + 30 * SEC).await.unwrap(), Cancelled::Cancelled);
     // A cancel leaves its emptied queue listed as due (`added_only`): the
@@ -452,7 +461,7 @@ async fn purge_deletes_ended_jobs_after_keep_and_leaves_no_key_behind() {
     assert!(s.claim(&q, "i1", T0 + 30 * SEC, 30 * SEC, 1).await.unwrap().is_empty());
     assert_eq!(s.purge(T0 + 30 * SEC, 0).await.unwrap(), 0);
     assert!(!account_keys(&redis, "wxA").is_empty(), "the idempotency key is still in its time");
-    assert_eq!(s.purge(T0 + 3600 * SEC, 0).await.unwrap(), 1);
+    assert_eq!(s.purge(T0 + 3600 * SEC, 0).await.unwrap(), 2, "both jobs, the key's time over");
     assert_eq!(account_keys(&redis, "wxA"), Vec::<String>::new(), "nothing of the account's jobs is left");
     assert!(s.summary(None).await.unwrap().is_empty());
     let left = keys_with(&redis, "jr:");

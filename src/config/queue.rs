@@ -27,6 +27,7 @@ pub(super) struct RawQueue {
     pub caller_bytes: Option<String>,
     pub account_jobs: Option<u64>,
     pub account_bytes: Option<String>,
+    pub ended_jobs: Option<u64>,
     pub keep: Option<String>,
     pub idempotency: Option<String>,
     pub deadline: Option<String>,
@@ -114,6 +115,7 @@ impl Default for QueueConfig {
                 caller_bytes: 256 << 20,
                 account_jobs: 200_000,
                 account_bytes: 512 << 20,
+                ended_jobs: 100_000,
                 idempotency_us: 24 * 3_600_000_000,
             },
             keep_us: 7 * 24 * 3_600_000_000,
@@ -128,8 +130,9 @@ impl Default for QueueConfig {
     }
 }
 
-/// What a store keeps any caller and any account to; past one, a
-/// submission is refused whole (the jobs store's `SubmitError::Full`).
+/// What a store keeps any caller and any account to; past one of the
+/// unfinished bounds, a submission is refused whole (the jobs store's
+/// `SubmitError::Full`); past `ended_jobs`, the oldest ended jobs go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     /// Unfinished jobs (and their body bytes) of one caller, all accounts.
@@ -138,6 +141,11 @@ pub struct Bounds {
     /// Unfinished jobs (and their body bytes) of one account, all callers.
     pub account_jobs: u64,
     pub account_bytes: u64,
+    /// Ended jobs (their metadata and WeChat's answer; the body goes when a
+    /// job ends) one caller keeps in one account: past it, that caller's
+    /// oldest ended jobs there are deleted early, their `Idempotency-Key`s
+    /// with them. Never refuses a submission.
+    pub ended_jobs: u64,
     /// How long an `Idempotency-Key` returns its first job's id.
     pub idempotency_us: Micros,
 }
@@ -221,6 +229,7 @@ pub(super) fn compile(
         caller_bytes: size(raw.caller_bytes.as_deref(), "caller_bytes", d.bounds.caller_bytes)?,
         account_jobs: count(raw.account_jobs, "account_jobs", d.bounds.account_jobs)?,
         account_bytes: size(raw.account_bytes.as_deref(), "account_bytes", d.bounds.account_bytes)?,
+        ended_jobs: count(raw.ended_jobs, "ended_jobs", d.bounds.ended_jobs)?,
         idempotency_us: span(raw.idempotency.as_deref(), "idempotency", d.bounds.idempotency_us, second, MAX_DEADLINE)?,
     };
     let keep_us = span(raw.keep.as_deref(), "keep", d.keep_us, Duration::from_secs(60), MAX_DEADLINE)?;

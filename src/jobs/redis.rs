@@ -61,7 +61,11 @@
 //! `Expired` on a `Sending` job changes nothing and answers `false` (both
 //! say "never sent"); `finish` by the owner of a lease that ran out but was
 //! not yet recovered is taken. Times are always the `now` given (wxgate's
-//! clock), never Redis `TIME`.
+//! clock), never Redis `TIME`. The bound of ended jobs a caller keeps
+//! ([`Bounds::ended_jobs`]) is written by each submission into the
+//! account's meta hash, where every script that ends a job reads it
+//! (lua/jobs_prelude.lua `kept`): so an instance that only cancels or
+//! dispatches applies it too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -592,7 +596,8 @@ impl JobStore for RedisJobs {
             .arg(other_jobs)
             .arg(other_bytes)
             .arg(given(&job.traceparent))
-            .arg(job.lanes.as_str());
+            .arg(job.lanes.as_str())
+            .arg(bounds.ended_jobs);
         let reply: Vec<Value> = self.run(inv).await?;
         const S: &str = "jobs_submit.lua";
         let kind = reply.first().map(|v| text(v, S)).transpose()?.unwrap_or_default();

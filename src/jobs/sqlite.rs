@@ -20,10 +20,14 @@
 //!
 //! What grows, and its bound: unfinished jobs and their bytes per caller and
 //! per account ([`Bounds`], checked in the submission's transaction); ended
-//! jobs until `purge` (kept `keep`); idempotency keys until `purge` after
-//! their time (one per keyed submission); one row per queue (caller,
-//! account, rule) while it has jobs; one totals row per caller and per
-//! account with unfinished jobs.
+//! jobs, their body emptied in the write that ends them, until `purge`
+//! (kept `keep`) and at most [`Bounds::ended_jobs`] per caller and account
+//! (the oldest deleted in the write that ends one more: [`kept`]);
+//! idempotency keys, each naming a job stored (deleted with it, or after
+//! their time); one row per queue (caller, account, rule) while it has
+//! jobs; one totals row per caller and per account with unfinished jobs.
+//! Deleted rows' pages are reused, so the file stops growing at those
+//! bounds (the WAL at [`WAL_KEEP`] after a checkpoint).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,7 +50,7 @@ use crate::time::Micros;
 
 /// The schema version this wxgate writes (`PRAGMA user_version`): 1 is
 /// [`SCHEMA`], each later one [`MIGRATIONS`] in turn.
-pub const VERSION: i64 = 6;
+pub const VERSION: i64 = 7;
 
 /// `PRAGMA application_id` of a jobs file ("wxgj").
 const APPLICATION_ID: i64 = 0x7778_676a;
@@ -141,6 +145,10 @@ CREATE TABLE totals (
 ///
 /// 5 → 6: `jobs.lanes` ([`crate::jobs::Lanes`]): jobs stored before it
 /// keep the order they were queued in (`*`, strict).
+///
+/// 6 → 7: `jobs_kept`, each queue's ended jobs by when they ended (ties by
+/// id), from which [`kept`] takes a caller's oldest in an account. (Only an
+/// index: an older wxgate opening the file would not read it.)
 pub const MIGRATIONS: &[&str] = &[
     "
 ALTER TABLE queues ADD COLUMN head_due INTEGER;
@@ -181,6 +189,9 @@ ALTER TABLE jobs ADD COLUMN trace TEXT;
 ",
     "
 ALTER TABLE jobs ADD COLUMN lanes TEXT NOT NULL DEFAULT '*';
+",
+    "
+CREATE INDEX jobs_kept ON jobs (qid, updated_us, id) WHERE state >= 4;
 ",
 ];
 
@@ -223,6 +234,16 @@ const CALLBACKS_DUE: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.
      FROM jobs j INDEXED BY jobs_callbacks JOIN queues q ON q.qid = j.qid \
      WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due LIMIT ?2";
 
+/// [`kept`]: the queues of caller `?1` in account `?2`.
+const KEPT_QUEUES: &str = "SELECT qid FROM queues WHERE caller = ?1 AND account = ?2";
+
+/// [`kept`]: queue `?1`'s ended jobs (`counts`, kept by triggers).
+const KEPT_COUNT: &str = "SELECT coalesce(sum(jobs), 0) FROM counts WHERE qid = ?1 AND state >= 4";
+
+/// [`kept`]: queue `?1`'s oldest ended job (ties by id).
+const OLDEST_KEPT: &str = "SELECT seq, updated_us, id, idempotency_key FROM jobs INDEXED BY jobs_kept \
+     WHERE qid = ?1 AND state >= 4 ORDER BY updated_us, id LIMIT 1";
+
 /// Whether a pending callback is due by `?1` (the index's first entry).
 const ANY_CALLBACK_DUE: &str =
     "SELECT 1 FROM jobs INDEXED BY jobs_callbacks WHERE cb_due IS NOT NULL AND cb_due <= ?1 LIMIT 1";
@@ -248,6 +269,9 @@ pub struct SqliteJobs {
     writer: Option<JoinHandle<()>>,
     read: Arc<Mutex<Connection>>,
     stats: Arc<Stats>,
+    /// [`Bounds::ended_jobs`] as the latest submission gave it (none before
+    /// one: the jobs that end meanwhile were unfinished, so bounded).
+    ended_jobs: Arc<AtomicU64>,
     /// `<file>.lock`, locked while this process has the file open: no other
     /// wxgate uses it, so at start every lease in it is a dead process's
     /// ([`JobStore::recover_at_start`]). `None` on a file system without locks.
@@ -300,6 +324,7 @@ impl SqliteJobs {
             writer: Some(writer),
             read: Arc::new(Mutex::new(read)),
             stats,
+            ended_jobs: Arc::new(AtomicU64::new(u64::MAX)),
             _lock: lock,
         })
     }
@@ -312,6 +337,12 @@ impl SqliteJobs {
     /// for tests and benchmarks of group commit.
     pub fn commits(&self) -> u64 {
         self.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// The ended jobs a caller keeps per account ([`Bounds::ended_jobs`]),
+    /// as the latest submission gave it.
+    fn ended_jobs(&self) -> u64 {
+        self.ended_jobs.load(Ordering::Relaxed)
     }
 
     /// Pieces of work waiting for the writer to take them.
@@ -660,10 +691,67 @@ fn add_total(c: &Connection, kind: i64, name: &str, jobs: i64, bytes: i64) -> Re
     Ok(())
 }
 
-/// A job ended: it counts no more against its caller's and account's bounds.
-fn ended(c: &Connection, caller: &str, account: &str, bytes: i64) -> Result<(), StoreError> {
+/// Job `seq` ended (its state already written): it counts no more against
+/// its caller's and account's unfinished bounds, its body is deleted (only
+/// its metadata and WeChat's answer are kept), and it counts against the
+/// caller's ended jobs in the account ([`kept`]).
+fn ended(c: &Connection, seq: i64, caller: &str, account: &str, bytes: i64, most: u64) -> Result<(), StoreError> {
     add_total(c, CALLER, caller, -1, -bytes)?;
-    add_total(c, ACCOUNT, account, -1, -bytes)
+    add_total(c, ACCOUNT, account, -1, -bytes)?;
+    c.prepare_cached("UPDATE jobs SET body = X'' WHERE seq = ?1")
+        .and_then(|mut s| s.execute(params![seq]))
+        .map_err(sql)?;
+    kept(c, caller, account, most)
+}
+
+/// Most jobs one end deletes past [`Bounds::ended_jobs`]: two, so a
+/// caller already past it (the bound lowered by a reload, or jobs that
+/// ended before the store knew it) comes back under it one job per end,
+/// and no end does unbounded work.
+const EVICT_PER_END: usize = 2;
+
+/// Keeps `caller`'s ended jobs in `account` at `most`: past it, deletes the
+/// oldest (by when they ended, ties by id; a pending callback goes with its
+/// job, given up), each with the `Idempotency-Key` that names it. Work: one
+/// probe of `counts` and of `jobs_kept` per queue of the caller in the
+/// account (one per rule), whatever the number of jobs.
+fn kept(c: &Connection, caller: &str, account: &str, most: u64) -> Result<(), StoreError> {
+    let qids: Vec<i64> = c
+        .prepare_cached(KEPT_QUEUES)
+        .and_then(|mut s| s.query_map(params![caller, account], |r| r.get(0))?.collect())
+        .map_err(sql)?;
+    let mut held: i64 = 0;
+    for qid in &qids {
+        held += c
+            .prepare_cached(KEPT_COUNT)
+            .and_then(|mut s| s.query_row(params![qid], |r| r.get::<_, i64>(0)))
+            .map_err(sql)?;
+    }
+    let over = u64::try_from(held).unwrap_or(0).saturating_sub(most);
+    for _ in 0..over.min(EVICT_PER_END as u64) {
+        let mut oldest: Option<(i64, Vec<u8>, i64, Option<String>)> = None;
+        for qid in &qids {
+            let head: Option<(i64, i64, Vec<u8>, Option<String>)> = c
+                .prepare_cached(OLDEST_KEPT)
+                .and_then(|mut s| {
+                    s.query_row(params![qid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()
+                })
+                .map_err(sql)?;
+            if let Some((seq, at, id, key)) = head {
+                if oldest.as_ref().is_none_or(|o| (at, &id) < (o.0, &o.1)) {
+                    oldest = Some((at, id, seq, key));
+                }
+            }
+        }
+        let Some((_, id, seq, key)) = oldest else { break };
+        c.prepare_cached("DELETE FROM jobs WHERE seq = ?1").and_then(|mut s| s.execute(params![seq])).map_err(sql)?;
+        if let Some(key) = key {
+            c.prepare_cached("DELETE FROM idempotency WHERE caller = ?1 AND account = ?2 AND key = ?3 AND id = ?4")
+                .and_then(|mut s| s.execute(params![caller, account, key, id]))
+                .map_err(sql)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether one more job of `bytes` stays within `max_jobs`/`max_bytes` of
@@ -872,7 +960,7 @@ fn renew(c: &Connection, ids: &[JobId], owner: &str, until: Micros) -> Result<us
     Ok(n)
 }
 
-fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
+fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros, most: u64) -> Result<bool, StoreError> {
     let Some(job) = held(c, id)? else { return Ok(false) };
     if !matches!(job.state, JobState::Claimed | JobState::Sending) || job.owner.as_deref() != Some(owner) {
         return Ok(false);
@@ -903,7 +991,7 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros) -> Resu
             .map_err(sql)?;
     }
     if state.ended() {
-        ended(c, &job.caller, &job.account, job.bytes)?;
+        ended(c, job.seq, &job.caller, &job.account, job.bytes, most)?;
         callback_pending(c, job.seq, now)?;
     }
     scan(c, job.qid, now, 0)?;
@@ -953,7 +1041,7 @@ fn callback_done(c: &Connection, id: JobId, tries: u32, retry_at: Option<Micros>
 
 /// Leases that end by `cutoff` (`now` but at start, when every lease is a
 /// dead process's), ended or requeued at `now`.
-fn recover(c: &Connection, cutoff: Micros, now: Micros) -> Result<Recovered, StoreError> {
+fn recover(c: &Connection, cutoff: Micros, now: Micros, most: u64) -> Result<Recovered, StoreError> {
     let mut out = Vec::new();
     {
         let mut s = c
@@ -988,7 +1076,7 @@ fn recover(c: &Connection, cutoff: Micros, now: Micros) -> Result<Recovered, Sto
             c.prepare_cached("UPDATE jobs SET state = 8, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
                 .and_then(|mut s| s.execute(params![seq, now]))
                 .map_err(sql)?;
-            ended(c, &caller, &account, bytes)?;
+            ended(c, seq, &caller, &account, bytes, most)?;
             callback_pending(c, seq, now)?;
             recovered.unknown += 1;
         }
@@ -999,7 +1087,7 @@ fn recover(c: &Connection, cutoff: Micros, now: Micros) -> Result<Recovered, Sto
     Ok(recovered)
 }
 
-fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
+fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros, most: u64) -> Result<Cancelled, StoreError> {
     let Some(job) = held(c, id)? else { return Ok(Cancelled::NotFound) };
     if job.caller != caller {
         return Ok(Cancelled::NotFound);
@@ -1010,18 +1098,22 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros) -> Result<Cancel
     c.prepare_cached("UPDATE jobs SET state = 7, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
         .and_then(|mut s| s.execute(params![job.seq, now]))
         .map_err(sql)?;
-    ended(c, &job.caller, &job.account, job.bytes)?;
+    ended(c, job.seq, &job.caller, &job.account, job.bytes, most)?;
     callback_pending(c, job.seq, now)?;
     scan(c, job.qid, now, 0)?;
     Ok(Cancelled::Cancelled)
 }
 
+/// [`purge`]: ended jobs that ended before `?1`, their callback done, and
+/// no `Idempotency-Key` that counts at `?2` naming them (such a job is kept
+/// until its key's time: a repeat of it finds the job, never a new one).
+const PURGE: &str = "DELETE FROM jobs WHERE state >= 4 AND updated_us < ?1 AND cb_due IS NULL \
+     AND NOT EXISTS (SELECT 1 FROM queues q JOIN idempotency i ON i.caller = q.caller AND i.account = q.account \
+     WHERE q.qid = jobs.qid AND i.key = jobs.idempotency_key AND i.id = jobs.id AND i.until_us > ?2)";
+
 fn purge(c: &Connection, now: Micros, keep_us: Micros) -> Result<u64, StoreError> {
     let before = now.saturating_sub(keep_us);
-    let jobs = c
-        .prepare_cached("DELETE FROM jobs WHERE state >= 4 AND updated_us < ?1 AND cb_due IS NULL")
-        .and_then(|mut s| s.execute(params![before]))
-        .map_err(sql)?;
+    let jobs = c.prepare_cached(PURGE).and_then(|mut s| s.execute(params![before, now])).map_err(sql)?;
     c.prepare_cached("DELETE FROM idempotency WHERE until_us <= ?1")
         .and_then(|mut s| s.execute(params![now]))
         .map_err(sql)?;
@@ -1094,7 +1186,7 @@ const EXPIRED: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, length(j
 const ANY_EXPIRED: &str =
     "SELECT 1 FROM jobs INDEXED BY jobs_deadline WHERE state < 2 AND deadline_us IS NOT NULL AND deadline_us <= ?1 LIMIT 1";
 
-fn expire(c: &Connection, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, StoreError> {
+fn expire(c: &Connection, now: Micros, max: usize, most: u64) -> Result<Vec<ExpiredJob>, StoreError> {
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut found = Vec::new();
     {
@@ -1118,7 +1210,7 @@ fn expire(c: &Connection, now: Micros, max: usize) -> Result<Vec<ExpiredJob>, St
         c.prepare_cached("UPDATE jobs SET state = 6, owner = NULL, lease_us = 0, updated_us = ?2 WHERE seq = ?1")
             .and_then(|mut s| s.execute(params![seq, now]))
             .map_err(sql)?;
-        ended(c, &job.queue.caller, &job.queue.account, bytes)?;
+        ended(c, seq, &job.queue.caller, &job.queue.account, bytes, most)?;
         callback_pending(c, seq, now)?;
         queues.insert(qid);
         out.push(job);
@@ -1171,6 +1263,7 @@ impl JobStore for SqliteJobs {
     async fn submit(&self, job: NewJob, bounds: &Bounds, now: Micros) -> Result<Submitted, SubmitError> {
         let id = JobId::random().map_err(|_| StoreError::Unreachable("jobs store: no random job id".into()))?;
         let bounds = *bounds;
+        self.ended_jobs.store(bounds.ended_jobs, Ordering::Relaxed);
         self.write(move |c| submit(c, id, job, bounds, now)).await
     }
 
@@ -1214,16 +1307,21 @@ impl JobStore for SqliteJobs {
 
     async fn finish(&self, id: JobId, owner: &str, end: End, now: Micros) -> Result<bool, StoreError> {
         let owner = owner.to_owned();
-        self.write(move |c| finish(c, id, &owner, end, now)).await
+        let most = self.ended_jobs();
+        self.write(move |c| finish(c, id, &owner, end, now, most)).await
     }
 
     async fn recover(&self, now: Micros) -> Result<Recovered, StoreError> {
-        self.write(move |c| recover(c, now, now)).await
+        let most = self.ended_jobs();
+        self.write(move |c| recover(c, now, now, most)).await
     }
 
     async fn recover_at_start(&self, now: Micros) -> Result<Recovered, StoreError> {
         match self._lock {
-            Some(_) => self.write(move |c| recover(c, Micros::MAX, now)).await,
+            Some(_) => {
+                let most = self.ended_jobs();
+                self.write(move |c| recover(c, Micros::MAX, now, most)).await
+            }
             None => self.recover(now).await,
         }
     }
@@ -1240,7 +1338,8 @@ impl JobStore for SqliteJobs {
         if !any {
             return Ok(Vec::new());
         }
-        self.write(move |c| expire(c, now, max)).await
+        let most = self.ended_jobs();
+        self.write(move |c| expire(c, now, max, most)).await
     }
 
     async fn get(&self, caller: &str, id: JobId) -> Result<Option<Job>, StoreError> {
@@ -1250,7 +1349,8 @@ impl JobStore for SqliteJobs {
 
     async fn cancel(&self, caller: &str, id: JobId, now: Micros) -> Result<Cancelled, StoreError> {
         let caller = caller.to_owned();
-        self.write(move |c| cancel(c, &caller, id, now)).await
+        let most = self.ended_jobs();
+        self.write(move |c| cancel(c, &caller, id, now, most)).await
     }
 
     async fn summary(&self, caller: Option<&str>) -> Result<Vec<QueueSummary>, StoreError> {
@@ -1322,6 +1422,13 @@ mod tests {
             let plan = plan(&c, sql);
             assert!(plan.contains("jobs_deadline") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
         }
+        // A caller's oldest ended jobs in an account, one probe per queue.
+        let oldest_kept = plan(&c, OLDEST_KEPT);
+        assert!(oldest_kept.contains("jobs_kept") && !oldest_kept.contains("TEMP B-TREE"), "{oldest_kept}");
+        let kept_count = plan(&c, KEPT_COUNT);
+        assert!(!kept_count.contains("jobs"), "{kept_count}");
+        let kept_queues = plan(&c, KEPT_QUEUES);
+        assert!(!kept_queues.contains("SCAN"), "{kept_queues}");
         // The summary reads the counts, never the jobs but each queue's head.
         let counts = plan(&c, COUNTS);
         assert!(!counts.contains("SCAN j") && !counts.contains("jobs"), "{counts}");

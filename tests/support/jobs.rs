@@ -55,6 +55,7 @@ pub fn roomy(idempotency_us: i64) -> Bounds {
         caller_bytes: 1 << 40,
         account_jobs: 1_000_000,
         account_bytes: 1 << 40,
+        ended_jobs: 1_000_000,
         idempotency_us,
     }
 }
