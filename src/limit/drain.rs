@@ -329,6 +329,7 @@ impl Calendar {
 mod tests {
     use std::num::NonZeroU64;
 
+    use super::schedule::Schedule;
     use super::*;
     use crate::limit::penalty::PenaltyState;
     use crate::limit::rule::WindowLimit;
@@ -598,6 +599,44 @@ mod tests {
             compared += 1;
         }
         assert!(compared > 3_000, "{compared} cases compared");
+    }
+
+    /// The windows' closed form ([`schedule`]) against the windows
+    /// replayed call by call: every call's time and every TAT after it, on
+    /// generated windows (steps, leads from 0 to the tolerance, TATs behind
+    /// and ahead of the start).
+    #[test]
+    fn the_windows_closed_form_is_their_replay_call_by_call() {
+        let mut g = Gen(0x2545_f491_4f6c_dd1d);
+        for case in 0..3_000 {
+            let start = NOW + g.below(100 * S as u64) as i64;
+            let windows: Vec<Window> = (0..1 + g.below(3))
+                .map(|_| {
+                    let step = 1 + g.below(20 * S as u64) as i64;
+                    let tolerance = step * g.below(12) as i64;
+                    Window {
+                        tat: NOW + g.below(300 * S as u64) as i64,
+                        lead: tolerance - g.below(tolerance as u64 + 1) as i64,
+                        step,
+                    }
+                })
+                .collect();
+            let run = Schedule::new(&windows, start);
+            let mut tats: Vec<Micros> = windows.iter().map(|w| w.tat).collect();
+            let mut at = start;
+            for i in 0..200 {
+                for (w, tat) in windows.iter().zip(&tats) {
+                    assert_eq!(run.tat(w, i), *tat, "case {case}, TAT before call {i}");
+                }
+                for (w, tat) in windows.iter().zip(&tats) {
+                    at = at.max((*tat).max(at) - w.lead);
+                }
+                assert_eq!(run.at(i), at, "case {case}, call {i}");
+                for (w, tat) in windows.iter().zip(tats.iter_mut()) {
+                    *tat = (*tat).max(at) + w.step;
+                }
+            }
+        }
     }
 
     /// What an estimate costs at depth 0 and 32,000 (printed, not asserted:
