@@ -440,6 +440,27 @@ pub struct DueCallback {
     pub tries: u32,
 }
 
+/// How many more callbacks each caller may be handed out by one
+/// [`JobStore::callbacks_due`]: `each`, but for the callers listed (those
+/// with posts in flight, their own room).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerRoom {
+    pub each: usize,
+    pub callers: Vec<(String, usize)>,
+}
+
+impl CallerRoom {
+    /// No caller limited.
+    pub fn unlimited() -> CallerRoom {
+        CallerRoom { each: usize::MAX, callers: Vec::new() }
+    }
+
+    /// `caller`'s room.
+    pub fn of(&self, caller: &str) -> usize {
+        self.callers.iter().find(|(c, _)| c == caller).map_or(self.each, |(_, n)| *n)
+    }
+}
+
 /// Where queued jobs live. Every method is atomic (one transaction, one
 /// script): no other call of any instance sees it half done. A method that
 /// returns `Ok` has made its change durable (SQLite: fsync'd; Redis: as
@@ -583,11 +604,24 @@ pub trait JobStore: Send + Sync + 'static {
     ///
     /// Hands out at most `max` pending callbacks due by `now`, oldest due
     /// first (on Redis: accounts by their oldest, each account's oldest
-    /// first), each made due again at `now + lease_us` (and its `tries`
+    /// first), at most `room.of(caller)` of each caller: a caller with no
+    /// room is passed over, so its backlog never hides another caller's
+    /// callbacks (a receiver that never answers delays only its own
+    /// caller). Each is made due again at `now + lease_us` (and its `tries`
     /// counted): another dispatcher (instance) takes it only after that,
     /// so one posts it unless the lease runs out before the post is
     /// recorded (an instance that died, or a post slower than the lease).
-    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError>;
+    ///
+    /// Cost: both stores read the due callbacks in due order (SQLite:
+    /// `jobs_callbacks`; Redis: each account's `cbs`), so a round also
+    /// reads past the due backlog of the callers passed over.
+    async fn callbacks_due(
+        &self,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+        room: &CallerRoom,
+    ) -> Result<Vec<DueCallback>, StoreError>;
 
     /// Records the post of a callback handed out with `tries`: `retry_at`
     /// `None`, done (delivered, or given up: no longer pending); `Some`, due

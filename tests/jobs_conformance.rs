@@ -18,7 +18,8 @@ use support::{TempDir, SEC, T0};
 use wxgate::jobs::redis::RedisJobs;
 use wxgate::jobs::sqlite::SqliteJobs;
 use wxgate::jobs::{
-    Bound, Bounds, Cancelled, End, JobId, JobState, JobStore, NewJob, Recovered, SubmitError, Submitted, ANSWER_MAX,
+    Bound, Bounds, CallerRoom, Cancelled, End, JobId, JobState, JobStore, NewJob, Recovered, SubmitError, Submitted,
+    ANSWER_MAX,
 };
 
 const DAY: i64 = 86_400 * SEC;
@@ -71,6 +72,7 @@ on_every_store!(
     an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
     every_way_a_job_ends_makes_its_callback_pending_and_only_then,
     callbacks_due_hands_out_at_most_max_across_accounts,
+    callbacks_due_passes_over_a_caller_without_room,
     a_job_past_its_deadline_expires_wherever_it_is_in_its_queue,
     every_way_a_job_ends_deletes_its_body_and_keeps_its_answer_and_metadata,
     past_ended_jobs_a_callers_oldest_ended_jobs_in_the_account_go_with_their_keys,
@@ -100,7 +102,7 @@ async fn unfinished(s: &Arc<dyn JobStore>) -> u64 {
 mod scenarios {
     pub use super::callback_scenarios::{
         an_ended_jobs_callback_is_pending_until_done_and_its_job_kept_until_then,
-        callbacks_due_hands_out_at_most_max_across_accounts,
+        callbacks_due_hands_out_at_most_max_across_accounts, callbacks_due_passes_over_a_caller_without_room,
         every_way_a_job_ends_makes_its_callback_pending_and_only_then,
     };
     pub use super::kept_scenarios::{
@@ -686,7 +688,7 @@ mod scenarios {
         assert_eq!(state(&s, "hr", soon).await, JobState::Expired);
         assert_eq!(state(&s, "mk", held).await, JobState::Claimed, "a held job is left to its holder");
         assert_eq!(state(&s, "hr", head).await, JobState::Waiting, "the head still waits");
-        let cbs = s.callbacks_due(T0 + 15 * SEC, LEASE, 10).await.expect("callbacks");
+        let cbs = s.callbacks_due(T0 + 15 * SEC, LEASE, 10, &CallerRoom::unlimited()).await.expect("callbacks");
         assert_eq!(cbs.iter().map(|c| c.job.id).collect::<Vec<_>>(), vec![soon], "its callback pending");
         let q = s.summary(Some("hr")).await.expect("summary");
         assert_eq!((q[0].waiting, q[0].queued, q[0].expired), (1, 2, 1), "{q:?}");
@@ -987,7 +989,7 @@ mod callbacks {
     }
 
     pub async fn due(s: &Arc<dyn JobStore>, now: i64, max: usize) -> Vec<DueCallback> {
-        s.callbacks_due(now, LEASE, max).await.expect("callbacks_due")
+        s.callbacks_due(now, LEASE, max, &CallerRoom::unlimited()).await.expect("callbacks_due")
     }
 
     pub fn due_ids(due: &[DueCallback]) -> Vec<(JobId, u32)> {
@@ -1093,7 +1095,7 @@ mod callback_scenarios {
                 all.push(id);
             }
         }
-        assert!(s.callbacks_due(T0, LEASE, 0).await.expect("none asked").is_empty());
+        assert!(s.callbacks_due(T0, LEASE, 0, &CallerRoom::unlimited()).await.expect("none asked").is_empty());
         let first = due(&s, T0 + 10, 4).await;
         assert_eq!(first.len(), 4, "at most max");
         let rest = due(&s, T0 + 10, 4).await;
@@ -1103,6 +1105,42 @@ mod callback_scenarios {
         all.sort();
         assert_eq!(got, all);
         assert_eq!(first[0].job.new.queue.account.as_ref(), "wx1", "the oldest first");
+    }
+
+    /// Issue 63 item 9: a caller's older callbacks never hide another's
+    /// from a hand-out that leaves it no room (its receiver holds its
+    /// posts), on one account and across accounts; each caller gets at most
+    /// its room, oldest first.
+    pub async fn callbacks_due_passes_over_a_caller_without_room(s: Arc<dyn JobStore>) {
+        let mut hr = Vec::new();
+        for (n, account) in ["wx1", "wx2"].into_iter().enumerate() {
+            let q = queue("hr", account, "r");
+            for k in 0..300 {
+                let id = submit(&s, with_callback(&q, k), T0).await;
+                let ended = T0 + (300 * n + k as usize) as i64;
+                assert_eq!(s.cancel("hr", id, ended).await.expect("cancel"), Cancelled::Cancelled);
+                hr.push(id);
+            }
+        }
+        let mut ops = Vec::new();
+        for account in ["wx1", "wx2"] {
+            let id = submit(&s, with_callback(&queue("ops", account, "r"), 0), T0).await;
+            assert_eq!(s.cancel("ops", id, T0 + 1_000).await.expect("cancel"), Cancelled::Cancelled);
+            ops.push(id);
+        }
+        let full = CallerRoom { each: 8, callers: vec![("hr".into(), 0)] };
+        let got = s.callbacks_due(T0 + 2_000, LEASE, 4, &full).await.expect("callbacks_due");
+        assert_eq!(ids_of(&got), ops, "hr has no room: only ops's, past hr's 600 older ones");
+        let some = CallerRoom { each: 8, callers: vec![("hr".into(), 3)] };
+        let got = s.callbacks_due(T0 + 2_000, LEASE, 32, &some).await.expect("callbacks_due");
+        assert_eq!(ids_of(&got), hr[..3].to_vec(), "at most hr's room, its oldest");
+        let each = CallerRoom { each: 2, callers: Vec::new() };
+        let got = s.callbacks_due(T0 + 2_000, LEASE, 32, &each).await.expect("callbacks_due");
+        assert_eq!(ids_of(&got), hr[3..5].to_vec(), "at most `each` of a caller not listed");
+    }
+
+    fn ids_of(due: &[wxgate::jobs::DueCallback]) -> Vec<JobId> {
+        due.iter().map(|d| d.job.id).collect()
     }
 }
 

@@ -11,12 +11,13 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::callbacks::{key_file_line, receiver, status, verify, KEY};
+use support::callbacks::{key_file_line, receiver, status, verify, Hanging, KEY};
 use support::queue::{msgid, queued_with, until_state};
 use support::redis_server::{RedisCluster, RedisServer};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
 use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, StoreToml, PATIENCE};
+use wxgate::features::queue::callbacks::PER_CALLER;
 
 const SEND: &str = "/cgi-bin/message/template/send";
 
@@ -142,6 +143,39 @@ async fn a_finished_job_is_called_back_once_signed_with_its_end_state() {
     let dir = TempDir::new("callbacks-once");
     let gate = Gate::start_text(config(&mock, &dir, &receiver.url(), 1, "")).await;
     called_back_once_signed(&gate, &receiver).await;
+}
+
+/// Issue 63 item 9 (a hostile review): a receiver that accepts and never
+/// answers held up the whole round of callbacks until its post timed out
+/// (10 s), so every other caller's callbacks waited with it. Each caller
+/// now has its own posts in flight (at most `callbacks::PER_CALLER`), and
+/// one at its limit is passed over, not waited for: hr's 40 callbacks to
+/// a dead receiver hold at most that many connections, and ops's callback
+/// arrives while they still hang (none of them given up yet).
+#[tokio::test]
+async fn a_dead_receiver_delays_only_its_own_callers_callbacks() {
+    let mock = wechat().await;
+    let dead = Hanging::start().await;
+    let live = receiver(|_| status(200)).await;
+    let dir = TempDir::new("callbacks-fair");
+    let ops = caller("ops").set("callbacks", vec![format!("{}/hooks/", live.url())]);
+    let gate = Gate::start_text(config(&mock, &dir, &dead.url(), 100, "").with(ops)).await;
+    for n in 0..40 {
+        queue_one(&gate, n, &format!("{}/hooks/order-{n}", dead.url())).await;
+    }
+    let sent = || mock.calls().iter().filter(|c| c.path_and_query.starts_with(SEND)).count();
+    eventually_async("hr's 40 messages sent", PATIENCE, async || sent() >= 40).await;
+    eventually_async("hr's callbacks posted", PATIENCE, async || dead.accepted() >= 1).await;
+    let url = format!("{}/hooks/ops-1", live.url());
+    let body = r#"{"touser":"someone","template_id":"t"}"#;
+    let id = queued_with(&gate, "ops", SEND, body, &[("x-wxgate-callback", &url)]).await;
+    eventually_async("ops's callback", PATIENCE, async || live.count() >= 1).await;
+    assert_eq!(dead.closed(), 0, "ops's callback arrived while every post of hr's still hung");
+    assert_eq!(json(&live.calls()[0])["delivery"], id.as_str());
+    let most = PER_CALLER;
+    eventually_async("hr's posts at its limit", PATIENCE, async || dead.accepted() >= most).await;
+    gate.settle().await;
+    assert_eq!((dead.accepted(), dead.most_open()), (most, most), "hr's posts in flight: its own limit");
 }
 
 /// A callback URL that leaves its prefix once a receiver normalises it

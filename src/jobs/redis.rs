@@ -76,8 +76,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob, QueueKey,
-    QueueSummary, Recovered, SubmitError, Submitted,
+    Answer, Bound, Bounds, CallerRoom, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob,
+    QueueKey, QueueSummary, Recovered, SubmitError, Submitted,
 };
 use crate::config::RedisConfig;
 use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
@@ -788,12 +788,22 @@ impl JobStore for RedisJobs {
         Ok(queues.into_iter().find(|q| q.queue == *queue))
     }
 
-    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+    async fn callbacks_due(
+        &self,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+        room: &CallerRoom,
+    ) -> Result<Vec<DueCallback>, StoreError> {
         const S: &str = "jobs_callbacks.lua";
         if max == 0 {
             return Ok(Vec::new());
         }
-        let accounts = self.accounts_by(&self.callbacks_key(), now, max).await?;
+        // Every account with a due callback (at most the config's
+        // `[[account]]`s): an account whose due ones are all of callers
+        // without room hands out nothing, and the next is read.
+        let accounts = self.accounts_by(&self.callbacks_key(), now, i64::MAX as usize).await?;
+        let mut room = room.clone();
         let mut out = Vec::new();
         for account in accounts {
             let left = max.saturating_sub(out.len());
@@ -801,7 +811,10 @@ impl JobStore for RedisJobs {
                 break;
             }
             let mut inv = self.on_account(&self.scripts.callbacks, &account);
-            inv.arg(now).arg(lease_us).arg(left);
+            inv.arg(now).arg(lease_us).arg(left).arg(room.each.min(i64::MAX as usize));
+            for (caller, n) in &room.callers {
+                inv.arg(caller).arg(*n);
+            }
             let reply: Vec<Value> = self.run(inv).await?;
             let [jobs, head] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
             let account: Arc<str> = account.into();
@@ -809,7 +822,13 @@ impl JobStore for RedisJobs {
                 let tries = field_of(&fields, "cbn")
                     .and_then(|t| t.parse::<u32>().ok())
                     .ok_or_else(|| bad(S, "a callback without its tries"))?;
-                out.push(DueCallback { job: job_from(&account, fields, Vec::new())?, tries });
+                let due = DueCallback { job: job_from(&account, fields, Vec::new())?, tries };
+                let caller = &*due.job.new.queue.caller;
+                match room.callers.iter_mut().find(|(c, _)| c == caller) {
+                    Some((_, n)) => *n = n.saturating_sub(1),
+                    None => room.callers.push((caller.to_owned(), room.each.saturating_sub(1))),
+                }
+                out.push(due);
             }
             self.note_callbacks(&account, int(&head, S)?).await?;
         }

@@ -41,8 +41,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transactio
 use tokio::sync::oneshot;
 
 use super::{
-    Answer, Bound, Bounds, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob, QueueKey,
-    QueueSummary, Recovered, SubmitError, Submitted, ANSWER_MAX,
+    Answer, Bound, Bounds, CallerRoom, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob,
+    QueueKey, QueueSummary, Recovered, SubmitError, Submitted, ANSWER_MAX,
 };
 use crate::jobs::LaneScan;
 use crate::store::StoreError;
@@ -225,14 +225,15 @@ const SCAN: &str = "SELECT seq, state, due_us, lanes FROM jobs INDEXED BY jobs_o
 /// [`claim`]: one job by seq.
 const JOB_BY_SEQ: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.seq = ?1");
 
-/// [`callbacks_due`]: pending callbacks due by `?1`, oldest first, at most
-/// `?2`: the job's fields ([`job_from`], its body left out) and `cb_tries`.
+/// [`callbacks_due`]: pending callbacks due by `?1`, oldest first: the
+/// job's fields ([`job_from`], its body left out) and `cb_tries` (read
+/// until enough are taken; callers without room passed over).
 const CALLBACKS_DUE: &str = "SELECT j.seq, j.id, q.caller, q.account, q.rule, j.state, j.domain, j.method, \
      j.target, j.content_type, X'', j.deadline_us, j.idempotency_key, j.callback, j.submitted_us, j.due_us, \
      j.owner, j.lease_us, j.attempts, j.answer_status, j.answer_errcode, j.answer_body, j.updated_us, j.trace, j.lanes, \
      j.cb_tries \
      FROM jobs j INDEXED BY jobs_callbacks JOIN queues q ON q.qid = j.qid \
-     WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due LIMIT ?2";
+     WHERE j.cb_due IS NOT NULL AND j.cb_due <= ?1 ORDER BY j.cb_due";
 
 /// [`kept`]: the queues of caller `?1` in account `?2`.
 const KEPT_QUEUES: &str = "SELECT qid FROM queues WHERE caller = ?1 AND account = ?2";
@@ -1007,16 +1008,30 @@ fn callback_pending(c: &Connection, seq: i64, now: Micros) -> Result<(), StoreEr
     Ok(())
 }
 
-fn callbacks_due(c: &Connection, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+fn callbacks_due(
+    c: &Connection,
+    now: Micros,
+    lease_us: Micros,
+    max: usize,
+    room: &CallerRoom,
+) -> Result<Vec<DueCallback>, StoreError> {
     if max == 0 {
         return Ok(Vec::new());
     }
-    let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut out = Vec::new();
+    let mut taken: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     {
         let mut s = c.prepare_cached(CALLBACKS_DUE).map_err(sql)?;
-        let mut rows = s.query(params![now, limit]).map_err(sql)?;
-        while let Some(row) = rows.next().map_err(sql)? {
+        let mut rows = s.query(params![now]).map_err(sql)?;
+        while out.len() < max {
+            let Some(row) = rows.next().map_err(sql)? else { break };
+            let caller: String = row.get(2).map_err(sql)?;
+            let left = room.of(&caller);
+            let n = taken.entry(caller).or_default();
+            if *n >= left {
+                continue;
+            }
+            *n += 1;
             let tries: i64 = row.get(25).map_err(sql)?;
             let tries = u32::try_from(tries.saturating_add(1)).map_err(|_| bad("callback tries out of range"))?;
             out.push(DueCallback { job: job_from(row)?, tries });
@@ -1362,7 +1377,13 @@ impl JobStore for SqliteJobs {
         self.write(move |c| purge(c, now, keep_us)).await
     }
 
-    async fn callbacks_due(&self, now: Micros, lease_us: Micros, max: usize) -> Result<Vec<DueCallback>, StoreError> {
+    async fn callbacks_due(
+        &self,
+        now: Micros,
+        lease_us: Micros,
+        max: usize,
+        room: &CallerRoom,
+    ) -> Result<Vec<DueCallback>, StoreError> {
         // One probe of the index on the read connection first: an idle
         // loop's look costs no turn of the writer.
         let any = self
@@ -1371,7 +1392,8 @@ impl JobStore for SqliteJobs {
         if !any {
             return Ok(Vec::new());
         }
-        self.write(move |c| callbacks_due(c, now, lease_us, max)).await
+        let room = room.clone();
+        self.write(move |c| callbacks_due(c, now, lease_us, max, &room)).await
     }
 
     async fn callback_done(

@@ -40,3 +40,67 @@ pub fn verify(rec: &Recorded, key: &[u8]) -> i64 {
     ring::hmac::verify(&k, &signed, &tag).unwrap_or_else(|_| panic!("the signature verifies: {header}"));
     t.parse().expect("t is a number")
 }
+
+/// A receiver that accepts every connection, reads what comes and never
+/// answers a byte (a dead receiver, as a hostile review found one): it
+/// counts the connections accepted, those the client closed since, and
+/// the most open at once.
+pub struct Hanging {
+    pub port: u16,
+    counts: std::sync::Arc<HangingCounts>,
+}
+
+#[derive(Default)]
+struct HangingCounts {
+    accepted: std::sync::atomic::AtomicUsize,
+    open: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    closed: std::sync::atomic::AtomicUsize,
+}
+
+impl Hanging {
+    pub async fn start() -> Hanging {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the hanging receiver");
+        let port = listener.local_addr().expect("local addr").port();
+        let counts = std::sync::Arc::new(HangingCounts::default());
+        let c = counts.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else { return };
+                c.accepted.fetch_add(1, SeqCst);
+                let open = c.open.fetch_add(1, SeqCst) + 1;
+                c.most.fetch_max(open, SeqCst);
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    c.open.fetch_sub(1, SeqCst);
+                    c.closed.fetch_add(1, SeqCst);
+                });
+            }
+        });
+        Hanging { port, counts }
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.counts.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Connections the client has closed (its post given up).
+    pub fn closed(&self) -> usize {
+        self.counts.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The most connections open at once.
+    pub fn most_open(&self) -> usize {
+        self.counts.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}

@@ -6,7 +6,9 @@
 //! the write that ends the job ([`crate::jobs::JobStore::callbacks_due`]),
 //! so a restart never loses it. This loop (one task per instance) hands out
 //! due callbacks under a lease of [`LEASE_US`] (another instance takes one
-//! only after it), posts each, and records the post. A callback is posted
+//! only after it), posts each, and records the post. Fair per caller: at
+//! most [`PER_CALLER`] posts of a caller in flight, and a caller at its
+//! limit passed over ([`spawn`]), so a dead receiver delays only its own. A callback is posted
 //! twice only if the instance stops (or its post outlasts the lease) after
 //! the receiver answered and before the post was recorded.
 //!
@@ -29,6 +31,7 @@
 //! - A URL its caller no longer allows (a reload narrowed its `callbacks`)
 //!   is given up, never posted.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -45,14 +48,18 @@ use super::routes::{job_json, rfc3339};
 use super::state::Shared;
 use crate::config::Config;
 use crate::features::component::Host;
-use crate::jobs::{DueCallback, JobStore};
+use crate::jobs::{CallerRoom, DueCallback, JobStore};
 use crate::store::StoreError;
 use crate::time::{Micros, Span};
 
 /// How often the loop looks for due callbacks when nothing wakes it.
 pub const TICK: Span = Span::from_micros(1_000_000);
-/// Callbacks handed out (and posted concurrently) per round.
+/// Callbacks handed out at most per look.
 pub const BATCH: usize = 32;
+/// Posts in flight per caller at most: a receiver that is slow or never
+/// answers holds this many of its own caller's callbacks (each for up to
+/// [`TIMEOUT`]), and none of another caller's.
+pub const PER_CALLER: usize = 8;
 /// How long a handed-out callback is this instance's (longer than a post).
 pub const LEASE_US: Micros = 60_000_000;
 /// Most time one post takes: connecting, sending, the answer's head and
@@ -68,6 +75,13 @@ type Poster = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// Starts the callbacks loop once queued delivery is on (at start, or when
 /// a reload or Redis answering opens the jobs store); it ends when the app
 /// is dropped.
+///
+/// Fair per caller: each caller has at most [`PER_CALLER`] posts in
+/// flight, the store hands out no more of a caller's callbacks than its
+/// room ([`JobStore::callbacks_due`] passes over a caller at its limit),
+/// and the loop never waits for a post before handing out more: it looks
+/// again when a post ends, a job ends, or every [`TICK`]. So a receiver
+/// that accepts and never answers delays only its own caller's callbacks.
 pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
     let queue = q.clone();
     queue.spawn_when_open(move || async move {
@@ -82,12 +96,13 @@ pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
             }
         };
         drop(a);
+        let mut posts = Posts::default();
         loop {
             let Some(host) = host.upgrade() else { return };
             if q.stopping.is_cancelled() {
-                return;
+                break;
             }
-            let full = match round(&host, &q, &poster).await {
+            let full = match hand_out(&host, &q, &poster, &mut posts).await {
                 Ok(full) => full,
                 Err(e) => {
                     tracing::warn!(error = %e, "queued delivery: the jobs store failed reading callbacks; trying again");
@@ -96,34 +111,95 @@ pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
             };
             let clock = host.core().clock.clone();
             drop(host);
-            if !full {
-                tokio::select! {
-                    _ = q.ended.notified() => {}
-                    _ = clock.sleep(TICK) => {}
-                    _ = q.stopping.cancelled() => return,
-                }
+            if full {
+                tokio::task::yield_now().await;
+                continue;
             }
+            tokio::select! {
+                Some(done) = posts.set.join_next(), if !posts.set.is_empty() => {
+                    logged(done);
+                    while let Some(done) = posts.set.try_join_next() {
+                        logged(done);
+                    }
+                }
+                _ = q.ended.notified() => {}
+                _ = clock.sleep(TICK) => {}
+                _ = q.stopping.cancelled() => break,
+            }
+        }
+        // Stopping: the posts under way are finished and recorded (each
+        // within its TIMEOUT), so none is posted again after a restart.
+        while let Some(done) = posts.set.join_next().await {
+            logged(done);
         }
     });
 }
 
-/// One round: the due callbacks (at most [`BATCH`]), posted concurrently;
-/// `Ok(true)` when the batch was full (look again at once).
-async fn round(host: &Arc<dyn Host>, q: &Arc<Shared>, poster: &Poster) -> Result<bool, StoreError> {
-    let Some(jobs) = q.jobs.get().cloned() else { return Ok(false) };
-    let due = jobs.callbacks_due(host.core().clock.now_us(), LEASE_US, BATCH).await?;
-    let full = due.len() == BATCH;
-    let mut set = tokio::task::JoinSet::new();
-    for due in due {
-        let (host, q, jobs, poster) = (host.clone(), q.clone(), jobs.clone(), poster.clone());
-        set.spawn(async move { post_one(&*host, &q, &jobs, &poster, due).await });
+/// The posts under way, and how many of each caller's.
+#[derive(Default)]
+struct Posts {
+    set: tokio::task::JoinSet<Result<(), StoreError>>,
+    flying: Arc<std::sync::Mutex<HashMap<Arc<str>, usize>>>,
+}
+
+/// One caller's post in flight: counted until dropped (the post ended,
+/// however).
+struct Flying {
+    caller: Arc<str>,
+    flying: Arc<std::sync::Mutex<HashMap<Arc<str>, usize>>>,
+}
+
+impl Flying {
+    fn new(caller: Arc<str>, flying: &Arc<std::sync::Mutex<HashMap<Arc<str>, usize>>>) -> Flying {
+        *flying.lock().unwrap_or_else(|e| e.into_inner()).entry(caller.clone()).or_default() += 1;
+        Flying { caller, flying: flying.clone() }
     }
-    while let Some(done) = set.join_next().await {
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "queued delivery: a callback's post was not recorded"),
-            Err(e) => tracing::warn!(error = %e, "queued delivery: a callback's post stopped"),
+}
+
+impl Drop for Flying {
+    fn drop(&mut self) {
+        let mut flying = self.flying.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = flying.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                flying.remove(&self.caller);
+            }
         }
+    }
+}
+
+fn logged(done: Result<Result<(), StoreError>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "queued delivery: a callback's post was not recorded"),
+        Err(e) => tracing::warn!(error = %e, "queued delivery: a callback's post stopped"),
+    }
+}
+
+/// Hands out the due callbacks that callers have room for (at most
+/// [`BATCH`]) and starts their posts; `Ok(true)` when the batch was full
+/// (look again at once).
+async fn hand_out(
+    host: &Arc<dyn Host>,
+    q: &Arc<Shared>,
+    poster: &Poster,
+    posts: &mut Posts,
+) -> Result<bool, StoreError> {
+    let Some(jobs) = q.jobs.get().cloned() else { return Ok(false) };
+    let room = {
+        let flying = posts.flying.lock().unwrap_or_else(|e| e.into_inner());
+        let callers = flying.iter().map(|(c, n)| (c.to_string(), PER_CALLER.saturating_sub(*n))).collect();
+        CallerRoom { each: PER_CALLER, callers }
+    };
+    let due = jobs.callbacks_due(host.core().clock.now_us(), LEASE_US, BATCH, &room).await?;
+    let full = due.len() == BATCH;
+    for due in due {
+        let flying = Flying::new(due.job.new.queue.caller.clone(), &posts.flying);
+        let (host, q, jobs, poster) = (host.clone(), q.clone(), jobs.clone(), poster.clone());
+        posts.set.spawn(async move {
+            let _flying = flying;
+            post_one(&*host, &q, &jobs, &poster, due).await
+        });
     }
     Ok(full)
 }
