@@ -36,7 +36,32 @@ pub(super) struct RawQueue {
     pub backoff_max: Option<String>,
     pub callback_key_file: Option<String>,
     pub callback_for: Option<String>,
+    pub replicas: Option<RawReplicas>,
 }
+
+/// `[queue] replicas` as written: `"auto"` or a number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawReplicas {
+    Count(i64),
+    Text(String),
+}
+
+/// `[queue] replicas`: how many Redis replicas must hold a job's `sending`
+/// mark before its request goes out (src/jobs/redis/sending.rs), so that a
+/// failover to one of them cannot hand the job out again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Replicas {
+    /// One, on a master that has (or, since its replication id last
+    /// changed, had) a replica; none on a master that never had one.
+    #[default]
+    Auto,
+    /// Always this many (0: never wait).
+    Exactly(u32),
+}
+
+/// Most replicas `[queue] replicas` may name.
+const MAX_REPLICAS: i64 = 16;
 
 /// Where the jobs live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +95,9 @@ pub struct QueueConfig {
     pub callback_key: Option<CallbackKey>,
     /// How long after its job ended a callback is tried (then given up).
     pub callback_for_us: Micros,
+    /// The replicas a `sending` mark must be on (jobs in Redis only; read
+    /// when the jobs store opens).
+    pub replicas: Replicas,
 }
 
 /// The environment variable that gives the callback key (before
@@ -114,6 +142,7 @@ impl Default for QueueConfig {
             backoff: Backoff::default(),
             callback_key: None,
             callback_for_us: 24 * 3_600_000_000,
+            replicas: Replicas::Auto,
         }
     }
 }
@@ -229,6 +258,17 @@ pub(super) fn compile(
     }
     let callback_for_us =
         span(raw.callback_for.as_deref(), "callback_for", d.callback_for_us, Duration::from_secs(60), MAX_DEADLINE)?;
+    let replicas = match (raw.replicas, redis) {
+        (None, _) => Replicas::Auto,
+        (Some(_), false) => {
+            return Err(Invalid::at(TABLE, "replicas", "only with a Redis [store] (the jobs are in a file here)"))
+        }
+        (Some(RawReplicas::Text(t)), true) if t == "auto" => Replicas::Auto,
+        (Some(RawReplicas::Count(n)), true) if (0..=MAX_REPLICAS).contains(&n) => Replicas::Exactly(n as u32),
+        (Some(_), true) => {
+            return Err(Invalid::at(TABLE, "replicas", format!("\"auto\" or a number from 0 to {MAX_REPLICAS}")))
+        }
+    };
     let env_key = std::env::var(CALLBACK_KEY_ENV).ok().filter(|k| !k.trim().is_empty());
     let callback_key = match (env_key, raw.callback_key_file.as_deref()) {
         (Some(key), _) => Some(callback_key(key.trim().as_bytes()).map_err(|e| e.field(CALLBACK_KEY_ENV))?),
@@ -245,6 +285,7 @@ pub(super) fn compile(
         backoff: Backoff { base_us, cap_us, max_attempts },
         callback_key,
         callback_for_us,
+        replicas,
     })
 }
 
