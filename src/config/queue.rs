@@ -335,3 +335,27 @@ pub(super) fn deadline(text: Option<&str>) -> Result<Option<Micros>, Invalid> {
     }
     Ok(Some(micros(got)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replicas(text: &str, redis: bool) -> Result<Replicas, String> {
+        let raw: RawQueue = toml::from_str(text).map_err(|e| e.to_string())?;
+        compile(raw, redis, None, None).map(|q| q.replicas).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn replicas_is_auto_or_a_number_and_only_for_jobs_in_redis() {
+        assert_eq!(replicas("", true), Ok(Replicas::Auto));
+        assert_eq!(replicas("replicas = \"auto\"", true), Ok(Replicas::Auto));
+        assert_eq!(replicas("replicas = 0", true), Ok(Replicas::Exactly(0)));
+        assert_eq!(replicas("replicas = 2", true), Ok(Replicas::Exactly(2)));
+        for bad in ["replicas = -1", "replicas = 17", "replicas = \"all\"", "replicas = 1.5"] {
+            let e = replicas(bad, true).expect_err(bad);
+            assert!(e.contains("replicas"), "{bad}: {e}");
+        }
+        let e = replicas("replicas = 1", false).expect_err("jobs in a file");
+        assert!(e.contains("[queue] replicas") && e.contains("Redis"), "{e}");
+    }
+}

@@ -6,6 +6,9 @@
 //! (the account's hash tag, as the decision state's: one Cluster slot), so
 //! it is atomic on a Cluster too. jobs_prelude.lua lists those keys.
 //!
+//! `sending` waits, on a master with replicas, until a replica has the
+//! mark before the job's request goes out (`sending.rs`).
+//!
 //! A job's id names its account: its first 4 bytes are the account's number
 //! (lua/jobs_account.lua, given once per account and never changed), the 12
 //! others random. So `get`, `cancel`, `sending` and `finish`, which have only
