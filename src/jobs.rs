@@ -535,7 +535,10 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// Marks a job `owner` holds as `Sending` (durably) and counts the
     /// attempt: `Ok(false)` when `owner`'s lease ran out or another holds
-    /// it, and then it must not be sent.
+    /// it, and then it must not be sent. On Redis with replicas, durably
+    /// means on a replica too (`[queue] replicas`, src/jobs/redis/sending.rs):
+    /// a mark none has in time is taken back (the job `Claimed` again) and
+    /// answered `Err`: not to be sent either.
     async fn sending(&self, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError>;
 
     /// Ends an attempt of a job `owner` holds (`Claimed` or `Sending`).

@@ -58,6 +58,7 @@ mod per_path;
 mod queue;
 mod queue_callbacks;
 mod queue_drained;
+mod queue_failover;
 mod queue_metrics;
 mod queue_reload;
 mod queue_shutdown;

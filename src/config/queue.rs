@@ -39,7 +39,32 @@ pub(super) struct RawQueue {
     pub callback_for: Option<String>,
     pub max_in_flight: Option<u32>,
     pub instance_in_flight: Option<u32>,
+    pub replicas: Option<RawReplicas>,
 }
+
+/// `[queue] replicas` as written: `"auto"` or a number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawReplicas {
+    Count(i64),
+    Text(String),
+}
+
+/// `[queue] replicas`: how many Redis replicas must hold a job's `sending`
+/// mark before its request goes out (src/jobs/redis/sending.rs), so that a
+/// failover to one of them cannot hand the job out again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Replicas {
+    /// One, on a master that has (or, since its replication id last
+    /// changed, had) a replica; none on a master that never had one.
+    #[default]
+    Auto,
+    /// Always this many (0: never wait).
+    Exactly(u32),
+}
+
+/// Most replicas `[queue] replicas` may name.
+const MAX_REPLICAS: i64 = 16;
 
 /// Where the jobs live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +104,9 @@ pub struct QueueConfig {
     pub max_in_flight: u32,
     /// Most queued sends one instance has under way at once, all queues.
     pub instance_in_flight: u32,
+    /// The replicas a `sending` mark must be on (jobs in Redis only; read
+    /// when the jobs store opens).
+    pub replicas: Replicas,
 }
 
 /// The environment variable that gives the callback key (before
@@ -126,6 +154,7 @@ impl Default for QueueConfig {
             callback_for_us: 24 * 3_600_000_000,
             max_in_flight: 128,
             instance_in_flight: 1024,
+            replicas: Replicas::Auto,
         }
     }
 }
@@ -248,6 +277,17 @@ pub(super) fn compile(
     }
     let callback_for_us =
         span(raw.callback_for.as_deref(), "callback_for", d.callback_for_us, Duration::from_secs(60), MAX_DEADLINE)?;
+    let replicas = match (raw.replicas, redis) {
+        (None, _) => Replicas::Auto,
+        (Some(_), false) => {
+            return Err(Invalid::at(TABLE, "replicas", "only with a Redis [store] (the jobs are in a file here)"))
+        }
+        (Some(RawReplicas::Text(t)), true) if t == "auto" => Replicas::Auto,
+        (Some(RawReplicas::Count(n)), true) if (0..=MAX_REPLICAS).contains(&n) => Replicas::Exactly(n as u32),
+        (Some(_), true) => {
+            return Err(Invalid::at(TABLE, "replicas", format!("\"auto\" or a number from 0 to {MAX_REPLICAS}")))
+        }
+    };
     let env_key = std::env::var(CALLBACK_KEY_ENV).ok().filter(|k| !k.trim().is_empty());
     let callback_key = match (env_key, raw.callback_key_file.as_deref()) {
         (Some(key), _) => Some(callback_key(key.trim().as_bytes()).map_err(|e| e.field(CALLBACK_KEY_ENV))?),
@@ -273,6 +313,7 @@ pub(super) fn compile(
         callback_for_us,
         max_in_flight,
         instance_in_flight,
+        replicas,
     })
 }
 
@@ -321,4 +362,28 @@ pub(super) fn deadline(text: Option<&str>) -> Result<Option<Micros>, Invalid> {
         return Err(Invalid::at_field("deadline", format!("\"{t}\" must be between 1s and 31 days")));
     }
     Ok(Some(micros(got)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replicas(text: &str, redis: bool) -> Result<Replicas, String> {
+        let raw: RawQueue = toml::from_str(text).map_err(|e| e.to_string())?;
+        compile(raw, redis, None, None).map(|q| q.replicas).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn replicas_is_auto_or_a_number_and_only_for_jobs_in_redis() {
+        assert_eq!(replicas("", true), Ok(Replicas::Auto));
+        assert_eq!(replicas("replicas = \"auto\"", true), Ok(Replicas::Auto));
+        assert_eq!(replicas("replicas = 0", true), Ok(Replicas::Exactly(0)));
+        assert_eq!(replicas("replicas = 2", true), Ok(Replicas::Exactly(2)));
+        for bad in ["replicas = -1", "replicas = 17", "replicas = \"all\"", "replicas = 1.5"] {
+            let e = replicas(bad, true).expect_err(bad);
+            assert!(e.contains("replicas"), "{bad}: {e}");
+        }
+        let e = replicas("replicas = 1", false).expect_err("jobs in a file");
+        assert!(e.contains("[queue] replicas") && e.contains("Redis"), "{e}");
+    }
 }

@@ -6,6 +6,9 @@
 //! (the account's hash tag, as the decision state's: one Cluster slot), so
 //! it is atomic on a Cluster too. jobs_prelude.lua lists those keys.
 //!
+//! `sending` waits, on a master with replicas, until a replica has the
+//! mark before the job's request goes out (`sending.rs`).
+//!
 //! A job's id names its account: its first 4 bytes are the account's number
 //! (lua/jobs_account.lua, given once per account and never changed), the 12
 //! others random. So `get`, `cancel`, `sending` and `finish`, which have only
@@ -79,11 +82,14 @@ use super::{
     Answer, Bound, Bounds, CallerRoom, Cancelled, DueCallback, End, ExpiredJob, Job, JobId, JobState, JobStore, NewJob,
     QueueKey, QueueSummary, Recovered, SubmitError, Submitted,
 };
+use crate::config::queue::Replicas;
 use crate::config::RedisConfig;
 use crate::store::redis::conn::{Connections, Lane, CONNECT_TIMEOUT};
 use crate::store::redis::protocol::{script, Keys};
 use crate::store::StoreError;
 use crate::time::Micros;
+
+mod sending;
 
 /// A jobs script: prelude.lua, jobs_prelude.lua, then the file.
 macro_rules! jobs_script {
@@ -177,6 +183,12 @@ pub struct RedisJobs {
     /// The accounts of the numbers this instance has seen (a number never
     /// changes while Redis keeps its data).
     names: Mutex<HashMap<u32, Arc<str>>>,
+    /// `[queue] replicas`: the replicas a `sending` mark must be on before
+    /// the job's request goes out ([`sending`]).
+    replicas: Replicas,
+    /// A Redis Cluster (each slot's master seen apart by [`sending`]).
+    cluster: bool,
+    masters: sending::Masters,
 }
 
 impl RedisJobs {
@@ -214,6 +226,9 @@ impl RedisJobs {
             scripts: Scripts::new(),
             timeout: cfg.timeout,
             names: Mutex::default(),
+            replicas: Replicas::Auto,
+            cluster: !cfg.nodes.is_empty(),
+            masters: sending::Masters::default(),
         };
         let mut conn = jobs.conns.conn(Lane::Shared);
         for script in jobs.scripts.all() {
@@ -228,6 +243,13 @@ impl RedisJobs {
             };
         }
         Ok(jobs)
+    }
+
+    /// `[queue] replicas` (`"auto"` until given): how many replicas must
+    /// have a job's `sending` mark before its request goes out.
+    pub fn with_replicas(mut self, replicas: Replicas) -> RedisJobs {
+        self.replicas = replicas;
+        self
     }
 
     /// `<prefix>:{<account>}:#jobs:`: what an account's job keys start with.
@@ -458,13 +480,6 @@ impl RedisJobs {
         let [done, head] = <[Value; 2]>::try_from(reply).map_err(|_| bad(S, "not 2 items"))?;
         self.note_callbacks(account, int(&head, S)?).await?;
         Ok(int(&done, S)? == 1)
-    }
-
-    /// [`JobStore::sending`] in `account`'s keys.
-    async fn sending_in(&self, account: &str, id: JobId, owner: &str, now: Micros) -> Result<bool, StoreError> {
-        let mut inv = self.on_account(&self.scripts.sending, account);
-        inv.arg(now).arg(id.to_string()).arg(owner);
-        Ok(self.run::<i64>(inv).await? == 1)
     }
 
     /// [`JobStore::finish`] in `account`'s keys.

@@ -315,6 +315,13 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(n: usize) -> RedisCluster {
+        Self::start_with_replicas(n, 0)
+    }
+
+    /// `masters` masters with `replicas` replicas each (`--cluster-replicas`),
+    /// every replica in sync when it returns.
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> RedisCluster {
+        let n = masters * (1 + replicas);
         let mut nodes = Vec::new();
         for _attempt in 0..100 + n {
             if nodes.len() == n {
@@ -344,7 +351,7 @@ impl RedisCluster {
         let out = Command::new(&cli)
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("cannot run {cli}: {e}"));
         assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
@@ -354,7 +361,29 @@ impl RedisCluster {
             assert!(start.elapsed() < Duration::from_secs(20), "cluster never became ok");
             std::thread::sleep(Duration::from_millis(50));
         }
+        while !cluster.nodes.iter().all(|n| {
+            let info = n.command("INFO replication");
+            info.contains("role:master") || info.contains("master_link_status:up")
+        }) {
+            assert!(start.elapsed() < Duration::from_secs(30), "the cluster's replicas never synced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         cluster
+    }
+
+    /// The replica of the master on `port` (a cluster started with replicas).
+    pub fn replica_of(&self, port: u16) -> &RedisServer {
+        let table = self.nodes[0].command("CLUSTER NODES");
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        let port_of =
+            |addr: &str| addr.split('@').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok());
+        let master = rows.iter().find(|f| f.len() > 2 && port_of(f[1]) == Some(port)).expect("the master's row");
+        let replica = rows
+            .iter()
+            .find(|f| f.len() > 3 && f[2].contains("slave") && f[3] == master[0])
+            .and_then(|f| port_of(f[1]))
+            .unwrap_or_else(|| panic!("no replica of the master on {port}"));
+        self.nodes.iter().find(|n| n.port == replica).expect("a node of this cluster")
     }
 
     /// Seed node URLs.
@@ -481,6 +510,57 @@ impl LaggingLink {
     }
 }
 
+/// Waits (up to 10 s) until `replica` holds everything `master` had written
+/// when called: a marker key written on the master last, then seen on the
+/// replica (replication keeps the master's order).
+pub fn wait_replicated(master: &RedisServer, replica: &RedisServer) {
+    static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mark = format!("test:replicated:{}", MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    master.run_as(None, &["SET", &mark, "1"]);
+    let started = Instant::now();
+    while replica.run_as(None, &["EXISTS", &mark]) != redis::Value::Int(1) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the replica never caught up with the master");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A master and one replica reaching it through a [`LaggingLink`], with no
+/// sentinels: a failover is done by hand ([`ReplicatedRedis::fail_over`]),
+/// as an operator (or a managed service) promotes a replica.
+pub struct ReplicatedRedis {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub link: LaggingLink,
+}
+
+impl ReplicatedRedis {
+    pub fn start() -> ReplicatedRedis {
+        let fast_sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"];
+        let master = RedisServer::start_with(&fast_sync);
+        let link = LaggingLink::start(master.port);
+        let port = link.port.to_string();
+        let mut replica_args = fast_sync.to_vec();
+        replica_args.extend(["--replicaof", "127.0.0.1", port.as_str()]);
+        let replica = RedisServer::start_with(&replica_args);
+        let started = Instant::now();
+        while !(replica.command("INFO replication").contains("master_link_status:up")
+            && master.command("INFO replication").contains("state=online"))
+        {
+            assert!(started.elapsed() < Duration::from_secs(15), "the replica never synced");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ReplicatedRedis { master, replica, link }
+    }
+
+    /// The master crashes (SIGKILL: what the link held back is lost with
+    /// it) and the replica is promoted (`REPLICAOF NO ONE`).
+    pub fn fail_over(&mut self) {
+        self.master.stop();
+        self.replica.run_as(None, &["REPLICAOF", "NO", "ONE"]);
+        assert!(self.replica.command("ROLE").contains("master"), "the replica was promoted");
+    }
+}
+
 /// The name the sentinels monitor the master as.
 pub const SENTINEL_MASTER: &str = "wxm";
 
@@ -564,6 +644,18 @@ impl RedisSentinelSet {
             let reply = raw_command(*port, &format!("SENTINEL get-master-addr-by-name {SENTINEL_MASTER}"));
             reply.lines().filter(|l| !l.starts_with('*') && !l.starts_with('$')).nth(1)?.trim().parse().ok()
         })
+    }
+
+    /// `SENTINEL FAILOVER` (the old master stays up and is made a replica of
+    /// the new one), and waits until the sentinels name the replica.
+    pub fn fail_over(&self, limit: Duration) {
+        let asked = raw_command(self.sentinels[0].0, &format!("SENTINEL FAILOVER {SENTINEL_MASTER}"));
+        assert!(asked.starts_with("+OK"), "SENTINEL FAILOVER answered {asked:?}");
+        let started = Instant::now();
+        while !(self.master_port() == Some(self.replica.port) && self.replica.command("ROLE").contains("master")) {
+            assert!(started.elapsed() < limit, "the sentinels promoted no replica within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILLs the master (a crash), and waits until the sentinels name the

@@ -49,7 +49,7 @@ pub async fn open(slot: &Arc<JobsSlot>, config: &Config) -> Result<(), OpenError
         }
         (JobsAt::Redis, StoreConfig::Redis(r)) => match RedisJobs::connect(r).await {
             Ok(jobs) => {
-                slot.set(Arc::new(jobs), JobsAt::Redis);
+                slot.set(Arc::new(jobs.with_replicas(config.queue.replicas)), JobsAt::Redis);
                 tracing::info!("queued delivery on (jobs in Redis)");
             }
             Err(StoreError::Unreachable(e)) => {
@@ -57,7 +57,7 @@ pub async fn open(slot: &Arc<JobsSlot>, config: &Config) -> Result<(), OpenError
                     error = %e,
                     "queued delivery waits for Redis (the jobs store): calls asking for it get 503 until Redis answers"
                 );
-                slot.connect_later(r.clone());
+                slot.connect_later(r.clone(), config.queue.replicas);
             }
             Err(e) => return Err(OpenError::Redis(e)),
         },

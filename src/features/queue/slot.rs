@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::sync::watch;
 
-use crate::config::queue::JobsAt;
+use crate::config::queue::{JobsAt, Replicas};
 use crate::config::RedisConfig;
 use crate::error::ProxyError;
 use crate::jobs::redis::RedisJobs;
@@ -77,7 +77,7 @@ impl JobsSlot {
     /// Redis answers, then sets the store (the loops waiting for it start).
     /// Nothing when a store is open or a task connecting; the task ends when
     /// the slot (the app) is dropped.
-    pub fn connect_later(self: &Arc<Self>, redis: RedisConfig) {
+    pub fn connect_later(self: &Arc<Self>, redis: RedisConfig, replicas: Replicas) {
         if !self.start_connecting() {
             return;
         }
@@ -91,7 +91,7 @@ impl JobsSlot {
                 match RedisJobs::connect(&redis).await {
                     Ok(jobs) => {
                         let Some(slot) = slot.upgrade() else { return };
-                        slot.set(Arc::new(jobs), JobsAt::Redis);
+                        slot.set(Arc::new(jobs.with_replicas(replicas)), JobsAt::Redis);
                         tracing::warn!("Redis answers: queued delivery on (jobs in Redis)");
                         return;
                     }
