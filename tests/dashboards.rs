@@ -256,7 +256,13 @@ async fn live_metrics() -> String {
         .with(rule("send").matching("/cgi-bin/message/template/send").limit_burst(2, "1m", 2))
         .with(rule("shaped").matching("/cgi-bin/menu/create").limit_burst(1, "1m", 1).max_wait("2m"))
         .with(recipients)
-        .with(rule("queued").matching("/cgi-bin/message/subscribe/send").limit(100, "day").set("queue", true))
+        .with(
+            rule("queued")
+                .matching("/cgi-bin/message/subscribe/send")
+                .limit(100, "day")
+                .limit(60, "1m")
+                .set("queue", true),
+        )
         .with(rule("default"))
         .with(ca.section(&wechat.url()))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))

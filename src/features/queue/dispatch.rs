@@ -304,12 +304,14 @@ async fn run_queue(
                     for job in claimed {
                         lock(&held).insert(job.id);
                         q.in_flight.fetch_add(1, Ordering::SeqCst);
+                        q.metrics.in_flight(&queue.rule, true);
                         let (host, q2, jobs, queue, held) =
                             (host.clone(), q.clone(), jobs.clone(), queue.clone(), held.clone());
                         sends.spawn(async move {
                             let done = send_and_finish(&*host, &q2, &jobs, &queue, job).await;
                             lock(&held).remove(&done.id);
                             q2.in_flight.fetch_sub(1, Ordering::SeqCst);
+                            q2.metrics.in_flight(&queue.rule, false);
                             done
                         });
                     }

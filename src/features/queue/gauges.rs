@@ -36,6 +36,10 @@ pub(super) fn spawn(host: Weak<dyn Host>, q: Arc<Shared>) {
         // from 0, so the first is an increase the alert sees.
         q.metrics.recovered_unknown(0);
         let mut shown = Shown::default();
+        if let Some(host) = host.upgrade() {
+            // The first pace is of the sends since this start.
+            shown.sent = (host.core().clock.now_us(), q.metrics.sent_by_rule());
+        }
         loop {
             let Some(host) = host.upgrade() else { return };
             if let Err(e) = refresh(&*host, &q, &mut shown).await {
@@ -62,6 +66,8 @@ type Counts = ([u64; 3], Option<Micros>);
 pub struct Shown {
     queues: BTreeSet<QueueName>,
     rules: BTreeSet<Arc<str>>,
+    /// Jobs sent by rule at the last refresh, and when (for the pace).
+    sent: (Micros, std::collections::HashMap<String, u64>),
 }
 
 /// Sets the queue gauges from the jobs store's summary (all accounts of a
@@ -103,6 +109,33 @@ async fn refresh(host: &dyn Host, q: &Shared, shown: &mut Shown) -> Result<(), S
         m.set_deadline(gone, None);
     }
     shown.rules = rules;
+
+    // Each queueing rule's pace since the last refresh, against its
+    // tightest window's steady rate; shown while its queues have jobs or
+    // sent some.
+    let sent = m.sent_by_rule();
+    let (then, before) = std::mem::replace(&mut shown.sent, (now, sent.clone()));
+    let elapsed = (now - then) as f64 / 1e6;
+    for rule in &config.rules {
+        if config.rule_http(Some(rule)).queue.is_none() {
+            continue;
+        }
+        let rate = rule
+            .limits
+            .iter()
+            .filter_map(|l| match l {
+                crate::limit::Limit::Window(w) => Some(w.count() as f64 / (w.per_us().max(1) as f64 / 1e6)),
+                crate::limit::Limit::Calendar { .. } => None,
+            })
+            .reduce(f64::min);
+        let now_sent = sent.get(&*rule.name).copied().unwrap_or(0);
+        let delta = now_sent.saturating_sub(before.get(&*rule.name).copied().unwrap_or(0));
+        let busy = delta > 0 || shown.queues.iter().any(|(r, _)| *r == rule.name);
+        match rate {
+            Some(rate) if busy => m.set_pace(&rule.name, Some(delta as f64 / elapsed.max(1.0) / rate)),
+            _ => m.set_pace(&rule.name, None),
+        }
+    }
     Ok(())
 }
 

@@ -74,6 +74,16 @@ pub struct QueueMetrics {
     /// Callbacks this instance posted or gave up, by outcome
     /// ([`super::callbacks`]).
     pub callbacks: Family<QueueCallbackLabels, Counter>,
+    /// Queued sends under way on this instance (claimed, being decided,
+    /// held for their slot, or at WeChat), by rule.
+    pub in_flight: Family<RuleLabel, Gauge>,
+    /// This instance's queued sends per second over the last gauge period,
+    /// as a share of the rule's steady rate (its tightest window), by rule:
+    /// summed over instances, how much of the rule the queues use.
+    pub pace: Family<RuleLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Jobs this instance sent, by rule (what [`QueueMetrics::pace`] is
+    /// computed from).
+    sent: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
 }
 
 /// The ends a job can have (`wxgate_queue_ended_total`'s `state`).
@@ -112,6 +122,15 @@ impl QueueMetrics {
     /// A job ended `state` (one of [`QUEUE_ENDS`]).
     pub fn ended(&self, rule: &str, caller: &str, state: &str) {
         self.seen(rule, caller);
+        if state == "sent" {
+            let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+            match sent.get_mut(rule) {
+                Some(n) => *n += 1,
+                None => {
+                    sent.insert(rule.to_owned(), 1);
+                }
+            }
+        }
         self.ended.get_or_create(&Self::state(rule, caller, state)).inc_by(1);
     }
 
@@ -152,6 +171,34 @@ impl QueueMetrics {
         self.oldest.remove(&Self::labels(rule, caller));
     }
 
+    /// A send of `rule` starts (`true`) or ends under way on this instance.
+    pub fn in_flight(&self, rule: &str, starts: bool) {
+        let gauge = self.in_flight.get_or_create(&RuleLabel { rule: rule.to_owned() });
+        if starts {
+            gauge.inc();
+        } else {
+            gauge.dec();
+        }
+    }
+
+    /// Jobs this instance sent so far, by rule.
+    pub fn sent_by_rule(&self) -> std::collections::HashMap<String, u64> {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets (`Some`) or removes a rule's pace ratio.
+    pub fn set_pace(&self, rule: &str, ratio: Option<f64>) {
+        let label = RuleLabel { rule: rule.to_owned() };
+        match ratio {
+            Some(r) => {
+                self.pace.get_or_create(&label).set(r);
+            }
+            None => {
+                self.pace.remove(&label);
+            }
+        }
+    }
+
     /// Sets (`Some`) or removes a rule's default deadline.
     pub fn set_deadline(&self, rule: &str, seconds: Option<i64>) {
         let label = RuleLabel { rule: rule.to_owned() };
@@ -182,6 +229,9 @@ pub fn register(registry: &mut Registry) -> QueueMetrics {
         ended: Family::default(),
         delay: Family::new_with_constructor(delay_buckets),
         callbacks: Family::default(),
+        in_flight: Family::default(),
+        pace: Family::default(),
+        sent: Default::default(),
     };
     registry.register(
         "queue_jobs",
@@ -222,6 +272,16 @@ pub fn register(registry: &mut Registry) -> QueueMetrics {
         "queue_callbacks",
         "Queued delivery: callbacks this instance posted or gave up, by rule, caller and outcome (delivered: 2xx; retried: not 2xx, tried again later; given_up: callback_for passed or the URL no longer allowed)",
         q.callbacks.clone(),
+    );
+    registry.register(
+        "queue_in_flight",
+        "Queued delivery: sends under way on this instance (claimed, being decided, held for their slot, or at WeChat), by rule",
+        q.in_flight.clone(),
+    );
+    registry.register(
+        "queue_pace_ratio",
+        "Queued delivery: this instance's queued sends per second over the last 15 s as a share of the rule's steady rate (its tightest window), by rule; summed over instances: the share of the rule the queues use",
+        q.pace.clone(),
     );
     q
 }
