@@ -273,7 +273,6 @@ async fn run_queue(
     let mut sends: tokio::task::JoinSet<Done> = tokio::task::JoinSet::new();
     // Nothing more to claim until a send ends or a job is submitted.
     let mut drained = false;
-    let mut was_ready = true;
     let mut renew_at = clock.now_us() + lease_us / 3;
     let mut failed = None;
     loop {
@@ -282,15 +281,10 @@ async fn run_queue(
         // Claims in batches: when a quarter of the window (at least one) is free.
         // Whether this turn has work now, for the other callers' turns on its pair.
         let ready = !stopping && !drained && failed.is_none() && now >= paused_until;
-        let allowed = {
-            let mut runs = lock(&q.runs);
-            if ready != was_ready {
-                runs.ready(queue, ready);
-                q.turned.notify_waiters();
-                was_ready = ready;
-            }
-            runs.allowed(queue, sends.len())
-        };
+        let (allowed, changed) = lock(&q.runs).allowed(queue, sends.len(), ready);
+        if changed {
+            q.turned.notify_waiters();
+        }
         let free = instance.saturating_sub(q.in_flight.load(Ordering::SeqCst));
         let room = allowed.min(free);
         // Claims in batches: when a quarter of what it may have out is free.

@@ -41,7 +41,8 @@ pub(super) struct TurnShare {
     /// Sends it started, each counted `1 / weight`: no turn with work to
     /// send starts more than [`SLACK`] ahead of the least of the others.
     pub(super) vtime: f64,
-    /// It has jobs it could send now (not drained, not refused until later).
+    /// It competes for starts: it has jobs it could send now (not drained,
+    /// not refused until later) and room in its share of the window.
     pub(super) ready: bool,
 }
 
@@ -54,10 +55,6 @@ pub(super) const SLACK: f64 = 2.0;
 pub(super) const KEPT: usize = 10_000;
 
 impl Runs {
-    fn pair(&self, queue: &QueueKey) -> Option<&PairRun> {
-        self.pairs.get(&(queue.account.clone(), queue.rule.clone()))
-    }
-
     fn pair_mut(&mut self, queue: &QueueKey) -> Option<&mut PairRun> {
         self.pairs.get_mut(&(queue.account.clone(), queue.rule.clone()))
     }
@@ -65,14 +62,17 @@ impl Runs {
     /// How many sends `queue`'s turn may start now, with `in_flight` under
     /// way: its part of its pair's window (all of it when it is the only
     /// caller sending there, else its share by weight, at least 1), and no
-    /// more than keeps it within [`SLACK`] of the other callers' turns that
-    /// have work (so callers sharing a rule take its slots in the ratio of
-    /// their weights however fast the first of them starts).
-    pub(super) fn allowed(&self, queue: &QueueKey, in_flight: usize) -> usize {
-        let Some(pair) = self.pair(queue) else { return 0 };
-        let Some(me) = pair.turns.get(&queue.caller) else { return 0 };
+    /// more than keeps it within [`SLACK`] of the other callers' turns
+    /// that compete for starts (so callers sharing a rule take its slots in
+    /// the ratio of their weights however fast the first of them starts).
+    /// A turn competes while it has work (`has_work`: jobs it could send
+    /// now) and room in its share; one whose share is full (its sends slow
+    /// at WeChat) holds no other back. Also whether that changed.
+    pub(super) fn allowed(&mut self, queue: &QueueKey, in_flight: usize, has_work: bool) -> (usize, bool) {
+        let Some(pair) = self.pairs.get_mut(&(queue.account.clone(), queue.rule.clone())) else { return (0, false) };
         let limit = pair.flow.limit();
         let total: u64 = pair.turns.values().map(|t| u64::from(t.weight.max(1))).sum();
+        let Some(me) = pair.turns.get(&queue.caller).copied() else { return (0, false) };
         let weight = u64::from(me.weight.max(1));
         let share = if pair.turns.len() <= 1 {
             limit
@@ -80,28 +80,28 @@ impl Runs {
             usize::try_from(limit as u64 * weight / total.max(1)).unwrap_or(1).max(1)
         };
         let room = share.saturating_sub(in_flight);
+        let competes = has_work && room > 0;
+        let changed = competes != me.ready;
+        if let Some(t) = pair.turns.get_mut(&queue.caller) {
+            t.ready = competes;
+        }
         let others =
             pair.turns.iter().filter(|(c, t)| **c != queue.caller && t.ready).map(|(_, t)| t.vtime).reduce(f64::min);
-        match others {
+        let allowed = match others {
+            _ if !has_work => 0,
             None => room,
             Some(least) => {
                 let ahead = ((least + SLACK - me.vtime) * weight as f64).floor();
                 room.min(if ahead > 0.0 { ahead as usize } else { 0 })
             }
-        }
+        };
+        (allowed, changed)
     }
 
     /// `queue`'s turn started `n` sends.
     pub(super) fn started(&mut self, queue: &QueueKey, n: usize) {
         if let Some(me) = self.pair_mut(queue).and_then(|p| p.turns.get_mut(&queue.caller)) {
             me.vtime += n as f64 / f64::from(me.weight.max(1));
-        }
-    }
-
-    /// Whether `queue`'s turn has jobs it could send now.
-    pub(super) fn ready(&mut self, queue: &QueueKey, ready: bool) {
-        if let Some(me) = self.pair_mut(queue).and_then(|p| p.turns.get_mut(&queue.caller)) {
-            me.ready = ready;
         }
     }
 
@@ -234,23 +234,29 @@ mod tests {
     fn callers_sharing_a_rule_start_sends_in_turn_by_weight() {
         let mut runs = Runs::default();
         runs.enter(&q("marketing"), 1, 64);
-        assert_eq!(runs.allowed(&q("marketing"), 0), 4, "alone: the whole window");
+        assert_eq!(runs.allowed(&q("marketing"), 0, true).0, 4, "alone: the whole window");
         runs.enter(&q("hr"), 3, 64);
         // Marketing races ahead: it may start 2 before HR starts any.
         let mut started = (0, 0);
         for _ in 0..400 {
             for (who, n) in [("marketing", &mut started.0), ("hr", &mut started.1)] {
-                let k = runs.allowed(&q(who), 0).min(1);
+                let k = runs.allowed(&q(who), 0, true).0.min(1);
                 runs.started(&q(who), k);
                 *n += k;
             }
         }
         let ratio = started.1 as f64 / started.0 as f64;
         assert!((2.5..3.5).contains(&ratio), "hr (weight 3) starts 3 for marketing's 1: {started:?}");
-        // A turn with nothing to send holds nobody back.
-        runs.ready(&q("hr"), false);
-        assert_eq!(runs.allowed(&q("marketing"), 0), 1, "its share of the window (1 of 4), no longer its turn's");
+        // A turn with nothing to send, or whose share is full, holds nobody back.
+        assert_eq!(runs.allowed(&q("hr"), 0, false), (0, true));
+        assert_eq!(
+            runs.allowed(&q("marketing"), 0, true).0,
+            1,
+            "its share of the window (1 of 4), no longer its turn's"
+        );
+        runs.allowed(&q("hr"), 3, true);
+        assert_eq!(runs.allowed(&q("marketing"), 0, true).0, 1, "hr's share is full: marketing is not held back");
         runs.leave(&q("hr"), 0, 0);
-        assert_eq!(runs.allowed(&q("marketing"), 0), 4);
+        assert_eq!(runs.allowed(&q("marketing"), 0, true).0, 4);
     }
 }
