@@ -36,7 +36,7 @@ mod schedule;
 use super::calendar::{Period, DAY_US};
 use super::{Limit, LimitState, Rule, RuleState};
 use crate::time::Micros;
-use schedule::Schedule;
+use schedule::{Schedule, Window};
 
 /// The earliest time all of `jobs` calls of `caller` on `rule` can have
 /// been admitted, from `state` at `now` (`offset_us`: the quota day's
@@ -261,14 +261,6 @@ impl Drain {
         self.at = at;
         self.k += 1;
     }
-}
-
-/// A window's GCRA state and terms, for a normal-priority call.
-struct Window {
-    tat: Micros,
-    /// τ − kept: how far ahead of `tat` a call may go.
-    lead: Micros,
-    step: Micros,
 }
 
 /// A calendar quota's count as of period `id`, and its room for a normal

@@ -27,8 +27,16 @@
 //! is the largest of `max(t_w, a_0) + k·s_w` and `a_{k−1} + s_w`. (The
 //! tests compare all of it with the replay on thousands of cases.)
 
-use super::Window;
 use crate::time::Micros;
+
+/// A window's GCRA state and terms, for a normal-priority call (here, below
+/// the replay that uses it, so the schedule imports nothing of it).
+pub(super) struct Window {
+    pub(super) tat: Micros,
+    /// τ − kept: how far ahead of `tat` a call may go.
+    pub(super) lead: Micros,
+    pub(super) step: Micros,
+}
 
 /// The calls the windows alone place from a start.
 pub(super) struct Schedule<'a> {
