@@ -386,7 +386,7 @@ async fn unknown_after_upstream_timeout(store: &Store) {
     assert_eq!(bodies, [&br#"{"slow":1}"#[..], &br#"{"next":1}"#[..]], "{}: the slow one once", store.name());
     let still = gate.get_with(&format!("/v1/deliveries/{id}"), &[]).await.json();
     assert_eq!(still["state"], "unknown", "{}: {still}", store.name());
-    slow.add_permits(8);
+    slow.add_permits(4);
 }
 
 /// A queued call's body is read whole before anything is stored: a body
@@ -952,4 +952,41 @@ async fn the_admin_api_shows_queues_per_caller_and_cancels_a_delivery_by_hand() 
         (Some(1), true),
         "{q}"
     );
+}
+
+/// Redis refuses writes for a moment while WeChat's answers to sends under
+/// way come back: each job's end is written when Redis takes it again
+/// (asked again within milliseconds), not left to its lease (10 minutes
+/// here, and then the job would end `unknown` though WeChat took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_end_the_store_could_not_take_at_once_is_written_when_it_answers_again() {
+    let redis = support::redis_server::RedisServer::start();
+    let (mock, _tokens, slow) = slow_wechat().await;
+    let dir = TempDir::new("queue-store-blip");
+    let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+    let config = ConfigToml::new(&mock.url())
+        .server("upstream_timeout", "30s")
+        .with(support::StoreToml::redis(&redis.url()).set("key_prefix", "qb").set("timeout", "100ms"))
+        .with(rules(1000, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(format!("[tokens]\nkey_file = \"{}\"\n", key.display()))
+        .with("[queue]\nlease = \"10m\"\n".to_owned());
+    let gate = Gate::start_redis_on_manual_clock(config).await;
+    let mut ids = Vec::new();
+    // As many as a new queue's first window (4): all out at once.
+    for i in 0..4 {
+        ids.push(queued(&gate, "default", SEND, &format!(r#"{{"slow":{i},"touser":"b{i}"}}"#)).await);
+    }
+    eventually_async("4 sends held at WeChat", PATIENCE, async || sends(&mock) == 4).await;
+    // Redis refuses every write for a moment (NOREPLICAS: as a master that
+    // lost its replicas under `min-replicas-to-write`), while WeChat answers.
+    assert!(redis.command("CONFIG SET min-replicas-to-write 1").contains("OK"));
+    slow.add_permits(4);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(redis.command("CONFIG SET min-replicas-to-write 0").contains("OK"));
+    for id in &ids {
+        let done = until_state(&gate, "default", id, "sent").await;
+        assert_eq!(done["attempts"], 1, "{done}");
+    }
+    assert_eq!(sends(&mock), 4, "each once");
 }

@@ -380,7 +380,7 @@ async fn send_and_finish(host: &dyn Host, q: &Shared, jobs: &Arc<dyn JobStore>, 
         (End::NotYet { at }, Some(Refusal::Queue)) => Some(*at),
         _ => None,
     };
-    let mut delay = 10_000;
+    let mut delay: u64 = 10_000;
     for attempt in 0..=FINISH_RETRIES {
         let now = host.core().clock.now_us();
         match jobs.finish(id, &q.owner, end.clone(), now).await {
@@ -394,7 +394,9 @@ async fn send_and_finish(host: &dyn Host, q: &Shared, jobs: &Arc<dyn JobStore>, 
             }
             Err(e) if attempt < FINISH_RETRIES && !q.stopping.is_cancelled() => {
                 tracing::debug!(error = %e, job = %id, "queued delivery: writing a job's end failed; asking again");
-                host.core().clock.sleep(Span::from_micros(delay)).await;
+                // Real time, whatever the clock: the store's answer, not
+                // the rule's, is waited for.
+                tokio::time::sleep(std::time::Duration::from_micros(delay)).await;
                 delay = (delay * 2).min(1_000_000);
             }
             Err(e) => {
