@@ -60,6 +60,7 @@ mod queue_callbacks;
 mod queue_drained;
 mod queue_failover;
 mod queue_metrics;
+mod queue_pace;
 mod queue_reload;
 mod queue_shutdown;
 mod quickstart;

@@ -118,6 +118,10 @@ pub enum Reply {
     Delayed { ms: u64, then: Box<Reply> },
     /// Wait for a permit from `gate` (the test adds them), then answer `then`.
     Gated { gate: Arc<tokio::sync::Semaphore>, then: Box<Reply> },
+    /// A WeChat with a ceiling on calls at once: `then` while fewer than
+    /// `slots`' ceiling are being answered (the call holds a slot until its
+    /// answer is decided), else `over` at once (e.g. 45033).
+    Limited { slots: Arc<Slots>, then: Box<Reply>, over: Box<Reply> },
     /// Echo the request back: status 200, body = request body, headers
     /// `x-echo-*` describing the request.
     Echo,
@@ -171,6 +175,49 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The calls at once a [`Reply::Limited`] takes, and what it saw: each
+/// call's arrival with how many were being answered with it (itself
+/// counted), and whether it was over the ceiling.
+pub struct Slots {
+    ceiling: usize,
+    now: Arc<AtomicUsize>,
+    seen: Mutex<Vec<Concurrent>>,
+}
+
+/// One call at a [`Slots`]-limited mock.
+#[derive(Debug, Clone, Copy)]
+pub struct Concurrent {
+    pub arrived: Instant,
+    /// Calls being answered with it, itself counted.
+    pub at_once: usize,
+    /// Over the ceiling: answered `over`.
+    pub over: bool,
+}
+
+impl Slots {
+    pub fn new(ceiling: usize) -> Arc<Slots> {
+        Arc::new(Slots { ceiling, now: Arc::default(), seen: Mutex::default() })
+    }
+
+    /// Every call so far, in arrival order.
+    pub fn seen(&self) -> Vec<Concurrent> {
+        self.seen.lock().expect("slots").clone()
+    }
+
+    /// Takes a slot (`Some`: held until dropped) or finds them all taken.
+    fn take(&self) -> Option<InFlight> {
+        let mut seen = self.seen.lock().expect("slots");
+        let at_once = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        let over = at_once > self.ceiling;
+        seen.push(Concurrent { arrived: Instant::now(), at_once, over });
+        if over {
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(InFlight(self.now.clone()))
     }
 }
 
@@ -258,8 +305,16 @@ impl MockWeChat {
         let responder = self.responder.lock().expect("responder").clone();
         let mut reply = responder(&rec);
         let in_flight = InFlight::enter(&self.in_flight, &self.max_in_flight);
+        let mut slot = None;
         let reply = loop {
             match reply {
+                Reply::Limited { slots, then, over } => match slots.take() {
+                    Some(taken) => {
+                        slot = Some(taken);
+                        reply = *then;
+                    }
+                    None => reply = *over,
+                },
                 Reply::Gated { gate, then } => {
                     if let Ok(permit) = gate.acquire().await {
                         permit.forget();
@@ -273,9 +328,10 @@ impl MockWeChat {
                 other => break other,
             }
         };
+        drop(slot);
         drop(in_flight);
         match reply {
-            Reply::Gated { .. } | Reply::Delayed { .. } => unreachable!("unwrapped above"),
+            Reply::Gated { .. } | Reply::Delayed { .. } | Reply::Limited { .. } => unreachable!("unwrapped above"),
             Reply::Json { body, content_type } => {
                 Response::builder().header("content-type", content_type).body(full(body)).expect("response")
             }

@@ -1,11 +1,14 @@
 //! Queued delivery over real sockets: a mock WeChat that issues tokens and
 //! answers message sends, a gate with a jobs file and an `[[account]]`
 //! whose token it holds, submissions with `Prefer: respond-async`, and
-//! waiting for a delivery's state (tests/queue.rs, tests/queue_metrics.rs).
+//! waiting for a delivery's state (tests/queue.rs, tests/queue_metrics.rs);
+//! a gate on the system clock on either store, for real pace
+//! (tests/queue_pace.rs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::backing::Backing;
 use super::temp::TempDir;
 use super::tokens::{account_toml, WeChatTokens, APPID, SECRET};
 use super::{eventually_async, ConfigToml, Gate, MockWeChat, Recorded, Reply, PATIENCE};
@@ -72,6 +75,56 @@ pub async fn gate(mock: &MockWeChat, dir: &TempDir, rules: &str, queue: &str, ex
         .with(queue)
         .with(extra.to_owned());
     Gate::start_text(config).await
+}
+
+/// A gate on the system clock (real time: pace, leases, slow answers) on
+/// `backing` (memory: its jobs in SQLite in `dir`; Redis: there, its
+/// account's token sealed with a key in `dir`), with `config`'s `[server]`,
+/// `rules`, the account [`APPID`], `[queue]` lines `queue` and `extra`.
+pub async fn real_gate(
+    backing: &Backing,
+    config: ConfigToml,
+    dir: &TempDir,
+    rules: &str,
+    queue: &str,
+    extra: &str,
+) -> Gate {
+    let config = config
+        .with(rules.to_owned())
+        .with(account_toml(dir, APPID, "official_account", SECRET, ""))
+        .with(extra.to_owned());
+    match backing.store() {
+        None => {
+            let file = dir.path().join("queue.db");
+            Gate::start_real_text(config.with(format!("[queue]\nfile = \"{}\"\n{queue}\n", file.display()))).await
+        }
+        Some(store) => {
+            let key =
+                dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+            let tokens = format!("[tokens]\nkey_file = \"{}\"\n", key.display());
+            let config = config.with(store.set("key_prefix", "qp")).with(tokens).with(format!("[queue]\n{queue}\n"));
+            Gate::start_real_text(config).await
+        }
+    }
+}
+
+/// `caller`'s first queue in `GET /v1/deliveries` (its counts by state).
+pub async fn summary(gate: &Gate, caller: &str) -> serde_json::Value {
+    let a = gate.get_with("/v1/deliveries", &[("x-wx-caller", caller)]).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()["queues"][0].clone()
+}
+
+/// Waits up to `limit` until `caller`'s queue has no job queued, waiting
+/// or sending: its summary then.
+pub async fn until_ended(gate: &Gate, caller: &str, limit: std::time::Duration) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    eventually_async(&format!("{caller}'s jobs all ended"), limit, async || {
+        last = summary(gate, caller).await;
+        ["queued", "waiting", "sending"].iter().all(|s| last[*s] == 0)
+    })
+    .await;
+    last
 }
 
 /// Submits `body` to `path` of [`APPID`] as `caller`, asking for queued

@@ -1,5 +1,5 @@
 //! Counting arrivals in sliding windows, for checks that no window of a
-//! limit's length ever saw more than its count.
+//! limit's length ever saw more than its count; and the pace of arrivals.
 
 use std::ops::Sub;
 
@@ -32,4 +32,15 @@ where
     D: PartialOrd,
 {
     busiest_window(times, w).0
+}
+
+/// Arrivals per second from `times[from]` to the last of `times` (sorted):
+/// `(times.len() - 1 - from)` gaps over that span (e.g. after a limit's
+/// first burst, which goes at once). 0 when there are not two.
+pub fn pace(times: &[std::time::Instant], from: usize) -> f64 {
+    assert!(times.windows(2).all(|p| p[0] <= p[1]), "times must be sorted");
+    match (times.get(from), times.last()) {
+        (Some(first), Some(last)) if last > first => (times.len() - 1 - from) as f64 / (*last - *first).as_secs_f64(),
+        _ => 0.0,
+    }
 }
