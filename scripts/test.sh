@@ -97,7 +97,12 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --all-targets --locked
+cargo test --all-targets --locked -- --skip queue_pace::
+# tests/queue_pace.rs measures queued delivery's pace against real round
+# trips (the numbers, in real time): alone, one test at a time, so
+# the rest of the suite does not take its CPU.
+echo "== cargo test, queue pace (real time, one test at a time)"
+cargo test --locked --test all -- queue_pace:: --test-threads=1
 
 # The suites whose guarantees must hold whatever decides a call, again with
 # quota leases on every Redis store they start ([store] quota_leases,

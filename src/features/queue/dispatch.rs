@@ -481,8 +481,9 @@ async fn send(host: &dyn Host, job: Job) -> (End, Seen, Option<Refusal>) {
     let not_yet = |wait_us: Micros| End::NotYet { at: deadline.map_or(now + wait_us, |d| d.min(now + wait_us)) };
     match (result, marked.load(Ordering::SeqCst)) {
         (Ok(answer), _) => {
-            let overloaded = answer.status >= 500 || matches!(answer.errcode, Some(45033 | -1));
-            let seen = if overloaded {
+            let seen = if answer.errcode == Some(45033) {
+                Seen::TooMany
+            } else if answer.status >= 500 || answer.errcode == Some(-1) {
                 Seen::Overloaded
             } else {
                 Seen::Answered { rtt_us: answer.upstream_us, held: answer.held_us > 0 }

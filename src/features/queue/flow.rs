@@ -23,6 +23,12 @@
 //!   [`SLOW_US`]): halve, at most once per round trip (multiplicative
 //!   decrease), and leave slow start.
 //!
+//! - **Too many at once** (45033: WeChat's limit on an API's concurrent
+//!   calls): halved as above, and the window after it becomes a learned
+//!   ceiling, loosened by one every [`LOOSEN_US`] without another 45033, so
+//!   the window never climbs back past WeChat's limit within seconds (each
+//!   45033 also starts the account's penalty, `[[penalty]]`).
+//!
 //! Never below 1 nor above the ceiling (`[queue] max_in_flight`).
 
 use crate::time::Micros;
@@ -34,6 +40,8 @@ pub const START: f64 = 4.0;
 pub const SLOW_US: Micros = 50_000;
 /// How much a held answer shrinks the window.
 pub const HELD_STEP: f64 = 0.25;
+/// A ceiling learned from a 45033 is loosened by one this often.
+pub const LOOSEN_US: Micros = 60_000_000;
 
 /// What one send's outcome says of the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +49,10 @@ pub enum Seen {
     /// WeChat answered (any errcode but an overload), after `rtt_us`;
     /// `held`: the decision held it for its slot (the rule is the limit).
     Answered { rtt_us: Micros, held: bool },
-    /// WeChat (or the way to it) is overloaded: 45033, -1, a 5xx, no answer.
+    /// WeChat (or the way to it) is overloaded: -1, a 5xx, no answer.
     Overloaded,
+    /// WeChat refused a call for too many at once (45033).
+    TooMany,
     /// Nothing to learn (wxgate's own refusal, a failure before sending).
     Nothing,
 }
@@ -58,13 +68,22 @@ pub struct Flow {
     min_rtt_us: Option<Micros>,
     /// When it was last halved (once per round trip at most).
     cut_at: Micros,
+    /// The ceiling a 45033 taught, and when it was set or last loosened.
+    learned: Option<(f64, Micros)>,
 }
 
 impl Flow {
     /// A new queue's window, under `ceiling` sends.
     pub fn new(ceiling: u32) -> Flow {
         let ceiling = f64::from(ceiling.max(1));
-        Flow { limit: START.min(ceiling), ceiling, slow_start: true, min_rtt_us: None, cut_at: Micros::MIN }
+        Flow {
+            limit: START.min(ceiling),
+            ceiling,
+            slow_start: true,
+            min_rtt_us: None,
+            cut_at: Micros::MIN,
+            learned: None,
+        }
     }
 
     /// How many sends may be in flight now.
@@ -78,11 +97,33 @@ impl Flow {
         self.limit = self.limit.min(self.ceiling);
     }
 
+    /// The ceiling now: the configured one, or what a 45033 taught
+    /// (loosened by one per [`LOOSEN_US`] since).
+    fn top(&mut self, now: Micros) -> f64 {
+        if let Some((learned, at)) = self.learned {
+            let steps = now.saturating_sub(at) / LOOSEN_US;
+            if steps > 0 {
+                let loosened = learned + steps as f64;
+                self.learned = (loosened < self.ceiling).then_some((loosened, at + steps * LOOSEN_US));
+            }
+        }
+        self.learned.map_or(self.ceiling, |(l, _)| l.min(self.ceiling))
+    }
+
     /// One send's outcome at `now`.
     pub fn seen(&mut self, seen: Seen, now: Micros) {
+        let top = self.top(now);
         match seen {
             Seen::Nothing => {}
             Seen::Overloaded => self.cut(now),
+            Seen::TooMany => {
+                self.cut(now);
+                // What was out when WeChat said "too many", halved: below
+                // its limit; a later 45033 lowers it further.
+                let below = self.learned.map_or(self.limit, |(l, _)| l.min(self.limit)).floor().max(1.0);
+                self.learned = Some((below, now));
+                self.limit = self.limit.min(below);
+            }
             Seen::Answered { rtt_us, held } => {
                 let least = self.min_rtt_us.map_or(rtt_us, |m| m.min(rtt_us));
                 self.min_rtt_us = Some(least);
@@ -92,9 +133,9 @@ impl Flow {
                     self.slow_start = false;
                     self.limit = (self.limit - HELD_STEP).max(1.0);
                 } else if self.slow_start {
-                    self.limit = (self.limit + 1.0).min(self.ceiling);
+                    self.limit = (self.limit + 1.0).min(top);
                 } else {
-                    self.limit = (self.limit + 1.0 / self.limit).min(self.ceiling);
+                    self.limit = (self.limit + 1.0 / self.limit).min(top);
                 }
             }
         }
@@ -156,6 +197,28 @@ mod tests {
             f.seen(Seen::Overloaded, 3_000_000 + k * RTT);
         }
         assert_eq!(f.limit(), 1, "never below one send");
+    }
+
+    #[test]
+    fn a_45033_teaches_a_ceiling_the_window_stays_under_and_loosens_by_the_minute() {
+        let mut f = Flow::new(128);
+        for i in 0..12 {
+            f.seen(answered(false), i);
+        }
+        assert_eq!(f.limit(), 16, "slow start past WeChat's limit of 8");
+        f.seen(Seen::TooMany, 1_000_000);
+        f.seen(Seen::TooMany, 1_000_001);
+        assert_eq!(f.limit(), 8, "halved once in the round trip");
+        for i in 0..10_000 {
+            f.seen(answered(false), 1_000_000 + i * 1000);
+        }
+        assert_eq!(f.limit(), 8, "never past what was out at the 45033, halved, within the minute");
+        for i in 0..100 {
+            f.seen(answered(false), 1_000_000 + LOOSEN_US + i);
+        }
+        assert_eq!(f.limit(), 9, "a minute on: one more");
+        f.seen(Seen::TooMany, 1_000_000 + 2 * LOOSEN_US);
+        assert_eq!(f.limit(), 4, "another 45033: halved again, the ceiling with it");
     }
 
     #[test]
