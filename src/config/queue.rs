@@ -152,7 +152,7 @@ impl Default for QueueConfig {
             backoff: Backoff::default(),
             callback_key: None,
             callback_for_us: 24 * 3_600_000_000,
-            max_in_flight: 128,
+            max_in_flight: 256,
             instance_in_flight: 1024,
             replicas: Replicas::Auto,
         }
