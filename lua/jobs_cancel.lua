@@ -20,4 +20,4 @@ if f[1] ~= 'queued' and f[1] ~= 'waiting' and f[1] ~= 'claimed' then
 end
 local called = end_job(id, caller, f[3], f[1], 'cancelled', now)
 local cj, cb = caller_totals(caller)
-return {'ok', f[3], head(caller, f[3], now), cj, cb, callback_note(called)}
+return {'ok', f[3], lower_head(caller, f[3], now), cj, cb, callback_note(called)}

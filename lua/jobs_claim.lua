@@ -23,4 +23,4 @@ local function pick(id, k, state)
   out[#out + 1] = redis.call('GET', bkey(id))
 end
 local nxt = scan(caller, rule, now, tonumber(ARGV[5]), tonumber(ARGV[8]), pick)
-return {nxt, out}
+return {set_head(caller, rule, nxt), out}

@@ -39,7 +39,7 @@ end
 for _, q in pairs(queues) do
   heads[#heads + 1] = q[1]
   heads[#heads + 1] = q[2]
-  heads[#heads + 1] = head(q[1], q[2], now)
+  heads[#heads + 1] = lower_head(q[1], q[2], now)
 end
 for caller in pairs(callers) do
   local j, b = caller_totals(caller)

@@ -38,11 +38,14 @@ if ARGV[7] == '1' then
   end
 end
 local called = false
+-- Its lanes freed (it ended), or it waits until `free` holding them.
+local free = now
 if kind == 'retry' or kind == 'notyet' then
   local due = tonumber(ARGV[6])
   unlease(id, caller, rule, f[1], due <= now and 'queued' or 'waiting', due, now)
+  free = math.max(due, now)
 else
   called = end_job(id, caller, rule, f[1], kind, now)
 end
 local cj, cb = caller_totals(caller)
-return {1, caller, rule, head(caller, rule, now), cj, cb, callback_note(called)}
+return {1, caller, rule, lower_head(caller, rule, free), cj, cb, callback_note(called)}

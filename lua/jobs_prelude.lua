@@ -27,6 +27,8 @@
 --   B..'idemx'    zset: the same members by when they stop counting
 --   B..'dl'       zset: unfinished jobs with a deadline, by it (jobs_expire.lua;
 --                 a claimed or sending one stays in it: its holder ends it)
+--   B..'hd'       hash: caller..'\n'..rule -> the queue's head as last set
+--                 (lower_head, set_head below)
 --   B..'cbs'      zset: ended jobs whose callback is pending, by when it is
 --                 due (such a job is put in 'ended' only once its callback
 --                 is done, so purge keeps it); the job's hash holds 'cbd'
@@ -123,11 +125,40 @@ end
 -- Most unfinished jobs a claim (or a head) looks at (src/jobs.rs CLAIM_SCAN).
 local CLAIM_SCAN = 512
 
--- A queue's head for the index of due queues, after any write that may
--- change it: the walk stops at the first free job due by `now` (so it
--- looks past the jobs in flight at the queue's front, and no further).
+-- B..'hd' (hash caller\nrule -> due time) is each queue's head as last
+-- set here: what the client last wrote into the index of due queues.
+local function set_head(caller, rule, h)
+  if h < 0 then
+    redis.call('HDEL', B .. 'hd', caller .. '\n' .. rule)
+  else
+    redis.call('HSET', B .. 'hd', caller .. '\n' .. rule, h)
+  end
+  return h
+end
+
+-- A queue's exact head (jobs_claim.lua walks itself; jobs_recover.lua).
 local function head(caller, rule, now)
-  return scan(caller, rule, now, 0, CLAIM_SCAN, nil)
+  return set_head(caller, rule, scan(caller, rule, now, 0, CLAIM_SCAN, nil))
+end
+
+-- After a write that may have made a job free to claim from `at` on (a
+-- submission; a job ended, cancelled or expired, its lanes freed; a job
+-- handed back until `at`): the head lowered to `at`, with no walk (O(1)
+-- whatever is in flight at the queue's front). Returns the head (written
+-- into the index again even when it did not move: that repairs an index
+-- write that crossed another), or -1 when the queue has no unfinished job.
+-- Never too late; too early at worst (nothing was freed after all): that
+-- costs one claim, whose walk sets the exact head (only a claim and
+-- jobs_recover.lua walk, and only they raise it).
+local function lower_head(caller, rule, at)
+  if redis.call('EXISTS', qkey(caller, rule)) == 0 then
+    return set_head(caller, rule, -1)
+  end
+  local h = tonumber(redis.call('HGET', B .. 'hd', caller .. '\n' .. rule) or '-1')
+  if h >= 0 and h <= at then
+    return h
+  end
+  return set_head(caller, rule, at)
 end
 
 -- A caller's unfinished jobs and bytes in this account.

@@ -89,4 +89,4 @@ redis.call('SET', bkey(id), body)
 redis.call('ZADD', qkey(caller, rule), seq, id)
 redis.call('SADD', B .. 'qs', caller .. '\n' .. rule)
 count(caller, rule, 'queued', 1)
-return {'ok', id, cj + 1, cb + size, head(caller, rule, now), deadlines}
+return {'ok', id, cj + 1, cb + size, lower_head(caller, rule, now), deadlines}

@@ -222,6 +222,13 @@ const JOB_COLS: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.q
 const SCAN: &str = "SELECT seq, state, due_us, lanes FROM jobs INDEXED BY jobs_open \
      WHERE qid = ?1 AND state < 4 ORDER BY seq LIMIT ?2";
 
+/// [`lower_head`]: queue `?1`'s `head_due` lowered to `?2` (NULL when it
+/// has no unfinished job).
+const LOWER_HEAD: &str = "UPDATE queues SET head_due = CASE \
+     WHEN NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_open WHERE qid = ?1 AND state < 4) THEN NULL \
+     WHEN head_due IS NOT NULL AND head_due <= ?2 THEN head_due ELSE ?2 END \
+     WHERE qid = ?1";
+
 /// [`claim`]: one job by seq.
 const JOB_BY_SEQ: &str = concat!(job_fields!(), " FROM jobs j JOIN queues q ON q.qid = j.qid WHERE j.seq = ?1");
 
@@ -839,7 +846,7 @@ fn submit(c: &Connection, id: JobId, job: NewJob, bounds: Bounds, now: Micros) -
     }
     add_total(c, CALLER, caller, 1, bytes)?;
     add_total(c, ACCOUNT, &job.queue.account, 1, bytes)?;
-    scan(c, qid, now, 0)?;
+    lower_head(c, qid, now)?;
     Ok(Submitted { id, duplicate: false })
 }
 
@@ -916,10 +923,8 @@ fn claim(
 /// Walks the queue `qid`'s first [`crate::jobs::CLAIM_SCAN`] unfinished
 /// jobs ([`LaneScan`]): the seqs of at most `max` free jobs due by `now`,
 /// and the queue's `head_due` set to the earliest due time of a free job
-/// left (NULL: none). With `max` 0 (after any other write that may change
-/// the head: submit, finish, cancel, expire, recover) it only sets that,
-/// stopping at the first free job due by `now`: it looks past the jobs in
-/// flight at the queue's front, and no further.
+/// left (NULL: none). With `max` 0 (`recover`) it only sets that, stopping
+/// at the first free job due by `now`.
 fn scan(c: &Connection, qid: i64, now: Micros, max: usize) -> Result<Vec<i64>, StoreError> {
     let mut lanes = LaneScan::default();
     let mut picked = Vec::new();
@@ -948,6 +953,18 @@ fn scan(c: &Connection, qid: i64, now: Micros, max: usize) -> Result<Vec<i64>, S
         .and_then(|mut s| s.execute(params![qid, lanes.next_due]))
         .map_err(sql)?;
     Ok(picked)
+}
+
+/// After a write that may have made a job free to claim from `at` on (a
+/// submission; a job ended, cancelled or expired, its lanes freed; a job
+/// handed back until `at`): queue `qid`'s `head_due` lowered to `at`, with
+/// no walk (O(1) whatever is in flight at the queue's front). Never too
+/// late; too early at worst (nothing was freed after all): that costs one
+/// claim, whose [`scan`] sets the exact time (only a claim and `recover`
+/// walk the queue, and only they raise the head).
+fn lower_head(c: &Connection, qid: i64, at: Micros) -> Result<(), StoreError> {
+    c.prepare_cached(LOWER_HEAD).and_then(|mut s| s.execute(params![qid, at])).map_err(sql)?;
+    Ok(())
 }
 
 fn renew(c: &Connection, ids: &[JobId], owner: &str, until: Micros) -> Result<usize, StoreError> {
@@ -995,7 +1012,8 @@ fn finish(c: &Connection, id: JobId, owner: &str, end: End, now: Micros, most: u
         ended(c, job.seq, &job.caller, &job.account, job.bytes, most)?;
         callback_pending(c, job.seq, now)?;
     }
-    scan(c, job.qid, now, 0)?;
+    // Its lanes freed (it ended), or it waits until `due` holding them.
+    lower_head(c, job.qid, due.map_or(now, |d| d.max(now)))?;
     Ok(true)
 }
 
@@ -1115,7 +1133,7 @@ fn cancel(c: &Connection, caller: &str, id: JobId, now: Micros, most: u64) -> Re
         .map_err(sql)?;
     ended(c, job.seq, &job.caller, &job.account, job.bytes, most)?;
     callback_pending(c, job.seq, now)?;
-    scan(c, job.qid, now, 0)?;
+    lower_head(c, job.qid, now)?;
     Ok(Cancelled::Cancelled)
 }
 
@@ -1231,7 +1249,7 @@ fn expire(c: &Connection, now: Micros, max: usize, most: u64) -> Result<Vec<Expi
         out.push(job);
     }
     for qid in queues {
-        scan(c, qid, now, 0)?;
+        lower_head(c, qid, now)?;
     }
     Ok(out)
 }
@@ -1434,8 +1452,10 @@ mod tests {
             let plan = plan(&c, sql);
             assert!(plan.contains("jobs_callbacks") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
         }
-        let scan = plan(&c, SCAN);
-        assert!(scan.contains("jobs_open") && !scan.contains("jobs_queue"), "{SCAN}:\n{scan}");
+        for sql in [SCAN, LOWER_HEAD] {
+            let plan = plan(&c, sql);
+            assert!(plan.contains("jobs_open") && !plan.contains("jobs_queue"), "{sql}:\n{plan}");
+        }
         for sql in [FIRST_CALLER, NEXT_CALLER, CALLER_DUE] {
             let plan = plan(&c, sql);
             assert!(plan.contains("queues_due") && !plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");

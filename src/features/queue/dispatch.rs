@@ -486,7 +486,7 @@ async fn send(host: &dyn Host, job: Job) -> (End, Seen, Option<Refusal>) {
             } else if answer.status >= 500 || answer.errcode == Some(-1) {
                 Seen::Overloaded
             } else {
-                Seen::Answered { rtt_us: answer.upstream_us, held: answer.held_us > 0 }
+                Seen::Answered { rtt_us: answer.upstream_us, held_us: answer.held_us }
             };
             let answer =
                 Answer { status: answer.status, errcode: answer.errcode, body: answer.body.unwrap_or_default() };
