@@ -576,12 +576,13 @@ asyncio.run(main())
 EOF
 # What the mock received: N sends, distinct recipients, duplicates (N minus
 # distinct), first to last (s), pace (distinct - 1 over first to last), the
-# most in any window [t, t + 1 s).
+# most in any window [t, t + 1 s), the pace of the second half of the sends
+# (past any ramp-up).
 cat >"$TMP/sends.py" <<'EOF'
 import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 if not rows:
-    print(0, 0, 0, "0.00", "0.0", 0)
+    print(0, 0, 0, "0.00", "0.0", 0, "0.0")
     sys.exit()
 ts = sorted(int(r[0]) for r in rows)
 n, distinct = len(rows), len({r[1] for r in rows})
@@ -590,7 +591,10 @@ best, j = 0, 0
 for i in range(n):
     while ts[i] - ts[j] >= 1_000_000_000: j += 1
     best = max(best, i - j + 1)
-print(n, distinct, n - distinct, "%.2f" % span, "%.1f" % ((distinct - 1) / span if span else 0), best)
+h = n // 2
+late = (ts[-1] - ts[h]) / 1e9
+print(n, distinct, n - distinct, "%.2f" % span, "%.1f" % ((distinct - 1) / span if span else 0), best,
+      "%.1f" % ((n - h - 1) / late if late else 0))
 EOF
 MP=$(free_port); WP2=$(free_port); AP2=$(free_port)
 MOCK_PID=""
@@ -603,9 +607,10 @@ mock_start() {
 }
 # mock_stop: the mock killed (it keeps nothing; asyncio's SIGINT path may
 # wait for its connections).
-mock_stop() { kill -KILL "$MOCK_PID" 2>/dev/null || true; stop_pid "$MOCK_PID"; }
+mock_stop() { { kill -KILL "$MOCK_PID" && wait "$MOCK_PID"; } 2>/dev/null || true; stop_pid "$MOCK_PID"; }
 mock_count() { curl -s "http://127.0.0.1:$MP/_count" || echo 0; }
-# mock_sends: N DISTINCT DUPLICATES SPAN PACE MAX_1S of the sends so far.
+# mock_sends: N DISTINCT DUPLICATES SPAN PACE MAX_1S PACE_2ND_HALF of the
+# sends so far.
 mock_sends() {
   curl -s -o /dev/null "http://127.0.0.1:$MP/_dump"
   python3 "$TMP/sends.py" "$RUN/sends.txt"
@@ -689,10 +694,10 @@ if run_item 5; then
   {
     echo "### 5. Pace of one queue against WeChat's round trip"
     echo
-    echo "One caller, one account, one rule \`{ count = $PACE_RATE, per = \"1s\", burst = $PACE_BURST }\` with \`queue = true\` (the GCRA's sustained rate is $PACE_RATE − $PACE_BURST + 1 = $sustained/s, docs/semantics.md), default \`[queue]\` in-flight ceilings and \`window_margin\`, default \`[server] workers\`, nothing pinned. The jobs (each to its own recipient, so no two share a lane) are submitted by curl, 16 at a time, as fast as wxgate takes them; the mock WeChat (python asyncio, see the script) answers each send after the round trip and records when it received it. Pace = sends at the mock from the first to the last (distinct recipients − 1 over that span): **pace ÷ $PACE_RATE** is against the rule's count. \"max in 1 s\": most sends the mock received in any window [t, t + 1 s) (the rule allows $PACE_RATE). \"before\": $BEFORE_LABEL, one send at a time per queue; it gets min($PACE_JOBS, $BEFORE_SECONDS s ÷ round trip) jobs, so that its run stays short. CPU: user+system time over the run (first submission to last send) as a share of one core; machine: every CPU's busy time (of $(nproc) cores: anything above ours + curl's is other work on the VM)."
+    echo "One caller, one account, one rule \`{ count = $PACE_RATE, per = \"1s\", burst = $PACE_BURST }\` with \`queue = true\` (the GCRA's sustained rate is $PACE_RATE − $PACE_BURST + 1 = $sustained/s, docs/semantics.md), default \`[queue]\` in-flight ceilings and \`window_margin\`, default \`[server] workers\`, nothing pinned. The jobs (each to its own recipient, so no two share a lane) are submitted by curl, 16 at a time, as fast as wxgate takes them; the mock WeChat (python asyncio, see the script) answers each send after the round trip and records when it received it. Pace = sends at the mock from the first to the last (distinct recipients − 1 over that span): **pace ÷ $PACE_RATE** is against the rule's count; \"second half\": the same over the last half of the sends (past the burst and any ramp-up of the in-flight window). \"max in 1 s\": most sends the mock received in any window [t, t + 1 s) (the rule allows $PACE_RATE). \"before\": $BEFORE_LABEL, one send at a time per queue; it gets min($PACE_JOBS, $BEFORE_SECONDS s ÷ round trip) jobs, so that its run stays short. CPU: user+system time over the run (first submission to last send) as a share of one core; machine: every CPU's busy time (of $(nproc) cores: anything above ours + curl's is other work on the VM)."
     echo
-    echo "| store | round trip | binary | jobs | submitted in | first → last send | pace | pace ÷ $PACE_RATE | max in 1 s | duplicates | wxgate CPU | Redis CPU | mock CPU | machine busy |"
-    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| store | round trip | binary | jobs | submitted in | first → last send | pace | pace ÷ $PACE_RATE | pace, second half | max in 1 s | duplicates | wxgate CPU | Redis CPU | mock CPU | machine busy |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   } >>"$OUT"
   for store in memory redis; do
     for delay in $DELAYS; do
@@ -713,7 +718,7 @@ if run_item 5; then
         t2=$(date +%s%N)
         g1=$(cpu_ticks "$GATE"); r1=$(cpu_ticks "$REDIS_PID"); m1=$(cpu_ticks "$MOCK_PID"); b1=$(machine_busy)
         sleep 0.5   # a late duplicate would show
-        read -r got distinct dup span pace maxwin < <(mock_sends)
+        read -r got distinct dup span pace maxwin late < <(mock_sends)
         GATE_BIN=""
         stop
         mock_stop
@@ -723,9 +728,9 @@ if run_item 5; then
         note=""
         ((ok == n)) || note+=" ($ok of $n accepted)"
         [ "$drained" = yes ] || note+=" (**not drained**: $got in $s s)"
-        printf '| %s | %s ms | %s | %d%s | %s s | %s s | %s/s | %s | %d | %d | %s | %s | %s | %s |\n' "$(label_of "$store")" "$delay" "$kind" "$n" "$note" "$(secs "$t0" "$t1")" "$span" "$pace" \
-          "$(awk -v p="$pace" -v r="$PACE_RATE" 'BEGIN {printf "%.2f", p / r}')" "$maxwin" "$dup" "$(pct $((g1 - g0)) "$s")" "$rcpu" "$(pct $((m1 - m0)) "$s")" "$(pct $((b1 - b0)) "$s")" >>"$OUT"
-        log "  $store ${delay}ms $kind: $got sends ($distinct distinct) in $span s: $pace/s, max $maxwin in 1 s"
+        printf '| %s | %s ms | %s | %d%s | %s s | %s s | %s/s | %s | %s/s | %d | %d | %s | %s | %s | %s |\n' "$(label_of "$store")" "$delay" "$kind" "$n" "$note" "$(secs "$t0" "$t1")" "$span" "$pace" \
+          "$(awk -v p="$pace" -v r="$PACE_RATE" 'BEGIN {printf "%.2f", p / r}')" "$late" "$maxwin" "$dup" "$(pct $((g1 - g0)) "$s")" "$rcpu" "$(pct $((m1 - m0)) "$s")" "$(pct $((b1 - b0)) "$s")" >>"$OUT"
+        log "  $store ${delay}ms $kind: $got sends ($distinct distinct) in $span s: $pace/s (second half $late/s), max $maxwin in 1 s"
       done
     done
   done
@@ -745,6 +750,7 @@ if run_item 6; then
   half=$((CAMPAIGN_JOBS / 2))
   calls_cfg "$TMP/a.cfg" a "$half" "$WP" async
   calls_cfg "$TMP/b.cfg" b "$((CAMPAIGN_JOBS - half))" "$WP2" async
+  redis-cli -p "$RP" config resetstat >/dev/null
   ga0=$(cpu_ticks "$GA"); gb0=$(cpu_ticks "$GB"); r0=$(cpu_ticks "$REDIS_PID"); m0=$(cpu_ticks "$MOCK_PID"); b0=$(machine_busy); t0=$(date +%s%N)
   calls "$TMP/a.cfg" >"$TMP/a.ok" & ca=$!
   calls "$TMP/b.cfg" >"$TMP/b.ok" & cb=$!
@@ -755,14 +761,18 @@ if run_item 6; then
   PROFILE=""
   if [ -n "$PERF" ] && command -v perf >/dev/null; then   # wxgate A while both drain (after the submissions)
     perf record -q -F 499 -g -p "$GA" -o "$TMP/perf.data" -- sleep "$PERF" >/dev/null 2>&1 &&
-      PROFILE=$(perf report -q -i "$TMP/perf.data" --no-children --sort dso,symbol --percent-limit 2 -g none 2>/dev/null | grep -v '^$' | head -25) || true
+      PROFILE=$(perf report -q -i "$TMP/perf.data" --no-children --sort dso,symbol --percent-limit 2 -g none 2>/dev/null | grep -v '^$' | cut -c1-110 | sed 's/[[:space:]]*$//' | head -25) || true
   fi
   drained=yes
   wait_mock "$CAMPAIGN_JOBS" $((120 + 3 * CAMPAIGN_JOBS / CAMPAIGN_RATE)) || drained=no
   t2=$(date +%s%N)
   ga2=$(cpu_ticks "$GA"); gb2=$(cpu_ticks "$GB"); r2=$(cpu_ticks "$REDIS_PID"); m2=$(cpu_ticks "$MOCK_PID"); b2=$(machine_busy)
   sleep 1   # a late duplicate would show
-  read -r got distinct dup span pace maxwin < <(mock_sends)
+  read -r got distinct dup span pace maxwin late < <(mock_sends)
+  # Redis' commands over the run (INFO commandstats counts those a script
+  # runs too): per send, the scripts and the job reads (HMGET) inside them.
+  cstat() { redis-cli -p "$RP" info commandstats | awk -F'[:=,]' -v c="cmdstat_$1" -v f="$2" '$1 == c {for (i = 2; i < NF; i += 2) if ($i == f) print $(i + 1)}'; }
+  ev=$(cstat evalsha calls); ev_us=$(cstat evalsha usec); hm=$(cstat hmget calls)
   sent_by() { curl -s "http://127.0.0.1:$1/metrics" | awk '/^wxgate_queue_ended_total/ && /state="sent"/ {n += $2} END {print n + 0}'; }
   sa=$(sent_by "$AP"); sb=$(sent_by "$AP2")
   unknown=$( (curl -s "http://127.0.0.1:$AP/metrics"; curl -s "http://127.0.0.1:$AP2/metrics") | awk '/^wxgate_queue_ended_total/ && !/state="sent"/ {n += $2} END {print n + 0}')
@@ -785,12 +795,14 @@ if run_item 6; then
     echo "| first → last send at the mock | $span s |"
     echo "| first submission → last send | $all_s s |"
     echo "| pace (first → last send) | $pace/s |"
+    echo "| pace of the second half of the sends | $late/s |"
     echo "| **pace ÷ $CAMPAIGN_RATE** (target ≥ 0.9) | **$(awk -v p="$pace" -v r="$CAMPAIGN_RATE" 'BEGIN {printf "%.2f", p / r}')** |"
     echo "| quota's time ÷ first submission → last send | $(awk -v q="$quota_s" -v a="$all_s" 'BEGIN {printf "%.2f", q / a}') |"
     echo "| most sends in any 1 s at the mock (the rule: $CAMPAIGN_RATE) | $maxwin |"
     echo "| CPU while submitting ($sub_s s): wxgate A, B, Redis, mock, machine (of $(nproc) cores) | $(pct $((ga1 - ga0)) "$sub_s"), $(pct $((gb1 - gb0)) "$sub_s"), $(pct $((r1 - r0)) "$sub_s"), $(pct $((m1 - m0)) "$sub_s"), $(pct $((b1 - b0)) "$sub_s") |"
     echo "| CPU draining after that ($drain_s s): wxgate A, B, Redis, mock, machine | $(pct $((ga2 - ga1)) "$drain_s"), $(pct $((gb2 - gb1)) "$drain_s"), $(pct $((r2 - r1)) "$drain_s"), $(pct $((m2 - m1)) "$drain_s"), $(pct $((b2 - b1)) "$drain_s") |"
     echo "| wxgate A+B CPU per send, whole run (submission + send) | $(awk -v d=$((ga2 - ga0 + gb2 - gb0)) -v t="$TICK" -v n="$got" 'BEGIN {printf "%.0f µs", n ? 1e6 * d / t / n : 0}') |"
+    echo "| Redis per send: EVALSHA calls; their µs; HMGETs (inside the scripts) | $(awk -v e="${ev:-0}" -v u="${ev_us:-0}" -v h="${hm:-0}" -v n="$got" 'BEGIN {n = n ? n : 1; printf "%.1f; %.0f µs; %.0f", e / n, u / n, h / n}') |"
     echo "| Redis CPU per send, whole run | $(awk -v d=$((r2 - r0)) -v t="$TICK" -v n="$got" 'BEGIN {printf "%.0f µs", n ? 1e6 * d / t / n : 0}') |"
     echo
     if [ -n "$PROFILE" ]; then
