@@ -65,7 +65,9 @@ use crate::time::{Micros, Span};
 pub const TICK: Span = Span::from_micros(200_000);
 /// Due queues read per caller in one round.
 pub const PER_CALLER: usize = 8;
-/// Claims per unit of a caller's weight in one round.
+/// The weighted turns' quantum ([`turns::round`]): here only the order in
+/// which a round's turns start matters (each turn then sends as its share
+/// of its pair's window allows: [`super::state::Runs`]).
 pub const QUANTUM: u32 = 4;
 /// A store that fails to take a job's end is asked again after 10 ms,
 /// 20 ms, ... this many times (about 5 s in all) before the job is left to
