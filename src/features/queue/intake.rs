@@ -319,9 +319,7 @@ async fn eta(
 
 /// A new job's lanes ([`Lanes`]): one lane for the whole queue when its
 /// rule or caller says `queue_order = "strict"`; else its recipients: as
-/// the rule's `recipients` reads them, or the body's `touser` (split at
-/// `|`, as WeCom reads it) or `openid`. A body naming none (or not JSON)
-/// is ordered with no other job.
+/// the rule's `recipients` reads them, or the body's ([`body_lanes`]).
 fn lanes(config: &crate::config::Config, rule: &crate::limit::Rule, asking: &Asking<'_>) -> Lanes {
     let strict_caller = asking.who.caller.policy().is_some_and(|p| p.queue_strict);
     if config.rule_http(Some(rule)).queue_strict || strict_caller {
@@ -330,15 +328,25 @@ fn lanes(config: &crate::config::Config, rule: &crate::limit::Rule, asking: &Ask
     if !asking.recipients.is_empty() {
         return Lanes::of(asking.recipients.iter().map(String::as_str));
     }
+    asking.body.map_or_else(Lanes::default, |b| body_lanes(b))
+}
+
+/// The lanes of a body naming its recipient in `touser` (split at `|`, as
+/// WeCom reads it) or `openid`; none: no lane. A body wxgate cannot read
+/// for sure (not a JSON object, `touser` given twice or not a string) is
+/// never guessed at: it goes strict, after every job before it and before
+/// every job after it, whomever WeChat reads it as being for.
+fn body_lanes(body: &[u8]) -> Lanes {
     #[derive(serde::Deserialize)]
     struct To {
         touser: Option<String>,
         openid: Option<String>,
     }
-    match asking.body.map(|b| serde_json::from_slice::<To>(b)) {
-        Some(Ok(To { touser: Some(to), .. })) => Lanes::of(to.split('|').filter(|t| !t.is_empty())),
-        Some(Ok(To { openid: Some(to), .. })) => Lanes::of([to.as_str()]),
-        _ => Lanes::default(),
+    match serde_json::from_slice::<To>(body) {
+        Ok(To { touser: Some(to), .. }) => Lanes::of(to.split('|').filter(|t| !t.is_empty())),
+        Ok(To { openid: Some(to), .. }) => Lanes::of([to.as_str()]),
+        Ok(_) => Lanes::default(),
+        Err(_) => Lanes::strict(),
     }
 }
 
@@ -400,6 +408,18 @@ mod tests {
         assert!(callback("https://hr.internal/hooks/order-1?x=%41", &allowed).is_ok());
         assert!(callback("https://hr.internal/other", &allowed).is_err());
         assert!(callback("https://hr.internal/hooks/x", &[]).is_err());
+    }
+
+    #[test]
+    fn a_bodys_recipients_are_its_lanes_and_an_ambiguous_body_goes_strict() {
+        let l = |b: &str| body_lanes(b.as_bytes());
+        assert_eq!(l(r#"{"touser":"o1","data":{}}"#), Lanes::of(["o1"]));
+        assert_eq!(l(r#"{"touser":"a|b|a"}"#), Lanes::of(["a", "b"]));
+        assert_eq!(l(r#"{"openid":"o2"}"#), Lanes::of(["o2"]));
+        assert_eq!(l(r#"{"template_id":"t"}"#), Lanes::default(), "no recipient: no lane");
+        for ambiguous in [r#"{"touser":"o1","touser":"o2"}"#, r#"{"touser":["o1"]}"#, "not json", "[1]"] {
+            assert_eq!(l(ambiguous), Lanes::strict(), "{ambiguous}");
+        }
     }
 
     #[test]
