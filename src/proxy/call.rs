@@ -79,6 +79,10 @@ pub struct Metered {
     pub cost: u64,
     /// The recipients the body names, each once, in its order.
     pub recipients: Vec<String>,
+    /// The WeCom app the body names (its `agentid`, as digits), if any:
+    /// the app whose directory a broadcast is resolved in, and the app a
+    /// `scope = "app"` rule counts under.
+    pub app: Option<String>,
 }
 
 /// Set by route.

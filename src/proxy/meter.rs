@@ -213,7 +213,24 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
         return Err(format!("\"{field}\" names no recipient; expected {expected}"));
     }
     let cost = if m.by_recipients { ids.len() as u64 + extra } else { 1 };
-    Ok(Metered { cost, recipients: ids })
+    Ok(Metered { cost, recipients: ids, app: app_of(&json)? })
+}
+
+/// The WeCom app a body names: its `agentid`, a positive integer (as
+/// WeCom documents it) or a string of digits (as some SDKs send it); `Err`
+/// for any other value, which wxgate does not read as an app.
+fn app_of(json: &Value) -> Result<Option<String>, String> {
+    match json.get("agentid") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0 && n < 1 << 32) => Ok(Some(n.to_string())),
+        Some(Value::String(s)) if (1..=10).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()) => {
+            match s.parse::<u64>() {
+                Ok(n) if n > 0 && n < 1 << 32 => Ok(Some(n.to_string())),
+                _ => Err("\"agentid\" is not an AgentId (a positive integer)".into()),
+            }
+        }
+        Some(_) => Err("\"agentid\" is not an AgentId (a positive integer)".into()),
+    }
 }
 
 /// The value at `path` in `json` (`None`: absent).
@@ -290,6 +307,19 @@ mod tests {
             assert!(cost(&m, body).is_err_and(|e| e.contains(says)), "{body}: {:?}", cost(&m, body));
         }
         assert!(read(&m, None).is_err_and(|e| e.contains("no body")));
+    }
+
+    #[test]
+    fn the_app_is_the_bodys_agentid_read_one_way() {
+        let m = wecom(None);
+        let app = |body: &str| read(&m, Some(body.as_bytes())).map(|r| r.app);
+        assert_eq!(app(r#"{"touser":"a","agentid":1000002}"#), Ok(Some("1000002".into())));
+        assert_eq!(app(r#"{"touser":"a","agentid":"1000002"}"#), Ok(Some("1000002".into())));
+        assert_eq!(app(r#"{"touser":"a"}"#), Ok(None));
+        for bad in [r#""x1""#, "-1", "0", "1.5", r#""""#, "[1]", r#""+1""#, "4294967296"] {
+            let body = format!(r#"{{"touser":"a","agentid":{bad}}}"#);
+            assert!(app(&body).is_err_and(|e| e.contains("AgentId")), "{bad}");
+        }
         let many = (0..1001).map(|i| format!("u{i}")).collect::<Vec<_>>().join("|");
         assert!(cost(&m, &format!(r#"{{"touser":"{many}"}}"#))
             .is_err_and(|e| e.contains("more than the 1000") && e.contains("WeCom's own limit for touser")));
