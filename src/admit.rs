@@ -214,3 +214,23 @@ fn gone(rule: &Rule, reason: Reason, wait_us: Micros) -> ProxyError {
     tracing::debug!(rule = %rule.name, "the client closed its sending side while its call waited: refused, never sent");
     ProxyError::Throttled { rule: rule.name.to_string(), reason, wait_us, over: Vec::new() }
 }
+
+/// A call costing `cost` (its recipients, a broadcast's members too) when
+/// its rule can never admit that much at once (a window's burst, a day's
+/// count, less a normal caller's reserve or a caller's share): 400 naming
+/// the limit, as no wait would let it through. Checked before the call is
+/// decided or queued (`crate::proxy::meter`, and the directory for a
+/// broadcast); never in shadow mode (nothing is refused).
+pub fn too_costly(rule: &crate::limit::Rule, cost: u64, normal: bool) -> Result<(), ProxyError> {
+    if rule.shadow {
+        return Ok(());
+    }
+    match rule.max_cost(normal && rule.priority_matters(), rule.caller_matters()) {
+        Some((most, limit)) if cost > most => Err(ProxyError::BadRequest(format!(
+            "rule \"{}\" counts recipients: this call costs {cost}, but {limit} admits at most {most} at once, \
+             so no wait would let it through; split the message, or raise the limit's burst",
+            rule.name
+        ))),
+        _ => Ok(()),
+    }
+}

@@ -17,6 +17,7 @@
 pub mod accounts;
 mod callers;
 mod compile;
+pub mod directory;
 pub mod domain;
 mod errors;
 pub mod hosts;
@@ -36,7 +37,7 @@ pub mod telemetry;
 pub mod units;
 
 pub use errors::{ConfigError, Invalid};
-pub use meter::Metering;
+pub use meter::{Metering, PARTY_FIELD, TAG_FIELD};
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -83,6 +84,8 @@ pub struct Config {
     pub tokens: TokensConfig,
     /// `[queue]`: queued delivery (`crate::features::queue`).
     pub queue: queue::QueueConfig,
+    /// `[directory]`: WeCom's directory for broadcasts (`crate::features::directory`).
+    pub directory: directory::DirectoryConfig,
     /// Rules with `quota_sync`: each state and the API path asked for.
     pub quota_syncs: Vec<QuotaSync>,
     /// `[intercept]`: CONNECT tunnels to WeChat's hosts, served like direct

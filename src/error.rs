@@ -440,6 +440,7 @@ mod tests {
             Unavailable::NoTokenCache,
             Unavailable::AnsweredEarly(Outcome::cached),
             Unavailable::JobLeaseLost,
+            Unavailable::Directory("WeCom's directory did not answer".into()),
         ] {
             let e = ProxyError::Unavailable(why);
             assert_eq!(e.row(), row, "{e}");

@@ -14,6 +14,7 @@
 pub mod accounts;
 pub mod broker;
 pub mod component;
+pub mod directory;
 pub mod errcodes;
 pub mod hooks;
 pub mod penalties;
@@ -182,6 +183,7 @@ features!(
     penalties: penalties::Penalties,
     errcodes: errcodes::Errcodes,
     ratelimit_headers: RateLimitHeaders,
+    directory: directory::Directory [component],
     queue: queue::Queue [component],
 );
 
@@ -209,11 +211,12 @@ impl Features {
             quota_clear: quota_clear::QuotaClear,
             accounts: accounts::Accounts::new(config.server.workers),
             broker: broker::Broker { cache: cache.clone() },
-            token_cache: token_cache::TokenCacheFeature { cache },
+            token_cache: token_cache::TokenCacheFeature { cache: cache.clone() },
             warmup: warmup::Warmup,
             penalties: penalties::Penalties::default(),
             errcodes: errcodes::Errcodes::default(),
             ratelimit_headers: RateLimitHeaders,
+            directory: directory::Directory::new(cache, &mut metrics.registry),
             queue: queue::Queue::new(config, jobs, &mut metrics.registry),
         })
     }

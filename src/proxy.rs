@@ -189,7 +189,7 @@ async fn run(app: &App, call: &mut Call, mut source: Source<'_>) -> Result<Respo
         who: &call.who,
         rule: call.route.rule.as_deref(),
         domain: call.arrived.domain,
-        recipients: call.meter.as_ref().map_or(&[][..], |m| &m.recipients),
+        metered: call.meter.as_mut(),
     };
     app.features.before_decide(app.env(), &mut call.features, &mut asking).await?;
     decide::decide(app, call, source.client()).await?;

@@ -22,6 +22,7 @@ mod support;
 mod accounts;
 mod admin;
 mod architecture;
+mod broadcasts;
 mod broker;
 mod caller_auth;
 mod callers;

@@ -120,6 +120,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     };
     let queue = super::queue::compile(std::mem::take(&mut raw.queue), redis, state_dir, ctx.dir)
         .map_err(|e| ctx.in_table(e))?;
+    let directory = super::directory::compile(std::mem::take(&mut raw.directory)).map_err(|e| ctx.in_table(e))?;
     let mut rules = Rules::new();
     let own = super::domain::Own {
         host: super::domain::own_host(server_domain.as_deref(), &server.upstream).map_err(|e| ctx.in_table(e))?,
@@ -181,6 +182,7 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         callers,
         tokens,
         queue,
+        directory,
         quota_syncs: rules.quota_syncs,
         intercept,
         telemetry,

@@ -16,6 +16,7 @@ pub(super) struct RawRecipients {
     pub unseen: Vec<String>,
     pub unseen_cost: Option<u64>,
     pub max: Option<usize>,
+    pub directory: Option<bool>,
 }
 
 /// A rule's `recipients`, compiled: where a call's body names whom it is
@@ -43,7 +44,18 @@ pub struct Metering {
     pub max: usize,
     /// `cost = "recipients"`: the rule's limits count recipients.
     pub by_recipients: bool,
+    /// `directory = true`: `all` (the app's visible range) and the
+    /// `unseen` fields `toparty` and `totag` are resolved to members
+    /// through WeCom's directory (`crate::features::directory`), each
+    /// member counted and given its windows; `unseen_cost` is then what
+    /// they cost only while the directory cannot answer.
+    pub directory: bool,
 }
+
+/// WeCom's fields naming departments and tags (doc 90236), which
+/// `directory = true` resolves.
+pub const PARTY_FIELD: &str = "toparty";
+pub const TAG_FIELD: &str = "totag";
 
 impl Metering {
     /// Longest recipient id read (WeCom userids are at most 64 bytes).
@@ -73,6 +85,14 @@ impl Metering {
             self.all.iter().map(|a| format!("\"{a}\"")).chain(self.unseen.iter().map(|u| u.join("."))).collect();
         let unseen = match (unseen.is_empty(), self.unseen_cost) {
             (true, _) => String::new(),
+            (false, _) if self.directory => format!(
+                "; {} resolved through WeCom's directory ({})",
+                unseen.join(", "),
+                match self.unseen_cost {
+                    Some(c) => format!("costing {c} more while it cannot answer"),
+                    None => "refused (503) while it cannot answer".into(),
+                }
+            ),
             (false, Some(c)) => format!("; {} cost {c} more", unseen.join(", ")),
             (false, None) => format!("; calls naming {} are refused (400)", unseen.join(", ")),
         };
@@ -89,6 +109,7 @@ impl Metering {
             "unseen": self.unseen.iter().map(|u| u.join(".")).collect::<Vec<_>>(),
             "unseen_cost": self.unseen_cost,
             "max": self.max,
+            "directory": self.directory,
         })
     }
 
@@ -121,6 +142,17 @@ impl Metering {
             ))
             .field("max"));
         }
+        let directory = raw.directory.unwrap_or(false);
+        if directory
+            && raw.all.is_none()
+            && !unseen.iter().any(|u| u.len() == 1 && (u[0] == PARTY_FIELD || u[0] == TAG_FIELD))
+        {
+            return Err(Invalid::new(format!(
+                "resolves \"all\" and the unseen fields \"{PARTY_FIELD}\" and \"{TAG_FIELD}\" through WeCom's \
+                 directory: give at least one of them"
+            ))
+            .field("directory"));
+        }
         Ok(Metering {
             rule: rule.to_owned(),
             field,
@@ -130,6 +162,7 @@ impl Metering {
             unseen_cost: raw.unseen_cost,
             max,
             by_recipients,
+            directory,
         })
     }
 }

@@ -31,6 +31,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub queue: super::queue::RawQueue,
     #[serde(default)]
+    pub directory: super::directory::RawDirectory,
+    #[serde(default)]
     pub quota: Vec<Spanned<super::overrides::RawQuota>>,
     #[serde(default)]
     pub telemetry: super::telemetry::RawTelemetry,

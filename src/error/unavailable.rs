@@ -38,4 +38,10 @@ pub enum Unavailable {
     /// delivery on); it comes on by itself once Redis does.
     #[error("queued delivery's jobs store: Redis has not answered since wxgate started (or since the reload that turned queued delivery on); queued delivery comes on once it does: retry")]
     JobsConnecting,
+    /// A broadcast (`@all`, `toparty`, `totag`) of a rule whose directory
+    /// resolves it, and WeCom's directory did not answer (down, slow, a
+    /// fetch refused by a limit) within `[directory] wait`, with no
+    /// `unseen_cost` to charge instead: the message is not sent uncounted.
+    #[error("this broadcast's members could not be counted: {0}; retry (or set the rule's recipients.unseen_cost)")]
+    Directory(String),
 }

@@ -78,6 +78,10 @@ pub struct OwnCall {
     /// A queued job's send: its submission's span, which the send's span
     /// links to (`crate::proxy::spans`).
     pub submitted: Option<crate::telemetry::trace::SpanContext>,
+    /// Most bytes of WeChat's JSON answer read whole into
+    /// [`OwnAnswer::body`] (at least a client call's 64 KiB; the
+    /// directory's member lists are larger).
+    pub answer_cap: usize,
 }
 
 /// Values of any type, each taken once by the hook that knows its type
@@ -208,9 +212,45 @@ pub struct Asking<'a> {
     pub rule: Option<&'a Rule>,
     /// The call's WeChat domain (index into `Config::domains`).
     pub domain: usize,
-    /// Whom the call is to, each once, as meter read them (empty: its
-    /// rule reads no recipients).
-    pub recipients: &'a [String],
+    /// What the call costs and whom it is to, as meter read them (`None`:
+    /// its rule reads no recipients); the directory adds a broadcast's
+    /// members.
+    pub metered: Option<&'a mut Metered>,
+}
+
+impl Asking<'_> {
+    /// Whom the call is to, each once (empty: its rule reads no recipients).
+    pub fn recipients(&self) -> &[String] {
+        self.metered.as_deref().map_or(&[][..], |m| &m.recipients)
+    }
+
+    /// Whether the call is a broadcast (`@all`, `toparty`, `totag`).
+    pub fn broadcast(&self) -> bool {
+        self.metered.as_deref().is_some_and(|m| m.broadcast.is_some() || m.unseen_extra > 0)
+    }
+}
+
+/// What a call costs and whom it is to: set by meter
+/// (`crate::proxy::meter`) for a rule with `recipients`; a broadcast's
+/// members are added by the directory before the decision
+/// (`crate::features::directory`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metered {
+    /// Against each of the rule's limits (1 unless `cost = "recipients"`).
+    pub cost: u64,
+    /// The recipients, each once: those the body names, in its order, then
+    /// those a broadcast reaches.
+    pub recipients: Vec<String>,
+    /// The WeCom app the body names (its `agentid`, as digits), if any:
+    /// the app whose directory a broadcast is resolved in, and the app a
+    /// `scope = "app"` rule counts under.
+    pub app: Option<String>,
+    /// What the body names for the directory to resolve (`@all`,
+    /// `toparty`, `totag`; rules with `directory = true`), until it is.
+    pub broadcast: Option<crate::features::directory::Broadcast>,
+    /// What the members no directory resolves cost (`unseen_cost`), in
+    /// `cost` already.
+    pub unseen_extra: u64,
 }
 
 /// What a feature sees of an admitted call about to be sent.

@@ -233,6 +233,7 @@ async fn quota_get(
         seeds: Seeds::default(),
         queued_by: None,
         submitted: None,
+        answer_cap: 0,
     };
     let answered = app.call(own).await.map_err(|e| fail(e.to_string()))?;
     match answered.errcode {

@@ -40,8 +40,9 @@ pub struct Forwarded {
 pub async fn read(
     resp: Response<Incoming>,
     stall: std::time::Duration,
+    cap: usize,
 ) -> Result<(http::response::Parts, RelayBody, Verdict), Early> {
-    Ok(sniff(resp, stall).await.map_err(|e| match e {
+    Ok(sniff(resp, stall, cap).await.map_err(|e| match e {
         SniffError::Stalled(d) => UpstreamError::BodyStalled(d),
         SniffError::Upstream(e) => UpstreamError::Failed(format!("reading the answer: {e}")),
     })?)
@@ -90,7 +91,7 @@ fn errcode(verdict: Verdict) -> Option<i64> {
 pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Result<Response<RelayBody>, Early> {
     let stall = call.arrived.config.server.body_timeout;
     let env = app.env();
-    let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall).await?;
+    let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall, call.answer_cap).await?;
     if let Some(resend) = forwarded.resend.take() {
         let view =
             answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, body.whole(), None);
@@ -98,7 +99,7 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
             // Boxed: rare, and a whole call of its own.
             let resp = Box::pin(super::resend::resend(app, call, &resend, &target)).await?;
             forwarded.target = target;
-            (parts, body, verdict) = read(resp, stall).await?;
+            (parts, body, verdict) = read(resp, stall, call.answer_cap).await?;
         }
     }
     strip_hop_by_hop(&mut parts.headers);

@@ -49,6 +49,9 @@ pub struct Call {
     /// The call's trace (`None`: tracing off), set when it arrives
     /// ([`crate::proxy::spans`]).
     pub trace: Option<Box<crate::telemetry::trace::Traced>>,
+    /// Most bytes of WeChat's JSON answer read whole (a client's call:
+    /// [`crate::transport::sniff::SNIFF_CAP`]; an own call may ask more).
+    pub answer_cap: usize,
 }
 
 /// Set when the call arrives, and by accept.
@@ -71,19 +74,7 @@ pub struct Arrived {
     pub domain: usize,
 }
 
-/// What a call costs and whom it is to: set by meter
-/// (`crate::proxy::meter`) for a rule with `recipients`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Metered {
-    /// Against each of the rule's limits (1 unless `cost = "recipients"`).
-    pub cost: u64,
-    /// The recipients the body names, each once, in its order.
-    pub recipients: Vec<String>,
-    /// The WeCom app the body names (its `agentid`, as digits), if any:
-    /// the app whose directory a broadcast is resolved in, and the app a
-    /// `scope = "app"` rule counts under.
-    pub app: Option<String>,
-}
+pub use crate::features::hooks::Metered;
 
 /// Set by route.
 #[derive(Default)]
@@ -127,6 +118,7 @@ impl Call {
             outcome: Outcome::forwarded,
             refusal: None,
             trace: None,
+            answer_cap: crate::transport::sniff::SNIFF_CAP,
         }
     }
 

@@ -27,8 +27,9 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::call::{Call, Metered};
-use crate::config::{Metering, Priority};
+use crate::config::{Metering, Priority, PARTY_FIELD, TAG_FIELD};
 use crate::error::{Early, ProxyError};
+use crate::features::directory::Broadcast;
 use crate::features::hooks::body::{read_body_upto, request_json};
 
 /// Most bytes of a body read to count its recipients.
@@ -75,18 +76,9 @@ pub async fn meter(call: &mut Call, req: Option<&mut Request<Incoming>>) -> Resu
             .into())
         }
     };
-    if metering.by_recipients && !shadow {
+    if metering.by_recipients {
         let normal = call.who.caller.priority() != Priority::High;
-        if let Some((most, limit)) = rule.max_cost(normal && rule.priority_matters(), rule.caller_matters()) {
-            if metered.cost > most {
-                return Err(ProxyError::BadRequest(format!(
-                    "rule \"{}\" counts recipients: this call costs {}, but {limit} admits at most {most} at once, \
-                     so no wait would let it through; split the message, or raise the limit's burst",
-                    metering.rule, metered.cost
-                ))
-                .into());
-            }
-        }
+        crate::admit::too_costly(&rule, metered.cost, normal)?;
     }
     call.body = body;
     call.meter = Some(metered);
@@ -119,7 +111,19 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
         Err(ProxyError::BadRequest(why)) => return Err(why),
         Err(e) => return Err(e.to_string()),
     };
-    let mut unseen = m.unseen.iter().any(|path| at(&json, path).is_some_and(names_someone));
+    // With `directory`, WeCom's `toparty` and `totag` are read as the
+    // departments and tags the directory resolves; any other unseen field
+    // (and both without it) only says that someone unseen is named.
+    let mut broadcast = Broadcast::default();
+    let mut unseen = false;
+    for path in &m.unseen {
+        let Some(value) = at(&json, path).filter(|v| names_someone(v)) else { continue };
+        match (m.directory, path.as_slice()) {
+            (true, [f]) if f == PARTY_FIELD => broadcast.parties = unit_ids(value, PARTY_FIELD)?,
+            (true, [f]) if f == TAG_FIELD => broadcast.tags = unit_ids(value, TAG_FIELD)?,
+            _ => unseen = true,
+        }
+    }
     // Each id trimmed and folded to ASCII lower case as it is read (the
     // one copy the call keeps of it): WeCom userids are case-insensitive,
     // so `alice` and `ALICE` are one member, named twice.
@@ -160,7 +164,7 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
         Ok(())
     };
     match at(&json, &m.field) {
-        None | Some(Value::Null) if unseen => {}
+        None | Some(Value::Null) if unseen || !broadcast.is_empty() => {}
         None | Some(Value::Null) => return Err(format!("the body has no \"{field}\"; expected {expected}")),
         Some(Value::String(text)) => match &m.separator {
             Some(sep) => text.split(sep.as_str()).try_for_each(&mut push)?,
@@ -181,7 +185,11 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
             let all = m.all.as_deref().unwrap_or_default();
             return Err(format!("\"{field}\" names \"{all}\" and other recipients too"));
         }
-        unseen = true;
+        if m.directory {
+            broadcast.all = true;
+        } else {
+            unseen = true;
+        }
     }
     let mut seen = HashSet::with_capacity(ids.len());
     for id in &ids {
@@ -194,6 +202,8 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
     }
     let extra = match (unseen, m.unseen_cost) {
         (false, _) => 0,
+        // Resolved members are counted by the directory; what no
+        // directory resolves still costs `unseen_cost`, or is refused.
         (true, Some(cost)) => cost,
         (true, None) => {
             let which: Vec<String> = m
@@ -209,11 +219,60 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
             ));
         }
     };
-    if ids.is_empty() && extra == 0 {
+    if ids.is_empty() && extra == 0 && broadcast.is_empty() {
         return Err(format!("\"{field}\" names no recipient; expected {expected}"));
     }
     let cost = if m.by_recipients { ids.len() as u64 + extra } else { 1 };
-    Ok(Metered { cost, recipients: ids, app: app_of(&json)? })
+    let app = app_of(&json)?;
+    let broadcast = (!broadcast.is_empty()).then_some(broadcast);
+    Ok(Metered { cost, recipients: ids, app, broadcast, unseen_extra: extra })
+}
+
+/// The department or tag ids of WeCom's `toparty` / `totag`: a string of
+/// ids separated by `|` (as WeCom documents them), a number, or an array
+/// of numbers or digit strings; each a positive 32-bit integer, at most
+/// [`Broadcast::MAX_UNITS`] of them, none twice. Anything else is refused:
+/// wxgate does not guess which departments WeCom would read.
+fn unit_ids(value: &Value, field: &str) -> Result<Vec<u32>, String> {
+    let bad = || format!("\"{field}\" is not a list of ids (\"1|2\", a number, or an array of them)");
+    let one = |text: &str| -> Result<Option<u32>, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        match text.parse::<u32>() {
+            Ok(n) if n > 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(n)),
+            _ => Err(bad()),
+        }
+    };
+    let mut ids = Vec::new();
+    let mut push = |id: Option<u32>| -> Result<(), String> {
+        let Some(id) = id else { return Ok(()) };
+        if ids.contains(&id) {
+            return Err(format!("\"{field}\" names {id} twice; wxgate does not guess how WeCom counts it"));
+        }
+        if ids.len() == Broadcast::MAX_UNITS {
+            return Err(format!("\"{field}\" names more than WeCom's {} (doc 90236)", Broadcast::MAX_UNITS));
+        }
+        ids.push(id);
+        Ok(())
+    };
+    let number = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+    match value {
+        Value::String(text) => text.split('|').try_for_each(|t| push(one(t)?))?,
+        Value::Number(_) => push(Some(number(value).ok_or_else(bad)?))?,
+        Value::Array(items) => {
+            for item in items {
+                match item {
+                    Value::String(t) => push(one(t)?)?,
+                    Value::Number(_) => push(Some(number(item).ok_or_else(bad)?))?,
+                    _ => return Err(bad()),
+                }
+            }
+        }
+        _ => return Err(bad()),
+    }
+    Ok(ids)
 }
 
 /// The WeCom app a body names: its `agentid`, a positive integer (as

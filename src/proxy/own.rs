@@ -24,13 +24,14 @@ impl Calls for App {
 /// Runs `own` through the phases: WeChat's errcode and (small) body, or
 /// why it was not sent or not answered.
 pub async fn call(app: &App, own: OwnCall) -> Result<OwnAnswer, ProxyError> {
-    let OwnCall { config, account, domain, method, target, body, seeds, queued_by, submitted } = own;
+    let OwnCall { config, account, domain, method, target, body, seeds, queued_by, submitted, answer_cap } = own;
     let queued = queued_by.is_some();
     let caller = queued_by.unwrap_or_else(|| app.callers.load().fallback());
     let mut call = Call::new(method, target.path(), config, caller);
     call.arrived.domain = domain;
     call.who.account = account;
     call.who.own = true;
+    call.answer_cap = answer_cap.max(crate::transport::sniff::SNIFF_CAP);
     call.who.queued = queued;
     spans::start_own(app, &mut call, submitted);
     let source = Source::Own { target, body, seeds };

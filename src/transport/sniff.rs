@@ -45,16 +45,20 @@ pub enum SniffError {
     Stalled(Duration),
 }
 
-/// Reads at most [`SNIFF_CAP`] bytes of a JSON-looking body, within
+/// Reads at most `cap` bytes ([`SNIFF_CAP`] for a client's call) of a JSON-looking body, within
 /// `stall` in all (nothing has gone to the client yet: a stall is a 504).
 /// A body streamed on has at most `stall` between two frames
 /// ([`RelayBody::stream`]).
-pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, RelayBody, Verdict), SniffError> {
+pub async fn sniff(
+    resp: Response<Incoming>,
+    stall: Duration,
+    cap: usize,
+) -> Result<(Parts, RelayBody, Verdict), SniffError> {
     let (parts, mut body) = resp.into_parts();
     let ok = parts.status.is_success();
     let fallback = if ok { Verdict::Success } else { Verdict::Unknown };
     let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > SNIFF_CAP as u64) || media(&parts) {
+    if declared.is_some_and(|n| n > cap as u64) || media(&parts) {
         return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), fallback));
     }
     // An encoded body (wxgate asks for `identity`, but a server may encode
@@ -87,7 +91,7 @@ pub async fn sniff(resp: Response<Incoming>, stall: Duration) -> Result<(Parts, 
             buf.extend_from_slice(&data);
         }
         let started = buf.iter().find(|b| !b.is_ascii_whitespace());
-        if started.is_some_and(|&b| b != b'{') || buf.len() > SNIFF_CAP {
+        if started.is_some_and(|&b| b != b'{') || buf.len() > cap {
             return Ok((parts, RelayBody::stream(buf.freeze(), body, stall), fallback));
         }
     }

@@ -45,6 +45,7 @@ pub async fn fetch(
         seeds,
         queued_by: None,
         submitted: None,
+        answer_cap: 0,
     };
     let answered = env.calls.call(own).await?;
     let (errcode, answer) = (answered.errcode, answered.body);
@@ -96,6 +97,7 @@ pub async fn fetch_ticket(
         seeds,
         queued_by: None,
         submitted: None,
+        answer_cap: 0,
     };
     match env.calls.call(own).await? {
         answered if answered.errcode == Some(0) => Ok(()),

@@ -474,6 +474,7 @@ async fn send(host: &dyn Host, job: Job) -> (End, Seen, Option<Refusal>) {
             .traceparent
             .as_deref()
             .and_then(|t| crate::telemetry::trace::SpanContext::from_traceparent(t.as_bytes())),
+        answer_cap: 0,
     };
     let result = host.calls().call(own).await;
     let now = host.core().clock.now_us();

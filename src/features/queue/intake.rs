@@ -325,8 +325,14 @@ fn lanes(config: &crate::config::Config, rule: &crate::limit::Rule, asking: &Ask
     if config.rule_http(Some(rule)).queue_strict || strict_caller {
         return Lanes::strict();
     }
-    if !asking.recipients.is_empty() {
-        return Lanes::of(asking.recipients.iter().map(String::as_str));
+    // A broadcast reaches members no lane list would name for sure (the
+    // directory changes; unseen ones are not listed): it goes strict, after
+    // every job before it and before every job after it.
+    if asking.broadcast() {
+        return Lanes::strict();
+    }
+    if !asking.recipients().is_empty() {
+        return Lanes::of(asking.recipients().iter().map(String::as_str));
     }
     asking.body.map_or_else(Lanes::default, |b| body_lanes(b))
 }
