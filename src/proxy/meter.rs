@@ -117,11 +117,11 @@ fn read(m: &Metering, body: Option<&[u8]>) -> Result<Metered, String> {
     let mut broadcast = Broadcast::default();
     let mut unseen = false;
     for path in &m.unseen {
-        let Some(value) = at(&json, path).filter(|v| names_someone(v)) else { continue };
+        let Some(value) = at(&json, path).filter(|v| !v.is_null()) else { continue };
         match (m.directory, path.as_slice()) {
             (true, [f]) if f == PARTY_FIELD => broadcast.parties = unit_ids(value, PARTY_FIELD)?,
             (true, [f]) if f == TAG_FIELD => broadcast.tags = unit_ids(value, TAG_FIELD)?,
-            _ => unseen = true,
+            _ => unseen |= names_someone(value),
         }
     }
     // Each id trimmed and folded to ASCII lower case as it is read (the
@@ -311,6 +311,7 @@ fn names_someone(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn wecom(unseen_cost: Option<u64>) -> Metering {
         Metering {
@@ -322,6 +323,7 @@ mod tests {
             unseen_cost,
             max: 1000,
             by_recipients: true,
+            directory: false,
         }
     }
 
@@ -366,6 +368,35 @@ mod tests {
             assert!(cost(&m, body).is_err_and(|e| e.contains(says)), "{body}: {:?}", cost(&m, body));
         }
         assert!(read(&m, None).is_err_and(|e| e.contains("no body")));
+    }
+
+    #[test]
+    fn with_a_directory_a_broadcast_is_read_for_it_to_resolve() {
+        let m = Metering { directory: true, ..wecom(None) };
+        let read_it = |body: &str| read(&m, Some(body.as_bytes()));
+        let all = read_it(r#"{"touser":"@all","agentid":1000002}"#).expect("@all");
+        assert_eq!(all.broadcast, Some(Broadcast { all: true, ..Broadcast::default() }));
+        assert_eq!((all.cost, all.recipients.len(), all.app.as_deref()), (0, 0, Some("1000002")));
+        let mixed = read_it(r#"{"touser":"A|b","toparty":"2|3","totag":[5,"6"],"agentid":1}"#).expect("mixed");
+        assert_eq!(mixed.broadcast, Some(Broadcast { all: false, parties: vec![2, 3], tags: vec![5, 6] }));
+        assert_eq!((mixed.cost, mixed.recipients), (2, vec!["a".into(), "b".into()]));
+        assert_eq!(read_it(r#"{"toparty":7,"agentid":1}"#).map(|r| r.broadcast.map(|b| b.parties)), Ok(Some(vec![7])));
+        for (body, says) in [
+            (r#"{"toparty":"2|2"}"#, "twice"),
+            (r#"{"toparty":"x"}"#, "not a list of ids"),
+            (r#"{"totag":"-1"}"#, "not a list of ids"),
+            (r#"{"totag":"0"}"#, "not a list of ids"),
+            (r#"{"toparty":[1.5]}"#, "not a list of ids"),
+            (r#"{"toparty":{"a":1}}"#, "not a list of ids"),
+            (r#"{"touser":"@all|a"}"#, "other recipients"),
+        ] {
+            assert!(read_it(body).is_err_and(|e| e.contains(says)), "{body}: {:?}", read_it(body));
+        }
+        let many: Vec<String> = (1..=101).map(|i| i.to_string()).collect();
+        let body = json!({"toparty": many.join("|")}).to_string();
+        assert!(read_it(&body).is_err_and(|e| e.contains("more than WeCom's 100")));
+        // Without a directory, as before: refused unless priced.
+        assert!(read(&wecom(None), Some(br#"{"toparty":"2"}"#)).is_err_and(|e| e.contains("cannot count")));
     }
 
     #[test]
