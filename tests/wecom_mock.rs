@@ -12,8 +12,8 @@ use http::Request;
 use http_body_util::Full;
 use serde_json::{json, Value};
 use support::wecom::{
-    MockWeCom, WeComDirectory as Dir, AGENT_ALL, AGENT_PART, CORPID, DEPARTMENT_SIMPLELIST, SECRET_ALL, SECRET_PART,
-    USER_SIMPLELIST,
+    self, MockWeCom, WeComDirectory as Dir, AGENT_ALL, AGENT_PART, CORPID, DEPARTMENT_SIMPLELIST, SECRET_ALL,
+    SECRET_PART, USER_SIMPLELIST,
 };
 use support::{get_at, send, Answer, SEC, T0};
 use wxgate::time::ManualClock;
@@ -154,6 +154,17 @@ async fn a_member_past_30_messages_a_minute_is_dropped_without_an_errcode() {
     text(&w, &all, AGENT_ALL, json!({"touser": "user101"})).await;
     assert_eq!(w.silent_drops(), 1, "the first delivery is 60 s old: out of the window");
     assert_eq!(w.deliveries(AGENT_ALL, "user101").last(), Some(&(T0 + 60 * SEC)));
+}
+
+#[test]
+fn a_member_past_1000_messages_an_hour_is_dropped() {
+    // 20 a minute, under the minute's 30: every 3 s for an hour and more.
+    let times: Vec<i64> = (0..1_202).map(|i| T0 + i * 3 * SEC).collect();
+    let dropped = wecom::dropped(&times);
+    let first = dropped.iter().position(|d| *d);
+    assert_eq!(first, Some(1_000), "the 1,001st within the hour");
+    assert_eq!(dropped.iter().filter(|d| **d).count(), 200, "until the first is an hour old: {:?}", &dropped[1_195..]);
+    assert!(!dropped[1_200] && !dropped[1_201], "then one out, one in");
 }
 
 #[tokio::test]

@@ -548,6 +548,14 @@ fn message_send(s: &mut State, agentid: i64, body: &[u8], now: i64) -> Reply {
     json(reply)
 }
 
+/// Which of these messages to one member from one app (their arrival
+/// times, in order) WeCom drops: [`deliver`] one after another, the rule the
+/// mock applies to every send.
+pub fn dropped(times: &[i64]) -> Vec<bool> {
+    let mut inbox = Inbox::default();
+    times.iter().map(|&t| !deliver(&mut inbox, t)).collect()
+}
+
 /// Files one message for a member at `now`; false if WeCom drops it: the
 /// member already had [`PER_MINUTE`] delivered in the 60 s up to `now`, or
 /// [`PER_HOUR`] in the hour (windows `(now - span, now]`, so a message
