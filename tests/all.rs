@@ -87,3 +87,4 @@ mod smuggling;
 mod tls;
 mod tokens;
 mod tracing;
+mod wecom_mock;

@@ -15,7 +15,8 @@
 //! receiver, the signature's check: [`callbacks`]), the stores a scenario
 //! runs on ([`backing`]: memory, Redis, Cluster), an OpenTelemetry
 //! collector ([`otlp`]), a headless Chromium over the DevTools protocol
-//! ([`browser`]).
+//! ([`browser`]), a WeCom with a member directory, visible ranges and
+//! per-member silent drops ([`wecom`]).
 //! Compiled once, in the one integration test binary (tests/all.rs),
 //! whose every test file's module does `use crate::support;`.
 #![allow(dead_code)]
@@ -40,6 +41,7 @@ pub mod sim;
 pub mod state_file;
 pub mod temp;
 pub mod tokens;
+pub mod wecom;
 pub mod window;
 pub mod wire;
 
