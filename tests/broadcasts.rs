@@ -1,55 +1,301 @@
 //! WeCom broadcasts (issue 64): `@all`, `toparty` and `totag` resolved
-//! through WeCom's own directory, with the app's token, and charged in
-//! person-times and per-member windows, over real sockets.
+//! through WeCom's own directory with the app's token, and charged in
+//! person-times and per-member windows, with the shipped
+//! `deploy/rules-wecom.toml`, over real sockets against a mock WeCom whose
+//! directory has 500 members in nested departments and tags
+//! ([`support::wecom`]), and which drops silently, as WeCom does, a
+//! message past 30 a minute for one member.
 
 use crate::support;
 
+use std::collections::HashSet;
+use std::time::Duration;
+
 use serde_json::json;
-use support::tokens::account_toml;
-use support::{ConfigToml, Gate, MockWeChat, Reply, TempDir};
+use support::backing::Backing;
+use support::redis_server::RedisServer;
+use support::wecom::{MockWeCom, WeComDirectory, AGENT_ALL, AGENT_PART, SECRET_ALL, SECRET_PART};
+use support::wecom::{AGENT_GET, CORPID, MESSAGE_SEND, TAG_GET, USER_SIMPLELIST};
+use support::{eventually_async, ConfigToml, Gate, StoreToml, TempDir};
 
-const CORP: &str = "wwcorp0123456789";
+const SEND: &str = "/cgi-bin/message/send";
+const PERSON_TIMES: &str = "wxgate_recipients_total{rule=\"message_send\"}";
 
-fn json_reply(v: serde_json::Value) -> Reply {
-    Reply::Json { body: v.to_string(), content_type: "application/json" }
+/// The shipped WeCom rules without their `[server]` and `[store]` (the
+/// test's own come first), `edit` applied to the text.
+fn shipped(edit: impl Fn(String) -> String) -> String {
+    let text = std::fs::read_to_string("deploy/rules-wecom.toml").expect("shipped rules");
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        if line.starts_with('[') {
+            skipping = line == "[server]" || line == "[store]";
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    edit(out)
 }
 
-/// A tiny WeCom: app 1000002 sees users a, b and department 2 (c, d, e).
-fn tiny(mock: &MockWeChat) {
-    mock.respond(|rec| {
-        let path = rec.path_and_query.split('?').next().unwrap_or("");
-        match path {
-            "/cgi-bin/gettoken" => json_reply(json!({"errcode":0,"access_token":"TOK","expires_in":7200})),
-            "/cgi-bin/agent/get" => json_reply(json!({"errcode":0,"agentid":1000002,
-                "allow_userinfos":{"user":[{"userid":"a"},{"userid":"B"}]},"allow_partys":{"partyid":[2]},"allow_tags":{"tagid":[]}})),
-            "/cgi-bin/user/simplelist" => json_reply(json!({"errcode":0,"userlist":[{"userid":"c"},{"userid":"d"},{"userid":"e"},{"userid":"a"}]})),
-            _ => json_reply(json!({"errcode":0,"errmsg":"ok"})),
+/// The two apps of [`CORPID`] as `[[account]]`s: "hr" (sees everyone) and
+/// "oa" (sees 150), their secrets in `dir`.
+fn apps(dir: &TempDir) -> String {
+    let mut out = String::new();
+    for (name, agent, secret) in [("hr", AGENT_ALL, SECRET_ALL), ("oa", AGENT_PART, SECRET_PART)] {
+        let file = dir.write_secret(&format!("{name}.secret"), &format!("{secret}\n"));
+        out.push_str(&format!(
+            "[[account]]\nname = \"{name}\"\nid = \"{CORPID}\"\nkind = \"wecom\"\nagent = \"{agent}\"\nsecret_file = \"{}\"\n\n",
+            file.display()
+        ));
+    }
+    out
+}
+
+/// A gate with the shipped WeCom rules (edited by `edit`), both apps, and
+/// `extra`, on `backing`, deciding on its manual clock, which the mock follows.
+async fn start(
+    backing: &Backing,
+    mock: &MockWeCom,
+    dir: &TempDir,
+    edit: impl Fn(String) -> String,
+    extra: &str,
+) -> Gate {
+    let mut config =
+        ConfigToml::new(&mock.url()).server("domain", "qyapi.weixin.qq.com").with(shipped(edit)).with(apps(dir));
+    if backing.store().is_some() {
+        let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+        config = config.with(format!("[tokens]\nkey_file = \"{}\"\n", key.display()));
+    }
+    let gate = backing.gate_on_manual_clock(config.with(extra.to_owned())).await;
+    mock.follow(&gate.clock);
+    gate
+}
+
+/// A text message of `agent` with these recipient fields.
+fn message(agent: i64, to: serde_json::Value) -> String {
+    let mut body = json!({"msgtype": "text", "agentid": agent, "text": {"content": "all hands at 10"}});
+    if let (Some(b), Some(to)) = (body.as_object_mut(), to.as_object()) {
+        b.extend(to.clone());
+    }
+    body.to_string()
+}
+
+async fn person_times(gate: &Gate) -> f64 {
+    gate.metric(PERSON_TIMES).await.unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_all_departments_and_tags_are_charged_their_distinct_members() {
+    for backing in [Backing::Memory, Backing::Redis(RedisServer::start())] {
+        let store = backing.name();
+        let mock = MockWeCom::start(WeComDirectory::nested()).await;
+        let dir = TempDir::new("broadcast-charged");
+        let gate = start(&backing, &mock, &dir, |t| t, "").await;
+        let d = mock.directory();
+        let mut charged = 0.0;
+        let mut expect = |label: &str, answer: support::Answer, members: usize, charged_now: f64| {
+            assert_eq!(answer.status, 200, "{store} {label}: {}", answer.text());
+            assert_eq!(answer.json()["errcode"], 0, "{store} {label}: {}", answer.text());
+            charged += members as f64;
+            assert_eq!(charged_now, charged, "{store} {label}: charged {members} person-times");
+        };
+        let a = gate.post_as("hr", SEND, &message(AGENT_ALL, json!({"touser": "@all"}))).await;
+        expect("@all", a, WeComDirectory::VISIBLE_ALL, person_times(&gate).await);
+        let a = gate.post_as("hr", SEND, &message(AGENT_ALL, json!({"toparty": "2"}))).await;
+        expect(
+            "toparty 2 (30 of its 120 in department 3)",
+            a,
+            WeComDirectory::PARTY_MEMBERS,
+            person_times(&gate).await,
+        );
+        let a = gate.post_as("hr", SEND, &message(AGENT_ALL, json!({"totag": "5"}))).await;
+        expect("a tag of users and a department", a, WeComDirectory::TAG_MEMBERS, person_times(&gate).await);
+        // touser with a department: each member once.
+        let mut both: HashSet<String> = d.party(WeComDirectory::SUB_PARTY, true).into_iter().collect();
+        let named = ["user001", d.party(WeComDirectory::SUB_PARTY, true)[0].as_str()].join("|");
+        both.insert("user001".into());
+        let a = gate.post_as("hr", SEND, &message(AGENT_ALL, json!({"touser": named, "toparty": "3"}))).await;
+        expect("touser and toparty overlapping", a, both.len(), person_times(&gate).await);
+        // WeCom reached exactly whom wxgate charged, and dropped nobody.
+        assert_eq!(mock.person_times(AGENT_ALL) as f64, charged, "{store}");
+        assert_eq!(mock.silent_drops(), 0, "{store}");
+        // Each unit fetched once (the app's range: the root department).
+        assert_eq!(mock.calls_to(AGENT_GET), 1, "{store}");
+        assert_eq!(mock.calls_to(TAG_GET), 1, "{store}");
+        assert_eq!(mock.calls_to(USER_SIMPLELIST), 3, "{store}: departments 1, 2 and 3 (5's is inside its tag's 3)");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_one_broadcasts_in_a_minute_never_give_a_member_more_than_thirty() {
+    // `unseen_cost` (the old escape hatch) charges the app's whole range
+    // but holds no member's window: WeCom drops the excess silently.
+    let priced = |t: String| t.replace("directory = true", "unseen_cost = 150");
+    for (how, edit, drops) in [
+        ("directory", Box::new(|t| t) as Box<dyn Fn(String) -> String>, false),
+        ("unseen_cost", Box::new(priced), true),
+    ] {
+        let mock = MockWeCom::start(WeComDirectory::nested()).await;
+        let dir = TempDir::new("broadcast-minute");
+        // 30 a minute with a burst of 30: the 31st within the minute is the one over.
+        let edit = move |t: String| {
+            edit(t).replace("{ count = 30, per = \"1m\", burst = 10 }", "{ count = 30, per = \"1m\", burst = 30 }")
+        };
+        let gate = start(&Backing::Memory, &mock, &dir, edit, "").await;
+        let mut statuses = Vec::new();
+        for i in 0..31 {
+            let a = gate.post_as("oa", SEND, &message(AGENT_PART, json!({"touser": "@all"}))).await;
+            if a.status == 429 {
+                assert_eq!(a.header("x-wxgate-reason"), Some("recipient"), "{how} {i}: {}", a.text());
+            }
+            statuses.push(a.status);
+            gate.advance(Duration::from_millis(1_900));
+        }
+        if drops {
+            assert!(statuses.iter().all(|s| *s == 200), "{how}: {statuses:?}");
+            assert!(mock.silent_drops() > 0, "{how}: WeCom dropped the 31st for every member");
+        } else {
+            assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 30, "{how}: {statuses:?}");
+            assert_eq!(statuses[30], 429, "{how}: the 31st is refused");
+            assert_eq!(mock.silent_drops(), 0, "{how}");
+            assert_eq!(mock.max_per_minute(AGENT_PART), 30, "{how}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_to_the_directory_is_counted_within_its_ttl() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-ttl");
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, "[directory]\nttl = \"1m\"\n").await;
+    let all = message(AGENT_PART, json!({"touser": "@all"}));
+    let visible = WeComDirectory::VISIBLE_PART as f64;
+    assert_eq!(gate.post_as("oa", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, visible);
+    mock.add_member("newcomer", WeComDirectory::PARTY);
+    // Within the TTL, the copy held: the newcomer is not known yet.
+    gate.advance(Duration::from_secs(20));
+    assert_eq!(gate.post_as("oa", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, 2.0 * visible);
+    // Past three quarters of it, a use refreshes it in the background: the
+    // call goes on with the copy; the next one counts the newcomer.
+    gate.advance(Duration::from_secs(30));
+    let fetched = mock.calls_to(USER_SIMPLELIST);
+    assert_eq!(gate.post_as("oa", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, 3.0 * visible);
+    eventually_async("the background refresh", support::PATIENCE, async || {
+        mock.calls_to(USER_SIMPLELIST) == fetched + 2
+    })
+    .await;
+    assert_eq!(gate.post_as("oa", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, 4.0 * visible + 1.0, "the newcomer counted");
+    // WeCom reached the newcomer from the moment it was added: within the
+    // TTL, those two messages were not counted in its windows (at most one
+    // TTL's worth, docs/recipients.md).
+    assert_eq!(mock.person_times(AGENT_PART) as f64, 4.0 * visible + 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_that_cannot_answer_refuses_naming_why_or_charges_unseen_cost() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-unanswered");
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, "").await;
+    let unresolved =
+        |cause: &str| format!("wxgate_directory_unresolved_total{{rule=\"message_send\",cause=\"{cause}\"}}");
+    // WeCom down: 503 saying so, nothing sent.
+    mock.set_directory_down(true);
+    let a = gate.post_as("oa", SEND, &message(AGENT_PART, json!({"toparty": "2"}))).await;
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert!(a.text().contains("could not be counted") && a.text().contains("HTTP 502"), "{}", a.text());
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(gate.metric(&unresolved("unavailable")).await, Some(1.0));
+    // The app not allowed to read it: 400 naming WeCom's errcode.
+    mock.set_directory_down(false);
+    mock.deny_directory(AGENT_PART);
+    let a = gate.post_as("oa", SEND, &message(AGENT_PART, json!({"touser": "@all"}))).await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert!(a.text().contains("60011") && a.text().contains("\\\"oa\\\""), "{}", a.text());
+    assert_eq!(gate.metric(&unresolved("denied")).await, Some(1.0));
+    // No [[account]] holds the app's secret (a call with a token of its own
+    // for another app): 400 naming what is missing.
+    let token = mock.issue_token(1_000_009);
+    let a = gate
+        .post_as(CORPID, &format!("{SEND}?access_token={token}"), &message(1_000_009, json!({"touser": "@all"})))
+        .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert!(a.text().contains("no [[account]]") && a.text().contains("1000009"), "{}", a.text());
+    assert!(!a.text().contains(&token), "the token is never in an answer");
+    assert_eq!(gate.metric(&unresolved("no_account")).await, Some(1.0));
+    assert_eq!(mock.calls_to(MESSAGE_SEND), 0, "nothing was sent uncounted");
+    assert_eq!(person_times(&gate).await, 0.0);
+
+    // With unseen_cost, the directory down charges that instead.
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-unanswered-priced");
+    let priced = |t: String| t.replace("directory = true", "directory = true, unseen_cost = 700");
+    let gate = start(&Backing::Memory, &mock, &dir, priced, "").await;
+    mock.set_directory_down(true);
+    let a = gate.post_as("oa", SEND, &message(AGENT_PART, json!({"touser": "user491", "toparty": "2"}))).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(person_times(&gate).await, 701.0);
+    assert_eq!(gate.metric(&unresolved("unavailable")).await, Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_wecom_answers_invalid_are_counted_and_not_charged_again() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-invalid");
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, "").await;
+    let all = message(AGENT_ALL, json!({"touser": "@all"}));
+    assert_eq!(gate.post_as("hr", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, 500.0);
+    // user002 leaves: the directory held still lists them; WeCom answers
+    // them invalid when named.
+    mock.remove_member("user002");
+    let a = gate.post_as("hr", SEND, &message(AGENT_ALL, json!({"touser": "user002|ghost|user003"}))).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["invaliduser"], "user002|ghost", "WeCom's partial success reaches the caller: {}", a.text());
+    let invalid = "wxgate_recipients_invalid_total{rule=\"message_send\",kind=\"user\"}";
+    assert_eq!(gate.metric(invalid).await, Some(2.0));
+    // The next @all does not charge them again.
+    gate.advance(Duration::from_secs(3));
+    assert_eq!(gate.post_as("hr", SEND, &all).await.status, 200);
+    assert_eq!(person_times(&gate).await, 503.0 + 499.0);
+    assert_eq!(mock.person_times(AGENT_ALL), 500 + 1 + 499);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_on_one_redis_fetch_a_unit_once_between_them() {
+    let redis = RedisServer::start();
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    // The directory answers slowly: both instances ask while one fetches.
+    let answer = mock.responder();
+    mock.mock.respond(move |rec| {
+        let r = answer(rec);
+        if rec.path_and_query.starts_with(AGENT_GET) || rec.path_and_query.starts_with(USER_SIMPLELIST) {
+            support::Reply::Delayed { ms: 300, then: Box::new(r) }
+        } else {
+            r
         }
     });
-}
-
-fn rules(more: &str) -> String {
-    format!(
-        "[[rule]]\nname = \"gettoken\"\nmatch = [\"/cgi-bin/gettoken\"]\nlimits = [{{ count = 100, per = \"1m\" }}]\n\n\
-         [[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\nlimits = [{{ count = 100, per = \"day\" }}]\n\
-         cost = \"recipients\"\n\
-         recipients = {{ field = \"touser\", separator = \"|\", all = \"@all\", unseen = [\"toparty\", \"totag\"], directory = true }}\n\
-         per_recipient = [{{ count = 30, per = \"1m\", burst = 10 }}]\n{more}\n"
-    )
-}
-
-#[tokio::test]
-async fn smoke_at_all_is_charged_its_visible_range() {
-    let mock = MockWeChat::start().await;
-    tiny(&mock);
-    let dir = TempDir::new("broadcast-smoke");
-    let config = ConfigToml::new(&mock.url())
-        .server("domain", "qyapi.weixin.qq.com")
-        .with(rules(""))
-        .with(account_toml(&dir, CORP, "wecom", "corpsecret-0123456789", "agent = \"1000002\""));
-    let gate = Gate::start_text(config).await;
-    let body = json!({"touser":"@all","agentid":1000002,"msgtype":"text","text":{"content":"hi"}}).to_string();
-    let a = gate.post_as(CORP, "/cgi-bin/message/send", &body).await;
-    assert_eq!(a.status, 200, "{}", a.text());
-    assert_eq!(gate.metric("wxgate_recipients_total{rule=\"message_send\"}").await, Some(5.0), "{}", a.text());
+    let dir = TempDir::new("broadcast-redis-once");
+    let key = dir.write_secret("token.key", "5f0c9a3e7b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a\n");
+    let config = || {
+        ConfigToml::new(&mock.url())
+            .server("domain", "qyapi.weixin.qq.com")
+            .with(shipped(|t| t))
+            .with(apps(&dir))
+            .with(StoreToml::redis(&redis.url()))
+            .with(format!("[tokens]\nkey_file = \"{}\"\n", key.display()))
+    };
+    let (a, b) = (Gate::start_real_text(config()).await, Gate::start_real_text(config()).await);
+    let all = message(AGENT_PART, json!({"touser": "@all"}));
+    let (x, y) = tokio::join!(a.post_as("oa", SEND, &all), b.post_as("oa", SEND, &all));
+    assert_eq!((x.status.as_u16(), y.status.as_u16()), (200, 200), "{} / {}", x.text(), y.text());
+    assert_eq!(mock.calls_to(AGENT_GET), 1, "one fetch of the app's range for both instances");
+    // The app sees department 2 (3 under it) and tag 5 (users and department 3).
+    assert_eq!(mock.calls_to(USER_SIMPLELIST), 2, "departments 2 and 3, once each");
+    assert_eq!(mock.person_times(AGENT_PART), 2 * WeComDirectory::VISIBLE_PART);
 }

@@ -179,7 +179,12 @@ impl Feature for Directory {
         };
         let account = asking.who.account.clone();
         let Some(metered) = asking.metered.as_deref_mut() else { return Ok(()) };
-        let Some(broadcast) = metered.broadcast.clone() else { return Ok(()) };
+        let Some(broadcast) = metered.broadcast.clone() else {
+            // Not a broadcast: what WeCom answers invalid is still kept
+            // for the app's broadcasts.
+            cx.app = metered.app.as_deref().and_then(|app| Some((held_app(&config, &account, app)?.1, Arc::from(app))));
+            return Ok(());
+        };
         match self.inner.resolve(env, &config, &account, metered.app.as_deref(), &broadcast).await {
             Ok((app, members)) => {
                 add(metered, members, metering.by_recipients);
@@ -283,16 +288,12 @@ impl Inner {
         let Some(app) = app else {
             return Err(Unresolved::NoAccount("the body names no agentid (the app whose members it reaches)".into()));
         };
-        let found = config.accounts.list.iter().find(|a| {
-            a.kind == AccountKind::WeCom && a.agent.as_deref() == Some(app) && (&*a.name == account || a.id == account)
-        });
-        let Some(secret) = found.cloned() else {
+        let Some((secret, corp)) = held_app(config, account, app) else {
             return Err(Unresolved::NoAccount(format!(
                 "no [[account]] kind = \"wecom\" for account \"{account}\" with agent = \"{app}\" (wxgate reads the \
                  app's directory with its own token)"
             )));
         };
-        let corp: Arc<str> = secret.id.as_str().into();
         let agent: Arc<str> = app.into();
         let most = config.directory.max_broadcast;
         let mut members: HashSet<Box<str>> = HashSet::new();
@@ -567,6 +568,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// The `[[account]]` of app `app` (its AgentId) for a call's `account`
+/// (the `[[account]]`'s name, or its corpid), and its corpid.
+fn held_app(config: &Config, account: &str, app: &str) -> Option<(Arc<SecretAccount>, Arc<str>)> {
+    let found = config.accounts.list.iter().find(|a| {
+        a.kind == AccountKind::WeCom && a.agent.as_deref() == Some(app) && (&*a.name == account || a.id == account)
+    })?;
+    Some((found.clone(), found.id.as_str().into()))
 }
 
 /// WeCom refused `account`'s app its directory.

@@ -162,6 +162,11 @@ impl MockWeCom {
         self.state().dir.member(userid, &[department]);
     }
 
+    /// Removes `userid` from the corp ([`WeComDirectory::remove_member`]).
+    pub fn remove_member(&self, userid: &str) {
+        self.state().dir.remove_member(userid);
+    }
+
     /// While down, every directory API answers HTTP 502 (a gateway's
     /// answer, no JSON); gettoken and message/send go on.
     pub fn set_directory_down(&self, down: bool) {

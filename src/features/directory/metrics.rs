@@ -46,27 +46,27 @@ impl DirectoryMetrics {
             units: Gauge::default(),
         };
         registry.register(
-            "wxgate_directory_fetches",
+            "directory_fetches",
             "Fetches of WeCom's directory (agent/get, user/simplelist, tag/get) by this instance, by outcome",
             m.fetches.clone(),
         );
         registry.register(
-            "wxgate_directory_unresolved",
+            "directory_unresolved",
             "Broadcasts (@all, toparty, totag) whose members the directory could not count, by cause: charged \
              unseen_cost, or refused",
             m.unresolved.clone(),
         );
         registry.register(
-            "wxgate_recipients_invalid",
+            "recipients_invalid",
             "Recipients WeCom answered invalid in a partial success (invaliduser, invalidparty, invalidtag)",
             m.invalid.clone(),
         );
         registry.register(
-            "wxgate_directory_members",
+            "directory_members",
             "Member ids of WeCom's directory this instance holds ([directory] max_members bounds them)",
             m.members.clone(),
         );
-        registry.register("wxgate_directory_units", "Visible ranges, departments and tags held", m.units.clone());
+        registry.register("directory_units", "Visible ranges, departments and tags held", m.units.clone());
         m
     }
 

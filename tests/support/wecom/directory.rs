@@ -243,6 +243,23 @@ impl WeComDirectory {
     }
 
     /// Member `userid` (any case).
+    /// Removes member `userid` (it left the corp): no department holds it,
+    /// no API lists it, and a message naming it answers it `invaliduser`.
+    pub fn remove_member(&mut self, userid: &str) {
+        let Some(i) = self.index.remove(&userid.to_lowercase()) else { return };
+        for d in std::mem::take(&mut self.members[i].department) {
+            if let Some(list) = self.direct.get_mut(&d) {
+                list.retain(|&j| j != i);
+            }
+        }
+        for app in self.apps.values_mut() {
+            app.users.retain(|u| !u.eq_ignore_ascii_case(userid));
+        }
+        for tag in self.tags.values_mut() {
+            tag.users.retain(|u| !u.eq_ignore_ascii_case(userid));
+        }
+    }
+
     pub fn find(&self, userid: &str) -> Option<usize> {
         self.index.get(&userid.to_lowercase()).copied()
     }
