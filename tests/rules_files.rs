@@ -122,7 +122,7 @@ const WECOM_TABLE: &[(&str, &str)] = &[
     ("/cgi-bin/checkin/getcheckindata", "checkin_data"),
     ("/cgi-bin/corp/getapprovaldata", "approval_data"),
     ("/cgi-bin/auth/getuserinfo", "auth_getuserinfo"),
-    ("/cgi-bin/agent/get", "default"),
+    ("/cgi-bin/agent/get", "basic"),
 ];
 
 /// WeCom paths documented as one quota with a path above, or sharing the

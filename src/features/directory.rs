@@ -43,31 +43,11 @@ use crate::config::accounts::{AccountKind, SecretAccount};
 use crate::config::Config;
 use crate::error::{Early, ProxyError, Unavailable};
 use crate::features::component::{Component, ComponentError, Host};
+pub use crate::features::hooks::Broadcast;
 use crate::features::hooks::{Answered, Asking, Env, Feature, Metered, OwnCall, Seeds};
 use crate::features::token_cache::cache::TokenCache;
 use crate::store::tokens::{Claim, Fetched};
 use crate::time::{deadline_after, Micros};
-
-/// What a broadcast's body names for the directory to resolve.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Broadcast {
-    /// `touser` is `@all`: the app's visible range.
-    pub all: bool,
-    /// `toparty`'s department ids.
-    pub parties: Vec<u32>,
-    /// `totag`'s tag ids.
-    pub tags: Vec<u32>,
-}
-
-impl Broadcast {
-    /// Most departments (and tags) one message may name: WeCom's own
-    /// limit ("最多支持100个", doc 90236).
-    pub const MAX_UNITS: usize = 100;
-
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.parties.is_empty() && self.tags.is_empty()
-    }
-}
 
 /// Most bytes of a directory answer read (a `user/simplelist` of 100,000
 /// members is about 8 MB).

@@ -247,10 +247,31 @@ pub struct Metered {
     pub app: Option<String>,
     /// What the body names for the directory to resolve (`@all`,
     /// `toparty`, `totag`; rules with `directory = true`), until it is.
-    pub broadcast: Option<crate::features::directory::Broadcast>,
+    pub broadcast: Option<Broadcast>,
     /// What the members no directory resolves cost (`unseen_cost`), in
     /// `cost` already.
     pub unseen_extra: u64,
+}
+
+/// What a broadcast's body names for the directory to resolve.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Broadcast {
+    /// `touser` is `@all`: the app's visible range.
+    pub all: bool,
+    /// `toparty`'s department ids.
+    pub parties: Vec<u32>,
+    /// `totag`'s tag ids.
+    pub tags: Vec<u32>,
+}
+
+impl Broadcast {
+    /// Most departments (and tags) one message may name: WeCom's own
+    /// limit ("最多支持100个", doc 90236).
+    pub const MAX_UNITS: usize = 100;
+
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.parties.is_empty() && self.tags.is_empty()
+    }
 }
 
 /// What a feature sees of an admitted call about to be sent.

@@ -29,8 +29,8 @@ use serde_json::Value;
 use super::call::{Call, Metered};
 use crate::config::{Metering, Priority, PARTY_FIELD, TAG_FIELD};
 use crate::error::{Early, ProxyError};
-use crate::features::directory::Broadcast;
 use crate::features::hooks::body::{read_body_upto, request_json};
+use crate::features::hooks::Broadcast;
 
 /// Most bytes of a body read to count its recipients.
 pub const BODY_CAP: u64 = 64 * 1024;
