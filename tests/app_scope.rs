@@ -48,7 +48,7 @@ fn wecom(refuse_hr: Arc<AtomicBool>) -> impl Fn(&support::Recorded) -> Reply + S
             }
             SEND => {
                 let body: serde_json::Value = serde_json::from_slice(&rec.body).unwrap_or_default();
-                if refuse_hr.load(Ordering::SeqCst) && body["agentid"].to_string() == HR {
+                if refuse_hr.load(Ordering::SeqCst) && body["agentid"].as_u64() == HR.parse().ok() {
                     errcode_reply(45009)
                 } else {
                     ok_reply()
