@@ -740,6 +740,9 @@ fn say_rule(out: &mut String, rule: &Rule, meter: Option<&wxgate::config::Meteri
     if rule.scope == wxgate::limit::Scope::Path {
         say!(out, "  scope path: each of its {} paths counts against these limits on its own", rule.patterns.len());
     }
+    if rule.scope == wxgate::limit::Scope::App {
+        say!(out, "  scope app: each WeCom app (the body's agentid) counts against these limits on its own");
+    }
     if rule.limits.is_empty() {
         say!(out, "  no limits (penalties only)");
     }

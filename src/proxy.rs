@@ -17,7 +17,9 @@
 //!    request's or clear_quota's appid, else `default`).
 //! 4. [`meter`]: for a rule with `recipients`, the body is read whole (64
 //!    KiB at most) and whom the call is to is read from it: its cost, and
-//!    the recipients whose own limits the decision checks.
+//!    the recipients whose own limits the decision checks; a body's WeCom
+//!    app must be its `[[account]]`'s, and a `scope = "app"` rule counts
+//!    each app apart ([`route::app`]).
 //! 5. The features' `before_decide` hooks: a token request may be answered
 //!    from the cache here, never decided nor forwarded.
 //! 6. [`decide`]: one store decision ([`crate::admit`]), then the call is
@@ -180,6 +182,7 @@ async fn run(app: &App, call: &mut Call, mut source: Source<'_>) -> Result<Respo
     route::route(app, call);
     identify::identify(app, call, &mut source, &target).await?;
     meter::meter(call, source.request()).await?;
+    route::app(call)?;
     let mut asking = Asking {
         config: &call.arrived.config,
         method: &call.arrived.method,

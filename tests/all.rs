@@ -21,6 +21,7 @@ mod support;
 
 mod accounts;
 mod admin;
+mod app_scope;
 mod architecture;
 mod broadcasts;
 mod broker;

@@ -214,7 +214,43 @@ fn scope_path_needs_listed_apis_and_check_says_what_it_does() {
     );
     let (code, _, stderr) = check("name = \"draft\"\nmatch = [\"/cgi-bin/draft/add\"]\nscope = \"api\"");
     assert_eq!(code, 2);
-    assert!(stderr.contains("rule \"draft\": scope: \"api\" is unknown (expected \"rule\" or \"path\")"), "{stderr}");
+    assert!(
+        stderr.contains("rule \"draft\": scope: \"api\" is unknown (expected \"rule\", \"path\" or \"app\")"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn scope_app_reads_the_app_from_the_body_and_check_says_what_it_does() {
+    let check = |more: &str| {
+        let dir = support::TempDir::new("scope-app");
+        let path = dir.path().join("rules.toml");
+        let rule = format!(
+            "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\nscope = \"app\"\n\
+             limits = [{{ count = 1000, per = \"day\" }}]\n{more}\n"
+        );
+        std::fs::write(&path, rule).expect("write");
+        wxgate(&["check", "--config", &path.display().to_string()])
+    };
+    let (code, stdout, stderr) = check("cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("scope app: each WeCom app (the body's agentid) counts against these limits on its own"),
+        "{stdout}"
+    );
+    let (code, _, stderr) = check("");
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("rule \"message_send\": scope = \"app\": counts each WeCom app apart, by the body's agentid: it needs recipients"),
+        "{stderr}"
+    );
+    let (code, _, stderr) =
+        check("cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\nquota_sync = \"1h\"");
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("rule \"message_send\": scope = \"app\": each WeCom app's counts are kept apart"),
+        "{stderr}"
+    );
 }
 
 #[test]

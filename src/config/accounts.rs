@@ -173,6 +173,21 @@ impl SecretAccounts {
         self.by_name.get(name)
     }
 
+    /// The WeCom app's `[[account]]` named `name`, if it is one: calls for
+    /// it count under its corpid. Looks nothing up without `[[account]]`s.
+    pub fn wecom(&self, name: &str) -> Option<&Arc<SecretAccount>> {
+        if self.list.is_empty() {
+            return None;
+        }
+        self.by_name.get(name).filter(|a| a.kind == AccountKind::WeCom)
+    }
+
+    /// The account whose state calls for `name` are counted under: a
+    /// WeCom app's corpid, else `name` ([`crate::features::hooks::Who::counted`]).
+    pub fn counted<'a>(&'a self, name: &'a str) -> &'a str {
+        self.wecom(name).map_or(name, |a| &a.id)
+    }
+
     /// The `[[account]]` whose appid (corpid) is `id` and whose token API
     /// names `kind`'s slot (a token request for it is checked against it).
     pub fn by_id<'a>(&'a self, id: &'a str, platform: bool) -> impl Iterator<Item = &'a Arc<SecretAccount>> + 'a {

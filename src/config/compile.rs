@@ -64,6 +64,18 @@ impl Config {
         self.routed.iter().filter(move |r| &*r.name == name)
     }
 
+    /// The state named `state` as the stores key it: a routed state, or a
+    /// `scope = "app"` rule's state for one app (`message_send@1000002`);
+    /// `None` for a state no rule of this config has (a reload removed it).
+    pub fn state_named(&self, state: &str) -> Option<Arc<Rule>> {
+        if let Some(routed) = self.routed.iter().find(|r| *r.state == *state) {
+            return Some(routed.clone());
+        }
+        let (base, app) = state.rsplit_once('@')?;
+        let routed = self.routed.iter().find(|r| *r.state == *base && r.scope == Scope::App)?;
+        Some(Arc::new(routed.for_app(app)))
+    }
+
     fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let ctx = Ctx { text, path, dir };
         let de = toml::Deserializer::parse(text).map_err(|e| ctx.toml_error(&e))?;
@@ -285,7 +297,9 @@ impl Rules {
     ) {
         let first_state = self.routed.len();
         match rule.scope {
-            Scope::Rule => {
+            // A `scope = "app"` rule's per-app states are made per call
+            // ([`Rule::for_app`]): it is routed as one.
+            Scope::Rule | Scope::App => {
                 patterns.extend(own.into_iter().map(|p| (p, self.routed.len())));
                 self.routed.push(rule.clone());
             }
@@ -301,7 +315,7 @@ impl Rules {
         }
         let Some((every, first)) = sync else { return };
         match rule.scope {
-            Scope::Rule => {
+            Scope::Rule | Scope::App => {
                 self.quota_syncs.extend(first.map(|path| QuotaSync { rule: rule.clone(), path, every, domain }));
             }
             Scope::Path => self.quota_syncs.extend(self.routed[first_state..].iter().filter_map(|v| {

@@ -242,15 +242,27 @@ fn timing(r: &RawRule) -> Result<(Micros, Micros), Invalid> {
     Ok((max_wait_us, warmup_us))
 }
 
-/// `scope`; `"path"` needs listed APIs (exact paths, not the default rule's).
+/// `scope`; `"path"` needs listed APIs (exact paths, not the default
+/// rule's); `"app"` reads the app from the body (it needs `recipients`,
+/// checked with them) and is not synced with quota/get (WeCom has none).
 fn scope(r: &RawRule, patterns: &[Pattern]) -> Result<Scope, Invalid> {
     let scope = match r.scope.as_deref() {
         None | Some("rule") => Scope::Rule,
         Some("path") => Scope::Path,
+        Some("app") => Scope::App,
         Some(other) => {
-            return Err(Invalid::new(format!("\"{other}\" is unknown (expected \"rule\" or \"path\")")).field("scope"))
+            return Err(
+                Invalid::new(format!("\"{other}\" is unknown (expected \"rule\", \"path\" or \"app\")")).field("scope")
+            )
         }
     };
+    if scope == Scope::App && r.quota_sync.is_some() {
+        return Err(Invalid::new(
+            "each WeCom app's counts are kept apart, and quota/get (an official account's API) knows no app; leave \
+             quota_sync out",
+        )
+        .field("scope = \"app\""));
+    }
     if scope == Scope::Path {
         if r.name == "default" {
             return Err(Invalid::new(
@@ -309,26 +321,31 @@ fn recipients(
             )
         }
     };
-    let metering = match raw {
-        None if by_recipients => {
-            return Err(
-                Invalid::new("needs recipients = { field = \"...\" } to count them").field("cost = \"recipients\"")
+    let metering =
+        match raw {
+            None if scope == Scope::App => return Err(Invalid::new(
+                "counts each WeCom app apart, by the body's agentid: it needs recipients = { field = \"...\" } (the \
+                 body is read only for a rule with recipients)",
             )
-        }
-        None if !per_recipient.is_empty() => {
-            return Err(
-                Invalid::new("needs recipients = { field = \"...\" } to know whom a call is to").field("per_recipient")
-            )
-        }
-        None => return Ok(None),
-        Some(_) if !by_recipients && per_recipient.is_empty() => {
-            return Err(Invalid::new(
-                "read only for cost = \"recipients\" or per_recipient; give one of them, or leave recipients out",
-            )
-            .field("recipients"))
-        }
-        Some(raw) => Metering::compile(rule, raw, by_recipients).map_err(|e| e.field("recipients"))?,
-    };
+            .field("scope = \"app\"")),
+            None if by_recipients => {
+                return Err(
+                    Invalid::new("needs recipients = { field = \"...\" } to count them").field("cost = \"recipients\"")
+                )
+            }
+            None if !per_recipient.is_empty() => {
+                return Err(Invalid::new("needs recipients = { field = \"...\" } to know whom a call is to")
+                    .field("per_recipient"))
+            }
+            None => return Ok(None),
+            Some(_) if !by_recipients && per_recipient.is_empty() => {
+                return Err(Invalid::new(
+                    "read only for cost = \"recipients\" or per_recipient; give one of them, or leave recipients out",
+                )
+                .field("recipients"))
+            }
+            Some(raw) => Metering::compile(rule, raw, by_recipients).map_err(|e| e.field("recipients"))?,
+        };
     if scope == Scope::Path {
         return Err(Invalid::new("not with scope = \"path\" (give the API a rule of its own)").field("recipients"));
     }

@@ -133,8 +133,14 @@ pub struct Who {
     /// Who the call is from (`X-Wx-Caller`, else `[server] caller`, else
     /// `default`; [`OWN_CALLER`] for wxgate's own calls).
     pub caller: Caller,
-    /// The WeChat account (appid / corpid alias) the call is for.
+    /// The WeChat account (appid / corpid alias) the call is for: the
+    /// name its token, grants, `[[quota]]` and `[[account]]` are found by.
     pub account: String,
+    /// The `[[account]]` the account names when it is a WeCom app's
+    /// (`kind = "wecom"`), set by identify once the account is known: the
+    /// call counts under its corpid ([`Who::counted`]), and a body's
+    /// agentid must be its AgentId.
+    pub wecom: Option<Arc<crate::config::accounts::SecretAccount>>,
     /// The account is proven, not only named: the call's token was issued
     /// to it, or wxgate adds the account's own token.
     pub proven: bool,
@@ -143,6 +149,20 @@ pub struct Who {
     /// A queued job's send ([`OwnCall::queued_by`]): decided as its
     /// caller's live calls are, but never held and never from the reserve.
     pub queued: bool,
+}
+
+impl Who {
+    /// The account the call's decision state is kept under (its limits,
+    /// penalties, refunds, concurrency slots, learned windows, forecasts):
+    /// a WeCom app's corpid, as WeCom meters API frequency per corp
+    /// (several apps of one corp, each an `[[account]]` with a name of its
+    /// own, share it); else the account itself.
+    pub fn counted(&self) -> &str {
+        match &self.wecom {
+            Some(app) => &app.id,
+            None => &self.account,
+        }
+    }
 }
 
 /// The appid WeChat reads in a request (a token request's, a clear_quota's):
@@ -287,7 +307,11 @@ pub struct Sending<'a> {
 /// What a feature sees of a call WeChat answered.
 pub struct Answered<'a> {
     pub config: &'a Arc<Config>,
+    /// The call's account ([`Who::account`]).
     pub account: &'a str,
+    /// The account its state is kept under ([`Who::counted`]): where a
+    /// penalty or a token refresh's warm-up is kept.
+    pub counted: &'a str,
     pub path: &'a str,
     /// The path and query that were sent.
     pub target: &'a PathAndQuery,

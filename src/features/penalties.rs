@@ -95,7 +95,7 @@ impl Feature for Penalties {
     async fn on_answer(&self, env: Env<'_>, _: &mut (), answered: &mut Answered<'_>) {
         let (Some(rule), Some(admitted)) = (answered.rule, answered.admitted) else { return };
         let config = answered.config;
-        let key = Key { account: answered.account, rule, offset_us: config.server.quota_offset_us };
+        let key = Key { account: answered.counted, rule, offset_us: config.server.quota_offset_us };
         let sent_at = admitted.at;
         match answered.verdict {
             Verdict::Errcode(code) => {
@@ -116,7 +116,7 @@ impl Feature for Penalties {
                     let day = rule.limits.iter().any(|l| matches!(l, Limit::Calendar { period: Period::Day, .. }));
                     let synced = config.quota_syncs.iter().any(|s| s.rule.state == rule.state);
                     if day {
-                        self.check_day(answered.account, &rule.state, sent_at);
+                        self.check_day(answered.counted, &rule.state, sent_at);
                     }
                     if !(day && synced) {
                         lower_windows(env.core, key, sent_at).await;

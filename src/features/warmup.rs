@@ -22,7 +22,7 @@ impl Feature for Warmup {
         if !TokenRequest::at(answered.path).is_some_and(TokenRequest::refreshes_access_token) {
             return;
         }
-        if let Err(e) = Box::pin(env.core.store.token_refreshed(answered.account, config.max_warmup_us)).await {
+        if let Err(e) = Box::pin(env.core.store.token_refreshed(answered.counted, config.max_warmup_us)).await {
             tracing::warn!(error = %e, "could not restart warm-up after a token refresh");
         }
     }

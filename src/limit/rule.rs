@@ -31,7 +31,9 @@ pub struct Rule {
     pub id: usize,
     /// What the stores key this rule's state by, within an account: the
     /// name, or for a per-path variant `<name><path>` (`draft/cgi-bin/draft/add`;
-    /// a name never contains `/`, so no two states share a key).
+    /// a name never contains `/`, so no two states share a key), or for a
+    /// `scope = "app"` rule's call `<name>@<agentid>` (`message_send@1000002`,
+    /// [`Rule::for_app`]; a name never contains `@`).
     pub state: Arc<str>,
     pub scope: Scope,
     /// The API path a per-path variant counts (`None` for `scope = "rule"`).
@@ -89,6 +91,9 @@ pub enum Scope {
     Rule,
     /// Every path of the rule has a state of its own.
     Path,
+    /// Every WeCom app (the body's `agentid`) has a state of its own
+    /// within the account: WeCom counts an app's messages per app.
+    App,
 }
 
 impl Scope {
@@ -96,6 +101,7 @@ impl Scope {
         match self {
             Scope::Rule => "rule",
             Scope::Path => "path",
+            Scope::App => "app",
         }
     }
 }
@@ -380,6 +386,19 @@ impl Rule {
     pub fn overridden(&self, account: Arc<str>, limits: Vec<Limit>) -> Result<Rule, PercentError> {
         let rule = Rule { limits, account: Some(account), ..self.clone() };
         rule.with_percents(self.reserve_percent, self.share_percent)
+    }
+
+    /// This rule's state for the WeCom app `agentid` (a `scope = "app"`
+    /// rule's call): every setting kept, its state `<state>@<agentid>`, so
+    /// that each app's limits, recipients' windows, penalty and learned
+    /// windows are its own. `agentid` is at most 10 digits (as the
+    /// meter reads it from the body): the key stays bounded.
+    pub fn for_app(&self, agentid: &str) -> Rule {
+        let mut state = String::with_capacity(self.state.len() + 1 + agentid.len());
+        state.push_str(&self.state);
+        state.push('@');
+        state.push_str(agentid);
+        Rule { state: state.into(), ..self.clone() }
     }
 
     /// Sets `reserve = "P%"` (0: none) and `max_share = "P%"` (0: none) and

@@ -451,11 +451,14 @@ fn find_states(
     // The account's own limits where a `[[quota]]` overrides the rule's.
     let own = |s: &Arc<Rule>| config.rule_of(account, s).clone();
     let states: Vec<Arc<Rule>> = match (found.scope, path) {
-        (Scope::Rule, None) => vec![own(&found)],
-        (Scope::Rule, Some(_)) => {
+        (Scope::Rule | Scope::App, None) => vec![own(&found)],
+        (Scope::Rule | Scope::App, Some(_)) => {
             return Err(Box::new(error(
                 StatusCode::BAD_REQUEST,
-                format!("rule \"{rule}\" counts its paths together (scope = \"rule\"): leave out ?path="),
+                format!(
+                    "rule \"{rule}\" counts its paths together (scope = \"{}\"): leave out ?path=",
+                    found.scope.as_str()
+                ),
             )))
         }
         (Scope::Path, None) => config.states_of(rule).map(own).collect(),

@@ -54,10 +54,10 @@ pub async fn top(app: &App, n: Option<&str>, containing: Option<&str>) -> Answer
     let config = app.config.load_full();
     let mut pairs = Vec::with_capacity(found.len());
     for t in found {
-        let Some(state) = config.routed.iter().find(|r| r.state == t.state) else {
+        let Some(state) = config.state_named(&t.state) else {
             continue; // a rule a reload removed
         };
-        let state = config.rule_of(&t.account, state).clone();
+        let state = config.rule_of(&t.account, &state).clone();
         match picture(app, &t.account, &state).await {
             Ok(mut p) => {
                 p["rule"] = json!(&*t.rule);
@@ -81,10 +81,10 @@ pub async fn penalties(app: &App) -> Answer {
     let config = app.config.load_full();
     let mut pairs = Vec::with_capacity(found.len().min(MAX_PENALTIES));
     for p in found.iter().take(MAX_PENALTIES) {
-        let Some(state) = config.routed.iter().find(|r| r.state == p.state) else {
+        let Some(state) = config.state_named(&p.state) else {
             continue; // a rule a reload removed
         };
-        let state = config.rule_of(&p.account, state).clone();
+        let state = config.rule_of(&p.account, &state).clone();
         match picture(app, &p.account, &state).await {
             // Lifted since it was listed (Redis's index may lag a lift).
             Ok(shown) if shown["penalty"]["active"] != true => {}
@@ -105,7 +105,9 @@ pub async fn account(app: &App, account: &str) -> Answer {
     let mut pairs = Vec::new();
     for rule in &config.rules {
         let states: Vec<_> = match rule.scope {
-            crate::limit::Scope::Rule => vec![rule.clone()],
+            // A `scope = "app"` rule: its base state (each app's is listed
+            // by /v1/penalties and /v1/accounts?top= as the stores find them).
+            crate::limit::Scope::Rule | crate::limit::Scope::App => vec![rule.clone()],
             crate::limit::Scope::Path => config.states_of(&rule.name).cloned().collect(),
         };
         for state in states {

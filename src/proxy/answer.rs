@@ -53,7 +53,7 @@ pub async fn read(
 fn answered<'a>(
     arrived: &'a Arrived,
     route: &'a Routed,
-    account: &'a str,
+    who: &'a crate::features::hooks::Who,
     target: &'a http::uri::PathAndQuery,
     verdict: Verdict,
     body: Option<&'a bytes::Bytes>,
@@ -61,7 +61,8 @@ fn answered<'a>(
 ) -> Answered<'a> {
     Answered {
         config: &arrived.config,
-        account,
+        account: &who.account,
+        counted: who.counted(),
         path: &arrived.path,
         target,
         intercepted: arrived.intercepted.as_ref().map(|h| &*h.name),
@@ -93,8 +94,7 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
     let env = app.env();
     let (mut parts, mut body, mut verdict) = read(forwarded.resp, stall, call.answer_cap).await?;
     if let Some(resend) = forwarded.resend.take() {
-        let view =
-            answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, body.whole(), None);
+        let view = answered(&call.arrived, &call.route, &call.who, &forwarded.target, verdict, body.whole(), None);
         if let Some(target) = app.features.resend(env, &mut call.features, &view).await {
             // Boxed: rare, and a whole call of its own.
             let resp = Box::pin(super::resend::resend(app, call, &resend, &target)).await?;
@@ -111,7 +111,7 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
     let admitted = call.admission.admitted.take();
     let whole = body.whole();
     let mut view =
-        answered(&call.arrived, &call.route, &call.who.account, &forwarded.target, verdict, whole, admitted.as_ref());
+        answered(&call.arrived, &call.route, &call.who, &forwarded.target, verdict, whole, admitted.as_ref());
     app.features.on_answer(env, &mut call.features, &mut view).await;
     let Some(rule) = view.rule else {
         return Ok(Response::from_parts(parts, body));

@@ -108,7 +108,7 @@ impl Call {
         Call {
             arrived: Arrived { method, path: path.to_owned(), config, intercepted: None, named: None, domain: 0 },
             route: Routed::default(),
-            who: Who { caller, account: String::new(), proven: false, own: false, queued: false },
+            who: Who { caller, account: String::new(), wecom: None, proven: false, own: false, queued: false },
             features: Contexts::default(),
             body: None,
             meter: None,

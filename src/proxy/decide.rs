@@ -50,7 +50,7 @@ pub async fn decide(app: &App, call: &mut Call, client: Option<&Client>) -> Resu
     let widened = app.core.margin.widened(&rule);
     let asked = ToAdmit {
         config: &call.arrived.config,
-        account: &call.who.account,
+        account: call.who.counted(),
         rule: widened.as_ref().unwrap_or(&rule),
         normal,
         caller,

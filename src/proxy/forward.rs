@@ -112,7 +112,7 @@ pub async fn forward(app: &App, call: &mut Call, outgoing: Outgoing, target: Pat
     let Outgoing { upstream, req, resend } = outgoing;
     let in_flight = call.route.metrics.as_ref().map(|m| InFlightGuard::new(m.in_flight()));
     let activity =
-        call.route.rule.as_ref().map(|r| app.core.activity.enter(&call.who.account, &r.state, Stage::InFlight));
+        call.route.rule.as_ref().map(|r| app.core.activity.enter(call.who.counted(), &r.state, Stage::InFlight));
     let sent = Stopwatch::start();
     let traced_at = super::spans::now(call);
     let (tried, resp) = upstream.send(req).await;
@@ -168,7 +168,7 @@ async fn give_back(app: &App, call: &Call) {
     if rule.limits.is_empty() || admitted.degraded || admitted.shadow_refusal.is_some() {
         return;
     }
-    let key = Key { account: &call.who.account, rule, offset_us: call.arrived.config.server.quota_offset_us };
+    let key = Key { account: call.who.counted(), rule, offset_us: call.arrived.config.server.quota_offset_us };
     let cost = call.meter.as_ref().map_or(1, |m| m.cost);
     match app.core.store.apply(key, Refund { at: admitted.at, cost }).await {
         Ok(given) => {

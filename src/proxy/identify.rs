@@ -5,7 +5,9 @@
 //! `@account` first path segment), whose grant is checked before anything
 //! of the call is looked up or kept; then the features' `on_request` hooks
 //! ([`crate::features::hooks::Feature::on_request`]), which find the
-//! account the call counts against and read what they must of its request.
+//! account the call counts against and read what they must of its request;
+//! last, whether that account is a WeCom app's `[[account]]`, whose calls
+//! count under its corpid ([`crate::features::hooks::Who::counted`]).
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -30,6 +32,11 @@ use crate::proxy::app::App;
 /// the hooks run, with what its maker left them ([`Seeds`]).
 pub async fn identify(app: &App, call: &mut Call, source: &mut Source<'_>, target: &PathAndQuery) -> Result<(), Early> {
     let identified = who(app, call, source, target).await;
+    if identified.is_ok() {
+        // A WeCom app's calls count under its corpid (one lookup, none
+        // without `[[account]]`s): `Who::counted`.
+        call.who.wecom = call.arrived.config.accounts.wecom(&call.who.account).cloned();
+    }
     if let (Err(Early::Refused(e)), Source::Client(..)) = (&identified, source) {
         // A client's request identify could not read was not read as a
         // call of its rule: counted under none.

@@ -260,7 +260,7 @@ pub async fn submit(
         // The rule the account's calls count against (its `[[quota]]` override).
         let routed = config.routed.iter().find(|r| r.state == rule.state);
         let own = routed.map_or(rule, |r| &**config.rule_of(account, r));
-        eta(jobs, env, own, &queue, config.server.quota_offset_us).await
+        eta(jobs, env, own, &queue, asking.who.counted(), config.server.quota_offset_us).await
     };
     let id = submitted.id.to_string();
     let body = serde_json::json!({ "errcode": 0, "errmsg": "queued", "delivery": id });
@@ -291,12 +291,14 @@ pub async fn submit(
 
 /// When the job just stored in `queue` can be sent at the earliest: after
 /// every unfinished job of its queue not yet sending (it is the last),
-/// from the queue's counts and the pair's state (`None`: not known).
+/// from the queue's counts and the pair's state (of `counted`, the
+/// account its state is kept under) (`None`: not known).
 async fn eta(
     jobs: &std::sync::Arc<dyn crate::jobs::JobStore>,
     env: Env<'_>,
     rule: &crate::limit::Rule,
     queue: &QueueKey,
+    counted: &str,
     offset_us: Micros,
 ) -> Option<Micros> {
     if rule.scope != crate::limit::Scope::Rule {
@@ -308,7 +310,7 @@ async fn eta(
         &*env.core.store,
         &env.core.forecasts,
         rule,
-        &queue.account,
+        counted,
         &queue.caller,
         n,
         offset_us,

@@ -171,17 +171,19 @@ async fn drained_in(host: &dyn Host, q: &QueueSummary) -> Option<Micros> {
     if jobs == 0 {
         return Some(0);
     }
-    let (rule, offset_us) = {
+    let (rule, counted, offset_us) = {
         let config = host.config();
         let rule = config.rules.iter().find(|r| *r.name == *q.queue.rule && r.scope == crate::limit::Scope::Rule)?;
         let rule = config.rule_of(&q.queue.account, rule).clone();
-        (rule, config.server.quota_offset_us)
+        // Its state is the one its sends are decided by: a WeCom app's corpid's.
+        let counted = config.accounts.counted(&q.queue.account).to_owned();
+        (rule, counted, config.server.quota_offset_us)
     };
     let (at, now) = crate::admit::forecasts::drained_at(
         &*host.core().store,
         &host.core().forecasts,
         &rule,
-        &q.queue.account,
+        &counted,
         &q.queue.caller,
         jobs,
         offset_us,
