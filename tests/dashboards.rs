@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 use support::deploy::{entries, promtool, read, run_promtool, text, yaml, Yaml};
-use support::tokens::{account_toml, WeChatTokens, APPID, SECRET};
+use support::tokens::{account_toml, WeChatTokens, APPID, CORPID, CORPSECRET, SECRET};
 use support::*;
 
 const DASHBOARD: &str = "deploy/grafana/wxgate.json";
@@ -250,7 +250,7 @@ async fn live_metrics() -> String {
     // opens only after the first call (that one reaches neither).
     let (closed, wechat) = (ports::ClosedPort::new(), ports::ClosedPort::new());
     let recipients = "[[rule]]\nname = \"message\"\nmatch = [\"/cgi-bin/message/send\"]\nlimits = [{ count = 100, per = \"day\" }]\n\
-                      cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\" }\n\
+                      cost = \"recipients\"\nrecipients = { field = \"touser\", separator = \"|\", all = \"@all\", directory = true }\n\
                       per_recipient = [{ count = 1, per = \"1m\", burst = 1 }]\n";
     let config = ConfigToml::upstreams(&[&closed.url(), &wechat.url()])
         .with(rule("send").matching("/cgi-bin/message/template/send").limit_burst(2, "1m", 2))
@@ -266,6 +266,7 @@ async fn live_metrics() -> String {
         .with(rule("default"))
         .with(ca.section(&wechat.url()))
         .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(account_toml(&dir, CORPID, "wecom", CORPSECRET, "agent = \"1\""))
         .with(format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display()))
         .to_string();
     let path = dir.write("rules.toml", &config);
@@ -276,8 +277,17 @@ async fn live_metrics() -> String {
     let tokens = WeChatTokens::new().responder();
     mock.respond(move |call| {
         let p = &call.path_and_query;
-        if p.starts_with("/cgi-bin/token") || p.starts_with("/cgi-bin/stable_token") {
+        if p.starts_with("/cgi-bin/token") || p.starts_with("/cgi-bin/stable_token") || p.starts_with("/cgi-bin/gettoken") {
             return tokens(call);
+        }
+        // WeCom's directory (an app seeing one member), and its partial success.
+        if p.starts_with("/cgi-bin/agent/get") {
+            let range = r#"{"errcode":0,"allow_userinfos":{"user":[{"userid":"c"}]},"allow_partys":{"partyid":[]},"allow_tags":{"tagid":[]}}"#;
+            return Reply::Json { body: range.into(), content_type: "application/json" };
+        }
+        if p.starts_with("/cgi-bin/message/send") {
+            let partial = r#"{"errcode":0,"errmsg":"ok","invaliduser":"zz"}"#;
+            return Reply::Json { body: partial.into(), content_type: "application/json" };
         }
         match ["40001", "40014", "42001"].iter().find(|c| p.ends_with(&format!("errcode={c}"))) {
             Some(code) => errcode_reply(code.parse().expect("a number")),
@@ -305,6 +315,11 @@ async fn live_metrics() -> String {
     let to = "/cgi-bin/message/send?access_token=T";
     assert_eq!(gate.post_as("wx1", to, &message("a|b")).await.status, 200);
     assert_eq!(gate.post_as("wx1", to, &message("a")).await.status, 429, "a's second message in a minute");
+    // A broadcast counted from WeCom's directory, and one it cannot count
+    // (no [[account]] holds that app).
+    let all = gate.post_as(CORPID, "/cgi-bin/message/send", &message("@all")).await;
+    assert_eq!(all.status, 200, "{}", all.text());
+    assert_eq!(gate.post_as("wx1", to, &message("@all")).await.status, 400);
     // A queued message, sent; one refused (a malformed deadline); the
     // queue's gauges from the next summary of the jobs (every 15 s: the
     // minute above passed).
