@@ -299,3 +299,69 @@ async fn instances_on_one_redis_fetch_a_unit_once_between_them() {
     assert_eq!(mock.calls_to(USER_SIMPLELIST), 2, "departments 2 and 3, once each");
     assert_eq!(mock.person_times(AGENT_PART), 2 * WeComDirectory::VISIBLE_PART);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apps_of_one_corp_have_their_own_person_times_windows_and_penalties() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-two-apps");
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, "").await;
+    let hr = message(AGENT_ALL, json!({"touser": "@all"}));
+    let oa = message(AGENT_PART, json!({"touser": "@all"}));
+    // hr's burst of 10 to every member spends those members' windows for
+    // hr only: oa's broadcast to 150 of them goes.
+    for i in 0..10 {
+        assert_eq!(gate.post_as("hr", SEND, &hr).await.status, 200, "hr's message {i}");
+    }
+    let over = gate.post_as("hr", SEND, &hr).await;
+    assert_eq!((over.status.as_u16(), over.header("x-wxgate-reason")), (429, Some("recipient")), "{}", over.text());
+    assert_eq!(gate.post_as("oa", SEND, &oa).await.status, 200, "oa's members' windows are oa's");
+    // WeCom's 45009 to hr's messages pauses hr's, not oa's.
+    gate.advance(Duration::from_secs(60));
+    mock.refuse_sends(AGENT_ALL, 45009);
+    let refused = gate.post_as("hr", SEND, &hr).await;
+    assert_eq!(refused.json()["errcode"], 45009, "{}", refused.text());
+    let paused = gate.post_as("hr", SEND, &hr).await;
+    assert_eq!(paused.header("x-wxgate-reason"), Some("penalty"), "{}", paused.text());
+    assert_eq!(gate.post_as("oa", SEND, &oa).await.status, 200, "oa keeps sending");
+    assert_eq!(mock.refused(AGENT_ALL), 1, "hr's paused message never reached WeCom");
+    assert_eq!(mock.person_times(AGENT_ALL), 10 * WeComDirectory::VISIBLE_ALL);
+    assert_eq!(mock.person_times(AGENT_PART), 2 * WeComDirectory::VISIBLE_PART);
+    assert_eq!(mock.silent_drops(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_broadcast_waits_until_every_member_is_free_and_its_result_names_the_invalid() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-queued");
+    let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, &queue).await;
+    let queue = |to: serde_json::Value| {
+        let url = gate.url("/@oa/cgi-bin/message/send");
+        support::queue::queued_at(url, "hr-app", message(AGENT_PART, to))
+    };
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(queue(json!({"touser": "@all"})).await);
+    }
+    let odd = queue(json!({"touser": "ghost|user491"})).await;
+    // The first 10 go at once (each member's burst); each later one when
+    // every member has room again (one every 60/21 s), never refused by WeCom.
+    let sent = |mock: &MockWeCom| mock.calls_to(MESSAGE_SEND);
+    eventually_async("the burst sent", support::PATIENCE, async || sent(&mock) == 10).await;
+    for step in 0..60 {
+        if sent(&mock) == 13 {
+            break;
+        }
+        assert!(step < 59, "sent {} of 13", sent(&mock));
+        gate.advance(Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in &ids {
+        let job = support::queue::until_state(&gate, "hr-app", id, "sent").await;
+        assert!(job.get("invalid").is_none(), "{job}");
+    }
+    let job = support::queue::until_state(&gate, "hr-app", &odd, "sent").await;
+    assert_eq!(job["invalid"], json!({"invaliduser": ["ghost"]}), "{job}");
+    assert_eq!(mock.silent_drops(), 0);
+    assert!(mock.max_per_minute(AGENT_PART) <= 30);
+}

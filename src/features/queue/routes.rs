@@ -153,6 +153,19 @@ pub fn job_json(job: &Job, now: Micros) -> Value {
             Ok(json) => json,
             Err(_) => json!(String::from_utf8_lossy(&a.body)),
         };
+        // WeCom's partial success, named where a caller looks first: the
+        // recipients it could not reach (the message went to the others).
+        let invalid: serde_json::Map<String, Value> = ["invaliduser", "invalidparty", "invalidtag"]
+            .iter()
+            .filter_map(|f| {
+                let listed = body.get(*f)?.as_str()?;
+                let ids: Vec<&str> = listed.split('|').map(str::trim).filter(|s| !s.is_empty()).collect();
+                (!ids.is_empty()).then(|| ((*f).to_owned(), json!(ids)))
+            })
+            .collect();
+        if !invalid.is_empty() {
+            v["invalid"] = Value::Object(invalid);
+        }
         v["answer"] = json!({ "status": a.status, "errcode": a.errcode, "body": body });
     }
     v
