@@ -365,3 +365,55 @@ async fn a_queued_broadcast_waits_until_every_member_is_free_and_its_result_name
     assert_eq!(mock.silent_drops(), 0);
     assert!(mock.max_per_minute(AGENT_PART) <= 30);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_of_100000_members_for_10_apps_stays_within_its_bound() {
+    let mut directory = WeComDirectory::large(100_000);
+    let apps: Vec<(i64, String)> =
+        (0..10).map(|i| (1_000_010 + i, format!("SEKRIT_LARGE_APP_{i}_0123456789"))).collect();
+    for (agent, secret) in &apps {
+        directory.app(*agent, secret, &[], &[support::wecom::ROOT], &[]);
+    }
+    let mock = MockWeCom::start(directory).await;
+    let dir = TempDir::new("broadcast-large");
+    let mut accounts = String::new();
+    for (i, (agent, secret)) in apps.iter().enumerate() {
+        let file = dir.write_secret(&format!("a{i}.secret"), &format!("{secret}\n"));
+        accounts.push_str(&format!(
+            "[[account]]\nname = \"a{i}\"\nid = \"{CORPID}\"\nkind = \"wecom\"\nagent = \"{agent}\"\nsecret_file = \"{}\"\n\n",
+            file.display()
+        ));
+    }
+    let rules = "[[rule]]\nname = \"message_send\"\nmatch = [\"/cgi-bin/message/send\"]\n\
+                 limits = [{ count = 10000000, per = \"day\" }]\ncost = \"recipients\"\nscope = \"app\"\n\
+                 recipients = { field = \"touser\", separator = \"|\", all = \"@all\", directory = true }\n";
+    // Half of what 10 such directories would hold: the least recently used go.
+    let bound = 500_000.0;
+    let config = ConfigToml::new(&mock.url())
+        .server("domain", "qyapi.weixin.qq.com")
+        .with(rules)
+        .with(accounts)
+        .with("[directory]\nmax_members = 500000\nmax_broadcast = 100000\n");
+    let gate = Gate::start_text(config).await;
+    mock.follow(&gate.clock);
+    let all =
+        async |i: usize| gate.post_as(&format!("a{i}"), SEND, &message(apps[i].0, json!({"touser": "@all"}))).await;
+    for i in 0..apps.len() {
+        let a = all(i).await;
+        assert_eq!(a.status, 200, "app {i}: {}", a.text());
+        let held = gate.metric("wxgate_directory_members").await.unwrap_or(0.0);
+        assert!(held <= bound, "app {i}: {held} ids held");
+    }
+    let last_four = 4.0 * (100_000.0 + 1.0);
+    assert_eq!(
+        gate.metric("wxgate_directory_members").await,
+        Some(last_four),
+        "the last 4 apps' ranges and departments"
+    );
+    // The first app's department was the least recently used: dropped,
+    // fetched again, charged the same.
+    assert_eq!(all(0).await.status, 200);
+    assert!(gate.metric("wxgate_directory_members").await.unwrap_or(0.0) <= bound);
+    assert_eq!(person_times(&gate).await, 11.0 * 100_000.0, "each broadcast charged its 100,000 members");
+    assert_eq!(mock.calls_to(USER_SIMPLELIST), 11);
+}

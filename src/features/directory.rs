@@ -244,10 +244,14 @@ impl Component for Directory {
 
 /// Adds the members a broadcast reaches to the call's recipients (each
 /// once: those `touser` named already are not added again) and its cost.
-fn add(metered: &mut Metered, members: Vec<Box<str>>, by_recipients: bool) {
-    let named: HashSet<&str> = metered.recipients.iter().map(String::as_str).collect();
-    let more: Vec<String> = members.into_iter().filter(|m| !named.contains(&**m)).map(String::from).collect();
-    metered.recipients.extend(more);
+fn add(metered: &mut Metered, members: Vec<String>, by_recipients: bool) {
+    if metered.recipients.is_empty() {
+        metered.recipients = members;
+    } else {
+        let named: HashSet<&str> = metered.recipients.iter().map(String::as_str).collect();
+        let more: Vec<String> = members.into_iter().filter(|m| !named.contains(m.as_str())).collect();
+        metered.recipients.extend(more);
+    }
     if by_recipients {
         metered.cost = (metered.recipients.len() as u64).saturating_add(metered.unseen_extra);
     }
@@ -264,7 +268,7 @@ impl Inner {
         account: &str,
         app: Option<&str>,
         broadcast: &Broadcast,
-    ) -> Result<((Arc<str>, Arc<str>), Vec<Box<str>>), Unresolved> {
+    ) -> Result<((Arc<str>, Arc<str>), Vec<String>), Unresolved> {
         let Some(app) = app else {
             return Err(Unresolved::NoAccount("the body names no agentid (the app whose members it reaches)".into()));
         };
@@ -275,47 +279,49 @@ impl Inner {
             )));
         };
         let agent: Arc<str> = app.into();
-        let most = config.directory.max_broadcast;
-        let mut members: HashSet<Box<str>> = HashSet::new();
+        let key = |unit: Unit| -> Key { (corp.clone(), agent.clone(), unit) };
+        // Every unit first (each held, or fetched once), then their members
+        // counted once, borrowed from them.
+        let mut units: Vec<Arc<Members>> = Vec::new();
         let mut parties: Vec<u32> = broadcast.parties.clone();
         let mut tags: Vec<u32> = broadcast.tags.clone();
-        let key = |unit: Unit| -> Key { (corp.clone(), agent.clone(), unit) };
-        let take = |m: &Members, members: &mut HashSet<Box<str>>| -> Result<(), Unresolved> {
-            members.extend(m.users.iter().cloned());
-            if members.len() > most {
-                return Err(Unresolved::TooLarge(format!(
-                    "it reaches more than [directory] max_broadcast = {most} members"
-                )));
-            }
-            Ok(())
-        };
         if broadcast.all {
             let visible = self.unit(env, config, &secret, key(Unit::Visible)).await?;
-            take(&visible, &mut members)?;
             parties.extend(&visible.parties);
             tags.extend(&visible.tags);
+            units.push(visible);
         }
         tags.sort_unstable();
         tags.dedup();
         for tag in tags {
             let m = self.unit(env, config, &secret, key(Unit::Tag(tag))).await?;
-            take(&m, &mut members)?;
             parties.extend(&m.parties);
+            units.push(m);
         }
         parties.sort_unstable();
         parties.dedup();
         for party in parties {
-            let m = self.unit(env, config, &secret, key(Unit::Party(party))).await?;
-            take(&m, &mut members)?;
+            units.push(self.unit(env, config, &secret, key(Unit::Party(party))).await?);
+        }
+        let most = config.directory.max_broadcast;
+        let reached: usize = units.iter().map(|u| u.users.len()).sum();
+        let mut members: HashSet<&str> = HashSet::with_capacity(reached.min(most + 1));
+        for user in units.iter().flat_map(|u| u.users.iter()) {
+            members.insert(user);
+            if members.len() > most {
+                return Err(Unresolved::TooLarge(format!(
+                    "it reaches more than [directory] max_broadcast = {most} members"
+                )));
+            }
         }
         let now = env.core.clock.now_us();
         if let Ok(mut invalid) = self.invalid.lock() {
             if let Some(set) = invalid.get_mut(&(corp.clone(), agent.clone())) {
                 set.retain(|_, until| *until > now);
-                members.retain(|m| !set.contains_key(m));
+                members.retain(|m| !set.contains_key(*m));
             }
         }
-        let mut members: Vec<Box<str>> = members.into_iter().collect();
+        let mut members: Vec<String> = members.into_iter().map(str::to_owned).collect();
         members.sort_unstable();
         Ok(((corp, agent), members))
     }
@@ -400,6 +406,16 @@ impl Inner {
         let store = cache.store.tokens();
         loop {
             let woken = cache.done.notified();
+            // In one process (the embedded store), the copy held here is the
+            // only one: another call's fetch of it may just have ended.
+            if !cache.shared {
+                let now = env.core.clock.now_us();
+                if let Some(h) = self.held.lock().ok().and_then(|mut c| c.get(key, now).map(|h| h.members.clone())) {
+                    if min_left_us == 0 {
+                        return Ok(h);
+                    }
+                }
+            }
             let claimed = store
                 .claim_token(&slot, &holder, min_left_us, 0, lock_us)
                 .await
@@ -418,32 +434,47 @@ impl Inner {
                 Claim::Won { .. } => {
                     let fetched = self.fetch(env, config, account, agent, *unit).await;
                     let ttl_us = config.directory.ttl_us;
-                    let stored = match &fetched {
+                    // Held here first, so that a waiter woken below finds it.
+                    let (held, text, refusal) = match fetched {
                         Ok(members) => {
-                            let text = members.encode();
-                            match cache.sealer.seal(&slot, text.as_bytes()) {
-                                Some(entry) => {
-                                    let hash = cache.sealer.token_hash(entry.as_slice());
-                                    store
-                                        .token_fetched(&slot, &holder, Fetched::Token { entry: &entry, hash, ttl_us })
-                                        .await
-                                }
-                                None => store.token_fetched(&slot, &holder, Fetched::Abandoned).await,
-                            }
+                            let text = cache.shared.then(|| members.encode());
+                            (self.hold(env, config, key, members, ttl_us), text, None)
                         }
-                        Err((Some(answer), Unresolved::Denied(_))) => {
+                        Err((answer, why)) => {
+                            let refusal = answer.filter(|_| matches!(why, Unresolved::Denied(_)));
+                            (Err(why), None, refusal)
+                        }
+                    };
+                    let stored = match (&held, text, refusal) {
+                        // WeCom's refusal, shown to every asker for a moment.
+                        (Err(_), _, Some(answer)) => {
                             store
-                                .token_fetched(&slot, &holder, Fetched::Failed { answer, hold_us: REFUSED_HOLD_US })
+                                .token_fetched(
+                                    &slot,
+                                    &holder,
+                                    Fetched::Failed { answer: &answer, hold_us: REFUSED_HOLD_US },
+                                )
                                 .await
                         }
-                        Err(_) => store.token_fetched(&slot, &holder, Fetched::Abandoned).await,
+                        // On Redis, kept once for every instance, sealed.
+                        (Ok(_), Some(text), _) => match cache.sealer.seal(&slot, text.as_bytes()) {
+                            Some(entry) => {
+                                let hash = cache.sealer.token_hash(entry.as_slice());
+                                store
+                                    .token_fetched(&slot, &holder, Fetched::Token { entry: &entry, hash, ttl_us })
+                                    .await
+                            }
+                            None => store.token_fetched(&slot, &holder, Fetched::Abandoned).await,
+                        },
+                        // In one process, held here only (bounded by
+                        // `max_members`): the slot was its fetch's lock.
+                        _ => store.token_fetched(&slot, &holder, Fetched::Abandoned).await,
                     };
                     cache.done.notify_waiters();
                     if let Err(e) = stored {
                         tracing::warn!(error = %e, "could not keep a directory unit in the store: the next use fetches it again");
                     }
-                    let members = fetched.map_err(|(_, why)| why)?;
-                    return self.hold(env, config, key, members, ttl_us);
+                    return held;
                 }
                 Claim::Failed { answer } => {
                     return Err(match units::read(*unit, &answer) {
@@ -477,9 +508,9 @@ impl Inner {
         // Refreshed from three quarters of its time (of what is left, for
         // a copy another instance fetched earlier).
         let refresh_at = now + left_us.min(ttl) - ttl / 4;
-        let held = Held { members: members.clone(), until: now + left_us, refresh_at, used: now, refreshing: false };
+        let held = Held { members: members.clone(), until: now + left_us, refresh_at, used: 0, refreshing: false };
         let mut cache = self.held.lock().map_err(|_| Unresolved::Unavailable("the directory's lock".into()))?;
-        if !cache.put(key.clone(), held, config.directory.max_members) {
+        if !cache.put(key.clone(), held, now, config.directory.max_members) {
             return Err(Unresolved::TooLarge(format!(
                 "one {} answer holds {} ids, more than [directory] max_members = {}",
                 key.2.api(),

@@ -17,8 +17,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use crate::time::Micros;
 
 /// One unit of WeCom's directory that a broadcast names.
@@ -113,51 +111,78 @@ const DENIED: [i64; 4] = [60011, 48002, 301002, 60020];
 /// Most bytes one folded member id may have (WeCom's are at most 64).
 const MAX_ID: usize = 256;
 
+/// WeCom's answer as read: only the fields a unit needs (a member's name,
+/// departments and the rest are skipped unread).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Answer {
+    errcode: i64,
+    allow_userinfos: Option<UserList>,
+    allow_partys: Option<PartyIds>,
+    allow_tags: Option<TagIds>,
+    userlist: Vec<User>,
+    partylist: Vec<u64>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct UserList {
+    user: Vec<User>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct PartyIds {
+    partyid: Vec<u64>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct TagIds {
+    tagid: Vec<u64>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct User {
+    userid: String,
+}
+
 /// The members of `unit` in WeCom's `answer` (errcode 0), or why none.
 pub fn read(unit: Unit, answer: &[u8]) -> Result<Members, Refused> {
-    let json: Value =
-        serde_json::from_slice(answer).map_err(|_| Refused::Failed("an answer that is not JSON".into()))?;
-    let errcode = json.get("errcode").and_then(Value::as_i64).unwrap_or(0);
-    if GONE.contains(&errcode) && unit != Unit::Visible {
+    let a: Answer =
+        serde_json::from_slice(answer).map_err(|_| Refused::Failed("an answer that is not WeCom's JSON".into()))?;
+    if GONE.contains(&a.errcode) && unit != Unit::Visible {
         return Ok(Members::default());
     }
-    if DENIED.contains(&errcode) {
-        return Err(Refused::Denied(errcode));
+    if DENIED.contains(&a.errcode) {
+        return Err(Refused::Denied(a.errcode));
     }
-    if errcode != 0 {
-        return Err(Refused::Failed(format!("errcode {errcode}")));
+    if a.errcode != 0 {
+        return Err(Refused::Failed(format!("errcode {}", a.errcode)));
     }
-    let ids = |v: Option<&Value>| -> Vec<u32> {
-        v.and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|p| p.as_u64().and_then(|p| u32::try_from(p).ok())).collect())
-            .unwrap_or_default()
-    };
-    let users = |v: Option<&Value>| -> Vec<Box<str>> {
+    let ids = |v: Vec<u64>| -> Vec<u32> { v.into_iter().filter_map(|p| u32::try_from(p).ok()).collect() };
+    let users = |v: Vec<User>| -> Vec<Box<str>> {
         let mut out: Vec<Box<str>> = v
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|u| u.get("userid").and_then(Value::as_str))
-                    .map(str::trim)
-                    .filter(|u| !u.is_empty() && u.len() <= MAX_ID && !u.contains('|'))
-                    .map(|u| u.to_ascii_lowercase().into_boxed_str())
-                    .collect()
+            .into_iter()
+            .filter_map(|u| {
+                let id = u.userid.trim();
+                (!id.is_empty() && id.len() <= MAX_ID && !id.contains('|'))
+                    .then(|| id.to_ascii_lowercase().into_boxed_str())
             })
-            .unwrap_or_default();
+            .collect();
         out.sort_unstable();
         out.dedup();
         out
     };
     Ok(match unit {
         Unit::Visible => Members {
-            users: users(json.pointer("/allow_userinfos/user")),
-            parties: ids(json.pointer("/allow_partys/partyid")),
-            tags: ids(json.pointer("/allow_tags/tagid")),
+            users: users(a.allow_userinfos.unwrap_or_default().user),
+            parties: ids(a.allow_partys.unwrap_or_default().partyid),
+            tags: ids(a.allow_tags.unwrap_or_default().tagid),
         },
-        Unit::Party(_) => Members { users: users(json.get("userlist")), parties: Vec::new(), tags: Vec::new() },
-        Unit::Tag(_) => {
-            Members { users: users(json.get("userlist")), parties: ids(json.get("partylist")), tags: Vec::new() }
-        }
+        Unit::Party(_) => Members { users: users(a.userlist), parties: Vec::new(), tags: Vec::new() },
+        Unit::Tag(_) => Members { users: users(a.userlist), parties: ids(a.partylist), tags: Vec::new() },
     })
 }
 
@@ -172,8 +197,9 @@ pub struct Held {
     pub until: Micros,
     /// Refreshed in the background from then.
     pub refresh_at: Micros,
-    /// When a call last used it (the least recently used goes first).
-    pub used: Micros,
+    /// When a call last used it, as a sequence number of uses (the least
+    /// recently used goes first; set by the cache).
+    pub used: u64,
     /// A background refresh is under way.
     pub refreshing: bool,
 }
@@ -183,6 +209,8 @@ pub struct Held {
 pub struct Cache {
     held: HashMap<Key, Held>,
     weight: u64,
+    /// Uses so far (each use's [`Held::used`]).
+    uses: u64,
 }
 
 impl Cache {
@@ -192,15 +220,18 @@ impl Cache {
         if now >= h.until {
             return None;
         }
-        h.used = now;
+        self.uses += 1;
+        h.used = self.uses;
         Some(h)
     }
 
     /// Holds `members` for `key`, dropping the least recently used units
     /// (and any past their time) until every unit fits in `max` ids;
     /// `false` when this one alone does not.
-    pub fn put(&mut self, key: Key, held: Held, max: u64) -> bool {
+    pub fn put(&mut self, key: Key, mut held: Held, now: Micros, max: u64) -> bool {
         let weight = held.members.weight();
+        self.uses += 1;
+        held.used = self.uses;
         if weight > max {
             return false;
         }
@@ -208,7 +239,6 @@ impl Cache {
             self.weight -= old.members.weight();
         }
         if self.weight + weight > max {
-            let now = held.used;
             self.held.retain(|_, h| {
                 let keep = h.until > now;
                 if !keep {
@@ -216,7 +246,7 @@ impl Cache {
                 }
                 keep
             });
-            let mut by_use: Vec<(Micros, Key)> = self.held.iter().map(|(k, h)| (h.used, k.clone())).collect();
+            let mut by_use: Vec<(u64, Key)> = self.held.iter().map(|(k, h)| (h.used, k.clone())).collect();
             by_use.sort_unstable_by_key(|(used, _)| *used);
             for (_, k) in by_use {
                 if self.weight + weight <= max {
@@ -293,21 +323,21 @@ mod tests {
     fn the_cache_keeps_at_most_its_bound_dropping_the_least_recently_used() {
         let mut c = Cache::default();
         let key = |n: u32| (Arc::from("corp"), Arc::from("1"), Unit::Party(n));
-        let held = |n: usize, used: Micros| Held {
+        let held = |n: usize| Held {
             members: Arc::new(Members { users: (0..n).map(|i| i.to_string().into()).collect(), ..Members::default() }),
             until: 1_000,
             refresh_at: 750,
-            used,
+            used: 0,
             refreshing: false,
         };
-        assert!(c.put(key(1), held(400, 1), 1_000));
-        assert!(c.put(key(2), held(400, 2), 1_000));
-        assert!(c.get(&key(1), 3).is_some(), "1 used last now");
-        assert!(c.put(key(3), held(400, 4), 1_000));
+        assert!(c.put(key(1), held(400), 1, 1_000));
+        assert!(c.put(key(2), held(400), 1, 1_000));
+        assert!(c.get(&key(1), 1).is_some(), "1 used last now (at one moment of the clock: uses are counted)");
+        assert!(c.put(key(3), held(400), 1, 1_000));
         assert_eq!(c.weight(), 800);
         assert!(c.get(&key(2), 5).is_none(), "the least recently used went");
         assert!(c.get(&key(1), 5).is_some());
-        assert!(!c.put(key(4), held(1_001, 6), 1_000), "one unit over the bound is not held");
+        assert!(!c.put(key(4), held(1_001), 5, 1_000), "one unit over the bound is not held");
         assert!(c.get(&key(1), 1_000).is_none(), "past its time");
         assert!(c.weight() <= 1_000);
     }
