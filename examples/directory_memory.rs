@@ -39,7 +39,11 @@ static GLOBAL: Counting = Counting;
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (members, apps, len) = (args.first().copied().unwrap_or(100_000), args.get(1).copied().unwrap_or(10), args.get(2).copied().unwrap_or(12));
+    let (members, apps, len) = (
+        args.first().copied().unwrap_or(100_000),
+        args.get(1).copied().unwrap_or(10),
+        args.get(2).copied().unwrap_or(12),
+    );
     let mut cache = Cache::default();
     let before = LIVE.load(Ordering::Relaxed);
     for app in 0..apps {

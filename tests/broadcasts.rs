@@ -417,3 +417,26 @@ async fn a_directory_of_100000_members_for_10_apps_stays_within_its_bound() {
     assert_eq!(person_times(&gate).await, 11.0 * 100_000.0, "each broadcast charged its 100,000 members");
     assert_eq!(mock.calls_to(USER_SIMPLELIST), 11);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechatpy_enterprise_sends_to_everyone_and_a_department_through_wxgate_unchanged() {
+    let mock = MockWeCom::start(WeComDirectory::nested()).await;
+    let dir = TempDir::new("broadcast-wechatpy");
+    let gate = start(&Backing::Memory, &mock, &dir, |t| t, "").await;
+    // wechatpy 1.8.18's WeCom client as its docs set it up, with its own
+    // secret, routed by contrib/wechatpy_wxgate.py (its token request is
+    // hard-coded to qyapi.weixin.qq.com): its token from gettoken through
+    // wxgate, which learns the corp from it.
+    let base = format!("http://{}", gate.addr);
+    let seen = support::sdk::wechatpy(&base)
+        .contrib()
+        .wecom(CORPID, SECRET_PART, AGENT_PART)
+        .calls(&["wecom.send_all", "wecom.send_party"])
+        .await;
+    for s in &seen {
+        assert!(s.ok, "{s:?}");
+    }
+    let reached = WeComDirectory::VISIBLE_PART + WeComDirectory::PARTY_MEMBERS;
+    assert_eq!(person_times(&gate).await, reached as f64, "charged @all's 150 and department 2's 120");
+    assert_eq!(mock.person_times(AGENT_PART), reached, "and WeCom reached exactly those");
+}

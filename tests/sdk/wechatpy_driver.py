@@ -38,7 +38,14 @@ CALLS = {
     "wxa.code_to_session": lambda c: c.wxa.code_to_session("JSCODE"),
     "customservice.get_session_list": lambda c: c.customservice.get_session_list("kf1@test"),
     "datacube.get_user_summary": lambda c: c.datacube.get_user_summary("2026-11-01", "2026-11-02"),
+    # --wecom (wechatpy.enterprise): an app message to everyone the app
+    # sees, and to department 2, as wechatpy sends them.
+    "wecom.send_all": lambda c: c.message.send_text(AGENT[0], "@all", "all hands at 10"),
+    "wecom.send_party": lambda c: c.message.send_text(AGENT[0], "", "team meeting", party_ids=["2"]),
 }
+
+# --agent: the WeCom app's AgentId for the wecom.* calls.
+AGENT = [0]
 
 
 class TokenlessClient(WeChatClient):
@@ -119,10 +126,18 @@ def main():
     p.add_argument("--token")
     p.add_argument("--no-token", action="store_true",
                    help="send access_token= (empty) on every call: no secret, no token request, no 40001 retry")
+    p.add_argument("--wecom", action="store_true",
+                   help="a wechatpy.enterprise client: --appid is the corpid, --secret the app's, --agent its AgentId")
+    p.add_argument("--agent", type=int, default=0)
     p.add_argument("calls", nargs="+", choices=sorted(CALLS))
     a = p.parse_args()
+    AGENT[0] = a.agent
 
-    if a.no_token:
+    if a.wecom:
+        from wechatpy.enterprise import WeChatClient as WeComClient
+
+        client = WeComClient(a.appid, a.secret, access_token=a.token, timeout=10)
+    elif a.no_token:
         client = TokenlessClient(a.appid, None, timeout=10, auto_retry=False)
     else:
         client = WeChatClient(a.appid, a.secret, access_token=a.token, timeout=10)
@@ -133,7 +148,8 @@ def main():
         if a.via == "contrib":
             from wechatpy_wxgate import through_wxgate
 
-            through_wxgate(client, base, account=a.account)
+            hosts = ("https://qyapi.weixin.qq.com/",) if a.wecom else ("https://api.weixin.qq.com/",)
+            through_wxgate(client, base, account=a.account, hosts=hosts)
         else:
             client.API_BASE_URL = base + "/cgi-bin/"
         loopback_only(client._http)

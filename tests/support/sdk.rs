@@ -152,6 +152,18 @@ impl Driver {
         self.opt("--appid", appid)
     }
 
+    /// wechatpy: a `wechatpy.enterprise` client of WeCom app `agent` of
+    /// corp `corpid` with the app's `secret` (it fetches its token from
+    /// `gettoken` through the base URL). Calls: `wecom.send_all`, `wecom.send_party`.
+    pub fn wecom(self, corpid: &str, secret: &str, agent: i64) -> Self {
+        self.opt("--appid", corpid).opt("--secret", secret).opt("--agent", &agent.to_string()).flag("--wecom")
+    }
+
+    fn flag(mut self, flag: &str) -> Self {
+        self.args.push(flag.to_owned());
+        self
+    }
+
     /// `X-Wx-Account` on every call (wechatpy: with [`Driver::contrib`]).
     pub fn account(self, account: &str) -> Self {
         self.opt("--account", account)
