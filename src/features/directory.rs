@@ -105,6 +105,9 @@ impl Unresolved {
     }
 }
 
+/// An app: (corpid, AgentId).
+type App = (Arc<str>, Arc<str>);
+
 /// The directory: its shared state.
 pub struct Directory {
     inner: Arc<Inner>,
@@ -117,7 +120,7 @@ struct Inner {
     held: Mutex<Cache>,
     /// Members WeCom answered invalid, per (corpid, app), until when: not
     /// charged by that app's broadcasts meanwhile.
-    invalid: Mutex<HashMap<(Arc<str>, Arc<str>), HashMap<Box<str>, Micros>>>,
+    invalid: Mutex<HashMap<App, HashMap<Box<str>, Micros>>>,
     host: Mutex<Option<Weak<dyn Host>>>,
     metrics: DirectoryMetrics,
 }
@@ -126,7 +129,7 @@ struct Inner {
 /// for, so that WeCom's `invaliduser` is kept for it.
 #[derive(Default)]
 pub struct Ctx {
-    app: Option<(Arc<str>, Arc<str>)>,
+    app: Option<App>,
 }
 
 impl Directory {
@@ -268,7 +271,7 @@ impl Inner {
         account: &str,
         app: Option<&str>,
         broadcast: &Broadcast,
-    ) -> Result<((Arc<str>, Arc<str>), Vec<String>), Unresolved> {
+    ) -> Result<(App, Vec<String>), Unresolved> {
         let Some(app) = app else {
             return Err(Unresolved::NoAccount("the body names no agentid (the app whose members it reaches)".into()));
         };
