@@ -139,13 +139,23 @@ fn over_text(over: &[String]) -> String {
     if over.is_empty() {
         return String::new();
     }
+    // A broadcast's members over may be thousands: the first 1,000 (all of
+    // a `touser`'s, which names at most that many) are listed.
+    let listed = over.len().min(OVER_LISTED);
+    let more = match over.len() - listed {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
     format!(
-        "; {} recipient(s) over their per_recipient limits, the message was sent to no one: {} (send to the \
-         others without them, or retry after the wait)",
+        "; {} recipient(s) over their per_recipient limits, the message was sent to no one: {}{more} (send to \
+         the others without them, or retry after the wait)",
         over.len(),
-        over.join("|")
+        over[..listed].join("|")
     )
 }
+
+/// Most recipients over their limits an errmsg names.
+const OVER_LISTED: usize = 1_000;
 
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(wait_us: Micros) -> i64 {
@@ -426,6 +436,16 @@ mod tests {
 
     /// Whatever was not ready, one answer: 503, errcode -1, `Retry-After: 1`,
     /// outcome `unavailable`, a refusal of the caller (counted under its rule).
+    #[test]
+    fn a_broadcasts_members_over_are_listed_up_to_a_thousand() {
+        let few: Vec<String> = vec!["a".into(), "b".into()];
+        assert!(over_text(&few).contains("2 recipient(s) over") && over_text(&few).contains(": a|b ("));
+        let many: Vec<String> = (0..2_500).map(|i| format!("m{i}")).collect();
+        let text = over_text(&many);
+        assert!(text.contains("2500 recipient(s) over") && text.contains("m999 and 1500 more ("), "{}", &text[..80]);
+        assert!(!text.contains("m1000|") && !text.contains("|m1000 "));
+    }
+
     #[test]
     fn every_unavailable_gets_the_one_unavailable_row() {
         let row = Row {

@@ -1052,3 +1052,22 @@ fn a_redis_store_without_an_instances_floor_is_warned_of() {
     let deny = unset.replace("kind = \"redis\"\n", "kind = \"redis\"\nfallback = \"deny\"\n");
     assert_eq!(check_text("instances-deny", &deny, &env).2, "", "no fallback divides: no warning");
 }
+
+/// Issue 64: a rule resolving broadcasts through WeCom's directory needs an
+/// app's `[[account]]` to read it with: `check` says what its broadcasts
+/// will meet without one (the shipped WeCom rules alone), and nothing once
+/// the app is there.
+#[test]
+fn a_directory_rule_without_a_wecom_account_is_warned_of() {
+    let rules = std::fs::read_to_string("deploy/rules-wecom.toml").expect("shipped");
+    let (code, stdout, stderr) = check_text("directory-no-account", &rules, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("[[rule]] \"message_send\": recipients.directory: reads WeCom's directory with an app's own token, and no [[account]] kind = \"wecom\" is configured: its broadcasts (@all, toparty, totag) will be refused"),
+        "{stderr}"
+    );
+    assert!(stdout.starts_with("DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    let app = "\n[[account]]\nid = \"ww1234567890abcdef\"\nkind = \"wecom\"\nagent = \"1000002\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
+    let (code, _, stderr) = check_text("directory-account", &format!("{rules}{app}"), &[TEST_SECRET]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+}

@@ -159,6 +159,27 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let accounts =
         super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
+    // A rule resolving broadcasts through WeCom's directory reads it with
+    // an app's own token: without any WeCom [[account]], every broadcast
+    // of it is refused (or charged `unseen_cost`).
+    let wecom_apps = accounts.list.iter().any(|a| a.kind == super::accounts::AccountKind::WeCom);
+    for (rule, http) in rules.rules.iter().zip(&rules.http) {
+        if let (Some(m), false) = (http.recipients.as_ref().filter(|m| m.directory), wecom_apps) {
+            let what = match m.unseen_cost {
+                Some(c) => format!("charged unseen_cost = {c} instead of their members"),
+                None => "refused".to_owned(),
+            };
+            warnings.push(ctx.plain(Invalid::at(
+                &format!("[[rule]] \"{}\"", rule.name),
+                "recipients.directory",
+                format!(
+                    "reads WeCom's directory with an app's own token, and no [[account]] kind = \"wecom\" is \
+                     configured: its broadcasts (@all, toparty, totag) will be {what}; add the app as an \
+                     [[account]] (docs/recipients.md, \"Broadcasts\")"
+                ),
+            )));
+        }
+    }
     let overrides = super::overrides::compile(
         raw.quota,
         super::overrides::Known {

@@ -551,7 +551,7 @@ mod tests {
         assert_eq!(
             error("[rules]\nname = \"x\"\n"),
             "t.toml:1: rules: unknown key; did you mean `rule`? (expected one of `server`, `store`, `penalty`, \
-             `rule`, `log`, `caller`, `tokens`, `intercept`, `account`, `domain`, `queue`, `quota`, `telemetry`)"
+             `rule`, `log`, `caller`, `tokens`, `intercept`, `account`, `domain`, `queue`, `directory`, `quota`, `telemetry`)"
         );
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),

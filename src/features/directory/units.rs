@@ -65,9 +65,10 @@ pub struct Members {
 }
 
 impl Members {
-    /// Ids held: what the cache's bound counts.
+    /// Ids held: what the cache's bound counts (at least 1: an empty unit,
+    /// a department that does not exist, is an entry too).
     pub fn weight(&self) -> u64 {
-        (self.users.len() + self.parties.len() + self.tags.len()) as u64
+        (self.users.len() + self.parties.len() + self.tags.len()).max(1) as u64
     }
 
     /// The form kept in a store slot (sealed there): one line of users
