@@ -441,7 +441,9 @@ impl Inner {
                     let (held, text, refusal) = match fetched {
                         Ok(members) => {
                             let text = cache.shared.then(|| members.encode());
-                            (self.hold(env, config, key, members, ttl_us), text, None)
+                            let held = self.hold(env, config, key, members, ttl_us);
+                            self.metrics.fetched(unit.api(), if held.is_ok() { "ok" } else { "failed" });
+                            (held, text, None)
                         }
                         Err((answer, why)) => {
                             let refusal = answer.filter(|_| matches!(why, Unresolved::Denied(_)));
@@ -568,10 +570,8 @@ impl Inner {
             ));
         };
         match units::read(unit, &body) {
-            Ok(members) => {
-                self.metrics.fetched(unit.api(), "ok");
-                Ok(members)
-            }
+            // Counted `ok` once held ([`Inner::load`]).
+            Ok(members) => Ok(members),
             Err(Refused::Denied(code)) => {
                 self.metrics.fetched(unit.api(), "denied");
                 Err((Some(body.to_vec()), denied(account, unit, code)))
