@@ -155,7 +155,7 @@ impl Feature for Directory {
     type Ctx = Ctx;
 
     async fn before_decide(&self, env: Env<'_>, cx: &mut Ctx, asking: &mut Asking<'_>) -> Result<(), Early> {
-        let config = asking.config.clone();
+        let config: &Arc<Config> = asking.config;
         let Some(rule) = asking.rule else { return Ok(()) };
         let Some(metering) = config.rule_http(Some(rule)).recipients.as_ref().filter(|m| m.directory) else {
             return Ok(());
@@ -165,10 +165,10 @@ impl Feature for Directory {
         let Some(broadcast) = metered.broadcast.clone() else {
             // Not a broadcast: what WeCom answers invalid is still kept
             // for the app's broadcasts.
-            cx.app = metered.app.as_deref().and_then(|app| Some((held_app(&config, &account, app)?.1, Arc::from(app))));
+            cx.app = metered.app.as_deref().and_then(|app| Some((held_app(config, &account, app)?.1, Arc::from(app))));
             return Ok(());
         };
-        match self.inner.resolve(env, &config, &account, metered.app.as_deref(), &broadcast).await {
+        match self.inner.resolve(env, config, &account, metered.app.as_deref(), &broadcast).await {
             Ok((app, members)) => {
                 add(metered, members, metering.by_recipients);
                 cx.app = Some(app);
