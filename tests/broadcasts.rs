@@ -88,7 +88,7 @@ async fn person_times(gate: &Gate) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_all_departments_and_tags_are_charged_their_distinct_members() {
-    for backing in [Backing::Memory, Backing::Redis(RedisServer::start())] {
+    for backing in Backing::all() {
         let store = backing.name();
         let mock = MockWeCom::start(WeComDirectory::nested()).await;
         let dir = TempDir::new("broadcast-charged");
