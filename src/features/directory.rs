@@ -222,10 +222,14 @@ impl Feature for Directory {
             }
         }
         if let (Some(app), false) = (&cx.app, users.is_empty()) {
-            let until = env.core.clock.now_us().saturating_add(answered.config.directory.ttl_us);
+            let now = env.core.clock.now_us();
+            let until = now.saturating_add(answered.config.directory.ttl_us);
             let most = answered.config.directory.max_broadcast;
             if let Ok(mut invalid) = self.inner.invalid.lock() {
                 let set = invalid.entry(app.clone()).or_default();
+                if set.len() + users.len() > most {
+                    set.retain(|_, until| *until > now);
+                }
                 for user in users {
                     if set.len() < most {
                         set.insert(user.into_boxed_str(), until);
