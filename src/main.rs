@@ -98,10 +98,18 @@ struct TryArgs {
     /// Where its admin API listens (default: the config's `[server] admin_listen`).
     #[arg(long)]
     admin: Option<std::net::SocketAddr>,
+    /// Print the built-in config (deploy/try.toml's text) and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
-/// The config `wxgate try` serves when `--config` names none.
-const TRY_CONFIG: &str = "deploy/try.toml";
+/// The config `wxgate try` serves when `--config` names none: built in, so
+/// that it runs from any directory (deploy/try.toml is its readable copy).
+const TRY_CONFIG: &str = include_str!("../deploy/try.toml");
+
+/// The variable of the try config's demo account's secret, which `wxgate
+/// try` sets itself (the simulator issues a token for any secret).
+const TRY_SECRET_ENV: &str = "WXGATE_TRY_SECRET";
 
 #[derive(clap::Args)]
 struct ProbeArgs {
@@ -131,7 +139,19 @@ fn main() -> ExitCode {
         Some(Command::Try(args)) => return try_it(args, &cli.config),
         None => false,
     };
-    let config = match Config::load(&cli.config) {
+    // `check` runs where the deployment's environment is not (CI, a
+    // laptop): an [[account]]'s secret_env unset here is a warning naming
+    // it, checked with a stand-in; start-up refuses it.
+    let unset: std::cell::RefCell<Vec<String>> = std::cell::RefCell::default();
+    let env = |name: &str| match std::env::var(name) {
+        Ok(value) => Some(value),
+        Err(_) if check => {
+            unset.borrow_mut().push(name.to_owned());
+            Some(format!("stand-in-for-{name}"))
+        }
+        Err(_) => None,
+    };
+    let config = match Config::load_with_env(&cli.config, &env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("wxgate: invalid config: {e}");
@@ -146,6 +166,14 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        let mut started = started;
+        started.warnings.extend(unset.borrow().iter().map(|name| {
+            let try_sets = if name == TRY_SECRET_ENV { " (`wxgate try` sets it itself)" } else { "" };
+            format!(
+                "the environment variable {name} (an [[account]]'s secret_env) is not set here: start-up refuses the \
+                 config where it is not set{try_sets}"
+            )
+        }));
         for warning in config.warnings.iter().map(ToString::to_string).chain(started.warnings.iter().cloned()) {
             eprintln!("wxgate: warning: {warning}");
         }
@@ -443,14 +471,40 @@ fn log_filter() -> EnvFilter {
 }
 
 /// `wxgate try`: the simulator on `--sim`, then wxgate with `config` (the
-/// global `--config`; `deploy/try.toml` when it is the default `rules.toml`)
-/// pointed at it.
+/// global `--config`; the built-in [`TRY_CONFIG`], written into a private
+/// temporary directory with its queue file, when it is the default
+/// `rules.toml`) pointed at it. `WXGATE_TRY_SECRET`, when not set, is a
+/// demo secret for the try config's account.
 fn try_it(args: &TryArgs, config: &std::path::Path) -> ExitCode {
-    let path = if config == std::path::Path::new("rules.toml") { std::path::Path::new(TRY_CONFIG) } else { config };
-    let mut config = match Config::load(path) {
+    if args.print_config {
+        print!("{TRY_CONFIG}");
+        return ExitCode::SUCCESS;
+    }
+    let built_in = config == std::path::Path::new("rules.toml");
+    let dir = std::env::temp_dir().join(format!("wxgate-try-{}", std::process::id()));
+    let path = if built_in {
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            })
+            .and_then(|()| std::fs::write(dir.join("try.toml"), TRY_CONFIG));
+        if let Err(e) = written {
+            eprintln!("wxgate try: cannot write its config into {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+        dir.join("try.toml")
+    } else {
+        config.to_path_buf()
+    };
+    let env = |name: &str| match std::env::var(name).ok() {
+        None if name == TRY_SECRET_ENV => Some("any-secret-the-simulator-takes".to_owned()),
+        value => value,
+    };
+    let mut config = match Config::load_with_env(&path, &env) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("wxgate try: invalid config: {e} (run it from the repository's directory, or give --config)");
+            eprintln!("wxgate try: invalid config: {e}");
             return ExitCode::from(2);
         }
     };
@@ -468,7 +522,11 @@ fn try_it(args: &TryArgs, config: &std::path::Path) -> ExitCode {
         }
     };
     sim.listen = args.sim;
-    serve(config, Some(sim))
+    let served = serve(config, Some(sim));
+    if built_in {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    served
 }
 
 fn run(config: Config) -> ExitCode {
@@ -590,10 +648,45 @@ fn print_rules(config: &Config, started: &Started) {
     say_store(&mut out, config);
     for rule in &config.rules {
         say_rule(&mut out, rule, config.rule_http(Some(rule)).recipients.as_deref(), &tz);
+        say_queue(&mut out, config, rule);
         say_overrides(&mut out, config, rule);
     }
     say_features(&mut out, config, started);
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
+}
+
+/// Whether a rule with `queue = true` can queue calls, and for which
+/// accounts: a queued message is sent with an `[[account]]`'s own token,
+/// and kept in the jobs store.
+fn say_queue(out: &mut String, config: &Config, rule: &wxgate::limit::Rule) {
+    use wxgate::config::queue::JobsAt;
+    if config.rule_http(Some(rule)).queue.is_none() {
+        return;
+    }
+    let accounts: Vec<&str> = config.accounts.list.iter().filter(|a| a.injects()).map(|a| &*a.name).collect();
+    let jobs = match &config.queue.at {
+        JobsAt::Off => None,
+        JobsAt::File(path) => Some(format!("jobs in {}", path.display())),
+        JobsAt::Redis => Some("jobs in Redis".to_owned()),
+    };
+    match (jobs, accounts.is_empty()) {
+        (None, _) => say!(
+            out,
+            "  queue: no call can be queued: no jobs store ([queue] file = \"off\", or the embedded store with \
+             state_file = \"off\" and no [queue] file); Prefer: respond-async gets 400"
+        ),
+        (Some(_), true) => say!(
+            out,
+            "  queue: no call can be queued: no [[account]] (a queued message is sent with the account's own token); \
+             Prefer: respond-async gets 400"
+        ),
+        (Some(jobs), false) => say!(
+            out,
+            "  queue: Prefer: respond-async is kept ({jobs}) and sent at the rule's pace, for accounts {} (any other \
+             account's gets 400)",
+            accounts.join(", ")
+        ),
+    }
 }
 
 /// The report's server part: the config file, listen and upstream,

@@ -1066,8 +1066,65 @@ fn a_directory_rule_without_a_wecom_account_is_warned_of() {
         stderr.contains("[[rule]] \"message_send\": recipients.directory: reads WeCom's directory with an app's own token, and no [[account]] kind = \"wecom\" is configured: its broadcasts (@all, toparty, totag) will be refused"),
         "{stderr}"
     );
-    assert!(stdout.starts_with("DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    assert!(
+        stdout.starts_with("DIR/rules.toml: ok, 2 warnings (on stderr)"),
+        "the other: nothing can be queued: {stdout}"
+    );
     let app = "\n[[account]]\nid = \"ww1234567890abcdef\"\nkind = \"wecom\"\nagent = \"1000002\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
     let (code, _, stderr) = check_text("directory-account", &format!("{rules}{app}"), &[TEST_SECRET]);
     assert_eq!((code, stderr.as_str()), (0, ""));
+}
+
+/// Issue 65: an `[[account]]`'s `secret_env` not set where `check` runs
+/// (CI, a laptop: the deployment's environment is elsewhere) is a warning
+/// naming it, as a missing token key is; start-up still refuses it.
+#[test]
+fn a_secret_env_unset_here_is_a_warning_in_check_and_refused_at_start() {
+    const ACCOUNT_CONFIG: &str = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n[[account]]\n\
+        id = \"wx1234567890abcdef\"\nkind = \"official_account\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
+    let (code, stdout, stderr) = check_text("secret-env-unset", ACCOUNT_CONFIG, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("the environment variable WXGATE_TEST_SECRET (an [[account]]'s secret_env) is not set here: start-up refuses the config where it is not set"),
+        "{stderr}"
+    );
+    assert!(stdout.starts_with("DIR/rules.toml: ok, 1 warning (on stderr)"), "{stdout}");
+    let (code, _, stderr) = check_text("secret-env-set", ACCOUNT_CONFIG, &[TEST_SECRET]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let dir = support::TempDir::new("secret-env-start");
+    let path = dir.write("rules.toml", ACCOUNT_CONFIG);
+    let (code, _, stderr) = process::run(&["--config", &path.display().to_string()], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("the environment variable WXGATE_TEST_SECRET is not set"), "{stderr}");
+}
+
+/// Issue 65: `check` says, for each rule with `queue = true`, whether its
+/// calls can be queued and for which accounts, and warns when none can; and
+/// it warns of a window whose burst is more than half its count, with the
+/// rate it sustains (the try config's old `{5, 1m, burst 5}`: one a minute).
+#[test]
+fn check_explains_queueing_and_warns_of_a_burst_that_sustains_little() {
+    let rule = "[[rule]]\nname = \"template_send\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
+                limits = [{ count = 5, per = \"1m\", burst = 5 }]\nqueue = true\n";
+    let base = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n";
+    let (code, stdout, stderr) = check_text("queue-no-account", &format!("{base}{rule}"), &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("1 rule(s) queue calls (queue = true: template_send), but no call can be queued: no [[account]] is configured"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("limits: 5 per 1m with burst 5 sustains 1 per 1m after its burst"), "{stderr}");
+    assert!(stdout.contains("  queue: no call can be queued: no [[account]]"), "{stdout}");
+    let account = "[[account]]\nid = \"wxdemo\"\nkind = \"official_account\"\nsecret_env = \"WXGATE_TEST_SECRET\"\n";
+    let fixed = rule.replace("burst = 5", "burst = 2");
+    let (code, stdout, stderr) = check_text("queue-account", &format!("{base}{account}{fixed}"), &[TEST_SECRET]);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{stdout}");
+    assert!(
+        stdout.contains("  queue: Prefer: respond-async is kept (jobs in DIR/wxgate-queue.db) and sent at the rule's pace, for accounts wxdemo"),
+        "{stdout}"
+    );
+    let off = format!("{base}[store]\nstate_file = \"off\"\n{account}{fixed}");
+    let (_, stdout, stderr) = check_text("queue-off", &off, &[TEST_SECRET]);
+    assert!(stderr.contains("but no call can be queued: there is no jobs store"), "{stderr}");
+    assert!(stdout.contains("  queue: no call can be queued: no jobs store"), "{stdout}");
 }

@@ -28,7 +28,9 @@ async fn the_readme_quick_start_runs_as_written_and_prints_what_it_says() {
     let mut args: Vec<&str> = args.split_whitespace().collect();
     assert_eq!(args, ["try"], "the serve block is `cargo run --release -- try`");
     args.extend(["--sim", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
-    let wxgate = process::spawn_args(&args, &[]).expect("wxgate try serves");
+    // From a directory with nothing in it: the try config is built in.
+    let elsewhere = support::TempDir::new("quickstart-elsewhere");
+    let wxgate = process::spawn_args_in(elsewhere.path(), &args, &[]).expect("wxgate try serves");
     let admin = wxgate.admin.expect("the admin API runs");
 
     let calls = block(&readme, "calls")
@@ -54,11 +56,28 @@ async fn the_readme_quick_start_runs_as_written_and_prints_what_it_says() {
     };
     assert_eq!(metric("forwarded").as_deref(), Some("5"), "{out}");
     assert_eq!(metric("throttled").as_deref(), Some("3"), "{out}");
+    // The queued message, sent by wxgate with the demo account's token.
+    let job = lines.last().expect("the delivery's JSON");
+    assert!(job.contains("\"state\":\"sent\"") && job.contains("\"account\":\"wxdemo\""), "{out}");
+    assert!(job.contains("\"answer\":{\"body\":{\"errcode\":0"), "{out}");
     // What the README says the calls print.
-    for said in
-        ["Calls 1 to 5 reach the simulator (200)", "429 with\n`Retry-After`", "5 `forwarded` and 3\n`throttled`"]
-    {
+    for said in [
+        "Calls 1 to 5 reach the simulator (200)",
+        "429 with\n`Retry-After`",
+        "5 `forwarded` and 3\n`throttled`",
+        "the `GET` shows `\"state\":\"sent\"`",
+    ] {
         assert!(readme.contains(said), "README.md says {said:?}");
     }
     wxgate.stop().await;
+}
+
+/// `wxgate try`'s built-in config is deploy/try.toml, its readable copy,
+/// byte for byte (`wxgate try --print-config` shows it).
+#[test]
+fn the_built_in_try_config_is_deploy_try_toml() {
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/try.toml")).expect("try.toml");
+    let (code, stdout, stderr) = process::run(&["try", "--print-config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, shipped);
 }

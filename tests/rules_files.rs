@@ -249,14 +249,14 @@ fn both_shipped_rule_files_run_together_in_one_instance() {
     std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join(WECOM), dir.join(WECOM)).expect("copy");
     let path = dir.write("rules.toml", &both);
     let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    // The one warning: WeCom's broadcasts need the app as an [[account]].
+    // The two warnings: queued delivery and WeCom's broadcasts need the
+    // accounts as [[account]]s (none here).
     let warned: Vec<_> = config.warnings.iter().map(|w| (w.table.as_deref(), w.field.as_deref())).collect();
-    assert_eq!(
-        warned,
-        [(Some("[[rule]] \"qyapi.message_send\""), Some("recipients.directory"))],
-        "{:?}",
-        config.warnings
-    );
+    let expected = [
+        (Some("[[rule]] \"custom_send\""), Some("queue")),
+        (Some("[[rule]] \"qyapi.message_send\""), Some("recipients.directory")),
+    ];
+    assert_eq!(warned, expected, "{:?}", config.warnings);
     let wecom = load(WECOM);
     for &(path, want) in OFFICIAL_TABLE {
         assert_eq!(config.rule_in(0, path).map(|r| r.name.to_string()).as_deref(), Some(want), "{path}");

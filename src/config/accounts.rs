@@ -203,6 +203,7 @@ impl SecretAccounts {
 pub(super) fn compile(
     list: Vec<Spanned<RawAccount>>,
     dir: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
     line_of: &dyn Fn(usize) -> usize,
 ) -> Result<SecretAccounts, (Range<usize>, Invalid)> {
     let mut out = SecretAccounts::default();
@@ -265,7 +266,7 @@ pub(super) fn compile(
                 (read_secret_file(&path).map_err(&err)?, SecretSource::File(path))
             }
             (None, Some(var)) => {
-                let value = std::env::var(&var).map_err(|_| {
+                let value = env(&var).ok_or_else(|| {
                     err(Invalid::at_field(
                         "secret_env",
                         format!("the environment variable {var} is not set (or not UTF-8)"),

@@ -33,6 +33,12 @@ impl Config {
     /// Reads, parses and validates a config file.
     /// The memory store's default `state_file` is in the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_env(path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::load`] reading `secret_env` variables from `env` (`wxgate
+    /// try` puts its demo account's secret over the process's environment).
+    pub fn load_with_env(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: path.to_path_buf(),
             line: None,
@@ -41,14 +47,14 @@ impl Config {
             message: format!("cannot read: {e}"),
         })?;
         let dir = path.parent().unwrap_or(Path::new(""));
-        Config::compile_text(&text, path, Some(dir))
+        Config::compile_text(&text, path, Some(dir), env)
     }
 
     /// Parses and validates config text; `path` only labels the messages.
     /// Text that is not read from a file has no directory, so the memory
     /// store keeps no state file unless `state_file` names one.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        Config::compile_text(text, path, None)
+        Config::compile_text(text, path, None, &|name| std::env::var(name).ok())
     }
 
     /// The rule (or, for `scope = "path"`, the rule's variant for this API)
@@ -76,8 +82,13 @@ impl Config {
         Some(Arc::new(routed.for_app(app)))
     }
 
-    fn compile_text(text: &str, path: &Path, dir: Option<&Path>) -> Result<Config, ConfigError> {
-        let ctx = Ctx { text, path, dir };
+    fn compile_text(
+        text: &str,
+        path: &Path,
+        dir: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, path, dir, env };
         let de = toml::Deserializer::parse(text).map_err(|e| ctx.toml_error(&e))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&[], &e))?;
         compile(raw, &ctx)
@@ -156,9 +167,51 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
         super::telemetry::compile(std::mem::take(&mut raw.telemetry), ctx.dir, &|name| std::env::var(name).ok())
             .map_err(|e| ctx.in_table(e))?;
     let account_spans: Vec<Range<usize>> = raw.account.iter().map(|a| a.span()).collect();
-    let accounts =
-        super::accounts::compile(raw.account, ctx.dir, &|at| ctx.line_of(at)).map_err(|(span, e)| ctx.at(span, e))?;
+    let accounts = super::accounts::compile(raw.account, ctx.dir, ctx.env, &|at| ctx.line_of(at))
+        .map_err(|(span, e)| ctx.at(span, e))?;
     check_accounts(&server, &accounts, account_spans, ctx)?;
+    // A window whose burst is more than half its count: after the burst it
+    // sustains only (count - burst + 1) per window (`burst = count`: one),
+    // which looks like a refusal bug to whoever tries it.
+    for rule in &rules.rules {
+        let windows = rule.limits.iter().filter_map(|l| match l {
+            crate::limit::Limit::Window(w) => Some(("limits", w)),
+            crate::limit::Limit::Calendar { .. } => None,
+        });
+        for (field, w) in windows.chain(rule.per_recipient.iter().map(|w| ("per_recipient", w))) {
+            if w.burst() > 1 && 2 * w.burst() > w.count() {
+                warnings.push(ctx.plain(Invalid::at(&format!("[[rule]] \"{}\"", rule.name), field, burst_trap(w))));
+            }
+        }
+    }
+    // Rules that queue calls when no call can be queued: a queued message
+    // is kept in the jobs store and sent with an [[account]]'s own token.
+    let queueing: Vec<&str> = rules
+        .rules
+        .iter()
+        .zip(&rules.http)
+        .filter(|(_, http)| http.queue.is_some())
+        .map(|(rule, _)| &*rule.name)
+        .collect();
+    let why = match (&queue.at, accounts.list.iter().any(|a| a.injects())) {
+        (super::queue::JobsAt::Off, _) => {
+            Some("there is no jobs store ([queue] file = \"off\", or state_file = \"off\" and no [queue] file)")
+        }
+        (_, false) => Some("no [[account]] is configured (a queued message is sent with the account's own token)"),
+        _ => None,
+    };
+    if let (Some(first), Some(why)) = (queueing.first(), why) {
+        warnings.push(ctx.plain(Invalid::at(
+            &format!("[[rule]] \"{first}\""),
+            "queue",
+            format!(
+                "{} rule(s) queue calls (queue = true: {}), but no call can be queued: {why}; Prefer: \
+                 respond-async gets 400 (README, \"Queued delivery\")",
+                queueing.len(),
+                queueing.join(", ")
+            ),
+        )));
+    }
     // A rule resolving broadcasts through WeCom's directory reads it with
     // an app's own token: without any WeCom [[account]], every broadcast
     // of it is refused (or charged `unseen_cost`).
@@ -468,4 +521,17 @@ fn compile_log(raw: &RawLog) -> Result<LogConfig, Invalid> {
         }
     };
     Ok(LogConfig { json, access: raw.access.unwrap_or(true) })
+}
+
+/// What a window whose burst is more than half its count does after its
+/// burst: `5 per 1m with burst 5 sustains 1 per 1m after its burst`.
+fn burst_trap(w: &crate::limit::WindowLimit) -> String {
+    let per = humantime::format_duration(std::time::Duration::from_micros(w.per_us().max(0) as u64));
+    let sustained = w.count() - w.burst() + 1;
+    format!(
+        "{} per {per} with burst {} sustains {sustained} per {per} after its burst (count - burst + 1): a burst of \
+         at most half the count sustains at least half of it (docs/semantics.md)",
+        w.count(),
+        w.burst()
+    )
 }

@@ -150,7 +150,7 @@ pub(super) fn compile(
         let file = beside_config(ctx.dir, &d.rules);
         let text = std::fs::read_to_string(&file)
             .map_err(|e| at("rules", Invalid::new(format!("cannot read {}: {e}", file.display())).field("rules")))?;
-        let file_ctx = Ctx { text: &text, path: &file, dir: file.parent() };
+        let file_ctx = Ctx { text: &text, path: &file, dir: file.parent(), env: ctx.env };
         let rules_file = read_rules_file(&file_ctx)?;
         if rules_file.domain.is_some() {
             let e = Invalid::new(format!("{} has [[domain]] tables of its own: domains do not nest", file.display()));

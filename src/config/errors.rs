@@ -434,6 +434,9 @@ pub(super) struct Ctx<'a> {
     pub path: &'a Path,
     /// The config file's directory, when the text was read from a file.
     pub dir: Option<&'a Path>,
+    /// The environment secrets are read from (`secret_env`): the process's,
+    /// or `wxgate try`'s with its demo secret over it.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
 }
 
 impl Ctx<'_> {

@@ -54,8 +54,18 @@ pub fn spawn_path(path: &Path, env: &[(&str, &str)]) -> Result<Instance, String>
 /// Starts `wxgate <args>` (e.g. `sim --listen 127.0.0.1:0`) like [`spawn`]:
 /// ready once it logs `listen=<addr>`.
 pub fn spawn_args(args: &[&str], env: &[(&str, &str)]) -> Result<Instance, String> {
+    spawn_args_in(Path::new(env!("CARGO_MANIFEST_DIR")), args, env)
+}
+
+/// [`spawn_args`] in the directory `dir` (e.g. one with no deploy/ in it).
+pub fn spawn_args_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Instance, String> {
     let mut cmd = command();
-    cmd.args(args).env("WXGATE_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.current_dir(dir)
+        .args(args)
+        .env("WXGATE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }

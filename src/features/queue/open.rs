@@ -45,12 +45,12 @@ pub async fn open(slot: &Arc<JobsSlot>, config: &Config) -> Result<(), OpenError
         (JobsAt::File(path), StoreConfig::Memory(_)) => {
             let jobs = SqliteJobs::open(path).map_err(|e| OpenError::File { path: path.clone(), error: e })?;
             slot.set(Arc::new(jobs), config.queue.at.clone());
-            tracing::info!(file = %path.display(), "queued delivery on");
+            say_on(config, &format!("file {}", path.display()));
         }
         (JobsAt::Redis, StoreConfig::Redis(r)) => match RedisJobs::connect(r).await {
             Ok(jobs) => {
                 slot.set(Arc::new(jobs.with_replicas(config.queue.replicas)), JobsAt::Redis);
-                tracing::info!("queued delivery on (jobs in Redis)");
+                say_on(config, "Redis");
             }
             Err(StoreError::Unreachable(e)) => {
                 tracing::warn!(
@@ -71,4 +71,16 @@ pub async fn open(slot: &Arc<JobsSlot>, config: &Config) -> Result<(), OpenError
         }
     }
     Ok(())
+}
+
+/// The jobs store is open: queued delivery is on if an `[[account]]` can
+/// send (a queued message goes with the account's own token), else the log
+/// says why no call can be queued yet.
+fn say_on(config: &Config, jobs: &str) {
+    let accounts: Vec<&str> = config.accounts.list.iter().filter(|a| a.injects()).map(|a| &*a.name).collect();
+    if accounts.is_empty() {
+        tracing::warn!(jobs = jobs, "queued delivery: its jobs store is open, but no call can be queued: no [[account]] (a queued message is sent with the account's own token); Prefer: respond-async gets 400");
+    } else {
+        tracing::info!(jobs = jobs, accounts = %accounts.join(","), "queued delivery on");
+    }
 }
