@@ -5,9 +5,12 @@
 #       -e WXGATE_ADMIN_TOKEN="$(openssl rand -hex 16)" \
 #       -v wxgate-state:/var/lib/wxgate wxgate:local
 #
-# The image serves deploy/container.toml (the shipped rules.toml on
-# 0.0.0.0:8080, admin on 0.0.0.0:9090) from /etc/wxgate/rules.toml; mount
-# your own file there. Any wxgate subcommand runs as its arguments:
+# The image serves deploy/container.toml (0.0.0.0:8080, admin on
+# 0.0.0.0:9090) from /etc/wxgate/wxgate.toml, with the shipped rules.toml
+# beside it (/etc/wxgate/rules.toml, which its `rules` names) and
+# deploy/rules-wecom.toml (/etc/wxgate/rules-wecom.toml, for its [[domain]]).
+# Mount your rules over /etc/wxgate/rules.toml, or your own config over
+# /etc/wxgate/wxgate.toml. Any wxgate subcommand runs as its arguments:
 #   docker run --rm -v "$PWD/rules.toml:/etc/wxgate/rules.toml:ro" wxgate:local check
 #
 # Runtime base: distroless/cc (Debian 12): glibc and libgcc_s, which the
@@ -43,8 +46,10 @@ COPY --from=build /out/wxgate /usr/local/bin/wxgate
 # Where the embedded store keeps its state ([store] state_file), writable by
 # the non-root user; a named volume mounted here starts with this owner.
 COPY --from=build --chown=65532:65532 /out/state /var/lib/wxgate
-COPY deploy/container.toml /etc/wxgate/rules.toml
-ENV WXGATE_CONFIG=/etc/wxgate/rules.toml
+# The config, and the rules files it reads from its own directory.
+COPY deploy/container.toml /etc/wxgate/wxgate.toml
+COPY rules.toml deploy/rules-wecom.toml /etc/wxgate/
+ENV WXGATE_CONFIG=/etc/wxgate/wxgate.toml
 # distroless's "nonroot" user, by number so that Kubernetes' runAsNonRoot
 # can verify it without reading /etc/passwd.
 USER 65532:65532

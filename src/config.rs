@@ -196,7 +196,9 @@ pub struct Domain {
     pub upstream: Upstreams,
     /// Its paths → its rules (indices into `Config::routed`).
     pub routes: Routes,
-    /// `[[domain]] rules`: the file its rules are from (`None`: the config's own).
+    /// The file its rules are from: `[[domain]] rules`, or for domain 0 the
+    /// config's `rules` (`None`: the config file's own `[[rule]]`s).
+    /// Watched with the config file.
     pub rules_file: Option<PathBuf>,
     /// Its rules' ids (`Config::rules[..]`).
     pub rules: Range<usize>,

@@ -934,6 +934,9 @@ fn say_features(out: &mut String, config: &Config, started: &Started) {
     for (i, d) in config.domains.iter().enumerate() {
         let unmatched = if d.routes.has_default() { "rule default" } else { "forwarded unthrottled" };
         if config.domains.len() == 1 {
+            if let Some(file) = &d.rules_file {
+                say!(out, "rules and penalties from {}", file.display());
+            }
             say!(out, "unmatched paths: {unmatched}");
             continue;
         }

@@ -1128,3 +1128,70 @@ fn check_explains_queueing_and_warns_of_a_burst_that_sustains_little() {
     assert!(stderr.contains("but no call can be queued: there is no jobs store"), "{stderr}");
     assert!(stdout.contains("  queue: no call can be queued: no jobs store"), "{stdout}");
 }
+
+/// `rules = "..."` (issue 65): a config's `[[rule]]`s and `[[penalty]]`s
+/// come from another file, relative to the config, their errors named in
+/// that file; nothing else of that file is read, so it can never say who
+/// may call, which accounts wxgate holds tokens for, or where it listens
+/// (its `[[caller]]`s and `[[account]]`s are named in a warning); a config
+/// with rules or penalties of its own too, and a chain of rules files, are
+/// refused with what to do.
+#[test]
+fn a_config_takes_its_rules_and_penalties_from_the_file_rules_names() {
+    use wxgate::config::Config;
+    let dir = support::TempDir::new("rules-key");
+    let rules = "[server]\nlisten = \"0.0.0.0:8080\"\ncaller_auth = \"off\"\n\n[store]\nkind = \"memory\"\n\n\
+                 [[penalty]]\nerrcode = 45009\nseconds = 7\n\n\
+                 [[rule]]\nname = \"send\"\nmatch = [\"/cgi-bin/message/template/send\"]\n\
+                 limits = [{ count = 3, per = \"day\" }]\n\n\
+                 [[caller]]\nname = \"intruder\"\n\n\
+                 [[account]]\nid = \"wx0123456789abcdef\"\nkind = \"official_account\"\nsecret = \"s\"\n";
+    std::fs::create_dir_all(dir.join("shared")).expect("dir");
+    dir.write("shared/rules.toml", rules);
+    let head = "rules = \"shared/rules.toml\"\n\n[server]\ncaller_auth = \"required\"\nadmin_listen = \"off\"\n\n\
+                [[caller]]\nname = \"crm\"\nkey_sha256 = \"0000000000000000000000000000000000000000000000000000000000000001\"\n\
+                accounts = [\"*\"]\n";
+    let path = dir.write("wxgate.toml", head);
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let send = config.rule_for("/cgi-bin/message/template/send").expect("the included rule");
+    assert_eq!(&*send.name, "send");
+    assert_eq!(config.penalties.len(), 1, "the included file's penalties, not the defaults");
+    assert_eq!(config.domains[0].rules_file.as_deref(), Some(dir.join("shared/rules.toml").as_path()));
+    // The head's [server] and [[caller]]s, never the included file's.
+    assert!(config.server.listen.ip().is_loopback(), "listen is the head's: {}", config.server.listen);
+    assert!(config.server.caller_auth.required());
+    let callers: Vec<&str> = config.callers.iter().map(|c| &*c.name).collect();
+    assert_eq!(callers, ["crm"]);
+    assert!(config.accounts.list.is_empty(), "no [[account]] from the included file");
+    let warned: Vec<String> = config.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        warned.iter().any(|w| w.contains("wxgate.toml:1: rules: ")
+            && w.contains("[[caller]], [[account]] are not read: only its [[rule]]s and [[penalty]]s")),
+        "{warned:?}"
+    );
+    // `check` says where the rules are from.
+    let (code, out, err) = wxgate(&["check", "--config", path.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("rules and penalties from") && out.contains("shared/rules.toml"), "{out}");
+
+    // An error in a rule is named in the included file, at its line.
+    dir.write("shared/rules.toml", &rules.replace("count = 3", "count = \"3\""));
+    let e = Config::load(&path).expect_err("a bad rule").to_string();
+    assert!(e.contains("shared/rules.toml:15: rule \"send\": limits[0].count: expected an integer"), "{e}");
+
+    // Rules or penalties in the head too: one place says them.
+    dir.write("shared/rules.toml", rules);
+    for own in ["[[rule]]\nname = \"x\"\n", "[[penalty]]\nerrcode = 45011\nseconds = 1\n"] {
+        let both = dir.write("both.toml", &format!("{head}\n{own}"));
+        let e = Config::load(&both).expect_err("both").to_string();
+        assert!(e.contains("both.toml:1: rules: this file has") && e.contains("say them in one place"), "{e}");
+    }
+    // A rules file that names another: refused, not followed.
+    dir.write("shared/rules.toml", &format!("rules = \"more.toml\"\n{rules}"));
+    let e = Config::load(&path).expect_err("a chain").to_string();
+    assert!(e.contains("wxgate.toml:1: rules: ") && e.contains("rules files do not chain"), "{e}");
+    // A file that is not there.
+    let missing = dir.write("missing.toml", "rules = \"nope.toml\"\n");
+    let e = Config::load(&missing).expect_err("missing").to_string();
+    assert!(e.contains("missing.toml:1: rules: cannot read") && e.contains("nope.toml"), "{e}");
+}

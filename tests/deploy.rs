@@ -1,9 +1,11 @@
 //! The deployment files agree with the binary they deploy: the Dockerfile
 //! (entry point, config path, ports, health check, user), the container,
-//! compose and Kubernetes configs (each passes `wxgate check`; ports, mounts
-//! and commands match them; the container and Kubernetes ones carry the
-//! shipped rules whole, and answer each SDK's refused calls in the shape that
-//! SDK reads), the Kubernetes manifests against the API's schemas
+//! compose and Kubernetes configs (each passes `wxgate check` where it runs,
+//! beside the files the image or the ConfigMap puts there; ports, mounts and
+//! commands match them; the container and Kubernetes ones take their rules
+//! from the shipped rules.toml, can serve WeCom's from
+//! deploy/rules-wecom.toml, and answer each SDK's refused calls in the shape
+//! that SDK reads), the Kubernetes manifests against the API's schemas
 //! (kubernetes-validate), and `wxgate probe`, which the image's health check
 //! runs, against a live wxgate, a closed port, and a wxgate that cannot
 //! decide.
@@ -176,9 +178,11 @@ fn the_image_runs_the_binary_on_the_config_it_ships() {
         .collect();
     assert_eq!(copied, ["deploy/container.toml"], "COPY deploy/container.toml {config}");
 
-    // It passes `wxgate check` with a token, and without one wxgate refuses
-    // to start and says which variable to set.
-    let file = repo("deploy/container.toml");
+    // It passes `wxgate check` with a token where the image has it (beside
+    // the rules files the Dockerfile copies), and without one wxgate
+    // refuses to start and says which variable to set.
+    let dir = TempDir::new("image-config");
+    let file = image_config_dir(&dir);
     let said = assert_checks(&file, &[TOKEN]);
     assert!(said.contains("upstream https://api.weixin.qq.com"), "{said}");
     let (code, said) = check(&file, &[]);
@@ -196,26 +200,97 @@ fn the_image_runs_the_binary_on_the_config_it_ships() {
     assert!(ports.listen.ip().is_unspecified(), "inside a container the proxy listens on every interface");
 }
 
-/// A config's penalties and rules: everything from its first `[[penalty]]` on.
-fn penalties_and_rules<'a>(config_text: &'a str, what: &str) -> &'a str {
-    let at = config_text.find("\n[[penalty]]").unwrap_or_else(|| panic!("{what} has a [[penalty]]"));
-    &config_text[at..]
+/// The image's config directory as the Dockerfile's image stage fills it
+/// (every `COPY` of a repository file into it), written into `dir`; the
+/// path of the config `WXGATE_CONFIG` names there.
+fn image_config_dir(dir: &TempDir) -> std::path::PathBuf {
+    let config = image_config_path();
+    let config_dir = Path::new(&config).parent().expect("config dir");
+    let mut copied = 0;
+    for (opts, sources, dest) in all_of(&image_stage(), "COPY").iter().map(|a| copy_parts(a)) {
+        if opts.contains_key("from") {
+            continue;
+        }
+        for source in &sources {
+            let name = Path::new(source).file_name().expect("file name");
+            let target = if dest.ends_with('/') { Path::new(&dest).join(name) } else { Path::new(&dest).to_path_buf() };
+            if target.parent() == Some(config_dir) {
+                let name = target.file_name().and_then(|n| n.to_str()).expect("utf-8 name");
+                dir.write(name, &read(source));
+                copied += 1;
+            }
+        }
+    }
+    assert!(copied > 0, "the image stage copies its config into {}", config_dir.display());
+    dir.join(Path::new(&config).file_name().and_then(|n| n.to_str()).expect("config file name"))
 }
 
-/// `config_text` (of `what`) is the shipped rules.toml whole, under a
-/// `[server]`, `[store]` and `[[caller]]`s of its own.
-fn assert_shipped_rules(config_text: &str, what: &str) {
-    let shipped = read("rules.toml");
-    assert!(
-        penalties_and_rules(config_text, what) == penalties_and_rules(&shipped, "rules.toml"),
-        "{what}'s penalties and rules are not rules.toml's: copy rules.toml from its first [[penalty]] on over \
-         {what}'s"
-    );
+/// The commented-out `[[domain]]` block of the deploy configs: WeCom's
+/// rules from rules-wecom.toml beside the config.
+const WECOM_BLOCK: &str = "# [[domain]]\n# host = \"qyapi.weixin.qq.com\"\n# rules = \"rules-wecom.toml\"\n";
+
+/// The deployed config `text` loaded in this process from `path`'s
+/// directory (so its rules files are the ones beside it), with the admin
+/// token its environment would give (`WXGATE_ADMIN_TOKEN`, which a test
+/// cannot set for its own process) written into its `[server]`.
+fn load_deployed(path: &Path, text: &str, what: &str) -> wxgate::config::Config {
+    assert!(text.contains("\n[server]\n"), "{what} has a [server]");
+    let with_token = text.replacen("\n[server]\n", &format!("\n[server]\nadmin_token = \"{}\"\n", TOKEN.1), 1);
+    let loadable = path.with_file_name("loaded-by-the-test.toml");
+    std::fs::write(&loadable, with_token).expect("write");
+    let config = wxgate::config::Config::load(&loadable).unwrap_or_else(|e| panic!("{what}: {e}"));
+    std::fs::remove_file(&loadable).expect("remove");
+    config
+}
+
+/// The config at `path` (of `what`), as deployed: its rules and penalties
+/// are the shipped rules.toml's, read through `rules` from a file beside it
+/// that is rules.toml itself, and it holds none of its own (one source: a
+/// rule changed in rules.toml is changed here). Its `[[domain]]` block,
+/// uncommented, serves WeCom's rules from rules-wecom.toml beside it (the
+/// shipped deploy/rules-wecom.toml), with no error.
+fn assert_shipped_rules(path: &Path, what: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let own = toml_value(&text, what);
+    assert!(own.get("rule").is_none() && own.get("penalty").is_none(), "{what}: no [[rule]] or [[penalty]] of its own");
+    let config = load_deployed(path, &text, what);
+    let from = config.domains[0].rules_file.clone().unwrap_or_else(|| panic!("{what}: rules = \"...\""));
+    assert_eq!(from.parent(), path.parent(), "{what}: its rules file is beside it");
+    let from_text = std::fs::read_to_string(&from).unwrap_or_else(|e| panic!("{what}: {}: {e}", from.display()));
+    assert!(from_text == read("rules.toml"), "{what}: {} is not the shipped rules.toml", from.display());
+    let shipped = wxgate::config::Config::load(&repo("rules.toml")).expect("rules.toml loads");
+    let names = |c: &wxgate::config::Config| c.rules.iter().map(|r| r.name.to_string()).collect::<Vec<_>>();
+    assert_eq!(names(&config), names(&shipped), "{what}: the shipped rules, in order");
+    assert_eq!(config.penalties, shipped.penalties, "{what}: the shipped penalties");
+    for (mine, theirs) in config.rules.iter().zip(&shipped.rules) {
+        assert_eq!(mine.limits, theirs.limits, "{what}: rule {}", mine.name);
+    }
+
+    // WeCom through the same instance: the block uncommented.
+    assert!(text.contains(WECOM_BLOCK), "{what} ends with the commented [[domain]] block for WeCom");
+    let both = text.replace(WECOM_BLOCK, &WECOM_BLOCK.replace("# ", ""));
+    let config = load_deployed(path, &both, &format!("{what} with WeCom"));
+    assert_eq!(config.domains.len(), 2, "{what} with WeCom");
+    let wecom = config.domains[1].rules_file.clone().expect("WeCom's rules file");
+    let wecom_text = std::fs::read_to_string(&wecom).unwrap_or_else(|e| panic!("{what}: {}: {e}", wecom.display()));
+    assert!(wecom_text == read("deploy/rules-wecom.toml"), "{what}: {} is deploy/rules-wecom.toml", wecom.display());
+    let send = config.rule_in(1, "/cgi-bin/message/send").expect("WeCom's message_send");
+    assert_eq!(&*send.name, "qyapi.message_send", "{what} with WeCom");
 }
 
 #[test]
-fn the_container_config_is_the_shipped_rules_with_a_container_server() {
-    assert_shipped_rules(&read("deploy/container.toml"), "deploy/container.toml");
+fn the_container_config_takes_the_shipped_rules_from_rules_toml() {
+    let dir = TempDir::new("image-rules");
+    assert_shipped_rules(&image_config_dir(&dir), "the image's config");
+    // In the repository, deploy/rules.toml is rules.toml (a link), so the
+    // deploy configs pass `wxgate check` where they are, reading what they
+    // read where they run.
+    let link = std::fs::read_link(repo("deploy/rules.toml")).expect("deploy/rules.toml is a symbolic link");
+    assert_eq!(link, Path::new("../rules.toml"), "deploy/rules.toml links to ../rules.toml");
+    for file in ["deploy/container.toml", "deploy/kubernetes-sidecar.toml", "deploy/kubernetes-egress.toml"] {
+        assert_checks(&repo(file), &[TOKEN]);
+        assert_shipped_rules(&repo(file), file);
+    }
 }
 
 #[test]
@@ -526,9 +601,23 @@ fn pod_config(path: &str, map_name: &str, file_name: &str) -> String {
     map.get(file_name).cloned().unwrap_or_else(|| panic!("{path}: ConfigMap {map_name} has a key {file_name}"))
 }
 
+/// The ConfigMap `map_name` of the manifest `path` as the pod sees it
+/// mounted: each of its keys a file in `dir`; the path of `file_name` there.
+fn pod_config_dir(path: &str, map_name: &str, dir: &TempDir, file_name: &str) -> std::path::PathBuf {
+    let maps = documented_config_maps(path);
+    let map = maps.get(map_name).unwrap_or_else(|| panic!("{path}: ConfigMap {map_name}"));
+    for (key, text) in map {
+        dir.write(key, text);
+    }
+    assert!(map.contains_key(file_name), "{path}: ConfigMap {map_name} has a key {file_name}");
+    dir.join(file_name)
+}
+
 /// Checks every wxgate container of `path` against the config its ConfigMap
-/// holds (as the manifest's documented command makes it): the config passes
-/// `wxgate check`, is the shipped rules.toml whole and has a `default` rule; ports,
+/// holds (as the manifest's documented command makes it, every key mounted
+/// beside the config): the config passes `wxgate check`, takes its rules
+/// from the shipped rules.toml (and WeCom's, uncommented, from
+/// rules-wecom.toml) and has a `default` rule; ports,
 /// probes, mount, the admin token and the token key (both from a Secret),
 /// and the Redis Service agree with it; `[store] instances` is left to the
 /// heartbeats; a wxgate beside another container is a native sidecar
@@ -578,8 +667,10 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
             let file_name = Path::new(&config_path).file_name().expect("name").to_str().expect("utf-8");
             let config_text = pod_config(path, map_name, file_name);
             let dir = TempDir::new("kubernetes");
-            assert_checks(&dir.write(file_name, &config_text), &[TOKEN]);
-            assert_shipped_rules(&config_text, &format!("{path}'s ConfigMap {map_name}"));
+            let config_file = pod_config_dir(path, map_name, &dir, file_name);
+            assert_checks(&config_file, &[TOKEN]);
+            assert_shipped_rules(&config_file, &format!("{path}'s ConfigMap {map_name}"));
+            let loaded = load_deployed(&config_file, &config_text, path);
             let config_text = config_text.as_str();
 
             let ports = listeners(config_text, path);
@@ -632,9 +723,9 @@ fn check_kubernetes(path: &str, redis_services: &BTreeSet<String>) -> usize {
                     && !e["valueFrom"]["secretKeyRef"].is_badvalue()),
                 "{path}: WXGATE_REDIS_PASSWORD from a Secret (the shipped Redis requires one)"
             );
-            let rules = config["rule"].as_array().expect("[[rule]]");
-            assert!(
-                rules.iter().any(|r| r["name"].as_str() == Some("default")),
+            assert_eq!(
+                loaded.rule_for("/cgi-bin/no-such-api").map(|r| r.name.to_string()).as_deref(),
+                Some("default"),
                 "{path}: a `default` rule (every other API: penalties only)"
             );
             let url: http::Uri = config["store"]["url"].as_str().expect("[store] url").parse().expect("URL");
@@ -731,16 +822,19 @@ const SDK_CALLERS: &[SdkCaller] = &[
     SdkCaller { config: "deploy/kubernetes-egress.yaml", caller: Some("campaigns"), sdk: "wechat-api", status: 429 },
 ];
 
-/// The config a shipped file serves: a `.toml` itself, a manifest's the
-/// ConfigMap its documented command makes.
-fn served_config(path: &str) -> String {
-    if path.ends_with(".toml") {
-        return read(path);
+/// The config a shipped file serves, written into `dir` with the files it
+/// reads beside it: the image's config directory for the image's config, a
+/// manifest's ConfigMap as its documented command makes it.
+fn served_config(path: &str, dir: &TempDir) -> std::path::PathBuf {
+    if path == "deploy/container.toml" {
+        return image_config_dir(dir);
     }
     let docs = yaml(path);
     let volumes = objects(&docs, "Deployment")[0]["spec"]["template"]["spec"]["volumes"].clone();
     let map_name = text(&volumes[0]["configMap"]["name"], "configMap name").to_owned();
-    pod_config(path, &map_name, "rules.toml")
+    let config = image_config_path();
+    let file_name = Path::new(&config).file_name().and_then(|n| n.to_str()).expect("config file name");
+    pod_config_dir(path, &map_name, dir, file_name)
 }
 
 /// A test key for the shipped caller `name` (the shipped files hold
@@ -775,7 +869,9 @@ fn shipped_on_loopback(config_text: &str, what: &str, upstream: &str) -> String 
 async fn the_shipped_configs_refuse_each_sdks_calls_in_the_shape_that_sdk_reads() {
     for case in SDK_CALLERS {
         let what = format!("{} ({}, {})", case.config, case.caller.unwrap_or("its service"), case.sdk);
-        let shipped = served_config(case.config);
+        let dir = TempDir::new("sdk-shapes");
+        let served = served_config(case.config, &dir);
+        let shipped = std::fs::read_to_string(&served).expect("served config");
         let config: toml::Value = toml::from_str(&shipped).unwrap_or_else(|e| panic!("{what}: {e}"));
         // The caller the config declares for it (a service's own: its
         // [server] caller, if any), and an account it may spend.
@@ -795,7 +891,8 @@ async fn the_shipped_configs_refuse_each_sdks_calls_in_the_shape_that_sdk_reads(
         // and pauses the account's rule; the second call is wxgate's refusal.
         let mock = MockWeChat::start().await;
         mock.respond(|_| support::errcode_reply(45009));
-        let gate = Gate::start_text(shipped_on_loopback(&shipped, &what, &mock.url())).await;
+        std::fs::write(&served, shipped_on_loopback(&shipped, &what, &mock.url())).expect("write");
+        let gate = Gate::start_file(&served).await;
         let bearer = format!("Bearer {}", test_key(name.unwrap_or_default()));
         let mut headers = vec![("x-wx-account", account)];
         if declared.is_some_and(|c| c.contains_key("key_sha256")) {

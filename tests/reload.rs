@@ -245,3 +245,25 @@ async fn an_edited_domain_rules_file_applies() {
     }
     assert_eq!(gate.post(send, "{}").await.status, 429);
 }
+
+/// The file a config's `rules` names is watched like the config: its
+/// edited limits apply without touching the config itself.
+#[tokio::test]
+async fn an_edited_rules_file_applies() {
+    let mock = MockWeChat::start().await;
+    let dir = TempDir::new("reload-rules-key");
+    let shared = dir.join("rules.toml");
+    let shared_rules = |n: u64| rule("menu").matching("/cgi-bin/menu/create").limit(n, "day").to_string();
+    std::fs::write(&shared, shared_rules(1)).expect("write");
+    let path = dir.write("wxgate.toml", &format!("rules = \"rules.toml\"\n{}", ConfigToml::new(&mock.url())));
+    let gate = Gate::start_file(&path).await;
+    assert_eq!(gate.post("/cgi-bin/menu/create", "{}").await.status, 200);
+    assert_eq!(gate.post("/cgi-bin/menu/create", "{}").await.status, 429);
+
+    replace(&shared, &shared_rules(3));
+    eventually("the reload", PATIENCE, || gate.reloads().0 >= 1).await;
+    for _ in 0..2 {
+        assert_eq!(gate.post("/cgi-bin/menu/create", "{}").await.status, 200, "the new quota is 3");
+    }
+    assert_eq!(gate.post("/cgi-bin/menu/create", "{}").await.status, 429);
+}

@@ -132,9 +132,22 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
             )));
         }
     }
-    let penalties = match raw.penalty {
+    // `rules = "..."`: the rules and penalties are that file's, and its
+    // errors are named in it.
+    let (included, rules_from) =
+        match super::domain::include(raw.rules.as_ref(), (&raw.rule, raw.penalty.as_ref()), ctx, &mut warnings)? {
+            Some((file, parsed)) => (Some(file), Some(parsed)),
+            None => (None, None),
+        };
+    let included_ctx = included.as_ref().map(|i| i.ctx(ctx.env));
+    let rules_ctx = included_ctx.as_ref().unwrap_or(ctx);
+    let (own_rules, own_penalties) = match rules_from {
+        Some(file) => (file.rule, file.penalty),
+        None => (std::mem::take(&mut raw.rule), raw.penalty.take()),
+    };
+    let penalties = match own_penalties {
         None => PenaltyPolicy::defaults(),
-        Some(list) => super::penalty::compile(list, ctx)?,
+        Some(list) => super::penalty::compile(list, rules_ctx)?,
     };
     let tokens = compile_tokens(&raw.tokens, ctx.dir).map_err(|e| ctx.in_table(e))?;
     let (redis, state_dir) = match &store {
@@ -147,7 +160,8 @@ fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {
     let mut rules = Rules::new();
     let own = super::domain::Own {
         host: super::domain::own_host(server_domain.as_deref(), &server.upstream).map_err(|e| ctx.in_table(e))?,
-        routes: rules.add(raw.rule, 0, None, (all_shadow, &server), ctx)?,
+        rules_file: included.as_ref().map(|i| i.file.clone()),
+        routes: rules.add(own_rules, 0, None, (all_shadow, &server), rules_ctx)?,
         rules: 0..rules.rules.len(),
         server: &server,
         penalties: &penalties,

@@ -12,14 +12,20 @@
 //! of that file (`[server]`, `[store]`, ...) is for running it alone, and
 //! its `[[penalty]]`s must be this file's (penalties are per errcode, for
 //! every domain): a difference is a warning.
+//!
+//! The file's own rules may be another file's too: `rules = "rules.toml"`
+//! ([`include`]) reads that file's `[[rule]]`s and `[[penalty]]`s as this
+//! file's own, and nothing else of it, so that deployment configs (a
+//! `[server]` and a `[store]` of their own) share the shipped rules.
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use toml::Spanned;
 
 use super::errors::{Ctx, Invalid};
-use super::raw::{RawDomain, RawRulesFile};
+use super::raw::{RawDomain, RawPenalty, RawRulesFile};
 use super::routes::Routes;
 use super::rule::RawRule;
 use super::settings::upstreams;
@@ -86,6 +92,8 @@ pub(super) type AddRules<'a> =
 /// The file's own domain (domain 0).
 pub(super) struct Own<'a> {
     pub host: Arc<str>,
+    /// `rules`: the file its rules are from (`None`: the config itself).
+    pub rules_file: Option<PathBuf>,
     pub routes: Routes,
     pub rules: Range<usize>,
     pub server: &'a Server,
@@ -108,7 +116,7 @@ pub(super) fn compile(
         host: own.host,
         upstream: own.server.upstream.clone(),
         routes: own.routes,
-        rules_file: None,
+        rules_file: own.rules_file,
         rules: own.rules,
     }];
     for (i, d) in raw.into_iter().enumerate() {
@@ -156,6 +164,9 @@ pub(super) fn compile(
             let e = Invalid::new(format!("{} has [[domain]] tables of its own: domains do not nest", file.display()));
             return Err(at("rules", e.field("rules")));
         }
+        if rules_file.rules.is_some() {
+            return Err(at("rules", chained(&file).field("rules")));
+        }
         if let Some(list) = rules_file.penalty {
             let theirs = super::penalty::compile(list, &file_ctx)?;
             if theirs != own.penalties {
@@ -186,7 +197,83 @@ pub(super) fn compile(
     Ok(domains)
 }
 
-/// A `[[domain]]`'s file, its errors named in it.
+/// A config's `rules = "..."`: the file read, whose text the rules' errors
+/// are named in.
+pub(super) struct Included {
+    pub file: PathBuf,
+    pub text: String,
+}
+
+impl Included {
+    pub(super) fn ctx<'a>(&'a self, env: &'a dyn Fn(&str) -> Option<String>) -> Ctx<'a> {
+        Ctx { text: &self.text, path: &self.file, dir: self.file.parent(), env }
+    }
+}
+
+/// `rules = "..."`: the file (relative to the config's directory) whose
+/// `[[rule]]`s and `[[penalty]]`s are this config's. Only those are read:
+/// its `[server]`, `[store]` and every other table are for running it
+/// alone, so what it holds can never set who may call, which accounts
+/// wxgate holds tokens for, or where it listens (a reload that edits it
+/// changes rules and penalties only). Its `[[caller]]`s, `[[account]]`s,
+/// `[[domain]]`s and `[[quota]]`s are named in a warning, since a reader
+/// might expect them to apply. A config that has `[[rule]]`s or
+/// `[[penalty]]`s of its own too is refused: one place says them.
+pub(super) fn include(
+    named: Option<&Spanned<PathBuf>>,
+    own: (&[Spanned<RawRule>], Option<&Vec<Spanned<RawPenalty>>>),
+    ctx: &Ctx<'_>,
+    warnings: &mut Vec<ConfigError>,
+) -> Result<Option<(Included, RawRulesFile)>, ConfigError> {
+    let Some(named) = named else { return Ok(None) };
+    let at = |e: Invalid| ctx.at(named.span(), e.field("rules"));
+    let file = beside_config(ctx.dir, named.get_ref());
+    let own = match (own.0.is_empty(), own.1.is_some()) {
+        (true, false) => None,
+        (false, _) => Some("[[rule]]"),
+        (true, true) => Some("[[penalty]]"),
+    };
+    if let Some(own) = own {
+        return Err(at(Invalid::new(format!(
+            "this file has {own} tables of its own, and its rules and penalties are {}'s: say them in one place              (move them there, or delete `rules`)",
+            file.display()
+        ))));
+    }
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| at(Invalid::new(format!("cannot read {}: {e}", file.display()))))?;
+    let included = Included { file, text };
+    let parsed = read_rules_file(&included.ctx(ctx.env))?;
+    if parsed.rules.is_some() {
+        return Err(at(chained(&included.file)));
+    }
+    let ignored: Vec<&str> = [
+        ("[[caller]]", parsed.caller.is_some()),
+        ("[[account]]", parsed.account.is_some()),
+        ("[[domain]]", parsed.domain.is_some()),
+        ("[[quota]]", parsed.quota.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(table, there)| there.then_some(table))
+    .collect();
+    if !ignored.is_empty() {
+        warnings.push(at(Invalid::new(format!(
+            "{}'s {} are not read: only its [[rule]]s and [[penalty]]s are this file's; give this file its own",
+            included.file.display(),
+            ignored.join(", ")
+        ))));
+    }
+    Ok(Some((included, parsed)))
+}
+
+/// A rules file that takes its own rules from yet another: refused.
+fn chained(file: &Path) -> Invalid {
+    Invalid::new(format!(
+        "{} takes its rules from another file (its own `rules = ...`): name that file here, rules files do not chain",
+        file.display()
+    ))
+}
+
+/// A rules file, its errors named in it.
 fn read_rules_file(ctx: &Ctx<'_>) -> Result<RawRulesFile, ConfigError> {
     let de = toml::Deserializer::parse(ctx.text).map_err(|e| ctx.toml_error(&e))?;
     serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&[], &e))

@@ -324,6 +324,15 @@ fn problem<'m>(msg: &'m str, key: Option<&str>, got: Option<&str>) -> (String, O
     if let Some(rest) = msg.strip_prefix("unknown field `") {
         return match rest.split_once("`, expected ") {
             Some((unknown, list)) => match did_you_mean(unknown, list) {
+                // `rules = "..."` written under a table: TOML puts a key
+                // after a table's header in that table.
+                _ if unknown == "rules" => (
+                    format!(
+                        "unknown key; `rules = \"...\"` (the file this config's rules are read from) is a top-level \
+                         key: write it above the first [table] (expected {list})"
+                    ),
+                    None,
+                ),
                 Some(near) => (format!("unknown key; did you mean `{near}`? (expected {list})"), None),
                 None => (format!("unknown key; expected {list}"), None),
             },
@@ -405,6 +414,7 @@ fn expected_words(expected: &str, key: Option<&str>, out_of_range: bool, negativ
             ) => "a duration in quotes, such as \"10s\"".into(),
             Some("per") => "a window in quotes, such as \"1m\", or \"day\" or \"month\"".into(),
             Some("max_body" | "max_queued_bytes") => "a size in quotes, such as \"64MiB\"".into(),
+            Some("rules") => "a file name in quotes, such as \"rules.toml\" (one rule is a [[rule]] table)".into(),
             _ => "a string".into(),
         },
         "a boolean" => "true or false".into(),
@@ -552,10 +562,20 @@ mod tests {
     #[test]
     fn unknown_and_missing_keys_are_named_where_they_belong() {
         assert_eq!(
-            error("[rules]\nname = \"x\"\n"),
-            "t.toml:1: rules: unknown key; did you mean `rule`? (expected one of `server`, `store`, `penalty`, \
+            error("[rul]\nname = \"x\"\n"),
+            "t.toml:1: rul: unknown key; did you mean `rule`? (expected one of `rules`, `server`, `store`, `penalty`, \
              `rule`, `log`, `caller`, `tokens`, `intercept`, `account`, `domain`, `queue`, `directory`, `quota`, `telemetry`)"
         );
+        // `rules` names a file; a slip for `[[rule]]` is told so.
+        assert_eq!(
+            error("[rules]\nname = \"x\"\n"),
+            "t.toml:1: rules: expected a file name in quotes, such as \"rules.toml\" (one rule is a [[rule]] table), \
+             got a table"
+        );
+        // Written under a table's header, it is that table's key.
+        let under = error("[log]\nrules = \"rules.toml\"\n");
+        assert!(under.starts_with("t.toml:2: [log] rules: unknown key; `rules = \"...\"`"), "{under}");
+        assert!(under.contains("top-level key: write it above the first [table]"), "{under}");
         assert_eq!(
             error(&format!("{RULE}limits = [{{ count = 1, per = \"1m\", brust = 1 }}]\n")),
             "t.toml:4: rule \"send\": limits[0].brust: unknown key; did you mean `burst`? (expected one of `count`, \

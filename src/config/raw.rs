@@ -9,6 +9,9 @@ use toml::Spanned;
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
+    /// `rules = "rules.toml"`: the file this config's `[[rule]]`s and
+    /// `[[penalty]]`s are read from (src/config/domain.rs, [`super::domain::include`]).
+    pub rules: Option<Spanned<PathBuf>>,
     #[serde(default)]
     pub server: RawServer,
     /// Read by its `kind` ([`super::store::RawStore::read`]).
@@ -48,11 +51,12 @@ pub(super) struct RawDomain {
     pub rules: PathBuf,
 }
 
-/// A `[[domain]]`'s rules file, as a domain reads it: its `[[rule]]`s
-/// (every key checked) and its `[[penalty]]`s (compared with the
-/// config's); its `[[quota]]`s only to warn that they apply to it alone;
-/// the rest of the file (its `[server]`, `[store]`, ...) is for running it
-/// alone.
+/// A rules file (a `[[domain]]`'s `rules`, or the config's own `rules`),
+/// as it is read: its `[[rule]]`s (every key checked) and its
+/// `[[penalty]]`s; its `[[domain]]`s, `[[quota]]`s, `[[caller]]`s and
+/// `[[account]]`s only to say that they are not read from there, and its
+/// `rules` to refuse a chain; the rest of the file (its `[server]`,
+/// `[store]`, ...) is for running it alone, and never read.
 #[derive(Debug, Deserialize)]
 pub(super) struct RawRulesFile {
     #[serde(default)]
@@ -60,6 +64,9 @@ pub(super) struct RawRulesFile {
     pub penalty: Option<Vec<Spanned<RawPenalty>>>,
     pub domain: Option<toml::Value>,
     pub quota: Option<toml::Value>,
+    pub caller: Option<toml::Value>,
+    pub account: Option<toml::Value>,
+    pub rules: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize, Default)]

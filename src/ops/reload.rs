@@ -153,7 +153,8 @@ async fn load(app: &App, path: &Path) -> Result<(), ReloadError> {
     Ok(())
 }
 
-/// Watches `path` (and the rules files of its `[[domain]]`s as it started)
+/// Watches `path` (and the rules files it names, `rules` and its
+/// `[[domain]]`s', as it started)
 /// and listens for SIGHUP, reloading on either, until the app is dropped.
 /// Failing to watch is logged; SIGHUP still works.
 pub fn spawn(app: Weak<App>, path: PathBuf) {
