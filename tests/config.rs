@@ -1071,3 +1071,24 @@ fn a_directory_rule_without_a_wecom_account_is_warned_of() {
     let (code, _, stderr) = check_text("directory-account", &format!("{rules}{app}"), &[TEST_SECRET]);
     assert_eq!((code, stderr.as_str()), (0, ""));
 }
+
+/// `wxgate check deploy/sim.toml` said `api: unknown key` (issue 65): a
+/// `wxgate sim` file given as wxgate's config says what it is and the
+/// command that reads it, at check and at start-up alike; a wxgate config
+/// with one stray `[[api]]` still gets the unknown key.
+#[test]
+fn a_sim_file_given_as_the_config_says_it_is_one_and_how_to_run_it() {
+    let (code, stdout, stderr) = wxgate(&["check", "--config", "deploy/sim.toml"]);
+    assert_eq!((code, stdout.as_str()), (2, ""), "{stderr}");
+    assert_eq!(
+        stderr,
+        "wxgate: invalid config: deploy/sim.toml: this is a `wxgate sim` file (the simulated WeChat's [sim] and \
+         [[api]]), not wxgate's config: run `wxgate sim --config deploy/sim.toml`\n"
+    );
+    let (code, _, serve_err) = wxgate(&["--config", "deploy/sim.toml"]);
+    assert_eq!((code, serve_err), (2, stderr));
+    let stray = "[server]\nlisten = \"127.0.0.1:0\"\n\n[[api]]\npath = \"/cgi-bin/token\"\n";
+    let (code, _, stderr) = check_text("stray-api", stray, &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("DIR/rules.toml:4: api: unknown key"), "{stderr}");
+}
