@@ -1142,8 +1142,19 @@ fn docs_configuration_names_every_key_of_every_table() {
     let doc = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"))
         .expect("docs/configuration.md");
     let tables = [
-        "[server]", "[store]", "[tokens]", "[[account]]", "[directory]", "[log]", "[telemetry]", "[intercept]",
-        "[[penalty]]", "[[rule]]", "[[quota]]", "[[domain]]", "[queue]",
+        "[server]",
+        "[store]",
+        "[tokens]",
+        "[[account]]",
+        "[directory]",
+        "[log]",
+        "[telemetry]",
+        "[intercept]",
+        "[[penalty]]",
+        "[[rule]]",
+        "[[quota]]",
+        "[[domain]]",
+        "[queue]",
     ];
     let mut missing = Vec::new();
     for table in tables {

@@ -335,7 +335,8 @@ pub(super) async fn delivery(q: &Shared, host: &dyn Host, caller: &str, id: &str
     let now = host.core().clock.now_us();
     let names = kept_under(host, caller);
     let not_found = || {
-        let undeclared = if names.len() > 1 { format!(" (undeclared: looked under \"{OTHER}\" too)") } else { String::new() };
+        let undeclared =
+            if names.len() > 1 { format!(" (undeclared: looked under \"{OTHER}\" too)") } else { String::new() };
         error(StatusCode::NOT_FOUND, format!("caller \"{caller}\"{undeclared} has no delivery {id}"))
     };
     // The one name of the ones it may be under that holds the job.
