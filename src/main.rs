@@ -151,7 +151,8 @@ fn main() -> ExitCode {
         }
         Err(_) => None,
     };
-    let config = match Config::load_with_env(&cli.config, &env) {
+    let loaded = if check { check_load(&cli.config, &env) } else { Config::load(&cli.config).map(|c| (c, None)) };
+    let (config, admin_warning) = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("wxgate: invalid config: {e}");
@@ -159,15 +160,18 @@ fn main() -> ExitCode {
         }
     };
     if check {
-        let started = match check_start(&config) {
+        let mut started = match check_start(&config) {
             Ok(started) => started,
             Err(e) => {
                 eprintln!("wxgate: invalid config: {}: {e}", config.source.display());
                 return ExitCode::from(2);
             }
         };
-        let mut started = started;
-        started.warnings.extend(unset.borrow().iter().map(|name| {
+        started.warnings.splice(0..0, admin_warning);
+        let mut unset = unset.borrow().clone();
+        unset.sort_unstable();
+        unset.dedup();
+        started.warnings.extend(unset.iter().map(|name| {
             let try_sets = if name == TRY_SECRET_ENV { " (`wxgate try` sets it itself)" } else { "" };
             format!(
                 "the environment variable {name} (an [[account]]'s secret_env) is not set here: start-up refuses the \
@@ -181,6 +185,38 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     run(config)
+}
+
+/// The variable start-up reads the admin token from when `[server]
+/// admin_token` is not given.
+const ADMIN_TOKEN_ENV: &str = "WXGATE_ADMIN_TOKEN";
+
+/// The config as `wxgate check` reads it. The admin token, like the token
+/// key ([`check_start`]), is usually a secret of the serving environment
+/// only, which a check in CI cannot see: a config that loads only with
+/// `WXGATE_ADMIN_TOKEN` set (an admin listener beyond loopback, no
+/// `admin_token`) is checked as loaded with it, with a warning naming what
+/// start-up needs (start-up itself still refuses it, exit 2).
+fn check_load(
+    path: &std::path::Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Config, Option<String>), wxgate::config::ConfigError> {
+    let here = Config::load_with_env(path, env);
+    let Err(e) = here else { return here.map(|c| (c, None)) };
+    if std::env::var_os(ADMIN_TOKEN_ENV).is_some() {
+        return Err(e);
+    }
+    // As loaded where the token is set (a stand-in, never used).
+    std::env::set_var(ADMIN_TOKEN_ENV, "stand-in");
+    let with_token = Config::load_with_env(path, env);
+    std::env::remove_var(ADMIN_TOKEN_ENV);
+    // Refused with the token set too: what fails whatever the environment.
+    let config = with_token?;
+    let warning = format!(
+        "{ADMIN_TOKEN_ENV} is not set here and [server] admin_token is not given, so start-up here fails (exit 2): \
+         \"{e}\"; set {ADMIN_TOKEN_ENV} where wxgate runs"
+    );
+    Ok((config, Some(warning)))
 }
 
 /// What `wxgate check` learns by building what start-up builds.

@@ -161,6 +161,7 @@ async fn serve(
 /// never forwarded.
 async fn component(app: &App, call: &mut Call, mut req: Request<Incoming>) -> Result<Response<RelayBody>, Early> {
     identify::caller(app, call, &mut req)?;
+    call.route.local = true;
     Ok(app.features.serve(app, &call.who.caller, req).await?)
 }
 

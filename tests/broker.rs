@@ -535,6 +535,40 @@ async fn a_platforms_component_and_authorizer_tokens_are_cached_and_its_secret_c
     assert_eq!(bucket["limits"][0]["used"], 1, "{bucket}");
 }
 
+/// The console's token card (`/v1/health`): the renewal task's first fetch
+/// of an account's token (at start, no call asking) is a fetch, never a
+/// renewal ("fetched 0 · renewed 1" was shown, issue 65); the fetch ahead
+/// of its expiry is a fetch and a renewal.
+#[tokio::test]
+async fn the_first_fetch_of_an_accounts_token_is_counted_fetched_and_its_renewal_renewed() {
+    let (mock, tokens) = wechat(0).await;
+    let dir = TempDir::new("broker-first-fetch");
+    let held = account(&dir, APPID, "official_account", SECRET, "token_api = \"token\"");
+    let gate = Gate::start_text(ConfigToml::new(&mock.url()).with(rules()).with(held)).await;
+    let card = async || {
+        let health = support::admin(gate.admin_addr(), "GET", "/v1/health", None).await.json();
+        (health["tokens"]["fetched"].as_u64(), health["tokens"]["renewed"].as_u64())
+    };
+    let mut shown = (None, None);
+    eventually_async("the first fetch counted", PATIENCE, async || {
+        shown = card().await;
+        shown != (Some(0), Some(0))
+    })
+    .await;
+    assert_eq!(shown, (Some(1), Some(0)), "(fetched, renewed) after the first fetch");
+    // A call carries that token (waiting for its fetch if under way): it is stored.
+    assert_eq!(gate.get_as(APPID, &format!("{INFO}?openid=o1")).await.json()["errcode"], 0);
+    assert_eq!(tokens.fetches("token"), 1);
+    gate.advance(Duration::from_secs(7200 - 280));
+    eventually_async("renewed", PATIENCE, async || {
+        shown = card().await;
+        shown.1 == Some(1)
+    })
+    .await;
+    assert_eq!(shown, (Some(2), Some(1)), "(fetched, renewed) after the renewal");
+    assert_eq!(gate.metric(RENEWED).await, Some(1.0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_with_an_injected_clock_the_token_is_renewed_ahead_of_expiry() {
     let redis = RedisServer::start();

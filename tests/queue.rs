@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::queue::{gate, msgid, queued, queued_at, queued_with, slow_wechat, submit, until_state, wechat, ASYNC};
 use support::temp::TempDir;
 use support::tokens::{account_toml, APPID, SECRET};
-use support::{caller, eventually_async, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
+use support::{caller, eventually_async, eventually_some, rule, ConfigToml, Gate, MockWeChat, Reply, PATIENCE};
 
 const SEND: &str = "/cgi-bin/message/template/send";
 
@@ -989,4 +989,61 @@ async fn a_jobs_end_the_store_could_not_take_at_once_is_written_when_it_answers_
         assert_eq!(done["attempts"], 1, "{done}");
     }
     assert_eq!(sends(&mock), 4, "each once");
+}
+
+/// A call that names no caller (the access log's `caller="default"`,
+/// `caller_label="other"`): the admin API finds its delivery by either
+/// name; the proxy listener's `Location` path asked of the admin listener
+/// says where it is served and which admin route to use; the caller's own
+/// `GET /v1/deliveries` is logged as answered by wxgate and counted as no
+/// call of WeChat's (issue 65).
+#[tokio::test]
+async fn an_unnamed_callers_delivery_is_found_by_the_name_its_log_line_shows_and_the_proxy_path_says_where_it_lives() {
+    let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
+    let dir = TempDir::new("queue-unnamed");
+    let queue = format!("[queue]\nfile = \"{}\"\n", dir.path().join("queue.db").display());
+    let text = ConfigToml::new(&mock.url())
+        .with("[log]\nformat = \"json\"\n")
+        .with(rules(100, "day"))
+        .with(account_toml(&dir, APPID, "official_account", SECRET, ""))
+        .with(queue);
+    let wx = support::process::spawn(&text.to_string(), "queue-unnamed", &[]).expect("serving");
+    let admin = wx.admin.expect("an admin listener");
+    let post = http::Request::post(wx.url(&format!("/@{APPID}{SEND}")))
+        .header(ASYNC.0, ASYNC.1)
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .expect("request");
+    let a = support::send(post).await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    let id = a.json()["delivery"].as_str().expect("an id").to_owned();
+    let location = a.header("location").expect("a Location").to_owned();
+    assert_eq!(wx.get("/v1/deliveries").await.status, 200);
+
+    let there = support::admin(admin, "GET", &location, None).await;
+    assert_eq!(there.status, 404);
+    let why = there.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(why.starts_with(&format!("{location} is served on the proxy listener")), "{why}");
+    assert!(why.contains(&format!("GET or DELETE /v1/deliveries/{{caller}}/{id}")), "{why}");
+
+    let field = |v: &serde_json::Value, f: &str| v[f].as_str().unwrap_or_default().to_owned();
+    let line_of = |path: &str| {
+        let logged = wx.logged();
+        logged
+            .lines()
+            .filter(|l| l.contains("wxgate::access"))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object per line"))
+            .find(|v| field(v, "path") == path)
+    };
+    let queued = eventually_some("the queued call's log line", PATIENCE, || line_of(SEND)).await;
+    assert_eq!((field(&queued, "caller"), field(&queued, "caller_label")), ("default".into(), "other".into()));
+    let listed = eventually_some("the list's log line", PATIENCE, || line_of("/v1/deliveries")).await;
+    assert_eq!(field(&listed, "outcome"), "answered", "answered by wxgate, never forwarded: {listed}");
+    let forwarded = r#"wxgate_calls_total{rule="_none",outcome="forwarded"}"#;
+    assert_eq!(wx.metric(forwarded).await.unwrap_or(0.0), 0.0, "no call of WeChat's");
+
+    for name in ["default", "other"] {
+        let job = support::admin(admin, "GET", &format!("/v1/deliveries/{name}/{id}"), None).await;
+        assert_eq!(job.status, 200, "as {name}: {}", job.text());
+        assert_eq!(job.json()["caller"], "other", "kept under the metrics label of undeclared callers");
+    }
 }

@@ -90,9 +90,29 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let ctx = Ctx { text, path, dir, env };
         let de = toml::Deserializer::parse(text).map_err(|e| ctx.toml_error(&e))?;
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| ctx.serde_error(&[], &e))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(de)
+            .map_err(|e| sim_file(&ctx).unwrap_or_else(|| ctx.serde_error(&[], &e)))?;
         compile(raw, &ctx)
     }
+}
+
+/// The top-level keys of `wxgate sim`'s file (`[sim]`, `[[api]]`), which
+/// wxgate's config has none of.
+const SIM_KEYS: [&str; 2] = ["sim", "api"];
+
+/// A `wxgate sim` file given as wxgate's config (every top-level key the
+/// simulator's, such as deploy/sim.toml): said in those words, with the
+/// command that reads it, instead of `api: unknown key`.
+fn sim_file(ctx: &Ctx<'_>) -> Option<ConfigError> {
+    let table: toml::Table = ctx.text.parse().ok()?;
+    let sim = !table.is_empty() && table.keys().all(|k| SIM_KEYS.contains(&k.as_str()));
+    sim.then(|| {
+        ctx.plain(format!(
+            "this is a `wxgate sim` file (the simulated WeChat's [sim] and [[api]]), not wxgate's config: run \
+             `wxgate sim --config {}`",
+            ctx.path.display()
+        ))
+    })
 }
 
 fn compile(mut raw: RawConfig, ctx: &Ctx<'_>) -> Result<Config, ConfigError> {

@@ -461,6 +461,9 @@ async fn obtain(
                     });
                 }
                 let won = Fetch::new(cache.clone(), slot, holder, kind(account.token_api), account.name.to_string());
+                // Sent to WeChat for the account's secret: a fetch, as a
+                // caller's token request that won its slot is.
+                cache.metrics.fetched.inc();
                 let (token, expires_in) = fetch::fetch(env, config, account, won).await?;
                 let left_us = expires_in.saturating_mul(1_000_000);
                 hold(env.core, cache, account, &token, left_us);
@@ -495,14 +498,22 @@ pub async fn renew(broker: &Broker, env: Env<'_>, config: &Arc<Config>, state: &
             continue;
         }
         let ahead = state.lifetime.get(&account.name).map_or(RENEW_AHEAD_US, |l| (l / 10).min(RENEW_AHEAD_US));
+        // A fetch renews a token only if this instance held one: the first
+        // (at start, or after WeChat rejected the one held) is a fetch,
+        // counted as one in `obtain`, never as a renewal.
+        let held = cache.held.read().unwrap_or_else(|e| e.into_inner()).contains_key(&account.name);
         let next = match obtain(env, cache, config, account, ahead, -1, false).await {
             Ok(Some(got)) => {
                 state.errors.remove(&account.name);
                 if got.fetched {
-                    cache.metrics.renewal("renewed");
                     let longest = state.lifetime.entry(account.name.clone()).or_default();
                     *longest = (*longest).max(got.left_us);
-                    tracing::info!(account = %account.name, "renewed the account's token ahead of expiry");
+                    if held {
+                        cache.metrics.renewal("renewed");
+                        tracing::info!(account = %account.name, "renewed the account's token ahead of expiry");
+                    } else {
+                        tracing::info!(account = %account.name, "fetched the account's token");
+                    }
                 }
                 // A renewal that got a token already due (stable_token gives
                 // the current one until its last 5 minutes) waits a while.

@@ -200,6 +200,7 @@ impl Component for Queue {
             (&Method::DELETE, ["deliveries", caller, id]) => {
                 Some(routes::delivery(&self.shared, host, caller, id, true).await)
             }
+            (_, ["deliveries"] | ["deliveries", _]) => Some(routes::proxy_only(host, path)),
             _ => None,
         }
     }

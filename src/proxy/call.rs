@@ -83,6 +83,10 @@ pub struct Routed {
     pub rule: Option<Arc<Rule>>,
     /// The rule's metrics (the `_none` series without a rule).
     pub metrics: Option<Arc<RuleMetrics>>,
+    /// A route wxgate answers itself (queued delivery's `/v1/deliveries`),
+    /// its caller identified: never forwarded, not a call of WeChat's API
+    /// (logged as `answered`, counted in no call series).
+    pub local: bool,
 }
 
 /// Set by decide.

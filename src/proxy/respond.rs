@@ -24,18 +24,30 @@ pub fn refuse(call: &mut Call, e: ProxyError) -> Response<RelayBody> {
     e.into_response_for(call.route.rule.as_deref(), &call.arrived.config, caller_status)
 }
 
+/// The access log's `outcome` of a request to a route wxgate answers
+/// itself ([`super::call::Routed::local`]): no call of WeChat's, whatever
+/// its status.
+pub const ANSWERED: &str = "answered";
+
 /// Counts the call once (under its rule; a client's call under its
-/// caller too) and writes a client's call's access-log line.
+/// caller too) and writes a client's call's access-log line. A request to
+/// a route wxgate answers itself is logged (outcome [`ANSWERED`]) and
+/// counted in no call series: `wxgate_calls_total` counts calls of
+/// WeChat's API only.
 pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
     let rule = call.route.rule.as_ref().map_or(NO_RULE, |r| &*r.name);
-    match &call.route.metrics {
-        Some(m) => m.call(call.outcome),
-        None => app.core.metrics.rule(rule).call(call.outcome),
+    if !call.route.local {
+        match &call.route.metrics {
+            Some(m) => m.call(call.outcome),
+            None => app.core.metrics.rule(rule).call(call.outcome),
+        }
     }
     if call.who.own {
         return;
     }
-    call.who.caller.entry.metrics.call(call.outcome);
+    if !call.route.local {
+        call.who.caller.entry.metrics.call(call.outcome);
+    }
     if let Some(host) = &call.arrived.intercepted {
         host.calls.inc();
     }
@@ -51,7 +63,7 @@ pub fn count_and_log(app: &App, call: &Call, status: http::StatusCode) {
             // Its metrics label: the declared name, or `other` (so a log
             // line of `caller=default` is found under `caller="other"`).
             caller_label = call.who.caller.entry.label(),
-            outcome = call.outcome.as_str(),
+            outcome = if call.route.local { ANSWERED } else { call.outcome.as_str() },
             status = status.as_u16(),
             errcode = call.errcode,
             upstream = call.sent.upstream.as_ref().map(|(u, i)| u.name(*i)),

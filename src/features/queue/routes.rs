@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::state::{Shared, SUMMARY_FOR};
-use crate::admit::callers::Caller;
+use crate::admit::callers::{Caller, OTHER};
 use crate::config::valid_account;
 use crate::error::ProxyError;
 use crate::features::component::{AdminAnswer, Host};
@@ -283,7 +283,45 @@ pub(super) async fn queues(q: &Shared, host: &dyn Host) -> AdminAnswer {
     (StatusCode::OK, json!({ "on": true, "queues": list }))
 }
 
-/// `GET` (or with `cancel`, `DELETE`) `/v1/deliveries/{caller}/{id}`.
+/// The admin listener's answer to the proxy listener's own paths
+/// (`/v1/deliveries`, `/v1/deliveries/<id>`, as a 202's `Location` gives
+/// them): 404 saying where they are served and which admin route finds a
+/// delivery here.
+pub(super) fn proxy_only(host: &dyn Host, path: &[&str]) -> AdminAnswer {
+    let listen = host.config().server.listen;
+    let id = path.get(1).copied().unwrap_or("{id}");
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "{PREFIX}{} is served on the proxy listener ([server] listen {listen}), to the caller that queued it (its key or \
+             X-Wx-Caller, as on its calls); on this admin listener: GET or DELETE {PREFIX}/{{caller}}/{id} \
+             (the caller as the access log's `caller` names it; every undeclared caller's are also under \
+             \"{OTHER}\") and GET /v1/queues",
+            path.get(1).map(|id| format!("/{id}")).unwrap_or_default(),
+        ),
+    )
+}
+
+/// The names a job of `caller` (as the admin route names it) may be kept
+/// under, the likeliest first. Jobs are kept under the caller's metrics
+/// label ([`crate::admit::callers::Entry::label`]): a declared caller's
+/// name, else [`OTHER`] for every undeclared one, so the name the access
+/// log's `caller` shows for an undeclared caller (`default` for a call
+/// naming none) finds its jobs under `other`. The name as given comes
+/// second: the jobs of a caller declared when they were queued and
+/// undeclared since.
+fn kept_under<'a>(host: &dyn Host, caller: &'a str) -> Vec<&'a str> {
+    let declared = caller == OTHER || host.config().callers.iter().any(|p| *p.name == *caller);
+    if declared {
+        vec![caller]
+    } else {
+        vec![OTHER, caller]
+    }
+}
+
+/// `GET` (or with `cancel`, `DELETE`) `/v1/deliveries/{caller}/{id}`:
+/// `caller` is the declared name, or any undeclared caller's name (its
+/// jobs are under [`OTHER`]), or `other`.
 pub(super) async fn delivery(q: &Shared, host: &dyn Host, caller: &str, id: &str, cancel: bool) -> AdminAnswer {
     let Some(jobs) = q.jobs.get().cloned() else {
         return error(StatusCode::NOT_FOUND, "queued delivery is off");
@@ -295,7 +333,25 @@ pub(super) async fn delivery(q: &Shared, host: &dyn Host, caller: &str, id: &str
         return error(StatusCode::BAD_REQUEST, "a delivery id is 32 hex digits, as its 202 answer gave it");
     };
     let now = host.core().clock.now_us();
-    let not_found = || error(StatusCode::NOT_FOUND, format!("caller \"{caller}\" has no delivery {id}"));
+    let names = kept_under(host, caller);
+    let not_found = || {
+        let undeclared =
+            if names.len() > 1 { format!(" (undeclared: looked under \"{OTHER}\" too)") } else { String::new() };
+        error(StatusCode::NOT_FOUND, format!("caller \"{caller}\"{undeclared} has no delivery {id}"))
+    };
+    // The one name of the ones it may be under that holds the job.
+    let mut found = None;
+    for name in &names {
+        match jobs.get(name, id).await {
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
+            Ok(Some(_)) => {
+                found = Some(*name);
+                break;
+            }
+            Ok(None) => {}
+        }
+    }
+    let Some(caller) = found else { return not_found() };
     if cancel {
         match jobs.cancel(caller, id, now).await {
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e),
@@ -321,6 +377,7 @@ pub(super) async fn delivery(q: &Shared, host: &dyn Host, caller: &str, id: &str
                 fields.remove("errcode");
                 fields.remove("errmsg");
             }
+            // The name it is kept under: the caller's metrics label.
             v["caller"] = json!(caller);
             (StatusCode::OK, v)
         }

@@ -387,7 +387,7 @@ pub(super) fn tokens(registry: &mut Registry) -> TokenMetrics {
     };
     registry.register(
         "token_requests",
-        "Token requests by source: cache (answered by wxgate's token cache), fetched (the one request sent to WeChat for its appid and secret), passed (sent without the cache), timeout (waited [tokens] wait for another's fetch: 503)",
+        "Token requests by source: cache (answered by wxgate's token cache), fetched (the one request sent to WeChat for its appid and secret: a caller's, or wxgate's own for an [[account]]), passed (sent without the cache), timeout (waited [tokens] wait for another's fetch: 503)",
         token_requests,
     );
     registry.register(

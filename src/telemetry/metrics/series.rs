@@ -20,7 +20,8 @@ pub struct TokenMetrics {
     /// Token requests answered from the cache (at once or after waiting
     /// for another request's fetch, whose refusal they get if WeChat refused it).
     pub from_cache: Counter,
-    /// Token requests that went to WeChat as their slot's one fetch.
+    /// Token requests that went to WeChat as their slot's one fetch: a
+    /// caller's, or wxgate's own for an `[[account]]` (renewals included).
     pub fetched: Counter,
     /// Token requests that went to WeChat without the cache (not
     /// cacheable, or the store could not answer).
