@@ -740,8 +740,12 @@ async fn a_job_behind_a_waiting_head_expires_at_its_deadline_not_when_it_reaches
         let (mock, _tokens) = wechat(|_, n| msgid(n)).await;
         let dir = TempDir::new(&format!("queue-deadline-{}", store.name()));
         let gate = store.gate(&mock, &dir, rules(2, "day"), "").await;
-        // Two sent; the third heads the queue, waiting for the next quota day.
-        let ids = queue_n(&gate, "default", "d", 3).await;
+        // Two sent; the third heads the queue, waiting for the next quota day
+        // (one recipient, so one lane: they go in order).
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(queued(&gate, "default", SEND, r#"{"touser":"d"}"#).await);
+        }
         until_state(&gate, "default", &ids[1], "sent").await;
         until_state(&gate, "default", &ids[2], "waiting").await;
         // Behind it, one that must go within two minutes.

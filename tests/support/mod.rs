@@ -48,7 +48,7 @@ pub mod wire;
 #[allow(unused_imports)]
 pub use config::{caller, key_sha256, midday_timezone, penalty, rule, CallerToml, ConfigToml, RuleToml, StoreToml};
 #[allow(unused_imports)]
-pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, PATIENCE};
+pub use poll::{eventually, eventually_async, eventually_some, eventually_some_async, within_async, PATIENCE};
 #[allow(unused_imports)]
 pub use temp::TempDir;
 #[allow(unused_imports)]

@@ -73,15 +73,23 @@ pub async fn eventually_async(what: &str, limit: Duration, mut cond: impl AsyncF
 }
 
 /// Like [`eventually_some`], for a probe that has to await.
-pub async fn eventually_some_async<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+pub async fn eventually_some_async<T>(what: &str, limit: Duration, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    match within_async(limit, probe).await {
+        Some(v) => v,
+        None => give_up(what, limit),
+    }
+}
+
+/// Like [`within`], for a probe that has to await.
+pub async fn within_async<T>(limit: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     let mut pause = Pause::default();
     loop {
         if let Some(v) = probe().await {
-            return v;
+            return Some(v);
         }
         if start.elapsed() >= limit {
-            give_up(what, limit);
+            return None;
         }
         pause.next().await;
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::backing::Backing;
 use super::temp::TempDir;
 use super::tokens::{account_toml, WeChatTokens, APPID, SECRET};
-use super::{eventually_async, ConfigToml, Gate, MockWeChat, Recorded, Reply, PATIENCE};
+use super::{eventually_async, within_async, ConfigToml, Gate, MockWeChat, Recorded, Reply, PATIENCE};
 
 /// Asks for queued delivery.
 pub const ASYNC: (&str, &str) = ("prefer", "respond-async");
@@ -169,10 +169,11 @@ fn delivery(a: super::Answer) -> String {
 pub async fn until_state(gate: &Gate, caller: &str, id: &str, state: &str) -> serde_json::Value {
     let path = format!("/v1/deliveries/{id}");
     let mut last = serde_json::Value::Null;
-    eventually_async(&format!("delivery {id} {state}"), PATIENCE, async || {
+    let seen = within_async(PATIENCE, async || {
         last = gate.get_with(&path, &[("x-wx-caller", caller)]).await.json();
-        last["state"] == state
+        (last["state"] == state).then_some(())
     })
     .await;
+    assert!(seen.is_some(), "delivery {id} not {state} within {PATIENCE:?}; last seen: {last}");
     last
 }
