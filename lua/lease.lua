@@ -12,10 +12,14 @@
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  units wanted (0: none; the caller passes 0 for a rule leases do
 --          not support: a concurrency cap, max_share, per_recipient, warm-up)
--- ARGV[4]  the lease's longest span, µs
--- ARGV[5]  this instance's id ("" = none): its own count of each calendar
---          quota (<field>.m.<id>, lua/acquire.lua) goes up with the lease,
---          which becomes its last lease of the pair (le.<id>, lu.<id>)
+-- ARGV[4]  the lease's longest span, µs; -1: a reserve (the calendar quotas
+--          only, until their period's end; no window booked, le and lc
+--          untouched: src/limit/lease.rs "Reserves")
+-- ARGV[5]  the lease's record: this instance's id ("" = none), and "#r"
+--          after it for a reserve. The instance's own count of each
+--          calendar quota (<field>.m.<id>, lua/acquire.lua) goes up with the
+--          lease, which becomes the record's last lease of the pair
+--          (le.<record>, lu.<record>)
 -- ARGV[6]  number of limits L, then the rule's limits, five values each, as
 --          acquire.lua takes them: kind, field, a, b, r ("w"/"wl": T, τ;
 --          "day"/"month": count, learn-both; r: what a normal caller leaves)
@@ -34,7 +38,9 @@ local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local span = tonumber(ARGV[4])
-local inst = ARGV[5]
+local reserve = span < 0
+local rec = ARGV[5]
+local inst = string.match(rec, '^[^#]*')
 local nl = tonumber(ARGV[6])
 -- Checked as acquire.lua checks it: Redis lost its data, re-seed first.
 if #KEYS > 1 and redis.call('GET', KEYS[2]) ~= ARGV[7 + 5 * nl] then return 'E' end
@@ -55,18 +61,23 @@ if (v.pu or 0) > now then return '0' end
 
 -- The lease ends with its span and with the current period of every calendar quota.
 local untl = now + span
+if reserve then untl = 1e18 end
 for _, l in ipairs(limits) do
   if l.kind ~= 'w' then
     local _, nxt = period(l.kind, now, off)
     if nxt - 1 < untl then untl = nxt - 1 end
   end
 end
+-- A reserve of a rule without a calendar quota holds nothing.
+if untl >= 1e18 then return '0' end
 
 -- How many units every limit holds.
 local units = want
 for _, l in ipairs(limits) do
   local room
-  if l.kind == 'w' then
+  if l.kind == 'w' and reserve then
+    room = units
+  elseif l.kind == 'w' then
     if l.learn then
       local lu = v[l.f .. '.lu']
       if lu and lu > now then
@@ -114,7 +125,9 @@ local function put(f, x)
 end
 local mine = v
 for i, l in ipairs(limits) do
-  if l.kind == 'w' then
+  if l.kind == 'w' and reserve then
+    ends[#ends + 1] = '0'
+  elseif l.kind == 'w' then
     if l.learn and (v[l.f] == nil or v[l.f] < now) then put(l.f .. '.r', now) end
     local e = l.v0 + units * l.a
     put(l.f, e)
@@ -148,7 +161,7 @@ for i, l in ipairs(limits) do
     if keep - now > ttl then ttl = keep - now end
   end
 end
-put('lc', now)
+if not reserve then put('lc', now) end
 -- The instance's last lease: this one replaces it (the instance takes its
 -- next lease only once the last is spent or over, so only this one may
 -- still send: what clear.lua keeps); the records of leases over go.
@@ -159,11 +172,13 @@ for f, x in pairs(v) do
     put('lu.' .. who, false)
   end
 end
-put('le.' .. inst, untl)
-put('lu.' .. inst, units)
-local le = v.le or 0
-if untl > le then le = untl end
-put('le', le)
+put('le.' .. rec, untl)
+put('lu.' .. rec, units)
+if not reserve then
+  local le = v.le or 0
+  if untl > le then le = untl end
+  put('le', le)
+end
 -- The key's TTL, as acquire.lua keeps it (never shortened).
 local ms = math.floor(ttl / 1000) + 1000
 local lives = -1

@@ -6,8 +6,9 @@
 -- ARGV[1]  now in microseconds, or "" to use Redis TIME (only tests pass a time)
 -- ARGV[2]  quota_timezone offset from UTC, µs
 -- ARGV[3]  units given back
--- ARGV[4]  this instance's id ("" = none): its own count of a calendar
---          quota (<field>.m.<id>) goes down with the count
+-- ARGV[4]  the lease's record (lease.lua's ARGV[5]): this instance's id
+--          ("" = none), "#r" after it for a reserve; the instance's own
+--          count of a calendar quota (<field>.m.<id>) goes down with the count
 -- ARGV[5]  the lease's end (until), which names it: while it is the
 --          instance's last (le.<id>), the units leave lu.<id> too (what
 --          clear.lua keeps counted)
@@ -30,16 +31,17 @@ if not exists then return 0 end
 local now = store_now(ARGV[1])
 local off = tonumber(ARGV[2])
 local unspent = tonumber(ARGV[3])
-local inst = ARGV[4]
+local rec = ARGV[4]
+local inst = string.match(rec, '^[^#]*')
 local untl = tonumber(ARGV[5])
 local at = tonumber(ARGV[6])
 local nb = tonumber(ARGV[7])
 if unspent <= 0 then return 0 end
 local dirty = false
 -- The instance's record of the lease, while it is still its last.
-local lf = 'lu.' .. inst
+local lf = 'lu.' .. rec
 local lu
-if st['le.' .. inst] == untl then lu = st[lf] end
+if st['le.' .. rec] == untl then lu = st[lf] end
 -- A clear since the take left of the lease in the day count only what it
 -- kept of the record: no more of the day comes back.
 local day = unspent

@@ -105,16 +105,14 @@ echo "== cargo test, queue pace (real time, one test at a time)"
 cargo test --locked --test all -- queue_pace:: --test-threads=1
 
 # The suites whose guarantees must hold whatever decides a call, again with
-# quota leases on every Redis store they start ([store] quota_leases,
-# tests/support: WXGATE_TEST_QUOTA_LEASES=1): windows and day quotas exact
-# across instances, refunds, penalties, reserves, shares, clear_quota,
-# learned limits, a campaign beside HR's notices. (The suites about the
-# per-call path itself, e.g. Redis round trips counted, the local fallback
-# of a calendar quota during an outage, assert what leases change by
-# design; leases' own outage behaviour is tests/outage.rs
-# with_quota_leases_*.) The same test binary (tests/all.rs), these files'
+# every call decided on its own on every Redis store they start
+# (`quota_leases = false`, `quota_reserve = "0s"`; tests/support:
+# WXGATE_TEST_PER_CALL=1; the first run has the defaults, leases and
+# reserves on): windows and day quotas exact across instances, refunds,
+# penalties, reserves, shares, clear_quota, learned limits, a campaign
+# beside HR's notices. The same test binary (tests/all.rs), these files'
 # modules: no second build.
-echo "== cargo test, quota leases on"
-WXGATE_TEST_QUOTA_LEASES=1 cargo test --locked --test all -- \
+echo "== cargo test, every call decided on its own (no quota lease, no reserve)"
+WXGATE_TEST_PER_CALL=1 cargo test --locked --test all -- \
   multi_instance:: learned_quota:: campaign:: refunds:: penalties:: \
   reserve:: share:: quota_clear:: per_path:: callers:: forecasts:: broker::

@@ -672,6 +672,10 @@ pub struct Resilience {
     /// Calls of a pair within a second on this instance that make it worth
     /// a lease (`[store] quota_lease_calls`).
     pub quota_lease_calls: u32,
+    /// How many calls of its recent pace each instance holds of every
+    /// calendar quota it calls, to spend through an outage
+    /// (`[store] quota_reserve`; zero: none).
+    pub quota_reserve: Duration,
 }
 
 impl Default for Resilience {
@@ -683,16 +687,18 @@ impl Default for Resilience {
             breaker_failures: 3,
             breaker_open: Duration::from_secs(1),
             refusal_cache: true,
-            quota_leases: None,
+            quota_leases: Some(Duration::from_secs(1)),
             quota_lease_calls: 4,
+            quota_reserve: Duration::from_secs(60),
         }
     }
 }
 
 impl Resilience {
-    /// No fallback at all: every Redis failure is an error (tests, benchmarks).
+    /// No fallback at all: every Redis failure is an error, and every call
+    /// decided on its own (no lease) (tests, benchmarks).
     pub fn strict() -> Self {
-        Resilience { fallback: Fallback::Deny, ..Resilience::default() }
+        Resilience { fallback: Fallback::Deny, quota_leases: None, ..Resilience::default() }
     }
 }
 

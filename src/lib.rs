@@ -75,6 +75,8 @@ fn lease_counters(metrics: &Metrics) -> store::resilient::leases::LeaseCounters 
         returned: of("returned"),
         expired: of("expired"),
         dropped: of("dropped"),
+        reserved: of("reserved"),
+        reserve_spent: of("reserve_spent"),
     }
 }
 

@@ -440,7 +440,7 @@ async fn a_gate_started_without_redis_learns_tokens_once_redis_answers() {
     let mut redis = RedisServer::start();
     redis.stop();
     let mock = wechat().await;
-    let store = StoreToml::redis(&redis.url()).set("timeout", "200ms").set("breaker_open", "50ms");
+    let store = StoreToml::redis(&redis.url()).per_call().set("timeout", "200ms").set("breaker_open", "50ms");
     let gate = Gate::start_real_text(ConfigToml::new(&mock.url()).with(store).with(send_rule())).await;
     let token = gate.get("/cgi-bin/token?grant_type=client_credential&appid=wxA&secret=S").await;
     assert_eq!(token.json()["access_token"], "TOKEN_wxA", "served without Redis");
@@ -458,7 +458,7 @@ async fn a_gate_started_without_redis_learns_tokens_once_redis_answers() {
 async fn after_redis_loses_its_data_every_instance_hashes_tokens_alike() {
     let mut redis = RedisServer::start();
     let mock = wechat().await;
-    let config = ConfigToml::new(&mock.url()).with(StoreToml::redis(&redis.url())).with(send_rule());
+    let config = ConfigToml::new(&mock.url()).with(StoreToml::redis(&redis.url()).per_call()).with(send_rule());
     let one = Gate::start_real_text(&config).await;
     assert!(learned_across(&one, &one, "wxBefore").await);
     // Restarted empty: the key is gone with the rest. A new instance starts
@@ -482,7 +482,7 @@ async fn an_account_prefix_counts_against_that_account_across_instances_sharing_
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
     let config = ConfigToml::new(&mock.url())
-        .with(StoreToml::redis(&redis.url()))
+        .with(StoreToml::redis(&redis.url()).per_call())
         .with(rule("send").matching(SEND).limit_burst(2, "1m", 2));
     let one = Gate::start_real_text(&config).await;
     let two = Gate::start_real_text(&config).await;

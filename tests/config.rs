@@ -787,7 +787,7 @@ fn an_unknown_key_near_a_known_one_gets_a_did_you_mean() {
         refused_text("typo", "[store]\nkind = \"redis\"\ninstanses = 3\n"),
         "wxgate: invalid config: DIR/rules.toml:3: [store] instanses: unknown key; did you mean `instances`? \
          (expected one of `url`, `lease`, `username`, `tls_ca`, `key_prefix`, `timeout`, `wait_replicas`, \
-         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`, `quota_leases`, `quota_lease_span`, `quota_lease_calls`)"
+         `fallback`, `instances`, `breaker_failures`, `breaker_open`, `refusal_cache`, `batch`, `quota_leases`, `quota_lease_span`, `quota_lease_calls`, `quota_reserve`)"
     );
     // Nothing near: the list alone.
     assert_eq!(

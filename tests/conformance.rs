@@ -170,6 +170,9 @@ enum Op {
     Lease(u64, i64),
     /// The same, leaving the reserve (for a normal-priority caller).
     NormalLease(u64, i64),
+    /// An instance takes a reserve of up to this many units (the calendar
+    /// quotas only, until their period's end), leaving the rule's reserve.
+    Reserve(u64),
     /// The n-th lease taken (counting those that granted nothing) gives
     /// back this many units.
     Return(usize, u64),
@@ -1355,6 +1358,30 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            // Issue 66: a reserve holds the day only, until midnight, and
+            // is an instance's record of its own beside its last lease.
+            name: "a_reserve_counts_the_day_moves_no_window_and_a_clear_keeps_it_beside_the_last_lease",
+            start: T0,
+            limits: r#"[{ count = 60, per = "1m", burst = 5 }, { count = 9, per = "day" }]"#,
+            extra: "",
+            steps: [
+                // Until Beijing's midnight (T0 is 10:00 there).
+                vec![(Reserve(4), Units(4, 14 * 3600 * SEC - 1))],
+                vec![(Inspect, State("4 of the day", |s| day_used(s) == 4))],
+                // The window's whole burst is still there.
+                call(5, Ok),
+                vec![(Wait(5 * LEASE_T), Any), (Lease(100, 0), Units(0, 0)), (Reserve(1), Units(0, 0))],
+                // WeChat's reset: the reserve may still be spent (in an
+                // outage), so its units stay counted.
+                vec![(Clear, Any), (Inspect, State("the reserve's 4 kept", |s| day_used(s) == 4))],
+                vec![(Lease(2, 0), Units(2, 0)), (Return(0, 3), Gave(true))],
+                vec![(Inspect, State("1 reserved and 2 leased", |s| day_used(s) == 3))],
+                // The lease (over) did not replace the reserve's record.
+                vec![(Clear, Any), (Inspect, State("the reserve's 1 kept", |s| day_used(s) == 1))],
+            ]
+            .concat(),
+        },
+        Scenario {
             name: "a_rule_with_a_concurrency_cap_is_never_leased",
             start: T0,
             limits: r#"[{ count = 5, per = "day" }]"#,
@@ -1506,7 +1533,7 @@ async fn run_checked(
     let mut calls = 0;
     let mut admitted = Vec::new();
     let mut costs: Vec<u64> = Vec::new();
-    let mut leases: Vec<Leased> = Vec::new();
+    let mut leases: Vec<(Leased, bool)> = Vec::new();
     let mut trace = Vec::new();
     for (i, (op, expect)) in s.steps.iter().enumerate() {
         let key = Key { account: &a, rule: &rule, offset_us: BEIJING };
@@ -1686,14 +1713,20 @@ async fn run_checked(
             }
             Lease(want, span_us) | NormalLease(want, span_us) => {
                 let normal = matches!(op, NormalLease(..));
-                let lease = pair_op::Lease { want: *want, span_us: *span_us, normal };
+                let lease = pair_op::Lease { want: *want, span_us: *span_us, normal, reserve: false };
                 let leased = store.apply(key, lease).await.expect("store answered");
-                leases.push(leased.clone());
+                leases.push((leased.clone(), false));
+                Got::Leased(leased)
+            }
+            Reserve(want) => {
+                let lease = pair_op::Lease { want: *want, span_us: 0, normal: true, reserve: true };
+                let leased = store.apply(key, lease).await.expect("store answered");
+                leases.push((leased.clone(), true));
                 Got::Leased(leased)
             }
             Return(n, unspent) => Got::Refunded(
                 store
-                    .apply(key, pair_op::LeaseReturn { lease: &leases[*n], unspent: *unspent })
+                    .apply(key, pair_op::LeaseReturn { lease: &leases[*n].0, unspent: *unspent, reserve: leases[*n].1 })
                     .await
                     .expect("store answered"),
             ),

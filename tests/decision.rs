@@ -478,7 +478,7 @@ proptest! {
                     if let Some(h) = held[i].take() {
                         give_back(&mut st, INSTANCES[i], &h.lease, h.left, now, BEIJING);
                     }
-                    let want = Want { instance: INSTANCES[i], units: want, span_us: span, normal: false };
+                    let want = Want { instance: INSTANCES[i], units: want, span_us: span, normal: false, reserve: false };
                     let lease = take(&mut st, &r, &want, now, BEIJING);
                     prop_assert!(lease.units <= burst, "a lease of {} over the burst {burst}", lease.units);
                     let left = lease.units;

@@ -154,7 +154,14 @@ async fn decide_all(store: &dyn Store, rule: &Rule, calls: &[By], clock: &Manual
 async fn the_local_fallback_decides_as_one_instance_configured_with_its_part() {
     let mut redis = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let resilience = Resilience { fallback: Fallback::Local, instances: 3, ..Resilience::default() };
+    // The per-call path's fallback: no lease, no reserve.
+    let resilience = Resilience {
+        fallback: Fallback::Local,
+        instances: 3,
+        quota_leases: None,
+        quota_reserve: std::time::Duration::ZERO,
+        ..Resilience::default()
+    };
     let mut stores = Vec::new();
     for row in rows() {
         let config = redis.store_config(row.name);

@@ -16,6 +16,7 @@ const PATH: &str = "/cgi-bin/message/custom/send?access_token=T";
 /// a day, and `instances` if given.
 fn start(mock: &MockWeChat, redis: &RedisServer, tag: &str, instances: Option<i64>) -> Instance {
     let mut store = StoreToml::redis(&redis.url())
+        .per_call()
         .set("timeout", "500ms")
         .set("fallback", "local")
         .set("breaker_failures", 1)

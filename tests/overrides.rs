@@ -303,6 +303,7 @@ async fn while_redis_is_away_the_local_fallback_divides_the_accounts_own_limits(
     let mut redis = support::redis_server::RedisServer::start();
     let mock = MockWeChat::start().await;
     let store = support::StoreToml::redis(&redis.url())
+        .per_call()
         .set("timeout", "100ms")
         .set("fallback", "local")
         .set("instances", 2)

@@ -171,7 +171,10 @@ async fn with_quota_leases_a_clear_keeps_at_most_the_lease_out_not_the_chained_l
     let mock = wechat(ok_reply()).await;
     // A span of 60 s: every lease of the run is taken while the last one's
     // end is ahead (a chain), however slow the machine.
-    let store = StoreToml::redis(&redis.url()).set("quota_leases", true).set("quota_lease_span", "60s");
+    let store = StoreToml::redis(&redis.url())
+        .set("quota_leases", true)
+        .set("quota_reserve", "0s")
+        .set("quota_lease_span", "60s");
     let gate = Gate::start_real(&mock, format!("{store}\n{}", rule("send").matching(SEND).limit(DAY, "day"))).await;
     let taken = async || gate.metric("wxgate_quota_lease_units_total{what=\"taken\"}").await.unwrap_or(0.0) as u64;
     // Until the fourth lease is taken: each takes half of what is left of

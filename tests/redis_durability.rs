@@ -19,9 +19,12 @@ fn send() -> RuleToml {
 }
 
 /// Redis with a short timeout, a quick breaker, `instances = 2` and the
-/// local fallback.
+/// local fallback; every call decided on its own (the ledger, top-ups and
+/// the fallback's shares under test here; the default's reserves through
+/// an outage: tests/outage.rs).
 fn store(redis: &RedisServer) -> StoreToml {
     StoreToml::redis(&redis.url())
+        .per_call()
         .set("timeout", "100ms")
         .set("fallback", "local")
         .set("instances", 2)

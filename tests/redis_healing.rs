@@ -45,7 +45,10 @@ fn start_with_breaker(
     password: Option<&str>,
     failures: i64,
 ) -> Instance {
+    // Each serving thread's own decisions on Redis, and the fallback's
+    // share: the per-call path.
     let store = StoreToml::redis(&redis.url())
+        .per_call()
         .set("timeout", "1s")
         .set("fallback", "local")
         .set("instances", 2)
@@ -254,7 +257,7 @@ async fn one_bad_key_fails_its_own_calls_and_never_opens_the_breaker() {
     let mock = MockWeChat::start().await;
     let config = format!(
         "{}\n{}",
-        StoreToml::redis(&redis.url()),
+        StoreToml::redis(&redis.url()).per_call(),
         rule("send").matching("/cgi-bin/message/custom/send").limit(100, "day")
     );
     let gate = Gate::start_real(&mock, config).await;

@@ -17,11 +17,15 @@ const TPL: &str = "wxgate:{default}:tpl";
 
 const SEND: &str = "/cgi-bin/message/template/send?access_token=T";
 
+/// Every call decided on its own (the calls each test counts on the master
+/// and the replica, and the fallback's share while there is no master).
+const PER_CALL: &str = "quota_leases = false\nquota_reserve = \"0s\"\n";
+
 /// `[store]` for `set`'s sentinels, with these more keys.
 fn sentinel_store(set: &RedisSentinelSet, more: &str) -> String {
     let sentinels: Vec<toml::Value> = set.sentinel_urls().into_iter().map(toml::Value::from).collect();
     format!(
-        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\n{more}\n",
+        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\n{PER_CALL}{more}\n",
         toml::Value::Array(sentinels)
     )
 }
@@ -32,7 +36,7 @@ async fn a_failover_is_followed_without_a_restart_and_no_day_quota_is_granted_tw
     let mock = MockWeChat::start().await;
     let sentinels: Vec<toml::Value> = set.sentinel_urls().into_iter().map(toml::Value::from).collect();
     let store = format!(
-        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\ntimeout = \"100ms\"\n\
+        "[store]\nkind = \"redis-sentinel\"\nsentinels = {}\nmaster = \"{SENTINEL_MASTER}\"\n{PER_CALL}timeout = \"100ms\"\n\
          breaker_failures = 2\nbreaker_open = \"200ms\"\ninstances = 1\n",
         toml::Value::Array(sentinels)
     );

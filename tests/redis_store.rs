@@ -188,6 +188,7 @@ async fn known_refusals_are_answered_without_asking_redis() {
         // from Redis every 100 ms (lua/fields.lua, an EVALSHA too), and a
         // loaded machine's slower refusals let one of those into the count.
         let store = StoreToml::redis(&redis.url())
+            .per_call()
             .set("refusal_cache", cache)
             .set("key_prefix", format!("c{cache}"))
             .set("fallback", "deny");
@@ -217,7 +218,7 @@ async fn known_refusals_are_answered_without_asking_redis() {
 async fn clients_leaving_mid_decision_never_stall_the_account() {
     let redis = RedisServer::start();
     let mock = MockWeChat::start().await;
-    let store = StoreToml::redis(&redis.url()).set("fallback", "deny");
+    let store = StoreToml::redis(&redis.url()).per_call().set("fallback", "deny");
     let gate = Gate::start_real(&mock, format!("{store}\n{}", tpl().limit(100_000, "1s"))).await;
     let addr = gate.addr;
     let path = "/cgi-bin/message/template/send?access_token=T";

@@ -81,7 +81,7 @@ async fn a_timeout_after_the_request_was_sent_keeps_its_count() {
         mock.respond(|_| Reply::Hang);
         let mut config = ConfigToml::new(&mock.url()).server("upstream_timeout", "300ms");
         if let Some(redis) = &store {
-            config = config.with(StoreToml::redis(&redis.url()));
+            config = config.with(StoreToml::redis(&redis.url()).per_call());
         }
         let gate = Gate::start_real_text(config.with(day_rule())).await;
         let a = gate.get_as("wxA", SEND).await;

@@ -64,6 +64,7 @@ macro_rules! redis_kind {
             pub quota_leases: Option<bool>,
             pub quota_lease_span: Option<String>,
             pub quota_lease_calls: Option<u32>,
+            pub quota_reserve: Option<String>,
         }
 
         impl $name {
@@ -83,6 +84,7 @@ macro_rules! redis_kind {
                     quota_leases: self.quota_leases,
                     quota_lease_span: self.quota_lease_span,
                     quota_lease_calls: self.quota_lease_calls,
+                    quota_reserve: self.quota_reserve,
                 };
                 (shared, ($(self.$key,)*))
             }
@@ -120,6 +122,7 @@ pub(super) struct RawRedisShared {
     pub quota_leases: Option<bool>,
     pub quota_lease_span: Option<String>,
     pub quota_lease_calls: Option<u32>,
+    pub quota_reserve: Option<String>,
 }
 
 /// The kinds, as written.
@@ -135,7 +138,7 @@ const OWN_KEYS: [(&str, &[&str]); 4] = [
 ];
 
 /// The keys of every Redis kind.
-const REDIS_KEYS: [&str; 14] = [
+const REDIS_KEYS: [&str; 15] = [
     "username",
     "tls_ca",
     "key_prefix",
@@ -150,6 +153,7 @@ const REDIS_KEYS: [&str; 14] = [
     "quota_leases",
     "quota_lease_span",
     "quota_lease_calls",
+    "quota_reserve",
 ];
 
 /// The kinds that take `key`.
@@ -487,6 +491,14 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
     if !(1..=100_000).contains(&quota_lease_calls) {
         return Err(Invalid::at(STORE, "quota_lease_calls", "must be between 1 and 100000 (calls a second)"));
     }
+    let quota_reserve = match raw.quota_reserve.as_deref() {
+        None => Duration::from_secs(60),
+        Some(t) => parse_duration(t).map_err(|e| e.field("quota_reserve").table(STORE))?,
+    };
+    if quota_reserve > Duration::from_secs(3600) || (!quota_reserve.is_zero() && quota_reserve < Duration::from_secs(1))
+    {
+        return Err(Invalid::at(STORE, "quota_reserve", "must be 0s (off) or between 1s and 1h"));
+    }
     Ok(Resilience {
         fallback,
         instances,
@@ -494,8 +506,9 @@ fn resilience(raw: &RawRedisShared) -> Result<Resilience, Invalid> {
         breaker_failures,
         breaker_open,
         refusal_cache: raw.refusal_cache.unwrap_or(true),
-        quota_leases: raw.quota_leases.unwrap_or(false).then_some(quota_lease_span),
+        quota_leases: raw.quota_leases.unwrap_or(true).then_some(quota_lease_span),
         quota_lease_calls,
+        quota_reserve,
     })
 }
 

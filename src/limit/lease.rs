@@ -64,11 +64,25 @@
 //! Leases are for rules every one of whose limits is a count over time:
 //! no concurrency cap, `max_share`, `per_recipient` or warm-up
 //! ([`supports`]); those are decided per call.
+//!
+//! **Reserves** ([`Want::reserve`]): a lease of the calendar quotas only,
+//! for any rule that has one, until the end of their current period; no
+//! window slot is booked, so no window moves (and `lease_end`, which
+//! bounds window refunds, stays). An instance spends a reserve only while
+//! the store cannot answer, deciding the windows by its own share meanwhile
+//! (`src/store/resilient/leases.rs`): the calendar units were counted when
+//! the reserve was taken, so an outage spends exactly what was reserved.
+//! Its record is the instance's with [`RESERVE_RECORD`] appended, apart
+//! from its last lease: `clear_quota` keeps both counted while they last.
 
 use super::calendar::Period;
 use super::decide::{counts, own_count, set_run, tat_of};
 use super::{learned, InstanceLease, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
 use crate::time::Micros;
+
+/// Appended to an instance's id to name its reserve's record
+/// ([`RuleState::leases`]; Redis `le.<id>#r`, `lu.<id>#r`).
+pub const RESERVE_RECORD: &str = "#r";
 
 /// What a take asks for: at most `units`, spendable for at most `span_us`,
 /// by `instance` ([`InstanceLease::instance`]), leaving the rule's reserve
@@ -79,6 +93,10 @@ pub struct Want<'a> {
     pub units: u64,
     pub span_us: Micros,
     pub normal: bool,
+    /// A reserve: the calendar quotas only, until their period's end
+    /// (`span_us` is not read); `instance` is then the reserve's record
+    /// (the instance's id and [`RESERVE_RECORD`]).
+    pub reserve: bool,
 }
 
 /// What one limit of the rule booked for a lease, to give back by.
@@ -110,6 +128,11 @@ pub struct Leased {
     pub booked: Vec<Booked>,
 }
 
+/// Whether `rule` has a calendar quota (what a reserve holds).
+pub fn has_calendar(rule: &Rule) -> bool {
+    rule.limits.iter().any(|l| matches!(l, Limit::Calendar { .. }))
+}
+
 /// Whether calls of `rule` may be leased (see the module's last paragraph).
 pub fn supports(rule: &Rule) -> bool {
     !rule.limits.is_empty()
@@ -124,14 +147,16 @@ pub fn supports(rule: &Rule) -> bool {
 /// a penalty, for a rule that [`supports`] not, or when some limit has no
 /// room for one unit.
 pub fn take(state: &mut RuleState, rule: &Rule, want: &Want<'_>, now: Micros, offset_us: Micros) -> Leased {
-    if want.units == 0 || !supports(rule) || state.penalty.remaining(now).is_some() {
+    let reserve = want.reserve;
+    let leasable = if reserve { has_calendar(rule) } else { supports(rule) };
+    if want.units == 0 || !leasable || state.penalty.remaining(now).is_some() {
         return Leased::default();
     }
     let normal = want.normal;
     let kept = |i: usize| if normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
-    // The lease ends with its span, and with the current period of every
-    // calendar quota.
-    let mut until = now + want.span_us.max(0);
+    // The lease ends with its span (a reserve: none), and with the current
+    // period of every calendar quota.
+    let mut until = if reserve { Micros::MAX } else { now + want.span_us.max(0) };
     for limit in &rule.limits {
         if let Limit::Calendar { period, .. } = limit {
             until = until.min(period.next_start(now, offset_us) - 1);
@@ -141,6 +166,7 @@ pub fn take(state: &mut RuleState, rule: &Rule, want: &Want<'_>, now: Micros, of
     let mut units = want.units;
     for (i, limit) in rule.limits.iter().enumerate() {
         let room = match *limit {
+            Limit::Window(_) if reserve => continue,
             Limit::Window(w) => {
                 let w = learned::window(rule, state, &w, now);
                 let v0 = tat_of(state.get(limit.window_key()), now).max(until);
@@ -173,6 +199,11 @@ pub fn take(state: &mut RuleState, rule: &Rule, want: &Want<'_>, now: Micros, of
     for (i, limit) in rule.limits.iter().enumerate() {
         let key = limit.window_key();
         let (remaining, reset_us) = match *limit {
+            Limit::Window(_) if reserve => {
+                // Nothing booked, nothing to give back (a step of 0).
+                booked.push(Booked { key, end: 0, step: 0 });
+                continue;
+            }
             Limit::Window(w) => {
                 let w = learned::window(rule, state, &w, now);
                 let stored = state.get(key);
@@ -198,12 +229,14 @@ pub fn take(state: &mut RuleState, rule: &Rule, want: &Want<'_>, now: Micros, of
             quota = Some(Quota { limit: i, remaining, reset_us });
         }
     }
-    state.last_call = now;
+    if !reserve {
+        state.last_call = now;
+        state.lease_end = state.lease_end.max(until);
+    }
     // The instance's record: this lease replaces its last one (spent or
     // over); the records of leases over are forgotten.
     state.leases.retain(|l| l.until > now && *l.instance != *want.instance);
     state.leases.push(InstanceLease { instance: want.instance.into(), units, until });
-    state.lease_end = state.lease_end.max(until);
     Leased { units, at: now, until, escalated: state.penalty.is_recent(now), quota, booked }
 }
 

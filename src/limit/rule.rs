@@ -443,6 +443,20 @@ impl Rule {
         scaled
     }
 
+    /// This rule without its calendar quotas: what an instance decides by
+    /// its own share while a reserve covers the calendar quotas through an
+    /// outage (`src/store/resilient/leases.rs`). The per-limit tables
+    /// (reserve, share) keep their windows' entries.
+    pub fn windows_only(&self) -> Rule {
+        let keep: Vec<bool> = self.limits.iter().map(|l| matches!(l, Limit::Window(_))).collect();
+        let pick = |i: usize| keep.get(i).copied().unwrap_or(false);
+        let mut rule = self.clone();
+        rule.limits = self.limits.iter().copied().filter(|l| matches!(l, Limit::Window(_))).collect();
+        rule.reserve = self.reserve.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, r)| *r).collect();
+        rule.share = self.share.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, l)| *l).collect();
+        rule
+    }
+
     /// This rule with every window (its own, each caller's share, each
     /// recipient's) decided as if the arrival margin were `margin_us`
     /// ([`WindowLimit::widened`]: never looser than configured); the reserve

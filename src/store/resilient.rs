@@ -149,9 +149,15 @@ impl Resilient {
         counters: StoreCounters,
     ) -> Arc<Resilient> {
         let refusals = (0..redis.workers()).map(|_| RefusalCache::default()).collect();
-        let leases = resilience
-            .quota_leases
-            .map(|span| Leases::new(span.as_micros() as Micros, resilience.quota_lease_calls, counters.leases.clone()));
+        // Reserves only where the fallback decides in-process: with
+        // `allow` or `deny` no call is admitted from a share anyway.
+        let reserve_us = match resilience.fallback {
+            Fallback::Local => resilience.quota_reserve.as_micros() as Micros,
+            Fallback::Allow | Fallback::Deny => 0,
+        };
+        let span = resilience.quota_leases.map(|span| span.as_micros() as Micros);
+        let leases = (span.is_some() || reserve_us > 0)
+            .then(|| Leases::new(span, resilience.quota_lease_calls, reserve_us, counters.leases.clone()));
         let store = Arc::new(Resilient {
             leases,
             redis,
@@ -225,6 +231,7 @@ impl Resilient {
                 }
                 s.return_leases().await;
                 s.check_lease_penalties().await;
+                s.take_reserves().await;
                 if s.resilience.fallback == Fallback::Local {
                     s.refresh_seen().await;
                 }
@@ -262,7 +269,13 @@ impl Resilient {
     /// per call; the error of a take Redis did not answer (the call then
     /// goes to the fallback at once: one timeout, not two).
     async fn decide_leased(&self, ask: &Ask<'_>) -> Result<Option<Decision>, StoreError> {
-        let Some(leases) = self.leases.as_ref().filter(|_| Leases::leasable(ask)) else { return Ok(None) };
+        let Some(leases) = &self.leases else { return Ok(None) };
+        if !leases.leasable(ask) {
+            if leases.reserves_for(ask.key.rule) {
+                leases.note(ask.key, self.local.now());
+            }
+            return Ok(None);
+        }
         let now = self.local.now();
         let want = match leases.spend(ask, now) {
             Spend::Admit(decision) => return Ok(Some(decision)),
@@ -277,7 +290,7 @@ impl Resilient {
             return Ok(None);
         }
         let span_us = leases.span_for(ask.key.rule);
-        let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty() };
+        let lease = Lease { want, span_us, normal: !ask.key.rule.reserve.is_empty(), reserve: false };
         let taking = Taking::new(leases, ask.key);
         let answer = self.run_op(ask.key, &lease).await;
         taking.answered();
@@ -313,7 +326,7 @@ impl Resilient {
         let Some(leases) = &self.leases else { return };
         for r in leases.due_returns(self.local.now()) {
             let key = Key { account: &r.account, rule: &r.rule, offset_us: r.offset_us };
-            match self.run_op(key, &LeaseReturn { lease: &r.lease, unspent: r.unspent }).await {
+            match self.run_op(key, &LeaseReturn { lease: &r.lease, unspent: r.unspent, reserve: r.reserve }).await {
                 Ok(true) => {
                     leases.counters.returned.inc_by(r.unspent);
                 }
@@ -326,6 +339,78 @@ impl Resilient {
                 }
             }
         }
+    }
+
+    /// Takes the reserves wanted (each keeper tick, while Redis answers and
+    /// no re-seed is under way): one script run each.
+    async fn take_reserves(&self) {
+        let Some(leases) = &self.leases else { return };
+        let moved = self.redis.master_generation() != self.epoch_generation.load(Ordering::Acquire);
+        if self.in_grace() || moved {
+            return;
+        }
+        for t in leases.reserves_wanted(self.local.now(), leases::RESERVE_TAKES) {
+            let key = t.key();
+            let sent = self.local.now();
+            let lease = Lease { want: t.want, span_us: 0, normal: !t.rule.reserve.is_empty(), reserve: true };
+            let leased = match self.run_op(key, &lease).await {
+                Ok(leased) => Some(leased),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no reserve taken this time");
+                    None
+                }
+            };
+            leases.reserve_taken(&t, leased, sent, self.local.now());
+        }
+    }
+
+    /// Redis refused a call of `ask`'s pair for its calendar quota while
+    /// this instance holds a reserve of it: gives the reserve back at once
+    /// (what is left of the quota is in reserves) and decides the call
+    /// again; `None` when it holds none, or the return failed.
+    async fn redecide_without_reserve(&self, ask: &Ask<'_>) -> Option<Result<Decision, StoreError>> {
+        let leases = self.leases.as_ref()?;
+        let r = leases.give_back_reserve(ask.key)?;
+        match self.run_op(ask.key, &LeaseReturn { lease: &r.lease, unspent: r.unspent, reserve: true }).await {
+            Ok(true) => {
+                leases.counters.returned.inc_by(r.unspent);
+            }
+            Ok(false) => leases.expired(&r),
+            Err(e) => {
+                tracing::debug!(error = %e, "a reserve's units were not given back: they stay counted");
+                leases.not_returned(&r);
+                return None;
+            }
+        }
+        Some(self.decide_noted(ask).await)
+    }
+
+    /// A call of a rule with a calendar quota while Redis cannot answer,
+    /// with reserves on: its windows by this instance's share (`local_key`'s
+    /// rule, scaled), its calendar units from the pair's reserve. `None`:
+    /// no reserve (or not enough of it) is held.
+    async fn spend_reserve(&self, ask: &Ask<'_>, local_key: Key<'_>) -> Result<Option<Decision>, StoreError> {
+        let Some(leases) = self.leases.as_ref().filter(|l| l.reserves()) else { return Ok(None) };
+        let cost = u64::from(ask.cost.max(1));
+        if !leases.spend_reserve(ask.key, cost, self.local.now()) {
+            return Ok(None);
+        }
+        let windows = local_key.rule.windows_only();
+        let local = Ask { key: Key { rule: &windows, ..local_key }, ..*ask };
+        let decision = match self.local.acquire(&local).await {
+            Ok(d) => d.decision,
+            Err(e) => {
+                leases.unspend_reserve(ask.key, cost);
+                return Err(e);
+            }
+        };
+        match decision {
+            Decision::Admit { .. } => {
+                leases.counters.reserve_spent.inc_by(cost);
+            }
+            Decision::Reject { .. } => leases.unspend_reserve(ask.key, cost),
+        }
+        Ok(Some(decision))
     }
 
     /// The number of instances the local fallback divides each limit by:
@@ -742,6 +827,11 @@ impl Store for Resilient {
                 Err(e) => Err(e),
             };
         }
+        if let Ok(Decision::Reject { reason: Reason::Quota, .. }) = result {
+            if let Some(again) = Box::pin(self.redecide_without_reserve(ask)).await {
+                result = again;
+            }
+        }
         let e = match result {
             Ok(decision) => {
                 match decision {
@@ -766,13 +856,26 @@ impl Store for Resilient {
             let decision = Decision::reject(p.until - now, Reason::Penalty);
             return Ok(Decided { decision, degraded: true });
         }
-        // With quota leases, a calendar quota is spent without Redis only
-        // from this instance's leases (spent above): a share guessed from a
-        // count another instance's leases may have moved since could pass
-        // the quota. Such a call is answered as `fallback = "deny"` answers.
-        let leased_calendar = self.leases.is_some() && rule.limits.iter().any(|l| matches!(l, Limit::Calendar { .. }));
+        // With reserves or quota leases, a calendar quota is spent without
+        // Redis only from what this instance holds of it (a lease, spent
+        // above; a reserve, here): a share guessed from a count other
+        // instances' leases and reserves may have moved since could pass
+        // the quota. A call none covers is answered as `fallback = "deny"`
+        // answers.
+        let calendar = rule.limits.iter().any(|l| matches!(l, Limit::Calendar { .. }));
+        let held_calendar = calendar && self.leases.is_some();
         let decision = match self.resilience.fallback {
-            Fallback::Local if leased_calendar => return Err(e),
+            Fallback::Local if held_calendar => {
+                let n = self.fallback_instances();
+                let scaled = rule.scaled(n);
+                let local_key = Key { rule: &scaled, ..ask.key };
+                match self.spend_reserve(ask, local_key).await? {
+                    // Counted in Redis when the reserve was taken: not
+                    // this instance's unsynced admission.
+                    Some(decision) => return Ok(Decided { decision, degraded: true }),
+                    None => return Err(e),
+                }
+            }
             Fallback::Local => {
                 let n = self.fallback_instances();
                 let scaled = rule.scaled(n);

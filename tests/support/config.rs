@@ -163,8 +163,8 @@ impl StoreToml {
         StoreToml(f)
     }
 
-    /// `kind = "redis"` at `url`, with `timeout = "2s"` (and
-    /// `quota_leases = true` when `WXGATE_TEST_QUOTA_LEASES=1`).
+    /// `kind = "redis"` at `url`, with `timeout = "2s"` (and no lease or
+    /// reserve when `WXGATE_TEST_PER_CALL=1`).
     pub fn redis(url: &str) -> StoreToml {
         let mut f = Fields::default();
         f.set("kind", value("redis"));
@@ -174,7 +174,7 @@ impl StoreToml {
     }
 
     /// `kind = "redis-cluster"` on these seed `nodes`, with `timeout = "1s"`
-    /// (and `quota_leases = true` when `WXGATE_TEST_QUOTA_LEASES=1`).
+    /// (and no lease or reserve when `WXGATE_TEST_PER_CALL=1`).
     pub fn redis_cluster(nodes: Vec<String>) -> StoreToml {
         let mut f = Fields::default();
         f.set("kind", value("redis-cluster"));
@@ -184,14 +184,22 @@ impl StoreToml {
     }
 
     /// The suite's second mode (scripts/test.sh runs the Redis tests again
-    /// with `WXGATE_TEST_QUOTA_LEASES=1`): every Redis store a test starts
-    /// takes quota leases, and every guarantee the test asserts must hold.
+    /// with `WXGATE_TEST_PER_CALL=1`): every Redis store a test starts
+    /// decides each call on its own (`quota_leases = false`, `quota_reserve
+    /// = "0s"`), and every guarantee the test asserts must hold.
     fn with_test_leases(self) -> StoreToml {
-        if super::test_quota_leases() {
-            self.set("quota_leases", true)
+        if super::test_per_call() {
+            self.per_call()
         } else {
             self
         }
+    }
+
+    /// Every call decided on its own: no quota lease, no reserve (the
+    /// per-call path, whose fallback guesses a share of a calendar quota;
+    /// tests of that path and of what it asks of Redis).
+    pub fn per_call(self) -> StoreToml {
+        self.set("quota_leases", false).set("quota_reserve", "0s")
     }
 
     /// Any other key (`timeout`, `fallback`, `lease`, `refusal_cache`, ...);

@@ -131,11 +131,12 @@ pub enum Reply {
     Status { status: u16, body: String },
 }
 
-/// Whether this run is the suite's quota-leases mode
-/// (`WXGATE_TEST_QUOTA_LEASES=1`, set by scripts/test.sh for its second run
-/// of the Redis tests): every Redis store a test configures takes leases.
-pub fn test_quota_leases() -> bool {
-    std::env::var("WXGATE_TEST_QUOTA_LEASES").is_ok_and(|v| v == "1")
+/// Whether this run is the suite's per-call mode (`WXGATE_TEST_PER_CALL=1`,
+/// set by scripts/test.sh for its second run of the Redis tests): every
+/// Redis store a test configures decides each call on its own, without the
+/// default quota leases and reserves.
+pub fn test_per_call() -> bool {
+    std::env::var("WXGATE_TEST_PER_CALL").is_ok_and(|v| v == "1")
 }
 
 pub fn errcode_reply(code: i64) -> Reply {

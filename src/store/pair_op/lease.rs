@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{AnsweredBy, Command, Kept, Operation, Route, Wrapper};
-use crate::limit::lease::{supports, take, Booked, Leased, Want};
+use crate::limit::lease::{has_calendar, supports, take, Booked, Leased, Want, RESERVE_RECORD};
 use crate::limit::{Decision, Key, Limit, Quota, RuleState};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};
@@ -16,11 +16,24 @@ use crate::time::Micros;
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(script!("lease.lua")));
 
 /// Take up to `want` units spendable for at most `span_us`, leaving the
-/// rule's reserve when `normal`.
+/// rule's reserve when `normal`; with `reserve`, of the calendar quotas
+/// only, until their period's end ([`crate::limit::lease`] "Reserves").
 pub struct Lease {
     pub want: u64,
     pub span_us: Micros,
     pub normal: bool,
+    pub reserve: bool,
+}
+
+impl Lease {
+    /// The lease's record for an instance named `instance`.
+    pub fn record(&self, instance: &str) -> String {
+        if self.reserve {
+            format!("{instance}{RESERVE_RECORD}")
+        } else {
+            instance.to_owned()
+        }
+    }
 }
 
 /// On Redis only: a lease is a slice of the shared limits (the local
@@ -37,7 +50,9 @@ impl Operation for Lease {
 
     /// The memory store is one instance, named "" ([`crate::limit::InstanceLease`]).
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> Leased {
-        let want = Want { instance: "", units: self.want, span_us: self.span_us, normal: self.normal };
+        let record = self.record("");
+        let want =
+            Want { instance: &record, units: self.want, span_us: self.span_us, normal: self.normal, reserve: self.reserve };
         take(state, key.rule, &want, now, key.offset_us)
     }
 
@@ -48,8 +63,10 @@ impl Operation for Lease {
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let rule = key.rule;
         let mut inv = TAKE.key(keys.state(key.account, rule));
-        let want = if supports(rule) { self.want } else { 0 };
-        inv.arg(now).arg(key.offset_us).arg(want).arg(self.span_us).arg(keys.inst()).arg(rule.limits.len());
+        let leasable = if self.reserve { has_calendar(rule) } else { supports(rule) };
+        let want = if leasable { self.want } else { 0 };
+        let span = if self.reserve { -1 } else { self.span_us };
+        inv.arg(now).arg(key.offset_us).arg(want).arg(span).arg(self.record(keys.inst())).arg(rule.limits.len());
         let kept = |i: usize| if self.normal { rule.reserve.get(i).copied().unwrap_or(0) } else { 0 };
         for (i, limit) in rule.limits.iter().enumerate() {
             let field = limit.window_key().label();
@@ -96,8 +113,9 @@ impl Operation for Lease {
                         key: limit.window_key(),
                         end: *end,
                         step: match limit {
-                            Limit::Window(w) => w.interval_us(),
-                            Limit::Calendar { .. } => 0,
+                            // A reserve books no window (its end 0).
+                            Limit::Window(w) if *end != 0 => w.interval_us(),
+                            Limit::Window(_) | Limit::Calendar { .. } => 0,
                         },
                     })
                     .collect(),

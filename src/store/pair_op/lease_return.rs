@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::operation::{AnsweredBy, Command, Operation, Route, Wrapper};
-use crate::limit::lease::{give_back, Leased};
+use crate::limit::lease::{give_back, Leased, RESERVE_RECORD};
 use crate::limit::{Key, RuleState, WindowKey};
 use crate::store::answer::StoreError;
 use crate::store::redis::protocol::{script, Keys};
@@ -18,6 +18,19 @@ static GIVE: LazyLock<Script> = LazyLock::new(|| Script::new(script!("lease_retu
 pub struct LeaseReturn<'a> {
     pub lease: &'a Leased,
     pub unspent: u64,
+    /// A reserve's ([`super::Lease::reserve`]).
+    pub reserve: bool,
+}
+
+impl LeaseReturn<'_> {
+    /// The lease's record for an instance named `instance` ([`super::Lease::record`]).
+    fn record(&self, instance: &str) -> String {
+        if self.reserve {
+            format!("{instance}{RESERVE_RECORD}")
+        } else {
+            instance.to_owned()
+        }
+    }
 }
 
 /// On Redis only, as [`super::Lease`]. A return lost while Redis is away errs on
@@ -31,7 +44,7 @@ impl Operation for LeaseReturn<'_> {
 
     /// The memory store is one instance, named "" (as [`super::Lease`]'s).
     fn apply(&self, state: &mut RuleState, key: Key<'_>, now: Micros) -> bool {
-        give_back(state, "", self.lease, self.unspent, now, key.offset_us)
+        give_back(state, &self.record(""), self.lease, self.unspent, now, key.offset_us)
     }
 
     fn script() -> Option<&'static Script> {
@@ -40,7 +53,7 @@ impl Operation for LeaseReturn<'_> {
 
     fn command(&self, keys: &Keys, key: Key<'_>, now: &str) -> Command {
         let mut inv = GIVE.key(keys.state(key.account, key.rule));
-        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(keys.inst()).arg(self.lease.until).arg(self.lease.at);
+        inv.arg(now).arg(key.offset_us).arg(self.unspent).arg(self.record(keys.inst())).arg(self.lease.until).arg(self.lease.at);
         inv.arg(self.lease.booked.len());
         for b in &self.lease.booked {
             let kind = match b.key {

@@ -167,7 +167,8 @@ pub(super) fn store(registry: &mut Registry) -> StoreSeries {
         "quota_lease_units",
         "Units of quota leases this instance took from Redis, spent in-process, gave back, let expire unspent \
          (their window slots or period passed before the return), or dropped unspent (a penalty, a lower \
-         limit, a return Redis did not answer: they stay counted)",
+         limit, a return Redis did not answer: they stay counted); and of reserves of calendar quotas it \
+         took (reserved) and spent while Redis could not answer (reserve_spent)",
         lease_units.clone(),
     );
     StoreSeries {
