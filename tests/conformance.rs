@@ -9,8 +9,9 @@
 
 use crate::support;
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use support::redis_server::RedisServer;
 use wxgate::config::{Config, RedisConfig, Resilience};
@@ -1961,6 +1962,73 @@ async fn leased_instances_stay_exact(config: &RedisConfig, account: &str) {
         (admitted.iter().filter(|t| **t < midnight).count(), admitted.iter().filter(|t| **t >= midnight).count());
     assert!(today <= 1500 && tomorrow <= 1500, "{today} before midnight, {tomorrow} after: a day over its quota");
     assert!(in_process * 2 > admitted.len() as u64, "most calls decided from leases: {in_process}");
+}
+
+/// The default path (issue 66: quota leases and reserves on, the local
+/// fallback) at 100,000 accounts: two instances on one Redis, calls spread
+/// over every account with a few hot ones, 64 at a time, the clock moving
+/// on: no account's admissions ever pass its window or its day, whichever
+/// path decided them (per call, batched, from a lease; the keepers taking
+/// reserves of every pair meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_100000_accounts_never_pass_a_window_or_a_day() {
+    const ACCOUNTS: u64 = 100_000;
+    const CALLS: usize = 120_000;
+    let redis = RedisServer::start();
+    let config = redis.store_config("many");
+    let clock = ManualClock::new(T0);
+    let (rule, _) = compile(r#"[{ count = 2, per = "1s", burst = 2 }, { count = 3, per = "day" }]"#, "");
+    let rule = Arc::new(rule);
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let redis = redis_store(&config, &clock).await;
+        instances.push(Resilient::new(
+            redis,
+            Arc::new(clock.clone()),
+            Resilience::default(),
+            true,
+            StoreCounters::default(),
+        ));
+    }
+    let names: Arc<Vec<String>> = Arc::new((0..ACCOUNTS).map(|i| format!("wx{i:06}")).collect());
+    let admitted: Arc<Mutex<HashMap<u64, Vec<i64>>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for t in 0..64u64 {
+        let (names, admitted, rule, clock) = (names.clone(), admitted.clone(), rule.clone(), clock.clone());
+        let store = instances[(t % 2) as usize].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seed = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for _ in 0..CALLS / 64 {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                // A third of the calls go to 500 hot accounts (past their
+                // windows and days), the rest anywhere.
+                let account = if (seed >> 60) < 5 { (seed >> 20) % 500 } else { (seed >> 20) % ACCOUNTS };
+                if (seed >> 10) % 16 == 0 {
+                    clock.advance_us(7 * MS);
+                }
+                let ask = plain_ask(&names[account as usize], &rule);
+                let decided = store.acquire(&ask).await.expect("store answered");
+                if let Decision::Admit { at, .. } = decided.decision {
+                    admitted.lock().expect("not poisoned").entry(account).or_default().push(at);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("no task panicked");
+    }
+    let admitted = admitted.lock().expect("not poisoned");
+    let total: usize = admitted.values().map(Vec::len).sum();
+    eprintln!("{total} admitted over {} accounts, simulated {} s", admitted.len(), (clock.now_us() - T0) / SEC);
+    assert!(admitted.len() > 50_000, "most accounts called: {}", admitted.len());
+    for (account, times) in admitted.iter() {
+        let mut times = times.clone();
+        times.sort_unstable();
+        assert!(times.len() <= 3, "account {account}: {} in a day of 3", times.len());
+        assert!(support::max_in_window(&times, SEC) <= 2, "account {account}: a window of 2 passed: {times:?}");
+    }
+    // The hot accounts got their days' 3.
+    assert!((0..500).all(|a| admitted.get(&a).is_some_and(|t| t.len() == 3)), "a hot account short of its day");
 }
 
 /// Upgrading from the hash layout (every wxgate before the packed state,
