@@ -232,7 +232,9 @@ impl Resilient {
                 s.return_leases().await;
                 s.check_lease_penalties().await;
                 s.take_reserves().await;
-                if s.resilience.fallback == Fallback::Local {
+                // The shared counts the guessed share starts from: not read
+                // when leases or reserves hold what an outage may spend.
+                if s.resilience.fallback == Fallback::Local && s.leases.is_none() {
                     s.refresh_seen().await;
                 }
                 if ticks % HEARTBEAT_EVERY == 1 {
