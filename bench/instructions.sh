@@ -34,8 +34,8 @@
 # one: the margin's probe wakes once a second, not every 10 ms: under
 # callgrind a run's 2000 calls take a minute, and the probe's wake-ups
 # would count against them).
-# BENCH_REDIS_MORE='quota_leases = true' adds lines to the Redis store's
-# [store] table (quota leases: a hot pair decided in-process).
+# BENCH_REDIS_MORE='quota_leases = false' adds lines to the Redis store's
+# [store] table (e.g. the per-call path; leases and reserves are the default).
 # BENCH_AUTH=1 runs wxgate with caller_auth = "required" (one [[caller]],
 # key_sha256, accounts = ["*"]) and every call carries its
 # `Authorization: Bearer` key: the cost of proving the caller.

@@ -47,7 +47,7 @@
 #                      the rounds; use BENCH_ROUNDS=3 (or 5) for medians.
 #   BENCH_PROXY_CPU    the CPU of the proxy under test when pinned (default 0)
 #   BENCH_REDIS_MORE   lines added to every Redis target's [store] table,
-#                      e.g. 'quota_leases = true'
+#                      e.g. 'quota_leases = false' (the per-call path)
 #   BENCH_MEMORY_LIMITS  target 3's limits instead of ones that never throttle,
 #                      e.g. '[{ count = 1000000000, per = "day" }]' (a day quota:
 #                      each admission also goes to the admissions journal)
@@ -573,7 +573,7 @@ alloc_port WX_SPENT_PORT
 alloc_port WX_SPENTNC_PORT
 # redis_store PREFIX [EXTRA_TOML]: the [store] body of a Redis target
 # (BENCH_REDIS_MORE: lines added to every Redis target's, e.g.
-# 'quota_leases = true')
+# 'quota_leases = false')
 redis_store() {
   printf 'kind = "redis"\nurl = "redis://127.0.0.1:%s"\ntimeout = "1s"\nkey_prefix = "%s"\n%s\n%s' \
     "$REDIS_PORT" "$1" "${2:-}" "${BENCH_REDIS_MORE:-}"

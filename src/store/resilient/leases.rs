@@ -33,7 +33,8 @@
 //!
 //! **Reserves** (`[store] quota_reserve`, a duration R; [`crate::limit::lease`]
 //! "Reserves"): for every pair with a calendar quota this instance called
-//! within the last R, it holds a reserve of that quota, taken by the keeper
+//! at least [`RESERVE_CALLS`] times within the last R (among the
+//! [`MAX_PAIRS`] it tracks), it holds a reserve of that quota, taken by the keeper
 //! ([`Leases::reserves_wanted`], at most [`RESERVE_TAKES`] a tick): as many
 //! units as it called in the last R (the larger of the current and the
 //! previous R-long bucket), at most half of what is left (the take caps it).
@@ -62,8 +63,13 @@ pub const HOT_CALLS: u32 = 4;
 pub const COLD_US: Micros = 1_000_000;
 /// At most this many pairs are tracked (the rest are decided per call, and
 /// hold no reserve: through an outage their calendar quotas refuse). About
-/// 150 bytes each, 300 with a reserve.
-pub const MAX_PAIRS: usize = 100_000;
+/// 150 bytes each, 300 with a reserve; the keeper passes over them every
+/// tick.
+pub const MAX_PAIRS: usize = 10_000;
+/// Calls within the last `quota_reserve` that make a pair worth a reserve:
+/// its take and its return are two script runs, paid back by the calls
+/// (a pair called once in a while, among many accounts, stays without).
+pub const RESERVE_CALLS: u32 = 4;
 /// A pair unused this long is forgotten (its lease, if any, given back);
 /// one with a reserve after two of its buckets.
 const IDLE_US: Micros = 10_000_000;
@@ -133,6 +139,8 @@ struct Pair {
     reserve: Option<Box<Reserve>>,
     reserving: bool,
     no_reserve_until: Micros,
+    /// Takes in a row that granted nothing (each waits twice as long).
+    reserve_misses: u8,
 }
 
 impl Pair {
@@ -406,7 +414,7 @@ impl Leases {
                     continue;
                 }
                 let want = u64::from(pair.recent(self.reserve_us, now));
-                if want == 0 {
+                if want < u64::from(RESERVE_CALLS) {
                     continue;
                 }
                 // Taken anew once the pace doubled since, or an outage spent
@@ -448,6 +456,7 @@ impl Leases {
         pair.reserving = false;
         match leased {
             Some(lease) if lease.units > 0 => {
+                pair.reserve_misses = 0;
                 self.counters.reserved.inc_by(lease.units);
                 let deadline = sent + (lease.until - lease.at);
                 let rule = pair.rule.as_ref().map_or_else(|| Arc::new(key.rule.clone()), |(r, _)| r.clone());
@@ -456,9 +465,14 @@ impl Leases {
                 pair.reserve =
                     Some(Box::new(Reserve { lease, left, wanted, deadline, rule, offset_us: key.offset_us }));
             }
-            // Nothing left to reserve, or Redis did not answer: try again
-            // a bucket later.
-            _ => pair.no_reserve_until = now + self.reserve_us,
+            // Nothing left to reserve (leases out may hold it for a
+            // moment), or Redis did not answer: try again in a second, then
+            // twice as long each time, at most a bucket later.
+            _ => {
+                let wait = COLD_US.saturating_mul(1 << pair.reserve_misses.min(12)).min(self.reserve_us);
+                pair.reserve_misses = pair.reserve_misses.saturating_add(1);
+                pair.no_reserve_until = now + wait;
+            }
         }
     }
 
