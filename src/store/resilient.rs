@@ -393,7 +393,7 @@ impl Resilient {
     /// no reserve (or not enough of it) is held.
     async fn spend_reserve(&self, ask: &Ask<'_>, local_key: Key<'_>) -> Result<Option<Decision>, StoreError> {
         let Some(leases) = self.leases.as_ref().filter(|l| l.reserves()) else { return Ok(None) };
-        let cost = u64::from(ask.cost.max(1));
+        let cost = ask.cost.max(1);
         if !leases.spend_reserve(ask.key, cost, self.local.now()) {
             return Ok(None);
         }
