@@ -295,6 +295,9 @@ async fn by_default_an_outage_after_skewed_traffic_spends_each_instances_reserve
     let mock = MockWeChat::start().await;
     let config = rules(&redis, "local", send().limit(20, "day"));
     let (one, two) = (Gate::start_real(&mock, &config).await, Gate::start_real(&mock, &config).await);
+    let health = get_at(one.admin_addr(), "/v1/health").await.json();
+    let store = &health["store"];
+    assert_eq!((store["quota_leases"].as_bool(), store["quota_reserve_seconds"].as_f64()), (Some(true), Some(60.0)));
     for (gate, calls) in [(&one, 10), (&two, 4)] {
         for _ in 0..calls {
             assert_eq!(gate.get("/cgi-bin/message/custom/send").await.status, 200);

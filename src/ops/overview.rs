@@ -190,11 +190,15 @@ pub fn health(app: &App) -> Answer {
     };
     let last = app.reloads.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let config = app.config.load();
-    let (fallback, quota_leases) = match &config.store {
-        crate::config::StoreConfig::Redis(r) => {
-            (Some(format!("{:?}", r.resilience.fallback).to_lowercase()), r.resilience.quota_leases.is_some())
-        }
-        _ => (None, false),
+    let (fallback, quota_leases, quota_reserve) = match &config.store {
+        crate::config::StoreConfig::Redis(r) => (
+            Some(format!("{:?}", r.resilience.fallback).to_lowercase()),
+            r.resilience.quota_leases.is_some(),
+            (r.resilience.fallback == crate::config::Fallback::Local)
+                .then(|| r.resilience.quota_reserve.as_secs_f64())
+                .filter(|s| *s > 0.0),
+        ),
+        _ => (None, false, None),
     };
     json_answer(
         StatusCode::OK,
@@ -206,6 +210,9 @@ pub fn health(app: &App) -> Answer {
                 // Redis: what decides while it cannot (`[store] fallback`).
                 "fallback": fallback,
                 "quota_leases": quota_leases,
+                // Seconds of recent calls held of each calendar quota for an
+                // outage (`[store] quota_reserve`; null: none).
+                "quota_reserve_seconds": quota_reserve,
                 "instances": app.core.store.instances(),
                 "breaker_opened": m.breaker_opened.get(),
                 "errors": m.store_errors.get(),
