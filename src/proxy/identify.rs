@@ -10,8 +10,8 @@
 //! count under its corpid ([`crate::features::hooks::Who::counted`]).
 
 use bytes::Bytes;
-use http::uri::PathAndQuery;
 use http::header::Entry as HeaderEntry;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use hyper::body::Incoming;
 
