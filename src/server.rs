@@ -225,7 +225,11 @@ fn http1(header_timeout: Duration) -> Builder {
         .header_read_timeout(header_timeout)
         .half_close(true)
         .max_buf_size(2 * MAX_HEAD_BYTES)
-        .max_header_size(MAX_HEAD_BYTES);
+        .max_header_size(MAX_HEAD_BYTES)
+        // One buffer, one write(2): an answer's body is small JSON, copied
+        // after its head. With writev hyper zeroes 64 I/O slices for every
+        // flush (~250 instructions each, twice a call with the upstream's).
+        .writev(false);
     builder
 }
 

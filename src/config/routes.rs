@@ -215,20 +215,19 @@ fn is_normal(path: &[u8]) -> bool {
     if path.len() < 2 || path[0] != b'/' {
         return false;
     }
-    let mut start = 1;
-    for i in 1..=path.len() {
-        match path.get(i).copied().unwrap_or(b'/') {
+    // The segment since the last `/`: its length, and whether it is dots
+    // only (`.`, `..` are refused; `...` is a name).
+    let (mut len, mut dots) = (0usize, true);
+    for &b in &path[1..] {
+        match b {
             b'%' | b'?' => return false,
-            b'/' => {
-                if matches!(&path[start..i], b"" | b"." | b"..") {
-                    return false;
-                }
-                start = i + 1;
-            }
-            _ => {}
+            b'/' if len == 0 || (dots && len <= 2) => return false,
+            b'/' => (len, dots) = (0, true),
+            b'.' => len += 1,
+            _ => (len, dots) = (len + 1, false),
         }
     }
-    true
+    len > 0 && !(dots && len <= 2)
 }
 
 /// The path used for matching: see the module docs. Always starts with `/`

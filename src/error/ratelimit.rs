@@ -20,11 +20,15 @@ fn secs_up(us: Micros) -> i64 {
 /// `RateLimit: "<policy>";r=<remaining>;t=<reset s>` for the rule's limit `limit`.
 fn current(headers: &mut HeaderMap, policy: &Policy, limit: usize, remaining: u64, reset_us: Micros) {
     let Some(prefix) = policy.prefix(limit) else { return };
-    let mut value = Vec::with_capacity(prefix.len() + 28);
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (r, t) = (r.format(remaining).as_bytes(), t.format(secs_up(reset_us)).as_bytes());
+    // Exactly its length: a full `Vec` becomes `Bytes` without a second
+    // allocation (a partly filled one allocates its shared header).
+    let mut value = Vec::with_capacity(prefix.len() + r.len() + 3 + t.len());
     value.extend_from_slice(prefix.as_bytes());
-    value.extend_from_slice(itoa::Buffer::new().format(remaining).as_bytes());
+    value.extend_from_slice(r);
     value.extend_from_slice(b";t=");
-    value.extend_from_slice(itoa::Buffer::new().format(secs_up(reset_us)).as_bytes());
+    value.extend_from_slice(t);
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(RATELIMIT, v);
     }

@@ -103,7 +103,6 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
         }
     }
     strip_hop_by_hop(&mut parts.headers);
-    let body = body.holding(forwarded.guards);
     call.errcode = errcode(verdict);
     if let (Some(code), Some(m)) = (call.errcode, &call.route.metrics) {
         m.errcode(code);
@@ -114,13 +113,15 @@ pub async fn answer(app: &App, call: &mut Call, mut forwarded: Forwarded) -> Res
         answered(&call.arrived, &call.route, &call.who, &forwarded.target, verdict, whole, admitted.as_ref());
     app.features.on_answer(env, &mut call.features, &mut view).await;
     let Some(rule) = view.rule else {
-        return Ok(Response::from_parts(parts, body));
+        return Ok(Response::from_parts(parts, body.holding(forwarded.guards)));
     };
     if let Some(wait_us) = view.penalty {
         let caller_status = call.who.caller.policy().and_then(|p| p.throttle_status);
         call.outcome = crate::error::penalised(&mut parts, rule, view.config, caller_status, wait_us);
     }
     app.features.on_response(&call.features, &view, &mut parts.headers);
+    // The body holds the in-flight count, the activity count and the
+    // concurrency slot until it is sent (one allocation for the three).
     let slot = admitted.and_then(|a| a.slot);
-    Ok(Response::from_parts(parts, body.holding(slot)))
+    Ok(Response::from_parts(parts, body.holding((forwarded.guards, slot))))
 }

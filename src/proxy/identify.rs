@@ -10,8 +10,9 @@
 //! count under its corpid ([`crate::features::hooks::Who::counted`]).
 
 use bytes::Bytes;
+use http::header::Entry as HeaderEntry;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderName, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use hyper::body::Incoming;
 
 use super::call::{Call, Routed};
@@ -79,8 +80,7 @@ async fn who(app: &App, call: &mut Call, source: &mut Source<'_>, target: &PathA
 /// it checked: (the account named, whether the caller is authenticated).
 fn client(app: &App, call: &mut Call, req: &mut Request<Incoming>) -> Result<(Option<String>, bool), ProxyError> {
     let authenticated = caller(app, call, req)?;
-    let named = named(req.headers(), call.arrived.named.take())?;
-    req.headers_mut().remove(ACCOUNT);
+    let named = named(req.headers_mut(), call.arrived.named.take())?;
     // The grant of a named account is checked before anything of the call
     // is looked up or kept (its token, its body).
     if let (true, Some(account)) = (authenticated, &named) {
@@ -159,25 +159,30 @@ pub fn split_prefix(target: &PathAndQuery) -> Result<Option<(String, PathAndQuer
     Ok(Some((account.to_owned(), stripped)))
 }
 
-/// The account `X-Wx-Account` names, if given (once, and valid).
-fn header(headers: &HeaderMap) -> Result<Option<&str>, ProxyError> {
-    let mut values = headers.get_all(ACCOUNT).iter();
-    let Some(value) = values.next() else { return Ok(None) };
+/// The account `X-Wx-Account` names, if given (once, and valid), taken
+/// off the request (every field of it): one lookup of the name.
+fn header(headers: &mut HeaderMap) -> Result<Option<HeaderValue>, ProxyError> {
+    let HeaderEntry::Occupied(given) = headers.entry(ACCOUNT) else { return Ok(None) };
+    let (_, mut values) = given.remove_entry_mult();
+    let first = values.next();
     if values.next().is_some() {
         return Err(ProxyError::BadRequest("X-Wx-Account is given more than once".into()));
     }
-    match value.to_str() {
-        Ok(v) if valid_account(v) => Ok(Some(v)),
+    match first {
+        Some(value) if value.to_str().is_ok_and(valid_account) => Ok(Some(value)),
         _ => Err(ProxyError::BadRequest(format!("X-Wx-Account must be {ALPHABET}"))),
     }
 }
 
-/// The account a call names, if it names one: `X-Wx-Account` or the
-/// `@account` prefix accept split off (`prefix`); 400 if both are given and
-/// differ. The identify phase checks the caller's grant of it before
-/// anything is looked up ([`identify`]).
-pub fn named(headers: &HeaderMap, prefix: Option<String>) -> Result<Option<String>, ProxyError> {
-    match (header(headers)?, prefix) {
+/// The account a call names, if it names one: `X-Wx-Account` (taken off
+/// the request) or the `@account` prefix accept split off (`prefix`); 400
+/// if both are given and differ. The identify phase checks the caller's
+/// grant of it before anything is looked up ([`identify`]).
+pub fn named(headers: &mut HeaderMap, prefix: Option<String>) -> Result<Option<String>, ProxyError> {
+    let given = header(headers)?;
+    // Checked valid (ASCII) by `header`.
+    let given = given.as_ref().and_then(|v| v.to_str().ok());
+    match (given, prefix) {
         (Some(h), Some(p)) if h != p => Err(ProxyError::BadRequest(format!(
             "X-Wx-Account \"{h}\" and the @account prefix \"{p}\" name different accounts"
         ))),

@@ -29,7 +29,9 @@ pub enum RelayError {
 /// abandoned by the client.
 pub struct RelayBody {
     inner: Inner,
-    _guards: Vec<Box<dyn Send + Sync>>,
+    /// Every guard held, in one box (a call's are given at once: one
+    /// allocation).
+    _guards: Option<Box<dyn Send + Sync>>,
 }
 
 enum Inner {
@@ -47,14 +49,14 @@ enum Inner {
 impl RelayBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let b: Bytes = bytes.into();
-        RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _guards: Vec::new() }
+        RelayBody { inner: Inner::Full((!b.is_empty()).then_some(b)), _guards: None }
     }
 
     /// `prefix` (what was read already), then `rest` as it comes, with at
     /// most `stall` between two of its frames.
     pub fn stream(prefix: Bytes, rest: Incoming, stall: Duration) -> Self {
         let prefix = (!prefix.is_empty()).then_some(prefix);
-        RelayBody { inner: Inner::Stream { prefix, rest, stall, timer: None }, _guards: Vec::new() }
+        RelayBody { inner: Inner::Stream { prefix, rest, stall, timer: None }, _guards: None }
     }
 
     /// The whole body, when it was read whole (a sniffed JSON answer).
@@ -65,9 +67,12 @@ impl RelayBody {
         }
     }
 
-    /// Keeps `guard` alive until this body is dropped.
+    /// Keeps `guard` alive until this body is dropped (beside any it held).
     pub fn holding(mut self, guard: impl Send + Sync + 'static) -> Self {
-        self._guards.push(Box::new(guard));
+        self._guards = Some(match self._guards.take() {
+            None => Box::new(guard),
+            Some(held) => Box::new((held, guard)),
+        });
         self
     }
 }

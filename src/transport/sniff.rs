@@ -66,7 +66,10 @@ pub async fn sniff(
     if encoded(&parts) {
         return Ok((parts, RelayBody::stream(Bytes::new(), body, stall), Verdict::Unknown));
     }
-    let mut buf = BytesMut::new();
+    // The body so far: its first data frame as it came (most answers are
+    // one frame: nothing allocated nor copied), then, once another comes,
+    // all of it in `more`.
+    let (mut first, mut more) = (Bytes::new(), BytesMut::new());
     let mut by = None;
     loop {
         // A frame already there is taken without a timer (the usual small
@@ -82,17 +85,26 @@ pub async fn sniff(
             }
         };
         let Some(frame) = next else {
-            let bytes = buf.freeze();
+            let bytes = if more.is_empty() { first } else { more.freeze() };
             let verdict = if looks_like_json(&bytes) { json_verdict(&bytes, ok) } else { fallback };
             return Ok((parts, RelayBody::full(bytes), verdict));
         };
         let frame = frame?;
         if let Ok(data) = frame.into_data() {
-            buf.extend_from_slice(&data);
+            if first.is_empty() && more.is_empty() {
+                first = data;
+            } else {
+                if more.is_empty() {
+                    more.extend_from_slice(&std::mem::take(&mut first));
+                }
+                more.extend_from_slice(&data);
+            }
         }
-        let started = buf.iter().find(|b| !b.is_ascii_whitespace());
-        if started.is_some_and(|&b| b != b'{') || buf.len() > cap {
-            return Ok((parts, RelayBody::stream(buf.freeze(), body, stall), fallback));
+        let so_far: &[u8] = if more.is_empty() { &first } else { &more };
+        let started = so_far.iter().find(|b| !b.is_ascii_whitespace());
+        if started.is_some_and(|&b| b != b'{') || so_far.len() > cap {
+            let bytes = if more.is_empty() { first } else { more.freeze() };
+            return Ok((parts, RelayBody::stream(bytes, body, stall), fallback));
         }
     }
 }

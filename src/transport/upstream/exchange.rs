@@ -207,8 +207,13 @@ impl Link {
             |e: Box<dyn std::error::Error + Send + Sync>| UpstreamError::Connect(error_chain(e.as_ref()));
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await.map_err(connect_error)?;
         let io = connector.call(base.clone()).await.map_err(connect_error)?;
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(io).await.map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
+        // writev off, as on the server side (`crate::server`): a call's
+        // head and its small body go in one buffer and one write(2).
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
+            .handshake(io)
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
         let task = tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(target: "wxgate::transport::upstream", error = %e, "upstream connection ended with an error");

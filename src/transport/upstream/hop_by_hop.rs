@@ -154,6 +154,9 @@ fn strip(headers: &mut HeaderMap, bit: fn(&str) -> u16) -> u16 {
             }
         }
     }
+    // Only the names the message has: `Connection: keep-alive` without a
+    // `Keep-Alive` field (most answers) costs no lookup of an absent name.
+    present &= seen;
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
