@@ -195,7 +195,7 @@ pub fn health(app: &App) -> Answer {
             Some(format!("{:?}", r.resilience.fallback).to_lowercase()),
             r.resilience.quota_leases.is_some(),
             (r.resilience.fallback == crate::config::Fallback::Local)
-                .then(|| r.resilience.quota_reserve.as_secs_f64())
+                .then_some(r.resilience.quota_reserve.as_secs_f64())
                 .filter(|s| *s > 0.0),
         ),
         _ => (None, false, None),
