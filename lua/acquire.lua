@@ -107,6 +107,8 @@ local inst = ARGV[4]
 -- How long a day limit WeChat reported (day.l, reported at day.la) applies:
 -- src/limit/learned.rs KEEP_US (a test keeps the two equal).
 local KEEP_LEARNED = 172800000000
+-- src/limit/lease.rs RESERVE_RETRY_US.
+local RESERVE_RETRY = 1000000
 -- A calendar quota's field names (count, period, reservations; this
 -- instance's count and its period), made once per field per run: the calls
 -- of a batch share them.
@@ -408,6 +410,19 @@ local function acquire(k, a)
     if normal then
       local plain, plain_reason, plain_fits = earliest(all, now, off, false, cost, rwaits)
       if plain_fits and plain - now <= max_wait then reason = 5 else reason = plain_reason end
+    end
+    -- A calendar quota partly held in a reserve (le.<id>#r live, lu.<id>#r
+    -- units left): try again in a second, not at the period's end
+    -- (src/limit/lease.rs RESERVE_RETRY_US; never a hold on that room).
+    if reason == 2 and wait > RESERVE_RETRY then
+      local v = st.v
+      for f, x in pairs(v) do
+        if type(x) == 'number' and x > now and string.sub(f, 1, 3) == 'le.' and string.sub(f, -2) == '#r'
+          and (tonumber(v['lu.' .. string.sub(f, 4)]) or 0) > 0 then
+          wait = RESERVE_RETRY
+          break
+        end
+      end
     end
     local answer = string.format('0 %d %d', wait, reason)
     local over = {}

@@ -1372,6 +1372,9 @@ fn scenarios() -> Vec<Scenario> {
                 // The window's whole burst is still there.
                 call(5, Ok),
                 vec![(Wait(5 * LEASE_T), Any), (Lease(100, 0), Units(0, 0)), (Reserve(1), Units(0, 0))],
+                // The day is full while the reserve is out: again in a
+                // second, not at midnight (its units may come back).
+                vec![(Call("a"), No(SEC, Reason::Quota))],
                 // WeChat's reset: the reserve may still be spent (in an
                 // outage), so its units stay counted.
                 vec![(Clear, Any), (Inspect, State("the reserve's 4 kept", |s| day_used(s) == 4))],

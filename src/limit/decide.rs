@@ -72,6 +72,15 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
             .filter(|(_, (_, s))| recipient_wait(rule, *s, now) > ask.max_wait_us)
             .map(|(i, _)| i as u32)
             .collect();
+        // A calendar quota partly held in a reserve: try again soon.
+        let wait = if reason == Reason::Quota
+            && wait > super::lease::RESERVE_RETRY_US
+            && super::lease::reserve_out(state, now)
+        {
+            super::lease::RESERVE_RETRY_US
+        } else {
+            wait
+        };
         return Decision::Reject { wait_us: wait, reason, over };
     }
     // The keys only: the states borrowed above are written below.
