@@ -218,6 +218,17 @@ pub struct InstanceLease {
     pub until: Micros,
 }
 
+/// A refusal for a calendar quota while a reserve of the pair is out says
+/// "again in a second", not "at the period's end": the reserve's units come
+/// back at its instance's next call of the pair (or when the pair idles),
+/// and then go to whoever asks (lua/acquire.lua `RESERVE_RETRY`; [`lease`]). Only the
+/// refusal's wait: a call is never held on room that may come back.
+pub const RESERVE_RETRY_US: Micros = 1_000_000;
+
+/// Appended to an instance's id to name its reserve's record
+/// ([`RuleState::leases`]; Redis `le.<id>#r`, `lu.<id>#r`).
+pub const RESERVE_RECORD: &str = "#r";
+
 /// How long a learned day limit stays after WeChat last reported it
 /// (`learned::KEEP_US`).
 pub const LEARNED_KEEP_US: Micros = 2 * 86_400_000_000;
@@ -384,6 +395,12 @@ impl ShareState {
 }
 
 impl RuleState {
+    /// Whether a reserve of the pair (any instance's) may still hold units
+    /// at `now` ([`RESERVE_RETRY_US`]).
+    pub fn reserve_out(&self, now: Micros) -> bool {
+        self.leases.iter().any(|l| l.instance.ends_with(RESERVE_RECORD) && l.until > now && l.units > 0)
+    }
+
     pub(crate) fn get(&self, key: WindowKey) -> Option<LimitState> {
         state_of(&self.limits, key)
     }

@@ -73,11 +73,8 @@ pub fn decide(state: &mut RuleState, ask: &Ask<'_>, now: Micros, account_warm: M
             .map(|(i, _)| i as u32)
             .collect();
         // A calendar quota partly held in a reserve: try again soon.
-        let wait = if reason == Reason::Quota
-            && wait > super::lease::RESERVE_RETRY_US
-            && super::lease::reserve_out(state, now)
-        {
-            super::lease::RESERVE_RETRY_US
+        let wait = if reason == Reason::Quota && wait > super::RESERVE_RETRY_US && state.reserve_out(now) {
+            super::RESERVE_RETRY_US
         } else {
             wait
         };

@@ -80,22 +80,7 @@ use super::decide::{counts, own_count, set_run, tat_of};
 use super::{learned, InstanceLease, Limit, LimitState, Quota, Rule, RuleState, WindowKey};
 use crate::time::Micros;
 
-/// A refusal for a calendar quota while a reserve of the pair is out says
-/// "again in a second", not "at the period's end": the reserve's units come
-/// back at its instance's next call of the pair (or when the pair idles),
-/// and then go to whoever asks (lua/acquire.lua `RESERVE_RETRY`). Only the
-/// refusal's wait: a call is never held on room that may come back.
-pub const RESERVE_RETRY_US: Micros = 1_000_000;
-
-/// Whether a reserve of the pair (another instance's, or this one's) may
-/// still hold units at `now`.
-pub fn reserve_out(state: &RuleState, now: Micros) -> bool {
-    state.leases.iter().any(|l| l.instance.ends_with(RESERVE_RECORD) && l.until > now && l.units > 0)
-}
-
-/// Appended to an instance's id to name its reserve's record
-/// ([`RuleState::leases`]; Redis `le.<id>#r`, `lu.<id>#r`).
-pub const RESERVE_RECORD: &str = "#r";
+pub use super::{RESERVE_RECORD, RESERVE_RETRY_US};
 
 /// What a take asks for: at most `units`, spendable for at most `span_us`,
 /// by `instance` ([`InstanceLease::instance`]), leaving the rule's reserve
