@@ -25,6 +25,8 @@
 #
 # Needs valgrind, nginx, redis-server, redis-cli, curl (installed with
 # apt-get when missing and we are root). BENCH_CALLS defaults to 2000.
+# BENCH_ACCOUNTS=100000 (with BENCH_LOAD): every call another account's,
+# round-robin over that many (X-Wx-Account), as bench/run.sh's accounts mode.
 # BENCH_LOAD=64 counts under load instead: wrk (1 thread, 64 connections,
 # BENCH_LOAD_SECONDS, default 20) against the proxy under callgrind, the
 # total divided by the calls wrk completed (the few in flight at the end
@@ -67,6 +69,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 CALLS=${BENCH_CALLS:-2000}
 LOAD=${BENCH_LOAD:-0}            # connections: wrk under load instead of sequential calls
+ACCOUNTS=${BENCH_ACCOUNTS:-1}    # under load: each call another of this many accounts' (X-Wx-Account)
 LOAD_SECONDS=${BENCH_LOAD_SECONDS:-20}
 [[ $LOAD =~ ^[0-9]+$ && $LOAD_SECONDS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_LOAD and BENCH_LOAD_SECONDS are numbers" >&2; exit 2; }
 ((LOAD == 0)) || command -v wrk >/dev/null || { echo "bench: BENCH_LOAD needs wrk" >&2; exit 1; }
@@ -232,6 +235,11 @@ for rcpt in "${RCPTS[@]}"; do
       if ((LOAD)); then
         script=()
         [ -f "$TMP/post.lua" ] && script=(-s "$TMP/post.lua")
+        if ((ACCOUNTS > 1)); then   # every call another account's, round-robin
+          printf 'local n, i = %d, 0\nlocal hdr = { ["X-Wx-Account"] = "" }\nfunction request()\n  i = i %% n + 1\n  hdr["X-Wx-Account"] = "wxacct" .. i\n  return wrk.format(nil, nil, hdr)\nend\n' \
+            "$ACCOUNTS" >"$TMP/accounts.lua"
+          script=(-s "$TMP/accounts.lua")
+        fi
         wrk -t1 -c"$LOAD" -d"${LOAD_SECONDS}s" "${HDR[@]}" "${script[@]}" "$URL" >"$TMP/wrk.out"
         if ((WITH_RCPT)) && grep -q 'Non-2xx' "$TMP/wrk.out"; then
           cat "$TMP/wrk.out" >&2; echo "bench: calls not admitted under load" >&2; exit 1

@@ -35,7 +35,7 @@
 //! "Reserves"): for every pair with a calendar quota this instance called
 //! at least [`RESERVE_CALLS`] times within the last R (among the
 //! [`MAX_PAIRS`] it tracks), it holds a reserve of that quota, taken by the keeper
-//! ([`Leases::reserves_wanted`], at most [`RESERVE_TAKES`] a tick): as many
+//! ([`Leases::reserves_wanted`], at most [`RESERVE_TAKES`] a second): as many
 //! units as it called in the last R (the larger of the current and the
 //! previous R-long bucket), at most half of what is left (the take caps it).
 //! The units are counted in Redis when taken, so while Redis answers they
