@@ -349,12 +349,7 @@ impl Leases {
     pub fn taken(&self, key: Key<'_>, leased: Option<Leased>, sent: Micros, now: Micros) -> Option<Decision> {
         let mut pairs = lock(&self.pairs);
         let Some(pair) = pairs.get_mut(key) else {
-            // Forgotten meanwhile (a reload): give it back whole.
-            if let Some(lease) = leased.filter(|l| l.units > 0) {
-                self.counters.taken.inc_by(lease.units);
-                let unspent = lease.units;
-                self.queue(key.account, Arc::new(key.rule.clone()), key.offset_us, lease, unspent, false);
-            }
+            self.give_back_whole(key, leased, false);
             return None;
         };
         pair.taking = false;
@@ -454,12 +449,7 @@ impl Leases {
         let key = t.key();
         let mut pairs = lock(&self.pairs);
         let Some(pair) = pairs.get_mut(key) else {
-            // Forgotten meanwhile (a reload): give it back whole.
-            if let Some(lease) = leased.filter(|l| l.units > 0) {
-                self.counters.reserved.inc_by(lease.units);
-                let unspent = lease.units;
-                self.queue(key.account, Arc::new(key.rule.clone()), key.offset_us, lease, unspent, true);
-            }
+            self.give_back_whole(key, leased, true);
             return;
         };
         pair.reserving = false;
@@ -650,6 +640,16 @@ impl Leases {
         if h.left > 0 {
             self.queue(account, h.rule, h.offset_us, h.lease, h.left, false);
         }
+    }
+
+    /// A take (a reserve's when `reserve`) answered for a pair forgotten
+    /// meanwhile (a reload): counted, and given back whole.
+    fn give_back_whole(&self, key: Key<'_>, leased: Option<Leased>, reserve: bool) {
+        let Some(lease) = leased.filter(|l| l.units > 0) else { return };
+        let taken = if reserve { &self.counters.reserved } else { &self.counters.taken };
+        taken.inc_by(lease.units);
+        let unspent = lease.units;
+        self.queue(key.account, Arc::new(key.rule.clone()), key.offset_us, lease, unspent, reserve);
     }
 
     /// Queues what is left of a reserve to be given back.
