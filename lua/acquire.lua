@@ -12,7 +12,8 @@
 -- while a batch is in flight as the next batch, so a busy instance runs one
 -- script per round trip instead of one per call.
 --
--- KEYS     per call, in call order, three and then one per recipient:
+-- KEYS     per call, in call order, one (three with a warm-up or a
+--          concurrency cap) and then one per recipient:
 --            pair state:         <prefix>:{<account>}:<rule>
 --            account warm-up:    <prefix>:{<account>}:#warm (last token refresh, µs)
 --            concurrency slots:  <prefix>:{<account>}:<rule>:c (zset holder -> lease expiry)
@@ -33,9 +34,10 @@
 --          a failover reads (lua/reconcile.lua)
 -- then, per call:
 --          max wait: hold the call up to this long for its slot (0 = refuse instead)
+--          holder id of this call (unique across instances; "" without a cap)
+--          "=" when the call's spec is the previous call's, else the spec:
 --          warm-up period, µs (0 = none)
 --          concurrency cap (0 = none)
---          holder id of this call (unique across instances)
 --          lease of a concurrency slot, µs
 --          number of limits L, then the rule's limits, five values each:
 --            kind, field, a, b, r
@@ -56,23 +58,25 @@
 --            moment, all or none; refused whatever the wait when a window's
 --            tolerance cannot hold n at once (or a calendar quota n)
 --          the number P of per-recipient windows, then P × (field, T, τ)
+--          (the spec ends here)
 --          the number R of recipient keys of this call (0 without P); each
 --            recipient costs 1 against its own windows (no warm-up), all or
 --            nothing with the rule's limits
 --
--- Returns one string: per call, in order, separated by ",", integers
--- separated by spaces (one bulk reply parses far cheaper in the client than
--- nested arrays of integers):
---         "1 at escalated hold_us qi qr qt ci cr ct"  admitted: forward at
+-- Returns one flat array of integers: per call, in order (no nesting, no
+-- number printed: string.format's ten integers cost Redis about 12,000
+-- instructions a call, the array about 10,000, and the client reads
+-- integers without splitting a string):
+--         1 at escalated hold_us qi qr qt ci cr ct  admitted: forward at
 --             `at` (now + hold_us); limit qi (1-based; 0 = none) has least
 --             room left: qr calls, whole again / reset in qt µs; ci, cr, ct
---             the same among the calendar quotas only (left out for a
---             rule without calendar quotas)
---         "0 wait_us reason j…"  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
+--             the same among the calendar quotas only (ci 0: the rule has
+--             none)
+--         0 wait_us reason m j1…jm  refused; reason 1 rate, 2 quota, 3 penalty, 4 concurrency,
 --             5 reserve (refused only because what is left is the reserve),
 --             6 share (the caller's max_share of a limit is what refuses),
 --             7 recipient (a recipient's own window is what refuses); j…:
---             the 0-based indices of the recipients over their own windows
+--             the 0-based indices of the m recipients over their own windows
 --
 -- State fields (one packed value: lua/prelude.lua state_read): <field> = GCRA theoretical arrival time (window limits);
 -- <field>.p / .n / .q = period id / calls counted in it / calls reserved for
@@ -91,18 +95,31 @@ local function num(s, default)
   return tonumber(s) or default
 end
 
+local now = store_now(ARGV[1])
+local off = tonumber(ARGV[2])
+
+-- period(kind, t, off), kept for t = now: every call of a run asks it.
+local now_periods = {}
+local function period_of(kind, t)
+  if t ~= now then return period(kind, t, off) end
+  local p = now_periods[kind]
+  if not p then
+    local id, nxt = period(kind, t, off)
+    p = {id, nxt}
+    now_periods[kind] = p
+  end
+  return p[1], p[2]
+end
+
 -- Earliest time >= t at which a calendar quota has room.
-local function calendar_free_at(kind, p, n, q, count, t, off)
-  local id, nxt = period(kind, t, off)
+local function calendar_free_at(kind, p, n, q, count, t)
+  local id, nxt = period_of(kind, t)
   local used, next = counts(p, n, q, id)
   if used < count then return t end
   if next < count then return nxt end
-  local _, after = period(kind, nxt, off)
+  local _, after = period_of(kind, nxt)
   return after
 end
-
-local now = store_now(ARGV[1])
-local off = tonumber(ARGV[2])
 local inst = ARGV[4]
 -- How long a day limit WeChat reported (day.l, reported at day.la) applies:
 -- src/limit/learned.rs KEEP_US (a test keeps the two equal).
@@ -182,7 +199,7 @@ local function earliest(all, now, off, keep, cost, rwaits)
       local room = l.a - kept - extra
       if room < 0 then room = 0 end
       if extra > 0 and room == 0 then fits = false end
-      wait = calendar_free_at(l.kind, l.p, l.n, l.q, room, now, off) - now
+      wait = calendar_free_at(l.kind, l.p, l.n, l.q, room, now) - now
     end
     if wait > worst then
       worst = wait
@@ -206,7 +223,7 @@ local function earliest(all, now, off, keep, cost, rwaits)
       if keep then kept = l.r end
       local room = l.a - kept - extra
       if room < 0 then room = 0 end
-      local free = calendar_free_at(l.kind, l.p, l.n, l.q, room, at, off)
+      local free = calendar_free_at(l.kind, l.p, l.n, l.q, room, at)
       if free > at then
         at = free
         reason = l.code
@@ -221,10 +238,10 @@ end
 -- whose count of this instance's calls goes up too. Returns the counts and
 -- the period's end.
 local function count_call(st, l, now, at, off, cost, mine)
-  local current, nxt = period(l.kind, now, off)
+  local current, nxt = period_of(l.kind, now)
   local used, next = counts(l.p, l.n, l.q, current)
   local at_id = current
-  if at ~= now then at_id = period(l.kind, at, off) end
+  if at ~= now then at_id = period_of(l.kind, at) end
   if at_id == current then used = used + cost else next = next + cost end
   local nm = l.nm
   put(st, nm.p, current)
@@ -243,7 +260,7 @@ local function count_call(st, l, now, at, off, cost, mine)
   end
   local keep = nxt
   if next > 0 then
-    local _, after = period(l.kind, nxt, off)
+    local _, after = period_of(l.kind, nxt)
     keep = after
   end
   return used, nxt, keep
@@ -255,23 +272,35 @@ local function tightest(qi, qr, qt, i, room, reset)
   return qi, qr, qt
 end
 
--- Decides the call whose keys start at KEYS[k] and whose values start at
--- ARGV[a]. Returns its answer and where the next call's values and keys start.
-local function acquire(k, a)
-  local key, warm_key, conc_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  local max_wait = tonumber(ARGV[a])
-  local warmup = tonumber(ARGV[a + 1])
-  local conc = tonumber(ARGV[a + 2])
-  local holder = ARGV[a + 3]
-  local lease = tonumber(ARGV[a + 4])
-  local last = a + 5 + 5 * tonumber(ARGV[a + 5])
+-- The run's answer (the integers above) and its length: made with room
+-- for 16 (grown twice fewer times; the end is marked by a nil at no + 1).
+local out, no = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0
+local function refused(wait, reason)
+  out[no + 1], out[no + 2], out[no + 3], out[no + 4] = 0, wait, reason, 0
+  no = no + 4
+end
+
+-- A call's rule as the client sent it (everything but its max wait, holder
+-- and recipients), parsed from ARGV[a] on: the table spec and where the
+-- values after it start. A call whose spec is the previous call's sends
+-- "=" instead (acquire below): it is parsed once per run, not per call.
+local function parse_spec(a)
+  local warmup = tonumber(ARGV[a])
+  local conc = tonumber(ARGV[a + 1])
+  local lease = tonumber(ARGV[a + 2])
+  local last = a + 3 + 5 * tonumber(ARGV[a + 3])
   local caller = ARGV[last + 1]
   local next_a = last + 2
 
   local limits = {}
   local normal = false
-  for i = a + 6, last, 5 do
-    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4]), code = 1}
+  for i = a + 4, last, 5 do
+    -- Every field a call sets is in the constructor: the table is sized
+    -- once, not grown field by field. a0, b0: a and b as sent (a call may
+    -- lower them: learned limits).
+    local l = {kind = ARGV[i], f = ARGV[i + 1], a = tonumber(ARGV[i + 2]), b = tonumber(ARGV[i + 3]), r = tonumber(ARGV[i + 4]), code = 1,
+      learn = false, nm = false, tat = false, t = 0, p = 0, n = 0, q = 0, a0 = 0, b0 = 0}
+    l.a0, l.b0 = l.a, l.b
     if l.kind == 'wl' then
       l.kind, l.learn = 'w', true
     elseif l.kind ~= 'w' then
@@ -289,7 +318,8 @@ local function acquire(k, a)
     for i = 1, n do
       local l = limits[i]
       local j = next_a + 2 * (i - 1)
-      shares[i] = {kind = l.kind, f = l.f .. '~' .. caller, a = tonumber(ARGV[j]), b = tonumber(ARGV[j + 1]), r = 0, code = 6}
+      local x, y = tonumber(ARGV[j]), tonumber(ARGV[j + 1])
+      shares[i] = {kind = l.kind, f = l.f .. '~' .. caller, a = x, b = y, r = 0, code = 6, a0 = x, b0 = y}
       all[i] = l
       all[n + i] = shares[i]
     end
@@ -297,17 +327,15 @@ local function acquire(k, a)
   end
   local cost = tonumber(ARGV[next_a]) or 1
   next_a = next_a + 1
-  -- Per-recipient windows and the number of recipient keys.
+  -- Per-recipient windows.
   local np = tonumber(ARGV[next_a]) or 0
-  local pr = {}
+  local pr = NONE
+  if np > 0 then pr = {} end
   for i = 1, np do
     local j = next_a + 1 + 3 * (i - 1)
     pr[i] = {f = ARGV[j], t = tonumber(ARGV[j + 1]), b = tonumber(ARGV[j + 2])}
   end
   next_a = next_a + 1 + 3 * np
-  local nr = tonumber(ARGV[next_a]) or 0
-  next_a = next_a + 1
-  local next_k = k + 3 + nr
   -- Each limit's field names (a calendar quota's made once per run).
   for i = 1, #all do
     local l = all[i]
@@ -319,6 +347,42 @@ local function acquire(k, a)
     else
       l.nm = names(l.f)
     end
+  end
+  return {warmup = warmup, conc = conc, lease = lease, limits = limits, shares = shares, all = all, normal = normal,
+    cost = cost, np = np, pr = pr}, next_a
+end
+
+-- The spec of the run's previous call (for "=").
+local last_spec
+
+-- Decides the call whose keys start at KEYS[k] and whose values start at
+-- ARGV[a], appending its answer to `out`. Returns where the next call's
+-- values and keys start. Its keys: the pair state, then (only with a
+-- warm-up or a concurrency cap) the account's warm-up key and the rule's
+-- slots, then its recipients'.
+local function acquire(k, a)
+  local max_wait = tonumber(ARGV[a])
+  local holder = ARGV[a + 1]
+  local spec
+  if ARGV[a + 2] == '=' then
+    spec, a = last_spec, a + 3
+  else
+    spec, a = parse_spec(a + 2)
+    last_spec = spec
+  end
+  local nr = tonumber(ARGV[a]) or 0
+  local next_a = a + 1
+  local warmup, conc, lease, limits, shares, all = spec.warmup, spec.conc, spec.lease, spec.limits, spec.shares, spec.all
+  local normal, cost, np, pr = spec.normal, spec.cost, spec.np, spec.pr
+  local key, warm_key, conc_key = KEYS[k], nil, nil
+  local extra = 0
+  if warmup > 0 or conc > 0 then
+    warm_key, conc_key, extra = KEYS[k + 1], KEYS[k + 2], 2
+  end
+  local next_k = k + 1 + extra + nr
+  for i = 1, #all do
+    local l = all[i]
+    l.a, l.b = l.a0, l.b0
   end
   local st = load(key)
   local sv = st.v
@@ -352,14 +416,16 @@ local function acquire(k, a)
 
   -- 1. A penalty refuses at once and consumes nothing.
   if pu > now then
-    return string.format('0 %d 3', pu - now), next_a, next_k
+    refused(pu - now, 3)
+    return next_a, next_k
   end
   -- 2. Concurrency: expired leases (a crashed instance's) free their slots.
   if conc > 0 then
     redis.call('ZREMRANGEBYSCORE', conc_key, '-inf', fmt(now))
     if redis.call('ZCARD', conc_key) >= conc then
       local first = redis.call('ZRANGE', conc_key, 0, 0, 'WITHSCORES')
-      return string.format('0 %d 4', tonumber(first[2]) - now), next_a, next_k
+      refused(tonumber(first[2]) - now, 4)
+      return next_a, next_k
     end
   end
   -- 3. Warm-up restarts when the pair was idle for a whole warm-up period.
@@ -387,9 +453,10 @@ local function acquire(k, a)
   end
 
   -- Each recipient's state and own wait (the largest of its windows').
-  local rsts, rwaits = {}, {}
+  local rsts, rwaits = NONE, NONE
+  if nr > 0 then rsts, rwaits = {}, {} end
   for r = 1, nr do
-    local rst = load(KEYS[k + 2 + r])
+    local rst = load(KEYS[k + extra + r])
     local w = 0
     for i = 1, np do
       local p = pr[i]
@@ -424,13 +491,16 @@ local function acquire(k, a)
         end
       end
     end
-    local answer = string.format('0 %d %d', wait, reason)
-    local over = {}
+    refused(wait, reason)
+    local m = no
     for r = 1, nr do
-      if rwaits[r] > max_wait then over[#over + 1] = tostring(r - 1) end
+      if rwaits[r] > max_wait then
+        no = no + 1
+        out[no] = r - 1
+      end
     end
-    if #over > 0 then answer = answer .. ' ' .. table.concat(over, ' ') end
-    return answer, next_a, next_k
+    out[m] = no - m
+    return next_a, next_k
   end
 
   -- 5. Admit at `at`: debit everything (written when the run ends).
@@ -524,24 +594,22 @@ local function acquire(k, a)
 
   local escalated = 0
   if pn > 0 and now < pu + pn then escalated = 1 end
-  if ci == 0 then
-    return string.format('1 %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt), next_a, next_k
-  end
-  return string.format('1 %d %d %d %d %d %d %d %d %d', at, escalated, wait, qi, qr, qt, ci, cr, ct), next_a, next_k
+  out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5] = 1, at, escalated, wait, qi
+  out[no + 6], out[no + 7], out[no + 8], out[no + 9], out[no + 10] = qr, qt, ci, cr, ct
+  no = no + 10
+  return next_a, next_k
 end
 
-local answers = {}
 local a, k = 5, 1
 while k <= nkeys do
-  local answer
-  answer, a, k = acquire(k, a)
-  answers[#answers + 1] = answer
+  a, k = acquire(k, a)
 end
--- Write what the admissions changed: one SET per key, then its TTL.
+out[no + 1] = nil
+-- Write what the admissions changed: one SET per key, with its TTL when it
+-- must be extended (put never stores false: the state is clean).
 for key, st in pairs(states) do
   if st.dirty then
-    state_write(key, st.v)
-    if st.extend then redis.call('PEXPIRE', key, st.extend) end
+    state_put(key, st.v, st.extend)
   end
 end
-return table.concat(answers, ',')
+return out

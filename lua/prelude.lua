@@ -126,12 +126,22 @@ local function state_read(key)
   return t, true
 end
 
--- Writes `t` (field -> number; false or nil: absent) as `key`'s state,
--- keeping the key's TTL (a new key gets none: callers set it).
-local function state_write(key, t)
+-- Writes `t` (field -> number, every value a number) as `key`'s state,
+-- keeping the key's TTL (a new key gets none: callers set it), or setting
+-- it to `px` ms when given (one command instead of SET and PEXPIRE).
+local function state_put(key, t, px)
+  if px then
+    redis.call('SET', key, cmsgpack.pack(t), 'PX', px)
+  else
+    redis.call('SET', key, cmsgpack.pack(t), 'KEEPTTL')
+  end
+end
+
+-- state_put for a table whose fields may also be false (absent).
+local function state_write(key, t, px)
   local clean = {}
   for f, x in pairs(t) do
     if x then clean[f] = x end
   end
-  redis.call('SET', key, cmsgpack.pack(clean), 'KEEPTTL')
+  state_put(key, clean, px)
 end

@@ -358,18 +358,18 @@ impl RedisStore {
         let cmd = protocol::acquire_command(script, calls, &self.now_arg(), check, self.keys.inst());
         let mut conn = self.conns.conn(lane);
         let reply = tokio::time::timeout_at(deadline, async {
-            match cmd.query_async::<String>(&mut conn).await {
+            match cmd.query_async::<redis::Value>(&mut conn).await {
                 // Redis lost its script cache (restart, failover, SCRIPT
                 // FLUSH): load the script and run the same command once more.
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                     script.load_async(&mut conn).await?;
-                    cmd.query_async::<String>(&mut conn).await
+                    cmd.query_async::<redis::Value>(&mut conn).await
                 }
                 other => other,
             }
         })
         .await;
-        let decisions = self.conns.outcome(lane, reply, self.timeout).and_then(|r| protocol::parse_decisions(&r))?;
+        let decisions = self.conns.outcome(lane, reply, self.timeout).and_then(protocol::parse_decisions)?;
         let counted = |d: &Result<Decision, StoreError>| matches!(d, Ok(Decision::Admit { calendar: Some(_), .. }));
         if self.wait_replicas > 0 && decisions.iter().any(counted) {
             self.wait_for_replicas(&mut conn, deadline).await;

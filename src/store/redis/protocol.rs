@@ -199,11 +199,24 @@ impl Keys {
 /// One call's part of an acquire.lua run, taken when the call arrives and
 /// written straight into the EVALSHA command (no intermediate strings).
 pub struct AcquireArgs {
-    keys: [String; 3],
+    /// The pair state's key, and the account's warm-up key and the rule's
+    /// slots only when the rule has a warm-up or a concurrency cap.
+    key: String,
+    warm_slots: Option<[String; 2]>,
     pub offset_us: Micros,
-    /// max wait, warm-up, concurrency cap, lease, number of limits.
-    numbers: [i64; 5],
+    max_wait_us: Micros,
+    /// Only with a concurrency cap ("" else: nothing is held).
     holder: String,
+    spec: Spec,
+    recipients: Vec<String>,
+}
+
+/// What acquire.lua reads of a call's rule: sent once for the calls of a
+/// run that share it (the next ones send "=").
+#[derive(PartialEq)]
+struct Spec {
+    /// warm-up, concurrency cap, lease, number of limits.
+    numbers: [i64; 4],
     /// kind, field, a, b, r per limit (see acquire.lua).
     limits: Vec<(&'static str, String, i64, i64, i64)>,
     /// The caller's label when the rule's `max_share` applies ("" else),
@@ -211,9 +224,8 @@ pub struct AcquireArgs {
     share: (String, Vec<(i64, i64)>),
     /// What the call costs (acquire.lua: decided as that many calls).
     cost: u64,
-    /// `per_recipient`: field, T, τ of each window, and each recipient's key.
+    /// `per_recipient`: field, T, τ of each window.
     per_recipient: Vec<(String, i64, i64)>,
-    recipients: Vec<String>,
 }
 
 impl AcquireArgs {
@@ -238,30 +250,31 @@ impl AcquireArgs {
                 }
             })
             .collect();
+        let slots = rule.warmup_us > 0 || rule.concurrency > 0;
         AcquireArgs {
-            keys: [keys.state(account, rule), keys.warm(account), keys.slots(account, rule)],
+            key: keys.state(account, rule),
+            warm_slots: slots.then(|| [keys.warm(account), keys.slots(account, rule)]),
             offset_us: ask.key.offset_us,
-            numbers: [
-                ask.max_wait_us,
-                rule.warmup_us,
-                i64::from(rule.concurrency),
-                ask.lease_us,
-                rule.limits.len() as i64,
-            ],
-            holder: ask.holder.to_owned(),
-            limits,
-            share: match ask.share.filter(|_| !rule.share.is_empty()) {
-                None => (String::new(), Vec::new()),
-                Some(caller) => (caller.to_owned(), rule.share.iter().map(share_args).collect()),
-            },
-            cost: ask.cost.max(1),
-            per_recipient: if rule.recipients_matter() {
-                rule.per_recipient
-                    .iter()
-                    .map(|w| (crate::limit::WindowKey::Window(w.per_us()).label(), w.interval_us(), w.tolerance_us()))
-                    .collect()
-            } else {
-                Vec::new()
+            max_wait_us: ask.max_wait_us,
+            holder: if rule.concurrency > 0 { ask.holder.to_owned() } else { String::new() },
+            spec: Spec {
+                numbers: [rule.warmup_us, i64::from(rule.concurrency), ask.lease_us, rule.limits.len() as i64],
+                limits,
+                share: match ask.share.filter(|_| !rule.share.is_empty()) {
+                    None => (String::new(), Vec::new()),
+                    Some(caller) => (caller.to_owned(), rule.share.iter().map(share_args).collect()),
+                },
+                cost: ask.cost.max(1),
+                per_recipient: if rule.recipients_matter() {
+                    rule.per_recipient
+                        .iter()
+                        .map(|w| {
+                            (crate::limit::WindowKey::Window(w.per_us()).label(), w.interval_us(), w.tolerance_us())
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             },
             recipients: if rule.recipients_matter() {
                 ask.recipients.iter().map(|id| keys.recipient(account, rule, id)).collect()
@@ -273,23 +286,37 @@ impl AcquireArgs {
 
     /// How many keys this call adds to a run.
     pub fn key_count(&self) -> usize {
-        self.keys.len() + self.recipients.len()
+        1 + self.warm_slots.as_ref().map_or(0, |k| k.len()) + self.recipients.len()
     }
 
-    /// This call's values, in acquire.lua's order.
-    fn write_args(&self, cmd: &mut redis::Cmd) {
-        let [max_wait, warmup, conc, lease, n] = self.numbers;
-        cmd.arg(max_wait).arg(warmup).arg(conc).arg(self.holder.as_str()).arg(lease).arg(n);
-        for (kind, field, a, b, r) in &self.limits {
-            cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b).arg(*r);
-        }
-        cmd.arg(self.share.0.as_str());
-        for (a, b) in &self.share.1 {
-            cmd.arg(*a).arg(*b);
-        }
-        cmd.arg(self.cost).arg(self.per_recipient.len());
-        for (field, t, tau) in &self.per_recipient {
-            cmd.arg(field.as_str()).arg(*t).arg(*tau);
+    /// This call's keys, in acquire.lua's order.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key.as_str())
+            .chain(self.warm_slots.iter().flatten().map(String::as_str))
+            .chain(self.recipients.iter().map(String::as_str))
+    }
+
+    /// This call's values, in acquire.lua's order; its spec as "=" when it
+    /// is `previous`'s.
+    fn write_args(&self, cmd: &mut redis::Cmd, previous: Option<&AcquireArgs>) {
+        cmd.arg(self.max_wait_us).arg(self.holder.as_str());
+        if previous.is_some_and(|p| p.spec == self.spec) {
+            cmd.arg("=");
+        } else {
+            let spec = &self.spec;
+            let [warmup, conc, lease, n] = spec.numbers;
+            cmd.arg(warmup).arg(conc).arg(lease).arg(n);
+            for (kind, field, a, b, r) in &spec.limits {
+                cmd.arg(*kind).arg(field.as_str()).arg(*a).arg(*b).arg(*r);
+            }
+            cmd.arg(spec.share.0.as_str());
+            for (a, b) in &spec.share.1 {
+                cmd.arg(*a).arg(*b);
+            }
+            cmd.arg(spec.cost).arg(spec.per_recipient.len());
+            for (field, t, tau) in &spec.per_recipient {
+                cmd.arg(field.as_str()).arg(*t).arg(*tau);
+            }
         }
         cmd.arg(self.recipients.len());
     }
@@ -318,71 +345,79 @@ pub fn acquire_command(
     cmd.arg(script.get_hash())
         .arg(calls.iter().map(AcquireArgs::key_count).sum::<usize>() + usize::from(epoch.is_some()));
     for call in calls {
-        for key in call.keys.iter().chain(&call.recipients) {
-            cmd.arg(key.as_str());
+        for key in call.keys() {
+            cmd.arg(key);
         }
     }
     if let Some((key, _)) = epoch {
         cmd.arg(key);
     }
     cmd.arg(now).arg(calls.first().map_or(0, |c| c.offset_us)).arg(epoch.map_or("", |(_, value)| value)).arg(inst);
+    let mut previous = None;
     for call in calls {
-        call.write_args(&mut cmd);
+        call.write_args(&mut cmd, previous);
+        previous = Some(call);
     }
     cmd
 }
 
-/// acquire.lua's answer: one decision per call, separated by ","; or "E",
-/// the epoch changed ([`StoreError::Lost`]).
-pub fn parse_decisions(reply: &str) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
-    if reply == "E" {
-        return Err(StoreError::Lost);
+/// acquire.lua's answer: a flat array of integers, one decision after
+/// another; or "E", the epoch changed ([`StoreError::Lost`]).
+pub fn parse_decisions(reply: redis::Value) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
+    let bad = |reply: &dyn std::fmt::Debug| StoreError::BadReply { script: "acquire.lua", reply: format!("{reply:?}") };
+    let values = match reply {
+        redis::Value::Array(values) => values,
+        redis::Value::BulkString(ref s) if s == b"E" => return Err(StoreError::Lost),
+        redis::Value::SimpleString(ref s) if s == "E" => return Err(StoreError::Lost),
+        other => return Err(bad(&other)),
+    };
+    let mut ints = Vec::with_capacity(values.len());
+    for v in &values {
+        match v {
+            redis::Value::Int(x) => ints.push(*x),
+            other => return Err(bad(other)),
+        }
     }
-    Ok(reply.split(',').map(parse_decision).collect())
+    let mut decisions = Vec::new();
+    let mut rest = &ints[..];
+    while !rest.is_empty() {
+        let (decision, used) = parse_decision(rest).ok_or_else(|| bad(&rest))?;
+        decisions.push(Ok(decision));
+        rest = &rest[used..];
+    }
+    Ok(decisions)
 }
 
-/// One decision: "1 at escalated hold qi qr qt [ci cr ct]" or "0 wait
-/// reason [j…]" (j: the 0-based indices of the recipients over their limits).
-fn parse_decision(answer: &str) -> Result<Decision, StoreError> {
-    let bad = || StoreError::BadReply { script: "acquire.lua", reply: answer.to_owned() };
-    if let Some(rest) = answer.strip_prefix("0 ") {
-        let mut words = rest.split(' ');
-        let wait_us = words.next().and_then(|w| w.parse::<i64>().ok()).ok_or_else(bad)?;
-        let reason = match words.next().and_then(|w| w.parse::<u8>().ok()).ok_or_else(bad)? {
-            1 => Reason::Rate,
-            2 => Reason::Quota,
-            4 => Reason::Concurrency,
-            5 => Reason::Reserve,
-            6 => Reason::Share,
-            7 => Reason::Recipient,
-            _ => Reason::Penalty,
-        };
-        let over = words.map(|w| w.parse::<u32>().map_err(|_| bad())).collect::<Result<Box<[u32]>, _>>()?;
-        return Ok(Decision::Reject { wait_us, reason, over });
-    }
-    let mut numbers = [0i64; 10];
-    let mut n = 0;
-    for word in answer.split(' ') {
-        match word.parse::<i64>() {
-            Ok(x) if n < numbers.len() => numbers[n] = x,
-            _ => return Err(bad()),
+/// The decision at the start of `ints` and how many integers it took:
+/// "1 at escalated hold qi qr qt ci cr ct" or "0 wait reason m j1…jm" (j:
+/// the 0-based indices of the recipients over their limits).
+fn parse_decision(ints: &[i64]) -> Option<(Decision, usize)> {
+    match ints {
+        [0, wait_us, reason, m, rest @ ..] => {
+            let m = usize::try_from(*m).ok().filter(|m| *m <= rest.len())?;
+            let reason = match reason {
+                1 => Reason::Rate,
+                2 => Reason::Quota,
+                4 => Reason::Concurrency,
+                5 => Reason::Reserve,
+                6 => Reason::Share,
+                7 => Reason::Recipient,
+                _ => Reason::Penalty,
+            };
+            let over = rest[..m].iter().map(|j| u32::try_from(*j).ok()).collect::<Option<Box<[u32]>>>()?;
+            Some((Decision::Reject { wait_us: *wait_us, reason, over }, 4 + m))
         }
-        n += 1;
-    }
-    match &numbers[..n] {
-        [1, at, escalated, hold_us, qi, qr, qt, calendar @ ..] if matches!(calendar.len(), 0 | 3) => {
-            Ok(Decision::Admit {
+        [1, at, escalated, hold_us, qi, qr, qt, ci, cr, ct, ..] => Some((
+            Decision::Admit {
                 at: *at,
                 hold_us: *hold_us,
                 escalated: *escalated == 1,
                 quota: quota(*qi, *qr, *qt),
-                calendar: match calendar {
-                    [ci, cr, ct] => quota(*ci, *cr, *ct),
-                    _ => None,
-                },
-            })
-        }
-        _ => Err(bad()),
+                calendar: quota(*ci, *cr, *ct),
+            },
+            10,
+        )),
+        _ => None,
     }
 }
 
