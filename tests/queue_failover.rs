@@ -191,6 +191,9 @@ async fn a_mark_no_replica_confirms_in_time_is_taken_back_and_the_job_not_sent()
     redis.replica.pause();
     let frozen = jobs.sending(id, "me", T0 + 1).await;
     redis.replica.resume();
+    // Resumed, the replica catches up before the next mark (whose WAIT has
+    // 200 ms: a loaded machine can take longer to wake it).
+    wait_replicated(&redis.master, &redis.replica);
     assert!(!matches!(frozen, Ok(true)), "the replica never had the mark: not to be sent ({frozen:?})");
     let job = jobs.get("hr", id).await.expect("get").expect("the job");
     assert_eq!((job.state, job.attempts), (JobState::Claimed, 0), "the mark taken back");
@@ -231,6 +234,7 @@ async fn on_a_cluster_the_mark_waits_for_the_replica_of_its_own_master() {
     let on_a = jobs.sending(ja, "me", T0 + 1).await;
     let on_b = jobs.sending(jb, "me", T0 + 1).await;
     frozen.resume();
+    wait_replicated(cluster.node(master_of(&a)), frozen);
     assert!(!matches!(on_a, Ok(true)), "a's replica never had the mark: not to be sent ({on_a:?})");
     assert_eq!(on_b.as_ref().ok(), Some(&true), "b's master's replica answers: {on_b:?}");
     assert_eq!(on_replica(&jobs, cluster.replica_of(master_of(&b)), &b, jb, "st").as_deref(), Some("sending"));

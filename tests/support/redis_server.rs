@@ -361,9 +361,17 @@ impl RedisCluster {
             assert!(start.elapsed() < Duration::from_secs(20), "cluster never became ok");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // In sync from both sides: each replica's link up, and each master
+        // listing its replicas online (it does so at their first ACK, a
+        // moment after their link is up; a master with none online looks
+        // like one that never had a replica to jobs_sending.lua).
         while !cluster.nodes.iter().all(|n| {
             let info = n.command("INFO replication");
-            info.contains("role:master") || info.contains("master_link_status:up")
+            if info.contains("role:master") {
+                info.matches("state=online").count() >= replicas
+            } else {
+                info.contains("master_link_status:up")
+            }
         }) {
             assert!(start.elapsed() < Duration::from_secs(30), "the cluster's replicas never synced");
             std::thread::sleep(Duration::from_millis(50));
@@ -396,6 +404,11 @@ impl RedisCluster {
     pub fn store_config(&self, prefix: &str) -> wxgate::config::RedisConfig {
         let urls = self.urls();
         store_config(urls[0].clone(), urls, prefix)
+    }
+
+    /// The node listening on `port`.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes.iter().find(|n| n.port == port).expect("a node on that port")
     }
 
     /// The port of the master that holds `key`.
@@ -511,14 +524,16 @@ impl LaggingLink {
 }
 
 /// Waits (up to 10 s) until `replica` holds everything `master` had written
-/// when called: a marker key written on the master last, then seen on the
-/// replica (replication keeps the master's order).
+/// when called: the replica's processed offset reaches the master's (any
+/// master, a Cluster's too, whatever slots it serves).
 pub fn wait_replicated(master: &RedisServer, replica: &RedisServer) {
-    static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mark = format!("test:replicated:{}", MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    master.run_as(None, &["SET", &mark, "1"]);
+    let offset = |server: &RedisServer, field: &str| {
+        let info = server.command("INFO replication");
+        info.lines().find_map(|l| l.strip_prefix(field)?.trim().parse::<u64>().ok())
+    };
+    let target = offset(master, "master_repl_offset:").expect("the master's replication offset");
     let started = Instant::now();
-    while replica.run_as(None, &["EXISTS", &mark]) != redis::Value::Int(1) {
+    while offset(replica, "slave_repl_offset:").is_none_or(|at| at < target) {
         assert!(started.elapsed() < Duration::from_secs(10), "the replica never caught up with the master");
         std::thread::sleep(Duration::from_millis(10));
     }
